@@ -1,0 +1,63 @@
+"""``python -m summa``: run the CLI; never leave a rank hanging.
+
+* A ValueError (bad input) is raised identically on every rank by design: the
+  ranks confirm that on a private communicator, rank 0 prints one line and all
+  exit with status 2. If some rank does not confirm within the grace period,
+  the error was not collective, so the job is aborted instead of left hanging.
+* Any other exception prints the rank and the traceback, then aborts the job.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+EXIT_USAGE = 2
+#: Seconds the ranks wait for each other to confirm a collective error.
+ERROR_GRACE_SECONDS = float(os.environ.get("SUMMA_ERROR_GRACE", "10"))
+
+
+def _all_ranks_failed(ctl, grace: float) -> bool:
+    """True when every rank of `ctl` reaches this point within `grace` seconds."""
+    request = ctl.Ibarrier()
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if request.Test():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def main(argv=None) -> int:
+    from mpi4py import MPI
+
+    from . import cli
+
+    world = MPI.COMM_WORLD
+    ctl = world.Dup()  # error agreement never collides with the job's own messages
+    try:
+        return cli.main(argv, world)
+    except ValueError as exc:
+        if world.Get_size() == 1 or _all_ranks_failed(ctl, ERROR_GRACE_SECONDS):
+            if world.Get_rank() == 0:
+                print(f"summa: error: {exc}", file=sys.stderr, flush=True)
+            return EXIT_USAGE
+        print(f"summa: rank {world.Get_rank()}: error: {exc} (other ranks did not stop; "
+              "aborting the job)", file=sys.stderr, flush=True)
+        world.Abort(EXIT_USAGE)
+    except KeyboardInterrupt:
+        print(f"summa: rank {world.Get_rank()}: interrupted; aborting the job",
+              file=sys.stderr, flush=True)
+        world.Abort(130)
+    except Exception as exc:  # anything unexpected: say where, then end every rank
+        tb = traceback.format_exc()
+        print(f"summa: rank {world.Get_rank()}: unexpected {type(exc).__name__}: {exc}\n{tb}"
+              "summa: aborting the job", file=sys.stderr, flush=True)
+        world.Abort(1)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""The SUMMA loop and the public ``gemm``/``matmul`` entry points.
+
+For each panel of the inner dimension the grid column owning A's panel
+broadcasts it along the grid rows, the grid row owning B's panel broadcasts it
+along the grid columns, and every rank accumulates ``C_local += alpha * A_p @ B_p``.
+With lookahead ``L`` the broadcasts of the next ``L`` panels are in flight while
+the current panel's GEMM runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field, asdict
+
+import numpy as np
+
+from .comm import make_broadcaster
+from .layout import Distribution, Layout, panel_schedule
+from .matrix import DistMatrix
+
+__all__ = ["summa", "gemm", "matmul", "SummaStats", "default_panel_width"]
+
+
+@dataclass
+class SummaStats:
+    """What one SUMMA call spent, on this rank.
+
+    Attributes
+    ----------
+    seconds : float
+        Wall time of the whole loop on this rank.
+    compute : float
+        Time spent in GEMM calls (host-side; device time on GPUs).
+    wait : float
+        Time this rank sat waiting for panels to arrive (exposed communication).
+    panels : int
+        Number of SUMMA steps.
+    panel_width : int
+        Requested panel width.
+    """
+
+    seconds: float = 0.0
+    compute: float = 0.0
+    wait: float = 0.0
+    panels: int = 0
+    panel_width: int = 0
+    comm: str = ""
+    lookahead: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_panel_width(backend_name: str, dtype) -> int:
+    """Panel width used when none is given: wide enough for efficient GEMMs."""
+    return 1024 if backend_name == "cupy" else 256
+
+
+def _check_operands(A: DistMatrix, B: DistMatrix, C: DistMatrix) -> None:
+    """Raise the same ValueError on every rank if A, B, C cannot be multiplied."""
+    if A.grid is not B.grid or A.grid is not C.grid:
+        raise ValueError("A, B and C must live on the same ProcessGrid")
+    if not (A.backend.name == B.backend.name == C.backend.name):
+        raise ValueError("A, B and C must use the same backend")
+    if A.dtype != B.dtype or A.dtype != C.dtype:
+        raise ValueError(f"dtypes differ: A {A.dtype.name}, B {B.dtype.name}, C {C.dtype.name}")
+    (m, k), (k2, n) = A.shape, B.shape
+    if k != k2:
+        raise ValueError(f"inner dimensions differ: A is {m}x{k}, B is {k2}x{n}")
+    if C.shape != (m, n):
+        raise ValueError(f"C is {C.shape[0]}x{C.shape[1]}, expected {m}x{n}")
+    if A.layout.rows != C.layout.rows:
+        raise ValueError(f"A's rows ({A.layout.rows}) and C's rows ({C.layout.rows}) "
+                         "are distributed differently")
+    if B.layout.cols != C.layout.cols:
+        raise ValueError(f"B's columns ({B.layout.cols}) and C's columns "
+                         f"({C.layout.cols}) are distributed differently")
+
+
+def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=None,
+          lookahead: int = 1, comm: str = "auto") -> SummaStats:
+    """``C <- alpha * A @ B + beta * C`` in place, by SUMMA.
+
+    Parameters
+    ----------
+    alpha, beta : scalar
+        Scale factors; ``beta == 0`` ignores C's old values (NaNs included).
+    A, B, C : DistMatrix
+        Operands on one grid, with A's rows laid out like C's rows and B's
+        columns like C's columns. A's columns and B's rows may differ.
+    panel_width : int, optional
+        Width of the inner-dimension panels (default per backend).
+    lookahead : int
+        Panels whose broadcasts run ahead of the GEMM (0 disables overlap).
+    comm : str
+        Broadcaster: ``"auto"`` or ``"mpi"``.
+
+    Returns
+    -------
+    SummaStats
+        This rank's timings.
+    """
+    _check_operands(A, B, C)
+    backend, grid = C.backend, C.grid
+    xp = backend.xp
+    if panel_width is None:
+        panel_width = default_panel_width(backend.name, C.dtype)
+    if int(panel_width) < 1:
+        raise ValueError(f"panel width must be >= 1, got {panel_width}")
+    if int(lookahead) < 0:
+        raise ValueError(f"lookahead must be >= 0, got {lookahead}")
+    panel_width, lookahead = int(panel_width), int(lookahead)
+    panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
+    row_bc = make_broadcaster(comm, grid.row_comm, backend)
+    col_bc = make_broadcaster(comm, grid.col_comm, backend)
+    stats = SummaStats(panels=len(panels), panel_width=panel_width, comm=row_bc.name,
+                       lookahead=lookahead)
+
+    t0 = time.perf_counter()
+    if beta == 0:
+        C.local.fill(0)
+    elif beta != 1:
+        C.local *= beta
+    mloc, nloc = C.local.shape
+    depth = lookahead + 1
+    width = max((p.width for p in panels), default=0)
+    a_bufs = [xp.empty(mloc * width, dtype=C.dtype) for _ in range(min(depth, len(panels)))]
+    b_bufs = [xp.empty(width * nloc, dtype=C.dtype) for _ in range(min(depth, len(panels)))]
+
+    def start(i):
+        p, slot = panels[i], i % depth
+        a = a_bufs[slot][: mloc * p.width].reshape(mloc, p.width)
+        b = b_bufs[slot][: p.width * nloc].reshape(p.width, nloc)
+        if grid.col == p.a_root:
+            a[...] = A.local[:, p.a_offset:p.a_offset + p.width]
+        if grid.row == p.b_root:
+            b[...] = B.local[p.b_offset:p.b_offset + p.width, :]
+        return a, b, row_bc.ibcast(a, p.a_root, slot), col_bc.ibcast(b, p.b_root, slot)
+
+    try:
+        inflight = deque(start(i) for i in range(min(depth, len(panels))))
+        for i in range(len(panels)):
+            a, b, ra, rb = inflight.popleft()
+            tw = time.perf_counter()
+            ra.wait()
+            rb.wait()
+            tc = time.perf_counter()
+            stats.wait += tc - tw
+            backend.gemm(alpha, a, b, C.local)
+            stats.compute += time.perf_counter() - tc
+            if i + depth < len(panels):
+                # The slot just used is reused; on the GPU, stream order puts the
+                # refill after the GEMM that reads it.
+                inflight.append(start(i + depth))
+        backend.synchronize()
+    finally:
+        row_bc.free()
+        col_bc.free()
+    stats.seconds = time.perf_counter() - t0
+    return stats
+
+
+_OPS = ("N", "T", "H")
+
+
+def _check_op(name: str, op) -> str:
+    op = str(op).upper()
+    if op not in _OPS:
+        raise ValueError(f"{name} must be one of N, T, H; got {op!r}")
+    return op
+
+
+def _operand(X: DistMatrix, op: str, outer: Distribution, inner_block, outer_axis: int,
+             name: str) -> DistMatrix:
+    """``op(X)`` with its outer dimension distributed as `outer` (C's rows for A,
+    C's columns for B); a transposed operand is redistributed straight into it."""
+    if op == "N":
+        have = X.layout.rows if outer_axis == 0 else X.layout.cols
+        if have != outer:
+            raise ValueError(f"{name} is distributed as {have} along the dimension it shares "
+                             f"with C, but C is distributed as {outer}")
+        return X
+    inner = Distribution(X.shape[0] if outer_axis == 0 else X.shape[1],
+                         X.grid.shape[1 - outer_axis], inner_block)
+    dists = (outer, inner) if outer_axis == 0 else (inner, outer)
+    conj = op == "H" and X.dtype.kind == "c"
+    return X.transpose(conj=conj, layout=Layout.from_distributions(*dists))
+
+
+def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, beta=0.0,
+         trans_a: str = "N", trans_b: str = "N", panel_width=None, lookahead: int = 1,
+         comm: str = "auto", stats: SummaStats | None = None) -> DistMatrix:
+    """``C <- alpha * op(A) @ op(B) + beta * C`` with op in N, T, H.
+
+    Parameters
+    ----------
+    A, B : DistMatrix
+        Operands on one grid. A transposed operand is redistributed first (one
+        exchange of its blocks), straight into the layout the product needs.
+    C : DistMatrix, optional
+        Updated in place and returned. When None, a new matrix is returned whose
+        rows are distributed like op(A)'s and columns like op(B)'s (beta ignored).
+    alpha, beta : scalar
+    trans_a, trans_b : {"N", "T", "H"}
+        ``H`` is the conjugate transpose (the transpose for real dtypes).
+    panel_width, lookahead, comm
+        See :func:`summa`.
+    stats : SummaStats, optional
+        Filled with this rank's timings.
+
+    Returns
+    -------
+    DistMatrix
+        C.
+
+    Examples
+    --------
+    >>> C = gemm(A, B, trans_a="T", alpha=2.0)  # doctest: +SKIP
+    """
+    op_a, op_b = _check_op("trans_a", trans_a), _check_op("trans_b", trans_b)
+    # Everything below is checked before the transposes, so bad input never
+    # starts communication.
+    grid = A.grid
+    if B.grid is not grid or (C is not None and C.grid is not grid):
+        raise ValueError("A, B and C must live on the same ProcessGrid")
+    if A.dtype != B.dtype or (C is not None and C.dtype != A.dtype):
+        raise ValueError(f"dtypes differ: A {A.dtype.name}, B {B.dtype.name}"
+                         + ("" if C is None else f", C {C.dtype.name}"))
+    m, k = A.shape if op_a == "N" else A.shape[::-1]
+    k2, n = B.shape if op_b == "N" else B.shape[::-1]
+    if k != k2:
+        raise ValueError(f"inner dimensions differ: op(A) is {m}x{k}, op(B) is {k2}x{n}")
+    if C is not None and C.shape != (m, n):
+        raise ValueError(f"C is {C.shape[0]}x{C.shape[1]}, expected {m}x{n}")
+    if C is None:
+        rows = A.layout.rows if op_a == "N" else Distribution(m, grid.shape[0], A.layout.cols.block)
+        cols = B.layout.cols if op_b == "N" else Distribution(n, grid.shape[1], B.layout.rows.block)
+    else:
+        rows, cols = C.layout.rows, C.layout.cols
+    for name, X, op, outer, axis in (("A", A, op_a, rows, 0), ("B", B, op_b, cols, 1)):
+        have = X.layout.rows if axis == 0 else X.layout.cols
+        if op == "N" and have != outer:
+            raise ValueError(f"{name} is distributed as {have} along the dimension it "
+                             f"shares with C, but C is distributed as {outer}")
+    opA = _operand(A, op_a, rows, A.layout.rows.block, 0, "A")
+    opB = _operand(B, op_b, cols, B.layout.cols.block, 1, "B")
+    if C is None:
+        layout = Layout.from_distributions(rows, cols)
+        local = A.backend.xp.zeros(layout.local_shape(grid.row, grid.col), dtype=A.dtype)
+        C, beta = DistMatrix(grid, layout, local, A.backend), 0.0
+    result = summa(alpha, opA, opB, beta, C, panel_width=panel_width, lookahead=lookahead,
+                   comm=comm)
+    if stats is not None:
+        for key, value in result.as_dict().items():
+            setattr(stats, key, value)
+    return C
+
+
+def matmul(A: DistMatrix, B: DistMatrix, **kwargs) -> DistMatrix:
+    """The product ``A @ B`` as a new DistMatrix (see :func:`gemm` for options)."""
+    return gemm(A, B, **kwargs)

@@ -1,0 +1,192 @@
+"""The NumPy/CuPy seam: array module, device binding, in-place GEMM, host copies.
+
+CuPy is imported only when it is asked for or detected, so CPU-only machines
+never need it (as mpi4py registers its CuPy support only when CuPy imports).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+
+__all__ = ["Backend", "NumpyBackend", "CupyBackend", "get_backend", "cupy_available",
+           "DTYPES", "resolve_dtype"]
+
+#: dtypes summa computes in, by the names the CLI accepts.
+DTYPES = {
+    "float64": np.float64, "float32": np.float32, "float16": np.float16,
+    "complex128": np.complex128, "complex64": np.complex64,
+}
+
+
+def resolve_dtype(dtype) -> np.dtype:
+    """Return the NumPy dtype for `dtype` or raise ValueError naming the choices."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt is None or dt.type not in DTYPES.values():
+        raise ValueError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    return dt
+
+
+def cupy_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device."""
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # a CuPy without a driver raises CUDARuntimeError and others
+        return False
+
+
+class Backend:
+    """Array operations one rank needs; subclasses bind NumPy or CuPy.
+
+    Attributes
+    ----------
+    name : str
+        ``"numpy"`` or ``"cupy"``.
+    xp : module
+        The array module.
+    device : int or None
+        The GPU this rank uses, None on the CPU.
+    """
+
+    name = "?"
+    xp = np
+    device = None
+    dtypes = ()
+
+    def check_dtype(self, dtype) -> np.dtype:
+        dt = resolve_dtype(dtype)
+        if dt not in self.dtypes:
+            raise ValueError(f"dtype {dt.name} is not supported on the {self.name} backend "
+                             f"(supported: {', '.join(d.name for d in self.dtypes)})")
+        return dt
+
+    def asarray(self, host: np.ndarray):
+        """Copy a host array to this backend's memory (no copy on NumPy)."""
+        raise NotImplementedError
+
+    def to_host(self, arr) -> np.ndarray:
+        """Return `arr` as a NumPy array."""
+        raise NotImplementedError
+
+    def gemm(self, alpha, a, b, c) -> None:
+        """``c += alpha * (a @ b)`` in place; `c` must be C-contiguous."""
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """Wait for all queued device work (no-op on NumPy)."""
+
+    def host_buffer(self, nbytes: int) -> np.ndarray:
+        """Flat uint8 host buffer for staging, pinned where that helps."""
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def memory_in_use(self) -> int:
+        """Bytes held by this backend's allocator (0 where unknown)."""
+        return 0
+
+    def describe(self) -> str:
+        return self.name
+
+
+class NumpyBackend(Backend):
+    """Host arrays and the BLAS behind NumPy."""
+
+    name = "numpy"
+    xp = np
+    dtypes = tuple(np.dtype(t) for t in (np.float64, np.float32, np.complex128, np.complex64))
+
+    def asarray(self, host):
+        return np.asarray(host)
+
+    def to_host(self, arr):
+        return np.asarray(arr)
+
+    def gemm(self, alpha, a, b, c):
+        if 0 in a.shape or 0 in b.shape:
+            return
+        prod = np.matmul(a, b)
+        if alpha != 1:
+            prod *= alpha
+        c += prod
+
+
+class CupyBackend(Backend):
+    """CuPy arrays on one GPU, chosen by the node-local rank.
+
+    Parameters
+    ----------
+    device : int
+        CUDA device index this rank uses.
+    """
+
+    name = "cupy"
+
+    def __init__(self, device: int = 0):
+        import cupy
+        self.xp = cupy
+        self.device = int(device)
+        cupy.cuda.Device(self.device).use()
+        self.dtypes = tuple(np.dtype(t) for t in DTYPES.values())
+
+    def asarray(self, host):
+        return self.xp.asarray(host)
+
+    def to_host(self, arr):
+        return self.xp.asnumpy(arr)
+
+    def gemm(self, alpha, a, b, c):
+        if 0 in a.shape or 0 in b.shape:
+            return
+        if c.dtype.char in "fdFD":
+            import cupy.cublas
+            # beta=1 accumulates into C in place: no C-sized temporary.
+            cupy.cublas.gemm("N", "N", a, b, out=c, alpha=alpha, beta=1.0)
+        else:  # float16: cuBLAS through matmul, accumulated in float32 internally
+            prod = self.xp.matmul(a, b)
+            if alpha != 1:
+                prod *= alpha
+            c += prod
+
+    def synchronize(self):
+        self.xp.cuda.Device(self.device).synchronize()
+
+    def host_buffer(self, nbytes):
+        import cupyx
+        return cupyx.empty_pinned(nbytes, dtype=np.uint8)
+
+    def memory_in_use(self):
+        return int(self.xp.get_default_memory_pool().used_bytes())
+
+    def describe(self):
+        props = self.xp.cuda.runtime.getDeviceProperties(self.device)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        return f"cupy on GPU {self.device} ({name})"
+
+
+def get_backend(name: str = "auto", local_rank: int = 0) -> Backend:
+    """Choose a backend: ``"numpy"``, ``"cupy"`` or ``"auto"`` (CuPy when a GPU is seen).
+
+    Parameters
+    ----------
+    name : str
+        Requested backend.
+    local_rank : int
+        Node-local rank; the CuPy backend binds GPU ``local_rank % device_count``.
+    """
+    if name not in ("auto", "numpy", "cupy"):
+        raise ValueError(f"unknown backend {name!r}; choose auto, numpy or cupy")
+    if name == "auto":
+        name = "cupy" if cupy_available() else "numpy"
+    if name == "numpy":
+        return NumpyBackend()
+    if not cupy_available():
+        raise ValueError("backend 'cupy' was requested but CuPy is not installed "
+                         "or sees no GPU")
+    import cupy
+    return CupyBackend(local_rank % cupy.cuda.runtime.getDeviceCount())

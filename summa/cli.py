@@ -1,0 +1,291 @@
+"""Command line: ``python -m summa [run|bench|info]``.
+
+Every rank parses the same arguments and so reaches the same verdict; only
+rank 0 prints. Errors the user caused raise :class:`UsageError` (a ValueError)
+on every rank; ``__main__`` turns them into one line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from . import __version__
+from .algorithm import SummaStats, default_panel_width, gemm
+from .backend import DTYPES, cupy_available, get_backend
+from .grid import ProcessGrid, parse_grid
+from .matrix import DistMatrix
+from .verify import freivalds
+
+__all__ = ["main", "UsageError", "build_parser"]
+
+#: Sizes of the default run: quick on CPU ranks, big enough to fill GPUs.
+DEFAULT_SIZE_CPU = 2048
+DEFAULT_SIZE_GPU = 32768
+
+
+class UsageError(ValueError):
+    """Bad command-line input; reported once, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser that prints on rank 0 only and raises instead of exiting."""
+
+    quiet = False
+
+    def _print_message(self, message, file=None):
+        if not _Parser.quiet:
+            super()._print_message(message, file)
+
+    def error(self, message):
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _grid(text: str):
+    try:
+        return parse_grid(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--grid", type=_grid, default=None, metavar="PRxPC",
+                   help="process grid, e.g. 2x3 (default: near-square from the rank count)")
+    p.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
+                   help="array backend (default auto: cupy when a GPU is visible)")
+    p.add_argument("--comm", choices=("auto", "mpi"), default="auto",
+                   help="panel broadcaster (default auto)")
+    p.add_argument("--nb", type=_positive_int, default=None, metavar="W",
+                   help="panel width along K (default 256 on CPU, 1024 on GPU)")
+    p.add_argument("--block", type=_positive_int, default=None, metavar="B",
+                   help="block-cyclic distribution block size (default: balanced blocks)")
+    p.add_argument("--lookahead", type=_nonnegative_int, default=1, metavar="L",
+                   help="panels broadcast ahead of the GEMM (default 1; 0 disables overlap)")
+
+
+def _add_problem(p: argparse.ArgumentParser, size_help: str) -> None:
+    p.add_argument("--size", type=_positive_int, default=None, metavar="N",
+                   help=f"M = N = K = N ({size_help})")
+    for dim in ("m", "n", "k"):
+        p.add_argument(f"--{dim}", type=_positive_int, default=None,
+                       help=f"{dim.upper()} (overrides --size)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="float64",
+                   help="element type (default float64; float16 needs the cupy backend)")
+    p.add_argument("--seed", type=int, default=1, help="random seed of A (B uses seed+1)")
+    p.add_argument("--json", metavar="FILE", default=None,
+                   help="append one JSON object with parameters, versions and timings to FILE")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m summa``."""
+    parser = _Parser(prog="python -m summa",
+                     description="Distributed dense matrix multiplication (SUMMA) over MPI "
+                                 "ranks, one GPU per rank (or NumPy on CPU ranks). "
+                                 "Run under mpiexec, e.g. mpiexec -n 4 python -m summa bench.")
+    parser.add_argument("--version", action="version", version=f"summa {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="verified multiply sized to the machine (the default)",
+                         description="Multiply two random matrices sized to the machine, check "
+                                     "the product (Freivalds) and print a table.")
+    _add_common(run)
+    _add_problem(run, f"default {DEFAULT_SIZE_CPU} on CPU, {DEFAULT_SIZE_GPU} on GPU")
+
+    bench = sub.add_parser("bench", help="time C = A @ B on random matrices",
+                           description="Time C = A @ B on random distributed matrices.")
+    _add_common(bench)
+    _add_problem(bench, f"default {DEFAULT_SIZE_CPU} on CPU, {DEFAULT_SIZE_GPU} on GPU")
+    bench.add_argument("--repeat", type=_positive_int, default=3,
+                       help="timed repetitions (default 3; the best is reported)")
+    bench.add_argument("--warmup", type=_nonnegative_int, default=1,
+                       help="untimed repetitions first (default 1)")
+    bench.add_argument("--check", action="store_true",
+                       help="verify the product (Freivalds test against the gauge); exit 3 if wrong")
+
+    info = sub.add_parser("info", help="MPI library, ranks per node, devices, backend",
+                          description="Print what summa sees: MPI library, ranks, nodes, "
+                                      "devices and the backend it would choose.")
+    info.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
+                      help="backend to report (default auto)")
+    return parser
+
+
+def _shape(args, default: int) -> tuple[int, int, int]:
+    size = args.size or default
+    return (args.m or size, args.n or size, args.k or size)
+
+
+def _versions() -> dict:
+    import mpi4py
+    out = {"summa": __version__, "python": platform.python_version(), "numpy": np.__version__,
+           "mpi4py": mpi4py.__version__,
+           "mpi": MPI.Get_library_version().splitlines()[0].strip()}
+    if "cupy" in sys.modules:
+        out["cupy"] = sys.modules["cupy"].__version__
+    return out
+
+
+def _agree_backend(comm: MPI.Comm, name: str):
+    """Pick the backend on every rank and fail everywhere if any rank cannot."""
+    try:
+        backend, error = None, None
+        grid_local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        local_rank = grid_local.Get_rank()
+        grid_local.Free()
+        backend = get_backend(name, local_rank)
+    except ValueError as exc:
+        error = f"rank {comm.Get_rank()}: {exc}"
+    errors = [e for e in comm.allgather(error) if e]
+    if errors:
+        raise UsageError(errors[0])
+    names = set(comm.allgather(backend.name))
+    if len(names) > 1:
+        raise UsageError(f"ranks chose different backends ({', '.join(sorted(names))}); "
+                         "pass --backend numpy or --backend cupy")
+    return backend
+
+
+def _run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
+    backend = _agree_backend(comm, args.backend)
+    try:
+        dtype = backend.check_dtype(args.dtype)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    m, n, k = _shape(args, DEFAULT_SIZE_GPU if backend.name == "cupy" else DEFAULT_SIZE_CPU)
+    check = getattr(args, "check", False) or verify_default
+    repeat, warmup = getattr(args, "repeat", 1), getattr(args, "warmup", 1)
+    block = None if args.block is None else (args.block, args.block)
+    try:
+        grid = ProcessGrid(comm, args.grid)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        A = DistMatrix.random((m, k), dtype, grid, backend, seed=args.seed, block=block)
+        B = DistMatrix.random((k, n), dtype, grid, backend, seed=args.seed + 1, block=block)
+        C = DistMatrix.zeros((m, n), dtype, grid, backend, block=block)
+        nb = args.nb or default_panel_width(backend.name, dtype)
+        times, stats = [], SummaStats()
+        for i in range(warmup + repeat):
+            grid.comm.Barrier()
+            t0 = time.perf_counter()
+            gemm(A, B, C, panel_width=nb, lookahead=args.lookahead, comm=args.comm, stats=stats)
+            backend.synchronize()
+            elapsed = grid.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            if i >= warmup:
+                times.append(elapsed)
+                if elapsed == min(times):
+                    best_stats = SummaStats(**stats.as_dict())
+        residual = freivalds(A, B, C) if check else None
+        per_rank = grid.comm.gather(dict(rank=grid.rank, coords=[grid.row, grid.col],
+                                         host=socket.gethostname(), device=backend.device,
+                                         **{key: getattr(best_stats, key)
+                                            for key in ("seconds", "compute", "wait")}), root=0)
+        grid_shape = grid.shape
+    finally:
+        grid.free()
+    if comm.Get_rank() != 0:
+        return 3 if residual is not None and residual > 1 else 0
+    flops = (8 if dtype.kind == "c" else 2) * m * n * k
+    best = min(times)
+    tflops = flops / best / 1e12
+    size = comm.Get_size()
+    ok = residual is None or residual <= 1
+    record = {"command": args.command or "run", "m": m, "n": n, "k": k, "dtype": dtype.name,
+              "ranks": size, "grid": list(grid_shape), "backend": backend.name,
+              "comm": best_stats.comm, "nb": nb, "block": args.block,
+              "lookahead": args.lookahead, "repeat": repeat, "warmup": warmup,
+              "times": times, "seconds": best, "tflops": tflops, "tflops_per_rank": tflops / size,
+              "panels": best_stats.panels, "check_residual": residual, "check_passed": ok,
+              "versions": _versions(), "ranks_detail": per_rank,
+              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    print(f"summa {record['command']}: {size} ranks, grid {grid_shape[0]}x{grid_shape[1]}, "
+          f"backend {backend.describe()}, comm {best_stats.comm}", file=out)
+    header = f"{'M x N x K':>22} {'dtype':>10} {'nb':>5} {'seconds':>9} {'TFLOP/s':>9} " \
+             f"{'per rank':>9} {'max err/gauge':>14}"
+    err = "-" if residual is None else f"{residual:.2e} {'ok' if ok else 'FAIL'}"
+    print(header, file=out)
+    print(f"{f'{m} x {n} x {k}':>22} {dtype.name:>10} {nb:>5} {best:>9.4f} {tflops:>9.3f} "
+          f"{tflops / size:>9.3f} {err:>14}", file=out)
+    worst = max(per_rank, key=lambda r: r["wait"])
+    print(f"per rank: compute {min(r['compute'] for r in per_rank):.4f}-"
+          f"{max(r['compute'] for r in per_rank):.4f} s, exposed wait up to "
+          f"{worst['wait']:.4f} s (rank {worst['rank']})", file=out)
+    if args.json:
+        with open(args.json, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+    if not ok:
+        print(f"summa: check FAILED: scaled residual {residual:.3e} > 1", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _run_info(args, comm: MPI.Comm, out) -> int:
+    backend = _agree_backend(comm, args.backend)
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local_rank, local_size = node.Get_rank(), node.Get_size()
+    node.Free()
+    row = {"rank": comm.Get_rank(), "host": socket.gethostname(), "local_rank": local_rank,
+           "backend": backend.describe()}
+    rows = comm.gather(row, root=0)
+    if comm.Get_rank() != 0:
+        return 0
+    hosts = sorted({r["host"] for r in rows})
+    versions = _versions()
+    print(f"summa {__version__} on Python {versions['python']}, numpy {versions['numpy']}, "
+          f"mpi4py {versions['mpi4py']}" + (f", cupy {versions['cupy']}" if "cupy" in versions
+                                             else ""), file=out)
+    print(f"MPI library: {versions['mpi']} (MPI {'.'.join(map(str, MPI.Get_version()))})",
+          file=out)
+    print(f"ranks: {comm.Get_size()} on {len(hosts)} node(s), {local_size} on this node; "
+          f"default grid {'x'.join(map(str, MPI.Compute_dims(comm.Get_size(), 2)))}", file=out)
+    print(f"backend: {backend.name}"
+          + ("" if backend.name == "cupy" else
+             f" ({'a GPU is visible' if cupy_available() else 'no GPU/CuPy visible'})"), file=out)
+    print("broadcaster: mpi (host-staged)", file=out)
+    for r in rows:
+        print(f"  rank {r['rank']:>3} on {r['host']} (local rank {r['local_rank']}): "
+              f"{r['backend']}", file=out)
+    return 0
+
+
+def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
+    """Run the command line on `comm` (default COMM_WORLD); return the exit status."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    out = sys.stdout if out is None else out
+    _Parser.quiet = comm.Get_rank() != 0
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        argv = ["run"] + argv
+    args = parser.parse_args(argv)
+    if args.command == "info":
+        return _run_info(args, comm, out)
+    return _run_bench(args, comm, out, verify_default=(args.command == "run"))

@@ -1,0 +1,123 @@
+"""The 2-D process grid: Cartesian communicator, row/column sub-communicators,
+node-local rank."""
+
+from __future__ import annotations
+
+from mpi4py import MPI
+
+__all__ = ["ProcessGrid", "parse_grid", "choose_grid"]
+
+
+def parse_grid(text: str) -> tuple[int, int]:
+    """Parse ``"2x3"`` into ``(2, 3)``; raise ValueError on anything else.
+
+    Examples
+    --------
+    >>> parse_grid("2x3")
+    (2, 3)
+    """
+    parts = str(text).lower().replace("×", "x").split("x")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        pr, pc = int(parts[0]), int(parts[1])
+    except ValueError:
+        raise ValueError(f"grid must look like 2x3 (rows x columns), got {text!r}") from None
+    if pr < 1 or pc < 1:
+        raise ValueError(f"grid dimensions must be >= 1, got {text!r}")
+    return pr, pc
+
+
+def choose_grid(nprocs: int) -> tuple[int, int]:
+    """Near-square grid ``(Pr, Pc)`` with ``Pr >= Pc`` and ``Pr * Pc == nprocs``.
+
+    A prime count gives a ``P x 1`` grid.
+    """
+    if nprocs < 1:
+        raise ValueError(f"number of processes must be >= 1, got {nprocs}")
+    pr, pc = MPI.Compute_dims(nprocs, 2)
+    return int(pr), int(pc)
+
+
+class ProcessGrid:
+    """A ``Pr x Pc`` Cartesian grid of the ranks of `comm`.
+
+    Parameters
+    ----------
+    comm : MPI.Intracomm
+        The ranks to arrange; the grid duplicates what it needs and never
+        frees `comm` itself.
+    dims : tuple of int, str or None
+        ``(Pr, Pc)``, a string such as ``"2x3"``, or None for a near-square grid.
+
+    Attributes
+    ----------
+    comm : MPI.Cartcomm
+        Cartesian communicator (rank order preserved).
+    row_comm : MPI.Cartcomm
+        The ranks of this rank's grid row; its rank is the grid column.
+    col_comm : MPI.Cartcomm
+        The ranks of this rank's grid column; its rank is the grid row.
+    row, col : int
+        This rank's grid coordinates.
+    local_rank, local_size : int
+        Rank and number of ranks on this node (shared-memory domain).
+
+    Examples
+    --------
+    >>> with ProcessGrid(MPI.COMM_WORLD, "1x1") as grid:  # doctest: +SKIP
+    ...     grid.shape
+    (1, 1)
+    """
+
+    def __init__(self, comm: MPI.Intracomm, dims=None):
+        size = comm.Get_size()
+        if dims is None:
+            dims = choose_grid(size)
+        elif isinstance(dims, str):
+            dims = parse_grid(dims)
+        dims = (int(dims[0]), int(dims[1]))
+        if dims[0] < 1 or dims[1] < 1:
+            raise ValueError(f"grid dimensions must be >= 1, got {dims[0]}x{dims[1]}")
+        if dims[0] * dims[1] != size:
+            raise ValueError(f"grid {dims[0]}x{dims[1]} needs {dims[0] * dims[1]} ranks, "
+                             f"but {size} were started")
+        self.shape = dims
+        self.comm = comm.Create_cart(dims, periods=[False, False], reorder=False)
+        self.row, self.col = self.comm.Get_coords(self.comm.Get_rank())
+        self.row_comm = self.comm.Sub([False, True])
+        self.col_comm = self.comm.Sub([True, False])
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
+        node.Free()
+
+    @property
+    def rank(self) -> int:
+        return self.comm.Get_rank()
+
+    @property
+    def size(self) -> int:
+        return self.comm.Get_size()
+
+    def device_index(self, ndevices: int) -> int:
+        """GPU this rank binds to: its node-local rank modulo the device count."""
+        if ndevices < 1:
+            raise ValueError("no GPU devices to bind to")
+        return self.local_rank % ndevices
+
+    def free(self) -> None:
+        """Free the communicators this grid created (safe to call twice)."""
+        for name in ("row_comm", "col_comm", "comm"):
+            c = getattr(self, name, None)
+            if c is not None and c != MPI.COMM_NULL:
+                c.Free()
+            setattr(self, name, None)
+
+    def __enter__(self) -> "ProcessGrid":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        return f"ProcessGrid({self.shape[0]}x{self.shape[1]}, rank={self.rank} at ({self.row}, {self.col}))"

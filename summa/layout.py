@@ -1,0 +1,241 @@
+"""Pure index arithmetic of 2-D block and block-cyclic distributions.
+
+Nothing here talks to MPI: every rank evaluates the same functions on the same
+arguments and so agrees, without communication, on who owns what.
+
+A one-dimensional distribution of ``n`` indices over ``nprocs`` processes is a
+sequence of contiguous *segments* ``[start, stop)``, each owned by one process.
+A process stores its segments one after another, in increasing global order,
+so a global index maps to ``(owner, local index)`` by one binary search.
+
+* balanced blocks (the default): one segment per process, sizes differing by
+  at most one (like :func:`numpy.array_split`);
+* block-cyclic with block size ``b``: segment ``s`` is ``[s*b, (s+1)*b)`` and
+  belongs to process ``s % nprocs`` (ScaLAPACK's layout with zero source).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Distribution", "Layout", "panel_schedule", "Panel"]
+
+
+class Distribution:
+    """Distribution of ``n`` indices over ``nprocs`` processes.
+
+    Parameters
+    ----------
+    n : int
+        Number of global indices (may be 0 or smaller than `nprocs`).
+    nprocs : int
+        Number of processes, at least 1.
+    block : int or None
+        Block size of a block-cyclic distribution; None for balanced blocks.
+
+    Examples
+    --------
+    >>> d = Distribution(10, 3)
+    >>> [d.local_size(p) for p in range(3)]
+    [4, 3, 3]
+    >>> Distribution(10, 3, block=2).global_indices(0).tolist()
+    [0, 1, 6, 7]
+    """
+
+    def __init__(self, n: int, nprocs: int, block: int | None = None):
+        n, nprocs = int(n), int(nprocs)
+        if n < 0:
+            raise ValueError(f"distribution length must be >= 0, got {n}")
+        if nprocs < 1:
+            raise ValueError(f"number of processes must be >= 1, got {nprocs}")
+        if block is not None:
+            block = int(block)
+            if block < 1:
+                raise ValueError(f"block size must be >= 1, got {block}")
+        self.n, self.nprocs, self.block = n, nprocs, block
+        if block is None:
+            sizes = np.full(nprocs, n // nprocs, dtype=np.int64)
+            sizes[: n % nprocs] += 1
+            starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+            owners = np.arange(nprocs, dtype=np.int64)
+        else:
+            starts = np.arange(0, n, block, dtype=np.int64)
+            sizes = np.minimum(block, n - starts)
+            owners = np.arange(len(starts), dtype=np.int64) % nprocs
+        keep = sizes > 0
+        self._starts = starts[keep]
+        self._sizes = sizes[keep]
+        self._owners = owners[keep]
+        # Local offset of each segment inside its owner's storage.
+        self._local_starts = np.zeros_like(self._starts)
+        for p in range(nprocs):
+            mine = self._owners == p
+            self._local_starts[mine] = np.concatenate(([0], np.cumsum(self._sizes[mine])[:-1]))
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, Distribution) and self.n == other.n
+                and self.nprocs == other.nprocs and self.block == other.block)
+
+    def __hash__(self) -> int:
+        return hash((self.n, self.nprocs, self.block))
+
+    def __repr__(self) -> str:
+        kind = "balanced" if self.block is None else f"block={self.block}"
+        return f"Distribution(n={self.n}, nprocs={self.nprocs}, {kind})"
+
+    @property
+    def boundaries(self) -> np.ndarray:
+        """Global indices where a new segment (and so maybe a new owner) starts."""
+        return self._starts
+
+    def local_size(self, p: int) -> int:
+        """Number of indices process `p` stores."""
+        return int(self._sizes[self._owners == p].sum())
+
+    def segments(self, p: int) -> list[tuple[int, int, int]]:
+        """Segments of process `p` as ``(global_start, global_stop, local_start)``."""
+        mine = np.flatnonzero(self._owners == p)
+        return [(int(self._starts[s]), int(self._starts[s] + self._sizes[s]),
+                 int(self._local_starts[s])) for s in mine]
+
+    def global_indices(self, p: int) -> np.ndarray:
+        """Global indices stored by process `p`, in local order."""
+        segs = self.segments(p)
+        if not segs:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b, _ in segs])
+
+    def _segment_of(self, g) -> np.ndarray:
+        g = np.asarray(g, dtype=np.int64)
+        if np.any((g < 0) | (g >= self.n)):
+            raise IndexError(f"global index out of range [0, {self.n})")
+        return np.searchsorted(self._starts, g, side="right") - 1
+
+    def owner(self, g):
+        """Process owning global index (or array of indices) `g`."""
+        return self._owners[self._segment_of(g)]
+
+    def to_local(self, g):
+        """Map global index (array) `g` to ``(owner, local_index)``."""
+        s = self._segment_of(g)
+        return self._owners[s], self._local_starts[s] + (np.asarray(g) - self._starts[s])
+
+    def to_global(self, p: int, local):
+        """Map local index (array) `local` of process `p` to global indices."""
+        return self.global_indices(p)[np.asarray(local, dtype=np.int64)]
+
+
+class Layout:
+    """2-D distribution of an ``M x N`` matrix over a ``Pr x Pc`` process grid.
+
+    Rows are distributed over grid rows and columns over grid columns; the rank
+    at grid coordinates ``(r, c)`` stores the rows of ``rows.global_indices(r)``
+    and the columns of ``cols.global_indices(c)``.
+
+    Parameters
+    ----------
+    shape : tuple of int
+        Global shape ``(M, N)``.
+    grid_shape : tuple of int
+        Process grid ``(Pr, Pc)``.
+    block : tuple or None
+        Block sizes ``(mb, nb)`` of a block-cyclic layout; None (for both, or
+        for one dimension) means balanced blocks.
+    """
+
+    def __init__(self, shape, grid_shape, block=None):
+        if len(shape) != 2:
+            raise ValueError(f"a matrix layout needs a 2-D shape, got {tuple(shape)}")
+        mb, nb = (None, None) if block is None else block
+        if block is not None and mb is None and nb is None:
+            block = None
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.grid_shape = (int(grid_shape[0]), int(grid_shape[1]))
+        self.block = None if block is None else (mb, nb)
+        self.rows = Distribution(self.shape[0], self.grid_shape[0], mb)
+        self.cols = Distribution(self.shape[1], self.grid_shape[1], nb)
+
+    @classmethod
+    def from_distributions(cls, rows: Distribution, cols: Distribution) -> "Layout":
+        """The layout whose rows and columns are distributed as `rows` and `cols`."""
+        return cls((rows.n, cols.n), (rows.nprocs, cols.nprocs), (rows.block, cols.block))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Layout) and (self.rows, self.cols) == (other.rows, other.cols)
+
+    def __hash__(self) -> int:
+        return hash((self.rows, self.cols))
+
+    def __repr__(self) -> str:
+        return f"Layout(shape={self.shape}, grid={self.grid_shape}, block={self.block})"
+
+    def local_shape(self, r: int, c: int) -> tuple[int, int]:
+        """Shape of the block stored at grid coordinates ``(r, c)``."""
+        return self.rows.local_size(r), self.cols.local_size(c)
+
+    def owner(self, i, j):
+        """Grid coordinates ``(r, c)`` of the rank owning element ``(i, j)``."""
+        i, j = np.broadcast_arrays(np.asarray(i), np.asarray(j))
+        return self.rows.owner(i), self.cols.owner(j)
+
+    def transposed(self) -> "Layout":
+        """The layout of the transpose on the same grid with swapped block sizes."""
+        block = None if self.block is None else self.block[::-1]
+        return Layout(self.shape[::-1], self.grid_shape, block)
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One SUMMA step: columns ``[k0, k1)`` of A and rows ``[k0, k1)`` of B.
+
+    The panel lies inside a single segment of both distributions, so one grid
+    column (``a_root``) holds the A part at local columns starting at ``a_offset``
+    and one grid row (``b_root``) holds the B part at local rows from ``b_offset``.
+    """
+
+    k0: int
+    k1: int
+    a_root: int
+    a_offset: int
+    b_root: int
+    b_offset: int
+
+    @property
+    def width(self) -> int:
+        return self.k1 - self.k0
+
+
+def panel_schedule(a_cols: Distribution, b_rows: Distribution, width: int) -> list[Panel]:
+    """Cut the inner dimension into panels of at most `width` for SUMMA.
+
+    Panels never straddle a segment boundary of A's column distribution or of
+    B's row distribution, so each has a single broadcast root along the grid
+    rows and along the grid columns. Panel width is therefore independent of the
+    distribution block sizes, but a panel is shortened where a boundary falls.
+
+    Parameters
+    ----------
+    a_cols, b_rows : Distribution
+        Distributions of the inner dimension K for A's columns and B's rows.
+    width : int
+        Largest panel width, at least 1.
+    """
+    if a_cols.n != b_rows.n:
+        raise ValueError(f"inner dimensions differ: {a_cols.n} != {b_rows.n}")
+    width = int(width)
+    if width < 1:
+        raise ValueError(f"panel width must be >= 1, got {width}")
+    cuts = np.union1d(a_cols.boundaries, b_rows.boundaries)
+    cuts = np.union1d(cuts, [a_cols.n]).astype(np.int64)
+    panels = []
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        a_root, a_off = a_cols.to_local(lo)
+        b_root, b_off = b_rows.to_local(lo)
+        for k0 in range(int(lo), int(hi), width):
+            k1 = min(k0 + width, int(hi))
+            panels.append(Panel(k0, k1, int(a_root), int(a_off + k0 - lo),
+                                int(b_root), int(b_off + k0 - lo)))
+    return panels
+

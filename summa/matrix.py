@@ -1,0 +1,251 @@
+"""DistMatrix: one rank's block of a 2-D distributed matrix, with its layout
+and grid; scatter, gather, random, zeros, and redistribution (transpose)."""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from .backend import Backend, NumpyBackend
+from .comm import recv_array, send_array
+from .layout import Layout
+
+__all__ = ["DistMatrix"]
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _splitmix64(xp, x):
+    """SplitMix64 finaliser: a counter-based hash of uint64 array `x`."""
+    x = x + _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _uniform(xp, counters, seed: int, dtype):
+    """Values in [-1, 1) from the hash of (seed, counter); `dtype` real."""
+    with np.errstate(over="ignore"):  # wrap-around is the point of the hash
+        key = _splitmix64(np, np.uint64(seed % 2**64))
+        h = _splitmix64(xp, counters ^ key)
+    u = (h >> np.uint64(11)).astype(np.float64) * (2.0 ** -53)
+    return (2.0 * u - 1.0).astype(dtype)
+
+
+def _index_block(arr, rows: np.ndarray, cols: np.ndarray):
+    """``arr[rows][:, cols]`` as a contiguous copy, using slices where possible."""
+    def as_slice(idx):
+        if idx.size and idx[-1] - idx[0] + 1 == idx.size:
+            return slice(int(idx[0]), int(idx[-1]) + 1)
+        return idx if idx.size else slice(0, 0)
+    r, c = as_slice(rows), as_slice(cols)
+    if isinstance(r, slice) or isinstance(c, slice):
+        return np.ascontiguousarray(arr[r, :][:, c])
+    return np.ascontiguousarray(arr[np.ix_(r, c)])
+
+
+class DistMatrix:
+    """A matrix distributed over a :class:`~summa.grid.ProcessGrid`.
+
+    Parameters
+    ----------
+    grid : ProcessGrid
+        The ranks holding the matrix.
+    layout : Layout
+        Global shape and distribution; its grid shape must equal ``grid.shape``.
+    local : array
+        This rank's block, C-contiguous, of shape ``layout.local_shape(row, col)``.
+    backend : Backend
+        Where `local` lives.
+
+    Examples
+    --------
+    >>> A = DistMatrix.random((1000, 500), "float64", grid, seed=1)  # doctest: +SKIP
+    >>> a = A.gather()   # the full array on rank 0, None elsewhere  # doctest: +SKIP
+    """
+
+    def __init__(self, grid, layout: Layout, local, backend: Backend | None = None):
+        backend = backend or NumpyBackend()
+        if layout.grid_shape != tuple(grid.shape):
+            raise ValueError(f"layout is for a {layout.grid_shape} grid, not {grid.shape}")
+        expect = layout.local_shape(grid.row, grid.col)
+        if tuple(local.shape) != expect:
+            raise ValueError(f"local block has shape {tuple(local.shape)}, layout expects {expect}")
+        self.grid, self.layout, self.local, self.backend = grid, layout, local, backend
+
+    # -- descriptors -------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.layout.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.local.dtype
+
+    def __repr__(self) -> str:
+        return (f"DistMatrix(shape={self.shape}, dtype={self.dtype.name}, "
+                f"grid={self.grid.shape[0]}x{self.grid.shape[1]}, block={self.layout.block}, "
+                f"backend={self.backend.name})")
+
+    def row_indices(self) -> np.ndarray:
+        """Global rows stored on this rank, in local order."""
+        return self.layout.rows.global_indices(self.grid.row)
+
+    def col_indices(self) -> np.ndarray:
+        """Global columns stored on this rank, in local order."""
+        return self.layout.cols.global_indices(self.grid.col)
+
+    # -- constructors ------------------------------------------------------------------
+    @classmethod
+    def zeros(cls, shape, dtype, grid, backend=None, block=None) -> "DistMatrix":
+        """A distributed matrix of zeros."""
+        backend = backend or NumpyBackend()
+        dtype = backend.check_dtype(dtype)
+        layout = Layout(shape, grid.shape, block)
+        local = backend.xp.zeros(layout.local_shape(grid.row, grid.col), dtype=dtype)
+        return cls(grid, layout, local, backend)
+
+    @classmethod
+    def random(cls, shape, dtype, grid, backend=None, seed: int = 0, block=None) -> "DistMatrix":
+        """Uniform values in [-1, 1) (real and imaginary parts) that depend only on
+        `seed` and the global index, never on the grid or the layout.
+
+        Each element is a counter-based hash of ``(seed, i * N + j)`` computed
+        where the block lives, so generation costs O(local size) on every rank.
+        """
+        backend = backend or NumpyBackend()
+        dtype = backend.check_dtype(dtype)
+        layout = Layout(shape, grid.shape, block)
+        xp = backend.xp
+        rows = xp.asarray(layout.rows.global_indices(grid.row).astype(np.uint64))
+        cols = xp.asarray(layout.cols.global_indices(grid.col).astype(np.uint64))
+        counter = rows[:, None] * np.uint64(layout.shape[1]) + cols[None, :]
+        if dtype.kind == "c":
+            real = np.dtype(dtype.char.lower())
+            local = _uniform(xp, 2 * counter, seed, real) \
+                + 1j * _uniform(xp, 2 * counter + np.uint64(1), seed, real)
+            local = local.astype(dtype)
+        else:
+            local = _uniform(xp, counter, seed, dtype)
+        return cls(grid, layout, xp.ascontiguousarray(local), backend)
+
+    @classmethod
+    def from_global(cls, array, grid, backend=None, root: int = 0, block=None) -> "DistMatrix":
+        """Scatter a NumPy array held on rank `root` (pass None elsewhere).
+
+        Shape and dtype travel from the root, so other ranks need nothing; an
+        unsuitable array raises the same ValueError on every rank.
+        """
+        backend = backend or NumpyBackend()
+        comm = grid.comm
+        meta = None
+        if comm.Get_rank() == root:
+            try:
+                if array is None:
+                    raise ValueError("the root rank must pass an array to scatter")
+                array = np.asarray(array)
+                if array.ndim != 2:
+                    raise ValueError(f"expected a 2-D array, got {array.ndim}-D")
+                backend.check_dtype(array.dtype)
+                meta = (array.shape, array.dtype.str)
+            except ValueError as exc:
+                meta = str(exc)
+        meta = comm.bcast(meta, root=root)
+        if isinstance(meta, str):
+            raise ValueError(meta)
+        shape, dtype = meta
+        layout = Layout(shape, grid.shape, block)
+        local = np.empty(layout.local_shape(grid.row, grid.col), dtype=np.dtype(dtype))
+        if comm.Get_rank() == root:
+            reqs = []
+            for dest in range(comm.Get_size()):
+                r, c = comm.Get_coords(dest)
+                piece = _index_block(array, layout.rows.global_indices(r),
+                                     layout.cols.global_indices(c))
+                if dest == root:
+                    local[...] = piece
+                else:
+                    reqs += send_array(comm, piece, dest)
+                    MPI.Request.Waitall(reqs)  # bound memory to one block in flight
+                    reqs = []
+        else:
+            MPI.Request.Waitall(recv_array(comm, local, root))
+        return cls(grid, layout, backend.asarray(local), backend)
+
+    # -- collective operations ---------------------------------------------------------
+    def gather(self, root: int = 0):
+        """Assemble the global matrix as a NumPy array on `root`; None elsewhere."""
+        comm = self.grid.comm
+        local = np.ascontiguousarray(self.backend.to_host(self.local))
+        if comm.Get_rank() != root:
+            MPI.Request.Waitall(send_array(comm, local, root))
+            return None
+        out = np.empty(self.shape, dtype=self.dtype)
+        for src in range(comm.Get_size()):
+            r, c = comm.Get_coords(src)
+            rows = self.layout.rows.global_indices(r)
+            cols = self.layout.cols.global_indices(c)
+            if src == root:
+                piece = local
+            else:
+                piece = np.empty((rows.size, cols.size), dtype=self.dtype)
+                MPI.Request.Waitall(recv_array(comm, piece, src))
+            out[np.ix_(rows, cols)] = piece
+        return out
+
+    def copy(self) -> "DistMatrix":
+        return DistMatrix(self.grid, self.layout, self.local.copy(), self.backend)
+
+    def transpose(self, conj: bool = False, layout: Layout | None = None) -> "DistMatrix":
+        """The (conjugate) transpose on the same grid.
+
+        Parameters
+        ----------
+        conj : bool
+            Conjugate as well.
+        layout : Layout, optional
+            Layout of the result (shape ``N x M``); by default the natural one
+            with block sizes swapped.
+
+        Every rank exchanges with every rank whose blocks intersect its own, one
+        message per pair (point-to-point, chunked), through host memory.
+        """
+        comm = self.grid.comm
+        src = self.layout
+        dst = src.transposed() if layout is None else layout
+        if dst.shape != src.shape[::-1] or dst.grid_shape != src.grid_shape:
+            raise ValueError(f"cannot transpose a {src.shape} matrix on {src.grid_shape} "
+                             f"into layout {dst}")
+        me = comm.Get_rank()
+        my_rows = src.rows.global_indices(self.grid.row)
+        my_cols = src.cols.global_indices(self.grid.col)
+        out_rows = dst.rows.global_indices(self.grid.row)
+        out_cols = dst.cols.global_indices(self.grid.col)
+        local = np.ascontiguousarray(self.backend.to_host(self.local))
+        if conj:
+            local = np.conj(local)
+        out = np.empty((out_rows.size, out_cols.size), dtype=self.dtype)
+        reqs, recvs = [], []
+        for peer in range(comm.Get_size()):
+            pr, pc = comm.Get_coords(peer)
+            # What I send to peer: my src rows among peer's dst cols, and
+            # my src cols among peer's dst rows; it arrives transposed.
+            _, si, _ = np.intersect1d(my_rows, dst.cols.global_indices(pc), return_indices=True)
+            _, sj, _ = np.intersect1d(my_cols, dst.rows.global_indices(pr), return_indices=True)
+            # What I receive from peer: its src rows among my dst cols, etc.
+            _, _, ri = np.intersect1d(src.cols.global_indices(pc), out_rows, return_indices=True)
+            _, _, rj = np.intersect1d(src.rows.global_indices(pr), out_cols, return_indices=True)
+            send = np.ascontiguousarray(local[np.ix_(si, sj)].T)
+            if peer == me:
+                out[np.ix_(ri, rj)] = send
+                continue
+            if send.size:
+                reqs += send_array(comm, send, peer, tag=7)
+            if ri.size and rj.size:
+                buf = np.empty((ri.size, rj.size), dtype=self.dtype)
+                reqs += recv_array(comm, buf, peer, tag=7)
+                recvs.append((ri, rj, buf))
+        MPI.Request.Waitall(reqs)
+        for ri, rj, buf in recvs:
+            out[np.ix_(ri, rj)] = buf
+        return DistMatrix(self.grid, dst, self.backend.asarray(out), self.backend)

@@ -1,0 +1,95 @@
+"""Test set-up shared by the serial and the MPI runs.
+
+Under ``--with-mpi`` every test phase ends with a vote among the ranks (on a
+private communicator). A failure anywhere is printed once, by the lowest failing
+rank, and the whole job is aborted: a rank that failed must not leave the others
+waiting in a collective of the next test. A failing rank whose peers never
+arrive (they are stuck in a collective it skipped) reports after a grace period
+and aborts the job itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+#: Seconds a failing rank waits for its peers before aborting on its own.
+FAILURE_GRACE_SECONDS = 20.0
+_ctl = None
+
+
+def _mpi_mode(config) -> bool:
+    return bool(config.getoption("--with-mpi", default=False))
+
+
+def pytest_configure(config):
+    global _ctl
+    if _mpi_mode(config):
+        from mpi4py import MPI
+        _ctl = MPI.COMM_WORLD.Dup()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if _ctl is None or _ctl.Get_size() == 1:
+        return
+    from mpi4py import MPI
+    rank, size = _ctl.Get_rank(), _ctl.Get_size()
+    send = np.array([rank if report.failed else size], dtype=np.int64)
+    first = np.empty_like(send)
+    request = _ctl.Iallreduce(send, first, op=MPI.MIN)
+    deadline = time.monotonic() + (FAILURE_GRACE_SECONDS if report.failed else 1e9)
+    while not request.Test():
+        if time.monotonic() > deadline:
+            _report_and_abort(report, rank, "the other ranks did not reach the end of this phase")
+        time.sleep(0.001)
+    if first[0] == size:
+        return
+    if first[0] == rank:
+        _report_and_abort(report, rank, "")
+    time.sleep(10)  # let the lowest failing rank print before it aborts the job
+    _ctl.Abort(1)
+
+
+def _report_and_abort(report, rank: int, why: str) -> None:
+    lines = [f"\n[rank {rank}] FAILED {report.nodeid} ({report.when})"
+             + (f": {why}" if why else ""), report.longreprtext, ""]
+    sys.stderr.write("\n".join(lines))
+    sys.stderr.flush()
+    _ctl.Abort(1)
+
+
+# -- fixtures ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def comm():
+    from mpi4py import MPI
+    return MPI.COMM_WORLD
+
+
+@pytest.fixture(scope="session")
+def backend():
+    """The backend under test: NumPy unless SUMMA_TEST_BACKEND=cupy (GPU runs)."""
+    from summa.backend import cupy_available, get_backend
+    name = os.environ.get("SUMMA_TEST_BACKEND", "numpy")
+    if name == "cupy" and not cupy_available():
+        pytest.skip("SUMMA_TEST_BACKEND=cupy but no GPU is visible")
+    from mpi4py import MPI
+    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    local_rank = node.Get_rank()
+    node.Free()
+    return get_backend(name, local_rank)
+
+
+@pytest.fixture
+def rng():
+    """Fresh random data for every test (seeded from the OS, shared by all ranks)."""
+    from mpi4py import MPI
+    seed = MPI.COMM_WORLD.bcast(int(np.random.SeedSequence().entropy % 2**63), root=0)
+    return np.random.default_rng(seed)
