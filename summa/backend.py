@@ -86,12 +86,23 @@ class Backend:
         """Flat uint8 host buffer for staging, pinned where that helps."""
         return np.empty(nbytes, dtype=np.uint8)
 
+    def record_event(self):
+        """Mark the current point of the work queue; ``.synchronize()`` waits for it."""
+        return _DoneEvent()
+
     def memory_in_use(self) -> int:
         """Bytes held by this backend's allocator (0 where unknown)."""
         return 0
 
     def describe(self) -> str:
         return self.name
+
+
+class _DoneEvent:
+    """Host work is synchronous: every event has already happened."""
+
+    def synchronize(self) -> None:
+        pass
 
 
 class NumpyBackend(Backend):
@@ -159,6 +170,11 @@ class CupyBackend(Backend):
     def host_buffer(self, nbytes):
         import cupyx
         return cupyx.empty_pinned(nbytes, dtype=np.uint8)
+
+    def record_event(self):
+        event = self.xp.cuda.Event(block=False, disable_timing=True)
+        event.record()
+        return event
 
     def memory_in_use(self):
         return int(self.xp.get_default_memory_pool().used_bytes())

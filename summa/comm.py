@@ -85,8 +85,14 @@ class HostStagedBroadcaster:
     def __init__(self, comm: MPI.Intracomm, backend):
         self.comm, self.backend = comm, backend
         self._staging: dict[int, np.ndarray] = {}
+        self._copies: dict[int, object] = {}  # slot -> event of its last host-to-device copy
 
     def _stage(self, slot: int, nbytes: int) -> np.ndarray:
+        # The copy out of this staging buffer may still be queued on the GPU:
+        # wait for it before MPI overwrites the buffer.
+        copied = self._copies.pop(slot, None)
+        if copied is not None:
+            copied.synchronize()
         buf = self._staging.get(slot)
         if buf is None or buf.size < nbytes:
             buf = self.backend.host_buffer(nbytes)
@@ -107,10 +113,15 @@ class HostStagedBroadcaster:
             # get() synchronizes the stream, so MPI reads finished data.
             buf.reshape(-1).view(np.uint8).get(out=host)
         reqs = [self.comm.Ibcast([host[a:b], MPI.BYTE], root) for a, b in chunks(host.size)]
-        finish = None if is_root else (lambda: buf.reshape(-1).view(np.uint8).set(host))
-        return _Pending(reqs, finish)
+        def finish():
+            buf.reshape(-1).view(np.uint8).set(host)
+            self._copies[slot] = self.backend.record_event()
+        return _Pending(reqs, None if is_root else finish)
 
     def free(self) -> None:
+        for event in self._copies.values():
+            event.synchronize()
+        self._copies.clear()
         self._staging.clear()
 
 

@@ -1,0 +1,146 @@
+"""SUMMA against a float64 NumPy reference, on every grid, shape, dtype and op."""
+
+import numpy as np
+import pytest
+
+from helpers import gemm_scaled_error, random_array
+from summa.algorithm import SummaStats, gemm, matmul, summa
+from summa.grid import ProcessGrid
+from summa.matrix import DistMatrix
+
+GRIDS = ["auto", "row", "col"]
+# (M, N, K): square, uneven, primes, smaller than any grid, K = 1, empty-ish
+SHAPES = [(24, 24, 24), (37, 23, 41), (13, 7, 29), (2, 3, 1), (1, 1, 5), (5, 1, 2), (61, 2, 3)]
+
+
+def make_grid(comm, which):
+    p = comm.Get_size()
+    return ProcessGrid(comm, {"auto": None, "row": (1, p), "col": (p, 1)}[which])
+
+
+def distribute(x, grid, backend, block=None):
+    return DistMatrix.from_global(x, grid, backend, block=block)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("which", GRIDS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_matmul_every_dtype(comm, backend, rng, which, shape):
+    m, n, k = shape
+    with make_grid(comm, which) as grid:
+        for dtype in backend.dtypes:
+            a, b = random_array(rng, (m, k), dtype), random_array(rng, (k, n), dtype)
+            C = matmul(distribute(a, grid, backend), distribute(b, grid, backend), panel_width=4)
+            c = C.gather()
+            if comm.rank == 0:
+                assert c.shape == (m, n) and c.dtype == dtype
+                assert gemm_scaled_error(c, a, b) <= 1, dtype
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("trans_a", ["N", "T", "H"])
+@pytest.mark.parametrize("trans_b", ["N", "T", "H"])
+@pytest.mark.parametrize("dtype", ["float64", "complex64"])
+def test_gemm_ops_alpha_beta(comm, backend, rng, trans_a, trans_b, dtype):
+    m, n, k = 19, 11, 14
+    alpha, beta = (1.5 - 0.5j, 0.25 + 1j) if dtype.startswith("complex") else (-1.5, 0.75)
+    a = random_array(rng, (m, k) if trans_a == "N" else (k, m), dtype)
+    b = random_array(rng, (k, n) if trans_b == "N" else (n, k), dtype)
+    c0 = random_array(rng, (m, n), dtype)
+    with make_grid(comm, "auto") as grid:
+        C = distribute(c0, grid, backend)
+        out = gemm(distribute(a, grid, backend), distribute(b, grid, backend), C,
+                   alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, panel_width=3)
+        assert out is C
+        c = C.gather()
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b, c0, alpha, beta, trans_a, trans_b) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("which", GRIDS)
+@pytest.mark.parametrize("block", [(1, 1), (3, 2), (4, 7)])
+@pytest.mark.parametrize("trans_a", ["N", "T"])
+def test_block_cyclic_layouts(comm, backend, rng, which, block, trans_a):
+    m, n, k = 23, 17, 31
+    a = random_array(rng, (m, k) if trans_a == "N" else (k, m), "float64")
+    b = random_array(rng, (k, n), "float64")
+    with make_grid(comm, which) as grid:
+        A, B = distribute(a, grid, backend, block), distribute(b, grid, backend, block)
+        for width in (1, 5, 100):  # panel width independent of the block size
+            c = gemm(A, B, trans_a=trans_a, panel_width=width).gather()
+            if comm.rank == 0:
+                assert gemm_scaled_error(c, a, b, trans_a=trans_a) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+def test_beta_zero_ignores_nan_and_beta_one_accumulates(comm, backend, rng):
+    a, b = random_array(rng, (9, 6), "float64"), random_array(rng, (6, 8), "float64")
+    c0 = random_array(rng, (9, 8), "float64")
+    with make_grid(comm, "auto") as grid:
+        A, B = distribute(a, grid, backend), distribute(b, grid, backend)
+        C = distribute(np.full((9, 8), np.nan) if comm.rank == 0 else None, grid, backend)
+        c = gemm(A, B, C, beta=0.0).gather()
+        C1 = distribute(c0, grid, backend)
+        c1 = gemm(A, B, C1, beta=1.0).gather()
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b) <= 1
+        assert gemm_scaled_error(c1, a, b, c0, 1.0, 1.0) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("which", GRIDS)
+def test_lookahead_depth_gives_identical_bits(comm, backend, which):
+    with make_grid(comm, which) as grid:
+        A = DistMatrix.random((40, 33), "float32", grid, backend, seed=3)
+        B = DistMatrix.random((33, 29), "float32", grid, backend, seed=4)
+        results = [matmul(A, B, panel_width=4, lookahead=la).gather() for la in (0, 1, 2, 5)]
+        again = matmul(A, B, panel_width=4, lookahead=1).gather()
+    if comm.rank == 0:
+        for r in results[1:] + [again]:
+            assert np.array_equal(r, results[0])
+
+
+@pytest.mark.mpi(min_size=1)
+def test_stats_are_filled(comm, backend):
+    with make_grid(comm, "auto") as grid:
+        A = DistMatrix.random((32, 32), "float64", grid, backend, seed=1)
+        B = DistMatrix.random((32, 32), "float64", grid, backend, seed=2)
+        stats = SummaStats()
+        gemm(A, B, panel_width=8, stats=stats)
+    assert stats.panels >= 4 and stats.panel_width == 8
+    assert stats.seconds > 0 and 0 <= stats.compute <= stats.seconds
+    assert stats.comm == "mpi"
+
+
+@pytest.mark.mpi(min_size=1)
+def test_errors_raise_on_every_rank_before_communicating(comm, backend):
+    with make_grid(comm, "auto") as grid:
+        A = DistMatrix.random((6, 5), "float64", grid, backend, seed=1)
+        B = DistMatrix.random((4, 7), "float64", grid, backend, seed=2)
+        B5 = DistMatrix.random((5, 7), "float64", grid, backend, seed=2)
+        B32 = DistMatrix.random((5, 7), "float32", grid, backend, seed=2)
+        with pytest.raises(ValueError, match="inner dimensions"):
+            matmul(A, B)
+        with pytest.raises(ValueError, match="dtypes differ"):
+            matmul(A, B32)
+        with pytest.raises(ValueError, match="C is 3x3"):
+            gemm(A, B5, DistMatrix.zeros((3, 3), "float64", grid, backend))
+        with pytest.raises(ValueError, match="trans_a"):
+            gemm(A, B5, trans_a="X")
+        with pytest.raises(ValueError, match="panel width"):
+            matmul(A, B5, panel_width=0)
+        with pytest.raises(ValueError, match="lookahead"):
+            matmul(A, B5, lookahead=-1)
+        with pytest.raises(ValueError, match="communication mode"):
+            matmul(A, B5, comm="carrier-pigeon")
+        cyclic = DistMatrix.random((6, 5), "float64", grid, backend, seed=1, block=(2, 2))
+        with pytest.raises(ValueError, match="distributed as"):
+            gemm(cyclic, B5, DistMatrix.zeros((6, 7), "float64", grid, backend))
+        with ProcessGrid(comm) as other:
+            B_other = DistMatrix.random((5, 7), "float64", other, backend, seed=2)
+            with pytest.raises(ValueError, match="same ProcessGrid"):
+                matmul(A, B_other)
+        # low-level entry point checks the same things
+        with pytest.raises(ValueError, match="inner dimensions"):
+            summa(1.0, A, B, 0.0, DistMatrix.zeros((6, 7), "float64", grid, backend))

@@ -1,0 +1,45 @@
+"""Backend selection and the in-place GEMM."""
+
+import numpy as np
+import pytest
+
+from summa.backend import NumpyBackend, get_backend, resolve_dtype, cupy_available
+
+
+@pytest.mark.parametrize("name", ["float64", "float32", "float16", "complex128", "complex64"])
+def test_resolve_dtype(name):
+    assert resolve_dtype(name) == np.dtype(name)
+
+
+@pytest.mark.parametrize("bad", ["int64", "bool", "object", "U3", "nonsense"])
+def test_resolve_dtype_rejects(bad):
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        resolve_dtype(bad)
+
+
+def test_numpy_backend_refuses_float16():
+    with pytest.raises(ValueError, match="not supported on the numpy backend"):
+        NumpyBackend().check_dtype("float16")
+
+
+def test_numpy_gemm_accumulates_in_place():
+    rng = np.random.default_rng()
+    a, b, c = rng.standard_normal((5, 3)), rng.standard_normal((3, 4)), rng.standard_normal((5, 4))
+    c0 = c.copy()
+    NumpyBackend().gemm(2.0, a, b, c)
+    np.testing.assert_allclose(c, c0 + 2 * a @ b)
+    NumpyBackend().gemm(1.0, a[:, :0], b[:0], c)  # empty inner dimension: no change
+    np.testing.assert_allclose(c, c0 + 2 * a @ b)
+
+
+def test_get_backend_choices():
+    assert get_backend("numpy").name == "numpy"
+    assert get_backend("auto").name == ("cupy" if cupy_available() else "numpy")
+    with pytest.raises(ValueError, match="unknown backend"):
+        get_backend("tpu")
+
+
+@pytest.mark.skipif(cupy_available(), reason="only meaningful without a GPU")
+def test_cupy_requested_without_gpu():
+    with pytest.raises(ValueError, match="CuPy is not installed or sees no GPU"):
+        get_backend("cupy")

@@ -1,0 +1,160 @@
+"""The command line: in-process under MPI, and whole jobs under mpiexec for exit
+statuses and messages."""
+
+import io
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from summa import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def mpiexec() -> list[str]:
+    """The launcher ./run chose, else one next to this Python or on PATH."""
+    if os.environ.get("SUMMA_MPIEXEC"):
+        return shlex.split(os.environ["SUMMA_MPIEXEC"])
+    beside = Path(sys.executable).with_name("mpiexec")
+    found = str(beside) if beside.exists() else shutil.which("mpiexec")
+    if not found:
+        pytest.skip("no mpiexec")
+    return [found]
+
+
+def job(nprocs: int, *args: str, env=None, timeout=120, module=True):
+    """Run ``mpiexec -n nprocs python -m summa args`` and return the completed process."""
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    cmd = mpiexec() + ["-n", str(nprocs), sys.executable]
+    cmd += (["-m", "summa"] if module else []) + list(args)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
+                          cwd=ROOT)
+
+
+# -- in-process, under MPI ---------------------------------------------------------------
+
+@pytest.mark.mpi(min_size=1)
+def test_bench_prints_table_and_appends_json(comm):
+    path = comm.bcast(tempfile.mkstemp(suffix=".jsonl")[1] if comm.rank == 0 else None)
+    out = io.StringIO()
+    for _ in range(2):
+        rc = cli.main(["bench", "--m", "37", "--n", "29", "--k", "19", "--dtype", "complex64",
+                       "--check", "--repeat", "2", "--warmup", "0", "--nb", "4",
+                       "--json", path], comm, out)
+        assert rc == 0
+    if comm.rank == 0:
+        text = out.getvalue()
+        assert "37 x 29 x 19" in text and "complex64" in text and " ok" in text
+        records = [json.loads(line) for line in Path(path).read_text().splitlines()]
+        assert len(records) == 2
+        r = records[0]
+        assert (r["m"], r["n"], r["k"], r["dtype"], r["ranks"]) == (37, 29, 19, "complex64",
+                                                                    comm.Get_size())
+        assert len(r["times"]) == 2 and r["tflops"] > 0 and r["check_passed"] is True
+        assert len(r["ranks_detail"]) == comm.Get_size()
+        assert {"compute", "wait", "seconds"} <= set(r["ranks_detail"][0])
+        assert "mpi" in r["versions"] and "numpy" in r["versions"]
+        os.unlink(path)
+    else:
+        assert out.getvalue() == ""
+
+
+@pytest.mark.mpi(min_size=1)
+def test_default_run_verifies(comm, monkeypatch):
+    monkeypatch.setattr(cli, "DEFAULT_SIZE_CPU", 48)
+    out = io.StringIO()
+    assert cli.main([], comm, out) == 0
+    if comm.rank == 0:
+        assert "48 x 48 x 48" in out.getvalue() and " ok" in out.getvalue()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_failed_check_exits_3(comm, monkeypatch):
+    monkeypatch.setattr(cli, "freivalds", lambda *a, **k: 5.0)
+    assert cli.main(["bench", "--size", "16", "--check", "--repeat", "1"], comm,
+                    io.StringIO()) == 3
+
+
+@pytest.mark.mpi(min_size=1)
+def test_info(comm):
+    out = io.StringIO()
+    assert cli.main(["info"], comm, out) == 0
+    if comm.rank == 0:
+        text = out.getvalue()
+        assert "MPI library" in text and f"ranks: {comm.Get_size()}" in text
+        assert text.count("  rank ") == comm.Get_size()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("argv,match", [
+    (["bench", "--grid", "7x9"], "grid 7x9 needs 63 ranks"),
+    (["bench", "--grid", "banana"], "grid must look like"),
+    (["bench", "--nb", "0"], "--nb: must be >= 1"),
+    (["bench", "--size", "-3"], "--size: must be >= 1"),
+    (["bench", "--dtype", "int8"], "invalid choice"),
+    (["bench", "--dtype", "float16", "--backend", "numpy"], "float16 is not supported"),
+    (["bench", "--lookahead", "-1"], "--lookahead: must be >= 0"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_usage_errors_raise_on_every_rank(comm, argv, match):
+    with pytest.raises(cli.UsageError, match=match):
+        cli.main(argv, comm, io.StringIO())
+
+
+# -- whole jobs --------------------------------------------------------------------------
+
+def test_help_prints_once_and_exits_0():
+    p = job(2, "bench", "--help")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("usage:") == 1 and "--repeat" in p.stdout
+
+
+@pytest.mark.parametrize("args,match", [
+    (["bench", "--grid", "3x1"], "grid 3x1 needs 3 ranks, but 2 were started"),
+    (["bench", "--nb", "0"], "--nb: must be >= 1"),
+    (["bench", "--dtype", "float16", "--backend", "numpy"], "float16 is not supported"),
+])
+def test_user_error_is_one_line_and_exit_2(args, match):
+    p = job(2, *args)
+    assert p.returncode == 2, p.stderr
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and match in lines[0] and lines[0].startswith("summa: error:")
+
+
+def test_bench_job_passes_check_on_6_ranks_complex():
+    p = job(6, "bench", "--m", "101", "--n", "97", "--k", "53", "--dtype", "complex64",
+            "--check", "--grid", "1x6", "--repeat", "1")
+    assert p.returncode == 0, p.stderr
+    assert "grid 1x6" in p.stdout and " ok" in p.stdout
+
+
+FAULTY = """
+import sys
+from summa import __main__ as entry, cli
+from mpi4py import MPI
+kind = sys.argv[1]
+def broken(argv, comm, out=None):
+    if comm.Get_rank() == 1:
+        raise (RuntimeError if kind == "unexpected" else ValueError)("injected fault")
+    comm.Barrier()  # the healthy rank waits in a collective the faulty one never joins
+    return 0
+cli.main = broken
+sys.exit(entry.main([]))
+"""
+
+
+@pytest.mark.parametrize("kind", ["unexpected", "one-rank-usage"])
+def test_fault_on_one_rank_aborts_the_job(kind, tmp_path):
+    script = tmp_path / "faulty.py"
+    script.write_text(FAULTY)
+    p = job(2, str(script), kind, env={"SUMMA_ERROR_GRACE": "1"}, module=False, timeout=60)
+    assert p.returncode != 0
+    assert "rank 1" in p.stderr and "injected fault" in p.stderr
+    assert "aborting the job" in p.stderr

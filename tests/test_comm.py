@@ -1,0 +1,77 @@
+"""Broadcasters and chunked transfers, including the > 2**31 path on small data."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import summa.comm as comm_mod
+from summa.comm import HostStagedBroadcaster, chunks, make_broadcaster, recv_array, send_array
+
+
+def test_chunks_cover_exactly():
+    assert list(chunks(0, 4)) == []
+    assert list(chunks(10, 4)) == [(0, 4), (4, 8), (8, 10)]
+    assert list(chunks(8, 4)) == [(0, 4), (4, 8)]
+
+
+@pytest.fixture
+def tiny_chunks(monkeypatch):
+    """Messages of at most 7 bytes: every buffer takes the chunked path."""
+    monkeypatch.setattr(comm_mod, "CHUNK_BYTES", 7)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("lower", [False, True])
+def test_ibcast_from_every_root(comm, backend, rng, lower, request):
+    if lower:
+        request.getfixturevalue("tiny_chunks")
+    bc = make_broadcaster("auto", comm, backend)
+    assert isinstance(bc, HostStagedBroadcaster) and bc.name == "mpi"
+    data = comm.bcast(rng.uniform(-1, 1, (5, 9)), root=0)
+    for root in range(comm.Get_size()):
+        for slot, dtype in enumerate((np.float64, np.complex64)):
+            expect = (data * (root + 1)).astype(dtype)
+            buf = backend.asarray(expect.copy() if comm.rank == root else np.zeros_like(expect))
+            handle = bc.ibcast(buf, root, slot)
+            handle.wait()
+            handle.wait()  # idempotent
+            assert np.array_equal(backend.to_host(buf), expect)
+    bc.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_send_recv_chunked(comm, rng, tiny_chunks):
+    data = comm.bcast(rng.uniform(-1, 1, 50), root=0)
+    if comm.rank == 0:
+        MPI.Request.Waitall(send_array(comm, data, 1, tag=3))
+    elif comm.rank == 1:
+        got = np.zeros(50)
+        reqs = recv_array(comm, got, 0, tag=3)
+        assert len(reqs) == -(-50 * 8 // 7)
+        MPI.Request.Waitall(reqs)
+        assert np.array_equal(got, data)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_matmul_with_tiny_chunks_is_unchanged(comm, backend, tiny_chunks):
+    from summa import DistMatrix, ProcessGrid, matmul
+    with ProcessGrid(comm) as grid:
+        A = DistMatrix.random((17, 9), "complex128", grid, backend, seed=1)
+        B = DistMatrix.random((9, 13), "complex128", grid, backend, seed=2)
+        chunked = matmul(A, B, panel_width=2).gather()
+        a, b = A.gather(), B.gather()
+        scattered = DistMatrix.from_global(a, grid, backend)
+        back = scattered.gather()
+    if comm.rank == 0:
+        assert np.array_equal(back, a)
+        np.testing.assert_allclose(chunked, a @ b, rtol=1e-12, atol=1e-12)
+
+
+def test_non_contiguous_buffer_is_refused():
+    with pytest.raises(ValueError, match="contiguous"):
+        send_array(MPI.COMM_SELF, np.zeros((4, 4))[:, :2], 0)
+
+
+def test_unknown_mode():
+    with pytest.raises(ValueError, match="communication mode"):
+        make_broadcaster("nope", MPI.COMM_SELF, None)

@@ -1,0 +1,76 @@
+"""ProcessGrid: shapes, coordinates, sub-communicators, errors."""
+
+import pytest
+from mpi4py import MPI
+
+from summa.grid import ProcessGrid, choose_grid, parse_grid
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 64])
+def test_choose_grid_is_near_square(p):
+    pr, pc = choose_grid(p)
+    assert pr * pc == p and pr >= pc
+    # no factorisation is closer to square
+    assert all(not (p % c == 0 and pc < c <= p // c) for c in range(1, p + 1))
+
+
+@pytest.mark.parametrize("text,expect", [("2x3", (2, 3)), ("1X6", (1, 6)), ("4×1", (4, 1))])
+def test_parse_grid(text, expect):
+    assert parse_grid(text) == expect
+
+
+@pytest.mark.parametrize("text", ["2", "2x", "x3", "axb", "0x4", "2x-1", "2x3x1"])
+def test_parse_grid_rejects(text):
+    with pytest.raises(ValueError, match="grid"):
+        parse_grid(text)
+
+
+def _check(grid, comm):
+    pr, pc = grid.shape
+    assert pr * pc == comm.Get_size()
+    assert grid.rank == comm.Get_rank(), "rank order must be preserved"
+    assert (grid.row, grid.col) == (comm.Get_rank() // pc, comm.Get_rank() % pc)
+    assert grid.row_comm.Get_size() == pc and grid.row_comm.Get_rank() == grid.col
+    assert grid.col_comm.Get_size() == pr and grid.col_comm.Get_rank() == grid.row
+    # the row communicator really holds this grid row
+    assert grid.row_comm.allgather(grid.row) == [grid.row] * pc
+    assert grid.col_comm.allgather(grid.col) == [grid.col] * pr
+    assert 0 <= grid.local_rank < grid.local_size
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dims", ["auto", "row", "col"])
+def test_grid_shapes(comm, dims):
+    p = comm.Get_size()
+    shape = {"auto": None, "row": (1, p), "col": (p, 1)}[dims]
+    with ProcessGrid(comm, shape) as grid:
+        _check(grid, comm)
+        if shape:
+            assert grid.shape == shape
+
+
+@pytest.mark.mpi(min_size=1)
+def test_grid_from_string_and_free_twice(comm):
+    grid = ProcessGrid(comm, f"{comm.Get_size()}x1")
+    _check(grid, comm)
+    grid.free()
+    grid.free()
+    assert grid.comm is None
+
+
+@pytest.mark.mpi(min_size=1)
+def test_grid_mismatch_raises_on_every_rank(comm):
+    p = comm.Get_size()
+    with pytest.raises(ValueError, match=f"needs {2 * p} ranks, but {p} were started"):
+        ProcessGrid(comm, (2, p))
+    with pytest.raises(ValueError, match=">= 1"):
+        ProcessGrid(comm, (0, p))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_device_index_cycles_over_devices(comm):
+    with ProcessGrid(comm) as grid:
+        assert grid.device_index(1) == 0
+        assert grid.device_index(grid.local_size + 1) == grid.local_rank
+        with pytest.raises(ValueError):
+            grid.device_index(0)
