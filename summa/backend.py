@@ -7,6 +7,7 @@ never need it (as mpi4py registers its CuPy support only when CuPy imports).
 from __future__ import annotations
 
 import importlib.util
+import time
 
 import numpy as np
 
@@ -89,6 +90,14 @@ class Backend:
     def record_event(self):
         """Mark the current point of the work queue; ``.synchronize()`` waits for it."""
         return _DoneEvent()
+
+    def timing_mark(self):
+        """A point in time of the work queue, for :meth:`elapsed`."""
+        return time.perf_counter()
+
+    def elapsed(self, start, stop) -> float:
+        """Seconds between two marks (device time on GPUs; call after synchronizing)."""
+        return stop - start
 
     def memory_in_use(self) -> int:
         """Bytes held by this backend's allocator (0 where unknown)."""
@@ -175,6 +184,14 @@ class CupyBackend(Backend):
         event = self.xp.cuda.Event(block=False, disable_timing=True)
         event.record()
         return event
+
+    def timing_mark(self):
+        event = self.xp.cuda.Event()
+        event.record()
+        return event
+
+    def elapsed(self, start, stop):
+        return self.xp.cuda.get_elapsed_time(start, stop) / 1e3
 
     def memory_in_use(self):
         return int(self.xp.get_default_memory_pool().used_bytes())

@@ -2,8 +2,10 @@
 
 A broadcaster moves one panel from a root to every rank of a grid row or grid
 column. All of them share one nonblocking interface, ``ibcast(buf, root)``,
-whose handle's ``wait()`` returns once `buf` holds the root's data on this rank;
-the SUMMA loop overlaps those waits with GEMMs (lookahead).
+whose handle's ``wait()`` orders this rank's later work after the broadcast:
+MPI broadcasters block the host until `buf` holds the root's data, the NCCL
+broadcaster makes the compute stream wait on the GPU. The SUMMA loop overlaps
+those broadcasts with GEMMs (lookahead).
 
 Buffers travel as raw bytes in chunks of at most :data:`CHUNK_BYTES`, so a
 message never exceeds the 2**31-1 count limit of MPI libraries without
@@ -12,10 +14,15 @@ large-count support.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import time
+
 from mpi4py import MPI
 import numpy as np
 
-__all__ = ["CHUNK_BYTES", "HostStagedBroadcaster", "make_broadcaster",
+__all__ = ["CHUNK_BYTES", "HostStagedBroadcaster", "NcclBroadcaster", "CudaAwareBroadcaster",
+           "make_broadcaster", "choose_comm", "mpi_cuda_aware", "nccl_available", "self_test",
            "send_array", "recv_array", "chunks"]
 
 #: Largest message in bytes. Module-level so tests can lower it to exercise
@@ -50,22 +57,36 @@ def recv_array(comm: MPI.Comm, buf: np.ndarray, source: int, tag: int = 0) -> li
     return [comm.Irecv([raw[a:b], MPI.BYTE], source, tag) for a, b in chunks(raw.size)]
 
 
+class _HostTimed:
+    """Accumulates the host seconds spent in a broadcaster's calls."""
+
+    _seconds = 0.0
+
+    def take_seconds(self) -> float:
+        """Seconds spent in broadcasts since the last call."""
+        seconds, self._seconds = self._seconds, 0.0
+        return seconds
+
+
 class _Pending:
     """Handle of a started broadcast; ``wait()`` completes it exactly once."""
 
-    def __init__(self, requests, finish=None):
-        self._requests, self._finish = requests, finish
+    def __init__(self, requests, finish=None, owner: _HostTimed | None = None):
+        self._requests, self._finish, self._owner = requests, finish, owner
 
     def wait(self) -> None:
         if self._requests is None:
             return
+        t0 = time.perf_counter()
         MPI.Request.Waitall(self._requests)
         if self._finish is not None:
             self._finish()
+        if self._owner is not None:
+            self._owner._seconds += time.perf_counter() - t0
         self._requests = self._finish = None
 
 
-class HostStagedBroadcaster:
+class HostStagedBroadcaster(_HostTimed):
     """Broadcast through MPI from host memory.
 
     NumPy buffers go to MPI as they are. CuPy buffers are staged: the root copies
@@ -103,20 +124,24 @@ class HostStagedBroadcaster:
         """Start broadcasting `buf` from `root`; return a handle to ``wait()`` on."""
         if self.comm.Get_size() == 1:
             return _Pending(None)
+        t0 = time.perf_counter()
         if self.backend.name == "numpy":
             raw = _as_bytes(buf)
-            return _Pending([self.comm.Ibcast([raw[a:b], MPI.BYTE], root)
-                             for a, b in chunks(raw.size)])
+            reqs = [self.comm.Ibcast([raw[a:b], MPI.BYTE], root) for a, b in chunks(raw.size)]
+            self._seconds += time.perf_counter() - t0
+            return _Pending(reqs, owner=self)
         host = self._stage(slot, buf.nbytes)
         is_root = self.comm.Get_rank() == root
         if is_root:
             # get() synchronizes the stream, so MPI reads finished data.
             buf.reshape(-1).view(np.uint8).get(out=host)
         reqs = [self.comm.Ibcast([host[a:b], MPI.BYTE], root) for a, b in chunks(host.size)]
+        self._seconds += time.perf_counter() - t0
+
         def finish():
             buf.reshape(-1).view(np.uint8).set(host)
             self._copies[slot] = self.backend.record_event()
-        return _Pending(reqs, None if is_root else finish)
+        return _Pending(reqs, None if is_root else finish, owner=self)
 
     def free(self) -> None:
         for event in self._copies.values():
@@ -125,8 +150,204 @@ class HostStagedBroadcaster:
         self._staging.clear()
 
 
-def make_broadcaster(kind: str, comm: MPI.Intracomm, backend):
-    """Return the broadcaster `kind` (``"auto"`` or ``"mpi"``) over `comm`."""
-    if kind in ("auto", "mpi"):
-        return HostStagedBroadcaster(comm, backend)
-    raise ValueError(f"unknown communication mode {kind!r}; choose auto or mpi")
+class _DevicePending:
+    """Handle of a broadcast queued on a communication stream: ``wait()`` makes
+    the compute (current) stream wait for it, without blocking the host."""
+
+    def __init__(self, done):
+        self._done = done
+
+    def wait(self) -> None:
+        if self._done is not None:
+            import cupy
+            cupy.cuda.get_current_stream().wait_event(self._done)
+            self._done = None
+
+
+class NcclBroadcaster:
+    """Broadcast CuPy buffers with NCCL on a stream of its own.
+
+    The NCCL communicator spans the ranks of `comm`; its id travels over `comm`.
+    A broadcast first waits (on the GPU) for everything already queued on the
+    compute stream, which covers both the root filling the buffer and earlier
+    GEMMs still reading it; the handle then orders later GEMMs after it.
+    """
+
+    name = "nccl"
+
+    def __init__(self, comm: MPI.Intracomm, backend):
+        import cupy
+        from cupy.cuda import nccl
+        if backend.name != "cupy":
+            raise ValueError("the nccl broadcaster needs the cupy backend")
+        self.comm, self.backend = comm, backend
+        self._nccl = None
+        self._timings = []
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        if comm.Get_size() > 1:
+            uid = nccl.get_unique_id() if comm.Get_rank() == 0 else None
+            uid = comm.bcast(uid, root=0)
+            self._nccl = nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
+
+    def ibcast(self, buf, root: int, slot: int = 0):
+        if self._nccl is None:
+            return _Pending(None)
+        import cupy
+        from cupy.cuda import nccl
+        self.stream.wait_event(self.backend.record_event())
+        begin = cupy.cuda.Event()
+        begin.record(self.stream)
+        self._nccl.bcast(buf.data.ptr, buf.nbytes, nccl.NCCL_UINT8, root, self.stream.ptr)
+        done = cupy.cuda.Event()
+        done.record(self.stream)
+        self._timings.append((begin, done))
+        return _DevicePending(done)
+
+    def take_seconds(self) -> float:
+        """Device seconds of the broadcasts since the last call (synchronizes)."""
+        import cupy
+        self.stream.synchronize()
+        seconds = sum(cupy.cuda.get_elapsed_time(a, b) for a, b in self._timings) / 1e3
+        self._timings = []
+        return seconds
+
+    def free(self) -> None:
+        if self._nccl is not None:
+            self.stream.synchronize()
+            self._nccl.destroy()
+            self._nccl = None
+
+
+class CudaAwareBroadcaster(_HostTimed):
+    """Broadcast CuPy buffers by passing them to MPI directly.
+
+    Only for MPI libraries that report CUDA support (:func:`mpi_cuda_aware`):
+    a device pointer given to one that does not can crash the process.
+    """
+
+    name = "cuda-aware"
+
+    def __init__(self, comm: MPI.Intracomm, backend):
+        if backend.name != "cupy":
+            raise ValueError("the cuda-aware broadcaster needs the cupy backend")
+        self.comm, self.backend = comm, backend
+
+    def ibcast(self, buf, root: int, slot: int = 0) -> _Pending:
+        if self.comm.Get_size() == 1:
+            return _Pending(None)
+        t0 = time.perf_counter()
+        # MPI reads and writes the buffer outside any stream: finish queued work first.
+        self.backend.synchronize()
+        raw = buf.reshape(-1).view(np.uint8)
+        reqs = [self.comm.Ibcast([raw[a:b], MPI.BYTE], root) for a, b in chunks(raw.size)]
+        self._seconds += time.perf_counter() - t0
+        return _Pending(reqs, owner=self)
+
+    def free(self) -> None:
+        pass
+
+
+def _loaded_mpi_libraries() -> list[str]:
+    """Paths of the MPI libraries mapped into this process (Linux)."""
+    try:
+        with open("/proc/self/maps") as fh:
+            paths = {line.split()[-1] for line in fh if "libmpi" in line and "/" in line}
+    except OSError:
+        return []
+    return sorted(paths)
+
+
+def mpi_cuda_aware() -> tuple[bool, str]:
+    """Does the MPI library accept CUDA device buffers? Returns ``(answer, how we know)``.
+
+    Asks, never tries: ``SUMMA_CUDA_AWARE=0/1`` overrides; then the MPI-4.1
+    info key ``mpi_memory_alloc_kinds``; then ``MPIX_Query_cuda_support()`` of
+    the loaded library (Open MPI, MPICH). Unknown means no.
+    """
+    env = os.environ.get("SUMMA_CUDA_AWARE")
+    if env in ("0", "1"):
+        return env == "1", "SUMMA_CUDA_AWARE"
+    try:
+        info = MPI.COMM_WORLD.Get_info()
+        kinds = info.Get("mpi_memory_alloc_kinds")
+        info.Free()
+        if kinds and "cuda" in kinds:
+            return True, f"mpi_memory_alloc_kinds={kinds}"
+    except (MPI.Exception, AttributeError, NotImplementedError):
+        pass
+    for path in _loaded_mpi_libraries():
+        try:
+            query = getattr(ctypes.CDLL(path), "MPIX_Query_cuda_support")
+        except (OSError, AttributeError):
+            continue
+        query.restype = ctypes.c_int
+        return bool(query()), f"MPIX_Query_cuda_support() in {os.path.basename(path)}"
+    return False, "the MPI library reports no CUDA support"
+
+
+def nccl_available() -> tuple[bool, str]:
+    """Is CuPy's NCCL binding usable here? Returns ``(answer, version or reason)``."""
+    try:
+        from cupy.cuda import nccl
+        version = nccl.get_version()
+    except Exception as exc:  # ImportError, or the library failing to load
+        return False, f"cupy.cuda.nccl unavailable ({type(exc).__name__})"
+    return True, f"NCCL {version // 10000}.{version // 100 % 100}.{version % 100}"
+
+
+#: The broadcaster classes by the names ``--comm`` accepts.
+BROADCASTERS = {"nccl": NcclBroadcaster, "cuda-aware": CudaAwareBroadcaster,
+                "mpi": HostStagedBroadcaster}
+
+
+def choose_comm(kind: str, backend) -> str:
+    """Resolve ``--comm`` to a broadcaster name, or raise ValueError.
+
+    ``auto`` takes NCCL on the cupy backend when CuPy's NCCL loads, else
+    CUDA-aware MPI when the library reports CUDA support, else host-staged MPI.
+    """
+    if kind not in ("auto", *BROADCASTERS):
+        raise ValueError(f"unknown communication mode {kind!r}; choose auto, "
+                         + ", ".join(BROADCASTERS))
+    if backend is None or backend.name != "cupy":
+        if kind in ("nccl", "cuda-aware"):
+            raise ValueError(f"--comm {kind} needs the cupy backend")
+        return "mpi"
+    if kind == "auto":
+        if nccl_available()[0]:
+            return "nccl"
+        return "cuda-aware" if mpi_cuda_aware()[0] else "mpi"
+    if kind == "nccl" and not nccl_available()[0]:
+        raise ValueError(f"--comm nccl: {nccl_available()[1]}")
+    if kind == "cuda-aware" and not mpi_cuda_aware()[0]:
+        raise ValueError(f"--comm cuda-aware: {mpi_cuda_aware()[1]}")
+    return kind
+
+
+def self_test(broadcaster, backend) -> None:
+    """Broadcast a small pattern from every root and check it on every rank.
+
+    Raises RuntimeError on every rank of the communicator if any rank got
+    wrong bytes.
+    """
+    comm = broadcaster.comm
+    ok = True
+    for root in range(comm.Get_size()):
+        expect = np.arange(1000, dtype=np.float64) * (root + 1) + 0.5
+        buf = backend.asarray(expect if comm.Get_rank() == root else np.zeros_like(expect))
+        broadcaster.ibcast(buf, root).wait()
+        backend.synchronize()
+        ok &= bool(np.array_equal(backend.to_host(buf), expect))
+    bad = [r for r, good in enumerate(comm.allgather(ok)) if not good]
+    if bad:
+        raise RuntimeError(f"{broadcaster.name} broadcast self-test failed on ranks {bad} "
+                           "of a grid row/column; try --comm mpi")
+
+
+def make_broadcaster(kind: str, comm: MPI.Intracomm, backend, check: bool = False):
+    """Return the broadcaster `kind` over `comm`, self-tested when `check` is set."""
+    name = choose_comm(kind, backend)
+    broadcaster = BROADCASTERS[name](comm, backend)
+    if check:
+        self_test(broadcaster, backend)
+    return broadcaster

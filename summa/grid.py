@@ -90,6 +90,9 @@ class ProcessGrid:
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         node.Free()
+        #: Objects living as long as the grid (e.g. NCCL communicators), each with
+        #: a ``free()`` method; released by :meth:`free`.
+        self.resources: dict = {}
 
     @property
     def rank(self) -> int:
@@ -107,6 +110,9 @@ class ProcessGrid:
 
     def free(self) -> None:
         """Free the communicators this grid created (safe to call twice)."""
+        for resource in getattr(self, "resources", {}).values():
+            resource.free()
+        self.resources = {}
         for name in ("row_comm", "col_comm", "comm"):
             c = getattr(self, name, None)
             if c is not None and c != MPI.COMM_NULL:

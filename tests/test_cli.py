@@ -69,6 +69,7 @@ def test_bench_prints_table_and_appends_json(comm):
 @pytest.mark.mpi(min_size=1)
 def test_default_run_verifies(comm, monkeypatch):
     monkeypatch.setattr(cli, "DEFAULT_SIZE_CPU", 48)
+    monkeypatch.setattr(cli, "DEFAULT_SIZE_GPU", 48)
     out = io.StringIO()
     assert cli.main([], comm, out) == 0
     if comm.rank == 0:

@@ -75,3 +75,60 @@ def test_non_contiguous_buffer_is_refused():
 def test_unknown_mode():
     with pytest.raises(ValueError, match="communication mode"):
         make_broadcaster("nope", MPI.COMM_SELF, None)
+
+
+class _FakeGpuBackend:
+    name = "cupy"
+
+
+@pytest.mark.parametrize("nccl,aware,expect", [
+    (True, True, "nccl"), (True, False, "nccl"), (False, True, "cuda-aware"), (False, False, "mpi")])
+def test_auto_selection_order(monkeypatch, nccl, aware, expect):
+    monkeypatch.setattr(comm_mod, "nccl_available", lambda: (nccl, "test"))
+    monkeypatch.setattr(comm_mod, "mpi_cuda_aware", lambda: (aware, "test"))
+    assert comm_mod.choose_comm("auto", _FakeGpuBackend()) == expect
+    assert comm_mod.choose_comm("mpi", _FakeGpuBackend()) == "mpi"
+
+
+def test_explicit_modes_are_refused_when_unavailable(monkeypatch):
+    monkeypatch.setattr(comm_mod, "nccl_available", lambda: (False, "no nccl here"))
+    monkeypatch.setattr(comm_mod, "mpi_cuda_aware", lambda: (False, "no cuda support"))
+    with pytest.raises(ValueError, match="no nccl here"):
+        comm_mod.choose_comm("nccl", _FakeGpuBackend())
+    with pytest.raises(ValueError, match="no cuda support"):
+        comm_mod.choose_comm("cuda-aware", _FakeGpuBackend())
+
+
+def test_numpy_backend_always_uses_host_mpi():
+    from summa.backend import NumpyBackend
+    assert comm_mod.choose_comm("auto", NumpyBackend()) == "mpi"
+    for kind in ("nccl", "cuda-aware"):
+        with pytest.raises(ValueError, match="needs the cupy backend"):
+            comm_mod.choose_comm(kind, NumpyBackend())
+
+
+@pytest.mark.parametrize("value,expect", [("0", False), ("1", True)])
+def test_cuda_awareness_override(monkeypatch, value, expect):
+    monkeypatch.setenv("SUMMA_CUDA_AWARE", value)
+    assert comm_mod.mpi_cuda_aware() == (expect, "SUMMA_CUDA_AWARE")
+
+
+def test_cuda_awareness_is_asked_not_tried(monkeypatch):
+    monkeypatch.delenv("SUMMA_CUDA_AWARE", raising=False)
+    answer, how = comm_mod.mpi_cuda_aware()
+    assert isinstance(answer, bool) and how  # on the CI machine's MPICH: False, from the library
+
+
+@pytest.mark.mpi(min_size=2)
+def test_self_test_detects_a_broken_broadcaster(comm, backend):
+    class Broken(HostStagedBroadcaster):
+        def ibcast(self, buf, root, slot=0):
+            handle = super().ibcast(buf, root, slot)
+            handle.wait()
+            if self.comm.Get_rank() == self.comm.Get_size() - 1 != root:
+                buf[0] += 1  # corrupt one receiver's copy
+            return handle
+    good = make_broadcaster("mpi", comm, backend, check=True)
+    good.free()
+    with pytest.raises(RuntimeError, match="self-test failed on ranks"):
+        comm_mod.self_test(Broken(comm, backend), backend)
