@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field, asdict
 
 import numpy as np
+from mpi4py import MPI
 
 from .comm import choose_comm, make_broadcaster
 from .layout import Distribution, Layout, panel_schedule
@@ -187,6 +188,12 @@ def _broadcasters(grid, kind: str, backend):
     """The row and column broadcasters of `grid`, made (and self-tested) once per
     grid and mode, since NCCL communicators are expensive to create."""
     name = choose_comm(kind, backend)
+    if name == "nccl" and not _devices_distinct(grid, backend):
+        # NCCL refuses two ranks of one communicator on the same GPU.
+        if kind == "nccl":
+            raise ValueError("--comm nccl needs a GPU per rank, but ranks of a grid row or "
+                             "column share a GPU; use more GPUs, fewer ranks, or --comm mpi")
+        name = choose_comm("mpi", backend)
     key = ("broadcasters", name, backend.name, backend.device)
     pair = grid.resources.get(key)
     if pair is None:
@@ -194,6 +201,14 @@ def _broadcasters(grid, kind: str, backend):
                      make_broadcaster(name, grid.col_comm, backend, check=True))
         grid.resources[key] = pair
     return pair.row, pair.col
+
+
+def _devices_distinct(grid, backend) -> bool:
+    """True on every rank when no two ranks of any grid row or column share a GPU."""
+    me = (grid.hostname, backend.device_id())
+    distinct = all(len(set(c.allgather(me))) == c.Get_size()
+                   for c in (grid.row_comm, grid.col_comm))
+    return grid.comm.allreduce(distinct, op=MPI.LAND)
 
 
 @dataclass

@@ -106,6 +106,10 @@ class Backend:
     def describe(self) -> str:
         return self.name
 
+    def device_id(self) -> str:
+        """An identifier of this rank's device unique on its node ("cpu" on NumPy)."""
+        return "cpu"
+
 
 class _DoneEvent:
     """Host work is synchronous: every event has already happened."""
@@ -195,6 +199,9 @@ class CupyBackend(Backend):
 
     def memory_in_use(self):
         return int(self.xp.get_default_memory_pool().used_bytes())
+
+    def device_id(self):
+        return self.xp.cuda.Device(self.device).pci_bus_id
 
     def describe(self):
         props = self.xp.cuda.runtime.getDeviceProperties(self.device)

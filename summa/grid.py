@@ -90,6 +90,7 @@ class ProcessGrid:
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         node.Free()
+        self.hostname = MPI.Get_processor_name()
         #: Objects living as long as the grid (e.g. NCCL communicators), each with
         #: a ``free()`` method; released by :meth:`free`.
         self.resources: dict = {}

@@ -20,13 +20,27 @@ def tiny_chunks(monkeypatch):
     monkeypatch.setattr(comm_mod, "CHUNK_BYTES", 7)
 
 
+def modes(backend):
+    """Broadcasters this machine can run for `backend` (NCCL only with a GPU per rank)."""
+    from mpi4py import MPI
+    found = ["mpi"]
+    if backend.name == "cupy" and comm_mod.nccl_available()[0]:
+        ids = MPI.COMM_WORLD.allgather((MPI.Get_processor_name(), backend.device_id()))
+        if len(set(ids)) == len(ids):
+            found.append("nccl")
+    return found
+
+
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("lower", [False, True])
-def test_ibcast_from_every_root(comm, backend, rng, lower, request):
+@pytest.mark.parametrize("mode", ["mpi", "nccl"])
+def test_ibcast_from_every_root(comm, backend, rng, lower, mode, request):
+    if mode not in modes(backend):
+        pytest.skip(f"{mode} broadcasts are not available here")
     if lower:
         request.getfixturevalue("tiny_chunks")
-    bc = make_broadcaster("auto", comm, backend)
-    assert isinstance(bc, HostStagedBroadcaster) and bc.name == "mpi"
+    bc = make_broadcaster(mode, comm, backend)
+    assert bc.name == mode
     data = comm.bcast(rng.uniform(-1, 1, (5, 9)), root=0)
     for root in range(comm.Get_size()):
         for slot, dtype in enumerate((np.float64, np.complex64)):
