@@ -231,15 +231,12 @@ def _check_op(name: str, op) -> str:
     return op
 
 
-def _operand(X: DistMatrix, op: str, outer: Distribution, inner_block, outer_axis: int,
-             name: str) -> DistMatrix:
+def _operand(X: DistMatrix, op: str, outer: Distribution, inner_block,
+             outer_axis: int) -> DistMatrix:
     """``op(X)`` with its outer dimension distributed as `outer` (C's rows for A,
-    C's columns for B); a transposed operand is redistributed straight into it."""
+    C's columns for B); a transposed operand is redistributed straight into it.
+    An untransposed operand must already match (checked by :func:`gemm`)."""
     if op == "N":
-        have = X.layout.rows if outer_axis == 0 else X.layout.cols
-        if have != outer:
-            raise ValueError(f"{name} is distributed as {have} along the dimension it shares "
-                             f"with C, but C is distributed as {outer}")
         return X
     inner = Distribution(X.shape[0] if outer_axis == 0 else X.shape[1],
                          X.grid.shape[1 - outer_axis], inner_block)
@@ -303,8 +300,8 @@ def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, b
         if op == "N" and have != outer:
             raise ValueError(f"{name} is distributed as {have} along the dimension it "
                              f"shares with C, but C is distributed as {outer}")
-    opA = _operand(A, op_a, rows, A.layout.rows.block, 0, "A")
-    opB = _operand(B, op_b, cols, B.layout.cols.block, 1, "B")
+    opA = _operand(A, op_a, rows, A.layout.rows.block, 0)
+    opB = _operand(B, op_b, cols, B.layout.cols.block, 1)
     if C is None:
         layout = Layout.from_distributions(rows, cols)
         local = A.backend.xp.zeros(layout.local_shape(grid.row, grid.col), dtype=A.dtype)

@@ -164,9 +164,9 @@ def _agree_backend(comm: MPI.Comm, name: str):
     """Pick the backend on every rank and fail everywhere if any rank cannot."""
     try:
         backend, error = None, None
-        grid_local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        local_rank = grid_local.Get_rank()
-        grid_local.Free()
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        local_rank = node.Get_rank()
+        node.Free()
         backend = get_backend(name, local_rank)
     except ValueError as exc:
         error = f"rank {comm.Get_rank()}: {exc}"
@@ -187,9 +187,9 @@ def _single_device_seconds(backend, shape, dtype, repeat: int = 3) -> float:
     if 0 in shape:
         return 0.0
     xp = backend.xp
-    with _fresh_random(xp) as rng:
-        a = rng.standard_normal((m, k)).astype(dtype)
-        b = rng.standard_normal((k, n)).astype(dtype)
+    rng = xp.random.default_rng()
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
     c = xp.matmul(a, b)
     best = float("inf")
     for _ in range(repeat):
@@ -200,19 +200,6 @@ def _single_device_seconds(backend, shape, dtype, repeat: int = 3) -> float:
         best = min(best, time.perf_counter() - t0)
     del a, b, c
     return best
-
-
-class _fresh_random:
-    """Context giving the backend's random generator (fresh state each time)."""
-
-    def __init__(self, xp):
-        self.xp = xp
-
-    def __enter__(self):
-        return self.xp.random.default_rng()
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
