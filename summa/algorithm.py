@@ -90,8 +90,22 @@ def _check_operands(A: DistMatrix, B: DistMatrix, C: DistMatrix) -> None:
                          f"({C.layout.cols}) are distributed differently")
 
 
+def _check_scalars(alpha, beta, dtype, precision, backend) -> None:
+    """Raise ValueError for complex scalars with real data, or a bad precision."""
+    for name, value in (("alpha", alpha), ("beta", beta)):
+        if dtype.kind != "c" and np.iscomplexobj(value) and np.imag(value) != 0:
+            raise ValueError(f"{name}={value} is complex but the matrices are {dtype.name}")
+    if precision not in (None, "default", "tf32"):
+        raise ValueError(f"precision must be default or tf32, got {precision!r}")
+    if precision == "tf32" and dtype.char not in "fFe":
+        raise ValueError(f"precision tf32 applies to float32, complex64 and float16 data, "
+                         f"not {dtype.name}")
+    if precision == "tf32" and backend.name != "cupy":
+        raise ValueError("precision tf32 needs the cupy backend (TF32 is a GPU tensor-core mode)")
+
+
 def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=None,
-          lookahead: int = 1, comm: str = "auto") -> SummaStats:
+          lookahead: int = 1, comm: str = "auto", precision: str | None = None) -> SummaStats:
     """``C <- alpha * A @ B + beta * C`` in place, by SUMMA.
 
     Parameters
@@ -107,6 +121,8 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
         Panels whose broadcasts run ahead of the GEMM (0 disables overlap).
     comm : str
         Broadcaster: ``"auto"``, ``"nccl"``, ``"cuda-aware"`` or ``"mpi"``.
+    precision : {None, "tf32"}
+        ``"tf32"`` lets float32/complex64 GEMMs use TF32 tensor cores (GPU).
 
     Returns
     -------
@@ -114,6 +130,7 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
         This rank's timings.
     """
     _check_operands(A, B, C)
+    _check_scalars(alpha, beta, C.dtype, precision, C.backend)
     backend, grid = C.backend, C.grid
     xp = backend.xp
     if panel_width is None:
@@ -138,10 +155,10 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     marks = []
     if grid.size == 1:
         marks.append(backend.timing_mark())
-        backend.gemm(alpha, A.local, B.local, C.local)
+        backend.gemm(alpha, A.local, B.local, C.local, precision=precision)
         marks.append(backend.timing_mark())
     else:
-        _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks)
+        _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precision)
     backend.synchronize()
     stats.seconds = time.perf_counter() - t0
     stats.compute = sum(backend.elapsed(a, b) for a, b in zip(marks[::2], marks[1::2]))
@@ -150,25 +167,39 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     return stats
 
 
-def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks) -> None:
+def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precision) -> None:
     """The SUMMA steps with `lookahead` panels in flight; GEMM marks go to `marks`."""
     backend, grid, xp = C.backend, C.grid, C.backend.xp
     mloc, nloc = C.local.shape
     depth = lookahead + 1
     width = max((p.width for p in panels), default=0)
     nslots = min(depth, len(panels))
-    a_bufs = [xp.empty(mloc * width, dtype=C.dtype) for _ in range(nslots)]
-    b_bufs = [xp.empty(width * nloc, dtype=C.dtype) for _ in range(nslots)]
+    # Panel buffers only where panels arrive from other ranks.
+    a_bufs = [xp.empty(mloc * width if grid.shape[1] > 1 else 0, dtype=C.dtype)
+              for _ in range(nslots)]
+    b_bufs = [xp.empty(width * nloc if grid.shape[0] > 1 else 0, dtype=C.dtype)
+              for _ in range(nslots)]
+
+    def panel(local_panel, bufs, shape, root, me, broadcaster, slot):
+        # The owner multiplies (and, where it is contiguous, broadcasts) its
+        # panel where it lies; GEMM takes row-strided views, so a grid row or
+        # column of one rank never copies at all.
+        if me == root and (broadcaster.comm.Get_size() == 1
+                           or local_panel.flags.c_contiguous):
+            view = local_panel
+        else:
+            view = bufs[slot][: shape[0] * shape[1]].reshape(shape)
+            if me == root:
+                view[...] = local_panel
+        return view, broadcaster.ibcast(view, root, slot)
 
     def start(i):
         p, slot = panels[i], i % depth
-        a = a_bufs[slot][: mloc * p.width].reshape(mloc, p.width)
-        b = b_bufs[slot][: p.width * nloc].reshape(p.width, nloc)
-        if grid.col == p.a_root:
-            a[...] = A.local[:, p.a_offset:p.a_offset + p.width]
-        if grid.row == p.b_root:
-            b[...] = B.local[p.b_offset:p.b_offset + p.width, :]
-        return a, b, row_bc.ibcast(a, p.a_root, slot), col_bc.ibcast(b, p.b_root, slot)
+        a, ra = panel(A.local[:, p.a_offset:p.a_offset + p.width], a_bufs, (mloc, p.width),
+                      p.a_root, grid.col, row_bc, slot)
+        b, rb = panel(B.local[p.b_offset:p.b_offset + p.width, :], b_bufs, (p.width, nloc),
+                      p.b_root, grid.row, col_bc, slot)
+        return a, b, ra, rb
 
     inflight = deque(start(i) for i in range(nslots))
     for i in range(len(panels)):
@@ -176,7 +207,7 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks) -> None:
         ra.wait()
         rb.wait()
         marks.append(backend.timing_mark())
-        backend.gemm(alpha, a, b, C.local)
+        backend.gemm(alpha, a, b, C.local, precision=precision)
         marks.append(backend.timing_mark())
         if i + depth < len(panels):
             # Refilling the slot just used: on the GPU, queue order (compute
@@ -247,7 +278,8 @@ def _operand(X: DistMatrix, op: str, outer: Distribution, inner_block,
 
 def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, beta=0.0,
          trans_a: str = "N", trans_b: str = "N", panel_width=None, lookahead: int = 1,
-         comm: str = "auto", stats: SummaStats | None = None) -> DistMatrix:
+         comm: str = "auto", precision: str | None = None,
+         stats: SummaStats | None = None) -> DistMatrix:
     """``C <- alpha * op(A) @ op(B) + beta * C`` with op in N, T, H.
 
     Parameters
@@ -261,7 +293,7 @@ def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, b
     alpha, beta : scalar
     trans_a, trans_b : {"N", "T", "H"}
         ``H`` is the conjugate transpose (the transpose for real dtypes).
-    panel_width, lookahead, comm
+    panel_width, lookahead, comm, precision
         See :func:`summa`.
     stats : SummaStats, optional
         Filled with this rank's timings.
@@ -290,6 +322,7 @@ def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, b
         raise ValueError(f"inner dimensions differ: op(A) is {m}x{k}, op(B) is {k2}x{n}")
     if C is not None and C.shape != (m, n):
         raise ValueError(f"C is {C.shape[0]}x{C.shape[1]}, expected {m}x{n}")
+    _check_scalars(alpha, beta, A.dtype, precision, A.backend)
     if C is None:
         rows = A.layout.rows if op_a == "N" else Distribution(m, grid.shape[0], A.layout.cols.block)
         cols = B.layout.cols if op_b == "N" else Distribution(n, grid.shape[1], B.layout.rows.block)
@@ -307,7 +340,7 @@ def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, b
         local = A.backend.xp.zeros(layout.local_shape(grid.row, grid.col), dtype=A.dtype)
         C, beta = DistMatrix(grid, layout, local, A.backend), 0.0
     result = summa(alpha, opA, opB, beta, C, panel_width=panel_width, lookahead=lookahead,
-                   comm=comm)
+                   comm=comm, precision=precision)
     if stats is not None:
         for key, value in result.as_dict().items():
             setattr(stats, key, value)

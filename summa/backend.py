@@ -76,8 +76,13 @@ class Backend:
         """Return `arr` as a NumPy array."""
         raise NotImplementedError
 
-    def gemm(self, alpha, a, b, c) -> None:
-        """``c += alpha * (a @ b)`` in place; `c` must be C-contiguous."""
+    def gemm(self, alpha, a, b, c, beta=1.0, precision: str | None = None) -> None:
+        """``c = alpha * (a @ b) + beta * c`` in place (accumulates by default).
+
+        `a` and `b` may be row-strided views (unit stride along their last
+        axis), so panels can be multiplied where they lie; `c` is C-contiguous.
+        `precision` ``"tf32"`` lets float32 products use TF32 tensor cores.
+        """
         raise NotImplementedError
 
     def synchronize(self) -> None:
@@ -111,6 +116,31 @@ class Backend:
         return "cpu"
 
 
+# cudaDataType, cublasComputeType_t and cublasGemmAlgo_t values (stable in the CUDA ABI).
+_CUDA_R_16F, _CUDA_R_32F, _CUDA_R_64F, _CUDA_C_32F, _CUDA_C_64F = 2, 0, 1, 4, 5
+_CUBLAS_COMPUTE_32F, _CUBLAS_COMPUTE_32F_FAST_TF32, _CUBLAS_COMPUTE_64F = 68, 77, 70
+_CUBLAS_GEMM_DEFAULT = -1
+#: dtype char -> (data type, compute type, dtype of alpha/beta)
+_GEMM_TYPES = {
+    "e": (_CUDA_R_16F, _CUBLAS_COMPUTE_32F, np.float32),  # fp16 inputs, fp32 accumulation
+    "f": (_CUDA_R_32F, _CUBLAS_COMPUTE_32F, np.float32),
+    "d": (_CUDA_R_64F, _CUBLAS_COMPUTE_64F, np.float64),
+    "F": (_CUDA_C_32F, _CUBLAS_COMPUTE_32F, np.complex64),
+    "D": (_CUDA_C_64F, _CUBLAS_COMPUTE_64F, np.complex128),
+}
+
+
+def _row_major(xp, x):
+    """`x` with unit stride along its last axis, and its leading dimension."""
+    item = x.itemsize
+    if x.shape[1] == 1 or x.strides[1] == item:
+        ld = x.strides[0] // item if x.shape[0] > 1 else x.shape[1]
+        if ld >= max(1, x.shape[1]) and x.strides[0] % item == 0:
+            return x, max(ld, 1)
+    x = xp.ascontiguousarray(x)
+    return x, max(x.shape[1], 1)
+
+
 class _DoneEvent:
     """Host work is synchronous: every event has already happened."""
 
@@ -131,7 +161,12 @@ class NumpyBackend(Backend):
     def to_host(self, arr):
         return np.asarray(arr)
 
-    def gemm(self, alpha, a, b, c):
+    def gemm(self, alpha, a, b, c, beta=1.0, precision=None):
+        if beta != 1:
+            if beta == 0:
+                c.fill(0)
+            else:
+                c *= beta
         if 0 in a.shape or 0 in b.shape:
             return
         prod = np.matmul(a, b)
@@ -164,18 +199,31 @@ class CupyBackend(Backend):
     def to_host(self, arr):
         return self.xp.asnumpy(arr)
 
-    def gemm(self, alpha, a, b, c):
-        if 0 in a.shape or 0 in b.shape:
+    def gemm(self, alpha, a, b, c, beta=1.0, precision=None):
+        from cupy_backends.cuda.libs import cublas
+        m, k = a.shape
+        n = b.shape[1]
+        if 0 in (m, n):
             return
-        if c.dtype.char in "fdFD":
-            import cupy.cublas
-            # beta=1 accumulates into C in place: no C-sized temporary.
-            cupy.cublas.gemm("N", "N", a, b, out=c, alpha=alpha, beta=1.0)
-        else:  # float16: cuBLAS through matmul, accumulated in float32 internally
-            prod = self.xp.matmul(a, b)
-            if alpha != 1:
-                prod *= alpha
-            c += prod
+        if k == 0:
+            if beta != 1:
+                c *= beta
+            return
+        a, lda = _row_major(self.xp, a)
+        b, ldb = _row_major(self.xp, b)
+        if not c.flags.c_contiguous:
+            raise ValueError("gemm needs a C-contiguous output")
+        data_type, compute, scalar = _GEMM_TYPES[c.dtype.char]
+        if precision == "tf32" and c.dtype.char in "fF":
+            compute = _CUBLAS_COMPUTE_32F_FAST_TF32
+        alpha_h = np.array(alpha, dtype=scalar)
+        beta_h = np.array(beta, dtype=scalar)
+        # Row-major C = A B is column-major C^T = B^T A^T: swap the operands.
+        # beta=1 accumulates in place, so no C-sized temporary is ever made.
+        cublas.gemmEx(self.xp.cuda.device.get_cublas_handle(), 0, 0, n, m, k,
+                      alpha_h.ctypes.data, b.data.ptr, data_type, ldb,
+                      a.data.ptr, data_type, lda, beta_h.ctypes.data,
+                      c.data.ptr, data_type, n, compute, _CUBLAS_GEMM_DEFAULT)
 
     def synchronize(self):
         self.xp.cuda.Device(self.device).synchronize()

@@ -19,8 +19,9 @@ import numpy as np
 from mpi4py import MPI
 
 from . import __version__
-from .algorithm import SummaStats, default_panel_width, gemm
+from .algorithm import SummaStats, _check_scalars, default_panel_width, gemm
 from .backend import DTYPES, cupy_available, get_backend
+from .comm import choose_comm
 from .grid import ProcessGrid, parse_grid
 from .matrix import DistMatrix
 from .verify import freivalds
@@ -101,6 +102,9 @@ def _add_problem(p: argparse.ArgumentParser, size_help: str) -> None:
                        help=f"{dim.upper()} (overrides --size)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float64",
                    help="element type (default float64; float16 needs the cupy backend)")
+    p.add_argument("--precision", choices=("default", "tf32"), default="default",
+                   help="tf32: float32/complex64 GEMMs on TF32 tensor cores (GPU only; "
+                        "float16 always uses tensor cores with float32 accumulation)")
     p.add_argument("--seed", type=int, default=1, help="random seed of A (B uses seed+1)")
     p.add_argument("--json", metavar="FILE", default=None,
                    help="append one JSON object with parameters, versions and timings to FILE")
@@ -180,9 +184,10 @@ def _agree_backend(comm: MPI.Comm, name: str):
     return backend
 
 
-def _single_device_seconds(backend, shape, dtype, repeat: int = 3) -> float:
-    """Best time of one plain ``xp.matmul`` of this rank's share of the work:
-    (rows of C here) x (columns of C here) x K, on this rank's device alone."""
+def _single_device_seconds(backend, shape, dtype, precision, repeat: int = 3) -> float:
+    """Best time of this rank's share of the work, (rows of C here) x (columns
+    of C here) x K, as one product on this rank's device alone: the best of
+    ``xp.matmul`` and the backend's own GEMM (the one summa uses)."""
     m, n, k = shape
     if 0 in shape:
         return 0.0
@@ -191,13 +196,18 @@ def _single_device_seconds(backend, shape, dtype, repeat: int = 3) -> float:
     a = rng.standard_normal((m, k)).astype(dtype)
     b = rng.standard_normal((k, n)).astype(dtype)
     c = xp.matmul(a, b)
+    candidates = [lambda: backend.gemm(1.0, a, b, c, beta=0.0, precision=precision)]
+    if precision in (None, "default") or dtype.char not in "fF":
+        candidates.append(lambda: xp.matmul(a, b, out=c))
     best = float("inf")
-    for _ in range(repeat):
-        backend.synchronize()
-        t0 = time.perf_counter()
-        xp.matmul(a, b, out=c)
-        backend.synchronize()
-        best = min(best, time.perf_counter() - t0)
+    for run in candidates:
+        run()
+        for _ in range(repeat):
+            backend.synchronize()
+            t0 = time.perf_counter()
+            run()
+            backend.synchronize()
+            best = min(best, time.perf_counter() - t0)
     del a, b, c
     return best
 
@@ -209,6 +219,12 @@ def _run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     m, n, k = _shape(args, DEFAULT_SIZE_GPU if backend.name == "cupy" else DEFAULT_SIZE_CPU)
+    precision = None if args.precision == "default" else args.precision
+    try:
+        _check_scalars(1.0, 0.0, dtype, precision, backend)
+        choose_comm(args.comm, backend)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     check = getattr(args, "check", False) or verify_default
     repeat, warmup = getattr(args, "repeat", 1), getattr(args, "warmup", 1)
     block = None if args.block is None else (args.block, args.block)
@@ -225,18 +241,20 @@ def _run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
         for i in range(warmup + repeat):
             grid.comm.Barrier()
             t0 = time.perf_counter()
-            gemm(A, B, C, panel_width=nb, lookahead=args.lookahead, comm=args.comm, stats=stats)
+            gemm(A, B, C, panel_width=nb, lookahead=args.lookahead, comm=args.comm,
+                 precision=precision, stats=stats)
             backend.synchronize()
             elapsed = grid.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
             if i >= warmup:
                 times.append(elapsed)
                 if elapsed == min(times):
                     best_stats = SummaStats(**stats.as_dict())
-        residual = freivalds(A, B, C) if check else None
+        residual = freivalds(A, B, C, precision=precision) if check else None
         memory = backend.memory_in_use()
         ideal_seconds = None
         if getattr(args, "ideal", False):
-            ideal_seconds = _single_device_seconds(backend, (*C.local.shape, k), dtype)
+            ideal_seconds = _single_device_seconds(backend, (*C.local.shape, k), dtype,
+                                                   precision)
         per_rank = grid.comm.gather(dict(rank=grid.rank, coords=[grid.row, grid.col],
                                          host=socket.gethostname(), device=backend.device,
                                          memory_bytes=memory, ideal_seconds=ideal_seconds,
@@ -265,6 +283,7 @@ def _run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
             ideal_tflops = rate * size
             efficiency = tflops / ideal_tflops
     record = {"command": args.command or "run", "m": m, "n": n, "k": k, "dtype": dtype.name,
+              "precision": args.precision,
               "ranks": size, "grid": list(grid_shape), "backend": backend.name,
               "comm": best_stats.comm, "nb": nb, "block": args.block,
               "lookahead": args.lookahead, "repeat": repeat, "warmup": warmup,
@@ -279,7 +298,8 @@ def _run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
              f"{'per rank':>9} {'max err/gauge':>14}"
     err = "-" if residual is None else f"{residual:.2e} {'ok' if ok else 'FAIL'}"
     print(header, file=out)
-    print(f"{f'{m} x {n} x {k}':>22} {dtype.name:>10} {nb:>5} {best:>9.4f} {tflops:>9.3f} "
+    label = dtype.name + ("/tf32" if precision else "")
+    print(f"{f'{m} x {n} x {k}':>22} {label:>10} {nb:>5} {best:>9.4f} {tflops:>9.3f} "
           f"{tflops / size:>9.3f} {err:>14}", file=out)
     if efficiency is not None:
         print(f"ideal ({size} x one-device {backend.xp.__name__}.matmul of the per-rank shape): "
@@ -320,7 +340,7 @@ def _run_info(args, comm: MPI.Comm, out) -> int:
     print(f"backend: {backend.name}"
           + ("" if backend.name == "cupy" else
              f" ({'a GPU is visible' if cupy_available() else 'no GPU/CuPy visible'})"), file=out)
-    from .comm import choose_comm, mpi_cuda_aware, nccl_available
+    from .comm import mpi_cuda_aware, nccl_available
     nccl_ok, nccl_note = nccl_available() if backend.name == "cupy" else (False, "needs cupy")
     aware, aware_note = mpi_cuda_aware()
     print(f"NCCL: {'yes' if nccl_ok else 'no'} ({nccl_note}); CUDA-aware MPI: "

@@ -140,6 +140,16 @@ def test_errors_raise_on_every_rank_before_communicating(comm, backend):
             matmul(A, B5, lookahead=-1)
         with pytest.raises(ValueError, match="communication mode"):
             matmul(A, B5, comm="carrier-pigeon")
+        with pytest.raises(ValueError, match="alpha=.* is complex"):
+            gemm(A, B5, alpha=1j)
+        with pytest.raises(ValueError, match="tf32 applies to"):
+            matmul(A, B5, precision="tf32")
+        with pytest.raises(ValueError, match="precision must be"):
+            matmul(A, B5, precision="fp8")
+        if backend.name == "numpy":
+            A32 = DistMatrix.random((6, 5), "float32", grid, backend, seed=1)
+            with pytest.raises(ValueError, match="tf32 needs the cupy backend"):
+                matmul(A32, B32, precision="tf32")
         cyclic = DistMatrix.random((6, 5), "float64", grid, backend, seed=1, block=(2, 2))
         with pytest.raises(ValueError, match="distributed as"):
             gemm(cyclic, B5, DistMatrix.zeros((6, 7), "float64", grid, backend))

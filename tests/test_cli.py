@@ -102,6 +102,8 @@ def test_info(comm):
     (["bench", "--dtype", "int8"], "invalid choice"),
     (["bench", "--dtype", "float16", "--backend", "numpy"], "float16 is not supported"),
     (["bench", "--lookahead", "-1"], "--lookahead: must be >= 0"),
+    (["bench", "--precision", "tf32", "--dtype", "float64"], "tf32 applies to"),
+    (["bench", "--comm", "nccl", "--backend", "numpy"], "needs the cupy backend"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_usage_errors_raise_on_every_rank(comm, argv, match):

@@ -62,3 +62,57 @@ def test_memory_pool_does_not_grow(comm, gpu):
     for _ in range(5):
         gemm(A, B, C, panel_width=32)
     assert pool.total_bytes() <= before
+
+
+def _modes(backend):
+    from test_comm import modes
+    return modes(backend)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mode", ["mpi", "nccl", "cuda-aware"])
+@pytest.mark.parametrize("shape", [(97, 61, 203), (5, 300, 7)])
+@pytest.mark.parametrize("which", ["auto", "row", "col"])
+def test_every_comm_mode_matches_reference(comm, rng, gpu, mode, shape, which):
+    from summa.comm import mpi_cuda_aware
+    grid0, backend = gpu
+    available = _modes(backend) + (["cuda-aware"] if mpi_cuda_aware()[0] else [])
+    if mode not in available:
+        pytest.skip(f"{mode} is not available here")
+    m, n, k = shape
+    p = comm.Get_size()
+    with ProcessGrid(comm, {"auto": None, "row": (1, p), "col": (p, 1)}[which]) as grid:
+        a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
+        A = DistMatrix.from_global(a, grid, backend)
+        B = DistMatrix.from_global(b, grid, backend)
+        for lookahead in (0, 2):
+            c = matmul(A, B, panel_width=16, comm=mode, lookahead=lookahead).gather()
+            if comm.rank == 0:
+                assert gemm_scaled_error(c, a, b) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", ["float32", "complex64"])
+def test_tf32_is_within_its_gauge_and_not_plain_fp32(comm, rng, gpu, dtype):
+    grid, backend = gpu
+    a, b = random_array(rng, (128, 512), dtype), random_array(rng, (512, 96), dtype)
+    A = DistMatrix.from_global(a, grid, backend)
+    B = DistMatrix.from_global(b, grid, backend)
+    c = matmul(A, B, panel_width=64, precision="tf32").gather()
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b, precision="tf32") <= 1
+        # TF32 really ran: its error exceeds what plain float32 arithmetic allows
+        assert gemm_scaled_error(c, a, b) > 1
+
+
+@pytest.mark.mpi(min_size=1)
+def test_strided_panels_multiply_in_place(comm, rng, gpu):
+    """GEMM on row-strided views (panels used where they lie) is exact."""
+    _, backend = gpu
+    xp = backend.xp
+    big = xp.asarray(random_array(rng, (40, 64), "float64"))
+    b = xp.asarray(random_array(rng, (16, 24), "float64"))
+    c = xp.zeros((40, 24))
+    backend.gemm(1.0, big[:, 8:24], b, c)
+    np.testing.assert_allclose(backend.to_host(c), backend.to_host(big[:, 8:24] @ b),
+                               rtol=1e-13, atol=1e-13)
