@@ -105,7 +105,12 @@ class Backend:
         return stop - start
 
     def memory_in_use(self) -> int:
-        """Bytes held by this backend's allocator (0 where unknown)."""
+        """Bytes of live arrays in this backend's allocator (0 where unknown)."""
+        return 0
+
+    def memory_reserved(self) -> int:
+        """Bytes the allocator holds from the device, freed blocks included (its
+        high-water mark; 0 where unknown)."""
         return 0
 
     def describe(self) -> str:
@@ -247,6 +252,9 @@ class CupyBackend(Backend):
 
     def memory_in_use(self):
         return int(self.xp.get_default_memory_pool().used_bytes())
+
+    def memory_reserved(self):
+        return int(self.xp.get_default_memory_pool().total_bytes())
 
     def device_id(self):
         return self.xp.cuda.Device(self.device).pci_bus_id

@@ -245,19 +245,24 @@ def _run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                  precision=precision, stats=stats)
             backend.synchronize()
             elapsed = grid.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            if i == 0:
+                reserved_first = backend.memory_reserved()
             if i >= warmup:
                 times.append(elapsed)
                 if elapsed == min(times):
                     best_stats = SummaStats(**stats.as_dict())
         residual = freivalds(A, B, C, precision=precision) if check else None
         memory = backend.memory_in_use()
+        reserved = backend.memory_reserved()
         ideal_seconds = None
         if getattr(args, "ideal", False):
             ideal_seconds = _single_device_seconds(backend, (*C.local.shape, k), dtype,
                                                    precision)
         per_rank = grid.comm.gather(dict(rank=grid.rank, coords=[grid.row, grid.col],
                                          host=socket.gethostname(), device=backend.device,
-                                         memory_bytes=memory, ideal_seconds=ideal_seconds,
+                                         memory_bytes=memory, reserved_bytes=reserved,
+                                         pool_growth_bytes=reserved - reserved_first,
+                                         ideal_seconds=ideal_seconds,
                                          local_shape=list(C.local.shape),
                                          **{key: getattr(best_stats, key)
                                             for key in ("seconds", "compute", "wait",
@@ -307,8 +312,10 @@ def _run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     for r in per_rank:
         print(f"  rank {r['rank']:>3} ({r['coords'][0]},{r['coords'][1]}): compute "
               f"{r['compute']:.4f} s, broadcasts {r['comm_seconds']:.4f} s, exposed "
-              f"{r['wait']:.4f} s" + (f", device memory {r['memory_bytes'] / 2**30:.2f} GiB"
-                                      if r["memory_bytes"] else ""), file=out)
+              f"{r['wait']:.4f} s" + (f", device memory {r['memory_bytes'] / 2**30:.2f} GiB in "
+                                      f"use, {r['reserved_bytes'] / 2**30:.2f} GiB pool, grew "
+                                      f"{r['pool_growth_bytes']} B after the first call"
+                                      if r["reserved_bytes"] else ""), file=out)
     if args.json:
         with open(args.json, "a") as fh:
             fh.write(json.dumps(record) + "\n")

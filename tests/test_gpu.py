@@ -93,16 +93,17 @@ def test_every_comm_mode_matches_reference(comm, rng, gpu, mode, shape, which):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("dtype", ["float32", "complex64"])
-def test_tf32_is_within_its_gauge_and_not_plain_fp32(comm, rng, gpu, dtype):
+def test_tf32_is_within_its_gauge_and_really_tf32(comm, rng, gpu, dtype):
     grid, backend = gpu
     a, b = random_array(rng, (128, 512), dtype), random_array(rng, (512, 96), dtype)
     A = DistMatrix.from_global(a, grid, backend)
     B = DistMatrix.from_global(b, grid, backend)
     c = matmul(A, B, panel_width=64, precision="tf32").gather()
+    plain = matmul(A, B, panel_width=64).gather()
     if comm.rank == 0:
         assert gemm_scaled_error(c, a, b, precision="tf32") <= 1
-        # TF32 really ran: its error exceeds what plain float32 arithmetic allows
-        assert gemm_scaled_error(c, a, b) > 1
+        # TF32 really ran: 10 mantissa bits instead of 23 make it far less exact
+        assert gemm_scaled_error(c, a, b) > 20 * gemm_scaled_error(plain, a, b)
 
 
 @pytest.mark.mpi(min_size=1)
