@@ -59,14 +59,17 @@ class SummaStats:
         return asdict(self)
 
 
-def default_panel_width(backend_name: str, dtype) -> int:
+def default_panel_width(backend_name: str, dtype, precision: str | None = None) -> int:
     """Panel width used when none is given.
 
     Wide panels keep each GEMM near the device's peak (the C block is read and
-    written once per panel); on GPUs 4096 keeps that traffic a few percent of
-    the arithmetic while leaving several panels to overlap broadcasts with.
+    written once per panel) while leaving several panels to overlap broadcasts
+    with. Measured on 2 H200s at N = 32768 (docs/benchmarks.md): 4096 is best
+    for float64 (8192 lost 4 %), TF32 needs 8192 (621 against 531 TFLOP/s).
     """
-    return 4096 if backend_name == "cupy" else 256
+    if backend_name != "cupy":
+        return 256
+    return 8192 if precision == "tf32" else 4096
 
 
 def _check_operands(A: DistMatrix, B: DistMatrix, C: DistMatrix) -> None:
@@ -134,7 +137,7 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     backend, grid = C.backend, C.grid
     xp = backend.xp
     if panel_width is None:
-        panel_width = default_panel_width(backend.name, C.dtype)
+        panel_width = default_panel_width(backend.name, C.dtype, precision)
     if int(panel_width) < 1:
         raise ValueError(f"panel width must be >= 1, got {panel_width}")
     if int(lookahead) < 0:

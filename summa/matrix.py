@@ -13,6 +13,8 @@ from .layout import Layout
 __all__ = ["DistMatrix"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+#: Elements generated per step by :meth:`DistMatrix.random`.
+RANDOM_CHUNK_ELEMENTS = 1 << 22
 
 
 def _splitmix64(xp, x):
@@ -119,15 +121,18 @@ class DistMatrix:
         xp = backend.xp
         rows = xp.asarray(layout.rows.global_indices(grid.row).astype(np.uint64))
         cols = xp.asarray(layout.cols.global_indices(grid.col).astype(np.uint64))
-        counter = rows[:, None] * np.uint64(layout.shape[1]) + cols[None, :]
-        if dtype.kind == "c":
-            real = np.dtype(dtype.char.lower())
-            local = _uniform(xp, 2 * counter, seed, real) \
-                + 1j * _uniform(xp, 2 * counter + np.uint64(1), seed, real)
-            local = local.astype(dtype)
-        else:
-            local = _uniform(xp, counter, seed, dtype)
-        return cls(grid, layout, xp.ascontiguousarray(local), backend)
+        local = xp.empty((rows.size, cols.size), dtype=dtype)
+        # Row chunks keep the hash's temporaries small next to the matrix itself.
+        step = max(1, RANDOM_CHUNK_ELEMENTS // max(1, cols.size))
+        for r0 in range(0, rows.size, step):
+            counter = rows[r0:r0 + step, None] * np.uint64(layout.shape[1]) + cols[None, :]
+            if dtype.kind == "c":
+                real = np.dtype(dtype.char.lower())
+                local[r0:r0 + step] = _uniform(xp, 2 * counter, seed, real) \
+                    + 1j * _uniform(xp, 2 * counter + np.uint64(1), seed, real)
+            else:
+                local[r0:r0 + step] = _uniform(xp, counter, seed, dtype)
+        return cls(grid, layout, local, backend)
 
     @classmethod
     def from_global(cls, array, grid, backend=None, root: int = 0, block=None) -> "DistMatrix":

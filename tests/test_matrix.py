@@ -132,3 +132,16 @@ def test_constructor_errors(comm, backend):
             DistMatrix(grid, A.layout, backend.xp.zeros((4, 4)), backend)
         with pytest.raises(ValueError, match="layout"):
             A.transpose(layout=A.layout.__class__((4, 3), grid.shape))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_random_in_small_chunks_gives_the_same_values(comm, backend, monkeypatch):
+    import summa.matrix as matrix_mod
+    with make_grid(comm, "auto") as grid:
+        for dtype in ("float64", "complex64"):
+            whole = DistMatrix.random((37, 29), dtype, grid, backend, seed=9).gather()
+            monkeypatch.setattr(matrix_mod, "RANDOM_CHUNK_ELEMENTS", 7)
+            chunked = DistMatrix.random((37, 29), dtype, grid, backend, seed=9).gather()
+            monkeypatch.undo()
+            if comm.rank == 0:
+                assert np.array_equal(whole, chunked)
