@@ -19,6 +19,7 @@ from mpi4py import MPI
 from .comm import choose_comm, make_broadcaster
 from .layout import Distribution, Layout, panel_schedule
 from .matrix import DistMatrix
+from .tuning import auto_panel_width, default_panel_width
 
 __all__ = ["summa", "gemm", "matmul", "SummaStats", "default_panel_width"]
 
@@ -57,19 +58,6 @@ class SummaStats:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def default_panel_width(backend_name: str, dtype, precision: str | None = None) -> int:
-    """Panel width used when none is given.
-
-    Wide panels keep each GEMM near the device's peak (the C block is read and
-    written once per panel) while leaving several panels to overlap broadcasts
-    with. Measured on 2 H200s at N = 32768 (docs/benchmarks.md): 4096 is best
-    for float64 (8192 lost 4 %), TF32 needs 8192 (621 against 531 TFLOP/s).
-    """
-    if backend_name != "cupy":
-        return 256
-    return 8192 if precision == "tf32" else 4096
 
 
 def _check_operands(A: DistMatrix, B: DistMatrix, C: DistMatrix) -> None:
@@ -118,8 +106,10 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     A, B, C : DistMatrix
         Operands on one grid, with A's rows laid out like C's rows and B's
         columns like C's columns. A's columns and B's rows may differ.
-    panel_width : int, optional
-        Width of the inner-dimension panels (default per backend).
+    panel_width : int or "auto", optional
+        Width of the inner-dimension panels (default per backend); ``"auto"``
+        measures the GEMM rate of candidate widths once per problem
+        (:func:`summa.tuning.auto_panel_width`).
     lookahead : int
         Panels whose broadcasts run ahead of the GEMM (0 disables overlap).
     comm : str
@@ -136,10 +126,16 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     _check_scalars(alpha, beta, C.dtype, precision, C.backend)
     backend, grid = C.backend, C.grid
     xp = backend.xp
+    measured = False
     if panel_width is None:
         panel_width = default_panel_width(backend.name, C.dtype, precision)
-    if int(panel_width) < 1:
-        raise ValueError(f"panel width must be >= 1, got {panel_width}")
+    elif isinstance(panel_width, str) and panel_width == "auto":
+        if grid.size == 1:  # one rank runs a single GEMM: nothing to choose
+            panel_width = default_panel_width(backend.name, C.dtype, precision)
+        else:
+            panel_width, measured = auto_panel_width(A, B, C, precision)
+    if not isinstance(panel_width, (int, np.integer)) or panel_width < 1:
+        raise ValueError(f"panel width must be an integer >= 1 or 'auto', got {panel_width!r}")
     if int(lookahead) < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     panel_width, lookahead = int(panel_width), int(lookahead)
@@ -148,7 +144,7 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     if grid.size == 1:
         panels = panels[:1]  # one rank: a single GEMM over all of K, nothing to overlap
     stats = SummaStats(panels=len(panels), panel_width=panel_width, comm=row_bc.name,
-                       lookahead=lookahead)
+                       lookahead=lookahead, extra={"panel_width_measured": measured})
 
     t0 = time.perf_counter()
     if beta == 0:

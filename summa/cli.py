@@ -70,6 +70,10 @@ def _nonnegative_int(text: str) -> int:
     return value
 
 
+def _panel_width(text: str):
+    return "auto" if text == "auto" else _positive_int(text)
+
+
 def _grid(text: str):
     try:
         return parse_grid(text)
@@ -86,8 +90,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="panel broadcaster: nccl, cuda-aware MPI, host-staged mpi (default auto: "
                         "nccl on GPUs when available, else cuda-aware MPI when the library "
                         "reports CUDA support, else mpi)")
-    p.add_argument("--nb", type=_positive_int, default=None, metavar="W",
-                   help="panel width along K (default 256 on CPU; 4096 on GPU, 8192 with tf32)")
+    p.add_argument("--nb", type=_panel_width, default=None, metavar="W",
+                   help="panel width along K, or 'auto' to pick by a short measurement "
+                        "(default 256 on CPU; 4096 on GPU, 8192 with tf32)")
     p.add_argument("--block", type=_positive_int, default=None, metavar="B",
                    help="block-cyclic distribution block size (default: balanced blocks)")
     p.add_argument("--lookahead", type=_nonnegative_int, default=1, metavar="L",
@@ -236,13 +241,15 @@ def _run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
         A = DistMatrix.random((m, k), dtype, grid, backend, seed=args.seed, block=block)
         B = DistMatrix.random((k, n), dtype, grid, backend, seed=args.seed + 1, block=block)
         C = DistMatrix.zeros((m, n), dtype, grid, backend, block=block)
-        nb = args.nb or default_panel_width(backend.name, dtype, precision)
+        # "auto" is measured in the first call and cached for the rest.
+        gemm_width = args.nb or default_panel_width(backend.name, dtype, precision)
         times, stats = [], SummaStats()
         for i in range(warmup + repeat):
             grid.comm.Barrier()
             t0 = time.perf_counter()
-            gemm(A, B, C, panel_width=nb, lookahead=args.lookahead, comm=args.comm,
+            gemm(A, B, C, panel_width=gemm_width, lookahead=args.lookahead, comm=args.comm,
                  precision=precision, stats=stats)
+            nb = stats.panel_width
             backend.synchronize()
             elapsed = grid.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
             if i == 0:

@@ -1,0 +1,85 @@
+"""Panel width: the per-backend default and ``"auto"``, chosen by measurement.
+
+``auto`` times this rank's GEMM for a panel of each candidate width (on a
+slice of C's rows, so it needs little memory), agrees across the grid on the
+slowest rank's times, and takes the narrowest width within 3 % of the best
+rate: narrow panels overlap communication sooner and need smaller buffers. The
+choice is cached per problem for the life of the process.
+"""
+
+from __future__ import annotations
+
+import time
+
+from mpi4py import MPI
+
+__all__ = ["default_panel_width", "auto_panel_width", "CANDIDATE_WIDTHS"]
+
+#: Widths ``auto`` considers (those wider than K are dropped).
+CANDIDATE_WIDTHS = (256, 512, 1024, 2048, 4096, 8192)
+#: Rows of C the measurement multiplies into (a slice is representative).
+PROBE_ROWS = 4096
+_cache: dict = {}
+
+
+def default_panel_width(backend_name: str, dtype, precision: str | None = None) -> int:
+    """Panel width used when none is given.
+
+    Wide panels keep each GEMM near the device's peak (the C block is read and
+    written once per panel) while leaving several panels to overlap broadcasts
+    with. Measured on 2 H200s at N = 32768 (docs/benchmarks.md): 4096 is best
+    for float64 (8192 lost 4 %), TF32 needs 8192 (621 against 531 TFLOP/s).
+    """
+    if backend_name != "cupy":
+        return 256
+    return 8192 if precision == "tf32" else 4096
+
+
+def auto_panel_width(A, B, C, precision=None) -> tuple[int, bool]:
+    """Choose the panel width for ``C += A @ B`` by timing; collective over the grid.
+
+    Returns
+    -------
+    (int, bool)
+        The width, and whether it was measured now (False: taken from the cache).
+    """
+    grid, backend = C.grid, C.backend
+    key = (A.shape, B.shape, C.dtype.str, precision, tuple(grid.shape), backend.name,
+           A.layout, B.layout, C.layout)
+    if key in _cache:
+        return _cache[key], False
+    k = A.shape[1]
+    widths = [w for w in CANDIDATE_WIDTHS if w <= max(k, CANDIDATE_WIDTHS[0])]
+    xp = backend.xp
+    rows = min(C.local.shape[0], PROBE_ROWS)
+    ncols = C.local.shape[1]
+    seconds = []
+    if rows and ncols:
+        rng = xp.random.default_rng(0)
+        widest = widths[-1]
+        a = rng.standard_normal((rows, widest)).astype(C.dtype)
+        b = rng.standard_normal((widest, ncols)).astype(C.dtype)
+        c = xp.zeros((rows, ncols), dtype=C.dtype)
+        for w in widths:
+            backend.gemm(1.0, a[:, :w], b[:w], c, precision=precision)  # warm-up
+            backend.synchronize()
+            t0 = time.perf_counter()
+            backend.gemm(1.0, a[:, :w], b[:w], c, precision=precision)
+            backend.synchronize()
+            seconds.append((time.perf_counter() - t0) / w)  # seconds per unit of K
+        del a, b, c
+    else:
+        seconds = [0.0] * len(widths)
+    # The slowest rank sets the pace; every rank decides on the same numbers.
+    seconds = grid.comm.allreduce(seconds, op=_elementwise_max)
+    best = min(seconds)
+    width = next(w for w, s in zip(widths, seconds) if s <= best / 0.97)
+    _cache[key] = width
+    return width, True
+
+
+def _elementwise_max(x, y, datatype=None):
+    return [max(a, b) for a, b in zip(x, y)]
+
+
+_elementwise_max = MPI.Op.Create(_elementwise_max, commute=True)
