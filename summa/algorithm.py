@@ -96,7 +96,8 @@ def _check_scalars(alpha, beta, dtype, precision, backend) -> None:
 
 
 def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=None,
-          lookahead: int = 1, comm: str = "auto", precision: str | None = None) -> SummaStats:
+          lookahead: int = 1, broadcaster: str = "auto", precision: str | None = None,
+          progress=None) -> SummaStats:
     """``C <- alpha * A @ B + beta * C`` in place, by SUMMA.
 
     Parameters
@@ -112,10 +113,12 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
         (:func:`summa.tuning.auto_panel_width`).
     lookahead : int
         Panels whose broadcasts run ahead of the GEMM (0 disables overlap).
-    comm : str
+    broadcaster : str
         Broadcaster: ``"auto"``, ``"nccl"``, ``"cuda-aware"`` or ``"mpi"``.
     precision : {None, "tf32"}
         ``"tf32"`` lets float32/complex64 GEMMs use TF32 tensor cores (GPU).
+    progress : callable, optional
+        Called as ``progress(steps_done, steps_total)`` after each panel is queued.
 
     Returns
     -------
@@ -139,7 +142,7 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     if int(lookahead) < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     panel_width, lookahead = int(panel_width), int(lookahead)
-    row_bc, col_bc = _broadcasters(grid, comm, backend)
+    row_bc, col_bc = _broadcasters(grid, broadcaster, backend)
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
     if grid.size == 1:
         panels = panels[:1]  # one rank: a single GEMM over all of K, nothing to overlap
@@ -156,8 +159,11 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
         marks.append(backend.timing_mark())
         backend.gemm(alpha, A.local, B.local, C.local, precision=precision)
         marks.append(backend.timing_mark())
+        if progress is not None:
+            progress(1, 1)
     else:
-        _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precision)
+        _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precision,
+                  progress)
     backend.synchronize()
     stats.seconds = time.perf_counter() - t0
     stats.compute = sum(backend.elapsed(a, b) for a, b in zip(marks[::2], marks[1::2]))
@@ -166,7 +172,8 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     return stats
 
 
-def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precision) -> None:
+def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precision,
+              progress) -> None:
     """The SUMMA steps with `lookahead` panels in flight; GEMM marks go to `marks`."""
     backend, grid, xp = C.backend, C.grid, C.backend.xp
     mloc, nloc = C.local.shape
@@ -208,6 +215,8 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precisio
         marks.append(backend.timing_mark())
         backend.gemm(alpha, a, b, C.local, precision=precision)
         marks.append(backend.timing_mark())
+        if progress is not None:
+            progress(i + 1, len(panels))
         if i + depth < len(panels):
             # Refilling the slot just used: on the GPU, queue order (compute
             # stream, or the broadcaster waiting on it) puts this after the GEMM.
@@ -277,8 +286,8 @@ def _operand(X: DistMatrix, op: str, outer: Distribution, inner_block,
 
 def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, beta=0.0,
          trans_a: str = "N", trans_b: str = "N", panel_width=None, lookahead: int = 1,
-         comm: str = "auto", precision: str | None = None,
-         stats: SummaStats | None = None) -> DistMatrix:
+         broadcaster: str = "auto", precision: str | None = None,
+         stats: SummaStats | None = None, progress=None) -> DistMatrix:
     """``C <- alpha * op(A) @ op(B) + beta * C`` with op in N, T, H.
 
     Parameters
@@ -292,7 +301,7 @@ def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, b
     alpha, beta : scalar
     trans_a, trans_b : {"N", "T", "H"}
         ``H`` is the conjugate transpose (the transpose for real dtypes).
-    panel_width, lookahead, comm, precision
+    panel_width, lookahead, broadcaster, precision, progress
         See :func:`summa`.
     stats : SummaStats, optional
         Filled with this rank's timings.
@@ -339,7 +348,7 @@ def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, b
         local = A.backend.xp.zeros(layout.local_shape(grid.row, grid.col), dtype=A.dtype)
         C, beta = DistMatrix(grid, layout, local, A.backend), 0.0
     result = summa(alpha, opA, opB, beta, C, panel_width=panel_width, lookahead=lookahead,
-                   comm=comm, precision=precision)
+                   broadcaster=broadcaster, precision=precision, progress=progress)
     if stats is not None:
         for key, value in result.as_dict().items():
             setattr(stats, key, value)

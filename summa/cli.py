@@ -247,7 +247,7 @@ def _run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
         for i in range(warmup + repeat):
             grid.comm.Barrier()
             t0 = time.perf_counter()
-            gemm(A, B, C, panel_width=gemm_width, lookahead=args.lookahead, comm=args.comm,
+            gemm(A, B, C, panel_width=gemm_width, lookahead=args.lookahead, broadcaster=args.comm,
                  precision=precision, stats=stats)
             nb = stats.panel_width
             backend.synchronize()

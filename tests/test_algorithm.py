@@ -139,7 +139,7 @@ def test_errors_raise_on_every_rank_before_communicating(comm, backend):
         with pytest.raises(ValueError, match="lookahead"):
             matmul(A, B5, lookahead=-1)
         with pytest.raises(ValueError, match="communication mode"):
-            matmul(A, B5, comm="carrier-pigeon")
+            matmul(A, B5, broadcaster="carrier-pigeon")
         with pytest.raises(ValueError, match="alpha=.* is complex"):
             gemm(A, B5, alpha=1j)
         with pytest.raises(ValueError, match="tf32 applies to"):

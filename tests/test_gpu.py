@@ -86,7 +86,7 @@ def test_every_comm_mode_matches_reference(comm, rng, gpu, mode, shape, which):
         A = DistMatrix.from_global(a, grid, backend)
         B = DistMatrix.from_global(b, grid, backend)
         for lookahead in (0, 2):
-            c = matmul(A, B, panel_width=16, comm=mode, lookahead=lookahead).gather()
+            c = matmul(A, B, panel_width=16, broadcaster=mode, lookahead=lookahead).gather()
             if comm.rank == 0:
                 assert gemm_scaled_error(c, a, b) <= 1
 
