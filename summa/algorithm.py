@@ -355,6 +355,20 @@ def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, b
     return C
 
 
-def matmul(A: DistMatrix, B: DistMatrix, **kwargs) -> DistMatrix:
-    """The product ``A @ B`` as a new DistMatrix (see :func:`gemm` for options)."""
-    return gemm(A, B, **kwargs)
+def matmul(A, B, **kwargs):
+    """The product ``A @ B``.
+
+    With DistMatrix operands: a new DistMatrix (options as for :func:`gemm`).
+    With NumPy arrays held on one rank (None on the others): the product as a
+    NumPy array on that rank, None elsewhere; ``comm`` (default COMM_WORLD),
+    ``root``, ``grid`` and ``backend`` choose where it runs
+    (:func:`summa.multiply.matmul_arrays`).
+
+    Examples
+    --------
+    >>> c = matmul(a if rank == 0 else None, b if rank == 0 else None)  # doctest: +SKIP
+    """
+    if isinstance(A, DistMatrix) or isinstance(B, DistMatrix):
+        return gemm(A, B, **kwargs)
+    from .multiply import matmul_arrays
+    return matmul_arrays(A, B, **kwargs)

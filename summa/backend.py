@@ -174,10 +174,12 @@ class NumpyBackend(Backend):
                 c *= beta
         if 0 in a.shape or 0 in b.shape:
             return
-        prod = np.matmul(a, b)
-        if alpha != 1:
-            prod *= alpha
-        c += prod
+        # NaN/Inf inputs are reported once by the caller, not by every rank's BLAS.
+        with np.errstate(invalid="ignore", over="ignore"):
+            prod = np.matmul(a, b)
+            if alpha != 1:
+                prod *= alpha
+            c += prod
 
 
 class CupyBackend(Backend):

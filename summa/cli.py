@@ -74,6 +74,14 @@ def _panel_width(text: str):
     return "auto" if text == "auto" else _positive_int(text)
 
 
+def _scalar(text: str):
+    try:
+        value = complex(text.replace(" ", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    return value.real if value.imag == 0 else value
+
+
 def _grid(text: str):
     try:
         return parse_grid(text)
@@ -97,6 +105,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="block-cyclic distribution block size (default: balanced blocks)")
     p.add_argument("--lookahead", type=_nonnegative_int, default=1, metavar="L",
                    help="panels broadcast ahead of the GEMM (default 1; 0 disables overlap)")
+    p.add_argument("--precision", choices=("default", "tf32"), default="default",
+                   help="tf32: float32/complex64 GEMMs on TF32 tensor cores (GPU only; "
+                        "float16 always uses tensor cores with float32 accumulation)")
 
 
 def _add_problem(p: argparse.ArgumentParser, size_help: str) -> None:
@@ -107,9 +118,6 @@ def _add_problem(p: argparse.ArgumentParser, size_help: str) -> None:
                        help=f"{dim.upper()} (overrides --size)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float64",
                    help="element type (default float64; float16 needs the cupy backend)")
-    p.add_argument("--precision", choices=("default", "tf32"), default="default",
-                   help="tf32: float32/complex64 GEMMs on TF32 tensor cores (GPU only; "
-                        "float16 always uses tensor cores with float32 accumulation)")
     p.add_argument("--seed", type=int, default=1, help="random seed of A (B uses seed+1)")
     p.add_argument("--json", metavar="FILE", default=None,
                    help="append one JSON object with parameters, versions and timings to FILE")
@@ -143,6 +151,38 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-ideal", dest="ideal", action="store_false",
                        help="skip timing the one-device matmul of the per-rank shape (the "
                             "'ideal' that efficiency is measured against)")
+
+    mult = sub.add_parser(
+        "multiply", help="C = alpha op(A) op(B) + beta C0 from and to .npy files",
+        description="Multiply two .npy files: each rank reads only its blocks, the product is "
+                    "verified (Freivalds) and written atomically: a temporary file in the "
+                    "output's folder is renamed into place only when every rank succeeded. "
+                    "A and B must share a dtype unless --dtype is given (both are then "
+                    "converted to it; integer files need --dtype). Exit status: 0 done, "
+                    "2 bad input, 3 the check failed (nothing written).")
+    mult.add_argument("a", metavar="A.npy", help="left operand (C or Fortran order)")
+    mult.add_argument("b", metavar="B.npy", help="right operand")
+    mult.add_argument("-o", "--output", required=True, metavar="C.npy", help="output file")
+    mult.add_argument("--alpha", type=_scalar, default=1.0, help="scale of the product (1)")
+    mult.add_argument("--beta", type=_scalar, default=0.0,
+                      help="scale of C0 (0); needs --c")
+    mult.add_argument("--c", dest="c", metavar="C0.npy", default=None,
+                      help="matrix added as beta * C0")
+    mult.add_argument("--trans-a", choices=("N", "T", "H"), default="N",
+                      help="use A, its transpose or its conjugate transpose (N)")
+    mult.add_argument("--trans-b", choices=("N", "T", "H"), default="N", help="likewise for B")
+    mult.add_argument("--dtype", choices=tuple(DTYPES), default=None,
+                      help="compute (and output) dtype; default: the inputs' common dtype")
+    _add_common(mult)
+    checking = mult.add_mutually_exclusive_group()
+    checking.add_argument("--check", dest="check", action="store_true", default=None,
+                          help="always verify the product")
+    checking.add_argument("--no-check", dest="check", action="store_false",
+                          help="never verify (default: verify when it costs < 2%% of the "
+                               "multiply)")
+    mult.add_argument("--quiet", action="store_true", help="no progress bar")
+    mult.add_argument("--json", metavar="FILE", default=None,
+                      help="append one JSON object with parameters and timings to FILE")
 
     info = sub.add_parser("info", help="MPI library, ranks per node, devices, backend",
                           description="Print what summa sees: MPI library, ranks, nodes, "
@@ -332,6 +372,45 @@ def _run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     return 0
 
 
+def _run_multiply(args, comm: MPI.Comm, out) -> int:
+    from .multiply import CheckFailed, multiply_files
+    try:
+        record = multiply_files(
+            args.a, args.b, args.output, comm, alpha=args.alpha, beta=args.beta, c_path=args.c,
+            trans_a=args.trans_a, trans_b=args.trans_b, dtype=args.dtype, grid=args.grid,
+            block=None if args.block is None else (args.block, args.block),
+            panel_width=args.nb, lookahead=args.lookahead, backend=args.backend,
+            broadcaster=args.comm, precision=None if args.precision == "default"
+            else args.precision, check=args.check, quiet=args.quiet)
+    except CheckFailed as exc:
+        if comm.Get_rank() == 0:
+            print(f"summa: check FAILED: {exc}", file=sys.stderr, flush=True)
+        return 3
+    if comm.Get_rank() != 0:
+        return 0
+    residual = record["check_residual"]
+    print(f"summa multiply: {comm.Get_size()} ranks, grid {record['grid'][0]}x"
+          f"{record['grid'][1]}, backend {record['backend']}, comm {record['comm']}", file=out)
+    mark = {"N": "", "T": "ᵀ", "H": "ᴴ"}
+    print(f"  C = {record['alpha']:g} · {args.a}{mark[record['trans_a']]} @ "
+          f"{args.b}{mark[record['trans_b']]}"
+          + (f" + {record['beta']:g} · {args.c}" if args.c else "")
+          + f" -> {args.output}: {record['m']} x {record['n']} x {record['k']} "
+          f"{record['dtype']}", file=out)
+    print(f"  read {record['read_seconds']:.3f} s, multiply {record['compute_seconds']:.3f} s "
+          f"({record['tflops']:.3f} TFLOP/s), "
+          + (f"check {record['check_seconds']:.3f} s (scaled residual {residual:.2e}), "
+             if residual is not None else "check skipped, ")
+          + f"write {record['write_seconds']:.3f} s", file=out)
+    if args.json:
+        record.update(ranks=comm.Get_size(), versions=_versions(),
+                      alpha=str(record["alpha"]), beta=str(record["beta"]),
+                      date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        with open(args.json, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+    return 0
+
+
 def _run_info(args, comm: MPI.Comm, out) -> int:
     backend = _agree_backend(comm, args.backend)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -378,4 +457,6 @@ def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "info":
         return _run_info(args, comm, out)
+    if args.command == "multiply":
+        return _run_multiply(args, comm, out)
     return _run_bench(args, comm, out, verify_default=(args.command == "run"))

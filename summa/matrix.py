@@ -7,7 +7,9 @@ import numpy as np
 from mpi4py import MPI
 
 from .backend import Backend, NumpyBackend
+from .agree import collectively
 from .comm import recv_array, send_array
+from .io import AtomicNpyWriter, check_output_path, read_block, read_header, take_block
 from .layout import Layout
 
 __all__ = ["DistMatrix"]
@@ -32,18 +34,6 @@ def _uniform(xp, counters, seed: int, dtype):
         h = _splitmix64(xp, counters ^ key)
     u = (h >> np.uint64(11)).astype(np.float64) * (2.0 ** -53)
     return (2.0 * u - 1.0).astype(dtype)
-
-
-def _index_block(arr, rows: np.ndarray, cols: np.ndarray):
-    """``arr[rows][:, cols]`` as a contiguous copy, using slices where possible."""
-    def as_slice(idx):
-        if idx.size and idx[-1] - idx[0] + 1 == idx.size:
-            return slice(int(idx[0]), int(idx[-1]) + 1)
-        return idx if idx.size else slice(0, 0)
-    r, c = as_slice(rows), as_slice(cols)
-    if isinstance(r, slice) or isinstance(c, slice):
-        return np.ascontiguousarray(arr[r, :][:, c])
-    return np.ascontiguousarray(arr[np.ix_(r, c)])
 
 
 class DistMatrix:
@@ -165,7 +155,7 @@ class DistMatrix:
             reqs = []
             for dest in range(comm.Get_size()):
                 r, c = comm.Get_coords(dest)
-                piece = _index_block(array, layout.rows.global_indices(r),
+                piece = take_block(array, layout.rows.global_indices(r),
                                      layout.cols.global_indices(c))
                 if dest == root:
                     local[...] = piece
@@ -176,6 +166,49 @@ class DistMatrix:
         else:
             MPI.Request.Waitall(recv_array(comm, local, root))
         return cls(grid, layout, backend.asarray(local), backend)
+
+    @classmethod
+    def from_npy(cls, path, grid, backend=None, block=None, trans: str = "N",
+                 dtype=None) -> "DistMatrix":
+        """Read an .npy file, each rank only its own block (memory-mapped).
+
+        Parameters
+        ----------
+        path : str
+            The file; C or Fortran order.
+        trans : {"N", "T", "H"}
+            Read the matrix, its transpose or its conjugate transpose; a
+            transposed read goes straight into the transposed layout.
+        dtype : dtype, optional
+            Convert to this dtype (needed for integer files); default: the file's.
+
+        Raises the same ValueError on every rank for a missing, truncated or
+        unsuitable file, naming it.
+        """
+        backend = backend or NumpyBackend()
+        trans = str(trans).upper()
+        if trans not in ("N", "T", "H"):
+            raise ValueError(f"trans must be N, T or H, got {trans!r}")
+        header = read_header(path, grid.comm)
+        if dtype is None and header.dtype.kind in "iu":
+            raise ValueError(f"{path}: integer dtype {header.dtype.name}; pass a dtype "
+                             "(e.g. --dtype float64) to convert it")
+        target = backend.check_dtype(header.dtype if dtype is None else dtype)
+        shape = header.shape if trans == "N" else header.shape[::-1]
+        layout = Layout(shape, grid.shape, block)
+        rows = layout.rows.global_indices(grid.row)
+        cols = layout.cols.global_indices(grid.col)
+        local = collectively(grid.comm, read_block, header, rows, cols,
+                             transpose=trans != "N", conjugate=trans == "H")
+        return cls(grid, layout, backend.asarray(local.astype(target, copy=False)), backend)
+
+    def to_npy(self, path) -> None:
+        """Write to an .npy file: each rank its own block into a temporary file in
+        the target's folder, renamed into place once every rank has succeeded."""
+        check_output_path(path, [], self.grid.comm)
+        local = collectively(self.grid.comm, self.backend.to_host, self.local)
+        with AtomicNpyWriter(path, self.shape, self.dtype, self.grid.comm) as out:
+            out.write_block(np.ascontiguousarray(local), self.row_indices(), self.col_indices())
 
     # -- collective operations ---------------------------------------------------------
     def gather(self, root: int = 0):

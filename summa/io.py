@@ -1,0 +1,245 @@
+""".npy files read and written block by block, with atomic output.
+
+Rank 0 reads a file's header once (with NumPy's own ``numpy.lib.format``) and
+checks it against the file's size; every rank then memory-maps the file and
+copies out only its own block, C or Fortran order alike. Output goes to a
+temporary file in the target's folder: rank 0 writes the header, every rank
+writes its block and flushes it to disk, and only when all ranks report success
+does rank 0 rename the file into place. On any failure the temporary file is
+removed, so a half-written product never appears under the final name.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib import format as npy_format
+from mpi4py import MPI
+
+from .faults import inject
+
+__all__ = ["NpyHeader", "NpyError", "read_header", "read_block", "take_block", "AtomicNpyWriter",
+           "check_output_path"]
+
+
+class NpyError(ValueError):
+    """A file is missing, unreadable or unsuitable; the message names it."""
+
+
+@dataclass(frozen=True)
+class NpyHeader:
+    """What an .npy header says, plus where the data starts."""
+
+    path: str
+    shape: tuple
+    dtype: np.dtype
+    fortran_order: bool
+    offset: int
+
+
+def _read_header_local(path: str) -> NpyHeader:
+    if not os.path.exists(path):
+        raise NpyError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise NpyError(f"{path}: is a folder, not an .npy file")
+    try:
+        with open(path, "rb") as fh:
+            try:
+                version = npy_format.read_magic(fh)
+            except ValueError:
+                raise NpyError(f"{path}: not an .npy file (bad magic string)") from None
+            try:
+                if version == (1, 0):
+                    shape, fortran, dtype = npy_format.read_array_header_1_0(fh)
+                elif version == (2, 0):
+                    shape, fortran, dtype = npy_format.read_array_header_2_0(fh)
+                else:
+                    raise ValueError(f"unsupported .npy format version {version}")
+            except (ValueError, SyntaxError, EOFError) as exc:
+                raise NpyError(f"{path}: unreadable .npy header ({exc})") from None
+            offset = fh.tell()
+    except OSError as exc:
+        raise NpyError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if dtype.hasobject or dtype.kind in "OUSVMmb" or dtype.fields is not None:
+        kind = "bool" if dtype.kind == "b" else dtype.name
+        raise NpyError(f"{path}: dtype {kind} cannot be multiplied; "
+                       "expected float16/32/64 or complex64/128 (or integers with --dtype)")
+    if len(shape) != 2:
+        raise NpyError(f"{path}: is {len(shape)}-D with shape {shape}; a matrix must be 2-D")
+    expect = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    size = os.path.getsize(path)
+    if size < expect:
+        raise NpyError(f"{path}: truncated: {size} bytes, but its header ({shape} "
+                       f"{dtype.name}) needs {expect}")
+    return NpyHeader(path, tuple(int(x) for x in shape), dtype, bool(fortran), int(offset))
+
+
+def read_header(path: str, comm: MPI.Comm, root: int = 0) -> NpyHeader:
+    """Read and check an .npy header on `root`; every rank gets it, or the same
+    :class:`NpyError` (a ValueError) naming the file."""
+    result = None
+    if comm.Get_rank() == root:
+        try:
+            result = _read_header_local(os.fspath(path))
+        except NpyError as exc:
+            result = str(exc)
+    result = comm.bcast(result, root=root)
+    if isinstance(result, str):
+        raise NpyError(result)
+    return result
+
+
+def _memmap(header: NpyHeader, mode: str = "r") -> np.memmap:
+    return np.memmap(header.path, dtype=header.dtype, mode=mode, offset=header.offset,
+                     shape=header.shape, order="F" if header.fortran_order else "C")
+
+
+def read_block(header: NpyHeader, rows: np.ndarray, cols: np.ndarray, transpose: bool = False,
+               conjugate: bool = False) -> np.ndarray:
+    """This rank's block of the file's matrix (or of its (conjugate) transpose),
+    as a C-contiguous array in the file's dtype.
+
+    With `transpose`, rows and columns index the transposed matrix, so a
+    transposed operand is read straight into its layout with no exchange.
+    """
+    data = _memmap(header)
+    if transpose:
+        block = take_block(data, cols, rows).T
+    else:
+        block = take_block(data, rows, cols)
+    if conjugate and block.dtype.kind == "c":
+        np.conj(block, out=block)
+    return np.ascontiguousarray(block)
+
+
+def take_block(data, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``data[rows][:, cols]`` as a new C-contiguous array, touching only those
+    elements (slices where the indices are contiguous; works on memory maps)."""
+    def as_index(idx):
+        if idx.size and idx[-1] - idx[0] + 1 == idx.size:
+            return slice(int(idx[0]), int(idx[-1]) + 1)
+        return idx if idx.size else slice(0, 0)
+    r, c = as_index(rows), as_index(cols)
+    # Always a private copy: a view into a read-only memory map would be handed
+    # to MPI, whose broadcast algorithms may write into the root's buffer too.
+    if isinstance(r, slice):
+        return np.array(data[r][:, c], order="C", copy=True)
+    if isinstance(c, slice):
+        return np.array(data[:, c][r], order="C", copy=True)
+    return np.array(data[np.ix_(r, c)], order="C", copy=True)
+
+
+def check_output_path(out: str, inputs: list[str], comm: MPI.Comm, root: int = 0) -> str:
+    """Check on `root` that `out` can be written and is none of `inputs`; raise the
+    same ValueError everywhere otherwise. Returns the absolute path."""
+    problem = None
+    path = os.path.abspath(out)
+    if comm.Get_rank() == root:
+        folder = os.path.dirname(path)
+        if os.path.isdir(path):
+            problem = f"{out}: is a folder; give a file name for the output"
+        elif not os.path.isdir(folder):
+            problem = f"{out}: folder {folder} does not exist"
+        elif not os.access(folder, os.W_OK):
+            problem = f"{out}: folder {folder} is not writable"
+        else:
+            for name in inputs:
+                if name and os.path.exists(name) and (
+                        os.path.abspath(name) == path
+                        or (os.path.exists(path) and os.path.samefile(name, path))):
+                    problem = f"{out}: output would overwrite the input {name}"
+                    break
+    problem = comm.bcast(problem, root=root)
+    if problem:
+        raise NpyError(problem)
+    return path
+
+
+class AtomicNpyWriter:
+    """Collective writer of one distributed matrix to an .npy file, atomically.
+
+    Use as a context manager on every rank::
+
+        with AtomicNpyWriter(path, shape, dtype, comm) as out:
+            out.write_block(local, rows, cols)
+
+    Leaving the block normally on every rank renames the file into place;
+    an exception anywhere (agreed collectively) removes the temporary file.
+    """
+
+    def __init__(self, path: str, shape, dtype, comm: MPI.Comm, root: int = 0):
+        self.path, self.comm, self.root = os.path.abspath(path), comm, root
+        self.shape, self.dtype = tuple(int(x) for x in shape), np.dtype(dtype)
+        self._tmp = None
+        self._header = None
+
+    def __enter__(self) -> "AtomicNpyWriter":
+        made = None
+        if self.comm.Get_rank() == self.root:
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(self.path)}.",
+                                           suffix=".tmp", dir=os.path.dirname(self.path))
+                os.close(fd)
+                mm = npy_format.open_memmap(tmp, mode="w+", dtype=self.dtype, shape=self.shape)
+                made = (tmp, int(mm.offset))
+                del mm
+                umask = os.umask(0)  # mkstemp made it private; give it the usual mode
+                os.umask(umask)
+                os.chmod(tmp, 0o666 & ~umask)
+            except OSError as exc:
+                made = f"{self.path}: cannot create the output ({exc.strerror or exc})"
+        made = self.comm.bcast(made, root=self.root)
+        if isinstance(made, str):
+            raise NpyError(made)
+        self._tmp, offset = made
+        self._header = NpyHeader(self._tmp, self.shape, self.dtype, False, offset)
+        return self
+
+    def write_block(self, block: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> None:
+        """Write this rank's block (global `rows` x `cols`) and flush it to disk."""
+        inject("write")
+        if block.size == 0:
+            return
+        data = _memmap(self._header, mode="r+")
+        if rows.size and rows[-1] - rows[0] + 1 == rows.size \
+                and cols.size and cols[-1] - cols[0] + 1 == cols.size:
+            data[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1] = block
+        else:
+            data[np.ix_(rows, cols)] = block
+        data.flush()
+        del data
+        fd = os.open(self._tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        ok = self.comm.allreduce(exc_type is None, op=MPI.LAND)
+        if self.comm.Get_rank() == self.root:
+            if ok:
+                os.replace(self._tmp, self.path)
+                _fsync_folder(os.path.dirname(self.path))
+            elif os.path.exists(self._tmp):
+                os.unlink(self._tmp)
+        self.comm.Barrier()
+        if not ok and exc_type is None:
+            raise RuntimeError(f"{self.path}: another rank failed while writing; "
+                               "no output was written")
+        return False
+
+
+def _fsync_folder(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,218 @@
+"""The user's workflow: multiply .npy files, or NumPy arrays held on one rank.
+
+:func:`multiply_files` checks everything it can before reading a byte (headers,
+shapes, dtypes, the output path, the grid), reads each rank's blocks straight
+from the files, multiplies, verifies, and only then writes the product
+atomically. :func:`matmul_arrays` is the same for arrays in memory.
+
+Dtype rule: A and B must have the same dtype, or ``dtype`` must be given, in
+which case both (and C0) are converted to it; there is no silent promotion,
+and integer files need ``dtype``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from .agree import collectively
+from .algorithm import SummaStats, gemm
+from .backend import get_backend, resolve_dtype
+from .grid import ProcessGrid
+from .faults import inject
+from .io import NpyError, check_output_path, read_header
+from .matrix import DistMatrix
+from .progress import Progress
+from .verify import freivalds
+
+__all__ = ["multiply_files", "matmul_arrays", "check_is_cheap", "CheckFailed"]
+
+#: Assumed rates for deciding whether a check is cheap (bytes/s of memory
+#: traffic for the matrix-vector products, flop/s for the multiply).
+_RATES = {"cupy": (3e12, 5e13), "numpy": (1e10, 5e10)}
+
+
+class CheckFailed(RuntimeError):
+    """The product failed Freivalds' test (exit status 3); nothing was written."""
+
+
+def check_is_cheap(m: int, n: int, k: int, itemsize: int, backend_name: str) -> bool:
+    """True when Freivalds' test should cost under 2 % of the multiply.
+
+    The test reads A, B and C about eight times in float64 (two vectors, each
+    with a value and a gauge pass): ``64 (MK + KN + MN)`` bytes at memory speed,
+    against ``2 MNK`` flops at GEMM speed.
+    """
+    bandwidth, rate = _RATES.get(backend_name, _RATES["numpy"])
+    check = 64 * (m * k + k * n + m * n) / bandwidth
+    multiply = 2 * m * n * k / rate
+    return check < 0.02 * multiply
+
+
+def _op_shape(shape, trans: str):
+    return tuple(shape) if trans == "N" else tuple(shape[::-1])
+
+
+def _compute_dtype(headers: dict, dtype) -> np.dtype:
+    if dtype is not None:
+        return resolve_dtype(dtype)
+    kinds = {name: h.dtype for name, h in headers.items() if h is not None}
+    for name, dt in kinds.items():
+        if dt.kind in "iu":
+            raise NpyError(f"{name}: integer dtype {dt.name}; pass --dtype (e.g. float64) "
+                           "to convert it")
+    a, b = headers["A"], headers["B"]
+    if a.dtype != b.dtype:
+        raise NpyError(f"{a.path} is {a.dtype.name} but {b.path} is {b.dtype.name}; pass "
+                       f"--dtype to compute in one type (both are converted to it)")
+    return resolve_dtype(a.dtype)
+
+
+def _nonfinite(M: DistMatrix) -> int:
+    xp = M.backend.xp
+    return int(M.grid.comm.allreduce(int((~xp.isfinite(M.local)).sum()), op=MPI.SUM))
+
+
+def _timed(comm, fn, *args, **kwargs):
+    """Run collective `fn` and return (result, seconds of the slowest rank)."""
+    comm.Barrier()
+    t0 = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+
+
+def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, alpha=1.0,
+                   beta=0.0, c_path=None, trans_a="N", trans_b="N", dtype=None, grid=None,
+                   block=None, panel_width=None, lookahead=1, backend="auto",
+                   broadcaster="auto", precision=None, check=None, quiet=False,
+                   warn=None) -> dict:
+    """``out = alpha * op(A) @ op(B) + beta * C0`` from and to .npy files; collective.
+
+    Parameters
+    ----------
+    a_path, b_path : str
+        Input files (C or Fortran order).
+    out_path : str
+        Output file; written atomically, and only if the product passed the check.
+    comm : MPI.Comm, optional
+        Ranks to use (default COMM_WORLD).
+    c_path : str, optional
+        C0, required when ``beta != 0``.
+    check : bool or None
+        Freivalds' test; None runs it when it costs < 2 % of the multiply.
+    warn : callable, optional
+        Receives warnings (e.g. NaN/Inf in the inputs) on rank 0; default stderr.
+
+    Returns
+    -------
+    dict
+        Shapes, dtype, grid, timings of each phase (slowest rank) and the check.
+
+    Raises
+    ------
+    ValueError
+        Bad input, the same on every rank, before any data is read.
+    CheckFailed
+        The product failed the check; nothing was written.
+    """
+    comm = MPI.COMM_WORLD if comm is None else comm
+    rank0 = comm.Get_rank() == 0
+    warn = warn or (lambda text: print(f"summa: warning: {text}", file=sys.stderr, flush=True))
+    trans_a, trans_b = str(trans_a).upper(), str(trans_b).upper()
+    for name, t in (("trans_a", trans_a), ("trans_b", trans_b)):
+        if t not in ("N", "T", "H"):
+            raise ValueError(f"{name} must be N, T or H, got {t!r}")
+    if beta != 0 and c_path is None:
+        raise ValueError("beta is not 0, so C0 is needed: pass --c C0.npy")
+    headers = {"A": read_header(a_path, comm), "B": read_header(b_path, comm),
+               "C0": read_header(c_path, comm) if c_path is not None else None}
+    (m, k), (k2, n) = _op_shape(headers["A"].shape, trans_a), _op_shape(headers["B"].shape,
+                                                                          trans_b)
+    if k != k2:
+        raise NpyError(f"inner dimensions differ: op({a_path}) is {m}x{k} but op({b_path}) "
+                       f"is {k2}x{n}")
+    if headers["C0"] is not None and headers["C0"].shape != (m, n):
+        raise NpyError(f"{c_path}: is {headers['C0'].shape[0]}x{headers['C0'].shape[1]}, "
+                       f"but the product is {m}x{n}")
+    compute = _compute_dtype(headers, dtype)
+    out = check_output_path(out_path, [a_path, b_path, c_path], comm)
+    be = collectively(comm, get_backend, backend, _local_rank(comm))
+    compute = be.check_dtype(compute)
+    if check is None:
+        check = check_is_cheap(m, n, k, compute.itemsize, be.name)
+    progress = Progress(rank0 and not quiet)
+    record = {"a": str(a_path), "b": str(b_path), "output": out, "m": m, "n": n, "k": k,
+              "dtype": compute.name, "trans_a": trans_a, "trans_b": trans_b,
+              "alpha": alpha, "beta": beta, "backend": be.name}
+    with ProcessGrid(comm, grid) as pgrid:
+        record["grid"] = list(pgrid.shape)
+        progress.phase("read", 3 if c_path else 2)
+
+        def read_all():
+            inject("read")
+            A = DistMatrix.from_npy(a_path, pgrid, be, block, trans_a, compute)
+            progress.step(1, 3 if c_path else 2)
+            B = DistMatrix.from_npy(b_path, pgrid, be, block, trans_b, compute)
+            progress.step(2, 3 if c_path else 2)
+            C = (DistMatrix.from_npy(c_path, pgrid, be, block, "N", compute) if c_path
+                 else DistMatrix.zeros((m, n), compute, pgrid, be, block))
+            return A, B, C
+        (A, B, C), record["read_seconds"] = _timed(comm, read_all)
+        for name, M in (("A", A), ("B", B), ("C0", C if c_path else None)):
+            bad = _nonfinite(M) if M is not None else 0
+            if bad and rank0:
+                warn(f"{headers[name].path} contains {bad} NaN/Inf value(s); the product "
+                     "will contain NaN/Inf too")
+        C0 = C.copy() if check and beta != 0 else None
+        stats = SummaStats()
+        progress.phase("multiply", 1)
+        inject("multiply")
+        _, record["compute_seconds"] = _timed(
+            comm, lambda: (gemm(A, B, C, alpha=alpha, beta=beta, panel_width=panel_width,
+                                lookahead=lookahead, broadcaster=broadcaster,
+                                precision=precision, stats=stats, progress=progress.step),
+                           be.synchronize()))
+        record.update(panel_width=stats.panel_width, comm=stats.comm, panels=stats.panels)
+        record["tflops"] = ((8 if compute.kind == "c" else 2) * m * n * k
+                            / record["compute_seconds"] / 1e12)
+        record["check_residual"] = None
+        if check:
+            progress.phase("check", 1)
+            inject("check")
+            residual, record["check_seconds"] = _timed(
+                comm, freivalds, A, B, C, alpha=alpha, beta=beta, C0=C0, precision=precision)
+            record["check_residual"] = residual
+            if not residual <= 1:
+                progress.close()
+                raise CheckFailed(f"the product failed the check: scaled residual "
+                                  f"{residual:.3e} > 1; {out_path} was not written")
+        progress.phase("write", 1)
+        _, record["write_seconds"] = _timed(comm, C.to_npy, out)
+        progress.close()
+    return record
+
+
+def _local_rank(comm: MPI.Comm) -> int:
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    rank = node.Get_rank()
+    node.Free()
+    return rank
+
+
+def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
+                  backend="auto", **kwargs):
+    """``a @ b`` for NumPy arrays held on rank `root` (None elsewhere); collective.
+
+    Scatters both, multiplies with SUMMA on all ranks of `comm`, and returns
+    the product on `root` (None elsewhere). Works in a single process too.
+    Keyword arguments go to :func:`summa.gemm` (alpha, trans_a, panel_width, ...).
+    """
+    comm = MPI.COMM_WORLD if comm is None else comm
+    be = collectively(comm, get_backend, backend, _local_rank(comm))
+    with ProcessGrid(comm, grid) as pgrid:
+        A = DistMatrix.from_global(a, pgrid, be, root=root)
+        B = DistMatrix.from_global(b, pgrid, be, root=root)
+        return gemm(A, B, **kwargs).gather(root=root)

@@ -1,0 +1,111 @@
+""".npy headers, block reads and atomic writes, serially (MPI.COMM_SELF)."""
+
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from summa.io import AtomicNpyWriter, NpyError, check_output_path, read_block, read_header
+
+SELF = MPI.COMM_SELF
+
+
+@pytest.fixture
+def arrays(tmp_path):
+    rng = np.random.default_rng()
+    a = rng.uniform(-1, 1, (13, 7))
+    np.save(tmp_path / "c.npy", a)
+    np.save(tmp_path / "f.npy", np.asfortranarray(a))
+    return a, tmp_path
+
+
+@pytest.mark.parametrize("name", ["c.npy", "f.npy"])
+def test_blocks_of_c_and_fortran_files(arrays, name):
+    a, folder = arrays
+    header = read_header(str(folder / name), SELF)
+    assert header.shape == (13, 7) and header.fortran_order == (name == "f.npy")
+    rows, cols = np.array([1, 2, 3, 9]), np.array([0, 6])
+    assert np.array_equal(read_block(header, rows, cols), a[np.ix_(rows, cols)])
+    assert np.array_equal(read_block(header, np.arange(2, 6), np.arange(7)), a[2:6])
+    assert np.array_equal(read_block(header, np.arange(4), np.arange(3, 5), transpose=True),
+                          a.T[0:4, 3:5])
+    assert read_block(header, np.arange(0), np.arange(3)).shape == (0, 3)
+
+
+def test_conjugate_transpose_read(tmp_path):
+    z = np.arange(6).reshape(2, 3) * (1 + 2j)
+    np.save(tmp_path / "z.npy", z)
+    header = read_header(str(tmp_path / "z.npy"), SELF)
+    got = read_block(header, np.arange(3), np.arange(2), transpose=True, conjugate=True)
+    assert np.array_equal(got, z.conj().T)
+
+
+def _bad_files(folder):
+    np.save(folder / "v.npy", np.zeros(5))
+    np.save(folder / "t.npy", np.zeros((2, 2, 2)))
+    np.save(folder / "o.npy", np.array([[1, "x"]], dtype=object), allow_pickle=True)
+    np.save(folder / "s.npy", np.array([["a", "b"]]))
+    np.save(folder / "b.npy", np.ones((2, 2), dtype=bool))
+    (folder / "text.npy").write_text("this is not numpy\n")
+    np.save(folder / "full.npy", np.ones((40, 40)))
+    data = (folder / "full.npy").read_bytes()
+    (folder / "cut.npy").write_bytes(data[: len(data) // 2])
+    (folder / "short.npy").write_bytes(data[:5])
+
+
+@pytest.mark.parametrize("name,match", [
+    ("missing.npy", "no such file"), ("v.npy", "1-D"), ("t.npy", "3-D"),
+    ("o.npy", "dtype object cannot be multiplied"), ("s.npy", "cannot be multiplied"),
+    ("b.npy", "dtype bool cannot be multiplied"), ("text.npy", "not an .npy file"),
+    ("cut.npy", "truncated"), ("short.npy", "not an .npy file"), (".", "is a folder")])
+def test_bad_files_name_the_file_and_problem(tmp_path, name, match):
+    _bad_files(tmp_path)
+    path = str(tmp_path / name)
+    with pytest.raises(NpyError, match=match) as info:
+        read_header(path, SELF)
+    assert path in str(info.value) or name == "."
+    assert isinstance(info.value, ValueError)
+
+
+def test_output_path_checks(arrays):
+    a, folder = arrays
+    inp = str(folder / "c.npy")
+    with pytest.raises(NpyError, match="does not exist"):
+        check_output_path(str(folder / "nope" / "out.npy"), [inp], SELF)
+    with pytest.raises(NpyError, match="overwrite the input"):
+        check_output_path(inp, [inp], SELF)
+    os.symlink(inp, folder / "link.npy")
+    with pytest.raises(NpyError, match="overwrite the input"):
+        check_output_path(str(folder / "link.npy"), [inp], SELF)
+    with pytest.raises(NpyError, match="is a folder"):
+        check_output_path(str(folder), [inp], SELF)
+    assert check_output_path(str(folder / "new.npy"), [inp], SELF).endswith("new.npy")
+
+
+def test_atomic_writer_renames_only_on_success(tmp_path):
+    target = tmp_path / "out.npy"
+    x = np.arange(12.0).reshape(3, 4)
+    with AtomicNpyWriter(str(target), (3, 4), np.float64, SELF) as out:
+        out.write_block(x[:, :2], np.arange(3), np.arange(2))
+        assert not target.exists(), "nothing may appear under the final name before the end"
+        out.write_block(x[:, 2:], np.arange(3), np.arange(2, 4))
+    assert np.array_equal(np.load(target), x)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.npy"]
+    mode = target.stat().st_mode & 0o777
+    assert mode & 0o044, "the output gets the usual permissions, not mkstemp's 0600"
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with AtomicNpyWriter(str(tmp_path / "failed.npy"), (3, 4), np.float64, SELF) as out:
+            out.write_block(x[:1], np.arange(1), np.arange(4))
+            raise RuntimeError("boom")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.npy"], "temp file removed"
+
+
+def test_writer_scattered_rows(tmp_path):
+    x = np.random.default_rng().uniform(size=(6, 5))
+    rows, cols = np.array([0, 2, 5]), np.array([1, 3])
+    with AtomicNpyWriter(str(tmp_path / "o.npy"), (6, 5), np.float64, SELF) as out:
+        out.write_block(x[np.ix_(rows, cols)], rows, cols)
+    y = np.load(tmp_path / "o.npy")
+    assert np.array_equal(y[np.ix_(rows, cols)], x[np.ix_(rows, cols)])

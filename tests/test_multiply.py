@@ -1,0 +1,243 @@
+"""The .npy workflow and the NumPy-array API, under MPI, plus whole jobs for exit
+statuses, atomic output and killed ranks."""
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import summa
+import summa.comm as comm_mod
+from helpers import gemm_scaled_error, op, random_array
+from summa.multiply import CheckFailed, check_is_cheap, multiply_files
+from test_cli import job
+
+
+@pytest.fixture
+def folder(comm):
+    """A temporary folder shared by all ranks (removed by rank 0 at the end)."""
+    path = comm.bcast(tempfile.mkdtemp(prefix="summa-test-") if comm.rank == 0 else None)
+    yield Path(path)
+    comm.Barrier()
+    if comm.rank == 0:
+        for p in Path(path).iterdir():
+            p.unlink()
+        os.rmdir(path)
+
+
+def save(comm, folder, name, array, fortran=False):
+    if comm.rank == 0:
+        np.save(folder / name, np.asfortranarray(array) if fortran else array)
+    comm.Barrier()
+    return str(folder / name)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", ["float64", "float32", "complex128", "complex64"])
+def test_odd_shapes_equal_numpy_within_gauge(comm, rng, folder, dtype):
+    a, b = random_array(rng, (137, 41), dtype), random_array(rng, (41, 203), dtype)
+    pa = save(comm, folder, "A.npy", a)
+    pb = save(comm, folder, "B.npy", b, fortran=True)
+    record = multiply_files(pa, pb, str(folder / "C.npy"), comm, check=True, quiet=True,
+                            panel_width=16)
+    assert record["check_residual"] <= 1 and record["dtype"] == dtype
+    if comm.rank == 0:
+        c = np.load(folder / "C.npy")
+        assert c.dtype == dtype and gemm_scaled_error(c, a, b) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("ta,tb", [("T", "N"), ("N", "H"), ("H", "T")])
+def test_transposes_alpha_beta_and_c0(comm, rng, folder, ta, tb):
+    m, n, k = 23, 17, 11
+    a = random_array(rng, (m, k) if ta == "N" else (k, m), "complex128")
+    b = random_array(rng, (k, n) if tb == "N" else (n, k), "complex128")
+    c0 = random_array(rng, (m, n), "complex128")
+    pa, pb = save(comm, folder, "A.npy", a, fortran=True), save(comm, folder, "B.npy", b)
+    pc = save(comm, folder, "C0.npy", c0)
+    multiply_files(pa, pb, str(folder / "C.npy"), comm, alpha=2 - 1j, beta=0.5, c_path=pc,
+                   trans_a=ta, trans_b=tb, check=True, quiet=True, panel_width=4)
+    if comm.rank == 0:
+        c = np.load(folder / "C.npy")
+        assert gemm_scaled_error(c, a, b, c0, 2 - 1j, 0.5, ta, tb) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+def test_dtype_conversion_and_integers(comm, rng, folder):
+    a = rng.integers(-5, 5, (9, 8))
+    b = random_array(rng, (8, 6), "float32")
+    pa, pb = save(comm, folder, "A.npy", a), save(comm, folder, "B.npy", b)
+    with pytest.raises(ValueError, match="integer dtype int64; pass --dtype"):
+        multiply_files(pa, pb, str(folder / "C.npy"), comm, quiet=True)
+    multiply_files(pa, pb, str(folder / "C.npy"), comm, dtype="float64", quiet=True)
+    if comm.rank == 0:
+        c = np.load(folder / "C.npy")
+        assert c.dtype == np.float64 and gemm_scaled_error(c, a.astype(float), b) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+def test_bad_input_raises_everywhere_and_writes_nothing(comm, rng, folder):
+    a, b = random_array(rng, (6, 5), "float64"), random_array(rng, (4, 3), "float64")
+    pa, pb = save(comm, folder, "A.npy", a), save(comm, folder, "B.npy", b)
+    pb32 = save(comm, folder, "B32.npy", random_array(rng, (5, 3), "float32"))
+    pb5 = save(comm, folder, "B5.npy", random_array(rng, (5, 3), "float64"))
+    out = str(folder / "C.npy")
+    cases = [
+        ((pa, pb, out), {}, "inner dimensions differ: op\\(.*A.npy\\) is 6x5 but op\\(.*B.npy\\) is 4x3"),
+        ((pa, pb32, out), {}, "is float64 but .*B32.npy is float32; pass --dtype"),
+        ((pa, str(folder / "nope.npy"), out), {}, "nope.npy: no such file"),
+        ((pa, pb5, str(folder / "missing" / "C.npy")), {}, "does not exist"),
+        ((pa, pb5, pa), {}, "would overwrite the input"),
+        ((pa, pb5, out), {"beta": 1.0}, "C0 is needed"),
+        ((pa, pb5, out), {"beta": 1.0, "c_path": pb5}, "is 5x3, but the product is 6x3"),
+        ((pa, pb5, out), {"grid": (comm.Get_size() + 1, 1)}, "needs"),
+        ((pa, pb5, out), {"trans_a": "X"}, "trans_a must be"),
+    ]
+    for args, kwargs, match in cases:
+        with pytest.raises(ValueError, match=match):
+            multiply_files(*args, comm, quiet=True, **kwargs)
+    if comm.rank == 0:
+        assert sorted(p.name for p in folder.iterdir()) == ["A.npy", "B.npy", "B32.npy",
+                                                            "B5.npy"]
+
+
+@pytest.mark.mpi(min_size=1)
+def test_nan_inputs_compute_but_warn(comm, rng, folder):
+    a = random_array(rng, (7, 4), "float64")
+    a[2, 1] = np.nan
+    a[5, 3] = np.inf
+    pa = save(comm, folder, "A.npy", a)
+    pb = save(comm, folder, "B.npy", random_array(rng, (4, 5), "float64"))
+    warnings = []
+    multiply_files(pa, pb, str(folder / "C.npy"), comm, quiet=True, check=False,
+                   warn=warnings.append)
+    if comm.rank == 0:
+        assert len(warnings) == 1 and "A.npy contains 2 NaN/Inf" in warnings[0]
+        c = np.load(folder / "C.npy")
+        assert np.isnan(c[2]).all() and not np.isnan(c[0]).any()
+    else:
+        assert warnings == []
+
+
+@pytest.mark.mpi(min_size=1)
+def test_failed_check_writes_nothing(comm, rng, folder, monkeypatch):
+    import summa.multiply as mod
+    monkeypatch.setattr(mod, "freivalds", lambda *a, **k: 7.5)
+    pa = save(comm, folder, "A.npy", random_array(rng, (5, 5), "float64"))
+    with pytest.raises(CheckFailed, match="scaled residual 7.500e\\+00 > 1"):
+        multiply_files(pa, pa, str(folder / "C.npy"), comm, check=True, quiet=True)
+    if comm.rank == 0:
+        assert not (folder / "C.npy").exists()
+        assert [p.name for p in folder.iterdir()] == ["A.npy"]
+
+
+@pytest.mark.mpi(min_size=1)
+def test_chunked_messages_path(comm, rng, folder, monkeypatch):
+    """Lowering the message limit sends every block in many pieces: the path that
+    arrays over 2**31 elements take."""
+    monkeypatch.setattr(comm_mod, "CHUNK_BYTES", 1000)
+    a, b = random_array(rng, (60, 33), "complex64"), random_array(rng, (33, 47), "complex64")
+    c = summa.matmul(a if comm.rank == 0 else None, b if comm.rank == 0 else None,
+                     panel_width=8)
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b) <= 1
+    else:
+        assert c is None
+
+
+@pytest.mark.mpi(min_size=1)
+def test_numpy_array_api(comm, rng):
+    a, b = random_array(rng, (31, 12), "float32"), random_array(rng, (15, 12), "float32")
+    root = comm.Get_size() - 1
+    c = summa.matmul(a if comm.rank == root else None, b if comm.rank == root else None,
+                     root=root, trans_b="T", alpha=3.0)
+    if comm.rank == root:
+        assert c.shape == (31, 15) and gemm_scaled_error(c, a, b, alpha=3.0, trans_b="T") <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+def test_from_npy_to_npy_round_trip(comm, rng, folder):
+    a = random_array(rng, (19, 11), "complex64")
+    pa = save(comm, folder, "A.npy", a, fortran=True)
+    with summa.ProcessGrid(comm) as grid:
+        A = summa.DistMatrix.from_npy(pa, grid, block=(2, 3))
+        A.to_npy(str(folder / "copy.npy"))
+        T = summa.DistMatrix.from_npy(pa, grid, trans="H")
+        t = T.gather()
+    if comm.rank == 0:
+        assert np.array_equal(np.load(folder / "copy.npy"), a)
+        assert np.array_equal(t, a.conj().T)
+
+
+def test_single_process_api_without_mpiexec():
+    rng = np.random.default_rng()
+    a, b = random_array(rng, (9, 4), "float64"), random_array(rng, (4, 6), "float64")
+    assert gemm_scaled_error(summa.matmul(a, b), a, b) <= 1
+
+
+def test_check_cost_rule():
+    # O(N^2) check against O(N^3) multiply: off for small products, on for large ones
+    for backend, small, large in (("cupy", 1000, 100_000), ("numpy", 300, 50_000)):
+        assert not check_is_cheap(small, small, small, 8, backend)
+        assert check_is_cheap(large, large, large, 8, backend)
+    # a thin inner dimension makes the multiply cheap and the check relatively dear
+    assert not check_is_cheap(100_000, 100_000, 16, 8, "cupy")
+
+
+# -- whole jobs --------------------------------------------------------------------------
+
+def _files(tmp_path, shape_a=(37, 21), shape_b=(21, 29)):
+    rng = np.random.default_rng()
+    np.save(tmp_path / "A.npy", rng.uniform(-1, 1, shape_a))
+    np.save(tmp_path / "B.npy", rng.uniform(-1, 1, shape_b))
+    return str(tmp_path / "A.npy"), str(tmp_path / "B.npy"), str(tmp_path / "C.npy")
+
+
+def test_multiply_job_with_check(tmp_path):
+    a, b, c = _files(tmp_path)
+    p = job(3, "multiply", a, b, "-o", c, "--check", "--quiet")
+    assert p.returncode == 0, p.stderr
+    assert "scaled residual" in p.stdout and Path(c).exists()
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--grid", "2x2"], "grid 2x2 needs 4 ranks, but 2 were started"),
+    (["--beta", "1"], "C0 is needed"),
+    (["--alpha", "x"], "--alpha: expected a number"),
+])
+def test_multiply_job_bad_input_exit_2(tmp_path, args, match):
+    a, b, c = _files(tmp_path)
+    p = job(2, "multiply", a, b, "-o", c, *args)
+    assert p.returncode == 2, p.stderr
+    ours = [line for line in p.stderr.splitlines() if "summa" in line or "Traceback" in line]
+    assert len(ours) == 1 and match in ours[0]
+    assert not Path(c).exists()
+
+
+def test_multiply_job_dtype_mismatch_names_both_files(tmp_path):
+    a, b, c = _files(tmp_path)
+    np.save(b, np.ones((21, 29), dtype=np.float32))
+    p = job(2, "multiply", a, b, "-o", c)
+    assert p.returncode == 2
+    assert f"{a} is float64 but {b} is float32" in p.stderr
+
+
+@pytest.mark.parametrize("phase", ["read", "multiply", "write"])
+def test_killed_rank_leaves_no_output(tmp_path, phase):
+    a, b, c = _files(tmp_path)
+    p = job(3, "multiply", a, b, "-o", c, "--quiet",
+            env={"SUMMA_INJECT_FAULT": f"{phase}:1:kill"}, timeout=90)
+    assert p.returncode != 0
+    assert not Path(c).exists()
+
+
+@pytest.mark.parametrize("phase", ["read", "check", "write"])
+def test_rank_raising_ends_the_job_with_its_message(tmp_path, phase):
+    a, b, c = _files(tmp_path)
+    p = job(3, "multiply", a, b, "-o", c, "--quiet", "--check",
+            env={"SUMMA_INJECT_FAULT": f"{phase}:2:raise"}, timeout=90)
+    assert p.returncode != 0
+    assert f"injected fault in {phase} on rank 2" in p.stderr
+    assert not Path(c).exists()
