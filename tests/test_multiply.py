@@ -196,10 +196,16 @@ def _files(tmp_path, shape_a=(37, 21), shape_b=(21, 29)):
 
 
 def test_multiply_job_with_check(tmp_path):
+    import json
     a, b, c = _files(tmp_path)
-    p = job(3, "multiply", a, b, "-o", c, "--check", "--quiet")
+    log = tmp_path / "runs.jsonl"
+    p = job(3, "multiply", a, b, "-o", c, "--check", "--quiet", "--json", str(log))
     assert p.returncode == 0, p.stderr
     assert "scaled residual" in p.stdout and Path(c).exists()
+    record = json.loads(log.read_text())
+    assert (record["m"], record["n"], record["k"], record["ranks"]) == (37, 29, 21, 3)
+    assert record["check_residual"] <= 1
+    assert all(record[f"{phase}_seconds"] > 0 for phase in ("read", "compute", "check", "write"))
 
 
 @pytest.mark.parametrize("args,match", [
