@@ -4,7 +4,11 @@
   ranks confirm that on a private communicator, rank 0 prints one line and all
   exit with status 2. If some rank does not confirm within the grace period,
   the error was not collective, so the job is aborted instead of left hanging.
+* A failure that the ranks already agreed on (:class:`~summa.agree.RankFailure`)
+  is reported once and exits with status 1.
 * Any other exception prints the rank and the traceback, then aborts the job.
+* SIGINT/SIGTERM stop every rank promptly, even inside MPI calls, removing
+  temporary output files (status 128 + signal number); see summa.watchdog.
 """
 
 from __future__ import annotations
@@ -35,10 +39,18 @@ def main(argv=None) -> int:
 
     from . import cli
 
+    from .agree import RankFailure
+    from .watchdog import handle_signals
+
     world = MPI.COMM_WORLD
     ctl = world.Dup()  # error agreement never collides with the job's own messages
+    handle_signals(world)
     try:
         return cli.main(argv, world)
+    except RankFailure as exc:  # already agreed by every rank: one report, clean exit
+        if world.Get_rank() == 0:
+            print(f"summa: error: {exc}", file=sys.stderr, flush=True)
+        return 1
     except ValueError as exc:
         if world.Get_size() == 1 or _all_ranks_failed(ctl, ERROR_GRACE_SECONDS):
             if world.Get_rank() == 0:
@@ -47,10 +59,6 @@ def main(argv=None) -> int:
         print(f"summa: rank {world.Get_rank()}: error: {exc} (other ranks did not stop; "
               "aborting the job)", file=sys.stderr, flush=True)
         world.Abort(EXIT_USAGE)
-    except KeyboardInterrupt:
-        print(f"summa: rank {world.Get_rank()}: interrupted; aborting the job",
-              file=sys.stderr, flush=True)
-        world.Abort(130)
     except Exception as exc:  # anything unexpected: say where, then end every rank
         tb = traceback.format_exc()
         print(f"summa: rank {world.Get_rank()}: unexpected {type(exc).__name__}: {exc}\n{tb}"

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
+from .watchdog import watch
+
 __all__ = ["collectively", "RankFailure"]
 
 
@@ -35,7 +37,8 @@ def collectively(comm: MPI.Comm, step, *args, **kwargs):
         result, failure = step(*args, **kwargs), None
     except Exception as exc:  # reported collectively below
         result, failure = None, (type(exc).__name__, str(exc), isinstance(exc, ValueError))
-    failures = comm.allgather(failure)
+    with watch(f"the other ranks to finish {getattr(step, '__name__', 'a step')}"):
+        failures = comm.allgather(failure)
     bad = [rank for rank, f in enumerate(failures) if f is not None]
     if not bad:
         return result

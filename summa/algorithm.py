@@ -20,6 +20,8 @@ from .comm import choose_comm, make_broadcaster
 from .layout import Distribution, Layout, panel_schedule
 from .matrix import DistMatrix
 from .tuning import auto_panel_width, default_panel_width
+from .faults import inject
+from .watchdog import watch
 
 __all__ = ["summa", "gemm", "matmul", "SummaStats", "default_panel_width"]
 
@@ -164,7 +166,8 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     else:
         _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precision,
                   progress)
-    backend.synchronize()
+    with watch("the queued GPU work of the SUMMA loop (broadcasts and GEMMs)"):
+        backend.synchronize()
     stats.seconds = time.perf_counter() - t0
     stats.compute = sum(backend.elapsed(a, b) for a, b in zip(marks[::2], marks[1::2]))
     stats.wait = max(0.0, stats.seconds - stats.compute)
@@ -210,8 +213,15 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precisio
     inflight = deque(start(i) for i in range(nslots))
     for i in range(len(panels)):
         a, b, ra, rb = inflight.popleft()
-        ra.wait()
-        rb.wait()
+        p = panels[i]
+        if i == 1:
+            inject("summa")
+        with watch(f"the broadcast of A panel {i} (columns {p.k0}:{p.k1}) from grid column "
+                   f"{p.a_root} along grid row {grid.row}"):
+            ra.wait()
+        with watch(f"the broadcast of B panel {i} (rows {p.k0}:{p.k1}) from grid row "
+                   f"{p.b_root} along grid column {grid.col}"):
+            rb.wait()
         marks.append(backend.timing_mark())
         backend.gemm(alpha, a, b, C.local, precision=precision)
         marks.append(backend.timing_mark())
@@ -236,8 +246,9 @@ def _broadcasters(grid, kind: str, backend):
     key = ("broadcasters", name, backend.name, backend.device)
     pair = grid.resources.get(key)
     if pair is None:
-        pair = _Pair(make_broadcaster(name, grid.row_comm, backend, check=True),
-                     make_broadcaster(name, grid.col_comm, backend, check=True))
+        with watch(f"the other ranks to set up and self-test the {name} broadcasters"):
+            pair = _Pair(make_broadcaster(name, grid.row_comm, backend, check=True),
+                         make_broadcaster(name, grid.col_comm, backend, check=True))
         grid.resources[key] = pair
     return pair.row, pair.col
 

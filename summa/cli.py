@@ -25,12 +25,15 @@ from .comm import choose_comm
 from .grid import ProcessGrid, parse_grid
 from .matrix import DistMatrix
 from .verify import freivalds
+from .watchdog import Watchdog, timeout_from_env, watch
 
 __all__ = ["main", "UsageError", "build_parser"]
 
 #: Sizes of the default run: quick on CPU ranks, big enough to fill GPUs.
 DEFAULT_SIZE_CPU = 2048
 DEFAULT_SIZE_GPU = 32768
+#: Longest wait of one step on other ranks before the job is aborted (seconds).
+DEFAULT_TIMEOUT = 600.0
 
 
 class UsageError(ValueError):
@@ -74,6 +77,16 @@ def _panel_width(text: str):
     return "auto" if text == "auto" else _positive_int(text)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _scalar(text: str):
     try:
         value = complex(text.replace(" ", ""))
@@ -108,6 +121,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=("default", "tf32"), default="default",
                    help="tf32: float32/complex64 GEMMs on TF32 tensor cores (GPU only; "
                         "float16 always uses tensor cores with float32 accumulation)")
+    p.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
+                   help="abort the job, saying which rank waited for what, when one step that "
+                        f"waits on other ranks takes longer (default $SUMMA_TIMEOUT or "
+                        f"{DEFAULT_TIMEOUT:g}; 0 disables)")
 
 
 def _add_problem(p: argparse.ArgumentParser, size_help: str) -> None:
@@ -457,6 +474,17 @@ def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "info":
         return _run_info(args, comm, out)
+    try:
+        timeout = args.timeout if args.timeout is not None \
+            else timeout_from_env(DEFAULT_TIMEOUT)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if args.command == "multiply":
-        return _run_multiply(args, comm, out)
-    return _run_bench(args, comm, out, verify_default=(args.command == "run"))
+        command = _run_multiply
+    else:
+        def command(args, comm, out):
+            return _run_bench(args, comm, out, verify_default=(args.command == "run"))
+    if not timeout:
+        return command(args, comm, out)
+    with Watchdog(timeout, comm):
+        return command(args, comm, out)

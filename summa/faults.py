@@ -3,7 +3,8 @@
 ``SUMMA_INJECT_FAULT="PHASE:RANK:ACTION"`` (comma-separated for several) makes
 world rank RANK, on reaching PHASE, do ACTION: ``raise`` (a RuntimeError),
 ``kill`` (SIGKILL itself, like a crashed node) or ``hang`` (sleep forever).
-Phases: ``read``, ``multiply``, ``check``, ``write``. Unset, it costs one
+Phases: ``read``, ``multiply`` (before it starts), ``summa`` (inside the SUMMA
+loop, before the second panel), ``check``, ``write``. Unset, it costs one
 dictionary lookup per phase.
 """
 
@@ -17,7 +18,7 @@ from mpi4py import MPI
 
 __all__ = ["inject", "PHASES"]
 
-PHASES = ("read", "multiply", "check", "write")
+PHASES = ("read", "multiply", "summa", "check", "write")
 _ACTIONS = ("raise", "kill", "hang")
 
 

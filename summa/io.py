@@ -19,10 +19,26 @@ import numpy as np
 from numpy.lib import format as npy_format
 from mpi4py import MPI
 
+from .agree import RankFailure
 from .faults import inject
+from .watchdog import watch
 
 __all__ = ["NpyHeader", "NpyError", "read_header", "read_block", "take_block", "AtomicNpyWriter",
-           "check_output_path"]
+           "check_output_path", "remove_temporary_files"]
+
+#: Temporary outputs of this process not yet renamed into place, so a signal or
+#: the watchdog can remove them before the process ends.
+_temporary_files: set = set()
+
+
+def remove_temporary_files() -> None:
+    """Delete this process's unfinished temporary outputs (safe from any thread)."""
+    for path in list(_temporary_files):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        _temporary_files.discard(path)
 
 
 class NpyError(ValueError):
@@ -183,6 +199,7 @@ class AtomicNpyWriter:
                 fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(self.path)}.",
                                            suffix=".tmp", dir=os.path.dirname(self.path))
                 os.close(fd)
+                _temporary_files.add(tmp)
                 mm = npy_format.open_memmap(tmp, mode="w+", dtype=self.dtype, shape=self.shape)
                 made = (tmp, int(mm.offset))
                 del mm
@@ -218,17 +235,23 @@ class AtomicNpyWriter:
             os.close(fd)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        ok = self.comm.allreduce(exc_type is None, op=MPI.LAND)
+        mine = None if exc_type is None else f"{exc_type.__name__}: {exc}"
+        with watch(f"all ranks to finish writing {self.path}"):
+            failures = self.comm.allgather(mine)
+        ok = all(f is None for f in failures)
         if self.comm.Get_rank() == self.root:
             if ok:
                 os.replace(self._tmp, self.path)
                 _fsync_folder(os.path.dirname(self.path))
             elif os.path.exists(self._tmp):
                 os.unlink(self._tmp)
-        self.comm.Barrier()
-        if not ok and exc_type is None:
-            raise RuntimeError(f"{self.path}: another rank failed while writing; "
-                               "no output was written")
+            _temporary_files.discard(self._tmp)
+        with watch(f"rank {self.root} to rename {self.path} into place"):
+            self.comm.Barrier()
+        if not ok:
+            bad = [r for r, f in enumerate(failures) if f is not None]
+            raise RankFailure(f"rank {bad[0]} failed while writing {self.path} "
+                              f"({failures[bad[0]]}); no output was written") from exc
         return False
 
 

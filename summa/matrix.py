@@ -11,6 +11,7 @@ from .agree import collectively
 from .comm import recv_array, send_array
 from .io import AtomicNpyWriter, check_output_path, read_block, read_header, take_block
 from .layout import Layout
+from .watchdog import watch
 
 __all__ = ["DistMatrix"]
 
@@ -152,19 +153,19 @@ class DistMatrix:
         layout = Layout(shape, grid.shape, block)
         local = np.empty(layout.local_shape(grid.row, grid.col), dtype=np.dtype(dtype))
         if comm.Get_rank() == root:
-            reqs = []
             for dest in range(comm.Get_size()):
                 r, c = comm.Get_coords(dest)
                 piece = take_block(array, layout.rows.global_indices(r),
-                                     layout.cols.global_indices(c))
+                                   layout.cols.global_indices(c))
                 if dest == root:
                     local[...] = piece
                 else:
-                    reqs += send_array(comm, piece, dest)
-                    MPI.Request.Waitall(reqs)  # bound memory to one block in flight
-                    reqs = []
+                    with watch(f"rank {dest} to receive its block of the scatter"):
+                        # one block in flight bounds the root's extra memory
+                        MPI.Request.Waitall(send_array(comm, piece, dest))
         else:
-            MPI.Request.Waitall(recv_array(comm, local, root))
+            with watch(f"rank {root} to send this rank's block of the scatter"):
+                MPI.Request.Waitall(recv_array(comm, local, root))
         return cls(grid, layout, backend.asarray(local), backend)
 
     @classmethod
@@ -216,7 +217,8 @@ class DistMatrix:
         comm = self.grid.comm
         local = np.ascontiguousarray(self.backend.to_host(self.local))
         if comm.Get_rank() != root:
-            MPI.Request.Waitall(send_array(comm, local, root))
+            with watch(f"rank {root} to receive this rank's block of the gather"):
+                MPI.Request.Waitall(send_array(comm, local, root))
             return None
         out = np.empty(self.shape, dtype=self.dtype)
         for src in range(comm.Get_size()):
@@ -227,7 +229,8 @@ class DistMatrix:
                 piece = local
             else:
                 piece = np.empty((rows.size, cols.size), dtype=self.dtype)
-                MPI.Request.Waitall(recv_array(comm, piece, src))
+                with watch(f"rank {src} to send its block of the gather"):
+                    MPI.Request.Waitall(recv_array(comm, piece, src))
             out[np.ix_(rows, cols)] = piece
         return out
 
@@ -283,7 +286,8 @@ class DistMatrix:
                 buf = np.empty((ri.size, rj.size), dtype=self.dtype)
                 reqs += recv_array(comm, buf, peer, tag=7)
                 recvs.append((ri, rj, buf))
-        MPI.Request.Waitall(reqs)
+        with watch("the other ranks' blocks of a transpose"):
+            MPI.Request.Waitall(reqs)
         for ri, rj, buf in recvs:
             out[np.ix_(ri, rj)] = buf
         return DistMatrix(self.grid, dst, self.backend.asarray(out), self.backend)

@@ -27,6 +27,7 @@ from .io import NpyError, check_output_path, read_header
 from .matrix import DistMatrix
 from .progress import Progress
 from .verify import freivalds
+from .watchdog import watch
 
 __all__ = ["multiply_files", "matmul_arrays", "check_is_cheap", "CheckFailed"]
 
@@ -76,12 +77,14 @@ def _nonfinite(M: DistMatrix) -> int:
     return int(M.grid.comm.allreduce(int((~xp.isfinite(M.local)).sum()), op=MPI.SUM))
 
 
-def _timed(comm, fn, *args, **kwargs):
+def _timed(comm, phase: str, fn, *args, **kwargs):
     """Run collective `fn` and return (result, seconds of the slowest rank)."""
-    comm.Barrier()
+    with watch(f"all ranks to start the {phase} phase"):
+        comm.Barrier()
     t0 = time.perf_counter()
     result = fn(*args, **kwargs)
-    return result, comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+    with watch(f"all ranks to finish the {phase} phase"):
+        return result, comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
 
 def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, alpha=1.0,
@@ -160,7 +163,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
             C = (DistMatrix.from_npy(c_path, pgrid, be, block, "N", compute) if c_path
                  else DistMatrix.zeros((m, n), compute, pgrid, be, block))
             return A, B, C
-        (A, B, C), record["read_seconds"] = _timed(comm, read_all)
+        (A, B, C), record["read_seconds"] = _timed(comm, "read", read_all)
         for name, M in (("A", A), ("B", B), ("C0", C if c_path else None)):
             bad = _nonfinite(M) if M is not None else 0
             if bad and rank0:
@@ -171,7 +174,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         progress.phase("multiply", 1)
         inject("multiply")
         _, record["compute_seconds"] = _timed(
-            comm, lambda: (gemm(A, B, C, alpha=alpha, beta=beta, panel_width=panel_width,
+            comm, "multiply", lambda: (gemm(A, B, C, alpha=alpha, beta=beta, panel_width=panel_width,
                                 lookahead=lookahead, broadcaster=broadcaster,
                                 precision=precision, stats=stats, progress=progress.step),
                            be.synchronize()))
@@ -183,14 +186,14 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
             progress.phase("check", 1)
             inject("check")
             residual, record["check_seconds"] = _timed(
-                comm, freivalds, A, B, C, alpha=alpha, beta=beta, C0=C0, precision=precision)
+                comm, "check", freivalds, A, B, C, alpha=alpha, beta=beta, C0=C0, precision=precision)
             record["check_residual"] = residual
             if not residual <= 1:
                 progress.close()
                 raise CheckFailed(f"the product failed the check: scaled residual "
                                   f"{residual:.3e} > 1; {out_path} was not written")
         progress.phase("write", 1)
-        _, record["write_seconds"] = _timed(comm, C.to_npy, out)
+        _, record["write_seconds"] = _timed(comm, "write", C.to_npy, out)
         progress.close()
     return record
 

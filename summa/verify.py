@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from .watchdog import watch
+
 __all__ = ["unit_roundoff", "reference_dtype", "scaled_error", "freivalds"]
 
 
@@ -57,7 +59,8 @@ def _matvec(M, x: np.ndarray, absolute: bool) -> np.ndarray:
             block = xp.abs(block)
         partial[rows[r0:r0 + step]] = M.backend.to_host(block @ xs)
     out = np.empty_like(partial)
-    M.grid.comm.Allreduce(partial, out, op=MPI.SUM)
+    with watch("the other ranks' matrix-vector products of the check"):
+        M.grid.comm.Allreduce(partial, out, op=MPI.SUM)
     return out
 
 

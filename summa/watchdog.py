@@ -1,0 +1,143 @@
+"""Never hang: a watchdog for steps that wait on other ranks, and signal handling.
+
+The code marks each step that waits on other ranks with :func:`watch`
+("the broadcast of A panel 37 from grid column 4 along grid row 1"). While a
+:class:`Watchdog` is running, a thread checks about once a second whether the
+current step has lasted longer than the timeout; if so it says which rank
+waited how long for what, and aborts the whole job. Without a running watchdog
+(the library default) :func:`watch` costs a few attribute writes.
+
+:func:`handle_signals` makes SIGINT and SIGTERM stop a rank promptly even
+while it is blocked inside MPI or CUDA: a thread of its own wakes on them,
+removes the temporary output files and ends the process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+from mpi4py import MPI
+
+__all__ = ["Watchdog", "watch", "handle_signals", "timeout_from_env", "EXIT_TIMEOUT"]
+
+EXIT_TIMEOUT = 124
+_active = None  # the running Watchdog, if any
+
+
+@contextmanager
+def watch(description: str):
+    """Mark the enclosed code as one step that may wait on other ranks."""
+    dog = _active
+    if dog is None:
+        yield
+        return
+    previous = dog._step
+    dog._step = (description, time.monotonic())
+    try:
+        yield
+    finally:
+        dog._step = previous
+
+
+def timeout_from_env(default: float | None = None) -> float | None:
+    """``SUMMA_TIMEOUT`` in seconds: unset gives `default`, 0 gives None (no watchdog)."""
+    text = os.environ.get("SUMMA_TIMEOUT", "")
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"SUMMA_TIMEOUT must be a number of seconds, got {text!r}") from None
+    if value < 0:
+        raise ValueError(f"SUMMA_TIMEOUT must be >= 0, got {text!r}")
+    return value or None
+
+
+class Watchdog:
+    """Abort the job when one step waits longer than `timeout` seconds.
+
+    Parameters
+    ----------
+    timeout : float
+        Longest a step may take.
+    comm : MPI.Comm
+        Used to name this rank and to abort the job.
+    """
+
+    def __init__(self, timeout: float, comm: MPI.Comm | None = None):
+        if timeout <= 0:
+            raise ValueError(f"watchdog timeout must be > 0, got {timeout}")
+        self.timeout = float(timeout)
+        self.comm = MPI.COMM_WORLD if comm is None else comm
+        self._step = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="summa-watchdog", daemon=True)
+
+    def __enter__(self) -> "Watchdog":
+        global _active
+        _active = self
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _active
+        _active = None
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        poll = min(1.0, self.timeout / 4)
+        while not self._stop.wait(poll):
+            step = self._step
+            if step is None:
+                continue
+            description, since = step
+            waited = time.monotonic() - since
+            if waited > self.timeout:
+                _die(f"summa: rank {self.comm.Get_rank()} waited {waited:.0f} s for "
+                     f"{description} (timeout {self.timeout:g} s); aborting the job",
+                     self.comm, EXIT_TIMEOUT)
+
+
+def _die(message: str, comm: MPI.Comm, status: int) -> None:
+    """Print `message`, remove temporary outputs and end the job from any thread."""
+    from .io import remove_temporary_files
+    remove_temporary_files()
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+    if comm.Get_rank() != 0:
+        # Rank 0 holds the temporary outputs: give it a moment to remove them
+        # before this rank's abort ends the job.
+        time.sleep(1.0)
+    if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+        comm.Abort(status)
+    os._exit(status)  # the launcher ends the other ranks when one exits
+
+
+def handle_signals(comm: MPI.Comm | None = None) -> None:
+    """Stop promptly on SIGINT/SIGTERM, even inside a blocking MPI or CUDA call.
+
+    Whichever thread the signal lands on, Python's C-level handler writes its
+    number to a wake-up pipe; a daemon thread blocked on that pipe then removes
+    temporary output files and ends the job with status 128 + signal number.
+    (Python-level handlers would wait for the main thread to leave MPI.)
+    Call once, from the main thread.
+    """
+    comm = MPI.COMM_WORLD if comm is None else comm
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: None)  # the thread below does the work
+
+    def wait_for_signal():
+        signum = os.read(read_end, 1)[0]
+        name = signal.Signals(signum).name
+        _die(f"summa: rank {comm.Get_rank()}: received {name}; stopping", comm, 128 + signum)
+
+    threading.Thread(target=wait_for_signal, name="summa-signals", daemon=True).start()

@@ -1,0 +1,175 @@
+"""Never hang: the watchdog, signals, killed and failing ranks, soak."""
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import summa
+import summa.watchdog as wd
+from test_cli import ROOT, job, mpiexec
+
+
+def test_watch_is_a_no_op_without_a_watchdog():
+    with wd.watch("anything"):
+        pass
+    assert wd._active is None
+
+
+def test_watchdog_names_the_step_that_stalled(monkeypatch):
+    calls = []
+    monkeypatch.setattr(wd, "_die", lambda message, comm, status: calls.append((message, status)))
+    with wd.Watchdog(0.2):
+        with wd.watch("the broadcast of A panel 3 from grid column 1 along grid row 0"):
+            time.sleep(0.5)
+        with wd.watch("a quick step"):
+            pass
+    assert calls, "the watchdog did not fire"
+    message, status = calls[0]
+    assert "rank 0 waited" in message and "A panel 3 from grid column 1" in message
+    assert status == wd.EXIT_TIMEOUT
+    assert all("quick" not in m for m, _ in calls)
+
+
+def test_watchdog_stays_quiet_on_fast_steps(monkeypatch):
+    calls = []
+    monkeypatch.setattr(wd, "_die", lambda *a: calls.append(a))
+    with wd.Watchdog(0.3):
+        for _ in range(2000):
+            with wd.watch("short"):
+                pass
+        time.sleep(0.4)
+    assert calls == []
+
+
+@pytest.mark.parametrize("text,expect", [("", 5.0), ("0", None), ("12.5", 12.5)])
+def test_timeout_from_env(monkeypatch, text, expect):
+    monkeypatch.setenv("SUMMA_TIMEOUT", text)
+    assert wd.timeout_from_env(5.0) == expect
+
+
+@pytest.mark.parametrize("text", ["soon", "-1"])
+def test_timeout_from_env_rejects(monkeypatch, text):
+    monkeypatch.setenv("SUMMA_TIMEOUT", text)
+    with pytest.raises(ValueError, match="SUMMA_TIMEOUT"):
+        wd.timeout_from_env()
+
+
+def test_bad_fault_spec_is_refused(monkeypatch):
+    from summa.faults import inject
+    monkeypatch.setenv("SUMMA_INJECT_FAULT", "write:1")
+    with pytest.raises(ValueError, match="PHASE:RANK:ACTION"):
+        inject("write")
+    monkeypatch.setenv("SUMMA_INJECT_FAULT", "dinner:0:raise")
+    with pytest.raises(ValueError, match="unknown phase"):
+        inject("write")
+
+
+# -- whole jobs --------------------------------------------------------------------------
+
+def _files(tmp_path, n=96):
+    rng = np.random.default_rng()
+    for name in ("A", "B"):
+        np.save(tmp_path / f"{name}.npy", rng.uniform(-1, 1, (n, n)))
+    return str(tmp_path / "A.npy"), str(tmp_path / "B.npy"), str(tmp_path / "C.npy")
+
+
+@pytest.mark.parametrize("phase,step", [
+    ("multiply", "all ranks to start the multiply phase"),
+    ("summa", "the broadcast of B panel 1 (rows 16:32) from grid row 0 along grid column 0"),
+])
+def test_stalled_rank_is_named_by_the_watchdog(tmp_path, phase, step):
+    a, b, c = _files(tmp_path)
+    t0 = time.monotonic()
+    p = job(3, "multiply", a, b, "-o", c, "--quiet", "--timeout", "2", "--nb", "16",
+            "--grid", "3x1", env={"SUMMA_INJECT_FAULT": f"{phase}:1:hang"}, timeout=60)
+    assert p.returncode == wd.EXIT_TIMEOUT, p.stderr
+    assert time.monotonic() - t0 < 30
+    assert f"waited" in p.stderr and step in p.stderr and "aborting the job" in p.stderr
+    assert not Path(c).exists()
+
+
+def test_killed_rank_ends_the_job_within_60_s(tmp_path):
+    a, b, c = _files(tmp_path)
+    t0 = time.monotonic()
+    p = job(4, "multiply", a, b, "-o", c, "--quiet",
+            env={"SUMMA_INJECT_FAULT": "summa:2:kill"}, timeout=90)
+    assert p.returncode != 0
+    assert time.monotonic() - t0 < 60
+    assert not Path(c).exists()
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_every_rank_and_removes_the_temporary_file(tmp_path, sig):
+    a, b, c = _files(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SUMMA_INJECT_FAULT="write:1:hang")
+    proc = subprocess.Popen(mpiexec() + ["-n", "3", sys.executable, "-m", "summa", "multiply",
+                                         a, b, "-o", c, "--quiet"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]:
+            assert time.monotonic() < deadline and proc.poll() is None, "no temporary file"
+            time.sleep(0.05)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert time.monotonic() - t0 < 15
+    assert proc.returncode != 0
+    assert f"received {signal.Signals(sig).name}" in err
+    assert sorted(os.listdir(tmp_path)) == ["A.npy", "B.npy"]
+
+
+@pytest.mark.parametrize("phase", ["multiply", "summa"])
+def test_rank_raising_mid_run_ends_the_job_with_its_message(tmp_path, phase):
+    a, b, c = _files(tmp_path)
+    p = job(3, "multiply", a, b, "-o", c, "--quiet", "--nb", "16",
+            env={"SUMMA_INJECT_FAULT": f"{phase}:1:raise"}, timeout=60)
+    assert p.returncode != 0
+    assert f"injected fault in {phase} on rank 1" in p.stderr
+    assert not Path(c).exists()
+
+
+# -- soak --------------------------------------------------------------------------------
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_soak_100_multiplies_no_growth(comm, backend):
+    """100 library multiplies, each with its own grid: host memory, the device pool
+    and the communicators (MPICH has a few thousand context ids; leaking the
+    grid's four per call would exhaust them in the 1000-grid loop) stay flat."""
+    def once(seed):
+        with summa.ProcessGrid(comm) as grid:
+            A = summa.DistMatrix.random((160, 96), "float64", grid, backend, seed=seed)
+            B = summa.DistMatrix.random((96, 120), "float64", grid, backend, seed=seed + 1)
+            return summa.matmul(A, B, panel_width=16).gather()
+    for i in range(10):
+        once(i)
+    gc.collect()
+    rss0 = _rss_bytes()
+    pool0 = backend.memory_reserved()
+    for i in range(100):
+        c = once(i)
+    gc.collect()
+    growth = _rss_bytes() - rss0
+    assert growth < 8 * 2**20, f"host memory grew {growth} bytes over 100 multiplies"
+    assert backend.memory_reserved() <= pool0
+    for _ in range(1000):
+        summa.ProcessGrid(comm).free()
+    if comm.rank == 0:
+        assert c.shape == (160, 120)
