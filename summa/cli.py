@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from . import __version__
 from .algorithm import SummaStats, _check_scalars, default_panel_width, gemm
-from .backend import DTYPES, cupy_available, get_backend
+from .backend import DTYPES, cupy_available, get_backend, share_cpu_cores
 from .comm import choose_comm
 from .grid import ProcessGrid, parse_grid
 from .matrix import DistMatrix
@@ -467,6 +467,9 @@ def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
     comm = MPI.COMM_WORLD if comm is None else comm
     out = sys.stdout if out is None else out
     _Parser.quiet = comm.Get_rank() != 0
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    share_cpu_cores(node.Get_size())
+    node.Free()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):

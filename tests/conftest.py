@@ -30,7 +30,11 @@ def pytest_configure(config):
     global _ctl
     if _mpi_mode(config):
         from mpi4py import MPI
+        from summa.backend import share_cpu_cores
         _ctl = MPI.COMM_WORLD.Dup()
+        node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+        share_cpu_cores(node.Get_size())
+        node.Free()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -43,3 +43,17 @@ def test_get_backend_choices():
 def test_cupy_requested_without_gpu():
     with pytest.raises(ValueError, match="CuPy is not installed or sees no GPU"):
         get_backend("cupy")
+
+
+def test_share_cpu_cores(monkeypatch):
+    import os
+    from summa.backend import share_cpu_cores
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    from threadpoolctl import threadpool_info, threadpool_limits
+    with threadpool_limits(limits=None):  # restore whatever was there afterwards
+        share = share_cpu_cores(2)
+        assert share == max(1, (os.cpu_count() or 1) // 2)
+        assert all(p["num_threads"] <= share for p in threadpool_info() if p["user_api"] == "blas")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert share_cpu_cores(2) is None  # the user's setting wins
