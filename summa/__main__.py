@@ -47,6 +47,9 @@ def main(argv=None) -> int:
     handle_signals(world)
     try:
         return cli.main(argv, world)
+    except BrokenPipeError:  # output piped into head & co.: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except RankFailure as exc:  # already agreed by every rank: one report, clean exit
         if world.Get_rank() == 0:
             print(f"summa: error: {exc}", file=sys.stderr, flush=True)

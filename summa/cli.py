@@ -77,6 +77,25 @@ def _panel_width(text: str):
     return "auto" if text == "auto" else _positive_int(text)
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,2,4, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _dtype_list(text: str) -> list[str]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [v for v in values if v not in DTYPES]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"unknown dtype(s) {', '.join(bad) or text!r}; "
+                                         f"choose from {', '.join(DTYPES)}")
+    return values
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -200,6 +219,67 @@ def build_parser() -> argparse.ArgumentParser:
     mult.add_argument("--quiet", action="store_true", help="no progress bar")
     mult.add_argument("--json", metavar="FILE", default=None,
                       help="append one JSON object with parameters and timings to FILE")
+
+    cal = sub.add_parser("calibrate", help="measure GEMM and broadcast rates for the model",
+                         description="Measure this machine (run it with the rank count and "
+                                     "ranks per node of interest) and write a JSON profile.")
+    cal.add_argument("-o", "--output", default="summa-profile.json", metavar="FILE",
+                     help="profile to write (default summa-profile.json)")
+    cal.add_argument("--append", action="store_true",
+                     help="add these samples to an existing profile (e.g. another rank count)")
+    cal.add_argument("--dtypes", type=_dtype_list, default=["float64"], metavar="LIST",
+                     help="comma-separated dtypes to measure (default float64)")
+    cal.add_argument("--sizes", type=_int_list, default=None, metavar="LIST",
+                     help="per-rank block sizes m = n (default 256,512,1024,2048 on CPU; "
+                          "4096,8192,16384 on GPU)")
+    cal.add_argument("--widths", type=_int_list, default=None, metavar="LIST",
+                     help="panel widths k (default 64..1024 on CPU; 1024..8192 on GPU)")
+    cal.add_argument("--comm", choices=("all", "nccl", "cuda-aware", "mpi"), default="all",
+                     help="broadcasters to measure (default all that work here)")
+    cal.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto")
+    cal.add_argument("--precision", choices=("default", "tf32"), default="default")
+    cal.add_argument("--repeat", type=_positive_int, default=3, help="repetitions (best taken)")
+
+    model = sub.add_parser("model", help="predict time and efficiency from a profile",
+                           description="The alpha-beta-gamma model of SUMMA with lookahead "
+                                       "(summa/plan.py): predicted time, TFLOP/s and efficiency, "
+                                       "the recommended grid and panel width, and with --sweep "
+                                       "strong- and weak-scaling tables.")
+    model.add_argument("--profile", required=True, metavar="FILE", help="from summa calibrate")
+    model.add_argument("--size", type=_positive_int, default=None, metavar="N",
+                       help="M = N = K (default 16384)")
+    for dim in ("m", "n", "k"):
+        model.add_argument(f"--{dim}", type=_positive_int, default=None)
+    model.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
+    model.add_argument("--ranks", type=_positive_int, default=None,
+                       help="ranks (GPUs) to predict for (default: the ranks running this)")
+    model.add_argument("--ranks-per-node", type=_positive_int, default=None,
+                       help="ranks per node (default: all on one node)")
+    model.add_argument("--grid", type=_grid, default=None, metavar="PRxPC",
+                       help="grid (default: the best predicted)")
+    model.add_argument("--nb", type=_positive_int, default=None, help="panel width")
+    model.add_argument("--lookahead", type=_nonnegative_int, default=1)
+    model.add_argument("--comm", dest="comm_mode", default=None,
+                       help="broadcaster in the profile (default: the first it has)")
+    model.add_argument("--precision", dest="precision_mode", choices=("default", "tf32"),
+                       default="default")
+    model.add_argument("--sweep", action="store_true",
+                       help="strong and weak scaling tables over --ranks-list")
+    model.add_argument("--ranks-list", type=_int_list, default=[1, 2, 4, 8, 16, 32, 64],
+                       metavar="LIST", help="rank counts of the sweep (default 1,2,4,...,64)")
+
+    plot = sub.add_parser("plot", help="draw scaling plots from bench --json results",
+                          description="Strong scaling (time, efficiency vs ranks) and weak "
+                                      "scaling (efficiency vs ranks) of measured runs, with "
+                                      "model curves when --profile is given.")
+    plot.add_argument("results", nargs="+", metavar="RESULTS.jsonl",
+                      help="bench --json output of the strong-scaling runs")
+    plot.add_argument("--weak", nargs="*", default=[], metavar="RESULTS.jsonl",
+                      help="bench --json output of weak-scaling runs (N grown with P)")
+    plot.add_argument("-o", "--output", default="scaling.png", metavar="PNG")
+    plot.add_argument("--profile", default=None, metavar="FILE", help="draw model curves")
+    plot.add_argument("--model-ranks", type=_int_list, default=[1, 2, 4, 8, 16, 32, 64],
+                      metavar="LIST", help="ranks of the model curves (default up to 64)")
 
     info = sub.add_parser("info", help="MPI library, ranks per node, devices, backend",
                           description="Print what summa sees: MPI library, ranks, nodes, "
@@ -428,6 +508,27 @@ def _run_multiply(args, comm: MPI.Comm, out) -> int:
     return 0
 
 
+def _run_study(args, comm: MPI.Comm, out) -> int:
+    from . import studies
+    if args.command == "calibrate":
+        backend = _agree_backend(comm, args.backend)
+        gpu = backend.name == "cupy"
+        args.sizes = args.sizes or ([4096, 8192, 16384] if gpu else [256, 512, 1024, 2048])
+        args.widths = args.widths or ([1024, 2048, 4096, 8192] if gpu
+                                      else [64, 128, 256, 512, 1024])
+        args.precision_mode = None if args.precision == "default" else args.precision
+        for dtype in args.dtypes:
+            try:
+                backend.check_dtype(dtype)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        return studies.run_calibrate(args, comm, backend, out)
+    if args.command == "model":
+        args.precision_mode = None if args.precision_mode == "default" else args.precision_mode
+        return studies.run_model(args, comm, out)
+    return studies.run_plot(args, comm, out)
+
+
 def _run_info(args, comm: MPI.Comm, out) -> int:
     backend = _agree_backend(comm, args.backend)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -477,6 +578,8 @@ def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "info":
         return _run_info(args, comm, out)
+    if args.command in ("model", "plot", "calibrate"):
+        return _run_study(args, comm, out)
     try:
         timeout = args.timeout if args.timeout is not None \
             else timeout_from_env(DEFAULT_TIMEOUT)

@@ -1,0 +1,60 @@
+"""Check the performance model against measurements on this machine.
+
+For each rank count: calibrate (appending to one profile), then bench a few
+sizes; finally print predicted against measured time for every run.
+
+    python3 docs/scripts/validate_model.py --ranks 1,2,4 --sizes 768,1536,2304 \\
+        [--mpiexec "mpiexec"] [--bench-args "--backend numpy"] [--out DIR]
+"""
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, ROOT)
+
+from summa.plan import Profile, predict  # noqa: E402
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--ranks", default="1,2,4")
+parser.add_argument("--sizes", default="768,1536,2304")
+parser.add_argument("--mpiexec", default=os.environ.get("SUMMA_MPIEXEC", "mpiexec"))
+parser.add_argument("--bench-args", default="")
+parser.add_argument("--calibrate-args", default="")
+parser.add_argument("--out", default=".")
+args = parser.parse_args()
+profile_path = os.path.join(args.out, "profile.json")
+results_path = os.path.join(args.out, "validation.jsonl")
+for path in (profile_path, results_path):
+    if os.path.exists(path):
+        os.unlink(path)
+env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+launcher = shlex.split(args.mpiexec)
+for p in [int(x) for x in args.ranks.split(",")]:
+    run = launcher + ["-n", str(p), sys.executable, "-m", "summa"]
+    subprocess.run(run + ["calibrate", "-o", profile_path, "--append"]
+                   + shlex.split(args.calibrate_args), check=True, env=env)
+    for size in args.sizes.split(","):
+        subprocess.run(run + ["bench", "--size", size, "--repeat", "3", "--no-ideal",
+                              "--json", results_path] + shlex.split(args.bench_args),
+                       check=True, env=env, stdout=subprocess.DEVNULL)
+profile = Profile.load(profile_path)
+print(f"{'ranks':>5} {'grid':>5} {'N':>6} {'dtype':>8} {'nb':>5} {'measured s':>11} "
+      f"{'model s':>9} {'model/measured':>15}")
+worst = 0.0
+for line in open(results_path):
+    r = json.loads(line)
+    pred = predict(profile, r["m"], r["n"], r["k"], r["dtype"], tuple(r["grid"]), r["nb"],
+                   lookahead=r["lookahead"], comm=r["comm"],
+                   precision=None if r.get("precision", "default") == "default"
+                   else r["precision"])
+    ratio = pred.seconds / r["seconds"]
+    worst = max(worst, abs(ratio - 1))
+    print(f"{r['ranks']:>5} {r['grid'][0]}x{r['grid'][1]:<3} {r['m']:>6} {r['dtype']:>8} "
+          f"{r['nb']:>5} {r['seconds']:>11.4f} {pred.seconds:>9.4f} {ratio:>15.3f}")
+print(f"largest model error: {worst * 100:.1f} %")

@@ -1,0 +1,136 @@
+"""Measure this machine for the performance model: GEMM rates (gamma) by shape
+and dtype, and broadcast latency/bandwidth (alpha, beta) by broadcaster and
+communicator size. Collective; rank 0 gets the profile data."""
+
+from __future__ import annotations
+
+import platform
+import socket
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from .comm import make_broadcaster
+from .plan import Profile
+
+__all__ = ["calibrate"]
+
+
+def _best(comm: MPI.Comm, run, repeat: int) -> float:
+    """Best over `repeat` of the slowest rank's time of `run()` (all ranks at once)."""
+    run()
+    best = float("inf")
+    for _ in range(repeat):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        run()
+        best = min(best, comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    return best
+
+
+def _gemm_samples(comm, backend, dtype, precision, sizes, widths, repeat, ranks_per_node):
+    xp = backend.xp
+    rng = xp.random.default_rng(0)
+    samples = []
+    for size in sizes:
+        a = rng.standard_normal((size, max(widths + [size]))).astype(dtype)
+        b = rng.standard_normal((max(widths + [size]), size)).astype(dtype)
+        c = xp.zeros((size, size), dtype=dtype)
+        for k in sorted(set(w for w in widths if w < size) | {size}):
+            def run():
+                backend.gemm(1.0, a[:, :k], b[:k], c, precision=precision)
+                backend.synchronize()
+            seconds = _best(comm, run, repeat)
+            samples.append(dict(dtype=np.dtype(dtype).name, precision=precision or "default",
+                                ranks_per_node=ranks_per_node, m=size, n=size, k=k,
+                                seconds=seconds))
+        del a, b, c
+    return samples
+
+
+def _bcast_fit(comm, backend, mode, sizes_bytes, repeat) -> dict | None:
+    """Fit ``t = alpha + bytes / beta`` to broadcasts among all ranks of `comm`."""
+    bc = make_broadcaster(mode, comm, backend)
+    times = []
+    try:
+        for nbytes in sizes_bytes:
+            buf = backend.xp.zeros(max(nbytes // 8, 1), dtype=np.float64)
+
+            def run():
+                bc.ibcast(buf, 0).wait()
+                backend.synchronize()
+            times.append(_best(comm, run, repeat))
+    finally:
+        bc.free()
+    x = np.array([max(s // 8, 1) * 8 for s in sizes_bytes], dtype=float)
+    slope, intercept = np.polyfit(x, np.array(times), 1)
+    # Broadcasts progress during a GEMM only when the GEMM runs on a device;
+    # CPU ranks move MPI data only while they are inside MPI calls.
+    return dict(comm=bc.name, ranks=comm.Get_size(), alpha=max(float(intercept), 1e-7),
+                beta=float(1.0 / max(slope, 1e-15)), overlap=backend.name == "cupy",
+                samples=[[int(b), t] for b, t in zip(x, times)])
+
+
+def _panel_overhead(comm, backend, profile_so_far: Profile, mode: str, repeat: int) -> float:
+    """Seconds per SUMMA step beyond the model's GEMM and broadcast terms, from
+    a run with many thin panels on this grid."""
+    from .algorithm import summa
+    from .grid import ProcessGrid
+    from .matrix import DistMatrix
+    from .plan import predict
+    with ProcessGrid(comm) as grid:
+        size, width, steps = 48 * max(grid.shape), 8, 64
+        A = DistMatrix.random((size, width * steps), "float64", grid, backend, seed=1)
+        B = DistMatrix.random((width * steps, size), "float64", grid, backend, seed=2)
+        C = DistMatrix.zeros((size, size), "float64", grid, backend)
+        seconds = _best(comm, lambda: summa(1.0, A, B, 0.0, C, panel_width=width,
+                                            broadcaster=mode), repeat)
+        shape = tuple(grid.shape)
+    if profile_so_far is None:
+        return 0.0
+    model = predict(profile_so_far, size, size, width * steps, "float64", shape, width,
+                    comm=mode)
+    return max(0.0, (seconds - model.seconds) / model.panels)
+
+
+def calibrate(comm: MPI.Comm, backend, dtypes=("float64",), precision=None,
+              sizes=(256, 512, 1024), widths=(64, 128, 256, 512, 1024),
+              modes=("mpi",), message_bytes=(8, 1 << 16, 1 << 20, 1 << 23),
+              repeat: int = 3) -> Profile | None:
+    """Measure GEMM and broadcast rates on every rank of `comm`.
+
+    Returns the :class:`~summa.plan.Profile` on rank 0, None elsewhere.
+    """
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    ranks_per_node = node.Get_size()
+    node.Free()
+    gemm = []
+    for dtype in dtypes:
+        gemm += _gemm_samples(comm, backend, dtype, precision, list(sizes), list(widths),
+                              repeat, ranks_per_node)
+    bcast = []
+    for mode in modes:
+        for ranks in range(2, comm.Get_size() + 1):
+            sub = comm.Split(0 if comm.Get_rank() < ranks else MPI.UNDEFINED, comm.Get_rank())
+            if sub != MPI.COMM_NULL:
+                fit = _bcast_fit(sub, backend, mode, list(message_bytes), repeat)
+                sub.Free()
+                if comm.Get_rank() == 0:
+                    bcast.append(fit)
+            comm.Barrier()
+    data = dict(machine=socket.gethostname(), platform=platform.platform(),
+                backend=backend.describe(), ranks=comm.Get_size(),
+                mpi=MPI.Get_library_version().splitlines()[0].strip(),
+                date=time.strftime("%Y-%m-%d"), gemm=gemm, bcast=bcast, overhead=[])
+    if comm.Get_size() > 1 and modes:
+        partial = comm.bcast(data if comm.Get_rank() == 0 else None, root=0)
+        if "float64" not in dtypes:  # the overhead run is float64
+            partial["gemm"] = partial["gemm"] + _gemm_samples(
+                comm, backend, "float64", None, [48 * comm.Get_size()], [8], repeat,
+                ranks_per_node)
+        overhead = _panel_overhead(comm, backend, Profile(partial), modes[0], repeat)
+        data["overhead"] = [dict(ranks=comm.Get_size(), seconds=overhead)]
+    if comm.Get_rank() != 0:
+        return None
+    return Profile(data)

@@ -1,0 +1,136 @@
+"""The performance model and the model/plot/calibrate commands."""
+
+import io
+import json
+
+import pytest
+
+from summa import cli
+from summa.plan import Profile, predict, recommend, sweep
+
+GEMM_RATE = 50e12  # flop/s in every sample
+BCAST = dict(alpha=10e-6, beta=300e9)
+
+
+def make_profile(overlap=True, overhead=0.0):
+    gemm = [dict(dtype="float64", precision="default", ranks_per_node=1, m=m, n=m, k=k,
+                 seconds=2.0 * m * m * k / GEMM_RATE)
+            for m in (4096, 16384) for k in (1024, 4096, 16384)]
+    bcast = [dict(comm="nccl", ranks=r, overlap=overlap, **BCAST) for r in (2, 4)]
+    return Profile(dict(gemm=gemm, bcast=bcast, overhead=[dict(ranks=2, seconds=overhead)]))
+
+
+def test_one_rank_is_one_gemm():
+    pred = predict(make_profile(), 16384, 16384, 16384, "float64", (1, 1), 4096)
+    assert pred.seconds == pytest.approx(2 * 16384**3 / GEMM_RATE)
+    assert pred.efficiency == 1.0 and pred.panels == 1
+
+
+def test_lookahead_hides_broadcasts_and_without_it_they_add_up():
+    prof = make_profile()
+    m = 32768
+    with_la = predict(prof, m, m, m, "float64", (2, 1), 4096, lookahead=1)
+    without = predict(prof, m, m, m, "float64", (2, 1), 4096, lookahead=0)
+    t_c = 2 * (m // 2) * m * 4096 / GEMM_RATE
+    t_b = BCAST["alpha"] + 4096 * m * 8 / BCAST["beta"]
+    assert with_la.panel_compute == pytest.approx(t_c)
+    assert with_la.panel_comm == pytest.approx(t_b)
+    assert with_la.seconds == pytest.approx(t_b + 8 * max(t_c, t_b))
+    assert without.seconds == pytest.approx(8 * (t_c + t_b))
+    assert with_la.efficiency < 1 and with_la.efficiency > without.efficiency
+    cpu_like = predict(make_profile(overlap=False), m, m, m, "float64", (2, 1), 4096)
+    assert cpu_like.seconds == pytest.approx(without.seconds)
+
+
+def test_overhead_and_extrapolated_broadcasts():
+    prof = make_profile(overhead=1e-3)
+    base = predict(make_profile(), 8192, 8192, 8192, "float64", (2, 1), 1024)
+    slower = predict(prof, 8192, 8192, 8192, "float64", (2, 1), 1024)
+    assert slower.seconds == pytest.approx(base.seconds + 8 * 1e-3)
+    # 64 ranks were never calibrated: latency grows with log2 P, bandwidth stays
+    far = prof.bcast_seconds(1e9, 64, "nccl")
+    assert far == pytest.approx(BCAST["alpha"] * 6 / 2 + 1e9 / BCAST["beta"])
+
+
+def test_recommend_and_sweep():
+    prof = make_profile()
+    best = recommend(prof, 32768, 32768, 32768, "float64", 4)
+    assert best.grid in ((1, 4), (2, 2), (4, 1))
+    strong = sweep(prof, 16384, "float64", ranks=(1, 2, 4, 8))
+    assert [p for p, _, _ in strong] == [1, 2, 4, 8]
+    assert all(n == 16384 for _, n, _ in strong)
+    times = [pred.seconds for _, _, pred in strong]
+    assert times == sorted(times, reverse=True), "more ranks, less time"
+    weak = sweep(prof, 16384, "float64", ranks=(1, 8), weak=True)
+    assert weak[1][1] == 32768
+
+
+def test_profile_errors(tmp_path):
+    with pytest.raises(ValueError, match="no such profile"):
+        Profile.load(tmp_path / "none.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a JSON profile"):
+        Profile.load(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="non-empty 'gemm'"):
+        Profile({"gemm": []})
+    with pytest.raises(ValueError, match="no GEMM samples for float32"):
+        predict(make_profile(), 100, 100, 100, "float32", (1, 1), 64)
+    with pytest.raises(ValueError, match="no broadcast samples for comm 'mpi'"):
+        predict(make_profile(), 100, 100, 100, "float64", (2, 1), 64, comm="mpi")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_model_command_prints_prediction_and_sweep(comm, tmp_path_factory):
+    path = comm.bcast(str(tmp_path_factory.mktemp("prof") / "p.json") if comm.rank == 0
+                      else None)
+    if comm.rank == 0:
+        make_profile().save(path)
+    comm.Barrier()
+    out = io.StringIO()
+    assert cli.main(["model", "--profile", path, "--size", "32768", "--ranks", "2"],
+                    comm, out) == 0
+    assert cli.main(["model", "--profile", path, "--sweep", "--ranks-list", "1,2,4,64"],
+                    comm, out) == 0
+    if comm.rank == 0:
+        text = out.getvalue()
+        assert "predicted" in text and "recommended: grid" in text
+        assert "strong scaling" in text and "weak scaling" in text
+        assert "\n    64 " in text
+
+
+@pytest.mark.mpi(min_size=1)
+def test_calibrate_writes_a_usable_profile(comm, tmp_path_factory):
+    path = comm.bcast(str(tmp_path_factory.mktemp("cal") / "p.json") if comm.rank == 0
+                      else None)
+    out = io.StringIO()
+    args = ["calibrate", "-o", path, "--sizes", "64,128", "--widths", "16,32", "--repeat", "1",
+            "--backend", "numpy"]
+    assert cli.main(args, comm, out) == 0
+    assert cli.main(args + ["--append"], comm, out) == 0
+    if comm.rank == 0:
+        prof = Profile.load(path)
+        assert len(prof.gemm) == 2 * 6
+        assert all(g["seconds"] > 0 for g in prof.gemm)
+        if comm.Get_size() > 1:
+            assert {b["ranks"] for b in prof.bcast} == set(range(2, comm.Get_size() + 1))
+            assert all(b["beta"] > 0 and b["overlap"] is False for b in prof.bcast)
+        pred = predict(prof, 256, 256, 256, "float64", (comm.Get_size(), 1), 32, comm="mpi")
+        assert pred.seconds > 0
+
+
+def test_plot_draws_measured_points_and_model_curves(tmp_path):
+    pytest.importorskip("matplotlib")
+    results = tmp_path / "r.jsonl"
+    with open(results, "w") as fh:
+        for p, secs, eff in ((1, 1.4, 1.0), (2, 0.72, 0.95)):
+            fh.write(json.dumps(dict(m=32768, n=32768, k=32768, dtype="float64", ranks=p,
+                                     seconds=secs, efficiency=eff, comm="nccl",
+                                     precision="default")) + "\n")
+    make_profile().save(tmp_path / "p.json")
+    out = io.StringIO()
+    png = tmp_path / "s.png"
+    from mpi4py import MPI
+    assert cli.main(["plot", str(results), "-o", str(png), "--profile",
+                     str(tmp_path / "p.json")], MPI.COMM_SELF, out) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10000
+    assert "2 measured runs" in out.getvalue()
