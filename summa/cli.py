@@ -20,10 +20,12 @@ from mpi4py import MPI
 
 from . import __version__
 from .algorithm import SummaStats, _check_scalars, default_panel_width, gemm
-from .backend import DTYPES, cupy_available, get_backend, share_cpu_cores
+from .backend import DTYPES, NumpyBackend, cupy_available, get_backend, share_cpu_cores
 from .comm import choose_comm
-from .grid import ProcessGrid, parse_grid
+from .grid import ProcessGrid, choose_grid, parse_grid
 from .matrix import DistMatrix
+from .outofcore import summa_out_of_core
+from .plan import choose_memory_mode, memory_plan, parse_bytes
 from .verify import freivalds
 from .watchdog import Watchdog, timeout_from_env, watch
 
@@ -140,6 +142,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=("default", "tf32"), default="default",
                    help="tf32: float32/complex64 GEMMs on TF32 tensor cores (GPU only; "
                         "float16 always uses tensor cores with float32 accumulation)")
+    p.add_argument("--out-of-core", action="store_true",
+                   help="keep A, B, C in host memory and stream C through the GPU in tiles "
+                        "(automatic when the in-memory plan does not fit the GPU)")
+    p.add_argument("--device-memory", metavar="SIZE", default=None,
+                   help="cap on GPU memory per rank, e.g. 16GiB (implies --out-of-core)")
     p.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
                    help="abort the job, saying which rank waited for what, when one step that "
                         f"waits on other ranks takes longer (default $SUMMA_TIMEOUT or "
@@ -281,6 +288,23 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--model-ranks", type=_int_list, default=[1, 2, 4, 8, 16, 32, 64],
                       metavar="LIST", help="ranks of the model curves (default up to 64)")
 
+    plan = sub.add_parser("plan", help="peak memory per rank, in memory or out of core",
+                          description="Print the memory plan of C = A @ B: peak bytes per rank "
+                                      "on the device and the host, and out of core the C tile "
+                                      "and chunk sizes.")
+    plan.add_argument("--size", type=_positive_int, default=16384, metavar="N")
+    for dim in ("m", "n", "k"):
+        plan.add_argument(f"--{dim}", type=_positive_int, default=None)
+    plan.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
+    plan.add_argument("--ranks", type=_positive_int, default=None,
+                      help="ranks (default: the ranks running this)")
+    plan.add_argument("--grid", type=_grid, default=None, metavar="PRxPC")
+    plan.add_argument("--nb", type=_positive_int, default=4096, help="panel width (4096)")
+    plan.add_argument("--lookahead", type=_nonnegative_int, default=1)
+    plan.add_argument("--backend", choices=("numpy", "cupy"), default="cupy")
+    plan.add_argument("--device-memory", metavar="SIZE", default=None,
+                      help="GPU memory cap per rank: plan out of core within it")
+
     info = sub.add_parser("info", help="MPI library, ranks per node, devices, backend",
                           description="Print what summa sees: MPI library, ranks, nodes, "
                                       "devices and the backend it would choose.")
@@ -354,6 +378,24 @@ def _single_device_seconds(backend, shape, dtype, precision, repeat: int = 3) ->
     return best
 
 
+def _plan_width(width, backend, dtype, precision) -> int:
+    return width if isinstance(width, int) else default_panel_width(backend.name, dtype,
+                                                                    precision)
+
+
+def _memory_mode(args, backend, grid, shape, dtype, width, out) -> int | None:
+    """The device budget for out of core, or None to run in memory (collective)."""
+    nb = _plan_width(width, backend, dtype, None)
+    try:
+        budget, note = choose_memory_mode(shape, dtype, grid, nb, args.lookahead, backend,
+                                          args.out_of_core, args.device_memory)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if note and grid.rank == 0:
+        print(f"summa: {note}", file=out)
+    return budget
+
+
 def _run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     backend = _agree_backend(comm, args.backend)
     try:
@@ -375,20 +417,30 @@ def _run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     try:
-        A = DistMatrix.random((m, k), dtype, grid, backend, seed=args.seed, block=block)
-        B = DistMatrix.random((k, n), dtype, grid, backend, seed=args.seed + 1, block=block)
-        C = DistMatrix.zeros((m, n), dtype, grid, backend, block=block)
         # "auto" is measured in the first call and cached for the rest.
         gemm_width = args.nb or default_panel_width(backend.name, dtype, precision)
+        budget = _memory_mode(args, backend, grid, (m, n, k), dtype, gemm_width, out)
+        home = backend if budget is None else NumpyBackend()  # out of core: data on the host
+        A = DistMatrix.random((m, k), dtype, grid, home, seed=args.seed, block=block)
+        B = DistMatrix.random((k, n), dtype, grid, home, seed=args.seed + 1, block=block)
+        C = DistMatrix.zeros((m, n), dtype, grid, home, block=block)
         times, stats = [], SummaStats()
         for i in range(warmup + repeat):
-            grid.comm.Barrier()
+            with watch(f"all ranks to start repetition {i}"):
+                grid.comm.Barrier()
             t0 = time.perf_counter()
-            gemm(A, B, C, panel_width=gemm_width, lookahead=args.lookahead, broadcaster=args.comm,
-                 precision=precision, stats=stats)
+            if budget is None:
+                gemm(A, B, C, panel_width=gemm_width, lookahead=args.lookahead,
+                     broadcaster=args.comm, precision=precision, stats=stats)
+            else:
+                stats = summa_out_of_core(1.0, A, B, 0.0, C, backend, budget,
+                                          panel_width=_plan_width(gemm_width, backend, dtype,
+                                                                  precision),
+                                          precision=precision)
             nb = stats.panel_width
             backend.synchronize()
-            elapsed = grid.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            with watch(f"all ranks to finish repetition {i}"):
+                elapsed = grid.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
             if i == 0:
                 reserved_first = backend.memory_reserved()
             if i >= warmup:
@@ -404,6 +456,8 @@ def _run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                                                    precision)
         per_rank = grid.comm.gather(dict(rank=grid.rank, coords=[grid.row, grid.col],
                                          host=socket.gethostname(), device=backend.device,
+                                         out_of_core=best_stats.extra.get("out_of_core", False),
+                                         tile=best_stats.extra.get("tile"),
                                          memory_bytes=memory, reserved_bytes=reserved,
                                          pool_growth_bytes=reserved - reserved_first,
                                          ideal_seconds=ideal_seconds,
@@ -439,6 +493,7 @@ def _run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
               "times": times, "seconds": best, "tflops": tflops, "tflops_per_rank": tflops / size,
               "panels": best_stats.panels, "check_residual": residual, "check_passed": ok,
               "ideal_tflops": ideal_tflops, "efficiency": efficiency,
+              "out_of_core": bool(per_rank[0].get("out_of_core")), "tile": per_rank[0].get("tile"),
               "versions": _versions(), "ranks_detail": per_rank,
               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     print(f"summa {record['command']}: {size} ranks, grid {grid_shape[0]}x{grid_shape[1]}, "
@@ -450,6 +505,10 @@ def _run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     label = dtype.name + ("/tf32" if precision else "")
     print(f"{f'{m} x {n} x {k}':>22} {label:>10} {nb:>5} {best:>9.4f} {tflops:>9.3f} "
           f"{tflops / size:>9.3f} {err:>14}", file=out)
+    if per_rank[0].get("out_of_core"):
+        tm, tn = per_rank[0]["tile"]
+        print(f"out of core: A, B, C in host memory, C streamed through the device in "
+              f"{tm} x {tn} tiles", file=out)
     if efficiency is not None:
         print(f"ideal ({size} x one-device {backend.xp.__name__}.matmul of the per-rank shape): "
               f"{ideal_tflops:.3f} TFLOP/s; efficiency {efficiency:.3f}", file=out)
@@ -478,7 +537,8 @@ def _run_multiply(args, comm: MPI.Comm, out) -> int:
             block=None if args.block is None else (args.block, args.block),
             panel_width=args.nb, lookahead=args.lookahead, backend=args.backend,
             broadcaster=args.comm, precision=None if args.precision == "default"
-            else args.precision, check=args.check, quiet=args.quiet)
+            else args.precision, check=args.check, quiet=args.quiet,
+            out_of_core=args.out_of_core, device_memory=args.device_memory)
     except CheckFailed as exc:
         if comm.Get_rank() == 0:
             print(f"summa: check FAILED: {exc}", file=sys.stderr, flush=True)
@@ -494,6 +554,9 @@ def _run_multiply(args, comm: MPI.Comm, out) -> int:
           + (f" + {record['beta']:g} · {args.c}" if args.c else "")
           + f" -> {args.output}: {record['m']} x {record['n']} x {record['k']} "
           f"{record['dtype']}", file=out)
+    if record.get("out_of_core"):
+        print("  out of core: A, B, C in host memory, C streamed through the device in tiles",
+              file=out)
     print(f"  read {record['read_seconds']:.3f} s, multiply {record['compute_seconds']:.3f} s "
           f"({record['tflops']:.3f} TFLOP/s), "
           + (f"check {record['check_seconds']:.3f} s (scaled residual {residual:.2e}), "
@@ -505,6 +568,31 @@ def _run_multiply(args, comm: MPI.Comm, out) -> int:
                       date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         with open(args.json, "a") as fh:
             fh.write(json.dumps(record) + "\n")
+    return 0
+
+
+def _run_plan(args, comm: MPI.Comm, out) -> int:
+    ranks = args.ranks or comm.Get_size()
+    grid = args.grid or choose_grid(ranks)
+    if grid[0] * grid[1] != ranks:
+        raise UsageError(f"grid {grid[0]}x{grid[1]} does not hold {ranks} ranks")
+    m, n, k = args.m or args.size, args.n or args.size, args.k or args.size
+    try:
+        budget = parse_bytes(args.device_memory) if args.device_memory else None
+        plan = memory_plan(m, n, k, args.dtype, grid, args.nb, args.lookahead, args.backend,
+                           device_budget=budget, out_of_core=budget is not None)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if comm.Get_rank() == 0:
+        gib = 2.0**30
+        print(f"plan: {m} x {n} x {k} {args.dtype} on {ranks} ranks (grid {grid[0]}x{grid[1]}), "
+              f"nb {args.nb}, lookahead {args.lookahead}, {args.backend} backend: {plan.mode}",
+              file=out)
+        print(f"  peak per rank: device {plan.device_bytes / gib:.2f} GiB, host "
+              f"{plan.host_bytes / gib:.2f} GiB", file=out)
+        if plan.tile:
+            print(f"  C tiles of {plan.tile[0]} x {plan.tile[1]}, panel chunks of {plan.chunk} "
+                  f"columns", file=out)
     return 0
 
 
@@ -580,6 +668,8 @@ def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
         return _run_info(args, comm, out)
     if args.command in ("model", "plot", "calibrate"):
         return _run_study(args, comm, out)
+    if args.command == "plan":
+        return _run_plan(args, comm, out)
     try:
         timeout = args.timeout if args.timeout is not None \
             else timeout_from_env(DEFAULT_TIMEOUT)

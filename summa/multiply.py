@@ -20,12 +20,15 @@ from mpi4py import MPI
 
 from .agree import collectively
 from .algorithm import SummaStats, gemm
-from .backend import get_backend, resolve_dtype
+from .backend import NumpyBackend, get_backend, resolve_dtype
 from .grid import ProcessGrid
 from .faults import inject
 from .io import NpyError, check_output_path, read_header
 from .matrix import DistMatrix
 from .progress import Progress
+from .outofcore import summa_out_of_core
+from .plan import choose_memory_mode
+from .tuning import default_panel_width
 from .verify import freivalds
 from .watchdog import watch
 
@@ -91,7 +94,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
                    beta=0.0, c_path=None, trans_a="N", trans_b="N", dtype=None, grid=None,
                    block=None, panel_width=None, lookahead=1, backend="auto",
                    broadcaster="auto", precision=None, check=None, quiet=False,
-                   warn=None) -> dict:
+                   warn=None, out_of_core=False, device_memory=None) -> dict:
     """``out = alpha * op(A) @ op(B) + beta * C0`` from and to .npy files; collective.
 
     Parameters
@@ -106,6 +109,10 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         C0, required when ``beta != 0``.
     check : bool or None
         Freivalds' test; None runs it when it costs < 2 % of the multiply.
+    out_of_core, device_memory : bool, str
+        Keep A, B, C in host memory and stream C through the GPU in tiles
+        (automatic when the in-memory plan does not fit); `device_memory` caps
+        the GPU memory per rank, e.g. "16GiB".
     warn : callable, optional
         Receives warnings (e.g. NaN/Inf in the inputs) on rank 0; default stderr.
 
@@ -152,16 +159,24 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
               "alpha": alpha, "beta": beta, "backend": be.name}
     with ProcessGrid(comm, grid) as pgrid:
         record["grid"] = list(pgrid.shape)
+        width = panel_width if isinstance(panel_width, int) else \
+            default_panel_width(be.name, compute, precision)
+        budget, note = choose_memory_mode((m, n, k), compute, pgrid, width, lookahead, be,
+                                          out_of_core, device_memory)
+        if note and rank0:
+            warn(note)
+        home = be if budget is None else NumpyBackend()  # out of core: data on the host
+        record["out_of_core"] = budget is not None
         progress.phase("read", 3 if c_path else 2)
 
         def read_all():
             inject("read")
-            A = DistMatrix.from_npy(a_path, pgrid, be, block, trans_a, compute)
+            A = DistMatrix.from_npy(a_path, pgrid, home, block, trans_a, compute)
             progress.step(1, 3 if c_path else 2)
-            B = DistMatrix.from_npy(b_path, pgrid, be, block, trans_b, compute)
+            B = DistMatrix.from_npy(b_path, pgrid, home, block, trans_b, compute)
             progress.step(2, 3 if c_path else 2)
-            C = (DistMatrix.from_npy(c_path, pgrid, be, block, "N", compute) if c_path
-                 else DistMatrix.zeros((m, n), compute, pgrid, be, block))
+            C = (DistMatrix.from_npy(c_path, pgrid, home, block, "N", compute) if c_path
+                 else DistMatrix.zeros((m, n), compute, pgrid, home, block))
             return A, B, C
         (A, B, C), record["read_seconds"] = _timed(comm, "read", read_all)
         for name, M in (("A", A), ("B", B), ("C0", C if c_path else None)):
@@ -173,11 +188,17 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         stats = SummaStats()
         progress.phase("multiply", 1)
         inject("multiply")
-        _, record["compute_seconds"] = _timed(
-            comm, "multiply", lambda: (gemm(A, B, C, alpha=alpha, beta=beta, panel_width=panel_width,
-                                lookahead=lookahead, broadcaster=broadcaster,
-                                precision=precision, stats=stats, progress=progress.step),
-                           be.synchronize()))
+        def multiply():
+            if budget is None:
+                gemm(A, B, C, alpha=alpha, beta=beta, panel_width=panel_width,
+                     lookahead=lookahead, broadcaster=broadcaster, precision=precision,
+                     stats=stats, progress=progress.step)
+            else:
+                stats.__dict__.update(summa_out_of_core(
+                    alpha, A, B, beta, C, be, budget, panel_width=width, precision=precision,
+                    progress=progress.step).__dict__)
+            be.synchronize()
+        _, record["compute_seconds"] = _timed(comm, "multiply", multiply)
         record.update(panel_width=stats.panel_width, comm=stats.comm, panels=stats.panels)
         record["tflops"] = ((8 if compute.kind == "c" else 2) * m * n * k
                             / record["compute_seconds"] / 1e12)
@@ -211,11 +232,32 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
 
     Scatters both, multiplies with SUMMA on all ranks of `comm`, and returns
     the product on `root` (None elsewhere). Works in a single process too.
-    Keyword arguments go to :func:`summa.gemm` (alpha, trans_a, panel_width, ...).
+    Keyword arguments go to :func:`summa.gemm` (alpha, trans_a, panel_width, ...);
+    ``out_of_core=True`` or ``device_memory="16GiB"`` keeps the data in host
+    memory and streams it through the GPU in tiles (alpha, panel_width and
+    precision apply there).
     """
     comm = MPI.COMM_WORLD if comm is None else comm
+    out_of_core = kwargs.pop("out_of_core", False)
+    device_memory = kwargs.pop("device_memory", None)
     be = collectively(comm, get_backend, backend, _local_rank(comm))
     with ProcessGrid(comm, grid) as pgrid:
-        A = DistMatrix.from_global(a, pgrid, be, root=root)
-        B = DistMatrix.from_global(b, pgrid, be, root=root)
-        return gemm(A, B, **kwargs).gather(root=root)
+        if not (out_of_core or device_memory):
+            A = DistMatrix.from_global(a, pgrid, be, root=root)
+            B = DistMatrix.from_global(b, pgrid, be, root=root)
+            return gemm(A, B, **kwargs).gather(root=root)
+        # Out of core: the arrays stay in host memory, tiles go through the device.
+        A = DistMatrix.from_global(a, pgrid, NumpyBackend(), root=root)
+        B = DistMatrix.from_global(b, pgrid, NumpyBackend(), root=root)
+        if A.dtype != B.dtype or A.shape[1] != B.shape[0]:
+            raise ValueError(f"cannot multiply {A.shape} {A.dtype.name} by {B.shape} "
+                             f"{B.dtype.name}")
+        width = kwargs.pop("panel_width", None) or default_panel_width(be.name, A.dtype)
+        budget, _ = choose_memory_mode((A.shape[0], B.shape[1], A.shape[1]), A.dtype, pgrid,
+                                       width, 1, be, True, device_memory)
+        C = DistMatrix.zeros((A.shape[0], B.shape[1]), A.dtype, pgrid, NumpyBackend())
+        summa_out_of_core(kwargs.pop("alpha", 1.0), A, B, 0.0, C, be, budget,
+                          panel_width=width, precision=kwargs.pop("precision", None))
+        if kwargs:
+            raise ValueError(f"out of core, matmul takes no {', '.join(kwargs)}")
+        return C.gather(root=root)

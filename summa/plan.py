@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Profile", "Prediction", "predict", "sweep", "recommend"]
+__all__ = ["Profile", "Prediction", "predict", "sweep", "recommend", "MemoryPlan", "memory_plan",
+           "check_memory", "choose_memory_mode", "parse_bytes"]
 
 
 class Profile:
@@ -220,3 +221,183 @@ def sweep(profile: Profile, size: int, dtype: str, ranks=(1, 2, 4, 8, 16, 32, 64
         n = int(round(size * p ** (1 / 3))) if weak else size
         rows.append((p, n, recommend(profile, n, n, n, dtype, p, **kwargs)))
     return rows
+
+
+# -- memory ------------------------------------------------------------------------------
+
+#: Panel columns streamed to the device per transfer in out-of-core mode.
+OOC_CHUNK = 4096
+
+
+@dataclass
+class MemoryPlan:
+    """Peak bytes one rank needs, and how the work is cut to fit.
+
+    Attributes
+    ----------
+    mode : str
+        ``"in-memory"`` (A, B, C and panels on the device) or ``"out-of-core"``
+        (A, B, C in host memory, C streamed through the device in tiles).
+    device_bytes, host_bytes : int
+        Peak per rank (the largest rank's share).
+    tile : tuple or None
+        ``(rows, cols)`` of the C tiles kept on the device (out-of-core).
+    chunk : int or None
+        Columns of a panel sent to the device per transfer (out-of-core).
+    """
+
+    mode: str
+    device_bytes: int
+    host_bytes: int
+    tile: tuple | None = None
+    chunk: int | None = None
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _local_sizes(m, n, k, grid):
+    pr, pc = grid
+    return -(-m // pr), -(-n // pc), -(-k // pc), -(-k // pr)
+
+
+def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
+                lookahead: int = 1, backend: str = "cupy", device_budget: int | None = None,
+                out_of_core: bool = False) -> MemoryPlan:
+    """Peak memory per rank of ``C = A @ B`` and, out of core, the C tile that
+    fits `device_budget` bytes.
+
+    In memory, a rank holds its blocks of A (ml x ka), B (kb x nl) and C
+    (ml x nl) plus ``lookahead + 1`` panel buffers for each operand that arrives
+    from other ranks (NumPy also makes one C-sized product per GEMM; CuPy
+    accumulates in place). Out of core, the blocks stay in host memory with the
+    same panel buffers, and the device holds one C tile plus two A and two B
+    chunks (double buffering): ``tm tn + 2 (tm + tn) chunk`` elements.
+    """
+    item = np.dtype(dtype).itemsize
+    pr, pc = grid
+    ml, nl, ka, kb = _local_sizes(m, n, k, grid)
+    nb = max(1, min(panel_width, k))
+    slots = lookahead + 1
+    panels = slots * ((ml * nb if pc > 1 else 0) + (nb * nl if pr > 1 else 0))
+    blocks = ml * ka + kb * nl + ml * nl
+    if not out_of_core:
+        extra = ml * nl if backend == "numpy" else 0
+        on_device = (blocks + panels + extra) * item
+        staging = panels * item if backend == "cupy" else 0  # pinned host buffers (mpi mode)
+        if backend == "numpy":
+            return MemoryPlan("in-memory", 0, on_device)
+        return MemoryPlan("in-memory", on_device, staging)
+    if device_budget is None:
+        raise ValueError("an out-of-core plan needs a device memory budget")
+    chunk = max(1, min(OOC_CHUNK, nb))
+    budget = device_budget // item
+    # The largest square-ish tile whose data and double-buffered chunks fit.
+    tm = min(ml, _largest_tile(budget, chunk))
+    tn = min(nl, max(1, (budget - 2 * tm * chunk) // (tm + 2 * chunk))) if tm else 0
+    if tm < 1 or tn < 1 or tm * tn + 2 * (tm + tn) * chunk > budget:
+        raise ValueError(f"a device budget of {_gib(device_budget)} is too small for "
+                         f"out-of-core tiles of {np.dtype(dtype).name} with {chunk}-wide chunks")
+    device = (tm * tn + 2 * (tm + tn) * chunk) * item
+    host = (blocks + panels) * item
+    return MemoryPlan("out-of-core", device, host, (int(tm), int(tn)), int(chunk))
+
+
+def _largest_tile(budget_elements: int, chunk: int) -> int:
+    """Largest t with t*t + 4*t*chunk <= budget (a square tile with its chunks)."""
+    t = int((-4 * chunk + math.sqrt(16 * chunk * chunk + 4 * budget_elements)) / 2)
+    return max(t, 0)
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"
+
+
+def parse_bytes(text: str) -> int:
+    """``"16GiB"``, ``"512MiB"``, ``"2e9"`` -> bytes; ValueError otherwise."""
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    s = str(text).strip().upper().replace(" ", "")
+    number = s.rstrip("KMGTIB")
+    unit = s[len(number):]
+    try:
+        value = float(number) * units[unit]
+    except (ValueError, KeyError):
+        raise ValueError(f"expected a size like 16GiB or 512MB, got {text!r}") from None
+    if value <= 0:
+        raise ValueError(f"a memory size must be positive, got {text!r}")
+    return int(value)
+
+
+def check_memory(plan: MemoryPlan, backend, comm) -> None:
+    """Refuse, on every rank, a plan that does not fit the free device memory.
+
+    Ranks that share a GPU share its free memory. Raises ValueError naming the
+    rank with the largest shortfall, e.g. "rank 3 needs 41.2 GiB on GPU 1, 23.5
+    GiB free; use --device-memory (out of core) or more ranks". Host memory is
+    not checked: on some machines (VMs whose memory grows on use) the free
+    figure the kernel reports is far below what can be had.
+    """
+    from mpi4py import MPI
+    need, free, where = plan.device_bytes, None, "cpu"
+    if backend.name == "cupy" and need:
+        xp = backend.xp
+        free = xp.cuda.runtime.memGetInfo()[0] + xp.get_default_memory_pool().free_bytes()
+        where = backend.device_id()
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    sharing = node.allgather(where).count(where) if where != "cpu" else 1
+    node.Free()
+    short = None
+    if free is not None and need * sharing > free:
+        short = (need * sharing - free, comm.Get_rank(),
+                 f"rank {comm.Get_rank()} needs {_gib(need)}"
+                 + (f" ({sharing} ranks share the GPU)" if sharing > 1 else "")
+                 + f" on GPU {backend.device}, {_gib(free)} free; use --device-memory "
+                   "(out of core) or more ranks")
+    worst = max((s for s in comm.allgather(short) if s), default=None)
+    if worst:
+        raise ValueError(worst[2])
+
+
+def choose_memory_mode(shape, dtype, grid, panel_width: int, lookahead: int, backend,
+                       out_of_core: bool = False, device_memory=None):
+    """In memory or out of core, decided before anything is allocated; collective.
+
+    Out of core when asked (`out_of_core`, or a `device_memory` cap such as
+    "16GiB"), or when the in-memory plan does not fit the free GPU memory.
+
+    Returns
+    -------
+    (int or None, str or None)
+        The device budget in bytes (None: in memory) and a note for the user
+        when the choice was made for them.
+
+    Raises
+    ------
+    ValueError
+        The same on every rank: a bad size, an in-memory plan that does not
+        fit on the CPU backend, or a budget too small for any tile.
+    """
+    from mpi4py import MPI
+    m, n, k = shape
+    budget = parse_bytes(device_memory) if device_memory else None
+    note = None
+    if budget is None and not out_of_core:
+        plan = memory_plan(m, n, k, dtype, grid.shape, panel_width, lookahead, backend.name)
+        try:
+            check_memory(plan, backend, grid.comm)
+            return None, None
+        except ValueError as exc:
+            if backend.name != "cupy":
+                raise
+            note = f"the in-memory plan does not fit ({exc}); running out of core"
+    if budget is None:
+        if backend.name == "cupy":
+            xp = backend.xp
+            free = xp.cuda.runtime.memGetInfo()[0] + xp.get_default_memory_pool().free_bytes()
+            budget = grid.comm.allreduce(int(free * 0.9), op=MPI.MIN)
+        else:
+            budget = 1 << 30  # NumPy "device" tiles: 1 GiB
+    memory_plan(m, n, k, dtype, grid.shape, panel_width, lookahead, backend.name,
+                device_budget=budget, out_of_core=True)
+    return budget, note

@@ -117,3 +117,20 @@ def test_strided_panels_multiply_in_place(comm, rng, gpu):
     backend.gemm(1.0, big[:, 8:24], b, c)
     np.testing.assert_allclose(backend.to_host(c), backend.to_host(big[:, 8:24] @ b),
                                rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_out_of_core_on_the_gpu(comm, rng, gpu, dtype):
+    from summa.backend import NumpyBackend
+    from summa.outofcore import summa_out_of_core
+    grid, backend = gpu
+    a, b = random_array(rng, (300, 200), dtype), random_array(rng, (200, 260), dtype)
+    host = NumpyBackend()
+    A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
+    C = DistMatrix.zeros((300, 260), dtype, grid, host)
+    stats = summa_out_of_core(1.0, A, B, 0.0, C, backend, 200_000, panel_width=32)
+    assert stats.extra["tile"][0] < 300
+    c = C.gather()
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b) <= 1

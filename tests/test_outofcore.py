@@ -1,0 +1,171 @@
+"""Out-of-core SUMMA and the memory planner, on the NumPy backend (the "device"
+is host memory there, but the budget still decides the tiling)."""
+
+import io
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import summa
+from helpers import gemm_scaled_error, random_array
+from summa import cli
+from summa.algorithm import summa as summa_in_memory
+from summa.backend import NumpyBackend
+from summa.grid import ProcessGrid
+from summa.matrix import DistMatrix
+from summa.outofcore import summa_out_of_core
+from summa.plan import check_memory, memory_plan, parse_bytes
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("budget_tiles", [1, 3, 10])
+@pytest.mark.parametrize("dtype", ["float64", "complex64"])
+def test_out_of_core_matches_reference_with_many_tiles(comm, rng, budget_tiles, dtype):
+    m, n, k = 90, 70, 50
+    a, b, c0 = (random_array(rng, s, dtype) for s in ((m, k), (k, n), (m, n)))
+    host = NumpyBackend()
+    with ProcessGrid(comm) as grid:
+        A, B, C = (DistMatrix.from_global(x, grid, host) for x in (a, b, c0))
+        ml, nl = C.local.shape
+        item = np.dtype(dtype).itemsize
+        # a budget that holds about 1/budget_tiles of the local C plus its chunks
+        side = max(4, int(np.sqrt(ml * nl / budget_tiles)))
+        budget = (side * side + 4 * side * 8) * item
+        stats = summa_out_of_core(1.5, A, B, -0.5, C, host, budget, panel_width=8)
+        c = C.gather()
+    tm, tn = stats.extra["tile"]
+    assert stats.extra["device_bytes_planned"] <= budget
+    tiles = -(-ml // tm) * -(-nl // tn)
+    if budget_tiles > 1 and ml * nl > 0:
+        assert tiles > 1, "a small budget must force several tiles"
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b, c0, 1.5, -0.5) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+def test_out_of_core_is_bit_identical_when_one_tile_holds_everything(comm):
+    host = NumpyBackend()
+    with ProcessGrid(comm) as grid:
+        A = DistMatrix.random((64, 40), "float64", grid, host, seed=1)
+        B = DistMatrix.random((40, 48), "float64", grid, host, seed=2)
+        C1 = DistMatrix.zeros((64, 48), "float64", grid, host)
+        C2 = DistMatrix.zeros((64, 48), "float64", grid, host)
+        # one rank multiplies in a single GEMM in memory: give it one panel out of core too
+        width = 8 if grid.size > 1 else 40
+        summa_in_memory(1.0, A, B, 0.0, C1, panel_width=width, lookahead=0)
+        summa_out_of_core(1.0, A, B, 0.0, C2, host, 1 << 30, panel_width=width)
+        assert np.array_equal(C1.local, C2.local)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_numpy_arrays_out_of_core(comm, rng):
+    a, b = random_array(rng, (50, 30), "float32"), random_array(rng, (30, 20), "float32")
+    c = summa.matmul(a if comm.rank == 0 else None, b if comm.rank == 0 else None,
+                     device_memory="20KiB", panel_width=8, alpha=2.0)
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b, alpha=2.0) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+def test_bench_out_of_core_and_auto(comm):
+    out = io.StringIO()
+    assert cli.main(["bench", "--size", "96", "--check", "--device-memory", "16KiB",
+                     "--repeat", "1", "--no-ideal"], comm, out) == 0
+    if comm.rank == 0:
+        assert "out of core" in out.getvalue() and " ok" in out.getvalue()
+    with pytest.raises(cli.UsageError, match="too small"):
+        cli.main(["bench", "--size", "96", "--device-memory", "100B"], comm, io.StringIO())
+    with pytest.raises(cli.UsageError, match="expected a size like 16GiB"):
+        cli.main(["bench", "--size", "96", "--device-memory", "lots"], comm, io.StringIO())
+
+
+@pytest.mark.mpi(min_size=1)
+def test_planned_host_peak_matches_measured(comm):
+    """The planner's host bytes (NumPy backend, in memory) against tracemalloc's peak."""
+    host = NumpyBackend()
+    m = n = k = 480
+    with ProcessGrid(comm) as grid:
+        tracemalloc.start()
+        A = DistMatrix.random((m, k), "float64", grid, host, seed=1)
+        B = DistMatrix.random((k, n), "float64", grid, host, seed=2)
+        C = DistMatrix.zeros((m, n), "float64", grid, host)
+        tracemalloc.reset_peak()
+        summa_in_memory(1.0, A, B, 0.0, C, panel_width=64, lookahead=1)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        plan = memory_plan(m, n, k, "float64", grid.shape, 64, 1, "numpy")
+    # the largest rank's share is planned; this rank's may be smaller by a row or two
+    assert 0.9 * plan.host_bytes <= peak * (plan.host_bytes / max(peak, 1)) <= 1.1 * plan.host_bytes
+    assert abs(peak - plan.host_bytes) <= 0.1 * plan.host_bytes, (peak, plan.host_bytes)
+
+
+def test_plan_figures():
+    plan = memory_plan(100_000, 100_000, 100_000, "float64", (2, 1), 4096, 1, "cupy")
+    item = 8
+    blocks = (50_000 * 100_000 + 50_000 * 100_000 + 50_000 * 100_000) * item
+    assert plan.mode == "in-memory" and plan.device_bytes == blocks + 2 * 4096 * 100_000 * item
+    ooc = memory_plan(100_000, 100_000, 100_000, "float32", (2, 1), 4096, 1, "cupy",
+                      device_budget=parse_bytes("16GiB"), out_of_core=True)
+    tm, tn = ooc.tile
+    assert ooc.device_bytes <= parse_bytes("16GiB")
+    assert ooc.device_bytes == (tm * tn + 2 * (tm + tn) * ooc.chunk) * 4
+    assert tm == 50_000 and tn > 1000
+    with pytest.raises(ValueError, match="too small"):
+        memory_plan(1000, 1000, 1000, "float64", (1, 1), 256, 1, "cupy", device_budget=1000,
+                    out_of_core=True)
+
+
+@pytest.mark.parametrize("text,value", [("16GiB", 16 * 2**30), ("512MB", 512 * 10**6),
+                                         ("2e9", 2 * 10**9), ("64 KiB", 64 * 1024)])
+def test_parse_bytes(text, value):
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-5GiB", "12XB"])
+def test_parse_bytes_rejects(text):
+    with pytest.raises(ValueError):
+        parse_bytes(text)
+
+
+class _FakeGpu:
+    """Just enough of the CuPy backend for check_memory."""
+    name, device = "cupy", 1
+
+    class xp:
+        class cuda:
+            class runtime:
+                @staticmethod
+                def memGetInfo():
+                    return (int(23.5 * 2**30), 80 * 2**30)
+
+        @staticmethod
+        def get_default_memory_pool():
+            class Pool:
+                def free_bytes(self):
+                    return 0
+            return Pool()
+
+    def device_id(self):
+        return "0000:01:00.0"
+
+
+def test_check_memory_names_the_shortfall():
+    from mpi4py import MPI
+    plan = memory_plan(60_000, 60_000, 60_000, "float64", (1, 1), 4096, 1, "cupy")
+    with pytest.raises(ValueError, match=r"rank 0 needs 80\.\d GiB on GPU 1, 23\.5 GiB free; "
+                                         r"use --device-memory"):
+        check_memory(plan, _FakeGpu(), MPI.COMM_SELF)
+    small = memory_plan(1000, 1000, 1000, "float64", (1, 1), 256, 1, "cupy")
+    check_memory(small, _FakeGpu(), MPI.COMM_SELF)  # fits: no error
+
+
+@pytest.mark.mpi(min_size=1)
+def test_plan_command(comm):
+    out = io.StringIO()
+    assert cli.main(["plan", "--size", "100000", "--ranks", "2", "--dtype", "float32",
+                     "--device-memory", "16GiB"], comm, out) == 0
+    if comm.rank == 0:
+        assert "out-of-core" in out.getvalue() and "C tiles of 50000 x" in out.getvalue()
+    with pytest.raises(cli.UsageError, match="does not hold"):
+        cli.main(["plan", "--ranks", "4", "--grid", "3x1"], comm, io.StringIO())
