@@ -1,0 +1,264 @@
+"""The same multiply through summa and its peers, on the same GPUs, in one run.
+
+Every entry runs in its own process, so each has the GPUs to itself:
+
+* summa      ``mpirun -np GPUS python3 -m summa bench`` (its best mode: NCCL, device data;
+             with --placement host: out of core)
+* cupy       ``cupy.matmul`` on one GPU: the per-GPU ceiling; ideal = GPUS x this rate
+* jax        ``jnp.matmul`` under ``jit`` on a 1-D mesh of the GPUs, rows of A and columns of
+             B sharded (precision HIGHEST for float32, DEFAULT for tf32 and float16)
+* cublasxt   ``cublasXt<t>gemm`` through ctypes on pinned host arrays (host data only)
+* dask       dask.array with CuPy chunks on a dask-cuda LocalCUDACluster, if installed
+* nvmath     nvmath-python's distributed matmul (cuBLASMp), if installed
+
+Peers that are not installed, or that do not apply to the placement, are listed
+with the reason. TFLOP/s count 2 N^3 (8 N^3 complex) over the best of --repeat.
+
+    python3 docs/scripts/compare_peers.py --size 32768 --dtype float64 --gpus 2
+    python3 docs/scripts/compare_peers.py --size 32768 --dtype float32 --precision tf32
+    python3 docs/scripts/compare_peers.py --size 32768 --dtype float64 --placement host
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+PEERS = ("summa", "cupy", "jax", "cublasxt", "dask", "nvmath")
+
+
+def _timed(run, repeat):
+    run()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def peer_cupy(args):
+    import cupy
+    n, dt = args.size, args.dtype
+    rng = cupy.random.default_rng(1)
+    a = rng.standard_normal((n, n)).astype(dt)
+    b = rng.standard_normal((n, n)).astype(dt)
+    c = cupy.empty((n, n), dtype=dt)
+    if args.precision == "tf32":
+        os.environ["CUPY_TF32"] = "1"
+
+    def run():
+        cupy.matmul(a, b, out=c)
+        cupy.cuda.Device().synchronize()
+    return {"seconds": _timed(run, args.repeat), "gpus": 1}
+
+
+def peer_jax(args):
+    if args.placement == "host":
+        raise RuntimeError("skipped: JAX computes on device-resident arrays only")
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    if args.dtype in ("float64", "complex128"):
+        jax.config.update("jax_enable_x64", True)
+    devices = jax.devices()[:args.gpus]
+    mesh = Mesh(np.array(devices), ("x",))
+    rows, cols = NamedSharding(mesh, P("x", None)), NamedSharding(mesh, P(None, "x"))
+    key1, key2 = jax.random.split(jax.random.PRNGKey(0))
+    a = jax.jit(lambda k: jax.random.uniform(k, (args.size, args.size), args.dtype),
+                out_shardings=rows)(key1)
+    b = jax.jit(lambda k: jax.random.uniform(k, (args.size, args.size), args.dtype),
+                out_shardings=cols)(key2)
+    precision = (jax.lax.Precision.DEFAULT if args.precision == "tf32"
+                 or args.dtype == "float16" else jax.lax.Precision.HIGHEST)
+    f = jax.jit(lambda a, b: jnp.matmul(a, b, precision=precision), out_shardings=rows)
+    return {"seconds": _timed(lambda: f(a, b).block_until_ready(), args.repeat),
+            "gpus": len(devices), "precision": str(precision)}
+
+
+def _libcublas():
+    import ctypes
+    import ctypes.util
+    candidates = []
+    try:
+        import nvidia.cublas as wheel
+        lib = os.path.join(list(wheel.__path__)[0], "lib")
+        candidates += sorted(os.path.join(lib, f) for f in os.listdir(lib)
+                             if f.startswith("libcublas.so"))
+    except (ImportError, OSError):
+        pass
+    found = ctypes.util.find_library("cublas")
+    candidates += [found] if found else []
+    candidates += ["libcublas.so.13", "libcublas.so.12", "libcublas.so"]
+    for path in candidates:
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    raise RuntimeError("skipped: no libcublas found")
+
+
+def peer_cublasxt(args):
+    import ctypes
+    import cupyx
+    import numpy as np
+    kinds = {"float64": ("D", ctypes.c_double), "float32": ("S", ctypes.c_float)}
+    if args.dtype not in kinds or args.precision == "tf32":
+        raise RuntimeError("skipped: cublasXt is timed for float64 and float32 here")
+    letter, scalar = kinds[args.dtype]
+    lib = _libcublas()
+    handle = ctypes.c_void_p()
+    if lib.cublasXtCreate(ctypes.byref(handle)) != 0:
+        raise RuntimeError("cublasXtCreate failed")
+    devices = (ctypes.c_int * args.gpus)(*range(args.gpus))
+    lib.cublasXtDeviceSelect(handle, args.gpus, devices)
+    lib.cublasXtSetBlockDim(handle, 8192)
+    n = args.size
+    rng = np.random.default_rng(1)
+    arrays = []
+    for _ in range(3):
+        x = cupyx.empty_pinned((n, n), dtype=args.dtype)
+        x[...] = rng.standard_normal((n, n))
+        arrays.append(x)
+    a, b, c = arrays
+    gemm = getattr(lib, f"cublasXt{letter}gemm")
+    one, zero = scalar(1.0), scalar(0.0)
+
+    def run():
+        status = gemm(handle, 0, 0, n, n, n, ctypes.byref(one), a.ctypes.data_as(ctypes.c_void_p),
+                      n, b.ctypes.data_as(ctypes.c_void_p), n, ctypes.byref(zero),
+                      c.ctypes.data_as(ctypes.c_void_p), n)
+        if status != 0:
+            raise RuntimeError(f"cublasXt{letter}gemm returned {status}")
+    seconds = _timed(run, args.repeat)
+    lib.cublasXtDestroy(handle)
+    return {"seconds": seconds, "gpus": args.gpus, "placement": "host (pinned)"}
+
+
+def peer_dask(args):
+    try:
+        import dask.array as da
+        from dask_cuda import LocalCUDACluster
+        from distributed import Client, wait
+    except ImportError as exc:
+        raise RuntimeError(f"skipped: {exc.name} is not installed") from None
+    import cupy
+    chunk = args.size // args.gpus
+    with LocalCUDACluster(n_workers=args.gpus) as cluster, Client(cluster):
+        rs = da.random.RandomState(RandomState=cupy.random.RandomState)
+        a = rs.standard_normal((args.size, args.size), chunks=chunk).astype(args.dtype).persist()
+        b = rs.standard_normal((args.size, args.size), chunks=chunk).astype(args.dtype).persist()
+        wait([a, b])
+        best = float("inf")
+        for i in range(args.repeat + 1):
+            # new keys each time: dask re-uses a persisted graph's cached result
+            t0 = time.perf_counter()
+            c = (a @ (b + 0 * i)).persist()
+            wait(c)
+            if i:
+                best = min(best, time.perf_counter() - t0)
+    return {"seconds": best, "gpus": args.gpus}
+
+
+def peer_nvmath(args):
+    try:
+        import nvmath.distributed  # noqa: F401
+    except ImportError:
+        raise RuntimeError("skipped: nvmath-python (distributed) is not installed") from None
+    raise RuntimeError("skipped: the cuBLASMp runner needs its own MPI launch; not written yet")
+
+
+def peer_summa(args):
+    with tempfile.TemporaryDirectory() as tmp:
+        record = os.path.join(tmp, "r.jsonl")
+        cmd = shlex.split(args.mpirun) + ["-np", str(args.gpus), sys.executable, "-m", "summa",
+                                          "bench", "--backend", "cupy", "--size",
+                                          str(args.size), "--dtype", args.dtype, "--repeat",
+                                          str(args.repeat), "--no-ideal", "--json", record]
+        if args.precision == "tf32":
+            cmd += ["--precision", "tf32"]
+        if args.placement == "host":
+            cmd += ["--out-of-core"]
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+        r = json.loads(open(record).read().splitlines()[-1])
+    return {"seconds": r["seconds"], "gpus": args.gpus, "comm": r["comm"], "nb": r["nb"]}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=32768)
+    parser.add_argument("--dtype", default="float64",
+                        choices=("float64", "float32", "float16", "complex128", "complex64"))
+    parser.add_argument("--precision", choices=("default", "tf32"), default="default")
+    parser.add_argument("--placement", choices=("device", "host"), default="device")
+    parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--peers", default=",".join(PEERS))
+    parser.add_argument("--mpirun", default="mpirun --oversubscribe")
+    parser.add_argument("--json", default=None, help="append the table as JSON lines here")
+    parser.add_argument("--peer", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.peer:  # child process: run one peer, print one JSON line
+        try:
+            result = globals()[f"peer_{args.peer}"](args)
+        except RuntimeError as exc:
+            result = {"skipped": str(exc)}
+        print(json.dumps(result))
+        return
+    flops = (8 if args.dtype.startswith("complex") else 2) * args.size ** 3
+    results = {}
+    for peer in args.peers.split(","):
+        if peer == "summa":
+            try:
+                results[peer] = peer_summa(args)
+            except (subprocess.CalledProcessError, OSError) as exc:
+                results[peer] = {"skipped": f"failed: {exc}"}
+            continue
+        child = [sys.executable, __file__, "--peer", peer, "--size", str(args.size),
+                 "--dtype", args.dtype, "--precision", args.precision, "--placement",
+                 args.placement, "--gpus", str(args.gpus), "--repeat", str(args.repeat)]
+        proc = subprocess.run(child, capture_output=True, text=True)
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            results[peer] = {"skipped": f"failed: {tail}"}
+        else:
+            results[peer] = json.loads(lines[-1])
+    for r in results.values():
+        if "seconds" in r:
+            r["tflops"] = flops / r["seconds"] / 1e12
+    ideal = results.get("cupy", {}).get("tflops")
+    ideal = ideal * args.gpus if ideal else None
+    ours = results.get("summa", {}).get("tflops")
+    label = args.dtype + ("/tf32" if args.precision == "tf32" else "")
+    print(f"N = {args.size}, {label}, data on {args.placement}, {args.gpus} GPUs; ideal = "
+          f"{args.gpus} x one-GPU cupy.matmul" + (f" = {ideal:.1f} TFLOP/s" if ideal else ""))
+    print(f"{'peer':>9} {'TFLOP/s':>9} {'vs summa':>9} {'vs ideal':>9}  notes")
+    for peer, r in results.items():
+        if "tflops" not in r:
+            print(f"{peer:>9} {'-':>9} {'-':>9} {'-':>9}  {r.get('skipped', '')}")
+            continue
+        vs_summa = f"{r['tflops'] / ours:.3f}" if ours else "-"
+        vs_ideal = f"{r['tflops'] / ideal:.3f}" if ideal and peer != "cupy" else "-"
+        notes = ", ".join(f"{k}={v}" for k, v in r.items() if k not in ("seconds", "tflops"))
+        print(f"{peer:>9} {r['tflops']:>9.1f} {vs_summa:>9} {vs_ideal:>9}  {notes}")
+    if args.json:
+        with open(args.json, "a") as fh:
+            for peer, r in results.items():
+                fh.write(json.dumps(dict(peer=peer, size=args.size, dtype=args.dtype,
+                                         precision=args.precision, placement=args.placement,
+                                         gpus=args.gpus, **r)) + "\n")
+
+
+if __name__ == "__main__":
+    main()
