@@ -130,7 +130,6 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     _check_operands(A, B, C)
     _check_scalars(alpha, beta, C.dtype, precision, C.backend)
     backend, grid = C.backend, C.grid
-    xp = backend.xp
     measured = False
     if panel_width is None:
         panel_width = default_panel_width(backend.name, C.dtype, precision)

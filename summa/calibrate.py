@@ -45,7 +45,6 @@ def _gemm_samples(comm, backend, dtype, precision, sizes, widths, repeat, ranks_
             samples.append(dict(dtype=np.dtype(dtype).name, precision=precision or "default",
                                 ranks_per_node=ranks_per_node, m=size, n=size, k=k,
                                 seconds=seconds))
-        del a, b, c
     return samples
 
 

@@ -9,37 +9,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import socket
 import sys
 import time
 
-import numpy as np
 from mpi4py import MPI
 
 from . import __version__
-from .algorithm import SummaStats, _check_scalars, default_panel_width, gemm
-from .backend import DTYPES, NumpyBackend, cupy_available, get_backend, share_cpu_cores
+from .backend import DTYPES, cupy_available, share_cpu_cores
+from .bench import (DEFAULT_SIZE_CPU, DEFAULT_SIZE_GPU, UsageError, agree_backend, run_bench,
+                    versions)
 from .comm import choose_comm
-from .grid import ProcessGrid, choose_grid, parse_grid
-from .matrix import DistMatrix
-from .outofcore import summa_out_of_core
-from .plan import choose_memory_mode, memory_plan, parse_bytes
-from .verify import freivalds
-from .watchdog import Watchdog, timeout_from_env, watch
+from .grid import choose_grid, parse_grid
+from .plan import memory_plan, parse_bytes
+from .watchdog import Watchdog, timeout_from_env
 
-__all__ = ["main", "UsageError", "build_parser"]
-
-#: Sizes of the default run: quick on CPU ranks, big enough to fill GPUs.
-DEFAULT_SIZE_CPU = 2048
-DEFAULT_SIZE_GPU = 32768
 #: Longest wait of one step on other ranks before the job is aborted (seconds).
 DEFAULT_TIMEOUT = 600.0
-
-
-class UsageError(ValueError):
-    """Bad command-line input; reported once, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -315,219 +301,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _shape(args, default: int) -> tuple[int, int, int]:
-    size = args.size or default
-    return (args.m or size, args.n or size, args.k or size)
-
-
-def _versions() -> dict:
-    import mpi4py
-    out = {"summa": __version__, "python": platform.python_version(), "numpy": np.__version__,
-           "mpi4py": mpi4py.__version__,
-           "mpi": MPI.Get_library_version().splitlines()[0].strip()}
-    if "cupy" in sys.modules:
-        out["cupy"] = sys.modules["cupy"].__version__
-    return out
-
-
-def _agree_backend(comm: MPI.Comm, name: str):
-    """Pick the backend on every rank and fail everywhere if any rank cannot."""
-    try:
-        backend, error = None, None
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        local_rank = node.Get_rank()
-        node.Free()
-        backend = get_backend(name, local_rank)
-    except ValueError as exc:
-        error = f"rank {comm.Get_rank()}: {exc}"
-    errors = [e for e in comm.allgather(error) if e]
-    if errors:
-        raise UsageError(errors[0])
-    names = set(comm.allgather(backend.name))
-    if len(names) > 1:
-        raise UsageError(f"ranks chose different backends ({', '.join(sorted(names))}); "
-                         "pass --backend numpy or --backend cupy")
-    return backend
-
-
-def _single_device_seconds(backend, shape, dtype, precision, repeat: int = 3) -> float:
-    """Best time of this rank's share of the work, (rows of C here) x (columns
-    of C here) x K, as one product on this rank's device alone: the best of
-    ``xp.matmul`` and the backend's own GEMM (the one summa uses)."""
-    m, n, k = shape
-    if 0 in shape:
-        return 0.0
-    xp = backend.xp
-    rng = xp.random.default_rng()
-    a = rng.standard_normal((m, k)).astype(dtype)
-    b = rng.standard_normal((k, n)).astype(dtype)
-    c = xp.matmul(a, b)
-    candidates = [lambda: backend.gemm(1.0, a, b, c, beta=0.0, precision=precision)]
-    if precision in (None, "default") or dtype.char not in "fF":
-        candidates.append(lambda: xp.matmul(a, b, out=c))
-    best = float("inf")
-    for run in candidates:
-        run()
-        for _ in range(repeat):
-            backend.synchronize()
-            t0 = time.perf_counter()
-            run()
-            backend.synchronize()
-            best = min(best, time.perf_counter() - t0)
-    del a, b, c
-    return best
-
-
-def _plan_width(width, backend, dtype, precision) -> int:
-    return width if isinstance(width, int) else default_panel_width(backend.name, dtype,
-                                                                    precision)
-
-
-def _memory_mode(args, backend, grid, shape, dtype, width, out) -> int | None:
-    """The device budget for out of core, or None to run in memory (collective)."""
-    nb = _plan_width(width, backend, dtype, None)
-    try:
-        budget, note = choose_memory_mode(shape, dtype, grid, nb, args.lookahead, backend,
-                                          args.out_of_core, args.device_memory)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if note and grid.rank == 0:
-        print(f"summa: {note}", file=out)
-    return budget
-
-
-def _run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
-    backend = _agree_backend(comm, args.backend)
-    try:
-        dtype = backend.check_dtype(args.dtype)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    m, n, k = _shape(args, DEFAULT_SIZE_GPU if backend.name == "cupy" else DEFAULT_SIZE_CPU)
-    precision = None if args.precision == "default" else args.precision
-    try:
-        _check_scalars(1.0, 0.0, dtype, precision, backend)
-        choose_comm(args.comm, backend)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    check = getattr(args, "check", False) or verify_default
-    repeat, warmup = getattr(args, "repeat", 1), getattr(args, "warmup", 1)
-    block = None if args.block is None else (args.block, args.block)
-    try:
-        grid = ProcessGrid(comm, args.grid)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    try:
-        # "auto" is measured in the first call and cached for the rest.
-        gemm_width = args.nb or default_panel_width(backend.name, dtype, precision)
-        budget = _memory_mode(args, backend, grid, (m, n, k), dtype, gemm_width, out)
-        home = backend if budget is None else NumpyBackend()  # out of core: data on the host
-        A = DistMatrix.random((m, k), dtype, grid, home, seed=args.seed, block=block)
-        B = DistMatrix.random((k, n), dtype, grid, home, seed=args.seed + 1, block=block)
-        C = DistMatrix.zeros((m, n), dtype, grid, home, block=block)
-        times, stats = [], SummaStats()
-        for i in range(warmup + repeat):
-            with watch(f"all ranks to start repetition {i}"):
-                grid.comm.Barrier()
-            t0 = time.perf_counter()
-            if budget is None:
-                gemm(A, B, C, panel_width=gemm_width, lookahead=args.lookahead,
-                     broadcaster=args.comm, precision=precision, stats=stats)
-            else:
-                stats = summa_out_of_core(1.0, A, B, 0.0, C, backend, budget,
-                                          panel_width=_plan_width(gemm_width, backend, dtype,
-                                                                  precision),
-                                          precision=precision)
-            nb = stats.panel_width
-            backend.synchronize()
-            with watch(f"all ranks to finish repetition {i}"):
-                elapsed = grid.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-            if i == 0:
-                reserved_first = backend.memory_reserved()
-            if i >= warmup:
-                times.append(elapsed)
-                if elapsed == min(times):
-                    best_stats = SummaStats(**stats.as_dict())
-        residual = freivalds(A, B, C, precision=precision) if check else None
-        memory = backend.memory_in_use()
-        reserved = backend.memory_reserved()
-        ideal_seconds = None
-        if getattr(args, "ideal", False):
-            ideal_seconds = _single_device_seconds(backend, (*C.local.shape, k), dtype,
-                                                   precision)
-        per_rank = grid.comm.gather(dict(rank=grid.rank, coords=[grid.row, grid.col],
-                                         host=socket.gethostname(), device=backend.device,
-                                         out_of_core=best_stats.extra.get("out_of_core", False),
-                                         tile=best_stats.extra.get("tile"),
-                                         memory_bytes=memory, reserved_bytes=reserved,
-                                         pool_growth_bytes=reserved - reserved_first,
-                                         ideal_seconds=ideal_seconds,
-                                         local_shape=list(C.local.shape),
-                                         **{key: getattr(best_stats, key)
-                                            for key in ("seconds", "compute", "wait",
-                                                        "comm_seconds")}), root=0)
-        grid_shape = grid.shape
-    finally:
-        grid.free()
-    if comm.Get_rank() != 0:
-        return 3 if residual is not None and residual > 1 else 0
-    size = comm.Get_size()
-    flops = (8 if dtype.kind == "c" else 2) * m * n * k
-    best = min(times)
-    tflops = flops / best / 1e12
-    ok = residual is None or residual <= 1
-    # Ideal: P x the one-device rate on the largest per-rank share (HPL-style
-    # timing makes the slowest rank the measure, so the largest share is fair).
-    ideal_tflops = efficiency = None
-    if getattr(args, "ideal", False):
-        biggest = max(per_rank, key=lambda r: r["local_shape"][0] * r["local_shape"][1])
-        if biggest["ideal_seconds"]:
-            mloc, nloc = biggest["local_shape"]
-            rate = (flops / (m * n * k)) * mloc * nloc * k / biggest["ideal_seconds"] / 1e12
-            ideal_tflops = rate * size
-            efficiency = tflops / ideal_tflops
-    record = {"command": args.command or "run", "m": m, "n": n, "k": k, "dtype": dtype.name,
-              "precision": args.precision,
-              "ranks": size, "grid": list(grid_shape), "backend": backend.name,
-              "comm": best_stats.comm, "nb": nb, "block": args.block,
-              "lookahead": args.lookahead, "repeat": repeat, "warmup": warmup,
-              "times": times, "seconds": best, "tflops": tflops, "tflops_per_rank": tflops / size,
-              "panels": best_stats.panels, "check_residual": residual, "check_passed": ok,
-              "ideal_tflops": ideal_tflops, "efficiency": efficiency,
-              "out_of_core": bool(per_rank[0].get("out_of_core")), "tile": per_rank[0].get("tile"),
-              "versions": _versions(), "ranks_detail": per_rank,
-              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    print(f"summa {record['command']}: {size} ranks, grid {grid_shape[0]}x{grid_shape[1]}, "
-          f"backend {backend.describe()}, comm {best_stats.comm}", file=out)
-    header = f"{'M x N x K':>22} {'dtype':>10} {'nb':>5} {'seconds':>9} {'TFLOP/s':>9} " \
-             f"{'per rank':>9} {'max err/gauge':>14}"
-    err = "-" if residual is None else f"{residual:.2e} {'ok' if ok else 'FAIL'}"
-    print(header, file=out)
-    label = dtype.name + ("/tf32" if precision else "")
-    print(f"{f'{m} x {n} x {k}':>22} {label:>10} {nb:>5} {best:>9.4f} {tflops:>9.3f} "
-          f"{tflops / size:>9.3f} {err:>14}", file=out)
-    if per_rank[0].get("out_of_core"):
-        tm, tn = per_rank[0]["tile"]
-        print(f"out of core: A, B, C in host memory, C streamed through the device in "
-              f"{tm} x {tn} tiles", file=out)
-    if efficiency is not None:
-        print(f"ideal ({size} x one-device {backend.xp.__name__}.matmul of the per-rank shape): "
-              f"{ideal_tflops:.3f} TFLOP/s; efficiency {efficiency:.3f}", file=out)
-    for r in per_rank:
-        print(f"  rank {r['rank']:>3} ({r['coords'][0]},{r['coords'][1]}): compute "
-              f"{r['compute']:.4f} s, broadcasts {r['comm_seconds']:.4f} s, exposed "
-              f"{r['wait']:.4f} s" + (f", device memory {r['memory_bytes'] / 2**30:.2f} GiB in "
-                                      f"use, {r['reserved_bytes'] / 2**30:.2f} GiB pool, grew "
-                                      f"{r['pool_growth_bytes']} B after the first call"
-                                      if r["reserved_bytes"] else ""), file=out)
-    if args.json:
-        with open(args.json, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
-    if not ok:
-        print(f"summa: check FAILED: scaled residual {residual:.3e} > 1", file=sys.stderr)
-        return 3
-    return 0
-
-
 def _run_multiply(args, comm: MPI.Comm, out) -> int:
     from .multiply import CheckFailed, multiply_files
     try:
@@ -563,7 +336,7 @@ def _run_multiply(args, comm: MPI.Comm, out) -> int:
              if residual is not None else "check skipped, ")
           + f"write {record['write_seconds']:.3f} s", file=out)
     if args.json:
-        record.update(ranks=comm.Get_size(), versions=_versions(),
+        record.update(ranks=comm.Get_size(), versions=versions(),
                       alpha=str(record["alpha"]), beta=str(record["beta"]),
                       date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         with open(args.json, "a") as fh:
@@ -599,7 +372,7 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
 def _run_study(args, comm: MPI.Comm, out) -> int:
     from . import studies
     if args.command == "calibrate":
-        backend = _agree_backend(comm, args.backend)
+        backend = agree_backend(comm, args.backend)
         gpu = backend.name == "cupy"
         args.sizes = args.sizes or ([4096, 8192, 16384] if gpu else [256, 512, 1024, 2048])
         args.widths = args.widths or ([1024, 2048, 4096, 8192] if gpu
@@ -618,7 +391,7 @@ def _run_study(args, comm: MPI.Comm, out) -> int:
 
 
 def _run_info(args, comm: MPI.Comm, out) -> int:
-    backend = _agree_backend(comm, args.backend)
+    backend = agree_backend(comm, args.backend)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank, local_size = node.Get_rank(), node.Get_size()
     node.Free()
@@ -628,11 +401,11 @@ def _run_info(args, comm: MPI.Comm, out) -> int:
     if comm.Get_rank() != 0:
         return 0
     hosts = sorted({r["host"] for r in rows})
-    versions = _versions()
-    print(f"summa {__version__} on Python {versions['python']}, numpy {versions['numpy']}, "
-          f"mpi4py {versions['mpi4py']}" + (f", cupy {versions['cupy']}" if "cupy" in versions
+    found = versions()
+    print(f"summa {__version__} on Python {found['python']}, numpy {found['numpy']}, "
+          f"mpi4py {found['mpi4py']}" + (f", cupy {found['cupy']}" if "cupy" in found
                                              else ""), file=out)
-    print(f"MPI library: {versions['mpi']} (MPI {'.'.join(map(str, MPI.Get_version()))})",
+    print(f"MPI library: {found['mpi']} (MPI {'.'.join(map(str, MPI.Get_version()))})",
           file=out)
     print(f"ranks: {comm.Get_size()} on {len(hosts)} node(s), {local_size} on this node; "
           f"default grid {'x'.join(map(str, MPI.Compute_dims(comm.Get_size(), 2)))}", file=out)
@@ -679,7 +452,7 @@ def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
         command = _run_multiply
     else:
         def command(args, comm, out):
-            return _run_bench(args, comm, out, verify_default=(args.command == "run"))
+            return run_bench(args, comm, out, verify_default=(args.command == "run"))
     if not timeout:
         return command(args, comm, out)
     with Watchdog(timeout, comm):

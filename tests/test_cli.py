@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from summa import cli
+from summa import bench, cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,8 +68,8 @@ def test_bench_prints_table_and_appends_json(comm):
 
 @pytest.mark.mpi(min_size=1)
 def test_default_run_verifies(comm, monkeypatch):
-    monkeypatch.setattr(cli, "DEFAULT_SIZE_CPU", 48)
-    monkeypatch.setattr(cli, "DEFAULT_SIZE_GPU", 48)
+    monkeypatch.setattr(bench, "DEFAULT_SIZE_CPU", 48)
+    monkeypatch.setattr(bench, "DEFAULT_SIZE_GPU", 48)
     out = io.StringIO()
     assert cli.main([], comm, out) == 0
     if comm.rank == 0:
@@ -78,7 +78,7 @@ def test_default_run_verifies(comm, monkeypatch):
 
 @pytest.mark.mpi(min_size=1)
 def test_failed_check_exits_3(comm, monkeypatch):
-    monkeypatch.setattr(cli, "freivalds", lambda *a, **k: 5.0)
+    monkeypatch.setattr(bench, "freivalds", lambda *a, **k: 5.0)
     assert cli.main(["bench", "--size", "16", "--check", "--repeat", "1"], comm,
                     io.StringIO()) == 3
 

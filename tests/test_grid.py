@@ -1,7 +1,6 @@
 """ProcessGrid: shapes, coordinates, sub-communicators, errors."""
 
 import pytest
-from mpi4py import MPI
 
 from summa.grid import ProcessGrid, choose_grid, parse_grid
 

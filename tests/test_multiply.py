@@ -10,7 +10,7 @@ import pytest
 
 import summa
 import summa.comm as comm_mod
-from helpers import gemm_scaled_error, op, random_array
+from helpers import gemm_scaled_error, random_array
 from summa.multiply import CheckFailed, check_is_cheap, multiply_files
 from test_cli import job
 

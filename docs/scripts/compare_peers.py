@@ -171,7 +171,7 @@ def peer_dask(args):
 
 def peer_nvmath(args):
     try:
-        import nvmath.distributed  # noqa: F401
+        import nvmath.distributed  # noqa: F401  (availability check)
     except ImportError:
         raise RuntimeError("skipped: nvmath-python (distributed) is not installed") from None
     raise RuntimeError("skipped: the cuBLASMp runner needs its own MPI launch; not written yet")
