@@ -62,19 +62,29 @@ class SummaStats:
         return asdict(self)
 
 
-def _check_operands(A: DistMatrix, B: DistMatrix, C: DistMatrix) -> None:
-    """Raise the same ValueError on every rank if A, B, C cannot be multiplied."""
-    if A.grid is not B.grid or A.grid is not C.grid:
+def _check_operands(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None,
+                    op_a: str = "N", op_b: str = "N") -> tuple[int, int, int]:
+    """Raise the same ValueError on every rank if ``op(A) @ op(B)`` (into C)
+    cannot be formed; return ``(M, N, K)``. Looks at metadata only."""
+    others = [B] + ([] if C is None else [C])
+    if any(X.grid is not A.grid for X in others):
         raise ValueError("A, B and C must live on the same ProcessGrid")
-    if not (A.backend.name == B.backend.name == C.backend.name):
+    if any(X.backend.name != A.backend.name for X in others):
         raise ValueError("A, B and C must use the same backend")
-    if A.dtype != B.dtype or A.dtype != C.dtype:
-        raise ValueError(f"dtypes differ: A {A.dtype.name}, B {B.dtype.name}, C {C.dtype.name}")
-    (m, k), (k2, n) = A.shape, B.shape
+    if any(X.dtype != A.dtype for X in others):
+        raise ValueError(f"dtypes differ: A {A.dtype.name}, B {B.dtype.name}"
+                         + ("" if C is None else f", C {C.dtype.name}"))
+    m, k = A.shape if op_a == "N" else A.shape[::-1]
+    k2, n = B.shape if op_b == "N" else B.shape[::-1]
     if k != k2:
-        raise ValueError(f"inner dimensions differ: A is {m}x{k}, B is {k2}x{n}")
-    if C.shape != (m, n):
+        raise ValueError(f"inner dimensions differ: op(A) is {m}x{k}, op(B) is {k2}x{n}")
+    if C is not None and C.shape != (m, n):
         raise ValueError(f"C is {C.shape[0]}x{C.shape[1]}, expected {m}x{n}")
+    return m, n, k
+
+
+def _check_layouts(A: DistMatrix, B: DistMatrix, C: DistMatrix) -> None:
+    """A's rows must be distributed like C's rows, B's columns like C's columns."""
     if A.layout.rows != C.layout.rows:
         raise ValueError(f"A's rows ({A.layout.rows}) and C's rows ({C.layout.rows}) "
                          "are distributed differently")
@@ -128,6 +138,7 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
         This rank's timings.
     """
     _check_operands(A, B, C)
+    _check_layouts(A, B, C)
     _check_scalars(alpha, beta, C.dtype, precision, C.backend)
     backend, grid = C.backend, C.grid
     measured = False
@@ -329,17 +340,7 @@ def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, b
     # Everything below is checked before the transposes, so bad input never
     # starts communication.
     grid = A.grid
-    if B.grid is not grid or (C is not None and C.grid is not grid):
-        raise ValueError("A, B and C must live on the same ProcessGrid")
-    if A.dtype != B.dtype or (C is not None and C.dtype != A.dtype):
-        raise ValueError(f"dtypes differ: A {A.dtype.name}, B {B.dtype.name}"
-                         + ("" if C is None else f", C {C.dtype.name}"))
-    m, k = A.shape if op_a == "N" else A.shape[::-1]
-    k2, n = B.shape if op_b == "N" else B.shape[::-1]
-    if k != k2:
-        raise ValueError(f"inner dimensions differ: op(A) is {m}x{k}, op(B) is {k2}x{n}")
-    if C is not None and C.shape != (m, n):
-        raise ValueError(f"C is {C.shape[0]}x{C.shape[1]}, expected {m}x{n}")
+    m, n, _ = _check_operands(A, B, C, op_a, op_b)
     _check_scalars(alpha, beta, A.dtype, precision, A.backend)
     if C is None:
         rows = A.layout.rows if op_a == "N" else Distribution(m, grid.shape[0], A.layout.cols.block)

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from .algorithm import SummaStats, _check_operands, _check_scalars
+from .algorithm import SummaStats, _check_layouts, _check_operands, _check_scalars
 from .backend import NumpyBackend
 from .comm import make_broadcaster
 from .layout import panel_schedule
@@ -53,6 +53,7 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
         With ``extra`` holding the tile shape, chunk width and transfer bytes.
     """
     _check_operands(A, B, C)
+    _check_layouts(A, B, C)
     _check_scalars(alpha, beta, C.dtype, precision, device)
     if C.backend.name != "numpy":
         raise ValueError("out-of-core operands must be host-resident (NumPy backend)")

@@ -157,6 +157,10 @@ def test_errors_raise_on_every_rank_before_communicating(comm, backend):
             B_other = DistMatrix.random((5, 7), "float64", other, backend, seed=2)
             with pytest.raises(ValueError, match="same ProcessGrid"):
                 matmul(A, B_other)
+        elsewhere = DistMatrix(grid, B5.layout, B5.local, backend)
+        elsewhere.backend = type("Other", (), {"name": "elsewhere"})()
+        with pytest.raises(ValueError, match="same backend"):
+            matmul(A, elsewhere)
         # low-level entry point checks the same things
         with pytest.raises(ValueError, match="inner dimensions"):
             summa(1.0, A, B, 0.0, DistMatrix.zeros((6, 7), "float64", grid, backend))
