@@ -220,7 +220,14 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precisio
                       p.b_root, grid.row, col_bc, slot)
         return a, b, ra, rb
 
+    early = local_first_panel(panels, grid)
     inflight = deque(start(i) for i in range(nslots))
+    if early is not None:
+        p = panels[early]
+        marks.append(backend.timing_mark())
+        backend.gemm(alpha, A.local[:, p.a_offset:p.a_offset + p.width],
+                     B.local[p.b_offset:p.b_offset + p.width, :], C.local, precision=precision)
+        marks.append(backend.timing_mark())
     for i in range(len(panels)):
         a, b, ra, rb = inflight.popleft()
         p = panels[i]
@@ -232,15 +239,28 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precisio
         with watch(f"the broadcast of B panel {i} (rows {p.k0}:{p.k1}) from grid row "
                    f"{p.b_root} along grid column {grid.col}"):
             rb.wait()
-        marks.append(backend.timing_mark())
-        backend.gemm(alpha, a, b, C.local, precision=precision)
-        marks.append(backend.timing_mark())
+        if i != early:
+            marks.append(backend.timing_mark())
+            backend.gemm(alpha, a, b, C.local, precision=precision)
+            marks.append(backend.timing_mark())
         if progress is not None:
             progress(i + 1, len(panels))
         if i + depth < len(panels):
             # Refilling the slot just used: on the GPU, queue order (compute
             # stream, or the broadcaster waiting on it) puts this after the GEMM.
             inflight.append(start(i + depth))
+
+
+def local_first_panel(panels, grid) -> int | None:
+    """Index of the panel this rank multiplies first, ahead of the schedule.
+
+    A panel whose A and B parts are both local needs no broadcast on this
+    rank: doing its GEMM first, while the first broadcasts are in flight, hides
+    the pipeline fill. The order of additions then differs between ranks but
+    not with lookahead, and in-memory and out-of-core runs share it.
+    """
+    return next((j for j, p in enumerate(panels) if j > 0
+                 and p.a_root == grid.col and p.b_root == grid.row), None)
 
 
 def _broadcasters(grid, kind: str, backend):

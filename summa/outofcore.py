@@ -23,7 +23,8 @@ import time
 
 import numpy as np
 
-from .algorithm import SummaStats, _check_layouts, _check_operands, _check_scalars
+from .algorithm import (SummaStats, _check_layouts, _check_operands, _check_scalars,
+                        local_first_panel)
 from .backend import NumpyBackend
 from .comm import make_broadcaster
 from .layout import panel_schedule
@@ -84,11 +85,16 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     moved = 0
     compute = 0.0
     sweep = (_StreamedSweep if device.name == "cupy" else _Sweep)(device, C.dtype, tm, tn, chunk)
+    early = local_first_panel(panels, grid)
     try:
         for g0 in range(0, len(panels), group_panels):
             group = panels[g0:g0 + group_panels]
             # Broadcast the whole group first: each panel crosses the network once.
             received = []
+            if g0 == 0 and early is not None:  # same order of additions as in memory
+                p = panels[early]
+                received.append((A.local[:, p.a_offset:p.a_offset + p.width],
+                                  B.local[p.b_offset:p.b_offset + p.width, :], None, None, p))
             for p in group:
                 a = _host_array(device, (ml, p.width), C.dtype)
                 b = _host_array(device, (p.width, nl), C.dtype)
@@ -99,6 +105,8 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
                 received.append((a, b, row_bc.ibcast(a, p.a_root), col_bc.ibcast(b, p.b_root),
                                  p))
             for a, b, ra, rb, p in received:
+                if ra is None:
+                    continue  # the local-first panel: nothing to wait for
                 with watch(f"the broadcast of A panel at columns {p.k0}:{p.k1} from grid "
                            f"column {p.a_root} along grid row {grid.row}"):
                     ra.wait()
@@ -106,7 +114,9 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
                            f"{p.b_root} along grid column {grid.col}"):
                     rb.wait()
             # Sweep the C tiles over the group, one device-sized chunk at a time.
-            panels_here = [(a, b) for a, b, _, _, _ in received]
+            # (the local-first panel was swept with group 0; skip its own turn)
+            panels_here = [(a, b) for a, b, ra, _, p in received
+                           if ra is None or early is None or p is not panels[early]]
             moved_now, seconds = sweep.run(C.local, panels_here, alpha, precision)
             moved += moved_now
             compute += seconds
