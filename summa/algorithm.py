@@ -259,8 +259,11 @@ def local_first_panel(panels, grid) -> int | None:
     the pipeline fill. The order of additions then differs between ranks but
     not with lookahead, and in-memory and out-of-core runs share it.
     """
-    return next((j for j, p in enumerate(panels) if j > 0
-                 and p.a_root == grid.col and p.b_root == grid.row), None)
+    def local(p):
+        return p.a_root == grid.col and p.b_root == grid.row
+    if not panels or local(panels[0]):
+        return None  # the first panel needs no wait here anyway
+    return next((j for j, p in enumerate(panels) if local(p)), None)
 
 
 def _broadcasters(grid, kind: str, backend):
