@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The GPU checks and measurements the open issues need, in stages that each fit one device
+# call (< 9 minutes on nvidia-h200-x2). From the repo root on the GPU machine:
+#   STAGE=tests  docs/scripts/gpu_session.sh     # suite on the CuPy backend, 1 and 2 ranks
+#   STAGE=ooc    docs/scripts/gpu_session.sh     # issue 5: host-resident runs, cuBLASXt, 100k
+#   STAGE=files  docs/scripts/gpu_session.sh     # issue 4: 32768^2 float64 .npy files end to end
+#   STAGE=model  docs/scripts/gpu_session.sh     # issue 7: calibrate, validate, plot
+#   STAGE=peers  docs/scripts/gpu_session.sh     # issue 8: compare_peers for fp64/fp32/tf32/fp16
+# Logs and JSON lines go to $OUT (or ./out).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+MPI=${MPIEXEC:-mpirun --oversubscribe}
+run() { echo "+ $*" | tee -a "$OUT/session.log"; "$@" < /dev/null 2>&1 | tee -a "$OUT/session.log"; }
+case "${STAGE:-tests}" in
+tests)
+    SUMMA_TEST_BACKEND=cupy TEST_RANKS="1 2" SUMMA_PYTHON=python3 MPIEXEC="$MPI" ./run test \
+        > "$OUT/tests.log" 2>&1; echo "tests rc=$?"; grep -a -E "passed|failed" "$OUT/tests.log"
+    run $MPI -np 2 python3 -m summa bench --backend cupy --check --json "$OUT/bench.jsonl"
+    ;;
+ooc)
+    for p in 1 2; do for d in float64 float32; do
+        run $MPI -np $p python3 -m summa bench --backend cupy --size 32768 --dtype $d \
+            --out-of-core --check --repeat 2 --json "$OUT/ooc.jsonl"
+        run python3 docs/scripts/compare_peers.py --size 32768 --dtype $d --gpus $p \
+            --placement host --peers cupy,cublasxt --repeat 2 --json "$OUT/peers.jsonl"
+    done; done
+    run $MPI -np 2 python3 -m summa bench --backend cupy --size 100000 --dtype float64 --check \
+        --repeat 1 --warmup 1 --json "$OUT/ooc.jsonl"
+    run $MPI -np 2 python3 -m summa bench --backend cupy --size 100000 --dtype float32 \
+        --device-memory 16GiB --check --repeat 1 --warmup 0 --json "$OUT/ooc.jsonl"
+    ;;
+files)
+    run python3 -c "
+import numpy as np
+from numpy.lib.format import open_memmap
+rng = np.random.default_rng(1)
+for name in ('A', 'B'):
+    m = open_memmap('/tmp/' + name + '.npy', mode='w+', dtype=np.float64, shape=(32768, 32768))
+    for r in range(0, 32768, 4096):
+        m[r:r + 4096] = rng.uniform(-1, 1, (4096, 32768))
+    m.flush()
+"
+    run $MPI -np 2 python3 -m summa multiply /tmp/A.npy /tmp/B.npy -o /tmp/C.npy --check \
+        --quiet --json "$OUT/files.jsonl"
+    ;;
+model)
+    for p in 1 2; do
+        run $MPI -np $p python3 -m summa calibrate -o "$OUT/profile.json" --append \
+            --dtypes float64,float32
+    done
+    for p in 1 2; do for n in 8192 16384 32768; do
+        run $MPI -np $p python3 -m summa bench --backend cupy --size $n --repeat 2 \
+            --json "$OUT/strong.jsonl"
+    done; done
+    run python3 -m summa model --profile "$OUT/profile.json" --size 32768 --sweep
+    run python3 -m summa plot "$OUT/strong.jsonl" --profile "$OUT/profile.json" \
+        -o "$OUT/scaling.png"
+    ;;
+peers)
+    for args in "--dtype float64" "--dtype float32" "--dtype float32 --precision tf32" \
+                "--dtype float16"; do
+        run python3 docs/scripts/compare_peers.py --size 32768 $args --gpus 2 --repeat 2 \
+            --peers summa,cupy,jax,dask,nvmath --json "$OUT/peers.jsonl"
+    done
+    ;;
+*) echo "unknown STAGE ${STAGE}" >&2; exit 2 ;;
+esac
