@@ -32,7 +32,7 @@ ooc)
             --placement host --peers cupy,cublasxt --repeat 2 --json "$OUT/peers.jsonl"
     done; done
     run $MPI -np 2 python3 -m summa bench --backend cupy --size 100000 --dtype float64 --check \
-        --repeat 1 --warmup 1 --json "$OUT/ooc.jsonl"
+        --repeat 1 --warmup 1 --no-ideal --json "$OUT/ooc.jsonl"
     run $MPI -np 2 python3 -m summa bench --backend cupy --size 100000 --dtype float32 \
         --device-memory 16GiB --check --repeat 1 --warmup 0 --no-ideal --json "$OUT/ooc.jsonl"
     ;;
