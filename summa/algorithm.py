@@ -276,6 +276,8 @@ def _broadcasters(grid, kind: str, backend):
             raise ValueError("--comm nccl needs a GPU per rank, but ranks of a grid row or "
                              "column share a GPU; use more GPUs, fewer ranks, or --comm mpi")
         name = choose_comm("mpi", backend)
+    if name == "ipc" and not _on_one_node(grid):
+        raise ValueError("--comm ipc needs every grid row and column on one node")
     key = ("broadcasters", name, backend.name, backend.device)
     pair = grid.resources.get(key)
     if pair is None:
@@ -292,6 +294,13 @@ def _devices_distinct(grid, backend) -> bool:
     distinct = all(len(set(c.allgather(me))) == c.Get_size()
                    for c in (grid.row_comm, grid.col_comm))
     return grid.comm.allreduce(distinct, op=MPI.LAND)
+
+
+def _on_one_node(grid) -> bool:
+    """True on every rank when each grid row and column lies within one node."""
+    here = all(len(set(c.allgather(grid.hostname))) == 1
+               for c in (grid.row_comm, grid.col_comm))
+    return grid.comm.allreduce(here, op=MPI.LAND)
 
 
 @dataclass

@@ -24,6 +24,8 @@ from .grid import choose_grid, parse_grid
 from .plan import memory_plan, parse_bytes
 from .watchdog import Watchdog, timeout_from_env
 
+#: What --comm accepts.
+COMM_MODES = ("auto", "nccl", "cuda-aware", "mpi", "ipc")
 #: Longest wait of one step on other ranks before the job is aborted (seconds).
 DEFAULT_TIMEOUT = 600.0
 
@@ -114,8 +116,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="process grid, e.g. 2x3 (default: near-square from the rank count)")
     p.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
                    help="array backend (default auto: cupy when a GPU is visible)")
-    p.add_argument("--comm", choices=("auto", "nccl", "cuda-aware", "mpi"), default="auto",
-                   help="panel broadcaster: nccl, cuda-aware MPI, host-staged mpi (default auto: "
+    p.add_argument("--comm", choices=COMM_MODES, default="auto",
+                   help="panel broadcaster: nccl, cuda-aware MPI, host-staged mpi, or ipc (copy "
+                        "engines between the GPUs of one node; experimental) (default auto: "
                         "nccl on GPUs when available, else cuda-aware MPI when the library "
                         "reports CUDA support, else mpi)")
     p.add_argument("--nb", type=_panel_width, default=None, metavar="W",
@@ -227,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "4096,8192,16384 on GPU)")
     cal.add_argument("--widths", type=_int_list, default=None, metavar="LIST",
                      help="panel widths k (default 64..1024 on CPU; 1024..8192 on GPU)")
-    cal.add_argument("--comm", choices=("all", "nccl", "cuda-aware", "mpi"), default="all",
+    cal.add_argument("--comm", choices=("all",) + COMM_MODES[1:], default="all",
                      help="broadcasters to measure (default all that work here)")
     cal.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto")
     cal.add_argument("--precision", choices=("default", "tf32"), default="default")
@@ -296,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "devices and the backend it would choose.")
     info.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
                       help="backend to report (default auto)")
-    info.add_argument("--comm", choices=("auto", "nccl", "cuda-aware", "mpi"), default="auto",
+    info.add_argument("--comm", choices=COMM_MODES, default="auto",
                       help="broadcaster to report (default auto)")
     return parser
 

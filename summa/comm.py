@@ -296,8 +296,13 @@ def nccl_available() -> tuple[bool, str]:
 
 
 #: The broadcaster classes by the names ``--comm`` accepts.
+def _ipc_broadcaster(comm, backend):
+    from .ipc import IpcBroadcaster  # CUDA IPC lives in its own module
+    return IpcBroadcaster(comm, backend)
+
+
 BROADCASTERS = {"nccl": NcclBroadcaster, "cuda-aware": CudaAwareBroadcaster,
-                "mpi": HostStagedBroadcaster}
+                "mpi": HostStagedBroadcaster, "ipc": _ipc_broadcaster}
 
 
 def choose_comm(kind: str, backend) -> str:
@@ -305,12 +310,14 @@ def choose_comm(kind: str, backend) -> str:
 
     ``auto`` takes NCCL on the cupy backend when CuPy's NCCL loads, else
     CUDA-aware MPI when the library reports CUDA support, else host-staged MPI.
+    ``ipc`` (copy engines between the GPUs of one node) is chosen explicitly
+    only, until it has been measured.
     """
     if kind not in ("auto", *BROADCASTERS):
         raise ValueError(f"unknown communication mode {kind!r}; choose auto, "
                          + ", ".join(BROADCASTERS))
     if backend is None or backend.name != "cupy":
-        if kind in ("nccl", "cuda-aware"):
+        if kind in ("nccl", "cuda-aware", "ipc"):
             raise ValueError(f"--comm {kind} needs the cupy backend")
         return "mpi"
     if kind == "auto":

@@ -16,7 +16,8 @@ def run_calibrate(args, comm: MPI.Comm, backend, out) -> int:
     """Measure this machine and write (or, with --append, extend) a profile."""
     from .calibrate import calibrate
     from .comm import BROADCASTERS, choose_comm
-    modes = list(BROADCASTERS) if args.comm == "all" else [args.comm]
+    # "all": every broadcaster that works here, except the experimental ipc
+    modes = [m for m in BROADCASTERS if m != "ipc"] if args.comm == "all" else [args.comm]
     usable = []
     for mode in modes:
         try:

@@ -24,16 +24,18 @@ def modes(backend):
     """Broadcasters this machine can run for `backend` (NCCL only with a GPU per rank)."""
     from mpi4py import MPI
     found = ["mpi"]
-    if backend.name == "cupy" and comm_mod.nccl_available()[0]:
+    if backend.name == "cupy":
         ids = MPI.COMM_WORLD.allgather((MPI.Get_processor_name(), backend.device_id()))
-        if len(set(ids)) == len(ids):
+        if len(set(ids)) == len(ids) and comm_mod.nccl_available()[0]:
             found.append("nccl")
+        if len({host for host, _ in ids}) == 1:
+            found.append("ipc")
     return found
 
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("lower", [False, True])
-@pytest.mark.parametrize("mode", ["mpi", "nccl"])
+@pytest.mark.parametrize("mode", ["mpi", "nccl", "ipc"])
 def test_ibcast_from_every_root(comm, backend, rng, lower, mode, request):
     if mode not in modes(backend):
         pytest.skip(f"{mode} broadcasts are not available here")
@@ -116,7 +118,7 @@ def test_explicit_modes_are_refused_when_unavailable(monkeypatch):
 def test_numpy_backend_always_uses_host_mpi():
     from summa.backend import NumpyBackend
     assert comm_mod.choose_comm("auto", NumpyBackend()) == "mpi"
-    for kind in ("nccl", "cuda-aware"):
+    for kind in ("nccl", "cuda-aware", "ipc"):
         with pytest.raises(ValueError, match="needs the cupy backend"):
             comm_mod.choose_comm(kind, NumpyBackend())
 

@@ -70,7 +70,7 @@ def _modes(backend):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("mode", ["mpi", "nccl", "cuda-aware"])
+@pytest.mark.parametrize("mode", ["mpi", "nccl", "cuda-aware", "ipc"])
 @pytest.mark.parametrize("shape", [(97, 61, 203), (5, 300, 7)])
 @pytest.mark.parametrize("which", ["auto", "row", "col"])
 def test_every_comm_mode_matches_reference(comm, rng, gpu, mode, shape, which):

@@ -2,6 +2,7 @@
 # The GPU checks and measurements the open issues need, in stages that each fit one device
 # call (< 9 minutes on nvidia-h200-x2). From the repo root on the GPU machine:
 #   STAGE=tests  docs/scripts/gpu_session.sh     # suite on the CuPy backend, 1 and 2 ranks
+#   STAGE=ipc    docs/scripts/gpu_session.sh     # issue 3: copy-engine broadcasts against NCCL
 #   STAGE=ooc    docs/scripts/gpu_session.sh     # issue 5: host-resident runs, cuBLASXt, 100k
 #   STAGE=files  docs/scripts/gpu_session.sh     # issue 4: 32768^2 float64 .npy files end to end
 #   STAGE=model  docs/scripts/gpu_session.sh     # issue 7: calibrate, validate, plot
@@ -23,6 +24,15 @@ tests)
     SUMMA_TEST_BACKEND=cupy TEST_RANKS="1 2" SUMMA_PYTHON=python3 MPIEXEC="$MPI" ./run test \
         > "$OUT/tests.log" 2>&1; echo "tests rc=$?"; grep -a -E "passed|failed" "$OUT/tests.log"
     run $MPI -np 2 python3 -m summa bench --backend cupy --check --json "$OUT/bench.jsonl"
+    ;;
+ipc)
+    for args in "--dtype float64" "--dtype float32" "--dtype float32 --precision tf32" \
+                "--dtype float16"; do
+        for comm in nccl ipc; do
+            run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 $args \
+                --comm $comm --check --repeat 3 --json "$OUT/ipc.jsonl"
+        done
+    done
     ;;
 ooc)
     for p in 1 2; do for d in float64 float32; do
