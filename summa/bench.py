@@ -19,11 +19,11 @@ from .comm import choose_comm
 from .grid import ProcessGrid
 from .matrix import DistMatrix
 from .outofcore import summa_out_of_core
-from .plan import choose_memory_mode
+from .plan import choose_memory_mode, memory_plan
 from .verify import freivalds
 from .watchdog import watch
 
-__all__ = ["run_bench", "versions", "agree_backend", "UsageError"]
+__all__ = ["run_bench", "run_sweep", "versions", "agree_backend", "UsageError"]
 
 #: Sizes of the default run: quick on CPU ranks, big enough to fill GPUs.
 DEFAULT_SIZE_CPU = 2048
@@ -138,6 +138,10 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
         # "auto" is measured in the first call and cached for the rest.
         gemm_width = args.nb or default_panel_width(backend.name, dtype, precision)
         budget = _memory_mode(args, backend, grid, (m, n, k), dtype, gemm_width, out)
+        plan = memory_plan(m, n, k, dtype, grid.shape, _plan_width(gemm_width, backend, dtype,
+                                                                   precision),
+                           args.lookahead, backend.name, device_budget=budget,
+                           out_of_core=budget is not None)
         home = backend if budget is None else NumpyBackend()  # out of core: data on the host
         A = DistMatrix.random((m, k), dtype, grid, home, seed=args.seed, block=block)
         B = DistMatrix.random((k, n), dtype, grid, home, seed=args.seed + 1, block=block)
@@ -212,6 +216,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
               "panels": best_stats.panels, "check_residual": residual, "check_passed": ok,
               "ideal_tflops": ideal_tflops, "efficiency": efficiency,
               "out_of_core": bool(per_rank[0].get("out_of_core")), "tile": per_rank[0].get("tile"),
+              "planned_device_bytes": plan.device_bytes, "planned_host_bytes": plan.host_bytes,
               "versions": versions(), "ranks_detail": per_rank,
               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     print(f"summa {record['command']}: {size} ranks, grid {grid_shape[0]}x{grid_shape[1]}, "
@@ -230,6 +235,9 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     if efficiency is not None:
         print(f"ideal ({size} x one-device {backend.xp.__name__}.matmul of the per-rank shape): "
               f"{ideal_tflops:.3f} TFLOP/s; efficiency {efficiency:.3f}", file=out)
+    if plan.device_bytes:
+        print(f"memory plan: {plan.device_bytes / 2**30:.2f} GiB of device memory per rank "
+              f"(largest rank; measured pool below)", file=out)
     for r in per_rank:
         print(f"  rank {r['rank']:>3} ({r['coords'][0]},{r['coords'][1]}): compute "
               f"{r['compute']:.4f} s, broadcasts {r['comm_seconds']:.4f} s, exposed "
@@ -246,3 +254,26 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     return 0
 
 
+
+
+def run_sweep(args, comm: MPI.Comm, out) -> int:
+    """``bench --sweep``: every size of ``--sizes`` on every grid of ``--grids``,
+    one bench run each, all appended to ``--json``. Returns the worst status."""
+    import copy
+    if not args.json:
+        raise UsageError("bench --sweep needs --json FILE to collect the series")
+    p = comm.Get_size()
+    grids = args.grids or [(r, p // r) for r in range(1, p + 1) if p % r == 0]
+    bad = [g for g in grids if g[0] * g[1] != p]
+    if bad:
+        raise UsageError(f"grid {bad[0][0]}x{bad[0][1]} needs {bad[0][0] * bad[0][1]} ranks, "
+                         f"but {p} were started")
+    sizes = args.sizes or [args.size or (DEFAULT_SIZE_CPU if args.backend == "numpy"
+                                         else None)]
+    status = 0
+    for size in sizes:
+        for grid in grids:
+            one = copy.copy(args)
+            one.size, one.grid, one.m, one.n, one.k = size, grid, None, None, None
+            status = max(status, run_bench(one, comm, out, verify_default=False))
+    return status

@@ -18,7 +18,7 @@ from mpi4py import MPI
 from . import __version__
 from .backend import DTYPES, cupy_available, share_cpu_cores
 from .bench import (DEFAULT_SIZE_CPU, DEFAULT_SIZE_GPU, UsageError, agree_backend, run_bench,
-                    versions)
+                    run_sweep, versions)
 from .comm import choose_comm
 from .grid import choose_grid, parse_grid
 from .plan import memory_plan, parse_bytes
@@ -75,6 +75,13 @@ def _int_list(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
+
+
+def _grid_list(text: str) -> list[tuple[int, int]]:
+    try:
+        return [parse_grid(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _dtype_list(text: str) -> list[str]:
@@ -183,6 +190,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-ideal", dest="ideal", action="store_false",
                        help="skip timing the one-device matmul of the per-rank shape (the "
                             "'ideal' that efficiency is measured against)")
+    bench.add_argument("--sweep", action="store_true",
+                       help="run a series: every size of --sizes on every grid of --grids "
+                            "(the rank count is the launcher's: loop over mpiexec -n for that), "
+                            "each appended to --json")
+    bench.add_argument("--sizes", type=_int_list, default=None, metavar="LIST",
+                       help="sizes N of a --sweep (default: --size)")
+    bench.add_argument("--grids", type=_grid_list, default=None, metavar="LIST",
+                       help="grids of a --sweep, e.g. 2x2,4x1,1x4 (default: every factorisation "
+                            "of the rank count)")
 
     mult = sub.add_parser(
         "multiply", help="C = alpha op(A) op(B) + beta C0 from and to .npy files",
@@ -453,6 +469,9 @@ def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
         raise UsageError(str(exc)) from None
     if args.command == "multiply":
         command = _run_multiply
+    elif getattr(args, "sweep", False):
+        def command(args, comm, out):
+            return run_sweep(args, comm, out)
     else:
         def command(args, comm, out):
             return run_bench(args, comm, out, verify_default=(args.command == "run"))

@@ -162,3 +162,23 @@ def test_fault_on_one_rank_aborts_the_job(kind, tmp_path):
     assert p.returncode != 0
     assert "rank 1" in p.stderr and "injected fault" in p.stderr
     assert "aborting the job" in p.stderr
+
+
+@pytest.mark.mpi(min_size=1)
+def test_bench_sweep_runs_sizes_times_grids(comm):
+    path = comm.bcast(tempfile.mkstemp(suffix=".jsonl")[1] if comm.rank == 0 else None)
+    out = io.StringIO()
+    assert cli.main(["bench", "--sweep", "--sizes", "40,64", "--json", path, "--repeat", "1",
+                     "--warmup", "0", "--no-ideal"], comm, out) == 0
+    p = comm.Get_size()
+    grids = [(r, p // r) for r in range(1, p + 1) if p % r == 0]
+    if comm.rank == 0:
+        records = [json.loads(line) for line in Path(path).read_text().splitlines()]
+        assert [(r["m"], tuple(r["grid"])) for r in records] == \
+            [(s, g) for s in (40, 64) for g in grids]
+        os.unlink(path)
+    with pytest.raises(cli.UsageError, match="needs --json"):
+        cli.main(["bench", "--sweep", "--sizes", "40"], comm, io.StringIO())
+    with pytest.raises(cli.UsageError, match="needs"):
+        cli.main(["bench", "--sweep", "--grids", f"{p + 1}x1", "--json", "x.jsonl"], comm,
+                 io.StringIO())
