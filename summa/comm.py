@@ -150,6 +150,21 @@ class HostStagedBroadcaster(_HostTimed):
         self._staging.clear()
 
 
+class _DeviceTimed:
+    """Accumulates device time of a broadcaster's work on its own `stream`."""
+
+    def _time(self, begin, end) -> None:
+        self._timings.append((begin, end))
+
+    def take_seconds(self) -> float:
+        """Device seconds of the broadcasts since the last call (synchronizes)."""
+        import cupy
+        self.stream.synchronize()
+        seconds = sum(cupy.cuda.get_elapsed_time(a, b) for a, b in self._timings) / 1e3
+        self._timings = []
+        return seconds
+
+
 class _DevicePending:
     """Handle of a broadcast queued on a communication stream: ``wait()`` makes
     the compute (current) stream wait for it, without blocking the host."""
@@ -164,7 +179,7 @@ class _DevicePending:
             self._done = None
 
 
-class NcclBroadcaster:
+class NcclBroadcaster(_DeviceTimed):
     """Broadcast CuPy buffers with NCCL on a stream of its own.
 
     The NCCL communicator spans the ranks of `comm`; its id travels over `comm`.
@@ -200,16 +215,8 @@ class NcclBroadcaster:
         self._nccl.bcast(buf.data.ptr, buf.nbytes, nccl.NCCL_UINT8, root, self.stream.ptr)
         done = cupy.cuda.Event()
         done.record(self.stream)
-        self._timings.append((begin, done))
+        self._time(begin, done)
         return _DevicePending(done)
-
-    def take_seconds(self) -> float:
-        """Device seconds of the broadcasts since the last call (synchronizes)."""
-        import cupy
-        self.stream.synchronize()
-        seconds = sum(cupy.cuda.get_elapsed_time(a, b) for a, b in self._timings) / 1e3
-        self._timings = []
-        return seconds
 
     def free(self) -> None:
         if self._nccl is not None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .comm import _DevicePending, _Pending
+from .comm import _DevicePending, _DeviceTimed, _Pending
 
 __all__ = ["IpcBroadcaster"]
 
@@ -75,7 +75,7 @@ class _Slot:
         self.peer_buf = self.peer_ready = self.peer_done = []
 
 
-class IpcBroadcaster:
+class IpcBroadcaster(_DeviceTimed):
     """Copy-engine broadcasts among ranks of one node (see module docstring).
 
     Parameters
@@ -136,7 +136,7 @@ class IpcBroadcaster:
             s.readers = self.comm.Igather(MPI.IN_PLACE, s.tokens, root)
             end = cupy.cuda.Event()
             end.record(self.stream)
-            self._timings.append((begin, end))
+            self._time(begin, end)
             return _Pending(None)  # the root's own buffer already holds the panel
         self.comm.Ibcast(self._ready_token, root).Wait()  # the root has recorded "ready"
         self.stream.wait_event(self.backend.record_event())  # GEMMs done with `buf`
@@ -149,16 +149,8 @@ class IpcBroadcaster:
         self._sends = [r for r in self._sends if not r.Test()]
         end = cupy.cuda.Event()
         end.record(self.stream)
-        self._timings.append((begin, end))
+        self._time(begin, end)
         return _DevicePending(end)
-
-    def take_seconds(self) -> float:
-        """Device seconds of the copies since the last call (synchronizes)."""
-        import cupy
-        self.stream.synchronize()
-        seconds = sum(cupy.cuda.get_elapsed_time(a, b) for a, b in self._timings) / 1e3
-        self._timings = []
-        return seconds
 
     def free(self) -> None:
         self.stream.synchronize()
