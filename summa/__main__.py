@@ -66,6 +66,7 @@ def main(argv=None) -> int:
         tb = traceback.format_exc()
         print(f"summa: rank {world.Get_rank()}: unexpected {type(exc).__name__}: {exc}\n{tb}"
               "summa: aborting the job", file=sys.stderr, flush=True)
+        time.sleep(0.5)  # let the launcher forward the message before it tears the job down
         world.Abort(1)
     return 1
 

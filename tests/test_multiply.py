@@ -245,5 +245,5 @@ def test_rank_raising_ends_the_job_with_its_message(tmp_path, phase):
     p = job(3, "multiply", a, b, "-o", c, "--quiet", "--check",
             env={"SUMMA_INJECT_FAULT": f"{phase}:2:raise"}, timeout=90)
     assert p.returncode != 0
-    assert f"injected fault in {phase} on rank 2" in p.stderr
+    assert f"injected fault in {phase} on rank 2" in p.stderr, (p.returncode, p.stderr)
     assert not Path(c).exists()

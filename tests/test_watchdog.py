@@ -142,7 +142,7 @@ def test_rank_raising_mid_run_ends_the_job_with_its_message(tmp_path, phase):
     p = job(3, "multiply", a, b, "-o", c, "--quiet", "--nb", "16",
             env={"SUMMA_INJECT_FAULT": f"{phase}:1:raise"}, timeout=60)
     assert p.returncode != 0
-    assert f"injected fault in {phase} on rank 1" in p.stderr
+    assert f"injected fault in {phase} on rank 1" in p.stderr, (p.returncode, p.stderr)
     assert not Path(c).exists()
 
 
