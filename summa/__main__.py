@@ -61,6 +61,7 @@ def main(argv=None) -> int:
             return EXIT_USAGE
         print(f"summa: rank {world.Get_rank()}: error: {exc} (other ranks did not stop; "
               "aborting the job)", file=sys.stderr, flush=True)
+        time.sleep(0.5)  # let the launcher forward the message
         world.Abort(EXIT_USAGE)
     except Exception as exc:  # anything unexpected: say where, then end every rank
         tb = traceback.format_exc()

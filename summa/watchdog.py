@@ -110,10 +110,9 @@ def _die(message: str, comm: MPI.Comm, status: int) -> None:
     remove_temporary_files()
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
-    if comm.Get_rank() != 0:
-        # Rank 0 holds the temporary outputs: give it a moment to remove them
-        # before this rank's abort ends the job.
-        time.sleep(1.0)
+    # Let the launcher forward the message; rank 0 holds the temporary outputs,
+    # so the others give it a moment more to remove them before aborting.
+    time.sleep(0.5 if comm.Get_rank() == 0 else 1.0)
     if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
         comm.Abort(status)
     os._exit(status)  # the launcher ends the other ranks when one exits
