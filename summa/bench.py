@@ -16,7 +16,7 @@ from . import __version__
 from .algorithm import SummaStats, _check_scalars, default_panel_width, gemm
 from .backend import NumpyBackend, get_backend
 from .comm import choose_comm
-from .grid import ProcessGrid
+from .grid import ProcessGrid, node_rank
 from .matrix import DistMatrix
 from .outofcore import summa_out_of_core
 from .plan import choose_memory_mode, memory_plan
@@ -53,10 +53,7 @@ def agree_backend(comm: MPI.Comm, name: str):
     """Pick the backend on every rank and fail everywhere if any rank cannot."""
     try:
         backend, error = None, None
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        local_rank = node.Get_rank()
-        node.Free()
-        backend = get_backend(name, local_rank)
+        backend = get_backend(name, node_rank(comm)[0])
     except ValueError as exc:
         error = f"rank {comm.Get_rank()}: {exc}"
     errors = [e for e in comm.allgather(error) if e]

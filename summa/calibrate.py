@@ -12,6 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .comm import make_broadcaster
+from .grid import node_rank
 from .plan import Profile
 
 __all__ = ["calibrate"]
@@ -101,9 +102,7 @@ def calibrate(comm: MPI.Comm, backend, dtypes=("float64",), precision=None,
 
     Returns the :class:`~summa.plan.Profile` on rank 0, None elsewhere.
     """
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    ranks_per_node = node.Get_size()
-    node.Free()
+    ranks_per_node = node_rank(comm)[1]
     gemm = []
     for dtype in dtypes:
         gemm += _gemm_samples(comm, backend, dtype, precision, list(sizes), list(widths),

@@ -20,7 +20,7 @@ from .backend import DTYPES, cupy_available, share_cpu_cores
 from .bench import (DEFAULT_SIZE_CPU, DEFAULT_SIZE_GPU, UsageError, agree_backend, run_bench,
                     run_sweep, versions)
 from .comm import choose_comm
-from .grid import choose_grid, parse_grid
+from .grid import choose_grid, node_rank, parse_grid
 from .plan import memory_plan, parse_bytes
 from .watchdog import Watchdog, timeout_from_env
 
@@ -399,9 +399,7 @@ def _run_study(args, comm: MPI.Comm, out) -> int:
 
 def _run_info(args, comm: MPI.Comm, out) -> int:
     backend = agree_backend(comm, args.backend)
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    local_rank, local_size = node.Get_rank(), node.Get_size()
-    node.Free()
+    local_rank, local_size = node_rank(comm)
     row = {"rank": comm.Get_rank(), "host": socket.gethostname(), "local_rank": local_rank,
            "backend": backend.describe()}
     rows = comm.gather(row, root=0)
@@ -436,9 +434,7 @@ def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
     comm = MPI.COMM_WORLD if comm is None else comm
     out = sys.stdout if out is None else out
     _Parser.quiet = comm.Get_rank() != 0
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    share_cpu_cores(node.Get_size())
-    node.Free()
+    share_cpu_cores(node_rank(comm)[1])
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):

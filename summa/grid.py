@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-__all__ = ["ProcessGrid", "parse_grid", "choose_grid"]
+__all__ = ["ProcessGrid", "parse_grid", "choose_grid", "node_rank"]
+
+
+def node_rank(comm: MPI.Intracomm) -> tuple[int, int]:
+    """This rank's index among the ranks of `comm` on its node, and their number."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
 
 
 def parse_grid(text: str) -> tuple[int, int]:
@@ -87,9 +96,7 @@ class ProcessGrid:
         self.row, self.col = self.comm.Get_coords(self.comm.Get_rank())
         self.row_comm = self.comm.Sub([False, True])
         self.col_comm = self.comm.Sub([True, False])
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
-        node.Free()
+        self.local_rank, self.local_size = node_rank(comm)
         self.hostname = MPI.Get_processor_name()
         #: Objects living as long as the grid (e.g. NCCL communicators), each with
         #: a ``free()`` method; released by :meth:`free`.

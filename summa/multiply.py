@@ -21,7 +21,7 @@ from mpi4py import MPI
 from .agree import collectively
 from .algorithm import SummaStats, gemm
 from .backend import NumpyBackend, get_backend, resolve_dtype
-from .grid import ProcessGrid
+from .grid import ProcessGrid, node_rank
 from .faults import inject
 from .io import NpyError, check_output_path, read_header
 from .matrix import DistMatrix
@@ -149,7 +149,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
                        f"but the product is {m}x{n}")
     compute = _compute_dtype(headers, dtype)
     out = check_output_path(out_path, [a_path, b_path, c_path], comm)
-    be = collectively(comm, get_backend, backend, _local_rank(comm))
+    be = collectively(comm, get_backend, backend, node_rank(comm)[0])
     compute = be.check_dtype(compute)
     if check is None:
         check = check_is_cheap(m, n, k, compute.itemsize, be.name)
@@ -219,13 +219,6 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
     return record
 
 
-def _local_rank(comm: MPI.Comm) -> int:
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    rank = node.Get_rank()
-    node.Free()
-    return rank
-
-
 def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
                   backend="auto", **kwargs):
     """``a @ b`` for NumPy arrays held on rank `root` (None elsewhere); collective.
@@ -240,7 +233,7 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     comm = MPI.COMM_WORLD if comm is None else comm
     out_of_core = kwargs.pop("out_of_core", False)
     device_memory = kwargs.pop("device_memory", None)
-    be = collectively(comm, get_backend, backend, _local_rank(comm))
+    be = collectively(comm, get_backend, backend, node_rank(comm)[0])
     with ProcessGrid(comm, grid) as pgrid:
         if not (out_of_core or device_memory):
             A = DistMatrix.from_global(a, pgrid, be, root=root)

@@ -31,10 +31,9 @@ def pytest_configure(config):
     if _mpi_mode(config):
         from mpi4py import MPI
         from summa.backend import share_cpu_cores
+        from summa.grid import node_rank
         _ctl = MPI.COMM_WORLD.Dup()
-        node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
-        share_cpu_cores(node.Get_size())
-        node.Free()
+        share_cpu_cores(node_rank(MPI.COMM_WORLD)[1])
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -85,10 +84,8 @@ def backend():
     if name == "cupy" and not cupy_available():
         pytest.skip("SUMMA_TEST_BACKEND=cupy but no GPU is visible")
     from mpi4py import MPI
-    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
-    local_rank = node.Get_rank()
-    node.Free()
-    return get_backend(name, local_rank)
+    from summa.grid import node_rank
+    return get_backend(name, node_rank(MPI.COMM_WORLD)[0])
 
 
 @pytest.fixture
