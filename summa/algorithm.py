@@ -214,31 +214,22 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precisio
 
     def start(i):
         p, slot = panels[i], i % depth
-        a, ra = panel(A.local[:, p.a_offset:p.a_offset + p.width], a_bufs, (mloc, p.width),
-                      p.a_root, grid.col, row_bc, slot)
-        b, rb = panel(B.local[p.b_offset:p.b_offset + p.width, :], b_bufs, (p.width, nloc),
-                      p.b_root, grid.row, col_bc, slot)
+        a_part, b_part = local_parts(A, B, p)
+        a, ra = panel(a_part, a_bufs, (mloc, p.width), p.a_root, grid.col, row_bc, slot)
+        b, rb = panel(b_part, b_bufs, (p.width, nloc), p.b_root, grid.row, col_bc, slot)
         return a, b, ra, rb
 
     early = local_first_panel(panels, grid)
     inflight = deque(start(i) for i in range(nslots))
     if early is not None:
-        p = panels[early]
         marks.append(backend.timing_mark())
-        backend.gemm(alpha, A.local[:, p.a_offset:p.a_offset + p.width],
-                     B.local[p.b_offset:p.b_offset + p.width, :], C.local, precision=precision)
+        backend.gemm(alpha, *local_parts(A, B, panels[early]), C.local, precision=precision)
         marks.append(backend.timing_mark())
     for i in range(len(panels)):
         a, b, ra, rb = inflight.popleft()
-        p = panels[i]
         if i == 1:
             inject("summa")
-        with watch(f"the broadcast of A panel {i} (columns {p.k0}:{p.k1}) from grid column "
-                   f"{p.a_root} along grid row {grid.row}"):
-            ra.wait()
-        with watch(f"the broadcast of B panel {i} (rows {p.k0}:{p.k1}) from grid row "
-                   f"{p.b_root} along grid column {grid.col}"):
-            rb.wait()
+        wait_for_panel(i, panels[i], ra, rb, grid)
         if i != early:
             marks.append(backend.timing_mark())
             backend.gemm(alpha, a, b, C.local, precision=precision)
@@ -249,6 +240,23 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precisio
             # Refilling the slot just used: on the GPU, queue order (compute
             # stream, or the broadcaster waiting on it) puts this after the GEMM.
             inflight.append(start(i + depth))
+
+
+def local_parts(A: DistMatrix, B: DistMatrix, p) -> tuple:
+    """This rank's stored parts of panel `p`: its columns of A and its rows of B
+    (views; meaningful on the panel's roots)."""
+    return (A.local[:, p.a_offset:p.a_offset + p.width],
+            B.local[p.b_offset:p.b_offset + p.width, :])
+
+
+def wait_for_panel(i: int, p, ra, rb, grid) -> None:
+    """Complete panel `i`'s two broadcasts, each a step the watchdog can name."""
+    with watch(f"the broadcast of A panel {i} (columns {p.k0}:{p.k1}) from grid column "
+               f"{p.a_root} along grid row {grid.row}"):
+        ra.wait()
+    with watch(f"the broadcast of B panel {i} (rows {p.k0}:{p.k1}) from grid row "
+               f"{p.b_root} along grid column {grid.col}"):
+        rb.wait()
 
 
 def local_first_panel(panels, grid) -> int | None:

@@ -24,13 +24,12 @@ import time
 import numpy as np
 
 from .algorithm import (SummaStats, _check_layouts, _check_operands, _check_scalars,
-                        local_first_panel)
+                        local_first_panel, local_parts, wait_for_panel)
 from .backend import NumpyBackend
 from .comm import make_broadcaster
 from .layout import panel_schedule
 from .matrix import DistMatrix
 from .plan import memory_plan
-from .watchdog import watch
 
 __all__ = ["summa_out_of_core"]
 
@@ -92,31 +91,23 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
             # Broadcast the whole group first: each panel crosses the network once.
             received = []
             if g0 == 0 and early is not None:  # same order of additions as in memory
-                p = panels[early]
-                received.append((A.local[:, p.a_offset:p.a_offset + p.width],
-                                  B.local[p.b_offset:p.b_offset + p.width, :], None, None, p))
-            for p in group:
+                received.append((*local_parts(A, B, panels[early]), None, None, early))
+            for i, p in enumerate(group, start=g0):
                 a = _host_array(device, (ml, p.width), C.dtype)
                 b = _host_array(device, (p.width, nl), C.dtype)
+                a_part, b_part = local_parts(A, B, p)
                 if grid.col == p.a_root:
-                    a[...] = A.local[:, p.a_offset:p.a_offset + p.width]
+                    a[...] = a_part
                 if grid.row == p.b_root:
-                    b[...] = B.local[p.b_offset:p.b_offset + p.width, :]
+                    b[...] = b_part
                 received.append((a, b, row_bc.ibcast(a, p.a_root), col_bc.ibcast(b, p.b_root),
-                                 p))
-            for a, b, ra, rb, p in received:
-                if ra is None:
-                    continue  # the local-first panel: nothing to wait for
-                with watch(f"the broadcast of A panel at columns {p.k0}:{p.k1} from grid "
-                           f"column {p.a_root} along grid row {grid.row}"):
-                    ra.wait()
-                with watch(f"the broadcast of B panel at rows {p.k0}:{p.k1} from grid row "
-                           f"{p.b_root} along grid column {grid.col}"):
-                    rb.wait()
+                                 i))
+            for a, b, ra, rb, i in received:
+                if ra is not None:  # the local-first panel has nothing to wait for
+                    wait_for_panel(i, panels[i], ra, rb, grid)
             # Sweep the C tiles over the group, one device-sized chunk at a time.
             # (the local-first panel was swept with group 0; skip its own turn)
-            panels_here = [(a, b) for a, b, ra, _, p in received
-                           if ra is None or early is None or p is not panels[early]]
+            panels_here = [(a, b) for a, b, ra, _, i in received if ra is None or i != early]
             moved_now, seconds = sweep.run(C.local, panels_here, alpha, precision)
             moved += moved_now
             compute += seconds
