@@ -57,6 +57,11 @@ def recv_array(comm: MPI.Comm, buf: np.ndarray, source: int, tag: int = 0) -> li
     return [comm.Irecv([raw[a:b], MPI.BYTE], source, tag) for a, b in chunks(raw.size)]
 
 
+def _ibcast_bytes(comm: MPI.Comm, raw, root: int) -> list:
+    """Post nonblocking broadcasts of the flat byte buffer `raw` in chunks."""
+    return [comm.Ibcast([raw[a:b], MPI.BYTE], root) for a, b in chunks(raw.size)]
+
+
 class _HostTimed:
     """Accumulates the host seconds spent in a broadcaster's calls."""
 
@@ -127,7 +132,7 @@ class HostStagedBroadcaster(_HostTimed):
         t0 = time.perf_counter()
         if self.backend.name == "numpy":
             raw = _as_bytes(buf)
-            reqs = [self.comm.Ibcast([raw[a:b], MPI.BYTE], root) for a, b in chunks(raw.size)]
+            reqs = _ibcast_bytes(self.comm, raw, root)
             self._seconds += time.perf_counter() - t0
             return _Pending(reqs, owner=self)
         host = self._stage(slot, buf.nbytes)
@@ -135,7 +140,7 @@ class HostStagedBroadcaster(_HostTimed):
         if is_root:
             # get() synchronizes the stream, so MPI reads finished data.
             buf.reshape(-1).view(np.uint8).get(out=host)
-        reqs = [self.comm.Ibcast([host[a:b], MPI.BYTE], root) for a, b in chunks(host.size)]
+        reqs = _ibcast_bytes(self.comm, host, root)
         self._seconds += time.perf_counter() - t0
 
         def finish():
@@ -246,7 +251,7 @@ class CudaAwareBroadcaster(_HostTimed):
         # MPI reads and writes the buffer outside any stream: finish queued work first.
         self.backend.synchronize()
         raw = buf.reshape(-1).view(np.uint8)
-        reqs = [self.comm.Ibcast([raw[a:b], MPI.BYTE], root) for a, b in chunks(raw.size)]
+        reqs = _ibcast_bytes(self.comm, raw, root)
         self._seconds += time.perf_counter() - t0
         return _Pending(reqs, owner=self)
 
