@@ -39,7 +39,8 @@ def chunks(nbytes: int, limit: int | None = None):
         yield start, min(start + limit, nbytes)
 
 
-def _as_bytes(buf: np.ndarray) -> np.ndarray:
+def _as_bytes(buf):
+    """A flat uint8 view of a C-contiguous NumPy or CuPy array."""
     if not buf.flags.c_contiguous:
         raise ValueError("communication buffers must be C-contiguous")
     return buf.reshape(-1).view(np.uint8)
@@ -139,12 +140,12 @@ class HostStagedBroadcaster(_HostTimed):
         is_root = self.comm.Get_rank() == root
         if is_root:
             # get() synchronizes the stream, so MPI reads finished data.
-            buf.reshape(-1).view(np.uint8).get(out=host)
+            _as_bytes(buf).get(out=host)
         reqs = _ibcast_bytes(self.comm, host, root)
         self._seconds += time.perf_counter() - t0
 
         def finish():
-            buf.reshape(-1).view(np.uint8).set(host)
+            _as_bytes(buf).set(host)
             self._copies[slot] = self.backend.record_event()
         return _Pending(reqs, None if is_root else finish, owner=self)
 
@@ -250,7 +251,7 @@ class CudaAwareBroadcaster(_HostTimed):
         t0 = time.perf_counter()
         # MPI reads and writes the buffer outside any stream: finish queued work first.
         self.backend.synchronize()
-        raw = buf.reshape(-1).view(np.uint8)
+        raw = _as_bytes(buf)
         reqs = _ibcast_bytes(self.comm, raw, root)
         self._seconds += time.perf_counter() - t0
         return _Pending(reqs, owner=self)
