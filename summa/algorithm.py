@@ -219,21 +219,15 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precisio
         b, rb = panel(b_part, b_bufs, (p.width, nloc), p.b_root, grid.row, col_bc, slot)
         return a, b, ra, rb
 
-    early = local_first_panel(panels, grid)
     inflight = deque(start(i) for i in range(nslots))
-    if early is not None:
-        marks.append(backend.timing_mark())
-        backend.gemm(alpha, *local_parts(A, B, panels[early]), C.local, precision=precision)
-        marks.append(backend.timing_mark())
     for i in range(len(panels)):
         a, b, ra, rb = inflight.popleft()
         if i == 1:
             inject("summa")
         wait_for_panel(i, panels[i], ra, rb, grid)
-        if i != early:
-            marks.append(backend.timing_mark())
-            backend.gemm(alpha, a, b, C.local, precision=precision)
-            marks.append(backend.timing_mark())
+        marks.append(backend.timing_mark())
+        backend.gemm(alpha, a, b, C.local, precision=precision)
+        marks.append(backend.timing_mark())
         if progress is not None:
             progress(i + 1, len(panels))
         if i + depth < len(panels):
@@ -257,21 +251,6 @@ def wait_for_panel(i: int, p, ra, rb, grid) -> None:
     with watch(f"the broadcast of B panel {i} (rows {p.k0}:{p.k1}) from grid row "
                f"{p.b_root} along grid column {grid.col}"):
         rb.wait()
-
-
-def local_first_panel(panels, grid) -> int | None:
-    """Index of the panel this rank multiplies first, ahead of the schedule.
-
-    A panel whose A and B parts are both local needs no broadcast on this
-    rank: doing its GEMM first, while the first broadcasts are in flight, hides
-    the pipeline fill. The order of additions then differs between ranks but
-    not with lookahead, and in-memory and out-of-core runs share it.
-    """
-    def local(p):
-        return p.a_root == grid.col and p.b_root == grid.row
-    if not panels or local(panels[0]):
-        return None  # the first panel needs no wait here anyway
-    return next((j for j, p in enumerate(panels) if local(p)), None)
 
 
 def _broadcasters(grid, kind: str, backend):

@@ -155,13 +155,15 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                 stats = summa_out_of_core(1.0, A, B, 0.0, C, backend, budget,
                                           panel_width=_plan_width(gemm_width, backend, dtype,
                                                                   precision),
-                                          precision=precision)
+                                          lookahead=args.lookahead, precision=precision,
+                                          comm=args.comm)
             nb = stats.panel_width
             backend.synchronize()
             with watch(f"all ranks to finish repetition {i}"):
                 elapsed = grid.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
             if i == 0:
                 reserved_first = backend.memory_reserved()
+                pin_first = stats.extra.get("pin_seconds", 0.0)
             if i >= warmup:
                 times.append(elapsed)
                 if elapsed == min(times):
@@ -177,6 +179,8 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                                          host=socket.gethostname(), device=backend.device,
                                          out_of_core=best_stats.extra.get("out_of_core", False),
                                          tile=best_stats.extra.get("tile"),
+                                         tiles=best_stats.extra.get("tiles"),
+                                         pin_seconds=pin_first,
                                          memory_bytes=memory, reserved_bytes=reserved,
                                          pool_growth_bytes=reserved - reserved_first,
                                          ideal_seconds=ideal_seconds,
@@ -227,8 +231,10 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
           f"{tflops / size:>9.3f} {err:>14}", file=out)
     if per_rank[0].get("out_of_core"):
         tm, tn = per_rank[0]["tile"]
+        rows, cols = per_rank[0]["tiles"]
         print(f"out of core: A, B, C in host memory, C streamed through the device in "
-              f"{tm} x {tn} tiles", file=out)
+              f"{rows} x {cols} tiles of up to {tm} x {tn} (host locking took "
+              f"{per_rank[0].get('pin_seconds', 0):.2f} s on the first call)", file=out)
     if efficiency is not None:
         print(f"ideal ({size} x one-device {backend.xp.__name__}.matmul of the per-rank shape): "
               f"{ideal_tflops:.3f} TFLOP/s; efficiency {efficiency:.3f}", file=out)

@@ -337,7 +337,8 @@ def _run_multiply(args, comm: MPI.Comm, out) -> int:
     if record.get("out_of_core"):
         print("  out of core: A, B, C in host memory, C streamed through the device in tiles",
               file=out)
-    print(f"  read {record['read_seconds']:.3f} s, multiply {record['compute_seconds']:.3f} s "
+    print(f"  read {record['read_seconds']:.3f} s, setup {record['setup_seconds']:.3f} s, "
+          f"multiply {record['compute_seconds']:.3f} s "
           f"({record['tflops']:.3f} TFLOP/s), "
           + (f"check {record['check_seconds']:.3f} s (scaled residual {residual:.2e}), "
              if residual is not None else "check skipped, ")
@@ -371,8 +372,8 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
         print(f"  peak per rank: device {plan.device_bytes / gib:.2f} GiB, host "
               f"{plan.host_bytes / gib:.2f} GiB", file=out)
         if plan.tile:
-            print(f"  C tiles of {plan.tile[0]} x {plan.tile[1]}, panel chunks of {plan.chunk} "
-                  f"columns", file=out)
+            print(f"  C tiles of {plan.tile[0]} x {plan.tile[1]} ({plan.tiles[0]} x "
+                  f"{plan.tiles[1]} per rank), panels of {plan.chunk} columns", file=out)
     return 0
 
 

@@ -126,8 +126,12 @@ class HostStagedBroadcaster(_HostTimed):
             self._staging[slot] = buf
         return buf[:nbytes]
 
-    def ibcast(self, buf, root: int, slot: int = 0) -> _Pending:
-        """Start broadcasting `buf` from `root`; return a handle to ``wait()`` on."""
+    def ibcast(self, buf, root: int, slot: int = 0, ready=None) -> _Pending:
+        """Start broadcasting `buf` from `root`; return a handle to ``wait()`` on.
+
+        `ready`, a CUDA event, is recorded where the root's `buf` is filled
+        outside the compute stream (out-of-core uploads); None otherwise.
+        """
         if self.comm.Get_size() == 1:
             return _Pending(None)
         t0 = time.perf_counter()
@@ -139,6 +143,8 @@ class HostStagedBroadcaster(_HostTimed):
         host = self._stage(slot, buf.nbytes)
         is_root = self.comm.Get_rank() == root
         if is_root:
+            if ready is not None:
+                ready.synchronize()
             # get() synchronizes the stream, so MPI reads finished data.
             _as_bytes(buf).get(out=host)
         reqs = _ibcast_bytes(self.comm, host, root)
@@ -210,12 +216,14 @@ class NcclBroadcaster(_DeviceTimed):
             uid = comm.bcast(uid, root=0)
             self._nccl = nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
 
-    def ibcast(self, buf, root: int, slot: int = 0):
+    def ibcast(self, buf, root: int, slot: int = 0, ready=None):
         if self._nccl is None:
             return _Pending(None)
         import cupy
         from cupy.cuda import nccl
         self.stream.wait_event(self.backend.record_event())
+        if ready is not None:
+            self.stream.wait_event(ready)
         begin = cupy.cuda.Event()
         begin.record(self.stream)
         self._nccl.bcast(buf.data.ptr, buf.nbytes, nccl.NCCL_UINT8, root, self.stream.ptr)
@@ -245,11 +253,13 @@ class CudaAwareBroadcaster(_HostTimed):
             raise ValueError("the cuda-aware broadcaster needs the cupy backend")
         self.comm, self.backend = comm, backend
 
-    def ibcast(self, buf, root: int, slot: int = 0) -> _Pending:
+    def ibcast(self, buf, root: int, slot: int = 0, ready=None) -> _Pending:
         if self.comm.Get_size() == 1:
             return _Pending(None)
         t0 = time.perf_counter()
         # MPI reads and writes the buffer outside any stream: finish queued work first.
+        if ready is not None:
+            ready.synchronize()
         self.backend.synchronize()
         raw = _as_bytes(buf)
         reqs = _ibcast_bytes(self.comm, raw, root)

@@ -40,16 +40,18 @@ class _Slot:
         import cupy
         rt = cupy.cuda.runtime
         self.nbytes = nbytes
-        self.buf = cupy.empty(max(nbytes, 1), dtype=np.uint8)
+        # Straight from cudaMalloc, not the pool: an IPC handle opens at the
+        # start of its allocation, and a pool block can lie inside a larger one.
+        self.buf = cupy.cuda.Memory(max(nbytes, 1))
         self.ready = cupy.cuda.Event(disable_timing=True, interprocess=True)
         self.done = cupy.cuda.Event(disable_timing=True, interprocess=True)
-        mine = (rt.ipcGetMemHandle(self.buf.data.ptr), rt.ipcGetEventHandle(self.ready.ptr),
+        mine = (rt.ipcGetMemHandle(self.buf.ptr), rt.ipcGetEventHandle(self.ready.ptr),
                 rt.ipcGetEventHandle(self.done.ptr))
         me = comm.Get_rank()
         self.peer_buf, self.peer_ready, self.peer_done = [], [], []
         for rank, (mem, ready, done) in enumerate(comm.allgather(mine)):
             if rank == me:
-                self.peer_buf.append(self.buf.data.ptr)
+                self.peer_buf.append(self.buf.ptr)
                 self.peer_ready.append(self.ready.ptr)
                 self.peer_done.append(self.done.ptr)
             else:
@@ -113,7 +115,7 @@ class IpcBroadcaster(_DeviceTimed):
             current = self._slots[slot] = _Slot(self.comm, nbytes)
         return current
 
-    def ibcast(self, buf, root: int, slot: int = 0):
+    def ibcast(self, buf, root: int, slot: int = 0, ready=None):
         if self.comm.Get_size() == 1:
             return _Pending(None)
         import cupy
@@ -128,8 +130,10 @@ class IpcBroadcaster(_DeviceTimed):
                     if rank != root:
                         rt.streamWaitEvent(self.stream.ptr, done, 0)
             self.stream.wait_event(self.backend.record_event())  # the panel is filled
+            if ready is not None:
+                self.stream.wait_event(ready)
             begin.record(self.stream)
-            rt.memcpyAsync(s.buf.data.ptr, buf.data.ptr, buf.nbytes, _MEMCPY_DEFAULT,
+            rt.memcpyAsync(s.buf.ptr, buf.data.ptr, buf.nbytes, _MEMCPY_DEFAULT,
                            self.stream.ptr)
             s.ready.record(self.stream)
             self.comm.Ibcast(self._ready_token, root).Wait()

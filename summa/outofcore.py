@@ -1,42 +1,56 @@
 """Out-of-core SUMMA: matrices in host memory, streamed through the device in tiles.
 
-A rank's blocks of A, B and C stay in host memory. SUMMA proceeds in groups of
-panels (as many as fit the host budget for panel buffers, ``lookahead + 1``
-panels by default): the group's A and B panels are broadcast once, through
-host memory, then every C tile on this rank is brought to the device, updated
-with the whole group chunk by chunk, and written back. Each panel is therefore
-broadcast exactly once (the same communication volume as in-memory SUMMA),
-while each C tile crosses the host-device link twice per group.
+A rank's blocks of A, B and C stay in host memory. The device holds C tiles
+(the same number of row and column tiles on every rank) and a few panel slots.
+For each tile, SUMMA runs as in memory, except that a panel's owner first
+uploads its part of the panel (the tile's rows of its A columns, the tile's
+columns of its B rows) from host memory into a slot, and the device
+broadcaster (NCCL on GPUs) sends it on from there. So host data crosses the
+host-device link once per tile on its owner only, and the other ranks get it
+over the GPU interconnect.
 
-Host-device traffic per rank and group of width W: ``2 ml nl`` for C plus
-``(ml nl / tn + ml nl / tm) W`` for the panel chunks; with tiles of a few
-thousand rows the GEMMs (``2 ml nl W`` flops) dominate.
+Traffic per rank: its A block once per column of tiles, its B block once per
+row of tiles, and C once each way (in only when ``beta != 0``). The broadcast
+volume is that of in-memory SUMMA times the number of tiles in the other
+direction. The planner (:func:`summa.plan.memory_plan`) takes the fewest tiles
+that fit the device budget.
 
-On a GPU the chunk copies run on a stream of their own into two alternating
-device buffers, overlapped with the GEMMs (:class:`_StreamedSweep`); on the
-NumPy backend (tests) the same tiling runs with plain copies.
+Overlap, on a GPU: uploads run on a stream of their own, `lookahead` steps
+ahead of the GEMMs; a finished tile goes back on another stream while the next
+is computed; the last panel of every tile is multiplied in row strips, each
+written back as soon as it is final, so the last tile's write-back hides behind
+its own GEMMs; and the first panel is split in narrower ones, so the first
+GEMM starts after a short upload. On the NumPy backend (tests) the same steps
+run with plain copies.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import weakref
+from collections import deque
 
 import numpy as np
 
-from .algorithm import (SummaStats, _check_layouts, _check_operands, _check_scalars,
-                        local_first_panel, local_parts, wait_for_panel)
-from .backend import NumpyBackend
-from .comm import make_broadcaster
+from .algorithm import (SummaStats, _broadcasters, _check_layouts, _check_operands,
+                        _check_scalars, local_parts, wait_for_panel)
 from .layout import panel_schedule
 from .matrix import DistMatrix
 from .plan import memory_plan
+from .watchdog import watch
 
 __all__ = ["summa_out_of_core"]
 
+#: Row strips of each tile's last panel (each written back as soon as it is final).
+TAIL_STRIPS = 8
+#: Pieces the first panel is split into (a short first upload).
+HEAD_PIECES = 4
+
 
 def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, device,
-                      device_budget: int, panel_width: int = 4096, group_panels: int = 2,
-                      precision=None, progress=None) -> SummaStats:
+                      device_budget: int, panel_width: int = 4096, lookahead: int = 1,
+                      precision=None, progress=None, comm: str = "auto") -> SummaStats:
     """``C <- alpha * A @ B + beta * C`` with A, B, C in host memory.
 
     Parameters
@@ -48,216 +62,291 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
         host arrays and the budget still decides the tiling).
     device_budget : int
         Bytes of device memory this rank may use.
-    group_panels : int
-        Panels broadcast together before the C tiles sweep over them.
+    lookahead : int
+        Panel steps uploaded and broadcast ahead of the GEMMs.
+    comm : str
+        Broadcaster between the devices (``--comm``).
 
     Returns
     -------
     SummaStats
-        With ``extra`` holding the tile shape, chunk width and transfer bytes.
+        With ``extra`` holding the tile shape and counts, and transfer bytes.
     """
     _check_operands(A, B, C)
     _check_layouts(A, B, C)
     _check_scalars(alpha, beta, C.dtype, precision, device)
     if C.backend.name != "numpy":
         raise ValueError("out-of-core operands must be host-resident (NumPy backend)")
+    if any(M.local.ndim != 2 or (M.local.size and M.local.strides[1] != M.local.itemsize)
+           for M in (A, B, C)):
+        raise ValueError("out-of-core operands must be row-major (C order) in host memory")
     grid = C.grid
     m, k = A.shape
     n = B.shape[1]
-    plan = memory_plan(m, n, k, C.dtype, grid.shape, panel_width,
-                       lookahead=group_panels - 1, backend=device.name,
-                       device_budget=device_budget, out_of_core=True)
-    tm, tn = plan.tile
-    chunk = plan.chunk
-    panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
-    host = NumpyBackend()
-    row_bc = make_broadcaster("mpi", grid.row_comm, host)
-    col_bc = make_broadcaster("mpi", grid.col_comm, host)
+    plan = memory_plan(m, n, k, C.dtype, grid.shape, panel_width, lookahead=lookahead,
+                       backend=device.name, device_budget=device_budget, out_of_core=True)
     ml, nl = C.local.shape
-    stats = SummaStats(panels=len(panels), panel_width=panel_width, comm="mpi (host)",
-                       lookahead=group_panels - 1)
+    tiles = [(i0, i1, j0, j1) for i0, i1 in _bounds(ml, plan.tiles[0])
+             for j0, j1 in _bounds(nl, plan.tiles[1])]
+    row_bc, col_bc = _broadcasters(grid, comm, device)
+    mover = (_CudaMover if device.name == "cupy" else _HostMover)(device, C.dtype)
+    panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
+    if panels and mover.overlaps:
+        panels = _split(panels[0], HEAD_PIECES) + panels[1:]
+    stats = SummaStats(panels=len(panels), panel_width=panel_width,
+                       comm=f"{row_bc.name} (host-resident)", lookahead=lookahead)
     t0 = time.perf_counter()
-    if beta == 0:
-        C.local.fill(0)
-    elif beta != 1:
+    if beta != 0 and beta != 1:
         C.local *= beta
-    moved = 0
-    compute = 0.0
-    sweep = (_StreamedSweep if device.name == "cupy" else _Sweep)(device, C.dtype, tm, tn, chunk)
-    early = local_first_panel(panels, grid)
+    elif beta == 0 and not panels:
+        C.local.fill(0)  # k == 0; otherwise tiles start from zero on the device
+    t_pin = time.perf_counter()
+    for M in (A, B, C):
+        mover.pin(M.local)
+    stats.extra = {"pin_seconds": time.perf_counter() - t_pin}
     try:
-        for g0 in range(0, len(panels), group_panels):
-            group = panels[g0:g0 + group_panels]
-            # Broadcast the whole group first: each panel crosses the network once.
-            received = []
-            if g0 == 0 and early is not None:  # same order of additions as in memory
-                received.append((*local_parts(A, B, panels[early]), None, None, early))
-            for i, p in enumerate(group, start=g0):
-                a = _host_array(device, (ml, p.width), C.dtype)
-                b = _host_array(device, (p.width, nl), C.dtype)
-                a_part, b_part = local_parts(A, B, p)
-                if grid.col == p.a_root:
-                    a[...] = a_part
-                if grid.row == p.b_root:
-                    b[...] = b_part
-                received.append((a, b, row_bc.ibcast(a, p.a_root), col_bc.ibcast(b, p.b_root),
-                                 i))
-            for a, b, ra, rb, i in received:
-                if ra is not None:  # the local-first panel has nothing to wait for
-                    wait_for_panel(i, panels[i], ra, rb, grid)
-            # Sweep the C tiles over the group, one device-sized chunk at a time.
-            # (the local-first panel was swept with group 0; skip its own turn)
-            panels_here = [(a, b) for a, b, ra, _, i in received if ra is None or i != early]
-            moved_now, seconds = sweep.run(C.local, panels_here, alpha, precision)
-            moved += moved_now
-            compute += seconds
-            if progress is not None:
-                progress(min(g0 + group_panels, len(panels)), len(panels))
+        _sweep(alpha, A, B, C, beta != 0, tiles, panels, plan, lookahead, row_bc, col_bc,
+               mover, precision, progress)
+        mover.finish()
     finally:
-        sweep.close()
-        row_bc.free()
-        col_bc.free()
+        mover.close()
     stats.seconds = time.perf_counter() - t0
-    stats.compute = compute
-    stats.wait = max(0.0, stats.seconds - compute)
-    stats.extra = {"out_of_core": True, "tile": [tm, tn], "chunk": chunk,
-                   "device_budget": device_budget, "device_bytes_planned": plan.device_bytes,
-                   "transfer_bytes": moved}
+    stats.compute = mover.compute_seconds()
+    stats.wait = max(0.0, stats.seconds - stats.compute)
+    stats.comm_seconds = row_bc.take_seconds() + col_bc.take_seconds()
+    stats.extra.update({"out_of_core": True, "tile": list(plan.tile), "tiles": list(plan.tiles),
+                        "chunk": plan.chunk, "device_budget": device_budget,
+                        "device_bytes_planned": plan.device_bytes,
+                        "transfer_bytes": mover.moved})
     return stats
 
 
-def _host_array(device, shape, dtype) -> np.ndarray:
-    """A host array, pinned when the device is a GPU (fast, asynchronous copies)."""
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    if device.name != "cupy" or nbytes == 0:
-        return np.empty(shape, dtype=dtype)
-    return device.host_buffer(nbytes).view(dtype).reshape(shape)
+def _sweep(alpha, A, B, C, load_c, tiles, panels, plan, lookahead, row_bc, col_bc, mover,
+           precision, progress) -> None:
+    """Every (tile, panel) step, with `lookahead` steps uploaded and broadcast ahead."""
+    grid, xp, dtype = C.grid, mover.xp, C.dtype
+    # Tile counts agree on all ranks (the plan); sizes are this rank's own,
+    # and the same along a grid row (rows) or column (columns), as broadcasts need.
+    tm = max((i1 - i0 for i0, i1, _, _ in tiles), default=0)
+    tn = max((j1 - j0 for _, _, j0, j1 in tiles), default=0)
+    width = max((p.width for p in panels), default=0)
+    steps = [(t, i) for t in range(len(tiles)) for i in range(len(panels))]
+    depth = lookahead + 1
+    a_slots = [xp.empty(tm * width, dtype=dtype) for _ in range(min(depth, len(steps)))]
+    b_slots = [xp.empty(width * tn, dtype=dtype) for _ in range(min(depth, len(steps)))]
+    c_bufs = [xp.empty(tm * tn, dtype=dtype) for _ in range(min(2, len(tiles)))]
+
+    def start(s):
+        t, i = steps[s]
+        i0, i1, j0, j1 = tiles[t]
+        p, slot = panels[i], s % depth
+        a_host, b_host = local_parts(A, B, p)
+        a = a_slots[slot][: (i1 - i0) * p.width].reshape(i1 - i0, p.width)
+        b = b_slots[slot][: p.width * (j1 - j0)].reshape(p.width, j1 - j0)
+        up_a = mover.upload(a, a_host[i0:i1]) if grid.col == p.a_root else None
+        up_b = mover.upload(b, b_host[:, j0:j1]) if grid.row == p.b_root else None
+        return (a, b, _Arrival(up_a, row_bc.ibcast(a, p.a_root, slot, ready=up_a), mover),
+                _Arrival(up_b, col_bc.ibcast(b, p.b_root, slot, ready=up_b), mover))
+
+    inflight = deque(start(s) for s in range(min(depth, len(steps))))
+    for s, (t, i) in enumerate(steps):
+        i0, i1, j0, j1 = tiles[t]
+        host_tile = C.local[i0:i1, j0:j1]
+        c = c_bufs[t % len(c_bufs)][: host_tile.size].reshape(host_tile.shape)
+        if i == 0:
+            mover.begin_tile(c, host_tile, t % len(c_bufs), load_c)
+        a, b, ra, rb = inflight.popleft()
+        with watch(f"C tile {t} of {len(tiles)}"):
+            wait_for_panel(i, panels[i], ra, rb, grid)
+        if i < len(panels) - 1:
+            mover.gemm(alpha, a, b, c, precision)
+        else:  # last panel: each row strip goes home once it is final
+            for r0, r1 in _bounds(c.shape[0], TAIL_STRIPS if mover.overlaps else 1):
+                if r0 == r1:
+                    continue
+                mover.gemm(alpha, a[r0:r1], b, c[r0:r1], precision)
+                mover.write_back(host_tile[r0:r1], c[r0:r1], t % len(c_bufs))
+        if progress is not None:
+            progress(s + 1, len(steps))
+        if s + depth < len(steps):
+            inflight.append(start(s + depth))
 
 
-def _tiles(rows: int, cols: int, tm: int, tn: int):
-    for i0 in range(0, rows, tm):
-        for j0 in range(0, cols, tn):
-            yield i0, min(i0 + tm, rows), j0, min(j0 + tn, cols)
+class _Arrival:
+    """A panel part's broadcast, and (on its owner) its upload, to wait for."""
+
+    def __init__(self, uploaded, pending, mover):
+        self.uploaded, self.pending, self.mover = uploaded, pending, mover
+
+    def wait(self) -> None:
+        self.pending.wait()
+        self.mover.wait_event(self.uploaded)
 
 
-def _chunks(panels, chunk: int):
-    for a, b in panels:
-        for k0 in range(0, a.shape[1], chunk):
-            yield a, b, k0, min(k0 + chunk, a.shape[1])
+class _HostMover:
+    """The NumPy stand-in for a GPU: plain copies, GEMMs on the host."""
 
+    overlaps = False
 
-class _Sweep:
-    """C tiles through the device with plain (synchronous) copies."""
+    def __init__(self, device, dtype):
+        self.device, self.xp, self.moved, self._seconds = device, np, 0, 0.0
 
-    def __init__(self, device, dtype, tm, tn, chunk):
-        self.device, self.tm, self.tn, self.chunk = device, tm, tn, chunk
+    def pin(self, array) -> None:
+        pass
 
-    def run(self, c_host, panels, alpha, precision) -> tuple[int, float]:
-        """Update every tile of `c_host` with every chunk of `panels`; return
-        (bytes moved between host and device, seconds of device work)."""
-        device, moved, t0 = self.device, 0, time.perf_counter()
-        for i0, i1, j0, j1 in _tiles(*c_host.shape, self.tm, self.tn):
-            c_dev = device.asarray(np.ascontiguousarray(c_host[i0:i1, j0:j1]))
-            for a, b, k0, k1 in _chunks(panels, self.chunk):
-                a_dev = device.asarray(np.ascontiguousarray(a[i0:i1, k0:k1]))
-                b_dev = device.asarray(np.ascontiguousarray(b[k0:k1, j0:j1]))
-                device.gemm(alpha, a_dev, b_dev, c_dev, precision=precision)
-                moved += a_dev.nbytes + b_dev.nbytes
-            c_host[i0:i1, j0:j1] = device.to_host(c_dev)
-            moved += 2 * c_dev.nbytes
-        device.synchronize()
-        return moved, time.perf_counter() - t0
+    def upload(self, dst, src):
+        dst[...] = src
+        self.moved += dst.nbytes
+        return None
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def begin_tile(self, c, host_tile, buf: int, load: bool) -> None:
+        if load:
+            c[...] = host_tile
+            self.moved += c.nbytes
+        else:
+            c.fill(0)
+
+    def gemm(self, alpha, a, b, c, precision) -> None:
+        t0 = time.perf_counter()
+        self.device.gemm(alpha, a, b, c, precision=precision)
+        self._seconds += time.perf_counter() - t0
+
+    def write_back(self, host, c, buf: int) -> None:
+        host[...] = c
+        self.moved += c.nbytes
+
+    def finish(self) -> None:
+        pass
+
+    def compute_seconds(self) -> float:
+        return self._seconds
 
     def close(self) -> None:
         pass
 
 
-class _StreamedSweep(_Sweep):
-    """C tiles through a GPU with copies overlapped with GEMMs.
+class _CudaMover:
+    """Host-device copies on two streams of their own, ordered by events.
 
-    Panel chunks are copied host-to-device on a stream of their own into two
-    alternating device buffers; each GEMM waits (on the GPU) for its chunk's
-    copy, and a buffer is refilled only after the GEMM that read it. C tiles
-    move on the compute stream, so they are ordered with their GEMMs. Host
-    panels are pinned; C's host memory is registered (pinned) while in use.
+    Uploads wait for the GEMMs queued before them (which read the slot being
+    refilled); a C buffer is zeroed or loaded only after its previous tile's
+    write-back; write-backs wait for their strip's GEMM. Host arrays are
+    page-locked (registered) once and stay so while they live, so copies are
+    asynchronous; where registering fails, copies still work, synchronously.
     """
 
+    overlaps = True
     _H2D, _D2H = 1, 2  # cudaMemcpyKind
 
-    def __init__(self, device, dtype, tm, tn, chunk):
-        super().__init__(device, dtype, tm, tn, chunk)
-        xp = device.xp
-        self.xp, self.item = xp, np.dtype(dtype).itemsize
-        self.copy_stream = xp.cuda.Stream(non_blocking=True)
-        self.compute_stream = xp.cuda.Stream(non_blocking=True)
-        self.a_dev = [xp.empty(tm * chunk, dtype=dtype) for _ in range(2)]
-        self.b_dev = [xp.empty(chunk * tn, dtype=dtype) for _ in range(2)]
-        self.c_dev = xp.empty(tm * tn, dtype=dtype)
-        self.released = [None, None]  # event: last GEMM reading each buffer
-        self.registered = []
+    def __init__(self, device, dtype):
+        import cupy
+        self.device, self.xp, self.moved = device, cupy, 0
+        self.up = cupy.cuda.Stream(non_blocking=True)
+        self.down = cupy.cuda.Stream(non_blocking=True)
+        self.written: dict[int, object] = {}  # C buffer -> event of its last write-back
+        self.marks: list = []
 
-    def _copy(self, dst, dst_pitch, src, src_pitch, rows, row_bytes, kind, stream):
-        self.xp.cuda.runtime.memcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows,
-                                           kind, stream.ptr)
+    def pin(self, array: np.ndarray) -> None:
+        _register(self.xp, array)
 
-    def _to_device(self, flat, host_view, stream):
-        rows, cols = host_view.shape
-        dev = flat[: rows * cols].reshape(rows, cols)
-        self._copy(dev.data.ptr, cols * self.item, host_view.ctypes.data, host_view.strides[0],
-                   rows, cols * self.item, self._H2D, stream)
-        return dev
+    def _copy(self, dst, dst_pitch, src, src_pitch, rows, row_bytes, kind, stream) -> None:
+        if rows and row_bytes:
+            self.xp.cuda.runtime.memcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes,
+                                               rows, kind, stream.ptr)
+        self.moved += rows * row_bytes
 
-    def _pin(self, array: np.ndarray) -> None:
-        register = getattr(self.xp.cuda.runtime, "hostRegister", None)
-        if register is None or not array.nbytes or array.ctypes.data in self.registered:
-            return
-        try:
-            register(array.ctypes.data, array.nbytes, 0)
-            self.registered.append(array.ctypes.data)
-        except self.xp.cuda.runtime.CUDARuntimeError:
-            pass  # already pinned, or not allowed: pageable copies still work
+    def _event(self, stream):
+        event = self.xp.cuda.Event(disable_timing=True)
+        event.record(stream)
+        return event
 
-    def run(self, c_host, panels, alpha, precision) -> tuple[int, float]:
-        xp, moved = self.xp, 0
-        self._pin(c_host)
-        start = xp.cuda.Event()
-        start.record(self.compute_stream)
-        n = 0
-        for i0, i1, j0, j1 in _tiles(*c_host.shape, self.tm, self.tn):
-            c = self._to_device(self.c_dev, c_host[i0:i1, j0:j1], self.compute_stream)
-            for a, b, k0, k1 in _chunks(panels, self.chunk):
-                slot = n % 2
-                if self.released[slot] is not None:
-                    self.copy_stream.wait_event(self.released[slot])
-                a_dev = self._to_device(self.a_dev[slot], a[i0:i1, k0:k1], self.copy_stream)
-                b_dev = self._to_device(self.b_dev[slot], b[k0:k1, j0:j1], self.copy_stream)
-                copied = xp.cuda.Event(disable_timing=True)
-                copied.record(self.copy_stream)
-                self.compute_stream.wait_event(copied)
-                with self.compute_stream:
-                    self.device.gemm(alpha, a_dev, b_dev, c, precision=precision)
-                done = xp.cuda.Event(disable_timing=True)
-                done.record(self.compute_stream)
-                self.released[slot] = done
-                moved += a_dev.nbytes + b_dev.nbytes
-                n += 1
-            tile = c_host[i0:i1, j0:j1]
-            self._copy(tile.ctypes.data, tile.strides[0], c.data.ptr, c.shape[1] * self.item,
-                       c.shape[0], c.shape[1] * self.item, self._D2H, self.compute_stream)
-            moved += 2 * c.nbytes
-        end = xp.cuda.Event()
-        end.record(self.compute_stream)
-        end.synchronize()
-        self.copy_stream.synchronize()
-        return moved, xp.cuda.get_elapsed_time(start, end) / 1e3
+    def upload(self, dst, src):
+        self.up.wait_event(self.device.record_event())  # GEMMs done with this slot
+        self._copy(dst.data.ptr, dst.strides[0], src.ctypes.data, src.strides[0],
+                   src.shape[0], src.shape[1] * src.itemsize, self._H2D, self.up)
+        return self._event(self.up)
+
+    def wait_event(self, event) -> None:
+        if event is not None:
+            self.xp.cuda.get_current_stream().wait_event(event)
+
+    def begin_tile(self, c, host_tile, buf: int, load: bool) -> None:
+        stream = self.xp.cuda.get_current_stream()
+        self.wait_event(self.written.pop(buf, None))
+        if load:
+            self._copy(c.data.ptr, c.strides[0], host_tile.ctypes.data, host_tile.strides[0],
+                       c.shape[0], c.shape[1] * c.itemsize, self._H2D, stream)
+        else:
+            c.fill(0)
+
+    def gemm(self, alpha, a, b, c, precision) -> None:
+        self.marks.append(self.device.timing_mark())
+        self.device.gemm(alpha, a, b, c, precision=precision)
+        self.marks.append(self.device.timing_mark())
+
+    def write_back(self, host, c, buf: int) -> None:
+        self.down.wait_event(self.device.record_event())
+        self._copy(host.ctypes.data, host.strides[0], c.data.ptr, c.strides[0],
+                   c.shape[0], c.shape[1] * c.itemsize, self._D2H, self.down)
+        self.written[buf] = self._event(self.down)
+
+    def finish(self) -> None:
+        self.device.synchronize()
+        self.up.synchronize()
+        self.down.synchronize()
+
+    def compute_seconds(self) -> float:
+        marks, self.marks = self.marks, []
+        return sum(self.device.elapsed(a, b) for a, b in zip(marks[::2], marks[1::2]))
 
     def close(self) -> None:
-        self.compute_stream.synchronize()
-        self.copy_stream.synchronize()
-        for ptr in self.registered:
-            try:
-                self.xp.cuda.runtime.hostUnregister(ptr)
-            except self.xp.cuda.runtime.CUDARuntimeError:
-                pass
-        self.registered = []
+        self.up.synchronize()
+        self.down.synchronize()
+
+
+_registered: dict[int, int] = {}  # host address -> bytes registered with CUDA
+
+
+_PAGE = 4096
+
+
+def _register(cupy, array: np.ndarray) -> None:
+    """Page-lock `array`'s memory for as long as the array lives (once)."""
+    if not array.nbytes or not array.flags.owndata or not array.flags.c_contiguous:
+        return  # empty, or a view or memory map: not ours to lock
+    start = array.ctypes.data // _PAGE * _PAGE  # whole pages
+    nbytes = -(-(array.ctypes.data + array.nbytes - start) // _PAGE) * _PAGE
+    if _registered.get(start, 0) >= nbytes:
+        return
+    try:
+        cupy.cuda.runtime.hostRegister(start, nbytes, 0)
+    except cupy.cuda.runtime.CUDARuntimeError:
+        return  # not allowed here, or a page shared with another locked array
+    _registered[start] = nbytes
+    weakref.finalize(array, _unregister, cupy, start)
+
+
+def _unregister(cupy, ptr: int) -> None:
+    if _registered.pop(ptr, None) is not None:
+        try:
+            cupy.cuda.runtime.hostUnregister(ptr)
+        except Exception:  # interpreter shutdown, or the context is gone
+            pass
+
+
+def _bounds(size: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` near-equal ranges covering ``[0, size)`` (some empty when size < parts)."""
+    cuts = [size * i // parts for i in range(parts + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def _split(p, pieces: int) -> list:
+    """Panel `p` cut into up to `pieces` narrower panels with the same roots."""
+    out = []
+    for k0, k1 in _bounds(p.width, min(pieces, p.width)):
+        out.append(dataclasses.replace(p, k0=p.k0 + k0, k1=p.k0 + k1,
+                                       a_offset=p.a_offset + k0, b_offset=p.b_offset + k0))
+    return out

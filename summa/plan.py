@@ -225,9 +225,6 @@ def sweep(profile: Profile, size: int, dtype: str, ranks=(1, 2, 4, 8, 16, 32, 64
 
 # -- memory ------------------------------------------------------------------------------
 
-#: Panel columns streamed to the device per transfer in out-of-core mode.
-OOC_CHUNK = 4096
-
 
 @dataclass
 class MemoryPlan:
@@ -241,9 +238,11 @@ class MemoryPlan:
     device_bytes, host_bytes : int
         Peak per rank (the largest rank's share).
     tile : tuple or None
-        ``(rows, cols)`` of the C tiles kept on the device (out-of-core).
+        ``(rows, cols)`` of the largest C tile kept on the device (out-of-core).
     chunk : int or None
-        Columns of a panel sent to the device per transfer (out-of-core).
+        Panel width, the inner dimension of one upload and GEMM (out-of-core).
+    tiles : tuple or None
+        ``(row tiles, column tiles)`` the same on every rank (out-of-core).
     """
 
     mode: str
@@ -251,6 +250,7 @@ class MemoryPlan:
     host_bytes: int
     tile: tuple | None = None
     chunk: int | None = None
+    tiles: tuple | None = None
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -264,15 +264,18 @@ def _local_sizes(m, n, k, grid):
 def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
                 lookahead: int = 1, backend: str = "cupy", device_budget: int | None = None,
                 out_of_core: bool = False) -> MemoryPlan:
-    """Peak memory per rank of ``C = A @ B`` and, out of core, the C tile that
-    fits `device_budget` bytes.
+    """Peak memory per rank of ``C = A @ B`` and, out of core, the C tiles that
+    fit `device_budget` bytes.
 
     In memory, a rank holds its blocks of A (ml x ka), B (kb x nl) and C
     (ml x nl) plus ``lookahead + 1`` panel buffers for each operand that arrives
     from other ranks (NumPy also makes one C-sized product per GEMM; CuPy
-    accumulates in place). Out of core, the blocks stay in host memory with the
-    same panel buffers, and the device holds one C tile plus two A and two B
-    chunks (double buffering): ``tm tn + 2 (tm + tn) chunk`` elements.
+    accumulates in place). Out of core, the blocks stay in host memory; the
+    device holds C tiles (two when there are several, so one is written back
+    while the next is computed) and ``lookahead + 1`` slots for the A and B
+    parts of a panel that a tile needs: ``c tm tn + slots (tm + tn) nb``
+    elements. Fewest tiles first (each extra row of tiles uploads B's panels
+    again), cut by rows before columns.
     """
     item = np.dtype(dtype).itemsize
     pr, pc = grid
@@ -290,23 +293,31 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
         return MemoryPlan("in-memory", on_device, staging)
     if device_budget is None:
         raise ValueError("an out-of-core plan needs a device memory budget")
-    chunk = max(1, min(OOC_CHUNK, nb))
-    budget = device_budget // item
-    # The largest square-ish tile whose data and double-buffered chunks fit.
-    tm = min(ml, _largest_tile(budget, chunk))
-    tn = min(nl, max(1, (budget - 2 * tm * chunk) // (tm + 2 * chunk))) if tm else 0
-    if tm < 1 or tn < 1 or tm * tn + 2 * (tm + tn) * chunk > budget:
+    tiles = _ooc_tiles(max(ml, 1), max(nl, 1), nb, slots, device_budget // item)
+    if tiles is None:
         raise ValueError(f"a device budget of {_gib(device_budget)} is too small for "
-                         f"out-of-core tiles of {np.dtype(dtype).name} with {chunk}-wide chunks")
-    device = (tm * tn + 2 * (tm + tn) * chunk) * item
-    host = (blocks + panels) * item
-    return MemoryPlan("out-of-core", device, host, (int(tm), int(tn)), int(chunk))
+                         f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
+    tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
+    device = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1]) * item
+    return MemoryPlan("out-of-core", device, blocks * item, (int(tm), int(tn)), int(nb),
+                      (int(tiles[0]), int(tiles[1])))
 
 
-def _largest_tile(budget_elements: int, chunk: int) -> int:
-    """Largest t with t*t + 4*t*chunk <= budget (a square tile with its chunks)."""
-    t = int((-4 * chunk + math.sqrt(16 * chunk * chunk + 4 * budget_elements)) / 2)
-    return max(t, 0)
+def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int) -> int:
+    """Device elements of the out-of-core sweep: C tiles and panel slots."""
+    return min(2, ntiles) * tm * tn + slots * (tm + tn) * nb
+
+
+def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int):
+    """Fewest ``(row tiles, column tiles)`` whose sweep fits `budget` elements."""
+    if _ooc_elements(ml, nl, nb, slots, 1) <= budget:
+        return 1, 1
+    for ntn in range(1, nl + 1):
+        tn = -(-nl // ntn)
+        tm = (budget - slots * tn * nb) // (2 * tn + slots * nb)  # two C tiles
+        if tm >= 1:
+            return -(-ml // min(tm, ml)), ntn
+    return None
 
 
 def _gib(nbytes: float) -> str:

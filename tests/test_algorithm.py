@@ -165,15 +165,3 @@ def test_errors_raise_on_every_rank_before_communicating(comm, backend):
         with pytest.raises(ValueError, match="inner dimensions"):
             summa(1.0, A, B, 0.0, DistMatrix.zeros((6, 7), "float64", grid, backend))
 
-
-def test_local_first_panel_is_one_needing_no_broadcast():
-    from types import SimpleNamespace
-    from summa.algorithm import local_first_panel
-    from summa.layout import Distribution
-    # 2x1 grid, K = 64 in panels of 8: A is whole on every rank (one grid column),
-    # B's rows 32:64 live on grid row 1, which can start there.
-    panels = panel_schedule(Distribution(64, 1), Distribution(64, 2), 8)
-    assert local_first_panel(panels, SimpleNamespace(row=1, col=0)) == 4
-    assert panels[4].k0 == 32 and panels[4].b_root == 1
-    # rank 0 owns panel 0 anyway: nothing to move ahead
-    assert local_first_panel(panels, SimpleNamespace(row=0, col=0)) is None

@@ -2,6 +2,7 @@
 is host memory there, but the budget still decides the tiling)."""
 
 import io
+import re
 import tracemalloc
 
 import numpy as np
@@ -34,13 +35,34 @@ def test_out_of_core_matches_reference_with_many_tiles(comm, rng, budget_tiles, 
         budget = (side * side + 4 * side * 8) * item
         stats = summa_out_of_core(1.5, A, B, -0.5, C, host, budget, panel_width=8)
         c = C.gather()
-    tm, tn = stats.extra["tile"]
     assert stats.extra["device_bytes_planned"] <= budget
-    tiles = -(-ml // tm) * -(-nl // tn)
+    tiles = stats.extra["tiles"][0] * stats.extra["tiles"][1]
     if budget_tiles > 1 and ml * nl > 0:
         assert tiles > 1, "a small budget must force several tiles"
     if comm.rank == 0:
         assert gemm_scaled_error(c, a, b, c0, 1.5, -0.5) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("lookahead", [0, 2])
+def test_out_of_core_split_first_panel_and_strips_of_the_last(comm, rng, monkeypatch,
+                                                               lookahead):
+    # The GPU's schedule (first panel in pieces, last panel in row strips, each
+    # written back at once) run with host copies: the same steps, checkable here.
+    from summa import outofcore
+    monkeypatch.setattr(outofcore._HostMover, "overlaps", True)
+    m, n, k = 77, 61, 45
+    a, b, c0 = (random_array(rng, s, "float64") for s in ((m, k), (k, n), (m, n)))
+    host = NumpyBackend()
+    with ProcessGrid(comm) as grid:
+        A, B, C = (DistMatrix.from_global(x, grid, host) for x in (a, b, c0))
+        stats = summa_out_of_core(1.0, A, B, 2.0, C, host, 6000, panel_width=8,
+                                  lookahead=lookahead)
+        c = C.gather()
+    assert stats.panels == len(range(0, k, 8)) - 1 + outofcore.HEAD_PIECES or grid.size > 1
+    assert stats.extra["tiles"][0] > 1
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b, c0, 1.0, 2.0) <= 1
 
 
 @pytest.mark.mpi(min_size=1)
@@ -108,9 +130,15 @@ def test_plan_figures():
     ooc = memory_plan(100_000, 100_000, 100_000, "float32", (2, 1), 4096, 1, "cupy",
                       device_budget=parse_bytes("16GiB"), out_of_core=True)
     tm, tn = ooc.tile
+    rows, cols = ooc.tiles
     assert ooc.device_bytes <= parse_bytes("16GiB")
-    assert ooc.device_bytes == (tm * tn + 2 * (tm + tn) * ooc.chunk) * 4
-    assert tm == 50_000 and tn > 1000
+    # two C tiles (one computed, one written back) and two slots of A and B panel parts
+    assert ooc.device_bytes == (2 * tm * tn + 2 * (tm + tn) * ooc.chunk) * 4
+    # fewest tiles: whole rows of C (B's panels uploaded once per row of tiles)
+    assert cols == 1 and tn == 100_000 and rows == -(-50_000 // tm) and rows > 1
+    one = memory_plan(100_000, 100_000, 100_000, "float32", (2, 1), 4096, 1, "cupy",
+                      device_budget=parse_bytes("64GiB"), out_of_core=True)
+    assert one.tiles == (1, 1) and one.tile == (50_000, 100_000)
     with pytest.raises(ValueError, match="too small"):
         memory_plan(1000, 1000, 1000, "float64", (1, 1), 256, 1, "cupy", device_budget=1000,
                     out_of_core=True)
@@ -166,6 +194,7 @@ def test_plan_command(comm):
     assert cli.main(["plan", "--size", "100000", "--ranks", "2", "--dtype", "float32",
                      "--device-memory", "16GiB"], comm, out) == 0
     if comm.rank == 0:
-        assert "out-of-core" in out.getvalue() and "C tiles of 50000 x" in out.getvalue()
+        assert "out-of-core" in out.getvalue()
+        assert re.search(r"C tiles of \d+ x 100000 \([2-9] x 1 per rank\)", out.getvalue())
     with pytest.raises(cli.UsageError, match="does not hold"):
         cli.main(["plan", "--ranks", "4", "--grid", "3x1"], comm, io.StringIO())

@@ -26,11 +26,11 @@ tests)
     run $MPI -np 2 python3 -m summa bench --backend cupy --check --json "$OUT/bench.jsonl"
     ;;
 ipc)
-    for args in "--dtype float64" "--dtype float32" "--dtype float32 --precision tf32" \
+    for args in "--dtype float32" "--dtype float32 --precision tf32" "--dtype float64" \
                 "--dtype float16"; do
         for comm in nccl ipc; do
             run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 $args \
-                --comm $comm --check --repeat 3 --json "$OUT/ipc.jsonl"
+                --comm $comm --check --repeat 3 --timeout 90 --json "$OUT/ipc.jsonl"
         done
     done
     ;;
