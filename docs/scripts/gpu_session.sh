@@ -2,6 +2,7 @@
 # The GPU checks and measurements the open issues need, in stages that each fit one device
 # call (< 9 minutes on nvidia-h200-x2). From the repo root on the GPU machine:
 #   STAGE=tests  docs/scripts/gpu_session.sh     # suite on the CuPy backend, 1 and 2 ranks
+#   STAGE=inmem  docs/scripts/gpu_session.sh     # issue 3: 32768 fp64/fp32/tf32 on 2 GPUs
 #   STAGE=ipc    docs/scripts/gpu_session.sh     # issue 3: copy-engine broadcasts against NCCL
 #   STAGE=ooc    docs/scripts/gpu_session.sh     # issue 5: host-resident runs, cuBLASXt, 100k
 #   STAGE=files  docs/scripts/gpu_session.sh     # issue 4: 32768^2 float64 .npy files end to end
@@ -18,12 +19,20 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 MPI=${MPIEXEC:-mpirun --oversubscribe}
-run() { echo "+ $*" | tee -a "$OUT/session.log"; "$@" < /dev/null 2>&1 | tee -a "$OUT/session.log"; }
+# Each command gets at most LIMIT seconds (default 240), so one hang cannot eat the session.
+run() { echo "+ $*" | tee -a "$OUT/session.log"
+        timeout "${LIMIT:-240}" "$@" < /dev/null 2>&1 | tee -a "$OUT/session.log"; }
 case "${STAGE:-tests}" in
 tests)
     SUMMA_TEST_BACKEND=cupy TEST_RANKS="1 2" SUMMA_PYTHON=python3 MPIEXEC="$MPI" ./run test \
         > "$OUT/tests.log" 2>&1; echo "tests rc=$?"; grep -a -E "passed|failed" "$OUT/tests.log"
     run $MPI -np 2 python3 -m summa bench --backend cupy --check --json "$OUT/bench.jsonl"
+    ;;
+inmem)
+    for args in "--dtype float64" "--dtype float32" "--dtype float32 --precision tf32"; do
+        run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 $args --check \
+            --repeat 3 --timeout 90 --json "$OUT/inmem.jsonl"
+    done
     ;;
 ipc)
     for args in "--dtype float32" "--dtype float32 --precision tf32" "--dtype float64" \
@@ -36,15 +45,17 @@ ipc)
     ;;
 ooc)
     for p in 1 2; do for d in float64 float32; do
-        run $MPI -np $p python3 -m summa bench --backend cupy --size 32768 --dtype $d \
-            --out-of-core --check --repeat 2 --json "$OUT/ooc.jsonl"
-        run python3 docs/scripts/compare_peers.py --size 32768 --dtype $d --gpus $p \
-            --placement host --peers cupy,cublasxt --repeat 2 --json "$OUT/peers.jsonl"
+        LIMIT=100 run $MPI -np $p python3 -m summa bench --backend cupy --size 32768 \
+            --dtype $d --out-of-core --check --repeat 2 --timeout 60 --json "$OUT/ooc.jsonl"
+        LIMIT=90 run python3 docs/scripts/compare_peers.py --size 32768 --dtype $d --gpus $p \
+            --placement host --peers cublasxt --repeat 2 --json "$OUT/peers.jsonl"
     done; done
-    run $MPI -np 2 python3 -m summa bench --backend cupy --size 100000 --dtype float64 --check \
-        --repeat 1 --warmup 1 --no-ideal --json "$OUT/ooc.jsonl"
-    run $MPI -np 2 python3 -m summa bench --backend cupy --size 100000 --dtype float32 \
-        --device-memory 16GiB --check --repeat 1 --warmup 0 --no-ideal --json "$OUT/ooc.jsonl"
+    LIMIT=150 run $MPI -np 2 python3 -m summa bench --backend cupy --size 100000 \
+        --dtype float64 --check --repeat 1 --warmup 1 --no-ideal --timeout 60 \
+        --json "$OUT/ooc.jsonl"
+    LIMIT=150 run $MPI -np 2 python3 -m summa bench --backend cupy --size 100000 \
+        --dtype float32 --device-memory 16GiB --check --repeat 1 --warmup 0 --no-ideal \
+        --timeout 60 --json "$OUT/ooc.jsonl"
     ;;
 files)
     run python3 -c "
