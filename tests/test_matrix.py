@@ -6,6 +6,7 @@ from mpi4py import MPI
 
 from helpers import random_array
 from summa.grid import ProcessGrid
+from summa.backend import NumpyBackend
 from summa.matrix import DistMatrix
 
 SHAPES = [(1, 1), (2, 3), (7, 5), (31, 17), (64, 64)]
@@ -68,7 +69,11 @@ def test_random_does_not_depend_on_grid(comm, backend, rng, block):
                 alone = DistMatrix.random((23, 19), dtype, single, backend, seed=seed).gather()
                 other = DistMatrix.random((23, 19), dtype, single, backend,
                                           seed=seed + 1).gather()
+                # host-held blocks computed by the test backend (the GPU, there)
+                hosted = DistMatrix.random((23, 19), dtype, single, NumpyBackend(), seed=seed,
+                                           compute=backend).gather()
             assert np.array_equal(here, alone) and np.array_equal(row, alone)
+            assert np.array_equal(hosted, alone)
             assert np.all(alone != 0) and np.all(np.abs(alone) <= 1.5)
             assert not np.array_equal(other, alone)
             if np.dtype(dtype).kind == "c":

@@ -131,6 +131,10 @@ def peer_cublasxt(args):
         arrays.append(x)
     a, b, c = arrays
     gemm = getattr(lib, f"cublasXt{letter}gemm")
+    # Sizes and leading dimensions are size_t: without argtypes ctypes would pass ints.
+    size, ptr, op = ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int
+    gemm.argtypes = [ptr, op, op, size, size, size, ctypes.POINTER(scalar), ptr, size, ptr, size,
+                     ctypes.POINTER(scalar), ptr, size]
     one, zero = scalar(1.0), scalar(0.0)
 
     def run():

@@ -5,6 +5,7 @@
 #   STAGE=inmem  docs/scripts/gpu_session.sh     # issue 3: 32768 fp64/fp32/tf32 on 2 GPUs
 #   STAGE=ipc    docs/scripts/gpu_session.sh     # issue 3: copy-engine broadcasts against NCCL
 #   STAGE=ooc    docs/scripts/gpu_session.sh     # issue 5: host-resident runs, cuBLASXt, 100k
+#   STAGE=headline docs/scripts/gpu_session.sh   # issues 5, 8: 100k runs, cuBLASXt, JAX
 #   STAGE=files  docs/scripts/gpu_session.sh     # issue 4: 32768^2 float64 .npy files end to end
 #   STAGE=model  docs/scripts/gpu_session.sh     # issue 7: calibrate, validate, plot
 #   STAGE=peers  docs/scripts/gpu_session.sh     # issue 8: compare_peers for fp64/fp32/tf32/fp16
@@ -56,6 +57,27 @@ ooc)
     LIMIT=150 run $MPI -np 2 python3 -m summa bench --backend cupy --size 100000 \
         --dtype float32 --device-memory 16GiB --check --repeat 1 --warmup 0 --no-ideal \
         --timeout 60 --json "$OUT/ooc.jsonl"
+    ;;
+headline)  # issue 5's large cases, cuBLASXt on host data, JAX on device data
+    LIMIT=120 run $MPI -np 2 python3 -m summa bench --backend cupy --size 100000 \
+        --dtype float64 --check --repeat 1 --warmup 1 --no-ideal --timeout 60 \
+        --json "$OUT/ooc.jsonl"
+    LIMIT=130 run $MPI -np 2 python3 -m summa bench --backend cupy --size 100000 \
+        --dtype float32 --device-memory 16GiB --check --repeat 1 --warmup 1 --no-ideal \
+        --timeout 60 --json "$OUT/ooc.jsonl"
+    for d in float64 float32; do
+        LIMIT=45 run $MPI -np 1 python3 -m summa bench --backend cupy --size 32768 \
+            --dtype $d --out-of-core --check --repeat 2 --timeout 60 --json "$OUT/ooc.jsonl"
+        for p in 1 2; do
+            LIMIT=40 run python3 docs/scripts/compare_peers.py --size 32768 --dtype $d \
+                --gpus $p --placement host --peers cublasxt --repeat 2 --json "$OUT/peers.jsonl"
+        done
+    done
+    for args in "--dtype float64" "--dtype float32" "--dtype float32 --precision tf32" \
+                "--dtype float16"; do
+        LIMIT=45 run python3 docs/scripts/compare_peers.py --size 32768 $args --gpus 2 \
+            --repeat 2 --peers cupy,jax --json "$OUT/peers.jsonl"
+    done
     ;;
 files)
     run python3 -c "
