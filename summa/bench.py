@@ -141,11 +141,14 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                            out_of_core=budget is not None)
         home = backend if budget is None else NumpyBackend()  # out of core: data on the host
         # Host-held data is still generated on the GPU (many times faster).
+        t_gen = time.perf_counter()
         A = DistMatrix.random((m, k), dtype, grid, home, seed=args.seed, block=block,
                               compute=backend)
         B = DistMatrix.random((k, n), dtype, grid, home, seed=args.seed + 1, block=block,
                               compute=backend)
         C = DistMatrix.zeros((m, n), dtype, grid, home, block=block)
+        backend.synchronize()
+        t_gen = time.perf_counter() - t_gen
         times, stats = [], SummaStats()
         for i in range(warmup + repeat):
             with watch(f"all ranks to start repetition {i}"):
@@ -167,6 +170,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
             if i == 0:
                 reserved_first = backend.memory_reserved()
                 pin_first = stats.extra.get("pin_seconds", 0.0)
+                locked = stats.extra.get("host_locked")
             if i >= warmup:
                 times.append(elapsed)
                 if elapsed == min(times):
@@ -183,7 +187,8 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                                          out_of_core=best_stats.extra.get("out_of_core", False),
                                          tile=best_stats.extra.get("tile"),
                                          tiles=best_stats.extra.get("tiles"),
-                                         pin_seconds=pin_first,
+                                         pin_seconds=pin_first, host_locked=locked,
+                                         generate_seconds=t_gen,
                                          memory_bytes=memory, reserved_bytes=reserved,
                                          pool_growth_bytes=reserved - reserved_first,
                                          ideal_seconds=ideal_seconds,
@@ -232,12 +237,17 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     label = dtype.name + ("/tf32" if precision else "")
     print(f"{f'{m} x {n} x {k}':>22} {label:>10} {nb:>5} {best:>9.4f} {tflops:>9.3f} "
           f"{tflops / size:>9.3f} {err:>14}", file=out)
+    print(f"data: A and B generated in {max(r['generate_seconds'] for r in per_rank):.2f} s "
+          f"({'host' if per_rank[0].get('out_of_core') else 'device'} memory)", file=out)
     if per_rank[0].get("out_of_core"):
         tm, tn = per_rank[0]["tile"]
         rows, cols = per_rank[0]["tiles"]
         print(f"out of core: A, B, C in host memory, C streamed through the device in "
-              f"{rows} x {cols} tiles of up to {tm} x {tn} (host locking took "
-              f"{per_rank[0].get('pin_seconds', 0):.2f} s on the first call)", file=out)
+              f"{rows} x {cols} tiles of up to {tm} x {tn}", file=out)
+        unlocked = [r["rank"] for r in per_rank if not r.get("host_locked")]
+        print(f"  host memory page-locked in {max(r['pin_seconds'] for r in per_rank):.2f} s "
+              "on the first call" + (f"; NOT locked on ranks {unlocked}: copies there are "
+                                     "synchronous and slow" if unlocked else ""), file=out)
     if efficiency is not None:
         print(f"ideal ({size} x one-device {backend.xp.__name__}.matmul of the per-rank shape): "
               f"{ideal_tflops:.3f} TFLOP/s; efficiency {efficiency:.3f}", file=out)

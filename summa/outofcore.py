@@ -101,9 +101,8 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     elif beta == 0 and not panels:
         C.local.fill(0)  # k == 0; otherwise tiles start from zero on the device
     t_pin = time.perf_counter()
-    for M in (A, B, C):
-        mover.pin(M.local)
-    stats.extra = {"pin_seconds": time.perf_counter() - t_pin}
+    locked = all([mover.pin(M.local) for M in (A, B, C)])
+    stats.extra = {"pin_seconds": time.perf_counter() - t_pin, "host_locked": locked}
     try:
         _sweep(alpha, A, B, C, beta != 0, tiles, panels, plan, lookahead, row_bc, col_bc,
                mover, precision, progress)
@@ -191,8 +190,8 @@ class _HostMover:
     def __init__(self, device, dtype):
         self.device, self.xp, self.moved, self._seconds = device, np, 0, 0.0
 
-    def pin(self, array) -> None:
-        pass
+    def pin(self, array) -> bool:
+        return True  # nothing to lock: host memory is the "device" memory
 
     def upload(self, dst, src):
         dst[...] = src
@@ -249,8 +248,8 @@ class _CudaMover:
         self.written: dict[int, object] = {}  # C buffer -> event of its last write-back
         self.marks: list = []
 
-    def pin(self, array: np.ndarray) -> None:
-        _register(self.xp, array)
+    def pin(self, array: np.ndarray) -> bool:
+        return _register(self.xp, array)
 
     def _copy(self, dst, dst_pitch, src, src_pitch, rows, row_bytes, kind, stream) -> None:
         if rows and row_bytes:
@@ -313,20 +312,27 @@ _registered: dict[int, int] = {}  # host address -> bytes registered with CUDA
 _PAGE = 4096
 
 
-def _register(cupy, array: np.ndarray) -> None:
-    """Page-lock `array`'s memory for as long as the array lives (once)."""
-    if not array.nbytes or not array.flags.owndata or not array.flags.c_contiguous:
-        return  # empty, or a view or memory map: not ours to lock
+def _register(cupy, array: np.ndarray) -> bool:
+    """Page-lock `array`'s memory for as long as the array lives (once).
+
+    Returns whether it is locked (an empty array counts as locked); copies from
+    memory that is not run synchronously, through the driver's own buffers.
+    """
+    if not array.nbytes:
+        return True
+    if not array.flags.owndata or not array.flags.c_contiguous:
+        return False  # a view or memory map: not ours to lock
     start = array.ctypes.data // _PAGE * _PAGE  # whole pages
     nbytes = -(-(array.ctypes.data + array.nbytes - start) // _PAGE) * _PAGE
     if _registered.get(start, 0) >= nbytes:
-        return
+        return True
     try:
         cupy.cuda.runtime.hostRegister(start, nbytes, 0)
     except cupy.cuda.runtime.CUDARuntimeError:
-        return  # not allowed here, or a page shared with another locked array
+        return False  # not allowed here, or a page shared with another locked array
     _registered[start] = nbytes
     weakref.finalize(array, _unregister, cupy, start)
+    return True
 
 
 def _unregister(cupy, ptr: int) -> None:

@@ -259,9 +259,9 @@ def main():
     if args.json:
         with open(args.json, "a") as fh:
             for peer, r in results.items():
-                fh.write(json.dumps(dict(peer=peer, size=args.size, dtype=args.dtype,
-                                         precision=args.precision, placement=args.placement,
-                                         gpus=args.gpus, **r)) + "\n")
+                row = dict(peer=peer, size=args.size, dtype=args.dtype,
+                           precision=args.precision, placement=args.placement, gpus=args.gpus)
+                fh.write(json.dumps({**row, **r}) + "\n")
 
 
 if __name__ == "__main__":
