@@ -13,7 +13,19 @@ import time
 import numpy as np
 
 __all__ = ["Backend", "NumpyBackend", "CupyBackend", "get_backend", "cupy_available",
-           "DTYPES", "resolve_dtype"]
+           "DTYPES", "resolve_dtype", "gemm_library", "GEMM_LIBRARIES"]
+
+#: GPU GEMM implementations: cuBLAS's gemmEx (its heuristic's first algorithm), or
+#: cuBLASLt with the fastest of several algorithms timed per shape (summa/lt.py).
+GEMM_LIBRARIES = ("cublas", "cublaslt")
+
+
+def gemm_library() -> str:
+    """The GPU GEMM library named by ``SUMMA_GEMM`` (default ``cublas``)."""
+    name = os.environ.get("SUMMA_GEMM", "cublas").strip().lower() or "cublas"
+    if name not in GEMM_LIBRARIES:
+        raise ValueError(f"SUMMA_GEMM={name!r} is not one of {', '.join(GEMM_LIBRARIES)}")
+    return name
 
 #: dtypes summa computes in, by the names the CLI accepts.
 DTYPES = {
@@ -194,12 +206,17 @@ class CupyBackend(Backend):
 
     name = "cupy"
 
-    def __init__(self, device: int = 0):
+    def __init__(self, device: int = 0, library: str = "cublas"):
         import cupy
         self.xp = cupy
         self.device = int(device)
         cupy.cuda.Device(self.device).use()
         self.dtypes = tuple(np.dtype(t) for t in DTYPES.values())
+        self.library = library
+        self._lt = None
+        if library == "cublaslt":
+            from .lt import LtGemm
+            self._lt = LtGemm(cupy)
 
     def asarray(self, host):
         return self.xp.asarray(host)
@@ -228,6 +245,11 @@ class CupyBackend(Backend):
         beta_h = np.array(beta, dtype=scalar)
         # Row-major C = A B is column-major C^T = B^T A^T: swap the operands.
         # beta=1 accumulates in place, so no C-sized temporary is ever made.
+        if self._lt is not None:
+            self._lt(c.dtype.char, data_type, compute, n, m, k, alpha_h.ctypes.data,
+                     b.data.ptr, ldb, a.data.ptr, lda, beta_h.ctypes.data, c.data.ptr, n,
+                     self.xp.cuda.get_current_stream().ptr, c.itemsize)
+            return
         cublas.gemmEx(self.xp.cuda.device.get_cublas_handle(), 0, 0, n, m, k,
                       alpha_h.ctypes.data, b.data.ptr, data_type, ldb,
                       a.data.ptr, data_type, lda, beta_h.ctypes.data,
@@ -265,7 +287,8 @@ class CupyBackend(Backend):
     def describe(self):
         props = self.xp.cuda.runtime.getDeviceProperties(self.device)
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-        return f"cupy on GPU {self.device} ({name})"
+        lt = ", cuBLASLt GEMM" if self._lt is not None else ""
+        return f"cupy on GPU {self.device} ({name}{lt})"
 
 
 _BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -303,6 +326,7 @@ def get_backend(name: str = "auto", local_rank: int = 0) -> Backend:
     """
     if name not in ("auto", "numpy", "cupy"):
         raise ValueError(f"unknown backend {name!r}; choose auto, numpy or cupy")
+    library = gemm_library()  # a bad SUMMA_GEMM is an error on CPU machines too
     if name == "auto":
         name = "cupy" if cupy_available() else "numpy"
     if name == "numpy":
@@ -311,4 +335,4 @@ def get_backend(name: str = "auto", local_rank: int = 0) -> Backend:
         raise ValueError("backend 'cupy' was requested but CuPy is not installed "
                          "or sees no GPU")
     import cupy
-    return CupyBackend(local_rank % cupy.cuda.runtime.getDeviceCount())
+    return CupyBackend(local_rank % cupy.cuda.runtime.getDeviceCount(), library)

@@ -39,6 +39,16 @@ def test_get_backend_choices():
         get_backend("tpu")
 
 
+def test_gemm_library_is_checked_on_every_machine(monkeypatch):
+    from summa.backend import gemm_library
+    assert gemm_library() in ("cublas", "cublaslt")
+    monkeypatch.setenv("SUMMA_GEMM", " cuBLASLt ")
+    assert gemm_library() == "cublaslt"
+    monkeypatch.setenv("SUMMA_GEMM", "cublasxt")
+    with pytest.raises(ValueError, match="SUMMA_GEMM='cublasxt' is not one of cublas, cublaslt"):
+        get_backend("numpy")
+
+
 @pytest.mark.skipif(cupy_available(), reason="only meaningful without a GPU")
 def test_cupy_requested_without_gpu():
     with pytest.raises(ValueError, match="CuPy is not installed or sees no GPU"):

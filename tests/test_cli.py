@@ -11,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from summa import bench, cli
@@ -130,6 +131,21 @@ def test_user_error_is_one_line_and_exit_2(args, match):
     # Only our own lines count: some launchers (Open MPI) add their own notice.
     lines = [line for line in p.stderr.splitlines() if "summa" in line or "Traceback" in line]
     assert len(lines) == 1 and match in lines[0] and lines[0].startswith("summa: error:")
+
+
+@pytest.mark.parametrize("entry", ["bench", "multiply"])
+def test_bad_gemm_library_is_one_line_and_exit_2(entry, tmp_path):
+    command = ["bench", "--size", "16"]
+    if entry == "multiply":
+        for name in ("a", "b"):
+            np.save(tmp_path / f"{name}.npy", np.ones((4, 4)))
+        command = ["multiply", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"), "-o",
+                   str(tmp_path / "c.npy")]
+    p = job(2, *command, env={"SUMMA_GEMM": "cublasxt"})
+    assert p.returncode == 2, p.stderr
+    lines = [line for line in p.stderr.splitlines() if "summa" in line or "Traceback" in line]
+    assert len(lines) == 1 and "SUMMA_GEMM='cublasxt' is not one of cublas, cublaslt" in lines[0]
+    assert not (tmp_path / "c.npy").exists()
 
 
 def test_bench_job_passes_check_on_6_ranks_complex():

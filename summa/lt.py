@@ -1,0 +1,207 @@
+"""cuBLASLt matrix products with a measured choice of algorithm.
+
+``cublasGemmEx`` runs the first algorithm its heuristic proposes. For large
+GEMMs the fastest of the heuristic's first few candidates can be several
+percent faster (XLA times them too, which is part of why JAX's products ran
+faster per GPU than CuPy's in our measurements), so :class:`LtGemm` asks
+cuBLASLt for up to :data:`CANDIDATES` algorithms that suit the full product,
+times each on a slice of the real operands writing to a scratch output, and
+keeps the fastest for that shape, layout and alignment for the life of the
+process. The same product then always uses the same algorithm, so repeated
+runs give the same bits.
+
+Chosen with ``SUMMA_GEMM=cublaslt`` (see :class:`summa.backend.CupyBackend`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+
+__all__ = ["LtGemm", "CANDIDATES"]
+
+#: Algorithms proposed by the heuristic that are timed per shape.
+CANDIDATES = 8
+#: Largest scratch output used for timing, in elements.
+TUNE_ELEMENTS = 1 << 26
+#: Workspace offered to cuBLASLt (split-K and stream-K algorithms use it).
+WORKSPACE_BYTES = 64 << 20
+
+# cublasLt enums (stable in the CUDA ABI; cublasLt.h).
+_DESC_TRANSA, _DESC_TRANSB = 3, 4
+_PREF_MAX_WORKSPACE_BYTES = 1
+_PREF_MIN_ALIGNMENT = {"a": 5, "b": 6, "c": 7, "d": 8}
+_SCALE_TYPES = {"e": 0, "f": 0, "d": 1, "F": 4, "D": 5}  # cudaDataType of alpha/beta
+
+
+class _Algo(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_uint64 * 8)]
+
+
+class _Heuristic(ctypes.Structure):
+    _fields_ = [("algo", _Algo), ("workspace_size", ctypes.c_size_t), ("state", ctypes.c_int),
+                ("waves_count", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+
+
+def _library():
+    """libcublasLt: CuPy's own copy when it is loaded, else the wheel's or the system's."""
+    candidates = ["libcublasLt.so.13", "libcublasLt.so.12"]
+    try:
+        import nvidia.cublas as wheel
+        for root in wheel.__path__:
+            lib = os.path.join(root, "lib")
+            if os.path.isdir(lib):
+                candidates += sorted(os.path.join(lib, f) for f in os.listdir(lib)
+                                     if f.startswith("libcublasLt.so"))
+    except ImportError:
+        pass
+    for path in candidates:
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    raise RuntimeError("cuBLASLt (libcublasLt.so) was not found")
+
+
+def _alignment(ptr: int) -> int:
+    """Largest power of two up to 256 that divides the address `ptr`."""
+    align = 256
+    while align > 1 and ptr % align:
+        align //= 2
+    return align
+
+
+class LtGemm:
+    """Column-major ``D = alpha * A @ B + beta * C`` (C and D the same buffer) on
+    one GPU, algorithms chosen per shape by timing (see module docstring)."""
+
+    def __init__(self, cupy):
+        self.cupy = cupy
+        self.lib = _library()
+        handle = ctypes.c_void_p()
+        self._check(self.lib.cublasLtCreate(ctypes.byref(handle)), "cublasLtCreate")
+        self.handle = handle
+        self.workspace = cupy.empty(WORKSPACE_BYTES, dtype=np.uint8)
+        self._plans: dict = {}
+
+    @staticmethod
+    def _check(status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"{what} failed with cuBLAS status {status}")
+
+    def _layout(self, data_type: int, rows: int, cols: int, ld: int):
+        layout = ctypes.c_void_p()
+        self._check(self.lib.cublasLtMatrixLayoutCreate(
+            ctypes.byref(layout), ctypes.c_int(data_type), ctypes.c_uint64(rows),
+            ctypes.c_uint64(cols), ctypes.c_int64(ld)), "cublasLtMatrixLayoutCreate")
+        return layout
+
+    def _desc(self, compute: int, scale_type: int):
+        desc = ctypes.c_void_p()
+        self._check(self.lib.cublasLtMatmulDescCreate(ctypes.byref(desc), ctypes.c_int(compute),
+                                                      ctypes.c_int(scale_type)),
+                    "cublasLtMatmulDescCreate")
+        no = ctypes.c_int(0)  # CUBLAS_OP_N for both (the defaults, set to be explicit)
+        for attr in (_DESC_TRANSA, _DESC_TRANSB):
+            self._check(self.lib.cublasLtMatmulDescSetAttribute(
+                desc, ctypes.c_int(attr), ctypes.byref(no), ctypes.c_size_t(4)),
+                "cublasLtMatmulDescSetAttribute")
+        return desc
+
+    def _candidates(self, desc, la, lb, lc, aligns) -> list:
+        pref = ctypes.c_void_p()
+        self._check(self.lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)),
+                    "cublasLtMatmulPreferenceCreate")
+        try:
+            ws = ctypes.c_uint64(WORKSPACE_BYTES)
+            self._check(self.lib.cublasLtMatmulPreferenceSetAttribute(
+                pref, ctypes.c_int(_PREF_MAX_WORKSPACE_BYTES), ctypes.byref(ws),
+                ctypes.c_size_t(8)), "cublasLtMatmulPreferenceSetAttribute")
+            for name, align in aligns.items():  # rule out algorithms our pointers cannot feed
+                value = ctypes.c_uint32(align)
+                self._check(self.lib.cublasLtMatmulPreferenceSetAttribute(
+                    pref, ctypes.c_int(_PREF_MIN_ALIGNMENT[name]), ctypes.byref(value),
+                    ctypes.c_size_t(4)), "cublasLtMatmulPreferenceSetAttribute")
+            results = (_Heuristic * CANDIDATES)()
+            found = ctypes.c_int(0)
+            self._check(self.lib.cublasLtMatmulAlgoGetHeuristic(
+                self.handle, desc, la, lb, lc, lc, pref, ctypes.c_int(CANDIDATES), results,
+                ctypes.byref(found)), "cublasLtMatmulAlgoGetHeuristic")
+            return [results[i] for i in range(found.value)
+                    if results[i].state == 0 and results[i].workspace_size <= WORKSPACE_BYTES]
+        finally:
+            self.lib.cublasLtMatmulPreferenceDestroy(pref)
+
+    def _run(self, plan_desc, algo, alpha, beta, a_ptr, la, b_ptr, lb, c_ptr, lc, stream) -> int:
+        return self.lib.cublasLtMatmul(
+            self.handle, plan_desc, ctypes.c_void_p(alpha), ctypes.c_void_p(a_ptr), la,
+            ctypes.c_void_p(b_ptr), lb, ctypes.c_void_p(beta), ctypes.c_void_p(c_ptr), lc,
+            ctypes.c_void_p(c_ptr), lc, ctypes.byref(algo),
+            ctypes.c_void_p(self.workspace.data.ptr), ctypes.c_size_t(WORKSPACE_BYTES),
+            ctypes.c_void_p(stream))
+
+    def __call__(self, char: str, data_type: int, compute: int, m: int, n: int, k: int,
+                 alpha_ptr: int, a_ptr: int, lda: int, b_ptr: int, ldb: int, beta_ptr: int,
+                 c_ptr: int, ldc: int, stream: int, itemsize: int) -> None:
+        """Column-major ``C (m x n) = alpha A (m x k) B (k x n) + beta C``."""
+        aligns = {"a": _alignment(a_ptr), "b": _alignment(b_ptr), "c": _alignment(c_ptr),
+                  "d": _alignment(c_ptr)}
+        key = (char, compute, m, n, k, lda, ldb, ldc, tuple(aligns.values()))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._plan(char, data_type, compute, m, n, k, a_ptr, lda,
+                                                 b_ptr, ldb, ldc, aligns, stream, itemsize)
+        desc, la, lb, lc, algo = plan
+        self._check(self._run(desc, algo, alpha_ptr, beta_ptr, a_ptr, la, b_ptr, lb, c_ptr, lc,
+                              stream), "cublasLtMatmul")
+
+    def _plan(self, char, data_type, compute, m, n, k, a_ptr, lda, b_ptr, ldb, ldc, aligns,
+              stream, itemsize):
+        desc = self._desc(compute, _SCALE_TYPES[char])
+        la = self._layout(data_type, m, k, lda)
+        lb = self._layout(data_type, k, n, ldb)
+        lc = self._layout(data_type, m, n, ldc)
+        found = self._candidates(desc, la, lb, lc, aligns)
+        if not found:
+            raise RuntimeError(f"cuBLASLt offers no algorithm for a {m} x {n} x {k} product")
+        algo = found[0].algo
+        if len(found) > 1:
+            algo = self._fastest(found, desc, data_type, m, n, k, a_ptr, la, b_ptr, ldb, lb,
+                                 stream, itemsize, char)
+        return desc, la, lb, lc, algo
+
+    def _fastest(self, found, desc, data_type, m, n, k, a_ptr, la, b_ptr, ldb, lb, stream,
+                 itemsize, char):
+        """Time each candidate on the first columns of the product (a scratch output)."""
+        cupy = self.cupy
+        cols = max(1, min(n, TUNE_ELEMENTS // max(m, 1)))
+        scratch = cupy.zeros(m * cols * itemsize, dtype=np.uint8)
+        lt = self._layout(data_type, m, cols, m)
+        lb_t = self._layout(data_type, k, cols, ldb) if cols != n else lb
+        scalar = {"e": np.float32, "f": np.float32, "d": np.float64, "F": np.complex64,
+                  "D": np.complex128}[char]
+        one, zero = np.ones(1, dtype=scalar), np.zeros(1, dtype=scalar)
+        best, best_ms = found[0].algo, float("inf")
+        stream_obj = cupy.cuda.ExternalStream(stream) if stream else cupy.cuda.Stream.null
+        try:
+            for result in found:
+                times = []
+                for _ in range(2):  # the first run warms up; the second is timed
+                    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+                    start.record(stream_obj)
+                    status = self._run(desc, result.algo, one.ctypes.data, zero.ctypes.data,
+                                       a_ptr, la, b_ptr, lb_t, scratch.data.ptr, lt, stream)
+                    stop.record(stream_obj)
+                    if status != 0:
+                        break
+                    stop.synchronize()
+                    times.append(cupy.cuda.get_elapsed_time(start, stop))
+                if len(times) == 2 and times[1] < best_ms:
+                    best, best_ms = result.algo, times[1]
+        finally:
+            self.lib.cublasLtMatrixLayoutDestroy(lt)
+            if lb_t is not lb:
+                self.lib.cublasLtMatrixLayoutDestroy(lb_t)
+        return best
