@@ -129,7 +129,7 @@ class LtGemm:
             self._check(self.lib.cublasLtMatmulAlgoGetHeuristic(
                 self.handle, desc, la, lb, lc, lc, pref, ctypes.c_int(CANDIDATES), results,
                 ctypes.byref(found)), "cublasLtMatmulAlgoGetHeuristic")
-            return [results[i] for i in range(found.value)
+            return [_Heuristic.from_buffer_copy(results[i]) for i in range(found.value)
                     if results[i].state == 0 and results[i].workspace_size <= WORKSPACE_BYTES]
         finally:
             self.lib.cublasLtMatmulPreferenceDestroy(pref)
