@@ -3,6 +3,7 @@
 # call (< 9 minutes on nvidia-h200-x2). From the repo root on the GPU machine:
 #   STAGE=tests  docs/scripts/gpu_session.sh     # suite on the CuPy backend, 1 and 2 ranks
 #   STAGE=inmem  docs/scripts/gpu_session.sh     # issue 3: 32768 fp64/fp32/tf32 on 2 GPUs
+#   STAGE=lt     docs/scripts/gpu_session.sh     # issue 3: SUMMA_GEMM=cublaslt against gemmEx
 #   STAGE=ipc    docs/scripts/gpu_session.sh     # issue 3: copy-engine broadcasts against NCCL
 #   STAGE=ooc    docs/scripts/gpu_session.sh     # issue 5: host-resident runs, cuBLASXt, 100k
 #   STAGE=headline docs/scripts/gpu_session.sh   # issues 5, 8: 100k runs, cuBLASXt, JAX
@@ -33,6 +34,15 @@ inmem)
     for args in "--dtype float64" "--dtype float32" "--dtype float32 --precision tf32"; do
         run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 $args --check \
             --repeat 3 --timeout 90 --json "$OUT/inmem.jsonl"
+    done
+    ;;
+lt)  # issue 3: cuBLASLt's timed algorithm choice against gemmEx, 2 GPUs, N = 32768
+    LIMIT=120 run python3 -m pytest -q -x tests/test_gpu.py -k "cublaslt or out_of_core"
+    for args in "--dtype float64" "--dtype float32 --precision tf32" "--dtype float16"; do
+        for lib in cublas cublaslt; do
+            LIMIT=60 SUMMA_GEMM=$lib run $MPI -np 2 python3 -m summa bench --backend cupy \
+                --size 32768 $args --check --repeat 3 --timeout 60 --json "$OUT/lt.jsonl"
+        done
     done
     ;;
 ipc)
