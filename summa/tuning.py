@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from mpi4py import MPI
 
 __all__ = ["default_panel_width", "auto_panel_width", "CANDIDATE_WIDTHS"]
@@ -29,10 +31,12 @@ def default_panel_width(backend_name: str, dtype, precision: str | None = None) 
     written once per panel) while leaving several panels to overlap broadcasts
     with. Measured on 2 H200s at N = 32768 (docs/benchmarks.md): 4096 is best
     for float64 (8192 lost 4 %), TF32 needs 8192 (621 against 531 TFLOP/s).
+    float16 GEMMs are faster still, so each 4096-wide panel's fixed costs
+    (broadcast latency, launches) weigh even more: it takes 8192 like TF32.
     """
     if backend_name != "cupy":
         return 256
-    return 8192 if precision == "tf32" else 4096
+    return 8192 if precision == "tf32" or np.dtype(dtype) == np.float16 else 4096
 
 
 def auto_panel_width(A, B, C, precision=None) -> tuple[int, bool]:

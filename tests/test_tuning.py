@@ -14,6 +14,8 @@ def test_defaults():
     assert tuning.default_panel_width("numpy", np.float64) == 256
     assert tuning.default_panel_width("cupy", np.float64) == 4096
     assert tuning.default_panel_width("cupy", np.float32, "tf32") == 8192
+    assert tuning.default_panel_width("cupy", np.float16) == 8192
+    assert tuning.default_panel_width("cupy", np.float32) == 4096
 
 
 @pytest.mark.mpi(min_size=1)
