@@ -67,3 +67,14 @@ def test_share_cpu_cores(monkeypatch):
         assert all(p["num_threads"] <= share for p in threadpool_info() if p["user_api"] == "blas")
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert share_cpu_cores(2) is None  # the user's setting wins
+
+
+def test_cublaslt_alignment_of_pointers():
+    # cuBLASLt assumes 256-byte aligned operands unless told: panels and strips
+    # start anywhere, so the preference must state what a pointer really has.
+    from summa.lt import _alignment
+    assert _alignment(0x7F0000000000) == 256
+    assert _alignment(0x7F0000000000 + 8 * 4096) == 256
+    assert _alignment(0x7F0000000000 + 8) == 8
+    assert _alignment(0x7F0000000000 + 48) == 16
+    assert _alignment(0x7F0000000000 + 3) == 1
