@@ -17,6 +17,11 @@ from .plan import Profile
 
 __all__ = ["calibrate"]
 
+#: The overhead run: per-rank block, panel width and number of panels. Its
+#: GEMM shape lies inside the default calibrated shapes, so the model's GEMM
+#: term for it is an interpolation, not a guess.
+OVERHEAD_BLOCK, OVERHEAD_WIDTH, OVERHEAD_STEPS = 384, 128, 16
+
 
 def _best(comm: MPI.Comm, run, repeat: int) -> float:
     """Best over `repeat` of the slowest rank's time of `run()` (all ranks at once)."""
@@ -74,22 +79,26 @@ def _bcast_fit(comm, backend, mode, sizes_bytes, repeat) -> dict | None:
 
 def _panel_overhead(comm, backend, profile_so_far: Profile, mode: str, repeat: int) -> float:
     """Seconds per SUMMA step beyond the model's GEMM and broadcast terms, from
-    a run with many thin panels on this grid."""
+    a SUMMA run on this grid with GEMMs of a realistic size (per-rank blocks of
+    OVERHEAD_BLOCK, panels of OVERHEAD_WIDTH). Steps of real work matter: ranks
+    that share cores (or wait on each other's launches) lose time per step
+    only when there is work to be descheduled from; thin panels hide that."""
     from .algorithm import summa
     from .grid import ProcessGrid
     from .matrix import DistMatrix
     from .plan import predict
     with ProcessGrid(comm) as grid:
-        size, width, steps = 48 * max(grid.shape), 8, 64
-        A = DistMatrix.random((size, width * steps), "float64", grid, backend, seed=1)
-        B = DistMatrix.random((width * steps, size), "float64", grid, backend, seed=2)
-        C = DistMatrix.zeros((size, size), "float64", grid, backend)
+        width, steps = OVERHEAD_WIDTH, OVERHEAD_STEPS
+        m, n = OVERHEAD_BLOCK * grid.shape[0], OVERHEAD_BLOCK * grid.shape[1]
+        A = DistMatrix.random((m, width * steps), "float64", grid, backend, seed=1)
+        B = DistMatrix.random((width * steps, n), "float64", grid, backend, seed=2)
+        C = DistMatrix.zeros((m, n), "float64", grid, backend)
         seconds = _best(comm, lambda: summa(1.0, A, B, 0.0, C, panel_width=width,
                                             broadcaster=mode), repeat)
         shape = tuple(grid.shape)
     if profile_so_far is None:
         return 0.0
-    model = predict(profile_so_far, size, size, width * steps, "float64", shape, width,
+    model = predict(profile_so_far, m, n, width * steps, "float64", shape, width,
                     comm=mode)
     return max(0.0, (seconds - model.seconds) / model.panels)
 
@@ -125,7 +134,7 @@ def calibrate(comm: MPI.Comm, backend, dtypes=("float64",), precision=None,
         partial = comm.bcast(data if comm.Get_rank() == 0 else None, root=0)
         if "float64" not in dtypes:  # the overhead run is float64
             partial["gemm"] = partial["gemm"] + _gemm_samples(
-                comm, backend, "float64", None, [48 * comm.Get_size()], [8], repeat,
+                comm, backend, "float64", None, [OVERHEAD_BLOCK], [OVERHEAD_WIDTH], repeat,
                 ranks_per_node)
         overhead = _panel_overhead(comm, backend, Profile(partial), modes[0], repeat)
         data["overhead"] = [dict(ranks=comm.Get_size(), seconds=overhead)]
