@@ -243,13 +243,14 @@ def local_parts(A: DistMatrix, B: DistMatrix, p) -> tuple:
             B.local[p.b_offset:p.b_offset + p.width, :])
 
 
-def wait_for_panel(i: int, p, ra, rb, grid) -> None:
-    """Complete panel `i`'s two broadcasts, each a step the watchdog can name."""
+def wait_for_panel(i: int, p, ra, rb, grid, context: str = "") -> None:
+    """Complete panel `i`'s two broadcasts, each a step the watchdog can name
+    (`context`, e.g. " for C tile 2", is appended to the name)."""
     with watch(f"the broadcast of A panel {i} (columns {p.k0}:{p.k1}) from grid column "
-               f"{p.a_root} along grid row {grid.row}"):
+               f"{p.a_root} along grid row {grid.row}{context}"):
         ra.wait()
     with watch(f"the broadcast of B panel {i} (rows {p.k0}:{p.k1}) from grid row "
-               f"{p.b_root} along grid column {grid.col}"):
+               f"{p.b_root} along grid column {grid.col}{context}"):
         rb.wait()
 
 

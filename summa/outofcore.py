@@ -38,7 +38,7 @@ from .algorithm import (SummaStats, _broadcasters, _check_layouts, _check_operan
 from .layout import panel_schedule
 from .matrix import DistMatrix
 from .plan import memory_plan
-from .watchdog import watch
+from .faults import inject
 
 __all__ = ["summa_out_of_core"]
 
@@ -155,8 +155,9 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, plan, lookahead, row_bc, col_b
         if i == 0:
             mover.begin_tile(c, host_tile, t % len(c_bufs), load_c)
         a, b, ra, rb = inflight.popleft()
-        with watch(f"C tile {t} of {len(tiles)}"):
-            wait_for_panel(i, panels[i], ra, rb, grid)
+        if s == 1:
+            inject("summa")
+        wait_for_panel(i, panels[i], ra, rb, grid, f" for C tile {t} of {len(tiles)}")
         if i < len(panels) - 1:
             mover.gemm(alpha, a, b, c, precision)
         else:  # last panel: each row strip goes home once it is final

@@ -87,12 +87,16 @@ def _files(tmp_path, n=96):
     # hung rank; the message must name panel, rows, root and grid column either way
     ("summa", r"the broadcast of B panel \d+ \(rows \d+:\d+\) from grid row \d along "
               r"grid column 0"),
+    ("summa (out of core)", r"the broadcast of B panel \d+ \(rows \d+:\d+\) from grid row "
+                            r"\d along grid column 0 for C tile \d+ of \d+"),
 ])
 def test_stalled_rank_is_named_by_the_watchdog(tmp_path, phase, step):
     a, b, c = _files(tmp_path)
     t0 = time.monotonic()
+    mode = ["--out-of-core"] if phase == "summa (out of core)" else []
+    phase = phase.split()[0]
     p = job(3, "multiply", a, b, "-o", c, "--quiet", "--timeout", "2", "--nb", "16",
-            "--grid", "3x1", env={"SUMMA_INJECT_FAULT": f"{phase}:1:hang"}, timeout=60)
+            "--grid", "3x1", *mode, env={"SUMMA_INJECT_FAULT": f"{phase}:1:hang"}, timeout=60)
     assert p.returncode == wd.EXIT_TIMEOUT, p.stderr
     assert time.monotonic() - t0 < 30
     assert re.search(r"summa: rank \d waited \d+ s for " + step, p.stderr), p.stderr
@@ -137,10 +141,11 @@ def test_signal_stops_every_rank_and_removes_the_temporary_file(tmp_path, sig):
     assert sorted(os.listdir(tmp_path)) == ["A.npy", "B.npy"]
 
 
-@pytest.mark.parametrize("phase", ["multiply", "summa"])
-def test_rank_raising_mid_run_ends_the_job_with_its_message(tmp_path, phase):
+@pytest.mark.parametrize("phase,mode", [("multiply", []), ("summa", []),
+                                        ("summa", ["--out-of-core"])])
+def test_rank_raising_mid_run_ends_the_job_with_its_message(tmp_path, phase, mode):
     a, b, c = _files(tmp_path)
-    p = job(3, "multiply", a, b, "-o", c, "--quiet", "--nb", "16",
+    p = job(3, "multiply", a, b, "-o", c, "--quiet", "--nb", "16", *mode,
             env={"SUMMA_INJECT_FAULT": f"{phase}:1:raise"}, timeout=60)
     assert p.returncode != 0
     assert f"injected fault in {phase} on rank 1" in p.stderr, (p.returncode, p.stderr)
