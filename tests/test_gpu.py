@@ -126,14 +126,16 @@ def test_out_of_core_on_the_gpu(comm, rng, gpu, dtype):
     from summa.outofcore import summa_out_of_core
     grid, backend = gpu
     a, b = random_array(rng, (300, 200), dtype), random_array(rng, (200, 260), dtype)
+    c0 = random_array(rng, (300, 260), dtype)
     host = NumpyBackend()
     A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
-    C = DistMatrix.zeros((300, 260), dtype, grid, host)
-    stats = summa_out_of_core(1.0, A, B, 0.0, C, backend, 200_000, panel_width=32)
-    assert stats.extra["tile"][0] < 300
-    c = C.gather()
-    if comm.rank == 0:
-        assert gemm_scaled_error(c, a, b) <= 1
+    for beta in (0.0, -0.5):  # C starts from zero on the device, or is uploaded
+        C = DistMatrix.from_global(c0, grid, host)
+        stats = summa_out_of_core(1.5, A, B, beta, C, backend, 200_000, panel_width=32)
+        assert stats.extra["tile"][0] < 300 and stats.extra["host_locked"]
+        c = C.gather()
+        if comm.rank == 0:
+            assert gemm_scaled_error(c, a, b, c0, 1.5, beta) <= 1
 
 
 @pytest.mark.mpi(min_size=1)
