@@ -174,8 +174,9 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
         if progress is not None:
             progress(1, 1)
     else:
-        _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precision,
-                  progress)
+        with backend.compute_stream():
+            _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precision,
+                      progress)
     with watch("the queued GPU work of the SUMMA loop (broadcasts and GEMMs)"):
         backend.synchronize()
     stats.seconds = time.perf_counter() - t0

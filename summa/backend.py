@@ -6,6 +6,7 @@ never need it (as mpi4py registers its CuPy support only when CuPy imports).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import time
@@ -13,7 +14,7 @@ import time
 import numpy as np
 
 __all__ = ["Backend", "NumpyBackend", "CupyBackend", "get_backend", "cupy_available",
-           "DTYPES", "resolve_dtype", "gemm_library", "GEMM_LIBRARIES"]
+           "DTYPES", "resolve_dtype", "gemm_library", "GEMM_LIBRARIES", "compute_priority"]
 
 #: GPU GEMM implementations: cuBLAS's gemmEx (its heuristic's first algorithm), or
 #: cuBLASLt with the fastest of several algorithms timed per shape (summa/lt.py).
@@ -25,6 +26,16 @@ def gemm_library() -> str:
     name = os.environ.get("SUMMA_GEMM", "cublas").strip().lower() or "cublas"
     if name not in GEMM_LIBRARIES:
         raise ValueError(f"SUMMA_GEMM={name!r} is not one of {', '.join(GEMM_LIBRARIES)}")
+    return name
+
+
+def compute_priority() -> str:
+    """``SUMMA_COMPUTE_PRIORITY``: ``default``, or ``high`` to run the SUMMA
+    loop's GEMMs on a stream of the highest priority (experimental: the block
+    scheduler then feeds GEMMs before NCCL's kernels, which run in the gaps)."""
+    name = os.environ.get("SUMMA_COMPUTE_PRIORITY", "default").strip().lower() or "default"
+    if name not in ("default", "high"):
+        raise ValueError(f"SUMMA_COMPUTE_PRIORITY={name!r} is not one of default, high")
     return name
 
 #: dtypes summa computes in, by the names the CLI accepts.
@@ -104,6 +115,10 @@ class Backend:
     def host_buffer(self, nbytes: int) -> np.ndarray:
         """Flat uint8 host buffer for staging, pinned where that helps."""
         return np.empty(nbytes, dtype=np.uint8)
+
+    def compute_stream(self):
+        """Context in which the SUMMA loop queues its GEMMs (a no-op on the host)."""
+        return contextlib.nullcontext()
 
     def record_event(self):
         """Mark the current point of the work queue; ``.synchronize()`` waits for it."""
@@ -206,13 +221,17 @@ class CupyBackend(Backend):
 
     name = "cupy"
 
-    def __init__(self, device: int = 0, library: str = "cublas"):
+    def __init__(self, device: int = 0, library: str = "cublas", priority: str = "default"):
         import cupy
         self.xp = cupy
         self.device = int(device)
         cupy.cuda.Device(self.device).use()
         self.dtypes = tuple(np.dtype(t) for t in DTYPES.values())
         self.library = library
+        self._stream = None
+        if priority == "high":
+            greatest = cupy.cuda.runtime.deviceGetStreamPriorityRange()[1]
+            self._stream = cupy.cuda.Stream(non_blocking=True, priority=greatest)
         self._lt = None
         if library == "cublaslt":
             from .lt import LtGemm
@@ -258,6 +277,21 @@ class CupyBackend(Backend):
     def synchronize(self):
         self.xp.cuda.Device(self.device).synchronize()
 
+    @contextlib.contextmanager
+    def compute_stream(self):
+        """The high-priority compute stream, when asked for, ordered after the
+        caller's queued work on entry and before its later work on exit."""
+        if self._stream is None:
+            yield
+            return
+        caller = self.xp.cuda.get_current_stream()
+        self._stream.wait_event(caller.record())
+        try:
+            with self._stream:
+                yield
+        finally:
+            caller.wait_event(self._stream.record())
+
     def host_buffer(self, nbytes):
         import cupyx
         return cupyx.empty_pinned(nbytes, dtype=np.uint8)
@@ -288,7 +322,8 @@ class CupyBackend(Backend):
         props = self.xp.cuda.runtime.getDeviceProperties(self.device)
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         lt = ", cuBLASLt GEMM" if self._lt is not None else ""
-        return f"cupy on GPU {self.device} ({name}{lt})"
+        high = ", high-priority GEMM stream" if self._stream is not None else ""
+        return f"cupy on GPU {self.device} ({name}{lt}{high})"
 
 
 _BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -326,7 +361,8 @@ def get_backend(name: str = "auto", local_rank: int = 0) -> Backend:
     """
     if name not in ("auto", "numpy", "cupy"):
         raise ValueError(f"unknown backend {name!r}; choose auto, numpy or cupy")
-    library = gemm_library()  # a bad SUMMA_GEMM is an error on CPU machines too
+    library = gemm_library()  # bad settings are errors on CPU machines too
+    priority = compute_priority()
     if name == "auto":
         name = "cupy" if cupy_available() else "numpy"
     if name == "numpy":
@@ -335,4 +371,4 @@ def get_backend(name: str = "auto", local_rank: int = 0) -> Backend:
         raise ValueError("backend 'cupy' was requested but CuPy is not installed "
                          "or sees no GPU")
     import cupy
-    return CupyBackend(local_rank % cupy.cuda.runtime.getDeviceCount(), library)
+    return CupyBackend(local_rank % cupy.cuda.runtime.getDeviceCount(), library, priority)

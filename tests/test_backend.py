@@ -49,6 +49,16 @@ def test_gemm_library_is_checked_on_every_machine(monkeypatch):
         get_backend("numpy")
 
 
+def test_compute_priority_is_checked_on_every_machine(monkeypatch):
+    from summa.backend import compute_priority
+    monkeypatch.setenv("SUMMA_COMPUTE_PRIORITY", "HIGH")
+    assert compute_priority() == "high"
+    assert get_backend("numpy").name == "numpy"  # no streams on the host: accepted, no effect
+    monkeypatch.setenv("SUMMA_COMPUTE_PRIORITY", "urgent")
+    with pytest.raises(ValueError, match="SUMMA_COMPUTE_PRIORITY='urgent' is not one of"):
+        get_backend("numpy")
+
+
 @pytest.mark.skipif(cupy_available(), reason="only meaningful without a GPU")
 def test_cupy_requested_without_gpu():
     with pytest.raises(ValueError, match="CuPy is not installed or sees no GPU"):

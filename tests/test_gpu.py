@@ -161,3 +161,19 @@ def test_cublaslt_gemm_matches_reference_and_repeats_bit_for_bit(comm, rng, gpu,
     assert gemm_scaled_error(results[0], a, b, c0, 0.5, 2.0, precision=precision) <= 1
     assert np.array_equal(results[0], results[1])  # one algorithm per shape, kept
     assert "cuBLASLt" in lt.describe()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_high_priority_compute_stream_gives_the_same_product(comm, rng, gpu):
+    from summa.backend import CupyBackend
+    grid, backend = gpu
+    high = CupyBackend(backend.device, "cublas", "high")
+    assert "high-priority" in high.describe()
+    a, b = random_array(rng, (130, 70), "float64"), random_array(rng, (70, 90), "float64")
+    results = []
+    for be in (backend, high):
+        A, B = DistMatrix.from_global(a, grid, be), DistMatrix.from_global(b, grid, be)
+        results.append(matmul(A, B, panel_width=16).gather())
+    if comm.rank == 0:
+        assert gemm_scaled_error(results[1], a, b) <= 1
+        assert np.array_equal(results[0], results[1])
