@@ -45,22 +45,30 @@ class _Heuristic(ctypes.Structure):
                 ("waves_count", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
 
 
-def _library():
-    """libcublasLt: CuPy's own copy when it is loaded, else the wheel's or the system's."""
+def _library(cupy):
+    """libcublasLt: the copy CuPy's cuBLAS already loaded (found by its soname),
+    else the one cuda-pathfinder, the NVIDIA wheel or the system provides."""
+    cupy.cuda.device.get_cublas_handle()  # loads libcublas, which loads libcublasLt
     candidates = ["libcublasLt.so.13", "libcublasLt.so.12"]
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+        candidates.append(load_nvidia_dynamic_lib("cublasLt").abs_path)
+    except Exception:  # not installed, or an older API: try the others
+        pass
     try:
         import nvidia.cublas as wheel
         for root in wheel.__path__:
-            lib = os.path.join(root, "lib")
-            if os.path.isdir(lib):
-                candidates += sorted(os.path.join(lib, f) for f in os.listdir(lib)
-                                     if f.startswith("libcublasLt.so"))
+            for sub in ("lib", os.path.join("..", "cu13", "lib"), os.path.join("..", "cu12", "lib")):
+                lib = os.path.normpath(os.path.join(root, sub))
+                if os.path.isdir(lib):
+                    candidates += sorted(os.path.join(lib, f) for f in os.listdir(lib)
+                                         if f.startswith("libcublasLt.so"))
     except ImportError:
         pass
     for path in candidates:
         try:
             return ctypes.CDLL(path)
-        except OSError:
+        except (OSError, TypeError):
             continue
     raise RuntimeError("cuBLASLt (libcublasLt.so) was not found")
 
@@ -79,7 +87,7 @@ class LtGemm:
 
     def __init__(self, cupy):
         self.cupy = cupy
-        self.lib = _library()
+        self.lib = _library(cupy)
         handle = ctypes.c_void_p()
         self._check(self.lib.cublasLtCreate(ctypes.byref(handle)), "cublasLtCreate")
         self.handle = handle
