@@ -63,7 +63,7 @@ ipc)
     ;;
 ooc)
     for p in 1 2; do for d in float64 float32; do
-        LIMIT=100 run $MPI -np $p python3 -m summa bench --backend cupy --size 32768 \
+        LIMIT=150 run $MPI -np $p python3 -m summa bench --backend cupy --size 32768 \
             --dtype $d --out-of-core --check --repeat 2 --timeout 60 --json "$OUT/ooc.jsonl"
         LIMIT=90 run python3 docs/scripts/compare_peers.py --size 32768 --dtype $d --gpus $p \
             --placement host --peers cublasxt --repeat 2 --json "$OUT/peers.jsonl"
@@ -79,11 +79,11 @@ headline)  # issue 5's large cases, cuBLASXt on host data, JAX on device data
     LIMIT=120 run $MPI -np 2 python3 -m summa bench --backend cupy --size 100000 \
         --dtype float64 --check --repeat 1 --warmup 1 --no-ideal --timeout 60 \
         --json "$OUT/ooc.jsonl"
-    LIMIT=130 run $MPI -np 2 python3 -m summa bench --backend cupy --size 100000 \
+    LIMIT=300 run $MPI -np 2 python3 -m summa bench --backend cupy --size 100000 \
         --dtype float32 --device-memory 16GiB --check --repeat 1 --warmup 1 --no-ideal \
         --timeout 60 --json "$OUT/ooc.jsonl"
     for d in float64 float32; do
-        LIMIT=45 run $MPI -np 1 python3 -m summa bench --backend cupy --size 32768 \
+        LIMIT=150 run $MPI -np 1 python3 -m summa bench --backend cupy --size 32768 \
             --dtype $d --out-of-core --check --repeat 2 --timeout 60 --json "$OUT/ooc.jsonl"
         for p in 1 2; do
             LIMIT=40 run python3 docs/scripts/compare_peers.py --size 32768 --dtype $d \
