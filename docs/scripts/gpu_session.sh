@@ -37,7 +37,10 @@ inmem)
     done
     ;;
 lt)  # issue 3: cuBLASLt's timed algorithm choice against gemmEx, 2 GPUs, N = 32768
-    LIMIT=120 run python3 -m pytest -q -x tests/test_gpu.py -k "cublaslt or out_of_core"
+    for n in 1 2; do
+        LIMIT=120 run $MPI -np $n python3 -m pytest -q -x --with-mpi tests/test_gpu.py \
+            -k "cublaslt or out_of_core or priority"
+    done
     LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 --dtype float16 \
         --nb 4096 --repeat 3 --timeout 60 --json "$OUT/lt.jsonl"  # the old float16 default
     for la in 1 2; do  # GEMMs first on the SMs, NCCL in the gaps: does it beat sharing?
