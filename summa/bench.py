@@ -238,7 +238,8 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     print(f"{f'{m} x {n} x {k}':>22} {label:>10} {nb:>5} {best:>9.4f} {tflops:>9.3f} "
           f"{tflops / size:>9.3f} {err:>14}", file=out)
     print(f"data: A and B generated in {max(r['generate_seconds'] for r in per_rank):.2f} s "
-          f"({'host' if per_rank[0].get('out_of_core') else 'device'} memory)", file=out)
+          f"({'GPU' if backend.name == 'cupy' and not per_rank[0].get('out_of_core') else 'host'}"
+          " memory)", file=out)
     if per_rank[0].get("out_of_core"):
         tm, tn = per_rank[0]["tile"]
         rows, cols = per_rank[0]["tiles"]
