@@ -424,6 +424,10 @@ def _run_info(args, comm: MPI.Comm, out) -> int:
     print(f"NCCL: {'yes' if nccl_ok else 'no'} ({nccl_note}); CUDA-aware MPI: "
           f"{'yes' if aware else 'no'} ({aware_note})", file=out)
     print(f"broadcaster: {choose_comm(args.comm, backend)} (--comm {args.comm})", file=out)
+    from .backend import compute_priority, gemm_library
+    print(f"GPU GEMM: {gemm_library()} (SUMMA_GEMM), compute stream priority: "
+          f"{compute_priority()} (SUMMA_COMPUTE_PRIORITY)"
+          + ("" if backend.name == "cupy" else "; both apply to GPUs only"), file=out)
     for r in rows:
         print(f"  rank {r['rank']:>3} on {r['host']} (local rank {r['local_rank']}): "
               f"{r['backend']}", file=out)

@@ -85,13 +85,16 @@ def test_failed_check_exits_3(comm, monkeypatch):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_info(comm):
+def test_info(comm, monkeypatch):
+    monkeypatch.setenv("SUMMA_GEMM", "cublaslt")
+    monkeypatch.setenv("SUMMA_COMPUTE_PRIORITY", "high")
     out = io.StringIO()
     assert cli.main(["info"], comm, out) == 0
     if comm.rank == 0:
         text = out.getvalue()
         assert "MPI library" in text and f"ranks: {comm.Get_size()}" in text
         assert text.count("  rank ") == comm.Get_size()
+        assert "GPU GEMM: cublaslt (SUMMA_GEMM), compute stream priority: high" in text
 
 
 @pytest.mark.mpi(min_size=1)
