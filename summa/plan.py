@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
 __all__ = ["Profile", "Prediction", "predict", "sweep", "recommend", "MemoryPlan", "memory_plan",
-           "check_memory", "choose_memory_mode", "parse_bytes"]
+           "check_memory", "check_host_memory", "choose_memory_mode", "parse_bytes"]
 
 
 class Profile:
@@ -346,8 +347,7 @@ def check_memory(plan: MemoryPlan, backend, comm) -> None:
     Ranks that share a GPU share its free memory. Raises ValueError naming the
     rank with the largest shortfall, e.g. "rank 3 needs 41.2 GiB on GPU 1, 23.5
     GiB free; use --device-memory (out of core) or more ranks". Host memory is
-    not checked: on some machines (VMs whose memory grows on use) the free
-    figure the kernel reports is far below what can be had.
+    checked by :func:`check_host_memory`, against the node's total.
     """
     from mpi4py import MPI
     need, free, where = plan.device_bytes, None, "cpu"
@@ -365,6 +365,39 @@ def check_memory(plan: MemoryPlan, backend, comm) -> None:
                  + (f" ({sharing} ranks share the GPU)" if sharing > 1 else "")
                  + f" on GPU {backend.device}, {_gib(free)} free; use --device-memory "
                    "(out of core) or more ranks")
+    worst = max((s for s in comm.allgather(short) if s), default=None)
+    if worst:
+        raise ValueError(worst[2])
+
+
+def host_memory_total() -> int | None:
+    """This node's physical memory in bytes (None where the OS does not say).
+
+    The total, not the free figure: VMs whose memory grows on use report far
+    less free memory than they can give, so only a plan larger than the whole
+    node is certain not to fit.
+    """
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_host_memory(plan: MemoryPlan, comm) -> None:
+    """Refuse, on every rank, a plan whose ranks on some node need more host
+    memory than that node has in all (collective)."""
+    from mpi4py import MPI
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    need, ranks = node.allreduce(plan.host_bytes), node.Get_size()
+    node.Free()
+    total = host_memory_total()
+    short = None
+    if total is not None and need > total:
+        short = (need - total, comm.Get_rank(),
+                 f"the {ranks} rank(s) on rank {comm.Get_rank()}'s node need {_gib(need)} of "
+                 f"host memory, and the node has {_gib(total)} in all; use more nodes"
+                 + (" or --device-memory" if plan.mode == "in-memory" and plan.device_bytes
+                    else ""))
     worst = max((s for s in comm.allgather(short) if s), default=None)
     if worst:
         raise ValueError(worst[2])
@@ -397,6 +430,7 @@ def choose_memory_mode(shape, dtype, grid, panel_width: int, lookahead: int, bac
         plan = memory_plan(m, n, k, dtype, grid.shape, panel_width, lookahead, backend.name)
         try:
             check_memory(plan, backend, grid.comm)
+            check_host_memory(plan, grid.comm)
             return None, None
         except ValueError as exc:
             if backend.name != "cupy":
@@ -409,6 +443,7 @@ def choose_memory_mode(shape, dtype, grid, panel_width: int, lookahead: int, bac
             budget = grid.comm.allreduce(int(free * 0.9), op=MPI.MIN)
         else:
             budget = 1 << 30  # NumPy "device" tiles: 1 GiB
-    memory_plan(m, n, k, dtype, grid.shape, panel_width, lookahead, backend.name,
-                device_budget=budget, out_of_core=True)
+    check_host_memory(memory_plan(m, n, k, dtype, grid.shape, panel_width, lookahead,
+                                  backend.name, device_budget=budget, out_of_core=True),
+                      grid.comm)
     return budget, note

@@ -198,3 +198,18 @@ def test_plan_command(comm):
         assert re.search(r"C tiles of \d+ x 100000 \([2-9] x 1 per rank\)", out.getvalue())
     with pytest.raises(cli.UsageError, match="does not hold"):
         cli.main(["plan", "--ranks", "4", "--grid", "3x1"], comm, io.StringIO())
+
+
+@pytest.mark.mpi(min_size=1)
+def test_plan_larger_than_the_node_is_refused_before_allocating(comm, monkeypatch):
+    from summa import plan
+    monkeypatch.setattr(plan, "host_memory_total", lambda: 2**30)  # a 1 GiB node
+    out = io.StringIO()
+    # 12000^2 float64: A, B, C alone are 3.2 GiB over the ranks of one node
+    with pytest.raises(cli.UsageError, match=r"rank\(s\) on rank \d+'s node need \d+\.\d GiB "
+                                             r"of host memory, and the node has 1\.0 GiB in "
+                                             r"all; use more nodes"):
+        cli.main(["bench", "--size", "12000", "--backend", "numpy"], comm, out)
+    # what fits is let through
+    assert cli.main(["bench", "--size", "64", "--backend", "numpy", "--repeat", "1"], comm,
+                    out) == 0
