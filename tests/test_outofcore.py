@@ -213,3 +213,22 @@ def test_plan_larger_than_the_node_is_refused_before_allocating(comm, monkeypatc
     # what fits is let through
     assert cli.main(["bench", "--size", "64", "--backend", "numpy", "--repeat", "1"], comm,
                     out) == 0
+
+
+@pytest.mark.mpi(min_size=1)
+def test_out_of_core_cuts_columns_when_a_row_of_c_does_not_fit(comm, rng):
+    m, n, k = 21, 300, 50
+    a, b, c0 = (random_array(rng, s, "float64") for s in ((m, k), (k, n), (m, n)))
+    host = NumpyBackend()
+    with ProcessGrid(comm) as grid:
+        A, B, C = (DistMatrix.from_global(x, grid, host) for x in (a, b, c0))
+        # two C tiles of one full row (width >= 150) and two panel slots of 8 need more
+        # than 2000 elements, so the columns are cut too
+        stats = summa_out_of_core(1.0, A, B, 1.0, C, host, 2000 * 8, panel_width=8)
+        c = C.gather()
+        widest = -(-n // grid.shape[1])
+    assert stats.extra["device_bytes_planned"] <= 2000 * 8
+    if widest >= 150:
+        assert stats.extra["tiles"][1] > 1
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b, c0, 1.0, 1.0) <= 1
