@@ -17,13 +17,16 @@ import numpy as np
 from mpi4py import MPI
 
 from .comm import choose_comm, make_broadcaster
-from .layout import Distribution, Layout, panel_schedule
+from .layout import Distribution, Layout, panel_schedule, split_panel
 from .matrix import DistMatrix
 from .tuning import auto_panel_width, default_panel_width
 from .faults import inject
 from .watchdog import watch
 
 __all__ = ["summa", "gemm", "matmul", "SummaStats", "default_panel_width"]
+
+#: Pieces the first panel is sent in on GPUs (its broadcast is the pipeline fill).
+HEAD_PIECES = 4
 
 
 @dataclass
@@ -158,6 +161,9 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
     if grid.size == 1:
         panels = panels[:1]  # one rank: a single GEMM over all of K, nothing to overlap
+    elif backend.name == "cupy" and lookahead > 0 and panels:
+        # GPU broadcasts overlap GEMMs except the first: send that one in pieces
+        panels = split_panel(panels[0], HEAD_PIECES) + panels[1:]
     stats = SummaStats(panels=len(panels), panel_width=panel_width, comm=row_bc.name,
                        lookahead=lookahead, extra={"panel_width_measured": measured})
 

@@ -16,11 +16,11 @@ so a global index maps to ``(owner, local index)`` by one binary search.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-__all__ = ["Distribution", "Layout", "panel_schedule", "Panel"]
+__all__ = ["Distribution", "Layout", "panel_schedule", "Panel", "split_panel"]
 
 
 class Distribution:
@@ -239,3 +239,15 @@ def panel_schedule(a_cols: Distribution, b_rows: Distribution, width: int) -> li
                                 int(b_root), int(b_off + k0 - lo)))
     return panels
 
+
+def split_panel(p: Panel, pieces: int) -> list[Panel]:
+    """Panel `p` cut into up to `pieces` narrower panels with the same roots.
+
+    The first panel's broadcast cannot overlap any GEMM (pipeline fill); sent
+    in pieces, the first GEMM starts after a fraction of it.
+    """
+    pieces = max(1, min(pieces, p.width))
+    cuts = [p.width * i // pieces for i in range(pieces + 1)]
+    return [replace(p, k0=p.k0 + a, k1=p.k0 + b, a_offset=p.a_offset + a,
+                                b_offset=p.b_offset + a)
+            for a, b in zip(cuts[:-1], cuts[1:])]

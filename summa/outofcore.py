@@ -26,16 +26,15 @@ run with plain copies.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import weakref
 from collections import deque
 
 import numpy as np
 
-from .algorithm import (SummaStats, _broadcasters, _check_layouts, _check_operands,
-                        _check_scalars, local_parts, wait_for_panel)
-from .layout import panel_schedule
+from .algorithm import (HEAD_PIECES, SummaStats, _broadcasters, _check_layouts,
+                        _check_operands, _check_scalars, local_parts, wait_for_panel)
+from .layout import panel_schedule, split_panel
 from .matrix import DistMatrix
 from .plan import memory_plan
 from .faults import inject
@@ -44,8 +43,6 @@ __all__ = ["summa_out_of_core"]
 
 #: Row strips of each tile's last panel (each written back as soon as it is final).
 TAIL_STRIPS = 8
-#: Pieces the first panel is split into (a short first upload).
-HEAD_PIECES = 4
 
 
 def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, device,
@@ -92,7 +89,7 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     mover = (_CudaMover if device.name == "cupy" else _HostMover)(device, C.dtype)
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
     if panels and mover.overlaps:
-        panels = _split(panels[0], HEAD_PIECES) + panels[1:]
+        panels = split_panel(panels[0], HEAD_PIECES) + panels[1:]
     stats = SummaStats(panels=len(panels), panel_width=panel_width,
                        comm=f"{row_bc.name} (host-resident)", lookahead=lookahead)
     t0 = time.perf_counter()
@@ -348,12 +345,3 @@ def _bounds(size: int, parts: int) -> list[tuple[int, int]]:
     """`parts` near-equal ranges covering ``[0, size)`` (some empty when size < parts)."""
     cuts = [size * i // parts for i in range(parts + 1)]
     return list(zip(cuts[:-1], cuts[1:]))
-
-
-def _split(p, pieces: int) -> list:
-    """Panel `p` cut into up to `pieces` narrower panels with the same roots."""
-    out = []
-    for k0, k1 in _bounds(p.width, min(pieces, p.width)):
-        out.append(dataclasses.replace(p, k0=p.k0 + k0, k1=p.k0 + k1,
-                                       a_offset=p.a_offset + k0, b_offset=p.b_offset + k0))
-    return out

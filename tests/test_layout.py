@@ -108,3 +108,15 @@ def test_panel_schedule_rejects_bad_width_and_mismatched_k():
 def test_layout_rejects_non_2d_shape():
     with pytest.raises(ValueError, match="2-D"):
         Layout((3, 4, 5), (1, 1))
+
+
+@pytest.mark.parametrize("pieces", [1, 3, 4, 100])
+def test_split_panel_covers_the_panel_with_the_same_roots(pieces):
+    from summa.layout import split_panel
+    p = panel_schedule(Distribution(40, 2), Distribution(40, 2), 16)[1]  # an interior panel
+    parts = split_panel(p, pieces)
+    assert len(parts) == min(pieces, p.width)
+    assert parts[0].k0 == p.k0 and parts[-1].k1 == p.k1
+    assert all(x.k1 == y.k0 for x, y in zip(parts, parts[1:]))
+    assert all(q.width >= 1 and (q.a_root, q.b_root) == (p.a_root, p.b_root) for q in parts)
+    assert all(q.a_offset - p.a_offset == q.k0 - p.k0 == q.b_offset - p.b_offset for q in parts)
