@@ -249,5 +249,5 @@ def split_panel(p: Panel, pieces: int) -> list[Panel]:
     pieces = max(1, min(pieces, p.width))
     cuts = [p.width * i // pieces for i in range(pieces + 1)]
     return [replace(p, k0=p.k0 + a, k1=p.k0 + b, a_offset=p.a_offset + a,
-                                b_offset=p.b_offset + a)
+                    b_offset=p.b_offset + a)
             for a, b in zip(cuts[:-1], cuts[1:])]

@@ -101,8 +101,8 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     locked = all([mover.pin(M.local) for M in (A, B, C)])
     stats.extra = {"pin_seconds": time.perf_counter() - t_pin, "host_locked": locked}
     try:
-        _sweep(alpha, A, B, C, beta != 0, tiles, panels, plan, lookahead, row_bc, col_bc,
-               mover, precision, progress)
+        _sweep(alpha, A, B, C, beta != 0, tiles, panels, lookahead, row_bc, col_bc, mover,
+               precision, progress)
         mover.finish()
     finally:
         mover.close()
@@ -117,7 +117,7 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     return stats
 
 
-def _sweep(alpha, A, B, C, load_c, tiles, panels, plan, lookahead, row_bc, col_bc, mover,
+def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, row_bc, col_bc, mover,
            precision, progress) -> None:
     """Every (tile, panel) step, with `lookahead` steps uploaded and broadcast ahead."""
     grid, xp, dtype = C.grid, mover.xp, C.dtype
