@@ -267,7 +267,7 @@ class CupyBackend(Backend):
         if self._lt is not None:
             self._lt(c.dtype.char, data_type, compute, n, m, k, alpha_h.ctypes.data,
                      b.data.ptr, ldb, a.data.ptr, lda, beta_h.ctypes.data, c.data.ptr, n,
-                     self.xp.cuda.get_current_stream().ptr, c.itemsize)
+                     self.xp.cuda.get_current_stream().ptr, scalar)
             return
         cublas.gemmEx(self.xp.cuda.device.get_cublas_handle(), 0, 0, n, m, k,
                       alpha_h.ctypes.data, b.data.ptr, data_type, ldb,

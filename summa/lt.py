@@ -58,7 +58,8 @@ def _library(cupy):
     try:
         import nvidia.cublas as wheel
         for root in wheel.__path__:
-            for sub in ("lib", os.path.join("..", "cu13", "lib"), os.path.join("..", "cu12", "lib")):
+            for sub in ("lib", os.path.join("..", "cu13", "lib"),
+                        os.path.join("..", "cu12", "lib")):
                 lib = os.path.normpath(os.path.join(root, sub))
                 if os.path.isdir(lib):
                     candidates += sorted(os.path.join(lib, f) for f in os.listdir(lib)
@@ -152,21 +153,22 @@ class LtGemm:
 
     def __call__(self, char: str, data_type: int, compute: int, m: int, n: int, k: int,
                  alpha_ptr: int, a_ptr: int, lda: int, b_ptr: int, ldb: int, beta_ptr: int,
-                 c_ptr: int, ldc: int, stream: int, itemsize: int) -> None:
-        """Column-major ``C (m x n) = alpha A (m x k) B (k x n) + beta C``."""
+                 c_ptr: int, ldc: int, stream: int, scalar) -> None:
+        """Column-major ``C (m x n) = alpha A (m x k) B (k x n) + beta C``; `scalar` is
+        the NumPy dtype of alpha and beta (the scale type)."""
         aligns = {"a": _alignment(a_ptr), "b": _alignment(b_ptr), "c": _alignment(c_ptr),
                   "d": _alignment(c_ptr)}
         key = (char, compute, m, n, k, lda, ldb, ldc, tuple(aligns.values()))
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._plan(char, data_type, compute, m, n, k, a_ptr, lda,
-                                                 b_ptr, ldb, ldc, aligns, stream, itemsize)
+                                                 b_ptr, ldb, ldc, aligns, stream, scalar)
         desc, la, lb, lc, algo = plan
         self._check(self._run(desc, algo, alpha_ptr, beta_ptr, a_ptr, la, b_ptr, lb, c_ptr, lc,
                               stream), "cublasLtMatmul")
 
     def _plan(self, char, data_type, compute, m, n, k, a_ptr, lda, b_ptr, ldb, ldc, aligns,
-              stream, itemsize):
+              stream, scalar):
         desc = self._desc(compute, _SCALE_TYPES[char])
         la = self._layout(data_type, m, k, lda)
         lb = self._layout(data_type, k, n, ldb)
@@ -177,19 +179,17 @@ class LtGemm:
         algo = found[0].algo
         if len(found) > 1:
             algo = self._fastest(found, desc, data_type, m, n, k, a_ptr, la, b_ptr, ldb, lb,
-                                 stream, itemsize, char)
+                                 stream, np.dtype(char).itemsize, scalar)
         return desc, la, lb, lc, algo
 
     def _fastest(self, found, desc, data_type, m, n, k, a_ptr, la, b_ptr, ldb, lb, stream,
-                 itemsize, char):
+                 itemsize, scalar):
         """Time each candidate on the first columns of the product (a scratch output)."""
         cupy = self.cupy
         cols = max(1, min(n, TUNE_ELEMENTS // max(m, 1)))
         scratch = cupy.zeros(m * cols * itemsize, dtype=np.uint8)
         lt = self._layout(data_type, m, cols, m)
         lb_t = self._layout(data_type, k, cols, ldb) if cols != n else lb
-        scalar = {"e": np.float32, "f": np.float32, "d": np.float64, "F": np.complex64,
-                  "D": np.complex128}[char]
         one, zero = np.ones(1, dtype=scalar), np.zeros(1, dtype=scalar)
         best, best_ms = found[0].algo, float("inf")
         stream_obj = cupy.cuda.ExternalStream(stream) if stream else cupy.cuda.Stream.null
