@@ -341,6 +341,14 @@ def parse_bytes(text: str) -> int:
     return int(value)
 
 
+def _refuse_largest_shortfall(comm, short) -> None:
+    """Raise, on every rank, the message of the largest ``(bytes, rank, message)``
+    shortfall any rank found (None where it found none); collective."""
+    worst = max((s for s in comm.allgather(short) if s), default=None)
+    if worst:
+        raise ValueError(worst[2])
+
+
 def check_memory(plan: MemoryPlan, backend, comm) -> None:
     """Refuse, on every rank, a plan that does not fit the free device memory.
 
@@ -365,9 +373,7 @@ def check_memory(plan: MemoryPlan, backend, comm) -> None:
                  + (f" ({sharing} ranks share the GPU)" if sharing > 1 else "")
                  + f" on GPU {backend.device}, {_gib(free)} free; use --device-memory "
                    "(out of core) or more ranks")
-    worst = max((s for s in comm.allgather(short) if s), default=None)
-    if worst:
-        raise ValueError(worst[2])
+    _refuse_largest_shortfall(comm, short)
 
 
 def host_memory_total() -> int | None:
@@ -398,9 +404,7 @@ def check_host_memory(plan: MemoryPlan, comm) -> None:
                  f"host memory, and the node has {_gib(total)} in all; use more nodes"
                  + (" or --device-memory" if plan.mode == "in-memory" and plan.device_bytes
                     else ""))
-    worst = max((s for s in comm.allgather(short) if s), default=None)
-    if worst:
-        raise ValueError(worst[2])
+    _refuse_largest_shortfall(comm, short)
 
 
 def choose_memory_mode(shape, dtype, grid, panel_width: int, lookahead: int, backend,
