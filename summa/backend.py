@@ -230,7 +230,10 @@ class CupyBackend(Backend):
         self.library = library
         self._stream = None
         if priority == "high":
-            greatest = cupy.cuda.runtime.deviceGetStreamPriorityRange()[1]
+            # CuPy may not wrap the range query; CUDA clamps a priority beyond
+            # the device's range to its end, so a very low number means "highest".
+            query = getattr(cupy.cuda.runtime, "deviceGetStreamPriorityRange", None)
+            greatest = query()[1] if query is not None else -1000
             self._stream = cupy.cuda.Stream(non_blocking=True, priority=greatest)
         self._lt = None
         if library == "cublaslt":

@@ -113,7 +113,7 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     stats.extra.update({"out_of_core": True, "tile": list(plan.tile), "tiles": list(plan.tiles),
                         "chunk": plan.chunk, "device_budget": device_budget,
                         "device_bytes_planned": plan.device_bytes,
-                        "transfer_bytes": mover.moved})
+                        "transfer_bytes": mover.moved, "staged_copies": mover.staged})
     return stats
 
 
@@ -186,7 +186,7 @@ class _HostMover:
     overlaps = False
 
     def __init__(self, device, dtype):
-        self.device, self.xp, self.moved, self._seconds = device, np, 0, 0.0
+        self.device, self.xp, self.moved, self.staged, self._seconds = device, np, 0, 0, 0.0
 
     def pin(self, array) -> bool:
         return True  # nothing to lock: host memory is the "device" memory
@@ -240,7 +240,7 @@ class _CudaMover:
 
     def __init__(self, device, dtype):
         import cupy
-        self.device, self.xp, self.moved = device, cupy, 0
+        self.device, self.xp, self.moved, self.staged = device, cupy, 0, 0
         self.up = cupy.cuda.Stream(non_blocking=True)
         self.down = cupy.cuda.Stream(non_blocking=True)
         self.written: dict[int, object] = {}  # C buffer -> event of its last write-back
@@ -249,11 +249,56 @@ class _CudaMover:
     def pin(self, array: np.ndarray) -> bool:
         return _register(self.xp, array)
 
-    def _copy(self, dst, dst_pitch, src, src_pitch, rows, row_bytes, kind, stream) -> None:
-        if rows and row_bytes:
-            self.xp.cuda.runtime.memcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes,
-                                               rows, kind, stream.ptr)
+    def _h2d(self, dst, src: np.ndarray, stream) -> None:
+        """Copy the host rows `src` into the device array `dst` on `stream`."""
+        self._copy(dst, src, self._H2D, stream)
+
+    def _d2h(self, dst: np.ndarray, src, stream) -> None:
+        """Copy the device array `src` into the host rows `dst` on `stream`."""
+        self._copy(src, dst, self._D2H, stream)
+
+    def _copy(self, dev, host: np.ndarray, kind: int, stream) -> None:
+        rows, row_bytes = host.shape[0], host.shape[1] * host.itemsize
+        if not (rows and row_bytes):
+            return
+        ends = ((dev.data.ptr, dev.strides[0]), (host.ctypes.data, host.strides[0]))
+        (dst, dst_pitch), (src, src_pitch) = ends if kind == self._H2D else ends[::-1]
+        runtime = self.xp.cuda.runtime
+        try:
+            runtime.memcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, kind,
+                                  stream.ptr)
+        except runtime.CUDARuntimeError as exc:
+            if exc.status != _CUDA_INVALID_VALUE:
+                raise
+            self._staged_copy(dev, host, kind, stream)
         self.moved += rows * row_bytes
+
+    def _staged_copy(self, dev, host: np.ndarray, kind: int, stream) -> None:
+        """The copy through a page-locked buffer of its own, synchronously.
+
+        CUDA refuses a copy whose host range is partly page-locked and partly
+        not, which happens to a small array sharing a page with a locked one
+        (locking works on whole pages).
+        """
+        clear = getattr(self.xp.cuda.runtime, "getLastError", None)
+        if clear is not None:
+            clear()  # the refused copy's error is not ours to report later
+        memory = self.xp.cuda.alloc_pinned_memory(host.nbytes)
+        stage = np.frombuffer(memory, host.dtype, host.size).reshape(host.shape)
+        runtime = self.xp.cuda.runtime
+        if kind == self._H2D:
+            stage[...] = host
+            runtime.memcpy2DAsync(dev.data.ptr, dev.strides[0], stage.ctypes.data,
+                                  stage.strides[0], stage.strides[0], host.shape[0], kind,
+                                  stream.ptr)
+            stream.synchronize()  # before `memory` goes back to the pool
+        else:
+            runtime.memcpy2DAsync(stage.ctypes.data, stage.strides[0], dev.data.ptr,
+                                  dev.strides[0], stage.strides[0], host.shape[0], kind,
+                                  stream.ptr)
+            stream.synchronize()
+            host[...] = stage
+        self.staged += 1
 
     def _event(self, stream):
         event = self.xp.cuda.Event(disable_timing=True)
@@ -262,8 +307,7 @@ class _CudaMover:
 
     def upload(self, dst, src):
         self.up.wait_event(self.device.record_event())  # GEMMs done with this slot
-        self._copy(dst.data.ptr, dst.strides[0], src.ctypes.data, src.strides[0],
-                   src.shape[0], src.shape[1] * src.itemsize, self._H2D, self.up)
+        self._h2d(dst, src, self.up)
         return self._event(self.up)
 
     def wait_event(self, event) -> None:
@@ -274,8 +318,7 @@ class _CudaMover:
         stream = self.xp.cuda.get_current_stream()
         self.wait_event(self.written.pop(buf, None))
         if load:
-            self._copy(c.data.ptr, c.strides[0], host_tile.ctypes.data, host_tile.strides[0],
-                       c.shape[0], c.shape[1] * c.itemsize, self._H2D, stream)
+            self._h2d(c, host_tile, stream)
         else:
             c.fill(0)
 
@@ -286,8 +329,7 @@ class _CudaMover:
 
     def write_back(self, host, c, buf: int) -> None:
         self.down.wait_event(self.device.record_event())
-        self._copy(host.ctypes.data, host.strides[0], c.data.ptr, c.strides[0],
-                   c.shape[0], c.shape[1] * c.itemsize, self._D2H, self.down)
+        self._d2h(host, c, self.down)
         self.written[buf] = self._event(self.down)
 
     def finish(self) -> None:
@@ -304,6 +346,7 @@ class _CudaMover:
         self.down.synchronize()
 
 
+_CUDA_INVALID_VALUE = 1  # cudaErrorInvalidValue
 _registered: dict[int, int] = {}  # host address -> bytes registered with CUDA
 
 

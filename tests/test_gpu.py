@@ -139,6 +139,34 @@ def test_out_of_core_on_the_gpu(comm, rng, gpu, dtype):
 
 
 @pytest.mark.mpi(min_size=1)
+def test_host_copies_work_on_partly_locked_memory(comm, gpu):
+    # CUDA refuses a copy whose host range is partly page-locked; a small array
+    # sharing a page with a locked one is such a range, so the mover stages it.
+    import cupy
+    from summa.outofcore import _CudaMover
+    _, backend = gpu
+    page = 4096
+    raw = np.zeros(6 * page, dtype=np.uint8)
+    first = -raw.ctypes.data % page  # the first page boundary inside raw
+    cupy.cuda.runtime.hostRegister(raw.ctypes.data + first, 2 * page, 0)
+    try:
+        host = raw[first + page: first + 4 * page].view(np.float64).reshape(-1, 64)
+        host[...] = np.arange(host.size).reshape(host.shape)  # rows 0-7 locked, 8-23 not
+        mover = _CudaMover(backend, np.float64)
+        dev = cupy.empty(host.shape)
+        mover._h2d(dev, host, mover.up)
+        mover.up.synchronize()
+        assert np.array_equal(cupy.asnumpy(dev), host)
+        dev += 1
+        cupy.cuda.Device().synchronize()
+        mover._d2h(host, dev, mover.down)
+        assert np.array_equal(host, np.arange(host.size).reshape(host.shape) + 1)
+        assert mover.staged == 2
+    finally:
+        cupy.cuda.runtime.hostUnregister(raw.ctypes.data + first)
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("dtype,precision", [("float16", None), ("float32", None),
                                              ("float32", "tf32"), ("float64", None),
                                              ("complex64", None), ("complex128", None)])

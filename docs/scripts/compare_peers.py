@@ -12,8 +12,11 @@ Every entry runs in its own process, so each has the GPUs to itself:
 * dask       dask.array with CuPy chunks on a dask-cuda LocalCUDACluster, if installed
 * nvmath     nvmath-python's distributed matmul (cuBLASMp), if installed
 
-Peers that are not installed, or that do not apply to the placement, are listed
-with the reason. TFLOP/s count 2 N^3 (8 N^3 complex) over the best of --repeat.
+Every peer multiplies the same kind of data (--data; summa's own is ``uniform``,
+values in [-1, 1)): a GPU's clocks, and so a GEMM's speed, depend on the values
+it multiplies (fewer toggling bits draw less power), so peers are only compared
+on like data. Peers that are not installed, or that do not apply to the
+placement, are listed with the reason. TFLOP/s count 2 N^3 (8 N^3 complex) over the best of --repeat.
 
     python3 docs/scripts/compare_peers.py --size 32768 --dtype float64 --gpus 2
     python3 docs/scripts/compare_peers.py --size 32768 --dtype float32 --precision tf32
@@ -46,12 +49,19 @@ def _timed(run, repeat):
     return best
 
 
+def _cupy_operands(args):
+    """A and B for the one-GPU peers, values as --data says."""
+    import cupy
+    rng, shape = cupy.random.default_rng(1), (args.size, args.size)
+    draw = {"uniform": lambda: rng.uniform(-1, 1, shape), "uniform01": lambda: rng.random(shape),
+            "normal": lambda: rng.standard_normal(shape)}[args.data]
+    return draw().astype(args.dtype), draw().astype(args.dtype)
+
+
 def peer_cupy(args):
     import cupy
     n, dt = args.size, args.dtype
-    rng = cupy.random.default_rng(1)
-    a = rng.standard_normal((n, n)).astype(dt)
-    b = rng.standard_normal((n, n)).astype(dt)
+    a, b = _cupy_operands(args)
     c = cupy.empty((n, n), dtype=dt)
     if args.precision == "tf32":
         os.environ["CUPY_TF32"] = "1"
@@ -75,10 +85,12 @@ def peer_jax(args):
     mesh = Mesh(np.array(devices), ("x",))
     rows, cols = NamedSharding(mesh, P("x", None)), NamedSharding(mesh, P(None, "x"))
     key1, key2 = jax.random.split(jax.random.PRNGKey(0))
-    a = jax.jit(lambda k: jax.random.uniform(k, (args.size, args.size), args.dtype),
-                out_shardings=rows)(key1)
-    b = jax.jit(lambda k: jax.random.uniform(k, (args.size, args.size), args.dtype),
-                out_shardings=cols)(key2)
+    shape = (args.size, args.size)
+    draw = {"uniform": lambda k: jax.random.uniform(k, shape, args.dtype, -1.0, 1.0),
+            "uniform01": lambda k: jax.random.uniform(k, shape, args.dtype),
+            "normal": lambda k: jax.random.normal(k, shape, args.dtype)}[args.data]
+    a = jax.jit(draw, out_shardings=rows)(key1)
+    b = jax.jit(draw, out_shardings=cols)(key2)
     precision = (jax.lax.Precision.DEFAULT if args.precision == "tf32"
                  or args.dtype == "float16" else jax.lax.Precision.HIGHEST)
     f = jax.jit(lambda a, b: jnp.matmul(a, b, precision=precision), out_shardings=rows)
@@ -128,7 +140,13 @@ def peer_cublasxt(args):
     arrays = []
     for _ in range(3):
         x = cupyx.empty_pinned((n, n), dtype=args.dtype)
-        rng.random(out=x, dtype=x.dtype)  # in place: no n x n temporary
+        if args.data == "normal":  # in place: no n x n temporary
+            rng.standard_normal(out=x, dtype=x.dtype)
+        else:
+            rng.random(out=x, dtype=x.dtype)
+            if args.data == "uniform":
+                x *= 2
+                x -= 1
         arrays.append(x)
     a, b, c = arrays
     gemm = getattr(lib, f"cublasXt{letter}gemm")
@@ -160,8 +178,12 @@ def peer_dask(args):
     chunk = args.size // args.gpus
     with LocalCUDACluster(n_workers=args.gpus) as cluster, Client(cluster):
         rs = da.random.RandomState(RandomState=cupy.random.RandomState)
-        a = rs.standard_normal((args.size, args.size), chunks=chunk).astype(args.dtype).persist()
-        b = rs.standard_normal((args.size, args.size), chunks=chunk).astype(args.dtype).persist()
+        shape = (args.size, args.size)
+        draw = {"uniform": lambda: rs.uniform(-1, 1, shape, chunks=chunk),
+                "uniform01": lambda: rs.random_sample(shape, chunks=chunk),
+                "normal": lambda: rs.standard_normal(shape, chunks=chunk)}[args.data]
+        a = draw().astype(args.dtype).persist()
+        b = draw().astype(args.dtype).persist()
         wait([a, b])
         best = float("inf")
         for i in range(args.repeat + 1):
@@ -193,10 +215,7 @@ def peer_nvmathlt(args):
     except Exception:
         raise RuntimeError("skipped: nvmath-python is not installed") from None
     import cupy
-    n = args.size
-    rng = cupy.random.default_rng(1)
-    a = rng.standard_normal((n, n)).astype(args.dtype)
-    b = rng.standard_normal((n, n)).astype(args.dtype)
+    a, b = _cupy_operands(args)
     options = None
     if args.precision == "tf32":
         options = MatmulOptions(compute_type=nvmath.linalg.ComputeType.COMPUTE_32F_FAST_TF32)
@@ -212,6 +231,8 @@ def peer_nvmathlt(args):
 
 
 def peer_summa(args):
+    if args.data != "uniform":
+        raise RuntimeError("skipped: summa bench multiplies its own uniform(-1, 1) data")
     with tempfile.TemporaryDirectory() as tmp:
         record = os.path.join(tmp, "r.jsonl")
         cmd = shlex.split(args.mpirun) + ["-np", str(args.gpus), sys.executable, "-m", "summa",
@@ -236,6 +257,9 @@ def main():
     parser.add_argument("--precision", choices=("default", "tf32"), default="default")
     parser.add_argument("--placement", choices=("device", "host"), default="device")
     parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--data", choices=("uniform", "uniform01", "normal"), default="uniform",
+                        help="values of A and B: uniform in [-1, 1) (summa's), in [0, 1), or "
+                             "standard normal")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--mpirun", default="mpirun --oversubscribe")
@@ -260,7 +284,8 @@ def main():
             continue
         child = [sys.executable, __file__, "--peer", peer, "--size", str(args.size),
                  "--dtype", args.dtype, "--precision", args.precision, "--placement",
-                 args.placement, "--gpus", str(args.gpus), "--repeat", str(args.repeat)]
+                 args.placement, "--gpus", str(args.gpus), "--repeat", str(args.repeat),
+                 "--data", args.data]
         proc = subprocess.run(child, capture_output=True, text=True)
         lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
         if proc.returncode != 0 or not lines:
@@ -275,7 +300,8 @@ def main():
     ideal = ideal * args.gpus if ideal else None
     ours = results.get("summa", {}).get("tflops")
     label = args.dtype + ("/tf32" if args.precision == "tf32" else "")
-    print(f"N = {args.size}, {label}, data on {args.placement}, {args.gpus} GPUs; ideal = "
+    print(f"N = {args.size}, {label}, {args.data} data on {args.placement}, {args.gpus} GPUs; "
+          f"ideal = "
           f"{args.gpus} x one-GPU cupy.matmul" + (f" = {ideal:.1f} TFLOP/s" if ideal else ""))
     print(f"{'peer':>9} {'TFLOP/s':>9} {'vs summa':>9} {'vs ideal':>9}  notes")
     for peer, r in results.items():
@@ -290,7 +316,8 @@ def main():
         with open(args.json, "a") as fh:
             for peer, r in results.items():
                 row = dict(peer=peer, size=args.size, dtype=args.dtype,
-                           precision=args.precision, placement=args.placement, gpus=args.gpus)
+                           precision=args.precision, placement=args.placement, gpus=args.gpus,
+                           data=args.data)
                 fh.write(json.dumps({**row, **r}) + "\n")
 
 

@@ -4,6 +4,9 @@
 #   STAGE=tests  docs/scripts/gpu_session.sh     # suite on the CuPy backend, 1 and 2 ranks
 #   STAGE=inmem  docs/scripts/gpu_session.sh     # issue 3: 32768 fp64/fp32/tf32 on 2 GPUs
 #   STAGE=lt     docs/scripts/gpu_session.sh     # issue 3: SUMMA_GEMM=cublaslt against gemmEx
+#   STAGE=fixes  docs/scripts/gpu_session.sh     # issues 3, 5: newest GPU tests, priority stream
+#   STAGE=data   docs/scripts/gpu_session.sh     # issues 3, 8: GEMM rate against input values
+#   STAGE=ooc1   docs/scripts/gpu_session.sh     # issue 5: one GPU, host-resident, 32768
 #   STAGE=ipc    docs/scripts/gpu_session.sh     # issue 3: copy-engine broadcasts against NCCL
 #   STAGE=ooc    docs/scripts/gpu_session.sh     # issue 5: host-resident runs, cuBLASXt, 100k
 #   STAGE=headline docs/scripts/gpu_session.sh   # issues 5, 8: 100k runs, cuBLASXt, JAX
@@ -67,6 +70,33 @@ lt)  # issue 3: cuBLASLt's timed algorithm choice against gemmEx, 2 GPUs, N = 32
             LIMIT=60 SUMMA_GEMM=$lib run $MPI -np 2 python3 -m summa bench --backend cupy \
                 --size 32768 $args --check --repeat 3 --timeout 60 --json "$OUT/lt.jsonl"
         done
+    done
+    ;;
+fixes)  # issue 3/5: GPU tests of the newest code; the high-priority GEMM stream in one run
+    for n in 1 2; do
+        LIMIT=90 run $MPI -np $n python3 -m pytest -q --with-mpi tests/test_gpu.py \
+            -k "cublaslt or out_of_core or priority or partly"
+    done
+    for prio in default high; do
+        LIMIT=60 SUMMA_COMPUTE_PRIORITY=$prio run $MPI -np 2 python3 -m summa bench \
+            --backend cupy --size 32768 --dtype float32 --repeat 3 --timeout 60 \
+            --json "$OUT/fixes.jsonl"
+    done
+    ;;
+data)  # issue 3/8: does the GEMM rate depend on the values multiplied (power, clocks)?
+    for data in uniform uniform01 normal; do
+        LIMIT=60 run python3 docs/scripts/compare_peers.py --size 32768 --dtype float64 \
+            --gpus 1 --repeat 2 --peers cupy --data $data --json "$OUT/data.jsonl"
+    done
+    for data in uniform uniform01; do
+        LIMIT=90 run python3 docs/scripts/compare_peers.py --size 32768 --dtype float64 \
+            --gpus 2 --repeat 2 --peers jax --data $data --json "$OUT/data.jsonl"
+    done
+    ;;
+ooc1)  # issue 5: one GPU, host-resident, N = 32768
+    for d in float64 float32; do
+        LIMIT=150 run $MPI -np 1 python3 -m summa bench --backend cupy --size 32768 \
+            --dtype $d --out-of-core --check --repeat 2 --timeout 60 --json "$OUT/ooc.jsonl"
     done
     ;;
 ipc)
