@@ -7,11 +7,13 @@
 #   STAGE=fixes  docs/scripts/gpu_session.sh     # issues 3, 5: newest GPU tests, priority stream
 #   STAGE=data   docs/scripts/gpu_session.sh     # issues 3, 8: GEMM rate against input values
 #   STAGE=ooc1   docs/scripts/gpu_session.sh     # issue 5: one GPU, host-resident, 32768
+#   STAGE=big32  docs/scripts/gpu_session.sh     # issue 5: 100k float32 host-resident
 #   STAGE=ipc    docs/scripts/gpu_session.sh     # issue 3: copy-engine broadcasts against NCCL
 #   STAGE=ooc    docs/scripts/gpu_session.sh     # issue 5: host-resident runs, cuBLASXt, 100k
 #   STAGE=headline docs/scripts/gpu_session.sh   # issues 5, 8: 100k runs, cuBLASXt, JAX
 #   STAGE=files  docs/scripts/gpu_session.sh     # issue 4: 32768^2 float64 .npy files end to end
 #   STAGE=model  docs/scripts/gpu_session.sh     # issue 7: calibrate, validate, plot
+#   STAGE=probe  docs/scripts/gpu_session.sh     # issues 3, 8: cuBLAS versions, XLA's GEMM
 #   STAGE=peers  docs/scripts/gpu_session.sh     # issue 8: compare_peers for fp64/fp32/tf32/fp16
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
@@ -29,14 +31,17 @@ run() { echo "+ $*" | tee -a "$OUT/session.log"
         timeout "${LIMIT:-240}" "$@" < /dev/null 2>&1 | tee -a "$OUT/session.log"; }
 # Issue 5's N = 100,000 cases on 2 GPUs: float64 in device memory, float32 host-resident
 # under a 16 GiB device cap (its host data generation and locking need the longer limit).
-hundred_k() {
+hundred_k_f64() {
     LIMIT=120 run $MPI -np 2 python3 -m summa bench --backend cupy --size 100000 \
         --dtype float64 --check --repeat 1 --warmup 1 --no-ideal --timeout 60 \
         --json "$OUT/ooc.jsonl"
+}
+hundred_k_f32() {
     LIMIT=300 run $MPI -np 2 python3 -m summa bench --backend cupy --size 100000 \
         --dtype float32 --device-memory 16GiB --check --repeat 1 --warmup 1 --no-ideal \
         --timeout 60 --json "$OUT/ooc.jsonl"
 }
+hundred_k() { hundred_k_f64; hundred_k_f32; }
 case "${STAGE:-tests}" in
 tests)
     SUMMA_TEST_BACKEND=cupy TEST_RANKS="1 2" SUMMA_PYTHON=python3 MPIEXEC="$MPI" ./run test \
@@ -93,6 +98,9 @@ data)  # issue 3/8: does the GEMM rate depend on the values multiplied (power, c
             --gpus 2 --repeat 2 --peers jax --data $data --json "$OUT/data.jsonl"
     done
     ;;
+big32)  # issue 5: N = 100,000 float32, host-resident, 16 GiB device cap, 2 GPUs
+    hundred_k_f32
+    ;;
 ooc1)  # issue 5: one GPU, host-resident, N = 32768
     for d in float64 float32; do
         LIMIT=150 run $MPI -np 1 python3 -m summa bench --backend cupy --size 32768 \
@@ -147,18 +155,44 @@ for name in ('A', 'B'):
     run $MPI -np 2 python3 -m summa multiply /tmp/A.npy /tmp/B.npy -o /tmp/C.npy --check \
         --quiet --json "$OUT/files.jsonl"
     ;;
-model)
+model)  # issue 7: calibrate on 1 and 2 GPUs; strong (3 sizes) and weak runs; model vs measured
     for p in 1 2; do
-        run $MPI -np $p python3 -m summa calibrate -o "$OUT/profile.json" --append \
-            --dtypes float64,float32
+        LIMIT=120 run $MPI -np $p python3 -m summa calibrate -o "$OUT/profile.json" --append \
+            --dtypes float64
     done
     for p in 1 2; do for n in 8192 16384 32768; do
-        run $MPI -np $p python3 -m summa bench --backend cupy --size $n --repeat 2 \
+        LIMIT=60 run $MPI -np $p python3 -m summa bench --backend cupy --size $n --repeat 2 \
             --json "$OUT/strong.jsonl"
     done; done
+    # weak scaling: the same work per GPU, N = 16384 x P^(1/3)
+    LIMIT=60 run $MPI -np 1 python3 -m summa bench --backend cupy --size 16384 --repeat 2 \
+        --json "$OUT/weak.jsonl"
+    LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy --size 20643 --repeat 2 \
+        --json "$OUT/weak.jsonl"
+    run python3 docs/scripts/validate_model.py --profile "$OUT/profile.json" \
+        --results "$OUT/strong.jsonl" "$OUT/weak.jsonl"
     run python3 -m summa model --profile "$OUT/profile.json" --size 32768 --sweep
-    run python3 -m summa plot "$OUT/strong.jsonl" --profile "$OUT/profile.json" \
-        -o "$OUT/scaling.png"
+    run python3 -m summa plot "$OUT/strong.jsonl" --weak "$OUT/weak.jsonl" \
+        --profile "$OUT/profile.json" -o "$OUT/scaling.png"
+    ;;
+probe)  # issue 3/8: which cuBLAS each library loads, and which GEMM XLA picks for fp64
+    run python3 - <<'PY'
+import glob, os, cupy
+print("cupy", cupy.__version__, "cuBLAS", cupy.cuda.cublas.getVersion())
+for lib in sorted(set(glob.glob("/usr/local/lib/python3*/dist-packages/nvidia/cublas/lib/libcublas*")
+                      + glob.glob("/usr/lib/python3*/site-packages/nvidia/cublas/lib/libcublas*")
+                      + glob.glob("/usr/local/cuda*/lib64/libcublasLt.so*"))):
+    print(lib)
+with open("/proc/self/maps") as maps:
+    print(sorted({l.split()[-1] for l in maps if "cublas" in l}))
+PY
+    XLA_FLAGS="--xla_dump_to=$OUT/xla --xla_dump_hlo_as_text" LIMIT=90 run python3 \
+        docs/scripts/compare_peers.py --size 32768 --dtype float64 --gpus 2 --repeat 1 \
+        --peers jax
+    run python3 -c "import jax, jaxlib; print(jax.__version__, jaxlib.__version__)"
+    run bash -c "ls $OUT/xla | head -50; grep -h -o 'custom_call_target=\"[^\"]*\"' \
+        $OUT/xla/*after_optimizations.txt | sort | uniq -c; grep -h -o 'selected_algorithm[^,}]*' \
+        $OUT/xla/*after_optimizations.txt | sort | uniq -c"
     ;;
 peers)
     for args in "--dtype float64" "--dtype float32" "--dtype float32 --precision tf32" \
