@@ -96,8 +96,8 @@ class Backend:
         """Copy a host array to this backend's memory (no copy on NumPy)."""
         raise NotImplementedError
 
-    def to_host(self, arr) -> np.ndarray:
-        """Return `arr` as a NumPy array."""
+    def to_host(self, arr, out: np.ndarray | None = None) -> np.ndarray:
+        """Return `arr` as a NumPy array (written into `out` when given)."""
         raise NotImplementedError
 
     def gemm(self, alpha, a, b, c, beta=1.0, precision: str | None = None) -> None:
@@ -191,8 +191,11 @@ class NumpyBackend(Backend):
     def asarray(self, host):
         return np.asarray(host)
 
-    def to_host(self, arr):
-        return np.asarray(arr)
+    def to_host(self, arr, out=None):
+        if out is None:
+            return np.asarray(arr)
+        out[...] = arr
+        return out
 
     def gemm(self, alpha, a, b, c, beta=1.0, precision=None):
         if beta != 1:
@@ -243,8 +246,8 @@ class CupyBackend(Backend):
     def asarray(self, host):
         return self.xp.asarray(host)
 
-    def to_host(self, arr):
-        return self.xp.asnumpy(arr)
+    def to_host(self, arr, out=None):
+        return self.xp.asnumpy(arr, out=out)
 
     def gemm(self, alpha, a, b, c, beta=1.0, precision=None):
         from cupy_backends.cuda.libs import cublas

@@ -175,7 +175,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                 times.append(elapsed)
                 if elapsed == min(times):
                     best_stats = SummaStats(**stats.as_dict())
-        residual = freivalds(A, B, C, precision=precision) if check else None
+        residual = freivalds(A, B, C, precision=precision, compute=backend) if check else None
         memory = backend.memory_in_use()
         reserved = backend.memory_reserved()
         ideal_seconds = None

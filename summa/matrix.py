@@ -127,7 +127,10 @@ class DistMatrix:
                     + 1j * _uniform(xp, 2 * counter + np.uint64(1), seed, real)
             else:
                 values = _uniform(xp, counter, seed, dtype)
-            local[r0:r0 + step] = values if compute is backend else compute.to_host(values)
+            if compute is backend:
+                local[r0:r0 + step] = values
+            else:  # straight into the block: no host temporary
+                compute.to_host(values, out=local[r0:r0 + step])
         return cls(grid, layout, local, backend)
 
     @classmethod

@@ -211,7 +211,8 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
             progress.phase("check", 1)
             inject("check")
             residual, record["check_seconds"] = _timed(
-                comm, "check", freivalds, A, B, C, alpha=alpha, beta=beta, C0=C0, precision=precision)
+                comm, "check", freivalds, A, B, C, alpha=alpha, beta=beta, C0=C0, precision=precision,
+                compute=be)
             record["check_residual"] = residual
             if not residual <= 1:
                 progress.close()

@@ -40,24 +40,26 @@ def scaled_error(result, reference, gauge) -> float:
     return float(ratio.max(initial=0.0))
 
 
-def _matvec(M, x: np.ndarray, absolute: bool) -> np.ndarray:
+def _matvec(M, x: np.ndarray, absolute: bool, compute=None) -> np.ndarray:
     """``M @ x`` (or ``|M| @ x``) in reference precision, replicated on every rank.
 
     Each rank multiplies its block by its slice of `x` and scatters the partial
     sums into a full-length vector; one Allreduce over the grid adds them up.
-    Rows are processed in chunks so the upcast copy stays small.
+    Rows are processed in chunks so the upcast copy stays small; `compute` (a
+    GPU backend) does the work for a host-held block, chunk by chunk.
     """
-    xp, ref = M.backend.xp, reference_dtype(M.dtype)
+    compute = compute or M.backend
+    xp, ref = compute.xp, reference_dtype(M.dtype)
     out_dtype = np.result_type(np.float64 if absolute else ref, x.dtype)
     rows, cols = M.row_indices(), M.col_indices()
     xs = xp.asarray(x[cols])
     partial = np.zeros(M.shape[0], dtype=out_dtype)
     step = max(1, (1 << 25) // max(1, cols.size))
     for r0 in range(0, rows.size, step):
-        block = xp.asarray(M.local[r0:r0 + step], dtype=ref)
+        block = xp.asarray(M.local[r0:r0 + step]).astype(ref, copy=False)
         if absolute:
             block = xp.abs(block)
-        partial[rows[r0:r0 + step]] = M.backend.to_host(block @ xs)
+        partial[rows[r0:r0 + step]] = compute.to_host(block @ xs)
     out = np.empty_like(partial)
     with watch("the other ranks' matrix-vector products of the check"):
         M.grid.comm.Allreduce(partial, out, op=MPI.SUM)
@@ -65,7 +67,7 @@ def _matvec(M, x: np.ndarray, absolute: bool) -> np.ndarray:
 
 
 def freivalds(A, B, C, alpha=1.0, beta=0.0, C0=None, vectors: int = 2, seed: int = 12345,
-              precision: str | None = None) -> float:
+              precision: str | None = None, compute=None) -> float:
     """Scaled residual of ``C == alpha * A @ B + beta * C0`` by Freivalds' test.
 
     For random vectors ``x`` it compares ``C x`` with ``alpha A (B x) + beta C0 x``
@@ -84,6 +86,10 @@ def freivalds(A, B, C, alpha=1.0, beta=0.0, C0=None, vectors: int = 2, seed: int
         Number of random vectors.
     precision : str, optional
         ``"tf32"`` when the GEMM ran in TF32.
+    compute : Backend, optional
+        Where the products run when the matrices are host-held (out of core):
+        a GPU backend streams them through the device, many times faster
+        than the host. Default: each matrix's own backend.
 
     Returns
     -------
@@ -100,11 +106,11 @@ def freivalds(A, B, C, alpha=1.0, beta=0.0, C0=None, vectors: int = 2, seed: int
     for _ in range(vectors):
         x = rng.uniform(-1.0, 1.0, n).astype(ref)
         ax = np.abs(x)
-        expect = alpha * _matvec(A, _matvec(B, x, False), False)
-        gauge = abs(alpha) * _matvec(A, _matvec(B, ax, True), True)
+        expect = alpha * _matvec(A, _matvec(B, x, False, compute), False, compute)
+        gauge = abs(alpha) * _matvec(A, _matvec(B, ax, True, compute), True, compute)
         if beta != 0:
-            expect = expect + beta * _matvec(C0, x, False)
-            gauge = gauge + abs(beta) * _matvec(C0, ax, True)
-        got = _matvec(C, x, False)
+            expect = expect + beta * _matvec(C0, x, False, compute)
+            gauge = gauge + abs(beta) * _matvec(C0, ax, True, compute)
+        got = _matvec(C, x, False, compute)
         worst = max(worst, scaled_error(got, expect, (k + n) * eps * gauge))
     return worst

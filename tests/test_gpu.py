@@ -139,6 +139,24 @@ def test_out_of_core_on_the_gpu(comm, rng, gpu, dtype):
 
 
 @pytest.mark.mpi(min_size=1)
+def test_check_of_host_held_matrices_on_the_gpu(comm, rng, gpu):
+    # bench and multiply check out-of-core results through the GPU
+    from summa.backend import NumpyBackend
+    from summa.verify import freivalds
+    grid, backend = gpu
+    host = NumpyBackend()
+    A = DistMatrix.random((70, 50), "float32", grid, host, seed=3, compute=backend)
+    B = DistMatrix.random((50, 60), "float32", grid, host, seed=4, compute=backend)
+    assert A.backend is host and isinstance(A.local, np.ndarray)
+    C = matmul(A, B, panel_width=16)
+    assert freivalds(A, B, C, compute=backend) <= 1
+    assert freivalds(A, B, C, compute=backend) == pytest.approx(freivalds(A, B, C), rel=1e-6)
+    if C.local.size:
+        C.local[0, 0] += 1e-2 * 50
+    assert freivalds(A, B, C, compute=backend) > 1
+
+
+@pytest.mark.mpi(min_size=1)
 def test_host_copies_work_on_partly_locked_memory(comm, gpu):
     # CUDA refuses a copy whose host range is partly page-locked; a small array
     # sharing a page with a locked one is such a range, so the mover stages it.

@@ -244,7 +244,8 @@ def peer_summa(args):
         if args.placement == "host":
             cmd += ["--out-of-core"]
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL,
+                       timeout=args.peer_timeout)
         r = json.loads(open(record).read().splitlines()[-1])
     return {"seconds": r["seconds"], "gpus": args.gpus, "comm": r["comm"], "nb": r["nb"]}
 
@@ -264,6 +265,8 @@ def main():
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--mpirun", default="mpirun --oversubscribe")
     parser.add_argument("--json", default=None, help="append the table as JSON lines here")
+    parser.add_argument("--peer-timeout", type=float, default=600, metavar="SECONDS",
+                        help="give up on a peer after this long (its row says so)")
     parser.add_argument("--peer", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peer:  # child process: run one peer, print one JSON line
@@ -281,12 +284,19 @@ def main():
                 results[peer] = peer_summa(args)
             except (subprocess.CalledProcessError, OSError) as exc:
                 results[peer] = {"skipped": f"failed: {exc}"}
+            except subprocess.TimeoutExpired:
+                results[peer] = {"skipped": f"did not finish in {args.peer_timeout:g} s"}
             continue
         child = [sys.executable, __file__, "--peer", peer, "--size", str(args.size),
                  "--dtype", args.dtype, "--precision", args.precision, "--placement",
                  args.placement, "--gpus", str(args.gpus), "--repeat", str(args.repeat),
                  "--data", args.data]
-        proc = subprocess.run(child, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(child, capture_output=True, text=True,
+                                  timeout=args.peer_timeout)
+        except subprocess.TimeoutExpired:
+            results[peer] = {"skipped": f"did not finish in {args.peer_timeout:g} s"}
+            continue
         lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
         if proc.returncode != 0 or not lines:
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
