@@ -4,6 +4,7 @@ communicator size. Collective; rank 0 gets the profile data."""
 
 from __future__ import annotations
 
+import math
 import platform
 import socket
 import time
@@ -15,12 +16,30 @@ from .comm import make_broadcaster
 from .grid import node_rank
 from .plan import Profile
 
-__all__ = ["calibrate"]
+__all__ = ["calibrate", "default_sizes", "gemm_slowdown"]
 
 #: The overhead run: per-rank block, panel width and number of panels. Its
 #: GEMM shape lies inside the default calibrated shapes, so the model's GEMM
 #: term for it is an interpolation, not a guess.
 OVERHEAD_BLOCK, OVERHEAD_WIDTH, OVERHEAD_STEPS = 384, 128, 16
+
+
+#: Per-rank block sizes calibrated on a GPU; the largest only where it fits
+#: (long GEMMs run slower than short ones once the GPU lowers its clocks
+#: under sustained load, so the shapes of big runs are worth measuring).
+GPU_SIZES, GPU_LARGE_SIZE = (4096, 8192, 16384), 32768
+
+
+def default_sizes(comm: MPI.Comm, backend, dtypes) -> list[int]:
+    """Block sizes to calibrate: small ones on CPU ranks; on GPUs add
+    GPU_LARGE_SIZE where every rank has room for its three operands twice over."""
+    if backend.name != "cupy":
+        return [256, 512, 1024, 2048]
+    xp = backend.xp
+    free = xp.cuda.runtime.memGetInfo()[0] + xp.get_default_memory_pool().free_bytes()
+    need = 2 * 3 * GPU_LARGE_SIZE ** 2 * max(np.dtype(d).itemsize for d in dtypes)
+    fits = comm.allreduce(free >= need, op=MPI.LAND)
+    return list(GPU_SIZES) + ([GPU_LARGE_SIZE] if fits else [])
 
 
 def _best(comm: MPI.Comm, run, repeat: int) -> float:
@@ -77,6 +96,49 @@ def _bcast_fit(comm, backend, mode, sizes_bytes, repeat) -> dict | None:
                 samples=[[int(b), t] for b, t in zip(x, times)])
 
 
+#: GEMM duration aimed at when measuring the slowdown beside a broadcast, and
+#: the broadcast's size limits (it must outlast the GEMM).
+SLOWDOWN_GEMM_SECONDS = 0.01
+SLOWDOWN_BYTES = (1 << 20, 1 << 30)
+
+
+def gemm_slowdown(comm, backend, bc, gemm_samples, beta: float, repeat: int) -> float:
+    """How many times longer a GEMM takes while a broadcast of `bc` runs beside
+    it than alone (>= 1; the slowest rank's figure).
+
+    On a GPU, NCCL's kernels take SMs from the GEMMs they overlap. The GEMM is
+    the calibrated float64 shape nearest SLOWDOWN_GEMM_SECONDS; the broadcast
+    is sized from the fitted bandwidth `beta` to last at least twice as long.
+    """
+    samples = [g for g in gemm_samples if g["dtype"] == "float64"] or gemm_samples
+    shape = min(samples, key=lambda g: abs(math.log(g["seconds"] / SLOWDOWN_GEMM_SECONDS)))
+    dtype = shape["dtype"]
+    xp = backend.xp
+    a = xp.ones((shape["m"], shape["k"]), dtype=dtype)
+    b = xp.ones((shape["k"], shape["n"]), dtype=dtype)
+    c = xp.zeros((shape["m"], shape["n"]), dtype=dtype)
+    lo, hi = SLOWDOWN_BYTES
+    nbytes = int(min(max(2.0 * shape["seconds"] * beta, lo), hi))
+    buf = xp.zeros(nbytes // 8, dtype=np.float64)
+
+    def gemm_seconds(beside: bool) -> float:
+        comm.Barrier()
+        pending = bc.ibcast(buf, 0) if beside else None
+        start = backend.timing_mark()
+        backend.gemm(1.0, a, b, c)
+        stop = backend.timing_mark()
+        if pending is not None:
+            pending.wait()
+        backend.synchronize()
+        return backend.elapsed(start, stop)
+
+    gemm_seconds(False)
+    gemm_seconds(True)
+    alone = min(gemm_seconds(False) for _ in range(repeat))
+    beside = min(gemm_seconds(True) for _ in range(repeat))
+    return comm.allreduce(max(1.0, beside / alone), op=MPI.MAX)
+
+
 def _panel_overhead(comm, backend, profile_so_far: Profile, mode: str, repeat: int) -> float:
     """Seconds per SUMMA step beyond the model's GEMM and broadcast terms, from
     a SUMMA run on this grid with GEMMs of a realistic size (per-rank blocks of
@@ -122,6 +184,13 @@ def calibrate(comm: MPI.Comm, backend, dtypes=("float64",), precision=None,
             sub = comm.Split(0 if comm.Get_rank() < ranks else MPI.UNDEFINED, comm.Get_rank())
             if sub != MPI.COMM_NULL:
                 fit = _bcast_fit(sub, backend, mode, list(message_bytes), repeat)
+                if fit["overlap"]:  # GEMMs share the device with this broadcaster
+                    bc = make_broadcaster(mode, sub, backend)
+                    try:
+                        fit["gemm_slowdown"] = gemm_slowdown(sub, backend, bc, gemm,
+                                                             fit["beta"], repeat)
+                    finally:
+                        bc.free()
                 sub.Free()
                 if comm.Get_rank() == 0:
                     bcast.append(fit)

@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="comma-separated dtypes to measure (default float64)")
     cal.add_argument("--sizes", type=_int_list, default=None, metavar="LIST",
                      help="per-rank block sizes m = n (default 256,512,1024,2048 on CPU; "
-                          "4096,8192,16384 on GPU)")
+                          "4096,8192,16384 on GPU, and 32768 where it fits)")
     cal.add_argument("--widths", type=_int_list, default=None, metavar="LIST",
                      help="panel widths k (default 64..1024 on CPU; 1024..8192 on GPU)")
     cal.add_argument("--comm", choices=("all",) + COMM_MODES[1:], default="all",
@@ -380,9 +380,9 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
 def _run_study(args, comm: MPI.Comm, out) -> int:
     from . import studies
     if args.command == "calibrate":
+        from .calibrate import default_sizes
         backend = agree_backend(comm, args.backend)
         gpu = backend.name == "cupy"
-        args.sizes = args.sizes or ([4096, 8192, 16384] if gpu else [256, 512, 1024, 2048])
         args.widths = args.widths or ([1024, 2048, 4096, 8192] if gpu
                                       else [64, 128, 256, 512, 1024])
         args.precision_mode = None if args.precision == "default" else args.precision
@@ -391,6 +391,7 @@ def _run_study(args, comm: MPI.Comm, out) -> int:
                 backend.check_dtype(dtype)
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
+        args.sizes = args.sizes or default_sizes(comm, backend, args.dtypes)
         return studies.run_calibrate(args, comm, backend, out)
     if args.command == "model":
         args.precision_mode = None if args.precision_mode == "default" else args.precision_mode

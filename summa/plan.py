@@ -11,8 +11,10 @@ n = ceil(N/Pc)) and steps through ``s = ceil(K/nb)`` panels. Per panel:
 
 With lookahead, where broadcasts progress while the GEMM runs (GPUs: the
 GEMM runs on the device while NCCL or MPI moves data), the next panel's
-broadcasts hide behind the current GEMM: ``T = t_b + s * (max(t_c, t_b) + o)``
-(one broadcast fills the pipeline). Without lookahead, or on CPU ranks where
+broadcasts hide behind the current GEMM: ``T = t_b + s * (max(S t_c, t_b) + o)``
+(one broadcast fills the pipeline), where ``S >= 1`` is how much slower a GEMM
+runs beside a broadcast (NCCL's kernels take SMs; calibrated per broadcaster as
+``gemm_slowdown``, 1 where absent). Without lookahead, or on CPU ranks where
 MPI progresses only while the rank is inside MPI, ``T = s * (t_c + t_b + o)``.
 ``o`` is the per-panel overhead (loop, panel copies, synchronisation) fitted by
 calibration for that rank count. One rank does a single GEMM:
@@ -20,7 +22,7 @@ calibration for that rank count. One rank does a single GEMM:
 
 A profile is JSON: ``{"machine": ..., "gemm": [{"dtype", "precision",
 "ranks_per_node", "m", "n", "k", "seconds"}, ...], "bcast": [{"comm",
-"ranks", "alpha", "beta", "overlap"}, ...], "overhead": [{"ranks",
+"ranks", "alpha", "beta", "overlap", "gemm_slowdown"}, ...], "overhead": [{"ranks",
 "seconds"}, ...]}``; ``summa calibrate`` writes one, and profiles
 of machines we cannot run on (e.g. 8 GPUs per node on NVLink, nodes on
 InfiniBand) can be written by hand in the same form.
@@ -128,6 +130,15 @@ class Profile:
         """Whether broadcasts of `comm` progress while a GEMM runs."""
         return any(b.get("overlap", True) for b in self.bcast if b["comm"] == comm)
 
+    def gemm_slowdown(self, comm: str, ranks: int) -> float:
+        """How much longer GEMMs take beside broadcasts of `comm` (nearest
+        calibrated communicator size; 1 where not measured)."""
+        fits = [b for b in self.bcast if b["comm"] == comm]
+        if not fits:
+            return 1.0
+        fit = min(fits, key=lambda b: abs(math.log(b["ranks"] / max(ranks, 1))))
+        return float(fit.get("gemm_slowdown", 1.0))
+
     def panel_overhead(self, ranks: int) -> float:
         """Fixed seconds per SUMMA step at `ranks` ranks (nearest calibrated count)."""
         rows = self.data.get("overhead", [])
@@ -159,7 +170,9 @@ def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
     """Predicted time of ``C = A @ B`` (M x K times K x N) on a `grid` of ranks.
 
     Efficiency is against P times the one-rank rate of the per-rank share done
-    as one GEMM, the same "ideal" that ``summa bench`` measures.
+    as one GEMM, the same "ideal" that ``summa bench`` measures. Without
+    `comm`, the fastest broadcaster in the profile is assumed (as ``--comm
+    auto`` picks NCCL over host-staged MPI).
     """
     pr, pc = grid
     p = pr * pc
@@ -174,7 +187,10 @@ def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
         seconds = ideal
         return Prediction(seconds, flops / seconds / 1e12, 1.0, seconds, 0.0, 1, tuple(grid),
                           panel_width)
-    comm = comm or (profile.comm_modes() or ["mpi"])[0]
+    if comm is None:  # as --comm auto would: the fastest broadcaster calibrated
+        return min((predict(profile, m, n, k, dtype, grid, panel_width, lookahead, mode,
+                            precision, ranks_per_node)
+                    for mode in profile.comm_modes() or ["mpi"]), key=lambda q: q.seconds)
     nb = min(panel_width, k)
     steps = -(-k // nb)
     t_c = 2.0 * ml * nl * nb / profile.gemm_rate(ml, nl, nb, dtype, precision, rpn)
@@ -182,7 +198,8 @@ def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
            + profile.bcast_seconds(nb * nl * itemsize, pr, comm))
     overhead = profile.panel_overhead(p)
     if lookahead > 0 and profile.overlaps(comm):
-        seconds = t_b + steps * (max(t_c, t_b) + overhead)
+        shared = profile.gemm_slowdown(comm, max(pr, pc))
+        seconds = t_b + steps * (max(shared * t_c, t_b) + overhead)
     else:
         seconds = steps * (t_c + t_b + overhead)
     return Prediction(seconds, flops / seconds / 1e12, ideal / seconds, t_c, t_b, steps,

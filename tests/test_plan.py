@@ -42,6 +42,55 @@ def test_lookahead_hides_broadcasts_and_without_it_they_add_up():
     assert cpu_like.seconds == pytest.approx(without.seconds)
 
 
+def test_gemms_slowed_beside_broadcasts_lengthen_each_step():
+    prof = make_profile()
+    m = 32768
+    base = predict(prof, m, m, m, "float64", (2, 1), 4096)
+    for b in prof.bcast:
+        b["gemm_slowdown"] = 1.05
+    shared = predict(prof, m, m, m, "float64", (2, 1), 4096)
+    t_c, t_b = base.panel_compute, base.panel_comm
+    assert shared.seconds == pytest.approx(t_b + 8 * max(1.05 * t_c, t_b))
+    assert prof.gemm_slowdown("nccl", 64) == 1.05 and prof.gemm_slowdown("mpi", 2) == 1.0
+    # without lookahead nothing runs beside the GEMMs
+    assert predict(prof, m, m, m, "float64", (2, 1), 4096, lookahead=0).seconds == \
+        pytest.approx(predict(make_profile(), m, m, m, "float64", (2, 1), 4096,
+                              lookahead=0).seconds)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_gemm_slowdown_is_measured_and_agreed(comm):
+    from summa.backend import NumpyBackend
+    from summa.calibrate import gemm_slowdown
+    from summa.comm import make_broadcaster
+    backend = NumpyBackend()
+    samples = [dict(dtype="float64", m=96, n=96, k=k, seconds=s)
+               for k, s in ((32, 1e-5), (64, 2e-5))]
+    bc = make_broadcaster("mpi", comm, backend)
+    try:
+        slowdown = gemm_slowdown(comm, backend, bc, samples, beta=1e9, repeat=2)
+    finally:
+        bc.free()
+    assert slowdown >= 1.0
+    assert comm.allgather(slowdown) == [slowdown] * comm.size
+
+
+def test_default_calibration_sizes_on_cpu(comm):
+    from summa.backend import NumpyBackend
+    from summa.calibrate import default_sizes
+    assert default_sizes(comm, NumpyBackend(), ["float64"]) == [256, 512, 1024, 2048]
+
+
+def test_without_a_comm_the_fastest_calibrated_broadcaster_is_assumed():
+    prof = make_profile()
+    prof.bcast.append(dict(comm="mpi", ranks=2, overlap=True, alpha=60e-6, beta=6e9))
+    m = 32768
+    auto = predict(prof, m, m, m, "float64", (2, 1), 4096)
+    nccl = predict(prof, m, m, m, "float64", (2, 1), 4096, comm="nccl")
+    mpi = predict(prof, m, m, m, "float64", (2, 1), 4096, comm="mpi")
+    assert mpi.seconds > nccl.seconds and auto.seconds == nccl.seconds
+
+
 def test_overhead_and_extrapolated_broadcasts():
     prof = make_profile(overhead=1e-3)
     base = predict(make_profile(), 8192, 8192, 8192, "float64", (2, 1), 1024)
