@@ -131,13 +131,14 @@ def run_plot(args, comm: MPI.Comm, out) -> int:
                      for p in curve_p]
             ax_t.plot(curve_p, [q.seconds for q in preds], "-", label=f"{label} model")
             ax_e.plot(curve_p, [q.efficiency for q in preds], "-", label=f"{label} model")
+    weak_runs = [r for path in args.weak for r in load_results(path)
+                 if r.get("efficiency") is not None]
     if profile is not None:
-        base = min(rows, key=lambda r: r["ranks"])
+        # the model's weak series starts where the measured one does
+        base = min(weak_runs or rows, key=lambda r: (r["ranks"], r["m"]))
         weak = sweep(profile, base["m"], base["dtype"], ranks=args.model_ranks, weak=True)
         ax_w.plot([p for p, _, _ in weak], [q.efficiency for _, _, q in weak], "-",
                   label=f"model, N = {base['m']} x P^(1/3)")
-    weak_runs = [r for path in args.weak for r in load_results(path)
-                 if r.get("efficiency") is not None]
     if weak_runs:
         ax_w.plot([r["ranks"] for r in weak_runs], [r["efficiency"] for r in weak_runs], "o",
                   label="measured")

@@ -176,6 +176,8 @@ def peer_dask(args):
         raise RuntimeError(f"skipped: {exc.name} is not installed") from None
     import cupy
     chunk = args.size // args.gpus
+    if args.precision == "tf32":
+        os.environ["CUPY_TF32"] = "1"  # before the workers start: they inherit it
 
     def _synchronize():  # runs on each worker (pickled by value)
         import cupy
