@@ -20,6 +20,7 @@ from .grid import ProcessGrid, node_rank
 from .matrix import DistMatrix
 from .outofcore import summa_out_of_core
 from .plan import choose_memory_mode, memory_plan
+from .progress import Progress
 from .verify import freivalds
 from .watchdog import watch
 
@@ -131,6 +132,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
         grid = ProcessGrid(comm, args.grid)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    progress = Progress(grid.rank == 0 and not getattr(args, "quiet", False))
     try:
         # "auto" is measured in the first call and cached for the rest.
         gemm_width = args.nb or default_panel_width(backend.name, dtype, precision)
@@ -140,12 +142,15 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                            args.lookahead, backend.name, device_budget=budget,
                            out_of_core=budget is not None)
         home = backend if budget is None else NumpyBackend()  # out of core: data on the host
+        progress.phase("generate", 3)
         # Host-held data is still generated on the GPU (many times faster).
         t_gen = time.perf_counter()
         A = DistMatrix.random((m, k), dtype, grid, home, seed=args.seed, block=block,
                               compute=backend)
+        progress.step(1, 3)
         B = DistMatrix.random((k, n), dtype, grid, home, seed=args.seed + 1, block=block,
                               compute=backend)
+        progress.step(2, 3)
         C = DistMatrix.zeros((m, n), dtype, grid, home, block=block)
         backend.synchronize()
         t_gen = time.perf_counter() - t_gen
@@ -153,16 +158,18 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
         for i in range(warmup + repeat):
             with watch(f"all ranks to start repetition {i}"):
                 grid.comm.Barrier()
+            progress.phase(f"run {i + 1}/{warmup + repeat}", 1)
             t0 = time.perf_counter()
             if budget is None:
                 gemm(A, B, C, panel_width=gemm_width, lookahead=args.lookahead,
-                     broadcaster=args.comm, precision=precision, stats=stats)
+                     broadcaster=args.comm, precision=precision, stats=stats,
+                     progress=progress.step)
             else:
                 stats = summa_out_of_core(1.0, A, B, 0.0, C, backend, budget,
                                           panel_width=_plan_width(gemm_width, backend, dtype,
                                                                   precision),
                                           lookahead=args.lookahead, precision=precision,
-                                          comm=args.comm)
+                                          comm=args.comm, progress=progress.step)
             nb = stats.panel_width
             backend.synchronize()
             with watch(f"all ranks to finish repetition {i}"):
@@ -175,7 +182,11 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                 times.append(elapsed)
                 if elapsed == min(times):
                     best_stats = SummaStats(**stats.as_dict())
+        progress.close()
+        if check:
+            progress.phase("check", 1)
         residual = freivalds(A, B, C, precision=precision, compute=backend) if check else None
+        progress.close()
         memory = backend.memory_in_use()
         reserved = backend.memory_reserved()
         ideal_seconds = None
@@ -198,6 +209,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                                                         "comm_seconds")}), root=0)
         grid_shape = grid.shape
     finally:
+        progress.close()
         grid.free()
     if comm.Get_rank() != 0:
         return 3 if residual is not None and residual > 1 else 0

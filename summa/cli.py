@@ -178,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-ideal", dest="ideal", action="store_false",
                        help="skip timing the one-device matmul of the per-rank shape (the "
                             "'ideal' that efficiency is measured against)")
+    bench.add_argument("--quiet", action="store_true",
+                       help="no progress bar (shown on rank 0 when stderr is a terminal)")
     bench.add_argument("--sweep", action="store_true",
                        help="run a series: every size of --sizes on every grid of --grids "
                             "(the rank count is the launcher's: loop over mpiexec -n for that), "

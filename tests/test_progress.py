@@ -43,3 +43,22 @@ def test_bar_follows_phases_on_a_terminal(monkeypatch):
     read, multiply = FakeBar.made
     assert (read.desc, read.n, read.closed) == ("read", 2, True)
     assert (multiply.desc, multiply.n, multiply.total, multiply.closed) == ("multiply", 5, 8, True)
+
+
+def test_bench_shows_generation_each_run_and_the_check(monkeypatch):
+    from mpi4py import MPI
+    import io
+    from summa import cli
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=FakeBar))
+    FakeBar.made = []
+    args = ["bench", "--backend", "numpy", "--size", "96", "--nb", "32", "--repeat", "2",
+            "--check", "--no-ideal"]
+    assert cli.main(args, MPI.COMM_SELF, io.StringIO()) == 0
+    assert [b.desc for b in FakeBar.made] == ["generate", "run 1/3", "run 2/3", "run 3/3",
+                                              "check"]
+    assert all(b.closed for b in FakeBar.made)
+    assert all(b.n == b.total >= 1 for b in FakeBar.made[1:4])  # driven by the SUMMA steps
+    FakeBar.made = []
+    assert cli.main(args + ["--quiet"], MPI.COMM_SELF, io.StringIO()) == 0
+    assert FakeBar.made == []
