@@ -22,10 +22,17 @@ GEMM_LIBRARIES = ("cublas", "cublaslt")
 
 
 def gemm_library() -> str:
-    """The GPU GEMM library named by ``SUMMA_GEMM`` (default ``cublas``)."""
+    """The GPU GEMM library named by ``SUMMA_GEMM`` (default ``cublas``).
+
+    With ``cublaslt``, ``SUMMA_CUBLASLT`` may name the libcublasLt file to load
+    (e.g. another CUDA release's, to compare its kernels); it must exist.
+    """
     name = os.environ.get("SUMMA_GEMM", "cublas").strip().lower() or "cublas"
     if name not in GEMM_LIBRARIES:
         raise ValueError(f"SUMMA_GEMM={name!r} is not one of {', '.join(GEMM_LIBRARIES)}")
+    path = os.environ.get("SUMMA_CUBLASLT", "").strip()
+    if name == "cublaslt" and path and not os.path.isfile(path):
+        raise ValueError(f"SUMMA_CUBLASLT={path!r} is not a file")
     return name
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sys
 import time
@@ -428,7 +429,10 @@ def _run_info(args, comm: MPI.Comm, out) -> int:
           f"{'yes' if aware else 'no'} ({aware_note})", file=out)
     print(f"broadcaster: {choose_comm(args.comm, backend)} (--comm {args.comm})", file=out)
     from .backend import compute_priority, gemm_library
-    print(f"GPU GEMM: {gemm_library()} (SUMMA_GEMM), compute stream priority: "
+    library = gemm_library()
+    if library == "cublaslt" and os.environ.get("SUMMA_CUBLASLT", "").strip():
+        library += f" from {os.environ['SUMMA_CUBLASLT'].strip()} (SUMMA_CUBLASLT)"
+    print(f"GPU GEMM: {library} (SUMMA_GEMM), compute stream priority: "
           f"{compute_priority()} (SUMMA_COMPUTE_PRIORITY)"
           + ("" if backend.name == "cupy" else "; both apply to GPUs only"), file=out)
     for r in rows:

@@ -46,8 +46,12 @@ class _Heuristic(ctypes.Structure):
 
 
 def _library(cupy):
-    """libcublasLt: the copy CuPy's cuBLAS already loaded (found by its soname),
-    else the one cuda-pathfinder, the NVIDIA wheel or the system provides."""
+    """libcublasLt: the file ``SUMMA_CUBLASLT`` names, else the copy CuPy's cuBLAS
+    already loaded (found by its soname), else the one cuda-pathfinder, the
+    NVIDIA wheel or the system provides."""
+    chosen = os.environ.get("SUMMA_CUBLASLT", "").strip()
+    if chosen:  # checked to exist by summa.backend.gemm_library
+        return ctypes.CDLL(chosen)
     cupy.cuda.device.get_cublas_handle()  # loads libcublas, which loads libcublasLt
     candidates = ["libcublasLt.so.13", "libcublasLt.so.12"]
     try:

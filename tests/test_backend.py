@@ -49,6 +49,16 @@ def test_gemm_library_is_checked_on_every_machine(monkeypatch):
         get_backend("numpy")
 
 
+def test_chosen_cublaslt_file_must_exist(monkeypatch, tmp_path):
+    from summa.backend import gemm_library
+    monkeypatch.setenv("SUMMA_GEMM", "cublaslt")
+    monkeypatch.setenv("SUMMA_CUBLASLT", str(tmp_path / "libcublasLt.so.12"))
+    with pytest.raises(ValueError, match="SUMMA_CUBLASLT=.*libcublasLt.so.12' is not a file"):
+        get_backend("numpy")
+    (tmp_path / "libcublasLt.so.12").write_bytes(b"")
+    assert gemm_library() == "cublaslt"
+
+
 def test_compute_priority_is_checked_on_every_machine(monkeypatch):
     from summa.backend import compute_priority
     monkeypatch.setenv("SUMMA_COMPUTE_PRIORITY", "HIGH")

@@ -95,6 +95,11 @@ def test_info(comm, monkeypatch):
         assert "MPI library" in text and f"ranks: {comm.Get_size()}" in text
         assert text.count("  rank ") == comm.Get_size()
         assert "GPU GEMM: cublaslt (SUMMA_GEMM), compute stream priority: high" in text
+    monkeypatch.setenv("SUMMA_CUBLASLT", __file__)  # any existing file will do for info
+    out = io.StringIO()
+    assert cli.main(["info"], comm, out) == 0
+    if comm.rank == 0:
+        assert f"GPU GEMM: cublaslt from {__file__} (SUMMA_CUBLASLT)" in out.getvalue()
 
 
 @pytest.mark.mpi(min_size=1)
