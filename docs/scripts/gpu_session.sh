@@ -190,6 +190,15 @@ PY
         docs/scripts/compare_peers.py --size 32768 --dtype float64 --gpus 2 --repeat 1 \
         --peers jax
     run python3 -c "import jax, jaxlib; print(jax.__version__, jaxlib.__version__)"
+    # summa's GEMMs on JAX's own cuBLASLt (another CUDA release): is the release the gap?
+    lt=$(python3 -c "import glob, nvidia.cublas as w; print(sorted(glob.glob(w.__path__[0] + '/lib/libcublasLt.so*'))[-1])" 2>/dev/null)
+    if [ -n "$lt" ]; then
+        for lib in cublas cublaslt; do
+            LIMIT=60 SUMMA_GEMM=$lib SUMMA_CUBLASLT=$lt run $MPI -np 2 python3 -m summa bench \
+                --backend cupy --size 32768 --dtype float64 --check --repeat 3 \
+                --json "$OUT/probe.jsonl"
+        done
+    fi
     run bash -c "ls $OUT/xla | head -50; grep -h -o 'custom_call_target=\"[^\"]*\"' \
         $OUT/xla/*after_optimizations.txt | sort | uniq -c; grep -h -o 'selected_algorithm[^,}]*' \
         $OUT/xla/*after_optimizations.txt | sort | uniq -c"
