@@ -206,14 +206,78 @@ def peer_dask(args):
     return {"seconds": best, "gpus": args.gpus}
 
 
+def _nvidia_library_dirs(roots) -> list[str]:
+    """The lib folders of the NVIDIA wheels under `roots` (nvidia/*/lib, nvidia/*/cu*/lib):
+    cuBLASMp and NVSHMEM are found only through LD_LIBRARY_PATH."""
+    import glob
+    found = []
+    for root in roots:
+        for pattern in ("nvidia/*/lib", "nvidia/*/cu*/lib"):
+            found += sorted(glob.glob(os.path.join(root or ".", pattern)))
+    return list(dict.fromkeys(os.path.abspath(d) for d in found))
+
+
 def peer_nvmath(args):
+    """nvmath-python's distributed matmul (cuBLASMp): one rank per GPU under MPI,
+    A in row slabs, B in column slabs, C in row slabs (as the JAX peer)."""
+    if args.placement == "host":
+        raise RuntimeError("skipped: timed here on device-resident arrays only")
+    # Its own folders first: the nvmath-python and cuda-core releases that match this
+    # machine's NCCL may differ from those the other peers use.
+    roots = [p for p in args.nvmath_path.split(os.pathsep) if p] + [p for p in sys.path if p]
+    libs = os.pathsep.join(_nvidia_library_dirs(roots) + [os.environ.get("LD_LIBRARY_PATH", "")])
+    env = dict(os.environ, LD_LIBRARY_PATH=libs, PYTHONPATH=os.pathsep.join(roots))
+    cmd = shlex.split(args.mpirun) + [
+        "-np", str(args.gpus), sys.executable, __file__, "--peer", "nvmath_rank", "--size",
+        str(args.size), "--dtype", args.dtype, "--precision", args.precision, "--gpus",
+        str(args.gpus), "--repeat", str(args.repeat), "--data", args.data]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"failed: {tail}")
+    return json.loads(lines[-1])
+
+
+def peer_nvmath_rank(args):
+    """One rank of the cuBLASMp run (started by peer_nvmath through MPI)."""
+    import cupy
+    from mpi4py import MPI
     try:
-        import nvmath.distributed  # noqa: F401  (availability check)
-    except Exception:
-        raise RuntimeError("skipped: nvmath-python's distributed matmul (cuBLASMp) is not "
-                           "installed; it needs NCCL >= 2.29 (the GPU image has 2.28, and "
-                           "the NCCL wheel is far over the carry limit)") from None
-    raise RuntimeError("skipped: the cuBLASMp runner needs its own MPI launch; not written yet")
+        import nvmath.distributed
+        from nvmath.distributed.distribution import Slab
+        from nvmath.distributed.linalg.advanced import Matmul, MatmulComputeType, MatmulOptions
+    except Exception as exc:
+        raise RuntimeError(f"skipped: nvmath-python's distributed matmul (cuBLASMp) is not "
+                           f"usable here ({type(exc).__name__}: {exc})") from None
+    comm = MPI.COMM_WORLD
+    rank, n = comm.Get_rank(), args.size
+    device = rank % cupy.cuda.runtime.getDeviceCount()
+    cupy.cuda.Device(device).use()
+    nvmath.distributed.initialize(device, comm, backends=["nvshmem", "nccl"])
+    rng = cupy.random.default_rng(1 + rank)
+    draw = {"uniform": lambda s: rng.uniform(-1, 1, s), "uniform01": lambda s: rng.random(s),
+            "normal": lambda s: rng.standard_normal(s)}[args.data]
+    a = cupy.asfortranarray(draw(Slab.X.shape(rank, (n, n))).astype(args.dtype))
+    b = cupy.asfortranarray(draw(Slab.Y.shape(rank, (n, n))).astype(args.dtype))
+    options = None
+    if args.precision == "tf32":
+        options = MatmulOptions(compute_type=MatmulComputeType.COMPUTE_32F_FAST_TF32)
+    with Matmul(a, b, distributions=[Slab.X, Slab.Y, Slab.X], options=options) as mm:
+        mm.plan()
+
+        def run():
+            comm.Barrier()
+            t0 = time.perf_counter()
+            mm.execute()
+            cupy.cuda.Device().synchronize()
+            return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        run()
+        seconds = min(run() for _ in range(args.repeat))
+    nvmath.distributed.finalize()
+    if rank != 0:
+        raise SystemExit(0)
+    return {"seconds": seconds, "gpus": comm.Get_size(), "library": "cuBLASMp (nvmath)"}
 
 
 def peer_nvmathlt(args):
@@ -275,6 +339,10 @@ def main():
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--mpirun", default="mpirun --oversubscribe")
     parser.add_argument("--json", default=None, help="append the table as JSON lines here")
+    parser.add_argument("--nvmath-path", default=os.environ.get("SUMMA_NVMATH_PATH", ""),
+                        metavar="DIRS", help="folders with nvmath-python and cuBLASMp for the "
+                                             "nvmath peer, searched first (default "
+                                             "$SUMMA_NVMATH_PATH)")
     parser.add_argument("--peer-timeout", type=float, default=600, metavar="SECONDS",
                         help="give up on a peer after this long (its row says so)")
     parser.add_argument("--peer", default=None, help=argparse.SUPPRESS)
@@ -300,7 +368,8 @@ def main():
         child = [sys.executable, __file__, "--peer", peer, "--size", str(args.size),
                  "--dtype", args.dtype, "--precision", args.precision, "--placement",
                  args.placement, "--gpus", str(args.gpus), "--repeat", str(args.repeat),
-                 "--data", args.data]
+                 "--data", args.data, "--mpirun", args.mpirun, "--nvmath-path",
+                 args.nvmath_path]
         try:
             proc = subprocess.run(child, capture_output=True, text=True,
                                   timeout=args.peer_timeout)

@@ -24,6 +24,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site
 fi
+if ls .whl/cublasmp/*.whl >/dev/null 2>&1; then  # cuBLASMp's own nvmath-python, kept apart
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site-mp .whl/cublasmp/*.whl
+    export SUMMA_NVMATH_PATH=/tmp/site-mp
+fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 MPI=${MPIEXEC:-mpirun --oversubscribe}
 # Each command gets at most LIMIT seconds (default 240), so one hang cannot eat the session.
