@@ -182,7 +182,6 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                 times.append(elapsed)
                 if elapsed == min(times):
                     best_stats = SummaStats(**stats.as_dict())
-        progress.close()
         if check:
             progress.phase("check", 1)
         residual = freivalds(A, B, C, precision=precision, compute=backend) if check else None

@@ -258,20 +258,23 @@ class _CudaMover:
         self._copy(src, dst, self._D2H, stream)
 
     def _copy(self, dev, host: np.ndarray, kind: int, stream) -> None:
-        rows, row_bytes = host.shape[0], host.shape[1] * host.itemsize
-        if not (rows and row_bytes):
+        if not (host.shape[0] and host.shape[1]):
             return
-        ends = ((dev.data.ptr, dev.strides[0]), (host.ctypes.data, host.strides[0]))
-        (dst, dst_pitch), (src, src_pitch) = ends if kind == self._H2D else ends[::-1]
-        runtime = self.xp.cuda.runtime
         try:
-            runtime.memcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, kind,
-                                  stream.ptr)
-        except runtime.CUDARuntimeError as exc:
+            self._memcpy(dev, host, kind, stream)
+        except self.xp.cuda.runtime.CUDARuntimeError as exc:
             if exc.status != _CUDA_INVALID_VALUE:
                 raise
             self._staged_copy(dev, host, kind, stream)
-        self.moved += rows * row_bytes
+        self.moved += host.shape[0] * host.shape[1] * host.itemsize
+
+    def _memcpy(self, dev, host: np.ndarray, kind: int, stream) -> None:
+        """One asynchronous 2-D copy between a device array and host rows."""
+        ends = ((dev.data.ptr, dev.strides[0]), (host.ctypes.data, host.strides[0]))
+        (dst, dst_pitch), (src, src_pitch) = ends if kind == self._H2D else ends[::-1]
+        self.xp.cuda.runtime.memcpy2DAsync(dst, dst_pitch, src, src_pitch,
+                                           host.shape[1] * host.itemsize, host.shape[0],
+                                           kind, stream.ptr)
 
     def _staged_copy(self, dev, host: np.ndarray, kind: int, stream) -> None:
         """The copy through a page-locked buffer of its own, synchronously.
@@ -285,18 +288,11 @@ class _CudaMover:
             clear()  # the refused copy's error is not ours to report later
         memory = self.xp.cuda.alloc_pinned_memory(host.nbytes)
         stage = np.frombuffer(memory, host.dtype, host.size).reshape(host.shape)
-        runtime = self.xp.cuda.runtime
         if kind == self._H2D:
             stage[...] = host
-            runtime.memcpy2DAsync(dev.data.ptr, dev.strides[0], stage.ctypes.data,
-                                  stage.strides[0], stage.strides[0], host.shape[0], kind,
-                                  stream.ptr)
-            stream.synchronize()  # before `memory` goes back to the pool
-        else:
-            runtime.memcpy2DAsync(stage.ctypes.data, stage.strides[0], dev.data.ptr,
-                                  dev.strides[0], stage.strides[0], host.shape[0], kind,
-                                  stream.ptr)
-            stream.synchronize()
+        self._memcpy(dev, stage, kind, stream)
+        stream.synchronize()  # before `memory` goes back to the pool
+        if kind == self._D2H:
             host[...] = stage
         self.staged += 1
 
