@@ -49,13 +49,19 @@ def _timed(run, repeat):
     return best
 
 
+def _cupy_draw(args, seed: int):
+    """A function of a shape giving CuPy values as --data says."""
+    import cupy
+    rng = cupy.random.default_rng(seed)
+    return {"uniform": lambda shape: rng.uniform(-1, 1, shape),
+            "uniform01": lambda shape: rng.random(shape),
+            "normal": lambda shape: rng.standard_normal(shape)}[args.data]
+
+
 def _cupy_operands(args):
     """A and B for the one-GPU peers, values as --data says."""
-    import cupy
-    rng, shape = cupy.random.default_rng(1), (args.size, args.size)
-    draw = {"uniform": lambda: rng.uniform(-1, 1, shape), "uniform01": lambda: rng.random(shape),
-            "normal": lambda: rng.standard_normal(shape)}[args.data]
-    return draw().astype(args.dtype), draw().astype(args.dtype)
+    draw, shape = _cupy_draw(args, 1), (args.size, args.size)
+    return draw(shape).astype(args.dtype), draw(shape).astype(args.dtype)
 
 
 def peer_cupy(args):
@@ -255,9 +261,7 @@ def peer_nvmath_rank(args):
     device = rank % cupy.cuda.runtime.getDeviceCount()
     cupy.cuda.Device(device).use()
     nvmath.distributed.initialize(device, comm, backends=["nvshmem", "nccl"])
-    rng = cupy.random.default_rng(1 + rank)
-    draw = {"uniform": lambda s: rng.uniform(-1, 1, s), "uniform01": lambda s: rng.random(s),
-            "normal": lambda s: rng.standard_normal(s)}[args.data]
+    draw = _cupy_draw(args, 1 + rank)
     a = cupy.asfortranarray(draw(Slab.X.shape(rank, (n, n))).astype(args.dtype))
     b = cupy.asfortranarray(draw(Slab.Y.shape(rank, (n, n))).astype(args.dtype))
     options = None
