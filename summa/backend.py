@@ -14,7 +14,8 @@ import time
 import numpy as np
 
 __all__ = ["Backend", "NumpyBackend", "CupyBackend", "get_backend", "cupy_available",
-           "DTYPES", "resolve_dtype", "gemm_library", "GEMM_LIBRARIES", "compute_priority"]
+           "DTYPES", "resolve_dtype", "gemm_library", "GEMM_LIBRARIES", "compute_priority",
+           "cublaslt_path"]
 
 #: GPU GEMM implementations: cuBLAS's gemmEx (its heuristic's first algorithm), or
 #: cuBLASLt with the fastest of several algorithms timed per shape (summa/lt.py).
@@ -30,10 +31,17 @@ def gemm_library() -> str:
     name = os.environ.get("SUMMA_GEMM", "cublas").strip().lower() or "cublas"
     if name not in GEMM_LIBRARIES:
         raise ValueError(f"SUMMA_GEMM={name!r} is not one of {', '.join(GEMM_LIBRARIES)}")
-    path = os.environ.get("SUMMA_CUBLASLT", "").strip()
-    if name == "cublaslt" and path and not os.path.isfile(path):
-        raise ValueError(f"SUMMA_CUBLASLT={path!r} is not a file")
+    if name == "cublaslt":
+        cublaslt_path()
     return name
+
+
+def cublaslt_path() -> str | None:
+    """The libcublasLt file named by ``SUMMA_CUBLASLT`` (None when unset); it must exist."""
+    path = os.environ.get("SUMMA_CUBLASLT", "").strip()
+    if path and not os.path.isfile(path):
+        raise ValueError(f"SUMMA_CUBLASLT={path!r} is not a file")
+    return path or None
 
 
 def compute_priority() -> str:
@@ -248,7 +256,7 @@ class CupyBackend(Backend):
         self._lt = None
         if library == "cublaslt":
             from .lt import LtGemm
-            self._lt = LtGemm(cupy)
+            self._lt = LtGemm(cupy, cublaslt_path())
 
     def asarray(self, host):
         return self.xp.asarray(host)

@@ -16,7 +16,7 @@ from .comm import make_broadcaster
 from .grid import node_rank
 from .plan import Profile
 
-__all__ = ["calibrate", "default_sizes", "gemm_slowdown"]
+__all__ = ["calibrate", "default_sizes", "default_widths", "gemm_slowdown"]
 
 #: The overhead run: per-rank block, panel width and number of panels. Its
 #: GEMM shape lies inside the default calibrated shapes, so the model's GEMM
@@ -28,6 +28,11 @@ OVERHEAD_BLOCK, OVERHEAD_WIDTH, OVERHEAD_STEPS = 384, 128, 16
 #: (long GEMMs run slower than short ones once the GPU lowers its clocks
 #: under sustained load, so the shapes of big runs are worth measuring).
 GPU_SIZES, GPU_LARGE_SIZE = (4096, 8192, 16384), 32768
+
+
+def default_widths(backend) -> list[int]:
+    """Panel widths to calibrate: those SUMMA uses on this kind of rank."""
+    return [1024, 2048, 4096, 8192] if backend.name == "cupy" else [64, 128, 256, 512, 1024]
 
 
 def default_sizes(comm: MPI.Comm, backend, dtypes) -> list[int]:
@@ -73,8 +78,9 @@ def _gemm_samples(comm, backend, dtype, precision, sizes, widths, repeat, ranks_
     return samples
 
 
-def _bcast_fit(comm, backend, mode, sizes_bytes, repeat) -> dict | None:
-    """Fit ``t = alpha + bytes / beta`` to broadcasts among all ranks of `comm`."""
+def _bcast_fit(comm, backend, mode, sizes_bytes, repeat, gemm_samples) -> dict | None:
+    """Fit ``t = alpha + bytes / beta`` to broadcasts among all ranks of `comm`;
+    where broadcasts overlap GEMMs, also measure the GEMMs' slowdown beside them."""
     bc = make_broadcaster(mode, comm, backend)
     times = []
     try:
@@ -85,15 +91,19 @@ def _bcast_fit(comm, backend, mode, sizes_bytes, repeat) -> dict | None:
                 bc.ibcast(buf, 0).wait()
                 backend.synchronize()
             times.append(_best(comm, run, repeat))
+        x = np.array([max(s // 8, 1) * 8 for s in sizes_bytes], dtype=float)
+        slope, intercept = np.polyfit(x, np.array(times), 1)
+        # Broadcasts progress during a GEMM only when the GEMM runs on a device;
+        # CPU ranks move MPI data only while they are inside MPI calls.
+        fit = dict(comm=bc.name, ranks=comm.Get_size(), alpha=max(float(intercept), 1e-7),
+                   beta=float(1.0 / max(slope, 1e-15)), overlap=backend.name == "cupy",
+                   samples=[[int(b), t] for b, t in zip(x, times)])
+        if fit["overlap"]:  # GEMMs share the device with this broadcaster
+            fit["gemm_slowdown"] = gemm_slowdown(comm, backend, bc, gemm_samples, fit["beta"],
+                                                 repeat)
     finally:
         bc.free()
-    x = np.array([max(s // 8, 1) * 8 for s in sizes_bytes], dtype=float)
-    slope, intercept = np.polyfit(x, np.array(times), 1)
-    # Broadcasts progress during a GEMM only when the GEMM runs on a device;
-    # CPU ranks move MPI data only while they are inside MPI calls.
-    return dict(comm=bc.name, ranks=comm.Get_size(), alpha=max(float(intercept), 1e-7),
-                beta=float(1.0 / max(slope, 1e-15)), overlap=backend.name == "cupy",
-                samples=[[int(b), t] for b, t in zip(x, times)])
+    return fit
 
 
 #: GEMM duration aimed at when measuring the slowdown beside a broadcast, and
@@ -183,14 +193,7 @@ def calibrate(comm: MPI.Comm, backend, dtypes=("float64",), precision=None,
         for ranks in range(2, comm.Get_size() + 1):
             sub = comm.Split(0 if comm.Get_rank() < ranks else MPI.UNDEFINED, comm.Get_rank())
             if sub != MPI.COMM_NULL:
-                fit = _bcast_fit(sub, backend, mode, list(message_bytes), repeat)
-                if fit["overlap"]:  # GEMMs share the device with this broadcaster
-                    bc = make_broadcaster(mode, sub, backend)
-                    try:
-                        fit["gemm_slowdown"] = gemm_slowdown(sub, backend, bc, gemm,
-                                                             fit["beta"], repeat)
-                    finally:
-                        bc.free()
+                fit = _bcast_fit(sub, backend, mode, list(message_bytes), repeat, gemm)
                 sub.Free()
                 if comm.Get_rank() == 0:
                     bcast.append(fit)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import sys
 import time
@@ -22,7 +21,7 @@ from .bench import (DEFAULT_SIZE_CPU, DEFAULT_SIZE_GPU, UsageError, agree_backen
                     run_sweep, versions)
 from .comm import choose_comm
 from .grid import choose_grid, node_rank, parse_grid
-from .plan import memory_plan, parse_bytes
+from .plan import SWEEP_RANKS, memory_plan, parse_bytes
 from .watchdog import Watchdog, timeout_from_env
 
 #: What --comm accepts.
@@ -263,12 +262,13 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--nb", type=_positive_int, default=None, help="panel width")
     model.add_argument("--lookahead", type=_nonnegative_int, default=1)
     model.add_argument("--comm", dest="comm_mode", default=None,
-                       help="broadcaster in the profile (default: the first it has)")
+                       help="broadcaster in the profile (default: its fastest, as --comm "
+                            "auto picks)")
     model.add_argument("--precision", dest="precision_mode", choices=("default", "tf32"),
                        default="default")
     model.add_argument("--sweep", action="store_true",
                        help="strong and weak scaling tables over --ranks-list")
-    model.add_argument("--ranks-list", type=_int_list, default=[1, 2, 4, 8, 16, 32, 64],
+    model.add_argument("--ranks-list", type=_int_list, default=list(SWEEP_RANKS),
                        metavar="LIST", help="rank counts of the sweep (default 1,2,4,...,64)")
 
     plot = sub.add_parser("plot", help="draw scaling plots from bench --json results",
@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="bench --json output of weak-scaling runs (N grown with P)")
     plot.add_argument("-o", "--output", default="scaling.png", metavar="PNG")
     plot.add_argument("--profile", default=None, metavar="FILE", help="draw model curves")
-    plot.add_argument("--model-ranks", type=_int_list, default=[1, 2, 4, 8, 16, 32, 64],
+    plot.add_argument("--model-ranks", type=_int_list, default=list(SWEEP_RANKS),
                       metavar="LIST", help="ranks of the model curves (default up to 64)")
 
     plan = sub.add_parser("plan", help="peak memory per rank, in memory or out of core",
@@ -383,11 +383,9 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
 def _run_study(args, comm: MPI.Comm, out) -> int:
     from . import studies
     if args.command == "calibrate":
-        from .calibrate import default_sizes
+        from .calibrate import default_sizes, default_widths
         backend = agree_backend(comm, args.backend)
-        gpu = backend.name == "cupy"
-        args.widths = args.widths or ([1024, 2048, 4096, 8192] if gpu
-                                      else [64, 128, 256, 512, 1024])
+        args.widths = args.widths or default_widths(backend)
         args.precision_mode = None if args.precision == "default" else args.precision
         for dtype in args.dtypes:
             try:
@@ -428,10 +426,10 @@ def _run_info(args, comm: MPI.Comm, out) -> int:
     print(f"NCCL: {'yes' if nccl_ok else 'no'} ({nccl_note}); CUDA-aware MPI: "
           f"{'yes' if aware else 'no'} ({aware_note})", file=out)
     print(f"broadcaster: {choose_comm(args.comm, backend)} (--comm {args.comm})", file=out)
-    from .backend import compute_priority, gemm_library
+    from .backend import compute_priority, cublaslt_path, gemm_library
     library = gemm_library()
-    if library == "cublaslt" and os.environ.get("SUMMA_CUBLASLT", "").strip():
-        library += f" from {os.environ['SUMMA_CUBLASLT'].strip()} (SUMMA_CUBLASLT)"
+    if library == "cublaslt" and cublaslt_path():
+        library += f" from {cublaslt_path()} (SUMMA_CUBLASLT)"
     print(f"GPU GEMM: {library} (SUMMA_GEMM), compute stream priority: "
           f"{compute_priority()} (SUMMA_COMPUTE_PRIORITY)"
           + ("" if backend.name == "cupy" else "; both apply to GPUs only"), file=out)

@@ -45,13 +45,12 @@ class _Heuristic(ctypes.Structure):
                 ("waves_count", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
 
 
-def _library(cupy):
-    """libcublasLt: the file ``SUMMA_CUBLASLT`` names, else the copy CuPy's cuBLAS
-    already loaded (found by its soname), else the one cuda-pathfinder, the
-    NVIDIA wheel or the system provides."""
-    chosen = os.environ.get("SUMMA_CUBLASLT", "").strip()
-    if chosen:  # checked to exist by summa.backend.gemm_library
-        return ctypes.CDLL(chosen)
+def _library(cupy, path=None):
+    """libcublasLt: the file `path` (``SUMMA_CUBLASLT``) when given, else the copy
+    CuPy's cuBLAS already loaded (found by its soname), else the one
+    cuda-pathfinder, the NVIDIA wheel or the system provides."""
+    if path:
+        return ctypes.CDLL(path)
     cupy.cuda.device.get_cublas_handle()  # loads libcublas, which loads libcublasLt
     candidates = ["libcublasLt.so.13", "libcublasLt.so.12"]
     try:
@@ -90,9 +89,9 @@ class LtGemm:
     """Column-major ``D = alpha * A @ B + beta * C`` (C and D the same buffer) on
     one GPU, algorithms chosen per shape by timing (see module docstring)."""
 
-    def __init__(self, cupy):
+    def __init__(self, cupy, path=None):
         self.cupy = cupy
-        self.lib = _library(cupy)
+        self.lib = _library(cupy, path)
         handle = ctypes.c_void_p()
         self._check(self.lib.cublasLtCreate(ctypes.byref(handle)), "cublasLtCreate")
         self.handle = handle

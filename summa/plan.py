@@ -37,8 +37,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Profile", "Prediction", "predict", "sweep", "recommend", "MemoryPlan", "memory_plan",
-           "check_memory", "check_host_memory", "choose_memory_mode", "parse_bytes"]
+__all__ = ["Profile", "Prediction", "predict", "sweep", "SWEEP_RANKS", "recommend", "MemoryPlan",
+           "memory_plan", "check_memory", "check_host_memory", "choose_memory_mode",
+           "parse_bytes"]
 
 
 class Profile:
@@ -227,7 +228,11 @@ def recommend(profile: Profile, m: int, n: int, k: int, dtype: str, ranks: int,
     return min(options, key=lambda pred: pred.seconds)
 
 
-def sweep(profile: Profile, size: int, dtype: str, ranks=(1, 2, 4, 8, 16, 32, 64),
+#: Rank counts of scaling sweeps and model curves by default (up to 8 nodes of 8 GPUs).
+SWEEP_RANKS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def sweep(profile: Profile, size: int, dtype: str, ranks=SWEEP_RANKS,
           weak: bool = False, **kwargs) -> list[tuple[int, int, Prediction]]:
     """Strong scaling (fixed `size`) or weak scaling (``size * P**(1/3)``, constant
     work per rank) over `ranks`, each at its recommended grid and panel width.
