@@ -129,7 +129,7 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     lookahead : int
         Panels whose broadcasts run ahead of the GEMM (0 disables overlap).
     broadcaster : str
-        Broadcaster: ``"auto"``, ``"nccl"``, ``"cuda-aware"`` or ``"mpi"``.
+        Broadcaster: ``"auto"``, ``"ipc"``, ``"nccl"``, ``"cuda-aware"`` or ``"mpi"``.
     precision : {None, "tf32"}
         ``"tf32"`` lets float32/complex64 GEMMs use TF32 tensor cores (GPU).
     progress : callable, optional
@@ -157,13 +157,14 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     if int(lookahead) < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     panel_width, lookahead = int(panel_width), int(lookahead)
-    row_bc, col_bc = _broadcasters(grid, broadcaster, backend)
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
+    direct = (broadcaster != "auto" or grid.size == 1
+              or _hides_connect(panels, grid, C.local.shape, C.dtype, precision))
+    row_bc, col_bc = _broadcasters(grid, broadcaster, backend, direct=direct)
     if grid.size == 1:
         panels = panels[:1]  # one rank: a single GEMM over all of K, nothing to overlap
-    elif backend.name == "cupy" and lookahead > 0 and panels:
-        # GPU broadcasts overlap GEMMs except the first: send that one in pieces
-        panels = split_panel(panels[0], HEAD_PIECES) + panels[1:]
+    else:
+        panels = _order(panels, grid, row_bc, col_bc, backend.name == "cupy" and lookahead > 0)
     stats = SummaStats(panels=len(panels), panel_width=panel_width, comm=row_bc.name,
                        lookahead=lookahead, extra={"panel_width_measured": measured})
 
@@ -182,7 +183,7 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     else:
         with backend.compute_stream():
             _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precision,
-                      progress)
+                      progress, stats.extra)
     with watch("the queued GPU work of the SUMMA loop (broadcasts and GEMMs)"):
         backend.synchronize()
     stats.seconds = time.perf_counter() - t0
@@ -192,10 +193,64 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     return stats
 
 
+def _direct(bc) -> bool:
+    """Does broadcaster `bc` let receivers copy panels straight out of the
+    roots' blocks (ipc), with ranks of its row/column to read from?"""
+    return getattr(bc, "reads_blocks", False) and bc.comm.Get_size() > 1
+
+
+def _order(panels, grid, row_bc, col_bc, split_head: bool) -> list:
+    """This rank's order of the SUMMA steps.
+
+    Broadcasts pair up across ranks, so every rank takes the panels in the
+    same order, the first one in pieces when `split_head` (GPU lookahead: the
+    first broadcast overlaps no GEMM; in pieces, the first GEMM starts after a
+    fraction of it). Direct copies (ipc) pair with nothing, so a rank first
+    multiplies the panels it holds itself, which hides its set-up, and only
+    splits the head when that one has to be fetched.
+    """
+    direct = (_direct(row_bc), _direct(col_bc))
+    if any(direct):
+        panels = sorted(panels, key=lambda p: _fetched(p, grid, direct))
+        split_head = split_head and _fetched(panels[0], grid, direct) > 0
+    if split_head and panels:
+        panels = split_panel(panels[0], HEAD_PIECES) + panels[1:]
+    return panels
+
+
+#: Seconds to open the peers' blocks for direct copies (ipc), measured on
+#: 2 H200s: 19-22 ms per multiply, whatever the size.
+CONNECT_SECONDS = 0.02
+
+#: GPU GEMM rates (FLOP/s) to judge whether a rank's own panels outlast the
+#: connect: one H200's cupy.matmul at N = 16384-32768 (docs/benchmarks.md).
+#: Slower GPUs only make the GEMMs longer and direct copies safer.
+_GEMM_FLOPS = {"d": 54e12, "f": 54e12, "tf32": 420e12, "e": 760e12}
+
+
+def _hides_connect(panels, grid, local_shape, dtype, precision) -> bool:
+    """Would every rank's GEMMs on the panels it holds itself (multiplied first
+    with direct copies) outlast :data:`CONNECT_SECONDS`? Collective; the same
+    answer everywhere. Where not, ``auto`` keeps paired broadcasts: at
+    N = 16384 TF32 lost half its speed to the connect."""
+    dtype = np.dtype(dtype)
+    kind = "tf32" if precision == "tf32" else dtype.char.lower()
+    rate = _GEMM_FLOPS.get(kind, _GEMM_FLOPS["d"]) / (4 if dtype.kind == "c" else 1)
+    own = sum(p.width for p in panels if p.a_root == grid.col and p.b_root == grid.row)
+    seconds = 2.0 * local_shape[0] * local_shape[1] * own / rate
+    return grid.comm.allreduce(seconds, op=MPI.MIN) >= CONNECT_SECONDS
+
+
+def _fetched(p, grid, direct) -> int:
+    """How many of panel `p`'s two parts this rank copies from another rank."""
+    return int(direct[0] and p.a_root != grid.col) + int(direct[1] and p.b_root != grid.row)
+
+
 def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precision,
-              progress) -> None:
-    """The SUMMA steps with `lookahead` panels in flight; GEMM marks go to `marks`."""
-    backend, grid, xp = C.backend, C.grid, C.backend.xp
+              progress, extra) -> None:
+    """The SUMMA steps with `lookahead` panels in flight; GEMM marks go to `marks`,
+    the direct broadcasters' set-up and tear-down seconds to `extra`."""
+    grid, xp = C.grid, C.backend.xp
     mloc, nloc = C.local.shape
     depth = lookahead + 1
     width = max((p.width for p in panels), default=0)
@@ -206,27 +261,93 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precisio
     b_bufs = [xp.empty(width * nloc if grid.shape[0] > 1 else 0, dtype=C.dtype)
               for _ in range(nslots)]
 
-    def panel(local_panel, bufs, shape, root, me, broadcaster, slot):
+    # Broadcasters that can read the roots' blocks directly (ipc) need no packing
+    # on the root and no per-panel handshake: the blocks are exported once, and
+    # the (collective, slow) opening of the peers' blocks waits until this
+    # rank's first GEMM is queued on its own panel, which it then hides.
+    direct = (_direct(row_bc), _direct(col_bc))
+    pairs = [(bc, block) for bc, block, on in zip((row_bc, col_bc), (A.local, B.local), direct)
+             if on]
+    if pairs:
+        C.backend.synchronize()  # the blocks' values are written before any peer reads
+    for bc, block in pairs:
+        bc.export(block)
+    connected = not pairs
+    # Direct copies into a slot wait only for the GEMM that last read it.
+    slot_free = [None] * nslots
+
+    def connect():
+        nonlocal connected
+        if not connected:
+            t0 = time.perf_counter()
+            for bc, _ in pairs:
+                bc.connect()
+            extra["connect_seconds"] = time.perf_counter() - t0
+            connected = True
+
+    def panel(local_panel, bufs, shape, root, me, broadcaster, slot, region, direct):
         # The owner multiplies (and, where it is contiguous, broadcasts) its
         # panel where it lies; GEMM takes row-strided views, so a grid row or
         # column of one rank never copies at all.
-        if me == root and (broadcaster.comm.Get_size() == 1
+        if me == root and (direct or broadcaster.comm.Get_size() == 1
                            or local_panel.flags.c_contiguous):
             view = local_panel
         else:
             view = bufs[slot][: shape[0] * shape[1]].reshape(shape)
             if me == root:
                 view[...] = local_panel
+        if direct:
+            return view, broadcaster.iget(view, root, *region, after=slot_free[slot])
         return view, broadcaster.ibcast(view, root, slot)
+
+    def finished(i):
+        if pairs and _fetched(panels[i], grid, direct):
+            slot_free[i % depth] = C.backend.record_event()
 
     def start(i):
         p, slot = panels[i], i % depth
+        if _fetched(p, grid, direct):
+            connect()  # after the GEMMs of the panels this rank holds are queued
         a_part, b_part = local_parts(A, B, p)
-        a, ra = panel(a_part, a_bufs, (mloc, p.width), p.a_root, grid.col, row_bc, slot)
-        b, rb = panel(b_part, b_bufs, (p.width, nloc), p.b_root, grid.row, col_bc, slot)
+        a_cols = slice(p.a_offset, p.a_offset + p.width)
+        b_rows = slice(p.b_offset, p.b_offset + p.width)
+        a, ra = panel(a_part, a_bufs, (mloc, p.width), p.a_root, grid.col, row_bc, slot,
+                      (slice(0, mloc), a_cols), direct[0])
+        b, rb = panel(b_part, b_bufs, (p.width, nloc), p.b_root, grid.row, col_bc, slot,
+                      (b_rows, slice(0, nloc)), direct[1])
         return a, b, ra, rb
 
-    inflight = deque(start(i) for i in range(nslots))
+    # With direct copies, the GEMMs of the leading panels this rank holds are
+    # all queued before the first fetch, whose set-up (opening the peers'
+    # blocks) they then hide.
+    hold = next((j for j, p in enumerate(panels) if _fetched(p, grid, direct)),
+                len(panels)) if pairs else 0
+    try:
+        _steps(alpha, C, panels, depth, hold, start, finished, marks, precision, progress)
+        connect()  # every rank takes part, even one that fetched nothing
+    except BaseException:
+        for bc, _ in pairs:  # the peers may be gone: close what this rank opened, no barrier
+            bc.release_local()
+        raise
+    t0 = time.perf_counter()
+    for bc, _ in pairs:
+        bc.release()
+    if pairs:
+        extra["release_seconds"] = time.perf_counter() - t0
+
+
+def _steps(alpha, C, panels, depth, hold, start, finished, marks, precision,
+           progress) -> None:
+    """Run the SUMMA steps: `start(i)` queues panel i's broadcasts `depth` steps
+    ahead of its GEMM, except that panels from `hold` on start only once the
+    GEMMs before `hold` are queued; `finished(i)` runs when GEMM i is queued."""
+    backend, grid = C.backend, C.grid
+
+    def ahead(i):  # how many panels have started before GEMM i is queued
+        return min(hold if i < hold else i + depth, len(panels))
+
+    inflight = deque(start(j) for j in range(ahead(0)))
+    started = len(inflight)
     for i in range(len(panels)):
         a, b, ra, rb = inflight.popleft()
         if i == 1:
@@ -235,12 +356,14 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precisio
         marks.append(backend.timing_mark())
         backend.gemm(alpha, a, b, C.local, precision=precision)
         marks.append(backend.timing_mark())
+        finished(i)
         if progress is not None:
             progress(i + 1, len(panels))
-        if i + depth < len(panels):
-            # Refilling the slot just used: on the GPU, queue order (compute
-            # stream, or the broadcaster waiting on it) puts this after the GEMM.
-            inflight.append(start(i + depth))
+        # Refilling the slot just used: on the GPU, queue order (compute
+        # stream, or the broadcaster waiting on it) puts this after the GEMM.
+        while started < ahead(i + 1):
+            inflight.append(start(started))
+            started += 1
 
 
 def local_parts(A: DistMatrix, B: DistMatrix, p) -> tuple:
@@ -261,9 +384,19 @@ def wait_for_panel(i: int, p, ra, rb, grid, context: str = "") -> None:
         rb.wait()
 
 
-def _broadcasters(grid, kind: str, backend):
+def _broadcasters(grid, kind: str, backend, direct: bool = True):
     """The row and column broadcasters of `grid`, made (and self-tested) once per
-    grid and mode, since NCCL communicators are expensive to create."""
+    grid and mode, since NCCL communicators are expensive to create.
+
+    With ``auto``, callers that copy panels straight out of the roots' blocks
+    (`direct`: the in-memory SUMMA loop) get ``ipc`` where every grid row and
+    column lies on one node with a GPU per rank and its self-test passes:
+    measured on 2 H200s it beats NCCL in every dtype (docs/benchmarks.md).
+    """
+    if kind == "auto" and direct and backend.name == "cupy" and grid.size > 1:
+        pair = _auto_ipc(grid, backend)
+        if pair is not None:
+            return pair.row, pair.col
     name = choose_comm(kind, backend)
     if name == "nccl" and not _devices_distinct(grid, backend):
         # NCCL refuses two ranks of one communicator on the same GPU.
@@ -281,6 +414,30 @@ def _broadcasters(grid, kind: str, backend):
                          make_broadcaster(name, grid.col_comm, backend, check=True))
         grid.resources[key] = pair
     return pair.row, pair.col
+
+
+def _auto_ipc(grid, backend):
+    """The ipc broadcasters for ``--comm auto``, or None (on every rank) where
+    they cannot run here; the answer is kept with the grid."""
+    key = ("broadcasters", "ipc", backend.name, backend.device)
+    if key in grid.resources or ("no auto ipc",) in grid.resources:
+        return grid.resources.get(key)
+    made, ok = [], _devices_distinct(grid, backend) and _on_one_node(grid)
+    if ok:
+        with watch("the other ranks to set up and self-test the ipc broadcasters"):
+            for c in (grid.row_comm, grid.col_comm):  # each rank tries both: no one waits
+                try:
+                    made.append(make_broadcaster("ipc", c, backend, check=True))
+                except RuntimeError:  # raised on every rank of `c` (see summa/ipc.py)
+                    ok = False
+            ok = grid.comm.allreduce(ok, op=MPI.LAND)
+    if not ok:
+        for bc in made:
+            bc.free()
+        grid.resources[("no auto ipc",)] = True
+        return None
+    pair = grid.resources[key] = _Pair(*made)
+    return pair
 
 
 def _devices_distinct(grid, backend) -> bool:

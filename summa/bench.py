@@ -203,6 +203,8 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                                          pool_growth_bytes=reserved - reserved_first,
                                          ideal_seconds=ideal_seconds,
                                          local_shape=list(C.local.shape),
+                                         connect_seconds=best_stats.extra.get("connect_seconds"),
+                                         release_seconds=best_stats.extra.get("release_seconds"),
                                          **{key: getattr(best_stats, key)
                                             for key in ("seconds", "compute", "wait",
                                                         "comm_seconds")}), root=0)

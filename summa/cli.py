@@ -112,13 +112,15 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
                    help="array backend (default auto: cupy when a GPU is visible)")
     p.add_argument("--comm", choices=COMM_MODES, default="auto",
-                   help="panel broadcaster: nccl, cuda-aware MPI, host-staged mpi, or ipc (copy "
-                        "engines between the GPUs of one node; experimental) (default auto: "
-                        "nccl on GPUs when available, else cuda-aware MPI when the library "
-                        "reports CUDA support, else mpi)")
+                   help="panel broadcaster: nccl, cuda-aware MPI, host-staged mpi, or ipc (GPUs "
+                        "of one node copy panels straight out of each other's memory by copy "
+                        "engines) (default auto: ipc where every grid row and column is on one "
+                        "node with a GPU per rank, for data in GPU memory; else nccl when "
+                        "available, else cuda-aware MPI when the library reports CUDA support, "
+                        "else mpi)")
     p.add_argument("--nb", type=_panel_width, default=None, metavar="W",
                    help="panel width along K, or 'auto' to pick by a short measurement "
-                        "(default 256 on CPU; 4096 on GPU, 8192 with tf32)")
+                        "(default 256 on CPU; 4096 on GPU, 8192 with tf32 and float16)")
     p.add_argument("--block", type=_positive_int, default=None, metavar="B",
                    help="block-cyclic distribution block size (default: balanced blocks)")
     p.add_argument("--lookahead", type=_nonnegative_int, default=1, metavar="L",
@@ -425,7 +427,11 @@ def _run_info(args, comm: MPI.Comm, out) -> int:
     aware, aware_note = mpi_cuda_aware()
     print(f"NCCL: {'yes' if nccl_ok else 'no'} ({nccl_note}); CUDA-aware MPI: "
           f"{'yes' if aware else 'no'} ({aware_note})", file=out)
-    print(f"broadcaster: {choose_comm(args.comm, backend)} (--comm {args.comm})", file=out)
+    chosen = choose_comm(args.comm, backend)
+    if args.comm == "auto" and backend.name == "cupy":
+        chosen = (f"ipc where every grid row and column is on one node with a GPU per rank "
+                  f"(self-tested; in-memory multiplies), else {chosen}")
+    print(f"broadcaster: {chosen} (--comm {args.comm})", file=out)
     from .backend import compute_priority, cublaslt_path, gemm_library
     library = gemm_library()
     if library == "cublaslt" and cublaslt_path():

@@ -333,8 +333,9 @@ def choose_comm(kind: str, backend) -> str:
 
     ``auto`` takes NCCL on the cupy backend when CuPy's NCCL loads, else
     CUDA-aware MPI when the library reports CUDA support, else host-staged MPI.
-    ``ipc`` (copy engines between the GPUs of one node) is chosen explicitly
-    only, until it has been measured.
+    ``ipc`` (copy engines between the GPUs of one node) is named here only when
+    asked for; ``auto`` in the in-memory SUMMA loop takes it where the grid
+    allows (:func:`summa.algorithm._broadcasters`).
     """
     if kind not in ("auto", *BROADCASTERS):
         raise ValueError(f"unknown communication mode {kind!r}; choose auto, "

@@ -85,7 +85,7 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     ml, nl = C.local.shape
     tiles = [(i0, i1, j0, j1) for i0, i1 in _bounds(ml, plan.tiles[0])
              for j0, j1 in _bounds(nl, plan.tiles[1])]
-    row_bc, col_bc = _broadcasters(grid, comm, device)
+    row_bc, col_bc = _broadcasters(grid, comm, device, direct=False)
     mover = (_CudaMover if device.name == "cupy" else _HostMover)(device, C.dtype)
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
     if panels and mover.overlaps:

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 from helpers import gemm_scaled_error, random_array
 from summa.algorithm import SummaStats, gemm, matmul, summa
@@ -165,3 +166,137 @@ def test_errors_raise_on_every_rank_before_communicating(comm, backend):
         with pytest.raises(ValueError, match="inner dimensions"):
             summa(1.0, A, B, 0.0, DistMatrix.zeros((6, 7), "float64", grid, backend))
 
+
+
+class WindowReader:
+    """Test double of a direct broadcaster (as ``ipc`` is on GPUs), on the NumPy
+    backend: receivers read panels straight out of the roots' blocks with MPI
+    one-sided gets. Records the calls the SUMMA loop makes."""
+
+    name = "window"
+    reads_blocks = True
+
+    def __init__(self, comm, calls):
+        self.comm, self.calls, self.win = comm, calls, None
+
+    def export(self, block):
+        self.calls.append("export")
+        self.block = np.ascontiguousarray(block)
+        assert self.block is block  # the loop hands over the stored block itself
+
+    def connect(self):
+        self.calls.append("connect")
+        self.win = MPI.Win.Create(self.block.reshape(-1).view(np.uint8), comm=self.comm)
+        self.cols = self.comm.allgather(self.block.shape[1])
+
+    def iget(self, buf, root, rows, cols, after=None):
+        self.calls.append("iget")
+        if self.comm.rank != root and buf.size:
+            item = buf.itemsize
+            self.win.Lock(root, MPI.LOCK_SHARED)
+            for r in range(rows.start, rows.stop):
+                disp = (r * self.cols[root] + cols.start) * item
+                row = buf[r - rows.start].view(np.uint8)
+                self.win.Get(row, root, target=(disp, row.size, MPI.BYTE))
+            self.win.Unlock(root)
+        return _Done()
+
+    def ibcast(self, buf, root, slot=0):
+        assert self.comm.Get_size() == 1  # a grid row/column of one: nothing to move
+        return _Done()
+
+    def release(self):
+        self.calls.append("release")
+        self.comm.Barrier()
+        self.release_local()
+
+    def release_local(self):
+        if self.win is not None:
+            self.win.Free()
+            self.win = None
+
+    def take_seconds(self):
+        return 0.0
+
+
+class _Done:
+    def wait(self):
+        pass
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("which", GRIDS)
+@pytest.mark.parametrize("lookahead", [0, 1, 3])
+@pytest.mark.parametrize("shape", [(37, 23, 41), (2, 3, 1), (16, 16, 64)])
+def test_direct_reads_match_reference_and_hide_the_connect(comm, rng, which, lookahead, shape,
+                                                           monkeypatch):
+    """A broadcaster that reads the roots' blocks (ipc) lets each rank take its
+    own panels first and open the peers' blocks once, after its first GEMM."""
+    import summa.algorithm as algorithm
+    from summa.backend import get_backend
+    backend = get_backend("numpy")
+    m, n, k = shape
+    with make_grid(comm, which) as grid:
+        calls = []
+        readers = (WindowReader(grid.row_comm, calls), WindowReader(grid.col_comm, calls))
+        monkeypatch.setattr(algorithm, "_broadcasters", lambda *args, **kwargs: readers)
+        gemms = []
+        real_gemm = backend.gemm
+        monkeypatch.setattr(backend, "gemm", lambda *a, **kw: (gemms.append(len(calls)),
+                                                               real_gemm(*a, **kw))[1])
+        a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
+        A, B = distribute(a, grid, backend), distribute(b, grid, backend)
+        C = matmul(A, B, panel_width=4, lookahead=lookahead)
+        c = C.gather()
+        if comm.rank == 0:
+            assert gemm_scaled_error(c, a, b) <= 1
+        direct = [bc.comm.Get_size() > 1 for bc in readers]
+        assert calls.count("connect") == sum(direct) == calls.count("release")
+        own = [p for p in panel_schedule(A.layout.cols, B.layout.rows, 4)
+               if not algorithm._fetched(p, grid, direct)]
+        if own and gemms and "connect" in calls:
+            # the rank's own panels are all multiplied before anything is fetched
+            first_connect = calls.index("connect")
+            assert sum(g <= first_connect for g in gemms) >= len(own)
+
+
+def test_order_puts_a_ranks_own_panels_first():
+    """Direct copies pair with nothing, so each rank starts with what it holds;
+    paired broadcasts keep one order everywhere, the head in pieces."""
+    from types import SimpleNamespace
+
+    from summa.algorithm import HEAD_PIECES, _order
+    from summa.layout import Distribution
+
+    panels = panel_schedule(Distribution(16, 2), Distribution(16, 2), 4)
+    grid = SimpleNamespace(row=1, col=1)
+    pair = SimpleNamespace(Get_size=lambda: 2)
+    direct = SimpleNamespace(reads_blocks=True, comm=pair)
+    paired = SimpleNamespace(reads_blocks=False, comm=pair)
+    mine = _order(panels, grid, direct, direct, split_head=True)
+    assert [(p.a_root, p.b_root) for p in mine][:2] == [(1, 1), (1, 1)]
+    assert sorted(p.k0 for p in mine) == [p.k0 for p in panels]  # nothing split or lost
+    same = _order(panels, grid, paired, paired, split_head=True)
+    assert len(same) == len(panels) + HEAD_PIECES - 1 and same[0].k0 == 0
+    assert same[-1] == panels[-1]
+
+
+def test_auto_takes_direct_copies_only_where_own_gemms_hide_the_connect():
+    """The ~20 ms opening of the peers' blocks must hide behind the GEMMs of a
+    rank's own panels; the slowest rank decides for all."""
+    from types import SimpleNamespace
+
+    from summa.algorithm import CONNECT_SECONDS, _hides_connect
+    from summa.layout import Distribution
+
+    def decide(n, dtype, precision=None, others=float("inf")):
+        grid = SimpleNamespace(row=0, col=0, comm=SimpleNamespace(
+            allreduce=lambda value, op: min(value, others)))
+        panels = panel_schedule(Distribution(n, 1), Distribution(n, 2), 4096)
+        return _hides_connect(panels, grid, (n // 2, n), dtype, precision)
+
+    # own half of K on one rank of a 2x1 grid: 2 (n/2) n (n/2) flops
+    assert decide(32768, "float64") and decide(32768, "float16")
+    assert decide(16384, "float64")
+    assert not decide(16384, "float32", "tf32") and not decide(16384, "float16")
+    assert not decide(32768, "float64", others=CONNECT_SECONDS / 2)

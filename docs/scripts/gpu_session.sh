@@ -15,6 +15,7 @@
 #   STAGE=model  docs/scripts/gpu_session.sh     # issue 7: calibrate, validate, plot
 #   STAGE=probe  docs/scripts/gpu_session.sh     # issues 3, 8: cuBLAS versions, XLA's GEMM
 #   STAGE=peers  docs/scripts/gpu_session.sh     # issue 8: compare_peers for fp64/fp32/tf32/fp16
+#   STAGE=direct docs/scripts/gpu_session.sh     # issues 3, 8: ipc direct copies, JAX alongside
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -113,12 +114,50 @@ ooc1)  # issue 5: one GPU, host-resident, N = 32768
             --dtype $d --out-of-core --check --repeat 2 --timeout 60 --json "$OUT/ooc.jsonl"
     done
     ;;
-ipc)
+ipc)  # issue 3: copy-engine panels read straight from the roots' blocks, against NCCL
+    for n in 1 2; do
+        LIMIT=120 run $MPI -np $n python3 -m pytest -q -x --with-mpi tests/test_gpu.py \
+            tests/test_comm.py -k "ipc or reference"
+    done
     for args in "--dtype float32" "--dtype float32 --precision tf32" "--dtype float64" \
                 "--dtype float16"; do
         for comm in nccl ipc; do
             run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 $args \
                 --comm $comm --check --repeat 3 --timeout 90 --json "$OUT/ipc.jsonl"
+        done
+    done
+    python3 -c "import json,sys; [print(r['comm'], r['dtype'], r['precision'], r['nb'], round(r['tflops'],1), round(r['efficiency'],3), [(d.get('connect_seconds'), d.get('release_seconds'), round(d['wait'],4)) for d in r['ranks_detail']]) for r in map(json.loads, open(sys.argv[1]))]" "$OUT/ipc.jsonl"
+    ;;
+widths)  # issue 3: panel GEMMs against one big GEMM, and wider panels on both broadcasters
+    for d in float32 float16 float64; do
+        LIMIT=90 run python3 docs/scripts/panel_gemm_probe.py 32768 $d 4096 8192 16384
+    done
+    for comm in nccl ipc; do for nb in 8192 16384; do
+        LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 \
+            --dtype float32 --nb $nb --comm $comm --repeat 3 --timeout 60 --json "$OUT/widths.jsonl"
+    done; done
+    ;;
+expose)  # issue 3: where the ipc broadcaster's fixed ~20 ms per call goes
+    for args in "--dtype float16" "--dtype float32 --precision tf32"; do
+        LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 $args \
+            --comm ipc --repeat 3 --timeout 60 --json "$OUT/widths.jsonl"
+    done
+    LIMIT=60 SUMMA_GEMM=cublaslt run $MPI -np 2 python3 -m summa bench --backend cupy \
+        --size 32768 --dtype float32 --repeat 3 --timeout 60 --json "$OUT/widths.jsonl"
+    python3 -c "import json,sys; [print(r['comm'], r['dtype'], r['nb'], round(r['tflops'],1), [(d.get('expose_seconds'), d.get('release_seconds'), d.get('expose_parts')) for d in r['ranks_detail']]) for r in map(json.loads, open(sys.argv[1]))]" "$OUT/widths.jsonl"
+    ;;
+direct)  # issues 3, 8: auto = ipc direct copies; GPU tests, fp32 widths, the peers' tables
+    LIMIT=200 run $MPI -np 2 python3 -m pytest -q -x --with-mpi tests/test_gpu.py tests/test_comm.py
+    for nb in ${FP32_WIDTHS:-8192 16384}; do
+        LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 \
+            --dtype float32 --nb $nb --check --repeat 3 --timeout 60 --json "$OUT/direct.jsonl"
+    done
+    for size in ${SIZES:-16384 32768}; do
+        for args in "--dtype float64" "--dtype float32 --precision tf32" "--dtype float16" \
+                    "--dtype float32"; do
+            LIMIT=${PEER_LIMIT:-150} run python3 docs/scripts/compare_peers.py --size $size \
+                $args --gpus 2 --repeat 2 --peers summa,cupy,jax --peer-timeout 90 \
+                --json "$OUT/peers.jsonl"
         done
     done
     ;;
@@ -181,33 +220,19 @@ model)  # issue 7: calibrate on 1 and 2 GPUs; strong (3 sizes) and weak runs; mo
     run python3 -m summa plot "$OUT/strong.jsonl" --weak "$OUT/weak.jsonl" \
         --profile "$OUT/profile.json" -o "$OUT/scaling.png"
     ;;
-probe)  # issue 3/8: which cuBLAS each library loads, and which GEMM XLA picks for fp64
-    run python3 - <<'PY'
-import glob, os, cupy
-print("cupy", cupy.__version__, "cuBLAS", cupy.cuda.cublas.getVersion())
-for lib in sorted(set(glob.glob("/usr/local/lib/python3*/dist-packages/nvidia/cublas/lib/libcublas*")
-                      + glob.glob("/usr/lib/python3*/site-packages/nvidia/cublas/lib/libcublas*")
-                      + glob.glob("/usr/local/cuda*/lib64/libcublasLt.so*"))):
-    print(lib)
-with open("/proc/self/maps") as maps:
-    print(sorted({l.split()[-1] for l in maps if "cublas" in l}))
-PY
-    XLA_FLAGS="--xla_dump_to=$OUT/xla --xla_dump_hlo_as_text" LIMIT=90 run python3 \
-        docs/scripts/compare_peers.py --size 32768 --dtype float64 --gpus 2 --repeat 1 \
-        --peers jax
-    run python3 -c "import jax, jaxlib; print(jax.__version__, jaxlib.__version__)"
+probe)  # issue 3/8: which cuBLAS each library loads, and whose one-GPU GEMM is faster
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false
+    LIMIT=150 run python3 docs/scripts/cublas_probe.py
+    lt=$(grep -a '^JAX_CUBLASLT=' "$OUT/session.log" | tail -1 | cut -d= -f2)
     # summa's GEMMs on JAX's own cuBLASLt (another CUDA release): is the release the gap?
-    lt=$(python3 -c "import glob, nvidia.cublas as w; print(sorted(glob.glob(w.__path__[0] + '/lib/libcublasLt.so*'))[-1])" 2>/dev/null)
     if [ -n "$lt" ]; then
-        for lib in cublas cublaslt; do
-            LIMIT=60 SUMMA_GEMM=$lib SUMMA_CUBLASLT=$lt run $MPI -np 2 python3 -m summa bench \
-                --backend cupy --size 32768 --dtype float64 --check --repeat 3 \
-                --json "$OUT/probe.jsonl"
-        done
+        LIMIT=60 SUMMA_GEMM=cublaslt SUMMA_CUBLASLT=$lt run $MPI -np 2 python3 -m summa bench \
+            --backend cupy --size 32768 --dtype float64 --check --repeat 3 --json "$OUT/probe.jsonl"
     fi
-    run bash -c "ls $OUT/xla | head -50; grep -h -o 'custom_call_target=\"[^\"]*\"' \
-        $OUT/xla/*after_optimizations.txt | sort | uniq -c; grep -h -o 'selected_algorithm[^,}]*' \
-        $OUT/xla/*after_optimizations.txt | sort | uniq -c"
+    XLA_FLAGS="--xla_dump_to=/tmp/xla --xla_dump_hlo_as_text" LIMIT=90 run python3 \
+        docs/scripts/compare_peers.py --size 32768 --dtype float64 --gpus 2 --repeat 1 --peers jax
+    run bash -c "grep -h -E 'custom-call|dot\\(' /tmp/xla/*jit*matmul*after_optimizations.txt \
+        /tmp/xla/*after_optimizations.txt 2>/dev/null | grep -v threefry | cut -c1-600 | sort -u | head -20"
     ;;
 peers)  # issue 8: one table per dtype, every peer on the same GPUs and the same data
     for args in "--dtype float64" "--dtype float32 --precision tf32" "--dtype float16" \
