@@ -16,7 +16,9 @@ def run_calibrate(args, comm: MPI.Comm, backend, out) -> int:
     """Measure this machine and write (or, with --append, extend) a profile."""
     from .calibrate import calibrate
     from .comm import BROADCASTERS, choose_comm
-    # "all": every broadcaster that works here, except the experimental ipc
+    # "all": every broadcaster that works here, except ipc: calibrate times paired
+    # broadcasts, while the SUMMA loop's ipc copies straight from the owners'
+    # blocks (not modelled yet)
     modes = [m for m in BROADCASTERS if m != "ipc"] if args.comm == "all" else [args.comm]
     usable = []
     for mode in modes:

@@ -14,6 +14,7 @@
 #   STAGE=files  docs/scripts/gpu_session.sh     # issue 4: 32768^2 float64 .npy files end to end
 #   STAGE=model  docs/scripts/gpu_session.sh     # issue 7: calibrate, validate, plot
 #   STAGE=probe  docs/scripts/gpu_session.sh     # issues 3, 8: cuBLAS versions, XLA's GEMM
+#   STAGE=widths docs/scripts/gpu_session.sh     # issue 3: panel GEMMs against one GEMM, fp32 nb
 #   STAGE=peers  docs/scripts/gpu_session.sh     # issue 8: compare_peers for fp64/fp32/tf32/fp16
 #   STAGE=direct docs/scripts/gpu_session.sh     # issues 3, 8: ipc direct copies, JAX alongside
 # Logs and JSON lines go to $OUT (or ./out).
@@ -137,15 +138,6 @@ widths)  # issue 3: panel GEMMs against one big GEMM, and wider panels on both b
             --dtype float32 --nb $nb --comm $comm --repeat 3 --timeout 60 --json "$OUT/widths.jsonl"
     done; done
     ;;
-expose)  # issue 3: where the ipc broadcaster's fixed ~20 ms per call goes
-    for args in "--dtype float16" "--dtype float32 --precision tf32"; do
-        LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 $args \
-            --comm ipc --repeat 3 --timeout 60 --json "$OUT/widths.jsonl"
-    done
-    LIMIT=60 SUMMA_GEMM=cublaslt run $MPI -np 2 python3 -m summa bench --backend cupy \
-        --size 32768 --dtype float32 --repeat 3 --timeout 60 --json "$OUT/widths.jsonl"
-    python3 -c "import json,sys; [print(r['comm'], r['dtype'], r['nb'], round(r['tflops'],1), [(d.get('expose_seconds'), d.get('release_seconds'), d.get('expose_parts')) for d in r['ranks_detail']]) for r in map(json.loads, open(sys.argv[1]))]" "$OUT/widths.jsonl"
-    ;;
 direct)  # issues 3, 8: auto = ipc direct copies; GPU tests, fp32 widths, the peers' tables
     LIMIT=200 run $MPI -np 2 python3 -m pytest -q -x --with-mpi tests/test_gpu.py tests/test_comm.py
     for nb in ${FP32_WIDTHS:-8192 16384}; do
@@ -205,15 +197,16 @@ model)  # issue 7: calibrate on 1 and 2 GPUs; strong (3 sizes) and weak runs; mo
         LIMIT=120 run $MPI -np $p python3 -m summa calibrate -o "$OUT/profile.json" --append \
             --dtypes float64
     done
+    # --comm nccl: the model is calibrated on paired broadcasts (auto may take ipc)
     for p in 1 2; do for n in 8192 16384 32768; do
         LIMIT=60 run $MPI -np $p python3 -m summa bench --backend cupy --size $n --repeat 2 \
-            --json "$OUT/strong.jsonl"
+            --comm nccl --json "$OUT/strong.jsonl"
     done; done
     # weak scaling: the same work per GPU, N = 16384 x P^(1/3)
     LIMIT=60 run $MPI -np 1 python3 -m summa bench --backend cupy --size 16384 --repeat 2 \
-        --json "$OUT/weak.jsonl"
+        --comm nccl --json "$OUT/weak.jsonl"
     LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy --size 20643 --repeat 2 \
-        --json "$OUT/weak.jsonl"
+        --comm nccl --json "$OUT/weak.jsonl"
     run python3 docs/scripts/validate_model.py --profile "$OUT/profile.json" \
         --results "$OUT/strong.jsonl" "$OUT/weak.jsonl"
     run python3 -m summa model --profile "$OUT/profile.json" --size 32768 --sweep
