@@ -158,7 +158,7 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     panel_width, lookahead = int(panel_width), int(lookahead)
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
-    direct = (broadcaster != "auto" or grid.size == 1
+    direct = (broadcaster != "auto" or grid.size == 1 or backend.name != "cupy"
               or _hides_connect(panels, grid, C.local.shape, C.dtype, precision))
     row_bc, col_bc = _broadcasters(grid, broadcaster, backend, direct=direct)
     if grid.size == 1:
@@ -389,9 +389,10 @@ def _broadcasters(grid, kind: str, backend, direct: bool = True):
     grid and mode, since NCCL communicators are expensive to create.
 
     With ``auto``, callers that copy panels straight out of the roots' blocks
-    (`direct`: the in-memory SUMMA loop) get ``ipc`` where every grid row and
-    column lies on one node with a GPU per rank and its self-test passes:
-    measured on 2 H200s it beats NCCL in every dtype (docs/benchmarks.md).
+    (`direct`: the in-memory SUMMA loop, where its GEMMs hide the set-up) get
+    ``ipc`` where every grid row and column lies on one node with a GPU per
+    rank and its self-test passes: on 2 H200s at N = 32768 it beats NCCL in
+    every dtype (docs/benchmarks.md).
     """
     if kind == "auto" and direct and backend.name == "cupy" and grid.size > 1:
         pair = _auto_ipc(grid, backend)

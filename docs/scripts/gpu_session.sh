@@ -17,6 +17,7 @@
 #   STAGE=widths docs/scripts/gpu_session.sh     # issue 3: panel GEMMs against one GEMM, fp32 nb
 #   STAGE=peers  docs/scripts/gpu_session.sh     # issue 8: compare_peers for fp64/fp32/tf32/fp16
 #   STAGE=direct docs/scripts/gpu_session.sh     # issues 3, 8: ipc direct copies, JAX alongside
+#   STAGE=ipcopen docs/scripts/gpu_session.sh    # issue 3: cudaIpcOpenMemHandle cost by size
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -152,6 +153,9 @@ direct)  # issues 3, 8: auto = ipc direct copies; GPU tests, fp32 widths, the pe
                 --json "$OUT/peers.jsonl"
         done
     done
+    ;;
+ipcopen)  # issue 3: the cost of opening a peer's memory against its size (ipc's set-up)
+    LIMIT=60 run $MPI -np 2 python3 docs/scripts/ipc_open_probe.py
     ;;
 ooc)
     for p in 1 2; do for d in float64 float32; do
