@@ -161,10 +161,11 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     direct = (broadcaster != "auto" or grid.size == 1 or backend.name != "cupy"
               or _hides_connect(panels, grid, C.local.shape, C.dtype, precision))
     row_bc, col_bc = _broadcasters(grid, broadcaster, backend, direct=direct)
+    direct = _export(grid, backend, row_bc, col_bc, A.local, B.local)
     if grid.size == 1:
         panels = panels[:1]  # one rank: a single GEMM over all of K, nothing to overlap
     else:
-        panels = _order(panels, grid, row_bc, col_bc, backend.name == "cupy" and lookahead > 0)
+        panels = _order(panels, grid, direct, backend.name == "cupy" and lookahead > 0)
     stats = SummaStats(panels=len(panels), panel_width=panel_width, comm=row_bc.name,
                        lookahead=lookahead, extra={"panel_width_measured": measured})
 
@@ -182,8 +183,8 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
             progress(1, 1)
     else:
         with backend.compute_stream():
-            _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precision,
-                      progress, stats.extra)
+            _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks,
+                      precision, progress, stats.extra)
     with watch("the queued GPU work of the SUMMA loop (broadcasts and GEMMs)"):
         backend.synchronize()
     stats.seconds = time.perf_counter() - t0
@@ -199,7 +200,22 @@ def _direct(bc) -> bool:
     return getattr(bc, "reads_blocks", False) and bc.comm.Get_size() > 1
 
 
-def _order(panels, grid, row_bc, col_bc, split_head: bool) -> list:
+def _export(grid, backend, row_bc, col_bc, a_block, b_block) -> tuple[bool, bool]:
+    """Export this rank's blocks to the broadcasters that let peers read them
+    directly (ipc); collective. Returns, the same on every rank, which of the
+    row and column broadcasters copy directly: neither where any rank could
+    not export (e.g. a block without contiguous rows), and paired broadcasts
+    of the same broadcasters are used instead."""
+    want = (_direct(row_bc), _direct(col_bc))
+    if not any(want):
+        return want
+    backend.synchronize()  # the blocks' values are written before any peer reads
+    ok = all([bc.export(block) for bc, block, on in
+              zip((row_bc, col_bc), (a_block, b_block), want) if on])
+    return want if grid.comm.allreduce(ok, op=MPI.LAND) else (False, False)
+
+
+def _order(panels, grid, direct, split_head: bool) -> list:
     """This rank's order of the SUMMA steps.
 
     Broadcasts pair up across ranks, so every rank takes the panels in the
@@ -209,7 +225,6 @@ def _order(panels, grid, row_bc, col_bc, split_head: bool) -> list:
     multiplies the panels it holds itself, which hides its set-up, and only
     splits the head when that one has to be fetched.
     """
-    direct = (_direct(row_bc), _direct(col_bc))
     if any(direct):
         panels = sorted(panels, key=lambda p: _fetched(p, grid, direct))
         split_head = split_head and _fetched(panels[0], grid, direct) > 0
@@ -246,7 +261,7 @@ def _fetched(p, grid, direct) -> int:
     return int(direct[0] and p.a_root != grid.col) + int(direct[1] and p.b_root != grid.row)
 
 
-def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precision,
+def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, precision,
               progress, extra) -> None:
     """The SUMMA steps with `lookahead` panels in flight; GEMM marks go to `marks`,
     the direct broadcasters' set-up and tear-down seconds to `extra`."""
@@ -265,13 +280,8 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, marks, precisio
     # on the root and no per-panel handshake: the blocks are exported once, and
     # the (collective, slow) opening of the peers' blocks waits until this
     # rank's first GEMM is queued on its own panel, which it then hides.
-    direct = (_direct(row_bc), _direct(col_bc))
     pairs = [(bc, block) for bc, block, on in zip((row_bc, col_bc), (A.local, B.local), direct)
              if on]
-    if pairs:
-        C.backend.synchronize()  # the blocks' values are written before any peer reads
-    for bc, block in pairs:
-        bc.export(block)
     connected = not pairs
     # Direct copies into a slot wait only for the GEMM that last read it.
     slot_free = [None] * nslots

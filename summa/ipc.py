@@ -139,7 +139,7 @@ class IpcBroadcaster(_DeviceTimed):
         self._sends: list = []  # receivers' outstanding "done" tokens
         self._timings: list = []
         self._opened: dict = {}  # IPC handle: that peer allocation's address here
-        self._mine, self._why = None, ""  # this rank's export: (handle, offset, pitch)
+        self._mine = (None, 0, 0)  # this rank's export: (handle, offset, pitch)
         self._sources: list = []  # per rank: (address here, row pitch) of its block
         # Separate one-byte buffers: the "ready" broadcast writes into its own,
         # while outstanding "done" gathers still read theirs.
@@ -201,38 +201,33 @@ class IpcBroadcaster(_DeviceTimed):
     #: The SUMMA loop may copy panels straight out of the roots' blocks.
     reads_blocks = True
 
-    def export(self, block) -> None:
-        """Name `block` (this rank's stored operand, row-major with contiguous
-        rows, its values already written on the GPU) for :meth:`connect`.
+    def export(self, block) -> bool:
+        """Name `block` (this rank's stored operand, its values already written
+        on the GPU) for :meth:`connect`; False where it cannot be exported
+        (rows not contiguous, or memory CUDA IPC cannot share).
 
         The block must not change until :meth:`release` returns on every rank.
         """
         import cupy
-        self._mine, self._why = None, ""
+        self._mine = (None, 0, 0)  # an empty block: nothing to read
         if block.size and (block.ndim != 2 or block.strides[1] != block.itemsize):
-            self._why = "its rows are not contiguous"
-        elif block.size:
+            return False
+        if block.size:
             try:
                 base = _allocation_base(block.data.ptr)
                 self._mine = (bytes(cupy.cuda.runtime.ipcGetMemHandle(base)),
                               block.data.ptr - base, block.strides[0])
-            except Exception as exc:  # e.g. managed or stream-ordered memory
-                self._why = f"{type(exc).__name__}: {exc}"
-        else:
-            self._mine = (None, 0, 0)
+            except Exception:  # e.g. managed or stream-ordered memory
+                return False
+        return True
 
     def connect(self) -> None:
-        """Open the peers' exported blocks (collective; ~19 ms on H200s, which
-        the SUMMA loop hides behind a GEMM). Raises RuntimeError on every rank
-        if any rank could not export its block."""
+        """Open the peers' exported blocks (collective; ~20 ms on H200s, which
+        the SUMMA loop hides behind a GEMM)."""
         import cupy
-        everyone = self.comm.allgather((self._mine, self._why))
-        bad = [(rank, why) for rank, (mine, why) in enumerate(everyone) if mine is None]
-        if bad:
-            raise RuntimeError("--comm ipc cannot export the operand block of rank(s) "
-                               + "; ".join(f"{r} ({w})" for r, w in bad) + "; use --comm nccl")
+        everyone = self.comm.allgather(self._mine)
         self._sources = []
-        for rank, ((handle, offset, pitch), _) in enumerate(everyone):
+        for rank, (handle, offset, pitch) in enumerate(everyone):
             if rank == self.comm.Get_rank() or handle is None:
                 self._sources.append(None)  # never read: the root uses its own view
                 continue

@@ -176,13 +176,14 @@ class WindowReader:
     name = "window"
     reads_blocks = True
 
-    def __init__(self, comm, calls):
-        self.comm, self.calls, self.win = comm, calls, None
+    def __init__(self, comm, calls, refuse=False):
+        self.comm, self.calls, self.win, self.refuse = comm, calls, None, refuse
 
     def export(self, block):
         self.calls.append("export")
         self.block = np.ascontiguousarray(block)
         assert self.block is block  # the loop hands over the stored block itself
+        return not self.refuse
 
     def connect(self):
         self.calls.append("connect")
@@ -202,7 +203,9 @@ class WindowReader:
         return _Done()
 
     def ibcast(self, buf, root, slot=0):
-        assert self.comm.Get_size() == 1  # a grid row/column of one: nothing to move
+        if self.comm.Get_size() > 1:  # a grid row/column of one has nothing to move
+            self.calls.append("ibcast")
+            self.comm.Bcast(buf, root)  # paired, as NCCL's
         return _Done()
 
     def release(self):
@@ -270,13 +273,10 @@ def test_order_puts_a_ranks_own_panels_first():
 
     panels = panel_schedule(Distribution(16, 2), Distribution(16, 2), 4)
     grid = SimpleNamespace(row=1, col=1)
-    pair = SimpleNamespace(Get_size=lambda: 2)
-    direct = SimpleNamespace(reads_blocks=True, comm=pair)
-    paired = SimpleNamespace(reads_blocks=False, comm=pair)
-    mine = _order(panels, grid, direct, direct, split_head=True)
+    mine = _order(panels, grid, (True, True), split_head=True)
     assert [(p.a_root, p.b_root) for p in mine][:2] == [(1, 1), (1, 1)]
     assert sorted(p.k0 for p in mine) == [p.k0 for p in panels]  # nothing split or lost
-    same = _order(panels, grid, paired, paired, split_head=True)
+    same = _order(panels, grid, (False, False), split_head=True)
     assert len(same) == len(panels) + HEAD_PIECES - 1 and same[0].k0 == 0
     assert same[-1] == panels[-1]
 
@@ -300,3 +300,24 @@ def test_auto_takes_direct_copies_only_where_own_gemms_hide_the_connect():
     assert decide(16384, "float64")
     assert not decide(16384, "float32", "tf32") and not decide(16384, "float16")
     assert not decide(32768, "float64", others=CONNECT_SECONDS / 2)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_block_that_cannot_be_exported_means_paired_broadcasts_everywhere(comm, rng,
+                                                                            monkeypatch):
+    """If any rank cannot export its block, every rank falls back to paired
+    broadcasts in one common order (no rank waits for a read that never comes)."""
+    import summa.algorithm as algorithm
+    from summa.backend import get_backend
+    backend = get_backend("numpy")
+    with make_grid(comm, "col") as grid:
+        calls = []
+        readers = (WindowReader(grid.row_comm, calls),
+                   WindowReader(grid.col_comm, calls, refuse=comm.rank == 1))
+        monkeypatch.setattr(algorithm, "_broadcasters", lambda *args, **kwargs: readers)
+        a, b = random_array(rng, (29, 43), "float64"), random_array(rng, (43, 31), "float64")
+        c = matmul(distribute(a, grid, backend), distribute(b, grid, backend),
+                   panel_width=4).gather()
+        if comm.rank == 0:
+            assert gemm_scaled_error(c, a, b) <= 1
+        assert "connect" not in calls and "iget" not in calls and "ibcast" in calls
