@@ -188,7 +188,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         # One-time costs (communicators, their self-test, the BLAS library's
         # start) are timed on their own, so "multiply" is the multiply.
         _, record["setup_seconds"] = _timed(comm, "setup", _warm_up, pgrid, be, compute,
-                                            broadcaster, precision)
+                                            broadcaster, precision, budget is None)
         stats = SummaStats()
         progress.phase("multiply", 1)
         inject("multiply")
@@ -224,9 +224,9 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
     return record
 
 
-def _warm_up(grid, backend, dtype, comm_kind, precision) -> None:
+def _warm_up(grid, backend, dtype, comm_kind, precision, in_memory: bool) -> None:
     """Create (and self-test) the broadcasters and run one small GEMM."""
-    _broadcasters(grid, comm_kind, backend)
+    _broadcasters(grid, comm_kind, backend, direct=in_memory)
     x = backend.asarray(np.ones((64, 64), dtype=dtype))
     backend.gemm(1, x, x, backend.asarray(np.zeros((64, 64), dtype=dtype)), precision=precision)
     backend.synchronize()
