@@ -225,7 +225,8 @@ class IpcBroadcaster(_DeviceTimed):
         """Open the peers' exported blocks (collective; ~20 ms on H200s, which
         the SUMMA loop hides behind a GEMM)."""
         import cupy
-        everyone = self.comm.allgather(self._mine)
+        with watch("the other ranks of a grid row/column to exchange their blocks (ipc)"):
+            everyone = self.comm.allgather(self._mine)
         self._sources = []
         for rank, (handle, offset, pitch) in enumerate(everyone):
             if rank == self.comm.Get_rank() or handle is None:
