@@ -234,7 +234,8 @@ def _order(panels, grid, direct, split_head: bool) -> list:
 
 
 #: Seconds to open the peers' blocks for direct copies (ipc), measured on
-#: 2 H200s: 19-22 ms per multiply, whatever the size.
+#: 2 H200s: 19-22 ms per multiply for blocks of 0.5-4 GiB (a 256 MiB block
+#: seemed much faster; docs/scripts/ipc_open_probe.py is to tell).
 CONNECT_SECONDS = 0.02
 
 #: GPU GEMM rates (FLOP/s) to judge whether a rank's own panels outlast the
