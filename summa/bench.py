@@ -94,9 +94,9 @@ def _single_device_seconds(backend, shape, dtype, precision, repeat: int = 3) ->
     return best
 
 
-def _plan_width(width, backend, dtype, precision) -> int:
+def _plan_width(width, backend, dtype, precision, out_of_core: bool = False) -> int:
     return width if isinstance(width, int) else default_panel_width(backend.name, dtype,
-                                                                    precision)
+                                                                    precision, out_of_core)
 
 
 def _memory_mode(args, backend, grid, shape, dtype, width, out) -> int | None:
@@ -135,12 +135,14 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     progress = Progress(grid.rank == 0 and not getattr(args, "quiet", False))
     try:
         # "auto" is measured in the first call and cached for the rest.
-        gemm_width = args.nb or default_panel_width(backend.name, dtype, precision)
-        budget = _memory_mode(args, backend, grid, (m, n, k), dtype, gemm_width, out)
-        plan = memory_plan(m, n, k, dtype, grid.shape, _plan_width(gemm_width, backend, dtype,
-                                                                   precision),
-                           args.lookahead, backend.name, device_budget=budget,
-                           out_of_core=budget is not None)
+        budget = _memory_mode(args, backend, grid, (m, n, k), dtype,
+                              args.nb or default_panel_width(backend.name, dtype, precision),
+                              out)
+        ooc = budget is not None
+        gemm_width = args.nb or default_panel_width(backend.name, dtype, precision, ooc)
+        plan = memory_plan(m, n, k, dtype, grid.shape,
+                           _plan_width(gemm_width, backend, dtype, precision, ooc),
+                           args.lookahead, backend.name, device_budget=budget, out_of_core=ooc)
         home = backend if budget is None else NumpyBackend()  # out of core: data on the host
         progress.phase("generate", 3)
         # Host-held data is still generated on the GPU (many times faster).
@@ -167,7 +169,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
             else:
                 stats = summa_out_of_core(1.0, A, B, 0.0, C, backend, budget,
                                           panel_width=_plan_width(gemm_width, backend, dtype,
-                                                                  precision),
+                                                                  precision, True),
                                           lookahead=args.lookahead, precision=precision,
                                           comm=args.comm, progress=progress.step)
             nb = stats.panel_width

@@ -120,7 +120,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         "else mpi)")
     p.add_argument("--nb", type=_panel_width, default=None, metavar="W",
                    help="panel width along K, or 'auto' to pick by a short measurement "
-                        "(default 256 on CPU; 4096 on GPU, 8192 with tf32 and float16)")
+                        "(default 256 on CPU; 4096 on GPU, 8192 with tf32, float16 and in-memory float32)")
     p.add_argument("--block", type=_positive_int, default=None, metavar="B",
                    help="block-cyclic distribution block size (default: balanced blocks)")
     p.add_argument("--lookahead", type=_nonnegative_int, default=1, metavar="L",

@@ -165,6 +165,8 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
                                           out_of_core, device_memory)
         if note and rank0:
             warn(note)
+        if budget is not None and not isinstance(panel_width, int):
+            width = default_panel_width(be.name, compute, precision, out_of_core=True)
         home = be if budget is None else NumpyBackend()  # out of core: data on the host
         record["out_of_core"] = budget is not None
         progress.phase("read", 3 if c_path else 2)
@@ -258,7 +260,8 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         if A.dtype != B.dtype or A.shape[1] != B.shape[0]:
             raise ValueError(f"cannot multiply {A.shape} {A.dtype.name} by {B.shape} "
                              f"{B.dtype.name}")
-        width = kwargs.pop("panel_width", None) or default_panel_width(be.name, A.dtype)
+        width = kwargs.pop("panel_width", None) or default_panel_width(be.name, A.dtype,
+                                                                       out_of_core=True)
         budget, _ = choose_memory_mode((A.shape[0], B.shape[1], A.shape[1]), A.dtype, pgrid,
                                        width, 1, be, True, device_memory)
         C = DistMatrix.zeros((A.shape[0], B.shape[1]), A.dtype, pgrid, NumpyBackend())

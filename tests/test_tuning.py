@@ -15,7 +15,8 @@ def test_defaults():
     assert tuning.default_panel_width("cupy", np.float64) == 4096
     assert tuning.default_panel_width("cupy", np.float32, "tf32") == 8192
     assert tuning.default_panel_width("cupy", np.float16) == 8192
-    assert tuning.default_panel_width("cupy", np.float32) == 4096
+    assert tuning.default_panel_width("cupy", np.float32) == 8192
+    assert tuning.default_panel_width("cupy", np.float32, out_of_core=True) == 4096
 
 
 @pytest.mark.mpi(min_size=1)
