@@ -1,11 +1,22 @@
-"""Broadcasts between the GPUs of one node by copy engines (CUDA IPC).
+"""Panels between the GPUs of one node by copy engines (CUDA IPC).
 
 NCCL moves data with kernels that take streaming multiprocessors from the
 concurrent GEMMs; on one node the same bytes can move by the GPUs' copy
-engines instead, leaving every multiprocessor to the GEMMs. Each rank exports
-one staging buffer per lookahead slot, and two interprocess events per slot
-("ready": the root filled its buffer; "done": a receiver finished copying out
-of it), once. Per broadcast:
+engines instead, leaving every multiprocessor to the GEMMs.
+
+Direct copies (the in-memory SUMMA loop: ``export``, ``connect``, ``iget``,
+``release``). The operands do not change during a multiply, so each rank
+exports its stored block once and every receiver copies each panel straight
+out of the root's block, on its own copy stream, whenever its slot is free. No
+message is exchanged per panel, so no rank's host ever waits for another's;
+one barrier at the end keeps a block alive until every peer has finished
+reading it (CUDA requires importers to close before the exporter frees).
+
+Paired broadcasts (``ibcast``: the self-test, calibration, out of core, and
+blocks that cannot be exported). Each rank exports one staging buffer per
+lookahead slot, and two interprocess events per slot ("ready": the root filled
+its buffer; "done": a receiver finished copying out of it), once. Per
+broadcast:
 
 * the root copies its panel into its slot buffer on the broadcaster's stream
   and records "ready"; a one-byte MPI broadcast tells the receivers it is
@@ -18,13 +29,6 @@ of it), once. Per broadcast:
 
 The MPI messages only order host-side event records; no data moves through
 the host. All ranks of the communicator must be on one node.
-
-The SUMMA loop does better still (``export``/``connect``/``iget``/``release``):
-the operands do not change during a multiply, so each rank exports its stored
-block once and every receiver copies each panel straight out of the root's
-block, on its own copy stream, whenever its slot is free. No message is
-exchanged per panel, so no rank's host ever waits for another's; one barrier
-at the end keeps a block alive until every peer has finished reading it.
 """
 
 from __future__ import annotations
