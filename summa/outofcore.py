@@ -144,29 +144,41 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, row_bc, col_bc, mov
         return (a, b, _Arrival(up_a, row_bc.ibcast(a, p.a_root, slot, ready=up_a), mover),
                 _Arrival(up_b, col_bc.ibcast(b, p.b_root, slot, ready=up_b), mover))
 
+    # The last tile's write-back overlaps nothing but its own last GEMMs, so
+    # there the last `tail` panels (all resident: tail <= depth) go strip by
+    # strip, each strip home once final; earlier tiles' write-backs overlap the
+    # next tile, and their last panel alone goes in strips.
+    tail = min(depth, len(panels)) if mover.overlaps else 1
     inflight = deque(start(s) for s in range(min(depth, len(steps))))
-    for s, (t, i) in enumerate(steps):
+    s = 0
+    while s < len(steps):
+        t, i = steps[s]
         i0, i1, j0, j1 = tiles[t]
         host_tile = C.local[i0:i1, j0:j1]
         c = c_bufs[t % len(c_bufs)][: host_tile.size].reshape(host_tile.shape)
         if i == 0:
             mover.begin_tile(c, host_tile, t % len(c_bufs), load_c)
-        a, b, ra, rb = inflight.popleft()
-        if s == 1:
+        group = tail if t == len(tiles) - 1 and i == len(panels) - tail else 1
+        arrived = [inflight.popleft() for _ in range(group)]
+        if s <= 1 < s + group:
             inject("summa")
-        wait_for_panel(i, panels[i], ra, rb, grid, f" for C tile {t} of {len(tiles)}")
-        if i < len(panels) - 1:
-            mover.gemm(alpha, a, b, c, precision)
-        else:  # last panel: each row strip goes home once it is final
+        for j, (_, _, ra, rb) in enumerate(arrived):
+            wait_for_panel(i + j, panels[i + j], ra, rb, grid, f" for C tile {t} of {len(tiles)}")
+        if i + group < len(panels):
+            mover.gemm(alpha, arrived[0][0], arrived[0][1], c, precision)
+        else:  # the tile's last panels: each row strip goes home once it is final
             for r0, r1 in _bounds(c.shape[0], TAIL_STRIPS if mover.overlaps else 1):
                 if r0 == r1:
                     continue
-                mover.gemm(alpha, a[r0:r1], b, c[r0:r1], precision)
+                for a, b, _, _ in arrived:
+                    mover.gemm(alpha, a[r0:r1], b, c[r0:r1], precision)
                 mover.write_back(host_tile[r0:r1], c[r0:r1], t % len(c_bufs))
         if progress is not None:
-            progress(s + 1, len(steps))
-        if s + depth < len(steps):
-            inflight.append(start(s + depth))
+            progress(s + group, len(steps))
+        for j in range(s, s + group):
+            if j + depth < len(steps):
+                inflight.append(start(j + depth))
+        s += group
 
 
 class _Arrival:

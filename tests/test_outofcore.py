@@ -66,6 +66,46 @@ def test_out_of_core_split_first_panel_and_strips_of_the_last(comm, rng, monkeyp
 
 
 @pytest.mark.mpi(min_size=1)
+def test_last_tile_goes_home_strip_by_strip_over_its_last_panels(comm, rng, monkeypatch):
+    """The last tile's write-back has nothing but its own GEMMs to hide behind:
+    its last `lookahead + 1` panels go strip by strip, each strip written back
+    as soon as all of them are in it; earlier tiles strip only their last panel."""
+    from summa import outofcore
+    monkeypatch.setattr(outofcore._HostMover, "overlaps", True)
+    monkeypatch.setattr(outofcore, "TAIL_STRIPS", 3)
+    events = []
+    real_gemm, real_write = outofcore._HostMover.gemm, outofcore._HostMover.write_back
+    monkeypatch.setattr(outofcore._HostMover, "gemm", lambda self, alpha, a, b, c, precision: (
+        events.append(("gemm", b.shape[0], c.shape[0])),
+        real_gemm(self, alpha, a, b, c, precision))[1])
+    monkeypatch.setattr(outofcore._HostMover, "write_back", lambda self, host, c, buf: (
+        events.append(("write", c.shape[0])), real_write(self, host, c, buf))[1])
+    m, n, k = 60, 20, 48
+    a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
+    host = NumpyBackend()
+    with ProcessGrid(comm, (1, comm.Get_size())) as grid:
+        A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
+        C = DistMatrix.zeros((m, n), "float64", grid, host)
+        # a budget for about two tiles of rows
+        stats = summa_out_of_core(1.0, A, B, 0.0, C, host, 9000, panel_width=8, lookahead=1)
+        c = C.gather()
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b) <= 1
+    tiles = stats.extra["tiles"][0] * stats.extra["tiles"][1]
+    if tiles < 2 or C.local.shape[1] == 0:
+        pytest.skip("this rank's share is too small for two tiles")
+    kinds = "".join("w" if e[0] == "write" else "g" for e in events)
+    assert kinds.count("w") == 3 * tiles
+    # the last tile: two panels per strip, then that strip's write-back
+    assert kinds.endswith("ggwggwggw"), kinds
+    assert all(e[2] < events[0][2] for e in events[-9:] if e[0] == "gemm")  # strips, not tiles
+    # an earlier tile: its last panel alone in strips, after whole-tile GEMMs
+    first = kinds.index("w")
+    assert kinds[first - 2:first + 6] == "ggwgwgwg", kinds
+    assert events[first - 2][2] > events[first - 1][2]
+
+
+@pytest.mark.mpi(min_size=1)
 def test_out_of_core_is_bit_identical_when_one_tile_holds_everything(comm):
     host = NumpyBackend()
     with ProcessGrid(comm) as grid:
