@@ -223,6 +223,15 @@ def _nvidia_library_dirs(roots) -> list[str]:
     return list(dict.fromkeys(os.path.abspath(d) for d in found))
 
 
+def _mpirun_version(mpirun: str) -> str:
+    """What `mpirun --version` says (empty if it says nothing)."""
+    try:
+        return subprocess.run(shlex.split(mpirun) + ["--version"], capture_output=True,
+                              text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def peer_nvmath(args):
     """nvmath-python's distributed matmul (cuBLASMp): one rank per GPU under MPI,
     A in row slabs, B in column slabs, C in row slabs (as the JAX peer)."""
@@ -233,7 +242,10 @@ def peer_nvmath(args):
     roots = [p for p in args.nvmath_path.split(os.pathsep) if p] + [p for p in sys.path if p]
     libs = os.pathsep.join(_nvidia_library_dirs(roots) + [os.environ.get("LD_LIBRARY_PATH", "")])
     env = dict(os.environ, LD_LIBRARY_PATH=libs, PYTHONPATH=os.pathsep.join(roots))
-    cmd = shlex.split(args.mpirun) + [
+    # Open MPI's mpirun passes these on only when told (-x); MPICH's passes everything.
+    forward = ["-x", "LD_LIBRARY_PATH", "-x", "PYTHONPATH"] \
+        if "Open MPI" in _mpirun_version(args.mpirun) else []
+    cmd = shlex.split(args.mpirun) + forward + [
         "-np", str(args.gpus), sys.executable, __file__, "--peer", "nvmath_rank", "--size",
         str(args.size), "--dtype", args.dtype, "--precision", args.precision, "--gpus",
         str(args.gpus), "--repeat", str(args.repeat), "--data", args.data]
