@@ -446,7 +446,7 @@ def _auto_ipc(grid, backend):
     if not ok:
         for bc in made:
             bc.free()
-        grid.resources[("no auto ipc",)] = True
+        grid.resources[("no auto ipc",)] = _Pair(None, None)  # remembered; nothing to free
         return None
     pair = grid.resources[key] = _Pair(*made)
     return pair
@@ -473,8 +473,9 @@ class _Pair:
     col: object
 
     def free(self) -> None:
-        self.row.free()
-        self.col.free()
+        for bc in (self.row, self.col):
+            if bc is not None:
+                bc.free()
 
 
 _OPS = ("N", "T", "H")

@@ -380,5 +380,9 @@ def make_broadcaster(kind: str, comm: MPI.Intracomm, backend, check: bool = Fals
     name = choose_comm(kind, backend)
     broadcaster = BROADCASTERS[name](comm, backend)
     if check:
-        self_test(broadcaster, backend)
+        try:
+            self_test(broadcaster, backend)
+        except RuntimeError:  # raised on every rank of `comm`: free it everywhere
+            broadcaster.free()
+            raise
     return broadcaster

@@ -72,15 +72,22 @@ class _Slot:
         # Straight from cudaMalloc, not the pool: an IPC handle opens at the
         # start of its allocation, and a pool block can lie inside a larger one.
         self.buf = cupy.cuda.Memory(max(nbytes, 1))
-        self.ready = cupy.cuda.Event(disable_timing=True, interprocess=True)
-        self.done = cupy.cuda.Event(disable_timing=True, interprocess=True)
-        mine = (rt.ipcGetMemHandle(self.buf.ptr), rt.ipcGetEventHandle(self.ready.ptr),
-                rt.ipcGetEventHandle(self.done.ptr))
         me = comm.Get_rank()
-        self.me = me
+        self.me, self.readers = me, None
         self.peer_buf, self.peer_ready, self.peer_done = [], [], []
+        try:  # exporting can fail too (e.g. a container without IPC): agree first
+            self.ready = cupy.cuda.Event(disable_timing=True, interprocess=True)
+            self.done = cupy.cuda.Event(disable_timing=True, interprocess=True)
+            mine = (rt.ipcGetMemHandle(self.buf.ptr), rt.ipcGetEventHandle(self.ready.ptr),
+                    rt.ipcGetEventHandle(self.done.ptr))
+        except Exception as exc:
+            mine = f"rank {me} cannot export CUDA IPC handles ({exc})"
+        everyone = comm.allgather(mine)
+        whys = [m for m in everyone if isinstance(m, str)]
+        if whys:
+            raise RuntimeError("ipc broadcaster: " + "; ".join(whys))
         why = ""
-        for rank, (mem, ready, done) in enumerate(comm.allgather(mine)):
+        for rank, (mem, ready, done) in enumerate(everyone):
             if rank == me:
                 self.peer_buf.append(self.buf.ptr)
                 self.peer_ready.append(self.ready.ptr)
@@ -96,10 +103,9 @@ class _Slot:
         # Collective, so that a failure on one rank raises on all, none left waiting.
         whys = [w for w in comm.allgather(why) if w]
         if whys:
-            self.readers = None
             self._close_opened()
             raise RuntimeError("ipc broadcaster: " + "; ".join(whys))
-        self.readers = None  # MPI request: receivers' "done" tokens of my last turn as root
+        # self.readers: MPI request, receivers' "done" tokens of my last turn as root
         self.tokens = np.zeros(comm.Get_size(), dtype=np.uint8)  # where they land
 
     def close(self) -> None:

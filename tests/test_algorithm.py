@@ -321,3 +321,28 @@ def test_a_block_that_cannot_be_exported_means_paired_broadcasts_everywhere(comm
         if comm.rank == 0:
             assert gemm_scaled_error(c, a, b) <= 1
         assert "connect" not in calls and "iget" not in calls and "ibcast" in calls
+
+
+@pytest.mark.mpi(min_size=2)
+def test_auto_ipc_falls_back_together_when_any_self_test_fails(comm, monkeypatch):
+    """`auto` tries ipc on one node; a self-test failing in one grid column (raised on
+    all its ranks) sends every rank of the grid back to the usual choice, frees what
+    was made, and is remembered."""
+    import summa.algorithm as algorithm
+    from types import SimpleNamespace
+
+    made, freed = [], []
+
+    def fake_make(kind, c, backend, check=False):
+        made.append(kind)
+        if c.Get_size() > 1 and c is grid.col_comm:
+            raise RuntimeError("ipc broadcaster: self-test failed")
+        return SimpleNamespace(free=lambda: freed.append(kind))
+
+    monkeypatch.setattr(algorithm, "make_broadcaster", fake_make)
+    monkeypatch.setattr(algorithm, "_devices_distinct", lambda grid, backend: True)
+    backend = SimpleNamespace(name="cupy", device=0)
+    with make_grid(comm, "col") as grid:
+        assert algorithm._auto_ipc(grid, backend) is None
+        assert made == ["ipc", "ipc"] and freed == ["ipc"]  # the row one, made, is freed
+        assert algorithm._auto_ipc(grid, backend) is None and len(made) == 2  # remembered

@@ -148,3 +148,24 @@ def test_self_test_detects_a_broken_broadcaster(comm, backend):
     good.free()
     with pytest.raises(RuntimeError, match="self-test failed on ranks"):
         comm_mod.self_test(Broken(comm, backend), backend)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_broadcaster_failing_its_self_test_is_freed(comm, backend, monkeypatch):
+    freed = []
+
+    class Broken(HostStagedBroadcaster):
+        def ibcast(self, buf, root, slot=0):
+            handle = super().ibcast(buf, root, slot)
+            handle.wait()
+            if self.comm.Get_rank() != root:
+                buf[0] += 1
+            return handle
+
+        def free(self):
+            freed.append(True)
+            super().free()
+    monkeypatch.setitem(comm_mod.BROADCASTERS, "mpi", Broken)
+    with pytest.raises(RuntimeError, match="self-test failed"):
+        make_broadcaster("mpi", comm, backend, check=True)
+    assert freed == [True]
