@@ -11,5 +11,8 @@ cd "$PBS_O_WORKDIR"
 module load python cuda openmpi 2>/dev/null || true
 NRANKS=$(wc -l < "$PBS_NODEFILE")
 export OMP_NUM_THREADS=8 NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+# On a single node (every grid row and column inside it), --comm auto copies panels
+# between the GPUs with CUDA IPC; in a container that needs a shared IPC namespace
+# (e.g. --ipc=host), else summa falls back to NCCL by itself. --comm nccl opts out.
 mpiexec -n "$NRANKS" --hostfile "$PBS_NODEFILE" -x OMP_NUM_THREADS -x NCCL_NVLS_ENABLE \
     python -m summa ${ARGS:-bench --check} --timeout 900

@@ -21,6 +21,9 @@ export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-ib0}
 export UCX_TLS=${UCX_TLS:-rc,sm,self}
 # Keep NVLink multicast off where the site requires it (shared GPU hosts).
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+# On a single node (every grid row and column inside it), --comm auto copies panels
+# between the GPUs with CUDA IPC; in a container that needs a shared IPC namespace
+# (e.g. --ipc=host), else summa falls back to NCCL by itself. --comm nccl opts out.
 
 # summa binds each rank to GPU (node-local rank % GPUs per node); srun must not
 # hide the other GPUs from a rank, so no --gpu-bind here.
