@@ -158,9 +158,9 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     panel_width, lookahead = int(panel_width), int(lookahead)
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
-    direct = (broadcaster != "auto" or grid.size == 1 or backend.name != "cupy"
-              or _hides_connect(panels, grid, C.local.shape, C.dtype, precision))
-    row_bc, col_bc = _broadcasters(grid, broadcaster, backend, direct=direct)
+    worth_ipc = (broadcaster != "auto" or grid.size == 1 or backend.name != "cupy"
+                 or _hides_connect(panels, grid, C.local.shape, C.dtype, precision))
+    row_bc, col_bc = _broadcasters(grid, broadcaster, backend, direct=worth_ipc)
     direct = _export(grid, backend, row_bc, col_bc, A.local, B.local)
     if grid.size == 1:
         panels = panels[:1]  # one rank: a single GEMM over all of K, nothing to overlap
@@ -281,9 +281,8 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
     # on the root and no per-panel handshake: the blocks are exported once, and
     # the (collective, slow) opening of the peers' blocks waits until this
     # rank's first GEMM is queued on its own panel, which it then hides.
-    pairs = [(bc, block) for bc, block, on in zip((row_bc, col_bc), (A.local, B.local), direct)
-             if on]
-    connected = not pairs
+    readers = [bc for bc, on in zip((row_bc, col_bc), direct) if on]
+    connected = not readers
     # Direct copies into a slot wait only for the GEMM that last read it.
     slot_free = [None] * nslots
 
@@ -291,7 +290,7 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
         nonlocal connected
         if not connected:
             t0 = time.perf_counter()
-            for bc, _ in pairs:
+            for bc in readers:
                 bc.connect()
             extra["connect_seconds"] = time.perf_counter() - t0
             connected = True
@@ -312,7 +311,7 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
         return view, broadcaster.ibcast(view, root, slot)
 
     def finished(i):
-        if pairs and _fetched(panels[i], grid, direct):
+        if readers and _fetched(panels[i], grid, direct):
             slot_free[i % depth] = C.backend.record_event()
 
     def start(i):
@@ -332,18 +331,18 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
     # all queued before the first fetch, whose set-up (opening the peers'
     # blocks) they then hide.
     hold = next((j for j, p in enumerate(panels) if _fetched(p, grid, direct)),
-                len(panels)) if pairs else 0
+                len(panels)) if readers else 0
     try:
         _steps(alpha, C, panels, depth, hold, start, finished, marks, precision, progress)
         connect()  # every rank takes part, even one that fetched nothing
     except BaseException:
-        for bc, _ in pairs:  # the peers may be gone: close what this rank opened, no barrier
+        for bc in readers:  # the peers may be gone: close what this rank opened, no barrier
             bc.release_local()
         raise
     t0 = time.perf_counter()
-    for bc, _ in pairs:
+    for bc in readers:
         bc.release()
-    if pairs:
+    if readers:
         extra["release_seconds"] = time.perf_counter() - t0
 
 

@@ -10,7 +10,8 @@ is for the calling shell.
     python3 docs/scripts/cublas_probe.py [--shapes 16384x32768x32768,32768x32768x32768]
 """
 import argparse
-import time
+
+from compare_peers import _timed  # beside this script: best of `repeat` after a warm-up
 
 
 def mapped_cublas() -> set:
@@ -21,13 +22,7 @@ def mapped_cublas() -> set:
 
 def rate(fn, flops: float, repeat: int) -> float:
     """Best TFLOP/s of `repeat` timed calls of `fn` (each synchronising)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return flops / best / 1e12
+    return flops / _timed(fn, repeat) / 1e12
 
 
 def main() -> None:
