@@ -50,7 +50,10 @@ def _library(cupy, path=None):
     CuPy's cuBLAS already loaded (found by its soname), else the one
     cuda-pathfinder, the NVIDIA wheel or the system provides."""
     if path:
-        return ctypes.CDLL(path)
+        try:
+            return ctypes.CDLL(path)
+        except OSError as exc:  # the user's file: a usage error, not a crash
+            raise ValueError(f"SUMMA_CUBLASLT={path!r} cannot be loaded: {exc}") from None
     cupy.cuda.device.get_cublas_handle()  # loads libcublas, which loads libcublasLt
     candidates = ["libcublasLt.so.13", "libcublasLt.so.12"]
     try:

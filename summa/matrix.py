@@ -110,9 +110,10 @@ class DistMatrix:
         NumPy) blocks, row chunk by row chunk: far faster for large matrices.
         """
         backend = backend or NumpyBackend()
-        dtype = backend.check_dtype(dtype)
-        layout = Layout(shape, grid.shape, block)
         compute = compute or backend
+        # The computing backend decides the dtype: host storage holds any (float16 too).
+        dtype = compute.check_dtype(dtype)
+        layout = Layout(shape, grid.shape, block)
         xp = compute.xp
         rows = xp.asarray(layout.rows.global_indices(grid.row).astype(np.uint64))
         cols = xp.asarray(layout.cols.global_indices(grid.col).astype(np.uint64))

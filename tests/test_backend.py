@@ -59,6 +59,16 @@ def test_chosen_cublaslt_file_must_exist(monkeypatch, tmp_path):
     assert gemm_library() == "cublaslt"
 
 
+def test_chosen_cublaslt_file_that_is_no_library_is_a_usage_error(tmp_path):
+    # The GPU backend loads the file when it is made; a ValueError becomes the
+    # one-line exit-2 message every entry point gives (agree_backend).
+    from summa.lt import _library
+    bogus = tmp_path / "libcublasLt.so.13"
+    bogus.write_text("not a shared object")
+    with pytest.raises(ValueError, match="SUMMA_CUBLASLT=.*libcublasLt.so.13' cannot be loaded"):
+        _library(None, str(bogus))
+
+
 def test_compute_priority_is_checked_on_every_machine(monkeypatch):
     from summa.backend import compute_priority
     monkeypatch.setenv("SUMMA_COMPUTE_PRIORITY", "HIGH")

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from summa import bench, cli
+from summa.backend import cupy_available
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,9 +96,13 @@ def test_info(comm, monkeypatch):
         assert "MPI library" in text and f"ranks: {comm.Get_size()}" in text
         assert text.count("  rank ") == comm.Get_size()
         assert "GPU GEMM: cublaslt (SUMMA_GEMM), compute stream priority: high" in text
-    monkeypatch.setenv("SUMMA_CUBLASLT", __file__)  # any existing file will do for info
+    monkeypatch.setenv("SUMMA_CUBLASLT", __file__)  # a file, but no library
     out = io.StringIO()
-    assert cli.main(["info"], comm, out) == 0
+    if cupy_available():  # the GPU backend loads it: one clear usage error on every rank
+        with pytest.raises(cli.UsageError, match="SUMMA_CUBLASLT=.*cannot be loaded"):
+            cli.main(["info"], comm, out)
+        return
+    assert cli.main(["info"], comm, out) == 0  # NumPy never loads it; info names it
     if comm.rank == 0:
         assert f"GPU GEMM: cublaslt from {__file__} (SUMMA_CUBLASLT)" in out.getvalue()
 

@@ -18,6 +18,7 @@
 #   STAGE=peers  docs/scripts/gpu_session.sh     # issue 8: compare_peers for fp64/fp32/tf32/fp16
 #   STAGE=direct docs/scripts/gpu_session.sh     # issues 3, 8: ipc direct copies, JAX alongside
 #   STAGE=ipcopen docs/scripts/gpu_session.sh    # issue 3: cudaIpcOpenMemHandle cost by size
+#   STAGE=sustained docs/scripts/gpu_session.sh  # one GPU: GEMM rate against data, over time
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -53,9 +54,11 @@ hundred_k_f32() {
 hundred_k() { hundred_k_f64; hundred_k_f32; }
 case "${STAGE:-tests}" in
 tests)
-    SUMMA_TEST_BACKEND=cupy TEST_RANKS="1 2" SUMMA_PYTHON=python3 MPIEXEC="$MPI" ./run test \
+    ranks=${TEST_RANKS:-1 2}  # "1" on a one-GPU machine
+    SUMMA_TEST_BACKEND=cupy TEST_RANKS="$ranks" SUMMA_PYTHON=python3 MPIEXEC="$MPI" ./run test \
         > "$OUT/tests.log" 2>&1; echo "tests rc=$?"; grep -a -E "passed|failed" "$OUT/tests.log"
-    run $MPI -np 2 python3 -m summa bench --backend cupy --check --json "$OUT/bench.jsonl"
+    run $MPI -np "${ranks##* }" python3 -m summa bench --backend cupy --check \
+        --json "$OUT/bench.jsonl"
     ;;
 inmem)
     for args in "--dtype float64" "--dtype float32" "--dtype float32 --precision tf32"; do
@@ -153,6 +156,29 @@ direct)  # issues 3, 8: auto = ipc direct copies; GPU tests, fp32 widths, the pe
                 --json "$OUT/peers.jsonl"
         done
     done
+    ;;
+sustained)  # issues 3, 5, 8 (one GPU): GEMM rate against the data and under sustained load
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false
+    why=clocks_event_reasons.active  # the older drivers' name for it: clocks_throttle_reasons
+    nvidia-smi --query-gpu=$why --format=csv >/dev/null 2>&1 || why=clocks_throttle_reasons.active
+    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,$why \
+        --format=csv,noheader -lms 250 > "$OUT/smi.csv" 2>&1 &
+    smi=$!
+    LIMIT=300 run python3 docs/scripts/sustained_probe.py --seconds ${SECONDS_PER:-8}
+    kill $smi
+    python3 - "$OUT/smi.csv" <<'PY'
+import sys, datetime
+rows = [l.split(", ") for l in open(sys.argv[1]) if l.count(",") >= 4]
+def t(s): return datetime.datetime.strptime(s.split(".")[0], "%Y/%m/%d %H:%M:%S").timestamp()
+print("nvidia-smi, per 2 s: time, SM MHz (min-max), W (max), degC, reasons")
+for i in range(0, len(rows), 8):
+    chunk = rows[i:i + 8]
+    try:
+        mhz = [int(r[1].split()[0]) for r in chunk]; w = [float(r[2].split()[0]) for r in chunk]
+        print(chunk[0][0], min(mhz), max(mhz), round(max(w)), chunk[-1][3], chunk[-1][4].strip())
+    except (ValueError, IndexError):
+        print(chunk[0])
+PY
     ;;
 ipcopen)  # issue 3: the cost of opening a peer's memory against its size (ipc's set-up)
     LIMIT=60 run $MPI -np 2 python3 docs/scripts/ipc_open_probe.py
