@@ -19,6 +19,7 @@
 #   STAGE=direct docs/scripts/gpu_session.sh     # issues 3, 8: ipc direct copies, JAX alongside
 #   STAGE=ipcopen docs/scripts/gpu_session.sh    # issue 3: cudaIpcOpenMemHandle cost by size
 #   STAGE=sustained docs/scripts/gpu_session.sh  # one GPU: GEMM rate against data, over time
+#   STAGE=x2check docs/scripts/gpu_session.sh    # 2 GPUs: MPI tests, ipc open, host-resident
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -179,6 +180,17 @@ for i in range(0, len(rows), 8):
     except (ValueError, IndexError):
         print(chunk[0])
 PY
+    ;;
+x2check)  # 2 GPUs: the MPI tests on CuPy, ipc's open cost, host-resident runs against cuBLASXt
+    export SUMMA_TEST_BACKEND=cupy
+    LIMIT=200 run $MPI -np 2 python3 -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests
+    LIMIT=60 run $MPI -np 2 python3 docs/scripts/ipc_open_probe.py
+    for d in float64 float32; do
+        LIMIT=100 run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 \
+            --dtype $d --out-of-core --check --repeat 2 --timeout 60 --json "$OUT/ooc.jsonl"
+        LIMIT=60 run python3 docs/scripts/compare_peers.py --size 32768 --dtype $d --gpus 2 \
+            --placement host --peers cublasxt --repeat 2 --json "$OUT/peers.jsonl"
+    done
     ;;
 ipcopen)  # issue 3: the cost of opening a peer's memory against its size (ipc's set-up)
     LIMIT=60 run $MPI -np 2 python3 docs/scripts/ipc_open_probe.py
