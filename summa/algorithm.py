@@ -159,13 +159,16 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     panel_width, lookahead = int(panel_width), int(lookahead)
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
     worth_ipc = (broadcaster != "auto" or grid.size == 1 or backend.name != "cupy"
-                 or _hides_connect(panels, grid, C.local.shape, C.dtype, precision))
+                 or _hides_connect(panels, grid, C.local.shape, C.dtype, precision,
+                                   (A.local.nbytes, B.local.nbytes)))
     row_bc, col_bc = _broadcasters(grid, broadcaster, backend, direct=worth_ipc)
     direct = _export(grid, backend, row_bc, col_bc, A.local, B.local)
     if grid.size == 1:
         panels = panels[:1]  # one rank: a single GEMM over all of K, nothing to overlap
     else:
-        panels = _order(panels, grid, direct, backend.name == "cupy" and lookahead > 0)
+        # The head splits on GPUs whatever the lookahead, so that the summation
+        # order, and so the bits, never depend on it.
+        panels = _order(panels, grid, direct, backend.name == "cupy")
     stats = SummaStats(panels=len(panels), panel_width=panel_width, comm=row_bc.name,
                        lookahead=lookahead, extra={"panel_width_measured": measured})
 
@@ -219,9 +222,9 @@ def _order(panels, grid, direct, split_head: bool) -> list:
     """This rank's order of the SUMMA steps.
 
     Broadcasts pair up across ranks, so every rank takes the panels in the
-    same order, the first one in pieces when `split_head` (GPU lookahead: the
-    first broadcast overlaps no GEMM; in pieces, the first GEMM starts after a
-    fraction of it). Direct copies (ipc) pair with nothing, so a rank first
+    same order, the first one in pieces when `split_head` (GPUs: with lookahead
+    the first broadcast overlaps no GEMM; in pieces, the first GEMM starts
+    after a fraction of it). Direct copies (ipc) pair with nothing, so a rank first
     multiplies the panels it holds itself, which hides its set-up, and only
     splits the head when that one has to be fetched.
     """
@@ -233,10 +236,13 @@ def _order(panels, grid, direct, split_head: bool) -> list:
     return panels
 
 
-#: Seconds to open the peers' blocks for direct copies (ipc), measured on
-#: 2 H200s: 19-22 ms per multiply for blocks of 0.5-4 GiB (a 256 MiB block
-#: seemed much faster; docs/scripts/ipc_open_probe.py is to tell).
-CONNECT_SECONDS = 0.02
+#: Seconds to open one peer's block for direct copies (ipc), by its size: on
+#: 2 H200s ``cudaIpcOpenMemHandle`` took ~1 ms up to 256 MiB and ~10 ms from
+#: 512 MiB to 4 GiB (docs/scripts/ipc_open_probe.py), and a multiply's whole
+#: connect (handles exchanged, 4 GiB blocks) 19-22 ms. Rounded up.
+OPEN_SECONDS = {"small": 0.002, "large": 0.02}
+#: Largest block that opens at the small cost.
+SMALL_BLOCK_BYTES = 256 << 20
 
 #: GPU GEMM rates (FLOP/s) to judge whether a rank's own panels outlast the
 #: connect: one H200's cupy.matmul at N = 16384-32768 (docs/benchmarks.md).
@@ -244,17 +250,27 @@ CONNECT_SECONDS = 0.02
 _GEMM_FLOPS = {"d": 54e12, "f": 54e12, "tf32": 420e12, "e": 760e12}
 
 
-def _hides_connect(panels, grid, local_shape, dtype, precision) -> bool:
+def _connect_seconds(grid, a_bytes: int, b_bytes: int) -> float:
+    """Estimated time to open the peers' blocks: the A blocks of this rank's
+    grid row and the B blocks of its column (sized like this rank's own)."""
+    def one(nbytes):
+        return OPEN_SECONDS["small" if nbytes <= SMALL_BLOCK_BYTES else "large"]
+    return (grid.shape[1] - 1) * one(a_bytes) + (grid.shape[0] - 1) * one(b_bytes)
+
+
+def _hides_connect(panels, grid, local_shape, dtype, precision, block_bytes) -> bool:
     """Would every rank's GEMMs on the panels it holds itself (multiplied first
-    with direct copies) outlast :data:`CONNECT_SECONDS`? Collective; the same
-    answer everywhere. Where not, ``auto`` keeps paired broadcasts: at
-    N = 16384 TF32 lost half its speed to the connect."""
+    with direct copies) outlast opening its peers' blocks (`block_bytes`: this
+    rank's A and B blocks)? Collective; the same answer everywhere. Where not,
+    ``auto`` keeps paired broadcasts: at N = 16384 TF32 lost half its speed to
+    an unhidden connect."""
     dtype = np.dtype(dtype)
     kind = "tf32" if precision == "tf32" else dtype.char.lower()
     rate = _GEMM_FLOPS.get(kind, _GEMM_FLOPS["d"]) / (4 if dtype.kind == "c" else 1)
     own = sum(p.width for p in panels if p.a_root == grid.col and p.b_root == grid.row)
-    seconds = 2.0 * local_shape[0] * local_shape[1] * own / rate
-    return grid.comm.allreduce(seconds, op=MPI.MIN) >= CONNECT_SECONDS
+    margin = 2.0 * local_shape[0] * local_shape[1] * own / rate \
+        - _connect_seconds(grid, *block_bytes)
+    return grid.comm.allreduce(margin, op=MPI.MIN) >= 0
 
 
 def _fetched(p, grid, direct) -> int:

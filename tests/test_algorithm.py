@@ -282,24 +282,30 @@ def test_order_puts_a_ranks_own_panels_first():
 
 
 def test_auto_takes_direct_copies_only_where_own_gemms_hide_the_connect():
-    """The ~20 ms opening of the peers' blocks must hide behind the GEMMs of a
-    rank's own panels; the slowest rank decides for all."""
+    """Opening the peers' blocks (~2 ms up to 256 MiB, ~20 ms above) must hide
+    behind the GEMMs of a rank's own panels; the slowest rank decides for all."""
     from types import SimpleNamespace
 
-    from summa.algorithm import CONNECT_SECONDS, _hides_connect
+    from summa.algorithm import OPEN_SECONDS, _connect_seconds, _hides_connect
     from summa.layout import Distribution
 
     def decide(n, dtype, precision=None, others=float("inf")):
-        grid = SimpleNamespace(row=0, col=0, comm=SimpleNamespace(
+        grid = SimpleNamespace(row=0, col=0, shape=(2, 1), comm=SimpleNamespace(
             allreduce=lambda value, op: min(value, others)))
         panels = panel_schedule(Distribution(n, 1), Distribution(n, 2), 4096)
-        return _hides_connect(panels, grid, (n // 2, n), dtype, precision)
+        block = (n // 2) * n * np.dtype(dtype).itemsize  # A's and B's blocks on a 2x1 grid
+        return _hides_connect(panels, grid, (n // 2, n), dtype, precision, (2 * block, block))
 
-    # own half of K on one rank of a 2x1 grid: 2 (n/2) n (n/2) flops
+    # own half of K on one rank of a 2x1 grid: 2 (n/2) n (n/2) flops; one B block opened
     assert decide(32768, "float64") and decide(32768, "float16")
-    assert decide(16384, "float64")
-    assert not decide(16384, "float32", "tf32") and not decide(16384, "float16")
-    assert not decide(32768, "float64", others=CONNECT_SECONDS / 2)
+    assert decide(16384, "float64") and decide(16384, "float32")
+    assert decide(16384, "float16")  # 256 MiB opens in ~1 ms; its own GEMMs take ~3 ms
+    assert not decide(16384, "float32", "tf32")  # 512 MiB: ~10-20 ms against 5 ms of GEMMs
+    assert not decide(8192, "float16")
+    assert not decide(32768, "float64", others=-1e-3)  # another rank's GEMMs are too short
+    grid = SimpleNamespace(shape=(3, 4))  # 3 A blocks of the row, 2 B blocks of the column
+    assert _connect_seconds(grid, 1 << 30, 1 << 20) == pytest.approx(
+        3 * OPEN_SECONDS["large"] + 2 * OPEN_SECONDS["small"])
 
 
 @pytest.mark.mpi(min_size=2)
