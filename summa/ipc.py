@@ -193,7 +193,12 @@ class IpcBroadcaster(_DeviceTimed):
             end = cupy.cuda.Event()
             end.record(self.stream)
             self._time(begin, end)
-            return _Pending(None)  # the root's own buffer already holds the panel
+            # The root's buffer already holds the panel, but whoever waits for
+            # this broadcast (its GEMM) must also wait for the copy out of it:
+            # only then may the buffer be refilled (out of core, the next upload
+            # into this slot once that GEMM is done; it overwrote panels before
+            # they were copied out, and float64 results came out wrong).
+            return _DevicePending(end)
         self.comm.Ibcast(self._ready_token, root).Wait()  # the root has recorded "ready"
         self.stream.wait_event(self.backend.record_event())  # GEMMs done with `buf`
         begin.record(self.stream)

@@ -121,18 +121,26 @@ def test_strided_panels_multiply_in_place(comm, rng, gpu):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_out_of_core_on_the_gpu(comm, rng, gpu, dtype):
+@pytest.mark.parametrize("mode,size", [("auto", 300), ("ipc", 300), ("ipc", 2000)])
+def test_out_of_core_on_the_gpu(comm, rng, gpu, dtype, mode, size):
+    # ipc at 2000: 63 panels through 2 slots, where a root once refilled a slot
+    # before its panel had been copied out (float64 results came out wrong).
     from summa.backend import NumpyBackend
     from summa.outofcore import summa_out_of_core
     grid, backend = gpu
-    a, b = random_array(rng, (300, 200), dtype), random_array(rng, (200, 260), dtype)
-    c0 = random_array(rng, (300, 260), dtype)
+    if mode not in _modes(backend):
+        pytest.skip(f"{mode} is not available here")
+    m, k, n = size, size * 2 // 3, size * 13 // 15
+    a, b = random_array(rng, (m, k), dtype), random_array(rng, (k, n), dtype)
+    c0 = random_array(rng, (m, n), dtype)
     host = NumpyBackend()
     A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
+    budget = 200_000 * (size // 300) ** 2
     for beta in (0.0, -0.5):  # C starts from zero on the device, or is uploaded
         C = DistMatrix.from_global(c0, grid, host)
-        stats = summa_out_of_core(1.5, A, B, beta, C, backend, 200_000, panel_width=32)
-        assert stats.extra["tile"][0] < 300  # (small arrays may share pages: not always locked)
+        stats = summa_out_of_core(1.5, A, B, beta, C, backend, budget, panel_width=32,
+                                  comm=mode)
+        assert stats.extra["tiles"][0] * stats.extra["tiles"][1] > 1  # really tiled
         c = C.gather()
         if comm.rank == 0:
             assert gemm_scaled_error(c, a, b, c0, 1.5, beta) <= 1
