@@ -1,0 +1,65 @@
+"""Does cutting one rank's product into narrower GEMMs run faster on one GPU?
+
+The per-GPU share of N = 32768 on a 2x1 grid (16384 x 32768 x 32768, float64
+by default), as one GEMM and as column, row and K pieces (cuBLAS gemmEx, the
+GEMM summa calls), best of 3:
+
+    python3 docs/scripts/split_probe.py [dtype]
+"""
+import sys
+import time
+
+import cupy
+import numpy as np
+
+from summa.backend import CupyBackend
+
+dtype = np.dtype(sys.argv[1] if len(sys.argv) > 1 else "float64")
+m, k, n = 16384, 32768, 32768
+be = CupyBackend(0)
+rng = cupy.random.default_rng(1)
+a = rng.uniform(-1, 1, (m, k)).astype(dtype)
+b = rng.uniform(-1, 1, (k, n)).astype(dtype)
+c = cupy.zeros((m, n), dtype=dtype)
+cols = {p: [cupy.zeros((m, n // p), dtype=dtype) for _ in range(p)] for p in (2, 4)}
+
+
+def best(fn, repeat=3):
+    fn()
+    cupy.cuda.Device().synchronize()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        cupy.cuda.Device().synchronize()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def column_pieces(p):  # separate C pieces (a strided C cannot be a gemmEx output here)
+    w = n // p
+    for j in range(p):
+        be.gemm(1.0, a, b[:, j * w:(j + 1) * w], cols[p][j], beta=0.0)
+
+
+def row_pieces(p):
+    h = m // p
+    for i in range(p):
+        be.gemm(1.0, a[i * h:(i + 1) * h], b, c[i * h:(i + 1) * h], beta=0.0)
+
+
+def k_pieces(p):
+    w = k // p
+    for i in range(p):
+        be.gemm(1.0, a[:, i * w:(i + 1) * w], b[i * w:(i + 1) * w], c, beta=0.0 if i == 0 else 1.0)
+
+
+cases = [("one GEMM", lambda: be.gemm(1.0, a, b, c, beta=0.0)),
+         ("cupy.matmul", lambda: cupy.matmul(a, b, out=c))]
+cases += [(f"{p} column pieces", lambda p=p: column_pieces(p)) for p in (2, 4)]
+cases += [(f"{p} row pieces", lambda p=p: row_pieces(p)) for p in (2, 4)]
+cases += [(f"{p} K pieces", lambda p=p: k_pieces(p)) for p in (2, 8)]
+flops = 2.0 * m * n * k
+print(f"{m} x {n} x {k} {dtype.name}, TFLOP/s")
+for name, fn in cases:
+    print(f"{name:18s} {flops / best(fn) / 1e12:7.1f}", flush=True)
