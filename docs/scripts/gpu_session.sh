@@ -20,6 +20,7 @@
 #   STAGE=ipcopen docs/scripts/gpu_session.sh    # issue 3: cudaIpcOpenMemHandle cost by size
 #   STAGE=sustained docs/scripts/gpu_session.sh  # one GPU: GEMM rate against data, over time
 #   STAGE=x2check docs/scripts/gpu_session.sh    # 2 GPUs: MPI tests, ipc open, host-resident
+#   STAGE=layout docs/scripts/gpu_session.sh     # GEMM rate by operand layout; XLA's layouts
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -208,6 +209,14 @@ oocfix)  # the ipc push broadcasts' refill race out of core: GPU tests and the f
         -k "out_of_core or every_comm"
     LIMIT=100 run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 --dtype float64 \
         --comm ipc --out-of-core --check --repeat 2 --timeout 60 --json "$OUT/oocipc.jsonl"
+    ;;
+layout)  # issues 3, 8: GEMM rate against operand layout; the layouts XLA gives JAX's matmul
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false
+    LIMIT=120 run python3 docs/scripts/layout_probe.py float64 float32
+    XLA_FLAGS="--xla_dump_to=$OUT/xla --xla_dump_hlo_as_text" LIMIT=90 run python3 \
+        docs/scripts/compare_peers.py --size 32768 --dtype float64 --gpus 2 --repeat 1 --peers jax
+    run bash -c "grep -h -E 'custom-call|all-gather|dot\\(' $OUT/xla/*after_optimizations.txt \
+        | grep -v threefry | cut -c1-900 | sort -u | head -20"
     ;;
 ipcopen)  # issue 3: the cost of opening a peer's memory against its size (ipc's set-up)
     LIMIT=60 run $MPI -np 2 python3 docs/scripts/ipc_open_probe.py
