@@ -4,13 +4,14 @@ For each panel of the inner dimension the grid column owning A's panel
 broadcasts it along the grid rows, the grid row owning B's panel broadcasts it
 along the grid columns, and every rank accumulates ``C_local += alpha * A_p @ B_p``.
 With lookahead ``L`` the broadcasts of the next ``L`` panels are in flight while
-the current panel's GEMM runs.
+the current panel's GEMM runs. Broadcasts start in the same order on every
+rank; a rank multiplies the panels it holds first where that lets all its
+receives start at once (:func:`_own_first`), and with direct copies (ipc).
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field, asdict
 
 import numpy as np
@@ -167,8 +168,10 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
         panels = panels[:1]  # one rank: a single GEMM over all of K, nothing to overlap
     else:
         # The head splits on GPUs whatever the lookahead, so that the summation
-        # order, and so the bits, never depend on it.
-        panels = _order(panels, grid, direct, backend.name == "cupy")
+        # order, and so the bits, never depend on it; but only where a rank has
+        # no panel of its own to multiply while the first one is on its way.
+        panels = _order(panels, grid, direct, backend.name == "cupy"
+                        and _someone_waits_first(panels, grid, A, B, direct, lookahead))
     stats = SummaStats(panels=len(panels), panel_width=panel_width, comm=row_bc.name,
                        lookahead=lookahead, extra={"panel_width_measured": measured})
 
@@ -221,12 +224,13 @@ def _export(grid, backend, row_bc, col_bc, a_block, b_block) -> tuple[bool, bool
 def _order(panels, grid, direct, split_head: bool) -> list:
     """This rank's order of the SUMMA steps.
 
-    Broadcasts pair up across ranks, so every rank takes the panels in the
-    same order, the first one in pieces when `split_head` (GPUs: with lookahead
-    the first broadcast overlaps no GEMM; in pieces, the first GEMM starts
-    after a fraction of it). Direct copies (ipc) pair with nothing, so a rank first
-    multiplies the panels it holds itself, which hides its set-up, and only
-    splits the head when that one has to be fetched.
+    Broadcasts pair up across ranks, so every rank starts them in the same
+    order, the first one in pieces when `split_head` (a rank with nothing of
+    its own to multiply meanwhile then starts after a fraction of it); the
+    GEMMs of panels a rank holds go first anyway (:func:`_steps`). Direct copies
+    (ipc) pair with nothing, so a rank first multiplies the panels it holds
+    itself, which hides its set-up, and only splits the head when that one has
+    to be fetched.
     """
     if any(direct):
         panels = sorted(panels, key=lambda p: _fetched(p, grid, direct))
@@ -273,6 +277,46 @@ def _hides_connect(panels, grid, local_shape, dtype, precision, block_bytes) -> 
     return grid.comm.allreduce(margin, op=MPI.MIN) >= 0
 
 
+def _held(p, grid, A, B, direct) -> bool:
+    """Does this rank multiply panel `p` where it lies, with nothing to receive
+    or pack: its own parts, contiguous or read in place by direct copies, or
+    parts along a grid row/column of one rank?"""
+    a_part, b_part = local_parts(A, B, p)
+
+    def here(part, root, me, size, reads):
+        return size == 1 or (me == root and (reads or part.flags.c_contiguous))
+    return (here(a_part, p.a_root, grid.col, grid.shape[1], direct[0])
+            and here(b_part, p.b_root, grid.row, grid.shape[0], direct[1]))
+
+
+#: Most panels a rank may receive and still multiply its own ones first: all
+#: its receives must start at once, into the two slots of the default lookahead.
+OWN_FIRST_RECEIVES = 2
+
+
+def _own_first(panels, grid, A, B, direct, lookahead) -> list:
+    """The panels this rank multiplies before all others (:func:`_steps`): the
+    ones it holds, where lookahead is on and it receives at most
+    :data:`OWN_FIRST_RECEIVES` panels, whose broadcasts then all start at once;
+    else none (the common order). With more to receive than slots, a receive
+    would wait for a GEMM of the common order while this rank's GEMMs went
+    another way, and the peers' sends behind it on the broadcaster's stream
+    with it. The rule does not depend on the lookahead's depth, so neither do
+    the bits (lookahead 0 aside)."""
+    held = [i for i, p in enumerate(panels) if _held(p, grid, A, B, direct)]
+    if lookahead >= 1 and held and len(panels) - len(held) <= OWN_FIRST_RECEIVES:
+        return held
+    return []
+
+
+def _someone_waits_first(panels, grid, A, B, direct, lookahead) -> bool:
+    """Collective: does any rank's first GEMM wait for a broadcast (neither its
+    own panels first nor the first panel its own)?"""
+    mine = not (_own_first(panels, grid, A, B, direct, lookahead)
+                or (panels and _held(panels[0], grid, A, B, direct)))
+    return grid.comm.allreduce(mine, op=MPI.LOR)
+
+
 def _fetched(p, grid, direct) -> int:
     """How many of panel `p`'s two parts this rank copies from another rank."""
     return int(direct[0] and p.a_root != grid.col) + int(direct[1] and p.b_root != grid.row)
@@ -311,12 +355,17 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
             extra["connect_seconds"] = time.perf_counter() - t0
             connected = True
 
+    # The operands' values, which a root's sends from its own block wait for
+    # (instead of every GEMM queued before them).
+    operands = C.backend.record_event()
+
     def panel(local_panel, bufs, shape, root, me, broadcaster, slot, region, direct):
         # The owner multiplies (and, where it is contiguous, broadcasts) its
         # panel where it lies; GEMM takes row-strided views, so a grid row or
         # column of one rank never copies at all.
-        if me == root and (direct or broadcaster.comm.Get_size() == 1
-                           or local_panel.flags.c_contiguous):
+        own = me == root and (direct or broadcaster.comm.Get_size() == 1
+                              or local_panel.flags.c_contiguous)
+        if own:
             view = local_panel
         else:
             view = bufs[slot][: shape[0] * shape[1]].reshape(shape)
@@ -324,6 +373,8 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
                 view[...] = local_panel
         if direct:
             return view, broadcaster.iget(view, root, *region, after=slot_free[slot])
+        if own:
+            return view, broadcaster.ibcast(view, root, slot, ready=operands, own=True)
         return view, broadcaster.ibcast(view, root, slot)
 
     def finished(i):
@@ -349,7 +400,9 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
     hold = next((j for j, p in enumerate(panels) if _fetched(p, grid, direct)),
                 len(panels)) if readers else 0
     try:
-        _steps(alpha, C, panels, depth, hold, start, finished, marks, precision, progress)
+        held = _own_first(panels, grid, A, B, direct, lookahead)
+        _steps(alpha, C, panels, depth, hold, start, finished, marks, precision, progress,
+               held, lambda i: local_parts(A, B, panels[i]))
         connect()  # every rank takes part, even one that fetched nothing
     except BaseException:
         for bc in readers:  # the peers may be gone: close what this rank opened, no barrier
@@ -363,33 +416,85 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
 
 
 def _steps(alpha, C, panels, depth, hold, start, finished, marks, precision,
-           progress) -> None:
-    """Run the SUMMA steps: `start(i)` queues panel i's broadcasts `depth` steps
-    ahead of its GEMM, except that panels from `hold` on start only once the
-    GEMMs before `hold` are queued; `finished(i)` runs when GEMM i is queued."""
+           progress, held=(), views=None) -> None:
+    """Run the SUMMA steps.
+
+    `start(i)` queues panel i's broadcasts, in list order (the order every rank
+    shares), into slot ``i % depth``, which panel ``i - depth`` must have left:
+    its GEMM queued, or, for a panel in `held` (multiplied where it lies, on
+    views ``views(i)``; its slot carries only what this rank sends), its
+    sends settled (:func:`_settle`). The GEMMs of `held` panels go
+    first, in list order, as they wait for nothing; then the others in list
+    order, `depth` steps behind their broadcasts. Panels from `hold` on start
+    only once the GEMMs before `hold` are queued (direct copies hide their
+    set-up behind those). `finished(i)` runs when GEMM i is queued. The order
+    depends only on the panels and `held`, not on `depth`.
+    """
     backend, grid = C.backend, C.grid
+    n = len(panels)
+    first = set(held)
+    order = sorted(first) + [i for i in range(n) if i not in first]
+    inflight: dict = {}  # started, and not done with: GEMM to come, or a held one's sends
+    multiplied: set = set()
+    started = 0
 
-    def ahead(i):  # how many panels have started before GEMM i is queued
-        return min(hold if i < hold else i + depth, len(panels))
+    def vacate(j) -> bool:
+        """Make panel j's slot free for panel ``j + depth``; False if not yet."""
+        if j not in inflight:
+            return True  # before the first panel, or done with
+        if j not in first:
+            return False  # its GEMM comes later
+        _settle(*inflight.pop(j)[2:])  # a held panel's sends: no stream waits for them
+        return True
 
-    inflight = deque(start(j) for j in range(ahead(0)))
-    started = len(inflight)
-    for i in range(len(panels)):
-        a, b, ra, rb = inflight.popleft()
-        if i == 1:
+    def start_more(need: int = -1) -> None:
+        """Start the panels up to `need`, and then more while slots are free."""
+        nonlocal started
+        while started < n:
+            if started > need and started >= hold > len(multiplied):
+                return
+            if not vacate(started - depth):
+                if started > need:
+                    return
+                # Cannot happen: every panel before `need` has had its GEMM.
+                raise RuntimeError(f"SUMMA schedule: panel {need} needs a slot still in use")
+            inflight[started] = start(started)
+            started += 1
+
+    start_more()
+    for step, i in enumerate(order):
+        if i in first:  # multiplied where it lies; its sends go out in list order
+            a, b = views(i)
+        else:
+            start_more(need=i)
+            a, b, ra, rb = inflight.pop(i)
+        if step == 1:
             inject("summa")
-        wait_for_panel(i, panels[i], ra, rb, grid)
+        if i not in first:
+            wait_for_panel(i, panels[i], ra, rb, grid)
         marks.append(backend.timing_mark())
         backend.gemm(alpha, a, b, C.local, precision=precision)
         marks.append(backend.timing_mark())
+        multiplied.add(i)
         finished(i)
         if progress is not None:
-            progress(i + 1, len(panels))
+            progress(step + 1, n)
         # Refilling the slot just used: on the GPU, queue order (compute
         # stream, or the broadcaster waiting on it) puts this after the GEMM.
-        while started < ahead(i + 1):
-            inflight.append(start(started))
-            started += 1
+        start_more()
+    start_more(n - 1)
+    for j in sorted(inflight):  # the held panels' last sends
+        _settle(*inflight.pop(j)[2:])
+
+
+def _settle(*sends) -> None:
+    """Complete the broadcasts a rank sent from its own block: host requests
+    (MPI) finish here; device ones need no stream to wait, since that block is
+    never rewritten (waiting would tie this rank's GEMMs to the receivers'
+    progress)."""
+    for pending in sends:
+        with watch("a broadcast this rank sends to finish"):
+            pending.settle()
 
 
 def local_parts(A: DistMatrix, B: DistMatrix, p) -> tuple:

@@ -91,6 +91,9 @@ class _Pending:
             self._owner._seconds += time.perf_counter() - t0
         self._requests = self._finish = None
 
+    #: Completing a send whose buffer is never rewritten: the same as wait().
+    settle = wait
+
 
 class HostStagedBroadcaster(_HostTimed):
     """Broadcast through MPI from host memory.
@@ -126,11 +129,15 @@ class HostStagedBroadcaster(_HostTimed):
             self._staging[slot] = buf
         return buf[:nbytes]
 
-    def ibcast(self, buf, root: int, slot: int = 0, ready=None) -> _Pending:
+    def ibcast(self, buf, root: int, slot: int = 0, ready=None, own: bool = False) -> _Pending:
         """Start broadcasting `buf` from `root`; return a handle to ``wait()`` on.
 
         `ready`, a CUDA event, is recorded where the root's `buf` is filled
-        outside the compute stream (out-of-core uploads); None otherwise.
+        outside the compute stream (out-of-core uploads, or the operands'
+        values before a multiply); None otherwise. `own` (on the root): `buf`
+        is the root's stored block, which nothing writes during the multiply,
+        so device broadcasters wait for `ready` only, not for the GEMMs queued
+        so far. (This one stages through the host and ignores it.)
         """
         if self.comm.Get_size() == 1:
             return _Pending(None)
@@ -190,6 +197,12 @@ class _DevicePending:
             cupy.cuda.get_current_stream().wait_event(self._done)
             self._done = None
 
+    def settle(self) -> None:
+        """Complete a send from a buffer that is never rewritten (a root's own
+        block): nothing to do on the host, and no stream has to wait for it;
+        the multiply's final synchronize covers it."""
+        self._done = None
+
 
 class NcclBroadcaster(_DeviceTimed):
     """Broadcast CuPy buffers with NCCL on a stream of its own.
@@ -197,7 +210,8 @@ class NcclBroadcaster(_DeviceTimed):
     The NCCL communicator spans the ranks of `comm`; its id travels over `comm`.
     A broadcast first waits (on the GPU) for everything already queued on the
     compute stream, which covers both the root filling the buffer and earlier
-    GEMMs still reading it; the handle then orders later GEMMs after it.
+    GEMMs still reading it (a root sending its own block waits only for the
+    operands' values); the handle then orders later GEMMs after it.
     """
 
     name = "nccl"
@@ -216,12 +230,13 @@ class NcclBroadcaster(_DeviceTimed):
             uid = comm.bcast(uid, root=0)
             self._nccl = nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
 
-    def ibcast(self, buf, root: int, slot: int = 0, ready=None):
+    def ibcast(self, buf, root: int, slot: int = 0, ready=None, own: bool = False):
         if self._nccl is None:
             return _Pending(None)
         import cupy
         from cupy.cuda import nccl
-        self.stream.wait_event(self.backend.record_event())
+        if not (own and self.comm.Get_rank() == root):  # see HostStagedBroadcaster.ibcast
+            self.stream.wait_event(self.backend.record_event())
         if ready is not None:
             self.stream.wait_event(ready)
         begin = cupy.cuda.Event()
@@ -253,7 +268,7 @@ class CudaAwareBroadcaster(_HostTimed):
             raise ValueError("the cuda-aware broadcaster needs the cupy backend")
         self.comm, self.backend = comm, backend
 
-    def ibcast(self, buf, root: int, slot: int = 0, ready=None) -> _Pending:
+    def ibcast(self, buf, root: int, slot: int = 0, ready=None, own: bool = False) -> _Pending:
         if self.comm.Get_size() == 1:
             return _Pending(None)
         t0 = time.perf_counter()

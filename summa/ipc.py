@@ -167,7 +167,7 @@ class IpcBroadcaster(_DeviceTimed):
             current = self._slots[slot] = _Slot(self.comm, nbytes)
         return current
 
-    def ibcast(self, buf, root: int, slot: int = 0, ready=None):
+    def ibcast(self, buf, root: int, slot: int = 0, ready=None, own: bool = False):
         if self.comm.Get_size() == 1:
             return _Pending(None)
         import cupy
@@ -181,7 +181,8 @@ class IpcBroadcaster(_DeviceTimed):
                 for rank, done in enumerate(s.peer_done):
                     if rank != root:
                         rt.streamWaitEvent(self.stream.ptr, done, 0)
-            self.stream.wait_event(self.backend.record_event())  # the panel is filled
+            if not own:  # the panel is filled (a block of its own is, before the multiply)
+                self.stream.wait_event(self.backend.record_event())
             if ready is not None:
                 self.stream.wait_event(ready)
             begin.record(self.stream)

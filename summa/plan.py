@@ -14,7 +14,9 @@ GEMM runs on the device while NCCL or MPI moves data), the next panel's
 broadcasts hide behind the current GEMM: ``T = t_b + s * (max(S t_c, t_b) + o)``
 (one broadcast fills the pipeline), where ``S >= 1`` is how much slower a GEMM
 runs beside a broadcast (NCCL's kernels take SMs; calibrated per broadcaster as
-``gemm_slowdown``, 1 where absent). Without lookahead, or on CPU ranks where
+``gemm_slowdown``, 1 where absent). On a ``Pr x 1`` grid where a rank receives
+at most two panels it multiplies its own ``s_o`` first while all broadcasts run:
+``T = max(s_o S t_c, s t_b) + (s - s_o) t_c + s o``. Without lookahead, or on CPU ranks where
 MPI progresses only while the rank is inside MPI, ``T = s * (t_c + t_b + o)``.
 ``o`` is the per-panel overhead (loop, panel copies, synchronisation) fitted by
 calibration for that rank count. One rank does a single GEMM:
@@ -198,7 +200,14 @@ def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
     t_b = (profile.bcast_seconds(ml * nb * itemsize, pc, comm)
            + profile.bcast_seconds(nb * nl * itemsize, pr, comm))
     overhead = profile.panel_overhead(p)
-    if lookahead > 0 and profile.overlaps(comm):
+    from .algorithm import OWN_FIRST_RECEIVES
+    own = -(-(-(-k // pr)) // nb) if pc == 1 and pr > 1 else 0  # panels of its own B rows
+    if lookahead > 0 and profile.overlaps(comm) and 0 < steps - own <= OWN_FIRST_RECEIVES:
+        # Each rank multiplies its own panels first while every broadcast runs.
+        shared = profile.gemm_slowdown(comm, max(pr, pc))
+        seconds = max(own * shared * t_c, steps * t_b) + (steps - own) * t_c \
+            + steps * overhead
+    elif lookahead > 0 and profile.overlaps(comm):
         shared = profile.gemm_slowdown(comm, max(pr, pc))
         seconds = t_b + steps * (max(shared * t_c, t_b) + overhead)
     else:

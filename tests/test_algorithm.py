@@ -103,6 +103,41 @@ def test_lookahead_depth_gives_identical_bits(comm, backend, which):
             assert np.array_equal(r, results[0])
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("k", [16, 11, 40])
+@pytest.mark.parametrize("lookahead", [0, 1, 3])
+def test_own_panels_go_first_where_every_receive_starts_at_once(comm, rng, monkeypatch, k,
+                                                               lookahead):
+    """On a grid column (P x 1) a rank holds its B rows' panels: it multiplies
+    them first when lookahead is on and it receives at most two panels (all of
+    whose broadcasts then start at once); otherwise in the common order. The
+    product is right either way, and the same bits for every lookahead >= 1."""
+    from summa.algorithm import OWN_FIRST_RECEIVES
+    from summa.backend import get_backend
+    backend = get_backend("numpy")
+    a, b = random_array(rng, (9, k), "float64"), random_array(rng, (k, 7), "float64")
+    with make_grid(comm, "col") as grid:
+        A, B = distribute(a, grid, backend), distribute(b, grid, backend)
+        panels = panel_schedule(A.layout.cols, B.layout.rows, 4)
+        own = [q.b_root == grid.row for q in panels]
+        seen = []
+        real_gemm = backend.gemm
+        monkeypatch.setattr(backend, "gemm", lambda alpha, x, y, *rest, **kw: (
+            seen.append(np.shares_memory(y, B.local)), real_gemm(alpha, x, y, *rest, **kw))[1])
+        c = matmul(A, B, panel_width=4, lookahead=lookahead).gather()
+        monkeypatch.setattr(backend, "gemm", real_gemm)
+        again = matmul(A, B, panel_width=4, lookahead=5).gather()
+    receives = own.count(False)
+    if lookahead >= 1 and 0 < receives <= OWN_FIRST_RECEIVES:
+        assert seen == sorted(own, reverse=True)  # own panels, then the received ones
+    else:
+        assert seen == own  # the common order
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b) <= 1
+        if lookahead >= 1:
+            assert np.array_equal(c, again)
+
+
 @pytest.mark.mpi(min_size=1)
 def test_stats_are_filled(comm, backend):
     with make_grid(comm, "auto") as grid:
@@ -200,7 +235,7 @@ class WindowReader:
             buf[...] = self.blocks[root][rows, cols]
         return _Done()
 
-    def ibcast(self, buf, root, slot=0):
+    def ibcast(self, buf, root, slot=0, ready=None, own=False):
         if self.comm.Get_size() > 1:  # a grid row/column of one has nothing to move
             self.calls.append("ibcast")
             self.comm.Bcast(buf, root)  # paired, as NCCL's
@@ -219,6 +254,9 @@ class WindowReader:
 
 
 class _Done:
+    def settle(self):
+        pass
+
     def wait(self):
         pass
 

@@ -42,6 +42,24 @@ def test_lookahead_hides_broadcasts_and_without_it_they_add_up():
     assert cpu_like.seconds == pytest.approx(without.seconds)
 
 
+def test_own_panels_first_leave_no_pipeline_fill():
+    """2 x 1 grid, 4 panels: each rank multiplies its own 2 while all 4
+    broadcasts run, then the 2 it received; without lookahead, the sum."""
+    prof = make_profile()
+    m = 16384
+    pred = predict(prof, m, m, m, "float64", (2, 1), 4096)
+    t_c, t_b = pred.panel_compute, pred.panel_comm
+    assert pred.panels == 4
+    assert pred.seconds == pytest.approx(max(2 * t_c, 4 * t_b) + 2 * t_c)
+    assert pred.seconds < t_b + 4 * max(t_c, t_b)  # the common order's fill is gone
+    assert predict(prof, m, m, m, "float64", (2, 1), 4096, lookahead=0).seconds == \
+        pytest.approx(4 * (t_c + t_b))
+    # a 1 x 2 grid packs its A panels: the common order, with its fill
+    row = predict(prof, m, m, m, "float64", (1, 2), 4096)
+    assert row.seconds == pytest.approx(row.panel_comm + 4 * max(row.panel_compute,
+                                                                 row.panel_comm))
+
+
 def test_gemms_slowed_beside_broadcasts_lengthen_each_step():
     prof = make_profile()
     m = 32768
