@@ -297,14 +297,16 @@ OWN_FIRST_RECEIVES = 2
 def _own_first(panels, grid, A, B, direct, lookahead) -> list:
     """The panels this rank multiplies before all others (:func:`_steps`): the
     ones it holds, where lookahead is on and it receives at most
-    :data:`OWN_FIRST_RECEIVES` panels, whose broadcasts then all start at once;
-    else none (the common order). With more to receive than slots, a receive
-    would wait for a GEMM of the common order while this rank's GEMMs went
-    another way, and the peers' sends behind it on the broadcaster's stream
-    with it. The rule does not depend on the lookahead's depth, so neither do
-    the bits (lookahead 0 aside)."""
+    :data:`OWN_FIRST_RECEIVES` panels, adjacent in the common order, so that
+    their broadcasts all start at once whatever the depth; else none (the
+    common order). Otherwise a receive would wait for a GEMM of the common
+    order while this rank's GEMMs went another way (and the peers' sends behind
+    it on the broadcaster's stream with it). The rule does not depend on the
+    lookahead's depth, so neither do the bits (lookahead 0 aside)."""
     held = [i for i, p in enumerate(panels) if _held(p, grid, A, B, direct)]
-    if lookahead >= 1 and held and len(panels) - len(held) <= OWN_FIRST_RECEIVES:
+    received = [i for i in range(len(panels)) if i not in set(held)]
+    adjacent = len(received) < 2 or received[-1] - received[0] == len(received) - 1
+    if lookahead >= 1 and held and len(received) <= OWN_FIRST_RECEIVES and adjacent:
         return held
     return []
 

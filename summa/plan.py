@@ -14,7 +14,7 @@ GEMM runs on the device while NCCL or MPI moves data), the next panel's
 broadcasts hide behind the current GEMM: ``T = t_b + s * (max(S t_c, t_b) + o)``
 (one broadcast fills the pipeline), where ``S >= 1`` is how much slower a GEMM
 runs beside a broadcast (NCCL's kernels take SMs; calibrated per broadcaster as
-``gemm_slowdown``, 1 where absent). On a ``Pr x 1`` grid where a rank receives
+``gemm_slowdown``, 1 where absent). On a ``2 x 1`` grid where a rank receives
 at most two panels it multiplies its own ``s_o`` first while all broadcasts run:
 ``T = max(s_o S t_c, s t_b) + (s - s_o) t_c + s o``. Without lookahead, or on CPU ranks where
 MPI progresses only while the rank is inside MPI, ``T = s * (t_c + t_b + o)``.
@@ -201,7 +201,9 @@ def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
            + profile.bcast_seconds(nb * nl * itemsize, pr, comm))
     overhead = profile.panel_overhead(p)
     from .algorithm import OWN_FIRST_RECEIVES
-    own = -(-(-(-k // pr)) // nb) if pc == 1 and pr > 1 else 0  # panels of its own B rows
+    # Own panels first (summa.algorithm._own_first): on 2 x 1, each rank's
+    # received panels are adjacent; with more ranks a middle one's are not.
+    own = -(-(-(-k // pr)) // nb) if (pr, pc) == (2, 1) else 0  # panels of its own B rows
     if lookahead > 0 and profile.overlaps(comm) and 0 < steps - own <= OWN_FIRST_RECEIVES:
         # Each rank multiplies its own panels first while every broadcast runs.
         shared = profile.gemm_slowdown(comm, max(pr, pc))
