@@ -21,6 +21,7 @@
 #   STAGE=sustained docs/scripts/gpu_session.sh  # one GPU: GEMM rate against data, over time
 #   STAGE=x2check docs/scripts/gpu_session.sh    # 2 GPUs: MPI tests, ipc open, host-resident
 #   STAGE=layout docs/scripts/gpu_session.sh     # GEMM rate by operand layout; XLA's layouts
+#   STAGE=ownfirst docs/scripts/gpu_session.sh   # own panels first under NCCL; 2-GPU suite
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -209,6 +210,21 @@ oocfix)  # the ipc push broadcasts' refill race out of core: GPU tests and the f
         -k "out_of_core or every_comm"
     LIMIT=100 run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 --dtype float64 \
         --comm ipc --out-of-core --check --repeat 2 --timeout 60 --json "$OUT/oocipc.jsonl"
+    ;;
+ownfirst)  # issues 3, 8: own panels first under NCCL (small N), the 2-GPU suite, JAX alongside
+    SUMMA_TEST_BACKEND=cupy LIMIT=200 run $MPI -np 2 python3 -m pytest -q -p no:cacheprovider \
+        --with-mpi -m mpi tests
+    for args in "--size 16384 --dtype float32 --precision tf32" "--size 16384 --dtype float32" \
+                "--size 32768 --dtype float32" "--size 8192 --dtype float64" \
+                "--size 16384 --dtype float64"; do
+        for la in 0 1; do  # lookahead 0: the common order, no overlap (the reference)
+            LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy $args --comm nccl \
+                --lookahead $la --check --repeat 3 --timeout 60 --json "$OUT/ownfirst.jsonl"
+        done
+    done
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false
+    LIMIT=120 run python3 docs/scripts/compare_peers.py --size 16384 --dtype float32 \
+        --precision tf32 --gpus 2 --repeat 2 --peers summa,cupy,jax --json "$OUT/peers.jsonl"
     ;;
 layout)  # issues 3, 8: GEMM rate against operand layout; the layouts XLA gives JAX's matmul
     export XLA_PYTHON_CLIENT_PREALLOCATE=false
