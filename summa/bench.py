@@ -112,6 +112,21 @@ def _memory_mode(args, backend, grid, shape, dtype, width, out) -> int | None:
     return budget
 
 
+def _rank_line(r: dict) -> str:
+    """One rank's split of the time (and device memory) for the bench report."""
+    line = (f"  rank {r['rank']:>3} ({r['coords'][0]},{r['coords'][1]}): compute "
+            f"{r['compute']:.4f} s, broadcasts {r['comm_seconds']:.4f} s, exposed "
+            f"{r['wait']:.4f} s")
+    if r.get("head_seconds") is not None:  # out of core: where the GPU waited
+        line += (f" (GPU idle {r['head_seconds']:.4f} s before the first GEMM, "
+                 f"{r['tail_seconds']:.4f} s after the last)")
+    if r["reserved_bytes"]:
+        line += (f", device memory {r['memory_bytes'] / 2**30:.2f} GiB in use, "
+                 f"{r['reserved_bytes'] / 2**30:.2f} GiB pool, grew "
+                 f"{r['pool_growth_bytes']} B after the first call")
+    return line
+
+
 def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     backend = agree_backend(comm, args.backend)
     try:
@@ -207,6 +222,8 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                                          local_shape=list(C.local.shape),
                                          connect_seconds=best_stats.extra.get("connect_seconds"),
                                          release_seconds=best_stats.extra.get("release_seconds"),
+                                         head_seconds=best_stats.extra.get("head_seconds"),
+                                         tail_seconds=best_stats.extra.get("tail_seconds"),
                                          **{key: getattr(best_stats, key)
                                             for key in ("seconds", "compute", "wait",
                                                         "comm_seconds")}), root=0)
@@ -271,12 +288,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
         print(f"memory plan: {plan.device_bytes / 2**30:.2f} GiB of device memory per rank "
               f"(largest rank; measured pool below)", file=out)
     for r in per_rank:
-        print(f"  rank {r['rank']:>3} ({r['coords'][0]},{r['coords'][1]}): compute "
-              f"{r['compute']:.4f} s, broadcasts {r['comm_seconds']:.4f} s, exposed "
-              f"{r['wait']:.4f} s" + (f", device memory {r['memory_bytes'] / 2**30:.2f} GiB in "
-                                      f"use, {r['reserved_bytes'] / 2**30:.2f} GiB pool, grew "
-                                      f"{r['pool_growth_bytes']} B after the first call"
-                                      if r["reserved_bytes"] else ""), file=out)
+        print(_rank_line(r), file=out)
     if args.json:
         with open(args.json, "a") as fh:
             fh.write(json.dumps(record) + "\n")

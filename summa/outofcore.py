@@ -107,13 +107,15 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     finally:
         mover.close()
     stats.seconds = time.perf_counter() - t0
+    head, tail = mover.phases()
     stats.compute = mover.compute_seconds()
     stats.wait = max(0.0, stats.seconds - stats.compute)
     stats.comm_seconds = row_bc.take_seconds() + col_bc.take_seconds()
     stats.extra.update({"out_of_core": True, "tile": list(plan.tile), "tiles": list(plan.tiles),
                         "chunk": plan.chunk, "device_budget": device_budget,
                         "device_bytes_planned": plan.device_bytes,
-                        "transfer_bytes": mover.moved, "staged_copies": mover.staged})
+                        "transfer_bytes": mover.moved, "staged_copies": mover.staged,
+                        "head_seconds": head, "tail_seconds": tail})
     return stats
 
 
@@ -230,6 +232,9 @@ class _HostMover:
     def finish(self) -> None:
         pass
 
+    def phases(self) -> tuple:
+        return None, None  # host copies are synchronous: nothing waits at either end
+
     def compute_seconds(self) -> float:
         return self._seconds
 
@@ -257,6 +262,7 @@ class _CudaMover:
         self.down = cupy.cuda.Stream(non_blocking=True)
         self.written: dict[int, object] = {}  # C buffer -> event of its last write-back
         self.marks: list = []
+        self.begin, self.end = device.timing_mark(), None  # the sweep's two ends
 
     def pin(self, array: np.ndarray) -> bool:
         return _register(self.xp, array)
@@ -341,9 +347,21 @@ class _CudaMover:
         self.written[buf] = self._event(self.down)
 
     def finish(self) -> None:
+        self.down.wait_event(self.device.record_event())
+        self.end = self.xp.cuda.Event()
+        self.end.record(self.down)  # after the last GEMM and the last write-back
         self.device.synchronize()
         self.up.synchronize()
         self.down.synchronize()
+
+    def phases(self) -> tuple:
+        """Device seconds before the first GEMM (the first panels' uploads and
+        broadcasts) and after the last (the last write-back), where the GPU
+        waits at either end of the sweep; None where there was no GEMM."""
+        if not self.marks or self.end is None:
+            return None, None
+        return (self.device.elapsed(self.begin, self.marks[0]),
+                self.device.elapsed(self.marks[-1], self.end))
 
     def compute_seconds(self) -> float:
         marks, self.marks = self.marks, []
