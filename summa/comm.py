@@ -116,6 +116,13 @@ class HostStagedBroadcaster(_HostTimed):
         self.comm, self.backend = comm, backend
         self._staging: dict[int, np.ndarray] = {}
         self._copies: dict[int, object] = {}  # slot -> event of its last host-to-device copy
+        self._side = None  # stream for copying out a root's own block
+
+    def _side_stream(self):
+        if self._side is None:
+            import cupy
+            self._side = cupy.cuda.Stream(non_blocking=True)
+        return self._side
 
     def _stage(self, slot: int, nbytes: int) -> np.ndarray:
         # The copy out of this staging buffer may still be queued on the GPU:
@@ -152,8 +159,9 @@ class HostStagedBroadcaster(_HostTimed):
         if is_root:
             if ready is not None:
                 ready.synchronize()
-            # get() synchronizes the stream, so MPI reads finished data.
-            _as_bytes(buf).get(out=host)
+            # get() synchronizes the stream, so MPI reads finished data; a root's
+            # own block is copied on a side stream, not after the GEMMs queued.
+            _as_bytes(buf).get(out=host, stream=self._side_stream() if own else None)
         reqs = _ibcast_bytes(self.comm, host, root)
         self._seconds += time.perf_counter() - t0
 
@@ -272,10 +280,12 @@ class CudaAwareBroadcaster(_HostTimed):
         if self.comm.Get_size() == 1:
             return _Pending(None)
         t0 = time.perf_counter()
-        # MPI reads and writes the buffer outside any stream: finish queued work first.
+        # MPI reads and writes the buffer outside any stream: finish queued work
+        # first (a root's own block only needs its values: `ready`).
         if ready is not None:
             ready.synchronize()
-        self.backend.synchronize()
+        if not (own and self.comm.Get_rank() == root):
+            self.backend.synchronize()
         raw = _as_bytes(buf)
         reqs = _ibcast_bytes(self.comm, raw, root)
         self._seconds += time.perf_counter() - t0
