@@ -55,6 +55,16 @@ hundred_k_f32() {
         --timeout 60 --json "$OUT/ooc.jsonl"
 }
 hundred_k() { hundred_k_f64; hundred_k_f32; }
+# The MPI tests on CuPy, one pytest run per file: a failure aborts its whole run
+# under Open MPI, and must not hide the files after it.
+mpi_tests() {  # ranks
+    for f in tests/test_*.py; do
+        SUMMA_TEST_BACKEND=cupy LIMIT=150 run $MPI -np "$1" python3 -m pytest -q \
+            -p no:cacheprovider --with-mpi -m mpi "$f" > "$OUT/mpi_tests_$1_$(basename "$f").log"
+        echo "$f on $1: $(grep -a -E -o '[0-9]+ (passed|failed)[^=]*' \
+            "$OUT/mpi_tests_$1_$(basename "$f").log" | tail -1)"
+    done
+}
 case "${STAGE:-tests}" in
 tests)
     ranks=${TEST_RANKS:-1 2}  # "1" on a one-GPU machine
@@ -184,8 +194,7 @@ for i in range(0, len(rows), 8):
 PY
     ;;
 x2check)  # 2 GPUs: the MPI tests on CuPy, ipc's open cost, host-resident runs against cuBLASXt
-    export SUMMA_TEST_BACKEND=cupy
-    LIMIT=200 run $MPI -np 2 python3 -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests
+    mpi_tests 2
     LIMIT=60 run $MPI -np 2 python3 docs/scripts/ipc_open_probe.py
     for d in float64 float32; do
         LIMIT=100 run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 \
@@ -212,8 +221,7 @@ oocfix)  # the ipc push broadcasts' refill race out of core: GPU tests and the f
         --comm ipc --out-of-core --check --repeat 2 --timeout 60 --json "$OUT/oocipc.jsonl"
     ;;
 ownfirst)  # issues 3, 8: own panels first under NCCL (small N), the 2-GPU suite, JAX alongside
-    SUMMA_TEST_BACKEND=cupy LIMIT=200 run $MPI -np 2 python3 -m pytest -q -p no:cacheprovider \
-        --with-mpi -m mpi tests
+    mpi_tests 2
     for args in "--size 16384 --dtype float32 --precision tf32" "--size 16384 --dtype float32" \
                 "--size 32768 --dtype float32" "--size 8192 --dtype float64" \
                 "--size 16384 --dtype float64"; do
