@@ -4,8 +4,9 @@ XLA is free to lay out the all-gathered operand of JAX's sharded matmul as it
 likes (row- or column-major), which changes the cuBLAS call from "NN" to "NT",
 "TN" or "TT". JAX's 2-GPU float64 ran at 56 TFLOP/s per GPU where our one-GPU
 products reach 52-54; this times one rank's share of N = 32768 on a 2x1 grid
-(16384 x 32768 x 32768) with each operand stored either way (cuBLAS gemmEx,
-column-major view of row-major C), best of 3:
+(16384 x 32768 x 32768, and 32768 x 16384 x 32768 as on a 1 x 2 grid) with
+each operand stored either way (cuBLAS gemmEx, column-major view of
+row-major C), best of 3:
 
     python3 docs/scripts/layout_probe.py [dtype ...]
 """
@@ -18,7 +19,9 @@ from cupy_backends.cuda.libs import cublas
 
 from summa.backend import _GEMM_TYPES, _CUBLAS_GEMM_DEFAULT
 
-M, K, N = 16384, 32768, 32768
+K = 32768
+#: One rank's C block on a 2 x 1 grid (16384 x 32768) and on a 1 x 2 grid (32768 x 16384).
+SHAPES = ((16384, 32768), (32768, 16384))
 
 
 def best(fn, repeat=3):
@@ -35,38 +38,45 @@ def best(fn, repeat=3):
 
 def main():
     dtypes = [np.dtype(d) for d in sys.argv[1:]] or [np.dtype("float64"), np.dtype("float32")]
-    handle = cupy.cuda.device.get_cublas_handle()
-    print(f"{M} x {N} x {K}, TFLOP/s; A and B stored row-major (as given) or transposed")
-    print(f"{'dtype':8s} {'A, B':>6s} {'A, Bt':>6s} {'At, B':>6s} {'At, Bt':>6s}")
+    print(f"M x N x {K}, TFLOP/s; A and B stored row-major (as given) or transposed")
+    print(f"{'dtype':8s} {'M x N':>13s} {'A, B':>6s} {'A, Bt':>6s} {'At, B':>6s} {'At, Bt':>6s}")
     for dt in dtypes:
-        rng = cupy.random.default_rng(1)
-        a = rng.uniform(-1, 1, (M, K)).astype(dt)
-        b = rng.uniform(-1, 1, (K, N)).astype(dt)
-        stored = {"A": a, "At": cupy.ascontiguousarray(a.T), "B": b,
-                  "Bt": cupy.ascontiguousarray(b.T)}
-        c = cupy.empty((M, N), dtype=dt)
-        data_type, compute, scalar = _GEMM_TYPES[dt.char]
-        one, zero = np.array(1, dtype=scalar), np.array(0, dtype=scalar)
-        rates = []
-        for an, bn in (("A", "B"), ("A", "Bt"), ("At", "B"), ("At", "Bt")):
-            # Row-major C = A B is column-major C^T = B^T A^T (n x m): B first.
-            x, y = stored[bn], stored[an]
-            opx, ldx = (0, N) if bn == "B" else (1, K)
-            opy, ldy = (0, K) if an == "A" else (1, M)
+        for M, N in SHAPES:
+            row(dt, M, N)
 
-            def run():
-                cublas.gemmEx(handle, opx, opy, N, M, K, one.ctypes.data, x.data.ptr,
-                              data_type, ldx, y.data.ptr, data_type, ldy, zero.ctypes.data,
-                              c.data.ptr, data_type, N, compute, _CUBLAS_GEMM_DEFAULT)
-            seconds = best(run)
-            if not rates:
-                reference = c.copy()
-            else:  # the same product whatever the layout
-                assert float(abs(c - reference).max()) <= 1e-6 * K, (an, bn)
-            rates.append(2.0 * M * N * K / seconds / 1e12)
-        print(f"{dt.name:8s} " + " ".join(f"{r:6.1f}" for r in rates), flush=True)
-        del a, b, stored, c
-        cupy.get_default_memory_pool().free_all_blocks()
+
+def row(dt, M, N):
+    """Print one row: the product in each of the four layouts."""
+    handle = cupy.cuda.device.get_cublas_handle()
+    rng = cupy.random.default_rng(1)
+    a = rng.uniform(-1, 1, (M, K)).astype(dt)
+    b = rng.uniform(-1, 1, (K, N)).astype(dt)
+    stored = {"A": a, "At": cupy.ascontiguousarray(a.T), "B": b,
+              "Bt": cupy.ascontiguousarray(b.T)}
+    c = cupy.empty((M, N), dtype=dt)
+    data_type, compute, scalar = _GEMM_TYPES[dt.char]
+    one, zero = np.array(1, dtype=scalar), np.array(0, dtype=scalar)
+    rates = []
+    for an, bn in (("A", "B"), ("A", "Bt"), ("At", "B"), ("At", "Bt")):
+        # Row-major C = A B is column-major C^T = B^T A^T (n x m): B first.
+        x, y = stored[bn], stored[an]
+        opx, ldx = (0, N) if bn == "B" else (1, K)
+        opy, ldy = (0, K) if an == "A" else (1, M)
+
+        def run():
+            cublas.gemmEx(handle, opx, opy, N, M, K, one.ctypes.data, x.data.ptr,
+                          data_type, ldx, y.data.ptr, data_type, ldy, zero.ctypes.data,
+                          c.data.ptr, data_type, N, compute, _CUBLAS_GEMM_DEFAULT)
+        seconds = best(run)
+        if not rates:
+            reference = c.copy()
+        else:  # the same product whatever the layout
+            assert float(abs(c - reference).max()) <= 1e-6 * K, (an, bn)
+        rates.append(2.0 * M * N * K / seconds / 1e12)
+    print(f"{dt.name:8s} {f'{M} x {N}':>13s} " + " ".join(f"{r:6.1f}" for r in rates),
+          flush=True)
+    del a, b, stored, c
+    cupy.get_default_memory_pool().free_all_blocks()
 
 
 if __name__ == "__main__":
