@@ -237,6 +237,7 @@ ownfirst)  # issues 3, 8: own panels first under NCCL (small N), the 2-GPU suite
 layout)  # issues 3, 8: GEMM rate against operand layout; the layouts XLA gives JAX's matmul
     export XLA_PYTHON_CLIENT_PREALLOCATE=false
     LIMIT=120 run python3 docs/scripts/layout_probe.py float64 float32
+    for d in float32 float64; do LIMIT=90 run python3 docs/scripts/split_probe.py $d; done
     XLA_FLAGS="--xla_dump_to=$OUT/xla --xla_dump_hlo_as_text" LIMIT=90 run python3 \
         docs/scripts/compare_peers.py --size 32768 --dtype float64 --gpus 2 --repeat 1 --peers jax
     run bash -c "grep -h -E 'custom-call|all-gather|dot\\(' $OUT/xla/*after_optimizations.txt \

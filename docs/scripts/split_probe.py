@@ -54,12 +54,33 @@ def k_pieces(p):
         be.gemm(1.0, a[:, i * w:(i + 1) * w], b[i * w:(i + 1) * w], c, beta=0.0 if i == 0 else 1.0)
 
 
+c2 = cupy.zeros((m, n), dtype=dtype)
+
+
+def k_halves_apart():
+    """The K halves with beta = 0 into two outputs, then one add: is it beta = 1
+    (reading C) or the shorter K that costs the split?"""
+    w = k // 2
+    be.gemm(1.0, a[:, :w], b[:w], c, beta=0.0)
+    be.gemm(1.0, a[:, w:], b[w:], c2, beta=0.0)
+    c.__iadd__(c2)
+
+
+def k_halves_beta0():
+    """The second half alone with beta = 0 twice (wrong sum, same kernels): the
+    rate of two K/2 GEMMs without reading C."""
+    w = k // 2
+    be.gemm(1.0, a[:, :w], b[:w], c, beta=0.0)
+    be.gemm(1.0, a[:, w:], b[w:], c, beta=0.0)
+
+
 cases = [("one GEMM", lambda: be.gemm(1.0, a, b, c, beta=0.0)),
          ("cupy.matmul", lambda: cupy.matmul(a, b, out=c))]
 cases += [(f"{p} column pieces", lambda p=p: column_pieces(p)) for p in (2, 4)]
 cases += [(f"{p} row pieces", lambda p=p: row_pieces(p)) for p in (2, 4)]
 cases += [(f"{p} K pieces", lambda p=p: k_pieces(p)) for p in (2, 8)]
+cases += [("2 K pieces, beta 0 + add", k_halves_apart), ("2 K pieces, both beta 0", k_halves_beta0)]
 flops = 2.0 * m * n * k
 print(f"{m} x {n} x {k} {dtype.name}, TFLOP/s")
 for name, fn in cases:
-    print(f"{name:18s} {flops / best(fn) / 1e12:7.1f}", flush=True)
+    print(f"{name:26s} {flops / best(fn) / 1e12:7.1f}", flush=True)
