@@ -357,11 +357,16 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
             extra["connect_seconds"] = time.perf_counter() - t0
             connected = True
 
-    # The operands' values, which a root's sends from its own block wait for
-    # (instead of every GEMM queued before them).
+    # Panels this rank multiplies first, where they lie (none: the common order).
+    # Their sends, like every receive then, start at once: they wait only for
+    # the operands' values, not for the GEMMs queued before them. (In the common
+    # order a send waits for those, so that it starts when its receivers do and
+    # NCCL's kernels do not spin beside the GEMMs meanwhile.)
+    held = set(_own_first(panels, grid, A, B, direct, lookahead))
     operands = C.backend.record_event()
 
-    def panel(local_panel, bufs, shape, root, me, broadcaster, slot, region, direct):
+    def panel(local_panel, bufs, shape, root, me, broadcaster, slot, region, direct,
+              early):
         # The owner multiplies (and, where it is contiguous, broadcasts) its
         # panel where it lies; GEMM takes row-strided views, so a grid row or
         # column of one rank never copies at all.
@@ -375,7 +380,7 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
                 view[...] = local_panel
         if direct:
             return view, broadcaster.iget(view, root, *region, after=slot_free[slot])
-        if own:
+        if own and early:
             return view, broadcaster.ibcast(view, root, slot, ready=operands, own=True)
         return view, broadcaster.ibcast(view, root, slot)
 
@@ -391,9 +396,9 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
         a_cols = slice(p.a_offset, p.a_offset + p.width)
         b_rows = slice(p.b_offset, p.b_offset + p.width)
         a, ra = panel(a_part, a_bufs, (mloc, p.width), p.a_root, grid.col, row_bc, slot,
-                      (slice(0, mloc), a_cols), direct[0])
+                      (slice(0, mloc), a_cols), direct[0], i in held)
         b, rb = panel(b_part, b_bufs, (p.width, nloc), p.b_root, grid.row, col_bc, slot,
-                      (b_rows, slice(0, nloc)), direct[1])
+                      (b_rows, slice(0, nloc)), direct[1], i in held)
         return a, b, ra, rb
 
     # With direct copies, the GEMMs of the leading panels this rank holds are
@@ -402,7 +407,6 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
     hold = next((j for j, p in enumerate(panels) if _fetched(p, grid, direct)),
                 len(panels)) if readers else 0
     try:
-        held = _own_first(panels, grid, A, B, direct, lookahead)
         _steps(alpha, C, panels, depth, hold, start, finished, marks, precision, progress,
                held, lambda i: local_parts(A, B, panels[i]))
         connect()  # every rank takes part, even one that fetched nothing
