@@ -6,34 +6,24 @@ likes (row- or column-major), which changes the cuBLAS call from "NN" to "NT",
 products reach 52-54; this times one rank's share of N = 32768 on a 2x1 grid
 (16384 x 32768 x 32768, and 32768 x 16384 x 32768 as on a 1 x 2 grid) with
 each operand stored either way (cuBLAS gemmEx, column-major view of
-row-major C), best of 3:
+row-major C), median of 5 turns in round robin:
 
     python3 docs/scripts/layout_probe.py [dtype ...]
 """
+import os
 import sys
-import time
 
 import cupy
 import numpy as np
 from cupy_backends.cuda.libs import cublas
 
-from summa.backend import _GEMM_TYPES, _CUBLAS_GEMM_DEFAULT
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from probe_timing import round_robin  # noqa: E402
+from summa.backend import _GEMM_TYPES, _CUBLAS_GEMM_DEFAULT  # noqa: E402
 
 K = 32768
 #: One rank's C block on a 2 x 1 grid (16384 x 32768) and on a 1 x 2 grid (32768 x 16384).
 SHAPES = ((16384, 32768), (32768, 16384))
-
-
-def best(fn, repeat=3):
-    fn()
-    cupy.cuda.Device().synchronize()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        cupy.cuda.Device().synchronize()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def main():
@@ -53,29 +43,27 @@ def row(dt, M, N):
     b = rng.uniform(-1, 1, (K, N)).astype(dt)
     stored = {"A": a, "At": cupy.ascontiguousarray(a.T), "B": b,
               "Bt": cupy.ascontiguousarray(b.T)}
-    c = cupy.empty((M, N), dtype=dt)
     data_type, compute, scalar = _GEMM_TYPES[dt.char]
     one, zero = np.array(1, dtype=scalar), np.array(0, dtype=scalar)
-    rates = []
+    outputs = {key: cupy.empty((M, N), dtype=dt) for key in ("A, B", "A, Bt", "At, B", "At, Bt")}
+    cases = {}
     for an, bn in (("A", "B"), ("A", "Bt"), ("At", "B"), ("At", "Bt")):
         # Row-major C = A B is column-major C^T = B^T A^T (n x m): B first.
-        x, y = stored[bn], stored[an]
+        x, y, out = stored[bn], stored[an], outputs[f"{an}, {bn}"]
         opx, ldx = (0, N) if bn == "B" else (1, K)
         opy, ldy = (0, K) if an == "A" else (1, M)
-
-        def run():
-            cublas.gemmEx(handle, opx, opy, N, M, K, one.ctypes.data, x.data.ptr,
-                          data_type, ldx, y.data.ptr, data_type, ldy, zero.ctypes.data,
-                          c.data.ptr, data_type, N, compute, _CUBLAS_GEMM_DEFAULT)
-        seconds = best(run)
-        if not rates:
-            reference = c.copy()
-        else:  # the same product whatever the layout
-            assert float(abs(c - reference).max()) <= 1e-6 * K, (an, bn)
-        rates.append(2.0 * M * N * K / seconds / 1e12)
+        cases[f"{an}, {bn}"] = (lambda x=x, y=y, out=out, opx=opx, ldx=ldx, opy=opy, ldy=ldy:
+                                cublas.gemmEx(handle, opx, opy, N, M, K, one.ctypes.data,
+                                              x.data.ptr, data_type, ldx, y.data.ptr,
+                                              data_type, ldy, zero.ctypes.data, out.data.ptr,
+                                              data_type, N, compute, _CUBLAS_GEMM_DEFAULT))
+    seconds = round_robin(cases)
+    for key, out in outputs.items():  # the same product whatever the layout
+        assert float(abs(out - outputs["A, B"]).max()) <= 1e-6 * K, key
+    rates = [2.0 * M * N * K / seconds[key] / 1e12 for key in outputs]
     print(f"{dt.name:8s} {f'{M} x {N}':>13s} " + " ".join(f"{r:6.1f}" for r in rates),
           flush=True)
-    del a, b, stored, c
+    del a, b, stored, outputs
     cupy.get_default_memory_pool().free_all_blocks()
 
 

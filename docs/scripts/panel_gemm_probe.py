@@ -7,13 +7,15 @@ same work as K/nb accumulating GEMMs on contiguous panel copies and on strided v
     python3 docs/scripts/panel_gemm_probe.py 32768 float64 4096
 """
 
+import os
 import sys
-import time
 
 import cupy
 import numpy as np
 
-from summa.backend import CupyBackend
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from probe_timing import round_robin  # noqa: E402
+from summa.backend import CupyBackend  # noqa: E402
 
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 32768
 dtype = np.dtype(sys.argv[2] if len(sys.argv) > 2 else "float64")
@@ -27,33 +29,22 @@ c = cupy.zeros((m, n), dtype=dtype)
 flops = 2.0 * m * n * k
 
 
-def best(fn, repeat=3):
-    fn()
-    times = []
-    for _ in range(repeat):
-        cupy.cuda.Device().synchronize()
-        t0 = time.perf_counter()
-        fn()
-        cupy.cuda.Device().synchronize()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-rows = [("cupy.matmul, one GEMM", best(lambda: cupy.matmul(a, b, out=c))),
-        ("gemmEx, one GEMM", best(lambda: backend.gemm(1.0, a, b, c, beta=0.0)))]
+cases = {"cupy.matmul, one GEMM": lambda: cupy.matmul(a, b, out=c),
+         "gemmEx, one GEMM": lambda: backend.gemm(1.0, a, b, c, beta=0.0)}
 for nb in nbs:
     bufs = cupy.empty((m, nb), dtype=dtype)
 
-    def copies():
+    def copies(nb=nb, bufs=bufs):
         for k0 in range(0, k, nb):
             bufs[...] = a[:, k0:k0 + nb]
             backend.gemm(1.0, bufs, b[k0:k0 + nb], c, beta=0.0 if k0 == 0 else 1.0)
 
-    def views():
+    def views(nb=nb):
         for k0 in range(0, k, nb):
             backend.gemm(1.0, a[:, k0:k0 + nb], b[k0:k0 + nb], c, beta=0.0 if k0 == 0 else 1.0)
-    rows.append((f"{k // nb} panels nb={nb}, copied A panels", best(copies)))
-    rows.append((f"{k // nb} panels nb={nb}, strided views", best(views)))
+    cases[f"{k // nb} panels nb={nb}, copied A panels"] = copies
+    cases[f"{k // nb} panels nb={nb}, strided views"] = views
+rows = list(round_robin(cases).items())  # in turns: a cool GPU favours nothing
 print(f"m x n x k = {m} x {n} x {k} {dtype.name}")
 for label, seconds in rows:
     print(f"{label:40s} {seconds:8.4f} s {flops / seconds / 1e12:8.1f} TFLOP/s "

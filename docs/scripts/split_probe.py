@@ -2,17 +2,19 @@
 
 The per-GPU share of N = 32768 on a 2x1 grid (16384 x 32768 x 32768, float64
 by default), as one GEMM and as column, row and K pieces (cuBLAS gemmEx, the
-GEMM summa calls), best of 3:
+GEMM summa calls), median of 5 turns taken in round robin (probe_timing.py):
 
     python3 docs/scripts/split_probe.py [dtype]
 """
+import os
 import sys
-import time
 
 import cupy
 import numpy as np
 
-from summa.backend import CupyBackend
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from probe_timing import round_robin  # noqa: E402
+from summa.backend import CupyBackend  # noqa: E402
 
 dtype = np.dtype(sys.argv[1] if len(sys.argv) > 1 else "float64")
 m, k, n = 16384, 32768, 32768
@@ -22,18 +24,6 @@ a = rng.uniform(-1, 1, (m, k)).astype(dtype)
 b = rng.uniform(-1, 1, (k, n)).astype(dtype)
 c = cupy.zeros((m, n), dtype=dtype)
 cols = {p: [cupy.zeros((m, n // p), dtype=dtype) for _ in range(p)] for p in (2, 4)}
-
-
-def best(fn, repeat=3):
-    fn()
-    cupy.cuda.Device().synchronize()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        cupy.cuda.Device().synchronize()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def column_pieces(p):  # separate C pieces (a strided C cannot be a gemmEx output here)
@@ -82,5 +72,5 @@ cases += [(f"{p} K pieces", lambda p=p: k_pieces(p)) for p in (2, 8)]
 cases += [("2 K pieces, beta 0 + add", k_halves_apart), ("2 K pieces, both beta 0", k_halves_beta0)]
 flops = 2.0 * m * n * k
 print(f"{m} x {n} x {k} {dtype.name}, TFLOP/s")
-for name, fn in cases:
-    print(f"{name:26s} {flops / best(fn) / 1e12:7.1f}", flush=True)
+for name, seconds in round_robin(dict(cases)).items():
+    print(f"{name:26s} {flops / seconds / 1e12:7.1f}", flush=True)
