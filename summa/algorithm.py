@@ -145,24 +145,12 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     _check_layouts(A, B, C)
     _check_scalars(alpha, beta, C.dtype, precision, C.backend)
     backend, grid = C.backend, C.grid
-    measured = False
-    if panel_width is None:
-        panel_width = default_panel_width(backend.name, C.dtype, precision)
-    elif isinstance(panel_width, str) and panel_width == "auto":
-        if grid.size == 1:  # one rank runs a single GEMM: nothing to choose
-            panel_width = default_panel_width(backend.name, C.dtype, precision)
-        else:
-            panel_width, measured = auto_panel_width(A, B, C, precision)
-    if not isinstance(panel_width, (int, np.integer)) or panel_width < 1:
-        raise ValueError(f"panel width must be an integer >= 1 or 'auto', got {panel_width!r}")
+    panel_width, measured = _panel_width(A, B, C, panel_width, precision)
     if int(lookahead) < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
-    panel_width, lookahead = int(panel_width), int(lookahead)
+    lookahead = int(lookahead)
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
-    worth_ipc = (broadcaster != "auto" or grid.size == 1 or backend.name != "cupy"
-                 or _hides_connect(panels, grid, C.local.shape, C.dtype, precision,
-                                   (A.local.nbytes, B.local.nbytes)))
-    row_bc, col_bc = _broadcasters(grid, broadcaster, backend, direct=worth_ipc)
+    row_bc, col_bc = _pick_broadcasters(A, B, C, panels, broadcaster, precision)
     direct = _export(grid, backend, row_bc, col_bc, A.local, B.local)
     if grid.size == 1:
         panels = panels[:1]  # one rank: a single GEMM over all of K, nothing to overlap
@@ -198,6 +186,45 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     stats.wait = max(0.0, stats.seconds - stats.compute)
     stats.comm_seconds = row_bc.take_seconds() + col_bc.take_seconds()
     return stats
+
+
+def prepare(A: DistMatrix, B: DistMatrix, C: DistMatrix, panel_width=None,
+            broadcaster: str = "auto", precision: str | None = None) -> None:
+    """Set up what :func:`summa` on these operands will use, so that it then
+    times only the multiply: the broadcasters (made and self-tested once per
+    grid) and an ``"auto"`` panel width (measured once per problem). Collective.
+    """
+    width, _ = _panel_width(A, B, C, panel_width, precision)
+    _pick_broadcasters(A, B, C, panel_schedule(A.layout.cols, B.layout.rows, width),
+                       broadcaster, precision)
+
+
+def _panel_width(A, B, C, panel_width, precision) -> tuple[int, bool]:
+    """The panel width to use (the backend's default for None; measured for
+    ``"auto"``), and whether it was measured in this call."""
+    backend, grid = C.backend, C.grid
+    measured = False
+    if panel_width is None:
+        panel_width = default_panel_width(backend.name, C.dtype, precision)
+    elif isinstance(panel_width, str) and panel_width == "auto":
+        if grid.size == 1:  # one rank runs a single GEMM: nothing to choose
+            panel_width = default_panel_width(backend.name, C.dtype, precision)
+        else:
+            panel_width, measured = auto_panel_width(A, B, C, precision)
+    if not isinstance(panel_width, (int, np.integer)) or panel_width < 1:
+        raise ValueError(f"panel width must be an integer >= 1 or 'auto', got {panel_width!r}")
+    return int(panel_width), measured
+
+
+def _pick_broadcasters(A, B, C, panels, broadcaster, precision):
+    """The row and column broadcasters for these operands: with ``auto`` on
+    GPUs, direct copies (ipc) only where every rank's own GEMMs hide their
+    set-up (:func:`_hides_connect`)."""
+    grid, backend = C.grid, C.backend
+    worth_ipc = (broadcaster != "auto" or grid.size == 1 or backend.name != "cupy"
+                 or _hides_connect(panels, grid, C.local.shape, C.dtype, precision,
+                                   (A.local.nbytes, B.local.nbytes)))
+    return _broadcasters(grid, broadcaster, backend, direct=worth_ipc)
 
 
 def _direct(bc) -> bool:

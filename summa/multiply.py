@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .agree import collectively
-from .algorithm import SummaStats, _broadcasters, gemm
+from .algorithm import SummaStats, _broadcasters, gemm, prepare
 from .backend import NumpyBackend, get_backend, resolve_dtype
 from .grid import ProcessGrid, node_rank
 from .faults import inject
@@ -189,8 +189,9 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         C0 = C.copy() if check and beta != 0 else None
         # One-time costs (communicators, their self-test, the BLAS library's
         # start) are timed on their own, so "multiply" is the multiply.
-        _, record["setup_seconds"] = _timed(comm, "setup", _warm_up, pgrid, be, compute,
-                                            broadcaster, precision, budget is None)
+        _, record["setup_seconds"] = _timed(comm, "setup", _warm_up, A, B, C, be, compute,
+                                            broadcaster, precision, panel_width,
+                                            budget is None)
         stats = SummaStats()
         progress.phase("multiply", 1)
         inject("multiply")
@@ -226,9 +227,15 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
     return record
 
 
-def _warm_up(grid, backend, dtype, comm_kind, precision, in_memory: bool) -> None:
-    """Create (and self-test) the broadcasters and run one small GEMM."""
-    _broadcasters(grid, comm_kind, backend, direct=in_memory)
+def _warm_up(A, B, C, backend, dtype, comm_kind, precision, panel_width,
+             in_memory: bool) -> None:
+    """Create (and self-test) the broadcasters the multiply will use, settle an
+    "auto" panel width, and run one small GEMM. Out of core (host-resident
+    operands) broadcasts without direct copies."""
+    if in_memory:
+        prepare(A, B, C, panel_width, comm_kind, precision)
+    else:
+        _broadcasters(C.grid, comm_kind, backend, direct=False)
     x = backend.asarray(np.ones((64, 64), dtype=dtype))
     backend.gemm(1, x, x, backend.asarray(np.zeros((64, 64), dtype=dtype)), precision=precision)
     backend.synchronize()

@@ -140,6 +140,28 @@ def test_own_panels_go_first_where_every_receive_starts_at_once(comm, rng, monke
             assert np.array_equal(c, again)
 
 
+@pytest.mark.mpi(min_size=2)
+def test_prepare_leaves_the_multiply_nothing_to_set_up(comm, backend, rng):
+    """``prepare`` makes the broadcasters and measures an "auto" width, so the
+    multiply that follows (timed by ``summa multiply``) does neither."""
+    from summa.algorithm import prepare
+    a, b = random_array(rng, (40, 36), "float64"), random_array(rng, (36, 28), "float64")
+    with make_grid(comm, "auto") as grid:
+        A, B = distribute(a, grid, backend), distribute(b, grid, backend)
+        C = DistMatrix.zeros((40, 28), "float64", grid, backend)
+        assert not grid.resources
+        prepare(A, B, C, "auto")
+        made = dict(grid.resources)
+        assert made  # the broadcasters
+        stats = SummaStats()
+        gemm(A, B, C, panel_width="auto", stats=stats)
+        assert grid.resources == made
+        assert stats.extra["panel_width_measured"] is False
+        c = C.gather()
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b) <= 1
+
+
 @pytest.mark.mpi(min_size=1)
 def test_stats_are_filled(comm, backend):
     with make_grid(comm, "auto") as grid:
