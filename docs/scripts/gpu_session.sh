@@ -22,6 +22,7 @@
 #   STAGE=x2check docs/scripts/gpu_session.sh    # 2 GPUs: MPI tests, ipc open, host-resident
 #   STAGE=layout docs/scripts/gpu_session.sh     # GEMM rate by operand layout; XLA's layouts
 #   STAGE=ownfirst docs/scripts/gpu_session.sh   # own panels first under NCCL; 2-GPU suite
+#   STAGE=ctas   docs/scripts/gpu_session.sh     # NCCL_MAX_CTAS against NCCL's SM share
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -233,6 +234,20 @@ ownfirst)  # issues 3, 8: own panels first under NCCL (small N), the 2-GPU suite
     export XLA_PYTHON_CLIENT_PREALLOCATE=false
     LIMIT=120 run python3 docs/scripts/compare_peers.py --size 16384 --dtype float32 \
         --precision tf32 --gpus 2 --repeat 2 --peers summa,cupy,jax --json "$OUT/peers.jsonl"
+    ;;
+ctas)  # issues 3, 5: NCCL's kernels spin on SMs while they wait for the peer (out of core:
+    # broadcasts busy 0.45 of 0.77 s, GEMMs 4-9 % slow); fewer CTAs, still hidden behind GEMMs?
+    for ctas in default 2 8; do
+        pass=()
+        [ "$ctas" = default ] || pass=(-x NCCL_MAX_CTAS=$ctas)
+        for args in "--dtype float32 --out-of-core" "--dtype float64 --out-of-core" \
+                    "--dtype float32" "--dtype float32 --precision tf32"; do
+            echo "NCCL_MAX_CTAS=$ctas $args"
+            LIMIT=100 run $MPI "${pass[@]}" -np 2 python3 -m summa bench --backend cupy \
+                --size 32768 $args --comm nccl --check --repeat 2 --timeout 60 \
+                --json "$OUT/ctas-$ctas.jsonl" | grep -a -E "x 32768|rank   [01]"
+        done
+    done
     ;;
 layout)  # issues 3, 8: GEMM rate against operand layout; the layouts XLA gives JAX's matmul
     export XLA_PYTHON_CLIENT_PREALLOCATE=false
