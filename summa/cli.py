@@ -378,7 +378,8 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
               f"{plan.host_bytes / gib:.2f} GiB", file=out)
         if plan.tile:
             print(f"  C tiles of {plan.tile[0]} x {plan.tile[1]} ({plan.tiles[0]} x "
-                  f"{plan.tiles[1]} per rank), panels of {plan.chunk} columns", file=out)
+                  f"{plan.tiles[1]} per rank), panels of {plan.chunk} columns in "
+                  f"{plan.slots} slots", file=out)
     return 0
 
 

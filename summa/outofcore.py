@@ -101,8 +101,8 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     locked = all([mover.pin(M.local) for M in (A, B, C)])
     stats.extra = {"pin_seconds": time.perf_counter() - t_pin, "host_locked": locked}
     try:
-        _sweep(alpha, A, B, C, beta != 0, tiles, panels, lookahead, row_bc, col_bc, mover,
-               precision, progress)
+        _sweep(alpha, A, B, C, beta != 0, tiles, panels, lookahead, plan.slots, row_bc,
+               col_bc, mover, precision, progress)
         mover.finish()
     finally:
         mover.close()
@@ -119,9 +119,13 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     return stats
 
 
-def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, row_bc, col_bc, mover,
+def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_bc, mover,
            precision, progress) -> None:
-    """Every (tile, panel) step, with `lookahead` steps uploaded and broadcast ahead."""
+    """Every (tile, panel) step, with `lookahead` steps broadcast ahead of the
+    GEMMs and, where `slots` leaves room, uploads one step further ahead: a
+    broadcast waits for its upload on the owner and for the GEMMs done with its
+    slot on every rank, so with both ready at the same GEMM's end no rank's
+    broadcast waits (NCCL: spins on SMs beside the GEMMs) for the other's."""
     grid, xp, dtype = C.grid, mover.xp, C.dtype
     # Tile counts agree on all ranks (the plan); sizes are this rank's own,
     # and the same along a grid row (rows) or column (columns), as broadcasts need.
@@ -130,19 +134,27 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, row_bc, col_bc, mov
     width = max((p.width for p in panels), default=0)
     steps = [(t, i) for t in range(len(tiles)) for i in range(len(panels))]
     depth = lookahead + 1
-    a_slots = [xp.empty(tm * width, dtype=dtype) for _ in range(min(depth, len(steps)))]
-    b_slots = [xp.empty(width * tn, dtype=dtype) for _ in range(min(depth, len(steps)))]
+    lead = 1 if slots > depth else 0  # steps the uploads run ahead of their broadcasts
+    a_slots = [xp.empty(tm * width, dtype=dtype) for _ in range(min(slots, len(steps)))]
+    b_slots = [xp.empty(width * tn, dtype=dtype) for _ in range(min(slots, len(steps)))]
     c_bufs = [xp.empty(tm * tn, dtype=dtype) for _ in range(min(2, len(tiles)))]
 
-    def start(s):
+    def upload(s):
+        """The owners' parts of step s, from host memory into slot ``s % slots``
+        (once the GEMMs of the step that used it are done)."""
         t, i = steps[s]
         i0, i1, j0, j1 = tiles[t]
-        p, slot = panels[i], s % depth
+        p, slot = panels[i], s % slots
         a_host, b_host = local_parts(A, B, p)
         a = a_slots[slot][: (i1 - i0) * p.width].reshape(i1 - i0, p.width)
         b = b_slots[slot][: p.width * (j1 - j0)].reshape(p.width, j1 - j0)
         up_a = mover.upload(a, a_host[i0:i1]) if grid.col == p.a_root else None
         up_b = mover.upload(b, b_host[:, j0:j1]) if grid.row == p.b_root else None
+        return a, b, up_a, up_b
+
+    def send(s, uploaded):
+        a, b, up_a, up_b = uploaded
+        p, slot = panels[steps[s][1]], s % slots
         return (a, b, _Arrival(up_a, row_bc.ibcast(a, p.a_root, slot, ready=up_a), mover),
                 _Arrival(up_b, col_bc.ibcast(b, p.b_root, slot, ready=up_b), mover))
 
@@ -151,7 +163,8 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, row_bc, col_bc, mov
     # strip, each strip home once final; earlier tiles' write-backs overlap the
     # next tile, and their last panel alone goes in strips.
     tail = min(depth, len(panels)) if mover.overlaps else 1
-    inflight = deque(start(s) for s in range(min(depth, len(steps))))
+    staged = deque(upload(s) for s in range(min(depth + lead, len(steps))))
+    inflight = deque(send(s, staged.popleft()) for s in range(min(depth, len(steps))))
     s = 0
     while s < len(steps):
         t, i = steps[s]
@@ -177,9 +190,11 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, row_bc, col_bc, mov
                 mover.write_back(host_tile[r0:r1], c[r0:r1], t % len(c_bufs))
         if progress is not None:
             progress(s + group, len(steps))
-        for j in range(s, s + group):
+        for j in range(s, s + group):  # step j's slot is free once its GEMMs are done
+            if j + depth + lead < len(steps):
+                staged.append(upload(j + depth + lead))
             if j + depth < len(steps):
-                inflight.append(start(j + depth))
+                inflight.append(send(j + depth, staged.popleft()))
         s += group
 
 

@@ -277,6 +277,10 @@ class MemoryPlan:
         Panel width, the inner dimension of one upload and GEMM (out-of-core).
     tiles : tuple or None
         ``(row tiles, column tiles)`` the same on every rank (out-of-core).
+    slots : int or None
+        Panel slots on the device (out-of-core): ``lookahead + 1``, or one
+        more where it fits the same tiles, so uploads run a step ahead of
+        their broadcasts.
     """
 
     mode: str
@@ -285,6 +289,7 @@ class MemoryPlan:
     tile: tuple | None = None
     chunk: int | None = None
     tiles: tuple | None = None
+    slots: int | None = None
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -309,7 +314,9 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     while the next is computed) and ``lookahead + 1`` slots for the A and B
     parts of a panel that a tile needs: ``c tm tn + slots (tm + tn) nb``
     elements. Fewest tiles first (each extra row of tiles uploads B's panels
-    again), cut by rows before columns.
+    again), cut by rows before columns; then one more slot where those tiles
+    leave room for it (uploads then run a step ahead of the broadcasts, so a
+    panel's owner is ready to send when its receivers are).
     """
     item = np.dtype(dtype).itemsize
     pr, pc = grid
@@ -332,9 +339,11 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
         raise ValueError(f"a device budget of {_gib(device_budget)} is too small for "
                          f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
     tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
+    if _ooc_elements(tm, tn, nb, slots + 1, tiles[0] * tiles[1]) * item <= device_budget:
+        slots += 1  # room for uploads a step ahead of their broadcasts, same tiles
     device = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1]) * item
     return MemoryPlan("out-of-core", device, blocks * item, (int(tm), int(tn)), int(nb),
-                      (int(tiles[0]), int(tiles[1])))
+                      (int(tiles[0]), int(tiles[1])), slots)
 
 
 def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int) -> int:

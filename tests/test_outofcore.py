@@ -105,6 +105,53 @@ def test_last_tile_goes_home_strip_by_strip_over_its_last_panels(comm, rng, monk
     assert events[first - 2][2] > events[first - 1][2]
 
 
+@pytest.mark.parametrize("budget,lead", [(10**7, 1), (20_000, 0)])
+def test_uploads_run_a_step_ahead_of_their_broadcasts_where_a_slot_is_spare(
+        rng, monkeypatch, budget, lead):
+    """With room for one more panel slot than the lookahead needs, the owner
+    uploads step j + 1 before it broadcasts step j, so its broadcast is ready
+    when the receivers' is (they wait for the same GEMM); without, uploads go
+    with their broadcasts. The product is the same."""
+    from mpi4py import MPI
+
+    from summa import outofcore
+    events = []
+    real_upload = outofcore._HostMover.upload
+    monkeypatch.setattr(outofcore._HostMover, "upload", lambda self, dst, src: (
+        events.append("u"), real_upload(self, dst, src))[1])
+
+    class Logged:
+        def __init__(self, bc):
+            self.bc, self.name = bc, bc.name
+
+        def ibcast(self, buf, root, slot=0, ready=None, own=False):
+            events.append("s")
+            return self.bc.ibcast(buf, root, slot, ready=ready)
+
+        def take_seconds(self):
+            return self.bc.take_seconds()
+    real = outofcore._broadcasters
+    monkeypatch.setattr(outofcore, "_broadcasters", lambda *args, **kwargs: tuple(
+        Logged(bc) for bc in real(*args, **kwargs)))
+    m, n, k = 40, 30, 64
+    a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
+    host = NumpyBackend()
+    with ProcessGrid(MPI.COMM_SELF) as grid:
+        A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
+        C = DistMatrix.zeros((m, n), "float64", grid, host)
+        plan = memory_plan(m, n, k, "float64", (1, 1), 8, 1, "numpy", device_budget=budget,
+                           out_of_core=True)
+        assert plan.slots == 2 + lead
+        summa_out_of_core(1.0, A, B, 0.0, C, host, budget, panel_width=8, lookahead=1)
+        assert gemm_scaled_error(C.gather(), a, b) <= 1
+    steps = len(events) // 4  # one rank owns both parts of every step: 2 uploads, 2 sends
+    for j in range(steps):
+        sent = [i for i, e in enumerate(events) if e == "s"][2 * j]  # step j's first send
+        uploaded = events[:sent].count("u") // 2
+        # the first two go out together; then step j + lead was uploaded first
+        assert uploaded == min(steps, max(2, j + 1) + lead), (j, "".join(events))
+
+
 @pytest.mark.mpi(min_size=1)
 def test_out_of_core_is_bit_identical_when_one_tile_holds_everything(comm):
     host = NumpyBackend()
@@ -176,9 +223,11 @@ def test_plan_figures():
     assert ooc.device_bytes == (2 * tm * tn + 2 * (tm + tn) * ooc.chunk) * 4
     # fewest tiles: whole rows of C (B's panels uploaded once per row of tiles)
     assert cols == 1 and tn == 100_000 and rows == -(-50_000 // tm) and rows > 1
+    assert ooc.slots == 2  # no room for a third slot without more tiles
     one = memory_plan(100_000, 100_000, 100_000, "float32", (2, 1), 4096, 1, "cupy",
                       device_budget=parse_bytes("64GiB"), out_of_core=True)
     assert one.tiles == (1, 1) and one.tile == (50_000, 100_000)
+    assert one.slots == 3 and one.device_bytes == (50_000 * 100_000 + 3 * 150_000 * 4096) * 4
     with pytest.raises(ValueError, match="too small"):
         memory_plan(1000, 1000, 1000, "float64", (1, 1), 256, 1, "cupy", device_budget=1000,
                     out_of_core=True)
