@@ -554,12 +554,18 @@ def _broadcasters(grid, kind: str, backend, direct: bool = True):
 
     With ``auto``, callers that copy panels straight out of the roots' blocks
     (`direct`: the in-memory SUMMA loop, where its GEMMs hide the set-up) get
-    ``ipc`` where every grid row and column lies on one node with a GPU per
-    rank and its self-test passes: on 2 H200s at N = 32768 it beats NCCL in
-    every dtype (docs/benchmarks.md).
+    ``ipc`` in each direction whose grid rows (columns) all lie within a node,
+    with a GPU per rank, where its self-test passes: on 2 H200s at N = 32768
+    it beats NCCL in every dtype (docs/benchmarks.md). A grid whose rows lie
+    within nodes and whose columns span them reads row panels directly and
+    broadcasts column panels in pairs.
     """
     if kind == "auto" and direct and backend.name == "cupy" and grid.size > 1:
         pair = _auto_ipc(grid, backend)
+        if pair is not None and None in (pair.row, pair.col):
+            # One direction within nodes (ipc), the other across them (as usual).
+            usual = _broadcasters(grid, kind, backend, direct=False)
+            return pair.row or usual[0], pair.col or usual[1]
         if pair is not None:
             return pair.row, pair.col
     name = choose_comm(kind, backend)
@@ -582,23 +588,34 @@ def _broadcasters(grid, kind: str, backend, direct: bool = True):
 
 
 def _auto_ipc(grid, backend):
-    """The ipc broadcasters for ``--comm auto``, or None (on every rank) where
-    they cannot run here; the answer is kept with the grid."""
+    """The ipc broadcasters for ``--comm auto``: a pair (row, column), each
+    None where its direction cannot use them (some grid row, or column, spans
+    nodes; GPUs are shared; its self-test failed), or None where neither
+    direction can. The same on every rank, since ranks of one grid column (row)
+    must order their panels alike; kept with the grid."""
     key = ("broadcasters", "ipc", backend.name, backend.device)
     if key in grid.resources or ("no auto ipc",) in grid.resources:
         return grid.resources.get(key)
-    made, ok = [], _devices_distinct(grid, backend) and _on_one_node(grid)
-    if ok:
+    comms = (grid.row_comm, grid.col_comm)
+    wanted = [False, False]
+    if _devices_distinct(grid, backend):
+        wanted = [_within_nodes(grid, c) for c in comms]
+    made, ok = [None, None], [False, False]
+    if any(wanted):
         with watch("the other ranks to set up and self-test the ipc broadcasters"):
-            for c in (grid.row_comm, grid.col_comm):  # each rank tries both: no one waits
-                try:
-                    made.append(make_broadcaster("ipc", c, backend, check=True))
-                except RuntimeError:  # raised on every rank of `c` (see summa/ipc.py)
-                    ok = False
-            ok = grid.comm.allreduce(ok, op=MPI.LAND)
-    if not ok:
-        for bc in made:
-            bc.free()
+            for d, c in enumerate(comms):  # every rank tries the same directions
+                if wanted[d]:
+                    try:
+                        made[d] = make_broadcaster("ipc", c, backend, check=True)
+                    except RuntimeError:  # raised on every rank of `c` (see summa/ipc.py)
+                        pass
+            ok = [wanted[d] and grid.comm.allreduce(made[d] is not None, op=MPI.LAND)
+                  for d in (0, 1)]
+    for d in (0, 1):
+        if made[d] is not None and not ok[d]:
+            made[d].free()
+            made[d] = None
+    if not any(ok):
         grid.resources[("no auto ipc",)] = _Pair(None, None)  # remembered; nothing to free
         return None
     pair = grid.resources[key] = _Pair(*made)
@@ -615,8 +632,13 @@ def _devices_distinct(grid, backend) -> bool:
 
 def _on_one_node(grid) -> bool:
     """True on every rank when each grid row and column lies within one node."""
-    here = all(len(set(c.allgather(grid.hostname))) == 1
-               for c in (grid.row_comm, grid.col_comm))
+    return all([_within_nodes(grid, c) for c in (grid.row_comm, grid.col_comm)])
+
+
+def _within_nodes(grid, comm) -> bool:
+    """True on every rank of `grid` when every grid row (or column: `comm`
+    is this rank's) lies within one node."""
+    here = len(set(comm.allgather(grid.hostname))) == 1
     return grid.comm.allreduce(here, op=MPI.LAND)
 
 

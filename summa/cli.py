@@ -430,8 +430,8 @@ def _run_info(args, comm: MPI.Comm, out) -> int:
           f"{'yes' if aware else 'no'} ({aware_note})", file=out)
     chosen = choose_comm(args.comm, backend)
     if args.comm == "auto" and backend.name == "cupy":
-        chosen = (f"ipc where every grid row and column is on one node with a GPU per rank "
-                  f"(self-tested; in-memory multiplies), else {chosen}")
+        chosen = (f"ipc in each direction whose grid rows (columns) lie within a node, a "
+                  f"GPU per rank (self-tested; in-memory multiplies), else {chosen}")
     print(f"broadcaster: {chosen} (--comm {args.comm})", file=out)
     from .backend import compute_priority, cublaslt_path, gemm_library
     library = gemm_library()

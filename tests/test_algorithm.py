@@ -6,6 +6,7 @@ from mpi4py import MPI
 
 from helpers import gemm_scaled_error, random_array
 from summa.algorithm import HEAD_PIECES, SummaStats, gemm, matmul, summa
+from summa.comm import choose_comm
 from summa.grid import ProcessGrid
 from summa.layout import panel_schedule
 from summa.matrix import DistMatrix
@@ -367,6 +368,38 @@ def test_auto_takes_direct_copies_only_where_own_gemms_hide_the_connect():
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("which", GRIDS)
+@pytest.mark.parametrize("lookahead", [0, 1, 2])
+@pytest.mark.parametrize("reads", ["rows", "columns"])
+def test_direct_reads_in_one_direction_and_paired_broadcasts_in_the_other(comm, rng, which,
+                                                                         lookahead, reads,
+                                                                         monkeypatch):
+    """Grids whose rows lie within nodes but whose columns span them read row
+    panels directly (ipc) and broadcast column panels in pairs (NCCL): ranks
+    of one column then reorder their panels alike, so the pairs still match."""
+    import summa.algorithm as algorithm
+    from summa.backend import get_backend
+    from summa.comm import make_broadcaster
+    backend = get_backend("numpy")
+    a, b = random_array(rng, (37, 45), "float64"), random_array(rng, (45, 23), "float64")
+    with make_grid(comm, which) as grid:
+        calls = []
+        if reads == "rows":
+            pair = (WindowReader(grid.row_comm, calls), make_broadcaster("mpi", grid.col_comm,
+                                                                         backend))
+        else:
+            pair = (make_broadcaster("mpi", grid.row_comm, backend),
+                    WindowReader(grid.col_comm, calls))
+        monkeypatch.setattr(algorithm, "_broadcasters", lambda *args, **kwargs: pair)
+        A, B = distribute(a, grid, backend), distribute(b, grid, backend)
+        c = matmul(A, B, panel_width=4, lookahead=lookahead).gather()
+        again = matmul(A, B, panel_width=4, lookahead=lookahead).gather()
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b) <= 1
+        assert np.array_equal(c, again)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_a_block_that_cannot_be_exported_means_paired_broadcasts_everywhere(comm, rng,
                                                                             monkeypatch):
     """If any rank cannot export its block, every rank falls back to paired
@@ -388,10 +421,10 @@ def test_a_block_that_cannot_be_exported_means_paired_broadcasts_everywhere(comm
 
 
 @pytest.mark.mpi(min_size=2)
-def test_auto_ipc_falls_back_together_when_any_self_test_fails(comm, monkeypatch):
+def test_auto_ipc_falls_back_per_direction_when_a_self_test_fails(comm, monkeypatch):
     """`auto` tries ipc on one node; a self-test failing in one grid column (raised on
-    all its ranks) sends every rank of the grid back to the usual choice, frees what
-    was made, and is remembered."""
+    all its ranks) sends that direction, on every rank, back to the usual choice,
+    frees what was made for it, and is remembered."""
     import summa.algorithm as algorithm
     from types import SimpleNamespace
 
@@ -401,12 +434,51 @@ def test_auto_ipc_falls_back_together_when_any_self_test_fails(comm, monkeypatch
         made.append(kind)
         if c.Get_size() > 1 and c is grid.col_comm:
             raise RuntimeError("ipc broadcaster: self-test failed")
-        return SimpleNamespace(free=lambda: freed.append(kind))
+        return SimpleNamespace(free=lambda: freed.append(kind), name=kind)
+
+    def failing_make(kind, c, backend, check=False):
+        made.append(kind)
+        raise RuntimeError("ipc broadcaster: self-test failed")
+
+    monkeypatch.setattr(algorithm, "make_broadcaster", fake_make)
+    monkeypatch.setattr(algorithm, "_devices_distinct", lambda grid, backend: True)
+    backend = SimpleNamespace(name="cupy", device=0)
+    with make_grid(comm, "col") as grid:  # P x 1: the columns hold every rank
+        pair = algorithm._auto_ipc(grid, backend)
+        assert made == ["ipc", "ipc"] and freed == []
+        assert pair.row is not None and pair.col is None  # rows keep ipc (size 1 here)
+        assert algorithm._auto_ipc(grid, backend) is pair and len(made) == 2  # remembered
+    monkeypatch.setattr(algorithm, "make_broadcaster", failing_make)
+    with make_grid(comm, "col") as grid:  # every self-test fails: nothing kept
+        assert algorithm._auto_ipc(grid, backend) is None
+        assert algorithm._auto_ipc(grid, backend) is None and len(made) == 4  # remembered
+
+
+@pytest.mark.mpi(min_size=2)
+def test_auto_ipc_only_in_directions_within_nodes(comm, monkeypatch):
+    """Grid rows on one node each, columns across nodes: ipc for the rows only,
+    the usual broadcasters for the columns; nothing is tried across nodes."""
+    import summa.algorithm as algorithm
+    from types import SimpleNamespace
+
+    tried = []
+
+    def fake_make(kind, c, backend, check=False):
+        tried.append((kind, c.Get_size()))
+        return SimpleNamespace(free=lambda: None, name=kind)
 
     monkeypatch.setattr(algorithm, "make_broadcaster", fake_make)
     monkeypatch.setattr(algorithm, "_devices_distinct", lambda grid, backend: True)
     backend = SimpleNamespace(name="cupy", device=0)
     with make_grid(comm, "col") as grid:
-        assert algorithm._auto_ipc(grid, backend) is None
-        assert made == ["ipc", "ipc"] and freed == ["ipc"]  # the row one, made, is freed
-        assert algorithm._auto_ipc(grid, backend) is None and len(made) == 2  # remembered
+        grid.hostname = f"node{grid.row}"  # one rank per node: each column spans nodes
+        pair = algorithm._auto_ipc(grid, backend)
+        assert tried == [("ipc", 1)]  # the rows (one rank each here), not the columns
+        assert pair.row is not None and pair.col is None
+        row, col = algorithm._broadcasters(grid, "auto", backend)
+        assert row is pair.row and col.name == choose_comm("auto", backend)
+    with make_grid(comm, "col") as grid:
+        grid.hostname = "node"  # all on one node: both directions
+        tried.clear()
+        pair = algorithm._auto_ipc(grid, backend)
+        assert [k for k, _ in tried] == ["ipc", "ipc"] and None not in (pair.row, pair.col)
