@@ -232,8 +232,9 @@ ownfirst)  # issues 3, 8: own panels first under NCCL (small N), the 2-GPU suite
         done
     done
     export XLA_PYTHON_CLIENT_PREALLOCATE=false
-    LIMIT=120 run python3 docs/scripts/compare_peers.py --size 16384 --dtype float32 \
-        --precision tf32 --gpus 2 --repeat 2 --peers summa,cupy,jax --json "$OUT/peers.jsonl"
+    LIMIT=150 run python3 docs/scripts/compare_peers.py --size 16384 --dtype float32 \
+        --precision tf32 --gpus 2 --repeat 2 --rounds 2 --peers summa,cupy,jax \
+        --json "$OUT/peers.jsonl"
     ;;
 ctas)  # issues 3, 5: NCCL's kernels spin on SMs while they wait for the peer (out of core:
     # broadcasts busy 0.45 of 0.77 s, GEMMs 4-9 % slow); fewer CTAs, still hidden behind GEMMs?
