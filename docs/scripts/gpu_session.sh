@@ -221,16 +221,19 @@ oocfix)  # the ipc push broadcasts' refill race out of core: GPU tests and the f
     LIMIT=100 run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 --dtype float64 \
         --comm ipc --out-of-core --check --repeat 2 --timeout 60 --json "$OUT/oocipc.jsonl"
     ;;
-ownfirst)  # issues 3, 8: own panels first under NCCL (small N), the 2-GPU suite, JAX alongside
+ownfirst)  # issues 3, 8: own panels first under NCCL (small N) against ipc; the 2-GPU suite
     mpi_tests 2
     for args in "--size 16384 --dtype float32 --precision tf32" "--size 16384 --dtype float32" \
-                "--size 32768 --dtype float32" "--size 8192 --dtype float64" \
-                "--size 16384 --dtype float64"; do
-        for la in 0 1; do  # lookahead 0: the common order, no overlap (the reference)
-            LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy $args --comm nccl \
-                --lookahead $la --check --repeat 3 --timeout 60 --json "$OUT/ownfirst.jsonl"
+                "--size 16384 --dtype float64" "--size 8192 --dtype float64" \
+                "--size 32768 --dtype float32 --nb 16384"; do
+        for comm in nccl ipc; do
+            LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy $args --comm $comm \
+                --check --repeat 3 --timeout 60 --json "$OUT/ownfirst.jsonl"
         done
     done
+    # the common order (lookahead 0: no overlap at all) as the floor
+    LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy --size 16384 --dtype float32 \
+        --precision tf32 --comm nccl --lookahead 0 --repeat 3 --json "$OUT/ownfirst.jsonl"
     export XLA_PYTHON_CLIENT_PREALLOCATE=false
     LIMIT=150 run python3 docs/scripts/compare_peers.py --size 16384 --dtype float32 \
         --precision tf32 --gpus 2 --repeat 2 --rounds 2 --peers summa,cupy,jax \
