@@ -360,7 +360,7 @@ def choose_comm(kind: str, backend) -> str:
     CUDA-aware MPI when the library reports CUDA support, else host-staged MPI.
     ``ipc`` (copy engines between the GPUs of one node) is named here only when
     asked for; ``auto`` in the in-memory SUMMA loop takes it where the grid
-    allows (:func:`summa.algorithm._broadcasters`).
+    allows (:func:`summa.selection._broadcasters`).
     """
     if kind not in ("auto", *BROADCASTERS):
         raise ValueError(f"unknown communication mode {kind!r}; choose auto, "

@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .agree import collectively
-from .algorithm import SummaStats, _broadcasters, gemm, prepare
+from .algorithm import SummaStats, gemm, prepare
 from .backend import NumpyBackend, get_backend, resolve_dtype
 from .grid import ProcessGrid, node_rank
 from .faults import inject
@@ -28,6 +28,7 @@ from .matrix import DistMatrix
 from .progress import Progress
 from .outofcore import summa_out_of_core
 from .plan import choose_memory_mode
+from .selection import _broadcasters
 from .tuning import default_panel_width
 from .verify import freivalds
 from .watchdog import watch

@@ -32,11 +32,12 @@ from collections import deque
 
 import numpy as np
 
-from .algorithm import (HEAD_PIECES, SummaStats, _broadcasters, _check_layouts,
+from .algorithm import (HEAD_PIECES, SummaStats, _check_layouts,
                         _check_operands, _check_scalars, local_parts, wait_for_panel)
 from .layout import panel_schedule, split_panel
 from .matrix import DistMatrix
 from .plan import memory_plan
+from .selection import _broadcasters
 from .faults import inject
 
 __all__ = ["summa_out_of_core"]

@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 from helpers import gemm_scaled_error, random_array
 from summa.algorithm import HEAD_PIECES, SummaStats, gemm, matmul, summa
@@ -294,14 +293,15 @@ def test_direct_reads_match_reference_and_hide_the_connect(comm, rng, which, loo
                                                            monkeypatch):
     """A broadcaster that reads the roots' blocks (ipc) lets each rank take its
     own panels first and open the peers' blocks once, after its first GEMM."""
-    import summa.algorithm as algorithm
+    import summa.selection as selection
+    from summa.algorithm import _fetched
     from summa.backend import get_backend
     backend = get_backend("numpy")
     m, n, k = shape
     with make_grid(comm, which) as grid:
         calls = []
         readers = (WindowReader(grid.row_comm, calls), WindowReader(grid.col_comm, calls))
-        monkeypatch.setattr(algorithm, "_broadcasters", lambda *args, **kwargs: readers)
+        monkeypatch.setattr(selection, "_broadcasters", lambda *args, **kwargs: readers)
         gemms = []
         real_gemm = backend.gemm
         monkeypatch.setattr(backend, "gemm", lambda *a, **kw: (gemms.append(len(calls)),
@@ -315,7 +315,7 @@ def test_direct_reads_match_reference_and_hide_the_connect(comm, rng, which, loo
         direct = [bc.comm.Get_size() > 1 for bc in readers]
         assert calls.count("connect") == sum(direct) == calls.count("release")
         own = [p for p in panel_schedule(A.layout.cols, B.layout.rows, 4)
-               if not algorithm._fetched(p, grid, direct)]
+               if not _fetched(p, grid, direct)]
         if own and gemms and "connect" in calls:
             # the rank's own panels are all multiplied before anything is fetched
             first_connect = calls.index("connect")
@@ -345,7 +345,7 @@ def test_auto_takes_direct_copies_only_where_own_gemms_hide_the_connect():
     behind the GEMMs of a rank's own panels; the slowest rank decides for all."""
     from types import SimpleNamespace
 
-    from summa.algorithm import OPEN_SECONDS, _connect_seconds, _hides_connect
+    from summa.selection import OPEN_SECONDS, _connect_seconds, _hides_connect
     from summa.layout import Distribution
 
     def decide(n, dtype, precision=None, others=float("inf")):
@@ -377,7 +377,7 @@ def test_direct_reads_in_one_direction_and_paired_broadcasts_in_the_other(comm, 
     """Grids whose rows lie within nodes but whose columns span them read row
     panels directly (ipc) and broadcast column panels in pairs (NCCL): ranks
     of one column then reorder their panels alike, so the pairs still match."""
-    import summa.algorithm as algorithm
+    import summa.selection as selection
     from summa.backend import get_backend
     from summa.comm import make_broadcaster
     backend = get_backend("numpy")
@@ -390,7 +390,7 @@ def test_direct_reads_in_one_direction_and_paired_broadcasts_in_the_other(comm, 
         else:
             pair = (make_broadcaster("mpi", grid.row_comm, backend),
                     WindowReader(grid.col_comm, calls))
-        monkeypatch.setattr(algorithm, "_broadcasters", lambda *args, **kwargs: pair)
+        monkeypatch.setattr(selection, "_broadcasters", lambda *args, **kwargs: pair)
         A, B = distribute(a, grid, backend), distribute(b, grid, backend)
         c = matmul(A, B, panel_width=4, lookahead=lookahead).gather()
         again = matmul(A, B, panel_width=4, lookahead=lookahead).gather()
@@ -404,14 +404,14 @@ def test_a_block_that_cannot_be_exported_means_paired_broadcasts_everywhere(comm
                                                                             monkeypatch):
     """If any rank cannot export its block, every rank falls back to paired
     broadcasts in one common order (no rank waits for a read that never comes)."""
-    import summa.algorithm as algorithm
+    import summa.selection as selection
     from summa.backend import get_backend
     backend = get_backend("numpy")
     with make_grid(comm, "col") as grid:
         calls = []
         readers = (WindowReader(grid.row_comm, calls),
                    WindowReader(grid.col_comm, calls, refuse=comm.rank == 1))
-        monkeypatch.setattr(algorithm, "_broadcasters", lambda *args, **kwargs: readers)
+        monkeypatch.setattr(selection, "_broadcasters", lambda *args, **kwargs: readers)
         a, b = random_array(rng, (29, 43), "float64"), random_array(rng, (43, 31), "float64")
         c = matmul(distribute(a, grid, backend), distribute(b, grid, backend),
                    panel_width=4).gather()
@@ -425,7 +425,7 @@ def test_auto_ipc_falls_back_per_direction_when_a_self_test_fails(comm, monkeypa
     """`auto` tries ipc on one node; a self-test failing in one grid column (raised on
     all its ranks) sends that direction, on every rank, back to the usual choice,
     frees what was made for it, and is remembered."""
-    import summa.algorithm as algorithm
+    import summa.selection as selection
     from types import SimpleNamespace
 
     made, freed = [], []
@@ -440,25 +440,25 @@ def test_auto_ipc_falls_back_per_direction_when_a_self_test_fails(comm, monkeypa
         made.append(kind)
         raise RuntimeError("ipc broadcaster: self-test failed")
 
-    monkeypatch.setattr(algorithm, "make_broadcaster", fake_make)
-    monkeypatch.setattr(algorithm, "_devices_distinct", lambda grid, backend: True)
+    monkeypatch.setattr(selection, "make_broadcaster", fake_make)
+    monkeypatch.setattr(selection, "_devices_distinct", lambda grid, backend: True)
     backend = SimpleNamespace(name="cupy", device=0)
     with make_grid(comm, "col") as grid:  # P x 1: the columns hold every rank
-        pair = algorithm._auto_ipc(grid, backend)
+        pair = selection._auto_ipc(grid, backend)
         assert made == ["ipc", "ipc"] and freed == []
         assert pair.row is not None and pair.col is None  # rows keep ipc (size 1 here)
-        assert algorithm._auto_ipc(grid, backend) is pair and len(made) == 2  # remembered
-    monkeypatch.setattr(algorithm, "make_broadcaster", failing_make)
+        assert selection._auto_ipc(grid, backend) is pair and len(made) == 2  # remembered
+    monkeypatch.setattr(selection, "make_broadcaster", failing_make)
     with make_grid(comm, "col") as grid:  # every self-test fails: nothing kept
-        assert algorithm._auto_ipc(grid, backend) is None
-        assert algorithm._auto_ipc(grid, backend) is None and len(made) == 4  # remembered
+        assert selection._auto_ipc(grid, backend) is None
+        assert selection._auto_ipc(grid, backend) is None and len(made) == 4  # remembered
 
 
 @pytest.mark.mpi(min_size=2)
 def test_auto_ipc_only_in_directions_within_nodes(comm, monkeypatch):
     """Grid rows on one node each, columns across nodes: ipc for the rows only,
     the usual broadcasters for the columns; nothing is tried across nodes."""
-    import summa.algorithm as algorithm
+    import summa.selection as selection
     from types import SimpleNamespace
 
     tried = []
@@ -467,18 +467,18 @@ def test_auto_ipc_only_in_directions_within_nodes(comm, monkeypatch):
         tried.append((kind, c.Get_size()))
         return SimpleNamespace(free=lambda: None, name=kind)
 
-    monkeypatch.setattr(algorithm, "make_broadcaster", fake_make)
-    monkeypatch.setattr(algorithm, "_devices_distinct", lambda grid, backend: True)
+    monkeypatch.setattr(selection, "make_broadcaster", fake_make)
+    monkeypatch.setattr(selection, "_devices_distinct", lambda grid, backend: True)
     backend = SimpleNamespace(name="cupy", device=0)
     with make_grid(comm, "col") as grid:
         grid.hostname = f"node{grid.row}"  # one rank per node: each column spans nodes
-        pair = algorithm._auto_ipc(grid, backend)
+        pair = selection._auto_ipc(grid, backend)
         assert tried == [("ipc", 1)]  # the rows (one rank each here), not the columns
         assert pair.row is not None and pair.col is None
-        row, col = algorithm._broadcasters(grid, "auto", backend)
+        row, col = selection._broadcasters(grid, "auto", backend)
         assert row is pair.row and col.name == choose_comm("auto", backend)
     with make_grid(comm, "col") as grid:
         grid.hostname = "node"  # all on one node: both directions
         tried.clear()
-        pair = algorithm._auto_ipc(grid, backend)
+        pair = selection._auto_ipc(grid, backend)
         assert [k for k, _ in tried] == ["ipc", "ipc"] and None not in (pair.row, pair.col)

@@ -1,0 +1,189 @@
+"""Which broadcasters a multiply uses: the row and column broadcasters of a
+grid (made and self-tested once per grid and kind), ``auto``'s choice of
+direct copies (CUDA IPC) per direction, and whether their set-up pays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from .comm import choose_comm, make_broadcaster
+from .watchdog import watch
+
+
+def _pick_broadcasters(A, B, C, panels, broadcaster, precision):
+    """The row and column broadcasters for these operands: with ``auto`` on
+    GPUs, direct copies (ipc) only where every rank's own GEMMs hide their
+    set-up (:func:`_hides_connect`)."""
+    grid, backend = C.grid, C.backend
+    worth_ipc = (broadcaster != "auto" or grid.size == 1 or backend.name != "cupy"
+                 or _hides_connect(panels, grid, C.local.shape, C.dtype, precision,
+                                   (A.local.nbytes, B.local.nbytes)))
+    return _broadcasters(grid, broadcaster, backend, direct=worth_ipc)
+
+
+def _direct(bc) -> bool:
+    """Does broadcaster `bc` let receivers copy panels straight out of the
+    roots' blocks (ipc), with ranks of its row/column to read from?"""
+    return getattr(bc, "reads_blocks", False) and bc.comm.Get_size() > 1
+
+
+def _export(grid, backend, row_bc, col_bc, a_block, b_block) -> tuple[bool, bool]:
+    """Export this rank's blocks to the broadcasters that let peers read them
+    directly (ipc); collective. Returns, the same on every rank, which of the
+    row and column broadcasters copy directly: neither where any rank could
+    not export (e.g. a block without contiguous rows), and paired broadcasts
+    of the same broadcasters are used instead."""
+    want = (_direct(row_bc), _direct(col_bc))
+    if not any(want):
+        return want
+    backend.synchronize()  # the blocks' values are written before any peer reads
+    ok = all([bc.export(block) for bc, block, on in
+              zip((row_bc, col_bc), (a_block, b_block), want) if on])
+    return want if grid.comm.allreduce(ok, op=MPI.LAND) else (False, False)
+
+
+#: Seconds to open one peer's block for direct copies (ipc), by its size: on
+#: 2 H200s ``cudaIpcOpenMemHandle`` took ~1 ms up to 256 MiB and ~10 ms from
+#: 512 MiB to 4 GiB (docs/scripts/ipc_open_probe.py), and a multiply's whole
+#: connect (handles exchanged, 4 GiB blocks) 19-22 ms. Rounded up.
+OPEN_SECONDS = {"small": 0.002, "large": 0.02}
+#: Largest block that opens at the small cost.
+SMALL_BLOCK_BYTES = 256 << 20
+
+#: GPU GEMM rates (FLOP/s) to judge whether a rank's own panels outlast the
+#: connect: one H200's cupy.matmul at N = 16384-32768 (docs/benchmarks.md).
+#: Slower GPUs only make the GEMMs longer and direct copies safer.
+_GEMM_FLOPS = {"d": 54e12, "f": 54e12, "tf32": 420e12, "e": 760e12}
+
+
+def _connect_seconds(grid, a_bytes: int, b_bytes: int) -> float:
+    """Estimated time to open the peers' blocks: the A blocks of this rank's
+    grid row and the B blocks of its column (sized like this rank's own)."""
+    def one(nbytes):
+        return OPEN_SECONDS["small" if nbytes <= SMALL_BLOCK_BYTES else "large"]
+    return (grid.shape[1] - 1) * one(a_bytes) + (grid.shape[0] - 1) * one(b_bytes)
+
+
+def _hides_connect(panels, grid, local_shape, dtype, precision, block_bytes) -> bool:
+    """Would every rank's GEMMs on the panels it holds itself (multiplied first
+    with direct copies) outlast opening its peers' blocks (`block_bytes`: this
+    rank's A and B blocks)? Collective; the same answer everywhere. Where not,
+    ``auto`` keeps paired broadcasts: at N = 16384 TF32 lost half its speed to
+    an unhidden connect."""
+    dtype = np.dtype(dtype)
+    kind = "tf32" if precision == "tf32" else dtype.char.lower()
+    rate = _GEMM_FLOPS.get(kind, _GEMM_FLOPS["d"]) / (4 if dtype.kind == "c" else 1)
+    own = sum(p.width for p in panels if p.a_root == grid.col and p.b_root == grid.row)
+    margin = 2.0 * local_shape[0] * local_shape[1] * own / rate \
+        - _connect_seconds(grid, *block_bytes)
+    return grid.comm.allreduce(margin, op=MPI.MIN) >= 0
+
+
+def _broadcasters(grid, kind: str, backend, direct: bool = True):
+    """The row and column broadcasters of `grid`, made (and self-tested) once per
+    grid and mode, since NCCL communicators are expensive to create.
+
+    With ``auto``, callers that copy panels straight out of the roots' blocks
+    (`direct`: the in-memory SUMMA loop, where its GEMMs hide the set-up) get
+    ``ipc`` in each direction whose grid rows (columns) all lie within a node,
+    with a GPU per rank, where its self-test passes: on 2 H200s at N = 32768
+    it beats NCCL in every dtype (docs/benchmarks.md). A grid whose rows lie
+    within nodes and whose columns span them reads row panels directly and
+    broadcasts column panels in pairs.
+    """
+    if kind == "auto" and direct and backend.name == "cupy" and grid.size > 1:
+        pair = _auto_ipc(grid, backend)
+        if pair is not None and None in (pair.row, pair.col):
+            # One direction within nodes (ipc), the other across them (as usual).
+            usual = _broadcasters(grid, kind, backend, direct=False)
+            return pair.row or usual[0], pair.col or usual[1]
+        if pair is not None:
+            return pair.row, pair.col
+    name = choose_comm(kind, backend)
+    if name == "nccl" and not _devices_distinct(grid, backend):
+        # NCCL refuses two ranks of one communicator on the same GPU.
+        if kind == "nccl":
+            raise ValueError("--comm nccl needs a GPU per rank, but ranks of a grid row or "
+                             "column share a GPU; use more GPUs, fewer ranks, or --comm mpi")
+        name = choose_comm("mpi", backend)
+    if name == "ipc" and not _on_one_node(grid):
+        raise ValueError("--comm ipc needs every grid row and column on one node")
+    key = ("broadcasters", name, backend.name, backend.device)
+    pair = grid.resources.get(key)
+    if pair is None:
+        with watch(f"the other ranks to set up and self-test the {name} broadcasters"):
+            pair = _Pair(make_broadcaster(name, grid.row_comm, backend, check=True),
+                         make_broadcaster(name, grid.col_comm, backend, check=True))
+        grid.resources[key] = pair
+    return pair.row, pair.col
+
+
+def _auto_ipc(grid, backend):
+    """The ipc broadcasters for ``--comm auto``: a pair (row, column), each
+    None where its direction cannot use them (some grid row, or column, spans
+    nodes; GPUs are shared; its self-test failed), or None where neither
+    direction can. The same on every rank, since ranks of one grid column (row)
+    must order their panels alike; kept with the grid."""
+    key = ("broadcasters", "ipc", backend.name, backend.device)
+    if key in grid.resources or ("no auto ipc",) in grid.resources:
+        return grid.resources.get(key)
+    comms = (grid.row_comm, grid.col_comm)
+    wanted = [False, False]
+    if _devices_distinct(grid, backend):
+        wanted = [_within_nodes(grid, c) for c in comms]
+    made, ok = [None, None], [False, False]
+    if any(wanted):
+        with watch("the other ranks to set up and self-test the ipc broadcasters"):
+            for d, c in enumerate(comms):  # every rank tries the same directions
+                if wanted[d]:
+                    try:
+                        made[d] = make_broadcaster("ipc", c, backend, check=True)
+                    except RuntimeError:  # raised on every rank of `c` (see summa/ipc.py)
+                        pass
+            ok = [wanted[d] and grid.comm.allreduce(made[d] is not None, op=MPI.LAND)
+                  for d in (0, 1)]
+    for d in (0, 1):
+        if made[d] is not None and not ok[d]:
+            made[d].free()
+            made[d] = None
+    if not any(ok):
+        grid.resources[("no auto ipc",)] = _Pair(None, None)  # remembered; nothing to free
+        return None
+    pair = grid.resources[key] = _Pair(*made)
+    return pair
+
+
+def _devices_distinct(grid, backend) -> bool:
+    """True on every rank when no two ranks of any grid row or column share a GPU."""
+    me = (grid.hostname, backend.device_id())
+    # A list, not a generator: every rank takes part in both collectives.
+    distinct = all([len(set(c.allgather(me))) == c.Get_size()
+                    for c in (grid.row_comm, grid.col_comm)])
+    return grid.comm.allreduce(distinct, op=MPI.LAND)
+
+
+def _on_one_node(grid) -> bool:
+    """True on every rank when each grid row and column lies within one node."""
+    return all([_within_nodes(grid, c) for c in (grid.row_comm, grid.col_comm)])
+
+
+def _within_nodes(grid, comm) -> bool:
+    """True on every rank of `grid` when every grid row (or column: `comm`
+    is this rank's) lies within one node."""
+    here = len(set(comm.allgather(grid.hostname))) == 1
+    return grid.comm.allreduce(here, op=MPI.LAND)
+
+
+@dataclass
+class _Pair:
+    row: object
+    col: object
+
+    def free(self) -> None:
+        for bc in (self.row, self.col):
+            if bc is not None:
+                bc.free()
