@@ -92,6 +92,31 @@ def test_every_comm_mode_matches_reference(comm, rng, gpu, mode, shape, which):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mode", ["mpi", "nccl", "cuda-aware", "ipc"])
+def test_own_panels_first_on_the_gpu(comm, rng, gpu, mode):
+    """A grid column (P x 1) where each rank receives two panels at most: its own
+    go first, its sends start without waiting for the GEMMs (NCCL, ipc, CUDA-aware
+    and staged sends from the block itself). Right, and the same bits for every
+    lookahead >= 1."""
+    from summa.comm import mpi_cuda_aware
+    _, backend = gpu
+    available = _modes(backend) + (["cuda-aware"] if mpi_cuda_aware()[0] else [])
+    if mode not in available:
+        pytest.skip(f"{mode} is not available here")
+    p = comm.Get_size()
+    m, n, k = 50, 70, 32 * p  # two 16-wide panels per rank; P = 2 receives two
+    a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
+    with ProcessGrid(comm, (p, 1)) as grid:
+        A = DistMatrix.from_global(a, grid, backend)
+        B = DistMatrix.from_global(b, grid, backend)
+        results = [matmul(A, B, panel_width=16, broadcaster=mode, lookahead=la).gather()
+                   for la in (1, 3)]
+    if comm.rank == 0:
+        assert gemm_scaled_error(results[0], a, b) <= 1
+        assert np.array_equal(results[0], results[1])
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("dtype", ["float32", "complex64"])
 def test_tf32_is_within_its_gauge_and_really_tf32(comm, rng, gpu, dtype):
     grid, backend = gpu
