@@ -16,8 +16,11 @@ broadcasts hide behind the current GEMM: ``T = t_b + s * (max(S t_c, t_b) + o)``
 runs beside a broadcast (NCCL's kernels take SMs; calibrated per broadcaster as
 ``gemm_slowdown``, 1 where absent). On a ``2 x 1`` grid where a rank receives
 at most two panels it multiplies its own ``s_o`` first while all broadcasts run:
-``T = max(s_o S t_c, s t_b) + (s - s_o) t_c + s o``. Without lookahead, or on CPU ranks where
-MPI progresses only while the rank is inside MPI, ``T = s * (t_c + t_b + o)``.
+``T = max(s_o S t_c, s t_b) + (s - s_o) t_c + s o``. Direct copies (``ipc``: copy
+engines, no slowdown, own panels first while the peers' blocks open in ``c``):
+``T = max(s_o t_c, c + t_b) + (s - s_o) max(t_c, t_b) + s o``. Without lookahead,
+or on CPU ranks where MPI progresses only while the rank is inside MPI,
+``T = s * (t_c + t_b + o)``.
 ``o`` is the per-panel overhead (loop, panel copies, synchronisation) fitted by
 calibration for that rank count. One rank does a single GEMM:
 ``T = 2 M N K / gamma``. (TFLOP/s use 8 M N K for complex dtypes.)
@@ -175,7 +178,8 @@ def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
     Efficiency is against P times the one-rank rate of the per-rank share done
     as one GEMM, the same "ideal" that ``summa bench`` measures. Without
     `comm`, the fastest broadcaster in the profile is assumed (as ``--comm
-    auto`` picks NCCL over host-staged MPI).
+    auto`` picks NCCL over host-staged MPI), ``ipc`` only where all ranks are on
+    one node (`ranks_per_node`, default all) and no more than it was calibrated on.
     """
     pr, pc = grid
     p = pr * pc
@@ -191,15 +195,24 @@ def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
         return Prediction(seconds, flops / seconds / 1e12, 1.0, seconds, 0.0, 1, tuple(grid),
                           panel_width)
     if comm is None:  # as --comm auto would: the fastest broadcaster calibrated
+        # ipc copies only within a node: no more ranks than it was calibrated on
+        ipc_ranks = max((b["ranks"] for b in profile.bcast if b["comm"] == "ipc"), default=0)
+        modes = [mode for mode in profile.comm_modes()
+                 if mode != "ipc" or (rpn >= p and ipc_ranks >= p)]
         return min((predict(profile, m, n, k, dtype, grid, panel_width, lookahead, mode,
                             precision, ranks_per_node)
-                    for mode in profile.comm_modes() or ["mpi"]), key=lambda q: q.seconds)
+                    for mode in modes or ["mpi"]), key=lambda q: q.seconds)
     nb = min(panel_width, k)
     steps = -(-k // nb)
     t_c = 2.0 * ml * nl * nb / profile.gemm_rate(ml, nl, nb, dtype, precision, rpn)
     t_b = (profile.bcast_seconds(ml * nb * itemsize, pc, comm)
            + profile.bcast_seconds(nb * nl * itemsize, pr, comm))
     overhead = profile.panel_overhead(p)
+    if comm == "ipc" and lookahead > 0:
+        seconds = _direct_copies_seconds(ml, nl, k, nb, pr, pc, steps, t_c, t_b, itemsize,
+                                         overhead)
+        return Prediction(seconds, flops / seconds / 1e12, ideal / seconds, t_c, t_b, steps,
+                          tuple(grid), nb)
     from .algorithm import OWN_FIRST_RECEIVES
     # Own panels first (summa.algorithm._own_first): on 2 x 1, each rank's
     # received panels are adjacent; with more ranks a middle one's are not.
@@ -216,6 +229,26 @@ def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
         seconds = steps * (t_c + t_b + overhead)
     return Prediction(seconds, flops / seconds / 1e12, ideal / seconds, t_c, t_b, steps,
                       tuple(grid), nb)
+
+
+def _direct_copies_seconds(ml, nl, k, nb, pr, pc, steps, t_c, t_b, itemsize,
+                           overhead) -> float:
+    """SUMMA with direct copies (``ipc``; summa.selection): a rank multiplies
+    the panels it holds first (on a 1-D grid, its share of K; on a 2-D grid the
+    slowest rank may hold none) while it opens its peers' blocks; then each
+    fetched panel's copy (copy engines: no SMs taken, so no GEMM slowdown) runs
+    behind the GEMM before it."""
+    from .selection import OPEN_SECONDS, SMALL_BLOCK_BYTES
+
+    def opens(count, nbytes):
+        return count * OPEN_SECONDS["small" if nbytes <= SMALL_BLOCK_BYTES else "large"]
+    own = min(-(-(-(-k // max(pr, pc))) // nb), steps) if min(pr, pc) == 1 else 0
+    connect = (opens(pc - 1, ml * -(-k // pc) * itemsize)
+               + opens(pr - 1, -(-k // pr) * nl * itemsize))
+    fetched = steps - own
+    if not fetched:
+        return steps * (t_c + overhead)
+    return max(own * t_c, connect + t_b) + fetched * max(t_c, t_b) + steps * overhead
 
 
 def _grids(p: int) -> list[tuple[int, int]]:

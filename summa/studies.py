@@ -16,10 +16,11 @@ def run_calibrate(args, comm: MPI.Comm, backend, out) -> int:
     """Measure this machine and write (or, with --append, extend) a profile."""
     from .calibrate import calibrate
     from .comm import BROADCASTERS, choose_comm
-    # "all": every broadcaster that works here, except ipc: calibrate times paired
-    # broadcasts, while the SUMMA loop's ipc copies straight from the owners'
-    # blocks (not modelled yet)
-    modes = [m for m in BROADCASTERS if m != "ipc"] if args.comm == "all" else [args.comm]
+    # "all": every broadcaster that works here; ipc (copy engines; the model
+    # times its copies like broadcasts) only where every rank is on one node.
+    one_node = len(set(comm.allgather(MPI.Get_processor_name()))) == 1
+    modes = [m for m in BROADCASTERS if m != "ipc" or one_node] if args.comm == "all" \
+        else [args.comm]
     usable = []
     for mode in modes:
         try:

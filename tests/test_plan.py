@@ -60,6 +60,34 @@ def test_own_panels_first_leave_no_pipeline_fill():
                                                                  row.panel_comm))
 
 
+def test_direct_copies_take_own_panels_first_and_hide_the_opening():
+    """ipc: no pipeline fill where a rank holds panels (a 1-D grid), no slowdown,
+    and the peers' blocks open behind the own GEMMs; one node only."""
+    prof = make_profile()
+    for b in prof.bcast:
+        b["gemm_slowdown"] = 1.05
+    prof.bcast.append(dict(comm="ipc", ranks=2, overlap=True, alpha=20e-6, beta=150e9))
+    m = 32768
+    pred = predict(prof, m, m, m, "float64", (2, 1), 4096, comm="ipc")
+    t_c, t_b = pred.panel_compute, pred.panel_comm
+    assert t_b == pytest.approx(20e-6 + 4096 * m * 8 / 150e9)
+    # 8 panels, 4 its own; one 4 GiB B block to open (the "large" cost)
+    assert pred.seconds == pytest.approx(max(4 * t_c, 0.02 + t_b) + 4 * max(t_c, t_b))
+    nccl = predict(prof, m, m, m, "float64", (2, 1), 4096, comm="nccl")
+    assert pred.seconds < nccl.seconds
+    assert predict(prof, m, m, m, "float64", (2, 1), 4096).seconds == pred.seconds  # auto
+    # across nodes auto cannot copy directly
+    assert predict(prof, m, m, m, "float64", (2, 1), 4096, ranks_per_node=1).seconds == \
+        nccl.seconds
+    # more ranks than ipc was calibrated on (one node of 2): NCCL's figures
+    four = predict(prof, m, m, m, "float64", (4, 1), 4096)
+    assert four.seconds == predict(prof, m, m, m, "float64", (4, 1), 4096, comm="nccl").seconds
+    # a 2-D grid: the slowest rank holds no panel and waits for the opening
+    square = predict(prof, m, m, m, "float64", (2, 2), 4096, comm="ipc")
+    t_c2, t_b2 = square.panel_compute, square.panel_comm
+    assert square.seconds == pytest.approx(0.02 + 0.02 + t_b2 + 8 * max(t_c2, t_b2))
+
+
 def test_gemms_slowed_beside_broadcasts_lengthen_each_step():
     prof = make_profile()
     m = 32768

@@ -321,6 +321,13 @@ model)  # issue 7: calibrate on 1 and 2 GPUs; strong (3 sizes) and weak runs; mo
         --comm nccl --json "$OUT/weak.jsonl"
     run python3 docs/scripts/validate_model.py --profile "$OUT/profile.json" \
         --results "$OUT/strong.jsonl" "$OUT/weak.jsonl"
+    # auto on one node: direct copies (ipc), modelled since the late session
+    for n in 16384 32768; do
+        LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy --size $n --repeat 2 \
+            --json "$OUT/auto.jsonl"
+    done
+    run python3 docs/scripts/validate_model.py --profile "$OUT/profile.json" \
+        --results "$OUT/auto.jsonl"
     run python3 -m summa model --profile "$OUT/profile.json" --size 32768 --sweep
     run python3 -m summa plot "$OUT/strong.jsonl" --weak "$OUT/weak.jsonl" \
         --profile "$OUT/profile.json" -o "$OUT/scaling.png"
