@@ -321,6 +321,7 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
     # order a send waits for those, so that it starts when its receivers do and
     # NCCL's kernels do not spin beside the GEMMs meanwhile.)
     held = set(_own_first(panels, grid, A, B, direct, lookahead))
+    extra["own_first"] = bool(held)
     operands = C.backend.record_event()
 
     def panel(local_panel, bufs, shape, root, me, broadcaster, slot, region, direct,

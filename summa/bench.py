@@ -222,6 +222,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                                          local_shape=list(C.local.shape),
                                          connect_seconds=best_stats.extra.get("connect_seconds"),
                                          release_seconds=best_stats.extra.get("release_seconds"),
+                                         own_first=best_stats.extra.get("own_first"),
                                          head_seconds=best_stats.extra.get("head_seconds"),
                                          tail_seconds=best_stats.extra.get("tail_seconds"),
                                          **{key: getattr(best_stats, key)

@@ -130,10 +130,16 @@ def test_own_panels_go_first_where_every_receive_starts_at_once(comm, rng, monke
         again = matmul(A, B, panel_width=4, lookahead=5).gather()
     received = [i for i, mine in enumerate(own) if not mine]
     adjacent = len(received) < 2 or received[1] - received[0] == 1
+    stats = SummaStats()
+    with make_grid(comm, "col") as grid:
+        matmul(distribute(a, grid, backend), distribute(b, grid, backend), panel_width=4,
+               lookahead=lookahead, stats=stats)
     if lookahead >= 1 and 0 < len(received) <= OWN_FIRST_RECEIVES and adjacent:
         assert seen == sorted(own, reverse=True)  # own panels, then the received ones
+        assert stats.extra["own_first"] is True
     else:
         assert seen == own  # the common order
+        assert stats.extra["own_first"] is False
     if comm.rank == 0:
         assert gemm_scaled_error(c, a, b) <= 1
         if lookahead >= 1:
