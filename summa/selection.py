@@ -19,9 +19,13 @@ def _pick_broadcasters(A, B, C, panels, broadcaster, precision):
     GPUs, direct copies (ipc) only where every rank's own GEMMs hide their
     set-up (:func:`_hides_connect`)."""
     grid, backend = C.grid, C.backend
-    worth_ipc = (broadcaster != "auto" or grid.size == 1 or backend.name != "cupy"
-                 or _hides_connect(panels, grid, C.local.shape, C.dtype, precision,
-                                   (A.local.nbytes, B.local.nbytes)))
+    worth_ipc = True
+    if broadcaster == "auto" and grid.size > 1 and backend.name == "cupy":
+        # The directions auto could copy directly in (collective, like all below).
+        dirs = tuple([_within_nodes(grid, c) for c in (grid.row_comm, grid.col_comm)])
+        worth_ipc = any(dirs) and _hides_connect(panels, grid, C.local.shape, C.dtype,
+                                                 precision, (A.local.nbytes, B.local.nbytes),
+                                                 dirs)
     return _broadcasters(grid, broadcaster, backend, direct=worth_ipc)
 
 
@@ -60,26 +64,30 @@ SMALL_BLOCK_BYTES = 256 << 20
 _GEMM_FLOPS = {"d": 54e12, "f": 54e12, "tf32": 420e12, "e": 760e12}
 
 
-def _connect_seconds(grid, a_bytes: int, b_bytes: int) -> float:
+def _connect_seconds(grid, a_bytes: int, b_bytes: int, dirs=(True, True)) -> float:
     """Estimated time to open the peers' blocks: the A blocks of this rank's
-    grid row and the B blocks of its column (sized like this rank's own)."""
+    grid row and the B blocks of its column (sized like this rank's own), in
+    the directions `dirs` (row, column) that copy directly."""
     def one(nbytes):
         return OPEN_SECONDS["small" if nbytes <= SMALL_BLOCK_BYTES else "large"]
-    return (grid.shape[1] - 1) * one(a_bytes) + (grid.shape[0] - 1) * one(b_bytes)
+    return (dirs[0] * (grid.shape[1] - 1) * one(a_bytes)
+            + dirs[1] * (grid.shape[0] - 1) * one(b_bytes))
 
 
-def _hides_connect(panels, grid, local_shape, dtype, precision, block_bytes) -> bool:
-    """Would every rank's GEMMs on the panels it holds itself (multiplied first
-    with direct copies) outlast opening its peers' blocks (`block_bytes`: this
-    rank's A and B blocks)? Collective; the same answer everywhere. Where not,
-    ``auto`` keeps paired broadcasts: at N = 16384 TF32 lost half its speed to
-    an unhidden connect."""
+def _hides_connect(panels, grid, local_shape, dtype, precision, block_bytes,
+                   dirs=(True, True)) -> bool:
+    """Would every rank's GEMMs on the panels it holds itself in the directions
+    `dirs` that copy directly (multiplied first) outlast opening its peers'
+    blocks there (`block_bytes`: this rank's A and B blocks)? Collective; the
+    same answer everywhere. Where not, ``auto`` keeps paired broadcasts: at
+    N = 16384 TF32 lost half its speed to an unhidden connect."""
     dtype = np.dtype(dtype)
     kind = "tf32" if precision == "tf32" else dtype.char.lower()
     rate = _GEMM_FLOPS.get(kind, _GEMM_FLOPS["d"]) / (4 if dtype.kind == "c" else 1)
-    own = sum(p.width for p in panels if p.a_root == grid.col and p.b_root == grid.row)
+    own = sum(p.width for p in panels
+              if (not dirs[0] or p.a_root == grid.col) and (not dirs[1] or p.b_root == grid.row))
     margin = 2.0 * local_shape[0] * local_shape[1] * own / rate \
-        - _connect_seconds(grid, *block_bytes)
+        - _connect_seconds(grid, *block_bytes, dirs)
     return grid.comm.allreduce(margin, op=MPI.MIN) >= 0
 
 

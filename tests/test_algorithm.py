@@ -354,12 +354,13 @@ def test_auto_takes_direct_copies_only_where_own_gemms_hide_the_connect():
     from summa.selection import OPEN_SECONDS, _connect_seconds, _hides_connect
     from summa.layout import Distribution
 
-    def decide(n, dtype, precision=None, others=float("inf")):
+    def decide(n, dtype, precision=None, others=float("inf"), dirs=(True, True)):
         grid = SimpleNamespace(row=0, col=0, shape=(2, 1), comm=SimpleNamespace(
             allreduce=lambda value, op: min(value, others)))
         panels = panel_schedule(Distribution(n, 1), Distribution(n, 2), 4096)
         block = (n // 2) * n * np.dtype(dtype).itemsize  # A's and B's blocks on a 2x1 grid
-        return _hides_connect(panels, grid, (n // 2, n), dtype, precision, (2 * block, block))
+        return _hides_connect(panels, grid, (n // 2, n), dtype, precision, (2 * block, block),
+                              dirs)
 
     # own half of K on one rank of a 2x1 grid: 2 (n/2) n (n/2) flops; one B block opened
     assert decide(32768, "float64") and decide(32768, "float16")
@@ -367,10 +368,14 @@ def test_auto_takes_direct_copies_only_where_own_gemms_hide_the_connect():
     assert decide(16384, "float16")  # 256 MiB opens in ~1 ms; its own GEMMs take ~3 ms
     assert not decide(16384, "float32", "tf32")  # 512 MiB: ~10-20 ms against 5 ms of GEMMs
     assert not decide(8192, "float16")
+    assert decide(8192, "float16", dirs=(True, False))  # no column blocks to open: nothing to hide
     assert not decide(32768, "float64", others=-1e-3)  # another rank's GEMMs are too short
     grid = SimpleNamespace(shape=(3, 4))  # 3 A blocks of the row, 2 B blocks of the column
     assert _connect_seconds(grid, 1 << 30, 1 << 20) == pytest.approx(
         3 * OPEN_SECONDS["large"] + 2 * OPEN_SECONDS["small"])
+    # rows within nodes, columns across them: only the row's A blocks open
+    assert _connect_seconds(grid, 1 << 30, 1 << 20, (True, False)) == pytest.approx(
+        3 * OPEN_SECONDS["large"])
 
 
 @pytest.mark.mpi(min_size=2)
