@@ -178,8 +178,12 @@ def _panel_overhead(comm, backend, profile_so_far: Profile, mode: str, repeat: i
 def calibrate(comm: MPI.Comm, backend, dtypes=("float64",), precision=None,
               sizes=(256, 512, 1024), widths=(64, 128, 256, 512, 1024),
               modes=("mpi",), message_bytes=(8, 1 << 16, 1 << 20, 1 << 23),
-              repeat: int = 3) -> Profile | None:
+              repeat: int = 3, optional=()) -> Profile | None:
     """Measure GEMM and broadcast rates on every rank of `comm`.
+
+    A broadcaster in `optional` that fails (a RuntimeError, raised on every
+    rank of the communicator measured, as broadcasters' set-up errors are) is
+    left out of the profile instead of ending the calibration.
 
     Returns the :class:`~summa.plan.Profile` on rank 0, None elsewhere.
     """
@@ -192,12 +196,21 @@ def calibrate(comm: MPI.Comm, backend, dtypes=("float64",), precision=None,
     for mode in modes:
         for ranks in range(2, comm.Get_size() + 1):
             sub = comm.Split(0 if comm.Get_rank() < ranks else MPI.UNDEFINED, comm.Get_rank())
+            error = None
             if sub != MPI.COMM_NULL:
-                fit = _bcast_fit(sub, backend, mode, list(message_bytes), repeat, gemm)
+                try:
+                    fit = _bcast_fit(sub, backend, mode, list(message_bytes), repeat, gemm)
+                except Exception as exc:  # noqa: BLE001 - agreed on below, then raised
+                    fit = None  # an optional one: e.g. ipc where CUDA IPC is not allowed
+                    if not (isinstance(exc, RuntimeError) and mode in optional):
+                        error = exc
                 sub.Free()
-                if comm.Get_rank() == 0:
+                if comm.Get_rank() == 0 and fit is not None:
                     bcast.append(fit)
-            comm.Barrier()
+            # Every rank learns of a failure: ranks outside `sub` would wait forever.
+            whys = [w for w in comm.allgather(None if error is None else str(error)) if w]
+            if whys:
+                raise error or RuntimeError(f"calibrating the {mode} broadcaster: {whys[0]}")
     data = dict(machine=socket.gethostname(), platform=platform.platform(),
                 backend=backend.describe(), ranks=comm.Get_size(),
                 mpi=MPI.Get_library_version().splitlines()[0].strip(),

@@ -31,7 +31,7 @@ def run_calibrate(args, comm: MPI.Comm, backend, out) -> int:
                 raise
     profile = calibrate(comm, backend, dtypes=args.dtypes, precision=args.precision_mode,
                         sizes=args.sizes, widths=args.widths, modes=usable,
-                        repeat=args.repeat)
+                        repeat=args.repeat, optional=("ipc",) if args.comm == "all" else ())
     if comm.Get_rank() != 0:
         return 0
     if args.append and os.path.exists(args.output):

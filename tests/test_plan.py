@@ -229,3 +229,26 @@ def test_plot_draws_measured_points_and_model_curves(tmp_path):
                      str(tmp_path / "p.json")], MPI.COMM_SELF, out) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10000
     assert "2 measured runs" in out.getvalue()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_calibrate_leaves_out_an_optional_broadcaster_that_fails(comm, monkeypatch):
+    """`calibrate --comm all` tries ipc where all ranks share a node; where CUDA IPC
+    is refused there, the profile simply has no ipc samples. A broadcaster asked
+    for by name that fails still ends the calibration."""
+    from summa import calibrate as cal
+    from summa.backend import NumpyBackend
+    real = cal._bcast_fit
+
+    def fit(sub, backend, mode, *args):
+        if mode == "flaky":
+            raise RuntimeError("ipc broadcaster: rank 0 cannot export CUDA IPC handles")
+        return real(sub, backend, mode, *args)
+    monkeypatch.setattr(cal, "_bcast_fit", fit)
+    kwargs = dict(sizes=[64], widths=[16], message_bytes=(8, 1 << 12), repeat=1)
+    prof = cal.calibrate(comm, NumpyBackend(), modes=("mpi", "flaky"), optional=("flaky",),
+                         **kwargs)
+    if comm.rank == 0:
+        assert prof.comm_modes() == ["mpi"]
+    with pytest.raises(RuntimeError, match="cannot export"):
+        cal.calibrate(comm, NumpyBackend(), modes=("mpi", "flaky"), **kwargs)
