@@ -15,6 +15,7 @@ from mpi4py import MPI
 from .comm import make_broadcaster
 from .grid import node_rank
 from .plan import Profile
+from .watchdog import watch
 
 __all__ = ["calibrate", "default_sizes", "default_widths", "gemm_slowdown"]
 
@@ -49,13 +50,14 @@ def default_sizes(comm: MPI.Comm, backend, dtypes) -> list[int]:
 
 def _best(comm: MPI.Comm, run, repeat: int) -> float:
     """Best over `repeat` of the slowest rank's time of `run()` (all ranks at once)."""
-    run()
-    best = float("inf")
-    for _ in range(repeat):
-        comm.Barrier()
-        t0 = time.perf_counter()
+    with watch("the other ranks to take part in a calibration measurement"):
         run()
-        best = min(best, comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+        best = float("inf")
+        for _ in range(repeat):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            run()
+            best = min(best, comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
     return best
 
 

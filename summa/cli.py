@@ -459,7 +459,16 @@ def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "info":
         return _run_info(args, comm, out)
-    if args.command in ("model", "plot", "calibrate"):
+    if args.command == "calibrate":  # collective: its waits are watched (SUMMA_TIMEOUT)
+        try:
+            timeout = timeout_from_env(DEFAULT_TIMEOUT)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if timeout:
+            with Watchdog(timeout, comm):
+                return _run_study(args, comm, out)
+        return _run_study(args, comm, out)
+    if args.command in ("model", "plot"):
         return _run_study(args, comm, out)
     if args.command == "plan":
         return _run_plan(args, comm, out)

@@ -252,3 +252,31 @@ def test_calibrate_leaves_out_an_optional_broadcaster_that_fails(comm, monkeypat
         assert prof.comm_modes() == ["mpi"]
     with pytest.raises(RuntimeError, match="cannot export"):
         cal.calibrate(comm, NumpyBackend(), modes=("mpi", "flaky"), **kwargs)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_calibrate_runs_under_the_watchdog(comm, tmp_path_factory, monkeypatch):
+    """calibrate waits on the other ranks: it runs watched (SUMMA_TIMEOUT), and a
+    bad SUMMA_TIMEOUT is a usage error there too."""
+    entered = []
+
+    class Recorder:
+        def __init__(self, timeout, comm):
+            entered.append(timeout)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+    monkeypatch.setattr(cli, "Watchdog", Recorder)
+    path = comm.bcast(str(tmp_path_factory.mktemp("wd") / "p.json") if comm.rank == 0
+                      else None)
+    args = ["calibrate", "-o", path, "--sizes", "64", "--widths", "16", "--repeat", "1",
+            "--backend", "numpy"]
+    monkeypatch.setenv("SUMMA_TIMEOUT", "42")
+    assert cli.main(args, comm, io.StringIO()) == 0
+    assert entered == [42.0]
+    monkeypatch.setenv("SUMMA_TIMEOUT", "soon")
+    with pytest.raises(cli.UsageError, match="SUMMA_TIMEOUT must be a number"):
+        cli.main(args, comm, io.StringIO())
