@@ -21,7 +21,8 @@
 #   STAGE=sustained docs/scripts/gpu_session.sh  # one GPU: GEMM rate against data, over time
 #   STAGE=x2check docs/scripts/gpu_session.sh    # 2 GPUs: MPI tests, ipc open, host-resident
 #   STAGE=layout docs/scripts/gpu_session.sh     # GEMM rate by operand layout; XLA's layouts
-#   STAGE=ownfirst docs/scripts/gpu_session.sh   # own panels first under NCCL; 2-GPU suite
+#   STAGE=suite2 docs/scripts/gpu_session.sh     # the MPI tests on 2 GPUs, file by file
+#   STAGE=ownfirst docs/scripts/gpu_session.sh   # own panels first under NCCL against ipc
 #   STAGE=ctas   docs/scripts/gpu_session.sh     # NCCL_MAX_CTAS against NCCL's SM share
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
@@ -221,8 +222,10 @@ oocfix)  # the ipc push broadcasts' refill race out of core: GPU tests and the f
     LIMIT=100 run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 --dtype float64 \
         --comm ipc --out-of-core --check --repeat 2 --timeout 60 --json "$OUT/oocipc.jsonl"
     ;;
-ownfirst)  # issues 3, 8: own panels first under NCCL (small N) against ipc; the 2-GPU suite
+suite2)  # the MPI tests on 2 GPUs, file by file (~3 min)
     mpi_tests 2
+    ;;
+ownfirst)  # issues 3, 8: own panels first under NCCL (small N) against ipc (~6 min)
     for args in "--size 16384 --dtype float32 --precision tf32" "--size 16384 --dtype float32" \
                 "--size 16384 --dtype float64" "--size 8192 --dtype float64" \
                 "--size 32768 --dtype float32 --nb 16384"; do
