@@ -262,7 +262,7 @@ def _own_first(panels, grid, A, B, direct, lookahead) -> list:
     it on the broadcaster's stream with it). The rule does not depend on the
     lookahead's depth, so neither do the bits (lookahead 0 aside)."""
     held = [i for i, p in enumerate(panels) if _held(p, grid, A, B, direct)]
-    received = [i for i in range(len(panels)) if i not in set(held)]
+    received = sorted(set(range(len(panels))) - set(held))
     adjacent = len(received) < 2 or received[-1] - received[0] == len(received) - 1
     if lookahead >= 1 and held and len(received) <= OWN_FIRST_RECEIVES and adjacent:
         return held
