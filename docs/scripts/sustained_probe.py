@@ -64,9 +64,12 @@ def data_part(m=16384, n=32768, k=32768):
     sources = {"summa uniform[-1,1)": lambda s, seed: _summa_values(s, seed),
                "cupy normal": lambda s, seed: cupy.random.default_rng(seed).standard_normal(s)}
     try:
-        import jax  # noqa: F401
+        import jax
+        import jax.numpy as jnp
+        jax.config.update("jax_enable_x64", True)  # float64 operands stay float64
         sources["jax uniform[-1,1)"] = _jax_values
     except ImportError:
+        jax = None
         print("JAX not installed: its row is skipped")
     print(f"data: {m} x {n} x {k} float64, median of 3")
     print(f"{'operands':22s} {'bits set':>8s} {'cupy':>7s} {'gemmEx':>7s} {'jax':>7s}")
@@ -78,15 +81,13 @@ def data_part(m=16384, n=32768, k=32768):
         cp = _rate(lambda: cupy.matmul(a, b, out=c), flops)
         ge = _rate(lambda: backend.gemm(1.0, a, b, c, beta=0.0), flops)
         jx = float("nan")
-        if "jax uniform[-1,1)" in sources:
-            import jax
-            import jax.numpy as jnp
+        if jax is not None:
             ja, jb = jnp.from_dlpack(a), jnp.from_dlpack(b)
             f = jax.jit(lambda x, y: jnp.matmul(x, y, precision=jax.lax.Precision.HIGHEST))
             jx = _rate(lambda: f(ja, jb).block_until_ready(), flops)
             del ja, jb
         print(f"{name:22s} {bits:8.2f} {cp:7.1f} {ge:7.1f} {jx:7.1f}", flush=True)
-        del a, b, c
+        a = b = c = None  # freed before the next source's operands
         cupy.get_default_memory_pool().free_all_blocks()
 
 
