@@ -312,11 +312,17 @@ for name in ('A', 'B'):
         --quiet --json "$OUT/files.jsonl"
     ;;
 model)  # issue 7: calibrate on 1 and 2 GPUs; strong (3 sizes) and weak runs; model vs measured
+    # One broadcaster per call, so that trouble with one (ipc) cannot cost the others;
+    # NCCL last, whose per-step overhead (fitted on its own runs) the profile keeps.
+    for comm in mpi ipc; do
+        LIMIT=90 run $MPI -np 2 python3 -m summa calibrate -o "$OUT/profile.json" --append \
+            --dtypes float64 --comm $comm --sizes 4096 --widths 1024
+    done
     for p in 1 2; do
         LIMIT=120 run $MPI -np $p python3 -m summa calibrate -o "$OUT/profile.json" --append \
-            --dtypes float64
+            --dtypes float64 --comm nccl
     done
-    # --comm nccl: the model is calibrated on paired broadcasts (auto may take ipc)
+    # --comm nccl: the runs the NCCL terms are checked on (auto takes ipc, checked below)
     for p in 1 2; do for n in 8192 16384 32768; do
         LIMIT=60 run $MPI -np $p python3 -m summa bench --backend cupy --size $n --repeat 2 \
             --comm nccl --json "$OUT/strong.jsonl"
