@@ -238,13 +238,10 @@ def _direct_copies_seconds(ml, nl, k, nb, pr, pc, steps, t_c, t_b, itemsize,
     slowest rank may hold none) while it opens its peers' blocks; then each
     fetched panel's copy (copy engines: no SMs taken, so no GEMM slowdown) runs
     behind the GEMM before it."""
-    from .selection import OPEN_SECONDS, SMALL_BLOCK_BYTES
-
-    def opens(count, nbytes):
-        return count * OPEN_SECONDS["small" if nbytes <= SMALL_BLOCK_BYTES else "large"]
+    from .selection import _connect_seconds
     own = min(-(-(-(-k // max(pr, pc))) // nb), steps) if min(pr, pc) == 1 else 0
-    connect = (opens(pc - 1, ml * -(-k // pc) * itemsize)
-               + opens(pr - 1, -(-k // pr) * nl * itemsize))
+    connect = _connect_seconds((pr, pc), ml * -(-k // pc) * itemsize,
+                               -(-k // pr) * nl * itemsize)
     fetched = steps - own
     if not fetched:
         return steps * (t_c + overhead)

@@ -64,14 +64,14 @@ SMALL_BLOCK_BYTES = 256 << 20
 _GEMM_FLOPS = {"d": 54e12, "f": 54e12, "tf32": 420e12, "e": 760e12}
 
 
-def _connect_seconds(grid, a_bytes: int, b_bytes: int, dirs=(True, True)) -> float:
-    """Estimated time to open the peers' blocks: the A blocks of this rank's
-    grid row and the B blocks of its column (sized like this rank's own), in
-    the directions `dirs` (row, column) that copy directly."""
+def _connect_seconds(shape, a_bytes: int, b_bytes: int, dirs=(True, True)) -> float:
+    """Estimated time to open the peers' blocks on a grid of `shape`: the A
+    blocks of a rank's grid row and the B blocks of its column (sized like its
+    own), in the directions `dirs` (row, column) that copy directly."""
     def one(nbytes):
         return OPEN_SECONDS["small" if nbytes <= SMALL_BLOCK_BYTES else "large"]
-    return (dirs[0] * (grid.shape[1] - 1) * one(a_bytes)
-            + dirs[1] * (grid.shape[0] - 1) * one(b_bytes))
+    return (dirs[0] * (shape[1] - 1) * one(a_bytes)
+            + dirs[1] * (shape[0] - 1) * one(b_bytes))
 
 
 def _hides_connect(panels, grid, local_shape, dtype, precision, block_bytes,
@@ -87,7 +87,7 @@ def _hides_connect(panels, grid, local_shape, dtype, precision, block_bytes,
     own = sum(p.width for p in panels
               if (not dirs[0] or p.a_root == grid.col) and (not dirs[1] or p.b_root == grid.row))
     margin = 2.0 * local_shape[0] * local_shape[1] * own / rate \
-        - _connect_seconds(grid, *block_bytes, dirs)
+        - _connect_seconds(grid.shape, *block_bytes, dirs)
     return grid.comm.allreduce(margin, op=MPI.MIN) >= 0
 
 

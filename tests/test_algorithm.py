@@ -370,11 +370,11 @@ def test_auto_takes_direct_copies_only_where_own_gemms_hide_the_connect():
     assert not decide(8192, "float16")
     assert decide(8192, "float16", dirs=(True, False))  # no column blocks to open: nothing to hide
     assert not decide(32768, "float64", others=-1e-3)  # another rank's GEMMs are too short
-    grid = SimpleNamespace(shape=(3, 4))  # 3 A blocks of the row, 2 B blocks of the column
-    assert _connect_seconds(grid, 1 << 30, 1 << 20) == pytest.approx(
+    shape = (3, 4)  # 3 A blocks of the row, 2 B blocks of the column
+    assert _connect_seconds(shape, 1 << 30, 1 << 20) == pytest.approx(
         3 * OPEN_SECONDS["large"] + 2 * OPEN_SECONDS["small"])
     # rows within nodes, columns across them: only the row's A blocks open
-    assert _connect_seconds(grid, 1 << 30, 1 << 20, (True, False)) == pytest.approx(
+    assert _connect_seconds(shape, 1 << 30, 1 << 20, (True, False)) == pytest.approx(
         3 * OPEN_SECONDS["large"])
 
 
