@@ -235,16 +235,18 @@ def _order(panels, grid, direct, split_head: bool) -> list:
     return panels
 
 
-def _held(p, grid, A, B, direct) -> bool:
-    """Does this rank multiply panel `p` where it lies, with nothing to receive
-    or pack: its own parts, contiguous or read in place by direct copies, or
-    parts along a grid row/column of one rank?"""
-    a_part, b_part = local_parts(A, B, p)
+def _in_place(part, root: int, me: int, size: int, reads: bool) -> bool:
+    """Is this rank's part of a panel used where it lies (no receive, no
+    packing)? On its owner, where it is contiguous or peers read it in place
+    (direct copies), and along a grid row/column of one rank (its owner)."""
+    return me == root and (reads or size == 1 or part.flags.c_contiguous)
 
-    def here(part, root, me, size, reads):
-        return size == 1 or (me == root and (reads or part.flags.c_contiguous))
-    return (here(a_part, p.a_root, grid.col, grid.shape[1], direct[0])
-            and here(b_part, p.b_root, grid.row, grid.shape[0], direct[1]))
+
+def _held(p, grid, A, B, direct) -> bool:
+    """Does this rank multiply panel `p` where it lies, both parts in place?"""
+    a_part, b_part = local_parts(A, B, p)
+    return (_in_place(a_part, p.a_root, grid.col, grid.shape[1], direct[0])
+            and _in_place(b_part, p.b_root, grid.row, grid.shape[0], direct[1]))
 
 
 #: Most panels a rank may receive and still multiply its own ones first: all
@@ -329,8 +331,7 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
         # The owner multiplies (and, where it is contiguous, broadcasts) its
         # panel where it lies; GEMM takes row-strided views, so a grid row or
         # column of one rank never copies at all.
-        own = me == root and (direct or broadcaster.comm.Get_size() == 1
-                              or local_panel.flags.c_contiguous)
+        own = _in_place(local_panel, root, me, broadcaster.comm.Get_size(), direct)
         if own:
             view = local_panel
         else:
@@ -400,8 +401,7 @@ def _steps(alpha, C, panels, depth, hold, start, finished, marks, precision,
     first = set(held)
     order = sorted(first) + [i for i in range(n) if i not in first]
     inflight: dict = {}  # started, and not done with: GEMM to come, or a held one's sends
-    multiplied: set = set()
-    started = 0
+    started = queued = 0  # panels started; GEMMs queued
 
     def vacate(j) -> bool:
         """Make panel j's slot free for panel ``j + depth``; False if not yet."""
@@ -416,7 +416,7 @@ def _steps(alpha, C, panels, depth, hold, start, finished, marks, precision,
         """Start the panels up to `need`, and then more while slots are free."""
         nonlocal started
         while started < n:
-            if started > need and started >= hold > len(multiplied):
+            if started > need and started >= hold > queued:
                 return
             if not vacate(started - depth):
                 if started > need:
@@ -440,7 +440,7 @@ def _steps(alpha, C, panels, depth, hold, start, finished, marks, precision,
         marks.append(backend.timing_mark())
         backend.gemm(alpha, a, b, C.local, precision=precision)
         marks.append(backend.timing_mark())
-        multiplied.add(i)
+        queued += 1
         finished(i)
         if progress is not None:
             progress(step + 1, n)
