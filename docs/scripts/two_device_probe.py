@@ -7,23 +7,16 @@ with JAX.
     python3 docs/scripts/two_device_probe.py
 """
 import os
-import time
+import sys
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import cupy  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_peers import _timed  # noqa: E402  (best of `repeat` after a warm-up)
+
 M, K, N = 16384, 32768, 32768
 FLOPS = 2.0 * M * N * K
-
-
-def best(fn, repeat=3):
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def cupy_case(devices):
@@ -40,7 +33,7 @@ def cupy_case(devices):
                 cupy.matmul(a, b, out=c)
         for d in devices:
             cupy.cuda.Device(d).synchronize()
-    seconds = best(run)
+    seconds = _timed(run, 3)
     ops.clear()  # frees the operands (the closure keeps the list)
     for d in devices:
         with cupy.cuda.Device(d):
@@ -64,7 +57,7 @@ def jax_case(devices):
         outs = [f(a, b) for a, b in ops]
         for o in outs:
             o.block_until_ready()
-    seconds = best(run)
+    seconds = _timed(run, 3)
     ops.clear()  # frees the operands (the closure keeps the list)
     return len(devices) * FLOPS / seconds / 1e12
 
