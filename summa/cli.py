@@ -459,25 +459,19 @@ def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "info":
         return _run_info(args, comm, out)
-    if args.command == "calibrate":  # collective: its waits are watched (SUMMA_TIMEOUT)
-        try:
-            timeout = timeout_from_env(DEFAULT_TIMEOUT)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        if timeout:
-            with Watchdog(timeout, comm):
-                return _run_study(args, comm, out)
-        return _run_study(args, comm, out)
     if args.command in ("model", "plot"):
         return _run_study(args, comm, out)
     if args.command == "plan":
         return _run_plan(args, comm, out)
+    # The collective commands: their waits on other ranks are watched.
     try:
-        timeout = args.timeout if args.timeout is not None \
-            else timeout_from_env(DEFAULT_TIMEOUT)
+        timeout = getattr(args, "timeout", None)  # calibrate has only SUMMA_TIMEOUT
+        timeout = timeout if timeout is not None else timeout_from_env(DEFAULT_TIMEOUT)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if args.command == "multiply":
+    if args.command == "calibrate":
+        command = _run_study
+    elif args.command == "multiply":
         command = _run_multiply
     elif getattr(args, "sweep", False):
         def command(args, comm, out):
