@@ -168,6 +168,7 @@ class Backend:
 _CUDA_R_16F, _CUDA_R_32F, _CUDA_R_64F, _CUDA_C_32F, _CUDA_C_64F = 2, 0, 1, 4, 5
 _CUBLAS_COMPUTE_32F, _CUBLAS_COMPUTE_32F_FAST_TF32, _CUBLAS_COMPUTE_64F = 68, 77, 70
 _CUBLAS_GEMM_DEFAULT = -1
+_CUDA_INVALID_VALUE = 1  # cudaErrorInvalidValue
 #: dtype char -> (data type, compute type, dtype of alpha/beta)
 _GEMM_TYPES = {
     "e": (_CUDA_R_16F, _CUBLAS_COMPUTE_32F, np.float32),  # fp16 inputs, fp32 accumulation
@@ -259,10 +260,39 @@ class CupyBackend(Backend):
             self._lt = LtGemm(cupy, cublaslt_path())
 
     def asarray(self, host):
-        return self.xp.asarray(host)
+        try:
+            return self.xp.asarray(host)
+        except self.xp.cuda.runtime.CUDARuntimeError as exc:
+            if exc.status != _CUDA_INVALID_VALUE or not isinstance(host, np.ndarray):
+                raise
+        # CUDA refuses a copy whose host range is partly page-locked, as a small
+        # array sharing a page with a locked one is (locking takes whole pages):
+        # go through a page-locked buffer of our own.
+        self.xp.cuda.runtime.getLastError()  # the refused copy's error is not ours
+        stage = self._pinned(host.shape, host.dtype)
+        stage[...] = host
+        arr = self.xp.asarray(stage)
+        self.xp.cuda.get_current_stream().synchronize()  # before `stage` is reused
+        return arr
 
     def to_host(self, arr, out=None):
-        return self.xp.asnumpy(arr, out=out)
+        try:
+            return self.xp.asnumpy(arr, out=out)
+        except self.xp.cuda.runtime.CUDARuntimeError as exc:
+            if exc.status != _CUDA_INVALID_VALUE:
+                raise
+        self.xp.cuda.runtime.getLastError()  # as in asarray
+        stage = self._pinned(arr.shape, arr.dtype)
+        arr.get(out=stage)
+        self.xp.cuda.get_current_stream().synchronize()
+        if out is None:
+            return stage.copy()
+        out[...] = stage
+        return out
+
+    def _pinned(self, shape, dtype) -> np.ndarray:
+        import cupyx
+        return cupyx.empty_pinned(shape, dtype=dtype)
 
     def gemm(self, alpha, a, b, c, beta=1.0, precision=None):
         from cupy_backends.cuda.libs import cublas
@@ -314,8 +344,7 @@ class CupyBackend(Backend):
             caller.wait_event(self._stream.record())
 
     def host_buffer(self, nbytes):
-        import cupyx
-        return cupyx.empty_pinned(nbytes, dtype=np.uint8)
+        return self._pinned(nbytes, np.uint8)
 
     def record_event(self):
         event = self.xp.cuda.Event(block=False, disable_timing=True)

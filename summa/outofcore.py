@@ -34,6 +34,7 @@ import numpy as np
 
 from .algorithm import (HEAD_PIECES, SummaStats, _check_layouts,
                         _check_operands, _check_scalars, local_parts, wait_for_panel)
+from .backend import _CUDA_INVALID_VALUE
 from .layout import panel_schedule, split_panel
 from .matrix import DistMatrix
 from .plan import memory_plan
@@ -388,7 +389,6 @@ class _CudaMover:
         self.down.synchronize()
 
 
-_CUDA_INVALID_VALUE = 1  # cudaErrorInvalidValue
 _registered: dict[int, int] = {}  # host address -> bytes registered with CUDA
 
 

@@ -52,11 +52,11 @@ def _matvec(M, x: np.ndarray, absolute: bool, compute=None) -> np.ndarray:
     xp, ref = compute.xp, reference_dtype(M.dtype)
     out_dtype = np.result_type(np.float64 if absolute else ref, x.dtype)
     rows, cols = M.row_indices(), M.col_indices()
-    xs = xp.asarray(x[cols])
+    xs = compute.asarray(x[cols])
     partial = np.zeros(M.shape[0], dtype=out_dtype)
     step = max(1, (1 << 25) // max(1, cols.size))
     for r0 in range(0, rows.size, step):
-        block = xp.asarray(M.local[r0:r0 + step]).astype(ref, copy=False)
+        block = compute.asarray(M.local[r0:r0 + step]).astype(ref, copy=False)
         if absolute:
             block = xp.abs(block)
         partial[rows[r0:r0 + step]] = compute.to_host(block @ xs)

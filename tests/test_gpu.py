@@ -194,7 +194,8 @@ def test_check_of_host_held_matrices_on_the_gpu(comm, rng, gpu):
 @pytest.mark.mpi(min_size=1)
 def test_host_copies_work_on_partly_locked_memory(comm, gpu):
     # CUDA refuses a copy whose host range is partly page-locked; a small array
-    # sharing a page with a locked one is such a range, so the mover stages it.
+    # sharing a page with a locked one is such a range, so the mover and the
+    # backend stage it.
     import cupy
     from summa.outofcore import _CudaMover
     _, backend = gpu
@@ -215,6 +216,13 @@ def test_host_copies_work_on_partly_locked_memory(comm, gpu):
         mover._d2h(host, dev, mover.down)
         assert np.array_equal(host, np.arange(host.size).reshape(host.shape) + 1)
         assert mover.staged == 2
+        # the backend's own copies (the check's, the scatter's) likewise
+        with pytest.raises(cupy.cuda.runtime.CUDARuntimeError):
+            cupy.asarray(host)
+        assert np.array_equal(cupy.asnumpy(backend.asarray(host)), host)
+        backend.to_host(dev - 1, out=host)
+        assert np.array_equal(host, np.arange(host.size).reshape(host.shape))
+        assert np.array_equal(backend.to_host(dev), host + 1)
     finally:
         cupy.cuda.runtime.hostUnregister(raw.ctypes.data + first)
 
