@@ -169,6 +169,14 @@ _CUDA_R_16F, _CUDA_R_32F, _CUDA_R_64F, _CUDA_C_32F, _CUDA_C_64F = 2, 0, 1, 4, 5
 _CUBLAS_COMPUTE_32F, _CUBLAS_COMPUTE_32F_FAST_TF32, _CUBLAS_COMPUTE_64F = 68, 77, 70
 _CUBLAS_GEMM_DEFAULT = -1
 _CUDA_INVALID_VALUE = 1  # cudaErrorInvalidValue
+
+
+def _clear_cuda_error(cupy) -> None:
+    """Reset CUDA's last error after a refused copy we recover from, so that it
+    is not reported later as someone else's (CuPy may not wrap the call)."""
+    clear = getattr(cupy.cuda.runtime, "getLastError", None)
+    if clear is not None:
+        clear()
 #: dtype char -> (data type, compute type, dtype of alpha/beta)
 _GEMM_TYPES = {
     "e": (_CUDA_R_16F, _CUBLAS_COMPUTE_32F, np.float32),  # fp16 inputs, fp32 accumulation
@@ -268,7 +276,7 @@ class CupyBackend(Backend):
         # CUDA refuses a copy whose host range is partly page-locked, as a small
         # array sharing a page with a locked one is (locking takes whole pages):
         # go through a page-locked buffer of our own.
-        self.xp.cuda.runtime.getLastError()  # the refused copy's error is not ours
+        _clear_cuda_error(self.xp)
         stage = self._pinned(host.shape, host.dtype)
         stage[...] = host
         arr = self.xp.asarray(stage)
@@ -281,7 +289,7 @@ class CupyBackend(Backend):
         except self.xp.cuda.runtime.CUDARuntimeError as exc:
             if exc.status != _CUDA_INVALID_VALUE:
                 raise
-        self.xp.cuda.runtime.getLastError()  # as in asarray
+        _clear_cuda_error(self.xp)
         stage = self._pinned(arr.shape, arr.dtype)
         arr.get(out=stage)
         self.xp.cuda.get_current_stream().synchronize()

@@ -34,7 +34,7 @@ import numpy as np
 
 from .algorithm import (HEAD_PIECES, SummaStats, _check_layouts,
                         _check_operands, _check_scalars, local_parts, wait_for_panel)
-from .backend import _CUDA_INVALID_VALUE
+from .backend import _CUDA_INVALID_VALUE, _clear_cuda_error
 from .layout import panel_schedule, split_panel
 from .matrix import DistMatrix
 from .plan import memory_plan
@@ -318,9 +318,7 @@ class _CudaMover:
         not, which happens to a small array sharing a page with a locked one
         (locking works on whole pages).
         """
-        clear = getattr(self.xp.cuda.runtime, "getLastError", None)
-        if clear is not None:
-            clear()  # the refused copy's error is not ours to report later
+        _clear_cuda_error(self.xp)
         memory = self.xp.cuda.alloc_pinned_memory(host.nbytes)
         stage = np.frombuffer(memory, host.dtype, host.size).reshape(host.shape)
         if kind == self._H2D:

@@ -24,6 +24,8 @@
 #   STAGE=suite2 docs/scripts/gpu_session.sh     # the MPI tests on 2 GPUs, file by file
 #   STAGE=ownfirst docs/scripts/gpu_session.sh   # own panels first under NCCL against ipc
 #   STAGE=ctas   docs/scripts/gpu_session.sh     # NCCL_MAX_CTAS against NCCL's SM share
+#   STAGE=hostgrid docs/scripts/gpu_session.sh   # host-resident head/tail, 1x2 vs 2x1, warm-up
+#   STAGE=peers2 docs/scripts/gpu_session.sh     # JAX / cuBLASMp where summa was behind
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -245,6 +247,37 @@ ownfirst)  # issues 3, 8: own panels first under NCCL (small N) against ipc (~6 
     LIMIT=150 run python3 docs/scripts/compare_peers.py --size 16384 --dtype float32 \
         --precision tf32 --gpus 2 --repeat 2 --rounds 2 --peers summa,cupy,jax \
         --json "$OUT/peers.jsonl"
+    ;;
+hostgrid)  # issue 5: host-resident with uploads a step ahead (head/tail idle); issues 3, 8:
+    # the block's orientation (the model prefers 1x2), and short runs' warm-up (TF32 N = 16384:
+    # bench 489 against 635 inside compare_peers: clocks still ramping?)
+    SUMMA_TEST_BACKEND=cupy LIMIT=60 run $MPI -np 2 python3 -m pytest -q -p no:cacheprovider \
+        --with-mpi tests/test_gpu.py -k "partly or check_of_host" | tail -2
+    for d in float64 float32; do
+        LIMIT=100 run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 \
+            --dtype $d --out-of-core --check --repeat 2 --timeout 60 --json "$OUT/ooc.jsonl"
+    done
+    for args in "--dtype float64 --grid 2x1" "--dtype float64 --grid 1x2" \
+                "--dtype float32 --grid 2x1" "--dtype float32 --grid 1x2"; do
+        LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 $args \
+            --repeat 3 --json "$OUT/layout.jsonl"
+    done
+    for reps in "--warmup 1 --repeat 3" "--warmup 30 --repeat 10" "--warmup 1 --repeat 3"; do
+        LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy --size 16384 \
+            --dtype float32 --precision tf32 --comm nccl $reps --json "$OUT/warm.jsonl"
+    done
+    ;;
+peers2)  # issues 3, 8: the same-run tables where summa was behind (JAX float64 and TF32,
+    # cuBLASMp float32), each peer's best of two rounds in alternating order
+    SUMMA_TEST_BACKEND=cupy LIMIT=60 run $MPI -np 2 python3 -m pytest -q -p no:cacheprovider \
+        --with-mpi tests/test_gpu.py -k "partly or check_of_host" | tail -2
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false
+    for args in "--size 32768 --dtype float64 --peers summa,jax,nvmath" \
+                "--size 32768 --dtype float32 --peers summa,jax,nvmath" \
+                "--size 16384 --dtype float32 --precision tf32 --peers summa,jax"; do
+        LIMIT=150 run python3 docs/scripts/compare_peers.py $args --gpus 2 --repeat 3 \
+            --rounds 2 --json "$OUT/peers.jsonl"
+    done
     ;;
 ctas)  # issues 3, 5: NCCL's kernels spin on SMs while they wait for the peer (out of core:
     # broadcasts busy 0.45 of 0.77 s, GEMMs 4-9 % slow); fewer CTAs, still hidden behind GEMMs?
