@@ -20,6 +20,7 @@ from mpi4py import MPI
 from .layout import Distribution, Layout, panel_schedule, split_panel
 from .matrix import DistMatrix
 from .selection import _export, _pick_broadcasters
+from .strips import check_schedule, multiply_strips, strip_bounds
 from .tuning import auto_panel_width, default_panel_width
 from .faults import inject
 from .watchdog import watch
@@ -113,7 +114,7 @@ def _check_scalars(alpha, beta, dtype, precision, backend) -> None:
 
 def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=None,
           lookahead: int = 1, broadcaster: str = "auto", precision: str | None = None,
-          progress=None) -> SummaStats:
+          progress=None, schedule: str = "panels") -> SummaStats:
     """``C <- alpha * A @ B + beta * C`` in place, by SUMMA.
 
     Parameters
@@ -135,6 +136,9 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
         ``"tf32"`` lets float32/complex64 GEMMs use TF32 tensor cores (GPU).
     progress : callable, optional
         Called as ``progress(steps_done, steps_total)`` after each panel is queued.
+    schedule : {"panels", "strips"}
+        ``"strips"`` (grids of one column): B assembled in column strips of
+        `panel_width`, each GEMM over all of K (:mod:`summa.strips`).
 
     Returns
     -------
@@ -144,6 +148,7 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     _check_operands(A, B, C)
     _check_layouts(A, B, C)
     _check_scalars(alpha, beta, C.dtype, precision, C.backend)
+    strips = check_schedule(schedule, C.grid.shape) == "strips" and C.grid.size > 1
     backend, grid = C.backend, C.grid
     panel_width, measured = _panel_width(A, B, C, panel_width, precision)
     if int(lookahead) < 0:
@@ -154,14 +159,19 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     direct = _export(grid, backend, row_bc, col_bc, A.local, B.local)
     if grid.size == 1:
         panels = panels[:1]  # one rank: a single GEMM over all of K, nothing to overlap
+    elif strips:
+        panels = strip_bounds(C.local.shape[1], panel_width,
+                              HEAD_PIECES if backend.name == "cupy" else 1)
     else:
         # The head splits on GPUs whatever the lookahead, so that the summation
         # order, and so the bits, never depend on it; but only where a rank has
         # no panel of its own to multiply while the first one is on its way.
         panels = _order(panels, grid, direct, backend.name == "cupy"
                         and _someone_waits_first(panels, grid, A, B, direct, lookahead))
-    stats = SummaStats(panels=len(panels), panel_width=panel_width, comm=row_bc.name,
-                       lookahead=lookahead, extra={"panel_width_measured": measured})
+    stats = SummaStats(panels=len(panels), panel_width=panel_width,
+                       comm=(col_bc if strips else row_bc).name,
+                       lookahead=lookahead, extra={"panel_width_measured": measured,
+                                                   "schedule": "strips" if strips else "panels"})
 
     t0 = time.perf_counter()
     if beta == 0:
@@ -177,8 +187,12 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
             progress(1, 1)
     else:
         with backend.compute_stream():
-            _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks,
-                      precision, progress, stats.extra)
+            if strips:
+                multiply_strips(alpha, A, B, C, panels, lookahead, col_bc, direct[1], marks,
+                                precision, progress, stats.extra)
+            else:
+                _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks,
+                          precision, progress, stats.extra)
     with watch("the queued GPU work of the SUMMA loop (broadcasts and GEMMs)"):
         backend.synchronize()
     stats.seconds = time.perf_counter() - t0
@@ -507,7 +521,7 @@ def _operand(X: DistMatrix, op: str, outer: Distribution, inner_block,
 def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, beta=0.0,
          trans_a: str = "N", trans_b: str = "N", panel_width=None, lookahead: int = 1,
          broadcaster: str = "auto", precision: str | None = None,
-         stats: SummaStats | None = None, progress=None) -> DistMatrix:
+         stats: SummaStats | None = None, progress=None, schedule: str = "panels") -> DistMatrix:
     """``C <- alpha * op(A) @ op(B) + beta * C`` with op in N, T, H.
 
     Parameters
@@ -521,7 +535,7 @@ def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, b
     alpha, beta : scalar
     trans_a, trans_b : {"N", "T", "H"}
         ``H`` is the conjugate transpose (the transpose for real dtypes).
-    panel_width, lookahead, broadcaster, precision, progress
+    panel_width, lookahead, broadcaster, precision, progress, schedule
         See :func:`summa`.
     stats : SummaStats, optional
         Filled with this rank's timings.
@@ -541,6 +555,7 @@ def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, b
     grid = A.grid
     m, n, _ = _check_operands(A, B, C, op_a, op_b)
     _check_scalars(alpha, beta, A.dtype, precision, A.backend)
+    check_schedule(schedule, grid.shape)
     if C is None:
         rows = A.layout.rows if op_a == "N" else Distribution(m, grid.shape[0], A.layout.cols.block)
         cols = B.layout.cols if op_b == "N" else Distribution(n, grid.shape[1], B.layout.rows.block)
@@ -558,7 +573,8 @@ def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, b
         local = A.backend.xp.zeros(layout.local_shape(grid.row, grid.col), dtype=A.dtype)
         C, beta = DistMatrix(grid, layout, local, A.backend), 0.0
     result = summa(alpha, opA, opB, beta, C, panel_width=panel_width, lookahead=lookahead,
-                   broadcaster=broadcaster, precision=precision, progress=progress)
+                   broadcaster=broadcaster, precision=precision, progress=progress,
+                   schedule=schedule)
     if stats is not None:
         for key, value in result.as_dict().items():
             setattr(stats, key, value)

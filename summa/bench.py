@@ -21,6 +21,7 @@ from .matrix import DistMatrix
 from .outofcore import summa_out_of_core
 from .plan import choose_memory_mode, memory_plan
 from .progress import Progress
+from .strips import check_schedule
 from .verify import freivalds
 from .watchdog import watch
 
@@ -99,12 +100,18 @@ def _plan_width(width, backend, dtype, precision, out_of_core: bool = False) -> 
                                                                     precision, out_of_core)
 
 
+def _schedule(args) -> str:
+    return getattr(args, "schedule", "panels")  # a sweep's runs use panels
+
+
 def _memory_mode(args, backend, grid, shape, dtype, width, out) -> int | None:
     """The device budget for out of core, or None to run in memory (collective)."""
     nb = _plan_width(width, backend, dtype, None)
     try:
+        check_schedule(_schedule(args), grid.shape, args.out_of_core or bool(args.device_memory))
         budget, note = choose_memory_mode(shape, dtype, grid, nb, args.lookahead, backend,
-                                          args.out_of_core, args.device_memory)
+                                          args.out_of_core, args.device_memory,
+                                          _schedule(args))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if note and grid.rank == 0:
@@ -157,7 +164,8 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
         gemm_width = args.nb or default_panel_width(backend.name, dtype, precision, ooc)
         plan = memory_plan(m, n, k, dtype, grid.shape,
                            _plan_width(gemm_width, backend, dtype, precision, ooc),
-                           args.lookahead, backend.name, device_budget=budget, out_of_core=ooc)
+                           args.lookahead, backend.name, device_budget=budget, out_of_core=ooc,
+                           schedule=_schedule(args))
         home = backend if budget is None else NumpyBackend()  # out of core: data on the host
         progress.phase("generate", 3)
         # Host-held data is still generated on the GPU (many times faster).
@@ -180,7 +188,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
             if budget is None:
                 gemm(A, B, C, panel_width=gemm_width, lookahead=args.lookahead,
                      broadcaster=args.comm, precision=precision, stats=stats,
-                     progress=progress.step)
+                     progress=progress.step, schedule=_schedule(args))
             else:
                 stats = summa_out_of_core(1.0, A, B, 0.0, C, backend, budget,
                                           panel_width=_plan_width(gemm_width, backend, dtype,
@@ -253,7 +261,8 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
               "precision": args.precision,
               "ranks": size, "grid": list(grid_shape), "backend": backend.name,
               "comm": best_stats.comm, "nb": nb, "block": args.block,
-              "lookahead": args.lookahead, "repeat": repeat, "warmup": warmup,
+              "lookahead": args.lookahead, "schedule": _schedule(args),
+              "repeat": repeat, "warmup": warmup,
               "times": times, "seconds": best, "tflops": tflops, "tflops_per_rank": tflops / size,
               "panels": best_stats.panels, "check_residual": residual, "check_passed": ok,
               "ideal_tflops": ideal_tflops, "efficiency": efficiency,
@@ -262,7 +271,8 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
               "versions": versions(), "ranks_detail": per_rank,
               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     print(f"summa {record['command']}: {size} ranks, grid {grid_shape[0]}x{grid_shape[1]}, "
-          f"backend {backend.describe()}, comm {best_stats.comm}", file=out)
+          f"backend {backend.describe()}, comm {best_stats.comm}"
+          + (", column strips" if _schedule(args) == "strips" else ""), file=out)
     header = f"{'M x N x K':>22} {'dtype':>10} {'nb':>5} {'seconds':>9} {'TFLOP/s':>9} " \
              f"{'per rank':>9} {'max err/gauge':>14}"
     err = "-" if residual is None else f"{residual:.2e} {'ok' if ok else 'FAIL'}"

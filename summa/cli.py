@@ -22,6 +22,7 @@ from .bench import (DEFAULT_SIZE_CPU, DEFAULT_SIZE_GPU, UsageError, agree_backen
 from .comm import choose_comm
 from .grid import choose_grid, node_rank, parse_grid
 from .plan import SWEEP_RANKS, memory_plan, parse_bytes
+from .strips import SCHEDULES, check_schedule
 from .watchdog import Watchdog, timeout_from_env
 
 #: What --comm accepts.
@@ -125,6 +126,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="block-cyclic distribution block size (default: balanced blocks)")
     p.add_argument("--lookahead", type=_nonnegative_int, default=1, metavar="L",
                    help="panels broadcast ahead of the GEMM (default 1; 0 disables overlap)")
+    p.add_argument("--schedule", choices=SCHEDULES, default="panels",
+                   help="panels: SUMMA's panels along K (default); strips: on grids of one "
+                        "column (Px1), B gathered in column strips of --nb, every GEMM over "
+                        "all of K (in memory only)")
     p.add_argument("--precision", choices=("default", "tf32"), default="default",
                    help="tf32: float32/complex64 GEMMs on TF32 tensor cores (GPU only; "
                         "float16 always uses tensor cores with float32 accumulation)")
@@ -299,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--grid", type=_grid, default=None, metavar="PRxPC")
     plan.add_argument("--nb", type=_positive_int, default=4096, help="panel width (4096)")
     plan.add_argument("--lookahead", type=_nonnegative_int, default=1)
+    plan.add_argument("--schedule", choices=SCHEDULES, default="panels",
+                      help="panels along K (default), or column strips (grids of one column)")
     plan.add_argument("--backend", choices=("numpy", "cupy"), default="cupy")
     plan.add_argument("--device-memory", metavar="SIZE", default=None,
                       help="GPU memory cap per rank: plan out of core within it")
@@ -323,7 +330,8 @@ def _run_multiply(args, comm: MPI.Comm, out) -> int:
             panel_width=args.nb, lookahead=args.lookahead, backend=args.backend,
             broadcaster=args.comm, precision=None if args.precision == "default"
             else args.precision, check=args.check, quiet=args.quiet,
-            out_of_core=args.out_of_core, device_memory=args.device_memory)
+            out_of_core=args.out_of_core, device_memory=args.device_memory,
+            schedule=args.schedule)
     except CheckFailed as exc:
         if comm.Get_rank() == 0:
             print(f"summa: check FAILED: {exc}", file=sys.stderr, flush=True)
@@ -365,8 +373,10 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
     m, n, k = args.m or args.size, args.n or args.size, args.k or args.size
     try:
         budget = parse_bytes(args.device_memory) if args.device_memory else None
+        check_schedule(args.schedule, grid, out_of_core=budget is not None)
         plan = memory_plan(m, n, k, args.dtype, grid, args.nb, args.lookahead, args.backend,
-                           device_budget=budget, out_of_core=budget is not None)
+                           device_budget=budget, out_of_core=budget is not None,
+                           schedule=args.schedule)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if comm.Get_rank() == 0:

@@ -29,6 +29,7 @@ from .progress import Progress
 from .outofcore import summa_out_of_core
 from .plan import choose_memory_mode
 from .selection import _broadcasters
+from .strips import check_schedule
 from .tuning import default_panel_width
 from .verify import freivalds
 from .watchdog import watch
@@ -95,7 +96,8 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
                    beta=0.0, c_path=None, trans_a="N", trans_b="N", dtype=None, grid=None,
                    block=None, panel_width=None, lookahead=1, backend="auto",
                    broadcaster="auto", precision=None, check=None, quiet=False,
-                   warn=None, out_of_core=False, device_memory=None) -> dict:
+                   warn=None, out_of_core=False, device_memory=None,
+                   schedule="panels") -> dict:
     """``out = alpha * op(A) @ op(B) + beta * C0`` from and to .npy files; collective.
 
     Parameters
@@ -114,6 +116,8 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         Keep A, B, C in host memory and stream C through the GPU in tiles
         (automatic when the in-memory plan does not fit); `device_memory` caps
         the GPU memory per rank, e.g. "16GiB".
+    schedule : {"panels", "strips"}
+        See :func:`summa.algorithm.summa` (strips: grids of one column, in memory).
     warn : callable, optional
         Receives warnings (e.g. NaN/Inf in the inputs) on rank 0; default stderr.
 
@@ -162,8 +166,9 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         record["grid"] = list(pgrid.shape)
         width = panel_width if isinstance(panel_width, int) else \
             default_panel_width(be.name, compute, precision)
+        check_schedule(schedule, pgrid.shape, out_of_core or bool(device_memory))
         budget, note = choose_memory_mode((m, n, k), compute, pgrid, width, lookahead, be,
-                                          out_of_core, device_memory)
+                                          out_of_core, device_memory, schedule)
         if note and rank0:
             warn(note)
         if budget is not None and not isinstance(panel_width, int):
@@ -200,7 +205,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
             if budget is None:
                 gemm(A, B, C, alpha=alpha, beta=beta, panel_width=panel_width,
                      lookahead=lookahead, broadcaster=broadcaster, precision=precision,
-                     stats=stats, progress=progress.step)
+                     stats=stats, progress=progress.step, schedule=schedule)
             else:
                 stats.__dict__.update(summa_out_of_core(
                     alpha, A, B, beta, C, be, budget, panel_width=width, lookahead=lookahead,

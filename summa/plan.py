@@ -332,14 +332,15 @@ def _local_sizes(m, n, k, grid):
 
 def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
                 lookahead: int = 1, backend: str = "cupy", device_budget: int | None = None,
-                out_of_core: bool = False) -> MemoryPlan:
+                out_of_core: bool = False, schedule: str = "panels") -> MemoryPlan:
     """Peak memory per rank of ``C = A @ B`` and, out of core, the C tiles that
     fit `device_budget` bytes.
 
     In memory, a rank holds its blocks of A (ml x ka), B (kb x nl) and C
     (ml x nl) plus ``lookahead + 1`` panel buffers for each operand that arrives
     from other ranks (NumPy also makes one C-sized product per GEMM; CuPy
-    accumulates in place). Out of core, the blocks stay in host memory; the
+    accumulates in place); with ``schedule="strips"`` the buffers hold B's
+    strips of all of K (k x nb). Out of core, the blocks stay in host memory; the
     device holds C tiles (two when there are several, so one is written back
     while the next is computed) and ``lookahead + 1`` slots for the A and B
     parts of a panel that a tile needs: ``c tm tn + slots (tm + tn) nb``
@@ -354,6 +355,8 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     nb = max(1, min(panel_width, k))
     slots = lookahead + 1
     panels = slots * ((ml * nb if pc > 1 else 0) + (nb * nl if pr > 1 else 0))
+    if schedule == "strips" and pr > 1:  # B's strips: all of K, `panel_width` columns
+        panels = slots * k * max(1, min(panel_width, nl))
     blocks = ml * ka + kb * nl + ml * nl
     if not out_of_core:
         extra = ml * nl if backend == "numpy" else 0
@@ -480,11 +483,13 @@ def check_host_memory(plan: MemoryPlan, comm) -> None:
 
 
 def choose_memory_mode(shape, dtype, grid, panel_width: int, lookahead: int, backend,
-                       out_of_core: bool = False, device_memory=None):
+                       out_of_core: bool = False, device_memory=None,
+                       schedule: str = "panels"):
     """In memory or out of core, decided before anything is allocated; collective.
 
     Out of core when asked (`out_of_core`, or a `device_memory` cap such as
-    "16GiB"), or when the in-memory plan does not fit the free GPU memory.
+    "16GiB"), or when the in-memory plan does not fit the free GPU memory
+    (except under ``schedule="strips"``, which runs in memory only).
 
     Returns
     -------
@@ -503,13 +508,14 @@ def choose_memory_mode(shape, dtype, grid, panel_width: int, lookahead: int, bac
     budget = parse_bytes(device_memory) if device_memory else None
     note = None
     if budget is None and not out_of_core:
-        plan = memory_plan(m, n, k, dtype, grid.shape, panel_width, lookahead, backend.name)
+        plan = memory_plan(m, n, k, dtype, grid.shape, panel_width, lookahead, backend.name,
+                           schedule=schedule)
         try:
             check_memory(plan, backend, grid.comm)
             check_host_memory(plan, grid.comm)
             return None, None
         except ValueError as exc:
-            if backend.name != "cupy":
+            if backend.name != "cupy" or schedule == "strips":  # strips: in memory only
                 raise
             note = f"the in-memory plan does not fit ({exc}); running out of core"
     if budget is None:

@@ -117,6 +117,33 @@ def test_own_panels_first_on_the_gpu(comm, rng, gpu, mode):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mode", ["mpi", "nccl", "cuda-aware", "ipc"])
+@pytest.mark.parametrize("dtype,precision", [("float32", None), ("float32", "tf32"),
+                                             ("float64", None), ("complex128", None)])
+def test_column_strips_on_the_gpu(comm, rng, gpu, mode, dtype, precision):
+    """Column strips (P x 1, every GEMM over all of K): right with every
+    broadcaster, including ipc's direct reads of strided strips, and the same
+    bits for every lookahead."""
+    from summa.comm import mpi_cuda_aware
+    _, backend = gpu
+    available = _modes(backend) + (["cuda-aware"] if mpi_cuda_aware()[0] else [])
+    if mode not in available:
+        pytest.skip(f"{mode} is not available here")
+    p = comm.Get_size()
+    m, n, k = 70, 93, 41 * p + 3
+    a, b = random_array(rng, (m, k), dtype), random_array(rng, (k, n), dtype)
+    with ProcessGrid(comm, (p, 1)) as grid:
+        A = DistMatrix.from_global(a, grid, backend)
+        B = DistMatrix.from_global(b, grid, backend)
+        results = [matmul(A, B, panel_width=16, broadcaster=mode, lookahead=la,
+                          precision=precision, schedule="strips").gather()
+                   for la in (0, 1, 3)]
+    if comm.rank == 0:
+        assert gemm_scaled_error(results[0], a, b, precision=precision) <= 1
+        assert all(np.array_equal(r, results[0]) for r in results[1:])
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("dtype", ["float32", "complex64"])
 def test_tf32_is_within_its_gauge_and_really_tf32(comm, rng, gpu, dtype):
     grid, backend = gpu

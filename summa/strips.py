@@ -1,0 +1,124 @@
+"""Column strips: on a grid of one column, every GEMM runs over all of K.
+
+On a P x 1 grid each rank holds its rows of A with all of K, and B's rows are
+spread over the P ranks. SUMMA's panels cut K, so each GEMM multiplies over a
+panel's width of it; here the ranks instead assemble B strip by strip (all K
+rows, a strip of columns, each rank broadcasting the rows it holds) and
+multiply ``C[:, strip] += alpha * A_local @ B[:, strip]`` over all of K. Each
+rank receives the same data as under SUMMA, and keeps ``lookahead + 1`` strip
+buffers of K x width (SUMMA's panel buffers are width x N: the same for square
+products). Why: on the H200, float32 GEMMs over half of K ran 3 % slower than
+over all of it, while cutting the columns cost nothing (``split_probe.py``).
+
+The strips' order, widths and GEMMs do not depend on the lookahead, so neither
+do the bits; they differ from SUMMA's panels' (another summation order).
+"""
+
+from __future__ import annotations
+
+import time
+
+from .faults import inject
+from .watchdog import watch
+
+__all__ = ["SCHEDULES", "check_schedule", "strip_bounds"]
+
+#: How the inner dimension is worked through: SUMMA's K panels, or column strips.
+SCHEDULES = ("panels", "strips")
+
+
+def check_schedule(schedule: str, grid_shape, out_of_core: bool = False) -> str:
+    """Raise the same ValueError on every rank if `schedule` cannot run on a
+    grid of `grid_shape` (no communication); return it."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}")
+    if schedule == "strips":
+        if out_of_core:
+            raise ValueError("schedule 'strips' runs in device memory only, not out of core")
+        pr, pc = grid_shape
+        if pc != 1:
+            raise ValueError(f"schedule 'strips' needs a grid of one column (P x 1), "
+                             f"not {pr}x{pc}; give --grid {pr * pc}x1")
+    return schedule
+
+
+def strip_bounds(n: int, width: int, head_pieces: int = 1) -> list[tuple[int, int]]:
+    """Column ranges ``[s0, s1)`` covering ``[0, n)``: strips of `width`, the
+    first one cut in `head_pieces` (its broadcasts are the pipeline's fill)."""
+    width = max(1, int(width))
+    cuts = list(range(0, n, width)) + [n]
+    bounds = list(zip(cuts[:-1], cuts[1:]))
+    if bounds and head_pieces > 1:
+        s0, s1 = bounds[0]
+        inner = [s0 + (s1 - s0) * i // head_pieces for i in range(head_pieces + 1)]
+        head = [(a, b) for a, b in zip(inner[:-1], inner[1:]) if b > a]
+        bounds = head + bounds[1:]
+    return bounds
+
+
+def multiply_strips(alpha, A, B, C, strips, lookahead, col_bc, direct: bool, marks,
+                    precision, progress, extra) -> None:
+    """``C += alpha * A @ B`` strip by strip, `lookahead` strips' broadcasts in
+    flight during each GEMM; GEMM marks go to `marks`. `col_bc` broadcasts
+    along the grid column (every rank of it); `direct`: it copies straight
+    from the owners' exported blocks (ipc)."""
+    grid, backend, xp = C.grid, C.backend, C.backend.xp
+    k = B.shape[0]
+    depth = lookahead + 1
+    width = max((s1 - s0 for s0, s1 in strips), default=0)
+    bufs = [xp.empty(k * width, dtype=C.dtype) for _ in range(min(depth, len(strips)))]
+    # Where each rank's rows of B go in a strip: (root, global rows, its local rows).
+    pieces = [(r, g0, g1, l0) for r in range(grid.shape[0])
+              for g0, g1, l0 in B.layout.rows.segments(r)]
+    slot_free = [None] * len(bufs)
+    if direct:
+        t0 = time.perf_counter()
+        col_bc.connect()  # collective: open the peers' blocks
+        extra["connect_seconds"] = time.perf_counter() - t0
+
+    def start(i):
+        s0, s1 = strips[i]
+        slot = i % depth
+        buf = bufs[slot][: k * (s1 - s0)].reshape(k, s1 - s0)
+        pending = []
+        for root, g0, g1, l0 in pieces:
+            view = buf[g0:g1]
+            if root == grid.row:
+                view[...] = B.local[l0:l0 + g1 - g0, s0:s1]  # also the send buffer
+            if direct:
+                pending.append(col_bc.iget(view, root, slice(l0, l0 + g1 - g0),
+                                           slice(s0, s1), after=slot_free[slot]))
+            else:
+                pending.append(col_bc.ibcast(view, root, slot))
+        return buf, pending
+
+    inflight = {i: start(i) for i in range(min(depth, len(strips)))}
+    try:
+        for i, (s0, s1) in enumerate(strips):
+            buf, pending = inflight.pop(i)
+            if i == 1:
+                inject("summa")
+            for (root, g0, g1, _), p in zip(pieces, pending):
+                with watch(f"the broadcast of B's rows {g0}:{g1}, columns {s0}:{s1} from "
+                           f"grid row {root} along grid column {grid.col}"):
+                    p.wait()
+            marks.append(backend.timing_mark())
+            backend.gemm(alpha, A.local, buf, C.local[:, s0:s1], precision=precision)
+            marks.append(backend.timing_mark())
+            if direct:
+                slot_free[i % depth] = backend.record_event()
+            if progress is not None:
+                progress(i + 1, len(strips))
+            if i + depth < len(strips):
+                # Into the slot just read: on the GPU it waits for that GEMM
+                # (compute stream, or the event above for direct copies).
+                inflight[i + depth] = start(i + depth)
+    except BaseException:
+        if direct:
+            col_bc.release_local()  # the peers may be gone: no barrier
+        raise
+    if direct:
+        t0 = time.perf_counter()
+        col_bc.release()
+        extra["release_seconds"] = time.perf_counter() - t0
+

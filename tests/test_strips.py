@@ -1,0 +1,134 @@
+"""Column strips (summa.strips) against a float64 reference, and their errors."""
+
+import io
+
+import numpy as np
+import pytest
+
+from helpers import gemm_scaled_error, random_array
+from summa import cli
+from summa.algorithm import SummaStats, gemm
+from summa.grid import ProcessGrid
+from summa.matrix import DistMatrix
+from summa.plan import memory_plan
+from summa.strips import check_schedule, strip_bounds
+
+# (M, N, K): square, uneven, primes, K smaller than the grid, one column, one row
+SHAPES = [(24, 24, 24), (37, 23, 41), (13, 7, 29), (5, 9, 1), (6, 1, 5), (1, 11, 4)]
+
+
+def test_strip_bounds_cover_the_columns_once():
+    for n, width, head in [(10, 3, 1), (10, 3, 4), (7, 100, 4), (1, 1, 4), (0, 4, 4),
+                           (33, 8, 4), (9, 9, 2)]:
+        bounds = strip_bounds(n, width, head)
+        cols = [j for s0, s1 in bounds for j in range(s0, s1)]
+        assert cols == list(range(n))
+        assert all(s1 > s0 and s1 - s0 <= width for s0, s1 in bounds)
+        if n > width and head > 1:  # the first strip comes in smaller pieces
+            assert bounds[0][1] - bounds[0][0] < width
+
+
+def test_check_schedule_names_what_is_wrong():
+    assert check_schedule("panels", (2, 2)) == "panels"
+    assert check_schedule("strips", (3, 1)) == "strips"
+    with pytest.raises(ValueError, match="one column .* not 2x2; give --grid 4x1"):
+        check_schedule("strips", (2, 2))
+    with pytest.raises(ValueError, match="in device memory only"):
+        check_schedule("strips", (2, 1), out_of_core=True)
+    with pytest.raises(ValueError, match="schedule must be one of panels, strips"):
+        check_schedule("diagonal", (2, 1))
+
+
+def test_strips_plan_their_buffers():
+    # Strips hold all of K by the strip width; panels hold the width by all of N.
+    base = memory_plan(400, 100, 300, "float64", (2, 1), 50, lookahead=1)
+    strips = memory_plan(400, 100, 300, "float64", (2, 1), 50, lookahead=1, schedule="strips")
+    blocks = (200 * 300 + 150 * 100 + 200 * 100) * 8
+    assert base.device_bytes == blocks + 2 * 50 * 100 * 8
+    assert strips.device_bytes == blocks + 2 * 300 * 50 * 8
+    # a strip never exceeds the columns there are
+    wide = memory_plan(400, 100, 300, "float64", (2, 1), 4096, lookahead=1, schedule="strips")
+    assert wide.device_bytes == blocks + 2 * 300 * 100 * 8
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("block", [None, (3, 3)])
+def test_strips_match_the_reference(comm, backend, rng, shape, block):
+    m, n, k = shape
+    with ProcessGrid(comm, (comm.Get_size(), 1)) as grid:
+        for dtype in backend.dtypes:
+            a, b = random_array(rng, (m, k), dtype), random_array(rng, (k, n), dtype)
+            c0 = random_array(rng, (m, n), dtype)
+            A = DistMatrix.from_global(a, grid, backend, block=block)
+            B = DistMatrix.from_global(b, grid, backend, block=block)
+            C = DistMatrix.from_global(c0, grid, backend, block=block)
+            stats = SummaStats()
+            gemm(A, B, C, alpha=0.5, beta=2.0, panel_width=4, schedule="strips", stats=stats)
+            c = C.gather()
+            if comm.rank == 0:
+                assert gemm_scaled_error(c, a, b, c0, 0.5, 2.0) <= 1, dtype
+            if comm.Get_size() > 1:
+                assert stats.extra["schedule"] == "strips"
+                assert stats.panels == len(strip_bounds(n, 4, 4 if backend.name == "cupy"
+                                                        else 1))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_strips_bits_do_not_depend_on_the_lookahead(comm, backend):
+    with ProcessGrid(comm, (comm.Get_size(), 1)) as grid:
+        A = DistMatrix.random((45, 38), "float64", grid, backend, seed=5)
+        B = DistMatrix.random((38, 53), "float64", grid, backend, seed=6)
+        results = [gemm(A, B, panel_width=8, lookahead=la, schedule="strips").gather()
+                   for la in (0, 1, 3)]
+        again = gemm(A, B, panel_width=8, lookahead=1, schedule="strips").gather()
+    if comm.rank == 0:
+        for r in results[1:] + [again]:
+            assert np.array_equal(r, results[0])
+
+
+@pytest.mark.mpi(min_size=1)
+def test_strips_with_transposes_and_every_broadcaster(comm, backend, rng):
+    from summa.comm import choose_comm
+    a, b = random_array(rng, (30, 26), "float64"), random_array(rng, (33, 30), "float64")
+    with ProcessGrid(comm, (comm.Get_size(), 1)) as grid:
+        A = DistMatrix.from_global(a, grid, backend)
+        B = DistMatrix.from_global(b, grid, backend)
+        for broadcaster in sorted({"mpi", choose_comm("auto", backend)}):
+            c = gemm(A, B, trans_a="T", trans_b="T", panel_width=5, schedule="strips",
+                     broadcaster=broadcaster).gather()
+            if comm.rank == 0:
+                assert gemm_scaled_error(c, a, b, trans_a="T", trans_b="T") <= 1
+
+
+@pytest.mark.mpi(min_size=2)
+def test_strips_refuse_a_grid_of_several_columns_on_every_rank(comm, backend):
+    p = comm.Get_size()
+    with ProcessGrid(comm, (1, p)) as grid:
+        A = DistMatrix.random((8, 8), "float64", grid, backend, seed=1)
+        B = DistMatrix.random((8, 8), "float64", grid, backend, seed=2)
+        with pytest.raises(ValueError, match="one column"):
+            gemm(A, B, schedule="strips")
+        with pytest.raises(ValueError, match="schedule must be one of"):
+            gemm(A, B, schedule="rows")
+        # nothing was left half-done: the grid still multiplies
+        c = gemm(A, B).gather()
+        a, b = A.gather(), B.gather()
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b) <= 1
+
+
+@pytest.mark.mpi(min_size=2)
+def test_cli_strips_usage_errors_and_a_checked_run(comm):
+    p = comm.Get_size()
+    with pytest.raises(cli.UsageError, match="one column"):
+        cli.main(["bench", "--size", "40", "--schedule", "strips", "--grid", f"1x{p}"], comm,
+                 io.StringIO())
+    with pytest.raises(cli.UsageError, match="device memory only"):
+        cli.main(["bench", "--size", "40", "--schedule", "strips", "--grid", f"{p}x1",
+                  "--device-memory", "1MiB"], comm, io.StringIO())
+    out = io.StringIO()
+    assert cli.main(["bench", "--size", "40", "--schedule", "strips", "--grid", f"{p}x1",
+                     "--nb", "8", "--check", "--repeat", "1", "--no-ideal"], comm, out) == 0
+    if comm.rank == 0:
+        assert "column strips" in out.getvalue() and " ok" in out.getvalue()
