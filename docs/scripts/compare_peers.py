@@ -333,11 +333,13 @@ def peer_summa(args):
             cmd += ["--precision", "tf32"]
         if args.placement == "host":
             cmd += ["--out-of-core"]
+        cmd += shlex.split(args.summa_args)
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL,
                        timeout=args.peer_timeout)
         r = json.loads(open(record).read().splitlines()[-1])
-    return {"seconds": r["seconds"], "gpus": args.gpus, "comm": r["comm"], "nb": r["nb"]}
+    return {"seconds": r["seconds"], "gpus": args.gpus, "comm": r["comm"], "nb": r["nb"],
+            **({"schedule": r["schedule"]} if r.get("schedule", "panels") != "panels" else {})}
 
 
 def _run_peer(peer, args) -> dict:
@@ -382,6 +384,8 @@ def main():
                              "each one's fastest (a warm GPU at its power cap is slower)")
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--mpirun", default="mpirun --oversubscribe")
+    parser.add_argument("--summa-args", default="",
+                        help="more options for summa's bench, e.g. \"--schedule strips\"")
     parser.add_argument("--json", default=None, help="append the table as JSON lines here")
     parser.add_argument("--nvmath-path", default=os.environ.get("SUMMA_NVMATH_PATH", ""),
                         metavar="DIRS", help="folders with nvmath-python and cuBLASMp for the "

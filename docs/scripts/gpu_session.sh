@@ -26,6 +26,7 @@
 #   STAGE=ctas   docs/scripts/gpu_session.sh     # NCCL_MAX_CTAS against NCCL's SM share
 #   STAGE=hostgrid docs/scripts/gpu_session.sh   # host-resident head/tail, 1x2 vs 2x1, warm-up
 #   STAGE=peers2 docs/scripts/gpu_session.sh     # JAX / cuBLASMp where summa was behind
+#   STAGE=strips docs/scripts/gpu_session.sh     # column strips against K panels (~6 min)
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -278,6 +279,22 @@ peers2)  # issues 3, 8: the same-run tables where summa was behind (JAX float64 
         LIMIT=150 run python3 docs/scripts/compare_peers.py $args --gpus 2 --repeat 3 \
             --rounds 2 --json "$OUT/peers.jsonl"
     done
+    ;;
+strips)  # issues 3, 8: column strips (every GEMM over all of K) against K panels, 2 GPUs
+    # (float32 over half of K ran 3 % slower; cuBLASMp's float32 106.0 against summa's 103.1)
+    SUMMA_TEST_BACKEND=cupy LIMIT=90 run $MPI -np 2 python3 -m pytest -q -p no:cacheprovider \
+        --with-mpi tests/test_gpu.py tests/test_strips.py -k "strips" | tail -2
+    for args in "--dtype float32" "--dtype float32 --nb 4096" "--dtype float32 --comm nccl" \
+                "--dtype float64" "--dtype float32 --precision tf32"; do
+        for schedule in panels strips; do
+            LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 $args \
+                --schedule $schedule --check --repeat 3 --timeout 60 --json "$OUT/strips.jsonl" \
+                | grep -a -E "x 32768|rank   [01]|efficiency"
+        done
+    done
+    LIMIT=200 run python3 docs/scripts/compare_peers.py --size 32768 --dtype float32 --gpus 2 \
+        --repeat 3 --rounds 2 --peers summa,nvmath --summa-args "--schedule strips" \
+        --json "$OUT/peers.jsonl"
     ;;
 ctas)  # issues 3, 5: NCCL's kernels spin on SMs while they wait for the peer (out of core:
     # broadcasts busy 0.45 of 0.77 s, GEMMs 4-9 % slow); fewer CTAs, still hidden behind GEMMs?
