@@ -94,7 +94,9 @@ def test_bad_input_raises_everywhere_and_writes_nothing(comm, rng, folder):
         ((pa, pb5, out), {"beta": 1.0, "c_path": pb5}, "is 5x3, but the product is 6x3"),
         ((pa, pb5, out), {"grid": (comm.Get_size() + 1, 1)}, "needs"),
         ((pa, pb5, out), {"trans_a": "X"}, "trans_a must be"),
-    ]
+        ((pa, pb5, out), {"schedule": "strips", "out_of_core": True}, "device memory only"),
+    ] + ([((pa, pb5, out), {"schedule": "strips", "grid": (1, comm.Get_size())},
+           "one column")] if comm.Get_size() > 1 else [])
     for args, kwargs, match in cases:
         with pytest.raises(ValueError, match=match):
             multiply_files(*args, comm, quiet=True, **kwargs)
@@ -212,6 +214,7 @@ def test_multiply_job_with_check(tmp_path):
     (["--grid", "2x2"], "grid 2x2 needs 4 ranks, but 2 were started"),
     (["--beta", "1"], "C0 is needed"),
     (["--alpha", "x"], "--alpha: expected a number"),
+    (["--schedule", "strips", "--grid", "1x2"], "needs a grid of one column (P x 1), not 1x2"),
 ])
 def test_multiply_job_bad_input_exit_2(tmp_path, args, match):
     a, b, c = _files(tmp_path)
@@ -220,6 +223,15 @@ def test_multiply_job_bad_input_exit_2(tmp_path, args, match):
     ours = [line for line in p.stderr.splitlines() if "summa" in line or "Traceback" in line]
     assert len(ours) == 1 and match in ours[0]
     assert not Path(c).exists()
+
+
+def test_multiply_job_in_column_strips(tmp_path):
+    a, b, c = _files(tmp_path)
+    p = job(2, "multiply", a, b, "-o", c, "--schedule", "strips", "--nb", "4", "--check",
+            "--quiet")
+    assert p.returncode == 0, p.stderr
+    got, want = np.load(c), np.load(a) @ np.load(b)
+    assert gemm_scaled_error(got, np.load(a), np.load(b)) <= 1 and got.shape == want.shape
 
 
 def test_multiply_job_dtype_mismatch_names_both_files(tmp_path):
