@@ -11,7 +11,9 @@ products). Why: on the H200, float32 GEMMs over half of K ran 3 % slower than
 over all of it, while cutting the columns cost nothing (``split_probe.py``).
 
 The strips' order, widths and GEMMs do not depend on the lookahead, so neither
-do the bits; they differ from SUMMA's panels' (another summation order).
+do the bits; they differ from SUMMA's panels' (another summation order). With
+direct copies (ipc) the first strip is multiplied piece by piece, a rank's own
+rows first, to hide the opening of the peers' blocks.
 """
 
 from __future__ import annotations
@@ -71,9 +73,24 @@ def multiply_strips(alpha, A, B, C, strips, lookahead, col_bc, direct: bool, mar
     pieces = [(r, g0, g1, l0) for r in range(grid.shape[0])
               for g0, g1, l0 in B.layout.rows.segments(r)]
     slot_free = [None] * len(bufs)
+
+    def multiply(a, b, c):
+        marks.append(backend.timing_mark())
+        backend.gemm(alpha, a, b, c, precision=precision)
+        marks.append(backend.timing_mark())
+
+    # Direct copies: the first strip goes piece by piece, this rank's own rows
+    # first, whose GEMM is queued before the (collective, 10-20 ms for large
+    # blocks) opening of the peers' blocks and so hides it.
+    split_first = direct and bool(strips)
+    if split_first:
+        s0, s1 = strips[0]
+        for root, g0, g1, l0 in pieces:
+            if root == grid.row:
+                multiply(A.local[:, g0:g1], B.local[l0:l0 + g1 - g0, s0:s1], C.local[:, s0:s1])
     if direct:
         t0 = time.perf_counter()
-        col_bc.connect()  # collective: open the peers' blocks
+        col_bc.connect()
         extra["connect_seconds"] = time.perf_counter() - t0
 
     def start(i):
@@ -102,9 +119,12 @@ def multiply_strips(alpha, A, B, C, strips, lookahead, col_bc, direct: bool, mar
                 with watch(f"the broadcast of B's rows {g0}:{g1}, columns {s0}:{s1} from "
                            f"grid row {root} along grid column {grid.col}"):
                     p.wait()
-            marks.append(backend.timing_mark())
-            backend.gemm(alpha, A.local, buf, C.local[:, s0:s1], precision=precision)
-            marks.append(backend.timing_mark())
+            if i == 0 and split_first:  # the peers' rows (its own went first)
+                for root, g0, g1, _ in pieces:
+                    if root != grid.row:
+                        multiply(A.local[:, g0:g1], buf[g0:g1], C.local[:, s0:s1])
+            else:
+                multiply(A.local, buf, C.local[:, s0:s1])
             if direct:
                 slot_free[i % depth] = backend.record_event()
             if progress is not None:

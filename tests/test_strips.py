@@ -132,3 +132,39 @@ def test_cli_strips_usage_errors_and_a_checked_run(comm):
                      "--nb", "8", "--check", "--repeat", "1", "--no-ideal"], comm, out) == 0
     if comm.rank == 0:
         assert "column strips" in out.getvalue() and " ok" in out.getvalue()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("lookahead", [0, 1, 3])
+@pytest.mark.parametrize("block", [None, (3, 3)])
+@pytest.mark.parametrize("shape", [(37, 23, 41), (6, 9, 1), (16, 40, 64)])
+def test_strips_by_direct_reads_hide_the_connect(comm, rng, lookahead, block, shape,
+                                                monkeypatch):
+    """With a broadcaster that reads the owners' blocks (ipc on GPUs), strided
+    strips are copied straight out of them; a rank's own rows of the first
+    strip are multiplied before the peers' blocks are opened."""
+    import summa.selection as selection
+    from summa.backend import get_backend
+    from test_algorithm import WindowReader
+    backend = get_backend("numpy")
+    m, n, k = shape
+    with ProcessGrid(comm, (comm.Get_size(), 1)) as grid:
+        calls = []
+        readers = (WindowReader(grid.row_comm, calls), WindowReader(grid.col_comm, calls))
+        monkeypatch.setattr(selection, "_broadcasters", lambda *args, **kwargs: readers)
+        gemms = []
+        real_gemm = backend.gemm
+        monkeypatch.setattr(backend, "gemm", lambda *a, **kw: (gemms.append(len(calls)),
+                                                               real_gemm(*a, **kw))[1])
+        a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
+        A = DistMatrix.from_global(a, grid, backend, block=block)
+        B = DistMatrix.from_global(b, grid, backend, block=block)
+        results = [gemm(A, B, panel_width=8, lookahead=la, schedule="strips").gather()
+                   for la in (lookahead, 0)]
+        if comm.rank == 0:
+            assert gemm_scaled_error(results[0], a, b) <= 1
+            assert np.array_equal(results[0], results[1])
+        assert calls.count("connect") == 2 == calls.count("release")  # one per multiply
+        assert "ibcast" not in calls
+        if B.local.shape[0]:  # this rank holds rows of B: their GEMM comes before connect
+            assert gemms[0] <= calls.index("connect")
