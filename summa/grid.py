@@ -101,6 +101,16 @@ class ProcessGrid:
         #: Objects living as long as the grid (e.g. NCCL communicators), each with
         #: a ``free()`` method; released by :meth:`free`.
         self.resources: dict = {}
+        self._within_nodes = None
+
+    def within_nodes(self) -> tuple[bool, bool]:
+        """Whether every grid row, and every grid column, lies within one node;
+        the same on every rank. Collective on its first call, then remembered."""
+        if self._within_nodes is None:
+            self._within_nodes = tuple(
+                [self.comm.allreduce(len(set(c.allgather(self.hostname))) == 1, op=MPI.LAND)
+                 for c in (self.row_comm, self.col_comm)])  # a list: every rank takes part
+        return self._within_nodes
 
     @property
     def rank(self) -> int:

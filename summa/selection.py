@@ -22,7 +22,7 @@ def _pick_broadcasters(A, B, C, panels, broadcaster, precision):
     worth_ipc = True
     if broadcaster == "auto" and grid.size > 1 and backend.name == "cupy":
         # The directions auto could copy directly in (collective, like all below).
-        dirs = tuple([_within_nodes(grid, c) for c in (grid.row_comm, grid.col_comm)])
+        dirs = grid.within_nodes()
         worth_ipc = any(dirs) and _hides_connect(panels, grid, C.local.shape, C.dtype,
                                                  precision, (A.local.nbytes, B.local.nbytes),
                                                  dirs)
@@ -142,7 +142,7 @@ def _auto_ipc(grid, backend):
     comms = (grid.row_comm, grid.col_comm)
     wanted = [False, False]
     if _devices_distinct(grid, backend):
-        wanted = [_within_nodes(grid, c) for c in comms]
+        wanted = list(grid.within_nodes())
     made, ok = [None, None], [False, False]
     if any(wanted):
         with watch("the other ranks to set up and self-test the ipc broadcasters"):
@@ -176,14 +176,7 @@ def _devices_distinct(grid, backend) -> bool:
 
 def _on_one_node(grid) -> bool:
     """True on every rank when each grid row and column lies within one node."""
-    return all([_within_nodes(grid, c) for c in (grid.row_comm, grid.col_comm)])
-
-
-def _within_nodes(grid, comm) -> bool:
-    """True on every rank of `grid` when every grid row (or column: `comm`
-    is this rank's) lies within one node."""
-    here = len(set(comm.allgather(grid.hostname))) == 1
-    return grid.comm.allreduce(here, op=MPI.LAND)
+    return all(grid.within_nodes())
 
 
 @dataclass

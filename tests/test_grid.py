@@ -73,3 +73,15 @@ def test_device_index_cycles_over_devices(comm):
         assert grid.device_index(grid.local_size + 1) == grid.local_rank
         with pytest.raises(ValueError):
             grid.device_index(0)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_within_nodes_per_direction_and_remembered(comm):
+    p = comm.Get_size()
+    with ProcessGrid(comm, (p, 1)) as grid:
+        assert grid.within_nodes() == (True, True)  # every rank on this machine
+    with ProcessGrid(comm, (p, 1)) as grid:
+        grid.hostname = f"node{grid.row}"  # one rank per node: the column spans nodes
+        assert grid.within_nodes() == (True, False)
+        grid.hostname = "node"  # asked once per grid: the answer is kept
+        assert grid.within_nodes() == (True, False)
