@@ -168,3 +168,19 @@ def test_strips_by_direct_reads_hide_the_connect(comm, rng, lookahead, block, sh
         assert "ibcast" not in calls
         if B.local.shape[0]:  # this rank holds rows of B: their GEMM comes before connect
             assert gemms[0] <= calls.index("connect")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_plan_command_with_strips(comm):
+    out = io.StringIO()
+    assert cli.main(["plan", "--m", "1000", "--n", "200", "--k", "3000", "--ranks", "2",
+                     "--grid", "2x1", "--nb", "100", "--schedule", "strips"], comm, out) == 0
+    want = memory_plan(1000, 200, 3000, "float64", (2, 1), 100, schedule="strips")
+    if comm.rank == 0:
+        assert f"device {want.device_bytes / 2**30:.2f} GiB" in out.getvalue()
+    with pytest.raises(cli.UsageError, match="one column"):
+        cli.main(["plan", "--size", "100", "--ranks", "4", "--schedule", "strips"], comm,
+                 io.StringIO())
+    with pytest.raises(cli.UsageError, match="device memory only"):
+        cli.main(["plan", "--size", "100", "--ranks", "2", "--grid", "2x1", "--schedule",
+                  "strips", "--device-memory", "1GiB"], comm, io.StringIO())
