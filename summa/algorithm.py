@@ -138,7 +138,8 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
         Called as ``progress(steps_done, steps_total)`` after each panel is queued.
     schedule : {"panels", "strips"}
         ``"strips"`` (grids of one column): B assembled in column strips of
-        `panel_width`, each GEMM over all of K (:mod:`summa.strips`).
+        `panel_width` (``"auto"``: the default), each GEMM over all of K
+        (:mod:`summa.strips`).
 
     Returns
     -------
@@ -150,6 +151,10 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     _check_scalars(alpha, beta, C.dtype, precision, C.backend)
     strips = check_schedule(schedule, C.grid.shape) == "strips" and C.grid.size > 1
     backend, grid = C.backend, C.grid
+    if strips and isinstance(panel_width, str) and panel_width == "auto":
+        # "auto" times GEMMs of K panels; strips cut columns, which cost nothing
+        # measurable (split_probe.py): the default width serves.
+        panel_width = None
     panel_width, measured = _panel_width(A, B, C, panel_width, precision)
     if int(lookahead) < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")

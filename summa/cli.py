@@ -128,8 +128,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="panels broadcast ahead of the GEMM (default 1; 0 disables overlap)")
     p.add_argument("--schedule", choices=SCHEDULES, default="panels",
                    help="panels: SUMMA's panels along K (default); strips: on grids of one "
-                        "column (Px1), B gathered in column strips of --nb, every GEMM over "
-                        "all of K (in memory only)")
+                        "column (Px1), B gathered in column strips of --nb (auto: the "
+                        "default width), every GEMM over all of K (in memory only)")
     p.add_argument("--precision", choices=("default", "tf32"), default="default",
                    help="tf32: float32/complex64 GEMMs on TF32 tensor cores (GPU only; "
                         "float16 always uses tensor cores with float32 accumulation)")

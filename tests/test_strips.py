@@ -184,3 +184,15 @@ def test_plan_command_with_strips(comm):
     with pytest.raises(cli.UsageError, match="device memory only"):
         cli.main(["plan", "--size", "100", "--ranks", "2", "--grid", "2x1", "--schedule",
                   "strips", "--device-memory", "1GiB"], comm, io.StringIO())
+
+
+@pytest.mark.mpi(min_size=1)
+def test_strips_take_the_default_width_for_auto(comm, backend):
+    from summa.tuning import default_panel_width
+    with ProcessGrid(comm, (comm.Get_size(), 1)) as grid:
+        A = DistMatrix.random((30, 20), "float64", grid, backend, seed=1)
+        B = DistMatrix.random((20, 40), "float64", grid, backend, seed=2)
+        stats = SummaStats()
+        gemm(A, B, panel_width="auto", schedule="strips", stats=stats)
+    assert stats.panel_width == default_panel_width(backend.name, A.dtype, None)
+    assert stats.extra["panel_width_measured"] is False
