@@ -187,6 +187,18 @@ _GEMM_TYPES = {
 }
 
 
+def _output_ld(c) -> int:
+    """The leading dimension of GEMM output `c`, which must have unit stride
+    along its rows (row-strided views, such as a column strip of C, are fine)."""
+    item = c.itemsize
+    if c.shape[0] <= 1:
+        return max(c.shape[1], 1)
+    if (c.shape[1] > 1 and c.strides[1] != item) or c.strides[0] % item \
+            or c.strides[0] // item < c.shape[1]:
+        raise ValueError("gemm needs an output with unit stride along its rows")
+    return c.strides[0] // item
+
+
 def _row_major(xp, x):
     """`x` with unit stride along its last axis, and its leading dimension."""
     item = x.itemsize
@@ -314,8 +326,7 @@ class CupyBackend(Backend):
             return
         a, lda = _row_major(self.xp, a)
         b, ldb = _row_major(self.xp, b)
-        if not c.flags.c_contiguous:
-            raise ValueError("gemm needs a C-contiguous output")
+        ldc = _output_ld(c)  # a row-strided view (a column strip of C) is written in place
         data_type, compute, scalar = _GEMM_TYPES[c.dtype.char]
         if precision == "tf32" and c.dtype.char in "fF":
             compute = _CUBLAS_COMPUTE_32F_FAST_TF32
@@ -325,13 +336,13 @@ class CupyBackend(Backend):
         # beta=1 accumulates in place, so no C-sized temporary is ever made.
         if self._lt is not None:
             self._lt(c.dtype.char, data_type, compute, n, m, k, alpha_h.ctypes.data,
-                     b.data.ptr, ldb, a.data.ptr, lda, beta_h.ctypes.data, c.data.ptr, n,
+                     b.data.ptr, ldb, a.data.ptr, lda, beta_h.ctypes.data, c.data.ptr, ldc,
                      self.xp.cuda.get_current_stream().ptr, scalar)
             return
         cublas.gemmEx(self.xp.cuda.device.get_cublas_handle(), 0, 0, n, m, k,
                       alpha_h.ctypes.data, b.data.ptr, data_type, ldb,
                       a.data.ptr, data_type, lda, beta_h.ctypes.data,
-                      c.data.ptr, data_type, n, compute, _CUBLAS_GEMM_DEFAULT)
+                      c.data.ptr, data_type, ldc, compute, _CUBLAS_GEMM_DEFAULT)
 
     def synchronize(self):
         self.xp.cuda.Device(self.device).synchronize()

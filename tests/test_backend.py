@@ -108,3 +108,16 @@ def test_cublaslt_alignment_of_pointers():
     assert _alignment(0x7F0000000000 + 8) == 8
     assert _alignment(0x7F0000000000 + 48) == 16
     assert _alignment(0x7F0000000000 + 3) == 1
+
+
+def test_gemm_output_may_be_a_column_strip_but_not_transposed():
+    from summa.backend import _output_ld
+    c = np.zeros((6, 10))
+    assert _output_ld(c) == 10
+    assert _output_ld(c[:, 3:7]) == 10  # a column strip: rows 10 apart
+    assert _output_ld(c[::2]) == 20
+    assert _output_ld(c[:1, 2:5]) == 3  # one row: any leading dimension >= its length
+    with pytest.raises(ValueError, match="unit stride along its rows"):
+        _output_ld(c.T)
+    with pytest.raises(ValueError, match="unit stride along its rows"):
+        _output_ld(c[:, ::2])

@@ -26,7 +26,7 @@
 #   STAGE=ctas   docs/scripts/gpu_session.sh     # NCCL_MAX_CTAS against NCCL's SM share
 #   STAGE=hostgrid docs/scripts/gpu_session.sh   # host-resident head/tail, 1x2 vs 2x1, warm-up
 #   STAGE=peers2 docs/scripts/gpu_session.sh     # JAX / cuBLASMp where summa was behind
-#   STAGE=strips docs/scripts/gpu_session.sh     # column strips against K panels (~6 min)
+#   STAGE=strips docs/scripts/gpu_session.sh     # column strips against K panels (~8 min)
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -284,6 +284,9 @@ strips)  # issues 3, 8: column strips (every GEMM over all of K) against K panel
     # (float32 over half of K ran 3 % slower; cuBLASMp's float32 106.0 against summa's 103.1)
     SUMMA_TEST_BACKEND=cupy LIMIT=90 run $MPI -np 2 python3 -m pytest -q -p no:cacheprovider \
         --with-mpi tests/test_gpu.py tests/test_strips.py -k "strips" | tail -2
+    for args in float32 "float32 tf32"; do  # the strips' own GEMMs (strided C) on one GPU
+        LIMIT=90 run python3 docs/scripts/split_probe.py $args
+    done
     for args in "--dtype float32" "--dtype float32 --nb 4096" "--dtype float32 --comm nccl" \
                 "--dtype float64" "--dtype float32 --precision tf32"; do
         for schedule in panels strips; do
