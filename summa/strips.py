@@ -23,7 +23,7 @@ import time
 from .faults import inject
 from .watchdog import watch
 
-__all__ = ["SCHEDULES", "check_schedule", "strip_bounds"]
+__all__ = ["SCHEDULES", "check_schedule", "strip_bounds", "multiply_strips"]
 
 #: How the inner dimension is worked through: SUMMA's K panels, or column strips.
 SCHEDULES = ("panels", "strips")
@@ -109,8 +109,8 @@ def multiply_strips(alpha, A, B, C, strips, lookahead, col_bc, direct: bool, mar
                 pending.append(col_bc.ibcast(view, root, slot))
         return buf, pending
 
-    inflight = {i: start(i) for i in range(min(depth, len(strips)))}
     try:
+        inflight = {i: start(i) for i in range(min(depth, len(strips)))}
         for i, (s0, s1) in enumerate(strips):
             buf, pending = inflight.pop(i)
             if i == 1:
