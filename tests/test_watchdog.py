@@ -89,11 +89,14 @@ def _files(tmp_path, n=96):
               r"grid column 0"),
     ("summa (out of core)", r"the broadcast of B panel \d+ \(rows \d+:\d+\) from grid row "
                             r"\d along grid column 0 for C tile \d+ of \d+"),
+    ("summa (strips)", r"the broadcast of B's rows \d+:\d+, columns \d+:\d+ from grid row \d "
+                       r"along grid column 0"),
 ])
 def test_stalled_rank_is_named_by_the_watchdog(tmp_path, phase, step):
     a, b, c = _files(tmp_path)
     t0 = time.monotonic()
-    mode = ["--out-of-core"] if phase == "summa (out of core)" else []
+    mode = {"summa (out of core)": ["--out-of-core"],
+            "summa (strips)": ["--schedule", "strips"]}.get(phase, [])
     phase = phase.split()[0]
     p = job(3, "multiply", a, b, "-o", c, "--quiet", "--timeout", "2", "--nb", "16",
             "--grid", "3x1", *mode, env={"SUMMA_INJECT_FAULT": f"{phase}:1:hang"}, timeout=60)
@@ -142,7 +145,8 @@ def test_signal_stops_every_rank_and_removes_the_temporary_file(tmp_path, sig):
 
 
 @pytest.mark.parametrize("phase,mode", [("multiply", []), ("summa", []),
-                                        ("summa", ["--out-of-core"])])
+                                        ("summa", ["--out-of-core"]),
+                                        ("summa", ["--schedule", "strips"])])
 def test_rank_raising_mid_run_ends_the_job_with_its_message(tmp_path, phase, mode):
     a, b, c = _files(tmp_path)
     p = job(3, "multiply", a, b, "-o", c, "--quiet", "--nb", "16", *mode,
