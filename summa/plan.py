@@ -515,7 +515,11 @@ def choose_memory_mode(shape, dtype, grid, panel_width: int, lookahead: int, bac
             check_host_memory(plan, grid.comm)
             return None, None
         except ValueError as exc:
-            if backend.name != "cupy" or schedule == "strips":  # strips: in memory only
+            if schedule == "strips" and backend.name == "cupy":  # in memory only
+                raise ValueError(str(exc).replace("use --device-memory (out of core) or",
+                                                  "use --schedule panels (which can run out "
+                                                  "of core) or")) from None
+            if backend.name != "cupy":
                 raise
             note = f"the in-memory plan does not fit ({exc}); running out of core"
     if budget is None:

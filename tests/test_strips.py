@@ -196,3 +196,20 @@ def test_strips_take_the_default_width_for_auto(comm, backend):
         gemm(A, B, panel_width="auto", schedule="strips", stats=stats)
     assert stats.panel_width == default_panel_width(backend.name, A.dtype, None)
     assert stats.extra["panel_width_measured"] is False
+
+
+def test_strips_that_do_not_fit_are_refused_with_a_hint_that_applies(monkeypatch):
+    from types import SimpleNamespace
+    from mpi4py import MPI
+    from summa import plan
+    from summa.plan import choose_memory_mode
+    from test_outofcore import _FakeGpu  # 23.5 GiB free
+    monkeypatch.setattr(plan, "host_memory_total", lambda: 2**40)  # a 1 TiB node
+    grid = SimpleNamespace(shape=(1, 1), comm=MPI.COMM_SELF)
+    with pytest.raises(ValueError, match=r"GiB free; use --schedule panels \(which can run out "
+                                         r"of core\) or more ranks"):
+        choose_memory_mode((60_000,) * 3, "float64", grid, 4096, 1, _FakeGpu(),
+                           schedule="strips")
+    # panels go out of core by themselves instead
+    budget, note = choose_memory_mode((60_000,) * 3, "float64", grid, 4096, 1, _FakeGpu())
+    assert budget and "running out of core" in note
