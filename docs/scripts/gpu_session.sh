@@ -26,7 +26,7 @@
 #   STAGE=ctas   docs/scripts/gpu_session.sh     # NCCL_MAX_CTAS against NCCL's SM share
 #   STAGE=hostgrid docs/scripts/gpu_session.sh   # host-resident head/tail, 1x2 vs 2x1, warm-up
 #   STAGE=peers2 docs/scripts/gpu_session.sh     # JAX / cuBLASMp where summa was behind
-#   STAGE=strips docs/scripts/gpu_session.sh     # column strips against K panels (~8 min)
+#   STAGE=strips docs/scripts/gpu_session.sh     # column strips against K panels (~9 min)
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -285,8 +285,8 @@ strips)  # issues 3, 8: column strips (every GEMM over all of K) against K panel
     # TF32 0.916 of the ideal, float16 2 % behind JAX: do tensor-core GEMMs lose to K cuts too?)
     SUMMA_TEST_BACKEND=cupy LIMIT=90 run $MPI -np 2 python3 -m pytest -q -p no:cacheprovider \
         --with-mpi tests/test_gpu.py tests/test_strips.py -k "strips" | tail -2
-    for args in float32 "float32 tf32"; do  # the strips' own GEMMs (strided C) on one GPU
-        LIMIT=90 run python3 docs/scripts/split_probe.py $args
+    for args in float32 "float32 tf32" float16; do  # the strips' GEMMs (strided C), one GPU
+        LIMIT=60 run python3 docs/scripts/split_probe.py $args
     done
     for args in "--dtype float32" "--dtype float32 --comm nccl" "--dtype float64" \
                 "--dtype float32 --precision tf32" "--dtype float16"; do
@@ -296,6 +296,7 @@ strips)  # issues 3, 8: column strips (every GEMM over all of K) against K panel
                 | grep -a -E "x 32768|rank   [01]|efficiency"
         done
     done
+    # last: what is left of a 10-minute call
     LIMIT=200 run python3 docs/scripts/compare_peers.py --size 32768 --dtype float32 --gpus 2 \
         --repeat 3 --rounds 2 --peers summa,nvmath --summa-args "--schedule strips" \
         --json "$OUT/peers.jsonl"
