@@ -226,12 +226,16 @@ def test_multiply_job_bad_input_exit_2(tmp_path, args, match):
 
 
 def test_multiply_job_in_column_strips(tmp_path):
+    import json
     a, b, c = _files(tmp_path)
+    log = tmp_path / "runs.jsonl"
     p = job(2, "multiply", a, b, "-o", c, "--schedule", "strips", "--nb", "4", "--check",
-            "--quiet")
+            "--quiet", "--json", str(log))
     assert p.returncode == 0, p.stderr
-    got, want = np.load(c), np.load(a) @ np.load(b)
-    assert gemm_scaled_error(got, np.load(a), np.load(b)) <= 1 and got.shape == want.shape
+    got = np.load(c)
+    assert got.shape == (37, 29) and gemm_scaled_error(got, np.load(a), np.load(b)) <= 1
+    record = json.loads(log.read_text())
+    assert record["schedule"] == "strips" and record["panels"] == -(-29 // 4)
 
 
 def test_multiply_job_dtype_mismatch_names_both_files(tmp_path):
