@@ -287,6 +287,20 @@ class WindowReader:
         return 0.0
 
 
+def use_window_readers(grid, backend, monkeypatch):
+    """Make every multiply on `grid` use :class:`WindowReader` broadcasters;
+    return them, the calls they record, and for each GEMM of `backend` how
+    many calls came before it."""
+    import summa.selection as selection
+    calls, gemms = [], []
+    readers = (WindowReader(grid.row_comm, calls), WindowReader(grid.col_comm, calls))
+    monkeypatch.setattr(selection, "_broadcasters", lambda *args, **kwargs: readers)
+    real_gemm = backend.gemm
+    monkeypatch.setattr(backend, "gemm", lambda *a, **kw: (gemms.append(len(calls)),
+                                                           real_gemm(*a, **kw))[1])
+    return readers, calls, gemms
+
+
 class _Done:
     def settle(self):
         pass
@@ -303,19 +317,12 @@ def test_direct_reads_match_reference_and_hide_the_connect(comm, rng, which, loo
                                                            monkeypatch):
     """A broadcaster that reads the roots' blocks (ipc) lets each rank take its
     own panels first and open the peers' blocks once, after its first GEMM."""
-    import summa.selection as selection
     from summa.algorithm import _fetched
     from summa.backend import get_backend
     backend = get_backend("numpy")
     m, n, k = shape
     with make_grid(comm, which) as grid:
-        calls = []
-        readers = (WindowReader(grid.row_comm, calls), WindowReader(grid.col_comm, calls))
-        monkeypatch.setattr(selection, "_broadcasters", lambda *args, **kwargs: readers)
-        gemms = []
-        real_gemm = backend.gemm
-        monkeypatch.setattr(backend, "gemm", lambda *a, **kw: (gemms.append(len(calls)),
-                                                               real_gemm(*a, **kw))[1])
+        readers, calls, gemms = use_window_readers(grid, backend, monkeypatch)
         a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
         A, B = distribute(a, grid, backend), distribute(b, grid, backend)
         C = matmul(A, B, panel_width=4, lookahead=lookahead)

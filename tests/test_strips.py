@@ -143,19 +143,12 @@ def test_strips_by_direct_reads_hide_the_connect(comm, rng, lookahead, block, sh
     """With a broadcaster that reads the owners' blocks (ipc on GPUs), strided
     strips are copied straight out of them; a rank's own rows of the first
     strip are multiplied before the peers' blocks are opened."""
-    import summa.selection as selection
     from summa.backend import get_backend
-    from test_algorithm import WindowReader
+    from test_algorithm import use_window_readers
     backend = get_backend("numpy")
     m, n, k = shape
     with ProcessGrid(comm, (comm.Get_size(), 1)) as grid:
-        calls = []
-        readers = (WindowReader(grid.row_comm, calls), WindowReader(grid.col_comm, calls))
-        monkeypatch.setattr(selection, "_broadcasters", lambda *args, **kwargs: readers)
-        gemms = []
-        real_gemm = backend.gemm
-        monkeypatch.setattr(backend, "gemm", lambda *a, **kw: (gemms.append(len(calls)),
-                                                               real_gemm(*a, **kw))[1])
+        _, calls, gemms = use_window_readers(grid, backend, monkeypatch)
         a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
         A = DistMatrix.from_global(a, grid, backend, block=block)
         B = DistMatrix.from_global(b, grid, backend, block=block)
