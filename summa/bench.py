@@ -21,7 +21,6 @@ from .matrix import DistMatrix
 from .outofcore import summa_out_of_core
 from .plan import choose_memory_mode, memory_plan
 from .progress import Progress
-from .strips import check_schedule
 from .verify import freivalds
 from .watchdog import watch
 
@@ -108,7 +107,6 @@ def _memory_mode(args, backend, grid, shape, dtype, width, out) -> int | None:
     """The device budget for out of core, or None to run in memory (collective)."""
     nb = _plan_width(width, backend, dtype, None)
     try:
-        check_schedule(_schedule(args), grid.shape, args.out_of_core or bool(args.device_memory))
         budget, note = choose_memory_mode(shape, dtype, grid, nb, args.lookahead, backend,
                                           args.out_of_core, args.device_memory,
                                           _schedule(args))

@@ -29,7 +29,6 @@ from .progress import Progress
 from .outofcore import summa_out_of_core
 from .plan import choose_memory_mode
 from .selection import _broadcasters
-from .strips import check_schedule
 from .tuning import default_panel_width
 from .verify import freivalds
 from .watchdog import watch
@@ -166,7 +165,6 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         record["grid"] = list(pgrid.shape)
         width = panel_width if isinstance(panel_width, int) else \
             default_panel_width(be.name, compute, precision)
-        check_schedule(schedule, pgrid.shape, out_of_core or bool(device_memory))
         budget, note = choose_memory_mode((m, n, k), compute, pgrid, width, lookahead, be,
                                           out_of_core, device_memory, schedule)
         if note and rank0:

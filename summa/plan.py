@@ -42,6 +42,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .strips import check_schedule
+
 __all__ = ["Profile", "Prediction", "predict", "sweep", "SWEEP_RANKS", "recommend", "MemoryPlan",
            "memory_plan", "check_memory", "check_host_memory", "choose_memory_mode",
            "parse_bytes"]
@@ -500,10 +502,12 @@ def choose_memory_mode(shape, dtype, grid, panel_width: int, lookahead: int, bac
     Raises
     ------
     ValueError
-        The same on every rank: a bad size, an in-memory plan that does not
-        fit on the CPU backend, or a budget too small for any tile.
+        The same on every rank: a bad size, a schedule the grid or mode cannot
+        run, an in-memory plan that does not fit on the CPU backend (or under
+        strips), or a budget too small for any tile.
     """
     from mpi4py import MPI
+    check_schedule(schedule, grid.shape, out_of_core or bool(device_memory))
     m, n, k = shape
     budget = parse_bytes(device_memory) if device_memory else None
     note = None
