@@ -21,7 +21,8 @@ from .layout import Distribution, Layout, panel_schedule, split_panel
 from .matrix import DistMatrix
 from .selection import _export, _pick_broadcasters
 from .strips import check_schedule, multiply_strips, strip_bounds
-from .tuning import auto_panel_width, default_panel_width
+from .transpose import PanelsOfA
+from .tuning import auto_panel_width, default_panel_width, transposes_a
 from .faults import inject
 from .watchdog import watch
 
@@ -162,8 +163,12 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
     row_bc, col_bc = _pick_broadcasters(A, B, C, panels, broadcaster, precision)
     direct = _export(grid, backend, row_bc, col_bc, A.local, B.local)
-    if grid.size == 1:
+    transpose = transposes_a(backend.name, C.dtype, precision,
+                             schedule="strips" if strips else "panels")
+    if grid.size == 1 and not transpose:
         panels = panels[:1]  # one rank: a single GEMM over all of K, nothing to overlap
+    elif grid.size == 1:
+        pass  # one rank, A's panels transposed one by one (all of K would take an A's room)
     elif strips:
         panels = strip_bounds(C.local.shape[1], panel_width,
                               HEAD_PIECES if backend.name == "cupy" else 1)
@@ -176,7 +181,8 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     stats = SummaStats(panels=len(panels), panel_width=panel_width,
                        comm=(col_bc if strips else row_bc).name,
                        lookahead=lookahead, extra={"panel_width_measured": measured,
-                                                   "schedule": "strips" if strips else "panels"})
+                                                   "schedule": "strips" if strips else "panels",
+                                                   "transposed_a": transpose})
 
     t0 = time.perf_counter()
     if beta == 0:
@@ -184,20 +190,24 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     elif beta != 1:
         C.local *= beta
     marks = []
-    if grid.size == 1:
-        marks.append(backend.timing_mark())
-        backend.gemm(alpha, A.local, B.local, C.local, precision=precision)
-        marks.append(backend.timing_mark())
-        if progress is not None:
-            progress(1, 1)
-    else:
-        with backend.compute_stream():
-            if strips:
-                multiply_strips(alpha, A, B, C, panels, lookahead, col_bc, direct[1], marks,
-                                precision, progress, stats.extra)
-            else:
-                _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks,
-                          precision, progress, stats.extra)
+    with backend.compute_stream():
+        # Made inside: its copies go on the stream its GEMMs run on.
+        operand_a = PanelsOfA(backend, C.local.shape[0], 0 if strips else
+                              max((p.width for p in panels), default=0), C.dtype, transpose)
+        if grid.size == 1:
+            for i, p in enumerate(panels):
+                a, b = local_parts(A, B, p) if transpose else (A.local, B.local)
+                marks.append(backend.timing_mark())
+                backend.gemm(alpha, operand_a(a), b, C.local, precision=precision)
+                marks.append(backend.timing_mark())
+                if progress is not None:
+                    progress(i + 1, len(panels))
+        elif strips:
+            multiply_strips(alpha, A, B, C, panels, lookahead, col_bc, direct[1], marks,
+                            precision, progress, stats.extra)
+        else:
+            _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks,
+                      precision, progress, stats.extra, operand_a)
     with watch("the queued GPU work of the SUMMA loop (broadcasts and GEMMs)"):
         backend.synchronize()
     stats.seconds = time.perf_counter() - t0
@@ -304,9 +314,10 @@ def _fetched(p, grid, direct) -> int:
 
 
 def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, precision,
-              progress, extra) -> None:
+              progress, extra, operand_a=None) -> None:
     """The SUMMA steps with `lookahead` panels in flight; GEMM marks go to `marks`,
-    the direct broadcasters' set-up and tear-down seconds to `extra`."""
+    the direct broadcasters' set-up and tear-down seconds to `extra`; each
+    GEMM reads A as `operand_a` (a :class:`PanelsOfA`) gives it."""
     grid, xp = C.grid, C.backend.xp
     mloc, nloc = C.local.shape
     depth = lookahead + 1
@@ -387,7 +398,7 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
                 len(panels)) if readers else 0
     try:
         _steps(alpha, C, panels, depth, hold, start, finished, marks, precision, progress,
-               held, lambda i: local_parts(A, B, panels[i]))
+               held, lambda i: local_parts(A, B, panels[i]), operand_a)
         connect()  # every rank takes part, even one that fetched nothing
     except BaseException:
         for bc in readers:  # the peers may be gone: close what this rank opened, no barrier
@@ -401,7 +412,7 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
 
 
 def _steps(alpha, C, panels, depth, hold, start, finished, marks, precision,
-           progress, held=(), views=None) -> None:
+           progress, held=(), views=None, operand_a=None) -> None:
     """Run the SUMMA steps.
 
     `start(i)` queues panel i's broadcasts, in list order (the order every rank
@@ -413,7 +424,8 @@ def _steps(alpha, C, panels, depth, hold, start, finished, marks, precision,
     order, `depth` steps behind their broadcasts. Panels from `hold` on start
     only once the GEMMs before `hold` are queued (direct copies hide their
     set-up behind those). `finished(i)` runs when GEMM i is queued. The order
-    depends only on the panels and `held`, not on `depth`.
+    depends only on the panels and `held`, not on `depth`. `operand_a(a)`
+    (default: `a` itself) is the A operand each GEMM reads.
     """
     backend, grid = C.backend, C.grid
     n = len(panels)
@@ -456,8 +468,9 @@ def _steps(alpha, C, panels, depth, hold, start, finished, marks, precision,
             inject("summa")
         if i not in first:
             wait_for_panel(i, panels[i], ra, rb, grid)
-        marks.append(backend.timing_mark())
-        backend.gemm(alpha, a, b, C.local, precision=precision)
+        marks.append(backend.timing_mark())  # the copy of A, if any, counts as compute
+        backend.gemm(alpha, a if operand_a is None else operand_a(a), b, C.local,
+                     precision=precision)
         marks.append(backend.timing_mark())
         queued += 1
         finished(i)

@@ -15,7 +15,7 @@ import numpy as np
 
 __all__ = ["Backend", "NumpyBackend", "CupyBackend", "get_backend", "cupy_available",
            "DTYPES", "resolve_dtype", "gemm_library", "GEMM_LIBRARIES", "compute_priority",
-           "cublaslt_path"]
+           "transpose_a_setting", "cublaslt_path"]
 
 #: GPU GEMM implementations: cuBLAS's gemmEx (its heuristic's first algorithm), or
 #: cuBLASLt with the fastest of several algorithms timed per shape (summa/lt.py).
@@ -52,6 +52,21 @@ def compute_priority() -> str:
     if name not in ("default", "high"):
         raise ValueError(f"SUMMA_COMPUTE_PRIORITY={name!r} is not one of default, high")
     return name
+
+#: ``SUMMA_TRANSPOSE_A`` values (:func:`transpose_a_setting`).
+TRANSPOSE_A_SETTINGS = ("auto", "yes", "no")
+
+
+def transpose_a_setting() -> str:
+    """``SUMMA_TRANSPOSE_A``: whether in-memory panel GEMMs read A from a
+    transposed (column-major) copy of each panel: ``auto`` (where measured
+    faster, :func:`summa.tuning.transposes_a`), ``yes`` or ``no``."""
+    name = os.environ.get("SUMMA_TRANSPOSE_A", "auto").strip().lower() or "auto"
+    if name not in TRANSPOSE_A_SETTINGS:
+        raise ValueError(f"SUMMA_TRANSPOSE_A={name!r} is not one of "
+                         f"{', '.join(TRANSPOSE_A_SETTINGS)}")
+    return name
+
 
 #: dtypes summa computes in, by the names the CLI accepts.
 DTYPES = {
@@ -119,10 +134,16 @@ class Backend:
         """``c = alpha * (a @ b) + beta * c`` in place (accumulates by default).
 
         `a` and `b` may be row-strided views (unit stride along their last
-        axis), so panels can be multiplied where they lie; `c` is C-contiguous.
+        axis), so panels can be multiplied where they lie, or column-major
+        (``t.T`` of a C-ordered `t`: read transposed, no copy); `c` has unit
+        stride along its rows.
         `precision` ``"tf32"`` lets float32 products use TF32 tensor cores.
         """
         raise NotImplementedError
+
+    def transpose(self, x, out) -> None:
+        """``out[...] = x.T``; `out` is C-contiguous."""
+        out[...] = x.T
 
     def synchronize(self) -> None:
         """Wait for all queued device work (no-op on NumPy)."""
@@ -199,15 +220,24 @@ def _output_ld(c) -> int:
     return c.strides[0] // item
 
 
-def _row_major(xp, x):
-    """`x` with unit stride along its last axis, and its leading dimension."""
+def _operand(xp, x, transposable: bool = True):
+    """GEMM operand `x` as cuBLAS reads it: ``(array, leading dimension,
+    transposed)``. Row-major views (unit stride along rows) pass as they are;
+    column-major ones (unit stride down columns: a transposed copy's ``.T``),
+    where `transposable`, as cuBLAS's transposed operand; anything else is
+    copied to C order."""
     item = x.itemsize
-    if x.shape[1] == 1 or x.strides[1] == item:
-        ld = x.strides[0] // item if x.shape[0] > 1 else x.shape[1]
-        if ld >= max(1, x.shape[1]) and x.strides[0] % item == 0:
-            return x, max(ld, 1)
+    rows, cols = x.shape
+    if cols == 1 or x.strides[1] == item:
+        ld = x.strides[0] // item if rows > 1 else cols
+        if ld >= max(1, cols) and x.strides[0] % item == 0:
+            return x, max(ld, 1), False
+    if transposable and (rows == 1 or x.strides[0] == item):
+        ld = x.strides[1] // item if cols > 1 else rows
+        if ld >= max(1, rows) and x.strides[1] % item == 0:
+            return x, max(ld, 1), True
     x = xp.ascontiguousarray(x)
-    return x, max(x.shape[1], 1)
+    return x, max(cols, 1), False
 
 
 class _DoneEvent:
@@ -324,8 +354,10 @@ class CupyBackend(Backend):
             if beta != 1:
                 c *= beta
             return
-        a, lda = _row_major(self.xp, a)
-        b, ldb = _row_major(self.xp, b)
+        # cuBLASLt's plans here take untransposed operands only.
+        lt = self._lt is not None
+        a, lda, a_t = _operand(self.xp, a, transposable=not lt)
+        b, ldb, b_t = _operand(self.xp, b, transposable=not lt)
         ldc = _output_ld(c)  # a row-strided view (a column strip of C) is written in place
         data_type, compute, scalar = _GEMM_TYPES[c.dtype.char]
         if precision == "tf32" and c.dtype.char in "fF":
@@ -333,16 +365,35 @@ class CupyBackend(Backend):
         alpha_h = np.array(alpha, dtype=scalar)
         beta_h = np.array(beta, dtype=scalar)
         # Row-major C = A B is column-major C^T = B^T A^T: swap the operands.
+        # A column-major operand is the transpose of what that view expects.
         # beta=1 accumulates in place, so no C-sized temporary is ever made.
-        if self._lt is not None:
+        if lt:
             self._lt(c.dtype.char, data_type, compute, n, m, k, alpha_h.ctypes.data,
                      b.data.ptr, ldb, a.data.ptr, lda, beta_h.ctypes.data, c.data.ptr, ldc,
                      self.xp.cuda.get_current_stream().ptr, scalar)
             return
-        cublas.gemmEx(self.xp.cuda.device.get_cublas_handle(), 0, 0, n, m, k,
+        cublas.gemmEx(self.xp.cuda.device.get_cublas_handle(), int(b_t), int(a_t), n, m, k,
                       alpha_h.ctypes.data, b.data.ptr, data_type, ldb,
                       a.data.ptr, data_type, lda, beta_h.ctypes.data,
                       c.data.ptr, data_type, ldc, compute, _CUBLAS_GEMM_DEFAULT)
+
+    def transpose(self, x, out) -> None:
+        """``out[...] = x.T`` on the current stream; `out` C-contiguous, `x`
+        row-strided (cuBLAS geam, a tiled transpose; float16 by CuPy)."""
+        from cupy_backends.cuda.libs import cublas
+        m, n = x.shape
+        geam = {"f": cublas.sgeam, "d": cublas.dgeam, "F": cublas.cgeam,
+                "D": cublas.zgeam}.get(x.dtype.char)
+        if geam is None or 0 in (m, n):
+            out[...] = x.T
+            return
+        x, ld, _ = _operand(self.xp, x, transposable=False)
+        scalar = _GEMM_TYPES[x.dtype.char][2]
+        one, zero = np.array(1, dtype=scalar), np.array(0, dtype=scalar)
+        # Column-major: out^T (m x n, ld m) = op_T(x viewed as n x m, ld `ld`);
+        # beta 0 with B = C (in place, allowed) reads nothing.
+        geam(self.xp.cuda.device.get_cublas_handle(), 1, 0, m, n, one.ctypes.data,
+             x.data.ptr, ld, zero.ctypes.data, out.data.ptr, m, out.data.ptr, m)
 
     def synchronize(self):
         self.xp.cuda.Device(self.device).synchronize()
@@ -432,6 +483,7 @@ def get_backend(name: str = "auto", local_rank: int = 0) -> Backend:
         raise ValueError(f"unknown backend {name!r}; choose auto, numpy or cupy")
     library = gemm_library()  # bad settings are errors on CPU machines too
     priority = compute_priority()
+    transpose_a_setting()
     if name == "auto":
         name = "cupy" if cupy_available() else "numpy"
     if name == "numpy":

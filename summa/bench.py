@@ -67,10 +67,12 @@ def agree_backend(comm: MPI.Comm, name: str):
     return backend
 
 
-def _single_device_seconds(backend, shape, dtype, precision, repeat: int = 3) -> float:
+def _single_device_seconds(backend, shape, dtype, precision, repeat: int = 3,
+                           transposed_a: bool = False) -> float:
     """Best time of this rank's share of the work, (rows of C here) x (columns
     of C here) x K, as one product on this rank's device alone: the best of
-    ``xp.matmul`` and the backend's own GEMM (the one summa uses)."""
+    ``xp.matmul`` and the backend's own GEMM (the one summa uses), and with
+    `transposed_a` (summa read A column-major) that GEMM on a column-major A."""
     m, n, k = shape
     if 0 in shape:
         return 0.0
@@ -82,6 +84,9 @@ def _single_device_seconds(backend, shape, dtype, precision, repeat: int = 3) ->
     candidates = [lambda: backend.gemm(1.0, a, b, c, beta=0.0, precision=precision)]
     if precision in (None, "default") or dtype.char not in "fF":
         candidates.append(lambda: xp.matmul(a, b, out=c))
+    if transposed_a:
+        a_cm = xp.asfortranarray(a)
+        candidates.append(lambda: backend.gemm(1.0, a_cm, b, c, beta=0.0, precision=precision))
     best = float("inf")
     for run in candidates:
         run()
@@ -103,13 +108,14 @@ def _schedule(args) -> str:
     return getattr(args, "schedule", "panels")  # a sweep's runs use panels
 
 
-def _memory_mode(args, backend, grid, shape, dtype, width, out) -> int | None:
+def _memory_mode(args, backend, grid, shape, dtype, width, out,
+                 precision=None) -> int | None:
     """The device budget for out of core, or None to run in memory (collective)."""
-    nb = _plan_width(width, backend, dtype, None)
+    nb = _plan_width(width, backend, dtype, precision)
     try:
         budget, note = choose_memory_mode(shape, dtype, grid, nb, args.lookahead, backend,
                                           args.out_of_core, args.device_memory,
-                                          _schedule(args))
+                                          _schedule(args), precision)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if note and grid.rank == 0:
@@ -157,13 +163,13 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
         # "auto" is measured in the first call and cached for the rest.
         budget = _memory_mode(args, backend, grid, (m, n, k), dtype,
                               args.nb or default_panel_width(backend.name, dtype, precision),
-                              out)
+                              out, precision)
         ooc = budget is not None
         gemm_width = args.nb or default_panel_width(backend.name, dtype, precision, ooc)
         plan = memory_plan(m, n, k, dtype, grid.shape,
                            _plan_width(gemm_width, backend, dtype, precision, ooc),
                            args.lookahead, backend.name, device_budget=budget, out_of_core=ooc,
-                           schedule=_schedule(args))
+                           schedule=_schedule(args), precision=precision)
         home = backend if budget is None else NumpyBackend()  # out of core: data on the host
         progress.phase("generate", 3)
         # Host-held data is still generated on the GPU (many times faster).
@@ -213,8 +219,9 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
         reserved = backend.memory_reserved()
         ideal_seconds = None
         if getattr(args, "ideal", False):
-            ideal_seconds = _single_device_seconds(backend, (*C.local.shape, k), dtype,
-                                                   precision)
+            ideal_seconds = _single_device_seconds(
+                backend, (*C.local.shape, k), dtype, precision,
+                transposed_a=best_stats.extra.get("transposed_a", False))
         per_rank = grid.comm.gather(dict(rank=grid.rank, coords=[grid.row, grid.col],
                                          host=socket.gethostname(), device=backend.device,
                                          out_of_core=best_stats.extra.get("out_of_core", False),
@@ -260,6 +267,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
               "ranks": size, "grid": list(grid_shape), "backend": backend.name,
               "comm": best_stats.comm, "nb": nb, "block": args.block,
               "lookahead": args.lookahead, "schedule": _schedule(args),
+              "transposed_a": bool(best_stats.extra.get("transposed_a", False)),
               "repeat": repeat, "warmup": warmup,
               "times": times, "seconds": best, "tflops": tflops, "tflops_per_rank": tflops / size,
               "panels": best_stats.panels, "check_residual": residual, "check_passed": ok,
@@ -270,7 +278,8 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     print(f"summa {record['command']}: {size} ranks, grid {grid_shape[0]}x{grid_shape[1]}, "
           f"backend {backend.describe()}, comm {best_stats.comm}"
-          + (", column strips" if _schedule(args) == "strips" else ""), file=out)
+          + (", column strips" if _schedule(args) == "strips" else "")
+          + (", A's panels transposed" if record["transposed_a"] else ""), file=out)
     header = f"{'M x N x K':>22} {'dtype':>10} {'nb':>5} {'seconds':>9} {'TFLOP/s':>9} " \
              f"{'per rank':>9} {'max err/gauge':>14}"
     err = "-" if residual is None else f"{residual:.2e} {'ok' if ok else 'FAIL'}"
@@ -291,8 +300,10 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
               "on the first call" + (f"; NOT locked on ranks {unlocked}: copies there are "
                                      "synchronous and slow" if unlocked else ""), file=out)
     if efficiency is not None:
-        print(f"ideal ({size} x one-device {backend.xp.__name__}.matmul of the per-rank shape): "
-              f"{ideal_tflops:.3f} TFLOP/s; efficiency {efficiency:.3f}", file=out)
+        also = " (also with A column-major)" if record["transposed_a"] else ""
+        print(f"ideal ({size} x the faster one-device product of the per-rank shape: "
+              f"{backend.xp.__name__}.matmul or summa's GEMM{also}): {ideal_tflops:.3f} "
+              f"TFLOP/s; efficiency {efficiency:.3f}", file=out)
     if plan.device_bytes:
         print(f"memory plan: {plan.device_bytes / 2**30:.2f} GiB of device memory per rank "
               f"(largest rank; measured pool below)", file=out)

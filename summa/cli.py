@@ -306,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--lookahead", type=_nonnegative_int, default=1)
     plan.add_argument("--schedule", choices=SCHEDULES, default="panels",
                       help="panels along K (default), or column strips (grids of one column)")
+    plan.add_argument("--precision", choices=("default", "tf32"), default="default",
+                      help="tf32: float32 GEMMs on tensor cores (their panels of A are not "
+                           "copied transposed)")
     plan.add_argument("--backend", choices=("numpy", "cupy"), default="cupy")
     plan.add_argument("--device-memory", metavar="SIZE", default=None,
                       help="GPU memory cap per rank: plan out of core within it")
@@ -376,7 +379,8 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
         check_schedule(args.schedule, grid, out_of_core=budget is not None)
         plan = memory_plan(m, n, k, args.dtype, grid, args.nb, args.lookahead, args.backend,
                            device_budget=budget, out_of_core=budget is not None,
-                           schedule=args.schedule)
+                           schedule=args.schedule,
+                           precision=None if args.precision == "default" else args.precision)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if comm.Get_rank() == 0:

@@ -166,7 +166,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         width = panel_width if isinstance(panel_width, int) else \
             default_panel_width(be.name, compute, precision)
         budget, note = choose_memory_mode((m, n, k), compute, pgrid, width, lookahead, be,
-                                          out_of_core, device_memory, schedule)
+                                          out_of_core, device_memory, schedule, precision)
         if note and rank0:
             warn(note)
         if budget is not None and not isinstance(panel_width, int):

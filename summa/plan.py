@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .strips import check_schedule
+from .tuning import transposes_a
 
 __all__ = ["Profile", "Prediction", "predict", "sweep", "SWEEP_RANKS", "recommend", "MemoryPlan",
            "memory_plan", "check_memory", "check_host_memory", "choose_memory_mode",
@@ -334,7 +335,8 @@ def _local_sizes(m, n, k, grid):
 
 def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
                 lookahead: int = 1, backend: str = "cupy", device_budget: int | None = None,
-                out_of_core: bool = False, schedule: str = "panels") -> MemoryPlan:
+                out_of_core: bool = False, schedule: str = "panels",
+                precision=None) -> MemoryPlan:
     """Peak memory per rank of ``C = A @ B`` and, out of core, the C tiles that
     fit `device_budget` bytes.
 
@@ -342,7 +344,9 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     (ml x nl) plus ``lookahead + 1`` panel buffers for each operand that arrives
     from other ranks (NumPy also makes one C-sized product per GEMM; CuPy
     accumulates in place); with ``schedule="strips"`` the buffers hold B's
-    strips of all of K (k x nb). Out of core, the blocks stay in host memory; the
+    strips of all of K (k x nb). Where A's panels are multiplied from a
+    transposed copy (:func:`summa.tuning.transposes_a`), one more nb x ml
+    scratch buffer. Out of core, the blocks stay in host memory; the
     device holds C tiles (two when there are several, so one is written back
     while the next is computed) and ``lookahead + 1`` slots for the A and B
     parts of a panel that a tile needs: ``c tm tn + slots (tm + tn) nb``
@@ -357,11 +361,14 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     nb = max(1, min(panel_width, k))
     slots = lookahead + 1
     panels = slots * ((ml * nb if pc > 1 else 0) + (nb * nl if pr > 1 else 0))
-    if schedule == "strips" and pr > 1:  # B's strips: all of K, `panel_width` columns
+    strips = schedule == "strips" and pr > 1  # one rank runs panels whatever it is asked
+    if strips:  # B's strips: all of K, `panel_width` columns
         panels = slots * k * max(1, min(panel_width, nl))
     blocks = ml * ka + kb * nl + ml * nl
     if not out_of_core:
         extra = ml * nl if backend == "numpy" else 0
+        if transposes_a(backend, dtype, precision, schedule="strips" if strips else "panels"):
+            extra += nb * ml
         on_device = (blocks + panels + extra) * item
         staging = panels * item if backend == "cupy" else 0  # pinned host buffers (mpi mode)
         if backend == "numpy":
@@ -486,7 +493,7 @@ def check_host_memory(plan: MemoryPlan, comm) -> None:
 
 def choose_memory_mode(shape, dtype, grid, panel_width: int, lookahead: int, backend,
                        out_of_core: bool = False, device_memory=None,
-                       schedule: str = "panels"):
+                       schedule: str = "panels", precision=None):
     """In memory or out of core, decided before anything is allocated; collective.
 
     Out of core when asked (`out_of_core`, or a `device_memory` cap such as
@@ -513,7 +520,7 @@ def choose_memory_mode(shape, dtype, grid, panel_width: int, lookahead: int, bac
     note = None
     if budget is None and not out_of_core:
         plan = memory_plan(m, n, k, dtype, grid.shape, panel_width, lookahead, backend.name,
-                           schedule=schedule)
+                           schedule=schedule, precision=precision)
         try:
             check_memory(plan, backend, grid.comm)
             check_host_memory(plan, grid.comm)

@@ -15,7 +15,7 @@ import numpy as np
 
 from mpi4py import MPI
 
-__all__ = ["default_panel_width", "auto_panel_width", "CANDIDATE_WIDTHS"]
+__all__ = ["default_panel_width", "auto_panel_width", "transposes_a", "CANDIDATE_WIDTHS"]
 
 #: Widths ``auto`` considers (those wider than K are dropped).
 CANDIDATE_WIDTHS = (256, 512, 1024, 2048, 4096, 8192)
@@ -46,6 +46,32 @@ def default_panel_width(backend_name: str, dtype, precision: str | None = None,
     if precision == "tf32" or dtype == np.float16 or (dtype == np.float32 and not out_of_core):
         return 8192
     return 4096
+
+
+#: GPU GEMMs that run faster reading A column-major (cuBLAS's transposed
+#: operand) than row-major, by dtype char: on an H200, one rank's share of
+#: N = 32768 (16384 x 32768 x 32768) ran float64 56.6 against 52.1 TFLOP/s,
+#: float32 54.4 against 53.4 (docs/scripts/layout_probe.py, docs/benchmarks.md).
+TRANSPOSED_A_FASTER = frozenset("fd")
+
+
+def transposes_a(backend_name: str, dtype, precision=None, out_of_core: bool = False,
+                 schedule: str = "panels") -> bool:
+    """Do the in-memory panel GEMMs copy each panel of A transposed (one
+    scratch buffer of panel width x local rows) and read it column-major?
+
+    ``SUMMA_TRANSPOSE_A`` decides: ``yes`` (any backend, for tests), ``no``, or
+    ``auto``: on GPUs, for the dtypes of :data:`TRANSPOSED_A_FASTER` without
+    TF32. Column strips and out-of-core sweeps keep A as it is.
+    """
+    from .backend import transpose_a_setting
+    setting = transpose_a_setting()
+    if out_of_core or schedule != "panels" or setting == "no":
+        return False
+    if setting == "yes":
+        return True
+    return (backend_name == "cupy" and precision != "tf32"
+            and np.dtype(dtype).char in TRANSPOSED_A_FASTER)
 
 
 def auto_panel_width(A, B, C, precision=None) -> tuple[int, bool]:

@@ -172,6 +172,51 @@ def test_strided_panels_multiply_in_place(comm, rng, gpu):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "complex64", "complex128"])
+def test_column_major_operands_and_transposes(comm, rng, gpu, dtype):
+    """cuBLAS reads a column-major A or B as its transposed operand (no copy),
+    and ``transpose`` (geam; float16 by CuPy) copies a row-strided panel exactly."""
+    _, backend = gpu
+    xp = backend.xp
+    a = xp.asarray(random_array(rng, (37, 64), dtype))
+    b = xp.asarray(random_array(rng, (24, 29), dtype))
+    panel = a[:, 8:32]  # row-strided
+    copy = xp.empty((24, 37), dtype=dtype)
+    backend.transpose(panel, copy)
+    assert bool((copy == panel.T).all())
+    want = backend.to_host(panel).astype(np.complex128) @ backend.to_host(b)
+    for x, y in ((copy.T, b), (panel, xp.asfortranarray(b)), (copy.T, xp.asfortranarray(b))):
+        c = xp.zeros((37, 29), dtype=dtype)
+        backend.gemm(1.0, x, y, c)
+        got = backend.to_host(c).astype(np.complex128)
+        tol = 24 * np.finfo(dtype).eps * 4
+        assert np.abs(got - want).max() <= tol * np.abs(want).max() + tol, (x.flags, y.flags)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mode", ["nccl", "ipc"])
+@pytest.mark.parametrize("dtype,precision", [("float64", None), ("float32", None),
+                                             ("float32", "tf32"), ("float16", None)])
+def test_transposed_panels_on_the_gpu(comm, rng, gpu, monkeypatch, mode, dtype, precision):
+    """A's panels copied transposed (forced for every dtype): the reference's
+    product with every broadcaster, on every grid shape."""
+    _, backend = gpu
+    if mode not in _modes(backend):
+        pytest.skip(f"{mode} is not available here")
+    monkeypatch.setenv("SUMMA_TRANSPOSE_A", "yes")
+    p = comm.Get_size()
+    m, n, k = 70, 93, 41 * p + 3
+    a, b = random_array(rng, (m, k), dtype), random_array(rng, (k, n), dtype)
+    for shape in {(p, 1), (1, p)}:
+        with ProcessGrid(comm, shape) as grid:
+            A = DistMatrix.from_global(a, grid, backend)
+            B = DistMatrix.from_global(b, grid, backend)
+            c = matmul(A, B, panel_width=16, broadcaster=mode, precision=precision).gather()
+        if comm.rank == 0:
+            assert gemm_scaled_error(c, a, b, precision=precision) <= 1, shape
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("mode,size", [("auto", 300), ("ipc", 300), ("ipc", 2000)])
 def test_out_of_core_on_the_gpu(comm, rng, gpu, dtype, mode, size):

@@ -27,6 +27,8 @@
 #   STAGE=hostgrid docs/scripts/gpu_session.sh   # host-resident head/tail, 1x2 vs 2x1, warm-up
 #   STAGE=peers2 docs/scripts/gpu_session.sh     # JAX / cuBLASMp where summa was behind
 #   STAGE=strips docs/scripts/gpu_session.sh     # column strips against K panels (~9 min)
+#   STAGE=transpose docs/scripts/gpu_session.sh  # A's panels transposed: tests, probes, fp64/32
+#   STAGE=transpose2 docs/scripts/gpu_session.sh # the same for TF32/float16, one GPU, peers
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -300,6 +302,41 @@ strips)  # issues 3, 8: column strips (every GEMM over all of K) against K panel
     LIMIT=200 run python3 docs/scripts/compare_peers.py --size 32768 --dtype float32 --gpus 2 \
         --repeat 3 --rounds 2 --peers summa,nvmath --summa-args "--schedule strips" \
         --json "$OUT/peers.jsonl"
+    ;;
+transpose)  # issues 3, 8: A's panels copied transposed (cuBLAS reads a column-major A
+    # faster: float64 56.6 against 52.1, float32 54.4 against 53.4 one GPU; JAX's layout)
+    SUMMA_TEST_BACKEND=cupy LIMIT=90 run $MPI -np 2 python3 -m pytest -q -p no:cacheprovider \
+        --with-mpi tests/test_gpu.py tests/test_transpose.py \
+        -k "column_major or transposed" | tail -2
+    LIMIT=60 run python3 docs/scripts/layout_probe.py float16 float32 tf32
+    LIMIT=70 run python3 docs/scripts/split_probe.py float32 at
+    for args in "--dtype float64" "--dtype float32" "--dtype float32 --schedule strips"; do
+        for setting in auto no; do
+            echo "SUMMA_TRANSPOSE_A=$setting $args"
+            LIMIT=60 run $MPI -x SUMMA_TRANSPOSE_A=$setting -np 2 python3 -m summa bench \
+                --backend cupy --size 32768 $args --check --repeat 3 --timeout 60 \
+                --json "$OUT/transpose.jsonl" | grep -a -E "x 32768|rank   [01]|efficiency"
+            [ "$args" = "--dtype float32 --schedule strips" ] && break  # strips keep A
+        done
+    done
+    LIMIT=100 run python3 docs/scripts/compare_peers.py --size 32768 --dtype float64 --gpus 2 \
+        --repeat 3 --rounds 2 --peers summa,jax --json "$OUT/peers.jsonl"
+    ;;
+transpose2)  # the tensor-core dtypes with and without, one GPU, the peers
+    for args in "--dtype float32 --precision tf32" "--dtype float16"; do
+        for setting in yes no; do
+            echo "SUMMA_TRANSPOSE_A=$setting $args"
+            LIMIT=50 run $MPI -x SUMMA_TRANSPOSE_A=$setting -np 2 python3 -m summa bench \
+                --backend cupy --size 32768 $args --check --repeat 3 --timeout 60 \
+                --json "$OUT/transpose.jsonl" | grep -a -E "x 32768|rank   [01]|efficiency"
+        done
+    done
+    for d in float64 float32; do
+        LIMIT=60 run python3 -m summa bench --backend cupy --size 32768 --dtype $d --check \
+            --repeat 3 --json "$OUT/transpose.jsonl" | grep -a -E "x 32768|rank   0|efficiency"
+    done
+    LIMIT=120 run python3 docs/scripts/compare_peers.py --size 32768 --dtype float32 --gpus 2 \
+        --repeat 3 --rounds 2 --peers summa,nvmath,jax --json "$OUT/peers.jsonl"
     ;;
 ctas)  # issues 3, 5: NCCL's kernels spin on SMs while they wait for the peer (out of core:
     # broadcasts busy 0.45 of 0.77 s, GEMMs 4-9 % slow); fewer CTAs, still hidden behind GEMMs?

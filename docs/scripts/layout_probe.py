@@ -8,7 +8,9 @@ products reach 52-54; this times one rank's share of N = 32768 on a 2x1 grid
 each operand stored either way (cuBLAS gemmEx, column-major view of
 row-major C), median of 5 turns in round robin:
 
-    python3 docs/scripts/layout_probe.py [dtype ...]
+    python3 docs/scripts/layout_probe.py [dtype ...] [tf32]
+
+(``tf32``: float32 products on TF32 tensor cores.)
 """
 import os
 import sys
@@ -19,7 +21,9 @@ from cupy_backends.cuda.libs import cublas
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from probe_timing import round_robin  # noqa: E402
-from summa.backend import _GEMM_TYPES, _CUBLAS_GEMM_DEFAULT  # noqa: E402
+from summa.backend import (_GEMM_TYPES, _CUBLAS_GEMM_DEFAULT,  # noqa: E402
+                           _CUBLAS_COMPUTE_32F_FAST_TF32)
+TF32 = "tf32" in sys.argv[1:]
 
 K = 32768
 #: One rank's C block on a 2 x 1 grid (16384 x 32768) and on a 1 x 2 grid (32768 x 16384).
@@ -27,7 +31,7 @@ SHAPES = ((16384, 32768), (32768, 16384))
 
 
 def main():
-    dtypes = [np.dtype(d) for d in sys.argv[1:]] or [np.dtype("float64"), np.dtype("float32")]
+    dtypes = [np.dtype(d) for d in sys.argv[1:] if d != "tf32"] or [np.dtype("float64"), np.dtype("float32")]
     print(f"M x N x {K}, TFLOP/s; A and B stored row-major (as given) or transposed")
     print(f"{'dtype':8s} {'M x N':>13s} {'A, B':>6s} {'A, Bt':>6s} {'At, B':>6s} {'At, Bt':>6s}")
     for dt in dtypes:
@@ -44,6 +48,8 @@ def row(dt, M, N):
     stored = {"A": a, "At": cupy.ascontiguousarray(a.T), "B": b,
               "Bt": cupy.ascontiguousarray(b.T)}
     data_type, compute, scalar = _GEMM_TYPES[dt.char]
+    if TF32 and dt.char == "f":
+        compute = _CUBLAS_COMPUTE_32F_FAST_TF32
     one, zero = np.array(1, dtype=scalar), np.array(0, dtype=scalar)
     outputs = {key: cupy.empty((M, N), dtype=dt) for key in ("A, B", "A, Bt", "At, B", "At, Bt")}
     cases = {}
@@ -61,7 +67,8 @@ def row(dt, M, N):
     for key, out in outputs.items():  # the same product whatever the layout
         assert float(abs(out - outputs["A, B"]).max()) <= 1e-6 * K, key
     rates = [2.0 * M * N * K / seconds[key] / 1e12 for key in outputs]
-    print(f"{dt.name:8s} {f'{M} x {N}':>13s} " + " ".join(f"{r:6.1f}" for r in rates),
+    name = dt.name + ("/tf32" if TF32 and dt.char == "f" else "")
+    print(f"{name:8s} {f'{M} x {N}':>13s} " + " ".join(f"{r:6.1f}" for r in rates),
           flush=True)
     del a, b, stored, outputs
     cupy.get_default_memory_pool().free_all_blocks()

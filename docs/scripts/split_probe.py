@@ -4,7 +4,11 @@ The per-GPU share of N = 32768 on a 2x1 grid (16384 x 32768 x 32768, float64
 by default), as one GEMM and as column, row and K pieces (cuBLAS gemmEx, the
 GEMM summa calls), median of 5 turns taken in round robin (probe_timing.py):
 
-    python3 docs/scripts/split_probe.py [dtype] [tf32]
+    python3 docs/scripts/split_probe.py [dtype] [tf32] [at]
+
+``at``: A stored column-major (cuBLAS's transposed operand) in every case; the
+row-major runs also time 8 K panels each first copied transposed (as
+``SUMMA_TRANSPOSE_A`` does) and one GEMM on a column-major copy of A.
 """
 import os
 import sys
@@ -18,6 +22,7 @@ from summa.backend import CupyBackend  # noqa: E402
 
 dtype = np.dtype(sys.argv[1] if len(sys.argv) > 1 else "float64")
 precision = "tf32" if "tf32" in sys.argv[2:] else None
+column_major = "at" in sys.argv[2:]
 m, k, n = 16384, 32768, 32768
 be = CupyBackend(0)
 
@@ -28,6 +33,8 @@ def gemm(alpha, x, y, out, beta):
 
 rng = cupy.random.default_rng(1)
 a = rng.uniform(-1, 1, (m, k)).astype(dtype)
+if column_major:
+    a = cupy.asfortranarray(a)
 b = rng.uniform(-1, 1, (k, n)).astype(dtype)
 c = cupy.zeros((m, n), dtype=dtype)
 cols = {p: [cupy.zeros((m, n // p), dtype=dtype) for _ in range(p)] for p in (2, 4)}
@@ -81,6 +88,15 @@ def k_halves_beta0():
     gemm(1.0, a[:, w:], b[w:], c, beta=0.0)
 
 
+def transposed_panels(p):
+    """K panels, each copied transposed into one scratch buffer first."""
+    w = k // p
+    for i in range(p):
+        copy = scratch[: m * w].reshape(w, m)
+        be.transpose(a[:, i * w:(i + 1) * w], copy)
+        gemm(1.0, copy.T, b[i * w:(i + 1) * w], c, beta=0.0 if i == 0 else 1.0)
+
+
 cases = [("one GEMM", lambda: gemm(1.0, a, b, c, beta=0.0)),
          ("cupy.matmul", lambda: cupy.matmul(a, b, out=c))]
 cases += [(f"{p} column pieces", lambda p=p: column_pieces(p)) for p in (2, 4)]
@@ -88,8 +104,14 @@ cases += [("4 column strips of one C", lambda: column_strips(4))]
 cases += [(f"{p} row pieces", lambda p=p: row_pieces(p)) for p in (2, 4)]
 cases += [(f"{p} K pieces", lambda p=p: k_pieces(p)) for p in (2, 8)]
 cases += [("2 K pieces, beta 0 + add", k_halves_apart), ("2 K pieces, both beta 0", k_halves_beta0)]
+if not column_major:
+    scratch = cupy.empty(m * (k // 8), dtype=dtype)
+    a_cm = cupy.asfortranarray(a)
+    cases += [("8 K panels, copied transposed", lambda: transposed_panels(8)),
+              ("one GEMM, A column-major", lambda: gemm(1.0, a_cm, b, c, beta=0.0))]
 flops = 2.0 * m * n * k
 print(f"{m} x {n} x {k} {dtype.name}{'/tf32' if precision else ''}, TFLOP/s"
+      + (", A column-major" if column_major else "")
       + (" (cupy.matmul without TF32)" if precision else ""))
 for name, seconds in round_robin(dict(cases)).items():
     print(f"{name:26s} {flops / seconds / 1e12:7.1f}", flush=True)
