@@ -209,11 +209,14 @@ def test_planned_host_peak_matches_measured(comm):
     assert abs(peak - plan.host_bytes) <= 0.1 * plan.host_bytes, (peak, plan.host_bytes)
 
 
-def test_plan_figures():
+def test_plan_figures(monkeypatch):
+    monkeypatch.delenv("SUMMA_TRANSPOSE_A", raising=False)
     plan = memory_plan(100_000, 100_000, 100_000, "float64", (2, 1), 4096, 1, "cupy")
     item = 8
     blocks = (50_000 * 100_000 + 50_000 * 100_000 + 50_000 * 100_000) * item
-    assert plan.mode == "in-memory" and plan.device_bytes == blocks + 2 * 4096 * 100_000 * item
+    # + one transposed panel of A (4096 x 50,000): float64 GEMMs read A column-major
+    assert plan.mode == "in-memory" and plan.device_bytes == blocks + 2 * 4096 * 100_000 * item \
+        + 4096 * 50_000 * item
     ooc = memory_plan(100_000, 100_000, 100_000, "float32", (2, 1), 4096, 1, "cupy",
                       device_budget=parse_bytes("16GiB"), out_of_core=True)
     tm, tn = ooc.tile
@@ -267,10 +270,12 @@ class _FakeGpu:
         return "0000:01:00.0"
 
 
-def test_check_memory_names_the_shortfall():
+def test_check_memory_names_the_shortfall(monkeypatch):
+    monkeypatch.delenv("SUMMA_TRANSPOSE_A", raising=False)
     from mpi4py import MPI
     plan = memory_plan(60_000, 60_000, 60_000, "float64", (1, 1), 4096, 1, "cupy")
-    with pytest.raises(ValueError, match=r"rank 0 needs 80\.\d GiB on GPU 1, 23\.5 GiB free; "
+    # A, B, C (80.5 GiB) and one transposed 4096-wide panel of A (1.8 GiB)
+    with pytest.raises(ValueError, match=r"rank 0 needs 82\.3 GiB on GPU 1, 23\.5 GiB free; "
                                          r"use --device-memory"):
         check_memory(plan, _FakeGpu(), MPI.COMM_SELF)
     small = memory_plan(1000, 1000, 1000, "float64", (1, 1), 256, 1, "cupy")
