@@ -39,6 +39,8 @@ from .layout import panel_schedule, split_panel
 from .matrix import DistMatrix
 from .plan import memory_plan
 from .selection import _broadcasters
+from .transpose import PanelsOfA
+from .tuning import transposes_a
 from .faults import inject
 
 __all__ = ["summa_out_of_core"]
@@ -83,7 +85,9 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     m, k = A.shape
     n = B.shape[1]
     plan = memory_plan(m, n, k, C.dtype, grid.shape, panel_width, lookahead=lookahead,
-                       backend=device.name, device_budget=device_budget, out_of_core=True)
+                       backend=device.name, device_budget=device_budget, out_of_core=True,
+                       precision=precision)
+    transposed = transposes_a(device.name, C.dtype, precision)
     ml, nl = C.local.shape
     tiles = [(i0, i1, j0, j1) for i0, i1 in _bounds(ml, plan.tiles[0])
              for j0, j1 in _bounds(nl, plan.tiles[1])]
@@ -104,7 +108,7 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     stats.extra = {"pin_seconds": time.perf_counter() - t_pin, "host_locked": locked}
     try:
         _sweep(alpha, A, B, C, beta != 0, tiles, panels, lookahead, plan.slots, row_bc,
-               col_bc, mover, precision, progress)
+               col_bc, mover, precision, progress, transposed)
         mover.finish()
     finally:
         mover.close()
@@ -113,7 +117,8 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     stats.compute = mover.compute_seconds()
     stats.wait = max(0.0, stats.seconds - stats.compute)
     stats.comm_seconds = row_bc.take_seconds() + col_bc.take_seconds()
-    stats.extra.update({"out_of_core": True, "tile": list(plan.tile), "tiles": list(plan.tiles),
+    stats.extra.update({"out_of_core": True, "transposed_a": transposed,
+                        "tile": list(plan.tile), "tiles": list(plan.tiles),
                         "chunk": plan.chunk, "device_budget": device_budget,
                         "device_bytes_planned": plan.device_bytes,
                         "transfer_bytes": mover.moved, "staged_copies": mover.staged,
@@ -122,12 +127,13 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
 
 
 def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_bc, mover,
-           precision, progress) -> None:
+           precision, progress, transposed=False) -> None:
     """Every (tile, panel) step, with `lookahead` steps broadcast ahead of the
     GEMMs and, where `slots` leaves room, uploads one step further ahead: a
     broadcast waits for its upload on the owner and for the GEMMs done with its
     slot on every rank, so with both ready at the same GEMM's end no rank's
-    broadcast waits (NCCL: spins on SMs beside the GEMMs) for the other's."""
+    broadcast waits (NCCL: spins on SMs beside the GEMMs) for the other's.
+    `transposed`: each GEMM reads its A part from a transposed copy."""
     grid, xp, dtype = C.grid, mover.xp, C.dtype
     # Tile counts agree on all ranks (the plan); sizes are this rank's own,
     # and the same along a grid row (rows) or column (columns), as broadcasts need.
@@ -140,6 +146,10 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
     a_slots = [xp.empty(tm * width, dtype=dtype) for _ in range(min(slots, len(steps)))]
     b_slots = [xp.empty(width * tn, dtype=dtype) for _ in range(min(slots, len(steps)))]
     c_bufs = [xp.empty(tm * tn, dtype=dtype) for _ in range(min(2, len(tiles)))]
+    operand_a = PanelsOfA(mover.device, tm, width, dtype, transposed)
+
+    def gemm(a, b, c):
+        mover.gemm(alpha, a, b, c, precision, operand_a)
 
     def upload(s):
         """The owners' parts of step s, from host memory into slot ``s % slots``
@@ -182,13 +192,13 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
         for j, (_, _, ra, rb) in enumerate(arrived):
             wait_for_panel(i + j, panels[i + j], ra, rb, grid, f" for C tile {t} of {len(tiles)}")
         if i + group < len(panels):
-            mover.gemm(alpha, arrived[0][0], arrived[0][1], c, precision)
+            gemm(arrived[0][0], arrived[0][1], c)
         else:  # the tile's last panels: each row strip goes home once it is final
             for r0, r1 in _bounds(c.shape[0], TAIL_STRIPS if mover.overlaps else 1):
                 if r0 == r1:
                     continue
                 for a, b, _, _ in arrived:
-                    mover.gemm(alpha, a[r0:r1], b, c[r0:r1], precision)
+                    gemm(a[r0:r1], b, c[r0:r1])
                 mover.write_back(host_tile[r0:r1], c[r0:r1], t % len(c_bufs))
         if progress is not None:
             progress(s + group, len(steps))
@@ -237,9 +247,9 @@ class _HostMover:
         else:
             c.fill(0)
 
-    def gemm(self, alpha, a, b, c, precision) -> None:
+    def gemm(self, alpha, a, b, c, precision, operand_a) -> None:
         t0 = time.perf_counter()
-        self.device.gemm(alpha, a, b, c, precision=precision)
+        self.device.gemm(alpha, operand_a(a), b, c, precision=precision)
         self._seconds += time.perf_counter() - t0
 
     def write_back(self, host, c, buf: int) -> None:
@@ -351,9 +361,11 @@ class _CudaMover:
         else:
             c.fill(0)
 
-    def gemm(self, alpha, a, b, c, precision) -> None:
+    def gemm(self, alpha, a, b, c, precision, operand_a) -> None:
+        """`operand_a(a)` (a transposed copy, or `a`) times `b` into `c`, timed
+        (the copy too: it is the GEMM's work)."""
         self.marks.append(self.device.timing_mark())
-        self.device.gemm(alpha, a, b, c, precision=precision)
+        self.device.gemm(alpha, operand_a(a), b, c, precision=precision)
         self.marks.append(self.device.timing_mark())
 
     def write_back(self, host, c, buf: int) -> None:

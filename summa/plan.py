@@ -346,7 +346,7 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     accumulates in place); with ``schedule="strips"`` the buffers hold B's
     strips of all of K (k x nb). Where A's panels are multiplied from a
     transposed copy (:func:`summa.tuning.transposes_a`), one more nb x ml
-    scratch buffer. Out of core, the blocks stay in host memory; the
+    scratch buffer (out of core nb x tm). Out of core, the blocks stay in host memory; the
     device holds C tiles (two when there are several, so one is written back
     while the next is computed) and ``lookahead + 1`` slots for the A and B
     parts of a panel that a tile needs: ``c tm tn + slots (tm + tn) nb``
@@ -362,12 +362,13 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     slots = lookahead + 1
     panels = slots * ((ml * nb if pc > 1 else 0) + (nb * nl if pr > 1 else 0))
     strips = schedule == "strips" and pr > 1  # one rank runs panels whatever it is asked
+    transposed = transposes_a(backend, dtype, precision, "strips" if strips else "panels")
     if strips:  # B's strips: all of K, `panel_width` columns
         panels = slots * k * max(1, min(panel_width, nl))
     blocks = ml * ka + kb * nl + ml * nl
     if not out_of_core:
         extra = ml * nl if backend == "numpy" else 0
-        if transposes_a(backend, dtype, precision, schedule="strips" if strips else "panels"):
+        if transposed:
             extra += nb * ml
         on_device = (blocks + panels + extra) * item
         staging = panels * item if backend == "cupy" else 0  # pinned host buffers (mpi mode)
@@ -376,30 +377,33 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
         return MemoryPlan("in-memory", on_device, staging)
     if device_budget is None:
         raise ValueError("an out-of-core plan needs a device memory budget")
-    tiles = _ooc_tiles(max(ml, 1), max(nl, 1), nb, slots, device_budget // item)
+    tiles = _ooc_tiles(max(ml, 1), max(nl, 1), nb, slots, device_budget // item, transposed)
     if tiles is None:
         raise ValueError(f"a device budget of {_gib(device_budget)} is too small for "
                          f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
     tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
-    if _ooc_elements(tm, tn, nb, slots + 1, tiles[0] * tiles[1]) * item <= device_budget:
+    if _ooc_elements(tm, tn, nb, slots + 1, tiles[0] * tiles[1], transposed) * item \
+            <= device_budget:
         slots += 1  # room for uploads a step ahead of their broadcasts, same tiles
-    device = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1]) * item
+    device = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed) * item
     return MemoryPlan("out-of-core", device, blocks * item, (int(tm), int(tn)), int(nb),
                       (int(tiles[0]), int(tiles[1])), slots)
 
 
-def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int) -> int:
-    """Device elements of the out-of-core sweep: C tiles and panel slots."""
-    return min(2, ntiles) * tm * tn + slots * (tm + tn) * nb
+def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,
+                  transposed: bool = False) -> int:
+    """Device elements of the out-of-core sweep: C tiles, panel slots, and
+    the `transposed` copy of an A slot."""
+    return min(2, ntiles) * tm * tn + (slots + transposed) * tm * nb + slots * tn * nb
 
 
-def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int):
+def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: bool = False):
     """Fewest ``(row tiles, column tiles)`` whose sweep fits `budget` elements."""
-    if _ooc_elements(ml, nl, nb, slots, 1) <= budget:
+    if _ooc_elements(ml, nl, nb, slots, 1, transposed) <= budget:
         return 1, 1
     for ntn in range(1, nl + 1):
         tn = -(-nl // ntn)
-        tm = (budget - slots * tn * nb) // (2 * tn + slots * nb)  # two C tiles
+        tm = (budget - slots * tn * nb) // (2 * tn + (slots + transposed) * nb)  # two C tiles
         if tm >= 1:
             return -(-ml // min(tm, ml)), ntn
     return None
@@ -541,6 +545,7 @@ def choose_memory_mode(shape, dtype, grid, panel_width: int, lookahead: int, bac
         else:
             budget = 1 << 30  # NumPy "device" tiles: 1 GiB
     check_host_memory(memory_plan(m, n, k, dtype, grid.shape, panel_width, lookahead,
-                                  backend.name, device_budget=budget, out_of_core=True),
+                                  backend.name, device_budget=budget, out_of_core=True,
+                                  precision=precision),
                       grid.comm)
     return budget, note

@@ -55,18 +55,18 @@ def default_panel_width(backend_name: str, dtype, precision: str | None = None,
 TRANSPOSED_A_FASTER = frozenset("fd")
 
 
-def transposes_a(backend_name: str, dtype, precision=None, out_of_core: bool = False,
-                 schedule: str = "panels") -> bool:
-    """Do the in-memory panel GEMMs copy each panel of A transposed (one
-    scratch buffer of panel width x local rows) and read it column-major?
+def transposes_a(backend_name: str, dtype, precision=None, schedule: str = "panels") -> bool:
+    """Do the panel GEMMs (in memory and out of core) copy each panel of A
+    transposed (one scratch buffer of panel width x rows) and read it
+    column-major?
 
     ``SUMMA_TRANSPOSE_A`` decides: ``yes`` (any backend, for tests), ``no``, or
     ``auto``: on GPUs, for the dtypes of :data:`TRANSPOSED_A_FASTER` without
-    TF32. Column strips and out-of-core sweeps keep A as it is.
+    TF32. Column strips keep A as it is.
     """
     from .backend import transpose_a_setting
     setting = transpose_a_setting()
-    if out_of_core or schedule != "panels" or setting == "no":
+    if schedule != "panels" or setting == "no":
         return False
     if setting == "yes":
         return True

@@ -52,7 +52,6 @@ def test_policy_follows_the_setting_and_the_measurements(monkeypatch):
     assert transposes_a("cupy", "float64") and transposes_a("cupy", np.float32)
     assert not transposes_a("cupy", "float32", "tf32")  # not measured faster
     assert not transposes_a("cupy", "float16") and not transposes_a("numpy", "float64")
-    assert not transposes_a("cupy", "float64", out_of_core=True)
     assert not transposes_a("cupy", "float64", schedule="strips")
     monkeypatch.setenv("SUMMA_TRANSPOSE_A", "YES")
     assert transposes_a("numpy", "complex64") and transposes_a("cupy", "float16")
@@ -141,6 +140,41 @@ def test_transposed_panels_on_one_rank_go_panel_by_panel(comm, backend, monkeypa
             runs[setting] = (stats.panels, C.gather())
         assert runs["no"][0] == 1 and runs["yes"][0] == 4
         np.testing.assert_allclose(runs["yes"][1], runs["no"][1], rtol=1e-12, atol=1e-12)
+
+
+def test_out_of_core_plans_a_transposed_part(monkeypatch):
+    monkeypatch.setenv("SUMMA_TRANSPOSE_A", "yes")
+    plan = memory_plan(300, 200, 100, "float64", (1, 1), 10, 1, "numpy", device_budget=20_000,
+                       out_of_core=True)
+    (tm, tn), slots = plan.tile, plan.slots
+    assert plan.device_bytes == (2 * tm * tn + (slots + 1) * tm * 10 + slots * tn * 10) * 8
+    assert plan.device_bytes <= 20_000
+    monkeypatch.setenv("SUMMA_TRANSPOSE_A", "no")
+    plain = memory_plan(300, 200, 100, "float64", (1, 1), 10, 1, "numpy", device_budget=20_000,
+                        out_of_core=True)
+    assert plain.tile[0] * plain.tile[1] >= tm * tn  # the copy takes room from the tiles
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("lookahead", [0, 1])
+def test_out_of_core_transposed_parts_match_the_reference(comm, rng, monkeypatch, lookahead):
+    # The GPU's schedule (last panel in row strips: rows of a transposed copy)
+    # with host copies; many tiles.
+    from summa import outofcore
+    from summa.outofcore import summa_out_of_core
+    monkeypatch.setenv("SUMMA_TRANSPOSE_A", "yes")
+    monkeypatch.setattr(outofcore._HostMover, "overlaps", True)
+    m, n, k = 77, 61, 45
+    a, b, c0 = (random_array(rng, s, "float64") for s in ((m, k), (k, n), (m, n)))
+    host = NumpyBackend()
+    with ProcessGrid(comm) as grid:
+        A, B, C = (DistMatrix.from_global(x, grid, host) for x in (a, b, c0))
+        stats = summa_out_of_core(1.0, A, B, 2.0, C, host, 6000, panel_width=8,
+                                  lookahead=lookahead)
+        c = C.gather()
+    assert stats.extra["transposed_a"] and stats.extra["tiles"][0] > 1
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b, c0, 1.0, 2.0) <= 1
 
 
 @pytest.mark.mpi(min_size=2)

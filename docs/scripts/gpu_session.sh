@@ -29,6 +29,7 @@
 #   STAGE=strips docs/scripts/gpu_session.sh     # column strips against K panels (~9 min)
 #   STAGE=transpose docs/scripts/gpu_session.sh  # A's panels transposed: tests, probes, fp64/32
 #   STAGE=transpose2 docs/scripts/gpu_session.sh # one GPU transposed; peers in every dtype
+#   STAGE=ooct   docs/scripts/gpu_session.sh     # host-resident, A's parts transposed or not
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -334,6 +335,16 @@ transpose2)  # one GPU with A's panels transposed; the peers in every dtype (TF3
         LIMIT=70 run python3 docs/scripts/compare_peers.py --size 32768 $args --gpus 2 \
             --repeat 3 --rounds 2 --peers summa,jax --json "$OUT/peers.jsonl"
     done
+    ;;
+ooct)  # issue 5: host-resident with A's parts transposed on the device, against without
+    SUMMA_TEST_BACKEND=cupy LIMIT=70 run $MPI -np 2 python3 -m pytest -q -p no:cacheprovider \
+        --with-mpi tests/test_gpu.py -k "out_of_core" | tail -1
+    for d in float64 float32; do for setting in auto no; do
+        echo "SUMMA_TRANSPOSE_A=$setting $d"
+        LIMIT=75 run $MPI -x SUMMA_TRANSPOSE_A=$setting -np 2 python3 -m summa bench \
+            --backend cupy --size 32768 --dtype $d --out-of-core --check --repeat 2 \
+            --timeout 60 --json "$OUT/ooct.jsonl" | grep -a -E "x 32768|rank   [01]|efficiency|row-major"
+    done; done
     ;;
 ctas)  # issues 3, 5: NCCL's kernels spin on SMs while they wait for the peer (out of core:
     # broadcasts busy 0.45 of 0.77 s, GEMMs 4-9 % slow); fewer CTAs, still hidden behind GEMMs?
