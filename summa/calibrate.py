@@ -15,6 +15,8 @@ from mpi4py import MPI
 from .comm import make_broadcaster
 from .grid import node_rank
 from .plan import Profile
+from .transpose import PanelsOfA
+from .tuning import transposes_a
 from .watchdog import watch
 
 __all__ = ["calibrate", "default_sizes", "default_widths", "gemm_slowdown"]
@@ -65,18 +67,21 @@ def _gemm_samples(comm, backend, dtype, precision, sizes, widths, repeat, ranks_
     xp = backend.xp
     rng = xp.random.default_rng(0)
     samples = []
+    # The GEMMs as summa's steps run them: A's panel copied transposed first, where it is.
+    transposed = transposes_a(backend.name, dtype, precision)
     for size in sizes:
         a = rng.standard_normal((size, max(widths + [size]))).astype(dtype)
         b = rng.standard_normal((max(widths + [size]), size)).astype(dtype)
         c = xp.zeros((size, size), dtype=dtype)
+        operand_a = PanelsOfA(backend, size, a.shape[1], dtype, transposed)
         for k in sorted(set(w for w in widths if w < size) | {size}):
             def run():
-                backend.gemm(1.0, a[:, :k], b[:k], c, precision=precision)
+                backend.gemm(1.0, operand_a(a[:, :k]), b[:k], c, precision=precision)
                 backend.synchronize()
             seconds = _best(comm, run, repeat)
             samples.append(dict(dtype=np.dtype(dtype).name, precision=precision or "default",
                                 ranks_per_node=ranks_per_node, m=size, n=size, k=k,
-                                seconds=seconds))
+                                seconds=seconds, transposed_a=transposed))
     return samples
 
 

@@ -447,13 +447,17 @@ def _run_info(args, comm: MPI.Comm, out) -> int:
         chosen = (f"ipc in each direction whose grid rows (columns) lie within a node, a "
                   f"GPU per rank (self-tested; in-memory multiplies), else {chosen}")
     print(f"broadcaster: {chosen} (--comm {args.comm})", file=out)
-    from .backend import compute_priority, cublaslt_path, gemm_library
+    from .backend import compute_priority, cublaslt_path, gemm_library, transpose_a_setting
     library = gemm_library()
     if library == "cublaslt" and cublaslt_path():
         library += f" from {cublaslt_path()} (SUMMA_CUBLASLT)"
     print(f"GPU GEMM: {library} (SUMMA_GEMM), compute stream priority: "
           f"{compute_priority()} (SUMMA_COMPUTE_PRIORITY)"
           + ("" if backend.name == "cupy" else "; both apply to GPUs only"), file=out)
+    setting = transpose_a_setting()
+    print(f"A's panels copied transposed (read column-major): {setting} (SUMMA_TRANSPOSE_A"
+          + ("; auto: float64 and float32 without TF32, on GPUs)" if setting == "auto" else ")"),
+          file=out)
     for r in rows:
         print(f"  rank {r['rank']:>3} on {r['host']} (local rank {r['local_rank']}): "
               f"{r['backend']}", file=out)

@@ -89,6 +89,7 @@ def test_failed_check_exits_3(comm, monkeypatch):
 def test_info(comm, monkeypatch):
     monkeypatch.setenv("SUMMA_GEMM", "cublaslt")
     monkeypatch.setenv("SUMMA_COMPUTE_PRIORITY", "high")
+    monkeypatch.setenv("SUMMA_TRANSPOSE_A", "no")
     out = io.StringIO()
     assert cli.main(["info"], comm, out) == 0
     if comm.rank == 0:
@@ -96,6 +97,7 @@ def test_info(comm, monkeypatch):
         assert "MPI library" in text and f"ranks: {comm.Get_size()}" in text
         assert text.count("  rank ") == comm.Get_size()
         assert "GPU GEMM: cublaslt (SUMMA_GEMM), compute stream priority: high" in text
+        assert "copied transposed (read column-major): no (SUMMA_TRANSPOSE_A)" in text
     monkeypatch.setenv("SUMMA_CUBLASLT", __file__)  # a file, but no library
     out = io.StringIO()
     if cupy_available():  # the GPU backend loads it: one clear usage error on every rank
