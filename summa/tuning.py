@@ -62,10 +62,13 @@ def transposes_a(backend_name: str, dtype, precision=None, schedule: str = "pane
 
     ``SUMMA_TRANSPOSE_A`` decides: ``yes`` (any backend, for tests), ``no``, or
     ``auto``: on GPUs, for the dtypes of :data:`TRANSPOSED_A_FASTER` without
-    TF32. Column strips keep A as it is.
+    TF32. Column strips keep A as it is, and so do GPU GEMMs through cuBLASLt
+    (``SUMMA_GEMM=cublaslt``), whose plans here take row-major operands only.
     """
-    from .backend import transpose_a_setting
+    from .backend import gemm_library, transpose_a_setting
     setting = transpose_a_setting()
+    if backend_name == "cupy" and gemm_library() == "cublaslt":
+        return False
     if schedule != "panels" or setting == "no":
         return False
     if setting == "yes":

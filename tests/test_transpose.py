@@ -56,6 +56,9 @@ def test_policy_follows_the_setting_and_the_measurements(monkeypatch):
     monkeypatch.setenv("SUMMA_TRANSPOSE_A", "YES")
     assert transposes_a("numpy", "complex64") and transposes_a("cupy", "float16")
     assert not transposes_a("numpy", "float64", schedule="strips")
+    monkeypatch.setenv("SUMMA_GEMM", "cublaslt")  # its plans take row-major operands
+    assert not transposes_a("cupy", "float64") and transposes_a("numpy", "float64")
+    monkeypatch.delenv("SUMMA_GEMM")
     monkeypatch.setenv("SUMMA_TRANSPOSE_A", "no")
     assert not transposes_a("cupy", "float64")
     monkeypatch.setenv("SUMMA_TRANSPOSE_A", "sometimes")

@@ -30,6 +30,7 @@
 #   STAGE=transpose docs/scripts/gpu_session.sh  # A's panels transposed: tests, probes, fp64/32
 #   STAGE=transpose2 docs/scripts/gpu_session.sh # one GPU transposed; peers in every dtype
 #   STAGE=ooct   docs/scripts/gpu_session.sh     # host-resident, A's parts transposed or not
+#   STAGE=lt2    docs/scripts/gpu_session.sh     # TF32/float16: cuBLASLt against gemmEx, JAX
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -345,6 +346,20 @@ ooct)  # issue 5: host-resident with A's parts transposed on the device, against
             --backend cupy --size 32768 --dtype $d --out-of-core --check --repeat 2 \
             --timeout 60 --json "$OUT/ooct.jsonl" | grep -a -E "x 32768|rank   [01]|efficiency|row-major"
     done; done
+    ;;
+lt2)  # issues 3, 8: TF32 and float16 trail JAX by 1.5 / 0.2 %; JAX calls cuBLASLt, whose
+    # TF32 GEMM timed 344 against gemmEx's 324 TFLOP/s (evening session): the library per dtype?
+    for args in "--dtype float32 --precision tf32" "--dtype float16"; do
+        for lib in cublas cublaslt; do
+            echo "SUMMA_GEMM=$lib $args"
+            LIMIT=50 run $MPI -x SUMMA_GEMM=$lib -np 2 python3 -m summa bench --backend cupy \
+                --size 32768 $args --check --repeat 3 --timeout 60 --json "$OUT/lt2.jsonl" \
+                | grep -a -E "x 32768|rank   [01]|efficiency"
+        done
+        LIMIT=70 run env SUMMA_GEMM=cublaslt python3 docs/scripts/compare_peers.py \
+            --size 32768 $args --gpus 2 --repeat 3 --rounds 2 --peers summa,jax \
+            --json "$OUT/peers.jsonl"
+    done
     ;;
 ctas)  # issues 3, 5: NCCL's kernels spin on SMs while they wait for the peer (out of core:
     # broadcasts busy 0.45 of 0.77 s, GEMMs 4-9 % slow); fewer CTAs, still hidden behind GEMMs?
