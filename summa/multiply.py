@@ -211,7 +211,8 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
             be.synchronize()
         _, record["compute_seconds"] = _timed(comm, "multiply", multiply)
         record.update(panel_width=stats.panel_width, comm=stats.comm, panels=stats.panels,
-                      schedule=stats.extra.get("schedule", "panels"))
+                      schedule=stats.extra.get("schedule", "panels"),
+                      transposed_a=bool(stats.extra.get("transposed_a", False)))
         record["tflops"] = ((8 if compute.kind == "c" else 2) * m * n * k
                             / record["compute_seconds"] / 1e12)
         record["check_residual"] = None

@@ -236,6 +236,18 @@ def test_multiply_job_in_column_strips(tmp_path):
     assert got.shape == (37, 29) and gemm_scaled_error(got, np.load(a), np.load(b)) <= 1
     record = json.loads(log.read_text())
     assert record["schedule"] == "strips" and record["panels"] == -(-29 // 4)
+    assert record["transposed_a"] is False  # strips read A as it is
+
+
+def test_multiply_job_records_transposed_panels(tmp_path):
+    import json
+    a, b, c = _files(tmp_path)
+    log = tmp_path / "runs.jsonl"
+    p = job(2, "multiply", a, b, "-o", c, "--nb", "4", "--check", "--quiet", "--json", str(log),
+            env={"SUMMA_TRANSPOSE_A": "yes"})
+    assert p.returncode == 0, p.stderr
+    assert gemm_scaled_error(np.load(c), np.load(a), np.load(b)) <= 1
+    assert json.loads(log.read_text())["transposed_a"] is True
 
 
 def test_multiply_job_dtype_mismatch_names_both_files(tmp_path):

@@ -195,3 +195,13 @@ def test_transposed_panels_with_lookahead_and_strips(comm, backend, rng, monkeyp
             assert stats.extra["transposed_a"] == (schedule == "panels")  # strips: A as it is
             if comm.rank == 0:
                 assert gemm_scaled_error(c, a, b) <= 1, (lookahead, schedule)
+
+
+@pytest.mark.parametrize("command", [["plan", "--size", "64"], ["bench", "--size", "64"],
+                                     ["info"]])
+def test_a_bad_setting_is_one_message_and_exit_2(command):
+    from test_cli import job
+    p = job(2, *command, env={"SUMMA_TRANSPOSE_A": "sideways"})
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.count("SUMMA_TRANSPOSE_A='sideways' is not one of auto, yes, no") == 1
+    assert "Traceback" not in p.stderr
