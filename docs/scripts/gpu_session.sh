@@ -31,6 +31,7 @@
 #   STAGE=transpose2 docs/scripts/gpu_session.sh # one GPU transposed; peers in every dtype
 #   STAGE=ooct   docs/scripts/gpu_session.sh     # host-resident, A's parts transposed or not
 #   STAGE=lt2    docs/scripts/gpu_session.sh     # TF32/float16: cuBLASLt against gemmEx, JAX
+#   STAGE=big7   docs/scripts/gpu_session.sh     # 100k float64 transposed; 1-GPU ooc; watchdog
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -71,7 +72,7 @@ mpi_tests() {  # ranks
     mkdir -p "$OUT/logs"
     for f in ${TEST_FILES:-$(grep -l 'mark.mpi' tests/test_*.py)}; do
         log="$OUT/logs/mpi_tests_$1_$(basename "$f" .py).log"
-        SUMMA_TEST_BACKEND=cupy LIMIT=150 run $MPI -np "$1" python3 -m pytest -q \
+        SUMMA_TEST_BACKEND=cupy LIMIT=${FILE_LIMIT:-150} run $MPI -np "$1" python3 -m pytest -q \
             -p no:cacheprovider --with-mpi -m mpi "$f" > "$log"
         echo "$f on $1: $(grep -a -E -o '[0-9]+ (passed|failed)[^=]*' "$log" | tail -1)"
         grep -a -E '^(E  |FAILED)' "$log" | head -5
@@ -346,6 +347,17 @@ ooct)  # issue 5: host-resident with A's parts transposed on the device, against
             --backend cupy --size 32768 --dtype $d --out-of-core --check --repeat 2 \
             --timeout 60 --json "$OUT/ooct.jsonl" | grep -a -E "x 32768|rank   [01]|efficiency|row-major"
     done; done
+    ;;
+big7)  # issue 5: N = 100,000 float64 in GPU memory with A's panels transposed (98.7-99.5
+    # TFLOP/s before; goal 100); one GPU host-resident float32 (0.915 before); the watchdog
+    # tests on 2 GPUs (never finished inside a shared call)
+    LIMIT=150 run $MPI -np 2 python3 -m summa bench --backend cupy --size 100000 \
+        --dtype float64 --check --repeat 1 --warmup 1 --no-ideal --timeout 60 \
+        --json "$OUT/big7.jsonl" | grep -a -E "x 100000|rank   [01]"
+    LIMIT=60 run python3 -m summa bench --backend cupy --size 32768 --dtype float32 \
+        --out-of-core --check --repeat 2 --json "$OUT/big7.jsonl" \
+        | grep -a -E "x 32768|efficiency|row-major|rank   0"
+    TEST_FILES=tests/test_watchdog.py FILE_LIMIT=280 mpi_tests 2
     ;;
 lt2)  # issues 3, 8: TF32 and float16 trail JAX by 1.5 / 0.2 %; JAX calls cuBLASLt, whose
     # TF32 GEMM timed 344 against gemmEx's 324 TFLOP/s (evening session): the library per dtype?
