@@ -105,8 +105,10 @@ def multiply_strips(alpha, A, B, C, strips, lookahead, col_bc, direct: bool, mar
         pending = []
         for root, g0, g1, l0 in pieces:
             view = buf[g0:g1]
-            if root == grid.row:
-                view[...] = B.local[l0:l0 + g1 - g0, s0:s1]  # also the send buffer
+            # Its own rows: for its GEMM, and the send buffer of paired broadcasts;
+            # not where the first strip's own rows were multiplied where they lie.
+            if root == grid.row and not (i == 0 and split_first):
+                view[...] = B.local[l0:l0 + g1 - g0, s0:s1]
             if direct:
                 pending.append(col_bc.iget(view, root, slice(l0, l0 + g1 - g0),
                                            slice(s0, s1), after=slot_free[slot]))
