@@ -165,10 +165,11 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     direct = _export(grid, backend, row_bc, col_bc, A.local, B.local)
     transpose = transposes_a(backend.name, C.dtype, precision,
                              schedule="strips" if strips else "panels")
-    if grid.size == 1 and not transpose:
-        panels = panels[:1]  # one rank: a single GEMM over all of K, nothing to overlap
-    elif grid.size == 1:
-        pass  # one rank, A's panels transposed one by one (all of K would take an A's room)
+    if grid.size == 1:
+        # One rank: a single GEMM over all of K, nothing to overlap; but panel by
+        # panel where A is read transposed (a copy of all of A would take its room).
+        if not transpose:
+            panels = panels[:1]
     elif strips:
         panels = strip_bounds(C.local.shape[1], panel_width,
                               HEAD_PIECES if backend.name == "cupy" else 1)
