@@ -23,6 +23,7 @@ from .comm import choose_comm
 from .grid import choose_grid, node_rank, parse_grid
 from .plan import SWEEP_RANKS, memory_plan, parse_bytes
 from .strips import SCHEDULES, check_schedule
+from .tuning import default_panel_width
 from .watchdog import Watchdog, timeout_from_env
 
 #: What --comm accepts.
@@ -302,7 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--ranks", type=_positive_int, default=None,
                       help="ranks (default: the ranks running this)")
     plan.add_argument("--grid", type=_grid, default=None, metavar="PRxPC")
-    plan.add_argument("--nb", type=_positive_int, default=4096, help="panel width (4096)")
+    plan.add_argument("--nb", type=_positive_int, default=None,
+                      help="panel width (default: what bench and multiply use for this "
+                           "backend, dtype, precision and mode)")
     plan.add_argument("--lookahead", type=_nonnegative_int, default=1)
     plan.add_argument("--schedule", choices=SCHEDULES, default="panels",
                       help="panels along K (default), or column strips (grids of one column)")
@@ -374,13 +377,15 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
     if grid[0] * grid[1] != ranks:
         raise UsageError(f"grid {grid[0]}x{grid[1]} does not hold {ranks} ranks")
     m, n, k = args.m or args.size, args.n or args.size, args.k or args.size
+    precision = None if args.precision == "default" else args.precision
     try:
         budget = parse_bytes(args.device_memory) if args.device_memory else None
         check_schedule(args.schedule, grid, out_of_core=budget is not None)
+        args.nb = args.nb or default_panel_width(args.backend, args.dtype, precision,
+                                                 out_of_core=budget is not None)
         plan = memory_plan(m, n, k, args.dtype, grid, args.nb, args.lookahead, args.backend,
                            device_budget=budget, out_of_core=budget is not None,
-                           schedule=args.schedule,
-                           precision=None if args.precision == "default" else args.precision)
+                           schedule=args.schedule, precision=precision)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if comm.Get_rank() == 0:
@@ -394,6 +399,9 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
             print(f"  C tiles of {plan.tile[0]} x {plan.tile[1]} ({plan.tiles[0]} x "
                   f"{plan.tiles[1]} per rank), panels of {plan.chunk} columns in "
                   f"{plan.slots} slots", file=out)
+        if plan.transposed_a:
+            print("  A's panels are copied transposed for the GEMMs (one scratch panel "
+                  "counted above; SUMMA_TRANSPOSE_A)", file=out)
     return 0
 
 

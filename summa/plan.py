@@ -314,6 +314,9 @@ class MemoryPlan:
         Panel slots on the device (out-of-core): ``lookahead + 1``, or one
         more where it fits the same tiles, so uploads run a step ahead of
         their broadcasts.
+    transposed_a : bool
+        Whether the GEMMs read A's panels from a transposed copy (its scratch
+        buffer is counted in `device_bytes`).
     """
 
     mode: str
@@ -323,6 +326,7 @@ class MemoryPlan:
     chunk: int | None = None
     tiles: tuple | None = None
     slots: int | None = None
+    transposed_a: bool = False
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -373,8 +377,8 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
         on_device = (blocks + panels + extra) * item
         staging = panels * item if backend == "cupy" else 0  # pinned host buffers (mpi mode)
         if backend == "numpy":
-            return MemoryPlan("in-memory", 0, on_device)
-        return MemoryPlan("in-memory", on_device, staging)
+            return MemoryPlan("in-memory", 0, on_device, transposed_a=transposed)
+        return MemoryPlan("in-memory", on_device, staging, transposed_a=transposed)
     if device_budget is None:
         raise ValueError("an out-of-core plan needs a device memory budget")
     tiles = _ooc_tiles(max(ml, 1), max(nl, 1), nb, slots, device_budget // item, transposed)
@@ -387,7 +391,7 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
         slots += 1  # room for uploads a step ahead of their broadcasts, same tiles
     device = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed) * item
     return MemoryPlan("out-of-core", device, blocks * item, (int(tm), int(tn)), int(nb),
-                      (int(tiles[0]), int(tiles[1])), slots)
+                      (int(tiles[0]), int(tiles[1])), slots, transposed)
 
 
 def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,

@@ -91,6 +91,7 @@ def test_plan_command_counts_it_and_refuses_a_bad_setting(monkeypatch):
     out = io.StringIO()
     assert cli.main(["plan", "--size", "32768", "--ranks", "2", "--grid", "2x1"], out=out) == 0
     assert "14.50 GiB" in out.getvalue() and "14.00 GiB" in without
+    assert "copied transposed" in out.getvalue() and "copied transposed" not in without
     monkeypatch.setenv("SUMMA_TRANSPOSE_A", "1")  # a usage error: exit status 2
     with pytest.raises(cli.UsageError, match="SUMMA_TRANSPOSE_A='1' is not one of auto, yes"):
         cli.main(["plan", "--size", "1024", "--ranks", "1"], out=io.StringIO())
