@@ -32,6 +32,7 @@
 #   STAGE=ooct   docs/scripts/gpu_session.sh     # host-resident, A's parts transposed or not
 #   STAGE=lt2    docs/scripts/gpu_session.sh     # TF32/float16: cuBLASLt against gemmEx, JAX
 #   STAGE=big7   docs/scripts/gpu_session.sh     # 100k float64 transposed; 1-GPU ooc; watchdog
+#   STAGE=oocknobs docs/scripts/gpu_session.sh   # host-resident head pieces / tail strips
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -358,6 +359,19 @@ big7)  # issue 5: N = 100,000 float64 in GPU memory with A's panels transposed (
         --out-of-core --check --repeat 2 --json "$OUT/big7.jsonl" \
         | grep -a -E "x 32768|efficiency|row-major|rank   0"
     TEST_FILES=tests/test_watchdog.py FILE_LIMIT=280 mpi_tests 2
+    ;;
+oocknobs)  # issue 5: float64 host-resident on 2 GPUs idles 16 ms before its first GEMM (the
+    # first piece's upload and broadcast) and 10 ms after its last (the last strip's
+    # write-back): 3.6 % of 0.725 s, the gap to 0.93. Finer head pieces and tail strips?
+    for knobs in "4 8" "8 16" "16 32"; do
+        set -- $knobs
+        echo "HEAD_PIECES=$1 TAIL_STRIPS=$2"
+        LIMIT=75 run $MPI -np 2 python3 -c "import sys, summa.outofcore as o; \
+o.HEAD_PIECES, o.TAIL_STRIPS = $1, $2; from summa.__main__ import main; sys.exit(main())" \
+            bench --backend cupy --size 32768 --dtype float64 --out-of-core --check \
+            --repeat 2 --timeout 60 --json "$OUT/oocknobs-$1-$2.jsonl" \
+            | grep -a -E "x 32768|efficiency|row-major|rank   [01]"
+    done
     ;;
 lt2)  # issues 3, 8: TF32 and float16 trail JAX by 1.5 / 0.2 %; JAX calls cuBLASLt, whose
     # TF32 GEMM timed 344 against gemmEx's 324 TFLOP/s (evening session): the library per dtype?
