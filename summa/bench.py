@@ -82,22 +82,25 @@ def _single_device_seconds(backend, shape, dtype, precision, repeat: int = 3,
     a = rng.standard_normal((m, k)).astype(dtype)
     b = rng.standard_normal((k, n)).astype(dtype)
     c = xp.matmul(a, b)
-    candidates = [lambda: backend.gemm(1.0, a, b, c, beta=0.0, precision=precision)]
+    row_major = [lambda: backend.gemm(1.0, a, b, c, beta=0.0, precision=precision)]
     if precision in (None, "default") or dtype.char not in "fF":
-        candidates.append(lambda: xp.matmul(a, b, out=c))
+        row_major.append(lambda: xp.matmul(a, b, out=c))
+    column_major = []
     if transposed_a:
         a_cm = xp.asfortranarray(a)
-        candidates.append(lambda: backend.gemm(1.0, a_cm, b, c, beta=0.0, precision=precision))
-    best = [float("inf")] * len(candidates)
-    for i, run in enumerate(candidates):
+        column_major.append(lambda: backend.gemm(1.0, a_cm, b, c, beta=0.0,
+                                                 precision=precision))
+    best = []
+    for run in row_major + column_major:
         run()
+        best.append(float("inf"))
         for _ in range(repeat):
             backend.synchronize()
             t0 = time.perf_counter()
             run()
             backend.synchronize()
-            best[i] = min(best[i], time.perf_counter() - t0)
-    return min(best), min(best[:2])
+            best[-1] = min(best[-1], time.perf_counter() - t0)
+    return min(best), min(best[:len(row_major)])
 
 
 def _plan_width(width, backend, dtype, precision, out_of_core: bool = False) -> int:
