@@ -206,3 +206,15 @@ def test_a_bad_setting_is_one_message_and_exit_2(command):
     assert p.returncode == 2, p.stderr
     assert p.stderr.count("SUMMA_TRANSPOSE_A='sideways' is not one of auto, yes, no") == 1
     assert "Traceback" not in p.stderr
+
+
+def test_ideal_times_the_column_major_gemm_too():
+    from summa.bench import _single_device_seconds
+    best, row_major = _single_device_seconds(NumpyBackend(), (64, 48, 80), np.dtype("float64"),
+                                             None, repeat=2, transposed_a=True)
+    assert 0 < best <= row_major
+    plain, same = _single_device_seconds(NumpyBackend(), (64, 48, 80), np.dtype("float64"),
+                                         None, repeat=2)
+    assert plain == same > 0
+    assert _single_device_seconds(NumpyBackend(), (0, 48, 80), np.dtype("float64"), None) \
+        == (0.0, 0.0)
