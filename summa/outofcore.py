@@ -40,7 +40,6 @@ from .matrix import DistMatrix
 from .plan import memory_plan
 from .selection import _broadcasters
 from .transpose import PanelsOfA
-from .tuning import transposes_a
 from .faults import inject
 
 __all__ = ["summa_out_of_core"]
@@ -87,7 +86,6 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     plan = memory_plan(m, n, k, C.dtype, grid.shape, panel_width, lookahead=lookahead,
                        backend=device.name, device_budget=device_budget, out_of_core=True,
                        precision=precision)
-    transposed = transposes_a(device.name, C.dtype, precision)
     ml, nl = C.local.shape
     tiles = [(i0, i1, j0, j1) for i0, i1 in _bounds(ml, plan.tiles[0])
              for j0, j1 in _bounds(nl, plan.tiles[1])]
@@ -108,7 +106,7 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     stats.extra = {"pin_seconds": time.perf_counter() - t_pin, "host_locked": locked}
     try:
         _sweep(alpha, A, B, C, beta != 0, tiles, panels, lookahead, plan.slots, row_bc,
-               col_bc, mover, precision, progress, transposed)
+               col_bc, mover, precision, progress, plan.transposed_a)
         mover.finish()
     finally:
         mover.close()
@@ -117,7 +115,7 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     stats.compute = mover.compute_seconds()
     stats.wait = max(0.0, stats.seconds - stats.compute)
     stats.comm_seconds = row_bc.take_seconds() + col_bc.take_seconds()
-    stats.extra.update({"out_of_core": True, "transposed_a": transposed,
+    stats.extra.update({"out_of_core": True, "transposed_a": plan.transposed_a,
                         "tile": list(plan.tile), "tiles": list(plan.tiles),
                         "chunk": plan.chunk, "device_budget": device_budget,
                         "device_bytes_planned": plan.device_bytes,
