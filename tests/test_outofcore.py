@@ -45,11 +45,14 @@ def test_out_of_core_matches_reference_with_many_tiles(comm, rng, budget_tiles, 
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("lookahead", [0, 2])
+@pytest.mark.parametrize("transpose_a", ["no", "yes"])
 def test_out_of_core_split_first_panel_and_strips_of_the_last(comm, rng, monkeypatch,
-                                                               lookahead):
+                                                               lookahead, transpose_a):
     # The GPU's schedule (first panel in pieces, last panel in row strips, each
-    # written back at once) run with host copies: the same steps, checkable here.
+    # written back at once) run with host copies: the same steps, checkable here;
+    # with A's parts transposed, the strips are rows of a column-major copy.
     from summa import outofcore
+    monkeypatch.setenv("SUMMA_TRANSPOSE_A", transpose_a)
     monkeypatch.setattr(outofcore._HostMover, "overlaps", True)
     m, n, k = 77, 61, 45
     a, b, c0 = (random_array(rng, s, "float64") for s in ((m, k), (k, n), (m, n)))
@@ -61,6 +64,7 @@ def test_out_of_core_split_first_panel_and_strips_of_the_last(comm, rng, monkeyp
         c = C.gather()
     assert stats.panels == len(range(0, k, 8)) - 1 + outofcore.HEAD_PIECES or grid.size > 1
     assert stats.extra["tiles"][0] > 1
+    assert stats.extra["transposed_a"] == (transpose_a == "yes")
     if comm.rank == 0:
         assert gemm_scaled_error(c, a, b, c0, 1.0, 2.0) <= 1
 

@@ -159,28 +159,6 @@ def test_out_of_core_plans_a_transposed_part(monkeypatch):
     assert plain.tile[0] * plain.tile[1] >= tm * tn  # the copy takes room from the tiles
 
 
-@pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("lookahead", [0, 1])
-def test_out_of_core_transposed_parts_match_the_reference(comm, rng, monkeypatch, lookahead):
-    # The GPU's schedule (last panel in row strips: rows of a transposed copy)
-    # with host copies; many tiles.
-    from summa import outofcore
-    from summa.outofcore import summa_out_of_core
-    monkeypatch.setenv("SUMMA_TRANSPOSE_A", "yes")
-    monkeypatch.setattr(outofcore._HostMover, "overlaps", True)
-    m, n, k = 77, 61, 45
-    a, b, c0 = (random_array(rng, s, "float64") for s in ((m, k), (k, n), (m, n)))
-    host = NumpyBackend()
-    with ProcessGrid(comm) as grid:
-        A, B, C = (DistMatrix.from_global(x, grid, host) for x in (a, b, c0))
-        stats = summa_out_of_core(1.0, A, B, 2.0, C, host, 6000, panel_width=8,
-                                  lookahead=lookahead)
-        c = C.gather()
-    assert stats.extra["transposed_a"] and stats.extra["tiles"][0] > 1
-    if comm.rank == 0:
-        assert gemm_scaled_error(c, a, b, c0, 1.0, 2.0) <= 1
-
-
 @pytest.mark.mpi(min_size=2)
 def test_transposed_panels_with_lookahead_and_strips(comm, backend, rng, monkeypatch):
     monkeypatch.setenv("SUMMA_TRANSPOSE_A", "yes")
