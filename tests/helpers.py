@@ -32,3 +32,28 @@ def random_array(rng, shape, dtype) -> np.ndarray:
     if dtype.kind == "c":
         x = x + 1j * rng.uniform(-1, 1, shape)
     return x.astype(dtype)
+
+
+#: (M, N, K): square, uneven, primes, K smaller than the grid, one column, one row
+GEMM_SHAPES = [(24, 24, 24), (37, 23, 41), (13, 7, 29), (5, 9, 1), (6, 1, 5), (1, 11, 4)]
+
+
+def check_against_reference(rng, grid, backend, shape, block=None, **options) -> list:
+    """For every dtype of `backend`: ``C = 0.5 A B + 2 C0`` on fresh random data
+    distributed with `block`, by ``summa.algorithm.gemm(**options)``, checked on
+    rank 0 against the float64 reference. Returns each dtype's SummaStats."""
+    from summa.algorithm import SummaStats, gemm
+    from summa.matrix import DistMatrix
+    m, n, k = shape
+    runs = []
+    for dtype in backend.dtypes:
+        a, b = random_array(rng, (m, k), dtype), random_array(rng, (k, n), dtype)
+        c0 = random_array(rng, (m, n), dtype)
+        A, B, C = (DistMatrix.from_global(x, grid, backend, block=block) for x in (a, b, c0))
+        stats = SummaStats()
+        gemm(A, B, C, alpha=0.5, beta=2.0, stats=stats, **options)
+        c = C.gather()
+        if grid.rank == 0:
+            assert gemm_scaled_error(c, a, b, c0, 0.5, 2.0) <= 1, dtype
+        runs.append(stats)
+    return runs

@@ -5,16 +5,14 @@ import io
 import numpy as np
 import pytest
 
-from helpers import gemm_scaled_error, random_array
+from helpers import (GEMM_SHAPES, check_against_reference, gemm_scaled_error,
+                     random_array)
 from summa import cli
 from summa.algorithm import SummaStats, gemm
 from summa.grid import ProcessGrid
 from summa.matrix import DistMatrix
 from summa.plan import memory_plan
 from summa.strips import check_schedule, strip_bounds
-
-# (M, N, K): square, uneven, primes, K smaller than the grid, one column, one row
-SHAPES = [(24, 24, 24), (37, 23, 41), (13, 7, 29), (5, 9, 1), (6, 1, 5), (1, 11, 4)]
 
 
 def test_strip_bounds_cover_the_columns_once():
@@ -54,26 +52,17 @@ def test_strips_plan_their_buffers(monkeypatch):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", GEMM_SHAPES)
 @pytest.mark.parametrize("block", [None, (3, 3)])
 def test_strips_match_the_reference(comm, backend, rng, shape, block):
-    m, n, k = shape
     with ProcessGrid(comm, (comm.Get_size(), 1)) as grid:
-        for dtype in backend.dtypes:
-            a, b = random_array(rng, (m, k), dtype), random_array(rng, (k, n), dtype)
-            c0 = random_array(rng, (m, n), dtype)
-            A = DistMatrix.from_global(a, grid, backend, block=block)
-            B = DistMatrix.from_global(b, grid, backend, block=block)
-            C = DistMatrix.from_global(c0, grid, backend, block=block)
-            stats = SummaStats()
-            gemm(A, B, C, alpha=0.5, beta=2.0, panel_width=4, schedule="strips", stats=stats)
-            c = C.gather()
-            if comm.rank == 0:
-                assert gemm_scaled_error(c, a, b, c0, 0.5, 2.0) <= 1, dtype
-            if comm.Get_size() > 1:
-                assert stats.extra["schedule"] == "strips"
-                assert stats.panels == len(strip_bounds(n, 4, 4 if backend.name == "cupy"
-                                                        else 1))
+        runs = check_against_reference(rng, grid, backend, shape, block, panel_width=4,
+                                       schedule="strips")
+    if comm.Get_size() > 1:
+        heads = 4 if backend.name == "cupy" else 1
+        for stats in runs:
+            assert stats.extra["schedule"] == "strips"
+            assert stats.panels == len(strip_bounds(shape[1], 4, heads))
 
 
 @pytest.mark.mpi(min_size=1)

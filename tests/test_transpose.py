@@ -7,7 +7,8 @@ import io
 import numpy as np
 import pytest
 
-from helpers import gemm_scaled_error, random_array
+from helpers import (GEMM_SHAPES, check_against_reference, gemm_scaled_error,
+                     random_array)
 from summa import cli
 from summa.algorithm import SummaStats, gemm
 from summa.backend import NumpyBackend, _operand, get_backend
@@ -103,29 +104,14 @@ def test_bench_refuses_a_bad_setting(monkeypatch):
         cli.main(["bench", "--size", "64", "--backend", "numpy"], out=io.StringIO())
 
 
-# (M, N, K): square, uneven, primes, K smaller than the grid, one column, one row
-SHAPES = [(24, 24, 24), (37, 23, 41), (13, 7, 29), (5, 9, 1), (6, 1, 5), (1, 11, 4)]
-
-
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", GEMM_SHAPES)
 @pytest.mark.parametrize("block", [None, (3, 3)])
 def test_transposed_panels_match_the_reference(comm, backend, rng, monkeypatch, shape, block):
     monkeypatch.setenv("SUMMA_TRANSPOSE_A", "yes")
-    m, n, k = shape
     with ProcessGrid(comm) as grid:
-        for dtype in backend.dtypes:
-            a, b = random_array(rng, (m, k), dtype), random_array(rng, (k, n), dtype)
-            c0 = random_array(rng, (m, n), dtype)
-            A = DistMatrix.from_global(a, grid, backend, block=block)
-            B = DistMatrix.from_global(b, grid, backend, block=block)
-            C = DistMatrix.from_global(c0, grid, backend, block=block)
-            stats = SummaStats()
-            gemm(A, B, C, alpha=0.5, beta=2.0, panel_width=4, stats=stats)
-            c = C.gather()
-            assert stats.extra["transposed_a"]
-            if comm.rank == 0:
-                assert gemm_scaled_error(c, a, b, c0, 0.5, 2.0) <= 1, dtype
+        runs = check_against_reference(rng, grid, backend, shape, block, panel_width=4)
+    assert all(stats.extra["transposed_a"] for stats in runs)
 
 
 @pytest.mark.mpi(min_size=1)
