@@ -315,6 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--backend", choices=("numpy", "cupy"), default="cupy")
     plan.add_argument("--device-memory", metavar="SIZE", default=None,
                       help="GPU memory cap per rank: plan out of core within it")
+    plan.add_argument("--comm", choices=COMM_MODES, default="auto",
+                      help="broadcaster (default auto): out of core, copy-engine broadcasts "
+                           "(ipc; what auto takes on GPUs within a node) stage every panel "
+                           "slot they send once more on the device")
 
     info = sub.add_parser("info", help="MPI library, ranks per node, devices, backend",
                           description="Print what summa sees: MPI library, ranks, nodes, "
@@ -383,9 +387,11 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
         check_schedule(args.schedule, grid, out_of_core=budget is not None)
         args.nb = args.nb or default_panel_width(args.backend, args.dtype, precision,
                                                  out_of_core=budget is not None)
+        # auto on GPUs plans for one node (ipc), the larger of its two figures
+        ipc = args.comm == "ipc" or (args.comm == "auto" and args.backend == "cupy")
         plan = memory_plan(m, n, k, args.dtype, grid, args.nb, args.lookahead, args.backend,
                            device_budget=budget, out_of_core=budget is not None,
-                           schedule=args.schedule, precision=precision)
+                           schedule=args.schedule, precision=precision, staged=(ipc, ipc))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if comm.Get_rank() == 0:
@@ -399,6 +405,9 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
             print(f"  C tiles of {plan.tile[0]} x {plan.tile[1]} ({plan.tiles[0]} x "
                   f"{plan.tiles[1]} per rank), panels of {plan.chunk} columns in "
                   f"{plan.slots} slots", file=out)
+        if any(plan.staged):
+            print("  copy-engine broadcasts (ipc) stage each slot's panel once more "
+                  "(counted above; --comm nccl plans without)", file=out)
         if plan.transposed_a:
             print("  A's panels are copied transposed for the GEMMs (one scratch panel "
                   "counted above; SUMMA_TRANSPOSE_A)", file=out)

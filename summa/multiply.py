@@ -236,12 +236,11 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
 def _warm_up(A, B, C, backend, dtype, comm_kind, precision, panel_width,
              in_memory: bool) -> None:
     """Create (and self-test) the broadcasters the multiply will use, settle an
-    "auto" panel width, and run one small GEMM. Out of core (host-resident
-    operands) broadcasts without direct copies."""
+    "auto" panel width, and run one small GEMM."""
     if in_memory:
         prepare(A, B, C, panel_width, comm_kind, precision)
     else:
-        _broadcasters(C.grid, comm_kind, backend, direct=False)
+        _broadcasters(C.grid, comm_kind, backend)  # as the out-of-core sweep makes them
     x = backend.asarray(np.ones((64, 64), dtype=dtype))
     backend.gemm(1, x, x, backend.asarray(np.zeros((64, 64), dtype=dtype)), precision=precision)
     backend.synchronize()

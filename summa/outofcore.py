@@ -5,9 +5,11 @@ A rank's blocks of A, B and C stay in host memory. The device holds C tiles
 For each tile, SUMMA runs as in memory, except that a panel's owner first
 uploads its part of the panel (the tile's rows of its A columns, the tile's
 columns of its B rows) from host memory into a slot, and the device
-broadcaster (NCCL on GPUs) sends it on from there. So host data crosses the
-host-device link once per tile on its owner only, and the other ranks get it
-over the GPU interconnect.
+broadcaster sends it on from there: within a node the GPUs' copy engines
+(``ipc``, through a staging buffer per slot, which stays allocated with the
+broadcaster for the next call), leaving every multiprocessor to the GEMMs;
+NCCL otherwise. So host data crosses the host-device link once per tile on
+its owner only, and the other ranks get it over the GPU interconnect.
 
 Traffic per rank: its A block once per column of tiles, its B block once per
 row of tiles, and C once each way (in only when ``beta != 0``). The broadcast
@@ -83,13 +85,14 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     grid = C.grid
     m, k = A.shape
     n = B.shape[1]
+    row_bc, col_bc = _broadcasters(grid, comm, device)
+    # Copy-engine broadcasts pass each slot through a staging buffer: planned too.
     plan = memory_plan(m, n, k, C.dtype, grid.shape, panel_width, lookahead=lookahead,
                        backend=device.name, device_budget=device_budget, out_of_core=True,
-                       precision=precision)
+                       precision=precision, staged=(row_bc.name == "ipc", col_bc.name == "ipc"))
     ml, nl = C.local.shape
     tiles = [(i0, i1, j0, j1) for i0, i1 in _bounds(ml, plan.tiles[0])
              for j0, j1 in _bounds(nl, plan.tiles[1])]
-    row_bc, col_bc = _broadcasters(grid, comm, device, direct=False)
     mover = (_CudaMover if device.name == "cupy" else _HostMover)(device, C.dtype)
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
     if panels and mover.overlaps:

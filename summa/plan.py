@@ -317,6 +317,10 @@ class MemoryPlan:
     transposed_a : bool
         Whether the GEMMs read A's panels from a transposed copy (its scratch
         buffer is counted in `device_bytes`).
+    staged : tuple
+        ``(row, column)``: out of core, whether that direction's panels pass
+        through a staging buffer per slot (copy-engine broadcasts, ``ipc``),
+        counted in `device_bytes`.
     """
 
     mode: str
@@ -327,6 +331,7 @@ class MemoryPlan:
     tiles: tuple | None = None
     slots: int | None = None
     transposed_a: bool = False
+    staged: tuple = (False, False)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -340,7 +345,7 @@ def _local_sizes(m, n, k, grid):
 def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
                 lookahead: int = 1, backend: str = "cupy", device_budget: int | None = None,
                 out_of_core: bool = False, schedule: str = "panels",
-                precision=None) -> MemoryPlan:
+                precision=None, staged: tuple = (False, False)) -> MemoryPlan:
     """Peak memory per rank of ``C = A @ B`` and, out of core, the C tiles that
     fit `device_budget` bytes.
 
@@ -357,7 +362,10 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     elements. Fewest tiles first (each extra row of tiles uploads B's panels
     again), cut by rows before columns; then one more slot where those tiles
     leave room for it (uploads then run a step ahead of the broadcasts, so a
-    panel's owner is ready to send when its receivers are).
+    panel's owner is ready to send when its receivers are). Directions that
+    broadcast by copy engines (`staged`, row and column: ``ipc``) pass every
+    slot's part through a staging buffer of its size: ``slots tm nb`` (A) and
+    ``slots nb tn`` (B) more, where that direction has more than one rank.
     """
     item = np.dtype(dtype).itemsize
     pr, pc = grid
@@ -381,33 +389,40 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
         return MemoryPlan("in-memory", on_device, staging, transposed_a=transposed)
     if device_budget is None:
         raise ValueError("an out-of-core plan needs a device memory budget")
-    tiles = _ooc_tiles(max(ml, 1), max(nl, 1), nb, slots, device_budget // item, transposed)
+    # Staging only where a grid row (A) or column (B) has ranks to send to.
+    staged = (bool(staged[0]) and pc > 1, bool(staged[1]) and pr > 1)
+    tiles = _ooc_tiles(max(ml, 1), max(nl, 1), nb, slots, device_budget // item, transposed,
+                       staged)
     if tiles is None:
         raise ValueError(f"a device budget of {_gib(device_budget)} is too small for "
                          f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
     tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
-    if _ooc_elements(tm, tn, nb, slots + 1, tiles[0] * tiles[1], transposed) * item \
+    if _ooc_elements(tm, tn, nb, slots + 1, tiles[0] * tiles[1], transposed, staged) * item \
             <= device_budget:
         slots += 1  # room for uploads a step ahead of their broadcasts, same tiles
-    device = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed) * item
+    device = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged) * item
     return MemoryPlan("out-of-core", device, blocks * item, (int(tm), int(tn)), int(nb),
-                      (int(tiles[0]), int(tiles[1])), slots, transposed)
+                      (int(tiles[0]), int(tiles[1])), slots, transposed, staged)
 
 
 def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,
-                  transposed: bool = False) -> int:
-    """Device elements of the out-of-core sweep: C tiles, panel slots, and
-    the `transposed` copy of an A slot."""
-    return min(2, ntiles) * tm * tn + (slots + transposed) * tm * nb + slots * tn * nb
+                  transposed: bool = False, staged: tuple = (False, False)) -> int:
+    """Device elements of the out-of-core sweep: C tiles, panel slots (and
+    their `staged` copies, per direction), and the `transposed` copy of an A
+    slot."""
+    a_parts, b_parts = slots * (1 + staged[0]) + transposed, slots * (1 + staged[1])
+    return min(2, ntiles) * tm * tn + a_parts * tm * nb + b_parts * tn * nb
 
 
-def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: bool = False):
+def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: bool = False,
+               staged: tuple = (False, False)):
     """Fewest ``(row tiles, column tiles)`` whose sweep fits `budget` elements."""
-    if _ooc_elements(ml, nl, nb, slots, 1, transposed) <= budget:
+    if _ooc_elements(ml, nl, nb, slots, 1, transposed, staged) <= budget:
         return 1, 1
+    a_parts, b_parts = slots * (1 + staged[0]) + transposed, slots * (1 + staged[1])
     for ntn in range(1, nl + 1):
         tn = -(-nl // ntn)
-        tm = (budget - slots * tn * nb) // (2 * tn + (slots + transposed) * nb)  # two C tiles
+        tm = (budget - b_parts * tn * nb) // (2 * tn + a_parts * nb)  # two C tiles
         if tm >= 1:
             return -(-ml // min(tm, ml)), ntn
     return None

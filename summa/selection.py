@@ -26,7 +26,7 @@ def _pick_broadcasters(A, B, C, panels, broadcaster, precision):
         worth_ipc = any(dirs) and _hides_connect(panels, grid, C.local.shape, C.dtype,
                                                  precision, (A.local.nbytes, B.local.nbytes),
                                                  dirs)
-    return _broadcasters(grid, broadcaster, backend, direct=worth_ipc)
+    return _broadcasters(grid, broadcaster, backend, copy_engines=worth_ipc)
 
 
 def _direct(bc) -> bool:
@@ -91,23 +91,26 @@ def _hides_connect(panels, grid, local_shape, dtype, precision, block_bytes,
     return grid.comm.allreduce(margin, op=MPI.MIN) >= 0
 
 
-def _broadcasters(grid, kind: str, backend, direct: bool = True):
+def _broadcasters(grid, kind: str, backend, copy_engines: bool = True):
     """The row and column broadcasters of `grid`, made (and self-tested) once per
     grid and mode, since NCCL communicators are expensive to create.
 
-    With ``auto``, callers that copy panels straight out of the roots' blocks
-    (`direct`: the in-memory SUMMA loop, where its GEMMs hide the set-up) get
-    ``ipc`` in each direction whose grid rows (columns) all lie within a node,
-    with a GPU per rank, where its self-test passes: on 2 H200s at N = 32768
-    it beats NCCL in every dtype (docs/benchmarks.md). A grid whose rows lie
-    within nodes and whose columns span them reads row panels directly and
-    broadcasts column panels in pairs.
+    With ``auto`` and `copy_engines`, each direction whose grid rows (columns)
+    all lie within a node, with a GPU per rank, gets ``ipc`` where its
+    self-test passes: on 2 H200s at N = 32768 the GPUs' copy engines beat
+    NCCL's kernels, which slow the GEMMs beside them, in every dtype in
+    memory (the SUMMA loop copies panels straight out of the roots' blocks)
+    and in float64 out of core (paired broadcasts through staging buffers:
+    102.9 against 98.6 TFLOP/s; docs/benchmarks.md). A grid whose rows lie
+    within nodes and whose columns span them copies row panels and broadcasts
+    column panels with NCCL. Without `copy_engines` (in memory where the
+    peers' blocks would open too slowly) ``auto`` takes NCCL.
     """
-    if kind == "auto" and direct and backend.name == "cupy" and grid.size > 1:
+    if kind == "auto" and copy_engines and backend.name == "cupy" and grid.size > 1:
         pair = _auto_ipc(grid, backend)
         if pair is not None and None in (pair.row, pair.col):
             # One direction within nodes (ipc), the other across them (as usual).
-            usual = _broadcasters(grid, kind, backend, direct=False)
+            usual = _broadcasters(grid, kind, backend, copy_engines=False)
             return pair.row or usual[0], pair.col or usual[1]
         if pair is not None:
             return pair.row, pair.col

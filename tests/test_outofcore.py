@@ -244,6 +244,72 @@ def test_plan_figures(monkeypatch):
                     out_of_core=True)
 
 
+def test_copy_engine_broadcasts_plan_their_staging(monkeypatch):
+    """ipc sends each slot's part through a staging buffer of its size: planned
+    in the directions that have ranks to send to, and within the budget."""
+    monkeypatch.setenv("SUMMA_TRANSPOSE_A", "no")
+    budget = parse_bytes("16GiB")
+
+    def plan(grid, staged):
+        return memory_plan(100_000, 100_000, 100_000, "float32", grid, 4096, 1, "cupy",
+                           device_budget=budget, out_of_core=True, staged=staged)
+
+    for grid, sends in (((2, 1), (False, True)), ((1, 2), (True, False)),
+                        ((2, 2), (True, True)), ((1, 1), (False, False))):
+        plain, staged = plan(grid, (False, False)), plan(grid, (True, True))
+        assert staged.staged == sends and plain.staged == (False, False)
+        tm, tn = staged.tile
+        a_parts = staged.slots * (1 + sends[0])
+        b_parts = staged.slots * (1 + sends[1])
+        assert staged.device_bytes == (min(2, staged.tiles[0] * staged.tiles[1]) * tm * tn
+                                       + a_parts * tm * 4096 + b_parts * tn * 4096) * 4
+        assert staged.device_bytes <= budget
+        if any(sends):  # more memory for the same tiles and slots, or less room
+            assert staged.device_bytes > plain.device_bytes \
+                or (staged.slots, *staged.tile) != (plain.slots, *plain.tile)
+        else:
+            assert staged == plain
+
+
+@pytest.mark.mpi(min_size=2)
+def test_out_of_core_plans_staging_for_copy_engine_broadcasters(comm, rng, monkeypatch):
+    """The sweep plans with the broadcasters it got: ones named ipc (here the
+    host-staged MPI ones under that name) have their staging counted."""
+    from summa import outofcore
+    real = outofcore._broadcasters
+
+    class Named:
+        def __init__(self, inner):
+            self.inner, self.name = inner, "ipc"
+
+        def __getattr__(self, attr):
+            return getattr(self.inner, attr)
+
+    monkeypatch.setattr(outofcore, "_broadcasters",
+                        lambda *args, **kw: tuple(Named(bc) for bc in real(*args, **kw)))
+    m, n, k = 40, 36, 32
+    a, b = (random_array(rng, s, "float64") for s in ((m, k), (k, n)))
+    host = NumpyBackend()
+    with ProcessGrid(comm) as grid:
+        A, B = (DistMatrix.from_global(x, grid, host) for x in (a, b))
+        C = DistMatrix.zeros((m, n), "float64", grid, host)
+        stats = summa_out_of_core(1.0, A, B, 0.0, C, host, 1 << 20, panel_width=8)
+        c = C.gather()
+        pr, pc = grid.shape
+    expected = memory_plan(m, n, k, "float64", (pr, pc), 8, 1, "numpy", device_budget=1 << 20,
+                           out_of_core=True, staged=(True, True))
+    assert expected.staged == (pc > 1, pr > 1)
+    assert stats.extra["device_bytes_planned"] == comm.allreduce(expected.device_bytes,
+                                                                 op=_max_op())
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b, np.zeros((m, n)), 1.0, 0.0) <= 1
+
+
+def _max_op():
+    from mpi4py import MPI
+    return MPI.MAX
+
+
 @pytest.mark.parametrize("text,value", [("16GiB", 16 * 2**30), ("512MB", 512 * 10**6),
                                          ("2e9", 2 * 10**9), ("64 KiB", 64 * 1024)])
 def test_parse_bytes(text, value):
@@ -298,6 +364,15 @@ def test_plan_command(comm):
     if comm.rank == 0:
         assert "out-of-core" in out.getvalue()
         assert re.search(r"C tiles of \d+ x 100000 \([2-9] x 1 per rank\)", out.getvalue())
+        assert "copy-engine broadcasts (ipc) stage" in out.getvalue()  # auto on GPUs
+    nccl = io.StringIO()
+    assert cli.main(["plan", "--size", "100000", "--ranks", "2", "--dtype", "float32",
+                     "--device-memory", "16GiB", "--comm", "nccl"], comm, nccl) == 0
+    if comm.rank == 0:
+        assert "stage" not in nccl.getvalue()
+        peak = [float(re.search(r"device ([\d.]+) GiB", o.getvalue()).group(1))
+                for o in (out, nccl)]
+        assert peak[1] < peak[0] <= 16
     with pytest.raises(cli.UsageError, match="does not hold"):
         cli.main(["plan", "--ranks", "4", "--grid", "3x1"], comm, io.StringIO())
 
