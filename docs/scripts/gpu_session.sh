@@ -33,6 +33,7 @@
 #   STAGE=oocvar docs/scripts/gpu_session.sh   # host-resident float64: CTAs, ipc, lookahead, nb
 #   STAGE=oocauto docs/scripts/gpu_session.sh  # host-resident: auto (ipc) against NCCL, tests
 #   STAGE=big32auto docs/scripts/gpu_session.sh # 100k float32 host-resident, auto
+#   STAGE=final8 docs/scripts/gpu_session.sh   # host peers (cuBLASXt); TF32/fp16 against JAX
 #   STAGE=lt2    docs/scripts/gpu_session.sh     # TF32/float16: cuBLASLt against gemmEx, JAX
 #   STAGE=big7   docs/scripts/gpu_session.sh     # 100k float64 transposed; 1-GPU ooc; watchdog
 #   STAGE=oocknobs docs/scripts/gpu_session.sh   # host-resident head pieces / tail strips
@@ -412,6 +413,17 @@ oocauto)  # issue 5: auto now takes copy engines (ipc) out of core within a node
     ;;
 big32auto)  # issue 5: N = 100,000 float32 host-resident under a 16 GiB cap with auto (ipc)
     hundred_k_f32 | grep -a -E "x 100000|summa bench|tiles|memory plan|rank   [01]"
+    ;;
+final8)  # issues 5, 8: host-resident summa (auto: ipc) against cuBLASXt on the same pinned
+    # arrays; TF32 and float16 against JAX in three alternating rounds (1-3 % apart by call)
+    for d in float64 float32; do
+        LIMIT=120 run python3 docs/scripts/compare_peers.py --size 32768 --dtype $d --gpus 2 \
+            --placement host --peers summa,cublasxt --repeat 2 --rounds 2 --json "$OUT/peers.jsonl"
+    done
+    for args in "--dtype float32 --precision tf32" "--dtype float16"; do
+        LIMIT=110 run python3 docs/scripts/compare_peers.py --size 32768 $args --gpus 2 \
+            --repeat 3 --rounds 3 --peers summa,jax --json "$OUT/peers.jsonl"
+    done
     ;;
 lt2)  # issues 3, 8: TF32 and float16 trail JAX by 1.5 / 0.2 %; JAX calls cuBLASLt, whose
     # TF32 GEMM timed 344 against gemmEx's 324 TFLOP/s (evening session): the library per dtype?
