@@ -139,6 +139,8 @@ def _rank_line(r: dict) -> str:
         line += (f", device memory {r['memory_bytes'] / 2**30:.2f} GiB in use, "
                  f"{r['reserved_bytes'] / 2**30:.2f} GiB pool, grew "
                  f"{r['pool_growth_bytes']} B after the first call")
+    if r.get("staging_bytes"):  # ipc's staging buffers, outside the pool but planned
+        line += f", {r['staging_bytes'] / 2**30:.2f} GiB of broadcast staging"
     return line
 
 
@@ -243,6 +245,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                                          own_first=best_stats.extra.get("own_first"),
                                          head_seconds=best_stats.extra.get("head_seconds"),
                                          tail_seconds=best_stats.extra.get("tail_seconds"),
+                                         staging_bytes=best_stats.extra.get("staging_bytes", 0),
                                          **{key: getattr(best_stats, key)
                                             for key in ("seconds", "compute", "wait",
                                                         "comm_seconds")}), root=0)

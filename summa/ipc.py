@@ -217,6 +217,10 @@ class IpcBroadcaster(_DeviceTimed):
     #: The SUMMA loop may copy panels straight out of the roots' blocks.
     reads_blocks = True
 
+    def staging_bytes(self) -> int:
+        """Device bytes of this rank's staging buffers (outside CuPy's pool)."""
+        return sum(s.nbytes for s in self._slots.values())
+
     def export(self, block) -> bool:
         """Name `block` (this rank's stored operand, its values already written
         on the GPU) for :meth:`connect`; False where it cannot be exported

@@ -118,11 +118,14 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     stats.compute = mover.compute_seconds()
     stats.wait = max(0.0, stats.seconds - stats.compute)
     stats.comm_seconds = row_bc.take_seconds() + col_bc.take_seconds()
+    # Copy-engine broadcasters stage slots in memory of their own, beside the pool.
+    staging = sum(getattr(bc, "staging_bytes", lambda: 0)() for bc in {row_bc, col_bc})
     stats.extra.update({"out_of_core": True, "transposed_a": plan.transposed_a,
                         "tile": list(plan.tile), "tiles": list(plan.tiles),
                         "chunk": plan.chunk, "device_budget": device_budget,
                         "device_bytes_planned": plan.device_bytes,
                         "transfer_bytes": mover.moved, "staged_copies": mover.staged,
+                        "staging_bytes": staging,
                         "head_seconds": head, "tail_seconds": tail})
     return stats
 

@@ -301,8 +301,29 @@ def test_out_of_core_plans_staging_for_copy_engine_broadcasters(comm, rng, monke
     assert expected.staged == (pc > 1, pr > 1)
     assert stats.extra["device_bytes_planned"] == comm.allreduce(expected.device_bytes,
                                                                  op=_max_op())
+    assert stats.extra["staging_bytes"] == 0  # host-staged MPI stages nothing on a device
     if comm.rank == 0:
         assert gemm_scaled_error(c, a, b, np.zeros((m, n)), 1.0, 0.0) <= 1
+
+
+def test_bench_rank_line_reports_the_staging_beside_the_pool():
+    from summa.bench import _rank_line
+    from summa.ipc import IpcBroadcaster
+
+    class Slot:
+        def __init__(self, nbytes):
+            self.nbytes = nbytes
+
+    bc = IpcBroadcaster.__new__(IpcBroadcaster)  # no GPU here: only its slots
+    bc._slots = {0: Slot(3 << 30), 1: Slot(1 << 29)}
+    assert bc.staging_bytes() == (3 << 30) + (1 << 29)
+    rank = dict(rank=1, coords=[1, 0], compute=0.5, comm_seconds=0.1, wait=0.01,
+                head_seconds=0.002, tail_seconds=0.003, memory_bytes=0, reserved_bytes=2 << 30,
+                pool_growth_bytes=0, staging_bytes=bc.staging_bytes())
+    line = _rank_line(rank)
+    assert "GPU idle 0.0020 s before the first GEMM, 0.0030 s after the last" in line
+    assert "2.00 GiB pool" in line and line.endswith("3.50 GiB of broadcast staging")
+    assert "staging" not in _rank_line(dict(rank, staging_bytes=0))
 
 
 def _max_op():
