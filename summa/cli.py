@@ -117,7 +117,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="panel broadcaster: nccl, cuda-aware MPI, host-staged mpi, or ipc (GPUs "
                         "of one node copy panels straight out of each other's memory by copy "
                         "engines) (default auto: ipc where every grid row and column is on one "
-                        "node with a GPU per rank, for data in GPU memory; else nccl when "
+                        "node with a GPU per rank, in GPU memory where its set-up hides and "
+                        "always out of core; else nccl when "
                         "available, else cuda-aware MPI when the library reports CUDA support, "
                         "else mpi)")
     p.add_argument("--nb", type=_panel_width, default=None, metavar="W",
@@ -462,7 +463,8 @@ def _run_info(args, comm: MPI.Comm, out) -> int:
     chosen = choose_comm(args.comm, backend)
     if args.comm == "auto" and backend.name == "cupy":
         chosen = (f"ipc in each direction whose grid rows (columns) lie within a node, a "
-                  f"GPU per rank (self-tested; in-memory multiplies), else {chosen}")
+                  f"GPU per rank (self-tested; in memory where the GEMMs hide its set-up, "
+                  f"and out of core), else {chosen}")
     print(f"broadcaster: {chosen} (--comm {args.comm})", file=out)
     from .backend import compute_priority, cublaslt_path, gemm_library, transpose_a_setting
     library = gemm_library()
