@@ -177,6 +177,11 @@ class Backend:
         high-water mark; 0 where unknown)."""
         return 0
 
+    def memory_free(self) -> int | None:
+        """Bytes an allocation could still get on the device: free device memory
+        plus the allocator's freed blocks (None: host memory, not tracked here)."""
+        return None
+
     def describe(self) -> str:
         return self.name
 
@@ -434,6 +439,10 @@ class CupyBackend(Backend):
 
     def memory_reserved(self):
         return int(self.xp.get_default_memory_pool().total_bytes())
+
+    def memory_free(self):
+        return int(self.xp.cuda.runtime.memGetInfo()[0]
+                   + self.xp.get_default_memory_pool().free_bytes())
 
     def device_id(self):
         return self.xp.cuda.Device(self.device).pci_bus_id

@@ -67,16 +67,27 @@ def agree_backend(comm: MPI.Comm, name: str):
     return backend
 
 
+def _ideal_bytes(shape, dtype, transposed_a: bool = False) -> int:
+    """Device bytes of :func:`_single_device_seconds`' operands."""
+    m, n, k = shape
+    return (m * k * (1 + transposed_a) + k * n + m * n) * np.dtype(dtype).itemsize
+
+
 def _single_device_seconds(backend, shape, dtype, precision, repeat: int = 3,
                            transposed_a: bool = False) -> tuple[float, float]:
     """Best time of this rank's share of the work, (rows of C here) x (columns
     of C here) x K, as one product on this rank's device alone: the best of
     ``xp.matmul`` and the backend's own GEMM (the one summa uses), and with
     `transposed_a` (summa read A column-major) that GEMM on a column-major A;
-    and the best with A row-major (as the user holds it)."""
+    and the best with A row-major (as the user holds it). (None, None) where
+    its operands would not fit the device (out of core, or in memory near
+    the device's size): the ideal is then skipped, not the run."""
     m, n, k = shape
     if 0 in shape:
         return 0.0, 0.0
+    free = backend.memory_free()
+    if free is not None and _ideal_bytes(shape, dtype, transposed_a) > 0.95 * free:
+        return None, None
     xp = backend.xp
     rng = xp.random.default_rng()
     a = rng.standard_normal((m, k)).astype(dtype)
@@ -223,10 +234,12 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
         progress.close()
         memory = backend.memory_in_use()
         reserved = backend.memory_reserved()
+        local_shape = C.local.shape
+        A = B = C = None  # the ideal's operands may take their room
         ideal_seconds = row_major_seconds = None
         if getattr(args, "ideal", False):
             ideal_seconds, row_major_seconds = _single_device_seconds(
-                backend, (*C.local.shape, k), dtype, precision,
+                backend, (*local_shape, k), dtype, precision,
                 transposed_a=best_stats.extra.get("transposed_a", False))
         per_rank = grid.comm.gather(dict(rank=grid.rank, coords=[grid.row, grid.col],
                                          host=socket.gethostname(), device=backend.device,
@@ -239,7 +252,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                                          pool_growth_bytes=reserved - reserved_first,
                                          ideal_seconds=ideal_seconds,
                                          ideal_row_major_seconds=row_major_seconds,
-                                         local_shape=list(C.local.shape),
+                                         local_shape=list(local_shape),
                                          connect_seconds=best_stats.extra.get("connect_seconds"),
                                          release_seconds=best_stats.extra.get("release_seconds"),
                                          own_first=best_stats.extra.get("own_first"),
@@ -263,9 +276,13 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     # Ideal: P x the one-device rate on the largest per-rank share (HPL-style
     # timing makes the slowest rank the measure, so the largest share is fair).
     ideal_tflops = efficiency = row_major_tflops = None
+    ideal_skipped = None
     if getattr(args, "ideal", False):
         biggest = max(per_rank, key=lambda r: r["local_shape"][0] * r["local_shape"][1])
-        if biggest["ideal_seconds"]:
+        if biggest["ideal_seconds"] is None:
+            ideal_skipped = _ideal_bytes((*biggest["local_shape"], k), dtype,
+                                         bool(best_stats.extra.get("transposed_a")))
+        elif biggest["ideal_seconds"]:
             mloc, nloc = biggest["local_shape"]
             work = (flops / (m * n * k)) * mloc * nloc * k / 1e12
             ideal_tflops = work / biggest["ideal_seconds"] * size
@@ -319,6 +336,10 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
         if record["transposed_a"]:
             print(f"  against A row-major as given ({row_major_tflops:.3f} TFLOP/s): "
                   f"{tflops / row_major_tflops:.3f}", file=out)
+    elif ideal_skipped:
+        print(f"ideal: not measured: one device's product of the per-rank shape needs "
+              f"{ideal_skipped / 2**30:.1f} GiB, more than its free memory "
+              "(--no-ideal skips it without asking)", file=out)
     if planned:
         print(f"memory plan: {planned / 2**30:.2f} GiB of device memory per rank "
               f"(largest rank; measured pool below)", file=out)

@@ -43,8 +43,7 @@ def default_sizes(comm: MPI.Comm, backend, dtypes) -> list[int]:
     GPU_LARGE_SIZE where every rank has room for its three operands twice over."""
     if backend.name != "cupy":
         return [256, 512, 1024, 2048]
-    xp = backend.xp
-    free = xp.cuda.runtime.memGetInfo()[0] + xp.get_default_memory_pool().free_bytes()
+    free = backend.memory_free()
     need = 2 * 3 * GPU_LARGE_SIZE ** 2 * max(np.dtype(d).itemsize for d in dtypes)
     fits = comm.allreduce(free >= need, op=MPI.LAND)
     return list(GPU_SIZES) + ([GPU_LARGE_SIZE] if fits else [])

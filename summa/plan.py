@@ -467,8 +467,7 @@ def check_memory(plan: MemoryPlan, backend, comm) -> None:
     from mpi4py import MPI
     need, free, where = plan.device_bytes, None, "cpu"
     if backend.name == "cupy" and need:
-        xp = backend.xp
-        free = xp.cuda.runtime.memGetInfo()[0] + xp.get_default_memory_pool().free_bytes()
+        free = backend.memory_free()
         where = backend.device_id()
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     sharing = node.allgather(where).count(where) if where != "cpu" else 1
@@ -558,9 +557,7 @@ def choose_memory_mode(shape, dtype, grid, panel_width: int, lookahead: int, bac
             note = f"the in-memory plan does not fit ({exc}); running out of core"
     if budget is None:
         if backend.name == "cupy":
-            xp = backend.xp
-            free = xp.cuda.runtime.memGetInfo()[0] + xp.get_default_memory_pool().free_bytes()
-            budget = grid.comm.allreduce(int(free * 0.9), op=MPI.MIN)
+            budget = grid.comm.allreduce(int(backend.memory_free() * 0.9), op=MPI.MIN)
         else:
             budget = 1 << 30  # NumPy "device" tiles: 1 GiB
     check_host_memory(memory_plan(m, n, k, dtype, grid.shape, panel_width, lookahead,

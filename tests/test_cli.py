@@ -4,6 +4,7 @@ statuses and messages."""
 import io
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -76,6 +77,32 @@ def test_default_run_verifies(comm, monkeypatch):
     assert cli.main([], comm, out) == 0
     if comm.rank == 0:
         assert "48 x 48 x 48" in out.getvalue() and " ok" in out.getvalue()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("free", [None, 10**9, 2_000])
+def test_an_ideal_that_does_not_fit_is_skipped_not_the_run(comm, monkeypatch, free):
+    """Out of core on a small GPU, or in memory near its size, the one-device
+    product the ideal times may not fit: the run reports, the ideal says why."""
+    from summa.backend import NumpyBackend
+    monkeypatch.setattr(NumpyBackend, "memory_free", lambda self: free)
+    # 40 x 40 x 40 float64: a rank's ideal needs over 2,000 bytes on any grid up to 6 ranks
+    path = comm.bcast(tempfile.mkstemp(suffix=".jsonl")[1] if comm.rank == 0 else None)
+    out = io.StringIO()
+    assert cli.main(["bench", "--size", "40", "--repeat", "1", "--warmup", "0", "--nb", "8",
+                     "--json", path], comm, out) == 0
+    if comm.rank == 0:
+        text = out.getvalue()
+        record = json.loads(Path(path).read_text())
+        os.unlink(path)
+        fits = free is None or free > 10**6
+        assert ("efficiency" in text) == fits and (record["efficiency"] is None) != fits
+        if not fits:
+            need = bench._ideal_bytes((*record["ranks_detail"][0]["local_shape"], 40), "float64")
+            assert need > 0.95 * free
+            assert re.search(r"ideal: not measured: one device's product of the per-rank shape "
+                             r"needs [\d.]+ GiB, more than its free memory", text)
+        assert record["tflops"] > 0
 
 
 @pytest.mark.mpi(min_size=1)

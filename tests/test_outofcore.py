@@ -344,22 +344,11 @@ def test_parse_bytes_rejects(text):
 
 
 class _FakeGpu:
-    """Just enough of the CuPy backend for check_memory."""
+    """Just enough of the CuPy backend for check_memory and choose_memory_mode."""
     name, device = "cupy", 1
 
-    class xp:
-        class cuda:
-            class runtime:
-                @staticmethod
-                def memGetInfo():
-                    return (int(23.5 * 2**30), 80 * 2**30)
-
-        @staticmethod
-        def get_default_memory_pool():
-            class Pool:
-                def free_bytes(self):
-                    return 0
-            return Pool()
+    def memory_free(self):
+        return int(23.5 * 2**30)
 
     def device_id(self):
         return "0000:01:00.0"
