@@ -34,6 +34,8 @@
 #   STAGE=oocauto docs/scripts/gpu_session.sh  # host-resident: auto (ipc) against NCCL, tests
 #   STAGE=big32auto docs/scripts/gpu_session.sh # 100k float32 host-resident, auto
 #   STAGE=final8 docs/scripts/gpu_session.sh   # host peers (cuBLASXt); TF32/fp16 against JAX
+#   STAGE=peers16 docs/scripts/gpu_session.sh  # N = 16384 against JAX, cuBLASMp (~8 min)
+#   STAGE=report1 docs/scripts/gpu_session.sh  # the report table, N = 16384 (report2: 32768)
 #   STAGE=lt2    docs/scripts/gpu_session.sh     # TF32/float16: cuBLASLt against gemmEx, JAX
 #   STAGE=big7   docs/scripts/gpu_session.sh     # 100k float64 transposed; 1-GPU ooc; watchdog
 #   STAGE=oocknobs docs/scripts/gpu_session.sh   # host-resident head pieces / tail strips
@@ -423,6 +425,24 @@ final8)  # issues 5, 8: host-resident summa (auto: ipc) against cuBLASXt on the 
     for args in "--dtype float32 --precision tf32" "--dtype float16"; do
         LIMIT=110 run python3 docs/scripts/compare_peers.py --size 32768 $args --gpus 2 \
             --repeat 3 --rounds 3 --peers summa,jax --json "$OUT/peers.jsonl"
+    done
+    ;;
+peers16)  # issue 8: N = 16384 against JAX and cuBLASMp, last measured before A's panels were
+    # transposed (float32 96.9 against JAX's 99.7); alternating rounds, every dtype (~8 min)
+    for args in "--dtype float64" "--dtype float32" "--dtype float32 --precision tf32" \
+                "--dtype float16"; do
+        peers=summa,jax; case "$args" in *tf32*|*float16*) ;; *) peers=summa,jax,nvmath ;; esac
+        LIMIT=120 run python3 docs/scripts/compare_peers.py --size 16384 $args --gpus 2 \
+            --repeat 3 --rounds 3 --peers $peers --peer-timeout 60 --json "$OUT/peers16.jsonl"
+    done
+    ;;
+report1 | report2)  # issue 3's report table with today's code: report1 the N = 16384 lines of
+    # docs/scripts/report_runs.txt, report2 the N = 32768 ones (each under 10 min)
+    size=16384; [ "$STAGE" = report2 ] && size=32768
+    grep -- "--size $size" docs/scripts/report_runs.txt | while read -r line; do
+        set -- $line
+        LIMIT=90 run $MPI -np "$1" python3 -m summa bench --backend cupy "${@:2}" --timeout 60 \
+            --json "$OUT/report.jsonl" | grep -a -E "x $size|efficiency"
     done
     ;;
 lt2)  # issues 3, 8: TF32 and float16 trail JAX by 1.5 / 0.2 %; JAX calls cuBLASLt, whose
