@@ -36,6 +36,7 @@
 #   STAGE=final8 docs/scripts/gpu_session.sh   # host peers (cuBLASXt); TF32/fp16 against JAX
 #   STAGE=peers16 docs/scripts/gpu_session.sh  # N = 16384 against JAX, cuBLASMp (~8 min)
 #   STAGE=report1 docs/scripts/gpu_session.sh  # the report table, N = 16384 (report2: 32768)
+#   STAGE=hostpeers docs/scripts/gpu_session.sh # host data: summa against cuBLASXt, 1 and 2 GPUs
 #   STAGE=lt2    docs/scripts/gpu_session.sh     # TF32/float16: cuBLASLt against gemmEx, JAX
 #   STAGE=big7   docs/scripts/gpu_session.sh     # 100k float64 transposed; 1-GPU ooc; watchdog
 #   STAGE=oocknobs docs/scripts/gpu_session.sh   # host-resident head pieces / tail strips
@@ -444,6 +445,13 @@ report1 | report2)  # issue 3's report table with today's code: report1 the N = 
         LIMIT=90 run $MPI -np "$1" python3 -m summa bench --backend cupy "${@:2}" --timeout 60 \
             --json "$OUT/report.jsonl" | grep -a -E "x $size|efficiency"
     done
+    ;;
+hostpeers)  # issues 5, 8: host-resident summa against cuBLASXt on 1 and 2 GPUs in the same
+    # call (1 GPU last compared before A's parts were transposed); float64 was 1.24x on 2 GPUs
+    for g in 1 2; do for d in float64 float32; do
+        LIMIT=120 run python3 docs/scripts/compare_peers.py --size 32768 --dtype $d --gpus $g \
+            --placement host --peers summa,cublasxt --repeat 2 --rounds 3 --json "$OUT/hostpeers.jsonl"
+    done; done
     ;;
 lt2)  # issues 3, 8: TF32 and float16 trail JAX by 1.5 / 0.2 %; JAX calls cuBLASLt, whose
     # TF32 GEMM timed 344 against gemmEx's 324 TFLOP/s (evening session): the library per dtype?
