@@ -109,9 +109,7 @@ class _Slot:
         self.tokens = np.zeros(comm.Get_size(), dtype=np.uint8)  # where they land
 
     def close(self) -> None:
-        if self.readers is not None:
-            self.readers.Wait()
-            self.readers = None
+        _await_readers(self)
         self._close_opened()
 
     def _close_opened(self) -> None:
@@ -124,6 +122,16 @@ class _Slot:
                 if rank != self.me:
                     close(handle)
         self.peer_buf, self.peer_ready, self.peer_done = [], [], []
+
+
+def _await_readers(slot) -> None:
+    """Wait (on the host, watched) for the receivers' "done" tokens of `slot`'s
+    last turn as root, if any: only then may it be refilled or closed."""
+    if slot.readers is not None:
+        with watch("the other ranks of a grid row/column to finish copying a panel out of "
+                   "this rank's staging buffer (ipc)"):
+            slot.readers.Wait()
+        slot.readers = None
 
 
 class IpcBroadcaster(_DeviceTimed):
@@ -176,8 +184,7 @@ class IpcBroadcaster(_DeviceTimed):
         begin = cupy.cuda.Event()
         if self.comm.Get_rank() == root:
             if s.readers is not None:  # receivers of my last turn must be done reading
-                s.readers.Wait()
-                s.readers = None
+                _await_readers(s)
                 for rank, done in enumerate(s.peer_done):
                     if rank != root:
                         rt.streamWaitEvent(self.stream.ptr, done, 0)
@@ -189,7 +196,7 @@ class IpcBroadcaster(_DeviceTimed):
             rt.memcpyAsync(s.buf.ptr, buf.data.ptr, buf.nbytes, _MEMCPY_DEFAULT,
                            self.stream.ptr)
             s.ready.record(self.stream)
-            self.comm.Ibcast(self._ready_token, root).Wait()
+            self._await_ready(root)
             s.readers = self.comm.Igather(MPI.IN_PLACE, s.tokens, root)
             end = cupy.cuda.Event()
             end.record(self.stream)
@@ -200,7 +207,7 @@ class IpcBroadcaster(_DeviceTimed):
             # into this slot once that GEMM is done; it overwrote panels before
             # they were copied out, and float64 results came out wrong).
             return _DevicePending(end)
-        self.comm.Ibcast(self._ready_token, root).Wait()  # the root has recorded "ready"
+        self._await_ready(root)  # the root has recorded "ready"
         self.stream.wait_event(self.backend.record_event())  # GEMMs done with `buf`
         begin.record(self.stream)
         rt.streamWaitEvent(self.stream.ptr, s.peer_ready[root], 0)
@@ -216,6 +223,13 @@ class IpcBroadcaster(_DeviceTimed):
 
     #: The SUMMA loop may copy panels straight out of the roots' blocks.
     reads_blocks = True
+
+    def _await_ready(self, root: int) -> None:
+        """The one host-side wait of a broadcast: until `root` has recorded its
+        slot's "ready" (a step the watchdog names: a rank stuck elsewhere
+        would otherwise leave its peers here for good)."""
+        with watch(f"rank {root} of a grid row/column to stage a panel for copying (ipc)"):
+            self.comm.Ibcast(self._ready_token, root).Wait()
 
     def staging_bytes(self) -> int:
         """Device bytes of this rank's staging buffers (outside CuPy's pool)."""
@@ -301,7 +315,8 @@ class IpcBroadcaster(_DeviceTimed):
     def free(self) -> None:
         self.release_local()
         self.stream.synchronize()
-        MPI.Request.Waitall(self._sends)
+        with watch("the roots of this rank's last ipc broadcasts to collect their tokens"):
+            MPI.Request.Waitall(self._sends)
         self._sends = []
         for s in self._slots.values():
             s.close()

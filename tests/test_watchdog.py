@@ -49,6 +49,33 @@ def test_watchdog_stays_quiet_on_fast_steps(monkeypatch):
     assert calls == []
 
 
+def test_copy_engine_broadcasts_wait_on_the_host_under_the_watchdog(monkeypatch):
+    """ipc's paired broadcasts block the host until the root has staged its panel,
+    and a root until its last receivers are done: both are steps the watchdog
+    names (a rank stuck elsewhere would otherwise leave its peers there)."""
+    from types import SimpleNamespace
+    from summa import ipc
+    calls = []
+    monkeypatch.setattr(wd, "_die", lambda message, comm, status: calls.append(message))
+
+    class Stuck:
+        def Wait(self):
+            time.sleep(0.5)
+
+    bc = ipc.IpcBroadcaster.__new__(ipc.IpcBroadcaster)  # no GPU here: host side only
+    bc.comm = SimpleNamespace(Ibcast=lambda buf, root: Stuck())
+    bc._ready_token = np.zeros(1, dtype=np.uint8)
+    slot = SimpleNamespace(readers=Stuck())
+    with wd.Watchdog(0.2):
+        bc._await_ready(1)
+        ipc._await_readers(slot)
+    assert any("waited" in m and "rank 1 of a grid row/column to stage a panel" in m
+               for m in calls)
+    assert any("finish copying a panel out of this rank's staging buffer" in m for m in calls)
+    assert slot.readers is None
+    ipc._await_readers(slot)  # nothing outstanding: returns at once
+
+
 @pytest.mark.parametrize("text,expect", [("", 5.0), ("0", None), ("12.5", 12.5)])
 def test_timeout_from_env(monkeypatch, text, expect):
     monkeypatch.setenv("SUMMA_TIMEOUT", text)
