@@ -43,6 +43,7 @@ from .plan import memory_plan
 from .selection import _broadcasters
 from .transpose import PanelsOfA
 from .faults import inject
+from .watchdog import watch
 
 __all__ = ["summa_out_of_core"]
 
@@ -110,7 +111,10 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     try:
         _sweep(alpha, A, B, C, beta != 0, tiles, panels, lookahead, plan.slots, row_bc,
                col_bc, mover, precision, progress, plan.transposed_a)
-        mover.finish()
+        # GPU streams may wait on peers' broadcasts (NCCL kernels, ipc events)
+        with watch("the queued GPU work of the out-of-core sweep (uploads, broadcasts, "
+                   "GEMMs, write-backs)"):
+            mover.finish()
     finally:
         mover.close()
     stats.seconds = time.perf_counter() - t0

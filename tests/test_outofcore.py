@@ -306,6 +306,25 @@ def test_out_of_core_plans_staging_for_copy_engine_broadcasters(comm, rng, monke
         assert gemm_scaled_error(c, a, b, np.zeros((m, n)), 1.0, 0.0) <= 1
 
 
+@pytest.mark.mpi(min_size=1)
+def test_the_sweeps_final_wait_is_a_watchdog_step(comm, rng, monkeypatch):
+    """On a GPU the last synchronize waits for streams that wait on peers'
+    broadcasts: the watchdog must be able to name it."""
+    import summa.watchdog as wd
+    from summa import outofcore
+    steps = []
+    monkeypatch.setattr(outofcore._HostMover, "finish",
+                        lambda self: steps.append(wd._active._step[0]))
+    host = NumpyBackend()
+    with ProcessGrid(comm) as grid, wd.Watchdog(60, comm):
+        A, B = (DistMatrix.random(s, "float64", grid, host, seed=i)
+                for i, s in enumerate(((30, 20), (20, 25))))
+        C = DistMatrix.zeros((30, 25), "float64", grid, host)
+        summa_out_of_core(1.0, A, B, 0.0, C, host, 1 << 20, panel_width=8)
+    assert steps == ["the queued GPU work of the out-of-core sweep (uploads, broadcasts, "
+                     "GEMMs, write-backs)"]
+
+
 def test_bench_rank_line_reports_the_staging_beside_the_pool():
     from summa.bench import _rank_line
     from summa.ipc import IpcBroadcaster
