@@ -172,7 +172,8 @@ class IpcBroadcaster(_DeviceTimed):
             if current is not None:
                 self.stream.synchronize()
                 current.close()
-            current = self._slots[slot] = _Slot(self.comm, nbytes)
+            with watch("the other ranks of a grid row/column to set up a staging buffer (ipc)"):
+                current = self._slots[slot] = _Slot(self.comm, nbytes)
         return current
 
     def ibcast(self, buf, root: int, slot: int = 0, ready=None, own: bool = False):
