@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from .comm import make_broadcaster
 from .grid import node_rank
-from .plan import Profile
+from .model import Profile
 from .transpose import PanelsOfA
 from .tuning import transposes_a
 from .watchdog import watch
@@ -164,7 +164,7 @@ def _panel_overhead(comm, backend, profile_so_far: Profile, mode: str, repeat: i
     from .algorithm import summa
     from .grid import ProcessGrid
     from .matrix import DistMatrix
-    from .plan import predict
+    from .model import predict
     with ProcessGrid(comm) as grid:
         width, steps = OVERHEAD_WIDTH, OVERHEAD_STEPS
         m, n = OVERHEAD_BLOCK * grid.shape[0], OVERHEAD_BLOCK * grid.shape[1]
@@ -191,7 +191,7 @@ def calibrate(comm: MPI.Comm, backend, dtypes=("float64",), precision=None,
     rank of the communicator measured, as broadcasters' set-up errors are) is
     left out of the profile instead of ending the calibration.
 
-    Returns the :class:`~summa.plan.Profile` on rank 0, None elsewhere.
+    Returns the :class:`~summa.model.Profile` on rank 0, None elsewhere.
     """
     ranks_per_node = node_rank(comm)[1]
     gemm = []

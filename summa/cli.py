@@ -21,7 +21,8 @@ from .bench import (DEFAULT_SIZE_CPU, DEFAULT_SIZE_GPU, UsageError, agree_backen
                     run_sweep, versions)
 from .comm import choose_comm
 from .grid import choose_grid, node_rank, parse_grid
-from .plan import SWEEP_RANKS, memory_plan, parse_bytes
+from .model import SWEEP_RANKS
+from .plan import memory_plan, parse_bytes
 from .strips import SCHEDULES, check_schedule
 from .tuning import default_panel_width
 from .watchdog import Watchdog, timeout_from_env
@@ -253,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     model = sub.add_parser("model", help="predict time and efficiency from a profile",
                            description="The alpha-beta-gamma model of SUMMA with lookahead "
-                                       "(summa/plan.py): predicted time, TFLOP/s and efficiency, "
+                                       "(summa/model.py): predicted time, TFLOP/s and efficiency, "
                                        "the recommended grid and panel width, and with --sweep "
                                        "strong- and weak-scaling tables.")
     model.add_argument("--profile", required=True, metavar="FILE", help="from summa calibrate")

@@ -7,7 +7,7 @@ import os
 
 from mpi4py import MPI
 
-from .plan import Profile, predict, recommend, sweep
+from .model import Profile, predict, recommend, sweep
 
 __all__ = ["run_calibrate", "run_model", "run_plot", "load_results"]
 

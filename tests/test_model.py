@@ -6,7 +6,7 @@ import json
 import pytest
 
 from summa import cli
-from summa.plan import Profile, predict, recommend, sweep
+from summa.model import Profile, predict, recommend, sweep
 
 GEMM_RATE = 50e12  # flop/s in every sample
 BCAST = dict(alpha=10e-6, beta=300e9)

@@ -1,0 +1,284 @@
+"""Performance model of SUMMA (alpha-beta-gamma), from a calibration profile.
+
+For a ``Pr x Pc`` grid, each rank owns an ``m x n`` block of C (m = ceil(M/Pr),
+n = ceil(N/Pc)) and steps through ``s = ceil(K/nb)`` panels. Per panel:
+
+* compute  ``t_c = 2 m n nb / gamma(m n, nb)``: the GEMM rate measured for
+  that panel shape (nearest calibrated shape, in log space);
+* communication ``t_b = bcast(m nb bytes, Pc) + bcast(nb n bytes, Pr)``, each
+  broadcast ``alpha(P) + bytes / beta(P)`` as fitted for that communicator size
+  (beyond the sizes calibrated: alpha grows with log2 P, beta stays).
+
+With lookahead, where broadcasts progress while the GEMM runs (GPUs: the
+GEMM runs on the device while NCCL or MPI moves data), the next panel's
+broadcasts hide behind the current GEMM: ``T = t_b + s * (max(S t_c, t_b) + o)``
+(one broadcast fills the pipeline), where ``S >= 1`` is how much slower a GEMM
+runs beside a broadcast (NCCL's kernels take SMs; calibrated per broadcaster as
+``gemm_slowdown``, 1 where absent). On a ``2 x 1`` grid where a rank receives
+at most two panels it multiplies its own ``s_o`` first while all broadcasts run:
+``T = max(s_o S t_c, s t_b) + (s - s_o) t_c + s o``. Direct copies (``ipc``: copy
+engines, no slowdown, own panels first while the peers' blocks open in ``c``):
+``T = max(s_o t_c, c + t_b) + (s - s_o) max(t_c, t_b) + s o``. Without lookahead,
+or on CPU ranks where MPI progresses only while the rank is inside MPI,
+``T = s * (t_c + t_b + o)``.
+``o`` is the per-panel overhead (loop, panel copies, synchronisation) fitted by
+calibration for that rank count. One rank does a single GEMM:
+``T = 2 M N K / gamma``. (TFLOP/s use 8 M N K for complex dtypes.)
+
+A profile is JSON: ``{"machine": ..., "gemm": [{"dtype", "precision",
+"ranks_per_node", "m", "n", "k", "seconds"}, ...], "bcast": [{"comm",
+"ranks", "alpha", "beta", "overlap", "gemm_slowdown"}, ...], "overhead": [{"ranks",
+"seconds"}, ...]}``; ``summa calibrate`` writes one, and profiles
+of machines we cannot run on (e.g. 8 GPUs per node on NVLink, nodes on
+InfiniBand) can be written by hand in the same form.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Profile", "Prediction", "predict", "sweep", "SWEEP_RANKS", "recommend"]
+
+
+class Profile:
+    """Calibrated rates of one machine (see module docstring for the format)."""
+
+    def __init__(self, data: dict):
+        if not isinstance(data, dict) or not data.get("gemm"):
+            raise ValueError("a profile needs a non-empty 'gemm' list")
+        self.data = data
+        self.gemm = data["gemm"]
+        self.bcast = data.get("bcast", [])
+
+    @classmethod
+    def load(cls, path) -> "Profile":
+        try:
+            with open(path) as fh:
+                return cls(json.load(fh))
+        except FileNotFoundError:
+            raise ValueError(f"{path}: no such profile (run: python -m summa calibrate "
+                             f"-o {path})") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not a JSON profile ({exc})") from None
+
+    def save(self, path) -> None:
+        with open(path, "w") as fh:
+            json.dump(self.data, fh, indent=1)
+
+    def merge(self, other: "Profile") -> "Profile":
+        """This profile with `other`'s samples added (e.g. another rank count)."""
+        data = dict(self.data)
+        data["gemm"] = self.gemm + other.gemm
+        theirs = {o["ranks"] for o in other.data.get("overhead", [])}
+        data["overhead"] = [o for o in self.data.get("overhead", [])
+                            if o["ranks"] not in theirs] + other.data.get("overhead", [])
+        data["bcast"] = [b for b in self.bcast if (b["comm"], b["ranks"]) not in
+                         {(o["comm"], o["ranks"]) for o in other.bcast}] + other.bcast
+        return Profile(data)
+
+    def gemm_rate(self, m: int, n: int, k: int, dtype: str, precision=None,
+                  ranks_per_node: int = 1) -> float:
+        """Flop/s of one ``(m x k) @ (k x n)`` GEMM: an inverse-distance-weighted
+        mean of the calibrated rates of this dtype, distance measured in
+        ``(log mn, log k)`` (an exact shape returns its own rate), preferring
+        samples taken with as many ranks per node."""
+        precision = precision or "default"
+        cands = [g for g in self.gemm if g["dtype"] == dtype
+                 and g.get("precision", "default") == precision]
+        if not cands:
+            raise ValueError(f"the profile has no GEMM samples for {dtype}"
+                             + ("" if precision == "default" else f"/{precision}"))
+        rpn = min({g.get("ranks_per_node", 1) for g in cands},
+                  key=lambda r: (abs(math.log(r / ranks_per_node)), -r))
+        cands = [g for g in cands if g.get("ranks_per_node", 1) == rpn]
+
+        def distance(g):
+            return (math.log(max(g["m"] * g["n"], 1) / max(m * n, 1)) ** 2
+                    + math.log(max(g["k"], 1) / max(k, 1)) ** 2)
+        weights = rates = 0.0
+        for g in cands:
+            rate = 2.0 * g["m"] * g["n"] * g["k"] / g["seconds"]
+            d = distance(g)
+            if d < 1e-12:
+                return rate
+            weights += 1.0 / d
+            rates += rate / d
+        return rates / weights
+
+    def bcast_seconds(self, nbytes: float, ranks: int, comm: str) -> float:
+        """Seconds to broadcast `nbytes` among `ranks` ranks with broadcaster `comm`."""
+        if ranks <= 1 or nbytes == 0:
+            return 0.0
+        fits = [b for b in self.bcast if b["comm"] == comm]
+        if not fits:
+            raise ValueError(f"the profile has no broadcast samples for comm {comm!r}")
+        exact = [b for b in fits if b["ranks"] == ranks]
+        if exact:
+            fit = exact[0]
+            return fit["alpha"] + nbytes / fit["beta"]
+        # Extrapolate from the largest calibrated communicator: latency grows
+        # with the depth of a broadcast tree, pipelined bandwidth does not.
+        fit = max(fits, key=lambda b: b["ranks"])
+        scale = math.log2(ranks) / max(math.log2(fit["ranks"]), 1.0)
+        return fit["alpha"] * scale + nbytes / fit["beta"]
+
+    def comm_modes(self) -> list[str]:
+        return sorted({b["comm"] for b in self.bcast})
+
+    def overlaps(self, comm: str) -> bool:
+        """Whether broadcasts of `comm` progress while a GEMM runs."""
+        return any(b.get("overlap", True) for b in self.bcast if b["comm"] == comm)
+
+    def gemm_slowdown(self, comm: str, ranks: int) -> float:
+        """How much longer GEMMs take beside broadcasts of `comm` (nearest
+        calibrated communicator size; 1 where not measured)."""
+        fits = [b for b in self.bcast if b["comm"] == comm]
+        if not fits:
+            return 1.0
+        fit = min(fits, key=lambda b: abs(math.log(b["ranks"] / max(ranks, 1))))
+        return float(fit.get("gemm_slowdown", 1.0))
+
+    def panel_overhead(self, ranks: int) -> float:
+        """Fixed seconds per SUMMA step at `ranks` ranks (nearest calibrated count)."""
+        rows = self.data.get("overhead", [])
+        if not rows:
+            return 0.0
+        return min(rows, key=lambda r: abs(math.log(r["ranks"] / ranks)))["seconds"]
+
+
+@dataclass
+class Prediction:
+    """Model output for one configuration."""
+
+    seconds: float
+    tflops: float
+    efficiency: float
+    panel_compute: float
+    panel_comm: float
+    panels: int
+    grid: tuple
+    panel_width: int
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
+            panel_width: int, lookahead: int = 1, comm: str | None = None,
+            precision=None, ranks_per_node: int | None = None) -> Prediction:
+    """Predicted time of ``C = A @ B`` (M x K times K x N) on a `grid` of ranks.
+
+    Efficiency is against P times the one-rank rate of the per-rank share done
+    as one GEMM, the same "ideal" that ``summa bench`` measures. Without
+    `comm`, the fastest broadcaster in the profile is assumed (as ``--comm
+    auto`` picks NCCL over host-staged MPI), ``ipc`` only where all ranks are on
+    one node (`ranks_per_node`, default all) and no more than it was calibrated on.
+    """
+    pr, pc = grid
+    p = pr * pc
+    rpn = ranks_per_node or p
+    itemsize = np.dtype(dtype).itemsize
+    flops = (8 if np.dtype(dtype).kind == "c" else 2) * m * n * k
+    ml, nl = -(-m // pr), -(-n // pc)
+    # Rates are 2 m n k / seconds of samples in the same dtype, so complex
+    # costs are already in them.
+    ideal = 2.0 * ml * nl * k / profile.gemm_rate(ml, nl, k, dtype, precision, rpn)
+    if p == 1:
+        seconds = ideal
+        return Prediction(seconds, flops / seconds / 1e12, 1.0, seconds, 0.0, 1, tuple(grid),
+                          panel_width)
+    if comm is None:  # as --comm auto would: the fastest broadcaster calibrated
+        # ipc copies only within a node: no more ranks than it was calibrated on
+        ipc_ranks = max((b["ranks"] for b in profile.bcast if b["comm"] == "ipc"), default=0)
+        modes = [mode for mode in profile.comm_modes()
+                 if mode != "ipc" or (rpn >= p and ipc_ranks >= p)]
+        return min((predict(profile, m, n, k, dtype, grid, panel_width, lookahead, mode,
+                            precision, ranks_per_node)
+                    for mode in modes or ["mpi"]), key=lambda q: q.seconds)
+    nb = min(panel_width, k)
+    steps = -(-k // nb)
+    t_c = 2.0 * ml * nl * nb / profile.gemm_rate(ml, nl, nb, dtype, precision, rpn)
+    t_b = (profile.bcast_seconds(ml * nb * itemsize, pc, comm)
+           + profile.bcast_seconds(nb * nl * itemsize, pr, comm))
+    overhead = profile.panel_overhead(p)
+    if comm == "ipc" and lookahead > 0:
+        seconds = _direct_copies_seconds(ml, nl, k, nb, pr, pc, steps, t_c, t_b, itemsize,
+                                         overhead)
+        return Prediction(seconds, flops / seconds / 1e12, ideal / seconds, t_c, t_b, steps,
+                          tuple(grid), nb)
+    from .algorithm import OWN_FIRST_RECEIVES
+    # Own panels first (summa.algorithm._own_first): on 2 x 1, each rank's
+    # received panels are adjacent; with more ranks a middle one's are not.
+    own = -(-(-(-k // pr)) // nb) if (pr, pc) == (2, 1) else 0  # panels of its own B rows
+    if lookahead > 0 and profile.overlaps(comm) and 0 < steps - own <= OWN_FIRST_RECEIVES:
+        # Each rank multiplies its own panels first while every broadcast runs.
+        shared = profile.gemm_slowdown(comm, max(pr, pc))
+        seconds = max(own * shared * t_c, steps * t_b) + (steps - own) * t_c \
+            + steps * overhead
+    elif lookahead > 0 and profile.overlaps(comm):
+        shared = profile.gemm_slowdown(comm, max(pr, pc))
+        seconds = t_b + steps * (max(shared * t_c, t_b) + overhead)
+    else:
+        seconds = steps * (t_c + t_b + overhead)
+    return Prediction(seconds, flops / seconds / 1e12, ideal / seconds, t_c, t_b, steps,
+                      tuple(grid), nb)
+
+
+def _direct_copies_seconds(ml, nl, k, nb, pr, pc, steps, t_c, t_b, itemsize,
+                           overhead) -> float:
+    """SUMMA with direct copies (``ipc``; summa.selection): a rank multiplies
+    the panels it holds first (on a 1-D grid, its share of K; on a 2-D grid the
+    slowest rank may hold none) while it opens its peers' blocks; then each
+    fetched panel's copy (copy engines: no SMs taken, so no GEMM slowdown) runs
+    behind the GEMM before it."""
+    from .selection import _connect_seconds
+    own = min(-(-(-(-k // max(pr, pc))) // nb), steps) if min(pr, pc) == 1 else 0
+    connect = _connect_seconds((pr, pc), ml * -(-k // pc) * itemsize,
+                               -(-k // pr) * nl * itemsize)
+    fetched = steps - own
+    if not fetched:
+        return steps * (t_c + overhead)
+    return max(own * t_c, connect + t_b) + fetched * max(t_c, t_b) + steps * overhead
+
+
+def _grids(p: int) -> list[tuple[int, int]]:
+    return [(r, p // r) for r in range(1, p + 1) if p % r == 0]
+
+
+def recommend(profile: Profile, m: int, n: int, k: int, dtype: str, ranks: int,
+              widths=(256, 512, 1024, 2048, 4096, 8192), **kwargs) -> Prediction:
+    """The fastest predicted grid and panel width for `ranks` ranks.
+
+    Only widths inside the range of panel widths the profile measured are
+    considered: outside it the nearest sample would stand in for a GEMM shape
+    it does not describe.
+    """
+    sampled = [g["k"] for g in profile.gemm if g["dtype"] == dtype]
+    lo, hi = (min(sampled), max(sampled)) if sampled else (0, float("inf"))
+    usable = [w for w in widths if lo <= w <= hi and w <= max(k, widths[0])] \
+        or [min(widths, key=lambda w: abs(math.log(w / max(lo, 1))))]
+    options = [predict(profile, m, n, k, dtype, g, w, **kwargs)
+               for g in _grids(ranks) for w in usable]
+    return min(options, key=lambda pred: pred.seconds)
+
+
+#: Rank counts of scaling sweeps and model curves by default (up to 8 nodes of 8 GPUs).
+SWEEP_RANKS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def sweep(profile: Profile, size: int, dtype: str, ranks=SWEEP_RANKS,
+          weak: bool = False, **kwargs) -> list[tuple[int, int, Prediction]]:
+    """Strong scaling (fixed `size`) or weak scaling (``size * P**(1/3)``, constant
+    work per rank) over `ranks`, each at its recommended grid and panel width.
+
+    Returns ``[(ranks, N, prediction), ...]``.
+    """
+    rows = []
+    for p in ranks:
+        n = int(round(size * p ** (1 / 3))) if weak else size
+        rows.append((p, n, recommend(profile, n, n, n, dtype, p, **kwargs)))
+    return rows
