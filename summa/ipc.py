@@ -69,19 +69,21 @@ class _Slot:
         import cupy
         rt = cupy.cuda.runtime
         self.nbytes = nbytes
-        # Straight from cudaMalloc, not the pool: an IPC handle opens at the
-        # start of its allocation, and a pool block can lie inside a larger one.
-        self.buf = cupy.cuda.Memory(max(nbytes, 1))
         me = comm.Get_rank()
         self.me, self.readers = me, None
         self.peer_buf, self.peer_ready, self.peer_done = [], [], []
-        try:  # exporting can fail too (e.g. a container without IPC): agree first
+        # Allocating (a full GPU) and exporting (a container without IPC) can
+        # fail on some ranks only: agree first, so that all raise, none waits.
+        try:
+            # Straight from cudaMalloc, not the pool: an IPC handle opens at the
+            # start of its allocation, and a pool block can lie inside a larger one.
+            self.buf = cupy.cuda.Memory(max(nbytes, 1))
             self.ready = cupy.cuda.Event(disable_timing=True, interprocess=True)
             self.done = cupy.cuda.Event(disable_timing=True, interprocess=True)
             mine = (rt.ipcGetMemHandle(self.buf.ptr), rt.ipcGetEventHandle(self.ready.ptr),
                     rt.ipcGetEventHandle(self.done.ptr))
         except Exception as exc:
-            mine = f"rank {me} cannot export CUDA IPC handles ({exc})"
+            mine = f"rank {me} cannot allocate or export a {nbytes}-byte CUDA IPC buffer ({exc})"
         everyone = comm.allgather(mine)
         whys = [m for m in everyone if isinstance(m, str)]
         if whys:

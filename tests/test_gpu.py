@@ -341,3 +341,29 @@ def test_high_priority_compute_stream_gives_the_same_product(comm, rng, gpu):
     if comm.rank == 0:
         assert gemm_scaled_error(results[1], a, b) <= 1
         assert np.array_equal(results[0], results[1])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_staging_buffer_one_rank_cannot_get_fails_on_every_rank(comm, gpu, monkeypatch):
+    """ipc's paired broadcasts allocate a staging buffer per slot: where one
+    rank's GPU has no room for it, every rank raises (none waits for it)."""
+    import cupy
+    from summa.ipc import IpcBroadcaster
+    _, backend = gpu
+    if "ipc" not in _modes(backend):
+        pytest.skip("ipc is not available here")
+    bc = IpcBroadcaster(comm, backend)
+    real = cupy.cuda.Memory
+
+    def memory(nbytes):
+        if comm.rank == 1 and nbytes > 1 << 20:
+            raise cupy.cuda.memory.OutOfMemoryError(nbytes, 0, 0)
+        return real(nbytes)
+
+    monkeypatch.setattr(cupy.cuda, "Memory", memory)
+    small = cupy.ones(16, dtype=np.float64)
+    bc.ibcast(small, 0, slot=0).wait()  # fits everywhere
+    big = cupy.ones((2 << 20) // 8, dtype=np.float64)
+    with pytest.raises(RuntimeError, match=r"rank 1 cannot allocate or export a \d+-byte"):
+        bc.ibcast(big, 0, slot=1)
+    bc.free()
