@@ -135,12 +135,18 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
                       (int(tiles[0]), int(tiles[1])), slots, transposed, staged)
 
 
+def _ooc_parts(slots: int, transposed: bool, staged: tuple) -> tuple[int, int]:
+    """How many nb-wide A parts (tm x nb) and B parts (nb x tn) the sweep keeps
+    on the device: its slots, their `staged` copies per direction, and the
+    `transposed` copy of an A slot."""
+    return slots * (1 + staged[0]) + transposed, slots * (1 + staged[1])
+
+
 def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,
                   transposed: bool = False, staged: tuple = (False, False)) -> int:
-    """Device elements of the out-of-core sweep: C tiles, panel slots (and
-    their `staged` copies, per direction), and the `transposed` copy of an A
-    slot."""
-    a_parts, b_parts = slots * (1 + staged[0]) + transposed, slots * (1 + staged[1])
+    """Device elements of the out-of-core sweep: C tiles and the panel parts
+    of :func:`_ooc_parts`."""
+    a_parts, b_parts = _ooc_parts(slots, transposed, staged)
     return min(2, ntiles) * tm * tn + a_parts * tm * nb + b_parts * tn * nb
 
 
@@ -149,7 +155,7 @@ def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: b
     """Fewest ``(row tiles, column tiles)`` whose sweep fits `budget` elements."""
     if _ooc_elements(ml, nl, nb, slots, 1, transposed, staged) <= budget:
         return 1, 1
-    a_parts, b_parts = slots * (1 + staged[0]) + transposed, slots * (1 + staged[1])
+    a_parts, b_parts = _ooc_parts(slots, transposed, staged)
     for ntn in range(1, nl + 1):
         tn = -(-nl // ntn)
         tm = (budget - b_parts * tn * nb) // (2 * tn + a_parts * nb)  # two C tiles
