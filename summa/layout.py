@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-__all__ = ["Distribution", "Layout", "panel_schedule", "Panel", "split_panel"]
+__all__ = ["Distribution", "Layout", "panel_schedule", "Panel", "split_panel",
+           "split_panel_doubling"]
 
 
 class Distribution:
@@ -247,7 +248,25 @@ def split_panel(p: Panel, pieces: int) -> list[Panel]:
     in pieces, the first GEMM starts after a fraction of it.
     """
     pieces = max(1, min(pieces, p.width))
-    cuts = [p.width * i // pieces for i in range(pieces + 1)]
+    return _cut_panel(p, [p.width * i // pieces for i in range(pieces + 1)])
+
+
+def split_panel_doubling(p: Panel, first: int) -> list[Panel]:
+    """Panel `p` cut into pieces that double in width from `first` columns.
+
+    Where the first piece's transfer is slow against its GEMM (host memory to
+    device), a narrow first piece starts the GEMMs soonest, and each piece's
+    transfer hides behind the GEMMs of the narrower ones before it.
+    """
+    cuts, width = [0], max(1, int(first))
+    while cuts[-1] + width < p.width:
+        cuts.append(cuts[-1] + width)
+        width = cuts[-1]  # the next piece is as wide as all before it
+    return _cut_panel(p, cuts + [p.width])
+
+
+def _cut_panel(p: Panel, cuts: list[int]) -> list[Panel]:
+    """Panel `p` cut at the columns `cuts` (from 0 to its width)."""
     return [replace(p, k0=p.k0 + a, k1=p.k0 + b, a_offset=p.a_offset + a,
                     b_offset=p.b_offset + a)
             for a, b in zip(cuts[:-1], cuts[1:])]

@@ -37,7 +37,7 @@ import numpy as np
 from .algorithm import (HEAD_PIECES, SummaStats, _check_layouts,
                         _check_operands, _check_scalars, local_parts, wait_for_panel)
 from .backend import _CUDA_INVALID_VALUE, _clear_cuda_error
-from .layout import panel_schedule, split_panel
+from .layout import panel_schedule, split_panel, split_panel_doubling
 from .matrix import DistMatrix
 from .plan import memory_plan
 from .selection import _broadcasters
@@ -49,6 +49,14 @@ __all__ = ["summa_out_of_core"]
 
 #: Row strips of each tile's last panel (each written back as soon as it is final).
 TAIL_STRIPS = 8
+#: Width of the first panel's first piece (0: HEAD_PIECES equal pieces); the
+#: pieces after it double, each upload hiding behind the GEMMs before it.
+HEAD_FIRST = 256
+#: Each tail strip takes this share of the rows left (0: TAIL_STRIPS equal
+#: strips), down to TAIL_SMALLEST rows: the strips shrink, so that the last
+#: write-back, which nothing hides, is short.
+TAIL_SHARE = 0.4
+TAIL_SMALLEST = 256
 
 
 def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, device,
@@ -97,7 +105,9 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     mover = (_CudaMover if device.name == "cupy" else _HostMover)(device, C.dtype)
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
     if panels and mover.overlaps:
-        panels = split_panel(panels[0], HEAD_PIECES) + panels[1:]
+        head = (split_panel_doubling(panels[0], HEAD_FIRST) if HEAD_FIRST
+                else split_panel(panels[0], HEAD_PIECES))
+        panels = head + panels[1:]
     stats = SummaStats(panels=len(panels), panel_width=panel_width,
                        comm=f"{row_bc.name} (host-resident)", lookahead=lookahead)
     t0 = time.perf_counter()
@@ -202,7 +212,7 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
         if i + group < len(panels):
             gemm(arrived[0][0], arrived[0][1], c)
         else:  # the tile's last panels: each row strip goes home once it is final
-            for r0, r1 in _bounds(c.shape[0], TAIL_STRIPS if mover.overlaps else 1):
+            for r0, r1 in _tail_strips(c.shape[0], mover.overlaps):
                 if r0 == r1:
                     continue
                 for a, b, _, _ in arrived:
@@ -442,6 +452,28 @@ def _unregister(cupy, ptr: int) -> None:
             cupy.cuda.runtime.hostUnregister(ptr)
         except Exception:  # interpreter shutdown, or the context is gone
             pass
+
+
+def _tail_strips(rows: int, overlaps: bool) -> list[tuple[int, int]]:
+    """Row ranges a tile's last panels go in, each written back once final.
+
+    The write-backs queue on one stream behind the strips' GEMMs: the first
+    strip is a share of the rows (the write-back stream starts early), each
+    next one that share of the rows left, so each write-back hides behind
+    the next strip's GEMMs, down to a last strip of about TAIL_SMALLEST rows.
+    """
+    if not overlaps:
+        return [(0, rows)]
+    if not TAIL_SHARE:
+        return _bounds(rows, TAIL_STRIPS)
+    cuts = [0]
+    while True:
+        rest = rows - cuts[-1]
+        take = int(rest * TAIL_SHARE)
+        take = max(TAIL_SMALLEST, take // 64 * 64 if take >= 128 else take)  # GEMM-friendly
+        if rest - take < TAIL_SMALLEST:
+            return list(zip(cuts, cuts[1:] + [rows]))
+        cuts.append(cuts[-1] + take)
 
 
 def _bounds(size: int, parts: int) -> list[tuple[int, int]]:

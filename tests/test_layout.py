@@ -120,3 +120,19 @@ def test_split_panel_covers_the_panel_with_the_same_roots(pieces):
     assert all(x.k1 == y.k0 for x, y in zip(parts, parts[1:]))
     assert all(q.width >= 1 and (q.a_root, q.b_root) == (p.a_root, p.b_root) for q in parts)
     assert all(q.a_offset - p.a_offset == q.k0 - p.k0 == q.b_offset - p.b_offset for q in parts)
+
+
+@pytest.mark.parametrize("width, first", [(16, 2), (16, 3), (15, 4), (16, 16), (16, 40), (1, 1)])
+def test_split_panel_doubling_covers_the_panel_in_widening_pieces(width, first):
+    from summa.layout import split_panel_doubling
+    p = panel_schedule(Distribution(40, 2), Distribution(40, 2), width)[1]
+    parts = split_panel_doubling(p, first)
+    assert parts[0].k0 == p.k0 and parts[-1].k1 == p.k1
+    assert all(x.k1 == y.k0 for x, y in zip(parts, parts[1:]))
+    assert all((q.a_root, q.b_root) == (p.a_root, p.b_root) for q in parts)
+    assert all(q.a_offset - p.a_offset == q.k0 - p.k0 == q.b_offset - p.b_offset for q in parts)
+    widths = [q.width for q in parts]
+    assert widths[0] == min(first, p.width)
+    # each piece but the last is as wide as all before it (the first two: `first`)
+    assert all(w == sum(widths[:i]) for i, w in enumerate(widths[1:-1], 1))
+    assert 0 < widths[-1] <= max(first, sum(widths[:-1]))

@@ -54,6 +54,7 @@ def test_out_of_core_split_first_panel_and_strips_of_the_last(comm, rng, monkeyp
     from summa import outofcore
     monkeypatch.setenv("SUMMA_TRANSPOSE_A", transpose_a)
     monkeypatch.setattr(outofcore._HostMover, "overlaps", True)
+    monkeypatch.setattr(outofcore, "HEAD_FIRST", 2)  # pieces of 2, 2, 4 columns
     m, n, k = 77, 61, 45
     a, b, c0 = (random_array(rng, s, "float64") for s in ((m, k), (k, n), (m, n)))
     host = NumpyBackend()
@@ -62,7 +63,7 @@ def test_out_of_core_split_first_panel_and_strips_of_the_last(comm, rng, monkeyp
         stats = summa_out_of_core(1.0, A, B, 2.0, C, host, 6000, panel_width=8,
                                   lookahead=lookahead)
         c = C.gather()
-    assert stats.panels == len(range(0, k, 8)) - 1 + outofcore.HEAD_PIECES or grid.size > 1
+    assert stats.panels == len(range(0, k, 8)) + 2 or grid.size > 1
     assert stats.extra["tiles"][0] > 1
     assert stats.extra["transposed_a"] == (transpose_a == "yes")
     if comm.rank == 0:
@@ -73,10 +74,11 @@ def test_out_of_core_split_first_panel_and_strips_of_the_last(comm, rng, monkeyp
 def test_last_tile_goes_home_strip_by_strip_over_its_last_panels(comm, rng, monkeypatch):
     """The last tile's write-back has nothing but its own GEMMs to hide behind:
     its last `lookahead + 1` panels go strip by strip, each strip written back
-    as soon as all of them are in it; earlier tiles strip only their last panel."""
+    as soon as all of them are in it, the strips shrinking so that the last
+    write-back is short; earlier tiles strip only their last panel."""
     from summa import outofcore
     monkeypatch.setattr(outofcore._HostMover, "overlaps", True)
-    monkeypatch.setattr(outofcore, "TAIL_STRIPS", 3)
+    monkeypatch.setattr(outofcore, "TAIL_SMALLEST", 3)
     events = []
     real_gemm, real_write = outofcore._HostMover.gemm, outofcore._HostMover.write_back
     monkeypatch.setattr(outofcore._HostMover, "gemm", lambda self, alpha, a, b, c, *rest: (
@@ -99,13 +101,18 @@ def test_last_tile_goes_home_strip_by_strip_over_its_last_panels(comm, rng, monk
     if tiles < 2 or C.local.shape[1] == 0:
         pytest.skip("this rank's share is too small for two tiles")
     kinds = "".join("w" if e[0] == "write" else "g" for e in events)
-    assert kinds.count("w") == 3 * tiles
+    rows = [i1 - i0 for i0, i1 in outofcore._bounds(C.local.shape[0], stats.extra["tiles"][0])
+            for _ in range(stats.extra["tiles"][1])]
+    strips = [[r1 - r0 for r0, r1 in outofcore._tail_strips(r, True)] for r in rows]
+    assert all(len(s) >= 3 and s[0] > s[-2] for s in strips)  # it does shrink here
+    assert kinds.count("w") == sum(map(len, strips))
     # the last tile: two panels per strip, then that strip's write-back
-    assert kinds.endswith("ggwggwggw"), kinds
-    assert all(e[2] < events[0][2] for e in events[-9:] if e[0] == "gemm")  # strips, not tiles
+    last = strips[-1]
+    assert kinds.endswith("ggw" * len(last)), kinds
+    assert [e[1] for e in events[-3 * len(last):] if e[0] == "write"] == last
     # an earlier tile: its last panel alone in strips, after whole-tile GEMMs
     first = kinds.index("w")
-    assert kinds[first - 2:first + 6] == "ggwgwgwg", kinds
+    assert kinds[first - 2:first + 2 * len(strips[0])] == "gg" + "wg" * len(strips[0]), kinds
     assert events[first - 2][2] > events[first - 1][2]
 
 

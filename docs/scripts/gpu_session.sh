@@ -36,6 +36,7 @@
 #   STAGE=final8 docs/scripts/gpu_session.sh   # host peers (cuBLASXt); TF32/fp16 against JAX
 #   STAGE=peers16 docs/scripts/gpu_session.sh  # N = 16384 against JAX, cuBLASMp (~8 min)
 #   STAGE=report1 docs/scripts/gpu_session.sh  # the report table, N = 16384 (report2: 32768)
+#   STAGE=geo    docs/scripts/gpu_session.sh     # host-resident: doubling head, shrinking tail
 #   STAGE=hostpeers docs/scripts/gpu_session.sh # host data: summa against cuBLASXt, 1 and 2 GPUs
 #   STAGE=lt2    docs/scripts/gpu_session.sh     # TF32/float16: cuBLASLt against gemmEx, JAX
 #   STAGE=big7   docs/scripts/gpu_session.sh     # 100k float64 transposed; 1-GPU ooc; watchdog
@@ -445,6 +446,33 @@ report1 | report2)  # issue 3's report table with today's code: report1 the N = 
         LIMIT=90 run $MPI -np "$1" python3 -m summa bench --backend cupy "${@:2}" --timeout 60 \
             --json "$OUT/report.jsonl" | grep -a -E "x $size|efficiency"
     done
+    ;;
+geo)  # issue 5: host-resident float64 on 2 GPUs idles ~14 ms before its first GEMM and
+    # ~10 ms after its last: a first head piece of 256 columns doubling after it, and tail
+    # strips that shrink (40 % of the rows left each), against 4 equal pieces / 8 strips.
+    # Two rounds in opposite orders (calls drift 1-3 %); float32 with the new default last.
+    for knobs in "0 0" "256 0" "0 0.4" "256 0.4" "256 0.4" "0 0.4" "256 0" "0 0"; do
+        set -- $knobs
+        LIMIT=75 run $MPI -np 2 python3 -c "import sys, summa.outofcore as o; \
+o.HEAD_FIRST, o.TAIL_SHARE = $1, $2; from summa.__main__ import main; sys.exit(main())" \
+            bench --backend cupy --size 32768 --dtype float64 --out-of-core --repeat 3 \
+            --timeout 60 --json "$OUT/geo-$1-$2.jsonl" | grep -a -E "x 32768|row-major"
+    done
+    LIMIT=75 run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 --dtype float32 \
+        --out-of-core --check --repeat 3 --timeout 60 --json "$OUT/geo-f32.jsonl" \
+        | grep -a -E "x 32768|row-major|check"
+    python3 - "$OUT"/geo-*.jsonl <<'PY'
+import json, sys
+print(f"{'variant':>14} {'TFLOP/s':>8} {'eff(row-major)':>15} {'head ms':>8} {'tail ms':>8}")
+for path in sys.argv[1:]:
+    for line in open(path):
+        r = json.loads(line)
+        d = r["ranks_detail"]
+        print(f"{path.split('geo-')[1][:-6]:>14} {r['tflops']:8.1f} "
+              f"{r['tflops'] / r.get('ideal_row_major_tflops', float('nan')):15.3f} "
+              f"{max(x['head_seconds'] for x in d) * 1e3:8.1f} "
+              f"{max(x['tail_seconds'] for x in d) * 1e3:8.1f}")
+PY
     ;;
 hostpeers)  # issues 5, 8: host-resident summa against cuBLASXt on 1 and 2 GPUs in the same
     # call (1 GPU last compared before A's parts were transposed); float64 was 1.24x on 2 GPUs
