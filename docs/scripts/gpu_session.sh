@@ -58,7 +58,11 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 MPI=${MPIEXEC:-mpirun --oversubscribe}
 # Each command gets at most LIMIT seconds (default 240), so one hang cannot eat the session.
 run() { echo "+ $*" | tee -a "$OUT/session.log"
-        timeout "${LIMIT:-240}" "$@" < /dev/null 2>&1 | tee -a "$OUT/session.log"; }
+        timeout "${LIMIT:-240}" "$@" < /dev/null 2>&1 | tee -a "$OUT/session.log"
+        local rc=${PIPESTATUS[0]}  # say so when the limit killed it: it prints nothing else
+        [ "$rc" = 124 ] && echo "TIMED OUT after ${LIMIT:-240} s: $1 ... ${*: -3}" \
+            | tee -a "$OUT/session.log"
+        return "$rc"; }
 # Issue 5's N = 100,000 cases on 2 GPUs: float64 in device memory, float32 host-resident
 # under a 16 GiB device cap (its host data generation and locking need the longer limit).
 hundred_k_f64() {  # 99.5 TFLOP/s with nb 4096 (goal 100): does a wider panel close it?
@@ -474,10 +478,17 @@ for path in sys.argv[1:]:
               f"{max(x['tail_seconds'] for x in d) * 1e3:8.1f}")
 PY
     ;;
+s9check)  # issue 5: one GPU float64 host-resident against cuBLASXt (hostpeers' 120 s limit
+    # cut it); the GPU tests of the doubling head / shrinking tail and of session 8's changes
+    LIMIT=400 run python3 docs/scripts/compare_peers.py --size 32768 --dtype float64 --gpus 1 \
+        --placement host --peers summa,cublasxt --repeat 2 --rounds 2 --json "$OUT/hostpeers.jsonl"
+    TEST_FILES="tests/test_gpu.py tests/test_outofcore.py" mpi_tests 2
+    TEST_FILES="tests/test_algorithm.py tests/test_gpu.py tests/test_outofcore.py" mpi_tests 1
+    ;;
 hostpeers)  # issues 5, 8: host-resident summa against cuBLASXt on 1 and 2 GPUs in the same
     # call (1 GPU last compared before A's parts were transposed); float64 was 1.24x on 2 GPUs
-    for g in 1 2; do for d in float64 float32; do
-        LIMIT=120 run python3 docs/scripts/compare_peers.py --size 32768 --dtype $d --gpus $g \
+    for g in 1 2; do for d in float64 float32; do  # one GPU float64: ~150 s (3 rounds)
+        LIMIT=$((g == 1 ? 240 : 150)) run python3 docs/scripts/compare_peers.py --size 32768 --dtype $d --gpus $g \
             --placement host --peers summa,cublasxt --repeat 2 --rounds 3 --json "$OUT/hostpeers.jsonl"
     done; done
     ;;
