@@ -485,6 +485,27 @@ s9check)  # issue 5: one GPU float64 host-resident against cuBLASXt (hostpeers' 
     TEST_FILES="tests/test_gpu.py tests/test_outofcore.py" mpi_tests 2
     TEST_FILES="tests/test_algorithm.py tests/test_gpu.py tests/test_outofcore.py" mpi_tests 1
     ;;
+knobs16)  # issue 8: at N = 16384 summa trailed JAX in float64 (0.9 %) and TF32 (2 %, auto
+    # took NCCL there) and cuBLASMp in float32 (3 %): broadcaster and panel width per dtype
+    for args in "float32 --precision tf32 --comm nccl --nb 8192" \
+                "float32 --precision tf32 --comm ipc --nb 8192" \
+                "float32 --precision tf32 --comm ipc --nb 4096" \
+                "float32 --precision tf32 --comm nccl --nb 4096" \
+                "float32 --comm ipc --nb 8192" "float32 --comm ipc --nb 4096" \
+                "float32 --comm nccl --nb 4096" "float64 --comm ipc --nb 4096" \
+                "float64 --comm ipc --nb 8192" "float64 --comm nccl --nb 4096"; do
+        LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy --size 16384 --dtype $args \
+            --repeat 5 --timeout 30 --json "$OUT/knobs16.jsonl" | grep -a -E "x 16384"
+    done
+    python3 - "$OUT/knobs16.jsonl" <<'PY'
+import json, sys
+print(f"{'dtype':>8} {'prec':>8} {'comm':>6} {'nb':>5} {'TFLOP/s':>8} {'vs ideal':>8}")
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print(f"{r['dtype']:>8} {r['precision']:>8} {r['comm']:>6} {r['nb']:>5} {r['tflops']:8.1f} "
+          f"{r.get('efficiency') or float('nan'):8.3f}")
+PY
+    ;;
 hostpeers)  # issues 5, 8: host-resident summa against cuBLASXt on 1 and 2 GPUs in the same
     # call (1 GPU last compared before A's parts were transposed); float64 was 1.24x on 2 GPUs
     for g in 1 2; do for d in float64 float32; do  # one GPU float64: ~150 s (3 rounds)
