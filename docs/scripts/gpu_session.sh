@@ -519,6 +519,26 @@ why16)  # issue 8: where the time goes at N = 16384 (knobs16: float32 ipc nb 819
             | grep -a -E "x 16384|efficiency|row-major|rank   [01]"
     done
     ;;
+grids)  # issues 3, 8: why16 found float64 at N = 16384 109.8 TFLOP/s on a 1x2 grid against
+    # 100.3 on the default 2x1 (the per-rank GEMM's shape): both grids, every dtype, both sizes
+    for size in 16384 32768; do
+        for args in "float64" "float32" "float32 --precision tf32" "float16"; do
+            for g in 2x1 1x2; do
+                LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy --size $size \
+                    --grid $g --dtype $args --repeat 4 --timeout 30 --json "$OUT/grids.jsonl" \
+                    | grep -a -E " x $size"
+            done
+        done
+    done
+    python3 - "$OUT/grids.jsonl" <<'PY'
+import json, sys
+print(f"{'N':>6} {'dtype':>8} {'prec':>8} {'grid':>5} {'comm':>6} {'TFLOP/s':>8} {'vs ideal':>8}")
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print(f"{r['m']:>6} {r['dtype']:>8} {r['precision']:>8} {'x'.join(map(str, r['grid'])):>5} "
+          f"{r['comm']:>6} {r['tflops']:8.1f} {r.get('efficiency') or float('nan'):8.3f}")
+PY
+    ;;
 hostpeers)  # issues 5, 8: host-resident summa against cuBLASXt on 1 and 2 GPUs in the same
     # call (1 GPU last compared before A's parts were transposed); float64 was 1.24x on 2 GPUs
     for g in 1 2; do for d in float64 float32; do  # one GPU float64: ~150 s (3 rounds)
