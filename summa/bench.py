@@ -16,7 +16,7 @@ from . import __version__
 from .algorithm import SummaStats, _check_scalars, default_panel_width, gemm
 from .backend import NumpyBackend, get_backend
 from .comm import choose_comm
-from .grid import ProcessGrid, node_rank
+from .grid import ProcessGrid, grid_for, node_rank
 from .matrix import DistMatrix
 from .outofcore import summa_out_of_core
 from .plan import choose_memory_mode, memory_plan
@@ -172,7 +172,8 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     repeat, warmup = getattr(args, "repeat", 1), getattr(args, "warmup", 1)
     block = None if args.block is None else (args.block, args.block)
     try:
-        grid = ProcessGrid(comm, args.grid)
+        grid = ProcessGrid(comm, args.grid or grid_for(comm.Get_size(), m, n, backend.name,
+                                                       dtype, _schedule(args)))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     progress = Progress(grid.rank == 0 and not getattr(args, "quiet", False))

@@ -20,7 +20,7 @@ from .backend import DTYPES, cupy_available, share_cpu_cores
 from .bench import (DEFAULT_SIZE_CPU, DEFAULT_SIZE_GPU, UsageError, agree_backend, run_bench,
                     run_sweep, versions)
 from .comm import choose_comm
-from .grid import choose_grid, node_rank, parse_grid
+from .grid import grid_for, node_rank, parse_grid
 from .model import SWEEP_RANKS
 from .plan import memory_plan, parse_bytes
 from .strips import SCHEDULES, check_schedule
@@ -379,10 +379,10 @@ def _run_multiply(args, comm: MPI.Comm, out) -> int:
 
 def _run_plan(args, comm: MPI.Comm, out) -> int:
     ranks = args.ranks or comm.Get_size()
-    grid = args.grid or choose_grid(ranks)
+    m, n, k = args.m or args.size, args.n or args.size, args.k or args.size
+    grid = args.grid or grid_for(ranks, m, n, args.backend, args.dtype, args.schedule)
     if grid[0] * grid[1] != ranks:
         raise UsageError(f"grid {grid[0]}x{grid[1]} does not hold {ranks} ranks")
-    m, n, k = args.m or args.size, args.n or args.size, args.k or args.size
     precision = None if args.precision == "default" else args.precision
     try:
         budget = parse_bytes(args.device_memory) if args.device_memory else None
@@ -452,7 +452,8 @@ def _run_info(args, comm: MPI.Comm, out) -> int:
     print(f"MPI library: {found['mpi']} (MPI {'.'.join(map(str, MPI.Get_version()))})",
           file=out)
     print(f"ranks: {comm.Get_size()} on {len(hosts)} node(s), {local_size} on this node; "
-          f"default grid {'x'.join(map(str, MPI.Compute_dims(comm.Get_size(), 2)))}", file=out)
+          f"near-square grid {'x'.join(map(str, MPI.Compute_dims(comm.Get_size(), 2)))} "
+          "(bench, multiply and plan choose by the product's shape and dtype)", file=out)
     print(f"backend: {backend.name}"
           + ("" if backend.name == "cupy" else
              f" ({'a GPU is visible' if cupy_available() else 'no GPU/CuPy visible'})"), file=out)

@@ -21,7 +21,7 @@ from mpi4py import MPI
 from .agree import collectively
 from .algorithm import SummaStats, gemm, prepare
 from .backend import NumpyBackend, get_backend, resolve_dtype
-from .grid import ProcessGrid, node_rank
+from .grid import ProcessGrid, grid_for, node_rank
 from .faults import inject
 from .io import NpyError, check_output_path, read_header
 from .matrix import DistMatrix
@@ -161,6 +161,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
     record = {"a": str(a_path), "b": str(b_path), "output": out, "m": m, "n": n, "k": k,
               "dtype": compute.name, "trans_a": trans_a, "trans_b": trans_b,
               "alpha": alpha, "beta": beta, "backend": be.name}
+    grid = grid or grid_for(comm.Get_size(), m, n, be.name, compute, schedule)
     with ProcessGrid(comm, grid) as pgrid:
         record["grid"] = list(pgrid.shape)
         width = panel_width if isinstance(panel_width, int) else \

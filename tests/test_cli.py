@@ -70,6 +70,22 @@ def test_bench_prints_table_and_appends_json(comm):
 
 
 @pytest.mark.mpi(min_size=1)
+def test_bench_default_grid_follows_the_product_shape(comm, backend):
+    # C of 96 x 24: blocks as square as the ranks allow (4 ranks: 4x1, not 2x2)
+    from summa.grid import grid_for
+    path = comm.bcast(tempfile.mkstemp(suffix=".jsonl")[1] if comm.rank == 0 else None)
+    assert cli.main(["bench", "--backend", backend.name, "--m", "96", "--n", "24", "--k", "16",
+                     "--repeat", "1", "--warmup", "0", "--no-ideal", "--json", path], comm,
+                    io.StringIO()) == 0
+    if comm.rank == 0:
+        record = json.loads(Path(path).read_text())
+        p = comm.Get_size()
+        assert tuple(record["grid"]) == grid_for(p, 96, 24, backend.name, "float64")
+        assert p != 4 or record["grid"] == [4, 1]
+        os.unlink(path)
+
+
+@pytest.mark.mpi(min_size=1)
 def test_default_run_verifies(comm, monkeypatch):
     monkeypatch.setattr(bench, "DEFAULT_SIZE_CPU", 48)
     monkeypatch.setattr(bench, "DEFAULT_SIZE_GPU", 48)

@@ -85,3 +85,35 @@ def test_within_nodes_per_direction_and_remembered(comm):
         assert grid.within_nodes() == (True, False)
         grid.hostname = "node"  # asked once per grid: the answer is kept
         assert grid.within_nodes() == (True, False)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 6, 8, 12])
+@pytest.mark.parametrize("m, n", [(100, 100), (400, 100), (100, 400), (1000, 7), (5, 5000)])
+def test_choose_grid_by_shape_receives_the_fewest_panel_elements(p, m, n):
+    grids = [(r, p // r) for r in range(1, p + 1) if p % r == 0]
+    volume = {g: m / g[0] + n / g[1] for g in grids}  # per rank, in units of k
+    for tall in (False, True):
+        pr, pc = choose_grid(p, m, n, tall)
+        assert pr * pc == p
+        assert volume[(pr, pc)] == pytest.approx(min(volume.values()))
+
+
+@pytest.mark.parametrize("p", [2, 6, 8, 12])
+def test_choose_grid_square_product_is_near_square_taller_blocks_when_asked(p):
+    assert choose_grid(p, 500, 500) == choose_grid(p)
+    pr, pc = choose_grid(p)
+    assert choose_grid(p, 500, 500, tall=True) == (pc, pr)
+
+
+def test_choose_grid_by_shape_cuts_the_long_side():
+    assert choose_grid(4, 4000, 1000) == (4, 1)
+    assert choose_grid(4, 1000, 4000) == (1, 4)
+    assert choose_grid(8, 2000, 1000) == (4, 2)
+
+
+def test_grid_for_float64_on_gpus_strips_and_cpus():
+    from summa.grid import grid_for
+    assert grid_for(2, 64, 64, "cupy", "float64") == (1, 2)
+    assert grid_for(2, 64, 64, "cupy", "float32") == (2, 1)
+    assert grid_for(2, 64, 64, "numpy", "float64") == (2, 1)
+    assert grid_for(4, 64, 64, "cupy", "float64", "strips") == (4, 1)

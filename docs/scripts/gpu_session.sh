@@ -539,6 +539,14 @@ for line in open(sys.argv[1]):
           f"{r['comm']:>6} {r['tflops']:8.1f} {r.get('efficiency') or float('nan'):8.3f}")
 PY
     ;;
+grid64)  # issues 3, 8: float64 on GPUs now defaults to blocks taller than wide (1x2 on 2
+    # ranks): against JAX (and cuBLASMp) at both sizes; the GPU tests on 2 ranks
+    LIMIT=120 run python3 docs/scripts/compare_peers.py --size 16384 --dtype float64 --gpus 2 \
+        --repeat 3 --rounds 3 --peers summa,jax,nvmath --peer-timeout 60 --json "$OUT/grid64.jsonl"
+    LIMIT=150 run python3 docs/scripts/compare_peers.py --size 32768 --dtype float64 --gpus 2 \
+        --repeat 3 --rounds 2 --peers summa,jax --peer-timeout 60 --json "$OUT/grid64.jsonl"
+    TEST_FILES=tests/test_gpu.py mpi_tests 2
+    ;;
 hostpeers)  # issues 5, 8: host-resident summa against cuBLASXt on 1 and 2 GPUs in the same
     # call (1 GPU last compared before A's parts were transposed); float64 was 1.24x on 2 GPUs
     for g in 1 2; do for d in float64 float32; do  # one GPU float64: ~150 s (3 rounds)
