@@ -40,7 +40,6 @@
 #   STAGE=hostpeers docs/scripts/gpu_session.sh # host data: summa against cuBLASXt, 1 and 2 GPUs
 #   STAGE=lt2    docs/scripts/gpu_session.sh     # TF32/float16: cuBLASLt against gemmEx, JAX
 #   STAGE=big7   docs/scripts/gpu_session.sh     # 100k float64 transposed; 1-GPU ooc; watchdog
-#   STAGE=oocknobs docs/scripts/gpu_session.sh   # host-resident head pieces / tail strips
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -372,19 +371,6 @@ big7)  # issue 5: N = 100,000 float64 in GPU memory with A's panels transposed (
         | grep -a -E "x 32768|efficiency|row-major|rank   0"
     TEST_FILES=tests/test_watchdog.py FILE_LIMIT=280 mpi_tests 2
     ;;
-oocknobs)  # issue 5: float64 host-resident on 2 GPUs idles 16 ms before its first GEMM (the
-    # first piece's upload and broadcast) and 10 ms after its last (the last strip's
-    # write-back): 3.6 % of 0.725 s, the gap to 0.93. Finer head pieces and tail strips?
-    for knobs in "4 8" "8 16" "16 32"; do
-        set -- $knobs
-        echo "HEAD_PIECES=$1 TAIL_STRIPS=$2"
-        LIMIT=75 run $MPI -np 2 python3 -c "import sys, summa.outofcore as o; \
-o.HEAD_PIECES, o.TAIL_STRIPS = $1, $2; from summa.__main__ import main; sys.exit(main())" \
-            bench --backend cupy --size 32768 --dtype float64 --out-of-core --check \
-            --repeat 2 --timeout 60 --json "$OUT/oocknobs-$1-$2.jsonl" \
-            | grep -a -E "x 32768|efficiency|row-major|rank   [01]"
-    done
-    ;;
 oocvar)  # issue 5: float64 host-resident on 2 GPUs at 0.905-0.925 of 2 x cupy.matmul (goal
     # 0.93); its GEMMs run 6-10 % slower than in memory beside NCCL and the PCIe copies. Which
     # knob closes it: NCCL's CTAs, copy engines (ipc), a deeper lookahead, wider panels?
@@ -451,17 +437,14 @@ report1 | report2)  # issue 3's report table with today's code: report1 the N = 
             --json "$OUT/report.jsonl" | grep -a -E "x $size|efficiency"
     done
     ;;
-geo)  # issue 5: host-resident float64 on 2 GPUs idles ~14 ms before its first GEMM and
-    # ~10 ms after its last: a first head piece of 256 columns doubling after it, and tail
-    # strips that shrink (40 % of the rows left each), against 4 equal pieces / 8 strips.
-    # Two rounds in opposite orders (calls drift 1-3 %); float32 with the new default last.
-    for knobs in "0 0" "256 0" "0 0.4" "256 0.4" "256 0.4" "0 0.4" "256 0" "0 0"; do
-        set -- $knobs
-        LIMIT=75 run $MPI -np 2 python3 -c "import sys, summa.outofcore as o; \
-o.HEAD_FIRST, o.TAIL_SHARE = $1, $2; from summa.__main__ import main; sys.exit(main())" \
-            bench --backend cupy --size 32768 --dtype float64 --out-of-core --repeat 3 \
-            --timeout 60 --json "$OUT/geo-$1-$2.jsonl" | grep -a -E "x 32768|row-major"
-    done
+geo)  # issue 5: host-resident float64 on 2 GPUs idled ~14 ms before its first GEMM and
+    # ~10 ms after its last. Session 9 compared (as module switches, since removed) a first
+    # head piece of 256 columns doubling after it and tail strips that shrink (40 % of the
+    # rows left each) against 4 equal pieces / 8 equal strips: 105.6 / 104.9 against 103.0 /
+    # 103.2. Now the default; this times it in float64 and float32.
+    LIMIT=75 run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 --dtype float64 \
+        --out-of-core --repeat 3 --timeout 60 --json "$OUT/geo-f64.jsonl" \
+        | grep -a -E "x 32768|row-major"
     LIMIT=75 run $MPI -np 2 python3 -m summa bench --backend cupy --size 32768 --dtype float32 \
         --out-of-core --check --repeat 3 --timeout 60 --json "$OUT/geo-f32.jsonl" \
         | grep -a -E "x 32768|row-major|check"
