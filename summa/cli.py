@@ -111,7 +111,9 @@ def _grid(text: str):
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grid", type=_grid, default=None, metavar="PRxPC",
-                   help="process grid, e.g. 2x3 (default: near-square from the rank count)")
+                   help="process grid, e.g. 2x3 (default: by the product's shape, blocks of C "
+                        "as square as the rank count allows, taller than wide for float64 on "
+                        "GPUs; P x 1 for --schedule strips)")
     p.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
                    help="array backend (default auto: cupy when a GPU is visible)")
     p.add_argument("--comm", choices=COMM_MODES, default="auto",
@@ -304,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
     plan.add_argument("--ranks", type=_positive_int, default=None,
                       help="ranks (default: the ranks running this)")
-    plan.add_argument("--grid", type=_grid, default=None, metavar="PRxPC")
+    plan.add_argument("--grid", type=_grid, default=None, metavar="PRxPC",
+                      help="process grid (default: the one bench and multiply would choose)")
     plan.add_argument("--nb", type=_positive_int, default=None,
                       help="panel width (default: what bench and multiply use for this "
                            "backend, dtype, precision and mode)")
