@@ -253,6 +253,8 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
 
     Scatters both, multiplies with SUMMA on all ranks of `comm`, and returns
     the product on `root` (None elsewhere). Works in a single process too.
+    `grid` defaults to the one ``bench`` would take for the product's shape
+    (:func:`summa.grid.grid_for`).
     Keyword arguments go to :func:`summa.gemm` (alpha, trans_a, panel_width, ...);
     ``out_of_core=True`` or ``device_memory="16GiB"`` keeps the data in host
     memory and streams it through the GPU in tiles (alpha, panel_width and
@@ -262,6 +264,9 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     out_of_core = kwargs.pop("out_of_core", False)
     device_memory = kwargs.pop("device_memory", None)
     be = collectively(comm, get_backend, backend, node_rank(comm)[0])
+    if grid is None:
+        grid = _grid_of_arrays(a, b, comm, root, be, kwargs.get("trans_a", "N"),
+                               kwargs.get("trans_b", "N"))
     with ProcessGrid(comm, grid) as pgrid:
         if not (out_of_core or device_memory):
             A = DistMatrix.from_global(a, pgrid, be, root=root)
@@ -283,3 +288,24 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         if kwargs:
             raise ValueError(f"out of core, matmul takes no {', '.join(kwargs)}")
         return C.gather(root=root)
+
+
+def _grid_of_arrays(a, b, comm, root, backend, trans_a, trans_b):
+    """The default grid (:func:`summa.grid.grid_for`) for ``op(a) @ op(b)``
+    held on `root`; collective. None (near-square) where the root's arrays do
+    not tell the shape: the scatter then says what is wrong, on every rank."""
+    found = None
+    if comm.Get_rank() == root:
+        try:
+            a_shape, b_shape = np.shape(a), np.shape(b)
+            if len(a_shape) == 2 == len(b_shape):
+                found = (a_shape[0 if trans_a == "N" else 1],
+                         b_shape[1 if trans_b == "N" else 0],
+                         np.result_type(a, b).str)
+        except (TypeError, ValueError):  # not arrays: the scatter says so
+            pass
+    found = comm.bcast(found, root=root)
+    if found is None:
+        return None
+    m, n, dtype = found
+    return grid_for(comm.Get_size(), int(m), int(n), backend.name, dtype)

@@ -160,6 +160,31 @@ def test_numpy_array_api(comm, rng):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("trans_a", ["N", "T"])
+def test_numpy_array_api_grid_follows_the_product_shape(comm, rng, monkeypatch, trans_a):
+    # op(A) @ B of 96 x 20 on 4 ranks: blocks as square as can be, 4x1 (not 2x2)
+    from summa import multiply
+    from summa.grid import grid_for
+    shapes = []
+    real = multiply.ProcessGrid
+    monkeypatch.setattr(multiply, "ProcessGrid",
+                        lambda comm_, dims=None: shapes.append(dims) or real(comm_, dims))
+    a = random_array(rng, (96, 24) if trans_a == "N" else (24, 96), "float64")
+    b = random_array(rng, (24, 20), "float64")
+    root = comm.Get_size() - 1
+    c = summa.matmul(a if comm.rank == root else None, b if comm.rank == root else None,
+                     root=root, trans_a=trans_a, backend="numpy")
+    assert shapes == [grid_for(comm.Get_size(), 96, 20, "numpy", "float64")]
+    assert comm.Get_size() != 4 or shapes == [(4, 1)]
+    if comm.rank == root:
+        assert gemm_scaled_error(c, a, b, trans_a=trans_a) <= 1
+    # what the root holds is not an array: one error on every rank, no hang
+    with pytest.raises(ValueError, match="array"):
+        summa.matmul("not an array" if comm.rank == root else None, None, root=root,
+                     backend="numpy")
+
+
+@pytest.mark.mpi(min_size=1)
 def test_from_npy_to_npy_round_trip(comm, rng, folder):
     a = random_array(rng, (19, 11), "complex64")
     pa = save(comm, folder, "A.npy", a, fortran=True)
