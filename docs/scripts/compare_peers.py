@@ -2,8 +2,8 @@
 
 Every entry runs in its own process, so each has the GPUs to itself:
 
-* summa      ``mpirun -np GPUS python3 -m summa bench`` (its best mode: NCCL, device data;
-             with --placement host: out of core)
+* summa      ``mpirun -np GPUS python3 -m summa bench`` (its defaults: ``--comm auto``, the
+             default grid; with --placement host: out of core)
 * cupy       ``cupy.matmul`` on one GPU: the per-GPU ceiling; ideal = GPUS x this rate
 * nvmathlt   nvmath-python's cuBLASLt matmul on one GPU, autotuned (another per-GPU figure)
 * jax        ``jnp.matmul`` under ``jit`` on a 1-D mesh of the GPUs, rows of A and columns of
@@ -339,6 +339,7 @@ def peer_summa(args):
                        timeout=args.peer_timeout)
         r = json.loads(open(record).read().splitlines()[-1])
     return {"seconds": r["seconds"], "gpus": args.gpus, "comm": r["comm"], "nb": r["nb"],
+            "grid": "x".join(map(str, r["grid"])),
             **({"schedule": r["schedule"]} if r.get("schedule", "panels") != "panels" else {})}
 
 
@@ -405,18 +406,23 @@ def main():
     flops = (8 if args.dtype.startswith("complex") else 2) * args.size ** 3
     peers = args.peers.split(",")
     results = {peer: None for peer in peers}
+    rounds = {peer: [] for peer in peers}  # each round's seconds: the spread is recorded
     # GPUs at their power cap run slower when warm: each round takes the peers in
     # the other order, and each peer keeps its fastest round.
     for turn in range(args.rounds):
         for peer in peers if turn % 2 == 0 else peers[::-1]:
             result = _run_peer(peer, args)
+            if "seconds" in result:
+                rounds[peer].append(result["seconds"])
             best = results[peer]
             if best is None or result.get("seconds", float("inf")) < \
                     best.get("seconds", float("inf")):
                 results[peer] = result
-    for r in results.values():
+    for peer, r in results.items():
         if args.rounds > 1 and "seconds" in r:
             r["rounds"] = args.rounds
+            slowest = flops / max(rounds[peer]) / 1e12
+            r["slowest_round_tflops"] = round(slowest, 1)
         if "seconds" in r:
             r["tflops"] = flops / r["seconds"] / 1e12
     ideal = results.get("cupy", {}).get("tflops")
