@@ -37,6 +37,7 @@
 #   STAGE=peers16 docs/scripts/gpu_session.sh  # N = 16384 against JAX, cuBLASMp (~8 min)
 #   STAGE=report1 docs/scripts/gpu_session.sh  # the report table, N = 16384 (report2: 32768)
 #   STAGE=geo    docs/scripts/gpu_session.sh     # host-resident: doubling head, shrinking tail
+#   STAGE=paired16 docs/scripts/gpu_session.sh   # N = 16384: ipc paired broadcasts vs nccl/direct
 #   STAGE=hostpeers docs/scripts/gpu_session.sh # host data: summa against cuBLASXt, 1 and 2 GPUs
 #   STAGE=lt2    docs/scripts/gpu_session.sh     # TF32/float16: cuBLASLt against gemmEx, JAX
 #   STAGE=big7   docs/scripts/gpu_session.sh     # 100k float64 transposed; 1-GPU ooc; watchdog
@@ -529,6 +530,23 @@ grid64)  # issues 3, 8: float64 on GPUs now defaults to blocks taller than wide 
     LIMIT=150 run python3 docs/scripts/compare_peers.py --size 32768 --dtype float64 --gpus 2 \
         --repeat 3 --rounds 2 --peers summa,jax --peer-timeout 60 --json "$OUT/grid64.jsonl"
     TEST_FILES=tests/test_gpu.py mpi_tests 2
+    ;;
+paired16)  # issue 8: TF32 at N = 16384 trails JAX (638 / 651): NCCL's kernels slow its 11 ms
+    # of GEMMs 8 %, and direct copies (ipc) open the peer's 512 MiB block per call (10-20 ms).
+    # ipc's paired broadcasts (staging buffers opened once per grid, copy engines, no SMs)
+    # need neither: forced here by refusing the export. Against nccl and direct, per dtype.
+    for dtype in "float32 --precision tf32" "float16" "float32" "float64"; do
+        for mode in nccl direct paired; do
+            comm=ipc; [ $mode = nccl ] && comm=nccl
+            noexport=""; [ $mode = paired ] && noexport="import summa.ipc as i; \
+i.IpcBroadcaster.export = lambda self, block: False; "
+            echo "== $dtype $mode"
+            LIMIT=60 run $MPI -np 2 python3 -c "import sys; ${noexport}\
+from summa.__main__ import main; sys.exit(main())" bench --backend cupy --size 16384 \
+                --dtype $dtype --comm $comm --repeat 5 --timeout 30 --check \
+                --json "$OUT/paired16-$mode.jsonl" | grep -a -E "x 16384|rank   [01]"
+        done
+    done
     ;;
 hostpeers)  # issues 5, 8: host-resident summa against cuBLASXt on 1 and 2 GPUs in the same
     # call (1 GPU last compared before A's parts were transposed); float64 was 1.24x on 2 GPUs
