@@ -411,6 +411,14 @@ def test_plan_command(comm):
         assert peak[1] < peak[0] <= 16
     with pytest.raises(cli.UsageError, match="does not hold"):
         cli.main(["plan", "--ranks", "4", "--grid", "3x1"], comm, io.StringIO())
+    # without --grid, the grid bench and multiply would take for that shape and dtype
+    for args, grid in ((["--dtype", "float64"], "1x2"), (["--dtype", "float32"], "2x1"),
+                       (["--dtype", "float64", "--backend", "numpy"], "2x1"),
+                       (["--m", "4000", "--n", "1000"], "2x1"), (["--m", "1000", "--n", "4000"],
+                                                                 "1x2")):
+        text = io.StringIO()
+        assert cli.main(["plan", "--size", "1000", "--ranks", "2", *args], comm, text) == 0
+        assert comm.rank != 0 or f"(grid {grid})" in text.getvalue(), (args, text.getvalue())
 
 
 @pytest.mark.mpi(min_size=1)
