@@ -38,6 +38,7 @@
 #   STAGE=report1 docs/scripts/gpu_session.sh  # the report table, N = 16384 (report2: 32768)
 #   STAGE=geo    docs/scripts/gpu_session.sh     # host-resident: doubling head, shrinking tail
 #   STAGE=paired16 docs/scripts/gpu_session.sh   # N = 16384: ipc paired broadcasts vs nccl/direct
+#   STAGE=f32lt16 docs/scripts/gpu_session.sh    # float32 N = 16384: cuBLASLt's GEMM against gemmEx
 #   STAGE=hostpeers docs/scripts/gpu_session.sh # host data: summa against cuBLASXt, 1 and 2 GPUs
 #   STAGE=lt2    docs/scripts/gpu_session.sh     # TF32/float16: cuBLASLt against gemmEx, JAX
 #   STAGE=big7   docs/scripts/gpu_session.sh     # 100k float64 transposed; 1-GPU ooc; watchdog
@@ -564,6 +565,19 @@ for (n, d), modes in sorted(rows.items()):
              for m in ("nccl", "direct", "paired")]
     print(f"{n:>6} {d:>13} " + " ".join(cells))
 PY
+    ;;
+f32lt16)  # issue 8: float32 at N = 16384 trails cuBLASMp by 3 % (102.1 / 105.3): summa's
+    # GEMMs take 84.8 ms against 82 ms as one GEMM. Is cuBLASLt's timed float32 GEMM faster
+    # at these shapes (one GPU: cupy.matmul against nvmath's autotuned cuBLASLt), and summa
+    # with SUMMA_GEMM=cublaslt? Alternating, two rounds.
+    LIMIT=120 run python3 docs/scripts/compare_peers.py --size 16384 --dtype float32 --gpus 1 \
+        --peers cupy,nvmathlt --repeat 5 --rounds 3 --json "$OUT/f32lt16.jsonl"
+    for lib in cublas cublaslt cublaslt cublas; do
+        echo "SUMMA_GEMM=$lib"
+        LIMIT=50 run $MPI -x SUMMA_GEMM=$lib -np 2 python3 -m summa bench --backend cupy \
+            --size 16384 --dtype float32 --repeat 5 --timeout 60 --json "$OUT/f32lt16-bench.jsonl" \
+            | grep -a -E "x 16384|rank   [01]|efficiency"
+    done
     ;;
 hostpeers)  # issues 5, 8: host-resident summa against cuBLASXt on 1 and 2 GPUs in the same
     # call (1 GPU last compared before A's parts were transposed); float64 was 1.24x on 2 GPUs
