@@ -16,7 +16,7 @@ from . import __version__
 from .algorithm import SummaStats, _check_scalars, default_panel_width, gemm
 from .backend import NumpyBackend, get_backend
 from .comm import choose_comm
-from .grid import ProcessGrid, grid_for, node_rank
+from .grid import ProcessGrid, grid_for, grid_shapes, node_rank
 from .matrix import DistMatrix
 from .outofcore import summa_out_of_core
 from .plan import choose_memory_mode, memory_plan
@@ -364,7 +364,7 @@ def run_sweep(args, comm: MPI.Comm, out) -> int:
     if not args.json:
         raise UsageError("bench --sweep needs --json FILE to collect the series")
     p = comm.Get_size()
-    grids = args.grids or [(r, p // r) for r in range(1, p + 1) if p % r == 0]
+    grids = args.grids or grid_shapes(p)
     bad = [g for g in grids if g[0] * g[1] != p]
     if bad:
         raise UsageError(f"grid {bad[0][0]}x{bad[0][1]} needs {bad[0][0] * bad[0][1]} ranks, "

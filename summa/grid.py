@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["ProcessGrid", "parse_grid", "choose_grid", "grid_for", "node_rank"]
+__all__ = ["ProcessGrid", "parse_grid", "choose_grid", "grid_for", "grid_shapes",
+           "node_rank"]
 
 
 def node_rank(comm: MPI.Intracomm) -> tuple[int, int]:
@@ -38,6 +39,11 @@ def parse_grid(text: str) -> tuple[int, int]:
     return pr, pc
 
 
+def grid_shapes(nprocs: int) -> list[tuple[int, int]]:
+    """Every grid ``(Pr, Pc)`` of `nprocs` ranks, fewest rows first."""
+    return [(r, nprocs // r) for r in range(1, nprocs + 1) if nprocs % r == 0]
+
+
 def choose_grid(nprocs: int, m: int | None = None, n: int | None = None,
                 tall: bool = False) -> tuple[int, int]:
     """Grid ``(Pr, Pc)`` with ``Pr * Pc == nprocs`` for a product C of ``m x n``.
@@ -54,7 +60,7 @@ def choose_grid(nprocs: int, m: int | None = None, n: int | None = None,
     pr, pc = (int(d) for d in MPI.Compute_dims(nprocs, 2))
     if m is None or n is None:
         return pr, pc
-    grids = [(r, nprocs // r) for r in range(1, nprocs + 1) if nprocs % r == 0]
+    grids = grid_shapes(nprocs)
     # exact comparison of m/r + n/c over a common denominator (ties must tie)
     cost = {g: m * (nprocs // g[0]) + n * g[0] for g in grids}
     best = min(cost.values())

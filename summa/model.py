@@ -41,6 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .grid import grid_shapes
+
 __all__ = ["Profile", "Prediction", "predict", "sweep", "SWEEP_RANKS", "recommend"]
 
 
@@ -245,10 +247,6 @@ def _direct_copies_seconds(ml, nl, k, nb, pr, pc, steps, t_c, t_b, itemsize,
     return max(own * t_c, connect + t_b) + fetched * max(t_c, t_b) + steps * overhead
 
 
-def _grids(p: int) -> list[tuple[int, int]]:
-    return [(r, p // r) for r in range(1, p + 1) if p % r == 0]
-
-
 def recommend(profile: Profile, m: int, n: int, k: int, dtype: str, ranks: int,
               widths=(256, 512, 1024, 2048, 4096, 8192), **kwargs) -> Prediction:
     """The fastest predicted grid and panel width for `ranks` ranks.
@@ -262,7 +260,7 @@ def recommend(profile: Profile, m: int, n: int, k: int, dtype: str, ranks: int,
     usable = [w for w in widths if lo <= w <= hi and w <= max(k, widths[0])] \
         or [min(widths, key=lambda w: abs(math.log(w / max(lo, 1))))]
     options = [predict(profile, m, n, k, dtype, g, w, **kwargs)
-               for g in _grids(ranks) for w in usable]
+               for g in grid_shapes(ranks) for w in usable]
     return min(options, key=lambda pred: pred.seconds)
 
 

@@ -117,3 +117,11 @@ def test_grid_for_float64_on_gpus_strips_and_cpus():
     assert grid_for(2, 64, 64, "cupy", "float32") == (2, 1)
     assert grid_for(2, 64, 64, "numpy", "float64") == (2, 1)
     assert grid_for(4, 64, 64, "cupy", "float64", "strips") == (4, 1)
+
+
+@pytest.mark.parametrize("p", [1, 6, 7, 12])
+def test_grid_shapes_are_every_factorisation_fewest_rows_first(p):
+    from summa.grid import grid_shapes
+    shapes = grid_shapes(p)
+    assert all(r * c == p for r, c in shapes)
+    assert [r for r, _ in shapes] == [d for d in range(1, p + 1) if p % d == 0]
