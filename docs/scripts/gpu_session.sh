@@ -93,6 +93,25 @@ mpi_tests() {  # ranks
     done
     tar -czf "$OUT/mpi_logs_$1.tgz" -C "$OUT" logs && rm -r "$OUT/logs"
 }
+# One row per `bench --json` record of FILE, the given fields in columns (grid as PRxPC,
+# TFLOP/s and efficiency as numbers, nan where a record has none).
+bench_table() {  # FILE FIELD...
+    python3 - "$@" <<'PY'
+import json, sys
+path, fields = sys.argv[1], sys.argv[2:]
+def cell(r, f):
+    v = r.get(f)
+    if f == "grid":
+        return "x".join(map(str, v))
+    if f in ("tflops", "efficiency"):
+        return f"{v if v is not None else float('nan'):.{1 if f == 'tflops' else 3}f}"
+    return str(v)
+print(" ".join(f"{f:>10}" for f in fields))
+for line in open(path):
+    r = json.loads(line)
+    print(" ".join(f"{cell(r, f):>10}" for f in fields))
+PY
+}
 case "${STAGE:-tests}" in
 tests)
     ranks=${TEST_RANKS:-1 2}  # "1" on a one-GPU machine
@@ -482,14 +501,7 @@ knobs16)  # issue 8: at N = 16384 summa trailed JAX in float64 (0.9 %) and TF32 
         LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy --size 16384 --dtype $args \
             --repeat 5 --timeout 30 --json "$OUT/knobs16.jsonl" | grep -a -E "x 16384"
     done
-    python3 - "$OUT/knobs16.jsonl" <<'PY'
-import json, sys
-print(f"{'dtype':>8} {'prec':>8} {'comm':>6} {'nb':>5} {'TFLOP/s':>8} {'vs ideal':>8}")
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    print(f"{r['dtype']:>8} {r['precision']:>8} {r['comm']:>6} {r['nb']:>5} {r['tflops']:8.1f} "
-          f"{r.get('efficiency') or float('nan'):8.3f}")
-PY
+    bench_table "$OUT/knobs16.jsonl" dtype precision comm nb tflops efficiency
     ;;
 why16)  # issue 8: where the time goes at N = 16384 (knobs16: float32 ipc nb 8192 0.954 of
     # the ideal, float64 0.921, TF32 NCCL 0.80): the rank lines, other schedules and grids
@@ -515,14 +527,7 @@ grids)  # issues 3, 8: why16 found float64 at N = 16384 109.8 TFLOP/s on a 1x2 g
             done
         done
     done
-    python3 - "$OUT/grids.jsonl" <<'PY'
-import json, sys
-print(f"{'N':>6} {'dtype':>8} {'prec':>8} {'grid':>5} {'comm':>6} {'TFLOP/s':>8} {'vs ideal':>8}")
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    print(f"{r['m']:>6} {r['dtype']:>8} {r['precision']:>8} {'x'.join(map(str, r['grid'])):>5} "
-          f"{r['comm']:>6} {r['tflops']:8.1f} {r.get('efficiency') or float('nan'):8.3f}")
-PY
+    bench_table "$OUT/grids.jsonl" m dtype precision grid comm tflops efficiency
     ;;
 grid64)  # issues 3, 8: float64 on GPUs now defaults to blocks taller than wide (1x2 on 2
     # ranks): against JAX (and cuBLASMp) at both sizes; the GPU tests on 2 ranks
