@@ -226,11 +226,21 @@ def prepare(A: DistMatrix, B: DistMatrix, C: DistMatrix, panel_width=None,
             broadcaster: str = "auto", precision: str | None = None) -> None:
     """Set up what :func:`summa` on these operands will use, so that it then
     times only the multiply: the broadcasters (made and self-tested once per
-    grid) and an ``"auto"`` panel width (measured once per problem). Collective.
+    grid), an ``"auto"`` panel width (measured once per problem), and with
+    direct copies the peers' blocks opened. Collective.
     """
     width, _ = _panel_width(A, B, C, panel_width, precision)
-    _pick_broadcasters(A, B, C, panel_schedule(A.layout.cols, B.layout.rows, width),
-                       broadcaster, precision)
+    row_bc, col_bc = _pick_broadcasters(A, B, C,
+                                        panel_schedule(A.layout.cols, B.layout.rows, width),
+                                        broadcaster, precision)
+    # Direct copies (ipc): open the peers' blocks now; those that stay open
+    # (summa/ipc.py) the multiply then reads at once.
+    direct = _export(C.grid, C.backend, row_bc, col_bc, A.local, B.local)
+    readers = [bc for bc, on in zip((row_bc, col_bc), direct) if on]
+    for bc in readers:
+        bc.connect()
+    for bc in readers:
+        bc.release()
 
 
 def _panel_width(A, B, C, panel_width, precision) -> tuple[int, bool]:
@@ -350,6 +360,7 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
             for bc in readers:
                 bc.connect()
             extra["connect_seconds"] = time.perf_counter() - t0
+            extra["opened_blocks"] = sum(bc.opened_blocks for bc in readers)
             connected = True
 
     # Panels this rank multiplies first, where they lie (none: the common order).

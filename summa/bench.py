@@ -150,6 +150,9 @@ def _rank_line(r: dict) -> str:
         line += (f", device memory {r['memory_bytes'] / 2**30:.2f} GiB in use, "
                  f"{r['reserved_bytes'] / 2**30:.2f} GiB pool, grew "
                  f"{r['pool_growth_bytes']} B after the first call")
+    if r.get("opened_blocks") is not None:  # direct copies (ipc): the set-up, if any
+        line += (f", opened {r['opened_blocks']} peer blocks in "
+                 f"{1e3 * r['connect_seconds']:.1f} ms")
     if r.get("staging_bytes"):  # ipc's staging buffers, outside the pool but planned
         line += f", {r['staging_bytes'] / 2**30:.2f} GiB of broadcast staging"
     return line
@@ -256,6 +259,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                                          local_shape=list(local_shape),
                                          connect_seconds=best_stats.extra.get("connect_seconds"),
                                          release_seconds=best_stats.extra.get("release_seconds"),
+                                         opened_blocks=best_stats.extra.get("opened_blocks"),
                                          own_first=best_stats.extra.get("own_first"),
                                          head_seconds=best_stats.extra.get("head_seconds"),
                                          tail_seconds=best_stats.extra.get("tail_seconds"),

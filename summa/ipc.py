@@ -12,6 +12,14 @@ message is exchanged per panel, so no rank's host ever waits for another's;
 one barrier at the end keeps a block alive until every peer has finished
 reading it (CUDA requires importers to close before the exporter frees).
 
+Opening a peer's block costs ~1 ms up to 256 MiB and 10-20 ms above, as much
+as a whole multiply at N = 16384 in TF32. Blocks up to 1/64 of the device's
+memory therefore stay open after a multiply, their owner holding a reference
+that keeps the allocation alive, so that multiplying the same blocks (or new
+ones in the same allocations, as CuPy's pool hands them out) again opens
+nothing. The next multiply closes the blocks it no longer reads, and their
+owners drop them after its closing barrier; ``free`` drops them all.
+
 Paired broadcasts (``ibcast``: the self-test, calibration, out of core, and
 blocks that cannot be exported). Each rank exports one staging buffer per
 lookahead slot, and two interprocess events per slot ("ready": the root filled
@@ -34,6 +42,7 @@ the host. All ranks of the communicator must be on one node.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 from mpi4py import MPI
@@ -46,19 +55,52 @@ __all__ = ["IpcBroadcaster"]
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: unified addressing works out the direction
 
 
+#: Blocks up to this share of the device's memory stay open between multiplies.
+KEEP_OPEN_SHARE = 1 / 64
+
+
+@functools.cache
+def _libcuda():
+    return ctypes.CDLL("libcuda.so.1")
+
+
 def _allocation_base(ptr: int) -> int:
     """Start of the cudaMalloc allocation holding device address `ptr`.
 
     An IPC handle names a whole allocation, while a CuPy array may lie inside a
     larger pool block; the driver knows the allocation's range.
     """
-    libcuda = ctypes.CDLL("libcuda.so.1")
     base, size = ctypes.c_uint64(), ctypes.c_size_t()
-    status = libcuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size),
-                                             ctypes.c_uint64(ptr))
+    status = _libcuda().cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size),
+                                                ctypes.c_uint64(ptr))
     if status != 0:
         raise RuntimeError(f"cuMemGetAddressRange failed with CUDA driver status {status}")
     return base.value
+
+
+def block_handle(block):
+    """The IPC handle (bytes) of the allocation holding CuPy array `block`, and
+    the block's offset in it; (b"", 0) for an empty block; None where it
+    cannot be exported (rows not contiguous, or memory CUDA IPC cannot share,
+    e.g. managed or stream-ordered)."""
+    if not block.size:
+        return b"", 0
+    if block.ndim != 2 or block.strides[1] != block.itemsize:
+        return None
+    import cupy
+    try:
+        base = _allocation_base(block.data.ptr)
+        return bytes(cupy.cuda.runtime.ipcGetMemHandle(base)), block.data.ptr - base
+    except Exception:
+        return None
+
+
+def keeps_open(block) -> bool:
+    """Would `block` stay open at its readers after a multiply (see the module
+    docstring)? Larger blocks open in time spent on GEMMs long enough to hide it,
+    and holding them would keep too much memory from the user."""
+    import cupy
+    return block.nbytes <= KEEP_OPEN_SHARE * cupy.cuda.runtime.memGetInfo()[1]
 
 
 class _Slot:
@@ -159,8 +201,15 @@ class IpcBroadcaster(_DeviceTimed):
         self._sends: list = []  # receivers' outstanding "done" tokens
         self._timings: list = []
         self._opened: dict = {}  # IPC handle: that peer allocation's address here
-        self._mine = (None, 0, 0)  # this rank's export: (handle, offset, pitch)
+        self._mine = (None, 0, 0, False)  # this rank's export: (handle, offset, pitch, kept)
+        self._block = None  # the exported block itself
         self._sources: list = []  # per rank: (address here, row pitch) of its block
+        self._kept_open: set = set()  # peers' handles to leave open after this multiply
+        # This rank's blocks its peers may still hold open, by handle: held, so
+        # that their allocations cannot be freed before the peers close them.
+        self._held: dict = {}
+        self._ever_kept = False  # the same on every rank: some block was kept open
+        self.opened_blocks = 0  # peers' blocks the last connect had to open
         # Separate one-byte buffers: the "ready" broadcast writes into its own,
         # while outstanding "done" gathers still read theirs.
         self._ready_token = np.zeros(1, dtype=np.uint8)
@@ -245,33 +294,41 @@ class IpcBroadcaster(_DeviceTimed):
 
         The block must not change until :meth:`release` returns on every rank.
         """
-        import cupy
-        self._mine = (None, 0, 0)  # an empty block: nothing to read
-        if block.size and (block.ndim != 2 or block.strides[1] != block.itemsize):
+        named = block_handle(block)
+        if named is None:
+            self._mine, self._block = (None, 0, 0, False), None
             return False
-        if block.size:
-            try:
-                base = _allocation_base(block.data.ptr)
-                self._mine = (bytes(cupy.cuda.runtime.ipcGetMemHandle(base)),
-                              block.data.ptr - base, block.strides[0])
-            except Exception:  # e.g. managed or stream-ordered memory
-                return False
+        handle, offset = named
+        self._mine = (handle or None, offset, block.strides[0] if block.size else 0,
+                      bool(handle) and keeps_open(block))
+        self._block = block
         return True
 
     def connect(self) -> None:
         """Open the peers' exported blocks (collective; on H200s ~1 ms per block
         up to 256 MiB, 10-20 ms for larger ones, which the SUMMA loop hides
-        behind the GEMMs of this rank's own panels)."""
+        behind the GEMMs of this rank's own panels), but not those still open
+        from the last multiply; close those of the last multiply it no longer
+        reads."""
         import cupy
         with watch("the other ranks of a grid row/column to exchange their blocks (ipc)"):
             everyone = self.comm.allgather(self._mine)
-        self._sources = []
-        for rank, (handle, offset, pitch) in enumerate(everyone):
-            if rank == self.comm.Get_rank() or handle is None:
+        me = self.comm.Get_rank()
+        wanted = {handle for rank, (handle, *_) in enumerate(everyone)
+                  if rank != me and handle is not None}
+        # Their owners drop them only after this multiply's closing barrier.
+        self._close([h for h in self._opened if h not in wanted])
+        self._kept_open = {handle for rank, (handle, _, _, kept) in enumerate(everyone)
+                           if rank != me and kept}
+        self._ever_kept |= any(kept for *_, kept in everyone)
+        self._sources, self.opened_blocks = [], 0
+        for rank, (handle, offset, pitch, _) in enumerate(everyone):
+            if rank == me or handle is None:
                 self._sources.append(None)  # never read: the root uses its own view
                 continue
             if handle not in self._opened:  # one allocation may hold several blocks
                 self._opened[handle] = cupy.cuda.runtime.ipcOpenMemHandle(handle)
+                self.opened_blocks += 1
             self._sources.append((self._opened[handle] + offset, pitch))
 
     def iget(self, buf, root: int, rows: slice, cols: slice, after=None):
@@ -298,25 +355,40 @@ class IpcBroadcaster(_DeviceTimed):
 
     def release(self) -> None:
         """Finish this rank's copies, wait for every peer to finish reading this
-        rank's block (collective), and close the peers' blocks: an exporter
-        may free its block after this, and CUDA requires importers to close
-        first."""
+        rank's block (collective), and close the peers' blocks but those kept
+        open: an exporter may free its block after this, unless its peers keep
+        it open, when this broadcaster holds it until a later multiply no
+        longer reads it (CUDA requires importers to close first)."""
         self.stream.synchronize()
         with watch("the other ranks of a grid row/column to finish copying panels (ipc)"):
             self.comm.Barrier()
-        self.release_local()
+        # Every peer has closed what it no longer reads (in connect): drop those.
+        handle, *_, kept = self._mine
+        self._held = {handle: self._block} if kept else {}
+        self._block = None
+        self._close([h for h in self._opened if h not in self._kept_open])
+        self._sources = []
 
     def release_local(self) -> None:
-        """Close every peer block this rank has open (this rank only)."""
+        """Close every peer block this rank has open (this rank only; the blocks
+        this rank holds for its peers stay held, since they may still read
+        them)."""
+        self._close(list(self._opened))
+        self._sources, self._block = [], None
+
+    def _close(self, handles) -> None:
         import cupy
-        if self._opened:
+        if handles:
             self.stream.synchronize()
-            for ptr in self._opened.values():
-                cupy.cuda.runtime.ipcCloseMemHandle(ptr)
-        self._opened, self._sources = {}, []
+        for handle in handles:
+            cupy.cuda.runtime.ipcCloseMemHandle(self._opened.pop(handle))
 
     def free(self) -> None:
         self.release_local()
+        if self._ever_kept:  # the peers close the blocks this rank holds before it drops them
+            with watch("the other ranks of a grid row/column to close the blocks kept open (ipc)"):
+                self.comm.Barrier()
+        self._held = {}
         self.stream.synchronize()
         with watch("the roots of this rank's last ipc broadcasts to collect their tokens"):
             MPI.Request.Waitall(self._sends)

@@ -16,17 +16,36 @@ from .watchdog import watch
 
 def _pick_broadcasters(A, B, C, panels, broadcaster, precision):
     """The row and column broadcasters for these operands: with ``auto`` on
-    GPUs, direct copies (ipc) only where every rank's own GEMMs hide their
-    set-up (:func:`_hides_connect`)."""
+    GPUs, direct copies (ipc) where the peers' blocks stay open after the
+    multiply (:func:`_stay_open`), or where every rank's own GEMMs hide
+    opening them (:func:`_hides_connect`)."""
     grid, backend = C.grid, C.backend
     worth_ipc = True
     if broadcaster == "auto" and grid.size > 1 and backend.name == "cupy":
         # The directions auto could copy directly in (collective, like all below).
         dirs = grid.within_nodes()
-        worth_ipc = any(dirs) and _hides_connect(panels, grid, C.local.shape, C.dtype,
-                                                 precision, (A.local.nbytes, B.local.nbytes),
-                                                 dirs)
+        worth_ipc = any(dirs) and (
+            _stay_open(grid, (A.local, B.local), dirs)
+            or _hides_connect(panels, grid, C.local.shape, C.dtype, precision,
+                              (A.local.nbytes, B.local.nbytes), dirs))
     return _broadcasters(grid, broadcaster, backend, copy_engines=worth_ipc)
+
+
+def _stay_open(grid, blocks, dirs) -> bool:
+    """Are all blocks of this multiply (A's and B's on each rank, in the
+    directions `dirs` that would copy directly) small enough to stay open at
+    their readers after it (:func:`summa.ipc.keeps_open`)? Collective; the same
+    answer everywhere.
+
+    Then direct copies pay even where the first multiply cannot hide opening
+    them (TF32 at N = 16384: 313 against NCCL's 646 TFLOP/s): every later one
+    of the same blocks, or of new ones in the same allocations, opens nothing
+    (715 TFLOP/s; docs/benchmarks.md); and the bits of a product do not depend
+    on how many multiplies came before it.
+    """
+    from .ipc import keeps_open
+    small = all([keeps_open(b) for b, on in zip(blocks, dirs) if on])
+    return grid.comm.allreduce(small, op=MPI.LAND)
 
 
 def _direct(bc) -> bool:
@@ -79,8 +98,9 @@ def _hides_connect(panels, grid, local_shape, dtype, precision, block_bytes,
     """Would every rank's GEMMs on the panels it holds itself in the directions
     `dirs` that copy directly (multiplied first) outlast opening its peers'
     blocks there (`block_bytes`: this rank's A and B blocks)? Collective; the
-    same answer everywhere. Where not, ``auto`` keeps paired broadcasts: at
-    N = 16384 TF32 lost half its speed to an unhidden connect."""
+    same answer everywhere. Where not, and the blocks are too large to stay
+    open (:func:`_stay_open`), ``auto`` takes NCCL: at N = 16384 TF32 lost
+    half its speed to an unhidden connect."""
     dtype = np.dtype(dtype)
     kind = "tf32" if precision == "tf32" else dtype.char.lower()
     rate = _GEMM_FLOPS.get(kind, _GEMM_FLOPS["d"]) / (4 if dtype.kind == "c" else 1)
@@ -104,7 +124,8 @@ def _broadcasters(grid, kind: str, backend, copy_engines: bool = True):
     102.9 against 98.6 TFLOP/s; docs/benchmarks.md). A grid whose rows lie
     within nodes and whose columns span them copies row panels and broadcasts
     column panels with NCCL. Without `copy_engines` (in memory where the
-    peers' blocks would open too slowly) ``auto`` takes NCCL.
+    peers' blocks would open too slowly, and are too large to keep open)
+    ``auto`` takes NCCL.
     """
     if kind == "auto" and copy_engines and backend.name == "cupy" and grid.size > 1:
         pair = _auto_ipc(grid, backend)

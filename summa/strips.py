@@ -97,6 +97,7 @@ def multiply_strips(alpha, A, B, C, strips, lookahead, col_bc, direct: bool, mar
         t0 = time.perf_counter()
         col_bc.connect()
         extra["connect_seconds"] = time.perf_counter() - t0
+        extra["opened_blocks"] = col_bc.opened_blocks
 
     def start(i):
         s0, s1 = strips[i]

@@ -192,7 +192,9 @@ def test_stats_are_filled(comm, backend):
     assert stats.seconds > 0 and 0 <= stats.compute <= stats.seconds
     assert stats.wait == pytest.approx(stats.seconds - stats.compute)
     from summa.comm import choose_comm
-    assert stats.comm in ("mpi", choose_comm("auto", backend))
+    # on GPUs of one node, small blocks are copied directly (they stay open)
+    assert stats.comm in ("mpi", choose_comm("auto", backend)) + (
+        ("ipc",) if backend.name == "cupy" and comm.Get_size() > 1 else ())
 
 
 @pytest.mark.mpi(min_size=1)
@@ -265,6 +267,7 @@ class WindowReader:
     def connect(self):
         self.calls.append("connect")
         self.blocks = self.comm.allgather(self.block)
+        self.opened_blocks = self.comm.Get_size() - 1
 
     def iget(self, buf, root, rows, cols, after=None):
         self.calls.append("iget")
@@ -328,12 +331,16 @@ def test_direct_reads_match_reference_and_hide_the_connect(comm, rng, which, loo
         readers, calls, gemms = use_window_readers(grid, backend, monkeypatch)
         a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
         A, B = distribute(a, grid, backend), distribute(b, grid, backend)
-        C = matmul(A, B, panel_width=4, lookahead=lookahead)
+        stats = SummaStats()
+        C = gemm(A, B, panel_width=4, lookahead=lookahead, stats=stats)
         c = C.gather()
         if comm.rank == 0:
             assert gemm_scaled_error(c, a, b) <= 1
         direct = [bc.comm.Get_size() > 1 for bc in readers]
         assert calls.count("connect") == sum(direct) == calls.count("release")
+        if any(direct):  # the peers' blocks each reader opened
+            assert stats.extra["opened_blocks"] == sum(bc.comm.Get_size() - 1
+                                                       for bc, on in zip(readers, direct) if on)
         own = [p for p in panel_schedule(A.layout.cols, B.layout.rows, 4)
                if not _fetched(p, grid, direct)]
         if own and gemms and "connect" in calls:
@@ -390,6 +397,65 @@ def test_auto_takes_direct_copies_only_where_own_gemms_hide_the_connect():
     # rows within nodes, columns across them: only the row's A blocks open
     assert _connect_seconds(shape, 1 << 30, 1 << 20, (True, False)) == pytest.approx(
         3 * OPEN_SECONDS["large"])
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("which", GRIDS)
+def test_prepare_opens_the_peers_blocks_for_direct_copies(comm, rng, which, monkeypatch):
+    """``prepare`` (the set-up ahead of a timed multiply) exports, opens and
+    releases the blocks a direct broadcaster reads, so that those kept open
+    cost the multiply nothing; the multiply is still right."""
+    from summa.algorithm import prepare
+    from summa.backend import get_backend
+    backend = get_backend("numpy")
+    with make_grid(comm, which) as grid:
+        readers, calls, _ = use_window_readers(grid, backend, monkeypatch)
+        a, b = random_array(rng, (20, 30), "float64"), random_array(rng, (30, 10), "float64")
+        A, B = distribute(a, grid, backend), distribute(b, grid, backend)
+        C = DistMatrix.zeros((20, 10), "float64", grid, backend)
+        prepare(A, B, C, panel_width=4)
+        d = sum(bc.comm.Get_size() > 1 for bc in readers)
+        assert calls == ["export"] * d + ["connect"] * d + ["release"] * d
+        gemm(A, B, C, panel_width=4)
+        c = C.gather()
+        if comm.rank == 0:
+            assert gemm_scaled_error(c, a, b) <= 1
+
+
+def test_auto_copies_directly_where_the_blocks_stay_open(monkeypatch):
+    """Blocks small enough to stay open at their readers after a multiply
+    (summa.ipc.keeps_open) take direct copies whether or not the first
+    multiply hides opening them; in the directions that copy directly only,
+    and only where every rank's blocks are."""
+    from types import SimpleNamespace
+
+    import summa.ipc as ipc
+    from summa.selection import _stay_open
+
+    monkeypatch.setattr(ipc, "keeps_open", lambda b: b.nbytes <= 1000)
+    others = [True]
+    grid = SimpleNamespace(comm=SimpleNamespace(allreduce=lambda value, op: value and others[0]))
+    small, big = np.ones(10), np.ones(1000)
+    assert _stay_open(grid, (small, small), (True, True))
+    assert not _stay_open(grid, (big, small), (True, True))
+    assert not _stay_open(grid, (small, big), (True, True))
+    assert _stay_open(grid, (small, big), (True, False))  # B's blocks are not read directly
+    assert _stay_open(grid, (big, big), (False, False))
+    others[0] = False
+    assert not _stay_open(grid, (small, small), (True, True))  # another rank's are too large
+
+
+def test_blocks_stay_open_up_to_a_share_of_device_memory(monkeypatch):
+    import types
+
+    import summa.ipc as ipc
+    total = 141 << 30
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(
+        memGetInfo=lambda: (total // 2, total))))
+    monkeypatch.setitem(__import__("sys").modules, "cupy", fake)
+    limit = int(total * ipc.KEEP_OPEN_SHARE)
+    assert ipc.keeps_open(types.SimpleNamespace(nbytes=limit))
+    assert not ipc.keeps_open(types.SimpleNamespace(nbytes=limit + 1))
 
 
 @pytest.mark.mpi(min_size=2)

@@ -368,3 +368,80 @@ def test_a_staging_buffer_one_rank_cannot_get_fails_on_every_rank(comm, gpu, mon
     with pytest.raises(RuntimeError, match=r"rank 1 cannot allocate or export a \d+-byte"):
         bc.ibcast(big, 0, slot=1)
     bc.free()
+
+
+def _ipc_pair(grid, backend):
+    return grid.resources[("broadcasters", "ipc", backend.name, backend.device)]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_auto_keeps_small_blocks_open_between_multiplies(comm, rng, gpu):
+    """Small blocks open too slowly for their GEMMs to hide it, but stay open:
+    ``auto`` copies directly, the first multiply opens the peers' blocks, the
+    second opens nothing and reads the values written into them since; blocks
+    in new allocations are opened in turn and the old ones let go; the bits
+    repeat; ``prepare`` opens them ahead."""
+    from summa.algorithm import prepare, summa
+    _, backend = gpu
+    if "ipc" not in _modes(backend):
+        pytest.skip("ipc is not available here")
+    p = comm.Get_size()
+    with ProcessGrid(comm, (p, 1)) as grid:  # B's blocks are read down the column
+        a, b = random_array(rng, (512, 1024), "float32"), random_array(rng, (1024, 256), "float32")
+        A = DistMatrix.from_global(a, grid, backend)
+        B = DistMatrix.from_global(b, grid, backend)
+        C = DistMatrix.zeros((512, 256), "float32", grid, backend)
+        results, opened = [], []
+        for step in range(3):
+            if step == 2:  # new values, the same memory
+                b = random_array(rng, b.shape, "float32")
+                B.local[...] = DistMatrix.from_global(b, grid, backend).local
+            stats = summa(1.0, A, B, 0.0, C)
+            assert stats.comm == "ipc"
+            opened.append(stats.extra["opened_blocks"])
+            results.append(C.gather())
+            if comm.rank == 0:
+                assert gemm_scaled_error(results[-1], a, b) <= 1
+        assert opened == [p - 1, 0, 0]
+        if comm.rank == 0:
+            assert not np.array_equal(results[1], results[2])  # B's new values were read
+        column = _ipc_pair(grid, backend).col
+        assert [v is B.local for v in column._held.values()] == [True]
+        # B in a new allocation (the old one is held): opened, then kept; the old let go
+        B2 = DistMatrix.from_global(b, grid, backend)
+        prepare(A, B2, C)
+        stats = summa(1.0, A, B2, 0.0, C)
+        assert stats.comm == "ipc" and stats.extra["opened_blocks"] == 0
+        assert [v is B2.local for v in column._held.values()] == [True]
+        c = C.gather()
+        if comm.rank == 0:
+            assert np.array_equal(c, results[2])  # the same product, the same bits
+    assert column._held == {}  # the grid freed: nothing held
+
+
+@pytest.mark.mpi(min_size=2)
+def test_blocks_too_large_to_keep_are_opened_every_time(comm, rng, gpu, monkeypatch):
+    """Above the share of device memory kept open, ``ipc`` opens the peers'
+    blocks at every multiply and holds none, and ``auto`` takes NCCL where the
+    GEMMs would not hide the opening."""
+    import summa.ipc as ipc
+    from summa.algorithm import summa
+    _, backend = gpu
+    if "ipc" not in _modes(backend):
+        pytest.skip("ipc is not available here")
+    monkeypatch.setattr(ipc, "KEEP_OPEN_SHARE", 0)
+    p = comm.Get_size()
+    with ProcessGrid(comm, (p, 1)) as grid:
+        a, b = random_array(rng, (256, 512), "float64"), random_array(rng, (512, 128), "float64")
+        A = DistMatrix.from_global(a, grid, backend)
+        B = DistMatrix.from_global(b, grid, backend)
+        C = DistMatrix.zeros((256, 128), "float64", grid, backend)
+        for mode in ("ipc", "ipc", "auto", "auto", "auto"):
+            stats = summa(1.0, A, B, 0.0, C, broadcaster=mode)
+            assert (stats.comm == "ipc") == (mode == "ipc")
+            if mode == "ipc":
+                assert stats.extra["opened_blocks"] == p - 1
+                assert _ipc_pair(grid, backend).col._held == {}
+        c = C.gather()
+        if comm.rank == 0:
+            assert gemm_scaled_error(c, a, b) <= 1

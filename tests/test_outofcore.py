@@ -350,6 +350,10 @@ def test_bench_rank_line_reports_the_staging_beside_the_pool():
     assert "GPU idle 0.0020 s before the first GEMM, 0.0030 s after the last" in line
     assert "2.00 GiB pool" in line and line.endswith("3.50 GiB of broadcast staging")
     assert "staging" not in _rank_line(dict(rank, staging_bytes=0))
+    # direct copies (ipc): how many peer blocks the multiply had to open, and how long it took
+    assert "opened 0 peer blocks in 0.3 ms" in _rank_line(dict(rank, opened_blocks=0,
+                                                                connect_seconds=3e-4))
+    assert "opened" not in line
 
 
 def _max_op():

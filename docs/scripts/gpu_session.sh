@@ -39,6 +39,7 @@
 #   STAGE=geo    docs/scripts/gpu_session.sh     # host-resident: doubling head, shrinking tail
 #   STAGE=paired16 docs/scripts/gpu_session.sh   # N = 16384: ipc paired broadcasts vs nccl/direct
 #   STAGE=f32lt16 docs/scripts/gpu_session.sh    # float32 N = 16384: cuBLASLt's GEMM against gemmEx
+#   STAGE=keep   docs/scripts/gpu_session.sh     # blocks kept open: GPU tests, auto at 16384/8192
 #   STAGE=hostpeers docs/scripts/gpu_session.sh # host data: summa against cuBLASXt, 1 and 2 GPUs
 #   STAGE=lt2    docs/scripts/gpu_session.sh     # TF32/float16: cuBLASLt against gemmEx, JAX
 #   STAGE=big7   docs/scripts/gpu_session.sh     # 100k float64 transposed; 1-GPU ooc; watchdog
@@ -570,6 +571,20 @@ for (n, d), modes in sorted(rows.items()):
              for m in ("nccl", "direct", "paired")]
     print(f"{n:>6} {d:>13} " + " ".join(cells))
 PY
+    ;;
+keep)  # issue 8: peers' blocks kept open between multiplies (auto: NCCL the first time,
+    # opened the second, free from the third): the GPU tests it touches on 2 ranks, then
+    # bench's auto at N = 16384 and 8192 in every dtype (session 10's probe: TF32 701 / 625)
+    TEST_FILES="tests/test_gpu.py tests/test_algorithm.py tests/test_strips.py" mpi_tests 2
+    for size in 16384 8192; do
+    for dtype in "float32 --precision tf32" "float16" "float32" "float64"; do
+        echo "== $size $dtype auto"
+        LIMIT=60 run $MPI -np 2 python3 -m summa bench --backend cupy --size $size \
+            --dtype $dtype --repeat 5 --timeout 30 --check --json "$OUT/keep.jsonl" \
+            | grep -a -E "x $size|rank   [01]"
+    done
+    done
+    bench_table "$OUT/keep.jsonl" m dtype precision grid comm tflops efficiency
     ;;
 f32lt16)  # issue 8: float32 at N = 16384 trails cuBLASMp by 3 % (102.1 / 105.3): summa's
     # GEMMs take 84.8 ms against 82 ms as one GEMM. Is cuBLASLt's timed float32 GEMM faster
