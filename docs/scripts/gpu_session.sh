@@ -40,6 +40,7 @@
 #   STAGE=paired16 docs/scripts/gpu_session.sh   # N = 16384: ipc paired broadcasts vs nccl/direct
 #   STAGE=f32lt16 docs/scripts/gpu_session.sh    # float32 N = 16384: cuBLASLt's GEMM against gemmEx
 #   STAGE=keep   docs/scripts/gpu_session.sh     # blocks kept open: GPU tests, auto at 16384/8192
+#   STAGE=peers32 docs/scripts/gpu_session.sh    # N = 32768 against JAX, every dtype (~5 min)
 #   STAGE=hostpeers docs/scripts/gpu_session.sh # host data: summa against cuBLASXt, 1 and 2 GPUs
 #   STAGE=lt2    docs/scripts/gpu_session.sh     # TF32/float16: cuBLASLt against gemmEx, JAX
 #   STAGE=big7   docs/scripts/gpu_session.sh     # 100k float64 transposed; 1-GPU ooc; watchdog
@@ -585,6 +586,14 @@ keep)  # issue 8: peers' blocks kept open between multiplies (auto: NCCL the fir
     done
     done
     bench_table "$OUT/keep.jsonl" m dtype precision grid comm tflops efficiency
+    ;;
+peers32)  # issue 8: N = 32768 against JAX after blocks stay open (1 GiB float32, 2 GiB
+    # float64: within 1/64 of an H200), two alternating rounds per dtype (~5 min)
+    for args in "--dtype float32 --precision tf32" "--dtype float16" "--dtype float32" \
+                "--dtype float64"; do
+        LIMIT=120 run python3 docs/scripts/compare_peers.py --size 32768 $args --gpus 2 \
+            --repeat 2 --rounds 2 --peers summa,jax --peer-timeout 60 --json "$OUT/peers32.jsonl"
+    done
     ;;
 f32lt16)  # issue 8: float32 at N = 16384 trails cuBLASMp by 3 % (102.1 / 105.3): summa's
     # GEMMs take 84.8 ms against 82 ms as one GEMM. Is cuBLASLt's timed float32 GEMM faster
