@@ -354,20 +354,20 @@ class IpcBroadcaster(_DeviceTimed):
         return _DevicePending(end)
 
     def release(self) -> None:
-        """Finish this rank's copies, wait for every peer to finish reading this
-        rank's block (collective), and close the peers' blocks but those kept
-        open: an exporter may free its block after this, unless its peers keep
-        it open, when this broadcaster holds it until a later multiply no
-        longer reads it (CUDA requires importers to close first)."""
+        """Finish this rank's copies, close the peers' blocks but those kept
+        open, and wait for every peer to do the same (collective): CUDA requires
+        importers to close before the exporter frees, so a block may be freed
+        after this, unless its peers keep it open, when this broadcaster holds
+        it until a later multiply no longer reads it."""
+        self._close([h for h in self._opened if h not in self._kept_open])
         self.stream.synchronize()
+        self._sources = []
         with watch("the other ranks of a grid row/column to finish copying panels (ipc)"):
             self.comm.Barrier()
-        # Every peer has closed what it no longer reads (in connect): drop those.
+        # Every peer has closed what it no longer reads (here and in connect).
         handle, *_, kept = self._mine
         self._held = {handle: self._block} if kept else {}
         self._block = None
-        self._close([h for h in self._opened if h not in self._kept_open])
-        self._sources = []
 
     def release_local(self) -> None:
         """Close every peer block this rank has open (this rank only; the blocks
