@@ -182,6 +182,10 @@ class Backend:
         plus the allocator's freed blocks (None: host memory, not tracked here)."""
         return None
 
+    def memory_total(self) -> int | None:
+        """Bytes of device memory in all (None: host memory, not tracked here)."""
+        return None
+
     def describe(self) -> str:
         return self.name
 
@@ -443,6 +447,9 @@ class CupyBackend(Backend):
     def memory_free(self):
         return int(self.xp.cuda.runtime.memGetInfo()[0]
                    + self.xp.get_default_memory_pool().free_bytes())
+
+    def memory_total(self):
+        return int(self.xp.cuda.runtime.memGetInfo()[1])
 
     def device_id(self):
         return self.xp.cuda.Device(self.device).pci_bus_id

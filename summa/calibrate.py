@@ -221,6 +221,8 @@ def calibrate(comm: MPI.Comm, backend, dtypes=("float64",), precision=None,
                 backend=backend.describe(), ranks=comm.Get_size(),
                 mpi=MPI.Get_library_version().splitlines()[0].strip(),
                 date=time.strftime("%Y-%m-%d"), gemm=gemm, bcast=bcast, overhead=[])
+    if backend.memory_total():  # which blocks stay open between multiplies (summa/ipc.py)
+        data["device_memory"] = backend.memory_total()
     if comm.Get_size() > 1 and modes:
         partial = comm.bcast(data if comm.Get_rank() == 0 else None, root=0)
         if "float64" not in dtypes:  # the overhead run is float64

@@ -100,7 +100,12 @@ def keeps_open(block) -> bool:
     docstring)? Larger blocks open in time spent on GEMMs long enough to hide it,
     and holding them would keep too much memory from the user."""
     import cupy
-    return block.nbytes <= KEEP_OPEN_SHARE * cupy.cuda.runtime.memGetInfo()[1]
+    return stays_open(block.nbytes, cupy.cuda.runtime.memGetInfo()[1])
+
+
+def stays_open(nbytes: int, device_bytes: int) -> bool:
+    """Does a block of `nbytes` stay open on a device of `device_bytes`?"""
+    return nbytes <= KEEP_OPEN_SHARE * device_bytes
 
 
 class _Slot:

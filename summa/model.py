@@ -18,7 +18,10 @@ runs beside a broadcast (NCCL's kernels take SMs; calibrated per broadcaster as
 at most two panels it multiplies its own ``s_o`` first while all broadcasts run:
 ``T = max(s_o S t_c, s t_b) + (s - s_o) t_c + s o``. Direct copies (``ipc``: copy
 engines, no slowdown, own panels first while the peers' blocks open in ``c``):
-``T = max(s_o t_c, c + t_b) + (s - s_o) max(t_c, t_b) + s o``. Without lookahead,
+``T = max(s_o t_c, c + t_b) + (s - s_o) max(t_c, t_b) + s o``, with ``c = 0``
+where the blocks stay open from the multiply before (the profile's
+``device_memory``: blocks up to 1/64 of it; the repeated multiplies ``bench``
+times). Without lookahead,
 or on CPU ranks where MPI progresses only while the rank is inside MPI,
 ``T = s * (t_c + t_b + o)``.
 ``o`` is the per-panel overhead (loop, panel copies, synchronisation) fitted by
@@ -28,7 +31,7 @@ calibration for that rank count. One rank does a single GEMM:
 A profile is JSON: ``{"machine": ..., "gemm": [{"dtype", "precision",
 "ranks_per_node", "m", "n", "k", "seconds"}, ...], "bcast": [{"comm",
 "ranks", "alpha", "beta", "overlap", "gemm_slowdown"}, ...], "overhead": [{"ranks",
-"seconds"}, ...]}``; ``summa calibrate`` writes one, and profiles
+"seconds"}, ...], "device_memory": bytes per GPU (optional)}``; ``summa calibrate`` writes one, and profiles
 of machines we cannot run on (e.g. 8 GPUs per node on NVLink, nodes on
 InfiniBand) can be written by hand in the same form.
 """
@@ -209,7 +212,7 @@ def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
     overhead = profile.panel_overhead(p)
     if comm == "ipc" and lookahead > 0:
         seconds = _direct_copies_seconds(ml, nl, k, nb, pr, pc, steps, t_c, t_b, itemsize,
-                                         overhead)
+                                         overhead, profile.data.get("device_memory"))
         return Prediction(seconds, flops / seconds / 1e12, ideal / seconds, t_c, t_b, steps,
                           tuple(grid), nb)
     from .algorithm import OWN_FIRST_RECEIVES
@@ -231,16 +234,20 @@ def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
 
 
 def _direct_copies_seconds(ml, nl, k, nb, pr, pc, steps, t_c, t_b, itemsize,
-                           overhead) -> float:
+                           overhead, device_memory=None) -> float:
     """SUMMA with direct copies (``ipc``; summa.selection): a rank multiplies
     the panels it holds first (on a 1-D grid, its share of K; on a 2-D grid the
-    slowest rank may hold none) while it opens its peers' blocks; then each
+    slowest rank may hold none) while it opens its peers' blocks, unless they
+    are open from the multiply before (blocks that stay open on a device of
+    `device_memory` bytes, where the profile says: summa/ipc.py); then each
     fetched panel's copy (copy engines: no SMs taken, so no GEMM slowdown) runs
     behind the GEMM before it."""
+    from .ipc import stays_open
     from .selection import _connect_seconds
     own = min(-(-(-(-k // max(pr, pc))) // nb), steps) if min(pr, pc) == 1 else 0
-    connect = _connect_seconds((pr, pc), ml * -(-k // pc) * itemsize,
-                               -(-k // pr) * nl * itemsize)
+    blocks = (ml * -(-k // pc) * itemsize, -(-k // pr) * nl * itemsize)
+    open_already = device_memory and all(stays_open(b, device_memory) for b in blocks)
+    connect = 0.0 if open_already else _connect_seconds((pr, pc), *blocks)
     fetched = steps - own
     if not fetched:
         return steps * (t_c + overhead)

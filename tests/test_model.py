@@ -88,6 +88,24 @@ def test_direct_copies_take_own_panels_first_and_hide_the_opening():
     assert square.seconds == pytest.approx(0.02 + 0.02 + t_b2 + 8 * max(t_c2, t_b2))
 
 
+def test_direct_copies_open_nothing_where_the_blocks_stay_open():
+    """Blocks up to 1/64 of the profile's device memory stay open from the
+    multiply before (summa/ipc.py): the repeated multiply opens nothing, which
+    matters where the own GEMMs are too short to hide the opening."""
+    prof = make_profile()
+    prof.bcast.append(dict(comm="ipc", ranks=2, overlap=True, alpha=20e-6, beta=150e9))
+    m = 8192  # a 2 x 1 grid: one 256 MiB float64 B block to open (the small cost)
+    unknown = predict(prof, m, m, m, "float64", (2, 1), 4096, comm="ipc")
+    t_c, t_b = unknown.panel_compute, unknown.panel_comm
+    assert unknown.seconds == pytest.approx(max(t_c, 0.002 + t_b) + max(t_c, t_b))
+    prof.data["device_memory"] = 64 * (m // 2) * m * 8  # the block just stays open
+    kept = predict(prof, m, m, m, "float64", (2, 1), 4096, comm="ipc")
+    assert kept.seconds == pytest.approx(max(t_c, t_b) + max(t_c, t_b))
+    prof.data["device_memory"] -= 64  # one byte too small: opened every time
+    assert predict(prof, m, m, m, "float64", (2, 1), 4096, comm="ipc").seconds == \
+        pytest.approx(unknown.seconds)
+
+
 def test_gemms_slowed_beside_broadcasts_lengthen_each_step():
     prof = make_profile()
     m = 32768
@@ -250,6 +268,12 @@ def test_calibrate_leaves_out_an_optional_broadcaster_that_fails(comm, monkeypat
                          **kwargs)
     if comm.rank == 0:
         assert prof.comm_modes() == ["mpi"]
+        assert "device_memory" not in prof.data  # host memory: not a device's
+    # a device's memory is recorded: the model's direct copies need it
+    monkeypatch.setattr(NumpyBackend, "memory_total", lambda self: 141 << 30)
+    prof = cal.calibrate(comm, NumpyBackend(), modes=("mpi",), **kwargs)
+    if comm.rank == 0:
+        assert prof.data["device_memory"] == 141 << 30
     with pytest.raises(RuntimeError, match="cannot export"):
         cal.calibrate(comm, NumpyBackend(), modes=("mpi", "flaky"), **kwargs)
 
