@@ -15,10 +15,11 @@ reading it (CUDA requires importers to close before the exporter frees).
 Opening a peer's block costs ~1 ms up to 256 MiB and 10-20 ms above, as much
 as a whole multiply at N = 16384 in TF32. Blocks up to 1/64 of the device's
 memory therefore stay open after a multiply, their owner holding a reference
-that keeps the allocation alive, so that multiplying the same blocks (or new
-ones in the same allocations, as CuPy's pool hands them out) again opens
-nothing. The next multiply closes the blocks it no longer reads, and their
-owners drop them after its closing barrier; ``free`` drops them all.
+that keeps the allocation alive, so that multiplying the same blocks again
+opens nothing. The next multiply closes the blocks it no longer reads, and
+their owners drop them after its closing barrier; ``free`` drops them all.
+(CuPy's pool lets one hold a block, not its allocation alone: a new operand
+cannot take a held block's memory, so a loop over new operands opens each.)
 
 Paired broadcasts (``ibcast``: the self-test, calibration, out of core, and
 blocks that cannot be exported). Each rank exports one staging buffer per

@@ -39,9 +39,9 @@ def _stay_open(grid, blocks, dirs) -> bool:
 
     Then direct copies pay even where the first multiply cannot hide opening
     them (TF32 at N = 16384: 313 against NCCL's 646 TFLOP/s): every later one
-    of the same blocks, or of new ones in the same allocations, opens nothing
-    (715 TFLOP/s; docs/benchmarks.md); and the bits of a product do not depend
-    on how many multiplies came before it.
+    of the same blocks opens nothing (712 TFLOP/s; docs/benchmarks.md). The
+    choice does not depend on earlier multiplies, so neither do the bits; a
+    loop over new operands pays the opening each time (README).
     """
     from .ipc import keeps_open
     small = all([keeps_open(b) for b, on in zip(blocks, dirs) if on])
