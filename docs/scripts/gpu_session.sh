@@ -41,6 +41,7 @@
 #   STAGE=f32lt16 docs/scripts/gpu_session.sh    # float32 N = 16384: cuBLASLt's GEMM against gemmEx
 #   STAGE=keep   docs/scripts/gpu_session.sh     # blocks kept open: GPU tests, auto at 16384/8192
 #   STAGE=peers32 docs/scripts/gpu_session.sh    # N = 32768 against JAX, every dtype (~5 min)
+#   STAGE=loops  docs/scripts/gpu_session.sh     # same B against a new B per call; ipc tests
 #   STAGE=hostpeers docs/scripts/gpu_session.sh # host data: summa against cuBLASXt, 1 and 2 GPUs
 #   STAGE=lt2    docs/scripts/gpu_session.sh     # TF32/float16: cuBLASLt against gemmEx, JAX
 #   STAGE=big7   docs/scripts/gpu_session.sh     # 100k float64 transposed; 1-GPU ooc; watchdog
@@ -593,6 +594,15 @@ peers32)  # issue 8: N = 32768 against JAX after blocks stay open (1 GiB float32
                 "--dtype float64"; do
         LIMIT=120 run python3 docs/scripts/compare_peers.py --size 32768 $args --gpus 2 \
             --repeat 2 --rounds 2 --peers summa,jax --peer-timeout 60 --json "$OUT/peers32.jsonl"
+    done
+    ;;
+loops)  # blocks kept open: a loop over the same B against one making a new B every call,
+    # auto against nccl (docs/scripts/operand_loop_probe.py); first the GPU tests that cover
+    # ipc's release (its readers close before the barrier since session 10's last commit)
+    TEST_FILES="tests/test_gpu.py tests/test_algorithm.py" mpi_tests 2
+    for args in "--size 16384 --dtype float32 --precision tf32" "--size 8192 --dtype float16" \
+                "--size 8192 --dtype float64" "--size 16384 --dtype float64"; do
+        LIMIT=90 run $MPI -np 2 python3 docs/scripts/operand_loop_probe.py $args --calls 8
     done
     ;;
 f32lt16)  # issue 8: float32 at N = 16384 trails cuBLASMp by 3 % (102.1 / 105.3): summa's
