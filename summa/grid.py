@@ -7,7 +7,7 @@ import numpy as np
 from mpi4py import MPI
 
 __all__ = ["ProcessGrid", "parse_grid", "choose_grid", "grid_for", "grid_shapes",
-           "node_rank"]
+           "node_rank", "node_leader"]
 
 
 def node_rank(comm: MPI.Intracomm) -> tuple[int, int]:
@@ -15,6 +15,18 @@ def node_rank(comm: MPI.Intracomm) -> tuple[int, int]:
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         return node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
+
+
+def node_leader(comm: MPI.Intracomm) -> int:
+    """The rank in `comm` of the first rank of this rank's node: the same on
+    every rank of a node (ranks sharing memory, as MPI sees them, as
+    :func:`node_rank` does), different between nodes whatever their hostnames
+    (containers or VMs on different machines may share one)."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.bcast(comm.Get_rank(), root=0)
     finally:
         node.Free()
 
@@ -132,7 +144,7 @@ class ProcessGrid:
         self.row_comm = self.comm.Sub([False, True])
         self.col_comm = self.comm.Sub([True, False])
         self.local_rank, self.local_size = node_rank(comm)
-        self.hostname = MPI.Get_processor_name()
+        self.node = node_leader(comm)  # names this rank's node
         #: Objects living as long as the grid (e.g. NCCL communicators), each with
         #: a ``free()`` method; released by :meth:`free`.
         self.resources: dict = {}
@@ -143,7 +155,7 @@ class ProcessGrid:
         the same on every rank. Collective on its first call, then remembered."""
         if self._within_nodes is None:
             self._within_nodes = tuple(
-                [self.comm.allreduce(len(set(c.allgather(self.hostname))) == 1, op=MPI.LAND)
+                [self.comm.allreduce(len(set(c.allgather(self.node))) == 1, op=MPI.LAND)
                  for c in (self.row_comm, self.col_comm)])  # a list: every rank takes part
         return self._within_nodes
 

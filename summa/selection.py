@@ -191,7 +191,7 @@ def _auto_ipc(grid, backend):
 
 def _devices_distinct(grid, backend) -> bool:
     """True on every rank when no two ranks of any grid row or column share a GPU."""
-    me = (grid.hostname, backend.device_id())
+    me = (grid.node, backend.device_id())
     # A list, not a generator: every rank takes part in both collectives.
     distinct = all([len(set(c.allgather(me))) == c.Get_size()
                     for c in (grid.row_comm, grid.col_comm)])

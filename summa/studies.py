@@ -16,9 +16,10 @@ def run_calibrate(args, comm: MPI.Comm, backend, out) -> int:
     """Measure this machine and write (or, with --append, extend) a profile."""
     from .calibrate import calibrate
     from .comm import BROADCASTERS, choose_comm
+    from .grid import node_rank
     # "all": every broadcaster that works here; ipc (copy engines; the model
     # times its copies like broadcasts) only where every rank is on one node.
-    one_node = len(set(comm.allgather(MPI.Get_processor_name()))) == 1
+    one_node = node_rank(comm)[1] == comm.Get_size()
     modes = [m for m in BROADCASTERS if m != "ipc" or one_node] if args.comm == "all" \
         else [args.comm]
     usable = []

@@ -562,14 +562,14 @@ def test_auto_ipc_only_in_directions_within_nodes(comm, monkeypatch):
     monkeypatch.setattr(selection, "_devices_distinct", lambda grid, backend: True)
     backend = SimpleNamespace(name="cupy", device=0)
     with make_grid(comm, "col") as grid:
-        grid.hostname = f"node{grid.row}"  # one rank per node: each column spans nodes
+        grid.node = 100 + grid.row  # one rank per node: each column spans nodes
         pair = selection._auto_ipc(grid, backend)
         assert tried == [("ipc", 1)]  # the rows (one rank each here), not the columns
         assert pair.row is not None and pair.col is None
         row, col = selection._broadcasters(grid, "auto", backend)
         assert row is pair.row and col.name == choose_comm("auto", backend)
     with make_grid(comm, "col") as grid:
-        grid.hostname = "node"  # all on one node: both directions
+        grid.node = 100  # all on one node: both directions
         tried.clear()
         pair = selection._auto_ipc(grid, backend)
         assert [k for k, _ in tried] == ["ipc", "ipc"] and None not in (pair.row, pair.col)

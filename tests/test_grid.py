@@ -75,15 +75,33 @@ def test_device_index_cycles_over_devices(comm):
             grid.device_index(0)
 
 
+@pytest.mark.mpi(min_size=1)
+def test_node_leader_names_the_ranks_of_one_node(comm):
+    """The node of a rank is named by its first rank, as MPI groups ranks that
+    share memory (as for the GPU binding), not by hostname."""
+    from summa.grid import node_leader, node_rank
+    leaders = comm.allgather(node_leader(comm))
+    mine = leaders[comm.rank]
+    assert leaders.count(mine) == node_rank(comm)[1]
+    assert leaders[mine] == mine and mine <= comm.rank  # the node's first rank names it
+    # numbered in the communicator given: with the ranks reversed, the node's last
+    reversed_ranks = comm.Split(0, comm.Get_size() - comm.rank)
+    try:
+        old_rank_of_leader = reversed_ranks.allgather(comm.rank)[node_leader(reversed_ranks)]
+        assert old_rank_of_leader == max(r for r, n in enumerate(leaders) if n == mine)
+    finally:
+        reversed_ranks.Free()
+
+
 @pytest.mark.mpi(min_size=2)
 def test_within_nodes_per_direction_and_remembered(comm):
     p = comm.Get_size()
     with ProcessGrid(comm, (p, 1)) as grid:
         assert grid.within_nodes() == (True, True)  # every rank on this machine
     with ProcessGrid(comm, (p, 1)) as grid:
-        grid.hostname = f"node{grid.row}"  # one rank per node: the column spans nodes
+        grid.node = 100 + grid.row  # one rank per node: the column spans nodes
         assert grid.within_nodes() == (True, False)
-        grid.hostname = "node"  # asked once per grid: the answer is kept
+        grid.node = 100  # asked once per grid: the answer is kept
         assert grid.within_nodes() == (True, False)
 
 
