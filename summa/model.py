@@ -31,8 +31,8 @@ calibration for that rank count. One rank does a single GEMM:
 A profile is JSON: ``{"machine": ..., "gemm": [{"dtype", "precision",
 "ranks_per_node", "m", "n", "k", "seconds"}, ...], "bcast": [{"comm",
 "ranks", "alpha", "beta", "overlap", "gemm_slowdown"}, ...], "overhead": [{"ranks",
-"seconds"}, ...], "device_memory": bytes per GPU (optional)}``; ``summa calibrate`` writes one, and profiles
-of machines we cannot run on (e.g. 8 GPUs per node on NVLink, nodes on
+"seconds"}, ...], "device_memory": bytes per GPU (optional)}``; ``summa calibrate``
+writes one, and profiles of machines we cannot run on (e.g. 8 GPUs per node on NVLink, nodes on
 InfiniBand) can be written by hand in the same form.
 """
 
