@@ -178,6 +178,22 @@ def test_recommend_and_sweep():
     assert weak[1][1] == 32768
 
 
+@pytest.mark.parametrize("backend, dtype, expect", [("cupy on GPU 0 (H200)", "float64", (1, 2)),
+                                                    ("cupy on GPU 0 (H200)", "float32", (2, 1)),
+                                                    ("numpy", "float64", (2, 1))])
+def test_recommend_breaks_ties_as_bench_does(backend, dtype, expect):
+    """The model predicts 1x2 and 2x1 alike where nothing breaks the symmetry
+    (no own-first, no overlap): it then recommends bench's default grid."""
+    prof = make_profile(overlap=False)
+    for g in prof.gemm:
+        g["dtype"] = dtype
+    prof.data["backend"] = backend
+    m = 16384
+    one, two = (predict(prof, m, m, m, dtype, g, 4096).seconds for g in ((1, 2), (2, 1)))
+    assert one == two
+    assert recommend(prof, m, m, m, dtype, 2, widths=(4096,)).grid == expect
+
+
 def test_profile_errors(tmp_path):
     with pytest.raises(ValueError, match="no such profile"):
         Profile.load(tmp_path / "none.json")
