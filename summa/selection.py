@@ -24,8 +24,10 @@ def _pick_broadcasters(A, B, C, panels, broadcaster, precision):
     if broadcaster == "auto" and grid.size > 1 and backend.name == "cupy":
         # The directions auto could copy directly in (collective, like all below).
         dirs = grid.within_nodes()
+        # Blocks along a grid row (column) of one rank have no reader.
+        read = (dirs[0] and grid.shape[1] > 1, dirs[1] and grid.shape[0] > 1)
         worth_ipc = any(dirs) and (
-            _stay_open(grid, (A.local, B.local), dirs)
+            _stay_open(grid, (A.local, B.local), read)
             or _hides_connect(panels, grid, C.local.shape, C.dtype, precision,
                               (A.local.nbytes, B.local.nbytes), dirs))
     return _broadcasters(grid, broadcaster, backend, copy_engines=worth_ipc)

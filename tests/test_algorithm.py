@@ -445,6 +445,29 @@ def test_auto_copies_directly_where_the_blocks_stay_open(monkeypatch):
     assert not _stay_open(grid, (small, small), (True, True))  # another rank's are too large
 
 
+@pytest.mark.parametrize("shape, read", [((2, 1), (False, True)), ((1, 2), (True, False)),
+                                         ((2, 2), (True, True))])
+def test_only_blocks_with_readers_must_stay_open(monkeypatch, shape, read):
+    """A grid row (column) of one rank has no reader for its A (B) blocks:
+    their size does not keep auto from copying the other direction's."""
+    from types import SimpleNamespace
+
+    import summa.selection as selection
+
+    asked = []
+    monkeypatch.setattr(selection, "_stay_open",
+                        lambda grid, blocks, dirs: asked.append(dirs) or True)
+    monkeypatch.setattr(selection, "_broadcasters",
+                        lambda grid, kind, backend, copy_engines=True: copy_engines)
+    grid = SimpleNamespace(size=4, shape=shape, within_nodes=lambda: (True, True))
+    local = SimpleNamespace(nbytes=8, shape=(1, 1))
+    C = SimpleNamespace(grid=grid, backend=SimpleNamespace(name="cupy"), local=local,
+                        dtype="float32")
+    A = B = SimpleNamespace(local=local)
+    assert selection._pick_broadcasters(A, B, C, [], "auto", None) is True
+    assert asked == [read]
+
+
 def test_blocks_stay_open_up_to_a_share_of_device_memory(monkeypatch):
     import types
 
