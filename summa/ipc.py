@@ -17,7 +17,9 @@ as a whole multiply at N = 16384 in TF32. Blocks up to 1/64 of the device's
 memory therefore stay open after a multiply, their owner holding a reference
 that keeps the allocation alive, so that multiplying the same blocks again
 opens nothing. The next multiply closes the blocks it no longer reads, and
-their owners drop them after its closing barrier; ``free`` drops them all.
+their owners drop them after its closing barrier; ``free`` drops them all
+once the peers have closed them too (without waiting for a peer that does
+not come: :func:`release_held`).
 (CuPy's pool lets one hold a block, not its allocation alone: a new operand
 cannot take a held block's memory, so a loop over new operands opens each.)
 
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -107,6 +110,37 @@ def keeps_open(block) -> bool:
 def stays_open(nbytes: int, device_bytes: int) -> bool:
     """Does a block of `nbytes` stay open on a device of `device_bytes`?"""
     return nbytes <= KEEP_OPEN_SHARE * device_bytes
+
+
+#: How long ``free`` waits for the peers of a grid row/column to close the
+#: blocks kept open (they free the grid at about the same time) before it
+#: leaves the blocks held until they have.
+FREE_GRACE_SECONDS = 2.0
+#: Blocks whose peers had not closed them by then, with the barrier they post
+#: once they have: (request, blocks).
+_held_for_late_peers: list = []
+
+
+def release_held(comm, held: dict, grace: float = FREE_GRACE_SECONDS) -> None:
+    """Drop `held` (this rank's blocks its peers in `comm` may have open) once
+    every rank of `comm` has closed them: each posts a barrier after closing.
+    Where that takes longer than `grace` (a peer busy elsewhere, or stopped
+    by an error on its side) the blocks stay held until a later call finds the
+    barrier passed: neither a wait that may never end nor memory freed while
+    a peer still maps it. Collective in the sense of a non-blocking barrier."""
+    reap_held()
+    request = comm.Ibarrier()
+    deadline = time.monotonic() + grace
+    while not request.Test():
+        if time.monotonic() > deadline:
+            _held_for_late_peers.append((request, held))
+            return
+        time.sleep(0.001)
+
+
+def reap_held() -> None:
+    """Drop the blocks of :func:`release_held` whose peers have closed them since."""
+    _held_for_late_peers[:] = [(r, held) for r, held in _held_for_late_peers if not r.Test()]
 
 
 class _Slot:
@@ -317,6 +351,7 @@ class IpcBroadcaster(_DeviceTimed):
         from the last multiply; close those of the last multiply it no longer
         reads."""
         import cupy
+        reap_held()
         with watch("the other ranks of a grid row/column to exchange their blocks (ipc)"):
             everyone = self.comm.allgather(self._mine)
         me = self.comm.Get_rank()
@@ -392,8 +427,7 @@ class IpcBroadcaster(_DeviceTimed):
     def free(self) -> None:
         self.release_local()
         if self._ever_kept:  # the peers close the blocks this rank holds before it drops them
-            with watch("the other ranks of a grid row/column to close the blocks kept open (ipc)"):
-                self.comm.Barrier()
+            release_held(self.comm, self._held)
         self._held = {}
         self.stream.synchronize()
         with watch("the roots of this rank's last ipc broadcasts to collect their tokens"):

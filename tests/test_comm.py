@@ -169,3 +169,31 @@ def test_a_broadcaster_failing_its_self_test_is_freed(comm, backend, monkeypatch
     with pytest.raises(RuntimeError, match="self-test failed"):
         make_broadcaster("mpi", comm, backend, check=True)
     assert freed == [True]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_held_blocks_are_dropped_once_every_peer_closed_them_without_a_wait(comm):
+    """ipc's free drops the blocks its peers kept open once each has closed them
+    (a barrier each posts); a peer that comes later than the grace, as one
+    stopped by an error would, leaves them held, not this rank waiting, until a
+    later call finds that it came."""
+    import time
+
+    from summa import ipc
+    block = object()
+    ipc.release_held(comm, {b"handle": block}, grace=30)  # every rank at once
+    assert ipc._held_for_late_peers == []
+    start = time.monotonic()
+    if comm.rank == 0:
+        ipc.release_held(comm, {b"handle": block}, grace=0.05)  # the others come later
+        assert time.monotonic() - start < 0.4
+        assert [held for _, held in ipc._held_for_late_peers] == [{b"handle": block}]
+    else:
+        time.sleep(0.5)
+        ipc.release_held(comm, {}, grace=30)
+    comm.Barrier()  # every rank has posted its barrier of the second round
+    deadline = time.monotonic() + 10
+    while ipc._held_for_late_peers and time.monotonic() < deadline:
+        ipc.reap_held()  # each call tests the barrier (MPI progresses it)
+        time.sleep(0.01)
+    assert ipc._held_for_late_peers == []
