@@ -574,9 +574,10 @@ for (n, d), modes in sorted(rows.items()):
     print(f"{n:>6} {d:>13} " + " ".join(cells))
 PY
     ;;
-keep)  # issue 8: peers' blocks kept open between multiplies (auto: NCCL the first time,
-    # opened the second, free from the third): the GPU tests it touches on 2 ranks, then
-    # bench's auto at N = 16384 and 8192 in every dtype (session 10's probe: TF32 701 / 625)
+keep)  # issue 8: peers' blocks kept open between multiplies (auto: opened by the first
+    # multiply, free from the second; on branch history-auto NCCL first, opened by the
+    # second): the GPU tests it touches on 2 ranks, then bench's auto at N = 16384 and 8192
+    # in every dtype (session 10: TF32 712.5 against NCCL's 646.0)
     TEST_FILES="tests/test_gpu.py tests/test_algorithm.py tests/test_strips.py" mpi_tests 2
     for size in 16384 8192; do
     for dtype in "float32 --precision tf32" "float16" "float32" "float64"; do
@@ -598,7 +599,7 @@ peers32)  # issue 8: N = 32768 against JAX after blocks stay open (1 GiB float32
     ;;
 loops)  # blocks kept open: a loop over the same B against one making a new B every call,
     # auto against nccl (docs/scripts/operand_loop_probe.py); first the GPU tests that cover
-    # ipc's release (its readers close before the barrier since session 10's last commit)
+    # ipc's release and free (readers close before the barrier; free's barrier does not block)
     TEST_FILES="tests/test_gpu.py tests/test_algorithm.py" mpi_tests 2
     for args in "--size 16384 --dtype float32 --precision tf32" "--size 8192 --dtype float16" \
                 "--size 8192 --dtype float64" "--size 16384 --dtype float64"; do
