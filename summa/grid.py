@@ -7,28 +7,25 @@ import numpy as np
 from mpi4py import MPI
 
 __all__ = ["ProcessGrid", "parse_grid", "choose_grid", "grid_for", "grid_shapes",
-           "node_rank", "node_leader"]
+           "node_rank", "node_of"]
+
+
+def node_of(comm: MPI.Intracomm) -> tuple[int, int, int]:
+    """This rank's index among the ranks of `comm` on its node (ranks sharing
+    memory, as MPI sees them), their number, and the rank in `comm` of the
+    node's first rank, which names the node: the same on every rank of a
+    node, different between nodes whatever their hostnames (containers or VMs
+    on different machines may share one)."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank(), node.Get_size(), node.bcast(comm.Get_rank(), root=0)
+    finally:
+        node.Free()
 
 
 def node_rank(comm: MPI.Intracomm) -> tuple[int, int]:
     """This rank's index among the ranks of `comm` on its node, and their number."""
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return node.Get_rank(), node.Get_size()
-    finally:
-        node.Free()
-
-
-def node_leader(comm: MPI.Intracomm) -> int:
-    """The rank in `comm` of the first rank of this rank's node: the same on
-    every rank of a node (ranks sharing memory, as MPI sees them, as
-    :func:`node_rank` does), different between nodes whatever their hostnames
-    (containers or VMs on different machines may share one)."""
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return node.bcast(comm.Get_rank(), root=0)
-    finally:
-        node.Free()
+    return node_of(comm)[:2]
 
 
 def parse_grid(text: str) -> tuple[int, int]:
@@ -143,8 +140,8 @@ class ProcessGrid:
         self.row, self.col = self.comm.Get_coords(self.comm.Get_rank())
         self.row_comm = self.comm.Sub([False, True])
         self.col_comm = self.comm.Sub([True, False])
-        self.local_rank, self.local_size = node_rank(comm)
-        self.node = node_leader(comm)  # names this rank's node
+        # self.node: the rank of its node's first rank, which names the node
+        self.local_rank, self.local_size, self.node = node_of(comm)
         #: Objects living as long as the grid (e.g. NCCL communicators), each with
         #: a ``free()`` method; released by :meth:`free`.
         self.resources: dict = {}

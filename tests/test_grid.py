@@ -76,18 +76,18 @@ def test_device_index_cycles_over_devices(comm):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_node_leader_names_the_ranks_of_one_node(comm):
+def test_a_node_is_named_by_its_first_rank(comm):
     """The node of a rank is named by its first rank, as MPI groups ranks that
     share memory (as for the GPU binding), not by hostname."""
-    from summa.grid import node_leader, node_rank
-    leaders = comm.allgather(node_leader(comm))
+    from summa.grid import node_of, node_rank
+    leaders = comm.allgather(node_of(comm)[2])
     mine = leaders[comm.rank]
-    assert leaders.count(mine) == node_rank(comm)[1]
+    assert leaders.count(mine) == node_rank(comm)[1] == node_of(comm)[1]
     assert leaders[mine] == mine and mine <= comm.rank  # the node's first rank names it
     # numbered in the communicator given: with the ranks reversed, the node's last
     reversed_ranks = comm.Split(0, comm.Get_size() - comm.rank)
     try:
-        old_rank_of_leader = reversed_ranks.allgather(comm.rank)[node_leader(reversed_ranks)]
+        old_rank_of_leader = reversed_ranks.allgather(comm.rank)[node_of(reversed_ranks)[2]]
         assert old_rank_of_leader == max(r for r, n in enumerate(leaders) if n == mine)
     finally:
         reversed_ranks.Free()
