@@ -99,12 +99,12 @@ def block_handle(block):
         return None
 
 
-def keeps_open(block) -> bool:
-    """Would `block` stay open at its readers after a multiply (see the module
-    docstring)? Larger blocks open in time spent on GEMMs long enough to hide it,
-    and holding them would keep too much memory from the user."""
-    import cupy
-    return stays_open(block.nbytes, cupy.cuda.runtime.memGetInfo()[1])
+def keeps_open(block, backend) -> bool:
+    """Would `block`, on `backend`'s device, stay open at its readers after a
+    multiply (see the module docstring)? Larger blocks open in time spent on
+    GEMMs long enough to hide it, and holding them would keep too much memory
+    from the user."""
+    return stays_open(block.nbytes, backend.memory_total())
 
 
 def stays_open(nbytes: int, device_bytes: int) -> bool:
@@ -340,7 +340,7 @@ class IpcBroadcaster(_DeviceTimed):
             return False
         handle, offset = named
         self._mine = (handle or None, offset, block.strides[0] if block.size else 0,
-                      bool(handle) and keeps_open(block))
+                      bool(handle) and keeps_open(block, self.backend))
         self._block = block
         return True
 

@@ -27,13 +27,13 @@ def _pick_broadcasters(A, B, C, panels, broadcaster, precision):
         # Blocks along a grid row (column) of one rank have no reader.
         read = (dirs[0] and grid.shape[1] > 1, dirs[1] and grid.shape[0] > 1)
         worth_ipc = any(dirs) and (
-            _stay_open(grid, (A.local, B.local), read)
+            _stay_open(grid, backend, (A.local, B.local), read)
             or _hides_connect(panels, grid, C.local.shape, C.dtype, precision,
                               (A.local.nbytes, B.local.nbytes), dirs))
     return _broadcasters(grid, broadcaster, backend, copy_engines=worth_ipc)
 
 
-def _stay_open(grid, blocks, dirs) -> bool:
+def _stay_open(grid, backend, blocks, dirs) -> bool:
     """Are all blocks of this multiply (A's and B's on each rank, in the
     directions `dirs` that would copy directly) small enough to stay open at
     their readers after it (:func:`summa.ipc.keeps_open`)? Collective; the same
@@ -46,7 +46,7 @@ def _stay_open(grid, blocks, dirs) -> bool:
     loop over new operands pays the opening each time (README).
     """
     from .ipc import keeps_open
-    small = all([keeps_open(b) for b, on in zip(blocks, dirs) if on])
+    small = all([keeps_open(b, backend) for b, on in zip(blocks, dirs) if on])
     return grid.comm.allreduce(small, op=MPI.LAND)
 
 

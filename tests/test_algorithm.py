@@ -432,17 +432,17 @@ def test_auto_copies_directly_where_the_blocks_stay_open(monkeypatch):
     import summa.ipc as ipc
     from summa.selection import _stay_open
 
-    monkeypatch.setattr(ipc, "keeps_open", lambda b: b.nbytes <= 1000)
+    monkeypatch.setattr(ipc, "keeps_open", lambda b, backend: b.nbytes <= 1000)
     others = [True]
     grid = SimpleNamespace(comm=SimpleNamespace(allreduce=lambda value, op: value and others[0]))
     small, big = np.ones(10), np.ones(1000)
-    assert _stay_open(grid, (small, small), (True, True))
-    assert not _stay_open(grid, (big, small), (True, True))
-    assert not _stay_open(grid, (small, big), (True, True))
-    assert _stay_open(grid, (small, big), (True, False))  # B's blocks are not read directly
-    assert _stay_open(grid, (big, big), (False, False))
+    assert _stay_open(grid, None, (small, small), (True, True))
+    assert not _stay_open(grid, None, (big, small), (True, True))
+    assert not _stay_open(grid, None, (small, big), (True, True))
+    assert _stay_open(grid, None, (small, big), (True, False))  # B's blocks are not read directly
+    assert _stay_open(grid, None, (big, big), (False, False))
     others[0] = False
-    assert not _stay_open(grid, (small, small), (True, True))  # another rank's are too large
+    assert not _stay_open(grid, None, (small, small), (True, True))  # another rank's are too large
 
 
 @pytest.mark.parametrize("shape, read", [((2, 1), (False, True)), ((1, 2), (True, False)),
@@ -456,7 +456,7 @@ def test_only_blocks_with_readers_must_stay_open(monkeypatch, shape, read):
 
     asked = []
     monkeypatch.setattr(selection, "_stay_open",
-                        lambda grid, blocks, dirs: asked.append(dirs) or True)
+                        lambda grid, backend, blocks, dirs: asked.append(dirs) or True)
     monkeypatch.setattr(selection, "_broadcasters",
                         lambda grid, kind, backend, copy_engines=True: copy_engines)
     grid = SimpleNamespace(size=4, shape=shape, within_nodes=lambda: (True, True))
@@ -473,12 +473,10 @@ def test_blocks_stay_open_up_to_a_share_of_device_memory(monkeypatch):
 
     import summa.ipc as ipc
     total = 141 << 30
-    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(
-        memGetInfo=lambda: (total // 2, total))))
-    monkeypatch.setitem(__import__("sys").modules, "cupy", fake)
+    backend = types.SimpleNamespace(memory_total=lambda: total)
     limit = int(total * ipc.KEEP_OPEN_SHARE)
-    assert ipc.keeps_open(types.SimpleNamespace(nbytes=limit))
-    assert not ipc.keeps_open(types.SimpleNamespace(nbytes=limit + 1))
+    assert ipc.keeps_open(types.SimpleNamespace(nbytes=limit), backend)
+    assert not ipc.keeps_open(types.SimpleNamespace(nbytes=limit + 1), backend)
 
 
 @pytest.mark.mpi(min_size=2)
