@@ -117,6 +117,11 @@ class HostStagedBroadcaster(_HostTimed):
         self._staging: dict[int, np.ndarray] = {}
         self._copies: dict[int, object] = {}  # slot -> event of its last host-to-device copy
         self._side = None  # stream for copying out a root's own block
+        # Slots whose broadcast has started but not been waited for. Two
+        # broadcasts in flight through one slot would share its staging buffer
+        # (column strips once did that, one slot for all the ranks' pieces of
+        # a strip, and products came out wrong): refused, on the CPU too.
+        self._inflight: set = set()
 
     def _side_stream(self):
         if self._side is None:
@@ -148,12 +153,16 @@ class HostStagedBroadcaster(_HostTimed):
         """
         if self.comm.Get_size() == 1:
             return _Pending(None)
+        if slot in self._inflight:
+            raise RuntimeError(f"host-staged broadcast into slot {slot!r}, whose last "
+                               "broadcast has not been waited for")
         t0 = time.perf_counter()
         if self.backend.name == "numpy":
             raw = _as_bytes(buf)
             reqs = _ibcast_bytes(self.comm, raw, root)
             self._seconds += time.perf_counter() - t0
-            return _Pending(reqs, owner=self)
+            self._inflight.add(slot)
+            return _Pending(reqs, lambda: self._inflight.discard(slot), owner=self)
         host = self._stage(slot, buf.nbytes)
         is_root = self.comm.Get_rank() == root
         if is_root:
@@ -165,16 +174,21 @@ class HostStagedBroadcaster(_HostTimed):
         reqs = _ibcast_bytes(self.comm, host, root)
         self._seconds += time.perf_counter() - t0
 
+        self._inflight.add(slot)
+
         def finish():
-            _as_bytes(buf).set(host)
-            self._copies[slot] = self.backend.record_event()
-        return _Pending(reqs, None if is_root else finish, owner=self)
+            self._inflight.discard(slot)
+            if not is_root:
+                _as_bytes(buf).set(host)
+                self._copies[slot] = self.backend.record_event()
+        return _Pending(reqs, finish, owner=self)
 
     def free(self) -> None:
         for event in self._copies.values():
             event.synchronize()
         self._copies.clear()
         self._staging.clear()
+        self._inflight.clear()
 
 
 class _DeviceTimed:

@@ -104,7 +104,7 @@ def multiply_strips(alpha, A, B, C, strips, lookahead, col_bc, direct: bool, mar
         slot = i % depth
         buf = bufs[slot][: k * (s1 - s0)].reshape(k, s1 - s0)
         pending = []
-        for root, g0, g1, l0 in pieces:
+        for j, (root, g0, g1, l0) in enumerate(pieces):
             view = buf[g0:g1]
             # Its own rows: for its GEMM, and the send buffer of paired broadcasts;
             # not where the first strip's own rows were multiplied where they lie.
@@ -114,7 +114,10 @@ def multiply_strips(alpha, A, B, C, strips, lookahead, col_bc, direct: bool, mar
                 pending.append(col_bc.iget(view, root, slice(l0, l0 + g1 - g0),
                                            slice(s0, s1), after=slot_free[slot]))
             else:
-                pending.append(col_bc.ibcast(view, root, slot))
+                # A staging slot of its own for every piece: the pieces of one
+                # strip are in flight together (sharing one gave wrong products
+                # through host-staged MPI).
+                pending.append(col_bc.ibcast(view, root, slot * len(pieces) + j))
         return buf, pending
 
     try:

@@ -121,6 +121,34 @@ def test_own_panels_first_on_the_gpu(comm, rng, gpu, mode):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mode", ["auto", "mpi", "nccl", "cuda-aware", "ipc"])
+@pytest.mark.parametrize("schedule", ["panels", "strips"])
+@pytest.mark.parametrize("strips", [1, 2, 9])
+def test_every_schedule_broadcaster_and_lookahead_on_the_gpu(comm, rng, gpu, mode, schedule,
+                                                             strips):
+    """Each schedule through each broadcaster at lookahead 0-3, with one, two
+    and many strips (or panels) per rank: on one GPU the ranks share it (host-
+    staged MPI, where strips once came out wrong), on several each has its own."""
+    from summa.comm import mpi_cuda_aware
+    _, backend = gpu
+    available = ["auto"] + _modes(backend) + (["cuda-aware"] if mpi_cuda_aware()[0] else [])
+    if mode not in available:
+        pytest.skip(f"{mode} is not available here")
+    p, width = comm.Get_size(), 16
+    m, n, k = 45, width * strips - 3, width * strips * p + 5
+    with ProcessGrid(comm, (p, 1) if schedule == "strips" else None) as grid:
+        for lookahead in range(4):
+            a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
+            c0 = random_array(rng, (m, n), "float64")
+            A, B, C = (DistMatrix.from_global(x, grid, backend) for x in (a, b, c0))
+            gemm(A, B, C, alpha=0.5, beta=2.0, panel_width=width, broadcaster=mode,
+                 lookahead=lookahead, schedule=schedule)
+            c = C.gather()
+            if comm.rank == 0:
+                assert gemm_scaled_error(c, a, b, c0, 0.5, 2.0) <= 1, lookahead
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("mode", ["mpi", "nccl", "cuda-aware", "ipc"])
 @pytest.mark.parametrize("dtype,precision", [("float32", None), ("float32", "tf32"),
                                              ("float64", None), ("complex128", None)])

@@ -45,6 +45,7 @@
 #   STAGE=hostpeers docs/scripts/gpu_session.sh # host data: summa against cuBLASXt, 1 and 2 GPUs
 #   STAGE=lt2    docs/scripts/gpu_session.sh     # TF32/float16: cuBLASLt against gemmEx, JAX
 #   STAGE=big7   docs/scripts/gpu_session.sh     # 100k float64 transposed; 1-GPU ooc; watchdog
+#   STAGE=sweep  docs/scripts/gpu_session.sh     # issue 21: randomized sweep, ranks sharing GPUs
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -756,6 +757,19 @@ probe)  # issue 3/8: which cuBLAS each library loads, and whose one-GPU GEMM is 
         docs/scripts/compare_peers.py --size 32768 --dtype float64 --gpus 2 --repeat 1 --peers jax
     run bash -c "grep -h -E 'custom-call|dot\\(' /tmp/xla/*jit*matmul*after_optimizations.txt \
         /tmp/xla/*after_optimizations.txt 2>/dev/null | grep -v threefry | cut -c1-600 | sort -u | head -20"
+    ;;
+sweep)  # issue 21: the randomized sweep and schedule x broadcaster x lookahead tests on
+        # 1, 2, 3 ranks (sharing the GPUs where there are fewer), then the issue's commands
+    for n in ${RANKS:-1 2 3}; do
+        SUMMA_TEST_BACKEND=cupy SUMMA_SWEEP_CASES=${CASES:-300} SUMMA_SWEEP_RECORD=$OUT/sweep.jsonl \
+            LIMIT=${SWEEP_LIMIT:-240} run $MPI -np $n python3 -m pytest -q --with-mpi -m mpi \
+            -p no:cacheprovider tests/test_sweep.py tests/test_gpu.py tests/test_strips.py \
+            -k "sweep or schedule_broadcaster or strips"
+    done
+    LIMIT=60 run $MPI -np 3 python3 -m summa bench --backend cupy --size 2000 --schedule strips --check
+    LIMIT=60 run $MPI -np 3 python3 -m summa bench --backend cupy --m 29 --n 105 --k 14 \
+        --schedule strips --nb 175 --check
+    cat "$OUT/sweep.jsonl"
     ;;
 peers)  # issue 8: one table per dtype, every peer on the same GPUs and the same data
     for args in "--dtype float64" "--dtype float32 --precision tf32" "--dtype float16" \
