@@ -219,7 +219,9 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                                           panel_width=_plan_width(gemm_width, backend, dtype,
                                                                   precision, True),
                                           lookahead=args.lookahead, precision=precision,
-                                          comm=args.comm, progress=progress.step)
+                                          comm=args.comm, progress=progress.step,
+                                          # the same blocks every repetition: lock once
+                                          host_copies="lock")
             nb = stats.panel_width
             backend.synchronize()
             with watch(f"all ranks to finish repetition {i}"):

@@ -167,7 +167,7 @@ class DistMatrix:
                 piece = take_block(array, layout.rows.global_indices(r),
                                    layout.cols.global_indices(c))
                 if dest == root:
-                    local[...] = piece
+                    local = piece  # a private copy already: no second one
                 else:
                     with watch(f"rank {dest} to receive its block of the scatter"):
                         # one block in flight bounds the root's extra memory
@@ -221,15 +221,20 @@ class DistMatrix:
             out.write_block(np.ascontiguousarray(local), self.row_indices(), self.col_indices())
 
     # -- collective operations ---------------------------------------------------------
-    def gather(self, root: int = 0):
-        """Assemble the global matrix as a NumPy array on `root`; None elsewhere."""
+    def gather(self, root: int = 0, out: np.ndarray | None = None):
+        """Assemble the global matrix as a NumPy array on `root` (into `out`,
+        of its shape and dtype, where given); None elsewhere."""
         comm = self.grid.comm
         local = np.ascontiguousarray(self.backend.to_host(self.local))
         if comm.Get_rank() != root:
             with watch(f"rank {root} to receive this rank's block of the gather"):
                 MPI.Request.Waitall(send_array(comm, local, root))
             return None
-        out = np.empty(self.shape, dtype=self.dtype)
+        if out is None:
+            out = np.empty(self.shape, dtype=self.dtype)
+        elif out.shape != tuple(self.shape) or out.dtype != self.dtype:
+            raise ValueError(f"out is {out.shape} {out.dtype.name}, the matrix "
+                             f"{tuple(self.shape)} {self.dtype.name}")
         for src in range(comm.Get_size()):
             r, c = comm.Get_coords(src)
             rows = self.layout.rows.global_indices(r)
@@ -240,7 +245,7 @@ class DistMatrix:
                 piece = np.empty((rows.size, cols.size), dtype=self.dtype)
                 with watch(f"rank {src} to send its block of the gather"):
                     MPI.Request.Waitall(recv_array(comm, piece, src))
-            out[np.ix_(rows, cols)] = piece
+            out[_block_index(rows, cols)] = piece
         return out
 
     def copy(self) -> "DistMatrix":
@@ -300,3 +305,14 @@ class DistMatrix:
         for ri, rj, buf in recvs:
             out[np.ix_(ri, rj)] = buf
         return DistMatrix(self.grid, dst, self.backend.asarray(out), self.backend)
+
+
+def _block_index(rows: np.ndarray, cols: np.ndarray):
+    """Where a block of `rows` x `cols` goes: two slices where both are
+    consecutive (balanced blocks: a plain block copy, not NumPy's gather of
+    every element), else NumPy's outer indices."""
+    def run(ix):
+        return ix.size > 0 and bool(np.all(np.diff(ix) == 1))
+    if run(rows) and run(cols):
+        return slice(int(rows[0]), int(rows[-1]) + 1), slice(int(cols[0]), int(cols[-1]) + 1)
+    return np.ix_(rows, cols)

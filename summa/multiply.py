@@ -24,6 +24,7 @@ from .backend import NumpyBackend, get_backend, resolve_dtype
 from .grid import ProcessGrid, grid_for, node_rank
 from .faults import inject
 from .io import NpyError, check_output_path, read_header
+from .layout import Layout
 from .matrix import DistMatrix
 from .progress import Progress
 from .outofcore import summa_out_of_core
@@ -247,65 +248,165 @@ def _warm_up(A, B, C, backend, dtype, comm_kind, precision, panel_width,
     backend.synchronize()
 
 
-def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
-                  backend="auto", **kwargs):
-    """``a @ b`` for NumPy arrays held on rank `root` (None elsewhere); collective.
+#: Options matmul on arrays passes on to the multiply (the rest are its own).
+_MATMUL_OPTIONS = ("alpha", "trans_a", "trans_b", "panel_width", "lookahead", "broadcaster",
+                   "precision", "schedule", "stats")
 
-    Scatters both, multiplies with SUMMA on all ranks of `comm`, and returns
-    the product on `root` (None elsewhere). Works in a single process too.
-    `grid` defaults to the one ``bench`` would take for the product's shape
-    (:func:`summa.grid.grid_for`).
-    Keyword arguments go to :func:`summa.gemm` (alpha, trans_a, panel_width, ...);
-    ``out_of_core=True`` or ``device_memory="16GiB"`` keeps the data in host
-    memory and streams it through the GPU in tiles (alpha, panel_width and
-    precision apply there).
+
+def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
+                  backend="auto", out=None, out_of_core=None, device_memory=None, **kwargs):
+    """``alpha * op(a) @ op(b)`` for NumPy arrays held on rank `root` (None
+    elsewhere); collective.
+
+    On GPUs the arrays stay in host memory where they lie and stream through
+    the GPUs in tiles (:mod:`summa.outofcore`), one tile where everything
+    fits, through page-locked chunks that host threads fill and drain
+    (:mod:`summa.staging`), so the first GEMM starts after one narrow panel's
+    upload and the product lands in host memory while the last GEMMs run. On
+    one rank nothing is copied on the host: the multiply reads `a` and `b` as
+    they are (rows must be contiguous; other strides, and op T or H, cost one
+    copy) and writes straight into the result. On several ranks the root
+    scatters the blocks and gathers the product. On CPUs, NumPy does the
+    GEMMs. Works in a single process too.
+
+    Parameters
+    ----------
+    a, b : numpy.ndarray
+        On `root`; never modified (read-only arrays are fine).
+    grid : str or tuple, optional
+        Default: the one ``bench`` takes for the product's shape
+        (:func:`summa.grid.grid_for`).
+    out : numpy.ndarray, optional
+        On `root`: where the product goes, of its shape and dtype with
+        contiguous rows; returned.
+    out_of_core : bool, optional
+        None (default): host-resident on GPUs as above; False: copy the
+        operands into GPU memory first and multiply there (the in-memory
+        SUMMA); True: host-resident on CPUs too (tests).
+    device_memory : str, optional
+        Cap on each rank's GPU memory, e.g. "16GiB" (default: 90 % of what
+        is free).
+    **kwargs
+        ``alpha``, ``trans_a``, ``trans_b``, ``panel_width``, ``lookahead``,
+        ``broadcaster``, ``precision``, ``schedule``, ``stats`` (a SummaStats
+        filled with this rank's timings; see :func:`summa.gemm`).
+
+    Returns
+    -------
+    numpy.ndarray or None
+        The product on `root`, None elsewhere.
+
+    Raises
+    ------
+    ValueError
+        The same on every rank, before any data moves: arrays that cannot be
+        multiplied, an unusable `out`, a device budget too small for any
+        tile, a host too small for the plan.
     """
     comm = MPI.COMM_WORLD if comm is None else comm
-    out_of_core = kwargs.pop("out_of_core", False)
-    device_memory = kwargs.pop("device_memory", None)
+    unknown = sorted(set(kwargs) - set(_MATMUL_OPTIONS))
+    if unknown:
+        raise TypeError(f"matmul got unexpected keyword argument(s) {', '.join(unknown)}")
+    trans_a = str(kwargs.pop("trans_a", "N")).upper()
+    trans_b = str(kwargs.pop("trans_b", "N")).upper()
     be = collectively(comm, get_backend, backend, node_rank(comm)[0])
+    meta = _check_arrays(a, b, out, trans_a, trans_b, be) if comm.Get_rank() == root else None
+    meta = comm.bcast(meta, root=root)
+    if isinstance(meta, str):
+        raise ValueError(meta)
+    m, n, k, dtype = meta
+    dtype = np.dtype(dtype)
+    schedule = kwargs.get("schedule", "panels")
+    host_resident = out_of_core or (out_of_core is None and schedule == "panels" and
+                                    (be.name == "cupy" or device_memory is not None))
     if grid is None:
-        grid = _grid_of_arrays(a, b, comm, root, be, kwargs.get("trans_a", "N"),
-                               kwargs.get("trans_b", "N"))
+        grid = grid_for(comm.Get_size(), m, n, be.name, dtype)
     with ProcessGrid(comm, grid) as pgrid:
-        if not (out_of_core or device_memory):
-            A = DistMatrix.from_global(a, pgrid, be, root=root)
-            B = DistMatrix.from_global(b, pgrid, be, root=root)
-            return gemm(A, B, **kwargs).gather(root=root)
-        # Out of core: the arrays stay in host memory, tiles go through the device.
-        A = DistMatrix.from_global(a, pgrid, NumpyBackend(), root=root)
-        B = DistMatrix.from_global(b, pgrid, NumpyBackend(), root=root)
-        if A.dtype != B.dtype or A.shape[1] != B.shape[0]:
-            raise ValueError(f"cannot multiply {A.shape} {A.dtype.name} by {B.shape} "
-                             f"{B.dtype.name}")
-        width = kwargs.pop("panel_width", None) or default_panel_width(be.name, A.dtype,
-                                                                       out_of_core=True)
-        budget, _ = choose_memory_mode((A.shape[0], B.shape[1], A.shape[1]), A.dtype, pgrid,
-                                       width, 1, be, True, device_memory)
-        C = DistMatrix.zeros((A.shape[0], B.shape[1]), A.dtype, pgrid, NumpyBackend())
-        summa_out_of_core(kwargs.pop("alpha", 1.0), A, B, 0.0, C, be, budget,
-                          panel_width=width, precision=kwargs.pop("precision", None))
-        if kwargs:
-            raise ValueError(f"out of core, matmul takes no {', '.join(kwargs)}")
-        return C.gather(root=root)
+        if not host_resident:
+            A, B = (DistMatrix.from_global(x, pgrid, be, root=root) for x in (a, b))
+            C = gemm(A, B, trans_a=trans_a, trans_b=trans_b, **kwargs)
+            return C.gather(root=root, out=out)
+        width = kwargs.pop("panel_width", None)
+        width = width if isinstance(width, int) else \
+            default_panel_width(be.name, dtype, kwargs.get("precision"), out_of_core=True)
+        lookahead = int(kwargs.pop("lookahead", 1))
+        budget, _ = choose_memory_mode((m, n, k), dtype, pgrid, width, lookahead, be, True,
+                                       device_memory, precision=kwargs.get("precision"))
+        host = NumpyBackend()
+        if pgrid.size == 1:
+            # Where the caller's arrays lie: views, and the result written in place.
+            A, B = _host_block(a, trans_a, pgrid), _host_block(b, trans_b, pgrid)
+            c = np.empty((m, n), dtype) if out is None else out
+            C = DistMatrix(pgrid, Layout((m, n), pgrid.shape), c, host)
+        else:
+            A = _scatter_op(a, trans_a, pgrid, host, root)
+            B = _scatter_op(b, trans_b, pgrid, host, root)
+            C = DistMatrix.zeros((m, n), dtype, pgrid, host)
+        result = summa_out_of_core(kwargs.pop("alpha", 1.0), A, B, 0.0, C, be, budget,
+                                   panel_width=width, lookahead=lookahead,
+                                   precision=kwargs.pop("precision", None),
+                                   comm=kwargs.pop("broadcaster", "auto"))
+        if kwargs.get("stats") is not None:
+            kwargs["stats"].__dict__.update(result.__dict__)
+        if pgrid.size == 1:
+            return C.local
+        return C.gather(root=root, out=out)
 
 
-def _grid_of_arrays(a, b, comm, root, backend, trans_a, trans_b):
-    """The default grid (:func:`summa.grid.grid_for`) for ``op(a) @ op(b)``
-    held on `root`; collective. None (near-square) where the root's arrays do
-    not tell the shape: the scatter then says what is wrong, on every rank."""
-    found = None
-    if comm.Get_rank() == root:
-        try:
-            a_shape, b_shape = np.shape(a), np.shape(b)
-            if len(a_shape) == 2 == len(b_shape):
-                found = (a_shape[0 if trans_a == "N" else 1],
-                         b_shape[1 if trans_b == "N" else 0],
-                         np.result_type(a, b).str)
-        except (TypeError, ValueError):  # not arrays: the scatter says so
-            pass
-    found = comm.bcast(found, root=root)
-    if found is None:
-        return None
-    m, n, dtype = found
-    return grid_for(comm.Get_size(), int(m), int(n), backend.name, dtype)
+def _check_arrays(a, b, out, trans_a, trans_b, backend):
+    """On the root: ``(m, n, k, dtype)`` of ``op(a) @ op(b)``, or the message
+    saying why the arrays (or `out`) cannot be used."""
+    for name, t in (("trans_a", trans_a), ("trans_b", trans_b)):
+        if t not in ("N", "T", "H"):
+            return f"{name} must be N, T or H, got {t!r}"
+    arrays = {}
+    for name, x in (("a", a), ("b", b)):
+        if x is None:
+            return f"the root rank must pass the array {name}"
+        if not isinstance(x, np.ndarray):
+            try:
+                x = np.asarray(x)
+            except Exception as exc:  # noqa: BLE001 -- anything not array-like
+                return f"{name} is not an array ({type(x).__name__}: {exc})"
+        if x.ndim != 2:
+            return f"{name} must be a 2-D array, got {x.ndim}-D"
+        arrays[name] = x
+    a, b = arrays["a"], arrays["b"]
+    if a.dtype != b.dtype:
+        return (f"a is {a.dtype.name} but b is {b.dtype.name}; convert one "
+                "(summa does not promote silently)")
+    try:
+        dtype = backend.check_dtype(a.dtype)
+    except ValueError as exc:
+        return str(exc)
+    (m, k), (k2, n) = _op_shape(a.shape, trans_a), _op_shape(b.shape, trans_b)
+    if k != k2:
+        return f"inner dimensions differ: op(a) is {m}x{k}, op(b) is {k2}x{n}"
+    if out is not None:
+        if not isinstance(out, np.ndarray):
+            return f"out must be a NumPy array, not {type(out).__name__}"
+        if out.shape != (m, n) or out.dtype != dtype:
+            return (f"out is {out.shape} {out.dtype.name}, but the product is "
+                    f"({m}, {n}) {dtype.name}")
+        if not out.flags.writeable:
+            return "out is read-only"
+        if out.size and out.strides[1] != out.itemsize:
+            return "out must have contiguous rows (C order, or a slice of columns of one)"
+    return m, n, k, dtype.str
+
+
+def _host_block(x: np.ndarray, trans: str, grid) -> DistMatrix:
+    """``op(x)`` as the one block of a 1 x 1 grid: `x` itself where its rows
+    are contiguous, else one copy."""
+    x = np.asarray(x)
+    x = {"N": x, "T": x.T, "H": x.conj().T}[trans]
+    if x.size and x.strides[1] != x.itemsize:
+        x = np.ascontiguousarray(x)
+    return DistMatrix(grid, Layout(x.shape, grid.shape), x, NumpyBackend())
+
+
+def _scatter_op(x, trans: str, grid, host, root: int) -> DistMatrix:
+    """``op(x)`` held on `root`, scattered into host blocks."""
+    if grid.comm.Get_rank() == root:
+        x = {"N": x, "T": x.T, "H": np.conj(x).T}[trans]
+    return DistMatrix.from_global(x, grid, host, root=root)

@@ -42,6 +42,7 @@ from .layout import panel_schedule, split_panel_doubling
 from .matrix import DistMatrix
 from .plan import memory_plan
 from .selection import _broadcasters
+from .staging import Transfer, copy_threads, get_stager
 from .transpose import PanelsOfA
 from .faults import inject
 from .watchdog import watch
@@ -61,7 +62,8 @@ TAIL_SMALLEST = 256
 
 def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, device,
                       device_budget: int, panel_width: int = 4096, lookahead: int = 1,
-                      precision=None, progress=None, comm: str = "auto") -> SummaStats:
+                      precision=None, progress=None, comm: str = "auto",
+                      host_copies: str = "stage") -> SummaStats:
     """``C <- alpha * A @ B + beta * C`` with A, B, C in host memory.
 
     Parameters
@@ -77,6 +79,13 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
         Panel steps uploaded and broadcast ahead of the GEMMs.
     comm : str
         Broadcaster between the devices (``--comm``).
+    host_copies : {"stage", "lock"}
+        How host blocks that are not page-locked reach the GPU: ``"stage"``
+        through a ring of page-locked chunks filled and drained by host
+        threads (:mod:`summa.staging`; nothing to do before the first GEMM),
+        or ``"lock"``: page-lock the whole blocks first and copy directly
+        (pays once, for blocks multiplied again and again, as ``bench`` does).
+        Blocks already page-locked are always copied directly.
 
     Returns
     -------
@@ -102,7 +111,10 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     ml, nl = C.local.shape
     tiles = [(i0, i1, j0, j1) for i0, i1 in _bounds(ml, plan.tiles[0])
              for j0, j1 in _bounds(nl, plan.tiles[1])]
-    mover = (_CudaMover if device.name == "cupy" else _HostMover)(device, C.dtype)
+    if host_copies not in ("stage", "lock"):
+        raise ValueError(f"host_copies must be stage or lock, got {host_copies!r}")
+    mover = (_CudaMover(device, C.dtype, host_copies, copy_threads(grid.local_size))
+             if device.name == "cupy" else _HostMover(device, C.dtype))
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
     if panels and mover.overlaps:
         panels = split_panel_doubling(panels[0], HEAD_FIRST) + panels[1:]
@@ -183,8 +195,13 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
     def send(s, uploaded):
         a, b, up_a, up_b = uploaded
         p, slot = panels[steps[s][1]], s % slots
-        return (a, b, _Arrival(up_a, row_bc.ibcast(a, p.a_root, slot, ready=up_a), mover),
-                _Arrival(up_b, col_bc.ibcast(b, p.b_root, slot, ready=up_b), mover))
+        # A staged upload's event exists once its copies are queued: only a
+        # broadcast to other ranks needs it now (a grid row or column of one
+        # rank waits for it at its GEMM).
+        ready_a = None if _alone(row_bc) else mover.event_of(up_a)
+        ready_b = None if _alone(col_bc) else mover.event_of(up_b)
+        return (a, b, _Arrival(up_a, row_bc.ibcast(a, p.a_root, slot, ready=ready_a), mover),
+                _Arrival(up_b, col_bc.ibcast(b, p.b_root, slot, ready=ready_b), mover))
 
     # The last tile's write-back overlaps nothing but its own last GEMMs, so
     # there the last `tail` panels (all resident: tail <= depth) go strip by
@@ -226,6 +243,12 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
         s += group
 
 
+def _alone(broadcaster) -> bool:
+    """Does `broadcaster` span one rank (a broadcast there sends nothing)?"""
+    comm = getattr(broadcaster, "comm", None)
+    return comm is not None and comm.Get_size() == 1
+
+
 class _Arrival:
     """A panel part's broadcast, and (on its owner) its upload, to wait for."""
 
@@ -252,6 +275,9 @@ class _HostMover:
         dst[...] = src
         self.moved += dst.nbytes
         return None
+
+    def event_of(self, uploaded):
+        return uploaded
 
     def wait_event(self, event) -> None:
         pass
@@ -286,29 +312,55 @@ class _HostMover:
 
 
 class _CudaMover:
-    """Host-device copies on two streams of their own, ordered by events.
+    """Host-device copies on streams of their own, ordered by events.
 
     Uploads wait for the GEMMs queued before them (which read the slot being
     refilled); a C buffer is zeroed or loaded only after its previous tile's
-    write-back; write-backs wait for their strip's GEMM. Host arrays are
-    page-locked (registered) once and stay so while they live, so copies are
-    asynchronous; where registering fails, copies still work, synchronously.
+    write-back; write-backs wait for their strip's GEMM. Host blocks that are
+    page-locked are copied directly; the others go through the process's
+    :class:`summa.staging.Stager` (`host_copies` ``"stage"``), or are
+    page-locked whole first and stay so while they live (``"lock"``); where
+    locking fails, copies still work, synchronously.
     """
 
     overlaps = True
     _H2D, _D2H = 1, 2  # cudaMemcpyKind
 
-    def __init__(self, device, dtype):
+    def __init__(self, device, dtype, host_copies: str = "stage", threads: int = 1):
         import cupy
         self.device, self.xp, self.moved, self.staged = device, cupy, 0, 0
         self.up = cupy.cuda.Stream(non_blocking=True)
         self.down = cupy.cuda.Stream(non_blocking=True)
-        self.written: dict[int, object] = {}  # C buffer -> event of its last write-back
+        self.written: dict[int, object] = {}  # C buffer -> its last write-back
         self.marks: list = []
         self.begin, self.end = device.timing_mark(), None  # the sweep's two ends
+        self.host_copies, self.threads = host_copies, threads
+        self._locked: list = []  # (start, end) host addresses copied directly
+        self._downloads: list = []  # staged write-backs still to finish
+        self._uploads: list = []  # staged uploads (waited for after an error)
+        self._stager = None
 
     def pin(self, array: np.ndarray) -> bool:
-        return _register(self.xp, array)
+        """Note whether `array` is page-locked (locking it first under
+        ``"lock"``); its copies then go directly. Returns that."""
+        locked = (_register(self.xp, array) if self.host_copies == "lock"
+                  else _is_page_locked(self.xp, array))
+        if locked and array.nbytes:
+            self._locked.append((array.ctypes.data, array.ctypes.data + array.nbytes))
+        return locked
+
+    def _direct(self, host: np.ndarray) -> bool:
+        start = host.ctypes.data
+        return any(a <= start < b for a, b in self._locked)
+
+    def _stage(self):
+        if self._stager is None:
+            self._stager = get_stager(self.device.device, self.threads)
+        return self._stager
+
+    def event_of(self, uploaded):
+        """The CUDA event of an upload (waits until a staged one is queued)."""
+        return uploaded.event() if isinstance(uploaded, Transfer) else uploaded
 
     def _h2d(self, dst, src: np.ndarray, stream) -> None:
         """Copy the host rows `src` into the device array `dst` on `stream`."""
@@ -361,18 +413,28 @@ class _CudaMover:
         return event
 
     def upload(self, dst, src):
-        self.up.wait_event(self.device.record_event())  # GEMMs done with this slot
+        after = self.device.record_event()  # GEMMs done with this slot
+        if not self._direct(src):
+            self.moved += src.nbytes
+            transfer = self._stage().upload(dst, src, after)
+            self._uploads.append(transfer)
+            return transfer
+        self.up.wait_event(after)
         self._h2d(dst, src, self.up)
         return self._event(self.up)
 
     def wait_event(self, event) -> None:
+        event = self.event_of(event)
         if event is not None:
             self.xp.cuda.get_current_stream().wait_event(event)
 
     def begin_tile(self, c, host_tile, buf: int, load: bool) -> None:
         stream = self.xp.cuda.get_current_stream()
         self.wait_event(self.written.pop(buf, None))
-        if load:
+        if load and not self._direct(host_tile):
+            self.moved += host_tile.nbytes
+            self.wait_event(self._stage().upload(c, host_tile, self.device.record_event()))
+        elif load:
             self._h2d(c, host_tile, stream)
         else:
             c.fill(0)
@@ -385,11 +447,20 @@ class _CudaMover:
         self.marks.append(self.device.timing_mark())
 
     def write_back(self, host, c, buf: int) -> None:
+        if not self._direct(host):
+            self.moved += host.nbytes
+            transfer = self._stage().download(host, c, self.device.record_event())
+            self._downloads.append(transfer)
+            self.written[buf] = transfer
+            return
         self.down.wait_event(self.device.record_event())
         self._d2h(host, c, self.down)
         self.written[buf] = self._event(self.down)
 
     def finish(self) -> None:
+        for transfer in self._downloads:  # in host memory, every byte
+            transfer.wait()
+        self._downloads = []
         self.down.wait_event(self.device.record_event())
         self.end = self.xp.cuda.Event()
         self.end.record(self.down)  # after the last GEMM and the last write-back
@@ -413,6 +484,31 @@ class _CudaMover:
     def close(self) -> None:
         self.up.synchronize()
         self.down.synchronize()
+        # After an error: nothing may still be copying into or out of the
+        # caller's arrays once the call has returned.
+        for transfer in self._uploads + self._downloads:
+            try:
+                transfer.wait()
+            except BaseException:  # noqa: BLE001 -- the first error is already raised
+                pass
+        self._uploads, self._downloads = [], []
+        if self._stager is not None:
+            self._stager.up.synchronize()
+            self._stager.down.synchronize()
+
+
+def _is_page_locked(cupy, array: np.ndarray) -> bool:
+    """Is `array`'s memory page-locked already (registered, or allocated so)?"""
+    if not array.nbytes:
+        return True
+    if array.ctypes.data in _registered:
+        return True
+    try:
+        attributes = cupy.cuda.runtime.pointerGetAttributes(array.ctypes.data)
+    except cupy.cuda.runtime.CUDARuntimeError:
+        _clear_cuda_error(cupy)
+        return False
+    return attributes.type == 1  # cudaMemoryTypeHost
 
 
 _registered: dict[int, int] = {}  # host address -> bytes registered with CUDA

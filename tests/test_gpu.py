@@ -473,3 +473,30 @@ def test_blocks_too_large_to_keep_are_opened_every_time(comm, rng, gpu, monkeypa
         c = C.gather()
         if comm.rank == 0:
             assert gemm_scaled_error(c, a, b) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", ["float64", "complex64"])
+def test_numpy_arrays_stream_through_the_gpu_into_out(comm, rng, dtype):
+    """summa.matmul on pageable NumPy arrays: host-resident by itself, staged
+    through page-locked chunks (several per panel part, rows with a pitch),
+    the product written into `out`; right on every rank count."""
+    from summa import staging
+    import summa
+    big = random_array(rng, (700, 300), dtype)
+    a, b = big[:650, 10:290], random_array(rng, (280, 333), dtype)
+    root = comm.Get_size() - 1
+    out = np.full((650, 333), np.nan, dtype=dtype) if comm.rank == root else None
+    saved = staging.CHUNK_BYTES
+    staging.close_stagers()
+    staging.CHUNK_BYTES = 4096  # a few rows a chunk: every path of the rings
+    try:
+        stats = summa.SummaStats()
+        c = summa.matmul(a if comm.rank == root else None, b if comm.rank == root else None,
+                         root=root, out=out, panel_width=64, stats=stats)
+    finally:
+        staging.close_stagers()
+        staging.CHUNK_BYTES = saved
+    assert stats.extra.get("out_of_core")
+    if comm.rank == root:
+        assert c is out and gemm_scaled_error(c, a, b) <= 1

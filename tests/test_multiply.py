@@ -300,3 +300,96 @@ def test_rank_raising_ends_the_job_with_its_message(tmp_path, phase):
     assert p.returncode != 0
     assert f"injected fault in {phase} on rank 2" in p.stderr, (p.returncode, p.stderr)
     assert not Path(c).exists()
+
+
+# -- NumPy arrays in host memory: read where they lie, the product written in place ----
+
+def _spy_out_of_core(monkeypatch):
+    """Record the host blocks summa_out_of_core is given."""
+    from summa import multiply
+    seen = []
+    real = multiply.summa_out_of_core
+
+    def spy(alpha, A, B, beta, C, *args, **kwargs):
+        seen.append((A.local, B.local, C.local))
+        return real(alpha, A, B, beta, C, *args, **kwargs)
+    monkeypatch.setattr(multiply, "summa_out_of_core", spy)
+    return seen
+
+
+def test_one_rank_multiplies_the_callers_arrays_as_views_into_out(rng, monkeypatch):
+    from mpi4py import MPI
+    seen = _spy_out_of_core(monkeypatch)
+    big = random_array(rng, (70, 50), "float64")
+    a = big[5:45, 3:40]          # rows with a pitch: a view, no copy
+    b = random_array(rng, (37, 29), "float64")
+    b.setflags(write=False)      # read-only is fine: it is only read
+    a_before, b_before = a.copy(), b.copy()
+    out = np.full((40, 29), np.nan)
+    c = summa.matmul(a, b, comm=MPI.COMM_SELF, out=out, out_of_core=True, panel_width=8,
+                     alpha=-1.5)
+    assert c is out
+    (A, B, C), = seen
+    assert np.shares_memory(A, a) and np.shares_memory(B, b) and C is out
+    assert np.array_equal(a, a_before) and np.array_equal(b, b_before)
+    assert gemm_scaled_error(c, a, b, alpha=-1.5) <= 1
+
+
+@pytest.mark.parametrize("trans", ["T", "H"])
+def test_one_rank_copies_only_what_has_no_contiguous_rows(rng, monkeypatch, trans):
+    from mpi4py import MPI
+    seen = _spy_out_of_core(monkeypatch)
+    a = np.asfortranarray(random_array(rng, (23, 17), "complex64"))  # columns contiguous
+    b = random_array(rng, (19, 17), "complex64")
+    c = summa.matmul(a, b, comm=MPI.COMM_SELF, trans_b=trans, out_of_core=True, panel_width=4)
+    (A, B, C), = seen
+    assert not np.shares_memory(A, a) and not np.shares_memory(B, b)  # one copy each
+    assert np.shares_memory(C, c)
+    assert gemm_scaled_error(c, a, b, trans_b=trans) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("out_of_core", [None, True])
+def test_numpy_arrays_into_out_on_every_rank_count(comm, rng, out_of_core):
+    a, b = random_array(rng, (41, 26), "float64"), random_array(rng, (26, 33), "float64")
+    root = comm.Get_size() - 1
+    out = np.empty((41, 33)) if comm.rank == root else None
+    c = summa.matmul(a if comm.rank == root else None, b if comm.rank == root else None,
+                     root=root, out=out, out_of_core=out_of_core, panel_width=8,
+                     device_memory="24KiB" if out_of_core else None)
+    if comm.rank == root:
+        assert c is out and gemm_scaled_error(c, a, b) <= 1
+    else:
+        assert c is None
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("bad,match", [
+    (lambda: np.empty((5, 5)), "out is"),
+    (lambda: np.empty((12, 7), dtype=np.float32), "out is"),
+    (lambda: np.empty((12, 7)).T.copy().T, "contiguous rows"),
+    (lambda: _read_only(np.empty((12, 7))), "read-only"),
+    (lambda: [[0.0] * 7] * 12, "NumPy array"),
+])
+def test_an_unusable_out_is_refused_on_every_rank(comm, rng, bad, match):
+    a, b = random_array(rng, (12, 9), "float64"), random_array(rng, (9, 7), "float64")
+    with pytest.raises(ValueError, match=match):
+        summa.matmul(a if comm.rank == 0 else None, b if comm.rank == 0 else None,
+                     out=bad() if comm.rank == 0 else None, out_of_core=True)
+
+
+def _read_only(x):
+    x.setflags(write=False)
+    return x
+
+
+@pytest.mark.mpi(min_size=1)
+def test_arrays_that_cannot_be_multiplied_are_refused_on_every_rank(comm, rng):
+    a = random_array(rng, (12, 9), "float64")
+    mine = comm.rank == 0
+    for args, match in (((a, a), "inner dimensions"), ((a, a.astype(np.float32).T), "convert"),
+                        ((a, None), "must pass"), ((a[0], a), "2-D")):
+        with pytest.raises(ValueError, match=match):
+            summa.matmul(args[0] if mine else None, args[1] if mine else None, out_of_core=True)
+    with pytest.raises(TypeError, match="beta"):
+        summa.matmul(a if mine else None, a.T if mine else None, beta=2.0)

@@ -46,6 +46,7 @@
 #   STAGE=lt2    docs/scripts/gpu_session.sh     # TF32/float16: cuBLASLt against gemmEx, JAX
 #   STAGE=big7   docs/scripts/gpu_session.sh     # 100k float64 transposed; 1-GPU ooc; watchdog
 #   STAGE=sweep  docs/scripts/gpu_session.sh     # issue 21: randomized sweep, ranks sharing GPUs
+#   STAGE=seed   docs/scripts/gpu_session.sh     # issue 22: the user's arrays end to end (~6 min)
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -770,6 +771,20 @@ sweep)  # issue 21: the randomized sweep and schedule x broadcaster x lookahead 
     LIMIT=60 run $MPI -np 3 python3 -m summa bench --backend cupy --m 29 --n 105 --k 14 \
         --schedule strips --nb 175 --check
     cat "$OUT/sweep.jsonl"
+    ;;
+seed)  # issue 22: staged host copies tested, their rates, then the user's case end to end
+    for n in 1 2; do
+        SUMMA_TEST_BACKEND=cupy SUMMA_SWEEP_CASES=${CASES:-100} SUMMA_SWEEP_RECORD=$OUT/sweep.jsonl \
+            LIMIT=150 run $MPI -np $n python3 -m pytest -q --with-mpi -m mpi -p no:cacheprovider \
+            tests/test_sweep.py tests/test_gpu.py tests/test_strips.py tests/test_multiply.py \
+            -k "sweep or stream or out_of_core or strips or numpy_arrays"
+    done
+    LIMIT=60 run python3 -m pytest -q -p no:cacheprovider tests/test_staging.py tests/test_multiply.py
+    LIMIT=90 run python3 docs/scripts/host_copy_probe.py --gib 8 --threads ${THREADS:-1,8,16}
+    LIMIT=240 run python3 docs/scripts/seed_case.py --sizes ${SIZES:-16384,40960} --dtype float64 \
+        --free 24GiB --json "$OUT/seed.jsonl"
+    [ -n "${F32:-57344}" ] && LIMIT=200 run python3 docs/scripts/seed_case.py --sizes ${F32:-57344} \
+        --dtype float32 --free 24GiB --peers cublasxt --json "$OUT/seed.jsonl"
     ;;
 peers)  # issue 8: one table per dtype, every peer on the same GPUs and the same data
     for args in "--dtype float64" "--dtype float32 --precision tf32" "--dtype float16" \

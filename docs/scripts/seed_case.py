@@ -1,0 +1,268 @@
+"""The first user's case, end to end: two NumPy arrays in ordinary host memory,
+one GPU of which only ``--free`` stays free, ``C = A @ B`` back in host memory.
+
+Each size runs in a fresh process (so "first call" is the first multiply of
+the process, after CUDA and cuBLAS are up, which is timed on its own):
+
+* ceiling: ``cupy.matmul`` on device-resident data of the largest size up to
+  N that fits the free memory (its GEMM rate: the GPU's speed limit);
+* summa: ``summa.matmul(a, b)`` with no options, first call and second;
+* loop: the hand-written CuPy loop the user had in mind (2 x 2 blocks,
+  ``cp.asarray`` / ``@`` / ``cp.asnumpy``), or ``cp.asnumpy(cp.asarray(a) @
+  cp.asarray(b))`` where that fits;
+* cublasxt: ``cublasXt<t>gemm`` on the same pageable arrays;
+* jax: ``device_put`` / ``matmul`` / ``np.asarray`` where it fits.
+
+Usage (on the GPU machine)::
+
+    python3 docs/scripts/seed_case.py --sizes 16384,40960 --dtype float64 --free 24GiB
+
+Prints one table (seconds end to end, TFLOP/s, ratio to the ceiling, summa's
+own phases) and appends JSON lines to ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _bytes(text: str) -> int:
+    sys.path.insert(0, ROOT)
+    from summa.plan import parse_bytes
+    return parse_bytes(text)
+
+
+def _fresh(shape, dtype, seed: int):
+    """A fresh pageable array of uniform [-1, 1) values, filled by 16 threads."""
+    import numpy as np
+    x = np.empty(shape, dtype=dtype)
+    rows = [(r, min(r + 1024, shape[0])) for r in range(0, shape[0], 1024)]
+
+    def fill(i):
+        r0, r1 = rows[i]
+        rng = np.random.default_rng([seed, i])
+        rng.random(out=x[r0:r1], dtype=x.dtype)
+        x[r0:r1] *= 2
+        x[r0:r1] -= 1
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(fill, range(len(rows))))
+    return x
+
+
+def _check(c, a, b) -> float:
+    """Freivalds' scaled residual of ``c`` against ``a @ b`` on the host."""
+    import numpy as np
+    x = np.random.default_rng().uniform(-1, 1, c.shape[1])
+    ref = a.astype(np.float64, copy=False) @ (b.astype(np.float64, copy=False) @ x)
+    got = c.astype(np.float64, copy=False) @ x
+    gauge = np.abs(a) @ (np.abs(b) @ np.abs(x))
+    k = a.shape[1]
+    eps = np.finfo(c.dtype).eps
+    return float(np.max(np.abs(got - ref) / ((k + c.shape[1]) * eps * gauge)))
+
+
+def _cublasxt(dtype):
+    """``run(a, b, c)``: row-major ``c = a @ b`` through cuBLASXt on one GPU."""
+    import ctypes
+    import numpy as np
+    sys.path.insert(0, os.path.join(ROOT, "docs", "scripts"))
+    from compare_peers import _libcublas
+    letter, scalar = {"float64": ("D", ctypes.c_double), "float32": ("S", ctypes.c_float)}[dtype]
+    lib = _libcublas()
+    handle = ctypes.c_void_p()
+    if lib.cublasXtCreate(ctypes.byref(handle)) != 0:
+        raise RuntimeError("cublasXtCreate failed")
+    lib.cublasXtDeviceSelect(handle, 1, (ctypes.c_int * 1)(0))
+    lib.cublasXtSetBlockDim(handle, 8192)
+    gemm = getattr(lib, f"cublasXt{letter}gemm")
+    size, ptr, op = ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int
+    gemm.argtypes = [ptr, op, op, size, size, size, ctypes.POINTER(scalar), ptr, size, ptr, size,
+                     ctypes.POINTER(scalar), ptr, size]
+    one, zero = scalar(1.0), scalar(0.0)
+
+    def run(a, b):
+        m, k = a.shape
+        n = b.shape[1]
+        c = np.empty((m, n), dtype=a.dtype)
+        # Row-major C = A B is column-major C^T = B^T A^T.
+        status = gemm(handle, 0, 0, n, m, k, ctypes.byref(one), b.ctypes.data, n, a.ctypes.data,
+                      k, ctypes.byref(zero), c.ctypes.data, n)
+        if status != 0:
+            raise RuntimeError(f"cublasXt{letter}gemm returned {status}")
+        return c
+    return run
+
+
+def _loop(a, b, free: int):
+    """The user's own loop: blocks of A and B to the GPU, multiply, C blocks back."""
+    import cupy as cp
+    import numpy as np
+    n = a.shape[0]
+    if 3 * a.nbytes <= 0.8 * free:
+        return cp.asnumpy(cp.asarray(a) @ cp.asarray(b))
+    parts = 2
+    while 4 * (a.nbytes / parts**2) > 0.8 * free:
+        parts += 1
+    cuts = [n * i // parts for i in range(parts + 1)]
+    c = np.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
+    for i0, i1 in zip(cuts, cuts[1:]):
+        for j0, j1 in zip(cuts, cuts[1:]):
+            acc = None
+            for k0, k1 in zip(cuts, cuts[1:]):
+                prod = cp.asarray(a[i0:i1, k0:k1]) @ cp.asarray(b[k0:k1, j0:j1])
+                acc = prod if acc is None else acc + prod
+            c[i0:i1, j0:j1] = cp.asnumpy(acc)
+            del acc, prod
+    return c
+
+
+def _jax(a, b):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    f = jax.jit(lambda x, y: jnp.matmul(x, y, precision=jax.lax.Precision.HIGHEST))
+    return np.asarray(f(jax.device_put(a), jax.device_put(b)))
+
+
+def one_size(args) -> list[dict]:
+    """Every peer on one size, in this (fresh) process."""
+    t0 = time.perf_counter()
+    import numpy as np
+    import cupy as cp
+    sys.path.insert(0, ROOT)
+    import summa
+    imported = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    x = cp.ones((64, 64), dtype=args.dtype)
+    (x @ x).get()
+    cuda_init = time.perf_counter() - t0
+    free_now = cp.cuda.runtime.memGetInfo()[0]
+    want = _bytes(args.free)
+    hold = cp.cuda.runtime.malloc(free_now - want) if free_now > want else None  # outside the pool
+    free = cp.cuda.runtime.memGetInfo()[0]
+    n, dtype = args.size, np.dtype(args.dtype)
+    flops = 2.0 * n**3
+    rows = []
+
+    def row(peer, call, seconds, **extra):
+        r = {"peer": peer, "call": call, "n": n, "dtype": dtype.name, "seconds": seconds,
+             "tflops": flops / seconds / 1e12, "free": free, **extra}
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+
+    # The ceiling: the GPU's GEMM rate on device data, the largest size up to N that fits.
+    side = n
+    while 3 * side * side * dtype.itemsize > 0.9 * free:
+        side -= 1024
+    da = cp.random.random((side, side), dtype=dtype) * 2 - 1
+    db = cp.random.random((side, side), dtype=dtype) * 2 - 1
+    dc = da @ db
+    times = []
+    for _ in range(3):
+        cp.cuda.Device().synchronize()
+        s = time.perf_counter()
+        cp.matmul(da, db, out=dc)
+        cp.cuda.Device().synchronize()
+        times.append(time.perf_counter() - s)
+    ceiling = 2.0 * side**3 / min(times) / 1e12
+    del da, db, dc
+    cp.get_default_memory_pool().free_all_blocks()
+    print(json.dumps({"peer": "ceiling", "n": side, "tflops": ceiling, "import_seconds": imported,
+                      "cuda_init_seconds": cuda_init}), flush=True)
+
+    t0 = time.perf_counter()
+    a, b = _fresh((n, n), dtype, 1), _fresh((n, n), dtype, 2)
+    made = time.perf_counter() - t0
+    for call in ("first", "second"):
+        stats = summa.SummaStats()
+        s = time.perf_counter()
+        c = summa.matmul(a, b, stats=stats)
+        seconds = time.perf_counter() - s
+        ex = stats.extra
+        row("summa", call, seconds, ceiling=ceiling, residual=_check(c, a, b),
+            gemm_seconds=stats.compute, head_seconds=ex.get("head_seconds"),
+            tail_seconds=ex.get("tail_seconds"), tiles=ex.get("tiles"), make_seconds=made)
+        del c
+    cp.get_default_memory_pool().free_all_blocks()
+    peers = {"loop": lambda: _loop(a, b, free), "cublasxt": None, "jax": lambda: _jax(a, b)}
+    for peer in args.peers:
+        if peer == "jax" and 3 * a.nbytes > 0.8 * free:
+            continue
+        try:
+            fn = peers[peer]
+            if peer == "cublasxt":
+                run = _cublasxt(dtype.name)
+                fn = lambda: run(a, b)  # noqa: E731
+            for call in ("first", "second")[:args.ref_calls]:
+                s = time.perf_counter()
+                c = fn()
+                row(peer, call, time.perf_counter() - s, ceiling=ceiling)
+                del c
+        except Exception as exc:  # noqa: BLE001 -- a peer that cannot run is reported
+            print(json.dumps({"peer": peer, "n": n, "skipped": f"{type(exc).__name__}: {exc}"}),
+                  flush=True)
+        cp.get_default_memory_pool().free_all_blocks()
+    if hold is not None:
+        cp.cuda.runtime.free(hold)
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="16384,40960")
+    p.add_argument("--size", type=int, help=argparse.SUPPRESS)  # one size, in this process
+    p.add_argument("--dtype", default="float64")
+    p.add_argument("--free", default="24GiB", help="GPU memory left free (default 24GiB)")
+    p.add_argument("--peers", default="loop,cublasxt,jax")
+    p.add_argument("--ref-calls", type=int, default=1, help="calls of each reference (1 or 2)")
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    args.peers = [x for x in args.peers.split(",") if x]
+    if args.size:
+        rows = one_size(args)
+        if args.json:
+            with open(args.json, "a") as fh:
+                for r in rows:
+                    fh.write(json.dumps(r) + "\n")
+        return 0
+    lines = []
+    for n in (int(x) for x in args.sizes.split(",")):
+        cmd = [sys.executable, os.path.abspath(__file__), "--size", str(n), "--dtype", args.dtype,
+               "--free", args.free, "--peers", ",".join(args.peers),
+               "--ref-calls", str(args.ref_calls)] + (["--json", args.json] if args.json else [])
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        sys.stderr.write(out.stderr[-3000:])
+        lines += [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
+    print(f"\n{'N':>6} {'dtype':>8} {'peer':>9} {'call':>6} {'seconds':>8} {'TFLOP/s':>8} "
+          f"{'/ceiling':>8}  notes")
+    ceiling = {}
+    for r in lines:
+        if r["peer"] == "ceiling":
+            ceiling = r
+            print(f"{r['n']:>6} {'':>8} {'ceiling':>9} {'':>6} {'':>8} {r['tflops']:8.2f} "
+                  f"{1:8.3f}  cupy.matmul in GPU memory; import {r['import_seconds']:.2f} s, "
+                  f"CUDA init {r['cuda_init_seconds']:.2f} s")
+        elif "skipped" in r:
+            print(f"{r['n']:>6} {'':>8} {r['peer']:>9}  {r['skipped'][:90]}")
+        else:
+            note = ""
+            if r["peer"] == "summa":
+                note = (f"residual {r['residual']:.2e}, GEMMs {r['gemm_seconds']:.3f} s, head "
+                        f"{r['head_seconds'] or 0:.3f} s, tail {r['tail_seconds'] or 0:.3f} s, "
+                        f"tiles {r['tiles']}")
+            print(f"{r['n']:>6} {r['dtype']:>8} {r['peer']:>9} {r['call']:>6} "
+                  f"{r['seconds']:8.3f} {r['tflops']:8.2f} {r['tflops'] / ceiling['tflops']:8.3f}"
+                  f"  {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The stager's threads, rings and chunking (summa/staging.py) on a stand-in
+for CuPy (tests/fake_cupy.py); the GPU runs the same code in test_gpu.py."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from fake_cupy import DeviceArray, FakeCupy
+from summa.staging import Stager, copy_threads
+
+
+def _stager(threads=4, chunk_bytes=4096, **fake):
+    return Stager(0, threads, chunk_bytes=chunk_bytes, cupy=FakeCupy(**fake))
+
+
+@pytest.mark.parametrize("threads", [1, 3, 8])
+@pytest.mark.parametrize("chunk_bytes", [64, 4096, 1 << 20])
+def test_uploads_and_downloads_move_every_byte_of_strided_rows(rng, threads, chunk_bytes):
+    stager = _stager(threads, chunk_bytes)
+    try:
+        big = rng.uniform(-1, 1, (301, 97))
+        src = big[3:250, 5:90]  # rows with a pitch: a slice of columns
+        dev = DeviceArray(np.full(src.shape, np.nan))
+        stager.upload(dev, src).wait()
+        assert np.array_equal(dev.host, src)
+        back = np.full((400, 120), np.nan)
+        dst = back[10:257, 7:92]
+        transfer = stager.download(dst, dev)
+        transfer.event()
+        transfer.wait()
+        assert np.array_equal(dst, src)
+        assert np.isnan(back[:10]).all() and np.isnan(back[:, :7]).all()  # nothing else written
+    finally:
+        stager.close()
+
+
+def test_many_transfers_in_flight_at_once(rng):
+    stager = _stager(threads=4, chunk_bytes=512)
+    try:
+        srcs = [rng.uniform(-1, 1, (int(rng.integers(1, 60)), int(rng.integers(1, 40))))
+                for _ in range(40)]
+        devs = [DeviceArray(np.zeros_like(s)) for s in srcs]
+        ups = [stager.upload(d, s) for d, s in zip(devs, srcs)]
+        outs = [np.zeros_like(s) for s in srcs]
+        downs = []
+        for u, d, o in zip(ups, devs, outs):
+            u.wait()
+            downs.append(stager.download(o, d, after=u.event()))
+        for t in downs:
+            t.wait()
+        assert all(np.array_equal(o, s) for o, s in zip(outs, srcs))
+    finally:
+        stager.close()
+
+
+def test_a_row_longer_than_a_chunk_grows_its_chunk(rng):
+    stager = _stager(threads=2, chunk_bytes=64)  # 8 float64s, rows of 100
+    try:
+        src = rng.uniform(-1, 1, (7, 100))
+        dev = DeviceArray(np.zeros_like(src))
+        stager.upload(dev, src).wait()
+        assert np.array_equal(dev.host, src)
+    finally:
+        stager.close()
+
+
+def test_empty_transfers_are_done_at_once():
+    stager = _stager()
+    try:
+        t = stager.upload(DeviceArray(np.zeros((0, 5))), np.zeros((0, 5)))
+        t.wait()
+        assert t.event() is None
+    finally:
+        stager.close()
+
+
+def test_bad_shapes_and_strides_are_refused():
+    stager = _stager()
+    try:
+        with pytest.raises(ValueError, match="copy between"):
+            stager.upload(DeviceArray(np.zeros((3, 4))), np.zeros((4, 3)))
+        with pytest.raises(ValueError, match="contiguous rows"):
+            stager.upload(DeviceArray(np.zeros((3, 4))), np.zeros((4, 3)).T)
+    finally:
+        stager.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        stager.upload(DeviceArray(np.zeros((3, 4))), np.zeros((3, 4)))
+
+
+@pytest.mark.parametrize("direction", ["upload", "download"])
+def test_a_failing_copy_fails_its_transfer_where_it_is_waited_for(rng, direction):
+    stager = _stager(threads=3, chunk_bytes=256, fail_after=2)
+    try:
+        host = rng.uniform(-1, 1, (50, 16))
+        dev = DeviceArray(np.zeros_like(host))
+        t = getattr(stager, direction)(dev, host) if direction == "upload" else \
+            stager.download(host, dev)
+        with pytest.raises(RuntimeError, match="fake copy engine failure"):
+            t.wait()
+        with pytest.raises(RuntimeError, match="fake copy engine failure"):
+            t.event()
+    finally:
+        stager.close()
+
+
+def test_close_leaves_no_thread_running(rng):
+    before = {t.name for t in threading.enumerate()}
+    stager = _stager(threads=5)
+    src = rng.uniform(-1, 1, (200, 30))
+    stager.upload(DeviceArray(np.zeros_like(src)), src)  # not waited for: close finishes it
+    stager.close()
+    left = {t.name for t in threading.enumerate()} - before
+    assert not [n for n in left if n.startswith("summa-")], left
+
+
+def test_copy_threads_share_the_cores(monkeypatch):
+    monkeypatch.delenv("SUMMA_COPY_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 32)
+    assert copy_threads(1) == 16 and copy_threads(4) == 8 and copy_threads(64) == 1
+    monkeypatch.setenv("SUMMA_COPY_THREADS", "3")
+    assert copy_threads(1) == 3
