@@ -271,7 +271,8 @@ def test_out_of_core_on_the_gpu(comm, rng, gpu, dtype, mode, size):
                                   comm=mode)
         assert stats.extra["tiles"][0] * stats.extra["tiles"][1] > 1  # really tiled
         head, tail = stats.extra["head_seconds"], stats.extra["tail_seconds"]
-        assert 0 <= head < stats.seconds and 0 <= tail < stats.seconds
+        # GPU event times against the host clock: 2 ms of slack between the two clocks
+        assert 0 <= head < stats.seconds + 2e-3 and 0 <= tail < stats.seconds + 2e-3
         c = C.gather()
         if comm.rank == 0:
             assert gemm_scaled_error(c, a, b, c0, 1.5, beta) <= 1
