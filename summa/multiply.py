@@ -338,14 +338,19 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
             A, B = _host_block(a, trans_a, pgrid), _host_block(b, trans_b, pgrid)
             c = np.empty((m, n), dtype) if out is None else out
             C = DistMatrix(pgrid, Layout((m, n), pgrid.shape), c, host)
+            fresh = True  # beta 0: out's old values do not matter either
         else:
             A = _scatter_op(a, trans_a, pgrid, host, root)
             B = _scatter_op(b, trans_b, pgrid, host, root)
-            C = DistMatrix.zeros((m, n), dtype, pgrid, host)
+            C = DistMatrix(pgrid, Layout((m, n), pgrid.shape),
+                           np.empty(Layout((m, n), pgrid.shape).local_shape(pgrid.row, pgrid.col),
+                                    dtype), host)
+            fresh = True
         result = summa_out_of_core(kwargs.pop("alpha", 1.0), A, B, 0.0, C, be, budget,
                                    panel_width=width, lookahead=lookahead,
                                    precision=kwargs.pop("precision", None),
-                                   comm=kwargs.pop("broadcaster", "auto"))
+                                   comm=kwargs.pop("broadcaster", "auto"),
+                                   fresh_c=fresh)
         if kwargs.get("stats") is not None:
             kwargs["stats"].__dict__.update(result.__dict__)
         if pgrid.size == 1:

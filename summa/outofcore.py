@@ -29,6 +29,7 @@ the NumPy backend (tests) the same steps run with plain copies.
 
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from collections import deque
@@ -42,7 +43,7 @@ from .layout import panel_schedule, split_panel_doubling
 from .matrix import DistMatrix
 from .plan import memory_plan
 from .selection import _broadcasters
-from .staging import Transfer, copy_threads, get_stager
+from .staging import PageLocks, Transfer, copy_threads, get_stager
 from .transpose import PanelsOfA
 from .faults import inject
 from .watchdog import watch
@@ -63,7 +64,7 @@ TAIL_SMALLEST = 256
 def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, device,
                       device_budget: int, panel_width: int = 4096, lookahead: int = 1,
                       precision=None, progress=None, comm: str = "auto",
-                      host_copies: str = "stage") -> SummaStats:
+                      host_copies: str | None = None, fresh_c: bool = False) -> SummaStats:
     """``C <- alpha * A @ B + beta * C`` with A, B, C in host memory.
 
     Parameters
@@ -79,13 +80,20 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
         Panel steps uploaded and broadcast ahead of the GEMMs.
     comm : str
         Broadcaster between the devices (``--comm``).
-    host_copies : {"stage", "lock"}
-        How host blocks that are not page-locked reach the GPU: ``"stage"``
-        through a ring of page-locked chunks filled and drained by host
-        threads (:mod:`summa.staging`; nothing to do before the first GEMM),
-        or ``"lock"``: page-lock the whole blocks first and copy directly
-        (pays once, for blocks multiplied again and again, as ``bench`` does).
+    host_copies : {"auto", "stage", "lock"}, optional
+        How host blocks that are not page-locked reach the GPU. ``"auto"``
+        (default; ``SUMMA_HOST_COPIES`` sets another): A and B are
+        page-locked in the background and copied directly once locked,
+        through a ring of page-locked chunks filled by host threads until
+        then (:mod:`summa.staging`), and unlocked after their last copy; C
+        goes home staged. ``"stage"``: everything staged. ``"lock"``: the
+        whole blocks page-locked first, for as long as they live (pays
+        once, for blocks multiplied again and again, as ``bench`` does).
         Blocks already page-locked are always copied directly.
+    fresh_c : bool
+        C's memory was never touched and its values do not matter (beta 0):
+        host threads fault its pages in during the GEMMs, so that the
+        product lands at the speed of touched memory.
 
     Returns
     -------
@@ -111,8 +119,11 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     ml, nl = C.local.shape
     tiles = [(i0, i1, j0, j1) for i0, i1 in _bounds(ml, plan.tiles[0])
              for j0, j1 in _bounds(nl, plan.tiles[1])]
-    if host_copies not in ("stage", "lock"):
-        raise ValueError(f"host_copies must be stage or lock, got {host_copies!r}")
+    host_copies = host_copies or os.environ.get("SUMMA_HOST_COPIES", "auto")
+    if host_copies not in ("auto", "stage", "lock"):
+        raise ValueError(f"host_copies must be auto, stage or lock, got {host_copies!r}")
+    if fresh_c and beta != 0:
+        raise ValueError("fresh_c needs beta == 0: C's old values would be lost")
     mover = (_CudaMover(device, C.dtype, host_copies, copy_threads(grid.local_size))
              if device.name == "cupy" else _HostMover(device, C.dtype))
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
@@ -126,7 +137,10 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     elif beta == 0 and not panels:
         C.local.fill(0)  # k == 0; otherwise tiles start from zero on the device
     t_pin = time.perf_counter()
-    locked = all([mover.pin(M.local) for M in (A, B, C)])
+    locked = all([mover.pin(M.local, operand) for M, operand in ((A, True), (B, True),
+                                                                 (C, False))])
+    if fresh_c:
+        mover.touch(C.local)
     stats.extra = {"pin_seconds": time.perf_counter() - t_pin, "host_locked": locked}
     try:
         _sweep(alpha, A, B, C, beta != 0, tiles, panels, lookahead, plan.slots, row_bc,
@@ -209,6 +223,8 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
     # next tile, and their last panel alone goes in strips.
     tail = min(depth, len(panels)) if mover.overlaps else 1
     staged = deque(upload(s) for s in range(min(depth + lead, len(steps))))
+    if depth + lead >= len(steps):
+        mover.uploads_done()
     inflight = deque(send(s, staged.popleft()) for s in range(min(depth, len(steps))))
     s = 0
     while s < len(steps):
@@ -238,6 +254,8 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
         for j in range(s, s + group):  # step j's slot is free once its GEMMs are done
             if j + depth + lead < len(steps):
                 staged.append(upload(j + depth + lead))
+                if j + depth + lead == len(steps) - 1:
+                    mover.uploads_done()
             if j + depth < len(steps):
                 inflight.append(send(j + depth, staged.popleft()))
         s += group
@@ -268,7 +286,7 @@ class _HostMover:
     def __init__(self, device, dtype):
         self.device, self.xp, self.moved, self.staged, self._seconds = device, np, 0, 0, 0.0
 
-    def pin(self, array) -> bool:
+    def pin(self, array, operand: bool = True) -> bool:
         return True  # nothing to lock: host memory is the "device" memory
 
     def upload(self, dst, src):
@@ -278,6 +296,12 @@ class _HostMover:
 
     def event_of(self, uploaded):
         return uploaded
+
+    def touch(self, array) -> None:
+        pass
+
+    def uploads_done(self) -> None:
+        pass
 
     def wait_event(self, event) -> None:
         pass
@@ -326,7 +350,7 @@ class _CudaMover:
     overlaps = True
     _H2D, _D2H = 1, 2  # cudaMemcpyKind
 
-    def __init__(self, device, dtype, host_copies: str = "stage", threads: int = 1):
+    def __init__(self, device, dtype, host_copies: str = "auto", threads: int = 1):
         import cupy
         self.device, self.xp, self.moved, self.staged = device, cupy, 0, 0
         self.up = cupy.cuda.Stream(non_blocking=True)
@@ -339,19 +363,34 @@ class _CudaMover:
         self._downloads: list = []  # staged write-backs still to finish
         self._uploads: list = []  # staged uploads (waited for after an error)
         self._stager = None
+        self._locks = PageLocks(cupy)  # A and B, locked in the background ("auto")
+        self._last_direct = None  # event after the latest direct upload
+        self._touched = None  # C's pages being faulted in
 
-    def pin(self, array: np.ndarray) -> bool:
+    def pin(self, array: np.ndarray, operand: bool = True) -> bool:
         """Note whether `array` is page-locked (locking it first under
-        ``"lock"``); its copies then go directly. Returns that."""
+        ``"lock"``, or starting to lock an `operand` in the background under
+        ``"auto"``); its copies go directly while it is. Returns whether it
+        is now."""
         locked = (_register(self.xp, array) if self.host_copies == "lock"
                   else _is_page_locked(self.xp, array))
         if locked and array.nbytes:
             self._locked.append((array.ctypes.data, array.ctypes.data + array.nbytes))
+        elif operand and self.host_copies == "auto":
+            self._locks.lock(array)
         return locked
 
     def _direct(self, host: np.ndarray) -> bool:
         start = host.ctypes.data
-        return any(a <= start < b for a, b in self._locked)
+        return any(a <= start < b for a, b in self._locked) or self._locks.covers(host)
+
+    def touch(self, array: np.ndarray) -> None:
+        if not self._direct(array):
+            self._touched = self._stage().touch(array)
+
+    def uploads_done(self) -> None:
+        """The last upload is queued: unlock A and B once the direct ones are done."""
+        self._locks.unlock(after=[self._last_direct] if self._last_direct is not None else [])
 
     def _stage(self):
         if self._stager is None:
@@ -421,7 +460,8 @@ class _CudaMover:
             return transfer
         self.up.wait_event(after)
         self._h2d(dst, src, self.up)
-        return self._event(self.up)
+        self._last_direct = self._event(self.up)
+        return self._last_direct
 
     def wait_event(self, event) -> None:
         event = self.event_of(event)
@@ -449,6 +489,9 @@ class _CudaMover:
     def write_back(self, host, c, buf: int) -> None:
         if not self._direct(host):
             self.moved += host.nbytes
+            if self._touched is not None:  # its zeros must land before the product
+                self._touched.wait()
+                self._touched = None
             transfer = self._stage().download(host, c, self.device.record_event())
             self._downloads.append(transfer)
             self.written[buf] = transfer
@@ -461,6 +504,8 @@ class _CudaMover:
         for transfer in self._downloads:  # in host memory, every byte
             transfer.wait()
         self._downloads = []
+        with watch("host threads to unlock the operands' memory"):
+            self._locks.close()
         self.down.wait_event(self.device.record_event())
         self.end = self.xp.cuda.Event()
         self.end.record(self.down)  # after the last GEMM and the last write-back
@@ -492,9 +537,15 @@ class _CudaMover:
             except BaseException:  # noqa: BLE001 -- the first error is already raised
                 pass
         self._uploads, self._downloads = [], []
+        if self._touched is not None:
+            try:
+                self._touched.wait()
+            except BaseException:  # noqa: BLE001
+                pass
         if self._stager is not None:
             self._stager.up.synchronize()
             self._stager.down.synchronize()
+        self._locks.close()  # after every copy from the locked memory is done
 
 
 def _is_page_locked(cupy, array: np.ndarray) -> bool:

@@ -137,7 +137,9 @@ def _broadcasters(grid, kind: str, backend, copy_engines: bool = True):
             return pair.row or usual[0], pair.col or usual[1]
         if pair is not None:
             return pair.row, pair.col
-    name = choose_comm(kind, backend)
+    # One rank sends nothing: under auto the plainest broadcaster, so that no
+    # library (NCCL: ~0.1 s to load) is loaded on the first call.
+    name = "mpi" if kind == "auto" and grid.size == 1 else choose_comm(kind, backend)
     if name == "nccl" and not _devices_distinct(grid, backend):
         # NCCL refuses two ranks of one communicator on the same GPU.
         if kind == "nccl":

@@ -176,7 +176,7 @@ def one_size(args) -> list[dict]:
     del da, db, dc
     cp.get_default_memory_pool().free_all_blocks()
     print(json.dumps({"peer": "ceiling", "n": side, "tflops": ceiling, "import_seconds": imported,
-                      "cuda_init_seconds": cuda_init}), flush=True)
+                      "cuda_init_seconds": cuda_init, "dtype": dtype.name}), flush=True)
 
     t0 = time.perf_counter()
     a, b = _fresh((n, n), dtype, 1), _fresh((n, n), dtype, 2)
@@ -188,6 +188,7 @@ def one_size(args) -> list[dict]:
         seconds = time.perf_counter() - s
         ex = stats.extra
         row("summa", call, seconds, ceiling=ceiling, residual=_check(c, a, b),
+            host_copies=os.environ.get("SUMMA_HOST_COPIES", "auto"),
             gemm_seconds=stats.compute, head_seconds=ex.get("head_seconds"),
             tail_seconds=ex.get("tail_seconds"), tiles=ex.get("tiles"), make_seconds=made)
         del c
@@ -223,6 +224,9 @@ def main(argv=None) -> int:
     p.add_argument("--free", default="24GiB", help="GPU memory left free (default 24GiB)")
     p.add_argument("--peers", default="loop,cublasxt,jax")
     p.add_argument("--ref-calls", type=int, default=1, help="calls of each reference (1 or 2)")
+    p.add_argument("--modes", default="auto",
+                   help="SUMMA_HOST_COPIES values to time summa with, each in its own process "
+                        "(the references run with the first)")
     p.add_argument("--json")
     args = p.parse_args(argv)
     args.peers = [x for x in args.peers.split(",") if x]
@@ -235,30 +239,38 @@ def main(argv=None) -> int:
         return 0
     lines = []
     for n in (int(x) for x in args.sizes.split(",")):
-        cmd = [sys.executable, os.path.abspath(__file__), "--size", str(n), "--dtype", args.dtype,
-               "--free", args.free, "--peers", ",".join(args.peers),
-               "--ref-calls", str(args.ref_calls)] + (["--json", args.json] if args.json else [])
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        sys.stderr.write(out.stderr[-3000:])
-        lines += [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
-    print(f"\n{'N':>6} {'dtype':>8} {'peer':>9} {'call':>6} {'seconds':>8} {'TFLOP/s':>8} "
+        for i, mode in enumerate(args.modes.split(",")):
+            cmd = [sys.executable, os.path.abspath(__file__), "--size", str(n), "--dtype",
+                   args.dtype, "--free", args.free, "--peers",
+                   ",".join(args.peers) if i == 0 else "", "--ref-calls", str(args.ref_calls)] \
+                + (["--json", args.json] if args.json else [])
+            env = dict(os.environ, SUMMA_HOST_COPIES=mode)
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            sys.stderr.write(out.stderr[-3000:])
+            for x in out.stdout.splitlines():
+                if x.startswith("{"):
+                    r = json.loads(x)
+                    if r["peer"] == "summa":
+                        r["peer"] = f"summa/{mode}"
+                    lines.append(r)
+    print(f"\n{'N':>6} {'dtype':>8} {'peer':>12} {'call':>6} {'seconds':>8} {'TFLOP/s':>8} "
           f"{'/ceiling':>8}  notes")
     ceiling = {}
     for r in lines:
         if r["peer"] == "ceiling":
             ceiling = r
-            print(f"{r['n']:>6} {'':>8} {'ceiling':>9} {'':>6} {'':>8} {r['tflops']:8.2f} "
+            print(f"{r['n']:>6} {'':>8} {'ceiling':>12} {'':>6} {'':>8} {r['tflops']:8.2f} "
                   f"{1:8.3f}  cupy.matmul in GPU memory; import {r['import_seconds']:.2f} s, "
                   f"CUDA init {r['cuda_init_seconds']:.2f} s")
         elif "skipped" in r:
-            print(f"{r['n']:>6} {'':>8} {r['peer']:>9}  {r['skipped'][:90]}")
+            print(f"{r['n']:>6} {'':>8} {r['peer']:>12}  {r['skipped'][:90]}")
         else:
             note = ""
-            if r["peer"] == "summa":
+            if r["peer"].startswith("summa"):
                 note = (f"residual {r['residual']:.2e}, GEMMs {r['gemm_seconds']:.3f} s, head "
                         f"{r['head_seconds'] or 0:.3f} s, tail {r['tail_seconds'] or 0:.3f} s, "
                         f"tiles {r['tiles']}")
-            print(f"{r['n']:>6} {r['dtype']:>8} {r['peer']:>9} {r['call']:>6} "
+            print(f"{r['n']:>6} {r['dtype']:>8} {r['peer']:>12} {r['call']:>6} "
                   f"{r['seconds']:8.3f} {r['tflops']:8.2f} {r['tflops'] / ceiling['tflops']:8.3f}"
                   f"  {note}")
     return 0
