@@ -43,7 +43,7 @@ from .layout import panel_schedule, split_panel_doubling
 from .matrix import DistMatrix
 from .plan import memory_plan
 from .selection import _broadcasters
-from .staging import PageLocks, Transfer, copy_threads, get_stager
+from .staging import Transfer, copy_threads, get_stager
 from .transpose import PanelsOfA
 from .faults import inject
 from .watchdog import watch
@@ -80,16 +80,17 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
         Panel steps uploaded and broadcast ahead of the GEMMs.
     comm : str
         Broadcaster between the devices (``--comm``).
-    host_copies : {"auto", "stage", "lock"}, optional
-        How host blocks that are not page-locked reach the GPU. ``"auto"``
-        (default; ``SUMMA_HOST_COPIES`` sets another): A and B are
-        page-locked in the background and copied directly once locked,
-        through a ring of page-locked chunks filled by host threads until
-        then (:mod:`summa.staging`), and unlocked after their last copy; C
-        goes home staged. ``"stage"``: everything staged. ``"lock"``: the
-        whole blocks page-locked first, for as long as they live (pays
-        once, for blocks multiplied again and again, as ``bench`` does).
-        Blocks already page-locked are always copied directly.
+    host_copies : {"stage", "lock"}, optional
+        Default ``SUMMA_HOST_COPIES``, else ``"stage"``. How host blocks that are not page-locked reach the GPU: ``"stage"``
+        through a ring of page-locked chunks filled and drained by host
+        threads (:mod:`summa.staging`; nothing to do before the first GEMM),
+        or ``"lock"``: page-lock the whole blocks first, for as long as they
+        live, and copy directly (pays once, for blocks multiplied again and
+        again, as ``bench`` does). Page-locking A and B in the background
+        instead, staging until then, measured slower on the H200 machine
+        (N = 40960: 4.34 s against 3.13 s): locking stalls the other CUDA
+        calls, and unlocking costs at the end. Blocks already page-locked are
+        always copied directly.
     fresh_c : bool
         C's memory was never touched and its values do not matter (beta 0):
         host threads fault its pages in during the GEMMs, so that the
@@ -119,9 +120,9 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     ml, nl = C.local.shape
     tiles = [(i0, i1, j0, j1) for i0, i1 in _bounds(ml, plan.tiles[0])
              for j0, j1 in _bounds(nl, plan.tiles[1])]
-    host_copies = host_copies or os.environ.get("SUMMA_HOST_COPIES", "auto")
-    if host_copies not in ("auto", "stage", "lock"):
-        raise ValueError(f"host_copies must be auto, stage or lock, got {host_copies!r}")
+    host_copies = host_copies or os.environ.get("SUMMA_HOST_COPIES", "stage")
+    if host_copies not in ("stage", "lock"):
+        raise ValueError(f"host_copies must be stage or lock, got {host_copies!r}")
     if fresh_c and beta != 0:
         raise ValueError("fresh_c needs beta == 0: C's old values would be lost")
     mover = (_CudaMover(device, C.dtype, host_copies, copy_threads(grid.local_size))
@@ -137,8 +138,7 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     elif beta == 0 and not panels:
         C.local.fill(0)  # k == 0; otherwise tiles start from zero on the device
     t_pin = time.perf_counter()
-    locked = all([mover.pin(M.local, operand) for M, operand in ((A, True), (B, True),
-                                                                 (C, False))])
+    locked = all([mover.pin(M.local) for M in (A, B, C)])
     if fresh_c:
         mover.touch(C.local)
     stats.extra = {"pin_seconds": time.perf_counter() - t_pin, "host_locked": locked}
@@ -223,8 +223,6 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
     # next tile, and their last panel alone goes in strips.
     tail = min(depth, len(panels)) if mover.overlaps else 1
     staged = deque(upload(s) for s in range(min(depth + lead, len(steps))))
-    if depth + lead >= len(steps):
-        mover.uploads_done()
     inflight = deque(send(s, staged.popleft()) for s in range(min(depth, len(steps))))
     s = 0
     while s < len(steps):
@@ -254,8 +252,6 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
         for j in range(s, s + group):  # step j's slot is free once its GEMMs are done
             if j + depth + lead < len(steps):
                 staged.append(upload(j + depth + lead))
-                if j + depth + lead == len(steps) - 1:
-                    mover.uploads_done()
             if j + depth < len(steps):
                 inflight.append(send(j + depth, staged.popleft()))
         s += group
@@ -286,7 +282,7 @@ class _HostMover:
     def __init__(self, device, dtype):
         self.device, self.xp, self.moved, self.staged, self._seconds = device, np, 0, 0, 0.0
 
-    def pin(self, array, operand: bool = True) -> bool:
+    def pin(self, array) -> bool:
         return True  # nothing to lock: host memory is the "device" memory
 
     def upload(self, dst, src):
@@ -298,9 +294,6 @@ class _HostMover:
         return uploaded
 
     def touch(self, array) -> None:
-        pass
-
-    def uploads_done(self) -> None:
         pass
 
     def wait_event(self, event) -> None:
@@ -350,7 +343,7 @@ class _CudaMover:
     overlaps = True
     _H2D, _D2H = 1, 2  # cudaMemcpyKind
 
-    def __init__(self, device, dtype, host_copies: str = "auto", threads: int = 1):
+    def __init__(self, device, dtype, host_copies: str = "stage", threads: int = 1):
         import cupy
         self.device, self.xp, self.moved, self.staged = device, cupy, 0, 0
         self.up = cupy.cuda.Stream(non_blocking=True)
@@ -363,34 +356,28 @@ class _CudaMover:
         self._downloads: list = []  # staged write-backs still to finish
         self._uploads: list = []  # staged uploads (waited for after an error)
         self._stager = None
-        self._locks = PageLocks(cupy)  # A and B, locked in the background ("auto")
-        self._last_direct = None  # event after the latest direct upload
         self._touched = None  # C's pages being faulted in
+        self._to_touch = None  # C, to fault in once the first GEMM is queued
 
-    def pin(self, array: np.ndarray, operand: bool = True) -> bool:
+    def pin(self, array: np.ndarray) -> bool:
         """Note whether `array` is page-locked (locking it first under
-        ``"lock"``, or starting to lock an `operand` in the background under
-        ``"auto"``); its copies go directly while it is. Returns whether it
-        is now."""
+        ``"lock"``); its copies then go directly. Returns that."""
         locked = (_register(self.xp, array) if self.host_copies == "lock"
                   else _is_page_locked(self.xp, array))
         if locked and array.nbytes:
             self._locked.append((array.ctypes.data, array.ctypes.data + array.nbytes))
-        elif operand and self.host_copies == "auto":
-            self._locks.lock(array)
         return locked
 
     def _direct(self, host: np.ndarray) -> bool:
         start = host.ctypes.data
-        return any(a <= start < b for a, b in self._locked) or self._locks.covers(host)
+        return any(a <= start < b for a, b in self._locked)
 
     def touch(self, array: np.ndarray) -> None:
+        """Fault in C's pages, from the first GEMM on: before it, the host
+        threads are the first uploads' (16 more threads there delayed the
+        first GEMM of N = 16384 by 60 ms)."""
         if not self._direct(array):
-            self._touched = self._stage().touch(array)
-
-    def uploads_done(self) -> None:
-        """The last upload is queued: unlock A and B once the direct ones are done."""
-        self._locks.unlock(after=[self._last_direct] if self._last_direct is not None else [])
+            self._to_touch = array
 
     def _stage(self):
         if self._stager is None:
@@ -460,8 +447,7 @@ class _CudaMover:
             return transfer
         self.up.wait_event(after)
         self._h2d(dst, src, self.up)
-        self._last_direct = self._event(self.up)
-        return self._last_direct
+        return self._event(self.up)
 
     def wait_event(self, event) -> None:
         event = self.event_of(event)
@@ -485,6 +471,8 @@ class _CudaMover:
         self.marks.append(self.device.timing_mark())
         self.device.gemm(alpha, operand_a(a), b, c, precision=precision)
         self.marks.append(self.device.timing_mark())
+        if self._to_touch is not None:
+            self._touched, self._to_touch = self._stage().touch(self._to_touch), None
 
     def write_back(self, host, c, buf: int) -> None:
         if not self._direct(host):
@@ -504,8 +492,6 @@ class _CudaMover:
         for transfer in self._downloads:  # in host memory, every byte
             transfer.wait()
         self._downloads = []
-        with watch("host threads to unlock the operands' memory"):
-            self._locks.close()
         self.down.wait_event(self.device.record_event())
         self.end = self.xp.cuda.Event()
         self.end.record(self.down)  # after the last GEMM and the last write-back
@@ -545,7 +531,6 @@ class _CudaMover:
         if self._stager is not None:
             self._stager.up.synchronize()
             self._stager.down.synchronize()
-        self._locks.close()  # after every copy from the locked memory is done
 
 
 def _is_page_locked(cupy, array: np.ndarray) -> bool:

@@ -28,12 +28,12 @@ import numpy as np
 
 from .watchdog import watch
 
-__all__ = ["Stager", "Transfer", "PageLocks", "get_stager", "copy_threads", "touch",
-           "CHUNK_BYTES"]
+__all__ = ["Stager", "Transfer", "get_stager", "copy_threads", "CHUNK_BYTES"]
 
 #: Bytes of one page-locked chunk: large enough that a copy engine streams it
-#: at full rate, small enough that a ring of a few per thread stays small.
-CHUNK_BYTES = 16 << 20
+#: at full rate, small enough that a ring of a few per thread stays small
+#: (allocating page-locked memory ran at ~6 GB/s: the first call pays it).
+CHUNK_BYTES = 8 << 20
 _H2D, _D2H = 1, 2  # cudaMemcpyKind
 
 
@@ -246,11 +246,6 @@ class Stager:
     def _dispatch(self, kind) -> None:
         self._bind()
         stream = self.up if kind == _H2D else self.down
-        if kind == _D2H:
-            # The way home is needed whole at the end of a multiply, when a
-            # late allocation (~3 ms a chunk) would be in its way: made now.
-            while len(self._made[_D2H]) < self._ring and self._jobs[_D2H].empty():
-                self._free[_D2H].put((self._new_chunk(_D2H, self.chunk_bytes), None))
         while True:
             job = self._jobs[kind].get()
             if job is None:
@@ -275,6 +270,9 @@ class Stager:
                     transfer._queued.set()
             except BaseException as exc:  # noqa: BLE001 -- raised where it is waited for
                 transfer._fail(exc)
+            # Held here until the next job, the arrays would stay allocated
+            # (a C tile of 13 GB: the next multiply found that much less free).
+            job = transfer = dev = host = part = stage = buf = None
 
     def _fill(self, transfer, dev, part, stage, buf) -> None:
         event = None
@@ -303,6 +301,7 @@ class Stager:
                 self._free[_D2H].put((buf, None))
                 continue
             self._pool.submit(self._drain, transfer, part, stage, buf)
+            item = transfer = part = stage = buf = None  # see _dispatch
 
     def _drain(self, transfer, part, stage, buf) -> None:
         try:
@@ -329,95 +328,6 @@ class Stager:
 
 
 _PAGE = 4096
-
-
-def _span(x: np.ndarray) -> tuple[int, int]:
-    """The whole pages holding 2-D `x` (rows with a pitch: the gaps too)."""
-    if not x.size:
-        return 0, 0
-    first = x.ctypes.data
-    last = first + (x.shape[0] - 1) * x.strides[0] + x.shape[1] * x.itemsize
-    return first // _PAGE * _PAGE, -(-last // _PAGE) * _PAGE
-
-
-class PageLocks:
-    """Host arrays page-locked in the background, so that copies from them
-    can go straight to the GPU, and unlocked again.
-
-    Page-locking memory the caller has touched ran at 32 GB/s on one thread
-    (40 on several) on the H200 machine, and a direct copy then at the link's
-    54 GB/s with no host thread busy, against 43 GB/s for copies staged by 16
-    threads; unlocking ran at 50 GB/s. So an operand read more than once, or
-    beside other host work, is locked while the first copies go staged
-    (:meth:`covers` says when it is ready) and unlocked once its last copy
-    is done. Memory a lock fails on (read-only mappings, say) stays staged.
-    """
-
-    def __init__(self, cupy):
-        self.cupy = cupy
-        self._lock = threading.Lock()
-        self._spans: list = []  # [start, end, done Event, locked by us and ok]
-        self._threads: list = []
-
-    def lock(self, x: np.ndarray) -> None:
-        """Start page-locking the pages of `x` (not overlapping any lock of ours)."""
-        start, end = _span(x)
-        if end <= start:
-            return
-        with self._lock:
-            if any(s < end and start < e for s, e, _, _ in self._spans):
-                return  # the same memory (or part of it) is already on its way
-            entry = [start, end, threading.Event(), False]
-            self._spans.append(entry)
-        thread = threading.Thread(target=self._register, args=(entry,), daemon=True,
-                                  name="summa-lock")
-        self._threads.append(thread)
-        thread.start()
-
-    def _register(self, entry) -> None:
-        rt = self.cupy.cuda.runtime
-        try:
-            rt.hostRegister(entry[0], entry[1] - entry[0], 0)
-            entry[3] = True
-        except Exception:  # noqa: BLE001 -- not lockable here: its copies stay staged
-            try:
-                rt.getLastError()  # CUDA keeps the error for the next call otherwise
-            except Exception:  # noqa: BLE001
-                pass
-        finally:
-            entry[2].set()
-
-    def covers(self, x: np.ndarray) -> bool:
-        """Is all of `x` in memory this object has locked (and finished locking)?"""
-        start, end = _span(x)
-        with self._lock:
-            return any(e[2].is_set() and e[3] and e[0] <= start and end <= e[1]
-                       for e in self._spans)
-
-    def unlock(self, after=()) -> None:
-        """Unlock everything in the background once the CUDA events `after`
-        (the last copies from it) are done; :meth:`close` waits for that."""
-        thread = threading.Thread(target=self._unregister_all, args=(list(after),),
-                                  daemon=True, name="summa-unlock")
-        self._threads.append(thread)
-        thread.start()
-
-    def _unregister_all(self, after) -> None:
-        for event in after:
-            event.synchronize()
-        with self._lock:
-            spans, self._spans = self._spans, []
-        for entry in spans:
-            entry[2].wait()
-            if entry[3]:
-                self.cupy.cuda.runtime.hostUnregister(entry[0])
-
-    def close(self) -> None:
-        """Wait for every thread; unlock what is still locked (synchronously)."""
-        for thread in self._threads:
-            thread.join()
-        self._threads = []
-        self._unregister_all(())
 
 
 _stagers: dict = {}

@@ -66,32 +66,15 @@ class _Device:
 
 class FakeCupy:
     """The module: ``cuda.Stream``, ``cuda.Event``, ``cuda.Device``,
-    ``cuda.alloc_pinned_memory``, ``cuda.runtime.memcpy2DAsync`` and
-    ``hostRegister`` / ``hostUnregister`` (which refuse overlapping locks);
+    ``cuda.alloc_pinned_memory`` and ``cuda.runtime.memcpy2DAsync``;
     `fail_after` copies succeed, then every copy raises (error paths)."""
 
     def __init__(self, fail_after: int | None = None):
         self.copies, self.fail_after, self._lock = 0, fail_after, threading.Lock()
-        self.registered, self.refuse_register = {}, False
-        runtime = types.SimpleNamespace(setDevice=lambda d: None, memcpy2DAsync=self._memcpy2d,
-                                        hostRegister=self._register,
-                                        hostUnregister=self._unregister,
-                                        getLastError=lambda: 0)
+        runtime = types.SimpleNamespace(setDevice=lambda d: None, memcpy2DAsync=self._memcpy2d)
         self.cuda = types.SimpleNamespace(Stream=_Stream, Event=_Event, Device=_Device,
                                           alloc_pinned_memory=lambda n: bytearray(n),
                                           runtime=runtime)
-
-    def _register(self, ptr, nbytes, flags):
-        if self.refuse_register:
-            raise RuntimeError("fake: cannot lock this memory")
-        with self._lock:
-            if any(p < ptr + nbytes and ptr < p + n for p, n in self.registered.items()):
-                raise RuntimeError("fake: part of it is locked already")
-            self.registered[ptr] = nbytes
-
-    def _unregister(self, ptr):
-        with self._lock:
-            del self.registered[ptr]
 
     def _memcpy2d(self, dst, dpitch, src, spitch, width, height, kind, stream):
         with self._lock:

@@ -122,35 +122,6 @@ def test_copy_threads_share_the_cores(monkeypatch):
     assert copy_threads(1) == 3
 
 
-def test_page_locks_cover_their_arrays_once_locked_and_unlock_everything(rng):
-    from summa.staging import PageLocks
-    fake = FakeCupy()
-    locks = PageLocks(fake)
-    big = rng.uniform(-1, 1, (600, 700))
-    a = big[10:500, 20:600]       # rows with a pitch: its pages, gaps included
-    locks.lock(a)
-    locks.lock(big[100:200])      # overlaps a's pages: not locked twice
-    for t in locks._threads:
-        t.join()
-    assert locks.covers(a) and locks.covers(a[5:50, 100:300])
-    assert not locks.covers(big[550:600])  # outside every lock
-    assert len(fake.registered) == 1
-    locks.unlock(after=[])
-    locks.close()
-    assert fake.registered == {} and not locks.covers(a)
-
-
-def test_memory_that_cannot_be_locked_stays_uncovered(rng):
-    from summa.staging import PageLocks
-    fake = FakeCupy()
-    fake.refuse_register = True
-    locks = PageLocks(fake)
-    x = rng.uniform(-1, 1, (300, 300))
-    locks.lock(x)
-    locks.close()
-    assert not locks.covers(x) and fake.registered == {}
-
-
 def test_touch_faults_in_every_page(rng):
     stager = _stager(threads=3)
     try:

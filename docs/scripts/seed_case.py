@@ -188,7 +188,7 @@ def one_size(args) -> list[dict]:
         seconds = time.perf_counter() - s
         ex = stats.extra
         row("summa", call, seconds, ceiling=ceiling, residual=_check(c, a, b),
-            host_copies=os.environ.get("SUMMA_HOST_COPIES", "auto"),
+            host_copies=os.environ.get("SUMMA_HOST_COPIES", "stage"),
             gemm_seconds=stats.compute, head_seconds=ex.get("head_seconds"),
             tail_seconds=ex.get("tail_seconds"), tiles=ex.get("tiles"), make_seconds=made)
         del c
@@ -224,7 +224,7 @@ def main(argv=None) -> int:
     p.add_argument("--free", default="24GiB", help="GPU memory left free (default 24GiB)")
     p.add_argument("--peers", default="loop,cublasxt,jax")
     p.add_argument("--ref-calls", type=int, default=1, help="calls of each reference (1 or 2)")
-    p.add_argument("--modes", default="auto",
+    p.add_argument("--modes", default="stage",
                    help="SUMMA_HOST_COPIES values to time summa with, each in its own process "
                         "(the references run with the first)")
     p.add_argument("--json")
