@@ -13,6 +13,7 @@ Examples
 >>> c = C.gather()  # NumPy array on rank 0, None elsewhere
 """
 
+from . import host
 from .algorithm import SummaStats, gemm, matmul, summa
 from .backend import get_backend
 from .grid import ProcessGrid
@@ -23,4 +24,4 @@ from .verify import freivalds
 __version__ = "0.1.0"
 
 __all__ = ["ProcessGrid", "Distribution", "Layout", "DistMatrix", "gemm", "matmul", "summa",
-           "SummaStats", "get_backend", "freivalds", "__version__"]
+           "SummaStats", "get_backend", "freivalds", "host", "__version__"]

@@ -22,6 +22,8 @@ from .agree import collectively
 from .algorithm import SummaStats, gemm, prepare
 from .backend import NumpyBackend, get_backend, resolve_dtype
 from .grid import ProcessGrid, grid_for, node_rank
+from . import host as host_arrays
+from .host import parallel_copy
 from .faults import inject
 from .io import NpyError, check_output_path, read_header
 from .layout import Layout
@@ -340,11 +342,10 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
             C = DistMatrix(pgrid, Layout((m, n), pgrid.shape), c, host)
             fresh = True  # beta 0: out's old values do not matter either
         else:
-            A = _scatter_op(a, trans_a, pgrid, host, root)
-            B = _scatter_op(b, trans_b, pgrid, host, root)
-            C = DistMatrix(pgrid, Layout((m, n), pgrid.shape),
-                           np.empty(Layout((m, n), pgrid.shape).local_shape(pgrid.row, pgrid.col),
-                                    dtype), host)
+            shares = _node_shares(pgrid, (m, n, k), dtype)
+            A = _operand_block(a, trans_a, (m, k), dtype, pgrid, root, shares)
+            B = _operand_block(b, trans_b, (k, n), dtype, pgrid, root, shares)
+            C, c_node = _result_block(out, (m, n), dtype, pgrid, shares)
             fresh = True
         result = summa_out_of_core(kwargs.pop("alpha", 1.0), A, B, 0.0, C, be, budget,
                                    panel_width=width, lookahead=lookahead,
@@ -355,7 +356,72 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
             kwargs["stats"].__dict__.update(result.__dict__)
         if pgrid.size == 1:
             return C.local
-        return C.gather(root=root, out=out)
+        if c_node is None:
+            return C.gather(root=root, out=out)
+        with watch("the other ranks to finish writing their blocks of the product"):
+            pgrid.comm.Barrier()
+        if pgrid.comm.Get_rank() != root:
+            return None
+        if out is not None and out is not c_node:
+            parallel_copy(out, c_node)
+            return out
+        return c_node
+
+
+def _node_shares(grid, shape, dtype) -> bool:
+    """Do all ranks share one node with room for node-shared copies of A, B
+    and C (:mod:`summa.host`)? Then blocks are views into one copy of each;
+    else MPI scatters and gathers them. Collective."""
+    m, n, k = shape
+    one_node = grid.comm.allreduce(grid.local_size == grid.size, op=MPI.LAND)
+    need = (m * k + k * n + m * n) * np.dtype(dtype).itemsize
+    return one_node and host_arrays.node_shared(need, grid.comm)
+
+
+def _block_of(x: np.ndarray, layout: Layout, grid) -> np.ndarray:
+    """This rank's block of the global `x` (balanced blocks: a view)."""
+    rows, cols = layout.rows.global_indices(grid.row), layout.cols.global_indices(grid.col)
+    r0, c0 = (int(rows[0]) if rows.size else 0), (int(cols[0]) if cols.size else 0)
+    return x[r0:r0 + rows.size, c0:c0 + cols.size]
+
+
+def _operand_block(x, trans: str, shape, dtype, grid, root: int, shares: bool) -> DistMatrix:
+    """This rank's host block of ``op(x)``: a view into a node-shared array
+    (the caller's own, held by every rank, or one the root copies `x` into
+    on host threads), or where the node cannot share, scattered by MPI."""
+    layout, host = Layout(shape, grid.shape), NumpyBackend()
+    token = host_arrays.shared_token(x) if x is not None else None
+    tokens = grid.comm.allgather(token)
+    if token is not None and all(t == token for t in tokens):  # every rank maps it
+        block = _block_of({"N": x, "T": x.T, "H": x.T}[trans], layout, grid)
+        if trans != "N" or (block.size and block.strides[1] != block.itemsize):
+            block = np.ascontiguousarray(block.conj() if trans == "H" else block)
+        return DistMatrix(grid, layout, block, host)
+    if not shares:
+        return _scatter_op(x, trans, grid, host, root)
+    node = host_arrays.empty(shape, dtype, grid.comm)
+    if grid.comm.Get_rank() == root:
+        src = {"N": x, "T": x.T, "H": np.conj(x).T}[trans]
+        host_arrays.parallel_copy(node, src)
+    with watch(f"rank {root} to copy an operand into node-shared memory"):
+        grid.comm.Barrier()
+    return DistMatrix(grid, layout, _block_of(node, layout, grid), host)
+
+
+def _result_block(out, shape, dtype, grid, shares: bool):
+    """This rank's block of the product and the node-shared array it lies in
+    (`out` itself where every rank maps it; None: gathered by MPI)."""
+    layout, host = Layout(shape, grid.shape), NumpyBackend()
+    token = host_arrays.shared_token(out) if out is not None else None
+    tokens = grid.comm.allgather(token)
+    if token is not None and all(t == token for t in tokens):
+        node = out
+    elif shares:
+        node = host_arrays.empty(shape, dtype, grid.comm)
+    else:
+        return DistMatrix(grid, layout, np.empty(layout.local_shape(grid.row, grid.col), dtype),
+                          host), None
+    return DistMatrix(grid, layout, _block_of(node, layout, grid), host), node
 
 
 def _check_arrays(a, b, out, trans_a, trans_b, backend):

@@ -89,6 +89,19 @@ def backend():
 
 
 @pytest.fixture
+def folder(comm):
+    """A temporary folder shared by all ranks (removed by rank 0 at the end)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+    path = comm.bcast(tempfile.mkdtemp(prefix="summa-test-") if comm.rank == 0 else None)
+    yield Path(path)
+    comm.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
 def rng():
     """Fresh random data for every test (seeded from the OS, shared by all ranks)."""
     from mpi4py import MPI

@@ -1,8 +1,6 @@
 """The .npy workflow and the NumPy-array API, under MPI, plus whole jobs for exit
 statuses, atomic output and killed ranks."""
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -13,18 +11,6 @@ import summa.comm as comm_mod
 from helpers import gemm_scaled_error, random_array
 from summa.multiply import CheckFailed, check_is_cheap, multiply_files
 from test_cli import job
-
-
-@pytest.fixture
-def folder(comm):
-    """A temporary folder shared by all ranks (removed by rank 0 at the end)."""
-    path = comm.bcast(tempfile.mkdtemp(prefix="summa-test-") if comm.rank == 0 else None)
-    yield Path(path)
-    comm.Barrier()
-    if comm.rank == 0:
-        for p in Path(path).iterdir():
-            p.unlink()
-        os.rmdir(path)
 
 
 def save(comm, folder, name, array, fortran=False):

@@ -79,7 +79,7 @@ def main() -> int:
             timed(f"[{t:2d} thr] staged download into a touched array",
                   lambda: stager.download(fresh, dev).wait())
             stager.close()
-            del fresh
+
 
             for label, target in (("touched", host), ("fresh", None)):
                 arr = host if target is not None else np.empty_like(host)

@@ -1,0 +1,95 @@
+"""Node-shared host arrays (summa/host.py) and summa.matmul on them: one copy
+of the data per node, every rank reading its block where it lies."""
+
+import numpy as np
+import pytest
+
+import summa
+from helpers import gemm_scaled_error, random_array
+from summa import host
+
+
+def _spy(monkeypatch):
+    from summa import multiply
+    seen = []
+    real = multiply.summa_out_of_core
+
+    def spy(alpha, A, B, beta, C, *args, **kwargs):
+        seen.append((A.local, B.local, C.local))
+        return real(alpha, A, B, beta, C, *args, **kwargs)
+    monkeypatch.setattr(multiply, "summa_out_of_core", spy)
+    return seen
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_node_shared_array_is_one_memory_on_every_rank(comm):
+    x = host.empty((comm.Get_size() * 3, 5), "float64", comm)
+    assert host.shared_token(x) is not None
+    assert len(set(comm.allgather(host.shared_token(x)))) == 1  # one node here
+    x[3 * comm.rank:3 * comm.rank + 3] = comm.rank + 0.5
+    comm.Barrier()
+    expect = np.repeat(np.arange(comm.Get_size()) + 0.5, 3)[:, None] * np.ones(5)
+    assert np.array_equal(np.asarray(x), expect)
+    assert host.shared_token(np.ones(3)) is None
+
+
+@pytest.mark.mpi(min_size=1)
+def test_matmul_of_node_shared_arrays_copies_nothing(comm, rng, monkeypatch):
+    seen = _spy(monkeypatch)
+    a = host.empty((37, 23), "float64", comm)
+    b = host.empty((23, 29), "float64", comm)
+    out = host.empty((37, 29), "float64", comm)
+    if comm.rank == 0:
+        a[...] = random_array(rng, a.shape, "float64")
+        b[...] = random_array(rng, b.shape, "float64")
+    comm.Barrier()
+    c = summa.matmul(a, b, out=out, out_of_core=True, panel_width=4)
+    (A, B, C), = seen
+    assert np.shares_memory(A, a) and np.shares_memory(B, b) and np.shares_memory(C, out)
+    if comm.rank == 0:
+        assert c is out and gemm_scaled_error(c, np.asarray(a), np.asarray(b)) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("trans_a", ["N", "T"])
+def test_arrays_on_the_root_go_through_one_node_shared_copy(comm, rng, monkeypatch, trans_a):
+    seen = _spy(monkeypatch)
+    a = random_array(rng, (31, 26) if trans_a == "N" else (26, 31), "float32")
+    b = random_array(rng, (26, 19), "float32")
+    root = comm.Get_size() - 1
+    mine = comm.rank == root
+    c = summa.matmul(a if mine else None, b if mine else None, root=root, trans_a=trans_a,
+                     out_of_core=True, panel_width=8)
+    (A, B, C), = seen
+    if comm.Get_size() > 1:  # blocks are views into shared copies, not the root's arrays
+        assert A.base is not None and not np.shares_memory(A, a)
+    if mine:
+        assert gemm_scaled_error(c, a, b, trans_a=trans_a) <= 1
+    else:
+        assert c is None
+
+
+@pytest.mark.mpi(min_size=1)
+def test_without_room_to_share_the_blocks_travel_by_mpi(comm, rng, monkeypatch, folder):
+    monkeypatch.setenv("SUMMA_SHM_DIR", str(folder / "no such folder"))
+    a, b = random_array(rng, (20, 11), "float64"), random_array(rng, (11, 13), "float64")
+    c = summa.matmul(a if comm.rank == 0 else None, b if comm.rank == 0 else None,
+                     out_of_core=True, panel_width=4)
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b) <= 1
+    with pytest.raises(ValueError, match="node-shared"):
+        host.empty((4, 4), "float64", comm)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("fortran", [False, True])
+def test_load_reads_a_file_into_a_node_shared_array(comm, rng, folder, fortran):
+    data = random_array(rng, (41, 17), "complex64")
+    path = f"{folder}/x.npy"
+    if comm.rank == 0:
+        np.save(path, np.asfortranarray(data) if fortran else data)
+    comm.Barrier()
+    x = host.load(path, comm)
+    assert host.shared_token(x) is not None and np.array_equal(np.asarray(x), data)
+    with pytest.raises(ValueError):
+        host.load(f"{folder}/missing.npy", comm)
