@@ -13,6 +13,7 @@ import socket
 import sys
 import time
 
+import numpy as np
 from mpi4py import MPI
 
 from . import __version__
@@ -416,6 +417,11 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
         if plan.transposed_a:
             print("  A's panels are copied transposed for the GEMMs (one scratch panel "
                   "counted above; SUMMA_TRANSPOSE_A)", file=out)
+        if plan.staging_bytes:
+            print(f"  host copies pass through {plan.staging_bytes / 2**20:.0f} MiB of page-locked "
+                  "chunks; summa.matmul on NumPy arrays reads A and B where they lie, so its "
+                  f"extra host memory is C ({m * n * np.dtype(args.dtype).itemsize / gib:.2f} GiB, "
+                  "or none with out=) and those chunks", file=out)
     return 0
 
 

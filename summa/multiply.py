@@ -31,7 +31,7 @@ from .matrix import DistMatrix
 from .progress import Progress
 from .outofcore import summa_out_of_core
 from .plan import choose_memory_mode
-from .selection import _broadcasters
+from .selection import _broadcasters, peer_access
 from .tuning import default_panel_width
 from .verify import freivalds
 from .watchdog import watch
@@ -289,7 +289,11 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         Cap on each rank's GPU memory, e.g. "16GiB" (default: 90 % of what
         is free).
     **kwargs
-        ``alpha``, ``trans_a``, ``trans_b``, ``panel_width``, ``lookahead``,
+        ``broadcaster="host"`` (or ``"auto"`` where the GPUs of a node
+        cannot read each other's memory, :func:`summa.selection.peer_access`):
+        with node-shared operands every GPU uploads the panel parts it needs
+        itself, nothing is sent between GPUs. Also ``alpha``, ``trans_a``,
+        ``trans_b``, ``panel_width``, ``lookahead``,
         ``broadcaster``, ``precision``, ``schedule``, ``stats`` (a SummaStats
         filled with this rank's timings; see :func:`summa.gemm`).
 
@@ -334,7 +338,7 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         lookahead = int(kwargs.pop("lookahead", 1))
         budget, _ = choose_memory_mode((m, n, k), dtype, pgrid, width, lookahead, be, True,
                                        device_memory, precision=kwargs.get("precision"))
-        host = NumpyBackend()
+        host, own = NumpyBackend(), None
         if pgrid.size == 1:
             # Where the caller's arrays lie: views, and the result written in place.
             A, B = _host_block(a, trans_a, pgrid), _host_block(b, trans_b, pgrid)
@@ -343,15 +347,24 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
             fresh = True  # beta 0: out's old values do not matter either
         else:
             shares = _node_shares(pgrid, (m, n, k), dtype)
-            A = _operand_block(a, trans_a, (m, k), dtype, pgrid, root, shares)
-            B = _operand_block(b, trans_b, (k, n), dtype, pgrid, root, shares)
+            A, a_node = _operand_block(a, trans_a, (m, k), dtype, pgrid, root, shares)
+            B, b_node = _operand_block(b, trans_b, (k, n), dtype, pgrid, root, shares)
             C, c_node = _result_block(out, (m, n), dtype, pgrid, shares)
             fresh = True
+            broadcaster = kwargs.get("broadcaster", "auto")
+            if broadcaster == "host" and (a_node is None or b_node is None):
+                raise ValueError("broadcaster='host' needs node-shared operands: all ranks on "
+                                 f"one node with room in {host_arrays.shm_dir()}")
+            if a_node is not None and b_node is not None and (
+                    broadcaster == "host"
+                    or (broadcaster == "auto" and not peer_access(pgrid, be))):
+                own = (_rows_of(a_node, C.layout, pgrid), _cols_of(b_node, C.layout, pgrid))
+        comm_kind = kwargs.pop("broadcaster", "auto")
         result = summa_out_of_core(kwargs.pop("alpha", 1.0), A, B, 0.0, C, be, budget,
                                    panel_width=width, lookahead=lookahead,
                                    precision=kwargs.pop("precision", None),
-                                   comm=kwargs.pop("broadcaster", "auto"),
-                                   fresh_c=fresh)
+                                   comm="auto" if comm_kind == "host" else comm_kind,
+                                   fresh_c=fresh, own_copies=own)
         if kwargs.get("stats") is not None:
             kwargs["stats"].__dict__.update(result.__dict__)
         if pgrid.size == 1:
@@ -392,20 +405,35 @@ def _operand_block(x, trans: str, shape, dtype, grid, root: int, shares: bool) -
     layout, host = Layout(shape, grid.shape), NumpyBackend()
     token = host_arrays.shared_token(x) if x is not None else None
     tokens = grid.comm.allgather(token)
-    if token is not None and all(t == token for t in tokens):  # every rank maps it
-        block = _block_of({"N": x, "T": x.T, "H": x.T}[trans], layout, grid)
-        if trans != "N" or (block.size and block.strides[1] != block.itemsize):
-            block = np.ascontiguousarray(block.conj() if trans == "H" else block)
-        return DistMatrix(grid, layout, block, host)
+    if token is not None and all(t == token for t in tokens) and trans == "N":
+        return DistMatrix(grid, layout, _block_of(x, layout, grid), host), x  # every rank maps it
+    if token is not None and all(t == token for t in tokens):
+        block = _block_of(x.T, layout, grid)
+        block = np.ascontiguousarray(block.conj() if trans == "H" else block)
+        return DistMatrix(grid, layout, block, host), None
     if not shares:
-        return _scatter_op(x, trans, grid, host, root)
+        return _scatter_op(x, trans, grid, host, root), None
     node = host_arrays.empty(shape, dtype, grid.comm)
     if grid.comm.Get_rank() == root:
         src = {"N": x, "T": x.T, "H": np.conj(x).T}[trans]
         host_arrays.parallel_copy(node, src)
     with watch(f"rank {root} to copy an operand into node-shared memory"):
         grid.comm.Barrier()
-    return DistMatrix(grid, layout, _block_of(node, layout, grid), host)
+    return DistMatrix(grid, layout, _block_of(node, layout, grid), host), node
+
+
+def _rows_of(a_node: np.ndarray, c_layout: Layout, grid) -> np.ndarray:
+    """This rank's rows of the node-shared A (its rows of C), all of K."""
+    rows = c_layout.rows.global_indices(grid.row)
+    r0 = int(rows[0]) if rows.size else 0
+    return a_node[r0:r0 + rows.size]
+
+
+def _cols_of(b_node: np.ndarray, c_layout: Layout, grid) -> np.ndarray:
+    """All of K of the node-shared B for this rank's columns of C."""
+    cols = c_layout.cols.global_indices(grid.col)
+    c0 = int(cols[0]) if cols.size else 0
+    return b_node[:, c0:c0 + cols.size]
 
 
 def _result_block(out, shape, dtype, grid, shares: bool):

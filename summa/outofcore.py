@@ -64,7 +64,8 @@ TAIL_SMALLEST = 256
 def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, device,
                       device_budget: int, panel_width: int = 4096, lookahead: int = 1,
                       precision=None, progress=None, comm: str = "auto",
-                      host_copies: str | None = None, fresh_c: bool = False) -> SummaStats:
+                      host_copies: str | None = None, fresh_c: bool = False,
+                      own_copies=None) -> SummaStats:
     """``C <- alpha * A @ B + beta * C`` with A, B, C in host memory.
 
     Parameters
@@ -95,6 +96,13 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
         C's memory was never touched and its values do not matter (beta 0):
         host threads fault its pages in during the GEMMs, so that the
         product lands at the speed of touched memory.
+    own_copies : (ndarray, ndarray), optional
+        This rank's rows of A with all of K and all of K of B for its
+        columns (views into node-shared arrays, :mod:`summa.host`): then
+        every GPU uploads the panel parts it needs itself, over its own
+        host link, and nothing is broadcast. For GPUs without peer access
+        (PCIe cards), where forwarding a panel from its owner's GPU would
+        pass through host memory again.
 
     Returns
     -------
@@ -112,7 +120,14 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     grid = C.grid
     m, k = A.shape
     n = B.shape[1]
-    row_bc, col_bc = _broadcasters(grid, comm, device)
+    if own_copies is not None:
+        a_rows, b_cols = own_copies
+        if a_rows.shape != (C.local.shape[0], k) or b_cols.shape != (k, C.local.shape[1]):
+            raise ValueError(f"own_copies must be this rank's {C.local.shape[0]} rows of A and "
+                             f"{C.local.shape[1]} columns of B with all {k} of K")
+        row_bc = col_bc = _NoBroadcasts()
+    else:
+        row_bc, col_bc = _broadcasters(grid, comm, device)
     # Copy-engine broadcasts pass each slot through a staging buffer: planned too.
     plan = memory_plan(m, n, k, C.dtype, grid.shape, panel_width, lookahead=lookahead,
                        backend=device.name, device_budget=device_budget, out_of_core=True,
@@ -144,7 +159,7 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     stats.extra = {"pin_seconds": time.perf_counter() - t_pin, "host_locked": locked}
     try:
         _sweep(alpha, A, B, C, beta != 0, tiles, panels, lookahead, plan.slots, row_bc,
-               col_bc, mover, precision, progress, plan.transposed_a)
+               col_bc, mover, precision, progress, plan.transposed_a, own_copies)
         # GPU streams may wait on peers' broadcasts (NCCL kernels, ipc events)
         with watch("the queued GPU work of the out-of-core sweep (uploads, broadcasts, "
                    "GEMMs, write-backs)"):
@@ -169,7 +184,7 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
 
 
 def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_bc, mover,
-           precision, progress, transposed=False) -> None:
+           precision, progress, transposed=False, own_copies=None) -> None:
     """Every (tile, panel) step, with `lookahead` steps broadcast ahead of the
     GEMMs and, where `slots` leaves room, uploads one step further ahead: a
     broadcast waits for its upload on the owner and for the GEMMs done with its
@@ -199,9 +214,13 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
         t, i = steps[s]
         i0, i1, j0, j1 = tiles[t]
         p, slot = panels[i], s % slots
-        a_host, b_host = local_parts(A, B, p)
         a = a_slots[slot][: (i1 - i0) * p.width].reshape(i1 - i0, p.width)
         b = b_slots[slot][: p.width * (j1 - j0)].reshape(p.width, j1 - j0)
+        if own_copies is not None:  # every rank its own parts, from host memory
+            a_rows, b_cols = own_copies
+            return (a, b, mover.upload(a, a_rows[i0:i1, p.k0:p.k1]),
+                    mover.upload(b, b_cols[p.k0:p.k1, j0:j1]))
+        a_host, b_host = local_parts(A, B, p)
         up_a = mover.upload(a, a_host[i0:i1]) if grid.col == p.a_root else None
         up_b = mover.upload(b, b_host[:, j0:j1]) if grid.row == p.b_root else None
         return a, b, up_a, up_b
@@ -257,8 +276,26 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
         s += group
 
 
+class _NoBroadcasts:
+    """Where every rank uploads its own panel parts: nothing to send."""
+
+    name = "own uploads"
+
+    class _Done:
+        def wait(self) -> None:
+            pass
+
+    def ibcast(self, buf, root, slot=0, ready=None, own=False):
+        return self._Done()
+
+    def take_seconds(self) -> float:
+        return 0.0
+
+
 def _alone(broadcaster) -> bool:
-    """Does `broadcaster` span one rank (a broadcast there sends nothing)?"""
+    """Does `broadcaster` send nothing (one rank, or every rank its own parts)?"""
+    if isinstance(broadcaster, _NoBroadcasts):
+        return True
     comm = getattr(broadcaster, "comm", None)
     return comm is not None and comm.Get_size() == 1
 

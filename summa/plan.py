@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .staging import copy_threads, ring_bytes
 from .strips import check_schedule
 from .tuning import transposes_a
 
@@ -51,6 +52,9 @@ class MemoryPlan:
         ``(row, column)``: out of core, whether that direction's panels pass
         through a staging buffer per slot (copy-engine broadcasts, ``ipc``),
         counted in `device_bytes`.
+    staging_bytes : int
+        Out of core on GPUs: page-locked host chunks the copies between host
+        and GPU pass through (:mod:`summa.staging`), beside `host_bytes`.
     """
 
     mode: str
@@ -62,6 +66,7 @@ class MemoryPlan:
     slots: int | None = None
     transposed_a: bool = False
     staged: tuple = (False, False)
+    staging_bytes: int = 0
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -131,8 +136,9 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
             <= device_budget:
         slots += 1  # room for uploads a step ahead of their broadcasts, same tiles
     device = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged) * item
+    ring = ring_bytes(copy_threads(1)) if backend == "cupy" else 0
     return MemoryPlan("out-of-core", device, blocks * item, (int(tm), int(tn)), int(nb),
-                      (int(tiles[0]), int(tiles[1])), slots, transposed, staged)
+                      (int(tiles[0]), int(tiles[1])), slots, transposed, staged, ring)
 
 
 def _ooc_parts(slots: int, transposed: bool, staged: tuple) -> tuple[int, int]:

@@ -5,6 +5,7 @@ direct copies (CUDA IPC) per direction, and whether their set-up pays.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -191,6 +192,27 @@ def _auto_ipc(grid, backend):
         return None
     pair = grid.resources[key] = _Pair(*made)
     return pair
+
+
+def peer_access(grid, backend) -> bool:
+    """Can every GPU read the memory of the other GPUs of its grid row and
+    column directly (``cudaDeviceCanAccessPeer``; NVLink, or PCIe with peer
+    access)? Collective; the same answer everywhere. ``SUMMA_PEER_ACCESS``
+    (0 or 1) overrides (tests). Without it (GeForce cards over PCIe), a
+    panel forwarded from its owner's GPU passes through host memory again,
+    and every GPU fetching its own panel parts from host memory is faster."""
+    env = os.environ.get("SUMMA_PEER_ACCESS")
+    if env in ("0", "1"):
+        return env == "1"
+    if backend.name != "cupy" or grid.size == 1:
+        return True
+    me = backend.device
+    peers = set()
+    for c in (grid.row_comm, grid.col_comm):
+        peers.update(d for d in c.allgather(me))
+    rt = backend.xp.cuda.runtime
+    ok = all(d == me or bool(rt.deviceCanAccessPeer(me, d)) for d in peers)
+    return grid.comm.allreduce(ok, op=MPI.LAND)
 
 
 def _devices_distinct(grid, backend) -> bool:

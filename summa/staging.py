@@ -28,13 +28,23 @@ import numpy as np
 
 from .watchdog import watch
 
-__all__ = ["Stager", "Transfer", "get_stager", "copy_threads", "CHUNK_BYTES"]
+__all__ = ["Stager", "Transfer", "get_stager", "copy_threads", "ring_bytes", "CHUNK_BYTES"]
 
 #: Bytes of one page-locked chunk: large enough that a copy engine streams it
 #: at full rate, small enough that a ring of a few per thread stays small
 #: (allocating page-locked memory ran at ~6 GB/s: the first call pays it).
 CHUNK_BYTES = 8 << 20
 _H2D, _D2H = 1, 2  # cudaMemcpyKind
+
+
+def ring_bytes(threads: int) -> int:
+    """Page-locked host memory a stager of `threads` threads takes at most:
+    a ring of chunks each way, a few more than threads."""
+    return 2 * (threads + RING_EXTRA) * CHUNK_BYTES
+
+
+#: Chunks each ring holds beyond one per thread.
+RING_EXTRA = 4
 
 
 def copy_threads(ranks_on_node: int = 1) -> int:
@@ -126,7 +136,7 @@ class Stager:
         self._touch_pool = None
         # Per direction: free chunks (and, uploading, the event of their last
         # copy out), how many were made, and how many may be (a few per thread).
-        self._ring = self.threads + 4
+        self._ring = self.threads + RING_EXTRA
         self._free = {_H2D: queue.Queue(), _D2H: queue.Queue()}
         self._made = {_H2D: [], _D2H: []}
         self._jobs = {_H2D: queue.Queue(), _D2H: queue.Queue()}

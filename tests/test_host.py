@@ -93,3 +93,55 @@ def test_load_reads_a_file_into_a_node_shared_array(comm, rng, folder, fortran):
     assert host.shared_token(x) is not None and np.array_equal(np.asarray(x), data)
     with pytest.raises(ValueError):
         host.load(f"{folder}/missing.npy", comm)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("how", ["no peer access", "asked"])
+def test_every_rank_uploads_its_own_parts_where_gpus_cannot_read_each_other(comm, rng,
+                                                                            monkeypatch, how):
+    # GeForce cards over PCIe: forwarding a panel from its owner's GPU would cross the
+    # host again, so each rank fetches its own parts from the node-shared arrays.
+    kwargs = {}
+    if how == "no peer access":
+        monkeypatch.setenv("SUMMA_PEER_ACCESS", "0")
+    else:
+        kwargs["broadcaster"] = "host"
+    a, b = random_array(rng, (45, 33), "float64"), random_array(rng, (33, 27), "float64")
+    stats = summa.SummaStats()
+    c = summa.matmul(a if comm.rank == 0 else None, b if comm.rank == 0 else None,
+                     out_of_core=True, panel_width=5, stats=stats, **kwargs)
+    if comm.Get_size() > 1:
+        assert "own uploads" in stats.comm
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b) <= 1
+
+
+@pytest.mark.mpi(min_size=2)
+def test_own_uploads_without_node_shared_operands_are_refused_on_every_rank(comm, rng,
+                                                                           monkeypatch, folder):
+    monkeypatch.setenv("SUMMA_SHM_DIR", str(folder / "no such folder"))
+    a = random_array(rng, (8, 8), "float64")
+    with pytest.raises(ValueError, match="node-shared"):
+        summa.matmul(a if comm.rank == 0 else None, a if comm.rank == 0 else None,
+                     out_of_core=True, broadcaster="host")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_peer_access_asks_cuda_about_every_gpu_of_the_row_and_column(comm, monkeypatch):
+    import types
+    from summa.selection import peer_access
+    monkeypatch.delenv("SUMMA_PEER_ACCESS", raising=False)
+    asked = []
+
+    def backend(can):
+        def query(me, other):
+            asked.append((me, other))
+            return can
+        runtime = types.SimpleNamespace(deviceCanAccessPeer=query)
+        return types.SimpleNamespace(name="cupy", device=comm.rank,
+                                     xp=types.SimpleNamespace(cuda=types.SimpleNamespace(
+                                         runtime=runtime)))
+    with summa.ProcessGrid(comm) as grid:
+        assert peer_access(grid, backend(1)) is True
+        assert asked and all(me == comm.rank and other != me for me, other in asked)
+        assert peer_access(grid, backend(0)) is False
