@@ -24,7 +24,7 @@ from .faults import inject
 from .watchdog import watch
 
 __all__ = ["NpyHeader", "NpyError", "read_header", "read_block", "take_block", "AtomicNpyWriter",
-           "check_output_path", "remove_temporary_files"]
+           "check_output_path", "remove_temporary_files", "io_threads", "set_ranks_on_node"]
 
 #: Temporary outputs of this process not yet renamed into place, so a signal or
 #: the watchdog can remove them before the process ends.
@@ -113,6 +113,84 @@ def _memmap(header: NpyHeader, mode: str = "r") -> np.memmap:
                      shape=header.shape, order="F" if header.fortran_order else "C")
 
 
+def io_threads() -> int:
+    """Threads one rank reads or writes a file with: ``SUMMA_IO_THREADS``, else
+    the node's cores shared by its ranks (set by the caller), at most 16.
+    One thread of page faults through a memory map read a disk at a quarter
+    of what 8-16 threads of pread did on the H200 machine (issue 23)."""
+    env = os.environ.get("SUMMA_IO_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(1, min(16, (os.cpu_count() or 1) // max(1, _ranks_on_node)))
+
+
+_ranks_on_node = 1
+
+
+def set_ranks_on_node(count: int) -> None:
+    """How many ranks share this node's cores for file I/O (see :func:`io_threads`)."""
+    global _ranks_on_node
+    _ranks_on_node = max(1, int(count))
+
+
+def _range(idx: np.ndarray):
+    """``(start, stop)`` where `idx` is consecutive, else None."""
+    if idx.size and bool(np.all(np.diff(idx) == 1)):
+        return int(idx[0]), int(idx[-1]) + 1
+    return None
+
+
+def _rows_io(fd: int, path: str, offset: int, pitch: int, first: int, width: int,
+             dest: np.ndarray, write: bool) -> None:
+    """Move stored rows between the file and `dest` (rows of `width` bytes at
+    ``offset + r * pitch + first``) on :func:`io_threads` threads: one call
+    per run of whole rows where they are contiguous in the file, else one
+    per row; a short read or any error ends every thread and is raised."""
+    rows = dest.shape[0]
+    if rows == 0 or width == 0:
+        return
+    flat = width == pitch and dest.flags.c_contiguous
+    threads = min(io_threads(), rows)
+    step = -(-rows // (4 * threads)) if flat else -(-rows // threads)
+    view = dest.reshape(rows, -1).view(np.uint8)
+    done = {"failed": None}
+
+    def move(r0: int) -> None:
+        r1 = min(r0 + step, rows)
+        pieces = [view[r0:r1].reshape(-1)] if flat else [view[r] for r in range(r0, r1)]
+        where = offset + r0 * pitch + first
+        for piece in pieces:
+            if done["failed"] is not None:
+                return
+            n = piece.nbytes
+            got = 0
+            while got < n:
+                part = piece[got:]
+                moved = os.pwrite(fd, part, where + got) if write else \
+                    os.preadv(fd, [part], where + got)
+                if moved <= 0:
+                    raise NpyError(f"{path}: ends {n - got} bytes early at byte {where + got}"
+                                   + ("" if write else "; the file is shorter than its header "
+                                      "says (changed while read?)"))
+                got += moved
+            where += n if flat else pitch
+
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(threads, thread_name_prefix="summa-io") as pool:
+        futures = [pool.submit(move, r0) for r0 in range(0, rows, step)]
+        for future in futures:
+            try:
+                future.result()
+            except BaseException as exc:  # the others stop at their next piece
+                done["failed"] = done["failed"] or exc
+    if done["failed"] is not None:
+        failed = done["failed"]
+        if isinstance(failed, OSError):
+            raise NpyError(f"{path}: cannot {'write' if write else 'read'} "
+                           f"({failed.strerror or failed})") from None
+        raise failed
+
+
 def read_block(header: NpyHeader, rows: np.ndarray, cols: np.ndarray, transpose: bool = False,
                conjugate: bool = False) -> np.ndarray:
     """This rank's block of the file's matrix (or of its (conjugate) transpose),
@@ -120,15 +198,36 @@ def read_block(header: NpyHeader, rows: np.ndarray, cols: np.ndarray, transpose:
 
     With `transpose`, rows and columns index the transposed matrix, so a
     transposed operand is read straight into its layout with no exchange.
+    Blocks of consecutive rows and columns (balanced blocks) are read with
+    ``preadv`` on several threads straight into the result; others (block-
+    cyclic) through a memory map.
     """
-    data = _memmap(header)
     if transpose:
-        block = take_block(data, cols, rows).T
-    else:
+        rows, cols = cols, rows  # indices of the stored matrix
+    # A Fortran-ordered file stores the transpose in C order.
+    stored_rows, stored_cols = (cols, rows) if header.fortran_order else (rows, cols)
+    span_r, span_c = _range(stored_rows), _range(stored_cols)
+    if span_r is None or span_c is None:
+        data = _memmap(header)
         block = take_block(data, rows, cols)
+    else:
+        pitch_items = header.shape[0] if header.fortran_order else header.shape[1]
+        item = header.dtype.itemsize
+        stored = np.empty((span_r[1] - span_r[0], span_c[1] - span_c[0]), dtype=header.dtype)
+        fd = os.open(header.path, os.O_RDONLY)
+        try:
+            _rows_io(fd, header.path, header.offset + span_r[0] * pitch_items * item,
+                     pitch_items * item, span_c[0] * item, stored.shape[1] * item, stored,
+                     write=False)
+        finally:
+            os.close(fd)
+        block = stored.T if header.fortran_order else stored
+    if transpose:
+        block = block.T
+    block = np.ascontiguousarray(block)
     if conjugate and block.dtype.kind == "c":
         np.conj(block, out=block)
-    return np.ascontiguousarray(block)
+    return block
 
 
 def take_block(data, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -220,12 +319,22 @@ class AtomicNpyWriter:
         inject("write")
         if block.size == 0:
             return
+        span_r, span_c = _range(rows), _range(cols)
+        if span_r is not None and span_c is not None:
+            # Consecutive rows and columns: pwrite on several threads.
+            item = self.dtype.itemsize
+            block = np.ascontiguousarray(block)
+            fd = os.open(self._tmp, os.O_WRONLY)
+            try:
+                _rows_io(fd, self.path, self._header.offset + span_r[0] * self.shape[1] * item,
+                         self.shape[1] * item, span_c[0] * item, block.shape[1] * item, block,
+                         write=True)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return
         data = _memmap(self._header, mode="r+")
-        if rows.size and rows[-1] - rows[0] + 1 == rows.size \
-                and cols.size and cols[-1] - cols[0] + 1 == cols.size:
-            data[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1] = block
-        else:
-            data[np.ix_(rows, cols)] = block
+        data[np.ix_(rows, cols)] = block
         data.flush()
         del data
         fd = os.open(self._tmp, os.O_RDONLY)

@@ -25,7 +25,7 @@ from .grid import ProcessGrid, grid_for, node_rank
 from . import host as host_arrays
 from .host import parallel_copy
 from .faults import inject
-from .io import NpyError, check_output_path, read_header
+from .io import NpyError, check_output_path, read_header, set_ranks_on_node
 from .layout import Layout
 from .matrix import DistMatrix
 from .progress import Progress
@@ -137,6 +137,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     rank0 = comm.Get_rank() == 0
+    set_ranks_on_node(node_rank(comm)[1])  # the node's cores shared out for file I/O
     warn = warn or (lambda text: print(f"summa: warning: {text}", file=sys.stderr, flush=True))
     trans_a, trans_b = str(trans_a).upper(), str(trans_b).upper()
     for name, t in (("trans_a", trans_a), ("trans_b", trans_b)):

@@ -109,3 +109,48 @@ def test_writer_scattered_rows(tmp_path):
         out.write_block(x[np.ix_(rows, cols)], rows, cols)
     y = np.load(tmp_path / "o.npy")
     assert np.array_equal(y[np.ix_(rows, cols)], x[np.ix_(rows, cols)])
+
+
+@pytest.mark.parametrize("threads", ["1", "3", "16"])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_threaded_block_reads_are_byte_identical_to_numpy(tmp_path, monkeypatch, threads, order):
+    monkeypatch.setenv("SUMMA_IO_THREADS", threads)
+    rng = np.random.default_rng()
+    a = (rng.uniform(-1, 1, (57, 41)) + 1j * rng.uniform(-1, 1, (57, 41))).astype(np.complex64)
+    np.save(tmp_path / "a.npy", np.asfortranarray(a) if order == "F" else a)
+    header = read_header(str(tmp_path / "a.npy"), SELF)
+    for _ in range(20):
+        r0, c0 = rng.integers(0, 57), rng.integers(0, 41)
+        r1, c1 = rng.integers(r0, 58), rng.integers(c0, 42)
+        rows, cols = np.arange(r0, r1), np.arange(c0, c1)
+        got = read_block(header, rows, cols)
+        assert got.flags.c_contiguous and got.tobytes() == a[r0:r1, c0:c1].tobytes()
+        t = read_block(header, cols, rows, transpose=True, conjugate=True)
+        assert t.tobytes() == a[r0:r1, c0:c1].conj().T.tobytes()
+    cyclic = np.array([0, 1, 8, 9, 16])  # block-cyclic indices: the memory map path
+    assert read_block(header, cyclic, np.arange(41)).tobytes() == a[cyclic].tobytes()
+
+
+def test_a_file_cut_short_after_its_header_was_read_fails_the_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("SUMMA_IO_THREADS", "4")
+    np.save(tmp_path / "a.npy", np.ones((200, 50)))
+    header = read_header(str(tmp_path / "a.npy"), SELF)
+    os.truncate(tmp_path / "a.npy", header.offset + 100 * 50 * 8 + 3)
+    with pytest.raises(NpyError, match="shorter than its header"):
+        read_block(header, np.arange(200), np.arange(50))
+    with pytest.raises(NpyError, match="shorter than its header"):
+        read_block(header, np.arange(150, 200), np.arange(10, 20))
+    import threading
+    assert not [t for t in threading.enumerate() if t.name.startswith("summa-io")]
+
+
+@pytest.mark.parametrize("threads", ["1", "5"])
+def test_threaded_block_writes_land_where_they_belong(tmp_path, monkeypatch, threads):
+    monkeypatch.setenv("SUMMA_IO_THREADS", threads)
+    rng = np.random.default_rng()
+    a = rng.uniform(-1, 1, (33, 29))
+    out = tmp_path / "out.npy"
+    with AtomicNpyWriter(str(out), a.shape, a.dtype, SELF) as w:
+        for (r0, r1), (c0, c1) in (((0, 20), (0, 29)), ((20, 33), (0, 11)), ((20, 33), (11, 29))):
+            w.write_block(a[r0:r1, c0:c1].copy(), np.arange(r0, r1), np.arange(c0, c1))
+    assert np.load(out).tobytes() == a.tobytes()
