@@ -40,6 +40,7 @@ def main(argv=None) -> int:
     from . import cli
 
     from .agree import RankFailure
+    from .io import remove_temporary_files
     from .watchdog import handle_signals
 
     world = MPI.COMM_WORLD
@@ -61,12 +62,14 @@ def main(argv=None) -> int:
             return EXIT_USAGE
         print(f"summa: rank {world.Get_rank()}: error: {exc} (other ranks did not stop; "
               "aborting the job)", file=sys.stderr, flush=True)
+        remove_temporary_files()
         time.sleep(0.5)  # let the launcher forward the message
         world.Abort(EXIT_USAGE)
     except Exception as exc:  # anything unexpected: say where, then end every rank
         tb = traceback.format_exc()
         print(f"summa: rank {world.Get_rank()}: unexpected {type(exc).__name__}: {exc}\n{tb}"
               "summa: aborting the job", file=sys.stderr, flush=True)
+        remove_temporary_files()  # an output being written in place goes with the job
         time.sleep(0.5)  # let the launcher forward the message before it tears the job down
         world.Abort(1)
     return 1

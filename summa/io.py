@@ -11,6 +11,7 @@ removed, so a half-written product never appears under the final name.
 
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
 from dataclasses import dataclass
@@ -23,7 +24,8 @@ from .agree import RankFailure
 from .faults import inject
 from .watchdog import watch
 
-__all__ = ["NpyHeader", "NpyError", "read_header", "read_block", "take_block", "AtomicNpyWriter",
+__all__ = ["NpyHeader", "NpyError", "read_header", "read_block", "map_block", "take_block",
+           "AtomicNpyWriter",
            "check_output_path", "remove_temporary_files", "io_threads", "set_ranks_on_node"]
 
 #: Temporary outputs of this process not yet renamed into place, so a signal or
@@ -191,6 +193,47 @@ def _rows_io(fd: int, path: str, offset: int, pitch: int, first: int, width: int
         raise failed
 
 
+def _map_rows(path: str, offset: int, shape, dtype, writable: bool, cols, with_map=False):
+    """Rows of a C-ordered matrix stored at `offset` of `path` as a memory map
+    (columns ``cols[0]:cols[1]`` of them), read ahead by the kernel; with
+    `with_map`, also the mmap object (None for an empty block)."""
+    dtype = np.dtype(dtype)
+    rows, width = shape
+    if rows == 0 or width == 0:
+        empty = np.empty((rows, cols[1] - cols[0]), dtype=dtype)
+        return (empty, None) if with_map else empty
+    aligned = offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+    length = rows * width * dtype.itemsize + offset - aligned
+    with open(path, "r+b" if writable else "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), length, offset=aligned,
+                       access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+    if not writable and hasattr(mmap, "MADV_WILLNEED"):
+        mm.madvise(mmap.MADV_WILLNEED)  # read ahead at the disk's pace, in the background
+    data = np.frombuffer(mm, dtype=dtype, count=rows * width, offset=offset - aligned)
+    block = data.reshape(rows, width)[:, cols[0]:cols[1]]
+    return (block, mm) if with_map else block
+
+
+def map_block(header: NpyHeader, rows: np.ndarray, cols: np.ndarray) -> np.ndarray | None:
+    """This rank's block of a C-ordered file as a read-only memory map, where
+    it is one range of rows and of columns (balanced blocks); None elsewhere.
+
+    The out-of-core multiply reads such a block as it goes (its copy threads
+    fault the pages in while the kernel reads ahead), instead of reading all
+    of it before the first GEMM.
+    """
+    span_r, span_c = _range(rows), _range(cols)
+    if header.fortran_order or (rows.size and span_r is None) or (cols.size and span_c is None):
+        return None
+    span_r, span_c = span_r or (0, 0), span_c or (0, 0)
+    pitch = header.shape[1] * header.dtype.itemsize
+    try:
+        return _map_rows(header.path, header.offset + span_r[0] * pitch,
+                         (span_r[1] - span_r[0], header.shape[1]), header.dtype, False, span_c)
+    except OSError as exc:
+        raise NpyError(f"{header.path}: cannot map ({exc.strerror or exc})") from None
+
+
 def read_block(header: NpyHeader, rows: np.ndarray, cols: np.ndarray, transpose: bool = False,
                conjugate: bool = False) -> np.ndarray:
     """This rank's block of the file's matrix (or of its (conjugate) transpose),
@@ -282,14 +325,23 @@ class AtomicNpyWriter:
             out.write_block(local, rows, cols)
 
     Leaving the block normally on every rank renames the file into place;
-    an exception anywhere (agreed collectively) removes the temporary file.
+    an exception anywhere (agreed collectively) removes the temporary file
+    and raises :class:`RankFailure` (with `keep_errors`, the exception
+    itself goes on, and nothing is exchanged: for blocks whose errors are
+    agreed on, or abort the job, by themselves). :meth:`map_block` and :meth:`flush`
+    let the product be written in place instead of by :meth:`write_block`.
     """
 
-    def __init__(self, path: str, shape, dtype, comm: MPI.Comm, root: int = 0):
+    def __init__(self, path: str, shape, dtype, comm: MPI.Comm, root: int = 0,
+                 keep_errors: bool = False):
         self.path, self.comm, self.root = os.path.abspath(path), comm, root
+        self.keep_errors = keep_errors  # an error inside goes on as it is, uncollectively
         self.shape, self.dtype = tuple(int(x) for x in shape), np.dtype(dtype)
         self._tmp = None
         self._header = None
+        self._maps: list = []  # blocks written in place (map_block), and their maps
+        self._mmaps: list = []
+        self._abandoned = False
 
     def __enter__(self) -> "AtomicNpyWriter":
         made = None
@@ -311,8 +363,52 @@ class AtomicNpyWriter:
         if isinstance(made, str):
             raise NpyError(made)
         self._tmp, offset = made
+        _temporary_files.add(self._tmp)  # any rank's abort removes it
         self._header = NpyHeader(self._tmp, self.shape, self.dtype, False, offset)
         return self
+
+    def map_block(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray | None:
+        """A writable memory map of this rank's block of the output (one range
+        of rows and of columns; None otherwise), for the product to be
+        written in place; :meth:`flush` puts it on disk."""
+        span_r, span_c = _range(rows), _range(cols)
+        if (rows.size and span_r is None) or (cols.size and span_c is None):
+            return None
+        span_r, span_c = span_r or (0, 0), span_c or (0, 0)
+        pitch = self.shape[1] * self.dtype.itemsize
+        try:
+            block, mm = _map_rows(self._tmp, self._header.offset + span_r[0] * pitch,
+                                  (span_r[1] - span_r[0], self.shape[1]), self.dtype, True,
+                                  span_c, with_map=True)
+        except OSError as exc:
+            raise NpyError(f"{self.path}: cannot map the output ({exc.strerror or exc})") \
+                from None
+        self._maps.append(block)
+        if mm is not None:
+            self._mmaps.append(mm)
+        return block
+
+    def flush(self) -> None:
+        """Put the blocks written through :meth:`map_block` on disk."""
+        inject("write")
+        for mm in self._mmaps:
+            mm.flush()
+        self._maps, self._mmaps = [], []
+        fd = os.open(self._tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def abandon(self) -> None:
+        """Give the output up on every rank (collective): the temporary file
+        goes, nothing is renamed, and leaving the ``with`` block raises nothing."""
+        self._maps, self._mmaps = [], []
+        self.comm.Barrier()
+        if self.comm.Get_rank() == self.root and os.path.exists(self._tmp):
+            os.unlink(self._tmp)
+        _temporary_files.discard(self._tmp)
+        self._abandoned = True
 
     def write_block(self, block: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> None:
         """Write this rank's block (global `rows` x `cols`) and flush it to disk."""
@@ -344,6 +440,18 @@ class AtomicNpyWriter:
             os.close(fd)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._abandoned:
+            return False
+        self._maps, self._mmaps = [], []
+        if exc_type is not None and self.keep_errors:
+            # The caller's error goes on as it is, and without a collective here:
+            # the other ranks may be elsewhere (an unexpected error aborts the
+            # job, whose signal handlers remove the temporary file).
+            if self.comm.Get_rank() == self.root:
+                if os.path.exists(self._tmp):
+                    os.unlink(self._tmp)
+                _temporary_files.discard(self._tmp)
+            return False  # elsewhere it stays listed, for this rank's abort to remove
         mine = None if exc_type is None else f"{exc_type.__name__}: {exc}"
         with watch(f"all ranks to finish writing {self.path}"):
             failures = self.comm.allgather(mine)
@@ -354,7 +462,7 @@ class AtomicNpyWriter:
                 _fsync_folder(os.path.dirname(self.path))
             elif os.path.exists(self._tmp):
                 os.unlink(self._tmp)
-            _temporary_files.discard(self._tmp)
+        _temporary_files.discard(self._tmp)
         with watch(f"rank {self.root} to rename {self.path} into place"):
             self.comm.Barrier()
         if not ok:

@@ -12,6 +12,7 @@ and integer files need ``dtype``.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
@@ -25,7 +26,8 @@ from .grid import ProcessGrid, grid_for, node_rank
 from . import host as host_arrays
 from .host import parallel_copy
 from .faults import inject
-from .io import NpyError, check_output_path, read_header, set_ranks_on_node
+from .io import (AtomicNpyWriter, NpyError, check_output_path, map_block, read_header,
+                 set_ranks_on_node)
 from .layout import Layout
 from .matrix import DistMatrix
 from .progress import Progress
@@ -166,7 +168,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
               "dtype": compute.name, "trans_a": trans_a, "trans_b": trans_b,
               "alpha": alpha, "beta": beta, "backend": be.name}
     grid = grid or grid_for(comm.Get_size(), m, n, be.name, compute, schedule)
-    with ProcessGrid(comm, grid) as pgrid:
+    with ProcessGrid(comm, grid) as pgrid, contextlib.ExitStack() as stack:
         record["grid"] = list(pgrid.shape)
         width = panel_width if isinstance(panel_width, int) else \
             default_panel_width(be.name, compute, precision)
@@ -178,23 +180,36 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
             width = default_panel_width(be.name, compute, precision, out_of_core=True)
         home = be if budget is None else NumpyBackend()  # out of core: data on the host
         record["out_of_core"] = budget is not None
+        # Out of core, blocks of C-ordered files are memory-mapped and read as the
+        # multiply goes (no read phase before it), and the product is written
+        # into the output file in place: the wall time tends to the longest of
+        # reading, multiplying and writing, not their sum.
+        streaming = budget is not None and block is None
+        writer = None
+        if streaming and not c_path:
+            writer = stack.enter_context(AtomicNpyWriter(out, (m, n), compute, comm,
+                                                         keep_errors=True))
+        record["streamed"] = streaming
         progress.phase("read", 3 if c_path else 2)
 
         def read_all():
             inject("read")
-            A = DistMatrix.from_npy(a_path, pgrid, home, block, trans_a, compute)
+            A = (_mapped(headers["A"], trans_a, compute, pgrid) if streaming else None) or \
+                DistMatrix.from_npy(a_path, pgrid, home, block, trans_a, compute)
             progress.step(1, 3 if c_path else 2)
-            B = DistMatrix.from_npy(b_path, pgrid, home, block, trans_b, compute)
+            B = (_mapped(headers["B"], trans_b, compute, pgrid) if streaming else None) or \
+                DistMatrix.from_npy(b_path, pgrid, home, block, trans_b, compute)
             progress.step(2, 3 if c_path else 2)
-            C = (DistMatrix.from_npy(c_path, pgrid, home, block, "N", compute) if c_path
-                 else DistMatrix.zeros((m, n), compute, pgrid, home, block))
+            if c_path:
+                C = DistMatrix.from_npy(c_path, pgrid, home, block, "N", compute)
+            elif writer is not None:
+                C = _output_block(writer, (m, n), compute, pgrid)
+            else:
+                C = DistMatrix.zeros((m, n), compute, pgrid, home, block)
             return A, B, C
         (A, B, C), record["read_seconds"] = _timed(comm, "read", read_all)
-        for name, M in (("A", A), ("B", B), ("C0", C if c_path else None)):
-            bad = _nonfinite(M) if M is not None else 0
-            if bad and rank0:
-                warn(f"{headers[name].path} contains {bad} NaN/Inf value(s); the product "
-                     "will contain NaN/Inf too")
+        if not streaming:  # mapped operands would be read whole here: checked after
+            _warn_nonfinite(headers, (A, B, C if c_path else None), rank0, warn)
         C0 = C.copy() if check and beta != 0 else None
         # One-time costs (communicators, their self-test, the BLAS library's
         # start) are timed on their own, so "multiply" is the multiply.
@@ -212,9 +227,12 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
             else:
                 stats.__dict__.update(summa_out_of_core(
                     alpha, A, B, beta, C, be, budget, panel_width=width, lookahead=lookahead,
-                    precision=precision, progress=progress.step, comm=broadcaster).__dict__)
+                    precision=precision, progress=progress.step, comm=broadcaster,
+                    fresh_c=writer is not None).__dict__)
             be.synchronize()
         _, record["compute_seconds"] = _timed(comm, "multiply", multiply)
+        if streaming:
+            _warn_nonfinite(headers, (A, B, C if c_path else None), rank0, warn)
         record.update(panel_width=stats.panel_width, comm=stats.comm, panels=stats.panels,
                       schedule=stats.extra.get("schedule", "panels"),
                       transposed_a=bool(stats.extra.get("transposed_a", False)))
@@ -230,12 +248,49 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
             record["check_residual"] = residual
             if not residual <= 1:
                 progress.close()
+                if writer is not None:
+                    writer.abandon()
                 raise CheckFailed(f"the product failed the check: scaled residual "
                                   f"{residual:.3e} > 1; {out_path} was not written")
         progress.phase("write", 1)
-        _, record["write_seconds"] = _timed(comm, "write", C.to_npy, out)
+        if writer is not None:  # the product is in the file: on disk, then renamed
+            _, record["write_seconds"] = _timed(comm, "write", collectively, comm,
+                                                writer.flush)
+        else:
+            _, record["write_seconds"] = _timed(comm, "write", C.to_npy, out)
         progress.close()
     return record
+
+
+def _warn_nonfinite(headers, matrices, rank0: bool, warn) -> None:
+    """Warn (rank 0) of NaN/Inf in the inputs A, B, C0 (None: not given)."""
+    for name, M in zip(("A", "B", "C0"), matrices):
+        bad = _nonfinite(M) if M is not None else 0
+        if bad and rank0:
+            warn(f"{headers[name].path} contains {bad} NaN/Inf value(s); the product "
+                 "will contain NaN/Inf too")
+
+
+def _mapped(header, trans: str, compute, grid) -> DistMatrix | None:
+    """The rank's block of a file as a memory map (:func:`summa.io.map_block`)
+    where it can be used as it lies: untransposed, C-ordered, in the compute
+    dtype; None elsewhere (the same on every rank). Collective."""
+    if trans != "N" or header.fortran_order or header.dtype != compute:
+        return None
+    layout = Layout(header.shape, grid.shape)
+    local = collectively(grid.comm, map_block, header,
+                         layout.rows.global_indices(grid.row),
+                         layout.cols.global_indices(grid.col))
+    ok = grid.comm.allreduce(local is not None, op=MPI.LAND)
+    return DistMatrix(grid, layout, local, NumpyBackend()) if ok else None
+
+
+def _output_block(writer, shape, dtype, grid) -> DistMatrix:
+    """The rank's block of the product, mapped from the output file."""
+    layout = Layout(shape, grid.shape)
+    local = collectively(grid.comm, writer.map_block, layout.rows.global_indices(grid.row),
+                         layout.cols.global_indices(grid.col))
+    return DistMatrix(grid, layout, local, NumpyBackend())
 
 
 def _warm_up(A, B, C, backend, dtype, comm_kind, precision, panel_width,
