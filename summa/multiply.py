@@ -138,6 +138,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         The product failed the check; nothing was written.
     """
     comm = MPI.COMM_WORLD if comm is None else comm
+    started = time.perf_counter()
     rank0 = comm.Get_rank() == 0
     set_ranks_on_node(node_rank(comm)[1])  # the node's cores shared out for file I/O
     warn = warn or (lambda text: print(f"summa: warning: {text}", file=sys.stderr, flush=True))
@@ -190,6 +191,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
             writer = stack.enter_context(AtomicNpyWriter(out, (m, n), compute, comm,
                                                          keep_errors=True))
         record["streamed"] = streaming
+        record["prepare_seconds"] = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
         progress.phase("read", 3 if c_path else 2)
 
         def read_all():

@@ -448,3 +448,16 @@ def test_a_streamed_job_killed_or_raising_leaves_no_output(tmp_path, phase):
         assert action == "kill" or not left  # a killed rank may leave its hidden .tmp
         for f in left:
             os.unlink(tmp_path / f)
+
+
+def test_multiply_accounts_for_its_wall_time(tmp_path):
+    import re
+    a, b, c = _files(tmp_path)
+    p = job(2, "multiply", a, b, "-o", c, "--quiet", "--device-memory", "16KiB",
+            "--backend", "numpy")
+    assert p.returncode == 0, p.stderr
+    assert "blocks mapped from the files" in p.stdout
+    start = float(re.search(r"start-up ([\d.]+) s", p.stdout).group(1))
+    wall, rest = map(float, re.search(r"wall ([\d.]+) s so far, (-?[\d.]+) s of it in none",
+                                      p.stdout).groups())
+    assert 0 < start < wall and abs(rest) < wall  # the phases are a share of the wall time

@@ -47,6 +47,7 @@
 #   STAGE=big7   docs/scripts/gpu_session.sh     # 100k float64 transposed; 1-GPU ooc; watchdog
 #   STAGE=sweep  docs/scripts/gpu_session.sh     # issue 21: randomized sweep, ranks sharing GPUs
 #   STAGE=seed   docs/scripts/gpu_session.sh     # issue 22: the user's arrays end to end (~6 min)
+#   STAGE=files23 docs/scripts/gpu_session.sh    # issue 23: multiply from files against the disk
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -787,6 +788,13 @@ seed)  # issue 22: staged host copies tested, their rates, then the user's case 
         --free 24GiB --modes ${MODES:-stage} --json "$OUT/seed.jsonl"
     [ -n "${F32:-57344}" ] && LIMIT=200 run python3 docs/scripts/seed_case.py --sizes ${F32:-57344} \
         --dtype float32 --free 24GiB --peers "${F32_PEERS:-cublasxt}" --json "$OUT/seed.jsonl"
+    ;;
+files23)  # issue 23: multiply from .npy files, in memory and streamed out of core, cold and
+          # warm, against the same disk's parallel read and write rates
+    LIMIT=${FILES_LIMIT:-420} MPIEXEC="$MPI" run python3 docs/scripts/files_case.py \
+        --size ${SIZE:-24576} --dir ${FILES_DIR:-/tmp/summa-files} --ranks ${RANKS:-1} \
+        --device-memory ${CAP:-8GiB} --json "$OUT/files.jsonl"
+    rm -rf "${FILES_DIR:-/tmp/summa-files}"
     ;;
 peers)  # issue 8: one table per dtype, every peer on the same GPUs and the same data
     for args in "--dtype float64" "--dtype float32 --precision tf32" "--dtype float16" \
