@@ -21,11 +21,14 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["empty", "load", "shared_token", "node_shared", "shm_dir", "parallel_copy"]
+__all__ = ["empty", "load", "shared_token", "node_shared", "shm_dir", "parallel_copy",
+           "named", "attach", "shared_name", "unlink_name"]
 
 #: Arrays made here, by id: their token (the node's leader and the file
 #: name), the same on every rank that maps the array. Entries go with them.
 _tokens: dict[int, tuple] = {}
+#: Arrays made by :func:`named` in this process, by id: their file's path.
+_names: dict[int, str] = {}
 
 
 def shm_dir() -> str:
@@ -51,9 +54,12 @@ def node_shared(nbytes: int, comm: MPI.Intracomm) -> bool:
         node.Free()
 
 
-def empty(shape, dtype, comm: MPI.Intracomm) -> np.ndarray:
+def empty(shape, dtype, comm: MPI.Intracomm | None = None) -> np.ndarray:
     """A C-ordered array that every rank of a node of `comm` sees, one copy
     per node; collective. Its values are unset (zeros, as pages fault in).
+    Without `comm` (a plain Python process): one that the workers of
+    summa's pool (:mod:`summa.pool`) read and write where it lies, so that
+    :func:`summa.matmul` copies nothing (:func:`named`).
 
     Raises
     ------
@@ -61,6 +67,8 @@ def empty(shape, dtype, comm: MPI.Intracomm) -> np.ndarray:
         The same on every rank, when some node's shared file system lacks
         the room (naming it and the bytes), before anything is allocated.
     """
+    if comm is None:
+        return named(shape, dtype)[0]
     shape = tuple(int(s) for s in shape)
     dtype = np.dtype(dtype)
     nbytes = max(1, int(np.prod(shape)) * dtype.itemsize)
@@ -91,6 +99,69 @@ def empty(shape, dtype, comm: MPI.Intracomm) -> np.ndarray:
         return array
     finally:
         node.Free()
+
+
+def named(shape, dtype) -> tuple[np.ndarray, str]:
+    """An array in a named shared file, for processes that are not ranks of
+    one communicator yet (summa's worker pool, :mod:`summa.pool`): returns
+    it and the file's path, which :func:`attach` maps elsewhere. The file is
+    removed when the array is garbage collected (the memory once every
+    process has dropped its map)."""
+    shape = tuple(int(x) for x in shape)
+    dtype = np.dtype(dtype)
+    nbytes = max(1, int(np.prod(shape)) * dtype.itemsize)
+    if not _room(nbytes):
+        raise ValueError(f"{shm_dir()} has less than {nbytes / 2**30:.1f} GiB free for a "
+                         "shared array (SUMMA_SHM_DIR names another place)")
+    fd, name = tempfile.mkstemp(prefix="summa-", suffix=".shared", dir=shm_dir())
+    try:
+        os.ftruncate(fd, nbytes)
+    finally:
+        os.close(fd)
+    try:
+        array = np.memmap(name, dtype=dtype, mode="r+", shape=shape if shape else (1,))
+    except BaseException:
+        os.unlink(name)
+        raise
+    _tokens[id(array)] = ("named", os.path.basename(name))
+    _names[id(array)] = name
+    weakref.finalize(array, _forget, id(array), name)
+    return array, name
+
+
+def shared_name(x) -> str | None:
+    """The file of an array made by :func:`named` here (None for others)."""
+    return _names.get(id(x))
+
+
+def unlink_name(x) -> None:
+    """Remove the file of a :func:`named` array now that no other process
+    maps it (its memory stays with the array)."""
+    name = _names.pop(id(x), None)
+    if name is not None:
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
+
+
+def attach(name: str, shape, dtype) -> np.ndarray:
+    """Map the shared file `name` made by :func:`named` in another process;
+    the array has the same token there, so matmul sees one array."""
+    shape = tuple(int(x) for x in shape)
+    array = np.memmap(name, dtype=np.dtype(dtype), mode="r+", shape=shape if shape else (1,))
+    _tokens[id(array)] = ("named", os.path.basename(name))
+    weakref.finalize(array, _tokens.pop, id(array), None)
+    return array
+
+
+def _forget(key: int, name: str) -> None:
+    _tokens.pop(key, None)
+    _names.pop(key, None)
+    try:
+        os.unlink(name)
+    except OSError:
+        pass
 
 
 def shared_token(x) -> tuple | None:

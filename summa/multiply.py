@@ -24,6 +24,8 @@ from .algorithm import SummaStats, gemm, prepare
 from .backend import NumpyBackend, get_backend, resolve_dtype
 from .grid import ProcessGrid, grid_for, node_rank
 from . import host as host_arrays
+from . import pool
+from .arrays import check_arrays, op_shape
 from .host import parallel_copy
 from .faults import inject
 from .io import (AtomicNpyWriter, NpyError, check_output_path, map_block, read_header,
@@ -60,10 +62,6 @@ def check_is_cheap(m: int, n: int, k: int, itemsize: int, backend_name: str) -> 
     check = 64 * (m * k + k * n + m * n) / bandwidth
     multiply = 2 * m * n * k / rate
     return check < 0.02 * multiply
-
-
-def _op_shape(shape, trans: str):
-    return tuple(shape) if trans == "N" else tuple(shape[::-1])
 
 
 def _compute_dtype(headers: dict, dtype) -> np.dtype:
@@ -150,7 +148,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         raise ValueError("beta is not 0, so C0 is needed: pass --c C0.npy")
     headers = {"A": read_header(a_path, comm), "B": read_header(b_path, comm),
                "C0": read_header(c_path, comm) if c_path is not None else None}
-    (m, k), (k2, n) = _op_shape(headers["A"].shape, trans_a), _op_shape(headers["B"].shape,
+    (m, k), (k2, n) = op_shape(headers["A"].shape, trans_a), op_shape(headers["B"].shape,
                                                                           trans_b)
     if k != k2:
         raise NpyError(f"inner dimensions differ: op({a_path}) is {m}x{k} but op({b_path}) "
@@ -314,7 +312,8 @@ _MATMUL_OPTIONS = ("alpha", "trans_a", "trans_b", "panel_width", "lookahead", "b
 
 
 def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
-                  backend="auto", out=None, out_of_core=None, device_memory=None, **kwargs):
+                  backend="auto", out=None, out_of_core=None, device_memory=None,
+                  gpus=None, workers=None, **kwargs):
     """``alpha * op(a) @ op(b)`` for NumPy arrays held on rank `root` (None
     elsewhere); collective.
 
@@ -346,6 +345,12 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     device_memory : str, optional
         Cap on each rank's GPU memory, e.g. "16GiB" (default: 90 % of what
         is free).
+    gpus, workers : int, optional
+        In a plain Python process (no launcher, no `comm`): the pool of
+        worker ranks the multiply runs on (:mod:`summa.pool`): `gpus`
+        (``SUMMA_GPUS``; default every visible GPU), or on a machine without
+        one `workers` (``SUMMA_WORKERS``; default one per 8 cores). One
+        means this process alone.
     **kwargs
         ``broadcaster="host"`` (or ``"auto"`` where the GPUs of a node
         cannot read each other's memory, :func:`summa.selection.peer_access`):
@@ -367,14 +372,22 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         multiplied, an unusable `out`, a device budget too small for any
         tile, a host too small for the plan.
     """
-    comm = MPI.COMM_WORLD if comm is None else comm
     unknown = sorted(set(kwargs) - set(_MATMUL_OPTIONS))
     if unknown:
         raise TypeError(f"matmul got unexpected keyword argument(s) {', '.join(unknown)}")
+    if comm is None and MPI.COMM_WORLD.Get_size() == 1 and not pool.launched():
+        # A plain Python process: every GPU (or `workers` CPU ranks) through a pool.
+        size = pool.pool_size(gpus, workers) if backend != "numpy" else \
+            pool.pool_size(None, workers)
+        if size > 1:
+            return pool.matmul(a, b, size, out=out, out_of_core=out_of_core,
+                               device_memory=device_memory, backend=backend, grid=grid,
+                               **kwargs)
+    comm = MPI.COMM_WORLD if comm is None else comm
     trans_a = str(kwargs.pop("trans_a", "N")).upper()
     trans_b = str(kwargs.pop("trans_b", "N")).upper()
     be = collectively(comm, get_backend, backend, node_rank(comm)[0])
-    meta = _check_arrays(a, b, out, trans_a, trans_b, be) if comm.Get_rank() == root else None
+    meta = check_arrays(a, b, out, trans_a, trans_b, be) if comm.Get_rank() == root else None
     meta = comm.bcast(meta, root=root)
     if isinstance(meta, str):
         raise ValueError(meta)
@@ -508,48 +521,6 @@ def _result_block(out, shape, dtype, grid, shares: bool):
         return DistMatrix(grid, layout, np.empty(layout.local_shape(grid.row, grid.col), dtype),
                           host), None
     return DistMatrix(grid, layout, _block_of(node, layout, grid), host), node
-
-
-def _check_arrays(a, b, out, trans_a, trans_b, backend):
-    """On the root: ``(m, n, k, dtype)`` of ``op(a) @ op(b)``, or the message
-    saying why the arrays (or `out`) cannot be used."""
-    for name, t in (("trans_a", trans_a), ("trans_b", trans_b)):
-        if t not in ("N", "T", "H"):
-            return f"{name} must be N, T or H, got {t!r}"
-    arrays = {}
-    for name, x in (("a", a), ("b", b)):
-        if x is None:
-            return f"the root rank must pass the array {name}"
-        if not isinstance(x, np.ndarray):
-            try:
-                x = np.asarray(x)
-            except Exception as exc:  # noqa: BLE001 -- anything not array-like
-                return f"{name} is not an array ({type(x).__name__}: {exc})"
-        if x.ndim != 2:
-            return f"{name} must be a 2-D array, got {x.ndim}-D"
-        arrays[name] = x
-    a, b = arrays["a"], arrays["b"]
-    if a.dtype != b.dtype:
-        return (f"a is {a.dtype.name} but b is {b.dtype.name}; convert one "
-                "(summa does not promote silently)")
-    try:
-        dtype = backend.check_dtype(a.dtype)
-    except ValueError as exc:
-        return str(exc)
-    (m, k), (k2, n) = _op_shape(a.shape, trans_a), _op_shape(b.shape, trans_b)
-    if k != k2:
-        return f"inner dimensions differ: op(a) is {m}x{k}, op(b) is {k2}x{n}"
-    if out is not None:
-        if not isinstance(out, np.ndarray):
-            return f"out must be a NumPy array, not {type(out).__name__}"
-        if out.shape != (m, n) or out.dtype != dtype:
-            return (f"out is {out.shape} {out.dtype.name}, but the product is "
-                    f"({m}, {n}) {dtype.name}")
-        if not out.flags.writeable:
-            return "out is read-only"
-        if out.size and out.strides[1] != out.itemsize:
-            return "out must have contiguous rows (C order, or a slice of columns of one)"
-    return m, n, k, dtype.str
 
 
 def _host_block(x: np.ndarray, trans: str, grid) -> DistMatrix:

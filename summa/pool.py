@@ -1,0 +1,288 @@
+"""Every GPU from one plain Python process: a pool of MPI workers it starts.
+
+``summa.matmul(a, b)`` in a script or notebook that no MPI launcher started
+(a world of one rank) runs on every visible GPU: the process starts the
+workers as an ordinary MPI job of the MPI mpi4py was built with (its
+``mpiexec``, or ``MPIEXEC``; :mod:`summa.worker`), one rank per GPU, keeps it
+between calls and stops it at exit. The arrays reach the workers through
+shared memory (:func:`summa.host.named`: copied once on host threads, not at
+all where they were made with :func:`summa.host.empty` without a
+communicator), and the product comes back as one too.
+
+The calling process is no rank and needs no MPI: it sends each command over
+a local socket and then only waits, so it can never be caught in a
+collective that a dead worker will not join. (``MPI.COMM_SELF.Spawn`` was
+tried first: with MPICH a worker that fails takes the spawning process down
+with it.) A worker that raises or dies ends the call with one exception
+naming the rank and the cause; the job is then ended and the next call
+starts a new pool. Ctrl-C, or SUMMA_TIMEOUT seconds without an answer, does
+the same. Under a launcher (a world of several ranks) nothing is started.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from . import host
+
+__all__ = ["WorkerError", "pool_size", "launched", "matmul", "close"]
+
+
+class WorkerError(RuntimeError):
+    """A worker of the pool failed (raised, died, or did not answer)."""
+
+
+#: Environment variables a launcher sets in every rank it starts.
+_LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
+                       "MPI_LOCALNRANKS", "SLURM_STEP_ID", "HYDI_CONTROL_FD")
+
+
+def launched() -> bool:
+    """Was this process started by an MPI launcher (mpirun, srun, a pool)?"""
+    return any(v in os.environ for v in _LAUNCHER_VARIABLES)
+
+
+def pool_size(gpus=None, workers=None) -> int:
+    """Workers a plain process's multiply runs on: `gpus` (``SUMMA_GPUS``),
+    else every visible GPU; on a machine without one `workers`
+    (``SUMMA_WORKERS``), else one per 8 cores (a NumPy rank's BLAS threads
+    scale to about that). 1 means: no pool, multiply in this process."""
+    for value in (gpus, workers, os.environ.get("SUMMA_GPUS"), os.environ.get("SUMMA_WORKERS")):
+        if value not in (None, ""):
+            count = int(value)
+            if count < 1:
+                raise ValueError(f"a pool needs at least one worker, not {count}")
+            return count
+    from .backend import cupy_available
+    if cupy_available():
+        import cupy
+        return int(cupy.cuda.runtime.getDeviceCount())
+    return max(1, (os.cpu_count() or 1) // 8)
+
+
+def _mpiexec() -> list[str]:
+    """The launcher of the MPI that mpi4py uses: ``MPIEXEC``, else the
+    ``mpiexec`` beside this Python (./run's venv with the PyPI MPICH), else
+    the one on PATH."""
+    if os.environ.get("MPIEXEC"):
+        return shlex.split(os.environ["MPIEXEC"])
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    found = here if os.access(here, os.X_OK) else shutil.which("mpiexec") or \
+        shutil.which("mpirun")
+    if not found:
+        raise WorkerError("no mpiexec to start the pool's workers with; set MPIEXEC")
+    return [found]
+
+
+class _Pool:
+    """The workers' job, one connection per rank, and how to end it."""
+
+    def __init__(self, size: int):
+        from multiprocessing.connection import Listener
+        self.size = size
+        self._folder = tempfile.mkdtemp(prefix="summa-pool-")
+        key = secrets.token_bytes(16)
+        self._listener = Listener(os.path.join(self._folder, "socket"), family="AF_UNIX",
+                                  authkey=key)
+        env = dict(os.environ, SUMMA_POOL_KEY=key.hex())
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")  # Open MPI as root (containers)
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        self.proc = subprocess.Popen(
+            _mpiexec() + ["-n", str(size), sys.executable, "-m", "summa.worker",
+                          self._listener.address],
+            env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.conns: dict[int, object] = {}
+        self.pids: dict[int, int] = {}
+        try:
+            self._accept()
+        except BaseException:  # Ctrl-C or a failed start: no job left behind
+            self.kill()
+            raise
+
+    def _accept(self) -> None:
+        """Every rank's connection, or the reason it did not come."""
+        import socket
+        # Accept with a timeout, so that a job that never connects is noticed
+        # (multiprocessing's Listener has no public timeout).
+        self._listener._listener._socket.settimeout(0.2)
+        deadline = time.monotonic() + float(os.environ.get("SUMMA_POOL_START", "120"))
+        while len(self.conns) < self.size:
+            try:
+                conn = self._listener.accept()
+            except (socket.timeout, TimeoutError):
+                if self.proc.poll() is not None:
+                    raise WorkerError(f"the pool's workers ended (status {self.proc.returncode})"
+                                      " before they all connected") from None
+                if time.monotonic() > deadline:
+                    raise WorkerError("the pool's workers did not all start in time "
+                                      "(SUMMA_POOL_START seconds)") from None
+                continue
+            _, rank, pid = conn.recv()
+            self.conns[rank], self.pids[rank] = conn, pid
+
+    def run(self, spec: dict) -> dict:
+        """One multiply on every worker; its record, or raise."""
+        from multiprocessing.connection import wait
+        from .watchdog import timeout_from_env
+        self.conns[0].send(("matmul", spec))
+        timeout, last = timeout_from_env(), time.monotonic()
+        while True:
+            ready = wait(list(self.conns.values()), timeout=0.05)
+            for conn in ready:
+                try:
+                    answer = conn.recv()
+                except (EOFError, OSError):
+                    continue  # that rank ended: its error, if any, came first
+                if answer[0] == "done":
+                    return answer[1]
+                _, rank, kind, message, detail = answer
+                if kind == "ValueError":
+                    raise ValueError(message)
+                raise WorkerError(f"worker rank {rank} failed: {kind}: {message}\n{detail}")
+            if self.proc.poll() is not None or (ready and all(c.closed for c in ready)):
+                raise WorkerError(self._death())
+            if timeout and time.monotonic() - last > timeout:
+                raise WorkerError(f"the pool's workers did not answer in {timeout:g} s "
+                                  "(SUMMA_TIMEOUT); the pool is stopped")
+
+    def _death(self) -> str:
+        dead = [r for r, pid in self.pids.items() if not _alive(pid)]
+        who = f"worker rank {dead[0]} (pid {self.pids[dead[0]]})" if dead else "a worker"
+        return f"{who} died; the pool is stopped and starts anew on the next call"
+
+    def kill(self) -> None:
+        """End the workers' job now (its whole process group)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        for pid in self.pids.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.proc.wait()
+        deadline = time.monotonic() + 5  # killed is not yet gone: wait until they are
+        while any(_alive(pid) for pid in self.pids.values()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._cleanup()
+
+    def stop(self) -> None:
+        """Ask the workers to end, and wait for them (briefly)."""
+        try:
+            self.conns[0].send(("stop",))
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.kill()
+            return
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        for conn in self.conns.values():
+            conn.close()
+        self._listener.close()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+_pool: _Pool | None = None
+
+
+def _get(size: int) -> _Pool:
+    global _pool
+    if _pool is not None and _pool.size != size:
+        close()
+    if _pool is None:
+        _pool = _Pool(size)
+    return _pool
+
+
+def close() -> None:
+    """Stop the pool's workers (at exit; also after a failure, by killing them)."""
+    global _pool
+    pool, _pool = _pool, None
+    if pool is not None:
+        try:
+            pool.stop()
+        except Exception:  # noqa: BLE001 -- a broken pool is killed instead
+            pool.kill()
+
+
+atexit.register(close)
+
+
+def matmul(a, b, size: int, out=None, **options):
+    """``op(a) @ op(b)`` on a pool of `size` workers (see the module)."""
+    global _pool
+    # As they are: a shared array's view would lose its name.
+    a, b = (x if isinstance(x, np.ndarray) else np.asarray(x) for x in (a, b))
+    from .arrays import check_arrays
+    from .backend import NumpyBackend
+    meta = check_arrays(a, b, out, str(options.get("trans_a", "N")).upper(),
+                         str(options.get("trans_b", "N")).upper(), NumpyBackend()
+                         if options.get("backend") == "numpy" else _AnyDtype())
+    if isinstance(meta, str):
+        raise ValueError(meta)
+    m, n, _, dtype = meta
+    shared = [_shared(x) for x in (a, b)]
+    result = out if out is not None and host.shared_name(out) else None
+    c, c_name = (result, host.shared_name(result)) if result is not None else \
+        host.named((m, n), dtype)
+    stats = options.pop("stats", None)
+    spec = {"a": shared[0][1], "a_shape": a.shape, "b": shared[1][1], "b_shape": b.shape,
+            "c": c_name, "c_shape": (m, n), "dtype": np.dtype(dtype).str,
+            "options": options,
+            "env": {k: v for k, v in os.environ.items() if k.startswith("SUMMA_")}}
+    pool = _get(size)
+    try:
+        record = pool.run(spec)
+    except BaseException:  # a raise, a death, Ctrl-C: no worker is left running
+        _pool = None
+        pool.kill()
+        raise
+    if stats is not None:
+        stats.__dict__.update(record)
+    if out is not None and result is None:
+        host.parallel_copy(out, c)
+        return out
+    if result is None:
+        host.unlink_name(c)  # the workers have let go: only this process maps it
+    return c
+
+
+def _shared(x: np.ndarray):
+    """`x` in a shared file: itself where it is one, else a copy (host threads)."""
+    name = host.shared_name(x)
+    if name is not None:
+        return x, name
+    copy, name = host.named(x.shape, x.dtype)
+    host.parallel_copy(copy, x)
+    return copy, name
+
+
+class _AnyDtype:
+    """Dtype check of the pool's owner, which loads no GPU library: the
+    workers' backend checks the dtype again."""
+
+    @staticmethod
+    def check_dtype(dtype):
+        from .backend import resolve_dtype
+        return resolve_dtype(dtype)

@@ -1,0 +1,72 @@
+"""``python -m summa.worker ADDRESS``: one rank of the pool that a plain
+Python process started (:mod:`summa.pool`).
+
+The workers are an ordinary MPI job (``mpiexec -n P python -m summa.worker``),
+one rank per GPU as under mpirun. Every rank connects back to the pool's
+owner at ADDRESS (a local socket; the key comes in ``SUMMA_POOL_KEY``); rank
+0 receives each command and passes it to the others, all run it (a multiply
+of shared arrays, :mod:`summa.host`), and rank 0 answers ``("done", record)``.
+A rank that fails answers ``("error", rank, type, message, traceback)`` and
+ends with a non-zero status, which ends the job: the others may be inside a
+collective it will never join. The owner then starts a new pool.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+
+def serve(conn, world) -> None:
+    """Run the owner's commands until it says stop (or goes away)."""
+    from . import host
+    from .algorithm import SummaStats
+    from .multiply import matmul_arrays
+    while True:
+        command = conn.recv() if world.Get_rank() == 0 else None
+        command = world.bcast(command, root=0)
+        if command[0] == "stop":
+            return
+        spec = command[1]
+        os.environ.update(spec["env"])
+        a = host.attach(spec["a"], spec["a_shape"], spec["dtype"])
+        b = host.attach(spec["b"], spec["b_shape"], spec["dtype"])
+        c = host.attach(spec["c"], spec["c_shape"], spec["dtype"])
+        stats = SummaStats()
+        matmul_arrays(a, b, comm=world, out=c, stats=stats, **spec["options"])
+        del a, b, c
+        world.Barrier()  # every block of the product is in place
+        if world.Get_rank() == 0:
+            conn.send(("done", stats.as_dict()))
+
+
+def main(argv=None) -> int:
+    from multiprocessing.connection import Client
+    args = sys.argv[1:] if argv is None else argv
+    key = os.environ.get("SUMMA_POOL_KEY")
+    if len(args) != 1 or not key:
+        print("summa.worker: started by summa's pool (summa.matmul in a plain Python "
+              "process), not by hand", file=sys.stderr)
+        return 2
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    conn = Client(args[0], authkey=bytes.fromhex(key))
+    conn.send(("hello", world.Get_rank(), os.getpid()))
+    try:
+        serve(conn, world)
+    except (EOFError, OSError):  # the owner is gone: nothing to answer
+        os._exit(1)
+    except BaseException as exc:  # noqa: BLE001 -- told to the owner, then the job ends
+        detail = "".join(traceback.format_exception(exc)[-6:])
+        try:
+            conn.send(("error", world.Get_rank(), type(exc).__name__, str(exc), detail))
+        except OSError:
+            pass
+        os._exit(1)  # no MPI_Finalize: the others may be stuck in a collective
+    conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""One plain Python process, several ranks: summa.matmul spawns a pool of
+workers (summa/pool.py, summa/worker.py). Serial tests only: under a launcher
+nothing is spawned (test_multiply covers that path)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import summa
+from helpers import gemm_scaled_error, random_array
+from summa import host, pool
+
+pytestmark = pytest.mark.skipif(pool.launched(), reason="under a launcher nothing is spawned")
+
+
+def _shared_files():
+    return sorted(f for f in os.listdir(host.shm_dir()) if f.startswith("summa-"))
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 6])
+def test_a_pool_multiplies_within_the_gauge_and_leaves_the_arrays_alone(rng, workers):
+    a, b = random_array(rng, (61, 47), "float64"), random_array(rng, (47, 38), "float64")
+    a0, b0 = a.copy(), b.copy()
+    c = summa.matmul(a, b, workers=workers, backend="numpy", panel_width=8)
+    assert gemm_scaled_error(c, a, b) <= 1
+    assert np.array_equal(a, a0) and np.array_equal(b, b0)
+    out = np.empty((38, 61))
+    assert summa.matmul(b, a, trans_a="T", trans_b="T", workers=workers, backend="numpy",
+                        out=out) is out
+    assert gemm_scaled_error(out, b, a, trans_a="T", trans_b="T") <= 1
+
+
+def test_arrays_made_shared_are_not_copied(rng, monkeypatch):
+    a = host.empty((40, 30), "float32")
+    b = host.empty((30, 20), "float32")
+    a[...] = random_array(rng, a.shape, "float32")
+    b[...] = random_array(rng, b.shape, "float32")
+    out = host.empty((40, 20), "float32")
+    copies = []
+    real = host.named
+    monkeypatch.setattr(host, "named", lambda *x: copies.append(x) or real(*x))
+    assert summa.matmul(a, b, workers=2, backend="numpy", out=out) is out
+    assert copies == []  # no copy of A or B, the product in place
+    assert gemm_scaled_error(np.asarray(out), np.asarray(a), np.asarray(b)) <= 1
+
+
+@pytest.mark.parametrize("action,match", [("raise", "worker rank 1 failed: RuntimeError: "
+                                                    "injected fault in summa on rank 1"),
+                                          ("kill", r"worker rank \d \(pid \d+\) died")])
+def test_a_failing_worker_ends_the_call_with_one_error_and_the_pool_starts_anew(
+        rng, monkeypatch, action, match):
+    a, b = random_array(rng, (50, 40), "float64"), random_array(rng, (40, 30), "float64")
+    summa.matmul(a, b, workers=3, backend="numpy")  # a pool to break
+    before = dict(pool._pool.pids)
+    monkeypatch.setenv("SUMMA_INJECT_FAULT", f"summa:1:{action}")
+    with pytest.raises(pool.WorkerError, match=match):
+        summa.matmul(a, b, workers=3, backend="numpy", out_of_core=True, panel_width=4)
+    assert pool._pool is None
+    assert not [p for p in before.values() if _alive(p)]  # no worker left running
+    monkeypatch.delenv("SUMMA_INJECT_FAULT")
+    c = summa.matmul(a, b, workers=3, backend="numpy")
+    assert gemm_scaled_error(c, a, b) <= 1
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_bad_input_is_a_value_error_before_anything_is_spawned(rng):
+    a = random_array(rng, (5, 4), "float64")
+    pool.close()
+    with pytest.raises(ValueError, match="inner dimensions"):
+        summa.matmul(a, a, workers=2, backend="numpy")
+    assert pool._pool is None
+    with pytest.raises(ValueError, match="at least one worker"):
+        summa.matmul(a, a.T, workers=0, backend="numpy")
+
+
+def test_a_worker_that_does_not_answer_ends_the_call_after_the_timeout(rng, monkeypatch):
+    a = random_array(rng, (40, 40), "float64")
+    monkeypatch.setenv("SUMMA_INJECT_FAULT", "summa:0:hang")
+    monkeypatch.setenv("SUMMA_TIMEOUT", "2")
+    with pytest.raises(pool.WorkerError, match="did not answer in 2 s"):
+        summa.matmul(a, a, workers=2, backend="numpy", out_of_core=True, panel_width=4)
+    assert pool._pool is None
+
+
+def test_many_calls_leave_no_processes_files_or_memory_behind(rng):
+    a, b = random_array(rng, (64, 64), "float64"), random_array(rng, (64, 64), "float64")
+    summa.matmul(a, b, workers=2, backend="numpy")
+    pids, files = dict(pool._pool.pids), _shared_files()
+    for _ in range(30):
+        c = summa.matmul(a, b, workers=2, backend="numpy")
+        del c
+    assert pool._pool.pids == pids and _shared_files() == files
+
+
+def test_ctrl_c_stops_the_workers(tmp_path):
+    script = tmp_path / "interrupted.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, numpy as np, summa
+        from summa import pool
+        os.environ["SUMMA_INJECT_FAULT"] = "summa:1:hang"
+        a = np.ones((40, 40))
+        try:
+            summa.matmul(a, a, workers=2, backend="numpy", out_of_core=True, panel_width=4)
+        except KeyboardInterrupt:
+            print("interrupted", pool._pool is None, flush=True)
+    """))
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(summa.__file__)))
+    env.pop("SUMMA_INJECT_FAULT", None)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            env=env)
+    import time
+    time.sleep(4)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert "interrupted True" in out
