@@ -34,7 +34,35 @@ def _all_ranks_failed(ctl, grace: float) -> bool:
     return False
 
 
+#: Commands that, started without a launcher, run on every GPU (or SUMMA_WORKERS ranks).
+_RELAUNCHED = ("multiply",)
+
+
+def _relaunch(argv) -> None:
+    """``python -m summa multiply ...`` without mpirun on a machine with several
+    GPUs: the same command again under the MPI's own mpiexec, one rank per
+    GPU (``SUMMA_GPUS``; ``SUMMA_WORKERS`` on CPUs), as summa.matmul's pool
+    does in a script. Does nothing under a launcher or for one rank."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] not in _RELAUNCHED:
+        return
+    from .pool import _mpiexec, launched, pool_size
+    if launched():
+        return
+    backend = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--backend"), "auto")
+    size = pool_size(None, None) if backend != "numpy" else \
+        int(os.environ.get("SUMMA_WORKERS") or 1)
+    if size <= 1:
+        return
+    command = _mpiexec() + ["-n", str(size), sys.executable, "-m", "summa", *args]
+    sys.stdout.flush()
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    os.execvp(command[0], command)
+
+
 def main(argv=None) -> int:
+    _relaunch(argv)
     from mpi4py import MPI
 
     from . import cli

@@ -125,3 +125,19 @@ def test_ctrl_c_stops_the_workers(tmp_path):
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert "interrupted True" in out
+
+
+def test_the_multiply_command_without_mpirun_runs_on_every_worker(tmp_path):
+    rng = np.random.default_rng()
+    a, b = rng.uniform(-1, 1, (30, 20)), rng.uniform(-1, 1, (20, 25))
+    np.save(tmp_path / "A.npy", a)
+    np.save(tmp_path / "B.npy", b)
+    env = dict(os.environ, SUMMA_WORKERS="3",
+               PYTHONPATH=os.path.dirname(os.path.dirname(summa.__file__)))
+    p = subprocess.run([sys.executable, "-m", "summa", "multiply", str(tmp_path / "A.npy"),
+                        str(tmp_path / "B.npy"), "-o", str(tmp_path / "C.npy"), "--backend",
+                        "numpy", "--check"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "summa multiply: 3 ranks" in p.stdout
+    assert gemm_scaled_error(np.load(tmp_path / "C.npy"), a, b) <= 1
