@@ -1,0 +1,118 @@
+"""Ozaki scheme II on the CPU (summa/ozaki.py): exact residue products, the
+reconstruction, scaling's edge cases, and the accuracy the bound states."""
+
+import math
+
+import numpy as np
+import pytest
+
+from summa import ozaki
+
+
+def test_moduli_are_pairwise_coprime_and_fit_int8():
+    assert all(math.gcd(a, b) == 1 for i, a in enumerate(ozaki.MODULI)
+               for b in ozaki.MODULI[i + 1:])
+    assert max(ozaki.MODULI) <= 256
+    for m in ozaki.MODULI:
+        r = ozaki.residues(np.arange(-3000, 3000), m)
+        assert r.dtype == np.int8 and np.all((np.arange(-3000, 3000) - r) % m == 0)
+
+
+def test_residue_products_reconstruct_the_integer_product_exactly(rng):
+    k, bits = 37, 20
+    a = rng.integers(-2**bits, 2**bits + 1, (9, k))
+    b = rng.integers(-2**bits, 2**bits + 1, (k, 7))
+    count = ozaki.moduli_for(bits, k)
+    chosen = ozaki.MODULI[:count]
+    parts = [ozaki.integer_product(ozaki.residues(a, m), ozaki.residues(b, m)) % m
+             for m in chosen]
+    exact = a.astype(object) @ b.astype(object)   # Python integers: no rounding
+    got = ozaki.reconstruct(parts, chosen)
+    assert np.array_equal(got, exact.astype(np.float64))  # exact below 2**53
+    # one modulus fewer than the bound asks for can no longer tell the product
+    short = ozaki.reconstruct(parts[:-1], chosen[:-1])
+    worst = max(abs(int(x)) for x in exact.ravel())
+    assert worst * 2 >= math.prod(chosen[:-1]) or np.array_equal(short, got)
+
+
+def test_reconstruction_beyond_53_bits_is_float64_accurate(rng):
+    chosen = ozaki.MODULI[:16]
+    big = [int(x) for x in rng.integers(-2**62, 2**62, 40)]
+    values = [v * 2**40 + 12345 for v in big]      # ~2**102, inside (-M/2, M/2)
+    parts = [np.array([v % m for v in values]) for m in chosen]
+    got = ozaki.reconstruct(parts, chosen)
+    want = np.array([float(v) for v in values])
+    assert np.all(np.abs(got - want) <= 2 * np.finfo(float).eps * np.abs(want))
+
+
+def test_long_inner_dimensions_go_in_pieces_that_int32_holds(rng, monkeypatch):
+    monkeypatch.setattr(ozaki, "K_EXACT", 5)
+    a8 = rng.integers(-128, 128, (4, 23)).astype(np.int8)
+    b8 = rng.integers(-128, 128, (23, 3)).astype(np.int8)
+    assert np.array_equal(ozaki.integer_product(a8, b8),
+                          a8.astype(np.int64) @ b8.astype(np.int64))
+
+
+@pytest.mark.parametrize("data", ["uniform", "normal", "rows 1e±8"])
+def test_float64_products_within_the_stated_bound_and_float64_level(rng, data):
+    m, k, n = 48, 300, 40
+    if data == "uniform":
+        a, b = rng.uniform(-1, 1, (m, k)), rng.uniform(-1, 1, (k, n))
+    elif data == "normal":
+        a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    else:  # each row (column) of A (B) at its own scale: within a row all alike
+        a = rng.uniform(-1, 1, (m, k)) * 10.0 ** rng.uniform(-8, 8, (m, 1))
+        b = rng.uniform(-1, 1, (k, n)) * 10.0 ** rng.uniform(-8, 8, (1, n))
+    c = ozaki.gemm_int8(a, b, bits=53)
+    ref = a.astype(np.longdouble) @ b.astype(np.longdouble)
+    err = np.abs(c - ref).astype(np.float64)
+    assert np.all(err <= ozaki.error_bound(a, b, 53))
+    gauge = k * np.finfo(np.float64).eps * (np.abs(a) @ np.abs(b))  # the PBLAS gauge
+    assert np.max(err / gauge) <= 1
+
+
+def test_spread_within_a_row_costs_its_small_entries_bits(rng):
+    # the honest limit: a row keeps 53 bits of its largest entry, so its entries
+    # 1e16 smaller keep none, and where B's column weighs them most (its entry
+    # against the large one is tiny), the product leaves float64's gauge
+    a = rng.uniform(-1, 1, (8, 64))
+    a[:, 0] *= 1e8
+    a[:, 1:] *= 1e-8
+    b = rng.uniform(-1, 1, (64, 8))
+    b[0] *= 1e-8
+    c = ozaki.gemm_int8(a, b, bits=53)
+    ref = a.astype(np.longdouble) @ b.astype(np.longdouble)
+    err = np.abs(c - ref).astype(np.float64)
+    assert np.all(err <= ozaki.error_bound(a, b, 53))
+    gauge = 64 * np.finfo(np.float64).eps * (np.abs(a) @ np.abs(b))
+    assert np.max(err / gauge) > 1  # beyond float64's gauge: what --check is for
+
+
+def test_fewer_bits_need_fewer_moduli_and_cost_accuracy(rng):
+    a, b = rng.uniform(-1, 1, (20, 100)), rng.uniform(-1, 1, (100, 20))
+    assert ozaki.moduli_for(20, 100) < ozaki.moduli_for(53, 100)
+    ref = a @ b
+    errs = [np.max(np.abs(ozaki.gemm_int8(a, b, bits=t) - ref)) for t in (16, 30, 53)]
+    assert errs[0] > errs[1] > errs[2]
+    for t, e in zip((16, 30), errs):
+        assert e <= np.max(ozaki.error_bound(a, b, t))
+
+
+def test_zeros_subnormals_and_non_finite_inputs(rng):
+    a = rng.uniform(-1, 1, (6, 5))
+    a[2] = 0.0                                 # a zero row stays zero
+    a[4] = rng.uniform(-1, 1, 5) * 1e-310      # a subnormal row keeps its bits
+    b = rng.uniform(-1, 1, (5, 4))
+    c = ozaki.gemm_int8(a, b)
+    assert np.all(c[2] == 0)
+    ref = a.astype(np.longdouble) @ b.astype(np.longdouble)
+    assert np.all(np.abs(c - ref).astype(float) <= ozaki.error_bound(a, b, 53))
+    for bad in (np.inf, np.nan):
+        a2 = a.copy()
+        a2[0, 0] = bad
+        with pytest.raises(ValueError, match="finite inputs"):
+            ozaki.gemm_int8(a2, b)
+    with pytest.raises(ValueError, match="bits"):
+        ozaki.gemm_int8(a, b, bits=63)
+    with pytest.raises(ValueError, match="moduli"):
+        ozaki.moduli_for(62, 2**120)
