@@ -261,7 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "(summa/model.py): predicted time, TFLOP/s and efficiency, "
                                        "the recommended grid and panel width, and with --sweep "
                                        "strong- and weak-scaling tables.")
-    model.add_argument("--profile", required=True, metavar="FILE", help="from summa calibrate")
+    model.add_argument("--profile", default=None, metavar="FILE",
+                       help="from summa calibrate (default: the profile shipped with summa, "
+                            "of 2 H200s, with a note)")
     model.add_argument("--size", type=_positive_int, default=None, metavar="N",
                        help="M = N = K (default 16384)")
     for dim in ("m", "n", "k"):
@@ -412,7 +414,8 @@ def _run_multiply(args, comm: MPI.Comm, out) -> int:
 
 
 def _run_plan(args, comm: MPI.Comm, out) -> int:
-    ranks = args.ranks or comm.Get_size()
+    # A grid names its rank count: planning comes before the machine does.
+    ranks = args.ranks or (args.grid[0] * args.grid[1] if args.grid else comm.Get_size())
     m, n, k = args.m or args.size, args.n or args.size, args.k or args.size
     grid = args.grid or grid_for(ranks, m, n, args.backend, args.dtype, args.schedule)
     if grid[0] * grid[1] != ranks:

@@ -48,6 +48,11 @@ def run_model(args, comm: MPI.Comm, out) -> int:
     """Print predictions (and with --sweep strong/weak scaling tables)."""
     if comm.Get_rank() != 0:
         return 0
+    if args.profile is None:
+        args.profile = shipped_profile()
+        print(f"model: no --profile given; using the profile shipped with summa ({args.profile}:"
+              " 2 H200s with NVLink, measured by summa calibrate); calibrate this machine for "
+              "its own", file=out)
     profile = Profile.load(args.profile)
     size = args.size or 16384
     m, n, k = args.m or size, args.n or size, args.k or size
@@ -67,7 +72,7 @@ def run_model(args, comm: MPI.Comm, out) -> int:
                       file=out)
             print(file=out)
         return 0
-    ranks = args.ranks or comm.Get_size()
+    ranks = args.ranks or (args.grid[0] * args.grid[1] if args.grid else comm.Get_size())
     grid = args.grid or None
     if grid is None:
         best = recommend(profile, m, n, k, args.dtype, ranks, **kwargs)
@@ -86,6 +91,11 @@ def run_model(args, comm: MPI.Comm, out) -> int:
     print(f"  recommended: grid {best.grid[0]}x{best.grid[1]}, nb {best.panel_width} "
           f"({best.seconds:.4f} s)", file=out)
     return 0
+
+
+def shipped_profile() -> str:
+    """The calibrated profile that comes with summa (2 H200s, session 6)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles", "h200.json")
 
 
 def load_results(path) -> list[dict]:

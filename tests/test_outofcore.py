@@ -464,3 +464,18 @@ def test_out_of_core_cuts_columns_when_a_row_of_c_does_not_fit(comm, rng):
         assert stats.extra["tiles"][1] > 1
     if comm.rank == 0:
         assert gemm_scaled_error(c, a, b, c0, 1.0, 1.0) <= 1
+
+
+def test_plan_and_model_take_the_rank_count_from_the_grid_and_model_needs_no_profile():
+    from mpi4py import MPI
+    out = io.StringIO()
+    # the seed case, planned on a laptop for eight 24 GB GPUs
+    assert cli.main(["plan", "--size", "100000", "--dtype", "float64", "--grid", "2x4",
+                     "--device-memory", "22GiB"], MPI.COMM_SELF, out) == 0
+    assert "on 8 ranks (grid 2x4)" in out.getvalue() and "out-of-core" in out.getvalue()
+    model = io.StringIO()
+    assert cli.main(["model", "--size", "65536", "--dtype", "float64", "--grid", "2x4"],
+                    MPI.COMM_SELF, model) == 0
+    text = model.getvalue()
+    assert "profile shipped with summa" in text and "on 8 ranks, grid 2x4" in text
+    assert re.search(r"predicted [\d.]+ s", text)
