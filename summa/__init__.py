@@ -14,11 +14,12 @@ Examples
 """
 
 from . import host
-from .algorithm import SummaStats, gemm, matmul, summa
+from .algorithm import SummaStats, gemm, summa
 from .backend import get_backend
 from .grid import ProcessGrid
 from .layout import Distribution, Layout
 from .matrix import DistMatrix
+from .multiply import matmul
 from .verify import freivalds
 
 __version__ = "0.1.0"

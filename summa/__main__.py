@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     from . import cli
 
     from .agree import RankFailure
-    from .io import remove_temporary_files
+    from .cleanup import remove_temporary_files
     from .watchdog import handle_signals
 
     world = MPI.COMM_WORLD

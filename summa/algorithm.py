@@ -1,4 +1,4 @@
-"""The SUMMA loop and the public ``gemm``/``matmul`` entry points.
+"""The SUMMA loop and the public ``gemm`` entry point.
 
 For each panel of the inner dimension the grid column owning A's panel
 broadcasts it along the grid rows, the grid row owning B's panel broadcasts it
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, asdict
 import numpy as np
 from mpi4py import MPI
 
+from .checks import check_layouts, check_operands, check_scalars
 from .layout import Distribution, Layout, panel_schedule, split_panel
 from .matrix import DistMatrix
 from .selection import _export, _pick_broadcasters
@@ -26,7 +27,7 @@ from .tuning import auto_panel_width, default_panel_width, transposes_a
 from .faults import inject
 from .watchdog import watch
 
-__all__ = ["summa", "gemm", "matmul", "SummaStats", "default_panel_width"]
+__all__ = ["summa", "gemm", "SummaStats", "default_panel_width"]
 
 #: Pieces the first panel is sent in on GPUs (its broadcast is the pipeline fill).
 HEAD_PIECES = 4
@@ -68,51 +69,6 @@ class SummaStats:
         return asdict(self)
 
 
-def _check_operands(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None,
-                    op_a: str = "N", op_b: str = "N") -> tuple[int, int, int]:
-    """Raise the same ValueError on every rank if ``op(A) @ op(B)`` (into C)
-    cannot be formed; return ``(M, N, K)``. Looks at metadata only."""
-    others = [B] + ([] if C is None else [C])
-    if any(X.grid is not A.grid for X in others):
-        raise ValueError("A, B and C must live on the same ProcessGrid")
-    if any(X.backend.name != A.backend.name for X in others):
-        raise ValueError("A, B and C must use the same backend")
-    if any(X.dtype != A.dtype for X in others):
-        raise ValueError(f"dtypes differ: A {A.dtype.name}, B {B.dtype.name}"
-                         + ("" if C is None else f", C {C.dtype.name}"))
-    m, k = A.shape if op_a == "N" else A.shape[::-1]
-    k2, n = B.shape if op_b == "N" else B.shape[::-1]
-    if k != k2:
-        raise ValueError(f"inner dimensions differ: op(A) is {m}x{k}, op(B) is {k2}x{n}")
-    if C is not None and C.shape != (m, n):
-        raise ValueError(f"C is {C.shape[0]}x{C.shape[1]}, expected {m}x{n}")
-    return m, n, k
-
-
-def _check_layouts(A: DistMatrix, B: DistMatrix, C: DistMatrix) -> None:
-    """A's rows must be distributed like C's rows, B's columns like C's columns."""
-    if A.layout.rows != C.layout.rows:
-        raise ValueError(f"A's rows ({A.layout.rows}) and C's rows ({C.layout.rows}) "
-                         "are distributed differently")
-    if B.layout.cols != C.layout.cols:
-        raise ValueError(f"B's columns ({B.layout.cols}) and C's columns "
-                         f"({C.layout.cols}) are distributed differently")
-
-
-def _check_scalars(alpha, beta, dtype, precision, backend) -> None:
-    """Raise ValueError for complex scalars with real data, or a bad precision."""
-    for name, value in (("alpha", alpha), ("beta", beta)):
-        if dtype.kind != "c" and np.iscomplexobj(value) and np.imag(value) != 0:
-            raise ValueError(f"{name}={value} is complex but the matrices are {dtype.name}")
-    if precision not in (None, "default", "tf32"):
-        raise ValueError(f"precision must be default or tf32, got {precision!r}")
-    if precision == "tf32" and dtype.char not in "fFe":
-        raise ValueError(f"precision tf32 applies to float32, complex64 and float16 data, "
-                         f"not {dtype.name}")
-    if precision == "tf32" and backend.name != "cupy":
-        raise ValueError("precision tf32 needs the cupy backend (TF32 is a GPU tensor-core mode)")
-
-
 def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=None,
           lookahead: int = 1, broadcaster: str = "auto", precision: str | None = None,
           progress=None, schedule: str = "panels") -> SummaStats:
@@ -147,9 +103,9 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     SummaStats
         This rank's timings.
     """
-    _check_operands(A, B, C)
-    _check_layouts(A, B, C)
-    _check_scalars(alpha, beta, C.dtype, precision, C.backend)
+    check_operands(A, B, C)
+    check_layouts(A, B, C)
+    check_scalars(alpha, beta, C.dtype, precision, C.backend)
     strips = check_schedule(schedule, C.grid.shape) == "strips" and C.grid.size > 1
     backend, grid = C.backend, C.grid
     if strips and isinstance(panel_width, str) and panel_width == "auto":
@@ -587,8 +543,8 @@ def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, b
     # Everything below is checked before the transposes, so bad input never
     # starts communication.
     grid = A.grid
-    m, n, _ = _check_operands(A, B, C, op_a, op_b)
-    _check_scalars(alpha, beta, A.dtype, precision, A.backend)
+    m, n, _ = check_operands(A, B, C, op_a, op_b)
+    check_scalars(alpha, beta, A.dtype, precision, A.backend)
     check_schedule(schedule, grid.shape)
     if C is None:
         rows = A.layout.rows if op_a == "N" else Distribution(m, grid.shape[0], A.layout.cols.block)
@@ -613,22 +569,3 @@ def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, b
         for key, value in result.as_dict().items():
             setattr(stats, key, value)
     return C
-
-
-def matmul(A, B, **kwargs):
-    """The product ``A @ B``.
-
-    With DistMatrix operands: a new DistMatrix (options as for :func:`gemm`).
-    With NumPy arrays held on one rank (None on the others): the product as a
-    NumPy array on that rank, None elsewhere; ``comm`` (default COMM_WORLD),
-    ``root``, ``grid`` and ``backend`` choose where it runs
-    (:func:`summa.multiply.matmul_arrays`).
-
-    Examples
-    --------
-    >>> c = matmul(a if rank == 0 else None, b if rank == 0 else None)  # doctest: +SKIP
-    """
-    if isinstance(A, DistMatrix) or isinstance(B, DistMatrix):
-        return gemm(A, B, **kwargs)
-    from .multiply import matmul_arrays
-    return matmul_arrays(A, B, **kwargs)

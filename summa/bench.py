@@ -13,7 +13,8 @@ import numpy as np
 from mpi4py import MPI
 
 from . import __version__
-from .algorithm import SummaStats, _check_scalars, default_panel_width, gemm
+from .algorithm import SummaStats, default_panel_width, gemm
+from .checks import check_scalars
 from .backend import NumpyBackend, get_backend
 from .comm import choose_comm
 from .grid import ProcessGrid, grid_for, grid_shapes, node_rank
@@ -167,7 +168,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     m, n, k = _shape(args, DEFAULT_SIZE_GPU if backend.name == "cupy" else DEFAULT_SIZE_CPU)
     precision = None if args.precision == "default" else args.precision
     try:
-        _check_scalars(1.0, 0.0, dtype, precision, backend)
+        check_scalars(1.0, 0.0, dtype, precision, backend)
         choose_comm(args.comm, backend)
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -12,7 +12,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .comm import make_broadcaster
+from .broadcasters import make_broadcaster
 from .grid import node_rank
 from .model import Profile
 from .transpose import PanelsOfA

@@ -22,7 +22,7 @@ from mpi4py import MPI
 import numpy as np
 
 __all__ = ["CHUNK_BYTES", "HostStagedBroadcaster", "NcclBroadcaster", "CudaAwareBroadcaster",
-           "make_broadcaster", "choose_comm", "mpi_cuda_aware", "nccl_available", "self_test",
+           "BROADCASTER_NAMES", "choose_comm", "mpi_cuda_aware", "nccl_available",
            "send_array", "recv_array", "chunks"]
 
 #: Largest message in bytes. Module-level so tests can lower it to exercise
@@ -357,14 +357,9 @@ def nccl_available() -> tuple[bool, str]:
     return True, f"NCCL {version // 10000}.{version // 100 % 100}.{version % 100}"
 
 
-#: The broadcaster classes by the names ``--comm`` accepts.
-def _ipc_broadcaster(comm, backend):
-    from .ipc import IpcBroadcaster  # CUDA IPC lives in its own module
-    return IpcBroadcaster(comm, backend)
-
-
-BROADCASTERS = {"nccl": NcclBroadcaster, "cuda-aware": CudaAwareBroadcaster,
-                "mpi": HostStagedBroadcaster, "ipc": _ipc_broadcaster}
+#: The broadcasters by the names ``--comm`` accepts (classes in
+#: :mod:`summa.broadcasters`, which adds CUDA IPC's from :mod:`summa.ipc`).
+BROADCASTER_NAMES = ("nccl", "cuda-aware", "mpi", "ipc")
 
 
 def choose_comm(kind: str, backend) -> str:
@@ -376,9 +371,9 @@ def choose_comm(kind: str, backend) -> str:
     asked for; ``auto`` in the in-memory SUMMA loop takes it where the grid
     allows (:func:`summa.selection._broadcasters`).
     """
-    if kind not in ("auto", *BROADCASTERS):
+    if kind not in ("auto", *BROADCASTER_NAMES):
         raise ValueError(f"unknown communication mode {kind!r}; choose auto, "
-                         + ", ".join(BROADCASTERS))
+                         + ", ".join(BROADCASTER_NAMES))
     if backend is None or backend.name != "cupy":
         if kind in ("nccl", "cuda-aware", "ipc"):
             raise ValueError(f"--comm {kind} needs the cupy backend")
@@ -392,36 +387,3 @@ def choose_comm(kind: str, backend) -> str:
     if kind == "cuda-aware" and not mpi_cuda_aware()[0]:
         raise ValueError(f"--comm cuda-aware: {mpi_cuda_aware()[1]}")
     return kind
-
-
-def self_test(broadcaster, backend) -> None:
-    """Broadcast a small pattern from every root and check it on every rank.
-
-    Raises RuntimeError on every rank of the communicator if any rank got
-    wrong bytes.
-    """
-    comm = broadcaster.comm
-    ok = True
-    for root in range(comm.Get_size()):
-        expect = np.arange(1000, dtype=np.float64) * (root + 1) + 0.5
-        buf = backend.asarray(expect if comm.Get_rank() == root else np.zeros_like(expect))
-        broadcaster.ibcast(buf, root).wait()
-        backend.synchronize()
-        ok &= bool(np.array_equal(backend.to_host(buf), expect))
-    bad = [r for r, good in enumerate(comm.allgather(ok)) if not good]
-    if bad:
-        raise RuntimeError(f"{broadcaster.name} broadcast self-test failed on ranks {bad} "
-                           "of a grid row/column; try --comm mpi")
-
-
-def make_broadcaster(kind: str, comm: MPI.Intracomm, backend, check: bool = False):
-    """Return the broadcaster `kind` over `comm`, self-tested when `check` is set."""
-    name = choose_comm(kind, backend)
-    broadcaster = BROADCASTERS[name](comm, backend)
-    if check:
-        try:
-            self_test(broadcaster, backend)
-        except RuntimeError:  # raised on every rank of `comm`: free it everywhere
-            broadcaster.free()
-            raise
-    return broadcaster

@@ -21,27 +21,13 @@ from numpy.lib import format as npy_format
 from mpi4py import MPI
 
 from .agree import RankFailure
+from .cleanup import temporary_files
 from .faults import inject
 from .watchdog import watch
 
 __all__ = ["NpyHeader", "NpyError", "read_header", "read_block", "map_block", "take_block",
            "AtomicNpyWriter",
-           "check_output_path", "remove_temporary_files", "io_threads", "set_ranks_on_node"]
-
-#: Temporary outputs of this process not yet renamed into place, so a signal or
-#: the watchdog can remove them before the process ends.
-_temporary_files: set = set()
-
-
-def remove_temporary_files() -> None:
-    """Delete this process's unfinished temporary outputs (safe from any thread)."""
-    for path in list(_temporary_files):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-        _temporary_files.discard(path)
-
+           "check_output_path", "io_threads", "set_ranks_on_node"]
 
 class NpyError(ValueError):
     """A file is missing, unreadable or unsuitable; the message names it."""
@@ -350,7 +336,7 @@ class AtomicNpyWriter:
                 fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(self.path)}.",
                                            suffix=".tmp", dir=os.path.dirname(self.path))
                 os.close(fd)
-                _temporary_files.add(tmp)
+                temporary_files.add(tmp)
                 mm = npy_format.open_memmap(tmp, mode="w+", dtype=self.dtype, shape=self.shape)
                 made = (tmp, int(mm.offset))
                 del mm
@@ -363,7 +349,7 @@ class AtomicNpyWriter:
         if isinstance(made, str):
             raise NpyError(made)
         self._tmp, offset = made
-        _temporary_files.add(self._tmp)  # any rank's abort removes it
+        temporary_files.add(self._tmp)  # any rank's abort removes it
         self._header = NpyHeader(self._tmp, self.shape, self.dtype, False, offset)
         return self
 
@@ -407,7 +393,7 @@ class AtomicNpyWriter:
         self.comm.Barrier()
         if self.comm.Get_rank() == self.root and os.path.exists(self._tmp):
             os.unlink(self._tmp)
-        _temporary_files.discard(self._tmp)
+        temporary_files.discard(self._tmp)
         self._abandoned = True
 
     def write_block(self, block: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> None:
@@ -450,7 +436,7 @@ class AtomicNpyWriter:
             if self.comm.Get_rank() == self.root:
                 if os.path.exists(self._tmp):
                     os.unlink(self._tmp)
-                _temporary_files.discard(self._tmp)
+                temporary_files.discard(self._tmp)
             return False  # elsewhere it stays listed, for this rank's abort to remove
         mine = None if exc_type is None else f"{exc_type.__name__}: {exc}"
         with watch(f"all ranks to finish writing {self.path}"):
@@ -462,7 +448,7 @@ class AtomicNpyWriter:
                 _fsync_folder(os.path.dirname(self.path))
             elif os.path.exists(self._tmp):
                 os.unlink(self._tmp)
-        _temporary_files.discard(self._tmp)
+        temporary_files.discard(self._tmp)
         with watch(f"rank {self.root} to rename {self.path} into place"):
             self.comm.Barrier()
         if not ok:

@@ -40,7 +40,7 @@ from .tuning import default_panel_width
 from .verify import freivalds
 from .watchdog import watch
 
-__all__ = ["multiply_files", "matmul_arrays", "check_is_cheap", "CheckFailed"]
+__all__ = ["multiply_files", "matmul", "matmul_arrays", "check_is_cheap", "CheckFailed"]
 
 #: Assumed rates for deciding whether a check is cheap (bytes/s of memory
 #: traffic for the matrix-vector products, flop/s for the multiply).
@@ -538,3 +538,21 @@ def _scatter_op(x, trans: str, grid, host, root: int) -> DistMatrix:
     if grid.comm.Get_rank() == root:
         x = {"N": x, "T": x.T, "H": np.conj(x).T}[trans]
     return DistMatrix.from_global(x, grid, host, root=root)
+
+
+def matmul(A, B, **kwargs):
+    """The product ``A @ B``.
+
+    With DistMatrix operands: a new DistMatrix (options as for :func:`gemm`).
+    With NumPy arrays held on one rank (None on the others): the product as a
+    NumPy array on that rank, None elsewhere; ``comm`` (default COMM_WORLD),
+    ``root``, ``grid`` and ``backend`` choose where it runs
+    (:func:`summa.multiply.matmul_arrays`).
+
+    Examples
+    --------
+    >>> c = matmul(a if rank == 0 else None, b if rank == 0 else None)  # doctest: +SKIP
+    """
+    if isinstance(A, DistMatrix) or isinstance(B, DistMatrix):
+        return gemm(A, B, **kwargs)
+    return matmul_arrays(A, B, **kwargs)

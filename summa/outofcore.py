@@ -36,8 +36,8 @@ from collections import deque
 
 import numpy as np
 
-from .algorithm import (SummaStats, _check_layouts,
-                        _check_operands, _check_scalars, local_parts, wait_for_panel)
+from .algorithm import SummaStats, local_parts, wait_for_panel
+from .checks import check_layouts, check_operands, check_scalars
 from .backend import _CUDA_INVALID_VALUE, _clear_cuda_error
 from .layout import panel_schedule, split_panel_doubling
 from .matrix import DistMatrix
@@ -109,9 +109,9 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     SummaStats
         With ``extra`` holding the tile shape and counts, and transfer bytes.
     """
-    _check_operands(A, B, C)
-    _check_layouts(A, B, C)
-    _check_scalars(alpha, beta, C.dtype, precision, device)
+    check_operands(A, B, C)
+    check_layouts(A, B, C)
+    check_scalars(alpha, beta, C.dtype, precision, device)
     if C.backend.name != "numpy":
         raise ValueError("out-of-core operands must be host-resident (NumPy backend)")
     if any(M.local.ndim != 2 or (M.local.size and M.local.strides[1] != M.local.itemsize)

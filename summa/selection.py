@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .comm import choose_comm, make_broadcaster
+from .broadcasters import make_broadcaster
+from .comm import choose_comm
 from .watchdog import watch
 
 

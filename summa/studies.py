@@ -15,7 +15,8 @@ __all__ = ["run_calibrate", "run_model", "run_plot", "load_results"]
 def run_calibrate(args, comm: MPI.Comm, backend, out) -> int:
     """Measure this machine and write (or, with --append, extend) a profile."""
     from .calibrate import calibrate
-    from .comm import BROADCASTERS, choose_comm
+    from .broadcasters import BROADCASTERS
+    from .comm import choose_comm
     from .grid import node_rank
     # "all": every broadcaster that works here; ipc (copy engines; the model
     # times its copies like broadcasts) only where every rank is on one node.

@@ -106,7 +106,7 @@ class Watchdog:
 
 def _die(message: str, comm: MPI.Comm, status: int) -> None:
     """Print `message`, remove temporary outputs and end the job from any thread."""
-    from .io import remove_temporary_files
+    from .cleanup import remove_temporary_files
     remove_temporary_files()
     sys.stderr.write(message + "\n")
     sys.stderr.flush()

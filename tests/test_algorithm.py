@@ -5,7 +5,8 @@ import pytest
 from mpi4py import MPI
 
 from helpers import gemm_scaled_error, random_array
-from summa.algorithm import HEAD_PIECES, SummaStats, gemm, matmul, summa
+from summa.algorithm import HEAD_PIECES, SummaStats, gemm, summa
+from summa.multiply import matmul
 from summa.comm import choose_comm
 from summa.grid import ProcessGrid
 from summa.layout import panel_schedule
@@ -491,7 +492,7 @@ def test_direct_reads_in_one_direction_and_paired_broadcasts_in_the_other(comm, 
     of one column then reorder their panels alike, so the pairs still match."""
     import summa.selection as selection
     from summa.backend import get_backend
-    from summa.comm import make_broadcaster
+    from summa.broadcasters import make_broadcaster
     backend = get_backend("numpy")
     a, b = random_array(rng, (37, 45), "float64"), random_array(rng, (45, 23), "float64")
     with make_grid(comm, which) as grid:

@@ -4,8 +4,10 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+import summa.broadcasters as broadcasters
 import summa.comm as comm_mod
-from summa.comm import HostStagedBroadcaster, chunks, make_broadcaster, recv_array, send_array
+from summa.broadcasters import make_broadcaster
+from summa.comm import HostStagedBroadcaster, chunks, recv_array, send_array
 
 
 def test_chunks_cover_exactly():
@@ -147,7 +149,7 @@ def test_self_test_detects_a_broken_broadcaster(comm, backend):
     good = make_broadcaster("mpi", comm, backend, check=True)
     good.free()
     with pytest.raises(RuntimeError, match="self-test failed on ranks"):
-        comm_mod.self_test(Broken(comm, backend), backend)
+        broadcasters.self_test(Broken(comm, backend), backend)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -165,7 +167,7 @@ def test_a_broadcaster_failing_its_self_test_is_freed(comm, backend, monkeypatch
         def free(self):
             freed.append(True)
             super().free()
-    monkeypatch.setitem(comm_mod.BROADCASTERS, "mpi", Broken)
+    monkeypatch.setitem(broadcasters.BROADCASTERS, "mpi", Broken)
     with pytest.raises(RuntimeError, match="self-test failed"):
         make_broadcaster("mpi", comm, backend, check=True)
     assert freed == [True]

@@ -8,7 +8,8 @@ from helpers import gemm_scaled_error, random_array
 from summa.backend import cupy_available, get_backend
 from summa.grid import ProcessGrid
 from summa.matrix import DistMatrix
-from summa.algorithm import gemm, matmul
+from summa.algorithm import gemm
+from summa.multiply import matmul
 
 pytestmark = pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
 

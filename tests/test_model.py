@@ -126,7 +126,7 @@ def test_gemms_slowed_beside_broadcasts_lengthen_each_step():
 def test_gemm_slowdown_is_measured_and_agreed(comm):
     from summa.backend import NumpyBackend
     from summa.calibrate import gemm_slowdown
-    from summa.comm import make_broadcaster
+    from summa.broadcasters import make_broadcaster
     backend = NumpyBackend()
     samples = [dict(dtype="float64", m=96, n=96, k=k, seconds=s)
                for k, s in ((32, 1e-5), (64, 2e-5))]

@@ -5,7 +5,8 @@ import pytest
 
 import summa.tuning as tuning
 from helpers import gemm_scaled_error
-from summa.algorithm import SummaStats, gemm, matmul
+from summa.algorithm import SummaStats, gemm
+from summa.multiply import matmul
 from summa.grid import ProcessGrid
 from summa.matrix import DistMatrix
 

@@ -6,7 +6,8 @@ import pytest
 from helpers import gemm_scaled_error, random_array
 from summa.grid import ProcessGrid
 from summa.matrix import DistMatrix
-from summa.algorithm import gemm, matmul
+from summa.algorithm import gemm
+from summa.multiply import matmul
 from summa.verify import freivalds, scaled_error, unit_roundoff
 
 
