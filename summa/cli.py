@@ -324,6 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--backend", choices=("numpy", "cupy"), default="cupy")
     plan.add_argument("--device-memory", metavar="SIZE", default=None,
                       help="GPU memory cap per rank: plan out of core within it")
+    plan.add_argument("--profile", default=None, metavar="FILE",
+                      help="predict the time from this profile (summa calibrate; default the "
+                           "one shipped with summa, of H200s)")
     plan.add_argument("--comm", choices=COMM_MODES, default="auto",
                       help="broadcaster (default auto): out of core, copy-engine broadcasts "
                            "(ipc; what auto takes on GPUs within a node) stage every panel "
@@ -455,7 +458,28 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
                   "chunks; summa.matmul on NumPy arrays reads A and B where they lie, so its "
                   f"extra host memory is C ({m * n * np.dtype(args.dtype).itemsize / gib:.2f} GiB, "
                   "or none with out=) and those chunks", file=out)
+        _print_prediction(args, (m, n, k), grid, precision, plan, out)
     return 0
+
+
+def _print_prediction(args, shape, grid, precision, plan, out) -> None:
+    """The model's time for the plan (the shipped profile unless --profile),
+    on the plan's own screen, with what it assumes."""
+    from .model import Profile, predict
+    from .studies import shipped_profile
+    path = args.profile or shipped_profile()
+    try:
+        profile = Profile.load(path)
+        pred = predict(profile, *shape, args.dtype, grid, args.nb, lookahead=args.lookahead,
+                       precision=precision)
+    except (ValueError, KeyError) as exc:
+        print(f"  no prediction from {path}: {exc}", file=out)
+        return
+    where = "" if args.profile else " (the profile shipped with summa: 2 H200s; calibrate yours)"
+    print(f"  predicted by the model: {pred.seconds:.2f} s, {pred.tflops:.1f} TFLOP/s{where}"
+          + ("; out of core the same where the host link keeps up with the GEMMs (measured "
+             "0.86-0.99 of in-memory on one H200)" if plan.mode == "out-of-core" else ""),
+          file=out)
 
 
 def _run_study(args, comm: MPI.Comm, out) -> int:

@@ -473,6 +473,17 @@ def test_plan_and_model_take_the_rank_count_from_the_grid_and_model_needs_no_pro
     assert cli.main(["plan", "--size", "100000", "--dtype", "float64", "--grid", "2x4",
                      "--device-memory", "22GiB"], MPI.COMM_SELF, out) == 0
     assert "on 8 ranks (grid 2x4)" in out.getvalue() and "out-of-core" in out.getvalue()
+    assert re.search(r"predicted by the model: [\d.]+ s", out.getvalue())  # on the same screen
+    # the first user's eight RTX 3090s (a profile written from their datasheet): float64 is
+    # the wall there, minutes of GEMM
+    from summa.studies import shipped_profile
+    gpus = io.StringIO()
+    assert cli.main(["plan", "--size", "100000", "--dtype", "float64", "--grid", "2x4",
+                     "--device-memory", "22GiB", "--profile",
+                     shipped_profile().replace("h200.json", "rtx3090x8.json")],
+                    MPI.COMM_SELF, gpus) == 0
+    seconds = float(re.search(r"predicted by the model: ([\d.]+) s", gpus.getvalue()).group(1))
+    assert 300 < seconds < 900
     model = io.StringIO()
     assert cli.main(["model", "--size", "65536", "--dtype", "float64", "--grid", "2x4"],
                     MPI.COMM_SELF, model) == 0
