@@ -282,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "auto picks)")
     model.add_argument("--precision", dest="precision_mode", choices=("default", "tf32"),
                        default="default")
+    model.add_argument("--device-memory", metavar="SIZE", default=None,
+                       help="GPU memory per rank (e.g. 22GiB): also say whether the product "
+                            "fits or goes out of core, its tile and peak bytes")
     model.add_argument("--sweep", action="store_true",
                        help="strong and weak scaling tables over --ranks-list")
     model.add_argument("--ranks-list", type=_int_list, default=list(SWEEP_RANKS),

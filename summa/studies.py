@@ -91,7 +91,27 @@ def run_model(args, comm: MPI.Comm, out) -> int:
     best = recommend(profile, m, n, k, args.dtype, ranks, **kwargs)
     print(f"  recommended: grid {best.grid[0]}x{best.grid[1]}, nb {best.panel_width} "
           f"({best.seconds:.4f} s)", file=out)
+    if args.device_memory:
+        print("  " + memory_line((m, n, k), args.dtype, grid, nb, args.lookahead,
+                                 args.device_memory), file=out)
     return 0
+
+
+def memory_line(shape, dtype, grid, nb: int, lookahead: int, device_memory: str) -> str:
+    """In memory or out of core within `device_memory` per GPU, with the tile
+    and the peak bytes per rank: the memory side of a prediction, one line."""
+    from .plan import memory_plan, parse_bytes
+    budget = parse_bytes(device_memory)
+    plan = memory_plan(*shape, dtype, tuple(grid), nb, lookahead, "cupy")
+    if plan.device_bytes <= budget:
+        return (f"memory: fits in {device_memory} per GPU ({plan.device_bytes / 2**30:.2f} GiB "
+                "a rank), in memory")
+    ooc = memory_plan(*shape, dtype, tuple(grid), nb, lookahead, "cupy", device_budget=budget,
+                      out_of_core=True, staged=(True, True))
+    return (f"memory: {plan.device_bytes / 2**30:.1f} GiB a rank does not fit {device_memory}: "
+            f"out of core, C tiles of {ooc.tile[0]} x {ooc.tile[1]} ({ooc.tiles[0]} x "
+            f"{ooc.tiles[1]} a rank), peak {ooc.device_bytes / 2**30:.2f} GiB on the GPU and "
+            f"{ooc.host_bytes / 2**30:.2f} GiB of host memory a rank")
 
 
 def shipped_profile() -> str:

@@ -484,6 +484,13 @@ def test_plan_and_model_take_the_rank_count_from_the_grid_and_model_needs_no_pro
                     MPI.COMM_SELF, gpus) == 0
     seconds = float(re.search(r"predicted by the model: ([\d.]+) s", gpus.getvalue()).group(1))
     assert 300 < seconds < 900
+    # and model says the memory side on its screen too
+    both = io.StringIO()
+    assert cli.main(["model", "--size", "100000", "--dtype", "float64", "--grid", "2x4",
+                     "--device-memory", "22GiB"], MPI.COMM_SELF, both) == 0
+    assert re.search(r"predicted [\d.]+ s", both.getvalue())
+    assert re.search(r"out of core, C tiles of \d+ x \d+ .* peak [\d.]+ GiB on the GPU",
+                     both.getvalue())
     model = io.StringIO()
     assert cli.main(["model", "--size", "65536", "--dtype", "float64", "--grid", "2x4"],
                     MPI.COMM_SELF, model) == 0
