@@ -1,6 +1,7 @@
 """float64 products from exact integer products (Ozaki scheme II), the
-array-library part: NumPy here and in the tests; CuPy kernels and cuBLAS's
-INT8 GEMMs are to use the same steps (issue 25; not wired into SUMMA yet).
+array-library part, for NumPy or CuPy (`xp`), the residue products through a
+backend's INT8 GEMM (:meth:`summa.backend.Backend.int8_product`; on GPUs
+cuBLAS's integer tensor cores). Not wired into SUMMA yet (issue 25).
 
 For ``C ~ A @ B`` in float64:
 
@@ -80,14 +81,17 @@ def residues(xbar, m: int, xp=np):
     return ((xbar + half) % m - half).astype(np.int8)
 
 
-def integer_product(a8, b8, xp=np):
+def integer_product(a8, b8, xp=np, backend=None):
     """``a8 @ b8`` exactly for int8 operands, K cut into pieces whose int32
-    sums cannot overflow; int64 result (the GPU reduces each piece mod m
-    before adding)."""
+    sums cannot overflow; int64 result. `backend` multiplies each piece
+    (:meth:`summa.backend.Backend.int8_product`: cuBLAS's INT8 GEMM on GPUs);
+    without one, NumPy in int64."""
     k = a8.shape[1]
     out = None
     for k0 in range(0, max(k, 1), K_EXACT):
-        part = a8[:, k0:k0 + K_EXACT].astype(np.int64) @ b8[k0:k0 + K_EXACT].astype(np.int64)
+        a, b = a8[:, k0:k0 + K_EXACT], b8[k0:k0 + K_EXACT]
+        part = (backend.int8_product(a, b).astype(np.int64) if backend is not None
+                else a.astype(np.int64) @ b.astype(np.int64))
         out = part if out is None else out + part
     return out
 
@@ -111,7 +115,7 @@ def reconstruct(parts, moduli, xp=np):
     return value
 
 
-def gemm_int8(a, b, bits: int = 53, moduli: int | None = None, xp=np):
+def gemm_int8(a, b, bits: int = 53, moduli: int | None = None, xp=np, backend=None):
     """``a @ b`` in float64 from int8 products (the module's steps).
 
     Parameters
@@ -121,13 +125,16 @@ def gemm_int8(a, b, bits: int = 53, moduli: int | None = None, xp=np):
         Bits each row of `a` and column of `b` keeps (53: float64's).
     moduli : int, optional
         How many moduli (default: as many as `bits` and K need).
+    xp, backend : module, Backend, optional
+        The array library of `a` and `b`, and the backend whose INT8 GEMM
+        multiplies the residues (default: NumPy's int64 products).
     """
     k = a.shape[1]
     count = moduli_for(bits, k) if moduli is None else int(moduli)
     abar, e = scale(a, 1, bits, xp)
     bbar, f = scale(b, 0, bits, xp)
     chosen = MODULI[:count]
-    parts = [integer_product(residues(abar, m, xp), residues(bbar, m, xp), xp) % m
+    parts = [integer_product(residues(abar, m, xp), residues(bbar, m, xp), xp, backend) % m
              for m in chosen]
     c = reconstruct(parts, chosen, xp)
     return xp.ldexp(c, -(e + f))

@@ -502,3 +502,22 @@ def test_numpy_arrays_stream_through_the_gpu_into_out(comm, rng, dtype):
     assert stats.extra.get("out_of_core")
     if comm.rank == root:
         assert c is out and gemm_scaled_error(c, a, b) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("shape", [(64, 48, 80), (33, 65, 17), (5, 3, 1)])
+def test_int8_products_on_the_gpu_are_exact_and_ozaki_matches_the_cpu(comm, rng, gpu, shape):
+    """cuBLAS's INT8 GEMM ("TN", K and N padded to 4) against NumPy's int64
+    product, and the whole Ozaki scheme on the GPU against the CPU's, bit
+    for bit (the same integers, the same float64 reconstruction)."""
+    from summa import ozaki
+    _, backend = gpu
+    cp = backend.xp
+    m, n, k = shape
+    a8 = rng.integers(-128, 128, (m, k)).astype(np.int8)
+    b8 = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    got = backend.int8_product(cp.asarray(a8), cp.asarray(b8))
+    assert np.array_equal(cp.asnumpy(got), a8.astype(np.int64) @ b8.astype(np.int64))
+    a, b = rng.uniform(-1, 1, (m, k)), rng.uniform(-1, 1, (k, n))
+    on_gpu = ozaki.gemm_int8(cp.asarray(a), cp.asarray(b), xp=cp, backend=backend)
+    assert np.array_equal(cp.asnumpy(on_gpu), ozaki.gemm_int8(a, b))

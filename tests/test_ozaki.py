@@ -116,3 +116,10 @@ def test_zeros_subnormals_and_non_finite_inputs(rng):
         ozaki.gemm_int8(a, b, bits=63)
     with pytest.raises(ValueError, match="moduli"):
         ozaki.moduli_for(62, 2**120)
+
+
+def test_the_numpy_backend_multiplies_residues_exactly(rng):
+    from summa.backend import NumpyBackend
+    a = rng.uniform(-1, 1, (30, 70))
+    b = rng.uniform(-1, 1, (70, 20))
+    assert np.array_equal(ozaki.gemm_int8(a, b, backend=NumpyBackend()), ozaki.gemm_int8(a, b))
