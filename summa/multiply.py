@@ -26,6 +26,7 @@ from .grid import ProcessGrid, grid_for, node_rank
 from . import host as host_arrays
 from . import pool
 from .arrays import check_arrays, op_shape
+from .checks import check_operands
 from .host import parallel_copy
 from .faults import inject
 from .io import (AtomicNpyWriter, NpyError, check_output_path, map_block, read_header,
@@ -40,7 +41,8 @@ from .tuning import default_panel_width
 from .verify import freivalds
 from .watchdog import watch
 
-__all__ = ["multiply_files", "matmul", "matmul_arrays", "check_is_cheap", "CheckFailed"]
+__all__ = ["multiply_files", "matmul", "matmul_arrays", "host_matmul", "check_is_cheap",
+           "CheckFailed"]
 
 #: Assumed rates for deciding whether a check is cheap (bytes/s of memory
 #: traffic for the matrix-vector products, flop/s for the multiply).
@@ -540,19 +542,68 @@ def _scatter_op(x, trans: str, grid, host, root: int) -> DistMatrix:
     return DistMatrix.from_global(x, grid, host, root=root)
 
 
-def matmul(A, B, **kwargs):
+def matmul(A, B, device=None, **kwargs):
     """The product ``A @ B``.
 
     With DistMatrix operands: a new DistMatrix (options as for :func:`gemm`).
-    With NumPy arrays held on one rank (None on the others): the product as a
-    NumPy array on that rank, None elsewhere; ``comm`` (default COMM_WORLD),
-    ``root``, ``grid`` and ``backend`` choose where it runs
-    (:func:`summa.multiply.matmul_arrays`).
+    Host-held ones (NumPy backend) with a GPU `device` (a Backend, or
+    ``"auto"``/``"cupy"``: the rank's GPU) stream through it in tiles, out
+    of core by themselves (:func:`host_matmul`). With NumPy arrays held on
+    one rank (None on the others): the product as a NumPy array on that
+    rank, None elsewhere; ``comm`` (default COMM_WORLD), ``root``, ``grid``
+    and ``backend`` choose where it runs (:func:`matmul_arrays`).
 
     Examples
     --------
     >>> c = matmul(a if rank == 0 else None, b if rank == 0 else None)  # doctest: +SKIP
+    >>> C = matmul(A_host, B_host, device="auto")  # doctest: +SKIP
     """
     if isinstance(A, DistMatrix) or isinstance(B, DistMatrix):
+        if device is not None and isinstance(A, DistMatrix) and A.backend.name == "numpy":
+            return host_matmul(A, B, device, **kwargs)
         return gemm(A, B, **kwargs)
+    if device is not None:
+        raise TypeError("device applies to host-held DistMatrix operands; for NumPy arrays "
+                        "give backend=")
     return matmul_arrays(A, B, **kwargs)
+
+
+def host_matmul(A: DistMatrix, B: DistMatrix, device, alpha=1.0, trans_a="N", trans_b="N",
+                panel_width=None, lookahead: int = 1, broadcaster: str = "auto",
+                precision=None, device_memory=None, stats: SummaStats | None = None) -> DistMatrix:
+    """``alpha op(A) @ op(B)`` of host-held DistMatrix operands on the GPUs
+    (`device`), A, B and the new C staying in host memory; collective.
+
+    Plans against the free device memory (or `device_memory`, e.g. "16GiB")
+    and takes the fewest C tiles that fit, one where everything does; a
+    transposed operand is redistributed on the host first. Raises the same
+    ValueError on every rank for operands that cannot be multiplied, a device
+    budget too small for any tile, or a host too small for the plan.
+    """
+    if not isinstance(B, DistMatrix) or B.backend.name != "numpy":
+        raise ValueError("host_matmul needs both operands host-held (NumPy backend)")
+    grid = A.grid
+    if isinstance(device, str):
+        device = collectively(grid.comm, get_backend, device, grid.local_rank)
+    ops = [str(t).upper() for t in (trans_a, trans_b)]
+    for name, t in zip(("trans_a", "trans_b"), ops):
+        if t not in ("N", "T", "H"):
+            raise ValueError(f"{name} must be N, T or H, got {t!r}")
+    check_operands(A, B, None, *ops)
+    opA, opB = (X if t == "N" else X.transpose(conj=t == "H" and X.dtype.kind == "c")
+                for X, t in ((A, ops[0]), (B, ops[1])))
+    m, k = opA.shape
+    n = opB.shape[1]
+    layout = Layout.from_distributions(opA.layout.rows, opB.layout.cols)
+    C = DistMatrix(grid, layout, np.empty(layout.local_shape(grid.row, grid.col), opA.dtype),
+                   NumpyBackend())
+    width = panel_width if isinstance(panel_width, int) else \
+        default_panel_width(device.name, opA.dtype, precision, out_of_core=True)
+    budget, _ = choose_memory_mode((m, n, k), opA.dtype, grid, width, lookahead, device, True,
+                                   device_memory, precision=precision)
+    result = summa_out_of_core(alpha, opA, opB, 0.0, C, device, budget, panel_width=width,
+                               lookahead=lookahead, precision=precision, comm=broadcaster,
+                               fresh_c=True)
+    if stats is not None:
+        stats.__dict__.update(result.__dict__)
+    return C

@@ -497,3 +497,33 @@ def test_plan_and_model_take_the_rank_count_from_the_grid_and_model_needs_no_pro
     text = model.getvalue()
     assert "profile shipped with summa" in text and "on 8 ranks, grid 2x4" in text
     assert re.search(r"predicted [\d.]+ s", text)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("trans_a,trans_b", [("N", "N"), ("T", "H")])
+def test_host_held_distmatrix_streams_through_a_device(comm, rng, trans_a, trans_b):
+    # on the CPU the NumPy "device" stands in; the budget forces several tiles
+    from summa.multiply import host_matmul
+    a = random_array(rng, (37, 50) if trans_a == "N" else (50, 37), "complex64")
+    b = random_array(rng, (50, 29) if trans_b == "N" else (29, 50), "complex64")
+    host = NumpyBackend()
+    with ProcessGrid(comm) as grid:
+        A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
+        stats = summa.SummaStats()
+        whole = memory_plan(37, 29, 50, "complex64", grid.shape, 4, 1, "numpy",
+                            device_budget=1 << 40, out_of_core=True).device_bytes
+        C = summa.matmul(A, B, device=host, trans_a=trans_a, trans_b=trans_b, alpha=0.5,
+                         device_memory=str(whole * 2 // 3), panel_width=4, stats=stats)
+        c = C.gather()
+        assert stats.extra["out_of_core"] and C.backend.name == "numpy"
+        assert stats.extra["tiles"][0] * stats.extra["tiles"][1] > 1 or C.local.size == 0
+        with pytest.raises(ValueError, match="host-held"):
+            host_matmul(A, DistMatrix.from_global(b, grid, _NotHost()), host)
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b, alpha=0.5, trans_a=trans_a, trans_b=trans_b) <= 1
+    with pytest.raises(TypeError, match="device applies"):
+        summa.matmul(a, b, device=host)
+
+
+class _NotHost(NumpyBackend):
+    name = "cupy-like"
