@@ -280,8 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--comm", dest="comm_mode", default=None,
                        help="broadcaster in the profile (default: its fastest, as --comm "
                             "auto picks)")
-    model.add_argument("--precision", dest="precision_mode", choices=("default", "tf32"),
-                       default="default")
+    model.add_argument("--precision", dest="precision_mode",
+                       choices=("default", "tf32", "fp64-int8"), default="default",
+                       help="tf32: float32 on tensor cores; fp64-int8: float64 from INT8 "
+                            "products (Ozaki scheme II; where the profile has its rates)")
     model.add_argument("--device-memory", metavar="SIZE", default=None,
                        help="GPU memory per rank (e.g. 22GiB): also say whether the product "
                             "fits or goes out of core, its tile and peak bytes")

@@ -527,3 +527,19 @@ def test_host_held_distmatrix_streams_through_a_device(comm, rng, trans_a, trans
 
 class _NotHost(NumpyBackend):
     name = "cupy-like"
+
+
+def test_the_model_says_what_float64_on_int8_gains_on_the_first_users_gpus():
+    from mpi4py import MPI
+    from summa.studies import shipped_profile
+    rtx = shipped_profile().replace("h200.json", "rtx3090x8.json")
+    seconds = {}
+    for precision in ("default", "fp64-int8"):
+        out = io.StringIO()
+        assert cli.main(["model", "--profile", rtx, "--size", "100000", "--dtype", "float64",
+                         "--grid", "2x4", "--precision", precision], MPI.COMM_SELF, out) == 0
+        seconds[precision] = float(re.search(r"predicted ([\d.]+) s", out.getvalue()).group(1))
+    assert seconds["default"] > 10 * seconds["fp64-int8"]  # the arithmetic was the wall there
+    with pytest.raises(ValueError, match="no GEMM samples for float64/fp64-int8"):
+        cli.main(["model", "--size", "4096", "--precision", "fp64-int8"], MPI.COMM_SELF,
+                 io.StringIO())
