@@ -89,7 +89,9 @@ def test_a_worker_that_does_not_answer_ends_the_call_after_the_timeout(rng, monk
     a = random_array(rng, (40, 40), "float64")
     monkeypatch.setenv("SUMMA_INJECT_FAULT", "summa:0:hang")
     monkeypatch.setenv("SUMMA_TIMEOUT", "2")
-    with pytest.raises(pool.WorkerError, match="did not answer in 2 s"):
+    # the owner's 2 s may run out first, or the waiting workers' own watchdogs (the
+    # same SUMMA_TIMEOUT) may end the job first: either way one error, nothing hangs
+    with pytest.raises(pool.WorkerError, match=r"did not answer in 2 s|died"):
         summa.matmul(a, a, workers=2, backend="numpy", out_of_core=True, panel_width=4)
     assert pool._pool is None
 
