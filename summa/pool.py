@@ -137,20 +137,22 @@ class _Pool:
         from .watchdog import timeout_from_env
         self.conns[0].send(("matmul", spec))
         timeout, last = timeout_from_env(), time.monotonic()
+        open_conns = list(self.conns.values())
         while True:
-            ready = wait(list(self.conns.values()), timeout=0.05)
+            ready = wait(open_conns, timeout=0.05) if open_conns else time.sleep(0.05) or []
             for conn in ready:
                 try:
                     answer = conn.recv()
                 except (EOFError, OSError):
-                    continue  # that rank ended: its error, if any, came first
+                    open_conns.remove(conn)  # that rank ended: its error, if any, came first
+                    continue
                 if answer[0] == "done":
                     return answer[1]
                 _, rank, kind, message, detail = answer
                 if kind == "ValueError":
                     raise ValueError(message)
                 raise WorkerError(f"worker rank {rank} failed: {kind}: {message}\n{detail}")
-            if self.proc.poll() is not None or (ready and all(c.closed for c in ready)):
+            if self.proc.poll() is not None or not open_conns:
                 raise WorkerError(self._death())
             if timeout and time.monotonic() - last > timeout:
                 raise WorkerError(f"the pool's workers did not answer in {timeout:g} s "
