@@ -44,6 +44,17 @@ def _room(nbytes: int) -> bool:
     return st.f_bavail * st.f_frsize >= nbytes
 
 
+def _new_file(nbytes: int) -> str:
+    """A new file of `nbytes` (a hole: pages come as they are touched) in
+    :func:`shm_dir`; its path."""
+    fd, name = tempfile.mkstemp(prefix="summa-", suffix=".shared", dir=shm_dir())
+    try:
+        os.ftruncate(fd, nbytes)
+    finally:
+        os.close(fd)
+    return name
+
+
 def node_shared(nbytes: int, comm: MPI.Intracomm) -> bool:
     """Can every node of `comm` hold `nbytes` more of shared arrays? Collective."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -79,11 +90,7 @@ def empty(shape, dtype, comm: MPI.Intracomm | None = None) -> np.ndarray:
     try:
         name = None
         if node.Get_rank() == 0:
-            fd, name = tempfile.mkstemp(prefix="summa-", suffix=".shared", dir=shm_dir())
-            try:
-                os.ftruncate(fd, nbytes)
-            finally:
-                os.close(fd)
+            name = _new_file(nbytes)
         name = node.bcast(name, root=0)
         leader = node.bcast(comm.Get_rank(), root=0)
         try:
@@ -113,11 +120,7 @@ def named(shape, dtype) -> tuple[np.ndarray, str]:
     if not _room(nbytes):
         raise ValueError(f"{shm_dir()} has less than {nbytes / 2**30:.1f} GiB free for a "
                          "shared array (SUMMA_SHM_DIR names another place)")
-    fd, name = tempfile.mkstemp(prefix="summa-", suffix=".shared", dir=shm_dir())
-    try:
-        os.ftruncate(fd, nbytes)
-    finally:
-        os.close(fd)
+    name = _new_file(nbytes)
     try:
         array = np.memmap(name, dtype=dtype, mode="r+", shape=shape if shape else (1,))
     except BaseException:

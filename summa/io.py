@@ -23,6 +23,7 @@ from mpi4py import MPI
 from .agree import RankFailure
 from .cleanup import temporary_files
 from .faults import inject
+from .layout import span
 from .watchdog import watch
 
 __all__ = ["NpyHeader", "NpyError", "read_header", "read_block", "map_block", "take_block",
@@ -121,13 +122,6 @@ def set_ranks_on_node(count: int) -> None:
     _ranks_on_node = max(1, int(count))
 
 
-def _range(idx: np.ndarray):
-    """``(start, stop)`` where `idx` is consecutive, else None."""
-    if idx.size and bool(np.all(np.diff(idx) == 1)):
-        return int(idx[0]), int(idx[-1]) + 1
-    return None
-
-
 def _rows_io(fd: int, path: str, offset: int, pitch: int, first: int, width: int,
              dest: np.ndarray, write: bool) -> None:
     """Move stored rows between the file and `dest` (rows of `width` bytes at
@@ -208,7 +202,7 @@ def map_block(header: NpyHeader, rows: np.ndarray, cols: np.ndarray) -> np.ndarr
     fault the pages in while the kernel reads ahead), instead of reading all
     of it before the first GEMM.
     """
-    span_r, span_c = _range(rows), _range(cols)
+    span_r, span_c = span(rows), span(cols)
     if header.fortran_order or (rows.size and span_r is None) or (cols.size and span_c is None):
         return None
     span_r, span_c = span_r or (0, 0), span_c or (0, 0)
@@ -235,7 +229,7 @@ def read_block(header: NpyHeader, rows: np.ndarray, cols: np.ndarray, transpose:
         rows, cols = cols, rows  # indices of the stored matrix
     # A Fortran-ordered file stores the transpose in C order.
     stored_rows, stored_cols = (cols, rows) if header.fortran_order else (rows, cols)
-    span_r, span_c = _range(stored_rows), _range(stored_cols)
+    span_r, span_c = span(stored_rows), span(stored_cols)
     if span_r is None or span_c is None:
         data = _memmap(header)
         block = take_block(data, rows, cols)
@@ -263,8 +257,9 @@ def take_block(data, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """``data[rows][:, cols]`` as a new C-contiguous array, touching only those
     elements (slices where the indices are contiguous; works on memory maps)."""
     def as_index(idx):
-        if idx.size and idx[-1] - idx[0] + 1 == idx.size:
-            return slice(int(idx[0]), int(idx[-1]) + 1)
+        run = span(idx)
+        if run is not None:
+            return slice(*run)
         return idx if idx.size else slice(0, 0)
     r, c = as_index(rows), as_index(cols)
     # Always a private copy: a view into a read-only memory map would be handed
@@ -357,7 +352,7 @@ class AtomicNpyWriter:
         """A writable memory map of this rank's block of the output (one range
         of rows and of columns; None otherwise), for the product to be
         written in place; :meth:`flush` puts it on disk."""
-        span_r, span_c = _range(rows), _range(cols)
+        span_r, span_c = span(rows), span(cols)
         if (rows.size and span_r is None) or (cols.size and span_c is None):
             return None
         span_r, span_c = span_r or (0, 0), span_c or (0, 0)
@@ -401,7 +396,7 @@ class AtomicNpyWriter:
         inject("write")
         if block.size == 0:
             return
-        span_r, span_c = _range(rows), _range(cols)
+        span_r, span_c = span(rows), span(cols)
         if span_r is not None and span_c is not None:
             # Consecutive rows and columns: pwrite on several threads.
             item = self.dtype.itemsize

@@ -21,7 +21,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 __all__ = ["Distribution", "Layout", "panel_schedule", "Panel", "split_panel",
-           "split_panel_doubling"]
+           "split_panel_doubling", "span"]
+
+
+def span(indices: np.ndarray) -> tuple[int, int] | None:
+    """``(start, stop)`` where `indices` are consecutive (a balanced block's
+    rows or columns: a slice reads them), else None (empty included)."""
+    if indices.size and bool(np.all(np.diff(indices) == 1)):
+        return int(indices[0]), int(indices[-1]) + 1
+    return None
 
 
 class Distribution:

@@ -10,7 +10,7 @@ from .backend import Backend, NumpyBackend
 from .agree import collectively
 from .comm import recv_array, send_array
 from .io import AtomicNpyWriter, check_output_path, read_block, read_header, take_block
-from .layout import Layout
+from .layout import Layout, span
 from .watchdog import watch
 
 __all__ = ["DistMatrix"]
@@ -311,8 +311,7 @@ def _block_index(rows: np.ndarray, cols: np.ndarray):
     """Where a block of `rows` x `cols` goes: two slices where both are
     consecutive (balanced blocks: a plain block copy, not NumPy's gather of
     every element), else NumPy's outer indices."""
-    def run(ix):
-        return ix.size > 0 and bool(np.all(np.diff(ix) == 1))
-    if run(rows) and run(cols):
-        return slice(int(rows[0]), int(rows[-1]) + 1), slice(int(cols[0]), int(cols[-1]) + 1)
+    r, c = span(rows), span(cols)
+    if r is not None and c is not None:
+        return slice(*r), slice(*c)
     return np.ix_(rows, cols)

@@ -31,7 +31,7 @@ from .host import parallel_copy
 from .faults import inject
 from .io import (AtomicNpyWriter, NpyError, check_output_path, map_block, read_header,
                  set_ranks_on_node)
-from .layout import Layout
+from .layout import Layout, span
 from .matrix import DistMatrix
 from .progress import Progress
 from .outofcore import summa_out_of_core
@@ -431,7 +431,9 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
             if a_node is not None and b_node is not None and (
                     broadcaster == "host"
                     or (broadcaster == "auto" and not peer_access(pgrid, be))):
-                own = (_rows_of(a_node, C.layout, pgrid), _cols_of(b_node, C.layout, pgrid))
+                # this rank's rows of A and columns of B, all of K
+                own = (a_node[_own(C.layout.rows, pgrid.row)],
+                       b_node[:, _own(C.layout.cols, pgrid.col)])
         comm_kind = kwargs.pop("broadcaster", "auto")
         result = summa_out_of_core(kwargs.pop("alpha", 1.0), A, B, 0.0, C, be, budget,
                                    panel_width=width, lookahead=lookahead,
@@ -464,11 +466,22 @@ def _node_shares(grid, shape, dtype) -> bool:
     return one_node and host_arrays.node_shared(need, grid.comm)
 
 
+def _own(dist, p: int) -> slice:
+    """Process `p`'s indices of a balanced distribution, as a slice."""
+    run = span(dist.global_indices(p))
+    return slice(*run) if run else slice(0, 0)
+
+
 def _block_of(x: np.ndarray, layout: Layout, grid) -> np.ndarray:
     """This rank's block of the global `x` (balanced blocks: a view)."""
-    rows, cols = layout.rows.global_indices(grid.row), layout.cols.global_indices(grid.col)
-    r0, c0 = (int(rows[0]) if rows.size else 0), (int(cols[0]) if cols.size else 0)
-    return x[r0:r0 + rows.size, c0:c0 + cols.size]
+    return x[_own(layout.rows, grid.row), _own(layout.cols, grid.col)]
+
+
+def _mapped_everywhere(x, comm) -> bool:
+    """Does every rank hold the same node-shared array `x` (:mod:`summa.host`)?
+    Collective."""
+    token = host_arrays.shared_token(x) if x is not None else None
+    return token is not None and all(t == token for t in comm.allgather(token))
 
 
 def _operand_block(x, trans: str, shape, dtype, grid, root: int, shares: bool) -> DistMatrix:
@@ -476,11 +489,10 @@ def _operand_block(x, trans: str, shape, dtype, grid, root: int, shares: bool) -
     (the caller's own, held by every rank, or one the root copies `x` into
     on host threads), or where the node cannot share, scattered by MPI."""
     layout, host = Layout(shape, grid.shape), NumpyBackend()
-    token = host_arrays.shared_token(x) if x is not None else None
-    tokens = grid.comm.allgather(token)
-    if token is not None and all(t == token for t in tokens) and trans == "N":
-        return DistMatrix(grid, layout, _block_of(x, layout, grid), host), x  # every rank maps it
-    if token is not None and all(t == token for t in tokens):
+    mapped = _mapped_everywhere(x, grid.comm)
+    if mapped and trans == "N":
+        return DistMatrix(grid, layout, _block_of(x, layout, grid), host), x
+    if mapped:
         block = _block_of(x.T, layout, grid)
         block = np.ascontiguousarray(block.conj() if trans == "H" else block)
         return DistMatrix(grid, layout, block, host), None
@@ -495,27 +507,11 @@ def _operand_block(x, trans: str, shape, dtype, grid, root: int, shares: bool) -
     return DistMatrix(grid, layout, _block_of(node, layout, grid), host), node
 
 
-def _rows_of(a_node: np.ndarray, c_layout: Layout, grid) -> np.ndarray:
-    """This rank's rows of the node-shared A (its rows of C), all of K."""
-    rows = c_layout.rows.global_indices(grid.row)
-    r0 = int(rows[0]) if rows.size else 0
-    return a_node[r0:r0 + rows.size]
-
-
-def _cols_of(b_node: np.ndarray, c_layout: Layout, grid) -> np.ndarray:
-    """All of K of the node-shared B for this rank's columns of C."""
-    cols = c_layout.cols.global_indices(grid.col)
-    c0 = int(cols[0]) if cols.size else 0
-    return b_node[:, c0:c0 + cols.size]
-
-
 def _result_block(out, shape, dtype, grid, shares: bool):
     """This rank's block of the product and the node-shared array it lies in
     (`out` itself where every rank maps it; None: gathered by MPI)."""
     layout, host = Layout(shape, grid.shape), NumpyBackend()
-    token = host_arrays.shared_token(out) if out is not None else None
-    tokens = grid.comm.allgather(token)
-    if token is not None and all(t == token for t in tokens):
+    if _mapped_everywhere(out, grid.comm):
         node = out
     elif shares:
         node = host_arrays.empty(shape, dtype, grid.comm)

@@ -82,7 +82,8 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     comm : str
         Broadcaster between the devices (``--comm``).
     host_copies : {"stage", "lock"}, optional
-        Default ``SUMMA_HOST_COPIES``, else ``"stage"``. How host blocks that are not page-locked reach the GPU: ``"stage"``
+        How host blocks that are not page-locked reach the GPU (default
+        ``SUMMA_HOST_COPIES``, else ``"stage"``): ``"stage"``
         through a ring of page-locked chunks filled and drained by host
         threads (:mod:`summa.staging`; nothing to do before the first GEMM),
         or ``"lock"``: page-lock the whole blocks first, for as long as they
