@@ -62,3 +62,16 @@ def check_against_reference(rng, grid, backend, shape, block=None, **options) ->
             assert gemm_scaled_error(c, a, b, c0, 0.5, 2.0) <= 1, dtype
         runs.append(stats)
     return runs
+
+
+def spy_out_of_core(monkeypatch):
+    """Record the host blocks (A, B, C) summa.multiply hands to summa_out_of_core."""
+    from summa import multiply
+    seen = []
+    real = multiply.summa_out_of_core
+
+    def spy(alpha, A, B, beta, C, *args, **kwargs):
+        seen.append((A.local, B.local, C.local))
+        return real(alpha, A, B, beta, C, *args, **kwargs)
+    monkeypatch.setattr(multiply, "summa_out_of_core", spy)
+    return seen

@@ -5,20 +5,8 @@ import numpy as np
 import pytest
 
 import summa
-from helpers import gemm_scaled_error, random_array
+from helpers import gemm_scaled_error, random_array, spy_out_of_core
 from summa import host
-
-
-def _spy(monkeypatch):
-    from summa import multiply
-    seen = []
-    real = multiply.summa_out_of_core
-
-    def spy(alpha, A, B, beta, C, *args, **kwargs):
-        seen.append((A.local, B.local, C.local))
-        return real(alpha, A, B, beta, C, *args, **kwargs)
-    monkeypatch.setattr(multiply, "summa_out_of_core", spy)
-    return seen
 
 
 @pytest.mark.mpi(min_size=1)
@@ -35,7 +23,7 @@ def test_a_node_shared_array_is_one_memory_on_every_rank(comm):
 
 @pytest.mark.mpi(min_size=1)
 def test_matmul_of_node_shared_arrays_copies_nothing(comm, rng, monkeypatch):
-    seen = _spy(monkeypatch)
+    seen = spy_out_of_core(monkeypatch)
     a = host.empty((37, 23), "float64", comm)
     b = host.empty((23, 29), "float64", comm)
     out = host.empty((37, 29), "float64", comm)
@@ -53,7 +41,7 @@ def test_matmul_of_node_shared_arrays_copies_nothing(comm, rng, monkeypatch):
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("trans_a", ["N", "T"])
 def test_arrays_on_the_root_go_through_one_node_shared_copy(comm, rng, monkeypatch, trans_a):
-    seen = _spy(monkeypatch)
+    seen = spy_out_of_core(monkeypatch)
     a = random_array(rng, (31, 26) if trans_a == "N" else (26, 31), "float32")
     b = random_array(rng, (26, 19), "float32")
     root = comm.Get_size() - 1

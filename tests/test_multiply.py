@@ -9,7 +9,7 @@ import pytest
 
 import summa
 import summa.comm as comm_mod
-from helpers import gemm_scaled_error, random_array
+from helpers import gemm_scaled_error, random_array, spy_out_of_core
 from summa.multiply import CheckFailed, check_is_cheap, multiply_files
 from test_cli import job
 
@@ -294,22 +294,9 @@ def test_rank_raising_ends_the_job_with_its_message(tmp_path, phase):
 
 # -- NumPy arrays in host memory: read where they lie, the product written in place ----
 
-def _spy_out_of_core(monkeypatch):
-    """Record the host blocks summa_out_of_core is given."""
-    from summa import multiply
-    seen = []
-    real = multiply.summa_out_of_core
-
-    def spy(alpha, A, B, beta, C, *args, **kwargs):
-        seen.append((A.local, B.local, C.local))
-        return real(alpha, A, B, beta, C, *args, **kwargs)
-    monkeypatch.setattr(multiply, "summa_out_of_core", spy)
-    return seen
-
-
 def test_one_rank_multiplies_the_callers_arrays_as_views_into_out(rng, monkeypatch):
     from mpi4py import MPI
-    seen = _spy_out_of_core(monkeypatch)
+    seen = spy_out_of_core(monkeypatch)
     big = random_array(rng, (70, 50), "float64")
     a = big[5:45, 3:40]          # rows with a pitch: a view, no copy
     b = random_array(rng, (37, 29), "float64")
@@ -328,7 +315,7 @@ def test_one_rank_multiplies_the_callers_arrays_as_views_into_out(rng, monkeypat
 @pytest.mark.parametrize("trans", ["T", "H"])
 def test_one_rank_copies_only_what_has_no_contiguous_rows(rng, monkeypatch, trans):
     from mpi4py import MPI
-    seen = _spy_out_of_core(monkeypatch)
+    seen = spy_out_of_core(monkeypatch)
     a = np.asfortranarray(random_array(rng, (23, 17), "complex64"))  # columns contiguous
     b = random_array(rng, (19, 17), "complex64")
     c = summa.matmul(a, b, comm=MPI.COMM_SELF, trans_b=trans, out_of_core=True, panel_width=4)
@@ -391,7 +378,7 @@ def test_arrays_that_cannot_be_multiplied_are_refused_on_every_rank(comm, rng):
 @pytest.mark.parametrize("fortran_b,trans_b", [(False, "N"), (True, "N"), (False, "T")])
 def test_out_of_core_files_stream_from_and_into_the_files(comm, rng, folder, monkeypatch,
                                                           fortran_b, trans_b):
-    seen = _spy_out_of_core(monkeypatch)
+    seen = spy_out_of_core(monkeypatch)
     a = random_array(rng, (43, 31), "float64")
     b = random_array(rng, (31, 27) if trans_b == "N" else (27, 31), "float64")
     pa, pb = save(comm, folder, "A.npy", a), save(comm, folder, "B.npy", b, fortran=fortran_b)

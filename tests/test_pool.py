@@ -61,18 +61,10 @@ def test_a_failing_worker_ends_the_call_with_one_error_and_the_pool_starts_anew(
     with pytest.raises(pool.WorkerError, match=match):
         summa.matmul(a, b, workers=3, backend="numpy", out_of_core=True, panel_width=4)
     assert pool._pool is None
-    assert not [p for p in before.values() if _alive(p)]  # no worker left running
+    assert not [p for p in before.values() if pool._alive(p)]  # no worker left running
     monkeypatch.delenv("SUMMA_INJECT_FAULT")
     c = summa.matmul(a, b, workers=3, backend="numpy")
     assert gemm_scaled_error(c, a, b) <= 1
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def test_bad_input_is_a_value_error_before_anything_is_spawned(rng):

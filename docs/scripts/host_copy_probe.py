@@ -90,23 +90,17 @@ def main() -> int:
                 def unlock(c, arr=arr):
                     rt.hostUnregister(arr[c[0]:c[1]].ctypes.data)
 
-                def direct_up(arr=arr):
+                def direct(kind, arr=arr):  # one copy per registration: none spans two
                     s = cp.cuda.Stream(non_blocking=True)
                     for r0, r1 in cuts:
-                        rt.memcpyAsync(dev[r0:r1].data.ptr, arr[r0:r1].ctypes.data,
-                                       arr[r0:r1].nbytes, 1, s.ptr)
-                    s.synchronize()
-
-                def direct_down(arr=arr):
-                    s = cp.cuda.Stream(non_blocking=True)
-                    for r0, r1 in cuts:
-                        rt.memcpyAsync(arr[r0:r1].ctypes.data, dev[r0:r1].data.ptr,
-                                       arr[r0:r1].nbytes, 2, s.ptr)
+                        ends = (dev[r0:r1].data.ptr, arr[r0:r1].ctypes.data)
+                        dst, src = ends if kind == 1 else ends[::-1]
+                        rt.memcpyAsync(dst, src, arr[r0:r1].nbytes, kind, s.ptr)
                     s.synchronize()
                 timed(f"[{t:2d} thr] register {label} memory, "
                       f"{args.chunk_mib} MiB chunks", lambda: list(pool.map(lock, cuts)))
-                timed(f"[{t:2d} thr]   direct upload per chunk", direct_up)
-                timed(f"[{t:2d} thr]   direct download per chunk", direct_down)
+                timed(f"[{t:2d} thr]   direct upload per chunk", lambda: direct(1))
+                timed(f"[{t:2d} thr]   direct download per chunk", lambda: direct(2))
                 timed(f"[{t:2d} thr]   unregister", lambda: list(pool.map(unlock, cuts)))
                 del arr
     del pinned
