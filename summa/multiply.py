@@ -379,8 +379,8 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         raise TypeError(f"matmul got unexpected keyword argument(s) {', '.join(unknown)}")
     if comm is None and MPI.COMM_WORLD.Get_size() == 1 and not pool.launched():
         # A plain Python process: every GPU (or `workers` CPU ranks) through a pool.
-        size = pool.pool_size(gpus, workers) if backend != "numpy" else \
-            pool.pool_size(None, workers)
+        size = pool.pool_size(gpus if backend != "numpy" else None, workers,
+                              use_gpus=backend != "numpy")
         if size > 1:
             return pool.matmul(a, b, size, out=out, out_of_core=out_of_core,
                                device_memory=device_memory, backend=backend, grid=grid,

@@ -53,11 +53,12 @@ def launched() -> bool:
     return any(v in os.environ for v in _LAUNCHER_VARIABLES)
 
 
-def pool_size(gpus=None, workers=None) -> int:
+def pool_size(gpus=None, workers=None, use_gpus: bool = True) -> int:
     """Workers a plain process's multiply runs on: `gpus` (``SUMMA_GPUS``),
-    else every visible GPU; on a machine without one `workers`
-    (``SUMMA_WORKERS``), else one per 8 cores (a NumPy rank's BLAS threads
-    scale to about that). 1 means: no pool, multiply in this process."""
+    else every visible GPU; on a machine without one (or not `use_gpus`:
+    the NumPy backend asked for) `workers` (``SUMMA_WORKERS``), else one per
+    8 cores (a NumPy rank's BLAS threads scale to about that). 1 means: no
+    pool, multiply in this process."""
     for value in (gpus, workers, os.environ.get("SUMMA_GPUS"), os.environ.get("SUMMA_WORKERS")):
         if value not in (None, ""):
             count = int(value)
@@ -65,7 +66,7 @@ def pool_size(gpus=None, workers=None) -> int:
                 raise ValueError(f"a pool needs at least one worker, not {count}")
             return count
     from .backend import cupy_available
-    if cupy_available():
+    if use_gpus and cupy_available():
         import cupy
         return int(cupy.cuda.runtime.getDeviceCount())
     return max(1, (os.cpu_count() or 1) // 8)
