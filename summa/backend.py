@@ -395,28 +395,38 @@ class CupyBackend(Backend):
 
     def int8_product(self, a8, b8):
         """``a8 @ b8`` exactly in int32 through cuBLAS's integer tensor cores
-        (``cublasGemmEx`` 8I x 8I -> 32I, compute 32I). Only the "TN" form
-        (first operand transposed) reaches the fast kernels on Hopper (1.3-1.5
-        POPS against ~130 TOPS, DESIGN.md), so B goes transposed; K and N are
-        padded with zeros to multiples of 4, as those kernels need."""
-        from cupy_backends.cuda.libs import cublas
+        (:meth:`int8_gemm_tn`): B goes transposed, K and N are padded with
+        zeros to multiples of 4, as those kernels need."""
         xp = self.xp
         m, k = a8.shape
         n = b8.shape[1]
         kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
         a = xp.zeros((m, kp), dtype=xp.int8)
         a[:, :k] = a8
-        bt = xp.zeros((np_, kp), dtype=xp.int8)  # B transposed: column-major B, ld kp
+        bt = xp.zeros((np_, kp), dtype=xp.int8)
         bt[:n, :k] = b8.T
         c = xp.empty((m, np_), dtype=xp.int32)
-        one, zero = np.array(1, dtype=np.int32), np.array(0, dtype=np.int32)
-        # Row-major C (m x np_) is column-major C^T (np_ x m) = op_T(Bt^T) A^T:
-        # the first operand is Bt read transposed, the second A as it lies.
-        cublas.gemmEx(xp.cuda.device.get_cublas_handle(), 1, 0, np_, m, kp,
-                      one.ctypes.data, bt.data.ptr, _CUDA_R_8I, kp, a.data.ptr, _CUDA_R_8I, kp,
-                      zero.ctypes.data, c.data.ptr, _CUDA_R_32I, np_, _CUBLAS_COMPUTE_32I,
-                      _CUBLAS_GEMM_DEFAULT)
+        self.int8_gemm_tn(a, bt, c)
         return c[:, :n]
+
+    def int8_gemm_tn(self, a8, bt8, out, accumulate: bool = False) -> None:
+        """``out = a8 @ bt8.T`` (``+=`` with `accumulate`), int8 in, int32
+        out, exactly (K at most :data:`summa.ozaki.K_EXACT`): ``cublasGemmEx``
+        8I x 8I -> 32I, compute 32I. Only this "TN" form (both operands with
+        K contiguous) reaches the fast kernels on Hopper (1.3-1.5 POPS
+        against ~130 TOPS, DESIGN.md). All three C-contiguous; K and the
+        columns of `out` multiples of 4."""
+        from cupy_backends.cuda.libs import cublas
+        m, k = a8.shape
+        n = bt8.shape[0]
+        one = np.array(1, dtype=np.int32)
+        beta = np.array(1 if accumulate else 0, dtype=np.int32)
+        # Row-major out (m x n) is column-major out^T (n x m) = op_T(bt8^T) a8^T:
+        # the first operand is bt8 read transposed, the second a8 as it lies.
+        cublas.gemmEx(self.xp.cuda.device.get_cublas_handle(), 1, 0, n, m, k,
+                      one.ctypes.data, bt8.data.ptr, _CUDA_R_8I, k, a8.data.ptr, _CUDA_R_8I, k,
+                      beta.ctypes.data, out.data.ptr, _CUDA_R_32I, n, _CUBLAS_COMPUTE_32I,
+                      _CUBLAS_GEMM_DEFAULT)
 
     def transpose(self, x, out) -> None:
         """``out[...] = x.T`` on the current stream; `out` C-contiguous, `x`

@@ -146,6 +146,7 @@ def _rank_line(r: dict) -> str:
             f"{r['wait']:.4f} s")
     if r.get("head_seconds") is not None:  # out of core: where the GPU waited
         line += (f" (GPU idle {r['head_seconds']:.4f} s before the first GEMM, "
+                 f"{r.get('between_seconds') or 0:.4f} s between GEMMs, "
                  f"{r['tail_seconds']:.4f} s after the last)")
     if r["reserved_bytes"]:
         line += (f", device memory {r['memory_bytes'] / 2**30:.2f} GiB in use, "
@@ -265,6 +266,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                                          opened_blocks=best_stats.extra.get("opened_blocks"),
                                          own_first=best_stats.extra.get("own_first"),
                                          head_seconds=best_stats.extra.get("head_seconds"),
+                                         between_seconds=best_stats.extra.get("between_seconds"),
                                          tail_seconds=best_stats.extra.get("tail_seconds"),
                                          staging_bytes=best_stats.extra.get("staging_bytes", 0),
                                          **{key: getattr(best_stats, key)

@@ -168,7 +168,7 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     finally:
         mover.close()
     stats.seconds = time.perf_counter() - t0
-    head, tail = mover.phases()
+    head, between, tail = mover.phases()
     stats.compute = mover.compute_seconds()
     stats.wait = max(0.0, stats.seconds - stats.compute)
     stats.comm_seconds = row_bc.take_seconds() + col_bc.take_seconds()
@@ -180,7 +180,8 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
                         "device_bytes_planned": plan.device_bytes,
                         "transfer_bytes": mover.moved, "staged_copies": mover.staged,
                         "staging_bytes": staging,
-                        "head_seconds": head, "tail_seconds": tail})
+                        "head_seconds": head, "between_seconds": between,
+                        "tail_seconds": tail})
     return stats
 
 
@@ -357,7 +358,7 @@ class _HostMover:
         pass
 
     def phases(self) -> tuple:
-        return None, None  # host copies are synchronous: nothing waits at either end
+        return None, None, None  # host copies are synchronous: nothing waits
 
     def compute_seconds(self) -> float:
         return self._seconds
@@ -539,11 +540,14 @@ class _CudaMover:
 
     def phases(self) -> tuple:
         """Device seconds before the first GEMM (the first panels' uploads and
-        broadcasts) and after the last (the last write-back), where the GPU
-        waits at either end of the sweep; None where there was no GEMM."""
+        broadcasts), between GEMMs (waiting for later panels) and after the
+        last (the last write-back), where the GPU waits; None where there was
+        no GEMM."""
         if not self.marks or self.end is None:
-            return None, None
-        return (self.device.elapsed(self.begin, self.marks[0]),
+            return None, None, None
+        between = sum(self.device.elapsed(b, a) for b, a in zip(self.marks[1:-1:2],
+                                                                 self.marks[2::2]))
+        return (self.device.elapsed(self.begin, self.marks[0]), between,
                 self.device.elapsed(self.marks[-1], self.end))
 
     def compute_seconds(self) -> float:

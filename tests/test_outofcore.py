@@ -348,10 +348,12 @@ def test_bench_rank_line_reports_the_staging_beside_the_pool():
     bc._slots = {0: Slot(3 << 30), 1: Slot(1 << 29)}
     assert bc.staging_bytes() == (3 << 30) + (1 << 29)
     rank = dict(rank=1, coords=[1, 0], compute=0.5, comm_seconds=0.1, wait=0.01,
-                head_seconds=0.002, tail_seconds=0.003, memory_bytes=0, reserved_bytes=2 << 30,
+                head_seconds=0.002, between_seconds=0.004, tail_seconds=0.003, memory_bytes=0,
+                reserved_bytes=2 << 30,
                 pool_growth_bytes=0, staging_bytes=bc.staging_bytes())
     line = _rank_line(rank)
-    assert "GPU idle 0.0020 s before the first GEMM, 0.0030 s after the last" in line
+    assert ("GPU idle 0.0020 s before the first GEMM, 0.0040 s between GEMMs, 0.0030 s "
+            "after the last") in line
     assert "2.00 GiB pool" in line and line.endswith("3.50 GiB of broadcast staging")
     assert "staging" not in _rank_line(dict(rank, staging_bytes=0))
     # direct copies (ipc): how many peer blocks the multiply had to open, and how long it took
