@@ -188,7 +188,7 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
 def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_bc, mover,
            precision, progress, transposed=False, own_copies=None) -> None:
     """Every (tile, panel) step, with `lookahead` steps broadcast ahead of the
-    GEMMs and, where `slots` leaves room, uploads one step further ahead: a
+    GEMMs and, where `slots` leaves room, uploads steps further ahead: a
     broadcast waits for its upload on the owner and for the GEMMs done with its
     slot on every rank, so with both ready at the same GEMM's end no rank's
     broadcast waits (NCCL: spins on SMs beside the GEMMs) for the other's.
@@ -201,7 +201,7 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
     width = max((p.width for p in panels), default=0)
     steps = [(t, i) for t in range(len(tiles)) for i in range(len(panels))]
     depth = lookahead + 1
-    lead = 1 if slots > depth else 0  # steps the uploads run ahead of their broadcasts
+    lead = max(0, slots - depth)  # steps the uploads run ahead of their broadcasts
     a_slots = [xp.empty(tm * width, dtype=dtype) for _ in range(min(slots, len(steps)))]
     b_slots = [xp.empty(width * tn, dtype=dtype) for _ in range(min(slots, len(steps)))]
     c_bufs = [xp.empty(tm * tn, dtype=dtype) for _ in range(min(2, len(tiles)))]

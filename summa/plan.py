@@ -97,7 +97,8 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     elements. Fewest tiles first (each extra row of tiles uploads B's panels
     again), cut by rows before columns; then one more slot where those tiles
     leave room for it (uploads then run a step ahead of the broadcasts, so a
-    panel's owner is ready to send when its receivers are). Directions that
+    panel's owner is ready to send when its receivers are), up to
+    :func:`upload_lead` more. Directions that
     broadcast by copy engines (`staged`, row and column: ``ipc``) pass every
     slot's part through a staging buffer of its size: ``slots tm nb`` (A) and
     ``slots nb tn`` (B) more, where that direction has more than one rank.
@@ -132,13 +133,23 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
         raise ValueError(f"a device budget of {_gib(device_budget)} is too small for "
                          f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
     tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
-    if _ooc_elements(tm, tn, nb, slots + 1, tiles[0] * tiles[1], transposed, staged) * item \
-            <= device_budget:
-        slots += 1  # room for uploads a step ahead of their broadcasts, same tiles
+    for _ in range(upload_lead()):  # room for uploads steps ahead, same tiles
+        if _ooc_elements(tm, tn, nb, slots + 1, tiles[0] * tiles[1], transposed, staged) \
+                * item > device_budget:
+            break
+        slots += 1
     device = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged) * item
     ring = ring_bytes(copy_threads(1)) if backend == "cupy" else 0
     return MemoryPlan("out-of-core", device, blocks * item, (int(tm), int(tn)), int(nb),
                       (int(tiles[0]), int(tiles[1])), slots, transposed, staged, ring)
+
+
+def upload_lead() -> int:
+    """Most extra slots an out-of-core plan takes, where the budget leaves
+    room: uploads run that many steps ahead of their GEMMs, so that an upload
+    slower than its GEMM for a while (host threads busy) does not stop the
+    GPU. ``SUMMA_UPLOAD_LEAD`` overrides."""
+    return max(0, int(os.environ.get("SUMMA_UPLOAD_LEAD", "1")))
 
 
 def _ooc_parts(slots: int, transposed: bool, staged: tuple) -> tuple[int, int]:

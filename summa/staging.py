@@ -46,15 +46,33 @@ def ring_bytes(threads: int) -> int:
 #: Chunks each ring holds beyond one per thread.
 RING_EXTRA = 4
 
+#: Share of the copy threads that fault in a fresh result (:meth:`Stager.touch`)
+#: beside the uploads: all of them halved the uploads' rate (4.7 against 8
+#: GB/s on one H200 host), and the touch has the whole sweep to finish in.
+TOUCH_SHARE = 0.25
+
 
 def copy_threads(ranks_on_node: int = 1) -> int:
-    """Host threads for one rank's copies: the node's cores shared by its
-    ranks, at most 16 (memcpy scales to about 16 threads there).
+    """Host threads for one rank's copies: the cores this process may run on
+    shared by the node's ranks, at most :data:`MAX_COPY_THREADS`.
     ``SUMMA_COPY_THREADS`` overrides."""
     env = os.environ.get("SUMMA_COPY_THREADS")
     if env:
         return max(1, int(env))
-    return max(1, min(16, (os.cpu_count() or 1) // max(1, ranks_on_node)))
+    return max(1, min(MAX_COPY_THREADS, usable_cores() // max(1, ranks_on_node)))
+
+
+#: Most copy threads of one rank (memcpy scales to about 16 threads on the
+#: H200 machine's 16 cores).
+MAX_COPY_THREADS = 16
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity, where the system says)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 class Transfer:
@@ -139,6 +157,8 @@ class Stager:
         self._ring = self.threads + RING_EXTRA
         self._free = {_H2D: queue.Queue(), _D2H: queue.Queue()}
         self._made = {_H2D: [], _D2H: []}
+        self._making = threading.Lock()  # the dispatchers and the download ring's maker
+        self._ring_maker = None
         self._jobs = {_H2D: queue.Queue(), _D2H: queue.Queue()}
         # Downloaded chunks in the order their copies were queued: a thread of
         # its own waits for each, so that no pool thread sits waiting on the GPU
@@ -174,7 +194,8 @@ class Stager:
         16.5 GB/s on 16 threads; first touch itself 32 GB/s there). It
         writes zeros: wait for it before anything else writes `x`."""
         if self._touch_pool is None:
-            self._touch_pool = ThreadPoolExecutor(self.threads, thread_name_prefix="summa-touch")
+            self._touch_pool = ThreadPoolExecutor(max(1, round(self.threads * TOUCH_SHARE)),
+                                                  thread_name_prefix="summa-touch")
         if not x.size:
             return Transfer(0)
         if x.flags.c_contiguous:  # a byte a page does it
@@ -224,6 +245,8 @@ class Stager:
             thread.join()
         self._landing.put(None)
         self._dispatchers[2].join()
+        if self._ring_maker is not None:
+            self._ring_maker.join()
         self._pool.shutdown(wait=True)
         if self._touch_pool is not None:
             self._touch_pool.shutdown(wait=True)
@@ -237,21 +260,46 @@ class Stager:
         try:
             buf, event = self._free[kind].get_nowait()
         except queue.Empty:
-            if len(self._made[kind]) < self._ring:
-                return self._new_chunk(kind, nbytes)
+            buf = self._new_chunk(kind, nbytes)
+            if buf is not None:
+                return buf
             buf, event = self._free[kind].get()
         if event is not None:
             event.synchronize()
         if buf.nbytes < nbytes:  # a row longer than a chunk: this one grows
-            self._made[kind].remove(buf)
-            return self._new_chunk(kind, nbytes)
+            with self._making:
+                self._made[kind].remove(buf)
+            return self._new_chunk(kind, nbytes, grow=True)
         return buf
 
-    def _new_chunk(self, kind, nbytes: int) -> np.ndarray:
-        memory = self.cupy.cuda.alloc_pinned_memory(max(nbytes, self.chunk_bytes))
-        buf = np.frombuffer(memory, np.uint8, max(nbytes, self.chunk_bytes))
-        self._made[kind].append(buf)
+    def _new_chunk(self, kind, nbytes: int, grow: bool = False) -> np.ndarray | None:
+        """A new chunk of the ring of `kind` (None: the ring is full, unless
+        `grow` replaces one). The upload ring's last one starts the download
+        ring's maker: allocating page-locked memory is slow (~6 GB/s), and
+        made when the first results come back it would delay them."""
+        with self._making:
+            if not grow and len(self._made[kind]) >= self._ring:
+                return None
+            memory = self.cupy.cuda.alloc_pinned_memory(max(nbytes, self.chunk_bytes))
+            buf = np.frombuffer(memory, np.uint8, max(nbytes, self.chunk_bytes))
+            self._made[kind].append(buf)
+            full = len(self._made[kind]) == self._ring
+        if kind == _H2D and full and self._ring_maker is None:
+            self._ring_maker = threading.Thread(target=self._make_ring, args=(_D2H,),
+                                                daemon=True, name="summa-ring")
+            self._ring_maker.start()
         return buf
+
+    def _make_ring(self, kind) -> None:
+        """Fill the ring of `kind` with new chunks, ahead of their use."""
+        try:
+            while not self._closed:
+                buf = self._new_chunk(kind, self.chunk_bytes)
+                if buf is None:
+                    return
+                self._free[kind].put((buf, None))
+        except BaseException:  # noqa: BLE001 -- the dispatcher makes its own then
+            return
 
     def _dispatch(self, kind) -> None:
         self._bind()

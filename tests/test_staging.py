@@ -116,8 +116,11 @@ def test_close_leaves_no_thread_running(rng):
 
 def test_copy_threads_share_the_cores(monkeypatch):
     monkeypatch.delenv("SUMMA_COPY_THREADS", raising=False)
-    monkeypatch.setattr("os.cpu_count", lambda: 32)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(32)))
     assert copy_threads(1) == 16 and copy_threads(4) == 8 and copy_threads(64) == 1
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
+    monkeypatch.setattr("os.cpu_count", lambda: 32)  # the machine's, not this process's
+    assert copy_threads(1) == 6 and copy_threads(2) == 3
     monkeypatch.setenv("SUMMA_COPY_THREADS", "3")
     assert copy_threads(1) == 3
 
@@ -132,5 +135,36 @@ def test_touch_faults_in_every_page(rng):
         y = np.full((50, 40), 7.0)[:, :30]          # no contiguous whole: rows
         stager.touch(y).wait()
         assert (y == 0).all()
+    finally:
+        stager.close()
+
+
+def test_the_download_ring_is_made_once_the_upload_ring_is_full(rng):
+    """Allocating page-locked memory is slow: the download ring is made in the
+    background after the upload ring, not when the first results come back,
+    and never beyond its size; close waits for its maker."""
+    stager = _stager(threads=2, chunk_bytes=64)  # rings of 2 + RING_EXTRA chunks
+    try:
+        src = rng.uniform(-1, 1, (400, 8))  # 400 chunks of one row
+        stager.upload(DeviceArray(np.zeros_like(src)), src).wait()
+        assert len(stager._made[1]) == stager._ring
+        stager._ring_maker.join(timeout=10)
+        assert len(stager._made[2]) == stager._ring
+        assert stager._free[2].qsize() == stager._ring
+        dev = DeviceArray(src.copy())
+        out = np.zeros_like(src)
+        stager.download(out, dev).wait()
+        assert np.array_equal(out, src) and len(stager._made[2]) == stager._ring
+    finally:
+        stager.close()
+    assert not stager._ring_maker.is_alive()
+
+
+def test_touch_leaves_most_threads_to_the_uploads():
+    from summa import staging
+    stager = _stager(threads=8)
+    try:
+        stager.touch(np.empty((64, 64))).wait()
+        assert stager._touch_pool._max_workers == round(8 * staging.TOUCH_SHARE) < 8
     finally:
         stager.close()

@@ -24,22 +24,94 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "docs", "scripts"))
 
-#: name -> (environment, summa.staging.CHUNK_BYTES or None, matmul keywords)
+#: name -> (environment, summa.staging settings, matmul keywords)
 VARIANTS = {
-    "default": ({}, None, {}),
-    "threads 8": ({"SUMMA_COPY_THREADS": "8"}, None, {}),
-    "threads 12": ({"SUMMA_COPY_THREADS": "12"}, None, {}),
-    "chunk 2 MiB": ({}, 2 << 20, {}),
-    "chunk 4 MiB": ({}, 4 << 20, {}),
-    "chunk 16 MiB": ({}, 16 << 20, {}),
-    "chunk 32 MiB": ({}, 32 << 20, {}),
-    "nb 2048": ({}, None, {"panel_width": 2048}),
-    "nb 8192": ({}, None, {"panel_width": 8192}),
-    "lookahead 2": ({}, None, {"lookahead": 2}),
-    "A not transposed": ({"SUMMA_TRANSPOSE_A": "0"}, None, {}),
-    "out= touched": ({}, None, {"out": True}),
-    "locked A, B, C": ({"SUMMA_HOST_COPIES": "lock"}, None, {"out": True}),
+    "default": ({}, {}, {}),
+    "touch on all threads": ({}, {"TOUCH_SHARE": 1.0}, {}),
+    "no huge pages": ({"SUMMA_HUGE_PAGES": "0"}, {}, {}),
+    "threads 8": ({"SUMMA_COPY_THREADS": "8"}, {}, {}),
+    "threads 12": ({"SUMMA_COPY_THREADS": "12"}, {}, {}),
+    "chunk 16 MiB": ({}, {"CHUNK_BYTES": 16 << 20}, {}),
+    "t12 c16": ({"SUMMA_COPY_THREADS": "12"}, {"CHUNK_BYTES": 16 << 20}, {}),
+    "lead 2": ({"SUMMA_UPLOAD_LEAD": "2"}, {}, {}),
+    "nb 2048": ({}, {}, {"panel_width": 2048}),
+    "out= touched": ({}, {}, {"out": True}),
+    "locked A, B, C": ({"SUMMA_HOST_COPIES": "lock"}, {}, {"out": True}),
 }
+
+
+def _ceiling(cp, n, dtype) -> float:
+    """cupy.matmul's rate on device data of this size (its kernels loaded,
+    as in seed_case.py, so the first call below is the first multiply)."""
+    da = cp.random.random((n, n), dtype=dtype)
+    db = cp.random.random((n, n), dtype=dtype)
+    dc = da @ db
+    times = []
+    for _ in range(3):
+        cp.cuda.Device().synchronize()
+        s = time.perf_counter()
+        cp.matmul(da, db, out=dc)
+        cp.cuda.Device().synchronize()
+        times.append(time.perf_counter() - s)
+    del da, db, dc
+    cp.get_default_memory_pool().free_all_blocks()
+    return 2.0 * n**3 / min(times) / 1e12
+
+
+def _upload_rates(cp, staging, a, b, np) -> list:
+    """GB/s of one panel's staged upload (4096 columns of A, strided rows;
+    4096 rows of B) alone, beside a first touch of a fresh result, beside
+    GEMMs, and with a larger ring or larger chunks: what the sweep's
+    uploads meet."""
+    n = a.shape[0]
+    w = min(4096, n)
+    dev = cp.empty((n, w), a.dtype)
+    devb = cp.empty((w, n), a.dtype)
+    big = cp.random.random((8192, 8192))
+    out = []
+
+    def rate(label, src, dst, threads=16, chunk=None, extra=None, beside=None):
+        saved = staging.RING_EXTRA
+        if extra is not None:
+            staging.RING_EXTRA = extra
+        stager = staging.Stager(0, threads, chunk_bytes=chunk)
+        staging.RING_EXTRA = saved
+        stager.upload(dst, src).wait()  # its ring made
+        cp.cuda.Device().synchronize()
+        other = beside(stager) if beside else None
+        s = time.perf_counter()
+        stager.upload(dst, src).wait()
+        stager.up.synchronize()
+        sec = time.perf_counter() - s
+        if other is not None:
+            other()
+        cp.cuda.Device().synchronize()
+        stager.close()
+        out.append({"variant": "upload rate", "what": label, "gbps": src.nbytes / sec / 1e9})
+
+    def touching(stager):
+        fresh = np.empty_like(a)
+        t = stager.touch(fresh)
+        return lambda: t.wait()
+
+    def gemms(stager):
+        stream = cp.cuda.Stream(non_blocking=True)
+        with stream:
+            for _ in range(6):
+                big @ big
+        return stream.synchronize
+
+    rate("B panel, contiguous", b[:w], devb)
+    rate("A panel, strided", a[:, :w], dev)
+    rate("A panel, 12 threads", a[:, :w], dev, threads=12)
+    rate("A panel, beside a touch", a[:, :w], dev, beside=touching)
+    rate("A panel, beside GEMMs", a[:, :w], dev, beside=gemms)
+    rate("A panel, ring +28", a[:, :w], dev, extra=28)
+    rate("A panel, 16 MiB chunks", a[:, :w], dev, chunk=16 << 20)
+    rate("A panel, 32 MiB chunks, ring +12", a[:, :w], dev, chunk=32 << 20, extra=12)
+    dev = devb = big = None
+    cp.get_default_memory_pool().free_all_blocks()
+    return out
 
 
 def main() -> int:
@@ -47,7 +119,7 @@ def main() -> int:
     p.add_argument("--size", type=int, default=16384)
     p.add_argument("--dtype", default="float64")
     p.add_argument("--repeat", type=int, default=2)
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--variants", default="|".join(VARIANTS), help="names, split by |")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     import numpy as np
@@ -85,16 +157,28 @@ def main() -> int:
         rows.append(r)
         print(json.dumps(r), flush=True)
 
-    default_chunk = staging.CHUNK_BYTES
+    for path in ("enabled", "defrag"):
+        try:
+            with open(f"/sys/kernel/mm/transparent_hugepage/{path}") as f:
+                print(f"transparent huge pages {path}: {f.read().strip()}")
+        except OSError:
+            pass
+    ceiling = _ceiling(cp, n, dtype)
+    emit({"variant": "ceiling", "n": n, "tflops": ceiling})
     emit(call("default", "first"))
     emit(call("default", "second"))
-    for name in args.variants.split(","):
-        env, chunk, kwargs = VARIANTS[name]
+    for r in _upload_rates(cp, staging, a, b, np):  # after: its rings return to CuPy's pool
+        emit(r)
+    for name in args.variants.split("|"):
+        env, settings, kwargs = VARIANTS[name]
+        kwargs = dict(kwargs)
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
-        if chunk is not None:
+        kept = {k: getattr(staging, k) for k in settings}
+        if settings:
             staging.close_stagers()
-            staging.CHUNK_BYTES = chunk
+            for k, v in settings.items():
+                setattr(staging, k, v)
         out = None
         if kwargs.pop("out", False):
             out = np.empty((n, n), dtype)
@@ -104,15 +188,18 @@ def main() -> int:
             best = min((call(name, "best", out=out, **kwargs) for _ in range(args.repeat)),
                        key=lambda r: r["seconds"])
             emit(best)
+        except Exception as exc:  # noqa: BLE001 -- one variant's failure, the rest go on
+            emit({"variant": name, "error": repr(exc)})
         finally:
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-            if chunk is not None:
+            if settings:
                 staging.close_stagers()
-                staging.CHUNK_BYTES = default_chunk
+                for k, v in kept.items():
+                    setattr(staging, k, v)
         del out
     # What page-locked allocation costs: the ring of one direction, chunk by chunk and whole.
     ring = staging.ring_bytes(staging.copy_threads()) // 2
@@ -132,6 +219,15 @@ def main() -> int:
     print(f"\n{'variant':>18} {'call':>7} {'seconds':>8} {'TFLOP/s':>8} {'sweep':>7} "
           f"{'GEMMs':>7} {'before':>7} {'between':>7} {'after':>7}")
     for r in rows:
+        if r["variant"] == "upload rate":
+            print(f"{'upload rate':>18} {r['what']:>36}: {r['gbps']:.1f} GB/s")
+            continue
+        if r["variant"] == "ceiling":
+            print(f"{'ceiling':>18} cupy.matmul {r['tflops']:.2f} TFLOP/s")
+            continue
+        if "error" in r:
+            print(f"{r['variant']:>18} failed: {r['error'][:100]}")
+            continue
         if "seconds" not in r:
             print(f"pinned allocation of {r['ring_bytes'] / 2**20:.0f} MiB: "
                   f"{r['by_8MiB_chunks_seconds']:.3f} s in 8 MiB chunks, "
