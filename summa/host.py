@@ -13,7 +13,6 @@ copied into one first, by host threads, where the node has the room.
 
 from __future__ import annotations
 
-import mmap
 import os
 import tempfile
 import weakref
@@ -22,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["fresh", "empty", "load", "shared_token", "node_shared", "shm_dir", "parallel_copy",
+__all__ = ["empty", "load", "shared_token", "node_shared", "shm_dir", "parallel_copy",
            "named", "attach", "shared_name", "unlink_name"]
 
 #: Arrays made here, by id: their token (the node's leader and the file
@@ -30,32 +29,6 @@ __all__ = ["fresh", "empty", "load", "shared_token", "node_shared", "shm_dir", "
 _tokens: dict[int, tuple] = {}
 #: Arrays made by :func:`named` in this process, by id: their file's path.
 _names: dict[int, str] = {}
-
-
-def fresh(shape, dtype) -> np.ndarray:
-    """A new C-ordered array in this process's memory, its pages not yet
-    touched, asked to come as huge pages where the system offers them
-    (``madvise(MADV_HUGEPAGE)``: one fault per 2 MiB instead of per 4 KiB, so
-    that its first touch runs at the speed of the memory). Else like
-    ``np.empty``. ``SUMMA_HUGE_PAGES=0`` turns that off."""
-    dtype = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
-    nbytes = count * dtype.itemsize
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if (nbytes < HUGE_PAGE_MIN or advice is None
-            or os.environ.get("SUMMA_HUGE_PAGES", "1").strip() in ("0", "no", "off")):
-        return np.empty(shape, dtype)
-    memory = mmap.mmap(-1, nbytes)
-    try:
-        memory.madvise(advice)
-    except OSError:  # not offered here: ordinary pages
-        pass
-    return np.frombuffer(memory, dtype, count).reshape(shape)
-
-
-#: Arrays smaller than this come from ``np.empty`` (its allocator is faster
-#: for them, and huge pages gain nothing).
-HUGE_PAGE_MIN = 64 << 20
 
 
 def shm_dir() -> str:

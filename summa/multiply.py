@@ -415,7 +415,7 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         if pgrid.size == 1:
             # Where the caller's arrays lie: views, and the result written in place.
             A, B = _host_block(a, trans_a, pgrid), _host_block(b, trans_b, pgrid)
-            c = host_arrays.fresh((m, n), dtype) if out is None else out
+            c = np.empty((m, n), dtype) if out is None else out
             C = DistMatrix(pgrid, Layout((m, n), pgrid.shape), c, host)
             fresh = True  # beta 0: out's old values do not matter either
         else:

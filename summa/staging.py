@@ -49,6 +49,9 @@ RING_EXTRA = 4
 #: Share of the copy threads that fault in a fresh result (:meth:`Stager.touch`)
 #: beside the uploads: all of them halved the uploads' rate (4.7 against 8
 #: GB/s on one H200 host), and the touch has the whole sweep to finish in.
+#: 0: no touch (the downloads fault the pages in). Huge pages for the result
+#: (``madvise(MADV_HUGEPAGE)``) were tried and lost: 0.50 against 0.26 s for
+#: N = 16384 float64 (faults of 2 MiB pages compact memory first).
 TOUCH_SHARE = 0.25
 
 
@@ -193,11 +196,11 @@ class Stager:
         copies into it later run at the speed of touched memory (37 against
         16.5 GB/s on 16 threads; first touch itself 32 GB/s there). It
         writes zeros: wait for it before anything else writes `x`."""
+        if not x.size or TOUCH_SHARE <= 0:
+            return Transfer(0)
         if self._touch_pool is None:
             self._touch_pool = ThreadPoolExecutor(max(1, round(self.threads * TOUCH_SHARE)),
                                                   thread_name_prefix="summa-touch")
-        if not x.size:
-            return Transfer(0)
         if x.flags.c_contiguous:  # a byte a page does it
             flat = x.reshape(-1).view(np.uint8)
             step = -(-x.nbytes // (4 * self.threads) // _PAGE) * _PAGE

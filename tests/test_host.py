@@ -145,23 +145,3 @@ def test_arrays_whose_product_the_host_cannot_hold_are_refused_on_every_rank(com
         summa.matmul(a if comm.rank == 0 else None, a if comm.rank == 0 else None,
                      out_of_core=True)
 
-
-def test_fresh_arrays_are_writable_and_of_their_shape(monkeypatch):
-    import mmap
-
-    from summa import host
-    for shape, dtype in [((3, 5), np.float64), ((4096, 2049), np.complex64), ((0, 7), np.int8)]:
-        x = host.fresh(shape, dtype)
-        assert x.shape == shape and x.dtype == dtype and x.flags.c_contiguous
-        x[...] = 1
-        assert (x == 1).all()
-    monkeypatch.setattr(host, "HUGE_PAGE_MIN", 0)
-    x = host.fresh((100, 10), np.float32)  # on its own mapping, advised for huge pages
-    owner = x
-    while isinstance(owner, (np.ndarray, memoryview)):
-        owner = owner.base if isinstance(owner, np.ndarray) else owner.obj
-    assert isinstance(owner, mmap.mmap) or not hasattr(mmap, "MADV_HUGEPAGE")
-    x[...] = 2
-    assert x.sum() == 2000
-    monkeypatch.setenv("SUMMA_HUGE_PAGES", "0")
-    assert host.fresh((100, 10), np.float32).base is None
