@@ -56,62 +56,6 @@ def _ceiling(cp, n, dtype) -> float:
     return 2.0 * n**3 / min(times) / 1e12
 
 
-def _upload_rates(cp, staging, a, b, np) -> list:
-    """GB/s of one panel's staged upload (4096 columns of A, strided rows;
-    4096 rows of B) alone, beside a first touch of a fresh result, beside
-    GEMMs, and with a larger ring or larger chunks: what the sweep's
-    uploads meet."""
-    n = a.shape[0]
-    w = min(4096, n)
-    dev = cp.empty((n, w), a.dtype)
-    devb = cp.empty((w, n), a.dtype)
-    big = cp.random.random((8192, 8192))
-    out = []
-
-    def rate(label, src, dst, threads=16, chunk=None, extra=None, beside=None):
-        saved = staging.RING_EXTRA
-        if extra is not None:
-            staging.RING_EXTRA = extra
-        stager = staging.Stager(0, threads, chunk_bytes=chunk)
-        staging.RING_EXTRA = saved
-        stager.upload(dst, src).wait()  # its ring made
-        cp.cuda.Device().synchronize()
-        other = beside(stager) if beside else None
-        s = time.perf_counter()
-        stager.upload(dst, src).wait()
-        stager.up.synchronize()
-        sec = time.perf_counter() - s
-        if other is not None:
-            other()
-        cp.cuda.Device().synchronize()
-        stager.close()
-        out.append({"variant": "upload rate", "what": label, "gbps": src.nbytes / sec / 1e9})
-
-    def touching(stager):
-        fresh = np.empty_like(a)
-        t = stager.touch(fresh)
-        return lambda: t.wait()
-
-    def gemms(stager):
-        stream = cp.cuda.Stream(non_blocking=True)
-        with stream:
-            for _ in range(6):
-                big @ big
-        return stream.synchronize
-
-    rate("B panel, contiguous", b[:w], devb)
-    rate("A panel, strided", a[:, :w], dev)
-    rate("A panel, 12 threads", a[:, :w], dev, threads=12)
-    rate("A panel, beside a touch", a[:, :w], dev, beside=touching)
-    rate("A panel, beside GEMMs", a[:, :w], dev, beside=gemms)
-    rate("A panel, ring +28", a[:, :w], dev, extra=28)
-    rate("A panel, 16 MiB chunks", a[:, :w], dev, chunk=16 << 20)
-    rate("A panel, 32 MiB chunks, ring +12", a[:, :w], dev, chunk=32 << 20, extra=12)
-    dev = devb = big = None
-    cp.get_default_memory_pool().free_all_blocks()
-    return out
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, default=16384)
@@ -215,9 +159,6 @@ def main() -> int:
     print(f"\n{'variant':>18} {'call':>7} {'seconds':>8} {'TFLOP/s':>8} {'sweep':>7} "
           f"{'GEMMs':>7} {'before':>7} {'between':>7} {'after':>7}")
     for r in rows:
-        if r["variant"] == "upload rate":
-            print(f"{'upload rate':>18} {r['what']:>36}: {r['gbps']:.1f} GB/s")
-            continue
         if r["variant"] == "ceiling":
             print(f"{'ceiling':>18} cupy.matmul {r['tflops']:.2f} TFLOP/s")
             continue
