@@ -374,6 +374,7 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         multiplied, an unusable `out`, a device budget too small for any
         tile, a host too small for the plan.
     """
+    called = time.perf_counter()
     unknown = sorted(set(kwargs) - set(_MATMUL_OPTIONS))
     if unknown:
         raise TypeError(f"matmul got unexpected keyword argument(s) {', '.join(unknown)}")
@@ -435,11 +436,13 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
                 own = (a_node[_own(C.layout.rows, pgrid.row)],
                        b_node[:, _own(C.layout.cols, pgrid.col)])
         comm_kind = kwargs.pop("broadcaster", "auto")
+        set_up = time.perf_counter() - called  # backend, checks, plan, blocks
         result = summa_out_of_core(kwargs.pop("alpha", 1.0), A, B, 0.0, C, be, budget,
                                    panel_width=width, lookahead=lookahead,
                                    precision=kwargs.pop("precision", None),
                                    comm="auto" if comm_kind == "host" else comm_kind,
                                    fresh_c=fresh, own_copies=own)
+        result.extra["setup_seconds"] = set_up
         if kwargs.get("stats") is not None:
             kwargs["stats"].__dict__.update(result.__dict__)
         if pgrid.size == 1:

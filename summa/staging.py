@@ -32,7 +32,7 @@ __all__ = ["Stager", "Transfer", "get_stager", "copy_threads", "ring_bytes", "CH
 
 #: Bytes of one page-locked chunk: large enough that a copy engine streams it
 #: at full rate, small enough that a ring of a few per thread stays small
-#: (allocating page-locked memory ran at ~6 GB/s: the first call pays it).
+#: (made once per process, page-locked at ~30 GB/s: :meth:`Stager._rings`).
 CHUNK_BYTES = 8 << 20
 _H2D, _D2H = 1, 2  # cudaMemcpyKind
 
@@ -56,18 +56,21 @@ TOUCH_SHARE = 0.25
 
 
 def copy_threads(ranks_on_node: int = 1) -> int:
-    """Host threads for one rank's copies: the cores this process may run on
-    shared by the node's ranks, at most :data:`MAX_COPY_THREADS`.
-    ``SUMMA_COPY_THREADS`` overrides."""
+    """Host threads for one rank's copies: three quarters of the cores this
+    process may run on, shared by the node's ranks, at most
+    :data:`MAX_COPY_THREADS`; the other quarter is for the touch of a fresh
+    result (:data:`TOUCH_SHARE`), the dispatchers and the thread queueing
+    the GEMMs. ``SUMMA_COPY_THREADS`` overrides."""
     env = os.environ.get("SUMMA_COPY_THREADS")
     if env:
         return max(1, int(env))
-    return max(1, min(MAX_COPY_THREADS, usable_cores() // max(1, ranks_on_node)))
+    return max(1, min(MAX_COPY_THREADS, usable_cores() * 3 // 4 // max(1, ranks_on_node)))
 
 
-#: Most copy threads of one rank (memcpy scales to about 16 threads on the
-#: H200 machine's 16 cores).
-MAX_COPY_THREADS = 16
+#: Most copy threads of one rank. On the H200 machine's 16 cores 12 beat 16
+#: (N = 16384 float64 from pageable arrays: 0.250 against 0.282 s; 16 threads
+#: of memcpy alone were only 7 % faster than 12, 45.6 against 42.8 GB/s).
+MAX_COPY_THREADS = 12
 
 
 def usable_cores() -> int:
@@ -159,9 +162,8 @@ class Stager:
         # copy out), how many were made, and how many may be (a few per thread).
         self._ring = self.threads + RING_EXTRA
         self._free = {_H2D: queue.Queue(), _D2H: queue.Queue()}
-        self._made = {_H2D: [], _D2H: []}
-        self._making = threading.Lock()  # the dispatchers and the download ring's maker
-        self._ring_maker = None
+        self._arena = None  # both rings' chunks, made at the first copy
+        self._arena_lock = threading.Lock()  # the two dispatchers
         self._jobs = {_H2D: queue.Queue(), _D2H: queue.Queue()}
         # Downloaded chunks in the order their copies were queued: a thread of
         # its own waits for each, so that no pool thread sits waiting on the GPU
@@ -248,61 +250,58 @@ class Stager:
             thread.join()
         self._landing.put(None)
         self._dispatchers[2].join()
-        if self._ring_maker is not None:
-            self._ring_maker.join()
         self._pool.shutdown(wait=True)
         if self._touch_pool is not None:
             self._touch_pool.shutdown(wait=True)
         self.up.synchronize()
         self.down.synchronize()
+        if self._arena is not None and self._arena[1]:
+            try:
+                self.cupy.cuda.runtime.hostUnregister(self._arena[0].ctypes.data)
+            except Exception:  # noqa: BLE001 -- at exit the context may be gone already
+                pass
+            self._arena = None
 
     # -- the dispatchers and the pool -------------------------------------------------
     def _chunk(self, kind, nbytes: int):
-        """A free page-locked chunk of at least `nbytes`: made while the ring
-        has room, else the oldest returned (uploading: once its copy out is done)."""
-        try:
-            buf, event = self._free[kind].get_nowait()
-        except queue.Empty:
-            buf = self._new_chunk(kind, nbytes)
-            if buf is not None:
-                return buf
-            buf, event = self._free[kind].get()
+        """A free page-locked chunk of at least `nbytes`, the oldest returned
+        (uploading: once its copy out is done)."""
+        self._rings()
+        buf, event = self._free[kind].get()
         if event is not None:
             event.synchronize()
-        if buf.nbytes < nbytes:  # a row longer than a chunk: this one grows
-            with self._making:
-                self._made[kind].remove(buf)
-            return self._new_chunk(kind, nbytes, grow=True)
+        if buf.nbytes < nbytes:  # a row longer than a chunk: a longer one replaces it
+            memory = self.cupy.cuda.alloc_pinned_memory(nbytes)
+            buf = np.frombuffer(memory, np.uint8, nbytes)
         return buf
 
-    def _new_chunk(self, kind, nbytes: int, grow: bool = False) -> np.ndarray | None:
-        """A new chunk of the ring of `kind` (None: the ring is full, unless
-        `grow` replaces one). The upload ring's last one starts the download
-        ring's maker: allocating page-locked memory is slow (~6 GB/s), and
-        made when the first results come back it would delay them."""
-        with self._making:
-            if not grow and len(self._made[kind]) >= self._ring:
-                return None
-            memory = self.cupy.cuda.alloc_pinned_memory(max(nbytes, self.chunk_bytes))
-            buf = np.frombuffer(memory, np.uint8, max(nbytes, self.chunk_bytes))
-            self._made[kind].append(buf)
-            full = len(self._made[kind]) == self._ring
-        if kind == _H2D and full and self._ring_maker is None:
-            self._ring_maker = threading.Thread(target=self._make_ring, args=(_D2H,),
-                                                daemon=True, name="summa-ring")
-            self._ring_maker.start()
-        return buf
-
-    def _make_ring(self, kind) -> None:
-        """Fill the ring of `kind` with new chunks, ahead of their use."""
-        try:
-            while not self._closed:
-                buf = self._new_chunk(kind, self.chunk_bytes)
-                if buf is None:
-                    return
-                self._free[kind].put((buf, None))
-        except BaseException:  # noqa: BLE001 -- the dispatcher makes its own then
-            return
+    def _rings(self) -> None:
+        """Make both rings at the first copy, as one array that the pool's
+        threads touch and CUDA then page-locks whole (``cudaHostRegister``):
+        ``cudaHostAlloc`` ran at 1.6 GB/s on one H200 host, so the 160 MiB
+        ring of 16 threads took 0.1 s of the first call; touched on threads
+        and locked at once it takes ~10 ms. Where locking is refused, chunks
+        come from CuPy's page-locked allocator instead."""
+        with self._arena_lock:
+            if self._arena is not None:
+                return
+            count = 2 * self._ring
+            arena = np.empty(count * self.chunk_bytes, np.uint8)
+            step = -(-arena.nbytes // (4 * self.threads) // _PAGE) * _PAGE
+            list(self._pool.map(lambda i: arena[i:i + step:_PAGE].fill(0),
+                                range(0, arena.nbytes, step)))
+            try:
+                self.cupy.cuda.runtime.hostRegister(arena.ctypes.data, arena.nbytes, 0)
+                locked = True
+                chunks = [arena[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]
+                          for i in range(count)]
+            except Exception:  # noqa: BLE001 -- not allowed here: CuPy's allocator
+                locked, arena = False, None
+                chunks = [np.frombuffer(self.cupy.cuda.alloc_pinned_memory(self.chunk_bytes),
+                                        np.uint8, self.chunk_bytes) for _ in range(count)]
+            for i, chunk in enumerate(chunks):
+                self._free[_H2D if i < self._ring else _D2H].put((chunk, None))
+            self._arena = (arena, locked)
 
     def _dispatch(self, kind) -> None:
         self._bind()

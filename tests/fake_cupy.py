@@ -66,15 +66,25 @@ class _Device:
 
 class FakeCupy:
     """The module: ``cuda.Stream``, ``cuda.Event``, ``cuda.Device``,
-    ``cuda.alloc_pinned_memory`` and ``cuda.runtime.memcpy2DAsync``;
+    ``cuda.alloc_pinned_memory``, ``cuda.runtime.memcpy2DAsync`` and
+    ``hostRegister``/``hostUnregister`` (noted in `registered`);
     `fail_after` copies succeed, then every copy raises (error paths)."""
 
     def __init__(self, fail_after: int | None = None):
         self.copies, self.fail_after, self._lock = 0, fail_after, threading.Lock()
-        runtime = types.SimpleNamespace(setDevice=lambda d: None, memcpy2DAsync=self._memcpy2d)
+        self.registered: list = []  # (address, bytes) page-locked now
+        runtime = types.SimpleNamespace(setDevice=lambda d: None, memcpy2DAsync=self._memcpy2d,
+                                        hostRegister=self._register,
+                                        hostUnregister=self._unregister)
         self.cuda = types.SimpleNamespace(Stream=_Stream, Event=_Event, Device=_Device,
                                           alloc_pinned_memory=lambda n: bytearray(n),
                                           runtime=runtime)
+
+    def _register(self, ptr, nbytes, flags):
+        self.registered.append((ptr, nbytes))
+
+    def _unregister(self, ptr):
+        self.registered = [r for r in self.registered if r[0] != ptr]
 
     def _memcpy2d(self, dst, dpitch, src, spitch, width, height, kind, stream):
         with self._lock:

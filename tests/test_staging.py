@@ -117,8 +117,8 @@ def test_close_leaves_no_thread_running(rng):
 def test_copy_threads_share_the_cores(monkeypatch):
     monkeypatch.delenv("SUMMA_COPY_THREADS", raising=False)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(32)))
-    assert copy_threads(1) == 16 and copy_threads(4) == 8 and copy_threads(64) == 1
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
+    assert copy_threads(1) == 12 and copy_threads(4) == 6 and copy_threads(64) == 1
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
     monkeypatch.setattr("os.cpu_count", lambda: 32)  # the machine's, not this process's
     assert copy_threads(1) == 6 and copy_threads(2) == 3
     monkeypatch.setenv("SUMMA_COPY_THREADS", "3")
@@ -139,25 +139,29 @@ def test_touch_faults_in_every_page(rng):
         stager.close()
 
 
-def test_the_download_ring_is_made_once_the_upload_ring_is_full(rng):
-    """Allocating page-locked memory is slow: the download ring is made in the
-    background after the upload ring, not when the first results come back,
-    and never beyond its size; close waits for its maker."""
+def test_both_rings_are_made_at_the_first_copy_and_locked_at_once(rng):
+    """Allocating page-locked memory piece by piece is slow: the rings are one
+    array, page-locked in one call at the first copy and unlocked at close;
+    a row longer than a chunk gets a longer chunk of its own."""
     stager = _stager(threads=2, chunk_bytes=64)  # rings of 2 + RING_EXTRA chunks
+    fake = stager.cupy
+    assert fake.registered == []
     try:
         src = rng.uniform(-1, 1, (400, 8))  # 400 chunks of one row
         stager.upload(DeviceArray(np.zeros_like(src)), src).wait()
-        assert len(stager._made[1]) == stager._ring
-        stager._ring_maker.join(timeout=10)
-        assert len(stager._made[2]) == stager._ring
-        assert stager._free[2].qsize() == stager._ring
-        dev = DeviceArray(src.copy())
+        arena = stager._arena[0]
+        assert fake.registered == [(arena.ctypes.data, 2 * stager._ring * 64)]
+        assert stager._free[2].qsize() == stager._ring  # the download ring, unused so far
         out = np.zeros_like(src)
-        stager.download(out, dev).wait()
-        assert np.array_equal(out, src) and len(stager._made[2]) == stager._ring
+        stager.download(out, DeviceArray(src.copy())).wait()
+        long_rows = rng.uniform(-1, 1, (3, 50))
+        back = np.zeros_like(long_rows)
+        stager.download(back, DeviceArray(long_rows.copy())).wait()
+        assert np.array_equal(out, src) and np.array_equal(back, long_rows)
+        assert len(fake.registered) == 1
     finally:
         stager.close()
-    assert not stager._ring_maker.is_alive()
+    assert fake.registered == []
 
 
 def test_touch_leaves_most_threads_to_the_uploads():

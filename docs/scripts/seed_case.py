@@ -191,7 +191,8 @@ def one_size(args) -> list[dict]:
             host_copies=os.environ.get("SUMMA_HOST_COPIES", "stage"),
             gemm_seconds=stats.compute, head_seconds=ex.get("head_seconds"),
             between_seconds=ex.get("between_seconds"), tail_seconds=ex.get("tail_seconds"),
-            sweep_seconds=stats.seconds, tiles=ex.get("tiles"), make_seconds=made)
+            sweep_seconds=stats.seconds, setup_seconds=ex.get("setup_seconds"),
+            tiles=ex.get("tiles"), make_seconds=made)
         del c
     cp.get_default_memory_pool().free_all_blocks()
     peers = {"loop": lambda: _loop(a, b, free), "cublasxt": None, "jax": lambda: _jax(a, b)}
@@ -271,7 +272,8 @@ def main(argv=None) -> int:
                 note = (f"residual {r['residual']:.2e}, GEMMs {r['gemm_seconds']:.3f} s, GPU "
                         f"idle {r['head_seconds'] or 0:.3f} s before, "
                         f"{r.get('between_seconds') or 0:.3f} between, "
-                        f"{r['tail_seconds'] or 0:.3f} after; sweep "
+                        f"{r['tail_seconds'] or 0:.3f} after; set-up "
+                        f"{r.get('setup_seconds') or 0:.3f} s, sweep "
                         f"{r.get('sweep_seconds') or 0:.3f} s; tiles {r['tiles']}")
             print(f"{r['n']:>6} {r['dtype']:>8} {r['peer']:>12} {r['call']:>6} "
                   f"{r['seconds']:8.3f} {r['tflops']:8.2f} {r['tflops'] / ceiling['tflops']:8.3f}"
