@@ -148,6 +148,10 @@ class Backend:
     def synchronize(self) -> None:
         """Wait for all queued device work (no-op on NumPy)."""
 
+    def has_int8_tensor_cores(self) -> bool:
+        """Can this backend's device multiply int8 on tensor cores?"""
+        return False
+
     def int8_product(self, a8, b8):
         """``a8 @ b8`` of int8 operands, exactly, as int32 (the caller keeps K
         at most :data:`summa.ozaki.K_EXACT`, so no sum overflows)."""
@@ -366,6 +370,10 @@ class CupyBackend(Backend):
         n = b.shape[1]
         if 0 in (m, n):
             return
+        if precision == "fp64-int8":  # float64 from INT8 tensor cores
+            from . import ozaki_gpu
+            ozaki_gpu.gemm(alpha, a, b, c, beta, backend=self)
+            return
         if k == 0:
             if beta != 1:
                 c *= beta
@@ -392,6 +400,10 @@ class CupyBackend(Backend):
                       alpha_h.ctypes.data, b.data.ptr, data_type, ldb,
                       a.data.ptr, data_type, lda, beta_h.ctypes.data,
                       c.data.ptr, data_type, ldc, compute, _CUBLAS_GEMM_DEFAULT)
+
+    def has_int8_tensor_cores(self) -> bool:
+        # CuPy spells the capability as digits: "75" for 7.5, "90", "120"
+        return int(self.xp.cuda.Device(self.device).compute_capability) >= 75
 
     def int8_product(self, a8, b8):
         """``a8 @ b8`` exactly in int32 through cuBLAS's integer tensor cores

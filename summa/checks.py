@@ -39,13 +39,29 @@ def check_layouts(A, B, C) -> None:
                          f"({C.layout.cols}) are distributed differently")
 
 
+#: The values of ``precision``: float64 as it is, TF32 tensor cores for
+#: float32 and complex64, float64 from INT8 tensor cores (:mod:`summa.ozaki`).
+PRECISIONS = (None, "default", "tf32", "fp64-int8")
+
+
 def check_scalars(alpha, beta, dtype, precision, backend) -> None:
     """Raise ValueError for complex scalars with real data, or a bad precision."""
     for name, value in (("alpha", alpha), ("beta", beta)):
         if dtype.kind != "c" and np.iscomplexobj(value) and np.imag(value) != 0:
             raise ValueError(f"{name}={value} is complex but the matrices are {dtype.name}")
-    if precision not in (None, "default", "tf32"):
-        raise ValueError(f"precision must be default or tf32, got {precision!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS[1:])}, "
+                         f"got {precision!r}")
+    if precision == "fp64-int8":
+        if dtype != np.float64:
+            raise ValueError(f"precision fp64-int8 emulates float64 products; the data are "
+                             f"{dtype.name} (complex128 is not supported yet)")
+        if backend.name != "cupy":
+            raise ValueError("precision fp64-int8 needs the cupy backend (INT8 tensor cores "
+                             "of a GPU); on CPUs use the default precision")
+        if not backend.has_int8_tensor_cores():
+            raise ValueError(f"precision fp64-int8 needs INT8 tensor cores (compute capability "
+                             f"7.5 or later); this GPU is {backend.describe()}")
     if precision == "tf32" and dtype.char not in "fFe":
         raise ValueError(f"precision tf32 applies to float32, complex64 and float16 data, "
                          f"not {dtype.name}")

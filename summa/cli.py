@@ -19,6 +19,7 @@ from mpi4py import MPI
 
 from . import __version__
 from .backend import DTYPES, cupy_available, share_cpu_cores
+from .checks import PRECISIONS
 from .bench import (DEFAULT_SIZE_CPU, DEFAULT_SIZE_GPU, UsageError, agree_backend, run_bench,
                     run_sweep, versions)
 from .comm import choose_comm
@@ -31,6 +32,7 @@ from .watchdog import Watchdog, timeout_from_env
 
 #: What --comm accepts.
 COMM_MODES = ("auto", "nccl", "cuda-aware", "mpi", "ipc")
+PRECISION_CHOICES = PRECISIONS[1:]
 #: Longest wait of one step on other ranks before the job is aborted (seconds).
 DEFAULT_TIMEOUT = 600.0
 
@@ -137,9 +139,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="panels: SUMMA's panels along K (default); strips: on grids of one "
                         "column (Px1), B gathered in column strips of --nb (auto: the "
                         "default width), every GEMM over all of K (in memory only)")
-    p.add_argument("--precision", choices=("default", "tf32"), default="default",
+    p.add_argument("--precision", choices=PRECISION_CHOICES, default="default",
                    help="tf32: float32/complex64 GEMMs on TF32 tensor cores (GPU only; "
-                        "float16 always uses tensor cores with float32 accumulation)")
+                        "float16 always uses tensor cores with float32 accumulation); "
+                        "fp64-int8: float64 products from exact INT8 tensor-core products "
+                        "(Ozaki scheme II, GPU only; as accurate as float64 where the "
+                        "entries of each row of A and column of B are of similar size: "
+                        "use with --check)")
     p.add_argument("--out-of-core", action="store_true",
                    help="keep A, B, C in host memory and stream C through the GPU in tiles "
                         "(automatic when the in-memory plan does not fit the GPU)")
@@ -253,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--comm", choices=("all",) + COMM_MODES[1:], default="all",
                      help="broadcasters to measure (default all that work here)")
     cal.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto")
-    cal.add_argument("--precision", choices=("default", "tf32"), default="default")
+    cal.add_argument("--precision", choices=PRECISION_CHOICES, default="default")
     cal.add_argument("--repeat", type=_positive_int, default=3, help="repetitions (best taken)")
 
     model = sub.add_parser("model", help="predict time and efficiency from a profile",
@@ -323,9 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--lookahead", type=_nonnegative_int, default=1)
     plan.add_argument("--schedule", choices=SCHEDULES, default="panels",
                       help="panels along K (default), or column strips (grids of one column)")
-    plan.add_argument("--precision", choices=("default", "tf32"), default="default",
+    plan.add_argument("--precision", choices=PRECISION_CHOICES, default="default",
                       help="tf32: float32 GEMMs on tensor cores (their panels of A are not "
-                           "copied transposed)")
+                           "copied transposed); fp64-int8: float64 from INT8 products "
+                           "(their residues and sums counted)")
     plan.add_argument("--backend", choices=("numpy", "cupy"), default="cupy")
     plan.add_argument("--device-memory", metavar="SIZE", default=None,
                       help="GPU memory cap per rank: plan out of core within it")

@@ -1,7 +1,8 @@
 """float64 products from exact integer products (Ozaki scheme II), the
 array-library part, for NumPy or CuPy (`xp`), the residue products through a
 backend's INT8 GEMM (:meth:`summa.backend.Backend.int8_product`; on GPUs
-cuBLAS's integer tensor cores). Not wired into SUMMA yet (issue 25).
+cuBLAS's integer tensor cores). :mod:`summa.ozaki_gpu` fuses the same steps
+into CuPy kernels.
 
 For ``C ~ A @ B`` in float64:
 
@@ -9,20 +10,27 @@ For ``C ~ A @ B`` in float64:
    integer of at most `bits` bits (``|Abar| <= 2**bits``); each column j of
    B likewise by ``2**f_j``. Powers of two: the scaling itself is exact.
 2. Residues. For pairwise coprime moduli ``m_l <= 256`` (:data:`MODULI`),
-   ``Abar mod m_l`` and ``Bbar mod m_l`` in the symmetric range fit int8.
+   ``Abar mod m_l`` and ``Bbar mod m_l`` in the symmetric range fit int8
+   (computed in float64, exactly: ``x - m rint(x / m)`` for ``|x| < 2**52``).
 3. Integer products. ``(Abar mod m_l) @ (Bbar mod m_l)`` is exact in int32
    while K * 128**2 < 2**31 (K up to 131071; longer K goes in pieces), and
    congruent to ``Abar @ Bbar`` mod m_l: one INT8 GEMM per modulus.
-4. Reconstruction. From its residues, ``Abar @ Bbar`` is the unique integer
-   in (-M/2, M/2), M the moduli's product, as long as ``K * 2**(2 bits) <
-   M/2`` (:func:`moduli_for`); Garner's mixed-radix digits give it with
-   small-integer arithmetic, and a Horner sum in float64 its value.
-5. Unscale: ``C_ij = 2**(-e_i - f_j) (Abar @ Bbar)_ij``.
+4. Reconstruction (Chinese remainder theorem). ``X = Abar @ Bbar`` is the
+   integer in (-M/2, M/2), M the moduli's product, congruent to ``sum_l u_l
+   w_l`` mod M, u_l the l-th product reduced mod m_l and ``w_l`` the CRT
+   weights; it holds while ``K * 2**(2 bits) < M/4`` (:func:`moduli_for`).
+   Each ``w_l`` is split into a high part, a multiple of ``2**t`` below
+   ``2**(t+40)``, and the rest: the high sums are exact in float64, so the
+   quotient by M and the remainder are too, and the low parts carry the rest
+   to float64 accuracy (:func:`crt_weights`, :func:`fold`, :func:`finish`).
+   Each product is folded in as it comes (two float64 sums per element),
+   so no product has to wait for the others.
+5. Unscale: ``C_ij = 2**(-e_i - f_j) X_ij``.
 
 The only error is step 1's rounding: ``|C - A B|_ij <= 2**-bits *
 amax_i * (|B| 1)`` + the same for B, with ``amax_i`` the largest
 ``|A_ij|`` of row i (:func:`error_bound`). For rows and columns of similar
-magnitudes and ``bits`` = 53 that is float64's own accuracy; where one row
+magnitudes and ``bits`` = 52 that is float64's own accuracy; where one row
 spans many orders of magnitude, its small entries lose bits (tested at
 1e±8), so a check (``--check``) is the companion of this mode.
 """
@@ -33,8 +41,8 @@ import math
 
 import numpy as np
 
-__all__ = ["MODULI", "moduli_for", "scale", "residues", "integer_product", "reconstruct",
-           "gemm_int8", "error_bound"]
+__all__ = ["MODULI", "BITS", "moduli_for", "scale", "residues", "integer_product",
+           "crt_weights", "fold", "finish", "reconstruct", "gemm_int8", "error_bound"]
 
 #: Pairwise coprime moduli up to 256, largest first (so the fewest reach a
 #: given product): their symmetric residues fit int8.
@@ -46,10 +54,17 @@ MODULI = (256, 255, 253, 251, 247, 241, 239, 233, 229, 227, 223, 217, 211, 199, 
 K_EXACT = (2**31 - 1) // (128 * 128)
 
 
+#: Bits each row of A and column of B keeps by default: float64's accuracy,
+#: the most whose residues float64 arithmetic computes exactly.
+BITS = 52
+
+
 def moduli_for(bits: int, k: int) -> int:
     """How many of :data:`MODULI` a product of `bits`-bit integers over an
-    inner dimension `k` needs: their product must exceed ``2 k 2**(2 bits)``."""
-    need = 1 + math.log2(max(1, k)) + 2 * bits
+    inner dimension `k` needs: their product must exceed ``4 k 2**(2 bits)``
+    (twice the range of the product, so the quotient of the reconstruction
+    is never near a half)."""
+    need = 2 + math.log2(max(1, k)) + 2 * bits
     total = 0.0
     for count, m in enumerate(MODULI, 1):
         total += math.log2(m)
@@ -59,70 +74,105 @@ def moduli_for(bits: int, k: int) -> int:
                      f"2**{need:.0f}; the {len(MODULI)} moduli reach 2**{total:.0f}")
 
 
-def scale(x: np.ndarray, axis: int, bits: int, xp=np):
+def check_bits(bits: int) -> int:
+    if not 1 <= int(bits) <= 52:
+        raise ValueError(f"bits must be 1-52 (float64 computes their residues exactly), "
+                         f"got {bits}")
+    return int(bits)
+
+
+def scale(x, axis: int, bits: int, xp=np):
     """``(xbar, e)``: `x` times ``2**e`` along `axis` (per row for axis 1, per
     column for axis 0), rounded to integers with ``|xbar| <= 2**bits``
-    (int64); ``e`` int32. Zero rows (columns) keep e = 0. Refuses Inf/NaN."""
+    (float64); ``e`` int32. Zero rows (columns) keep e = 0. Refuses Inf/NaN."""
     if not bool(xp.isfinite(x).all()):
         raise ValueError("precision fp64-int8 needs finite inputs: A or B holds Inf or NaN")
-    if not 1 <= bits <= 62:
-        raise ValueError(f"bits must be 1-62 (int64 holds the scaled integers), got {bits}")
-    amax = xp.abs(x).max(axis=axis, keepdims=True)
-    _, ex = xp.frexp(amax)  # amax <= 2**ex
-    e = xp.where(amax > 0, bits - ex, 0).astype(np.int32)
-    xbar = xp.rint(xp.ldexp(x, e)).astype(np.int64)
-    return xbar, e
+    bits = check_bits(bits)
+    e = exponents(xp.abs(x).max(axis=axis, keepdims=True), bits, xp)
+    return xp.rint(xp.ldexp(x, e)), e
+
+
+def exponents(amax, bits: int, xp=np):
+    """The scaling exponents of rows (columns) whose largest magnitudes are
+    `amax`: ``amax * 2**e < 2**bits`` (0 for zero rows)."""
+    _, ex = xp.frexp(amax)  # amax < 2**ex
+    return xp.where(amax > 0, bits - ex, 0).astype(np.int32)
 
 
 def residues(xbar, m: int, xp=np):
-    """``xbar mod m`` in the symmetric range (``[-128, 127]`` for m = 256),
-    as int8."""
-    half = m // 2
-    return ((xbar + half) % m - half).astype(np.int8)
+    """``xbar mod m`` for float64 integers ``|xbar| < 2**52`` in ``[-128, 127]``
+    (symmetric, m = 256's 128 as -128), as int8."""
+    r = xbar - m * xp.rint(xbar / m)  # exact: q m and the difference are integers < 2**53
+    r = xp.where(r > 127, r - m, r)
+    return r.astype(np.int8)
 
 
 def integer_product(a8, b8, xp=np, backend=None):
-    """``a8 @ b8`` exactly for int8 operands, K cut into pieces whose int32
-    sums cannot overflow; int64 result. `backend` multiplies each piece
-    (:meth:`summa.backend.Backend.int8_product`: cuBLAS's INT8 GEMM on GPUs);
-    without one, NumPy in int64."""
-    k = a8.shape[1]
-    out = None
-    for k0 in range(0, max(k, 1), K_EXACT):
-        a, b = a8[:, k0:k0 + K_EXACT], b8[k0:k0 + K_EXACT]
-        part = (backend.int8_product(a, b).astype(np.int64) if backend is not None
-                else a.astype(np.int64) @ b.astype(np.int64))
-        out = part if out is None else out + part
-    return out
+    """``a8 @ b8`` exactly for int8 operands with K at most :data:`K_EXACT`,
+    as int32. `backend` multiplies (:meth:`summa.backend.Backend.int8_product`:
+    cuBLAS's INT8 GEMM on GPUs); without one, NumPy in int64."""
+    if a8.shape[1] > K_EXACT:
+        raise ValueError(f"K = {a8.shape[1]} exceeds the {K_EXACT} an int32 sum holds")
+    if backend is not None:
+        return backend.int8_product(a8, b8)
+    return (a8.astype(np.int64) @ b8.astype(np.int64)).astype(np.int32)
+
+
+def crt_weights(moduli) -> dict:
+    """The reconstruction's constants for `moduli`: ``t``, and in units of
+    ``2**t`` each CRT weight's high part (an integer below ``2**40``) and low
+    part (below 1), and M's (:func:`fold`, :func:`finish`)."""
+    big = math.prod(moduli)
+    t = big.bit_length() - 40
+    hi, lo = [], []
+    for m in moduli:
+        rest = big // m
+        w = rest * pow(rest % m, -1, m) % big
+        hi.append(float(w >> t))
+        lo.append((w - ((w >> t) << t)) / 2.0**t)
+    return {"t": t, "w_hi": hi, "w_lo": lo, "m_hi": float(big >> t),
+            "m_lo": (big - ((big >> t) << t)) / 2.0**t}
+
+
+def fold(g, m: int, w_hi: float, w_lo: float, s_hi, s_lo, xp=np) -> None:
+    """Add one integer product `g` (residues mod `m`, any representative
+    below 2**31) into the sums: ``u = g mod m`` (symmetric), ``s_hi += u
+    w_hi`` (exact: integers below 2**53), ``s_lo += u w_lo``."""
+    g = g.astype(np.float64)
+    u = g - m * xp.rint(g / m)
+    s_hi += u * w_hi
+    s_lo += u * w_lo
+
+
+def finish(s_hi, s_lo, weights: dict, e=0, f=0, xp=np):
+    """The float64 values ``2**(-e-f) X`` of the integers X whose folded sums
+    are `s_hi`, `s_lo`: X ≡ sum mod M in (-M/2, M/2), the quotient from the
+    sums' value and the remainder of the high parts exact."""
+    q = xp.rint((s_hi + s_lo) / (weights["m_hi"] + weights["m_lo"]))
+    d = (s_hi - q * weights["m_hi"]) + (s_lo - q * weights["m_lo"])
+    return xp.ldexp(d, weights["t"] - e - f)
 
 
 def reconstruct(parts, moduli, xp=np):
     """The integers in (-M/2, M/2) with residues `parts` (one array per
-    modulus), as float64: Garner's balanced mixed-radix digits (all in small
-    integers), then a Horner sum from the most significant digit."""
-    digits = []
-    for i, m in enumerate(moduli):
-        v = parts[i] % m
-        for j in range(i):  # v = (v - d_j) / m_j mod m_i
-            inv = pow(moduli[j], -1, m)
-            v = ((v - digits[j]) % m) * inv % m
-        half = m // 2
-        digits.append(xp.where(v >= m - half, v - m, v) if m % 2 else
-                      xp.where(v >= half, v - m, v))
-    value = digits[-1].astype(np.float64)
-    for i in range(len(moduli) - 2, -1, -1):
-        value = digits[i].astype(np.float64) + moduli[i] * value
-    return value
+    modulus), as float64."""
+    weights = crt_weights(moduli)
+    s_hi = xp.zeros(parts[0].shape)
+    s_lo = xp.zeros(parts[0].shape)
+    for part, m, hi, lo in zip(parts, moduli, weights["w_hi"], weights["w_lo"]):
+        fold(part, m, hi, lo, s_hi, s_lo, xp)
+    return finish(s_hi, s_lo, weights, xp=xp)
 
 
-def gemm_int8(a, b, bits: int = 53, moduli: int | None = None, xp=np, backend=None):
-    """``a @ b`` in float64 from int8 products (the module's steps).
+def gemm_int8(a, b, bits: int = BITS, moduli: int | None = None, xp=np, backend=None):
+    """``a @ b`` in float64 from int8 products (the module's steps); K longer
+    than :data:`K_EXACT` in pieces whose float64 products are summed.
 
     Parameters
     ----------
     a, b : arrays of float64
     bits : int
-        Bits each row of `a` and column of `b` keeps (53: float64's).
+        Bits each row of `a` and column of `b` keeps (52: float64's).
     moduli : int, optional
         How many moduli (default: as many as `bits` and K need).
     xp, backend : module, Backend, optional
@@ -130,14 +180,20 @@ def gemm_int8(a, b, bits: int = 53, moduli: int | None = None, xp=np, backend=No
         multiplies the residues (default: NumPy's int64 products).
     """
     k = a.shape[1]
+    if k > K_EXACT:
+        return sum(gemm_int8(a[:, k0:k0 + K_EXACT], b[k0:k0 + K_EXACT], bits, moduli, xp,
+                             backend) for k0 in range(0, k, K_EXACT))
     count = moduli_for(bits, k) if moduli is None else int(moduli)
     abar, e = scale(a, 1, bits, xp)
     bbar, f = scale(b, 0, bits, xp)
     chosen = MODULI[:count]
-    parts = [integer_product(residues(abar, m, xp), residues(bbar, m, xp), xp, backend) % m
-             for m in chosen]
-    c = reconstruct(parts, chosen, xp)
-    return xp.ldexp(c, -(e + f))
+    weights = crt_weights(chosen)
+    s_hi = xp.zeros((a.shape[0], b.shape[1]))
+    s_lo = xp.zeros((a.shape[0], b.shape[1]))
+    for m, hi, lo in zip(chosen, weights["w_hi"], weights["w_lo"]):
+        g = integer_product(residues(abar, m, xp), residues(bbar, m, xp), xp, backend)
+        fold(g, m, hi, lo, s_hi, s_lo, xp)
+    return finish(s_hi, s_lo, weights, e, f, xp)
 
 
 def error_bound(a, b, bits: int, xp=np):

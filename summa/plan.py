@@ -114,10 +114,13 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     if strips:  # B's strips: all of K, `panel_width` columns
         panels = slots * k * max(1, min(panel_width, nl))
     blocks = ml * ka + kb * nl + ml * nl
+    emulated = precision == "fp64-int8"
     if not out_of_core:
         extra = ml * nl if backend == "numpy" else 0
         if transposed:
             extra += nb * ml
+        if emulated:
+            extra += -(-_ozaki_scratch(ml, nl, nb) // item)
         on_device = (blocks + panels + extra) * item
         staging = panels * item if backend == "cupy" else 0  # pinned host buffers (mpi mode)
         if backend == "numpy":
@@ -128,17 +131,18 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     # Staging only where a grid row (A) or column (B) has ranks to send to.
     staged = (bool(staged[0]) and pc > 1, bool(staged[1]) and pr > 1)
     tiles = _ooc_tiles(max(ml, 1), max(nl, 1), nb, slots, device_budget // item, transposed,
-                       staged)
+                       staged, emulated)
     if tiles is None:
         raise ValueError(f"a device budget of {_gib(device_budget)} is too small for "
                          f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
     tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
     for _ in range(upload_lead()):  # room for uploads steps ahead, same tiles
-        if _ooc_elements(tm, tn, nb, slots + 1, tiles[0] * tiles[1], transposed, staged) \
-                * item > device_budget:
+        if _ooc_elements(tm, tn, nb, slots + 1, tiles[0] * tiles[1], transposed, staged,
+                         emulated) * item > device_budget:
             break
         slots += 1
-    device = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged) * item
+    device = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged,
+                           emulated) * item
     ring = ring_bytes(copy_threads(1)) if backend == "cupy" else 0
     return MemoryPlan("out-of-core", device, blocks * item, (int(tm), int(tn)), int(nb),
                       (int(tiles[0]), int(tiles[1])), slots, transposed, staged, ring)
@@ -159,25 +163,42 @@ def _ooc_parts(slots: int, transposed: bool, staged: tuple) -> tuple[int, int]:
     return slots * (1 + staged[0]) + transposed, slots * (1 + staged[1])
 
 
+def _ozaki_scratch(tm: int, tn: int, nb: int) -> int:
+    """Device bytes one ``tm x nb`` by ``nb x tn`` product takes on INT8 tensor
+    cores (``precision="fp64-int8"``, :func:`summa.ozaki_gpu.scratch_bytes`)."""
+    from . import ozaki, ozaki_gpu
+    return ozaki_gpu.scratch_bytes(tm, tn, nb, ozaki.moduli_for(ozaki.BITS, nb))
+
+
 def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,
-                  transposed: bool = False, staged: tuple = (False, False)) -> int:
-    """Device elements of the out-of-core sweep: C tiles and the panel parts
-    of :func:`_ooc_parts`."""
+                  transposed: bool = False, staged: tuple = (False, False),
+                  emulated: bool = False) -> int:
+    """Device elements of the out-of-core sweep: C tiles, the panel parts
+    of :func:`_ooc_parts`, and where `emulated` one product's scratch."""
     a_parts, b_parts = _ooc_parts(slots, transposed, staged)
-    return min(2, ntiles) * tm * tn + a_parts * tm * nb + b_parts * tn * nb
+    elements = min(2, ntiles) * tm * tn + a_parts * tm * nb + b_parts * tn * nb
+    return elements + (-(-_ozaki_scratch(tm, tn, nb) // 8) if emulated else 0)
 
 
 def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: bool = False,
-               staged: tuple = (False, False)):
-    """Fewest ``(row tiles, column tiles)`` whose sweep fits `budget` elements."""
-    if _ooc_elements(ml, nl, nb, slots, 1, transposed, staged) <= budget:
+               staged: tuple = (False, False), emulated: bool = False):
+    """Fewest ``(row tiles, column tiles)`` whose sweep fits `budget` elements:
+    by columns, the most rows that fit (the sweep's size grows with them)."""
+    def fits(tm, tn, ntiles):
+        return _ooc_elements(tm, tn, nb, slots, ntiles, transposed, staged, emulated) <= budget
+    if fits(ml, nl, 1):
         return 1, 1
-    a_parts, b_parts = _ooc_parts(slots, transposed, staged)
     for ntn in range(1, nl + 1):
         tn = -(-nl // ntn)
-        tm = (budget - b_parts * tn * nb) // (2 * tn + a_parts * nb)  # two C tiles
-        if tm >= 1:
-            return -(-ml // min(tm, ml)), ntn
+        low, high = 0, ml  # the most rows that fit: in [low, high]
+        while low < high:
+            mid = (low + high + 1) // 2
+            if fits(mid, tn, 2):
+                low = mid
+            else:
+                high = mid - 1
+        if low >= 1:
+            return -(-ml // low), ntn
     return None
 
 

@@ -45,9 +45,21 @@ def default_panel_width(backend_name: str, dtype, precision: str | None = None,
     if backend_name != "cupy":
         return 256
     dtype = np.dtype(dtype)
+    if precision == "fp64-int8":
+        # Each product's reconstruction passes over its C block once: the
+        # wider the panel, the fewer passes per INT8 GEMM (FP64_INT8_WIDTH);
+        # out of core its scratch would take the C tiles' room.
+        return 4096 if out_of_core else FP64_INT8_WIDTH
     if precision == "tf32" or dtype == np.float16 or (dtype == np.float32 and not out_of_core):
         return 8192
     return 4096
+
+
+#: Panel width of float64 products on INT8 tensor cores (``fp64-int8``):
+#: each panel's product folds its 16 integer products into the C block and
+#: reconstructs it (a few passes over C at memory speed), so wide panels
+#: keep that share small.
+FP64_INT8_WIDTH = 16384
 
 
 #: GPU GEMMs that run faster reading A column-major (cuBLAS's transposed
@@ -75,7 +87,7 @@ def transposes_a(backend_name: str, dtype, precision=None, schedule: str = "pane
         return False
     if setting == "yes":
         return True
-    return (backend_name == "cupy" and precision != "tf32"
+    return (backend_name == "cupy" and precision not in ("tf32", "fp64-int8")
             and np.dtype(dtype).char in TRANSPOSED_A_FASTER)
 
 

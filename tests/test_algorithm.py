@@ -229,6 +229,11 @@ def test_errors_raise_on_every_rank_before_communicating(comm, backend):
             A32 = DistMatrix.random((6, 5), "float32", grid, backend, seed=1)
             with pytest.raises(ValueError, match="tf32 needs the cupy backend"):
                 matmul(A32, B32, precision="tf32")
+            with pytest.raises(ValueError, match="fp64-int8 needs the cupy backend"):
+                matmul(A, B5, precision="fp64-int8")
+        A32 = DistMatrix.random((6, 5), "float32", grid, backend, seed=1)
+        with pytest.raises(ValueError, match="fp64-int8 emulates float64"):
+            matmul(A32, B32, precision="fp64-int8")
         cyclic = DistMatrix.random((6, 5), "float64", grid, backend, seed=1, block=(2, 2))
         with pytest.raises(ValueError, match="distributed as"):
             gemm(cyclic, B5, DistMatrix.zeros((6, 7), "float64", grid, backend))

@@ -505,12 +505,13 @@ def test_numpy_arrays_stream_through_the_gpu_into_out(comm, rng, dtype):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("shape", [(64, 48, 80), (33, 65, 17), (5, 3, 1)])
+@pytest.mark.parametrize("shape", [(64, 48, 80), (33, 65, 17), (5, 3, 1), (300, 257, 1030)])
 def test_int8_products_on_the_gpu_are_exact_and_ozaki_matches_the_cpu(comm, rng, gpu, shape):
     """cuBLAS's INT8 GEMM ("TN", K and N padded to 4) against NumPy's int64
-    product, and the whole Ozaki scheme on the GPU against the CPU's, bit
-    for bit (the same integers, the same float64 reconstruction)."""
-    from summa import ozaki
+    product; the fused kernels' residues against NumPy's, bit for bit; the
+    whole product against the CPU's (the same float64 formulas: equal but
+    for the low sums' rounding order), alpha and beta applied; Inf refused."""
+    from summa import ozaki, ozaki_gpu
     _, backend = gpu
     cp = backend.xp
     m, n, k = shape
@@ -519,5 +520,42 @@ def test_int8_products_on_the_gpu_are_exact_and_ozaki_matches_the_cpu(comm, rng,
     got = backend.int8_product(cp.asarray(a8), cp.asarray(b8))
     assert np.array_equal(cp.asnumpy(got), a8.astype(np.int64) @ b8.astype(np.int64))
     a, b = rng.uniform(-1, 1, (m, k)), rng.uniform(-1, 1, (k, n))
-    on_gpu = ozaki.gemm_int8(cp.asarray(a), cp.asarray(b), xp=cp, backend=backend)
-    assert np.array_equal(cp.asnumpy(on_gpu), ozaki.gemm_int8(a, b))
+    a[0] *= 1e-300  # a row of tiny values keeps its bits
+    da, db = cp.asarray(a), cp.asarray(b)
+    count = ozaki.moduli_for(ozaki.BITS, k)
+    e = ozaki_gpu._exponents(da, 1, ozaki.BITS)
+    planes = ozaki_gpu._residues(da, e, count, m, -(-k // 4) * 4, ozaki_gpu._constants(count))
+    abar, e_cpu = ozaki.scale(a, 1, ozaki.BITS)
+    assert np.array_equal(cp.asnumpy(e), e_cpu.ravel())
+    for l, mod in enumerate(ozaki.MODULI[:count]):
+        assert np.array_equal(cp.asnumpy(planes[l, :, :k]), ozaki.residues(abar, mod))
+    assert not cp.asnumpy(planes[:, :, k:]).any()
+    want = ozaki.gemm_int8(a, b)
+    c0 = rng.uniform(-1, 1, (m, n))
+    dc = cp.asarray(c0)
+    ozaki_gpu.gemm(2.0, da, db, dc, beta=-0.5, backend=backend)
+    ulp = np.spacing(np.abs(2 * want - 0.5 * c0)) * 2
+    assert np.all(np.abs(cp.asnumpy(dc) - (2 * want - 0.5 * c0)) <= ulp)
+    dc = cp.empty((m, n))
+    backend.gemm(1.0, da, db, dc, beta=0.0, precision="fp64-int8")
+    assert gemm_scaled_error(cp.asnumpy(dc), a, b) <= 1
+    da[1, 1] = cp.inf
+    with pytest.raises(ValueError, match="finite inputs"):
+        ozaki_gpu.gemm(1.0, da, db, dc, backend=backend)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_summa_with_fp64_on_int8_tensor_cores(comm, rng, gpu):
+    """precision="fp64-int8" through SUMMA, in memory (device blocks) and out of
+    core (NumPy arrays), within the float64 gauge."""
+    grid, backend = gpu
+    a, b = rng.uniform(-1, 1, (700, 530)), rng.standard_normal((530, 610))
+    A = DistMatrix.from_global(a, grid, backend)
+    B = DistMatrix.from_global(b, grid, backend)
+    c = matmul(A, B, precision="fp64-int8", panel_width=128).gather()
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b) <= 1
+    got = matmul(a if comm.rank == 0 else None, b if comm.rank == 0 else None,
+                 comm=comm, precision="fp64-int8", panel_width=200)
+    if comm.rank == 0:
+        assert gemm_scaled_error(got, a, b) <= 1

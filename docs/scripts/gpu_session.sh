@@ -50,6 +50,7 @@
 #   STAGE=files23 docs/scripts/gpu_session.sh    # issue 23: multiply from files against the disk
 #   STAGE=s12    docs/scripts/gpu_session.sh     # issues 22-25: GPU tests of host/pool/int8,
 #                                                # seed tuning, INT8 rates, then files23
+#   STAGE=s12b   docs/scripts/gpu_session.sh     # issue 25: fp64-int8 tests, rates, SUMMA
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -805,6 +806,18 @@ s12)  # issues 22-25: the GPU tests of node-shared arrays, the pool and INT8 pro
         docs/scripts/files_case.py --size 24576 --dir /tmp/summa-files --ranks 1 \
         --device-memory 8GiB --json "$OUT/files.jsonl"
     rm -rf /tmp/summa-files
+    ;;
+s12b)  # issue 25: the INT8 GPU tests, the fused product's rates, phases and errors
+       # against native DGEMM and cuBLAS's emulation, then through SUMMA (bench)
+    LIMIT=150 SUMMA_TEST_BACKEND=cupy run python3 -m pytest -q -p no:cacheprovider --with-mpi \
+        tests/test_gpu.py -k "int8"
+    LIMIT=240 run python3 docs/scripts/ozaki_probe.py --sizes ${SIZES:-16384,32768} \
+        --json "$OUT/ozaki.jsonl"
+    for args in "--precision default" "--precision fp64-int8" "--precision fp64-int8 --nb 32768" \
+                "--precision fp64-int8 --out-of-core --device-memory 48GiB"; do
+        LIMIT=90 run python3 -m summa bench --backend cupy --size 32768 --dtype float64 $args \
+            --check --repeat 2 --no-ideal --json "$OUT/bench.jsonl"
+    done
     ;;
 files23)  # issue 23: multiply from .npy files, in memory and streamed out of core, cold and
           # warm, against the same disk's parallel read and write rates

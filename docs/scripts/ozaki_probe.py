@@ -1,7 +1,10 @@
-"""The rates float64 on INT8 tensor cores (issue 25) is built from, on one GPU:
-native DGEMM, cuBLAS's INT8 GEMM (``cublasGemmEx`` 8I -> 32I, the "TN" form)
-by shape, and summa's whole ``precision="fp64-int8"`` product with its error
-against the float64 gauge.
+"""float64 on INT8 tensor cores (issue 25) on one GPU, in one run: native
+DGEMM, cuBLAS's INT8 GEMM ("TN"), summa's fused ``precision="fp64-int8"``
+product (rate, phases, error) for a few moduli counts, and cuBLAS's own
+float64 emulation (``CUBLAS_FP64_EMULATED_FIXEDPOINT_MATH``, eager).
+
+Errors are ``max |C - C_native| / (K eps (|A| |B|))`` (the float64 PBLAS
+gauge; native DGEMM is itself within it), on uniform [-1, 1) and normal data.
 
     python3 docs/scripts/ozaki_probe.py --sizes 16384,32768 --json ozaki.jsonl
 """
@@ -9,12 +12,15 @@ against the float64 gauge.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "docs", "scripts"))
 
 
 def _best(fn, repeat: int) -> float:
@@ -30,15 +36,42 @@ def _best(fn, repeat: int) -> float:
     return min(times)
 
 
+def _cublas_emulated():
+    """``run(a, b, c)``: c = a @ b through cuBLAS's float64 emulation (eager)."""
+    import cupy as cp
+    from compare_peers import _libcublas
+    lib = _libcublas()
+    handle = ctypes.c_void_p()
+    if lib.cublasCreate_v2(ctypes.byref(handle)):
+        raise RuntimeError("cublasCreate failed")
+    lib.cublasSetStream_v2(handle, ctypes.c_void_p(cp.cuda.get_current_stream().ptr))
+    status = lib.cublasSetMathMode(handle, 8)  # CUBLAS_FP64_EMULATED_FIXEDPOINT_MATH
+    if status:
+        raise RuntimeError(f"this cuBLAS has no float64 emulation (status {status})")
+    if hasattr(lib, "cublasSetEmulationStrategy"):
+        lib.cublasSetEmulationStrategy(handle, 2)  # CUBLAS_EMULATION_STRATEGY_EAGER
+    one, zero = ctypes.c_double(1.0), ctypes.c_double(0.0)
+
+    def run(a, b, c):
+        n = a.shape[0]  # square, C order: c^T = b^T a^T in column-major
+        status = lib.cublasDgemm_v2(handle, 0, 0, n, n, n, ctypes.byref(one),
+                                    ctypes.c_void_p(b.data.ptr), n, ctypes.c_void_p(a.data.ptr),
+                                    n, ctypes.byref(zero), ctypes.c_void_p(c.data.ptr), n)
+        if status:
+            raise RuntimeError(f"cublasDgemm failed ({status})")
+    return run
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="16384,32768")
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--emulated", action="store_true", help="also summa's fp64-int8 product")
+    p.add_argument("--moduli", default="auto,14,12", help="moduli counts (auto: summa's default)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     import cupy as cp
     import numpy as np
+    from summa import ozaki, ozaki_gpu
     from summa.backend import get_backend
     backend = get_backend("cupy")
     rows = []
@@ -46,44 +79,80 @@ def main() -> int:
     def emit(r):
         rows.append(r)
         print(json.dumps(r), flush=True)
+    eps = np.finfo(np.float64).eps
     for n in map(int, args.sizes.split(",")):
-        a = cp.random.random((n, n)) * 2 - 1
-        b = cp.random.random((n, n)) * 2 - 1
-        c = a @ b
-        sec = _best(lambda: cp.matmul(a, b, out=c), args.repeat)
-        emit({"what": "dgemm", "n": n, "seconds": sec, "tflops": 2 * n**3 / sec / 1e12})
-        del c
         a8 = cp.random.randint(-128, 128, (n, n), dtype=cp.int8)
-        b8 = cp.random.randint(-128, 128, (n, n), dtype=cp.int8)
-        sec = _best(lambda: backend.int8_product(a8, b8), args.repeat)
-        emit({"what": "int8_product", "n": n, "seconds": sec, "tops": 2 * n**3 / sec / 1e12})
-        # The bare GEMM, B already transposed (what a fused residue kernel can write).
-        bt = cp.ascontiguousarray(b8.T)
+        bt8 = cp.random.randint(-128, 128, (n, n), dtype=cp.int8)
         out = cp.empty((n, n), dtype=cp.int32)
-        sec = _best(lambda: backend.int8_gemm_tn(a8, bt, out), args.repeat)
-        emit({"what": "int8_gemm_tn", "n": n, "seconds": sec, "tops": 2 * n**3 / sec / 1e12})
-        del a8, b8, bt, out
-        if args.emulated:
-            from summa import ozaki
+        sec = _best(lambda: backend.int8_gemm_tn(a8, bt8, out), args.repeat)
+        emit({"what": "int8 GEMM (TN)", "n": n, "seconds": sec, "tops": 2 * n**3 / sec / 1e12})
+        del a8, bt8, out
+        for data in ("uniform", "normal"):
+            if data == "uniform":
+                a = cp.random.random((n, n)) * 2 - 1
+                b = cp.random.random((n, n)) * 2 - 1
+            else:
+                a = cp.random.standard_normal((n, n))
+                b = cp.random.standard_normal((n, n))
             ref = a @ b
+            if data == "uniform":
+                sec = _best(lambda: cp.matmul(a, b, out=ref), args.repeat)
+                native = 2 * n**3 / sec / 1e12
+                emit({"what": "native DGEMM", "n": n, "seconds": sec, "tflops": native})
             gauge = cp.abs(a) @ cp.abs(b)
-            got = ozaki.gemm_int8(a, b, xp=cp, backend=backend)
-            err = float(cp.max(cp.abs(got - ref) / (n * np.finfo(np.float64).eps * gauge)))
-            del got, ref, gauge
-            sec = _best(lambda: ozaki.gemm_int8(a, b, xp=cp, backend=backend), args.repeat)
-            emit({"what": "fp64-int8", "n": n, "seconds": sec, "tflops": 2 * n**3 / sec / 1e12,
-                  "error_per_gauge": err})
-        del a, b
-        cp.get_default_memory_pool().free_all_blocks()
+            gauge *= n * eps
+            c = cp.empty_like(ref)
+
+            def error():
+                return float(cp.max(cp.abs(c - ref) / gauge))
+            for moduli in args.moduli.split(","):
+                count = None if moduli == "auto" else int(moduli)
+                try:
+                    sec = _best(lambda: ozaki_gpu.gemm(1.0, a, b, c, moduli=count,
+                                                       backend=backend), args.repeat)
+                except Exception as exc:  # noqa: BLE001 -- e.g. out of memory: say so, go on
+                    emit({"what": "summa fp64-int8", "n": n, "data": data, "moduli": moduli,
+                          "error": repr(exc)[:200]})
+                    continue
+                marks = []
+                ozaki_gpu.gemm(1.0, a, b, c, moduli=count, backend=backend, marks=marks)
+                cp.cuda.Device().synchronize()
+                phases = {name: cp.cuda.get_elapsed_time(marks[i - 1][1], ev) / 1e3
+                          for i, (name, ev) in enumerate(marks) if i}
+                emit({"what": "summa fp64-int8", "n": n, "data": data,
+                      "moduli": count or ozaki.moduli_for(ozaki.BITS, n), "seconds": sec,
+                      "tflops": 2 * n**3 / sec / 1e12, "vs_native": 2 * n**3 / sec / 1e12 / native,
+                      "error_per_gauge": error(), "phases": phases})
+            try:
+                run = _cublas_emulated()
+                sec = _best(lambda: run(a, b, c), args.repeat)
+                emit({"what": "cuBLAS emulation (eager)", "n": n, "data": data, "seconds": sec,
+                      "tflops": 2 * n**3 / sec / 1e12, "error_per_gauge": error()})
+            except Exception as exc:  # noqa: BLE001
+                emit({"what": "cuBLAS emulation (eager)", "n": n, "data": data,
+                      "error": repr(exc)[:200]})
+            del a, b, ref, gauge, c
+            cp.get_default_memory_pool().free_all_blocks()
     if args.json:
         with open(args.json, "a") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
+    print()
     for r in rows:
+        if "seconds" not in r:
+            print(f"{r['what']:>26} N={r['n']:>6} {r.get('data', ''):>8}: {r['error']}")
+            continue
         rate = r.get("tflops", r.get("tops"))
-        print(f"{r['what']:>14} N={r['n']:>6} {r['seconds']:8.4f} s {rate:9.1f} "
-              f"{'TFLOP/s' if 'tflops' in r else 'TOPS'}"
-              + (f"  error/gauge {r['error_per_gauge']:.2e}" if "error_per_gauge" in r else ""))
+        line = (f"{r['what']:>26} N={r['n']:>6} {r.get('data', ''):>8} "
+                f"{'moduli ' + str(r['moduli']) if 'moduli' in r else '':>10} "
+                f"{r['seconds']:8.4f} s {rate:8.1f} {'TFLOP/s' if 'tflops' in r else 'TOPS'}")
+        if "vs_native" in r:
+            line += f" ({r['vs_native']:.3f} of native)"
+        if "error_per_gauge" in r:
+            line += f" error/gauge {r['error_per_gauge']:.2e}"
+        if "phases" in r:
+            line += " [" + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in r["phases"].items()) + "]"
+        print(line)
     return 0
 
 

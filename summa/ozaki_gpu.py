@@ -1,0 +1,212 @@
+"""Ozaki scheme II on the GPU: :mod:`summa.ozaki`'s steps fused into CuPy
+kernels, the residue products on cuBLAS's INT8 tensor cores.
+
+``gemm(alpha, a, b, c, beta)`` computes ``c = alpha a @ b + beta c`` for
+float64 CuPy arrays:
+
+1. the largest magnitude of each row of A and column of B (one reduction
+   each, which also finds Inf/NaN) gives the scaling exponents;
+2. one kernel reads A once and writes its residues for every modulus (int8
+   planes, K contiguous and padded to 4); B is transposed first (cuBLAS
+   geam) so its planes are K-contiguous too, as the fast INT8 kernels need;
+3. per modulus one INT8 GEMM (``cublasGemmEx`` "TN", int32), its product
+   folded into two float64 sums per element a few planes at a time;
+4. one kernel turns the sums into the result, scaled and accumulated.
+
+Every operation mirrors the NumPy code of :mod:`summa.ozaki` (the same
+float64 formulas), so the two agree (tests/test_gpu.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import ozaki
+
+__all__ = ["gemm", "scratch_bytes", "PLANES"]
+
+#: Integer products folded per pass (each pass reads the two sums once).
+PLANES = 4
+
+_RESIDUES = r"""
+extern "C" __global__ void residues(const double* x, const int* e, long long rows,
+        long long rows_p, long long cols, long long cols_p, long long ld, int count,
+        const double* moduli, const double* inverses, signed char* out) {
+    long long total = rows_p * cols_p;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long r = idx / cols_p, j = idx - r * cols_p;
+        double xb = 0.0;
+        if (r < rows && j < cols) xb = rint(ldexp(x[r * ld + j], e[r]));
+        for (int l = 0; l < count; ++l) {
+            double m = moduli[l];
+            double v = xb - m * rint(xb * inverses[l]);
+            if (v > 127.0) v -= m;
+            if (v < -128.0) v += m;
+            out[l * total + idx] = (signed char)v;
+        }
+    }
+}
+"""
+
+_FOLD = r"""
+extern "C" __global__ void fold(const int* g, long long rows, long long cols, long long ldg,
+        long long plane, int count, const double* moduli, const double* inverses,
+        const double* w_hi, const double* w_lo, double* s_hi, double* s_lo) {
+    long long total = rows * cols;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long r = idx / cols, j = idx - r * cols;
+        double hi = s_hi[idx], lo = s_lo[idx];
+        for (int p = 0; p < count; ++p) {
+            double gd = (double)g[p * plane + r * ldg + j];
+            double u = gd - moduli[p] * rint(gd * inverses[p]);
+            hi += u * w_hi[p];
+            lo += u * w_lo[p];
+        }
+        s_hi[idx] = hi;
+        s_lo[idx] = lo;
+    }
+}
+"""
+
+_kernels: dict = {}
+
+
+def _kernel(name: str):
+    import cupy
+    if name not in _kernels:
+        if name == "amax":
+            # Inf/NaN count as infinite: one reduction scales and checks.
+            _kernels[name] = cupy.ReductionKernel(
+                "float64 x", "float64 y",
+                "isfinite(x) ? fabs(x) : __longlong_as_double(0x7ff0000000000000LL)",
+                "max(a, b)", "y = a", "0", "summa_amax")
+        elif name == "finish":
+            _kernels[name] = cupy.ElementwiseKernel(
+                "float64 s_hi, float64 s_lo, int32 e, int32 f, float64 m_hi, float64 m_lo, "
+                "int32 t, float64 alpha, float64 beta", "float64 c",
+                "double q = rint((s_hi + s_lo) / (m_hi + m_lo));"
+                "double d = (s_hi - q * m_hi) + (s_lo - q * m_lo);"
+                "double v = alpha * ldexp(d, t - e - f);"
+                "c = beta == 0.0 ? v : v + beta * c;", "summa_ozaki_finish")
+        else:
+            source = {"residues": _RESIDUES, "fold": _FOLD}[name]
+            _kernels[name] = cupy.RawKernel(source, name)
+    return _kernels[name]
+
+
+def _launch(kernel, total: int, args) -> None:
+    threads = 256
+    blocks = int(min(max(1, -(-total // threads)), 65535 * 8))
+    kernel((blocks,), (threads,), args)
+
+
+def _exponents(x, axis: int, bits: int):
+    """The scaling exponents of `x`'s rows (axis 1) or columns (axis 0), as
+    int32; refuses Inf/NaN."""
+    import cupy
+    amax = _kernel("amax")(x, axis=axis)
+    if bool(cupy.isinf(amax).any()):
+        raise ValueError("precision fp64-int8 needs finite inputs: A or B holds Inf or NaN")
+    return ozaki.exponents(amax, bits, cupy)
+
+
+def _residues(x, e, count: int, rows_p: int, cols_p: int, constants):
+    """int8 planes (count, rows_p, cols_p) of `x`'s scaled rows mod each modulus,
+    zeros in the padding."""
+    import cupy
+    out = cupy.empty((count, rows_p, cols_p), dtype=cupy.int8)
+    rows, cols = x.shape
+    if x.size and x.strides[1] != x.itemsize:
+        x = cupy.ascontiguousarray(x)
+    ld = x.strides[0] // x.itemsize if x.size else cols
+    _launch(_kernel("residues"), rows_p * cols_p,
+            (x, e, np.int64(rows), np.int64(rows_p), np.int64(cols), np.int64(cols_p),
+             np.int64(ld), np.int32(count), constants["moduli"], constants["inverses"], out))
+    return out
+
+
+def _constants(count: int) -> dict:
+    import cupy
+    key = ("constants", count)
+    if key not in _kernels:
+        chosen = ozaki.MODULI[:count]
+        weights = ozaki.crt_weights(chosen)
+        _kernels[key] = {
+            "weights": weights,
+            "moduli": cupy.asarray(np.array(chosen, dtype=np.float64)),
+            "inverses": cupy.asarray(1.0 / np.array(chosen, dtype=np.float64)),
+            "w_hi": cupy.asarray(np.array(weights["w_hi"])),
+            "w_lo": cupy.asarray(np.array(weights["w_lo"]))}
+    return _kernels[key]
+
+
+def scratch_bytes(m: int, n: int, k: int, count: int, planes: int = PLANES) -> int:
+    """Device bytes one product takes beside its operands: the residue planes,
+    B transposed, the integer products and the two sums."""
+    kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
+    return (count * (m + np_) * kp + 8 * n * k + 4 * planes * m * np_ + 16 * m * n)
+
+
+def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = None,
+         backend=None, planes: int = PLANES, marks: list | None = None) -> None:
+    """``c = alpha a @ b + beta c`` in float64 from INT8 GEMMs (the module's
+    steps). `a`, `b`, `c` float64 CuPy arrays (views with contiguous rows
+    fine); `backend` a :class:`summa.backend.CupyBackend` (its INT8 GEMM and
+    transpose); `marks` collects ``(phase, event)`` pairs for timing.
+    """
+    import cupy
+    m, k = a.shape
+    n = b.shape[1]
+    if k > ozaki.K_EXACT:  # pieces an int32 sum holds, each accumulated
+        for i, k0 in enumerate(range(0, k, ozaki.K_EXACT)):
+            gemm(alpha, a[:, k0:k0 + ozaki.K_EXACT], b[k0:k0 + ozaki.K_EXACT], c,
+                 beta if i == 0 else 1.0, bits, moduli, backend, planes, marks)
+        return
+    bits = ozaki.check_bits(bits)
+    count = ozaki.moduli_for(bits, k) if moduli is None else int(moduli)
+    if not 1 <= count <= len(ozaki.MODULI):
+        raise ValueError(f"moduli must be 1-{len(ozaki.MODULI)}, got {count}")
+    constants = _constants(count)
+    weights = constants["weights"]
+
+    def mark(phase):
+        if marks is not None:
+            event = cupy.cuda.Event()
+            event.record()
+            marks.append((phase, event))
+    mark("start")
+    if k == 0 or m == 0 or n == 0:
+        if beta == 0:
+            c.fill(0)
+        elif beta != 1:
+            c *= beta
+        return
+    bt = cupy.empty((n, k), dtype=cupy.float64)
+    backend.transpose(b, bt)
+    e = _exponents(a, 1, bits)          # (m,)
+    f = _exponents(bt, 1, bits)         # (n,), B's columns
+    kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
+    mark("scale")
+    a8 = _residues(a, e, count, m, kp, constants)
+    b8 = _residues(bt, f, count, np_, kp, constants)
+    del bt
+    mark("residues")
+    s_hi = cupy.zeros((m, n), dtype=cupy.float64)
+    s_lo = cupy.zeros((m, n), dtype=cupy.float64)
+    planes = max(1, min(int(planes), count))
+    g = cupy.empty((planes, m, np_), dtype=cupy.int32)
+    for l0 in range(0, count, planes):
+        group = min(planes, count - l0)
+        for p in range(group):
+            backend.int8_gemm_tn(a8[l0 + p], b8[l0 + p], g[p])
+        _launch(_kernel("fold"), m * n,
+                (g, np.int64(m), np.int64(n), np.int64(np_), np.int64(m * np_), np.int32(group),
+                 constants["moduli"][l0:], constants["inverses"][l0:], constants["w_hi"][l0:],
+                 constants["w_lo"][l0:], s_hi, s_lo))
+    mark("products")
+    del a8, b8, g
+    _kernel("finish")(s_hi, s_lo, e.reshape(m, 1), f.reshape(1, n), weights["m_hi"],
+                      weights["m_lo"], np.int32(weights["t"]), float(alpha), float(beta), c)
+    mark("finish")
