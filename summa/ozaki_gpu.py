@@ -78,10 +78,12 @@ def _kernel(name: str):
     if name not in _kernels:
         if name == "amax":
             # Inf/NaN count as infinite: one reduction scales and checks.
+            # (CuPy renames parameters inside the expressions by pattern: no
+            # name that a literal holds, as "x" is in a hexadecimal one)
             _kernels[name] = cupy.ReductionKernel(
-                "float64 x", "float64 y",
-                "isfinite(x) ? fabs(x) : __longlong_as_double(0x7ff0000000000000LL)",
-                "max(a, b)", "y = a", "0", "summa_amax")
+                "float64 value", "float64 largest",
+                "isfinite(value) ? fabs(value) : __longlong_as_double(0x7ff0000000000000LL)",
+                "max(a, b)", "largest = a", "0", "summa_amax")
         elif name == "finish":
             _kernels[name] = cupy.ElementwiseKernel(
                 "float64 s_hi, float64 s_lo, int32 e, int32 f, float64 m_hi, float64 m_lo, "
