@@ -56,9 +56,13 @@ def _relaunch(argv) -> None:
         return
     command = _mpiexec() + ["-n", str(size), sys.executable, "-m", "summa", *args]
     sys.stdout.flush()
-    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    os.execvp(command[0], command)
+    # The environment as the process began, not as MPI's start in this process
+    # left it: Open MPI's singleton start sets variables (PMIX_*, OMPI_*) that
+    # made the launcher exit 1 without a word.
+    env = dict(os.environ)
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    os.execvpe(command[0], command, env)
 
 
 def main(argv=None) -> int:

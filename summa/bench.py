@@ -323,7 +323,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
              f"{'per rank':>9} {'max err/gauge':>14}"
     err = "-" if residual is None else f"{residual:.2e} {'ok' if ok else 'FAIL'}"
     print(header, file=out)
-    label = dtype.name + ("/tf32" if precision else "")
+    label = dtype.name + (f"/{precision}" if precision else "")
     print(f"{f'{m} x {n} x {k}':>22} {label:>10} {nb:>5} {best:>9.4f} {tflops:>9.3f} "
           f"{tflops / size:>9.3f} {err:>14}", file=out)
     print(f"data: A and B generated in {max(r['generate_seconds'] for r in per_rank):.2f} s "

@@ -100,11 +100,24 @@ def exponents(amax, bits: int, xp=np):
 
 
 def residues(xbar, m: int, xp=np):
-    """``xbar mod m`` for float64 integers ``|xbar| < 2**52`` in ``[-128, 127]``
-    (symmetric, m = 256's 128 as -128), as int8."""
-    r = xbar - m * xp.rint(xbar / m)  # exact: q m and the difference are integers < 2**53
+    """``xbar mod m`` for float64 integers ``|xbar| < 2**52`` in ``[-128, 127]``,
+    as int8. The quotient comes from a product with ``1/m`` (as on the GPU:
+    :mod:`summa.ozaki_gpu` computes the same values); it may be one off, so
+    the remainder, exact either way, is moved back into range."""
+    r = xbar - m * xp.rint(xbar * (1.0 / m))  # exact: q m and the difference are integers
     r = xp.where(r > 127, r - m, r)
+    r = xp.where(r < -128, r + m, r)
     return r.astype(np.int8)
+
+
+def bits_for(count: int, k: int) -> int:
+    """The most bits per row and column that `count` moduli reconstruct over
+    an inner dimension `k` (:func:`moduli_for`'s inverse)."""
+    total = sum(math.log2(m) for m in MODULI[:count])
+    bits = math.floor((total - 2 - math.log2(max(1, k))) / 2 - 1e-9)
+    if bits < 1:
+        raise ValueError(f"{count} moduli cannot reconstruct products over K = {k}")
+    return min(BITS, bits)
 
 
 def integer_product(a8, b8, xp=np, backend=None):
@@ -116,6 +129,18 @@ def integer_product(a8, b8, xp=np, backend=None):
     if backend is not None:
         return backend.int8_product(a8, b8)
     return (a8.astype(np.int64) @ b8.astype(np.int64)).astype(np.int32)
+
+
+def choose(bits: int, moduli: int | None, k: int) -> tuple[int, int]:
+    """``(bits, moduli)`` for a product over `k`: the moduli `bits` needs, or
+    for a given count of moduli the bits they can carry (at most `bits`)."""
+    bits = check_bits(bits)
+    if moduli is None:
+        return bits, moduli_for(bits, k)
+    count = int(moduli)
+    if not 1 <= count <= len(MODULI):
+        raise ValueError(f"moduli must be 1-{len(MODULI)}, got {count}")
+    return min(bits, bits_for(count, k)), count
 
 
 def crt_weights(moduli) -> dict:
@@ -139,7 +164,7 @@ def fold(g, m: int, w_hi: float, w_lo: float, s_hi, s_lo, xp=np) -> None:
     below 2**31) into the sums: ``u = g mod m`` (symmetric), ``s_hi += u
     w_hi`` (exact: integers below 2**53), ``s_lo += u w_lo``."""
     g = g.astype(np.float64)
-    u = g - m * xp.rint(g / m)
+    u = g - m * xp.rint(g * (1.0 / m))
     s_hi += u * w_hi
     s_lo += u * w_lo
 
@@ -174,7 +199,9 @@ def gemm_int8(a, b, bits: int = BITS, moduli: int | None = None, xp=np, backend=
     bits : int
         Bits each row of `a` and column of `b` keeps (52: float64's).
     moduli : int, optional
-        How many moduli (default: as many as `bits` and K need).
+        How many moduli (default: as many as `bits` and K need); fewer than
+        `bits` needs lower the bits kept (:func:`bits_for`): faster, less
+        accurate.
     xp, backend : module, Backend, optional
         The array library of `a` and `b`, and the backend whose INT8 GEMM
         multiplies the residues (default: NumPy's int64 products).
@@ -183,7 +210,7 @@ def gemm_int8(a, b, bits: int = BITS, moduli: int | None = None, xp=np, backend=
     if k > K_EXACT:
         return sum(gemm_int8(a[:, k0:k0 + K_EXACT], b[k0:k0 + K_EXACT], bits, moduli, xp,
                              backend) for k0 in range(0, k, K_EXACT))
-    count = moduli_for(bits, k) if moduli is None else int(moduli)
+    bits, count = choose(bits, moduli, k)
     abar, e = scale(a, 1, bits, xp)
     bbar, f = scale(b, 0, bits, xp)
     chosen = MODULI[:count]

@@ -166,10 +166,7 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
             gemm(alpha, a[:, k0:k0 + ozaki.K_EXACT], b[k0:k0 + ozaki.K_EXACT], c,
                  beta if i == 0 else 1.0, bits, moduli, backend, planes, marks)
         return
-    bits = ozaki.check_bits(bits)
-    count = ozaki.moduli_for(bits, k) if moduli is None else int(moduli)
-    if not 1 <= count <= len(ozaki.MODULI):
-        raise ValueError(f"moduli must be 1-{len(ozaki.MODULI)}, got {count}")
+    bits, count = ozaki.choose(bits, moduli, k)
     constants = _constants(count)
     weights = constants["weights"]
 

@@ -151,7 +151,7 @@ def run_plot(args, comm: MPI.Comm, out) -> int:
         groups.setdefault(key, []).append(r)
     for (size, dtype, precision, comm_mode), runs in sorted(groups.items()):
         runs.sort(key=lambda r: r["ranks"])
-        label = f"N={size} {dtype}{'/tf32' if precision == 'tf32' else ''} {comm_mode}"
+        label = f"N={size} {dtype}{'/' + precision if precision else ''} {comm_mode}"
         ps = [r["ranks"] for r in runs]
         ax_t.plot(ps, [r["seconds"] for r in runs], "o", label=f"{label} measured")
         eff = [r["efficiency"] for r in runs if r.get("efficiency") is not None]

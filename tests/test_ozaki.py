@@ -163,3 +163,18 @@ def test_fp64_int8_is_refused_where_it_cannot_run(monkeypatch):
     p = job(1, "bench", "--backend", "numpy", "--size", "32", "--precision", "fp64-int8")
     assert p.returncode == 2 and "fp64-int8 needs the cupy backend" in p.stderr
     assert p.stderr.count("error") == 1
+
+
+def test_fewer_moduli_keep_fewer_bits_and_stay_within_their_bound(rng):
+    """A moduli count below what float64's bits need lowers the bits, so the
+    reconstruction never wraps; the error grows as the bound says."""
+    a, b = rng.uniform(-1, 1, (30, 400)), rng.uniform(-1, 1, (400, 20))
+    full = ozaki.moduli_for(ozaki.BITS, 400)
+    ref = a.astype(np.longdouble) @ b.astype(np.longdouble)
+    for count in (full - 2, full - 4):
+        bits = ozaki.bits_for(count, 400)
+        assert bits < ozaki.BITS and ozaki.moduli_for(bits, 400) <= count
+        c = ozaki.gemm_int8(a, b, moduli=count)
+        assert np.all(np.abs(c - ref).astype(float) <= ozaki.error_bound(a, b, bits))
+    with pytest.raises(ValueError, match="moduli must be"):
+        ozaki.gemm_int8(a, b, moduli=0)
