@@ -211,6 +211,9 @@ _CUBLAS_GEMM_DEFAULT = -1
 _CUDA_R_8I, _CUDA_R_32I, _CUBLAS_COMPUTE_32I = 3, 10, 72
 _CUDA_INVALID_VALUE = 1  # cudaErrorInvalidValue
 
+#: Host arrays from this size on go through the stager (CupyBackend copies).
+STAGED_MIN = 64 << 20
+
 
 def _clear_cuda_error(cupy) -> None:
     """Reset CUDA's last error after a refused copy we recover from, so that it
@@ -330,6 +333,13 @@ class CupyBackend(Backend):
             self._lt = LtGemm(cupy, cublaslt_path())
 
     def asarray(self, host):
+        if self._staged(host):  # pageable and large: through page-locked chunks
+            from .staging import stager_for
+            dev = self.xp.empty(host.shape, dtype=host.dtype)
+            transfer = stager_for(self.device).upload(dev, host)
+            transfer.wait()
+            self.xp.cuda.get_current_stream().wait_event(transfer.event())
+            return dev
         try:
             return self.xp.asarray(host)
         except self.xp.cuda.runtime.CUDARuntimeError as exc:
@@ -346,6 +356,13 @@ class CupyBackend(Backend):
         return arr
 
     def to_host(self, arr, out=None):
+        if isinstance(arr, self.xp.ndarray) and arr.ndim == 2 and \
+                arr.nbytes >= STAGED_MIN and arr.flags.c_contiguous and \
+                (out is None or self._staged(out)):
+            from .staging import stager_for
+            out = np.empty(arr.shape, dtype=arr.dtype) if out is None else out
+            stager_for(self.device).download(out, arr, self.record_event()).wait()
+            return out
         try:
             return self.xp.asnumpy(arr, out=out)
         except self.xp.cuda.runtime.CUDARuntimeError as exc:
@@ -359,6 +376,20 @@ class CupyBackend(Backend):
             return stage.copy()
         out[...] = stage
         return out
+
+    def _staged(self, host) -> bool:
+        """Does a copy of `host` go through the stager (:mod:`summa.staging`):
+        a large 2-D NumPy array with contiguous rows, not page-locked? From
+        pageable memory a plain copy runs at 6.5 GB/s, staged at ~40."""
+        if not (isinstance(host, np.ndarray) and host.ndim == 2 and host.nbytes >= STAGED_MIN
+                and host.strides[1] == host.itemsize):
+            return False
+        try:
+            attributes = self.xp.cuda.runtime.pointerGetAttributes(host.ctypes.data)
+        except self.xp.cuda.runtime.CUDARuntimeError:
+            _clear_cuda_error(self.xp)
+            return True
+        return attributes.type != 1  # not cudaMemoryTypeHost (page-locked)
 
     def _pinned(self, shape, dtype) -> np.ndarray:
         import cupyx

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from . import staging
+
 __all__ = ["ProcessGrid", "parse_grid", "choose_grid", "grid_for", "grid_shapes",
            "node_rank", "node_of"]
 
@@ -142,6 +144,8 @@ class ProcessGrid:
         self.col_comm = self.comm.Sub([True, False])
         # self.node: the rank of its node's first rank, which names the node
         self.local_rank, self.local_size, self.node = node_of(comm)
+        # host-GPU copies share the node's cores among its ranks
+        staging.set_ranks_on_node(self.local_size)
         #: Objects living as long as the grid (e.g. NCCL communicators), each with
         #: a ``free()`` method; released by :meth:`free`.
         self.resources: dict = {}

@@ -28,7 +28,8 @@ import numpy as np
 
 from .watchdog import watch
 
-__all__ = ["Stager", "Transfer", "get_stager", "copy_threads", "ring_bytes", "CHUNK_BYTES"]
+__all__ = ["Stager", "Transfer", "get_stager", "stager_for", "set_ranks_on_node",
+           "copy_threads", "ring_bytes", "CHUNK_BYTES"]
 
 #: Bytes of one page-locked chunk: large enough that a copy engine streams it
 #: at full rate, small enough that a ring of a few per thread stays small
@@ -53,6 +54,22 @@ RING_EXTRA = 4
 #: (``madvise(MADV_HUGEPAGE)``) were tried and lost: 0.50 against 0.26 s for
 #: N = 16384 float64 (faults of 2 MiB pages compact memory first).
 TOUCH_SHARE = 0.25
+
+
+_ranks_on_node = 1
+
+
+def set_ranks_on_node(count: int) -> None:
+    """How many ranks share this node's cores (a process grid says so), for
+    the copies whose caller does not (:func:`stager_for`)."""
+    global _ranks_on_node
+    _ranks_on_node = max(1, int(count))
+
+
+def stager_for(device: int) -> "Stager":
+    """This process's stager for `device`, its threads the node's cores shared
+    by its ranks."""
+    return get_stager(device, copy_threads(_ranks_on_node))
 
 
 def copy_threads(ranks_on_node: int = 1) -> int:

@@ -559,3 +559,26 @@ def test_summa_with_fp64_on_int8_tensor_cores(comm, rng, gpu):
                  comm=comm, precision="fp64-int8", panel_width=200)
     if comm.rank == 0:
         assert gemm_scaled_error(got, a, b) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+def test_large_host_copies_go_through_the_stager(comm, rng, gpu, monkeypatch):
+    """Large pageable arrays reach the GPU and come back through page-locked
+    chunks (strided rows too), every byte, in the order of the stream."""
+    from summa import staging
+    _, backend = gpu
+    cp = backend.xp
+    used = []
+    real = staging.stager_for
+    monkeypatch.setattr(staging, "stager_for", lambda d: used.append(d) or real(d))
+    x = rng.uniform(-1, 1, (4200, 2100))
+    view = x[:, 7:2055]  # rows with a pitch, 69 MB
+    for host in (x, view):
+        dev = backend.asarray(host)
+        dev *= 2  # on the current stream: after the upload
+        assert np.array_equal(cp.asnumpy(dev), 2 * host)
+        back = backend.to_host(dev)
+        assert np.array_equal(back, 2 * host)
+    assert len(used) == 4
+    small = rng.uniform(-1, 1, (10, 10))
+    assert np.array_equal(backend.to_host(backend.asarray(small)), small) and len(used) == 4
