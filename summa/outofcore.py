@@ -262,7 +262,8 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
         if i + group < len(panels):
             gemm(arrived[0][0], arrived[0][1], c)
         else:  # the tile's last panels: each row strip goes home once it is final
-            for r0, r1 in _tail_strips(c.shape[0], mover.overlaps):
+            # (float64 on INT8 products redoes B's residues for every strip: one strip)
+            for r0, r1 in _tail_strips(c.shape[0], mover.overlaps and precision != "fp64-int8"):
                 if r0 == r1:
                     continue
                 for a, b, _, _ in arrived:

@@ -19,6 +19,8 @@ float64 formulas), so the two agree (tests/test_gpu.py).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from . import ozaki
@@ -156,7 +158,10 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
     """``c = alpha a @ b + beta c`` in float64 from INT8 GEMMs (the module's
     steps). `a`, `b`, `c` float64 CuPy arrays (views with contiguous rows
     fine); `backend` a :class:`summa.backend.CupyBackend` (its INT8 GEMM and
-    transpose); `marks` collects ``(phase, event)`` pairs for timing.
+    transpose); `moduli` (default ``SUMMA_FP64_INT8_MODULI``, else as many as
+    52 bits need: 16 for K = 32768) trades accuracy for speed
+    (:func:`summa.ozaki.choose`); `marks` collects ``(phase, event)`` pairs
+    for timing.
     """
     import cupy
     m, k = a.shape
@@ -166,6 +171,8 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
             gemm(alpha, a[:, k0:k0 + ozaki.K_EXACT], b[k0:k0 + ozaki.K_EXACT], c,
                  beta if i == 0 else 1.0, bits, moduli, backend, planes, marks)
         return
+    if moduli is None and os.environ.get("SUMMA_FP64_INT8_MODULI"):
+        moduli = int(os.environ["SUMMA_FP64_INT8_MODULI"])
     bits, count = ozaki.choose(bits, moduli, k)
     constants = _constants(count)
     weights = constants["weights"]
