@@ -194,20 +194,29 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         record["prepare_seconds"] = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
         progress.phase("read", 3 if c_path else 2)
 
+        parts = record["read_parts"] = {}  # this rank's seconds per operand
+
         def read_all():
             inject("read")
+            t0 = time.perf_counter()
             A = (_mapped(headers["A"], trans_a, compute, pgrid) if streaming else None) or \
                 DistMatrix.from_npy(a_path, pgrid, home, block, trans_a, compute)
+            parts["A"] = time.perf_counter() - t0
             progress.step(1, 3 if c_path else 2)
+            t0 = time.perf_counter()
             B = (_mapped(headers["B"], trans_b, compute, pgrid) if streaming else None) or \
                 DistMatrix.from_npy(b_path, pgrid, home, block, trans_b, compute)
+            parts["B"] = time.perf_counter() - t0
             progress.step(2, 3 if c_path else 2)
+            t0 = time.perf_counter()
             if c_path:
                 C = DistMatrix.from_npy(c_path, pgrid, home, block, "N", compute)
             elif writer is not None:
                 C = _output_block(writer, (m, n), compute, pgrid)
             else:
                 C = DistMatrix.zeros((m, n), compute, pgrid, home, block)
+            home.synchronize()
+            parts["C"] = time.perf_counter() - t0
             return A, B, C
         (A, B, C), record["read_seconds"] = _timed(comm, "read", read_all)
         if not streaming:  # mapped operands would be read whole here: checked after

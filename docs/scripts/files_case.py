@@ -148,7 +148,8 @@ def main() -> int:
             "compute_seconds", "check_seconds", "write_seconds") if r.get(k) is not None)
         print(f"{r['label']:<12} {'cold' if r['cold'] else 'warm':<6} {r['process_wall']:7.2f} "
               f"{r['disk_bound']:7.2f} {r['process_wall'] / r['disk_bound']:6.2f}  {phases}; "
-              f"{r['tflops']:.1f} TFLOP/s in the multiply")
+              f"{r['tflops']:.1f} TFLOP/s in the multiply; read by operand "
+              + ", ".join(f"{k} {v:.2f}" for k, v in (r.get("read_parts") or {}).items()))
         if args.json:
             with open(args.json, "a") as fh:
                 fh.write(json.dumps(r) + "\n")
