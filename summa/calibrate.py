@@ -13,6 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .broadcasters import make_broadcaster
+from .checks import check_scalars
 from .grid import node_rank
 from .model import Profile
 from .transpose import PanelsOfA
@@ -193,6 +194,8 @@ def calibrate(comm: MPI.Comm, backend, dtypes=("float64",), precision=None,
 
     Returns the :class:`~summa.model.Profile` on rank 0, None elsewhere.
     """
+    for dtype in dtypes:  # the same refusals as a multiply's, before anything runs
+        check_scalars(1.0, 0.0, np.dtype(dtype), precision, backend)
     ranks_per_node = node_rank(comm)[1]
     gemm = []
     for dtype in dtypes:

@@ -53,9 +53,9 @@ def check_scalars(alpha, beta, dtype, precision, backend) -> None:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS[1:])}, "
                          f"got {precision!r}")
     if precision == "fp64-int8":
-        if dtype != np.float64:
-            raise ValueError(f"precision fp64-int8 emulates float64 products; the data are "
-                             f"{dtype.name} (complex128 is not supported yet)")
+        if dtype not in (np.float64, np.complex128):
+            raise ValueError(f"precision fp64-int8 emulates float64 and complex128 products; "
+                             f"the data are {dtype.name}")
         if backend.name != "cupy":
             raise ValueError("precision fp64-int8 needs the cupy backend (INT8 tensor cores "
                              "of a GPU); on CPUs use the default precision")

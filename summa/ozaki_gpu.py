@@ -2,7 +2,7 @@
 kernels, the residue products on cuBLAS's INT8 tensor cores.
 
 ``gemm(alpha, a, b, c, beta)`` computes ``c = alpha a @ b + beta c`` for
-float64 CuPy arrays:
+float64 CuPy arrays (complex128 from four real products):
 
 1. the largest magnitude of each row of A and column of B (one reduction
    each, which also finds Inf/NaN) gives the scaling exponents;
@@ -166,6 +166,9 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
     import cupy
     m, k = a.shape
     n = b.shape[1]
+    if a.dtype.kind == "c" or b.dtype.kind == "c":
+        _complex(alpha, a, b, c, beta, bits, moduli, backend, planes)
+        return
     if k > ozaki.K_EXACT:  # pieces an int32 sum holds, each accumulated
         for i, k0 in enumerate(range(0, k, ozaki.K_EXACT)):
             gemm(alpha, a[:, k0:k0 + ozaki.K_EXACT], b[k0:k0 + ozaki.K_EXACT], c,
@@ -216,3 +219,24 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
     _kernel("finish")(s_hi, s_lo, e.reshape(m, 1), f.reshape(1, n), weights["m_hi"],
                       weights["m_lo"], np.int32(weights["t"]), float(alpha), float(beta), c)
     mark("finish")
+
+
+def _complex(alpha, a, b, c, beta, bits, moduli, backend, planes) -> None:
+    """complex128 ``c = alpha a @ b + beta c`` from four real products
+    (:func:`summa.ozaki.complex_product`), accumulated in place."""
+    import cupy
+    m, n = a.shape[0], b.shape[1]
+    ar, ai = cupy.ascontiguousarray(a.real), cupy.ascontiguousarray(a.imag)
+    br, bi = cupy.ascontiguousarray(b.real), cupy.ascontiguousarray(b.imag)
+    real = cupy.empty((m, n), dtype=cupy.float64)
+    imag = cupy.empty((m, n), dtype=cupy.float64)
+    gemm(1.0, ar, br, real, 0.0, bits, moduli, backend, planes)
+    gemm(-1.0, ai, bi, real, 1.0, bits, moduli, backend, planes)
+    gemm(1.0, ar, bi, imag, 0.0, bits, moduli, backend, planes)
+    gemm(1.0, ai, br, imag, 1.0, bits, moduli, backend, planes)
+    product = real + 1j * imag
+    if beta == 0:
+        c[...] = alpha * product
+    else:
+        c *= beta
+        c += alpha * product

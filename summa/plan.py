@@ -120,7 +120,7 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
         if transposed:
             extra += nb * ml
         if emulated:
-            extra += -(-_ozaki_scratch(ml, nl, nb) // item)
+            extra += -(-_ozaki_scratch(ml, nl, nb, np.dtype(dtype).kind == "c") // item)
         on_device = (blocks + panels + extra) * item
         staging = panels * item if backend == "cupy" else 0  # pinned host buffers (mpi mode)
         if backend == "numpy":
@@ -130,6 +130,7 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
         raise ValueError("an out-of-core plan needs a device memory budget")
     # Staging only where a grid row (A) or column (B) has ranks to send to.
     staged = (bool(staged[0]) and pc > 1, bool(staged[1]) and pr > 1)
+    emulated = emulated and (2 if np.dtype(dtype).kind == "c" else 1)  # 2: complex
     tiles = _ooc_tiles(max(ml, 1), max(nl, 1), nb, slots, device_budget // item, transposed,
                        staged, emulated)
     if tiles is None:
@@ -163,25 +164,32 @@ def _ooc_parts(slots: int, transposed: bool, staged: tuple) -> tuple[int, int]:
     return slots * (1 + staged[0]) + transposed, slots * (1 + staged[1])
 
 
-def _ozaki_scratch(tm: int, tn: int, nb: int) -> int:
+def _ozaki_scratch(tm: int, tn: int, nb: int, complex_: bool = False) -> int:
     """Device bytes one ``tm x nb`` by ``nb x tn`` product takes on INT8 tensor
-    cores (``precision="fp64-int8"``, :func:`summa.ozaki_gpu.scratch_bytes`)."""
+    cores (``precision="fp64-int8"``, :func:`summa.ozaki_gpu.scratch_bytes`);
+    complex: one real product at a time, beside the operands' real and
+    imaginary parts and the two real results."""
     from . import ozaki, ozaki_gpu
-    return ozaki_gpu.scratch_bytes(tm, tn, nb, ozaki.moduli_for(ozaki.BITS, nb))
+    scratch = ozaki_gpu.scratch_bytes(tm, tn, nb, ozaki.moduli_for(ozaki.BITS, nb))
+    return scratch + (16 * (tm * nb + nb * tn) + 16 * tm * tn if complex_ else 0)
 
 
 def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,
                   transposed: bool = False, staged: tuple = (False, False),
-                  emulated: bool = False) -> int:
+                  emulated: int = 0) -> int:
     """Device elements of the out-of-core sweep: C tiles, the panel parts
-    of :func:`_ooc_parts`, and where `emulated` one product's scratch."""
+    of :func:`_ooc_parts`, and where `emulated` (1 real, 2 complex) one
+    product's scratch on INT8 tensor cores."""
     a_parts, b_parts = _ooc_parts(slots, transposed, staged)
     elements = min(2, ntiles) * tm * tn + a_parts * tm * nb + b_parts * tn * nb
-    return elements + (-(-_ozaki_scratch(tm, tn, nb) // 8) if emulated else 0)
+    if not emulated:
+        return elements
+    item = 16 if emulated == 2 else 8  # elements of the data's size, complex or real
+    return elements + -(-_ozaki_scratch(tm, tn, nb, emulated == 2) // item)
 
 
 def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: bool = False,
-               staged: tuple = (False, False), emulated: bool = False):
+               staged: tuple = (False, False), emulated: int = 0):
     """Fewest ``(row tiles, column tiles)`` whose sweep fits `budget` elements:
     by columns, the most rows that fit (the sweep's size grows with them)."""
     def fits(tm, tn, ntiles):

@@ -582,3 +582,15 @@ def test_large_host_copies_go_through_the_stager(comm, rng, gpu, monkeypatch):
     assert len(used) == 4
     small = rng.uniform(-1, 1, (10, 10))
     assert np.array_equal(backend.to_host(backend.asarray(small)), small) and len(used) == 4
+
+
+@pytest.mark.mpi(min_size=1)
+def test_complex128_on_int8_tensor_cores(comm, rng, gpu):
+    _, backend = gpu
+    cp = backend.xp
+    a = rng.uniform(-1, 1, (90, 70)) + 1j * rng.uniform(-1, 1, (90, 70))
+    b = rng.standard_normal((70, 50)) + 1j * rng.standard_normal((70, 50))
+    c0 = rng.uniform(-1, 1, (90, 50)) + 1j * rng.uniform(-1, 1, (90, 50))
+    dc = cp.asarray(c0)
+    backend.gemm(0.5 - 1j, cp.asarray(a), cp.asarray(b), dc, beta=2.0, precision="fp64-int8")
+    assert gemm_scaled_error(cp.asnumpy(dc), a, b, c0, 0.5 - 1j, 2.0) <= 1

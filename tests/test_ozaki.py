@@ -2,6 +2,7 @@
 reconstruction, scaling's edge cases, and the accuracy the bound states."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -157,12 +158,16 @@ def test_fp64_int8_is_refused_where_it_cannot_run(monkeypatch):
             return "a GPU of compute capability 7.0"
     with pytest.raises(ValueError, match="INT8 tensor cores .*7.0"):
         check_scalars(1.0, 0.0, np.dtype("float64"), "fp64-int8", OldGpu())
-    with pytest.raises(ValueError, match="complex128 is not supported"):
-        check_scalars(1.0, 0.0, np.dtype("complex128"), "fp64-int8", OldGpu())
+    with pytest.raises(ValueError, match="emulates float64 and complex128 products; the data "
+                                         "are float32"):
+        check_scalars(1.0, 0.0, np.dtype("float32"), "fp64-int8", OldGpu())
     from test_cli import job
     p = job(1, "bench", "--backend", "numpy", "--size", "32", "--precision", "fp64-int8")
     assert p.returncode == 2 and "fp64-int8 needs the cupy backend" in p.stderr
     assert p.stderr.count("error") == 1
+    p = job(1, "calibrate", "--backend", "numpy", "--precision", "fp64-int8", "-o",
+            os.devnull)
+    assert p.returncode == 2 and "fp64-int8 needs the cupy backend" in p.stderr
 
 
 def test_fewer_moduli_keep_fewer_bits_and_stay_within_their_bound(rng):
@@ -178,3 +183,16 @@ def test_fewer_moduli_keep_fewer_bits_and_stay_within_their_bound(rng):
         assert np.all(np.abs(c - ref).astype(float) <= ozaki.error_bound(a, b, bits))
     with pytest.raises(ValueError, match="moduli must be"):
         ozaki.gemm_int8(a, b, moduli=0)
+
+
+def test_complex128_products_from_four_real_ones(rng):
+    m, k, n = 20, 150, 17
+    a = rng.uniform(-1, 1, (m, k)) + 1j * rng.uniform(-1, 1, (m, k))
+    b = rng.standard_normal((k, n)) + 1j * rng.standard_normal((k, n))
+    c = ozaki.gemm_int8(a, b)
+    ref = a.astype(np.clongdouble) @ b.astype(np.clongdouble)
+    err = np.abs(c - ref).astype(np.float64)
+    assert c.dtype == np.complex128
+    assert np.all(err <= ozaki.error_bound(a, b, ozaki.BITS))
+    gauge = k * np.finfo(np.float64).eps * (np.abs(a) @ np.abs(b))
+    assert np.max(err / gauge) <= 1
