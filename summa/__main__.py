@@ -41,8 +41,9 @@ _RELAUNCHED = ("multiply",)
 def _relaunch(argv) -> None:
     """``python -m summa multiply ...`` without mpirun on a machine with several
     GPUs: the same command again under the MPI's own mpiexec, one rank per
-    GPU (``SUMMA_GPUS``; ``SUMMA_WORKERS`` on CPUs), as summa.matmul's pool
-    does in a script. Does nothing under a launcher or for one rank."""
+    GPU (``SUMMA_GPUS``; on CPUs ``SUMMA_WORKERS``, else one per 8 cores), the
+    rule of summa.matmul's pool in a script. Does nothing under a launcher or
+    for one rank."""
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] not in _RELAUNCHED:
         return
@@ -50,8 +51,7 @@ def _relaunch(argv) -> None:
     if launched():
         return
     backend = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--backend"), "auto")
-    size = pool_size(None, None) if backend != "numpy" else \
-        int(os.environ.get("SUMMA_WORKERS") or 1)
+    size = pool_size(None, None, use_gpus=backend != "numpy")  # summa.matmul's rule
     if size <= 1:
         return
     command = _mpiexec() + ["-n", str(size), sys.executable, "-m", "summa", *args]
