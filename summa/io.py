@@ -20,6 +20,7 @@ import numpy as np
 from numpy.lib import format as npy_format
 from mpi4py import MPI
 
+from . import filemaps
 from .agree import RankFailure
 from .cleanup import temporary_files
 from .faults import inject
@@ -190,6 +191,7 @@ def _map_rows(path: str, offset: int, shape, dtype, writable: bool, cols, with_m
     if not writable and hasattr(mmap, "MADV_WILLNEED"):
         mm.madvise(mmap.MADV_WILLNEED)  # read ahead at the disk's pace, in the background
     data = np.frombuffer(mm, dtype=dtype, count=rows * width, offset=offset - aligned)
+    filemaps.register(data, path, offset, writable)  # copies read and write the file itself
     block = data.reshape(rows, width)[:, cols[0]:cols[1]]
     return (block, mm) if with_map else block
 

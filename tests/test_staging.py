@@ -1,6 +1,7 @@
 """The stager's threads, rings and chunking (summa/staging.py) on a stand-in
 for CuPy (tests/fake_cupy.py); the GPU runs the same code in test_gpu.py."""
 
+import os
 import threading
 
 import numpy as np
@@ -170,5 +171,47 @@ def test_touch_leaves_most_threads_to_the_uploads():
     try:
         stager.touch(np.empty((64, 64))).wait()
         assert stager._touch_pool._max_workers == round(8 * staging.TOUCH_SHARE) < 8
+    finally:
+        stager.close()
+
+
+def test_copies_of_mapped_files_read_and_write_the_files(rng, tmp_path, monkeypatch):
+    """Blocks memory-mapped from .npy files (summa.io) are read with preadv
+    and written with pwrite, rows as they lie (strided too); the result's
+    touch leaves a mapped output alone; a file cut short fails the copy."""
+    from mpi4py import MPI
+
+    from summa import filemaps
+    from summa.io import AtomicNpyWriter, map_block, read_header
+    a = rng.uniform(-1, 1, (300, 170))
+    np.save(tmp_path / "A.npy", a)
+    header = read_header(str(tmp_path / "A.npy"), MPI.COMM_SELF)
+    block = map_block(header, np.arange(20, 290), np.arange(10, 150))
+    assert filemaps.find(block) is not None and filemaps.find(block, writable=True) is None
+    stager = _stager(threads=3, chunk_bytes=2048)
+    reads = []
+    real = filemaps.FileRows.read_into
+    monkeypatch.setattr(filemaps.FileRows, "read_into",
+                        lambda self, dest: (reads.append(1), real(self, dest)))
+    try:
+        dev = DeviceArray(np.zeros(block.shape))
+        stager.upload(dev, block).wait()
+        assert np.array_equal(dev.host, a[20:290, 10:150]) and reads
+        with AtomicNpyWriter(str(tmp_path / "C.npy"), (300, 170), np.float64,
+                             MPI.COMM_SELF) as out:
+            target = out.map_block(np.arange(300), np.arange(170))
+            assert filemaps.find(target[5:200, 3:100], writable=True) is not None
+            touched = stager.touch(target)
+            assert touched._left == 0  # nothing to fault in: pwrite writes the file
+            src = DeviceArray(a.copy())
+            stager.download(target, src).wait()
+            out.flush()
+        assert np.array_equal(np.load(tmp_path / "C.npy"), a)
+        del target
+        # a file cut short under its map: the copy fails, with the file's words
+        cut = map_block(header, np.arange(300), np.arange(170))
+        os.truncate(tmp_path / "A.npy", header.offset + 1000)
+        with pytest.raises(OSError, match="ends .* early"):
+            stager.upload(DeviceArray(np.zeros(cut[250:].shape)), cut[250:]).wait()
     finally:
         stager.close()
