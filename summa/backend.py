@@ -215,6 +215,17 @@ _CUDA_INVALID_VALUE = 1  # cudaErrorInvalidValue
 STAGED_MIN = 64 << 20
 
 
+def page_locked(cupy, host: np.ndarray) -> bool:
+    """Does CUDA know `host`'s memory as page-locked (allocated so, or
+    registered)?"""
+    try:
+        attributes = cupy.cuda.runtime.pointerGetAttributes(host.ctypes.data)
+    except cupy.cuda.runtime.CUDARuntimeError:
+        _clear_cuda_error(cupy)
+        return False
+    return attributes.type == 1  # cudaMemoryTypeHost
+
+
 def _clear_cuda_error(cupy) -> None:
     """Reset CUDA's last error after a refused copy we recover from, so that it
     is not reported later as someone else's (CuPy may not wrap the call)."""
@@ -384,12 +395,7 @@ class CupyBackend(Backend):
         if not (isinstance(host, np.ndarray) and host.ndim == 2 and host.nbytes >= STAGED_MIN
                 and host.strides[1] == host.itemsize):
             return False
-        try:
-            attributes = self.xp.cuda.runtime.pointerGetAttributes(host.ctypes.data)
-        except self.xp.cuda.runtime.CUDARuntimeError:
-            _clear_cuda_error(self.xp)
-            return True
-        return attributes.type != 1  # not cudaMemoryTypeHost (page-locked)
+        return not page_locked(self.xp, host)
 
     def _pinned(self, shape, dtype) -> np.ndarray:
         import cupyx

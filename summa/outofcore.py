@@ -38,7 +38,7 @@ import numpy as np
 
 from .algorithm import SummaStats, local_parts, wait_for_panel
 from .checks import check_layouts, check_operands, check_scalars
-from .backend import _CUDA_INVALID_VALUE, _clear_cuda_error
+from .backend import _CUDA_INVALID_VALUE, _clear_cuda_error, page_locked
 from .layout import panel_schedule, split_panel_doubling
 from .matrix import DistMatrix
 from .plan import memory_plan
@@ -580,14 +580,7 @@ def _is_page_locked(cupy, array: np.ndarray) -> bool:
     """Is `array`'s memory page-locked already (registered, or allocated so)?"""
     if not array.nbytes:
         return True
-    if array.ctypes.data in _registered:
-        return True
-    try:
-        attributes = cupy.cuda.runtime.pointerGetAttributes(array.ctypes.data)
-    except cupy.cuda.runtime.CUDARuntimeError:
-        _clear_cuda_error(cupy)
-        return False
-    return attributes.type == 1  # cudaMemoryTypeHost
+    return array.ctypes.data in _registered or page_locked(cupy, array)
 
 
 _registered: dict[int, int] = {}  # host address -> bytes registered with CUDA
