@@ -5,7 +5,10 @@ Each size runs in a fresh process (so "first call" is the first multiply of
 the process, after CUDA and cuBLAS are up, which is timed on its own):
 
 * ceiling: ``cupy.matmul`` on device-resident data of the largest size up to
-  N that fits the free memory (its GEMM rate: the GPU's speed limit);
+  N that fits the free memory (its GEMM rate: the GPU's speed limit), times
+  the GPUs used (``--gpus``, default every visible one, each left with
+  ``--free``; summa then runs on its pool of one rank per GPU, cuBLASXt on
+  all of them);
 * summa: ``summa.matmul(a, b)`` with no options, first call and second;
 * loop: the hand-written CuPy loop the user had in mind (2 x 2 blocks,
   ``cp.asarray`` / ``@`` / ``cp.asnumpy``), or ``cp.asnumpy(cp.asarray(a) @
@@ -69,8 +72,9 @@ def _check(c, a, b) -> float:
     return float(np.max(np.abs(got - ref) / ((k + c.shape[1]) * eps * gauge)))
 
 
-def _cublasxt(dtype):
-    """``run(a, b, c)``: row-major ``c = a @ b`` through cuBLASXt on one GPU."""
+def _cublasxt(dtype, gpus: int = 1):
+    """``run(a, b, c)``: row-major ``c = a @ b`` through cuBLASXt on the first
+    `gpus` GPUs."""
     import ctypes
     import numpy as np
     sys.path.insert(0, os.path.join(ROOT, "docs", "scripts"))
@@ -80,7 +84,7 @@ def _cublasxt(dtype):
     handle = ctypes.c_void_p()
     if lib.cublasXtCreate(ctypes.byref(handle)) != 0:
         raise RuntimeError("cublasXtCreate failed")
-    lib.cublasXtDeviceSelect(handle, 1, (ctypes.c_int * 1)(0))
+    lib.cublasXtDeviceSelect(handle, gpus, (ctypes.c_int * gpus)(*range(gpus)))
     lib.cublasXtSetBlockDim(handle, 8192)
     gemm = getattr(lib, f"cublasXt{letter}gemm")
     size, ptr, op = ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int
@@ -144,9 +148,8 @@ def one_size(args) -> list[dict]:
     x = cp.ones((64, 64), dtype=args.dtype)
     (x @ x).get()
     cuda_init = time.perf_counter() - t0
-    free_now = cp.cuda.runtime.memGetInfo()[0]
-    want = _bytes(args.free)
-    hold = cp.cuda.runtime.malloc(free_now - want) if free_now > want else None  # outside the pool
+    gpus = args.gpus or cp.cuda.runtime.getDeviceCount()
+    holds = hold_all_but(_bytes(args.free), gpus)  # on every GPU, outside CuPy's pool
     free = cp.cuda.runtime.memGetInfo()[0]
     n, dtype = args.size, np.dtype(args.dtype)
     flops = 2.0 * n**3
@@ -154,7 +157,7 @@ def one_size(args) -> list[dict]:
 
     def row(peer, call, seconds, **extra):
         r = {"peer": peer, "call": call, "n": n, "dtype": dtype.name, "seconds": seconds,
-             "tflops": flops / seconds / 1e12, "free": free, **extra}
+             "tflops": flops / seconds / 1e12, "free": free, "gpus": gpus, **extra}
         rows.append(r)
         print(json.dumps(r), flush=True)
 
@@ -172,7 +175,7 @@ def one_size(args) -> list[dict]:
         cp.matmul(da, db, out=dc)
         cp.cuda.Device().synchronize()
         times.append(time.perf_counter() - s)
-    ceiling = 2.0 * side**3 / min(times) / 1e12
+    ceiling = gpus * 2.0 * side**3 / min(times) / 1e12  # P x one GPU's rate
     del da, db, dc
     cp.get_default_memory_pool().free_all_blocks()
     print(json.dumps({"peer": "ceiling", "n": side, "tflops": ceiling, "import_seconds": imported,
@@ -184,7 +187,7 @@ def one_size(args) -> list[dict]:
     for call in ("first", "second"):
         stats = summa.SummaStats()
         s = time.perf_counter()
-        c = summa.matmul(a, b, stats=stats)
+        c = summa.matmul(a, b, stats=stats, gpus=gpus)
         seconds = time.perf_counter() - s
         ex = stats.extra
         row("summa", call, seconds, ceiling=ceiling, residual=_check(c, a, b),
@@ -202,7 +205,7 @@ def one_size(args) -> list[dict]:
         try:
             fn = peers[peer]
             if peer == "cublasxt":
-                run = _cublasxt(dtype.name)
+                run = _cublasxt(dtype.name, gpus)
                 fn = lambda: run(a, b)  # noqa: E731
             for call in ("first", "second")[:args.ref_calls]:
                 s = time.perf_counter()
@@ -213,9 +216,24 @@ def one_size(args) -> list[dict]:
             print(json.dumps({"peer": peer, "n": n, "skipped": f"{type(exc).__name__}: {exc}"}),
                   flush=True)
         cp.get_default_memory_pool().free_all_blocks()
-    if hold is not None:
-        cp.cuda.runtime.free(hold)
+    for device, ptr in holds:
+        with cp.cuda.Device(device):
+            cp.cuda.runtime.free(ptr)
     return rows
+
+
+def hold_all_but(want: int, gpus: int, devices=None) -> list:
+    """Take all but `want` bytes of each of the first `gpus` GPUs (or of
+    `devices`; outside CuPy's pool, so only `want` stays free, as on a 24 GB
+    card); the ``(device, pointer)`` pairs to free."""
+    import cupy as cp
+    holds = []
+    for device in (range(gpus) if devices is None else devices):
+        with cp.cuda.Device(device):
+            free_now = cp.cuda.runtime.memGetInfo()[0]
+            if free_now > want:
+                holds.append((device, cp.cuda.runtime.malloc(free_now - want)))
+    return holds
 
 
 def main(argv=None) -> int:
@@ -223,7 +241,10 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", default="16384,40960")
     p.add_argument("--size", type=int, help=argparse.SUPPRESS)  # one size, in this process
     p.add_argument("--dtype", default="float64")
-    p.add_argument("--free", default="24GiB", help="GPU memory left free (default 24GiB)")
+    p.add_argument("--free", default="24GiB", help="memory left free on each GPU (default 24GiB)")
+    p.add_argument("--gpus", type=int, default=0,
+                   help="GPUs (default every visible one: summa.matmul's pool, cuBLASXt on all; "
+                        "the ceiling is one GPU's rate, times the GPUs in the table)")
     p.add_argument("--peers", default="loop,cublasxt,jax")
     p.add_argument("--ref-calls", type=int, default=1, help="calls of each reference (1 or 2)")
     p.add_argument("--modes", default="stage",
@@ -243,7 +264,7 @@ def main(argv=None) -> int:
     for n in (int(x) for x in args.sizes.split(",")):
         for i, mode in enumerate(args.modes.split(",")):
             cmd = [sys.executable, os.path.abspath(__file__), "--size", str(n), "--dtype",
-                   args.dtype, "--free", args.free, "--peers",
+                   args.dtype, "--free", args.free, "--gpus", str(args.gpus), "--peers",
                    ",".join(args.peers) if i == 0 else "", "--ref-calls", str(args.ref_calls)] \
                 + (["--json", args.json] if args.json else [])
             env = dict(os.environ, SUMMA_HOST_COPIES=mode)
