@@ -52,6 +52,7 @@
 #                                                # seed tuning, INT8 rates, then files23
 #   STAGE=s12b   docs/scripts/gpu_session.sh     # issue 25: fp64-int8 tests, rates, SUMMA
 #   STAGE=s12c   docs/scripts/gpu_session.sh     # issues 22-25: the session's last checks
+#   STAGE=s27    docs/scripts/gpu_session.sh     # issue 27: every GPU of an x2/x4/x8 kind
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -837,6 +838,22 @@ s12c)  # issues 22-25, last of session 12: the new GPU tests, fp64-int8 at 32768
     rm -rf /tmp/summa-files
     LIMIT=150 run python3 docs/scripts/seed_case.py --sizes 40960 --dtype float64 --free 24GiB \
         --peers cublasxt --json "$OUT/seed.jsonl"
+    ;;
+s27)  # issue 27 on every GPU of a multi-GPU kind: the user's case from a plain process (the
+      # pool) against cuBLASXt on all GPUs, the same under mpirun (arrays on rank 0, node-shared),
+      # fp64-int8 on every GPU against one GPU's emulated rate
+    P=$(python3 -c "import cupy; print(cupy.cuda.runtime.getDeviceCount())")
+    LIMIT=400 run python3 docs/scripts/seed_case.py --sizes ${SIZES:-65536} --dtype float64 \
+        --free 24GiB --peers cublasxt --json "$OUT/seed.jsonl"
+    for arrays in root shared; do
+        LIMIT=300 run $MPI -np $P python3 docs/scripts/seed_mpi.py --size ${SIZE:-65536} \
+            --arrays $arrays --json "$OUT/seed.jsonl"
+    done
+    for np_ in 1 $P; do
+        LIMIT=150 run $MPI -np $np_ python3 -m summa bench --backend cupy --size 65536 \
+            --dtype float64 --precision fp64-int8 --check --repeat 2 --no-ideal \
+            --json "$OUT/int8.jsonl"
+    done
     ;;
 files23)  # issue 23: multiply from .npy files, in memory and streamed out of core, cold and
           # warm, against the same disk's parallel read and write rates
