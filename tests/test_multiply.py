@@ -30,6 +30,8 @@ def test_odd_shapes_equal_numpy_within_gauge(comm, rng, folder, dtype):
     record = multiply_files(pa, pb, str(folder / "C.npy"), comm, check=True, quiet=True,
                             panel_width=16)
     assert record["check_residual"] <= 1 and record["dtype"] == dtype
+    parts = record["read_parts"]  # this rank's read, by operand: within the read phase
+    assert set(parts) == {"A", "B", "C"} and sum(parts.values()) <= record["read_seconds"] + 1e-3
     if comm.rank == 0:
         c = np.load(folder / "C.npy")
         assert c.dtype == dtype and gemm_scaled_error(c, a, b) <= 1
