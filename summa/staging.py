@@ -176,8 +176,8 @@ class Stager:
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="summa-copy",
                                         initializer=self._bind)
         self._touch_pool = None
-        # Per direction: free chunks (and, uploading, the event of their last
-        # copy out), how many were made, and how many may be (a few per thread).
+        # Per direction a ring of chunks: the free ones (uploading, with the
+        # event of their last copy out), a few more than threads.
         self._ring = self.threads + RING_EXTRA
         self._free = {_H2D: queue.Queue(), _D2H: queue.Queue()}
         self._arena = None  # both rings' chunks, made at the first copy
