@@ -27,8 +27,27 @@ from . import ozaki
 
 __all__ = ["gemm", "scratch_bytes", "PLANES"]
 
-#: Integer products folded per pass (each pass reads the two sums once).
+#: Integer products folded per pass (each pass reads the two sums once);
+#: ``SUMMA_FP64_INT8_PLANES`` overrides.
 PLANES = 4
+
+
+def _overlap() -> bool:
+    """``SUMMA_FP64_INT8_OVERLAP=1``: fold each group of products on a stream
+    of its own while the next group's INT8 GEMMs run (two buffers of
+    products). Off until measured: whether a memory-bound fold beside
+    compute-bound GEMMs gains anything is the GPU's to say."""
+    return os.environ.get("SUMMA_FP64_INT8_OVERLAP", "0").strip() in ("1", "yes", "on")
+
+
+_fold_streams: dict = {}
+
+
+def _fold_stream(cupy):
+    device = cupy.cuda.Device().id
+    if device not in _fold_streams:
+        _fold_streams[device] = cupy.cuda.Stream(non_blocking=True)
+    return _fold_streams[device]
 
 _RESIDUES = r"""
 extern "C" __global__ void residues(const double* x, const int* e, long long rows,
@@ -150,7 +169,9 @@ def scratch_bytes(m: int, n: int, k: int, count: int, planes: int = PLANES) -> i
     """Device bytes one product takes beside its operands: the residue planes,
     B transposed, the integer products and the two sums."""
     kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
-    return (count * (m + np_) * kp + 8 * n * k + 4 * planes * m * np_ + 16 * m * n)
+    planes = int(os.environ.get("SUMMA_FP64_INT8_PLANES") or planes)
+    buffers = 1 + _overlap()
+    return (count * (m + np_) * kp + 8 * n * k + 4 * buffers * planes * m * np_ + 16 * m * n)
 
 
 def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = None,
@@ -204,18 +225,31 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
     mark("residues")
     s_hi = cupy.zeros((m, n), dtype=cupy.float64)
     s_lo = cupy.zeros((m, n), dtype=cupy.float64)
-    planes = max(1, min(int(planes), count))
-    g = cupy.empty((planes, m, np_), dtype=cupy.int32)
-    for l0 in range(0, count, planes):
-        group = min(planes, count - l0)
+    planes = int(os.environ.get("SUMMA_FP64_INT8_PLANES") or planes)
+    planes = max(1, min(planes, count))
+    overlap = _overlap() and count > planes
+    buffers = [cupy.empty((planes, m, np_), dtype=cupy.int32) for _ in range(1 + overlap)]
+    here = cupy.cuda.get_current_stream()
+    folder = _fold_stream(cupy) if overlap else here
+    folded = [None] * len(buffers)  # the fold that last read each buffer
+    for j, l0 in enumerate(range(0, count, planes)):
+        group, g = min(planes, count - l0), buffers[j % len(buffers)]
+        if folded[j % len(buffers)] is not None:
+            here.wait_event(folded[j % len(buffers)])  # its products folded: reuse it
         for p in range(group):
             backend.int8_gemm_tn(a8[l0 + p], b8[l0 + p], g[p])
-        _launch(_kernel("fold"), m * n,
-                (g, np.int64(m), np.int64(n), np.int64(np_), np.int64(m * np_), np.int32(group),
-                 constants["moduli"][l0:], constants["inverses"][l0:], constants["w_hi"][l0:],
-                 constants["w_lo"][l0:], s_hi, s_lo))
+        if overlap:
+            folder.wait_event(here.record())
+        with folder:
+            _launch(_kernel("fold"), m * n,
+                    (g, np.int64(m), np.int64(n), np.int64(np_), np.int64(m * np_),
+                     np.int32(group), constants["moduli"][l0:], constants["inverses"][l0:],
+                     constants["w_hi"][l0:], constants["w_lo"][l0:], s_hi, s_lo))
+            folded[j % len(buffers)] = folder.record() if overlap else None
+    if overlap:
+        here.wait_event(folder.record())  # every fold done before the sums are read
     mark("products")
-    del a8, b8, g
+    del a8, b8, buffers
     _kernel("finish")(s_hi, s_lo, e.reshape(m, 1), f.reshape(1, n), weights["m_hi"],
                       weights["m_lo"], np.int32(weights["t"]), float(alpha), float(beta), c)
     mark("finish")

@@ -67,6 +67,9 @@ def main() -> int:
     p.add_argument("--sizes", default="16384,32768")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--moduli", default="auto,14,12", help="moduli counts (auto: summa's default)")
+    p.add_argument("--variants", default="",
+                   help="extra runs of the default moduli under settings, e.g. "
+                        "'SUMMA_FP64_INT8_OVERLAP=1;SUMMA_FP64_INT8_PLANES=2' (split by ;)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     import cupy as cp
@@ -105,21 +108,29 @@ def main() -> int:
 
             def error():
                 return float(cp.max(cp.abs(c - ref) / gauge))
-            for moduli in args.moduli.split(","):
+            runs = [(m_, "") for m_ in args.moduli.split(",")] + \
+                [("auto", v) for v in args.variants.split(";") if v]
+            for moduli, setting in runs:
                 count = None if moduli == "auto" else int(moduli)
+                saved = dict(os.environ)
+                os.environ.update(dict(kv.split("=", 1) for kv in setting.split(",") if kv))
                 try:
                     sec = _best(lambda: ozaki_gpu.gemm(1.0, a, b, c, moduli=count,
                                                        backend=backend), args.repeat)
+                    marks = []
+                    ozaki_gpu.gemm(1.0, a, b, c, moduli=count, backend=backend, marks=marks)
+                    cp.cuda.Device().synchronize()
                 except Exception as exc:  # noqa: BLE001 -- e.g. out of memory: say so, go on
                     emit({"what": "summa fp64-int8", "n": n, "data": data, "moduli": moduli,
                           "error": repr(exc)[:200]})
                     continue
-                marks = []
-                ozaki_gpu.gemm(1.0, a, b, c, moduli=count, backend=backend, marks=marks)
-                cp.cuda.Device().synchronize()
+                finally:
+                    os.environ.clear()
+                    os.environ.update(saved)
                 phases = {name: cp.cuda.get_elapsed_time(marks[i - 1][1], ev) / 1e3
                           for i, (name, ev) in enumerate(marks) if i}
-                emit({"what": "summa fp64-int8", "n": n, "data": data,
+                emit({"what": "summa fp64-int8" + (f" [{setting}]" if setting else ""), "n": n,
+                      "data": data,
                       "moduli": count or ozaki.moduli_for(ozaki.BITS, n), "seconds": sec,
                       "tflops": 2 * n**3 / sec / 1e12, "vs_native": 2 * n**3 / sec / 1e12 / native,
                       "error_per_gauge": error(), "phases": phases})
