@@ -594,3 +594,21 @@ def test_complex128_on_int8_tensor_cores(comm, rng, gpu):
     dc = cp.asarray(c0)
     backend.gemm(0.5 - 1j, cp.asarray(a), cp.asarray(b), dc, beta=2.0, precision="fp64-int8")
     assert gemm_scaled_error(cp.asnumpy(dc), a, b, c0, 0.5 - 1j, 2.0) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("overlap,planes", [("1", "2"), ("1", "3"), ("0", "1")])
+def test_fp64_int8_folds_beside_the_gemms_give_the_same_product(comm, rng, gpu, monkeypatch,
+                                                                overlap, planes):
+    """Folds on a stream of their own (two product buffers) or in groups of
+    any size: the same product as the CPU's."""
+    from summa import ozaki, ozaki_gpu
+    monkeypatch.setenv("SUMMA_FP64_INT8_OVERLAP", overlap)
+    monkeypatch.setenv("SUMMA_FP64_INT8_PLANES", planes)
+    _, backend = gpu
+    cp = backend.xp
+    a, b = rng.uniform(-1, 1, (257, 300)), rng.standard_normal((300, 130))
+    dc = cp.empty((257, 130))
+    ozaki_gpu.gemm(1.0, cp.asarray(a), cp.asarray(b), dc, backend=backend)
+    want = ozaki.gemm_int8(a, b)
+    assert np.all(np.abs(cp.asnumpy(dc) - want) <= 2 * np.spacing(np.abs(want)))
