@@ -344,7 +344,7 @@ class CupyBackend(Backend):
             self._lt = LtGemm(cupy, cublaslt_path())
 
     def asarray(self, host):
-        if self._staged(host):  # pageable and large: through page-locked chunks
+        if self.stages(host):  # pageable and large: through page-locked chunks
             from .staging import stager_for
             dev = self.xp.empty(host.shape, dtype=host.dtype)
             transfer = stager_for(self.device).upload(dev, host)
@@ -369,7 +369,7 @@ class CupyBackend(Backend):
     def to_host(self, arr, out=None):
         if isinstance(arr, self.xp.ndarray) and arr.ndim == 2 and \
                 arr.nbytes >= STAGED_MIN and arr.flags.c_contiguous and \
-                (out is None or self._staged(out)):
+                (out is None or self.stages(out)):
             from .staging import stager_for
             out = np.empty(arr.shape, dtype=arr.dtype) if out is None else out
             stager_for(self.device).download(out, arr, self.record_event()).wait()
@@ -388,7 +388,7 @@ class CupyBackend(Backend):
         out[...] = stage
         return out
 
-    def _staged(self, host) -> bool:
+    def stages(self, host) -> bool:
         """Does a copy of `host` go through the stager (:mod:`summa.staging`):
         a large 2-D NumPy array with contiguous rows, not page-locked? From
         pageable memory a plain copy runs at 6.5 GB/s, staged at ~40."""

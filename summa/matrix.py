@@ -9,7 +9,8 @@ from mpi4py import MPI
 from .backend import Backend, NumpyBackend
 from .agree import collectively
 from .comm import recv_array, send_array
-from .io import AtomicNpyWriter, check_output_path, read_block, read_header, take_block
+from .io import (AtomicNpyWriter, check_output_path, map_block, read_block, read_header,
+                 take_block)
 from .layout import Layout, span
 from .watchdog import watch
 
@@ -208,6 +209,15 @@ class DistMatrix:
         layout = Layout(shape, grid.shape, block)
         rows = layout.rows.global_indices(grid.row)
         cols = layout.cols.global_indices(grid.col)
+        if backend.name == "cupy" and trans == "N" and header.dtype == target:
+            # Straight from the file into the GPU: the block's map is read by
+            # the copy threads into page-locked chunks (summa.filemaps), disk
+            # reads and uploads overlapping, no host copy of the block.
+            mapped = collectively(grid.comm, map_block, header, rows, cols)
+            direct = mapped is not None and (not mapped.size or backend.stages(mapped))
+            if grid.comm.allreduce(direct, op=MPI.LAND):
+                return cls(grid, layout, collectively(grid.comm, backend.asarray, mapped),
+                           backend)
         local = collectively(grid.comm, read_block, header, rows, cols,
                              transpose=trans != "N", conjugate=trans == "H")
         return cls(grid, layout, backend.asarray(local.astype(target, copy=False)), backend)
@@ -216,8 +226,25 @@ class DistMatrix:
         """Write to an .npy file: each rank its own block into a temporary file in
         the target's folder, renamed into place once every rank has succeeded."""
         check_output_path(path, [], self.grid.comm)
-        local = collectively(self.grid.comm, self.backend.to_host, self.local)
-        with AtomicNpyWriter(path, self.shape, self.dtype, self.grid.comm) as out:
+        comm = self.grid.comm
+        if self.backend.name == "cupy":
+            # Straight from the GPU into the file: downloaded chunks are written
+            # by the copy threads (pwrite), no host copy of the block.
+            with AtomicNpyWriter(path, self.shape, self.dtype, comm) as out:
+                mapped = collectively(comm, out.map_block, self.row_indices(),
+                                      self.col_indices())
+                direct = mapped is not None and (not mapped.size or (
+                    self.backend.stages(mapped) and self.local.flags.c_contiguous))
+                if comm.allreduce(direct, op=MPI.LAND):
+                    collectively(comm, self.backend.to_host, self.local, mapped)
+                    collectively(comm, out.flush)
+                    return
+                local = collectively(comm, self.backend.to_host, self.local)
+                out.write_block(np.ascontiguousarray(local), self.row_indices(),
+                                self.col_indices())
+            return
+        local = collectively(comm, self.backend.to_host, self.local)
+        with AtomicNpyWriter(path, self.shape, self.dtype, comm) as out:
             out.write_block(np.ascontiguousarray(local), self.row_indices(), self.col_indices())
 
     # -- collective operations ---------------------------------------------------------

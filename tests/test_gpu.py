@@ -612,3 +612,32 @@ def test_fp64_int8_folds_beside_the_gemms_give_the_same_product(comm, rng, gpu, 
     ozaki_gpu.gemm(1.0, cp.asarray(a), cp.asarray(b), dc, backend=backend)
     want = ozaki.gemm_int8(a, b)
     assert np.all(np.abs(cp.asnumpy(dc) - want) <= 2 * np.spacing(np.abs(want)))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_large_npy_blocks_go_straight_between_the_file_and_the_gpu(comm, rng, gpu, tmp_path_factory,
+                                                                   monkeypatch):
+    """A GPU's block of a large .npy file is read by the copy threads from the
+    file's map into page-locked chunks, and written back the same way: the
+    values arrive and the file is what NumPy saves."""
+    from summa import filemaps
+    grid, backend = gpu
+    folder = comm.bcast(str(tmp_path_factory.mktemp("npy")) if comm.rank == 0 else None)
+    x = rng.uniform(-1, 1, (6000, 3000))
+    x = comm.bcast(x)
+    if comm.rank == 0:
+        np.save(f"{folder}/X.npy", x)
+    comm.Barrier()
+    rows_read = []
+    real = filemaps.FileRows.read_into
+    monkeypatch.setattr(filemaps.FileRows, "read_into",
+                        lambda self, dest: (rows_read.append(1), real(self, dest)))
+    M = DistMatrix.from_npy(f"{folder}/X.npy", grid, backend)
+    assert rows_read  # from the file itself
+    got = M.gather()
+    if comm.rank == 0:
+        assert np.array_equal(got, x)
+    M.local *= 2
+    M.to_npy(f"{folder}/Y.npy")
+    if comm.rank == 0:
+        assert np.array_equal(np.load(f"{folder}/Y.npy"), 2 * x)
