@@ -146,9 +146,14 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         "(Ozaki scheme II, GPU only; as accurate as float64 where the "
                         "entries of each row of A and column of B are of similar size: "
                         "use with --check)")
-    p.add_argument("--out-of-core", action="store_true",
-                   help="keep A, B, C in host memory and stream C through the GPU in tiles "
-                        "(automatic when the in-memory plan does not fit the GPU)")
+    memory = p.add_mutually_exclusive_group()
+    memory.add_argument("--out-of-core", action="store_const", const=True, default=None,
+                        help="keep A, B, C in host memory and stream C through the GPU in "
+                             "tiles (automatic when the in-memory plan does not fit the GPU; "
+                             "multiply on GPUs streams C-ordered files this way by default)")
+    memory.add_argument("--in-memory", dest="out_of_core", action="store_const", const=False,
+                        help="read A and B into GPU memory first (bench's default; multiply's "
+                             "where files cannot be streamed)")
     p.add_argument("--device-memory", metavar="SIZE", default=None,
                    help="cap on GPU memory per rank, e.g. 16GiB (implies --out-of-core)")
     p.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",

@@ -100,7 +100,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
                    beta=0.0, c_path=None, trans_a="N", trans_b="N", dtype=None, grid=None,
                    block=None, panel_width=None, lookahead=1, backend="auto",
                    broadcaster="auto", precision=None, check=None, quiet=False,
-                   warn=None, out_of_core=False, device_memory=None,
+                   warn=None, out_of_core=None, device_memory=None,
                    schedule="panels") -> dict:
     """``out = alpha * op(A) @ op(B) + beta * C0`` from and to .npy files; collective.
 
@@ -116,10 +116,14 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         C0, required when ``beta != 0``.
     check : bool or None
         Freivalds' test; None runs it when it costs < 2 % of the multiply.
-    out_of_core, device_memory : bool, str
-        Keep A, B, C in host memory and stream C through the GPU in tiles
-        (automatic when the in-memory plan does not fit); `device_memory` caps
-        the GPU memory per rank, e.g. "16GiB".
+    out_of_core, device_memory : bool or None, str
+        Keep A, B, C in host memory and stream C through the GPU in tiles:
+        None (default) does so on GPUs where the files can be read as the
+        multiply goes (C order, untransposed, in the compute dtype, no C0,
+        balanced blocks; the wall time then tends to the longest of reading,
+        multiplying and writing), and where the in-memory plan does not fit;
+        False reads everything into GPU memory first. `device_memory` caps the
+        GPU memory per rank, e.g. "16GiB".
     schedule : {"panels", "strips"}
         See :func:`summa.algorithm.summa` (strips: grids of one column, in memory).
     warn : callable, optional
@@ -169,6 +173,9 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
               "dtype": compute.name, "trans_a": trans_a, "trans_b": trans_b,
               "alpha": alpha, "beta": beta, "backend": be.name}
     grid = grid or grid_for(comm.Get_size(), m, n, be.name, compute, schedule)
+    if out_of_core is None and streams_by_default(be.name, headers, trans_a, trans_b, compute,
+                                                  block, schedule):
+        out_of_core = True  # streamed: reading, multiplying and writing overlap
     with ProcessGrid(comm, grid) as pgrid, contextlib.ExitStack() as stack:
         record["grid"] = list(pgrid.shape)
         width = panel_width if isinstance(panel_width, int) else \
@@ -282,11 +289,28 @@ def _warn_nonfinite(headers, matrices, rank0: bool, warn) -> None:
                  "will contain NaN/Inf too")
 
 
+def streams_by_default(backend_name: str, headers: dict, trans_a: str, trans_b: str, compute,
+                       block=None, schedule: str = "panels") -> bool:
+    """Does a multiply of these files stream them through the GPUs unless told
+    otherwise? On GPUs, where both can be read as the multiply goes and there
+    is no C0: measured on one H200 (N = 24576), streamed 9.4 s against 12.5 s
+    in memory with the files in the page cache, 16.2 against 20.3 s from the
+    disk."""
+    return (backend_name == "cupy" and block is None and headers.get("C0") is None
+            and schedule == "panels" and _streamable(headers["A"], trans_a, compute)
+            and _streamable(headers["B"], trans_b, compute))
+
+
+def _streamable(header, trans: str, compute) -> bool:
+    """Can the out-of-core multiply read this file as it goes (:func:`_mapped`)?"""
+    return trans == "N" and not header.fortran_order and header.dtype == compute
+
+
 def _mapped(header, trans: str, compute, grid) -> DistMatrix | None:
     """The rank's block of a file as a memory map (:func:`summa.io.map_block`)
     where it can be used as it lies: untransposed, C-ordered, in the compute
     dtype; None elsewhere (the same on every rank). Collective."""
-    if trans != "N" or header.fortran_order or header.dtype != compute:
+    if not _streamable(header, trans, compute):
         return None
     layout = Layout(header.shape, grid.shape)
     local = collectively(grid.comm, map_block, header,

@@ -296,13 +296,14 @@ def check_host_memory(plan: MemoryPlan, comm) -> None:
 
 
 def choose_memory_mode(shape, dtype, grid, panel_width: int, lookahead: int, backend,
-                       out_of_core: bool = False, device_memory=None,
+                       out_of_core: bool | None = None, device_memory=None,
                        schedule: str = "panels", precision=None):
     """In memory or out of core, decided before anything is allocated; collective.
 
-    Out of core when asked (`out_of_core`, or a `device_memory` cap such as
-    "16GiB"), or when the in-memory plan does not fit the free GPU memory
-    (except under ``schedule="strips"``, which runs in memory only).
+    Out of core when asked (`out_of_core` True, or a `device_memory` cap such
+    as "16GiB"), or, unless in memory was asked for (`out_of_core` False),
+    when the in-memory plan does not fit the free GPU memory (except under
+    ``schedule="strips"``, which runs in memory only).
 
     Returns
     -------
@@ -334,7 +335,7 @@ def choose_memory_mode(shape, dtype, grid, panel_width: int, lookahead: int, bac
                 raise ValueError(str(exc).replace("use --device-memory (out of core) or",
                                                   "use --schedule panels (which can run out "
                                                   "of core) or")) from None
-            if backend.name != "cupy":
+            if backend.name != "cupy" or out_of_core is False:  # (False: asked for)
                 raise
             note = f"the in-memory plan does not fit ({exc}); running out of core"
     if budget is None:

@@ -450,3 +450,20 @@ def test_multiply_accounts_for_its_wall_time(tmp_path):
     wall, rest = map(float, re.search(r"wall ([\d.]+) s so far, (-?[\d.]+) s of it in none",
                                       p.stdout).groups())
     assert 0 < start < wall and abs(rest) < wall  # the phases are a share of the wall time
+
+
+def test_multiply_streams_files_through_gpus_by_default_where_it_can():
+    from summa.io import NpyHeader
+    from summa.multiply import streams_by_default
+    f64 = np.dtype("float64")
+    c_order = NpyHeader("A.npy", (10, 10), f64, False, 128)
+    fortran = NpyHeader("B.npy", (10, 10), f64, True, 128)
+    files = {"A": c_order, "B": c_order, "C0": None}
+    assert streams_by_default("cupy", files, "N", "N", f64)
+    assert not streams_by_default("numpy", files, "N", "N", f64)      # CPUs: in memory
+    assert not streams_by_default("cupy", files, "T", "N", f64)       # a transposed read
+    assert not streams_by_default("cupy", dict(files, B=fortran), "N", "N", f64)
+    assert not streams_by_default("cupy", files, "N", "N", np.dtype("float32"))  # converted
+    assert not streams_by_default("cupy", dict(files, C0=c_order), "N", "N", f64)
+    assert not streams_by_default("cupy", files, "N", "N", f64, block=(4, 4))
+    assert not streams_by_default("cupy", files, "N", "N", f64, schedule="strips")

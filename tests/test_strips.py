@@ -199,6 +199,9 @@ def test_strips_that_do_not_fit_are_refused_with_a_hint_that_applies(monkeypatch
                                          r"of core\) or more ranks"):
         choose_memory_mode((60_000,) * 3, "float64", grid, 4096, 1, _FakeGpu(),
                            schedule="strips")
-    # panels go out of core by themselves instead
+    # panels go out of core by themselves instead, unless in memory was asked for
     budget, note = choose_memory_mode((60_000,) * 3, "float64", grid, 4096, 1, _FakeGpu())
     assert budget and "running out of core" in note
+    with pytest.raises(ValueError, match="GiB free"):
+        choose_memory_mode((60_000,) * 3, "float64", grid, 4096, 1, _FakeGpu(),
+                           out_of_core=False)
