@@ -53,6 +53,7 @@
 #   STAGE=s12b   docs/scripts/gpu_session.sh     # issue 25: fp64-int8 tests, rates, SUMMA
 #   STAGE=s12c   docs/scripts/gpu_session.sh     # issues 22-25: the session's last checks
 #   STAGE=s27    docs/scripts/gpu_session.sh     # issue 27: every GPU of an x2/x4/x8 kind
+#   STAGE=next   docs/scripts/gpu_session.sh     # the next one-GPU session's first call
 # Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -838,6 +839,21 @@ s12c)  # issues 22-25, last of session 12: the new GPU tests, fp64-int8 at 32768
     rm -rf /tmp/summa-files
     LIMIT=150 run python3 docs/scripts/seed_case.py --sizes 40960 --dtype float64 --free 24GiB \
         --peers cublasxt --json "$OUT/seed.jsonl"
+    ;;
+next)  # the next one-GPU session's first call: the new GPU tests (fp64-int8 overlap, files
+       # straight to the GPU), fp64-int8 variants, the files case with its read parts, the pool's
+       # own cost with one GPU (issue 24), the user's case again
+    LIMIT=200 SUMMA_TEST_BACKEND=cupy run python3 -m pytest -q -p no:cacheprovider --with-mpi \
+        tests/test_gpu.py tests/test_staging.py tests/test_multiply.py -k \
+        "int8 or fp64 or stager or npy or ring or mapped or streams"
+    LIMIT=150 run python3 docs/scripts/ozaki_probe.py --sizes 32768 --moduli auto \
+        --variants "SUMMA_FP64_INT8_OVERLAP=1;SUMMA_FP64_INT8_OVERLAP=1,SUMMA_FP64_INT8_PLANES=2;SUMMA_FP64_INT8_PLANES=8" \
+        --json "$OUT/ozaki.jsonl"
+    LIMIT=240 MPIEXEC="$MPI" run python3 docs/scripts/files_case.py --size 24576 \
+        --dir /tmp/summa-files --ranks 1 --device-memory 8GiB --json "$OUT/files.jsonl"
+    rm -rf /tmp/summa-files
+    LIMIT=200 run python3 docs/scripts/seed_case.py --sizes 16384,40960 --dtype float64 \
+        --free 24GiB --pool --peers "" --json "$OUT/seed.jsonl"
     ;;
 s27)  # issue 27 on every GPU of a multi-GPU kind: the user's case from a plain process (the
       # pool) against cuBLASXt on all GPUs, the same under mpirun (arrays on rank 0, node-shared),

@@ -187,10 +187,15 @@ def one_size(args) -> list[dict]:
     for call in ("first", "second"):
         stats = summa.SummaStats()
         s = time.perf_counter()
-        c = summa.matmul(a, b, stats=stats, gpus=gpus)
+        if args.pool:  # summa's pool even for one GPU: the pool's own cost
+            from summa import pool
+            c = pool.matmul(a, b, gpus, stats=stats)
+        else:
+            c = summa.matmul(a, b, stats=stats, gpus=gpus)
         seconds = time.perf_counter() - s
         ex = stats.extra
-        row("summa", call, seconds, ceiling=ceiling, residual=_check(c, a, b),
+        row("summa/pool" if args.pool else "summa", call, seconds, ceiling=ceiling,
+            residual=_check(c, a, b),
             host_copies=os.environ.get("SUMMA_HOST_COPIES", "stage"),
             gemm_seconds=stats.compute, head_seconds=ex.get("head_seconds"),
             between_seconds=ex.get("between_seconds"), tail_seconds=ex.get("tail_seconds"),
@@ -242,6 +247,9 @@ def main(argv=None) -> int:
     p.add_argument("--size", type=int, help=argparse.SUPPRESS)  # one size, in this process
     p.add_argument("--dtype", default="float64")
     p.add_argument("--free", default="24GiB", help="memory left free on each GPU (default 24GiB)")
+    p.add_argument("--pool", action="store_true",
+                   help="run summa on its pool of worker ranks even for one GPU (the pool's "
+                        "own cost against the in-process call)")
     p.add_argument("--gpus", type=int, default=0,
                    help="GPUs (default every visible one: summa.matmul's pool, cuBLASXt on all; "
                         "the ceiling is one GPU's rate, times the GPUs in the table)")
@@ -264,7 +272,8 @@ def main(argv=None) -> int:
     for n in (int(x) for x in args.sizes.split(",")):
         for i, mode in enumerate(args.modes.split(",")):
             cmd = [sys.executable, os.path.abspath(__file__), "--size", str(n), "--dtype",
-                   args.dtype, "--free", args.free, "--gpus", str(args.gpus), "--peers",
+                   args.dtype, "--free", args.free, "--gpus", str(args.gpus)] + \
+                (["--pool"] if args.pool else []) + ["--peers",
                    ",".join(args.peers) if i == 0 else "", "--ref-calls", str(args.ref_calls)] \
                 + (["--json", args.json] if args.json else [])
             env = dict(os.environ, SUMMA_HOST_COPIES=mode)
