@@ -75,6 +75,7 @@ def moduli_for(bits: int, k: int) -> int:
 
 
 def check_bits(bits: int) -> int:
+    """`bits` as an int, if float64 computes residues of such integers exactly."""
     if not 1 <= int(bits) <= 52:
         raise ValueError(f"bits must be 1-52 (float64 computes their residues exactly), "
                          f"got {bits}")
