@@ -23,7 +23,7 @@ import numpy as np
 __all__ = ["register", "find", "FileRows"]
 
 _lock = threading.Lock()
-#: start address -> (end address, file descriptor, file offset of start, writable)
+#: start address -> (end address, file descriptor, file offset of start, writable, path)
 _maps: dict[int, tuple] = {}
 
 
@@ -36,7 +36,7 @@ def register(data: np.ndarray, path: str, offset: int, writable: bool) -> None:
     fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
     start = data.ctypes.data
     with _lock:
-        _maps[start] = (start + data.nbytes, fd, int(offset), bool(writable))
+        _maps[start] = (start + data.nbytes, fd, int(offset), bool(writable), path)
     weakref.finalize(data, _forget, start, fd)
 
 
@@ -52,41 +52,45 @@ def _forget(start: int, fd: int) -> None:
 class FileRows:
     """The rows of a 2-D view as they lie in its file."""
 
-    def __init__(self, fd: int, offset: int, pitch: int, width: int, rows: int):
+    def __init__(self, fd: int, offset: int, pitch: int, width: int, rows: int, path: str):
         self.fd, self.offset, self.pitch, self.width, self.rows = fd, offset, pitch, width, rows
+        self.path = path
 
     def read_into(self, dest: np.ndarray) -> None:
         """Fill the C-contiguous `dest` (same rows and width) from the file."""
         flat = dest.reshape(-1).view(np.uint8)
         if self.pitch == self.width:
-            _all(os.preadv, self.fd, flat, self.offset)
+            _all(os.preadv, self.fd, flat, self.offset, self.path)
             return
         for r in range(self.rows):
             _all(os.preadv, self.fd, flat[r * self.width:(r + 1) * self.width],
-                 self.offset + r * self.pitch)
+                 self.offset + r * self.pitch, self.path)
 
     def write_from(self, src: np.ndarray) -> None:
         """Write the C-contiguous `src` (same rows and width) into the file."""
         flat = src.reshape(-1).view(np.uint8)
         if self.pitch == self.width:
-            _all(_pwrite, self.fd, flat, self.offset)
+            _all(_pwrite, self.fd, flat, self.offset, self.path)
             return
         for r in range(self.rows):
             _all(_pwrite, self.fd, flat[r * self.width:(r + 1) * self.width],
-                 self.offset + r * self.pitch)
+                 self.offset + r * self.pitch, self.path)
 
 
 def _pwrite(fd, buffers, offset):
     return os.pwrite(fd, buffers[0], offset)
 
 
-def _all(call, fd: int, buf: np.ndarray, offset: int) -> None:
+def _all(call, fd: int, buf: np.ndarray, offset: int, path: str) -> None:
     """`call` (preadv or pwrite) until all of `buf` has moved."""
     done = 0
     while done < buf.nbytes:
-        moved = call(fd, [buf[done:]], offset + done)
+        try:
+            moved = call(fd, [buf[done:]], offset + done)
+        except OSError as exc:
+            raise OSError(f"{path}: {exc.strerror or exc}") from None
         if moved <= 0:
-            raise OSError(f"the file ends {buf.nbytes - done} bytes early at byte "
+            raise OSError(f"{path}: ends {buf.nbytes - done} bytes early at byte "
                           f"{offset + done} (changed while in use?)")
         done += moved
 
@@ -101,8 +105,8 @@ def find(view: np.ndarray, writable: bool = False) -> FileRows | None:
     width = view.shape[1] * view.itemsize
     end = start + (view.shape[0] - 1) * view.strides[0] + width
     with _lock:
-        for base, (stop, fd, offset, can_write) in _maps.items():
+        for base, (stop, fd, offset, can_write, path) in _maps.items():
             if base <= start and end <= stop and (can_write or not writable):
                 return FileRows(fd, offset + start - base, view.strides[0], width,
-                                view.shape[0])
+                                view.shape[0], path)
     return None
