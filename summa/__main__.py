@@ -97,6 +97,12 @@ def main(argv=None) -> int:
         remove_temporary_files()
         time.sleep(0.5)  # let the launcher forward the message
         world.Abort(EXIT_USAGE)
+    except OSError as exc:  # a disk full, a file gone: one line, then end every rank
+        print(f"summa: rank {world.Get_rank()}: error: {exc} (aborting the job)",
+              file=sys.stderr, flush=True)
+        remove_temporary_files()
+        time.sleep(0.5)  # let the launcher forward the message
+        world.Abort(1)
     except Exception as exc:  # anything unexpected: say where, then end every rank
         tb = traceback.format_exc()
         print(f"summa: rank {world.Get_rank()}: unexpected {type(exc).__name__}: {exc}\n{tb}"

@@ -2,7 +2,8 @@
 
 ``SUMMA_INJECT_FAULT="PHASE:RANK:ACTION"`` (comma-separated for several) makes
 world rank RANK, on reaching PHASE, do ACTION: ``raise`` (a RuntimeError),
-``kill`` (SIGKILL itself, like a crashed node) or ``hang`` (sleep forever).
+``ioerror`` (an OSError: a full disk), ``kill`` (SIGKILL itself, like a
+crashed node) or ``hang`` (sleep forever).
 Phases: ``read``, ``multiply`` (before it starts), ``summa`` (inside the SUMMA
 loop, before the second panel), ``check``, ``write``. Unset, it costs one
 dictionary lookup per phase.
@@ -10,6 +11,7 @@ dictionary lookup per phase.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -19,7 +21,7 @@ from mpi4py import MPI
 __all__ = ["inject", "PHASES"]
 
 PHASES = ("read", "multiply", "summa", "check", "write")
-_ACTIONS = ("raise", "kill", "hang")
+_ACTIONS = ("raise", "ioerror", "kill", "hang")
 
 
 def _parse(text: str) -> list[tuple[str, int, str]]:
@@ -46,6 +48,8 @@ def inject(phase: str) -> None:
             continue
         if action == "raise":
             raise RuntimeError(f"injected fault in {phase} on rank {rank}")
+        if action == "ioerror":
+            raise OSError(errno.ENOSPC, f"No space left on device (injected in {phase})")
         if action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         while True:  # hang

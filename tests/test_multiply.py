@@ -294,6 +294,20 @@ def test_rank_raising_ends_the_job_with_its_message(tmp_path, phase):
     assert not Path(c).exists()
 
 
+@pytest.mark.parametrize("extra", [[], ["--device-memory", "16KiB"]])
+def test_a_full_disk_on_one_rank_ends_the_job_in_one_line(tmp_path, extra):
+    """An OSError (a disk full while the product is written, a file gone):
+    that rank says it in one line, with no traceback, the job ends with
+    status 1 and no output under any name."""
+    a, b, c = _files(tmp_path)
+    p = job(3, "multiply", a, b, "-o", c, "--quiet", "--backend", "numpy", *extra,
+            env={"SUMMA_INJECT_FAULT": "write:1:ioerror"}, timeout=90)
+    assert p.returncode == 1, p.stderr
+    assert "rank 1" in p.stderr and "No space left on device (injected in write)" in p.stderr
+    assert "Traceback" not in p.stderr and p.stderr.count("No space left") == 1
+    assert not Path(c).exists() and not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
 # -- NumPy arrays in host memory: read where they lie, the product written in place ----
 
 def test_one_rank_multiplies_the_callers_arrays_as_views_into_out(rng, monkeypatch):
