@@ -13,6 +13,7 @@ copied into one first, by host threads, where the node has the room.
 
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
 import weakref
@@ -21,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["empty", "load", "shared_token", "node_shared", "shm_dir", "parallel_copy",
+__all__ = ["empty", "load", "file_map", "attach_file", "shared_token", "node_shared", "shm_dir", "parallel_copy",
            "named", "attach", "shared_name", "unlink_name"]
 
 #: Arrays made here, by id: their token (the node's leader and the file
@@ -155,6 +156,35 @@ def attach(name: str, shape, dtype) -> np.ndarray:
     array = np.memmap(name, dtype=np.dtype(dtype), mode="r+", shape=shape if shape else (1,))
     _tokens[id(array)] = ("named", os.path.basename(name))
     weakref.finalize(array, _tokens.pop, id(array), None)
+    return array
+
+
+def file_map(x) -> tuple[str, int] | None:
+    """``(path, offset)`` where `x` is a C-ordered memory map of a file, whole
+    as :class:`numpy.memmap` made it (``np.load(path, mmap_mode="r")``): other
+    processes map the same bytes (:func:`attach_file`); None for others."""
+    if not (isinstance(x, np.memmap) and x.filename and x.size and x.flags.c_contiguous):
+        return None
+    mm = getattr(x, "_mmap", None)
+    if mm is None:
+        return None
+    start = x.offset - x.offset % mmap.ALLOCATIONGRANULARITY
+    if x.ctypes.data != np.frombuffer(mm, np.uint8).ctypes.data + (x.offset - start):
+        return None  # a view into the map, not the map as made
+    return os.path.realpath(x.filename), int(x.offset)
+
+
+def attach_file(path: str, offset: int, shape, dtype) -> np.ndarray:
+    """Map the file bytes of another process's :func:`file_map` array, read
+    only; every process that does has the same token (one array to matmul),
+    and copies out of it read the file (:mod:`summa.filemaps`)."""
+    from . import filemaps
+    shape = tuple(int(x) for x in shape)
+    array = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=int(offset),
+                      shape=shape if shape else (1,))
+    _tokens[id(array)] = ("file", os.path.realpath(path), int(offset))
+    weakref.finalize(array, _tokens.pop, id(array), None)
+    filemaps.register(array, path, int(offset), writable=False)
     return array
 
 

@@ -272,10 +272,14 @@ def matmul(a, b, size: int, out=None, **options):
 
 
 def _shared(x: np.ndarray):
-    """`x` in a shared file: itself where it is one, else a copy (host threads)."""
+    """`x` in a shared file: itself where it is one (a shared array, or a map
+    of an .npy file, which the workers map too), else a copy (host threads)."""
     name = host.shared_name(x)
     if name is not None:
         return x, name
+    mapped = host.file_map(x)
+    if mapped is not None:
+        return x, {"file": mapped[0], "offset": mapped[1]}
     copy, name = host.named(x.shape, x.dtype)
     host.parallel_copy(copy, x)
     return copy, name

@@ -30,8 +30,8 @@ def serve(conn, world) -> None:
             return
         spec = command[1]
         os.environ.update(spec["env"])
-        a = host.attach(spec["a"], spec["a_shape"], spec["dtype"])
-        b = host.attach(spec["b"], spec["b_shape"], spec["dtype"])
+        a = _attach(host, spec["a"], spec["a_shape"], spec["dtype"])
+        b = _attach(host, spec["b"], spec["b_shape"], spec["dtype"])
         c = host.attach(spec["c"], spec["c_shape"], spec["dtype"])
         stats = SummaStats()
         matmul_arrays(a, b, comm=world, out=c, stats=stats, **spec["options"])
@@ -39,6 +39,14 @@ def serve(conn, world) -> None:
         world.Barrier()  # every block of the product is in place
         if world.Get_rank() == 0:
             conn.send(("done", stats.as_dict()))
+
+
+def _attach(host, where, shape, dtype):
+    """An operand as the owner shared it: a shared file's name, or an .npy
+    file's bytes (``{"file", "offset"}``)."""
+    if isinstance(where, dict):
+        return host.attach_file(where["file"], where["offset"], shape, dtype)
+    return host.attach(where, shape, dtype)
 
 
 def main(argv=None) -> int:

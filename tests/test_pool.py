@@ -135,3 +135,27 @@ def test_the_multiply_command_without_mpirun_runs_on_every_worker(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "summa multiply: 3 ranks" in p.stdout
     assert gemm_scaled_error(np.load(tmp_path / "C.npy"), a, b) <= 1
+
+
+def test_npy_files_mapped_by_the_caller_are_not_copied(rng, monkeypatch, tmp_path):
+    """Arrays from ``np.load(path, mmap_mode="r")`` reach the workers as the
+    file itself (each maps it read-only): no copy into shared memory."""
+    a0 = random_array(rng, (50, 30), "float64")
+    b0 = random_array(rng, (30, 40), "float64")
+    np.save(tmp_path / "A.npy", a0)
+    np.save(tmp_path / "B.npy", b0)
+    a = np.load(tmp_path / "A.npy", mmap_mode="r")
+    b = np.load(tmp_path / "B.npy", mmap_mode="r")
+    assert host.file_map(a) is not None and host.file_map(a[1:]) is None  # a view: copied
+    copies = []
+    real = host.named
+    monkeypatch.setattr(host, "named", lambda *x: copies.append(x) or real(*x))
+    c = summa.matmul(a, b, workers=2, backend="numpy")
+    assert copies == [((50, 40), np.dtype("float64"))]  # the product alone
+    assert gemm_scaled_error(np.asarray(c), a0, b0) <= 1
+    # and each worker multiplies it where it lies: mapped alike on every rank
+    from mpi4py import MPI
+
+    from summa.multiply import _mapped_everywhere
+    path, offset = host.file_map(a)
+    assert _mapped_everywhere(host.attach_file(path, offset, a.shape, a.dtype), MPI.COMM_SELF)
