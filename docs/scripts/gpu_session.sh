@@ -849,6 +849,10 @@ next)  # the next one-GPU session's first call: the new GPU tests (fp64-int8 ove
     LIMIT=150 run python3 docs/scripts/ozaki_probe.py --sizes 32768 --moduli auto \
         --variants "SUMMA_FP64_INT8_OVERLAP=1;SUMMA_FP64_INT8_OVERLAP=1,SUMMA_FP64_INT8_PLANES=2;SUMMA_FP64_INT8_PLANES=8" \
         --json "$OUT/ozaki.jsonl"
+    # a page cache smaller than the machine (a container's memory limit) would explain warm
+    # reads at disk speed in session 12: what limits it?
+    run bash -c "cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory/memory.limit_in_bytes \
+        /proc/meminfo 2>/dev/null | head -8"
     LIMIT=240 MPIEXEC="$MPI" run python3 docs/scripts/files_case.py --size 24576 \
         --dir /tmp/summa-files --ranks 1 --device-memory 8GiB --json "$OUT/files.jsonl"
     rm -rf /tmp/summa-files
