@@ -470,6 +470,11 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
         if plan.transposed_a:
             print("  A's panels are copied transposed for the GEMMs (one scratch panel "
                   "counted above; SUMMA_TRANSPOSE_A)", file=out)
+        if precision == "fp64-int8":
+            from . import ozaki
+            count = ozaki.moduli_for(ozaki.BITS, args.nb)
+            print(f"  fp64-int8: each panel product's int8 residues ({count} moduli), integer "
+                  "products and float64 sums counted above", file=out)
         if plan.staging_bytes:
             print(f"  host copies pass through {plan.staging_bytes / 2**20:.0f} MiB of page-locked "
                   "chunks; summa.matmul on NumPy arrays reads A and B where they lie, so its "

@@ -545,3 +545,27 @@ def test_the_model_says_what_float64_on_int8_gains_on_the_first_users_gpus():
     with pytest.raises(ValueError, match="no GEMM samples for float64/fp64-int8"):
         cli.main(["model", "--size", "4096", "--precision", "fp64-int8"], MPI.COMM_SELF,
                  io.StringIO())
+
+
+def test_plan_of_fp64_int8_counts_its_scratch_and_predicts_from_int8_rates():
+    """On a laptop: the eight 3090s' case with float64 on INT8 tensor cores,
+    planned (its residues and sums counted: more device memory than float64,
+    fewer rows per tile) and predicted from the profile's INT8 rates."""
+    from mpi4py import MPI
+    from summa.studies import shipped_profile
+    args = ["plan", "--size", "100000", "--dtype", "float64", "--grid", "2x4",
+            "--device-memory", "22GiB", "--nb", "4096", "--profile",
+            shipped_profile().replace("h200.json", "rtx3090x8.json")]
+    native, emulated = io.StringIO(), io.StringIO()
+    assert cli.main(args, MPI.COMM_SELF, native) == 0
+    assert cli.main(args + ["--precision", "fp64-int8"], MPI.COMM_SELF, emulated) == 0
+    from summa import ozaki
+    count = ozaki.moduli_for(ozaki.BITS, 4096)
+    assert f"fp64-int8: each panel product's int8 residues ({count} moduli)" in emulated.getvalue()
+
+    def tile_rows(text):
+        return int(re.search(r"C tiles of (\d+) x", text).group(1))
+    assert tile_rows(emulated.getvalue()) < tile_rows(native.getvalue())
+    t_native, t_emulated = (float(re.search(r"predicted by the model: ([\d.]+) s",
+                                            x.getvalue()).group(1)) for x in (native, emulated))
+    assert t_emulated < t_native / 5  # the card's INT8 rate: 24 s against 466
