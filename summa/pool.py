@@ -280,7 +280,12 @@ def _shared(x: np.ndarray):
     mapped = host.file_map(x)
     if mapped is not None:
         return x, {"file": mapped[0], "offset": mapped[1]}
-    copy, name = host.named(x.shape, x.dtype)
+    try:
+        copy, name = host.named(x.shape, x.dtype)
+    except ValueError as exc:  # no room for the copy: say how to need none
+        raise ValueError(f"{exc}; the workers read A and B without a copy where they are made "
+                         "with summa.host.empty(shape, dtype) and filled in place, or mapped "
+                         "from .npy files (np.load(path, mmap_mode='r'))") from None
     host.parallel_copy(copy, x)
     return copy, name
 

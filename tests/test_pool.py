@@ -172,3 +172,11 @@ def test_npy_files_mapped_by_the_caller_are_not_copied(rng, monkeypatch, tmp_pat
     from summa.multiply import _mapped_everywhere
     path, offset = host.file_map(a)
     assert _mapped_everywhere(host.attach_file(path, offset, a.shape, a.dtype), MPI.COMM_SELF)
+
+
+def test_no_room_for_the_copies_says_how_to_need_none(rng, monkeypatch):
+    a = random_array(rng, (30, 20), "float64")
+    monkeypatch.setattr(host, "_room", lambda nbytes: False)
+    with pytest.raises(ValueError, match=r"has less than .* free for a shared array.*"
+                                         r"summa\.host\.empty.*mmap_mode"):
+        summa.matmul(a, a.T.copy(), workers=2, backend="numpy")
