@@ -65,6 +65,8 @@ def draw_case(rng, nranks: int, backend, modes, largest: int) -> dict:
     }
     if backend.name == "cupy" and dtype in ("float32", "complex64") and rng.uniform() < 0.3:
         case["precision"] = "tf32"
+    elif backend.name == "cupy" and dtype in ("float64", "complex128") and rng.uniform() < 0.2:
+        case["precision"] = "fp64-int8"  # float64 from INT8 products, within the same gauge
     if out_of_core:
         case["block"] = None  # host-resident tiles are cut from balanced blocks
     return case
