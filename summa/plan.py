@@ -119,8 +119,9 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
         extra = ml * nl if backend == "numpy" else 0
         if transposed:
             extra += nb * ml
-        if emulated:
-            extra += -(-_ozaki_scratch(ml, nl, nb, np.dtype(dtype).kind == "c") // item)
+        if emulated:  # one product's scratch: a panel's, or under strips a strip's of all K
+            shape = (ml, max(1, min(panel_width, nl)), k) if strips else (ml, nl, nb)
+            extra += -(-_ozaki_scratch(*shape, np.dtype(dtype).kind == "c") // item)
         on_device = (blocks + panels + extra) * item
         staging = panels * item if backend == "cupy" else 0  # pinned host buffers (mpi mode)
         if backend == "numpy":
