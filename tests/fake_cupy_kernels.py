@@ -1,0 +1,130 @@
+"""Just enough of CuPy for summa.ozaki_gpu on a machine without a GPU.
+
+Device arrays are NumPy arrays; the kernels are NumPy versions of the CUDA
+sources in summa/ozaki_gpu.py (same formulas, element for element), run at
+once when launched; streams and events only record the order of calls. What
+this checks is ozaki_gpu's own work: the residue planes and their padding,
+the grouping of products per fold and the two buffers of the overlapped
+folds, K in pieces, complex products, alpha and beta. The CUDA kernels
+themselves are checked against the CPU on the GPU (tests/test_gpu.py).
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+
+
+class _Event:
+    def record(self, stream=None):
+        return self
+
+
+class _Stream:
+    current = None
+
+    def __init__(self, non_blocking=False):
+        self.waits = 0
+
+    def record(self):
+        return _Event()
+
+    def wait_event(self, event):
+        self.waits += 1
+
+    def __enter__(self):
+        self._saved, _Stream.current = _Stream.current, self
+        return self
+
+    def __exit__(self, *exc):
+        _Stream.current = self._saved
+        return False
+
+
+_Stream.current = _Stream()
+
+
+def _residues(x, e, rows, rows_p, cols, cols_p, ld, count, moduli, inverses, out):
+    xb = np.zeros((int(rows_p), int(cols_p)))
+    rows, cols = int(rows), int(cols)
+    xb[:rows, :cols] = np.rint(np.ldexp(x[:rows, :cols], e[:rows, None]))
+    planes = out.reshape(int(count), int(rows_p), int(cols_p))
+    for l in range(int(count)):
+        m = moduli[l]
+        v = xb - m * np.rint(xb * inverses[l])
+        v = np.where(v > 127.0, v - m, v)
+        v = np.where(v < -128.0, v + m, v)
+        planes[l] = v.astype(np.int8)
+
+
+def _fold(g, rows, cols, ldg, plane, count, moduli, inverses, w_hi, w_lo, s_hi, s_lo):
+    rows, cols = int(rows), int(cols)
+    for p in range(int(count)):
+        gd = g[p, :rows, :cols].astype(np.float64)
+        u = gd - moduli[p] * np.rint(gd * inverses[p])
+        s_hi += u * w_hi[p]
+        s_lo += u * w_lo[p]
+
+
+class _RawKernel:
+    def __init__(self, source, name):
+        assert f"void {name}(" in source  # the source holds the kernel it names
+        self.fn = {"residues": _residues, "fold": _fold}[name]
+        self.launches = 0
+
+    def __call__(self, grid, block, args):
+        self.launches += 1
+        self.fn(*args)
+
+
+class _ElementwiseKernel:
+    def __init__(self, in_params, out_params, operation, name):
+        assert name == "summa_ozaki_finish"
+
+    def __call__(self, s_hi, s_lo, e, f, m_hi, m_lo, t, alpha, beta, c):
+        q = np.rint((s_hi + s_lo) / (m_hi + m_lo))
+        d = (s_hi - q * m_hi) + (s_lo - q * m_lo)
+        v = alpha * np.ldexp(d, int(t) - e - f)
+        c[...] = v if beta == 0.0 else v + beta * c
+
+
+class _ReductionKernel:
+    def __init__(self, *args):
+        assert args[-1] == "summa_amax"
+
+    def __call__(self, x, axis):
+        return np.where(np.isfinite(x), np.abs(x), np.inf).max(axis=axis)
+
+
+def module():
+    """A stand-in for the ``cupy`` module."""
+    cuda = types.SimpleNamespace(
+        Event=lambda *a, **k: _Event(), Stream=_Stream,
+        get_current_stream=lambda: _Stream.current,
+        Device=lambda *a: types.SimpleNamespace(id=0))
+    fake = types.SimpleNamespace(
+        cuda=cuda, RawKernel=_RawKernel, ElementwiseKernel=_ElementwiseKernel,
+        ReductionKernel=_ReductionKernel, empty=np.empty, zeros=np.zeros, isinf=np.isinf,
+        asarray=np.asarray,
+        ascontiguousarray=np.ascontiguousarray, float64=np.float64, int8=np.int8,
+        int32=np.int32, frexp=np.frexp, where=np.where, ndarray=np.ndarray)
+    return fake
+
+
+class Backend:
+    """The two calls of CupyBackend that ozaki_gpu makes, in NumPy."""
+
+    name = "cupy"
+
+    def __init__(self):
+        self.gemms = 0
+
+    def int8_gemm_tn(self, a8, bt8, out, accumulate=False):
+        assert a8.shape[1] % 4 == 0 and out.shape[1] % 4 == 0 and out.flags.c_contiguous
+        self.gemms += 1
+        product = (a8.astype(np.int64) @ bt8.astype(np.int64).T).astype(np.int32)
+        out[...] = out + product if accumulate else product
+
+    def transpose(self, x, out):
+        out[...] = x.T

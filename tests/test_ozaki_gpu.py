@@ -1,0 +1,76 @@
+"""summa.ozaki_gpu's orchestration on a NumPy stand-in for CuPy
+(tests/fake_cupy_kernels.py: the kernels as the same formulas in NumPy): the
+same products as summa.ozaki's, whatever the grouping of the folds, with or
+without the overlapped folds, K in pieces, complex operands, alpha and beta."""
+
+import sys
+
+import numpy as np
+import pytest
+
+import fake_cupy_kernels
+from summa import ozaki
+
+
+@pytest.fixture
+def ozaki_gpu(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())
+    from summa import ozaki_gpu
+    monkeypatch.setattr(ozaki_gpu, "_kernels", {})
+    monkeypatch.setattr(ozaki_gpu, "_fold_streams", {})
+    return ozaki_gpu
+
+
+def _close(got, want):
+    return np.all(np.abs(got - want) <= 2 * np.spacing(np.abs(want)))
+
+
+@pytest.mark.parametrize("planes", ["1", "3", "4", "16"])
+@pytest.mark.parametrize("overlap", ["0", "1"])
+def test_every_grouping_of_the_folds_gives_the_cpu_product(rng, ozaki_gpu, monkeypatch,
+                                                          planes, overlap):
+    monkeypatch.setenv("SUMMA_FP64_INT8_PLANES", planes)
+    monkeypatch.setenv("SUMMA_FP64_INT8_OVERLAP", overlap)
+    backend = fake_cupy_kernels.Backend()
+    a, b = rng.uniform(-1, 1, (37, 61)), rng.standard_normal((61, 23))  # K, N not multiples of 4
+    c = np.empty((37, 23))
+    ozaki_gpu.gemm(1.0, a, b, c, backend=backend)
+    count = ozaki.moduli_for(ozaki.BITS, 61)
+    assert backend.gemms == count and _close(c, ozaki.gemm_int8(a, b))
+    folds = ozaki_gpu._kernels["fold"].launches
+    assert folds == -(-count // min(int(planes), count))
+
+
+def test_alpha_beta_views_and_k_in_pieces(rng, ozaki_gpu, monkeypatch):
+    monkeypatch.setattr(ozaki, "K_EXACT", 16)
+    backend = fake_cupy_kernels.Backend()
+    big = rng.uniform(-1, 1, (40, 80))
+    a = big[3:33, 5:55]  # rows with a pitch
+    b = rng.uniform(-1, 1, (50, 19))
+    c0 = rng.uniform(-1, 1, (30, 19))
+    c = c0.copy()
+    ozaki_gpu.gemm(-1.5, a, b, c, beta=0.25, backend=backend)
+    want = -1.5 * ozaki.gemm_int8(a, b) + 0.25 * c0
+    ref = -1.5 * (a.astype(np.longdouble) @ b.astype(np.longdouble)) + 0.25 * c0
+    assert np.max(np.abs(c - want)) <= 1e-14 and np.all(
+        np.abs(c - ref).astype(float) <= 1.5 * ozaki.error_bound(a, b, ozaki.BITS) + 1e-15)
+
+
+def test_complex_products_moduli_and_refusals(rng, ozaki_gpu):
+    backend = fake_cupy_kernels.Backend()
+    a = rng.uniform(-1, 1, (12, 33)) + 1j * rng.uniform(-1, 1, (12, 33))
+    b = rng.uniform(-1, 1, (33, 9)) + 1j * rng.uniform(-1, 1, (33, 9))
+    c = np.zeros((12, 9), dtype=complex)
+    ozaki_gpu.gemm(2.0, a, b, c, backend=backend)
+    assert np.all(np.abs(c - 2 * ozaki.gemm_int8(a, b)) <= 1e-14)
+    real = rng.uniform(-1, 1, (8, 40))
+    out = np.empty((8, 8))
+    ozaki_gpu.gemm(1.0, real, real.T.copy(), out, moduli=10, backend=backend)
+    assert _close(out, ozaki.gemm_int8(real, real.T.copy(), moduli=10))
+    bad = real.copy()
+    bad[2, 3] = np.nan
+    with pytest.raises(ValueError, match="finite inputs"):
+        ozaki_gpu.gemm(1.0, bad, real.T.copy(), out, backend=backend)
+    empty = np.full((8, 8), 3.0)
+    ozaki_gpu.gemm(1.0, real[:, :0], real.T[:0].copy(), empty, beta=0.5, backend=backend)
+    assert np.all(empty == 1.5)
