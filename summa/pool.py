@@ -89,14 +89,17 @@ def _mpiexec() -> list[str]:
 class _Pool:
     """The workers' job, one connection per rank, and how to end it."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, warm: str = "auto"):
+        """Launch `size` workers (they connect later: :meth:`connect`); `warm`
+        is the backend they get ready while they wait (``cupy``: CUDA and
+        CuPy started on each worker's GPU; ``numpy``: nothing)."""
         from multiprocessing.connection import Listener
         self.size = size
         self._folder = tempfile.mkdtemp(prefix="summa-pool-")
         key = secrets.token_bytes(16)
         self._listener = Listener(os.path.join(self._folder, "socket"), family="AF_UNIX",
                                   authkey=key)
-        env = dict(os.environ, SUMMA_POOL_KEY=key.hex())
+        env = dict(os.environ, SUMMA_POOL_KEY=key.hex(), SUMMA_POOL_WARM=warm)
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")  # Open MPI as root (containers)
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         self.proc = subprocess.Popen(
@@ -105,6 +108,11 @@ class _Pool:
             env=env, stdin=subprocess.DEVNULL, start_new_session=True)
         self.conns: dict[int, object] = {}
         self.pids: dict[int, int] = {}
+
+    def connect(self) -> None:
+        """Wait until every worker has connected (at once once they have)."""
+        if len(self.conns) == self.size:
+            return
         try:
             self._accept()
         except BaseException:  # Ctrl-C or a failed start: no job left behind
@@ -209,12 +217,14 @@ def _alive(pid: int) -> bool:
 _pool: _Pool | None = None
 
 
-def _get(size: int) -> _Pool:
+def _get(size: int, warm: str = "auto") -> _Pool:
+    """The pool of `size` workers: this process's, or one launched now (not
+    yet connected: its workers start while the caller prepares the arrays)."""
     global _pool
     if _pool is not None and _pool.size != size:
         close()
     if _pool is None:
-        _pool = _Pool(size)
+        _pool = _Pool(size, warm)
     return _pool
 
 
@@ -245,17 +255,25 @@ def matmul(a, b, size: int, out=None, **options):
     if isinstance(meta, str):
         raise ValueError(meta)
     m, n, _, dtype = meta
-    shared = [_shared(x) for x in (a, b)]
-    result = out if out is not None and host.shared_name(out) else None
-    c, c_name = (result, host.shared_name(result)) if result is not None else \
-        host.named((m, n), dtype)
+    # The workers start (Python, MPI, CUDA) while the arrays are copied.
+    pool = _get(size, "numpy" if options.get("backend") == "numpy" else "auto")
+    try:
+        shared = [_shared(x) for x in (a, b)]
+        result = out if out is not None and host.shared_name(out) else None
+        c, c_name = (result, host.shared_name(result)) if result is not None else \
+            host.named((m, n), dtype)
+    except BaseException:
+        if len(pool.conns) < pool.size:  # launched for this call: not left half started
+            _pool = None
+            pool.kill()
+        raise
     stats = options.pop("stats", None)
     spec = {"a": shared[0][1], "a_shape": a.shape, "b": shared[1][1], "b_shape": b.shape,
             "c": c_name, "c_shape": (m, n), "dtype": np.dtype(dtype).str,
             "options": options,
             "env": {k: v for k, v in os.environ.items() if k.startswith("SUMMA_")}}
-    pool = _get(size)
     try:
+        pool.connect()
         record = pool.run(spec)
     except BaseException:  # a raise, a death, Ctrl-C: no worker is left running
         _pool = None

@@ -49,6 +49,22 @@ def _attach(host, where, shape, dtype):
     return host.attach(where, shape, dtype)
 
 
+def _warm(world, backend: str) -> None:
+    """Get the backend ready while the owner prepares the first call's arrays:
+    on GPUs, CuPy imported and CUDA started on this worker's GPU (~1 s of a
+    first call otherwise). Whatever fails here fails again, and is reported,
+    in the call itself."""
+    if backend == "numpy":
+        return
+    try:
+        from .backend import cupy_available, get_backend
+        from .grid import node_rank
+        if cupy_available():
+            get_backend("cupy", node_rank(world)[0])
+    except Exception:  # noqa: BLE001 -- see above
+        pass
+
+
 def main(argv=None) -> int:
     from multiprocessing.connection import Client
     args = sys.argv[1:] if argv is None else argv
@@ -61,6 +77,7 @@ def main(argv=None) -> int:
     world = MPI.COMM_WORLD
     conn = Client(args[0], authkey=bytes.fromhex(key))
     conn.send(("hello", world.Get_rank(), os.getpid()))
+    _warm(world, os.environ.get("SUMMA_POOL_WARM", "auto"))
     try:
         serve(conn, world)
     except (EOFError, OSError):  # the owner is gone: nothing to answer

@@ -175,8 +175,19 @@ def test_npy_files_mapped_by_the_caller_are_not_copied(rng, monkeypatch, tmp_pat
 
 
 def test_no_room_for_the_copies_says_how_to_need_none(rng, monkeypatch):
+    """The workers are launched before the arrays are copied (they start
+    meanwhile); a copy that cannot be made ends the call with the hint, and
+    the workers launched for it with it; the next call starts anew."""
     a = random_array(rng, (30, 20), "float64")
-    monkeypatch.setattr(host, "_room", lambda nbytes: False)
-    with pytest.raises(ValueError, match=r"has less than .* free for a shared array.*"
-                                         r"summa\.host\.empty.*mmap_mode"):
-        summa.matmul(a, a.T.copy(), workers=2, backend="numpy")
+    pool.close()
+    launched = []
+    real = pool._Pool
+    monkeypatch.setattr(pool, "_Pool", lambda *x: launched.append(real(*x)) or launched[-1])
+    with monkeypatch.context() as m:
+        m.setattr(host, "_room", lambda nbytes: False)
+        with pytest.raises(ValueError, match=r"has less than .* free for a shared array.*"
+                                             r"summa\.host\.empty.*mmap_mode"):
+            summa.matmul(a, a.T.copy(), workers=2, backend="numpy")
+    assert pool._pool is None and launched[0].proc.poll() is not None  # no job left
+    c = summa.matmul(a, a.T.copy(), workers=2, backend="numpy")
+    assert gemm_scaled_error(np.asarray(c), a, a.T.copy()) <= 1
