@@ -165,19 +165,7 @@ def one_size(args) -> list[dict]:
     side = n
     while 3 * side * side * dtype.itemsize > 0.9 * free:
         side -= 1024
-    da = cp.random.random((side, side), dtype=dtype) * 2 - 1
-    db = cp.random.random((side, side), dtype=dtype) * 2 - 1
-    dc = da @ db
-    times = []
-    for _ in range(3):
-        cp.cuda.Device().synchronize()
-        s = time.perf_counter()
-        cp.matmul(da, db, out=dc)
-        cp.cuda.Device().synchronize()
-        times.append(time.perf_counter() - s)
-    ceiling = gpus * 2.0 * side**3 / min(times) / 1e12  # P x one GPU's rate
-    del da, db, dc
-    cp.get_default_memory_pool().free_all_blocks()
+    ceiling = gpus * gemm_rate(side, dtype)  # P x one GPU's rate
     print(json.dumps({"peer": "ceiling", "n": side, "tflops": ceiling, "import_seconds": imported,
                       "cuda_init_seconds": cuda_init, "dtype": dtype.name}), flush=True)
 
@@ -225,6 +213,25 @@ def one_size(args) -> list[dict]:
         with cp.cuda.Device(device):
             cp.cuda.runtime.free(ptr)
     return rows
+
+
+def gemm_rate(side: int, dtype) -> float:
+    """TFLOP/s of ``cupy.matmul`` on device data of uniform [-1, 1) values,
+    side x side, best of three after a first call (which loads its kernels)."""
+    import cupy as cp
+    da = cp.random.random((side, side), dtype=dtype) * 2 - 1
+    db = cp.random.random((side, side), dtype=dtype) * 2 - 1
+    dc = da @ db
+    times = []
+    for _ in range(3):
+        cp.cuda.Device().synchronize()
+        s = time.perf_counter()
+        cp.matmul(da, db, out=dc)
+        cp.cuda.Device().synchronize()
+        times.append(time.perf_counter() - s)
+    del da, db, dc
+    cp.get_default_memory_pool().free_all_blocks()
+    return 2.0 * side**3 / min(times) / 1e12
 
 
 def hold_all_but(want: int, gpus: int, devices=None) -> list:
