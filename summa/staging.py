@@ -221,10 +221,8 @@ class Stager:
         if self._touch_pool is None:
             self._touch_pool = ThreadPoolExecutor(max(1, round(self.threads * TOUCH_SHARE)),
                                                   thread_name_prefix="summa-touch")
-        if x.flags.c_contiguous:  # a byte a page does it
-            flat = x.reshape(-1).view(np.uint8)
-            step = -(-x.nbytes // (4 * self.threads) // _PAGE) * _PAGE
-            parts = [flat[i:i + step:_PAGE] for i in range(0, x.nbytes, step)]
+        if x.flags.c_contiguous:
+            parts = _page_parts(x.reshape(-1).view(np.uint8), 4 * self.threads)
         else:
             rows = max(1, x.shape[0] // (4 * self.threads))
             parts = [x[r:r + rows] for r in range(0, x.shape[0], rows)]
@@ -305,9 +303,8 @@ class Stager:
                 return
             count = 2 * self._ring
             arena = np.empty(count * self.chunk_bytes, np.uint8)
-            step = -(-arena.nbytes // (4 * self.threads) // _PAGE) * _PAGE
-            list(self._pool.map(lambda i: arena[i:i + step:_PAGE].fill(0),
-                                range(0, arena.nbytes, step)))
+            list(self._pool.map(lambda part: part.fill(0),
+                                _page_parts(arena, 4 * self.threads)))
             try:
                 self.cupy.cuda.runtime.hostRegister(arena.ctypes.data, arena.nbytes, 0)
                 locked = True
@@ -414,6 +411,13 @@ class Stager:
 
 
 _PAGE = 4096
+
+
+def _page_parts(flat: np.ndarray, count: int) -> list:
+    """About `count` views of the bytes `flat`, one byte of each page: filling
+    them faults every page in (a byte a page does it), a part per thread."""
+    step = -(-flat.nbytes // count // _PAGE) * _PAGE
+    return [flat[i:i + step:_PAGE] for i in range(0, flat.nbytes, step)]
 
 
 _stagers: dict = {}
