@@ -58,22 +58,21 @@ class FileRows:
 
     def read_into(self, dest: np.ndarray) -> None:
         """Fill the C-contiguous `dest` (same rows and width) from the file."""
-        flat = dest.reshape(-1).view(np.uint8)
-        if self.pitch == self.width:
-            _all(os.preadv, self.fd, flat, self.offset, self.path)
-            return
-        for r in range(self.rows):
-            _all(os.preadv, self.fd, flat[r * self.width:(r + 1) * self.width],
-                 self.offset + r * self.pitch, self.path)
+        self._move(os.preadv, dest)
 
     def write_from(self, src: np.ndarray) -> None:
         """Write the C-contiguous `src` (same rows and width) into the file."""
-        flat = src.reshape(-1).view(np.uint8)
+        self._move(_pwrite, src)
+
+    def _move(self, call, buf: np.ndarray) -> None:
+        """`call` (preadv or pwrite) for the rows, in one call where they are
+        contiguous in the file."""
+        flat = buf.reshape(-1).view(np.uint8)
         if self.pitch == self.width:
-            _all(_pwrite, self.fd, flat, self.offset, self.path)
+            _all(call, self.fd, flat, self.offset, self.path)
             return
         for r in range(self.rows):
-            _all(_pwrite, self.fd, flat[r * self.width:(r + 1) * self.width],
+            _all(call, self.fd, flat[r * self.width:(r + 1) * self.width],
                  self.offset + r * self.pitch, self.path)
 
 

@@ -227,10 +227,10 @@ class DistMatrix:
         the target's folder, renamed into place once every rank has succeeded."""
         check_output_path(path, [], self.grid.comm)
         comm = self.grid.comm
-        if self.backend.name == "cupy":
-            # Straight from the GPU into the file: downloaded chunks are written
-            # by the copy threads (pwrite), no host copy of the block.
-            with AtomicNpyWriter(path, self.shape, self.dtype, comm) as out:
+        with AtomicNpyWriter(path, self.shape, self.dtype, comm) as out:
+            if self.backend.name == "cupy":
+                # Straight from the GPU into the file: downloaded chunks are written
+                # by the copy threads (pwrite), no host copy of the block.
                 mapped = collectively(comm, out.map_block, self.row_indices(),
                                       self.col_indices())
                 direct = mapped is not None and (not mapped.size or (
@@ -239,12 +239,7 @@ class DistMatrix:
                     collectively(comm, self.backend.to_host, self.local, mapped)
                     collectively(comm, out.flush)
                     return
-                local = collectively(comm, self.backend.to_host, self.local)
-                out.write_block(np.ascontiguousarray(local), self.row_indices(),
-                                self.col_indices())
-            return
-        local = collectively(comm, self.backend.to_host, self.local)
-        with AtomicNpyWriter(path, self.shape, self.dtype, comm) as out:
+            local = collectively(comm, self.backend.to_host, self.local)
             out.write_block(np.ascontiguousarray(local), self.row_indices(), self.col_indices())
 
     # -- collective operations ---------------------------------------------------------
