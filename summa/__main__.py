@@ -72,7 +72,6 @@ def main(argv=None) -> int:
     from . import cli
 
     from .agree import RankFailure
-    from .cleanup import remove_temporary_files
     from .watchdog import handle_signals
 
     world = MPI.COMM_WORLD
@@ -92,25 +91,22 @@ def main(argv=None) -> int:
             if world.Get_rank() == 0:
                 print(f"summa: error: {exc}", file=sys.stderr, flush=True)
             return EXIT_USAGE
-        print(f"summa: rank {world.Get_rank()}: error: {exc} (other ranks did not stop; "
-              "aborting the job)", file=sys.stderr, flush=True)
-        remove_temporary_files()
-        time.sleep(0.5)  # let the launcher forward the message
-        world.Abort(EXIT_USAGE)
+        _abort(world, f"error: {exc} (other ranks did not stop; aborting the job)", EXIT_USAGE)
     except OSError as exc:  # a disk full, a file gone: one line, then end every rank
-        print(f"summa: rank {world.Get_rank()}: error: {exc} (aborting the job)",
-              file=sys.stderr, flush=True)
-        remove_temporary_files()
-        time.sleep(0.5)  # let the launcher forward the message
-        world.Abort(1)
+        _abort(world, f"error: {exc} (aborting the job)", 1)
     except Exception as exc:  # anything unexpected: say where, then end every rank
         tb = traceback.format_exc()
-        print(f"summa: rank {world.Get_rank()}: unexpected {type(exc).__name__}: {exc}\n{tb}"
-              "summa: aborting the job", file=sys.stderr, flush=True)
-        remove_temporary_files()  # an output being written in place goes with the job
-        time.sleep(0.5)  # let the launcher forward the message before it tears the job down
-        world.Abort(1)
+        _abort(world, f"unexpected {type(exc).__name__}: {exc}\n{tb}summa: aborting the job", 1)
     return 1
+
+
+def _abort(world, message: str, status: int) -> None:
+    """Say `message` from this rank, then end every rank of the job."""
+    from .cleanup import remove_temporary_files
+    print(f"summa: rank {world.Get_rank()}: {message}", file=sys.stderr, flush=True)
+    remove_temporary_files()  # an output being written in place goes with the job
+    time.sleep(0.5)  # let the launcher forward the message before it tears the job down
+    world.Abort(status)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["empty", "load", "file_map", "attach_file", "shared_token", "node_shared", "shm_dir", "parallel_copy",
-           "named", "attach", "shared_name", "unlink_name"]
+__all__ = ["empty", "load", "file_map", "attach_file", "shared_token", "node_shared", "shm_dir",
+           "parallel_copy", "named", "attach", "shared_name", "unlink_name"]
 
 #: Arrays made here, by id: their token (the node's leader and the file
 #: name), the same on every rank that maps the array. Entries go with them.
