@@ -181,6 +181,8 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                                                        dtype, _schedule(args)))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if grid.core_note and grid.rank == 0:
+        print(f"summa: warning: {grid.core_note}", file=sys.stderr, flush=True)
     progress = Progress(grid.rank == 0 and not getattr(args, "quiet", False))
     try:
         # "auto" is measured in the first call and cached for the rest.

@@ -424,9 +424,10 @@ def _run_multiply(args, comm: MPI.Comm, out) -> int:
           f"({record['tflops']:.3f} TFLOP/s), "
           + (f"check {record['check_seconds']:.3f} s (scaled residual {residual:.2e}), "
              if residual is not None else "check skipped, ")
-          + f"write {record['write_seconds']:.3f} s", file=out)
+          + f"write {record['write_seconds']:.3f} s, NaN/Inf scan {record['scan_seconds']:.3f} s",
+          file=out)
     phases = sum(record.get(f"{p}_seconds") or 0.0 for p in
-                 ("startup", "prepare", "read", "setup", "compute", "check", "write"))
+                 ("startup", "prepare", "read", "setup", "compute", "check", "write", "scan"))
     print(f"  wall {record['wall_seconds']:.3f} s so far, {record['wall_seconds'] - phases:.3f} s "
           "of it in none of the phases", file=out)
     if args.json:

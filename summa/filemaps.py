@@ -14,13 +14,15 @@ destination.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import threading
 import weakref
 
 import numpy as np
 
-__all__ = ["register", "find", "FileRows"]
+__all__ = ["register", "find", "FileRows", "prefetch"]
 
 _lock = threading.Lock()
 #: start address -> (end address, file descriptor, file offset of start, writable, path)
@@ -109,3 +111,107 @@ def find(view: np.ndarray, writable: bool = False) -> FileRows | None:
                 return FileRows(fd, offset + start - base, view.strides[0], width,
                                 view.shape[0], path)
     return None
+
+
+#: Threads, and bytes per read, of a :func:`prefetch`.
+PREFETCH_THREADS = 4
+PREFETCH_CHUNK = 8 << 20
+
+
+def prefetch(view: np.ndarray, threads: int = PREFETCH_THREADS) -> threading.Thread | None:
+    """Read the file bytes under `view` (on a registered map: its first to
+    its last row, whole) into the page cache in the background, in order,
+    where they are not there yet and there is room; returns the thread
+    (None where nothing is read).
+
+    The copies then find their rows in memory. Left to the copies, a block's
+    column panel is a read of a few KiB from every row, all over the file
+    (2.6 TFLOP/s from a cold 2.3 GB/s disk on the H200 machine); the
+    kernel's own read-ahead (``MADV_WILLNEED``) stops after its window, a
+    few hundred KiB. Each chunk is read with ``preadv`` into a scratch buffer
+    of its thread's: a copy of memory beside a read of the disk."""
+    if view.ndim != 2 or not view.size:
+        return None
+    start = view.ctypes.data
+    end = start + (view.shape[0] - 1) * view.strides[0] + view.shape[1] * view.itemsize
+    with _lock:
+        hit = next(((base, info) for base, info in _maps.items()
+                    if base <= start and end <= info[0]), None)
+    if hit is None:
+        return None
+    base, (_, _, offset, _, path) = hit
+    first, last = offset + start - base, offset + end - base
+    if last - first > _available() // 2:
+        return None  # it would push out what it read before it is used
+    resident = _resident(start, end)
+    thread = threading.Thread(target=_read_ahead, args=(path, first, last, resident, threads),
+                              name="summa-prefetch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _read_ahead(path: str, first: int, last: int, resident, threads: int) -> None:
+    """Read bytes `first`..`last` of `path` in chunks on `threads` threads, in
+    order, skipping the chunks `resident` says are in memory; errors are left
+    to the copies (which report them)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)  # its own read-ahead state, not the copies'
+    except OSError:
+        return
+    chunks = iter(range(first, last, PREFETCH_CHUNK))
+    lock = threading.Lock()
+
+    def reader() -> None:
+        scratch = np.empty(PREFETCH_CHUNK, dtype=np.uint8)
+        while True:
+            with lock:
+                at = next(chunks, None)
+            if at is None:
+                return
+            if resident is not None and resident(at - first, min(last, at + PREFETCH_CHUNK)
+                                                 - first):
+                continue
+            try:
+                os.preadv(fd, [scratch[:min(PREFETCH_CHUNK, last - at)]], at)
+            except OSError:
+                return
+    workers = [threading.Thread(target=reader, daemon=True) for _ in range(max(1, threads))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    os.close(fd)
+
+
+def _available() -> int:
+    """The memory the system can give without swapping (MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _resident(start: int, end: int):
+    """A test "are bytes a..b after `start` all in memory" for the mapped
+    range `start`..`end` (mincore, looked at once now), or None where the
+    system cannot say."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        page = mmap.PAGESIZE
+        lo = start - start % page
+        pages = -(-(end - lo) // page)
+        vec = np.zeros(pages, dtype=np.uint8)
+        if libc.mincore(ctypes.c_void_p(lo), ctypes.c_size_t(end - lo),
+                        vec.ctypes.data_as(ctypes.c_void_p)) != 0:
+            return None
+    except (OSError, AttributeError, ValueError):
+        return None
+    shift = start - lo
+
+    def resident(a: int, b: int) -> bool:
+        return bool((vec[(a + shift) // page:-(-(b + shift) // page)] & 1).all())
+    return resident

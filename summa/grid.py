@@ -3,13 +3,15 @@ node-local rank; the default grid for a problem."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from mpi4py import MPI
 
 from . import staging
 
 __all__ = ["ProcessGrid", "parse_grid", "choose_grid", "grid_for", "grid_shapes",
-           "node_rank", "node_of"]
+           "node_rank", "node_of", "core_share"]
 
 
 def node_of(comm: MPI.Intracomm) -> tuple[int, int, int]:
@@ -23,6 +25,45 @@ def node_of(comm: MPI.Intracomm) -> tuple[int, int, int]:
         return node.Get_rank(), node.Get_size(), node.bcast(comm.Get_rank(), root=0)
     finally:
         node.Free()
+
+
+def core_share(comm: MPI.Intracomm) -> tuple[int, int, str | None]:
+    """The cores this rank may run on (its affinity), how many ranks of
+    `comm` on its node may run on some of them (itself too), and a warning
+    where that leaves it under an even share of its node's cores; collective.
+    Host copies and file reads run on threads, so a rank the launcher bound
+    to one core (Open MPI does when it starts two ranks or fewer) copies at a
+    fraction of the node's rate (issue 23: reads at 1 GB/s of the disk's 2.3)."""
+    mine = _affinity()
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        # the launcher's own cores: what the job was given (a batch system's
+        # allocation), where its ranks were then bound narrower
+        sets = node.allgather((mine, _affinity(os.getppid())))
+    finally:
+        node.Free()
+    sharing = sum(1 for s, _ in sets if s & mine)
+    cores = len(set().union(*(s | launcher for s, launcher in sets)))
+    even = cores // len(sets)
+    note = None
+    if len(mine) // sharing < min(4, even):
+        note = (f"rank {comm.Get_rank()} may run on {len(mine)} of its node's {cores} "
+                f"cores{f' (with {sharing - 1} other ranks)' if sharing > 1 else ''}: its "
+                "launcher bound it, and its host copies and file reads run on threads. Start "
+                "it with --bind-to none (Open MPI binds each rank to one core when it starts "
+                "two or fewer) or give each rank its cores (Open MPI --map-by "
+                "ppr:R:node:PE=C, Slurm --cpus-per-task)")
+    return len(mine), sharing, note
+
+
+def _affinity(pid: int = 0) -> set:
+    """The cores process `pid` (0: this one) may run on; this one's where
+    the system does not say."""
+    try:
+        return set(os.sched_getaffinity(pid))
+    except (AttributeError, OSError):
+        return set(os.sched_getaffinity(0)) if pid and hasattr(os, "sched_getaffinity") \
+            else set(range(os.cpu_count() or 1))
 
 
 def node_rank(comm: MPI.Intracomm) -> tuple[int, int]:
@@ -144,8 +185,12 @@ class ProcessGrid:
         self.col_comm = self.comm.Sub([True, False])
         # self.node: the rank of its node's first rank, which names the node
         self.local_rank, self.local_size, self.node = node_of(comm)
-        # host-GPU copies share the node's cores among its ranks
-        staging.set_ranks_on_node(self.local_size)
+        # host-GPU copies share the cores this rank may run on with the node's
+        # ranks that may run there too; a warning (rank 0 says it) where the
+        # launcher left some rank too few
+        _, sharing, note = core_share(comm)
+        staging.set_ranks_on_node(sharing)
+        self.core_note = next((n for n in comm.allgather(note) if n), None)
         #: Objects living as long as the grid (e.g. NCCL communicators), each with
         #: a ``free()`` method; released by :meth:`free`.
         self.resources: dict = {}

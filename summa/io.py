@@ -111,14 +111,18 @@ def io_threads() -> int:
     env = os.environ.get("SUMMA_IO_THREADS")
     if env:
         return max(1, int(env))
-    return max(1, min(16, (os.cpu_count() or 1) // max(1, _ranks_on_node)))
+    try:
+        cores = len(os.sched_getaffinity(0))  # where the launcher bound this rank
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(16, cores // max(1, _ranks_on_node)))
 
 
 _ranks_on_node = 1
 
 
 def set_ranks_on_node(count: int) -> None:
-    """How many ranks share this node's cores for file I/O (see :func:`io_threads`)."""
+    """How many ranks share this rank's cores for file I/O (see :func:`io_threads`)."""
     global _ranks_on_node
     _ranks_on_node = max(1, int(count))
 
@@ -188,11 +192,11 @@ def _map_rows(path: str, offset: int, shape, dtype, writable: bool, cols, with_m
     with open(path, "r+b" if writable else "rb") as fh:
         mm = mmap.mmap(fh.fileno(), length, offset=aligned,
                        access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
-    if not writable and hasattr(mmap, "MADV_WILLNEED"):
-        mm.madvise(mmap.MADV_WILLNEED)  # read ahead at the disk's pace, in the background
     data = np.frombuffer(mm, dtype=dtype, count=rows * width, offset=offset - aligned)
     filemaps.register(data, path, offset, writable)  # copies read and write the file itself
     block = data.reshape(rows, width)[:, cols[0]:cols[1]]
+    if not writable:
+        filemaps.prefetch(block)  # read ahead, in order, at the disk's pace
     return (block, mm) if with_map else block
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+import warnings
 
 import numpy as np
 from mpi4py import MPI
@@ -22,7 +23,7 @@ from mpi4py import MPI
 from .agree import collectively
 from .algorithm import SummaStats, gemm, prepare
 from .backend import NumpyBackend, get_backend, resolve_dtype
-from .grid import ProcessGrid, grid_for, node_rank
+from .grid import ProcessGrid, core_share, grid_for, node_rank
 from . import host as host_arrays
 from . import pool
 from .arrays import check_arrays, op_shape
@@ -143,8 +144,14 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     started = time.perf_counter()
+    # Where the time went, in order: (step, seconds since the call) on this
+    # rank, so that no second of the wall time is in none of the phases.
+    timeline = []
+
+    def mark(step: str) -> None:
+        timeline.append((step, round(time.perf_counter() - started, 4)))
     rank0 = comm.Get_rank() == 0
-    set_ranks_on_node(node_rank(comm)[1])  # the node's cores shared out for file I/O
+    set_ranks_on_node(core_share(comm)[1])  # this rank's cores shared out for file I/O
     warn = warn or (lambda text: print(f"summa: warning: {text}", file=sys.stderr, flush=True))
     trans_a, trans_b = str(trans_a).upper(), str(trans_b).upper()
     for name, t in (("trans_a", trans_a), ("trans_b", trans_b)):
@@ -171,13 +178,16 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
     progress = Progress(rank0 and not quiet)
     record = {"a": str(a_path), "b": str(b_path), "output": out, "m": m, "n": n, "k": k,
               "dtype": compute.name, "trans_a": trans_a, "trans_b": trans_b,
-              "alpha": alpha, "beta": beta, "backend": be.name}
+              "alpha": alpha, "beta": beta, "backend": be.name, "timeline": timeline}
+    mark("headers, devices")
     grid = grid or grid_for(comm.Get_size(), m, n, be.name, compute, schedule)
     if out_of_core is None and streams_by_default(be.name, headers, trans_a, trans_b, compute,
                                                   block, schedule):
         out_of_core = True  # streamed: reading, multiplying and writing overlap
     with ProcessGrid(comm, grid) as pgrid, contextlib.ExitStack() as stack:
         record["grid"] = list(pgrid.shape)
+        if pgrid.core_note and rank0:
+            warn(pgrid.core_note)
         width = panel_width if isinstance(panel_width, int) else \
             default_panel_width(be.name, compute, precision)
         budget, note = choose_memory_mode((m, n, k), compute, pgrid, width, lookahead, be,
@@ -198,6 +208,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
             writer = stack.enter_context(AtomicNpyWriter(out, (m, n), compute, comm,
                                                          keep_errors=True))
         record["streamed"] = streaming
+        mark("grid, plan")
         record["prepare_seconds"] = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
         progress.phase("read", 3 if c_path else 2)
 
@@ -226,14 +237,21 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
             parts["C"] = time.perf_counter() - t0
             return A, B, C
         (A, B, C), record["read_seconds"] = _timed(comm, "read", read_all)
-        if not streaming:  # mapped operands would be read whole here: checked after
-            _warn_nonfinite(headers, (A, B, C if c_path else None), rank0, warn)
+        mark("read")
+        t0 = time.perf_counter()
+        inputs_finite = None
+        if not streaming:  # mapped operands would be read whole here: the product is asked
+            inputs_finite = _warn_nonfinite(headers, (A, B, C if c_path else None), rank0,
+                                            warn)
         C0 = C.copy() if check and beta != 0 else None
+        scan = time.perf_counter() - t0
+        mark("NaN/Inf scan")
         # One-time costs (communicators, their self-test, the BLAS library's
         # start) are timed on their own, so "multiply" is the multiply.
         _, record["setup_seconds"] = _timed(comm, "setup", _warm_up, A, B, C, be, compute,
                                             broadcaster, precision, panel_width,
                                             budget is None)
+        mark("setup")
         stats = SummaStats()
         progress.phase("multiply", 1)
         inject("multiply")
@@ -249,8 +267,23 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
                     fresh_c=writer is not None).__dict__)
             be.synchronize()
         _, record["compute_seconds"] = _timed(comm, "multiply", multiply)
-        if streaming:
-            _warn_nonfinite(headers, (A, B, C if c_path else None), rank0, warn)
+        mark("multiply")
+        t0 = time.perf_counter()
+        # NaN/Inf anywhere in the inputs make whole rows or columns of the
+        # product NaN/Inf (0 · Inf is NaN): where it is finite, so were they,
+        # and streamed inputs are scanned (a second read) only where it is not.
+        product_finite = stats.extra.get("product_finite") if budget is not None else \
+            (C.backend.all_finite(C.local) if inputs_finite else None)
+        if product_finite is not None:
+            product_finite = comm.allreduce(bool(product_finite), op=MPI.LAND)
+        if streaming and product_finite is False:
+            inputs_finite = _warn_nonfinite(headers, (A, B, C if c_path else None), rank0,
+                                            warn)
+        if inputs_finite and product_finite is False and rank0:
+            warn("the product has NaN/Inf values (or values near the end of the "
+                 f"{compute.name} range) though the inputs are finite: it overflowed")
+        record["scan_seconds"] = comm.allreduce(scan + time.perf_counter() - t0, op=MPI.MAX)
+        mark("NaN/Inf scan")
         record.update(panel_width=stats.panel_width, comm=stats.comm, panels=stats.panels,
                       schedule=stats.extra.get("schedule", "panels"),
                       transposed_a=bool(stats.extra.get("transposed_a", False)))
@@ -264,6 +297,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
                 comm, "check", freivalds, A, B, C, alpha=alpha, beta=beta, C0=C0, precision=precision,
                 compute=be)
             record["check_residual"] = residual
+            mark("check")
             if not residual <= 1:
                 progress.close()
                 if writer is not None:
@@ -276,17 +310,25 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
                                                 writer.flush)
         else:
             _, record["write_seconds"] = _timed(comm, "write", C.to_npy, out)
+        mark("write")
         progress.close()
+    mark("close")
     return record
 
 
-def _warn_nonfinite(headers, matrices, rank0: bool, warn) -> None:
-    """Warn (rank 0) of NaN/Inf in the inputs A, B, C0 (None: not given)."""
+def _warn_nonfinite(headers, matrices, rank0: bool, warn) -> bool:
+    """Warn (rank 0) of NaN/Inf in the inputs A, B, C0 (None: not given);
+    return whether they are all finite. Collective."""
+    finite = True
     for name, M in zip(("A", "B", "C0"), matrices):
-        bad = _nonfinite(M) if M is not None else 0
-        if bad and rank0:
+        if M is None or M.grid.comm.allreduce(M.backend.all_finite(M.local), op=MPI.LAND):
+            continue  # counted only where there are some
+        finite = False
+        bad = _nonfinite(M)
+        if rank0:
             warn(f"{headers[name].path} contains {bad} NaN/Inf value(s); the product "
                  "will contain NaN/Inf too")
+    return finite
 
 
 def streams_by_default(backend_name: str, headers: dict, trans_a: str, trans_b: str, compute,
@@ -435,6 +477,8 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     if grid is None:
         grid = grid_for(comm.Get_size(), m, n, be.name, dtype)
     with ProcessGrid(comm, grid) as pgrid:
+        if pgrid.core_note and pgrid.rank == 0:
+            warnings.warn(pgrid.core_note, RuntimeWarning, stacklevel=2)
         if not host_resident:
             A, B = (DistMatrix.from_global(x, pgrid, be, root=root) for x in (a, b))
             C = gemm(A, B, trans_a=trans_a, trans_b=trans_b, **kwargs)

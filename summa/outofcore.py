@@ -181,7 +181,9 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
                         "transfer_bytes": mover.moved, "staged_copies": mover.staged,
                         "staging_bytes": staging,
                         "head_seconds": head, "between_seconds": between,
-                        "tail_seconds": tail})
+                        "tail_seconds": tail,
+                        # False: perhaps NaN/Inf (every element finite where True)
+                        "product_finite": mover.product_finite})
     return stats
 
 
@@ -321,6 +323,7 @@ class _HostMover:
 
     def __init__(self, device, dtype):
         self.device, self.xp, self.moved, self.staged, self._seconds = device, np, 0, 0, 0.0
+        self.product_finite = True  # every tile of C written back so far
 
     def pin(self, array) -> bool:
         return True  # nothing to lock: host memory is the "device" memory
@@ -352,6 +355,7 @@ class _HostMover:
         self._seconds += time.perf_counter() - t0
 
     def write_back(self, host, c, buf: int) -> None:
+        self.product_finite = self.product_finite and self.device.all_finite(c)
         host[...] = c
         self.moved += c.nbytes
 
@@ -395,6 +399,8 @@ class _CudaMover:
         self._locked: list = []  # (start, end) host addresses copied directly
         self._downloads: list = []  # staged write-backs still to finish
         self._uploads: list = []  # staged uploads (waited for after an error)
+        self._probes: list = []  # of each C tile's finiteness (Backend.finite_probe)
+        self.product_finite = None  # known once finished
         self._stager = None
         self._touched = None  # C's pages being faulted in
         self._to_touch = None  # C, to fault in once the first GEMM is queued
@@ -515,6 +521,9 @@ class _CudaMover:
             self._touched, self._to_touch = self._stage().touch(self._to_touch), None
 
     def write_back(self, host, c, buf: int) -> None:
+        # Whether the product is finite, asked of each tile where it lies (the
+        # inputs are scanned only where it is not: see multiply_files).
+        self._probes.append(self.device.finite_probe(c))
         if not self._direct(host):
             self.moved += host.nbytes
             if self._touched is not None:  # its zeros must land before the product
@@ -538,6 +547,8 @@ class _CudaMover:
         self.device.synchronize()
         self.up.synchronize()
         self.down.synchronize()
+        self.product_finite = all(self.device.probed_finite(p) for p in self._probes)
+        self._probes = []
 
     def phases(self) -> tuple:
         """Device seconds before the first GEMM (the first panels' uploads and

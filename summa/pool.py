@@ -75,15 +75,30 @@ def pool_size(gpus=None, workers=None, use_gpus: bool = True) -> int:
 def _mpiexec() -> list[str]:
     """The launcher of the MPI that mpi4py uses: ``MPIEXEC``, else the
     ``mpiexec`` beside this Python (./run's venv with the PyPI MPICH), else
-    the one on PATH."""
+    the one on PATH; under Open MPI, told not to bind the workers (see
+    :func:`_unbound`)."""
     if os.environ.get("MPIEXEC"):
-        return shlex.split(os.environ["MPIEXEC"])
+        return _unbound(shlex.split(os.environ["MPIEXEC"]))
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     found = here if os.access(here, os.X_OK) else shutil.which("mpiexec") or \
         shutil.which("mpirun")
     if not found:
         raise WorkerError("no mpiexec to start the pool's workers with; set MPIEXEC")
-    return [found]
+    return _unbound([found])
+
+
+def _unbound(command: list[str]) -> list[str]:
+    """`command` (a launcher and its options) with ``--bind-to none`` where
+    the MPI is Open MPI and nothing about binding was said: Open MPI binds
+    each rank to one core when it starts two or fewer, and a rank's host
+    copies run on threads (on the H200 machine one core staged at a third of
+    the speed of twelve)."""
+    from mpi4py import MPI
+    if not MPI.Get_library_version().startswith("Open MPI") or \
+            any(a.lstrip("-") in ("bind-to", "bind-to-core", "bind-to-socket") or
+                a.startswith("--bind-to=") for a in command[1:]):
+        return command
+    return command[:1] + ["--bind-to", "none"] + command[1:]
 
 
 class _Pool:
@@ -257,6 +272,7 @@ def matmul(a, b, size: int, out=None, **options):
     m, n, _, dtype = meta
     # The workers start (Python, MPI, CUDA) while the arrays are copied.
     pool = _get(size, "numpy" if options.get("backend") == "numpy" else "auto")
+    began = time.perf_counter()
     try:
         shared = [_shared(x) for x in (a, b)]
         result = out if out is not None and host.shared_name(out) else None
@@ -272,8 +288,10 @@ def matmul(a, b, size: int, out=None, **options):
             "c": c_name, "c_shape": (m, n), "dtype": np.dtype(dtype).str,
             "options": options,
             "env": {k: v for k, v in os.environ.items() if k.startswith("SUMMA_")}}
+    copied = time.perf_counter()
     try:
         pool.connect()
+        connected = time.perf_counter()
         record = pool.run(spec)
     except BaseException:  # a raise, a death, Ctrl-C: no worker is left running
         _pool = None
@@ -281,6 +299,8 @@ def matmul(a, b, size: int, out=None, **options):
         raise
     if stats is not None:
         stats.__dict__.update(record)
+        stats.extra = dict(stats.extra or {}, pool_copy_seconds=copied - began,
+                           pool_start_wait_seconds=connected - copied)
     if out is not None and result is None:
         host.parallel_copy(out, c)
         return out

@@ -1,8 +1,10 @@
 """ProcessGrid: shapes, coordinates, sub-communicators, errors."""
 
+import os
+
 import pytest
 
-from summa.grid import ProcessGrid, choose_grid, parse_grid
+from summa.grid import ProcessGrid, choose_grid, core_share, parse_grid
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 64])
@@ -143,3 +145,34 @@ def test_grid_shapes_are_every_factorisation_fewest_rows_first(p):
     shapes = grid_shapes(p)
     assert all(r * c == p for r, c in shapes)
     assert [r for r, _ in shapes] == [d for d in range(1, p + 1) if p % d == 0]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2,
+                    reason="needs affinity and two cores")
+def test_a_rank_bound_to_one_core_of_several_is_warned_and_copies_on_one_thread():
+    from mpi4py import MPI
+
+    from summa import staging
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(before)})
+        cores, sharing, note = core_share(MPI.COMM_SELF)
+        assert (cores, sharing) == (1, 1)
+        assert "--bind-to none" in note and "1 of its node's" in note
+        with ProcessGrid(MPI.COMM_SELF) as grid:
+            assert grid.core_note == note
+        assert staging.copy_threads(sharing) == 1
+    finally:
+        os.sched_setaffinity(0, before)
+    assert core_share(MPI.COMM_SELF)[2] is None  # all its cores again: nothing to say
+
+
+def test_pool_launcher_unbinds_open_mpi_ranks_only_where_nothing_was_said(monkeypatch):
+    from mpi4py import MPI
+
+    from summa import pool
+    monkeypatch.setattr(MPI, "Get_library_version", lambda: "Open MPI v4.1.6")
+    assert pool._unbound(["mpirun", "-n", "2"]) == ["mpirun", "--bind-to", "none", "-n", "2"]
+    assert pool._unbound(["mpirun", "--bind-to", "socket"]) == ["mpirun", "--bind-to", "socket"]
+    monkeypatch.setattr(MPI, "Get_library_version", lambda: "MPICH Version: 4.2")
+    assert pool._unbound(["mpiexec"]) == ["mpiexec"]

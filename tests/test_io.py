@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from summa.io import AtomicNpyWriter, NpyError, check_output_path, read_block, read_header
+from summa.io import (AtomicNpyWriter, NpyError, check_output_path, map_block, read_block,
+                      read_header)
 
 SELF = MPI.COMM_SELF
 
@@ -154,3 +155,25 @@ def test_threaded_block_writes_land_where_they_belong(tmp_path, monkeypatch, thr
         for (r0, r1), (c0, c1) in (((0, 20), (0, 29)), ((20, 33), (0, 11)), ((20, 33), (11, 29))):
             w.write_block(a[r0:r1, c0:c1].copy(), np.arange(r0, r1), np.arange(c0, c1))
     assert np.load(out).tobytes() == a.tobytes()
+
+
+def test_a_mapped_block_is_read_ahead_whole_and_unchanged(tmp_path, monkeypatch):
+    from summa import filemaps
+    a = np.random.default_rng(3).uniform(-1, 1, (700, 300))
+    np.save(tmp_path / "A.npy", a)
+    header = read_header(str(tmp_path / "A.npy"), SELF)
+    started = []
+    real = filemaps.prefetch
+    monkeypatch.setattr(filemaps, "prefetch", lambda v: started.append(real(v)) or started[-1])
+    monkeypatch.setattr(filemaps, "PREFETCH_CHUNK", 4096 * 3)  # many chunks, several threads
+    block = map_block(header, np.arange(50, 650), np.arange(100, 250))
+    assert len(started) == 1 and started[0] is not None
+    started[0].join(timeout=30)
+    assert not started[0].is_alive()
+    np.testing.assert_array_equal(block, a[50:650, 100:250])
+    resident = filemaps._resident(block.ctypes.data, block.ctypes.data + block.nbytes)
+    assert resident is None or resident(0, block.shape[1] * 8)
+    # nothing to read ahead: not a file's map, or more than half the free memory
+    assert filemaps.prefetch(np.ones((4, 4))) is None
+    monkeypatch.setattr(filemaps, "_available", lambda: 1000)
+    assert real(block) is None

@@ -481,3 +481,36 @@ def test_multiply_streams_files_through_gpus_by_default_where_it_can():
     assert not streams_by_default("cupy", dict(files, C0=c_order), "N", "N", f64)
     assert not streams_by_default("cupy", files, "N", "N", f64, block=(4, 4))
     assert not streams_by_default("cupy", files, "N", "N", f64, schedule="strips")
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("out_of_core", [False, True])
+def test_an_overflowing_product_of_finite_inputs_is_reported(comm, rng, folder, out_of_core):
+    # Finite inputs whose products pass float64's largest value: the product
+    # has Inf, and the warning says it overflowed, not that an input is bad.
+    a = random_array(rng, (6, 4), "float64") + 2.0
+    a[3] *= 1e300
+    pa = save(comm, folder, "A.npy", a)
+    pb = save(comm, folder, "B.npy", (random_array(rng, (4, 5), "float64") + 2.0) * 1e300)
+    warnings = []
+    multiply_files(pa, pb, str(folder / "C.npy"), comm, quiet=True, check=False,
+                   warn=warnings.append, out_of_core=out_of_core, backend="numpy")
+    if comm.rank == 0:
+        assert len(warnings) == 1 and "overflowed" in warnings[0], warnings
+        assert np.isinf(np.load(folder / "C.npy")).any()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_finite_streamed_product_reads_its_inputs_once(comm, rng, folder, monkeypatch):
+    # The product's finiteness stands for the inputs': their scan (a second
+    # read of the files) is never made.
+    from summa import multiply as multiply_module
+    pa = save(comm, folder, "A.npy", random_array(rng, (8, 6), "float64"))
+    pb = save(comm, folder, "B.npy", random_array(rng, (6, 7), "float64"))
+
+    def scanned(*args, **kwargs):
+        raise AssertionError("the inputs were scanned")
+    monkeypatch.setattr(multiply_module, "_warn_nonfinite", scanned)
+    record = multiply_files(pa, pb, str(folder / "C.npy"), comm, quiet=True, check=False,
+                            out_of_core=True, backend="numpy")
+    assert record["streamed"]

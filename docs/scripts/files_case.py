@@ -146,11 +146,19 @@ def main() -> int:
     for r in runs:
         phases = ", ".join(f"{k[:-8]} {r[k]:.2f}" for k in (
             "startup_seconds", "prepare_seconds", "read_seconds", "setup_seconds",
-            "compute_seconds", "check_seconds", "write_seconds") if r.get(k) is not None)
+            "compute_seconds", "scan_seconds", "check_seconds", "write_seconds")
+            if r.get(k) is not None)
         print(f"{r['label']:<12} {'cold' if r['cold'] else 'warm':<6} {r['process_wall']:7.2f} "
               f"{r['disk_bound']:7.2f} {r['process_wall'] / r['disk_bound']:6.2f}  {phases}; "
               f"{r['tflops']:.1f} TFLOP/s in the multiply; read by operand "
               + ", ".join(f"{k} {v:.2f}" for k, v in (r.get("read_parts") or {}).items()))
+        # Rank 0's steps, each with its own seconds, then the process's exit.
+        steps, last = [], 0.0
+        for step, at in r.get("timeline") or []:
+            steps.append(f"{step} {at - last:.2f}")
+            last = at
+        print(f"{'':<19} steps: " + ", ".join(steps)
+              + f"; after the call {r['process_wall'] - r['wall_seconds']:.2f} (exit, mpirun)")
         if args.json:
             with open(args.json, "a") as fh:
                 fh.write(json.dumps(r) + "\n")

@@ -18,7 +18,7 @@ if ls .whl/cublasmp/*.whl >/dev/null 2>&1; then  # cuBLASMp's own nvmath-python,
     export SUMMA_NVMATH_PATH=/tmp/site-mp
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-MPI=${MPIEXEC:-mpirun --oversubscribe}
+MPI=${MPIEXEC:-mpirun --oversubscribe --bind-to none}  # Open MPI binds np <= 2 to one core each
 # Each command gets at most LIMIT seconds (default 240), so one hang cannot eat the session.
 run() { echo "+ $*" | tee -a "$OUT/session.log"
         timeout "${LIMIT:-240}" "$@" < /dev/null 2>&1 | tee -a "$OUT/session.log"

@@ -188,7 +188,9 @@ def one_size(args) -> list[dict]:
             gemm_seconds=stats.compute, head_seconds=ex.get("head_seconds"),
             between_seconds=ex.get("between_seconds"), tail_seconds=ex.get("tail_seconds"),
             sweep_seconds=stats.seconds, setup_seconds=ex.get("setup_seconds"),
-            tiles=ex.get("tiles"), make_seconds=made)
+            tiles=ex.get("tiles"), make_seconds=made,
+            pool_copy_seconds=ex.get("pool_copy_seconds"),
+            pool_start_wait_seconds=ex.get("pool_start_wait_seconds"))
         del c
     cp.get_default_memory_pool().free_all_blocks()
     peers = {"loop": lambda: _loop(a, b, free), "cublasxt": None, "jax": lambda: _jax(a, b)}
@@ -312,6 +314,9 @@ def main(argv=None) -> int:
                         f"{r['tail_seconds'] or 0:.3f} after; set-up "
                         f"{r.get('setup_seconds') or 0:.3f} s, sweep "
                         f"{r.get('sweep_seconds') or 0:.3f} s; tiles {r['tiles']}")
+                if r.get("pool_copy_seconds") is not None:
+                    note += (f"; pool: copies into shared memory {r['pool_copy_seconds']:.3f} s, "
+                             f"then waited {r['pool_start_wait_seconds']:.3f} s for its start")
             print(f"{r['n']:>6} {r['dtype']:>8} {r['peer']:>12} {r['call']:>6} "
                   f"{r['seconds']:8.3f} {r['tflops']:8.2f} {r['tflops'] / ceiling['tflops']:8.3f}"
                   f"  {note}")
