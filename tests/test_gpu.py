@@ -641,3 +641,22 @@ def test_large_npy_blocks_go_straight_between_the_file_and_the_gpu(comm, rng, gp
     M.to_npy(f"{folder}/Y.npy")
     if comm.rank == 0:
         assert np.array_equal(np.load(f"{folder}/Y.npy"), 2 * x)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "complex64", "complex128"])
+def test_finite_probe_finds_every_nan_and_inf_and_only_them(comm, gpu, dtype):
+    _, backend = gpu
+    cp = backend.xp
+    rng = np.random.default_rng(comm.rank)
+    x = cp.asarray(random_array(rng, (300, 200), dtype))
+    assert backend.all_finite(x) and backend.probed_finite(backend.finite_probe(x))
+    for bad in (np.nan, np.inf, -np.inf):
+        y = x.copy()
+        y[int(rng.integers(300)), int(rng.integers(200))] = bad
+        assert not backend.probed_finite(backend.finite_probe(y))
+        assert not backend.all_finite(y) and not backend.all_finite(y[:, 3:])  # a view too
+    if dtype == "float64":  # finite, but |x| sums past the range: all_finite asks again
+        huge = cp.full((4, 4), 1e308)
+        assert not backend.probed_finite(backend.finite_probe(huge))
+        assert backend.all_finite(huge)
