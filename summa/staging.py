@@ -353,8 +353,8 @@ class Stager:
         event = None
         try:
             source = filemaps.find(part)
-            if source is not None:  # a mapped file: read its rows (no page faults)
-                source.read_into(stage)
+            if source is not None and not source.scattered_in_memory():
+                source.read_into(stage)  # a mapped file: read its rows (no page faults)
             else:
                 np.copyto(stage, part)
             self._memcpy(stage, dev, _H2D, self.up)

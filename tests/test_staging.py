@@ -175,10 +175,12 @@ def test_touch_leaves_most_threads_to_the_uploads():
         stager.close()
 
 
-def test_copies_of_mapped_files_read_and_write_the_files(rng, tmp_path, monkeypatch):
+@pytest.mark.parametrize("cached", [False, True])
+def test_copies_of_mapped_files_read_and_write_the_files(rng, tmp_path, monkeypatch, cached):
     """Blocks memory-mapped from .npy files (summa.io) are read with preadv
-    and written with pwrite, rows as they lie (strided too); the result's
-    touch leaves a mapped output alone; a file cut short fails the copy."""
+    and written with pwrite, rows as they lie (strided too, unless they are
+    all in the page cache: then through the map); the result's touch leaves
+    a mapped output alone; a file cut short fails the copy."""
     from mpi4py import MPI
 
     from summa import filemaps
@@ -193,10 +195,15 @@ def test_copies_of_mapped_files_read_and_write_the_files(rng, tmp_path, monkeypa
     real = filemaps.FileRows.read_into
     monkeypatch.setattr(filemaps.FileRows, "read_into",
                         lambda self, dest: (reads.append(1), real(self, dest)))
+    if not cached:  # as if the pages were on the disk only
+        monkeypatch.setattr(filemaps, "_resident", lambda start, end: None)
+    resident = filemaps._resident(block.ctypes.data, block.ctypes.data + block.nbytes)
     try:
         dev = DeviceArray(np.zeros(block.shape))
         stager.upload(dev, block).wait()
-        assert np.array_equal(dev.host, a[20:290, 10:150]) and reads
+        assert np.array_equal(dev.host, a[20:290, 10:150])
+        # a system call per row only for rows not all in memory
+        assert bool(reads) == (resident is None or not resident(0, block.nbytes))
         with AtomicNpyWriter(str(tmp_path / "C.npy"), (300, 170), np.float64,
                              MPI.COMM_SELF) as out:
             target = out.map_block(np.arange(300), np.arange(170))
