@@ -156,54 +156,35 @@ def prefetch(view: np.ndarray, threads: int = PREFETCH_THREADS) -> threading.Thr
     if last - first > _available() // 2:
         return None  # it would push out what it read before it is used
     resident = _resident(start, end)
-    thread = threading.Thread(target=_read_ahead,
-                              args=(path, first, last, start, resident, threads),
+    thread = threading.Thread(target=_read_ahead, args=(path, first, last, resident, threads),
                               name="summa-prefetch", daemon=True)
     thread.start()
     return thread
 
 
-#: madvise advice: fault a range's pages in now (Linux 5.14).
-_MADV_POPULATE_READ = 22
-
-
-def _read_ahead(path: str, first: int, last: int, address: int, resident,
-                threads: int) -> None:
-    """Read bytes `first`..`last` of `path` (mapped at `address`) in chunks on
-    `threads` threads, in order: ``MADV_POPULATE_READ`` of the map, which
-    reads what is not in memory and maps every page, so the copies then
-    take no page faults; where the system has none, ``preadv`` of the
-    chunks `resident` does not say are in memory. Errors are left to the
-    copies (which report them)."""
+def _read_ahead(path: str, first: int, last: int, resident, threads: int) -> None:
+    """Read bytes `first`..`last` of `path` in chunks on `threads` threads, in
+    order, skipping the chunks `resident` says are in memory; errors are left
+    to the copies (which report them)."""
     try:
         fd = os.open(path, os.O_RDONLY)  # its own read-ahead state, not the copies'
     except OSError:
         return
     chunks = iter(range(first, last, PREFETCH_CHUNK))
     lock = threading.Lock()
-    populate = [_madvise()]  # None once it has failed
-    page = mmap.PAGESIZE
 
     def reader() -> None:
-        scratch = None
+        scratch = np.empty(PREFETCH_CHUNK, dtype=np.uint8)
         while True:
             with lock:
                 at = next(chunks, None)
             if at is None:
                 return
-            end = min(last, at + PREFETCH_CHUNK)
-            lo = address + (at - first)
-            lo -= lo % page
-            madvise = populate[0]
-            if madvise is not None and madvise(ctypes.c_void_p(lo), ctypes.c_size_t(
-                    address + (end - first) - lo), _MADV_POPULATE_READ) == 0:
+            if resident is not None and resident(at - first, min(last, at + PREFETCH_CHUNK)
+                                                 - first):
                 continue
-            populate[0] = None
-            if resident is not None and resident(at - first, end - first):
-                continue
-            scratch = np.empty(PREFETCH_CHUNK, dtype=np.uint8) if scratch is None else scratch
             try:
-                os.preadv(fd, [scratch[:end - at]], at)
+                os.preadv(fd, [scratch[:min(PREFETCH_CHUNK, last - at)]], at)
             except OSError:
                 return
     workers = [threading.Thread(target=reader, daemon=True) for _ in range(max(1, threads))]
@@ -212,16 +193,6 @@ def _read_ahead(path: str, first: int, last: int, address: int, resident,
     for w in workers:
         w.join()
     os.close(fd)
-
-
-def _madvise():
-    """libc's madvise, or None."""
-    try:
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return madvise
 
 
 def _available() -> int:
