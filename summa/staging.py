@@ -384,7 +384,8 @@ class Stager:
 
     def _drain(self, transfer, part, stage, buf) -> None:
         try:
-            target = filemaps.find(part, writable=True)
+            target = filemaps.find(part, writable=True) \
+                if os.environ.get("SUMMA_FILE_WRITES", "map") == "pwrite" else None
             if target is not None:  # a mapped file: write its rows
                 target.write_from(stage)
             else:

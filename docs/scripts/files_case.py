@@ -127,6 +127,8 @@ def main() -> int:
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--threads", type=int, default=16)
     p.add_argument("--device-memory", default="8GiB", help="the out-of-core runs' cap")
+    p.add_argument("--only", help="these runs only (comma-separated: default, in memory, "
+                   "out of core)")
     p.add_argument("--json")
     args = p.parse_args()
     os.makedirs(args.dir, exist_ok=True)
@@ -140,6 +142,8 @@ def main() -> int:
     runs = []
     for label, extra in (("default", []), ("in memory", ["--in-memory"]),
                          ("out of core", ["--device-memory", args.device_memory])):
+        if args.only and label not in args.only.split(","):
+            continue
         for cold in (True, False):
             runs.append(multiply(args, extra, label, cold, rates))
     print(f"\n{'run':<12} {'files':<6} {'wall':>7} {'bound':>7} {'ratio':>6}  phases (s)")
