@@ -284,6 +284,10 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
                  f"{compute.name} range) though the inputs are finite: it overflowed")
         record["scan_seconds"] = comm.allreduce(scan + time.perf_counter() - t0, op=MPI.MAX)
         mark("NaN/Inf scan")
+        # out of core: where the GPU waited (its first uploads, later panels,
+        # the last write-back: streamed, the product's copy into the file)
+        record.update({f"gpu_idle_{k}": stats.extra.get(f"{k}_seconds")
+                       for k in ("head", "between", "tail")})
         record.update(panel_width=stats.panel_width, comm=stats.comm, panels=stats.panels,
                       schedule=stats.extra.get("schedule", "panels"),
                       transposed_a=bool(stats.extra.get("transposed_a", False)))

@@ -384,9 +384,10 @@ class Stager:
 
     def _drain(self, transfer, part, stage, buf) -> None:
         try:
-            target = filemaps.find(part, writable=True) \
-                if os.environ.get("SUMMA_FILE_WRITES", "map") == "pwrite" else None
-            if target is not None:  # a mapped file: write its rows
+            # A mapped file: write its rows (through the map, page faults in
+            # parallel measured slower: 4.7 against 3.4 s for 4.8 GB, s13f).
+            target = filemaps.find(part, writable=True)
+            if target is not None:
                 target.write_from(stage)
             else:
                 np.copyto(part, stage)

@@ -161,8 +161,11 @@ def main() -> int:
         for step, at in r.get("timeline") or []:
             steps.append(f"{step} {at - last:.2f}")
             last = at
+        idle = ", ".join(f"{k} {r[f'gpu_idle_{k}']:.2f}" for k in ("head", "between", "tail")
+                         if r.get(f"gpu_idle_{k}") is not None)
         print(f"{'':<19} steps: " + ", ".join(steps)
-              + f"; after the call {r['process_wall'] - r['wall_seconds']:.2f} (exit, mpirun)")
+              + f"; after the call {r['process_wall'] - r['wall_seconds']:.2f} (exit, mpirun)"
+              + (f"; GPU idle in the multiply: {idle}" if idle else ""))
         if args.json:
             with open(args.json, "a") as fh:
                 fh.write(json.dumps(r) + "\n")
