@@ -156,16 +156,18 @@ def prefetch(view: np.ndarray, threads: int = PREFETCH_THREADS) -> threading.Thr
     if last - first > _available() // 2:
         return None  # it would push out what it read before it is used
     resident = _resident(start, end)
-    thread = threading.Thread(target=_read_ahead, args=(path, first, last, resident, threads),
+    thread = threading.Thread(target=_read_ahead,
+                              args=(path, first, last, resident, threads, base),
                               name="summa-prefetch", daemon=True)
     thread.start()
     return thread
 
 
-def _read_ahead(path: str, first: int, last: int, resident, threads: int) -> None:
+def _read_ahead(path: str, first: int, last: int, resident, threads: int, key: int) -> None:
     """Read bytes `first`..`last` of `path` in chunks on `threads` threads, in
-    order, skipping the chunks `resident` says are in memory; errors are left
-    to the copies (which report them)."""
+    order, skipping the chunks `resident` says are in memory, until the map
+    registered at `key` is gone (the multiply that wanted it has ended, or
+    failed); errors are left to the copies (which report them)."""
     try:
         fd = os.open(path, os.O_RDONLY)  # its own read-ahead state, not the copies'
     except OSError:
@@ -178,7 +180,7 @@ def _read_ahead(path: str, first: int, last: int, resident, threads: int) -> Non
         while True:
             with lock:
                 at = next(chunks, None)
-            if at is None:
+            if at is None or key not in _maps:
                 return
             if resident is not None and resident(at - first, min(last, at + PREFETCH_CHUNK)
                                                  - first):

@@ -177,3 +177,30 @@ def test_a_mapped_block_is_read_ahead_whole_and_unchanged(tmp_path, monkeypatch)
     assert filemaps.prefetch(np.ones((4, 4))) is None
     monkeypatch.setattr(filemaps, "_available", lambda: 1000)
     assert real(block) is None
+
+
+def test_the_read_ahead_stops_once_its_map_is_gone(tmp_path, monkeypatch):
+    # A multiply that fails (or ends) drops its maps: no thread goes on
+    # reading its files behind it.
+    import gc
+    import threading
+    import time
+
+    from summa import filemaps
+    np.save(tmp_path / "A.npy", np.zeros((1000, 512)))
+    header = read_header(str(tmp_path / "A.npy"), SELF)
+    monkeypatch.setattr(filemaps, "PREFETCH_CHUNK", 4096)
+    monkeypatch.setattr(filemaps, "_resident", lambda start, end: None)  # every chunk read
+    real = os.preadv
+    monkeypatch.setattr(filemaps.os, "preadv",
+                        lambda *a: (time.sleep(0.02), real(*a))[1])  # ~5 s for all of it
+    started = []
+    prefetch = filemaps.prefetch
+    monkeypatch.setattr(filemaps, "prefetch", lambda v: started.append(prefetch(v)))
+    block = map_block(header, np.arange(1000), np.arange(512))
+    assert started[0].is_alive()
+    del block
+    gc.collect()
+    started[0].join(timeout=2)
+    assert not started[0].is_alive()
+    assert not any(t.name == "summa-prefetch" for t in threading.enumerate())
