@@ -293,6 +293,7 @@ def matmul(a, b, size: int, out=None, **options):
         pool.connect()
         connected = time.perf_counter()
         record = pool.run(spec)
+        answered = time.perf_counter()
     except BaseException:  # a raise, a death, Ctrl-C: no worker is left running
         _pool = None
         pool.kill()
@@ -300,7 +301,8 @@ def matmul(a, b, size: int, out=None, **options):
     if stats is not None:
         stats.__dict__.update(record)
         stats.extra = dict(stats.extra or {}, pool_copy_seconds=copied - began,
-                           pool_start_wait_seconds=connected - copied)
+                           pool_start_wait_seconds=connected - copied,
+                           pool_run_seconds=answered - connected)
     if out is not None and result is None:
         host.parallel_copy(out, c)
         return out

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 
 
@@ -25,6 +26,7 @@ def serve(conn, world) -> None:
     from .multiply import matmul_arrays
     while True:
         command = conn.recv() if world.Get_rank() == 0 else None
+        received = time.perf_counter()
         command = world.bcast(command, root=0)
         if command[0] == "stop":
             return
@@ -34,11 +36,19 @@ def serve(conn, world) -> None:
         b = _attach(host, spec["b"], spec["b_shape"], spec["dtype"])
         c = host.attach(spec["c"], spec["c_shape"], spec["dtype"])
         stats = SummaStats()
+        began = time.perf_counter()
         matmul_arrays(a, b, comm=world, out=c, stats=stats, **spec["options"])
+        ended = time.perf_counter()
         del a, b, c
         world.Barrier()  # every block of the product is in place
         if world.Get_rank() == 0:
-            conn.send(("done", stats.as_dict()))
+            record = stats.as_dict()
+            # where a call's seconds went on the workers' side (rank 0's)
+            record["extra"] = dict(record.get("extra") or {},
+                                   worker_attach_seconds=began - received,
+                                   worker_matmul_seconds=ended - began,
+                                   worker_after_seconds=time.perf_counter() - ended)
+            conn.send(("done", record))
 
 
 def _attach(host, where, shape, dtype):

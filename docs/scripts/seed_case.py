@@ -190,7 +190,9 @@ def one_size(args) -> list[dict]:
             sweep_seconds=stats.seconds, setup_seconds=ex.get("setup_seconds"),
             tiles=ex.get("tiles"), make_seconds=made,
             pool_copy_seconds=ex.get("pool_copy_seconds"),
-            pool_start_wait_seconds=ex.get("pool_start_wait_seconds"))
+            pool_start_wait_seconds=ex.get("pool_start_wait_seconds"),
+            **{k: ex.get(k) for k in ("pool_run_seconds", "worker_attach_seconds",
+                                      "worker_matmul_seconds", "worker_after_seconds")})
         del c
     cp.get_default_memory_pool().free_all_blocks()
     peers = {"loop": lambda: _loop(a, b, free), "cublasxt": None, "jax": lambda: _jax(a, b)}
@@ -316,7 +318,11 @@ def main(argv=None) -> int:
                         f"{r.get('sweep_seconds') or 0:.3f} s; tiles {r['tiles']}")
                 if r.get("pool_copy_seconds") is not None:
                     note += (f"; pool: copies into shared memory {r['pool_copy_seconds']:.3f} s, "
-                             f"then waited {r['pool_start_wait_seconds']:.3f} s for its start")
+                             f"then waited {r['pool_start_wait_seconds']:.3f} s for its start, "
+                             f"ran {r['pool_run_seconds']:.3f} s (workers: attach "
+                             f"{r['worker_attach_seconds']:.3f}, matmul "
+                             f"{r['worker_matmul_seconds']:.3f}, after "
+                             f"{r['worker_after_seconds']:.3f})")
             print(f"{r['n']:>6} {r['dtype']:>8} {r['peer']:>12} {r['call']:>6} "
                   f"{r['seconds']:8.3f} {r['tflops']:8.2f} {r['tflops'] / ceiling['tflops']:8.3f}"
                   f"  {note}")
