@@ -17,6 +17,12 @@ import time
 import numpy as np
 import pytest
 
+# summa.matmul in a plain process (not under mpirun) starts a pool of one
+# worker per 8 cores on CPUs: tests of the in-process path must not (on the
+# 16-core GPU machine a monkeypatched ProcessGrid saw nothing). The pool's own
+# tests ask for their workers.
+os.environ.setdefault("SUMMA_WORKERS", "1")
+
 #: Seconds a failing rank waits for its peers before aborting on its own.
 FAILURE_GRACE_SECONDS = 20.0
 _ctl = None

@@ -204,3 +204,35 @@ def test_the_read_ahead_stops_once_its_map_is_gone(tmp_path, monkeypatch):
     started[0].join(timeout=2)
     assert not started[0].is_alive()
     assert not any(t.name == "summa-prefetch" for t in threading.enumerate())
+
+
+def test_read_aheads_read_one_file_after_the_other(tmp_path, monkeypatch):
+    from summa import filemaps
+    for name in "AB":
+        np.save(tmp_path / f"{name}.npy", np.zeros((200, 256)))
+    monkeypatch.setattr(filemaps, "PREFETCH_CHUNK", 4096)
+    monkeypatch.setattr(filemaps, "_resident", lambda start, end: None)
+    order, fds = [], {}
+    real_open, real_preadv = os.open, os.preadv
+
+    def opened(path, *args):
+        fd = real_open(path, *args)
+        fds[fd] = os.path.basename(path)
+        return fd
+
+    def read(fd, buffers, at):
+        order.append(fds.get(fd))
+        return real_preadv(fd, buffers, at)
+    monkeypatch.setattr(filemaps.os, "open", opened)
+    monkeypatch.setattr(filemaps.os, "preadv", read)
+    started = []
+    prefetch = filemaps.prefetch
+    monkeypatch.setattr(filemaps, "prefetch", lambda v: started.append(prefetch(v)))
+    blocks = [map_block(read_header(str(tmp_path / f"{n}.npy"), SELF), np.arange(200),
+                        np.arange(256)) for n in "AB"]
+    for t in started:
+        t.join(timeout=30)
+    reads = [name for name in order if name in ("A.npy", "B.npy")]
+    assert reads == ["A.npy"] * reads.count("A.npy") + ["B.npy"] * reads.count("B.npy")
+    assert reads.count("A.npy") == reads.count("B.npy") == 200 * 256 * 8 // 4096
+    del blocks
