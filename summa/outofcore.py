@@ -36,6 +36,7 @@ from collections import deque
 
 import numpy as np
 
+from . import remote
 from .algorithm import SummaStats, local_parts, wait_for_panel
 from .checks import check_layouts, check_operands, check_scalars
 from .backend import _CUDA_INVALID_VALUE, _clear_cuda_error, page_locked
@@ -316,6 +317,20 @@ class _Arrival:
         self.mover.wait_event(self.uploaded)
 
 
+def _host_copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` for host arrays, `src` perhaps another process's
+    (:mod:`summa.remote`: read there, never through its stand-in)."""
+    owner = remote.find(src)
+    if owner is None:
+        dst[...] = src
+    elif dst.flags.c_contiguous:
+        owner.read_into(dst)
+    else:
+        rows = np.empty(src.shape, dtype=src.dtype)
+        owner.read_into(rows)
+        dst[...] = rows
+
+
 class _HostMover:
     """The NumPy stand-in for a GPU: plain copies, GEMMs on the host."""
 
@@ -329,7 +344,7 @@ class _HostMover:
         return True  # nothing to lock: host memory is the "device" memory
 
     def upload(self, dst, src):
-        dst[...] = src
+        _host_copy(dst, src)
         self.moved += dst.nbytes
         return None
 
@@ -344,7 +359,7 @@ class _HostMover:
 
     def begin_tile(self, c, host_tile, buf: int, load: bool) -> None:
         if load:
-            c[...] = host_tile
+            _host_copy(c, host_tile)
             self.moved += c.nbytes
         else:
             c.fill(0)
@@ -356,7 +371,11 @@ class _HostMover:
 
     def write_back(self, host, c, buf: int) -> None:
         self.product_finite = self.product_finite and self.device.all_finite(c)
-        host[...] = c
+        owner = remote.find(host)
+        if owner is not None:  # the pool's owner's array (summa.remote)
+            owner.write_from(np.ascontiguousarray(c))
+        else:
+            host[...] = c
         self.moved += c.nbytes
 
     def finish(self) -> None:

@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from . import host
+from . import host, remote
 
 __all__ = ["WorkerError", "pool_size", "launched", "matmul", "close"]
 
@@ -110,6 +110,7 @@ class _Pool:
         CuPy started on each worker's GPU; ``numpy``: nothing)."""
         from multiprocessing.connection import Listener
         self.size = size
+        self.remote = None  # can the workers read the caller's memory (summa.remote)?
         self._folder = tempfile.mkdtemp(prefix="summa-pool-")
         key = secrets.token_bytes(16)
         self._listener = Listener(os.path.join(self._folder, "socket"), family="AF_UNIX",
@@ -156,7 +157,8 @@ class _Pool:
             self.conns[rank], self.pids[rank] = conn, pid
 
     def run(self, spec: dict) -> dict:
-        """One multiply on every worker; its record, or raise."""
+        """One multiply on every worker; its record (None: they cannot read
+        this process's arrays, :mod:`summa.remote`), or raise."""
         from multiprocessing.connection import wait
         from .watchdog import timeout_from_env
         self.conns[0].send(("matmul", spec))
@@ -172,6 +174,8 @@ class _Pool:
                     continue
                 if answer[0] == "done":
                     return answer[1]
+                if answer[0] == "no-remote":  # they cannot read the caller: ask again
+                    return None
                 _, rank, kind, message, detail = answer
                 if kind == "ValueError":
                     raise ValueError(message)
@@ -264,36 +268,42 @@ def matmul(a, b, size: int, out=None, **options):
     a, b = (x if isinstance(x, np.ndarray) else np.asarray(x) for x in (a, b))
     from .arrays import check_arrays
     from .backend import NumpyBackend
-    meta = check_arrays(a, b, out, str(options.get("trans_a", "N")).upper(),
-                         str(options.get("trans_b", "N")).upper(), NumpyBackend()
-                         if options.get("backend") == "numpy" else _AnyDtype())
+    trans = [str(options.get(f"trans_{x}", "N")).upper() for x in "ab"]
+    meta = check_arrays(a, b, out, *trans, NumpyBackend()
+                        if options.get("backend") == "numpy" else _AnyDtype())
     if isinstance(meta, str):
         raise ValueError(meta)
-    m, n, _, dtype = meta
-    # The workers start (Python, MPI, CUDA) while the arrays are copied.
+    m, n, k, dtype = meta
+    # The workers start (Python, MPI, CUDA) while the arrays are made ready.
     pool = _get(size, "numpy" if options.get("backend") == "numpy" else "auto")
-    began = time.perf_counter()
-    try:
-        shared = [_shared(x) for x in (a, b)]
-        result = out if out is not None and host.shared_name(out) else None
-        c, c_name = (result, host.shared_name(result)) if result is not None else \
-            host.named((m, n), dtype)
-    except BaseException:
-        if len(pool.conns) < pool.size:  # launched for this call: not left half started
-            _pool = None
-            pool.kill()
-        raise
     stats = options.pop("stats", None)
-    spec = {"a": shared[0][1], "a_shape": a.shape, "b": shared[1][1], "b_shape": b.shape,
-            "c": c_name, "c_shape": (m, n), "dtype": np.dtype(dtype).str,
-            "options": options,
-            "env": {k: v for k, v in os.environ.items() if k.startswith("SUMMA_")}}
-    copied = time.perf_counter()
+    began = time.perf_counter()
+    # The workers read the caller's own arrays (summa.remote) where the system
+    # lets them and the multiply reads them only through its copies (out of
+    # core, untransposed), else copies in shared memory (the first answer of
+    # a pool that cannot read says so, and the call is made again).
+    reach = pool.remote is not False and options.get("out_of_core") is not False \
+        and options.get("schedule", "panels") == "panels" and min(m, n, k) > 0 \
+        and _may_read_caller()
+    if reach:
+        remote.allow_readers()
     try:
-        pool.connect()
-        connected = time.perf_counter()
-        record = pool.run(spec)
-        answered = time.perf_counter()
+        while True:
+            parts, result, kept = _operands(a, b, trans, out, (m, n), dtype, reach)
+            spec = {"a": parts[0], "a_shape": a.shape, "b": parts[1], "b_shape": b.shape,
+                    "c": parts[2], "c_shape": (m, n), "dtype": np.dtype(dtype).str,
+                    "options": dict(options, **({"out_of_core": True} if reach else {})),
+                    "env": {k: v for k, v in os.environ.items() if k.startswith("SUMMA_")}}
+            copied = time.perf_counter()
+            pool.connect()
+            connected = time.perf_counter()
+            record = pool.run(spec)
+            answered = time.perf_counter()
+            if record is not None or not reach:
+                break
+            pool.remote = reach = False  # the workers cannot read this process: copies
+        if reach:
+            pool.remote = True
     except BaseException:  # a raise, a death, Ctrl-C: no worker is left running
         _pool = None
         pool.kill()
@@ -302,13 +312,45 @@ def matmul(a, b, size: int, out=None, **options):
         stats.__dict__.update(record)
         stats.extra = dict(stats.extra or {}, pool_copy_seconds=copied - began,
                            pool_start_wait_seconds=connected - copied,
-                           pool_run_seconds=answered - connected)
-    if out is not None and result is None:
-        host.parallel_copy(out, c)
+                           pool_run_seconds=answered - connected, pool_reads_caller=reach)
+    if out is not None and result is not out:
+        host.parallel_copy(out, result)
         return out
-    if result is None:
-        host.unlink_name(c)  # the workers have let go: only this process maps it
-    return c
+    if host.shared_name(result) is not None and result is not out:
+        host.unlink_name(result)  # the workers have let go: only this process maps it
+    return result
+
+
+def _may_read_caller() -> bool:
+    """May the workers read this process's arrays (:mod:`summa.remote`)?
+    Not where ``SUMMA_POOL_REMOTE=0`` says so, nor where the system has no
+    such calls."""
+    return os.environ.get("SUMMA_POOL_REMOTE", "1") != "0" and \
+        remote.describe(np.empty(1)) is not None
+
+
+def _operands(a, b, trans, out, shape, dtype, reach: bool):
+    """What the workers are told of A, B and C (a shared file's name, an
+    .npy file's bytes, or where in this process), the array C lands in
+    (`out`, a shared array, or with `reach` this process's own, touched on
+    threads meanwhile so the workers write into faulted-in pages), and the
+    shared copies made, to be kept until the workers are done."""
+    parts, kept = [], []  # kept: the shared copies, alive until the call has ended
+    for x, t in zip((a, b), trans):
+        where = remote.describe(x) if reach and t == "N" and host.shared_name(x) is None \
+            and host.file_map(x) is None else None
+        if where is not None:
+            parts.append({"remote": where})
+        else:
+            kept.append(_shared(x))
+            parts.append(kept[-1][1])
+    if out is not None and host.shared_name(out) is not None:
+        return parts + [host.shared_name(out)], out, kept
+    if reach and (out is None or out.flags.c_contiguous):
+        result = out if out is not None else host.touched((shape[0], shape[1]), dtype)
+        return parts + [{"remote": remote.describe(result)}], result, kept
+    result, name = host.named(shape, dtype)
+    return parts + [name], result, kept
 
 
 def _shared(x: np.ndarray):

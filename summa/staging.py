@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import filemaps
+from . import filemaps, remote
 from .watchdog import watch
 
 __all__ = ["Stager", "Transfer", "get_stager", "stager_for", "set_ranks_on_node",
@@ -216,8 +216,9 @@ class Stager:
         copies into it later run at the speed of touched memory (37 against
         16.5 GB/s on 16 threads; first touch itself 32 GB/s there). It
         writes zeros: wait for it before anything else writes `x`."""
-        if not x.size or TOUCH_SHARE <= 0 or filemaps.find(x, writable=True) is not None:
-            return Transfer(0)  # (a mapped file is written by pwrite: nothing to fault in)
+        if not x.size or TOUCH_SHARE <= 0 or filemaps.find(x, writable=True) is not None \
+                or remote.find(x) is not None:
+            return Transfer(0)  # (written by pwrite, or in another process: nothing here)
         if self._touch_pool is None:
             self._touch_pool = ThreadPoolExecutor(max(1, round(self.threads * TOUCH_SHARE)),
                                                   thread_name_prefix="summa-touch")
@@ -352,8 +353,11 @@ class Stager:
     def _fill(self, transfer, dev, part, stage, buf) -> None:
         event = None
         try:
-            source = filemaps.find(part)
-            if source is not None and not source.scattered_in_memory():
+            owner = remote.find(part)
+            source = filemaps.find(part) if owner is None else None
+            if owner is not None:  # another process's array: read there
+                owner.read_into(stage)
+            elif source is not None and not source.scattered_in_memory():
                 source.read_into(stage)  # a mapped file: read its rows (no page faults)
             else:
                 np.copyto(stage, part)
@@ -386,8 +390,8 @@ class Stager:
         try:
             # A mapped file: write its rows (through the map, page faults in
             # parallel measured slower: 4.7 against 3.4 s for 4.8 GB, s13f).
-            target = filemaps.find(part, writable=True)
-            if target is not None:
+            target = remote.find(part) or filemaps.find(part, writable=True)
+            if target is not None:  # another process's array, or a mapped file
                 target.write_from(stage)
             else:
                 np.copyto(part, stage)

@@ -21,20 +21,29 @@ import traceback
 
 def serve(conn, world) -> None:
     """Run the owner's commands until it says stop (or goes away)."""
-    from . import host
+    from mpi4py import MPI
+
+    from . import host, remote
     from .algorithm import SummaStats
     from .multiply import matmul_arrays
     while True:
-        command = conn.recv() if world.Get_rank() == 0 else None
+        command = _receive(conn) if world.Get_rank() == 0 else None
         received = time.perf_counter()
         command = world.bcast(command, root=0)
         if command[0] == "stop":
             return
         spec = command[1]
         os.environ.update(spec["env"])
+        parts = [spec[x] for x in "abc"]
+        allowed = os.environ.get("SUMMA_POOL_REMOTE", "1") != "0"
+        if not world.allreduce(all(allowed and remote.readable(p["remote"]) for p in parts
+                                   if isinstance(p, dict) and "remote" in p), op=MPI.LAND):
+            if world.Get_rank() == 0:  # the system does not let us read the owner
+                _answer(conn, ("no-remote",))
+            continue
         a = _attach(host, spec["a"], spec["a_shape"], spec["dtype"])
         b = _attach(host, spec["b"], spec["b_shape"], spec["dtype"])
-        c = host.attach(spec["c"], spec["c_shape"], spec["dtype"])
+        c = _attach(host, spec["c"], spec["c_shape"], spec["dtype"])
         stats = SummaStats()
         began = time.perf_counter()
         matmul_arrays(a, b, comm=world, out=c, stats=stats, **spec["options"])
@@ -48,12 +57,32 @@ def serve(conn, world) -> None:
                                    worker_attach_seconds=began - received,
                                    worker_matmul_seconds=ended - began,
                                    worker_after_seconds=time.perf_counter() - ended)
-            conn.send(("done", record))
+            _answer(conn, ("done", record))
+
+
+class _OwnerGone(Exception):
+    """The connection to the pool's owner broke: there is no one to answer."""
+
+
+def _receive(conn):
+    try:
+        return conn.recv()
+    except (EOFError, OSError) as exc:
+        raise _OwnerGone from exc
+
+
+def _answer(conn, message) -> None:
+    try:
+        conn.send(message)
+    except OSError as exc:
+        raise _OwnerGone from exc
 
 
 def _attach(host, where, shape, dtype):
-    """An operand as the owner shared it: a shared file's name, or an .npy
-    file's bytes (``{"file", "offset"}``)."""
+    """An array as the owner shared it: a shared file's name, an .npy file's
+    bytes (``{"file", "offset"}``), or its own memory (``{"remote"}``)."""
+    if isinstance(where, dict) and "remote" in where:
+        return host.attach_remote(where["remote"], shape, dtype)
     if isinstance(where, dict):
         return host.attach_file(where["file"], where["offset"], shape, dtype)
     return host.attach(where, shape, dtype)
@@ -90,7 +119,7 @@ def main(argv=None) -> int:
     _warm(world, os.environ.get("SUMMA_POOL_WARM", "auto"))
     try:
         serve(conn, world)
-    except (EOFError, OSError):  # the owner is gone: nothing to answer
+    except _OwnerGone:  # nothing to answer (an OSError of the multiply is told, below)
         os._exit(1)
     except BaseException as exc:  # noqa: BLE001 -- told to the owner, then the job ends
         detail = "".join(traceback.format_exception(exc)[-6:])

@@ -163,8 +163,12 @@ def test_npy_files_mapped_by_the_caller_are_not_copied(rng, monkeypatch, tmp_pat
     copies = []
     real = host.named
     monkeypatch.setattr(host, "named", lambda *x: copies.append(x) or real(*x))
-    c = summa.matmul(a, b, workers=2, backend="numpy")
-    assert copies == [((50, 40), np.dtype("float64"))]  # the product alone
+    stats = summa.SummaStats()
+    c = summa.matmul(a, b, workers=2, backend="numpy", stats=stats)
+    # no copy at all where the workers write into this process (summa.remote),
+    # else the product alone
+    assert copies == ([] if stats.extra["pool_reads_caller"]
+                      else [((50, 40), np.dtype("float64"))])
     assert gemm_scaled_error(np.asarray(c), a0, b0) <= 1
     # and each worker multiplies it where it lies: mapped alike on every rank
     from mpi4py import MPI
@@ -185,9 +189,49 @@ def test_no_room_for_the_copies_says_how_to_need_none(rng, monkeypatch):
     monkeypatch.setattr(pool, "_Pool", lambda *x: launched.append(real(*x)) or launched[-1])
     with monkeypatch.context() as m:
         m.setattr(host, "_room", lambda nbytes: False)
+        m.setenv("SUMMA_POOL_REMOTE", "0")  # copies, not reads of this process
         with pytest.raises(ValueError, match=r"has less than .* free for a shared array.*"
                                              r"summa\.host\.empty.*mmap_mode"):
             summa.matmul(a, a.T.copy(), workers=2, backend="numpy")
     assert pool._pool is None and launched[0].proc.poll() is not None  # no job left
     c = summa.matmul(a, a.T.copy(), workers=2, backend="numpy")
     assert gemm_scaled_error(np.asarray(c), a, a.T.copy()) <= 1
+
+
+def test_the_workers_read_and_write_the_callers_own_arrays(rng, monkeypatch):
+    """Where the system lets them (summa.remote), the workers read A and B
+    where the caller holds them and write the product into the caller's
+    array (`out`, or a new one): nothing in shared memory; the caller's
+    arrays are left alone; transposed operands are still copied."""
+    a, b = random_array(rng, (70, 33), "float64"), random_array(rng, (33, 45), "float64")
+    a0, b0 = a.copy(), b.copy()
+    copies = []
+    real = host.named
+    monkeypatch.setattr(host, "named", lambda *x: copies.append(x) or real(*x))
+    stats = summa.SummaStats()
+    c = summa.matmul(a, b, workers=2, backend="numpy", panel_width=8, stats=stats)
+    if not stats.extra["pool_reads_caller"]:
+        pytest.skip("this system does not let a process read another's memory")
+    assert copies == [] and type(c) is np.ndarray and host.shared_name(c) is None
+    assert gemm_scaled_error(c, a, b) <= 1
+    assert np.array_equal(a, a0) and np.array_equal(b, b0)
+    out = np.full((70, 45), np.nan)
+    assert summa.matmul(a, b, workers=3, backend="numpy", out=out) is out
+    assert gemm_scaled_error(out, a, b) <= 1 and copies == []
+    summa.matmul(a, b.T.copy(), trans_b="T", workers=2, backend="numpy")
+    assert copies == [((45, 33), np.dtype("float64"))]  # B^T: a copy for the workers
+
+
+def test_workers_that_may_not_read_the_caller_get_copies(rng, monkeypatch):
+    """A pool whose workers cannot read this process answers so once; the
+    call is made again with copies, and the pool remembers."""
+    a, b = random_array(rng, (40, 20), "float64"), random_array(rng, (20, 30), "float64")
+    pool.close()
+    monkeypatch.setattr(pool, "_may_read_caller", lambda: True)  # the caller would ...
+    monkeypatch.setenv("SUMMA_POOL_REMOTE", "0")  # ... but the workers are told no
+    stats = summa.SummaStats()
+    c = summa.matmul(a, b, workers=2, backend="numpy", stats=stats)
+    assert gemm_scaled_error(np.asarray(c), a, b) <= 1
+    assert stats.extra["pool_reads_caller"] is False and pool._pool.remote is False
+    c = summa.matmul(b.T.copy(), a.T.copy(), workers=2, backend="numpy", stats=stats)
+    assert gemm_scaled_error(np.asarray(c), b.T, a.T) <= 1
