@@ -191,7 +191,8 @@ def one_size(args) -> list[dict]:
             tiles=ex.get("tiles"), make_seconds=made,
             pool_copy_seconds=ex.get("pool_copy_seconds"),
             pool_start_wait_seconds=ex.get("pool_start_wait_seconds"),
-            **{k: ex.get(k) for k in ("pool_run_seconds", "worker_attach_seconds",
+            **{k: ex.get(k) for k in ("pool_run_seconds", "pool_reads_caller",
+                                      "worker_attach_seconds",
                                       "worker_matmul_seconds", "worker_after_seconds")})
         del c
     cp.get_default_memory_pool().free_all_blocks()
@@ -317,7 +318,9 @@ def main(argv=None) -> int:
                         f"{r.get('setup_seconds') or 0:.3f} s, sweep "
                         f"{r.get('sweep_seconds') or 0:.3f} s; tiles {r['tiles']}")
                 if r.get("pool_copy_seconds") is not None:
-                    note += (f"; pool: copies into shared memory {r['pool_copy_seconds']:.3f} s, "
+                    how = "reads the caller's arrays" if r.get("pool_reads_caller") else \
+                        "copies into shared memory"
+                    note += (f"; pool: {how} {r['pool_copy_seconds']:.3f} s, "
                              f"then waited {r['pool_start_wait_seconds']:.3f} s for its start, "
                              f"ran {r['pool_run_seconds']:.3f} s (workers: attach "
                              f"{r['worker_attach_seconds']:.3f}, matmul "
