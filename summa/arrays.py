@@ -53,4 +53,7 @@ def check_arrays(a, b, out, trans_a: str, trans_b: str, backend):
             return "out is read-only"
         if out.size and out.strides[1] != out.itemsize:
             return "out must have contiguous rows (C order, or a slice of columns of one)"
+        for name, x in (("a", a), ("b", b)):
+            if np.may_share_memory(out, x):  # C's blocks would overwrite panels still to come
+                return f"out overlaps {name}: the product needs memory of its own"
     return m, n, k, dtype.str

@@ -286,7 +286,7 @@ def matmul(a, b, size: int, out=None, **options):
         and options.get("schedule", "panels") == "panels" and min(m, n, k) > 0 \
         and _may_read_caller()
     if reach:
-        remote.allow_readers()
+        remote.allow_readers(pool.proc.pid)  # the launcher and the workers it started
     try:
         while True:
             parts, result, kept = _operands(a, b, trans, out, (m, n), dtype, reach)

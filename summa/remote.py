@@ -13,9 +13,10 @@ of it and move them between the two processes in one system call per 1024
 rows, like :mod:`summa.filemaps` does for files. The product lands in the
 caller's own result array.
 
-The caller allows its children to read it (:func:`allow_readers`, for
-Yama's ``ptrace_scope`` 1); where the system still refuses (scope 2 or 3, a
-sandbox), :func:`readable` says so and the pool copies as before.
+The caller allows the workers' launcher and its descendants to read it
+(:func:`allow_readers`, for Yama's ``ptrace_scope`` 1); where the system still
+refuses (scope 2 or 3, a sandbox), :func:`readable` says so and the pool
+copies as before.
 """
 
 from __future__ import annotations
@@ -61,11 +62,12 @@ def _calls():
     return _libc or None
 
 
-def allow_readers() -> None:
-    """Let any process of this user read this one's memory where Yama
-    restricts it to ancestors (``PR_SET_PTRACER_ANY``); nothing elsewhere."""
+def allow_readers(pid: int) -> None:
+    """Let process `pid` and its descendants (a launcher and the workers it
+    starts) read this process's memory where Yama lets only ancestors do so
+    (``PR_SET_PTRACER``; it names one process at a time); nothing elsewhere."""
     try:
-        ctypes.CDLL(None).prctl(0x59616D61, ctypes.c_ulong(2**64 - 1), 0, 0, 0)
+        ctypes.CDLL(None).prctl(0x59616D61, ctypes.c_ulong(pid), 0, 0, 0)
     except (OSError, AttributeError):
         pass
 

@@ -514,3 +514,18 @@ def test_a_finite_streamed_product_reads_its_inputs_once(comm, rng, folder, monk
     record = multiply_files(pa, pb, str(folder / "C.npy"), comm, quiet=True, check=False,
                             out_of_core=True, backend="numpy")
     assert record["streamed"]
+
+
+@pytest.mark.mpi(min_size=1)
+def test_an_out_that_overlaps_an_operand_is_refused_on_every_rank(comm, rng):
+    # The product's blocks would overwrite panels still to be read.
+    square = random_array(rng, (8, 8), "float64")
+    mine = comm.rank == 0
+    for out, name in ((square, "a"), (square[:, :], "a")):
+        with pytest.raises(ValueError, match=f"out overlaps {name}"):
+            summa.matmul(square if mine else None, square.copy() if mine else None,
+                         out=out if mine else None, out_of_core=True)
+    with pytest.raises(ValueError, match="out overlaps b"):
+        b = random_array(rng, (8, 8), "float64")
+        summa.matmul(square.copy() if mine else None, b if mine else None,
+                     out=b if mine else None)
