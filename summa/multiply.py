@@ -13,6 +13,7 @@ and integer files need ``dtype``.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 import warnings
@@ -25,7 +26,7 @@ from .algorithm import SummaStats, gemm, prepare
 from .backend import NumpyBackend, get_backend, resolve_dtype
 from .grid import ProcessGrid, core_share, grid_for, node_rank
 from . import host as host_arrays
-from . import pool
+from . import pool, remote
 from .arrays import check_arrays, op_shape
 from .checks import check_operands
 from .host import parallel_copy
@@ -502,9 +503,12 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
             fresh = True  # beta 0: out's old values do not matter either
         else:
             shares = _node_shares(pgrid, (m, n, k), dtype)
-            A, a_node = _operand_block(a, trans_a, (m, k), dtype, pgrid, root, shares)
-            B, b_node = _operand_block(b, trans_b, (k, n), dtype, pgrid, root, shares)
-            C, c_node = _result_block(out, (m, n), dtype, pgrid, shares)
+            A, a_node = _root_block(a, trans_a, (m, k), dtype, pgrid, root) or \
+                _operand_block(a, trans_a, (m, k), dtype, pgrid, root, shares)
+            B, b_node = _root_block(b, trans_b, (k, n), dtype, pgrid, root) or \
+                _operand_block(b, trans_b, (k, n), dtype, pgrid, root, shares)
+            C, c_node = _root_result_block(out, (m, n), dtype, pgrid, root) or \
+                _result_block(out, (m, n), dtype, pgrid, shares)
             fresh = True
             broadcaster = kwargs.get("broadcaster", "auto")
             if broadcaster == "host" and (a_node is None or b_node is None):
@@ -589,6 +593,57 @@ def _operand_block(x, trans: str, shape, dtype, grid, root: int, shares: bool) -
     with watch(f"rank {root} to copy an operand into node-shared memory"):
         grid.comm.Barrier()
     return DistMatrix(grid, layout, _block_of(node, layout, grid), host), node
+
+
+def _in_place(x, shape, dtype, grid, root: int):
+    """The root's array `x` (None elsewhere) where every rank of the grid may
+    read and write it in place (:mod:`summa.remote`; one node): `x` itself
+    on the root, a stand-in on the others; None on every rank where some rank
+    may not. Collective."""
+    if not grid.comm.allreduce(grid.local_size == grid.size and remote.allowed(),
+                               op=MPI.LAND):
+        return None
+    rank = grid.comm.Get_rank()
+    if rank == root:
+        # The launcher's other children (the node's ranks) may read this one.
+        remote.allow_readers(os.getppid())
+    where = grid.comm.bcast(remote.describe(x) if rank == root else None, root=root)
+    if where is None or not grid.comm.allreduce(rank == root or remote.readable(where),
+                                                op=MPI.LAND):
+        return None
+    return x if rank == root else host_arrays.attach_remote(where, shape, dtype)
+
+
+def _root_block(x, trans: str, shape, dtype, grid, root: int):
+    """``(block, the whole)`` of an untransposed operand held by the root,
+    read where it lies (:func:`_in_place`: no copy into node-shared memory,
+    which cost as much as the copy of the pool's owner, a third of its time
+    on one H200); None where it cannot be. Collective."""
+    if _mapped_everywhere(x, grid.comm):
+        return None  # node-shared already: every rank maps it
+    if grid.comm.allreduce(trans == "N" and (grid.comm.Get_rank() != root or bool(
+            x.size and x.flags.c_contiguous)), op=MPI.LAND):
+        whole = _in_place(x, shape, dtype, grid, root)
+        if whole is not None:
+            return DistMatrix(grid, Layout(shape, grid.shape), _block_of(whole, Layout(
+                shape, grid.shape), grid), NumpyBackend()), whole
+    return None
+
+
+def _root_result_block(out, shape, dtype, grid, root: int):
+    """``(block, the whole)`` of the product in the root's own array (`out`,
+    or a new one touched on its threads), every rank writing its block there
+    in place (:func:`_in_place`); None where it cannot be. Collective."""
+    rank = grid.comm.Get_rank()
+    if _mapped_everywhere(out, grid.comm) or not grid.comm.allreduce(
+            rank != root or out is None or out.flags.c_contiguous, op=MPI.LAND):
+        return None
+    whole = out if rank != root or out is not None else host_arrays.touched(shape, dtype)
+    whole = _in_place(whole, shape, dtype, grid, root)
+    if whole is None:
+        return None
+    layout = Layout(shape, grid.shape)
+    return DistMatrix(grid, layout, _block_of(whole, layout, grid), NumpyBackend()), whole
 
 
 def _result_block(out, shape, dtype, grid, shares: bool):

@@ -322,11 +322,8 @@ def matmul(a, b, size: int, out=None, **options):
 
 
 def _may_read_caller() -> bool:
-    """May the workers read this process's arrays (:mod:`summa.remote`)?
-    Not where ``SUMMA_POOL_REMOTE=0`` says so, nor where the system has no
-    such calls."""
-    return os.environ.get("SUMMA_POOL_REMOTE", "1") != "0" and \
-        remote.describe(np.empty(1)) is not None
+    """May the workers read this process's arrays (:func:`summa.remote.allowed`)?"""
+    return remote.allowed()
 
 
 def _operands(a, b, trans, out, shape, dtype, reach: bool):

@@ -29,7 +29,7 @@ import weakref
 
 import numpy as np
 
-__all__ = ["allow_readers", "describe", "placeholder", "find", "readable", "RemoteRows"]
+__all__ = ["allowed", "allow_readers", "describe", "placeholder", "find", "readable", "RemoteRows"]
 
 #: Most iovecs one call takes (Linux's UIO_MAXIOV).
 IOV_MAX = 1024
@@ -60,6 +60,13 @@ def _calls():
         except (OSError, AttributeError):
             _libc = False
     return _libc or None
+
+
+def allowed() -> bool:
+    """May arrays be read in place in other processes here? Not where
+    ``SUMMA_IN_PLACE=0`` says so (copies into shared memory instead), nor
+    where the system has no such calls."""
+    return os.environ.get("SUMMA_IN_PLACE", "1") != "0" and _calls() is not None
 
 
 def allow_readers(pid: int) -> None:
@@ -105,14 +112,14 @@ def placeholder(where: dict, shape, dtype) -> np.ndarray:
     # then made inaccessible; no memory is reserved for it.
     mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
                    | getattr(mmap, "MAP_NORESERVE", 0x4000))
-    array = np.frombuffer(mm, dtype=dtype).reshape(shape)
-    start = array.ctypes.data
+    flat = np.frombuffer(mm, dtype=dtype)  # every view's base: it lives as long as they do
+    start = flat.ctypes.data
     if ctypes.CDLL(None).mprotect(ctypes.c_void_p(start), ctypes.c_size_t(len(mm)), 0) != 0:
         raise OSError("mprotect refused to make a placeholder inaccessible")
     with _lock:
         _maps[start] = (start + nbytes, int(where["pid"]), int(where["address"]))
-    weakref.finalize(array, _forget, start, mm)
-    return array
+    weakref.finalize(flat, _forget, start, mm)
+    return flat.reshape(shape)
 
 
 def _forget(start: int, mm) -> None:

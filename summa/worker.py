@@ -35,9 +35,9 @@ def serve(conn, world) -> None:
         spec = command[1]
         os.environ.update(spec["env"])
         parts = [spec[x] for x in "abc"]
-        allowed = os.environ.get("SUMMA_POOL_REMOTE", "1") != "0"
-        if not world.allreduce(all(allowed and remote.readable(p["remote"]) for p in parts
-                                   if isinstance(p, dict) and "remote" in p), op=MPI.LAND):
+        owners = [p["remote"] for p in parts if isinstance(p, dict) and "remote" in p]
+        if not world.allreduce(all(remote.allowed() and remote.readable(w) for w in owners),
+                               op=MPI.LAND):
             if world.Get_rank() == 0:  # the system does not let us read the owner
                 _answer(conn, ("no-remote",))
             continue

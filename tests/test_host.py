@@ -39,8 +39,12 @@ def test_matmul_of_node_shared_arrays_copies_nothing(comm, rng, monkeypatch):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("in_place", ["1", "0"])
 @pytest.mark.parametrize("trans_a", ["N", "T"])
-def test_arrays_on_the_root_go_through_one_node_shared_copy(comm, rng, monkeypatch, trans_a):
+def test_arrays_on_the_root_are_read_in_place_or_through_one_node_shared_copy(
+        comm, rng, monkeypatch, trans_a, in_place):
+    from summa import remote
+    monkeypatch.setenv("SUMMA_IN_PLACE", in_place)
     seen = spy_out_of_core(monkeypatch)
     a = random_array(rng, (31, 26) if trans_a == "N" else (26, 31), "float32")
     b = random_array(rng, (26, 19), "float32")
@@ -49,8 +53,12 @@ def test_arrays_on_the_root_go_through_one_node_shared_copy(comm, rng, monkeypat
     c = summa.matmul(a if mine else None, b if mine else None, root=root, trans_a=trans_a,
                      out_of_core=True, panel_width=8)
     (A, B, C), = seen
-    if comm.Get_size() > 1:  # blocks are views into shared copies, not the root's arrays
-        assert A.base is not None and not np.shares_memory(A, a)
+    if comm.Get_size() > 1 and trans_a == "N" and remote.allowed():
+        # where the root's A lies: itself there, a stand-in for it on the others
+        assert np.shares_memory(A, a) if mine else remote.find(A) is not None
+        assert np.shares_memory(C, c) if mine else remote.find(C) is not None
+    elif comm.Get_size() > 1:  # views into shared copies, not the root's arrays
+        assert A.base is not None and not np.shares_memory(A, a) and remote.find(A) is None
     if mine:
         assert gemm_scaled_error(c, a, b, trans_a=trans_a) <= 1
     else:
@@ -107,8 +115,14 @@ def test_every_rank_uploads_its_own_parts_where_gpus_cannot_read_each_other(comm
 @pytest.mark.mpi(min_size=2)
 def test_own_uploads_without_node_shared_operands_are_refused_on_every_rank(comm, rng,
                                                                            monkeypatch, folder):
+    from summa import remote
     monkeypatch.setenv("SUMMA_SHM_DIR", str(folder / "no such folder"))
     a = random_array(rng, (8, 8), "float64")
+    if remote.allowed():  # read in place where the root holds it: no node-shared copy needed
+        c = summa.matmul(a if comm.rank == 0 else None, a if comm.rank == 0 else None,
+                         out_of_core=True, broadcaster="host")
+        assert comm.rank != 0 or gemm_scaled_error(c, a, a) <= 1
+    monkeypatch.setenv("SUMMA_IN_PLACE", "0")
     with pytest.raises(ValueError, match="node-shared"):
         summa.matmul(a if comm.rank == 0 else None, a if comm.rank == 0 else None,
                      out_of_core=True, broadcaster="host")

@@ -189,7 +189,7 @@ def test_no_room_for_the_copies_says_how_to_need_none(rng, monkeypatch):
     monkeypatch.setattr(pool, "_Pool", lambda *x: launched.append(real(*x)) or launched[-1])
     with monkeypatch.context() as m:
         m.setattr(host, "_room", lambda nbytes: False)
-        m.setenv("SUMMA_POOL_REMOTE", "0")  # copies, not reads of this process
+        m.setenv("SUMMA_IN_PLACE", "0")  # copies, not reads of this process
         with pytest.raises(ValueError, match=r"has less than .* free for a shared array.*"
                                              r"summa\.host\.empty.*mmap_mode"):
             summa.matmul(a, a.T.copy(), workers=2, backend="numpy")
@@ -228,7 +228,7 @@ def test_workers_that_may_not_read_the_caller_get_copies(rng, monkeypatch):
     a, b = random_array(rng, (40, 20), "float64"), random_array(rng, (20, 30), "float64")
     pool.close()
     monkeypatch.setattr(pool, "_may_read_caller", lambda: True)  # the caller would ...
-    monkeypatch.setenv("SUMMA_POOL_REMOTE", "0")  # ... but the workers are told no
+    monkeypatch.setenv("SUMMA_IN_PLACE", "0")  # ... but the workers are told no
     stats = summa.SummaStats()
     c = summa.matmul(a, b, workers=2, backend="numpy", stats=stats)
     assert gemm_scaled_error(np.asarray(c), a, b) <= 1

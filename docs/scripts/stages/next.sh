@@ -8,7 +8,7 @@
         tests/test_multiply.py -x
     LIMIT=100 run python3 docs/scripts/seed_case.py --sizes 16384 --dtype float64 \
         --free 24GiB --pool --peers "" --json "$OUT/seed.jsonl"
-    LIMIT=100 SUMMA_POOL_REMOTE=0 run python3 docs/scripts/seed_case.py --sizes 16384 \
+    LIMIT=100 SUMMA_IN_PLACE=0 run python3 docs/scripts/seed_case.py --sizes 16384 \
         --dtype float64 --free 24GiB --pool --peers "" --json "$OUT/seed_copies.jsonl"
     LIMIT=200 MPIEXEC="$MPI" run python3 docs/scripts/files_case.py --size 24576 \
         --dir /tmp/summa-files --ranks 1 --device-memory 8GiB --json "$OUT/files.jsonl"
