@@ -152,6 +152,11 @@ class Backend:
         """Can this backend's device multiply int8 on tensor cores?"""
         return False
 
+    def same_b(self):
+        """A context in which products given the same `b` may reuse what they
+        made of it (float64 on INT8: its residues); `b` must not change."""
+        return contextlib.nullcontext()
+
     def finite_probe(self, x):
         """A value, queued and not waited for, that :meth:`probed_finite`
         turns into "every element of `x` is finite" (False: perhaps not)."""
@@ -492,6 +497,10 @@ class CupyBackend(Backend):
                       one.ctypes.data, bt8.data.ptr, _CUDA_R_8I, k, a8.data.ptr, _CUDA_R_8I, k,
                       beta.ctypes.data, out.data.ptr, _CUDA_R_32I, n, _CUBLAS_COMPUTE_32I,
                       _CUBLAS_GEMM_DEFAULT)
+
+    def same_b(self):
+        from . import ozaki_gpu
+        return ozaki_gpu.same_b()
 
     def finite_probe(self, x):
         """Sums of ``|x|`` (complex: ``|re| + |im|``) over pieces of `x`, on the

@@ -29,6 +29,7 @@ the NumPy backend (tests) the same steps run with plain copies.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import weakref
@@ -265,13 +266,15 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
         if i + group < len(panels):
             gemm(arrived[0][0], arrived[0][1], c)
         else:  # the tile's last panels: each row strip goes home once it is final
-            # (float64 on INT8 products redoes B's residues for every strip: one strip)
-            for r0, r1 in _tail_strips(c.shape[0], mover.overlaps and precision != "fp64-int8"):
-                if r0 == r1:
-                    continue
-                for a, b, _, _ in arrived:
-                    gemm(a[r0:r1], b, c[r0:r1])
-                mover.write_back(host_tile[r0:r1], c[r0:r1], t % len(c_bufs))
+            # (float64 on INT8 products make B's residues once for all strips
+            # where there is one panel; with several, a strip each)
+            with mover.device.same_b() if len(arrived) == 1 else contextlib.nullcontext():
+                for r0, r1 in _tail_strips(c.shape[0], mover.overlaps):
+                    if r0 == r1:
+                        continue
+                    for a, b, _, _ in arrived:
+                        gemm(a[r0:r1], b, c[r0:r1])
+                    mover.write_back(host_tile[r0:r1], c[r0:r1], t % len(c_bufs))
         if progress is not None:
             progress(s + group, len(steps))
         for j in range(s, s + group):  # step j's slot is free once its GEMMs are done

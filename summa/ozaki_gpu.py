@@ -19,13 +19,14 @@ float64 formulas), so the two agree (tests/test_gpu.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
 
 from . import ozaki
 
-__all__ = ["gemm", "scratch_bytes", "PLANES"]
+__all__ = ["gemm", "same_b", "scratch_bytes", "PLANES"]
 
 #: Integer products folded per pass (each pass reads the two sums once);
 #: ``SUMMA_FP64_INT8_PLANES`` overrides.
@@ -165,6 +166,46 @@ def _constants(count: int) -> dict:
     return _kernels[key]
 
 
+#: B's exponents and residue planes kept for the products inside :func:`same_b`.
+_held: dict | None = None
+
+
+@contextlib.contextmanager
+def same_b():
+    """Products inside share B's exponents and residue planes where they are
+    given the same B (the caller promises it does not change meanwhile): the
+    row strips of an out-of-core tile's last panel, which go home one by one
+    as they are final, transpose and reduce B once, not once a strip. One B
+    is kept at a time, so the memory is one product's."""
+    global _held
+    outer, _held = _held, {}
+    try:
+        yield
+    finally:
+        _held = outer
+
+
+def _b_side(b, count: int, bits: int, cols_p: int, k_p: int, constants, backend):
+    """B's column exponents and its residue planes (B transposed, so K is
+    contiguous): made here, or inside :func:`same_b` those made for this B."""
+    import cupy
+    data = getattr(b, "data", None)
+    key = (getattr(data, "ptr", None) or b.__array_interface__["data"][0], b.shape,
+           b.strides, count, bits)
+    if _held is not None and _held.get("key") == key:
+        return _held["f"], _held["b8"]
+    if _held is not None:
+        _held.clear()  # the last B's planes go before this one's come
+    k, n = b.shape
+    bt = cupy.empty((n, k), dtype=cupy.float64)
+    backend.transpose(b, bt)
+    f = _exponents(bt, 1, bits)
+    b8 = _residues(bt, f, count, cols_p, k_p, constants)
+    if _held is not None:
+        _held.update(key=key, f=f, b8=b8)
+    return f, b8
+
+
 def scratch_bytes(m: int, n: int, k: int, count: int, planes: int = PLANES) -> int:
     """Device bytes one product takes beside its operands: the residue planes,
     B transposed, the integer products and the two sums."""
@@ -213,15 +254,11 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
         elif beta != 1:
             c *= beta
         return
-    bt = cupy.empty((n, k), dtype=cupy.float64)
-    backend.transpose(b, bt)
     e = _exponents(a, 1, bits)          # (m,)
-    f = _exponents(bt, 1, bits)         # (n,), B's columns
     kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
     mark("scale")
+    f, b8 = _b_side(b, count, bits, np_, kp, constants, backend)  # (n,): B's columns
     a8 = _residues(a, e, count, m, kp, constants)
-    b8 = _residues(bt, f, count, np_, kp, constants)
-    del bt
     mark("residues")
     s_hi = cupy.zeros((m, n), dtype=cupy.float64)
     s_lo = cupy.zeros((m, n), dtype=cupy.float64)

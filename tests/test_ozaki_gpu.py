@@ -74,3 +74,27 @@ def test_complex_products_moduli_and_refusals(rng, ozaki_gpu):
     empty = np.full((8, 8), 3.0)
     ozaki_gpu.gemm(1.0, real[:, :0], real.T[:0].copy(), empty, beta=0.5, backend=backend)
     assert np.all(empty == 1.5)
+
+
+def test_row_strips_inside_same_b_make_b_once_and_give_the_whole_product(rng, ozaki_gpu):
+    # An out-of-core tile's last panel goes home in row strips: B's residues
+    # are made once for all of them, and the strips are the whole product's rows.
+    backend = fake_cupy_kernels.Backend()
+    a, b = rng.uniform(-1, 1, (48, 40)), rng.standard_normal((40, 21))
+    whole = np.empty((48, 21))
+    ozaki_gpu.gemm(1.0, a, b, whole, backend=backend)
+    residues = ozaki_gpu._kernels["residues"]
+    before = residues.launches
+    strips = np.empty((48, 21))
+    with ozaki_gpu.same_b():
+        for r0, r1 in ((0, 20), (20, 36), (36, 48)):
+            ozaki_gpu.gemm(1.0, a[r0:r1], b, strips[r0:r1], backend=backend)
+        assert residues.launches - before == 1 + 3  # B once, each strip's A
+        other = rng.standard_normal((40, 21))  # another B inside: made anew, right
+        c = np.empty((48, 21))
+        ozaki_gpu.gemm(1.0, a, other, c, backend=backend)
+        assert _close(c, ozaki.gemm_int8(a, other))
+    np.testing.assert_array_equal(strips, whole)
+    assert ozaki_gpu._held is None  # nothing kept after the context
+    ozaki_gpu.gemm(1.0, a[:20], b, strips[:20], backend=backend)
+    assert residues.launches - before == 4 + 2 + 2  # outside: B made again
