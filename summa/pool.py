@@ -289,6 +289,7 @@ def matmul(a, b, size: int, out=None, **options):
         remote.allow_readers(pool.proc.pid)  # the launcher and the workers it started
     try:
         while True:
+            # (kept: the shared copies made, alive until the workers are done)
             parts, result, kept = _operands(a, b, trans, out, (m, n), dtype, reach)
             spec = {"a": parts[0], "a_shape": a.shape, "b": parts[1], "b_shape": b.shape,
                     "c": parts[2], "c_shape": (m, n), "dtype": np.dtype(dtype).str,
