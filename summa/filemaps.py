@@ -22,7 +22,7 @@ import weakref
 
 import numpy as np
 
-__all__ = ["register", "find", "FileRows", "prefetch"]
+__all__ = ["register", "find", "FileRows", "prefetch", "write_out"]
 
 _lock = threading.Lock()
 #: start address -> (end address, file descriptor, file offset of start, writable, path)
@@ -75,8 +75,10 @@ class FileRows:
         self._move(os.preadv, dest)
 
     def write_from(self, src: np.ndarray) -> None:
-        """Write the C-contiguous `src` (same rows and width) into the file."""
+        """Write the C-contiguous `src` (same rows and width) into the file,
+        and start writing those pages to the disk (see :func:`write_out`)."""
         self._move(_pwrite, src)
+        write_out(self.fd, self.offset, (self.rows - 1) * self.pitch + self.width)
 
     def _move(self, call, buf: np.ndarray) -> None:
         """`call` (preadv or pwrite) for the rows, in one call where they are
@@ -88,6 +90,36 @@ class FileRows:
         for r in range(self.rows):
             _all(call, self.fd, flat[r * self.width:(r + 1) * self.width],
                  self.offset + r * self.pitch, self.path)
+
+
+#: sync_file_range's flag: start writing the range's dirty pages, not waiting.
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def write_out(fd: int, offset: int, nbytes: int) -> None:
+    """Start writing bytes just written to `fd` out to the disk now
+    (``sync_file_range``), so the disk works while the rest is written: the
+    kernel starts by itself only past a tenth of the memory in dirty pages,
+    and a product of 4.8 GB then waited for the final ``fsync`` (2.2-2.7 s
+    of a streamed multiply on the H200 machine). Nothing where the system
+    has no such call; the final ``fsync`` still makes it durable."""
+    call = _sync_file_range()
+    if call is not None and nbytes > 0:
+        call(fd, ctypes.c_int64(offset), ctypes.c_int64(nbytes), _SYNC_FILE_RANGE_WRITE)
+
+
+_sync_calls: list = []
+
+
+def _sync_file_range():
+    if not _sync_calls:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+            fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+            _sync_calls.append(fn)
+        except (OSError, AttributeError):
+            _sync_calls.append(None)
+    return _sync_calls[0]
 
 
 def _pwrite(fd, buffers, offset):

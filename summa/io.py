@@ -161,6 +161,8 @@ def _rows_io(fd: int, path: str, offset: int, pitch: int, first: int, width: int
                                       "says (changed while read?)"))
                 got += moved
             where += n if flat else pitch
+        if write:  # the disk starts on these rows now (summa.filemaps.write_out)
+            filemaps.write_out(fd, offset + r0 * pitch + first, (r1 - r0 - 1) * pitch + width)
 
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(threads, thread_name_prefix="summa-io") as pool:
