@@ -10,3 +10,8 @@
             --repeat 2 --no-ideal --json "$OUT/bench.jsonl"
     done
     bench_table "$OUT/bench.jsonl" out_of_core nb tflops check_residual
+    # the INT8 rates into a copy of the H200 profile, for summa/profiles/h200.json (issue 25:
+    # `model --precision fp64-int8` predicts from it)
+    cp summa/profiles/h200.json "$OUT/h200-int8.json"
+    LIMIT=150 run python3 -m summa calibrate --backend cupy --precision fp64-int8 --append \
+        -o "$OUT/h200-int8.json" --comm mpi --repeat 2
