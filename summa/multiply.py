@@ -13,7 +13,6 @@ and integer files need ``dtype``.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 import warnings
@@ -25,15 +24,17 @@ from .agree import collectively
 from .algorithm import SummaStats, gemm, prepare
 from .backend import NumpyBackend, get_backend, resolve_dtype
 from .grid import ProcessGrid, core_share, grid_for, node_rank
+from .hostblocks import (host_block, node_shares, operand_block, own_range, result_block,
+                         root_block, root_result_block)
 from . import host as host_arrays
-from . import pool, remote
+from . import pool
 from .arrays import check_arrays, op_shape
 from .checks import check_operands
 from .host import parallel_copy
 from .faults import inject
 from .io import (AtomicNpyWriter, NpyError, check_output_path, map_block, read_header,
                  set_ranks_on_node)
-from .layout import Layout, span
+from .layout import Layout
 from .matrix import DistMatrix
 from .progress import Progress
 from .outofcore import summa_out_of_core
@@ -497,18 +498,18 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         host, own = NumpyBackend(), None
         if pgrid.size == 1:
             # Where the caller's arrays lie: views, and the result written in place.
-            A, B = _host_block(a, trans_a, pgrid), _host_block(b, trans_b, pgrid)
+            A, B = host_block(a, trans_a, pgrid), host_block(b, trans_b, pgrid)
             c = np.empty((m, n), dtype) if out is None else out
             C = DistMatrix(pgrid, Layout((m, n), pgrid.shape), c, host)
             fresh = True  # beta 0: out's old values do not matter either
         else:
-            shares = _node_shares(pgrid, (m, n, k), dtype)
-            A, a_node = _root_block(a, trans_a, (m, k), dtype, pgrid, root) or \
-                _operand_block(a, trans_a, (m, k), dtype, pgrid, root, shares)
-            B, b_node = _root_block(b, trans_b, (k, n), dtype, pgrid, root) or \
-                _operand_block(b, trans_b, (k, n), dtype, pgrid, root, shares)
-            C, c_node = _root_result_block(out, (m, n), dtype, pgrid, root) or \
-                _result_block(out, (m, n), dtype, pgrid, shares)
+            shares = node_shares(pgrid, (m, n, k), dtype)
+            A, a_node = root_block(a, trans_a, (m, k), dtype, pgrid, root) or \
+                operand_block(a, trans_a, (m, k), dtype, pgrid, root, shares)
+            B, b_node = root_block(b, trans_b, (k, n), dtype, pgrid, root) or \
+                operand_block(b, trans_b, (k, n), dtype, pgrid, root, shares)
+            C, c_node = root_result_block(out, (m, n), dtype, pgrid, root) or \
+                result_block(out, (m, n), dtype, pgrid, shares)
             fresh = True
             broadcaster = kwargs.get("broadcaster", "auto")
             if broadcaster == "host" and (a_node is None or b_node is None):
@@ -518,8 +519,8 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
                     broadcaster == "host"
                     or (broadcaster == "auto" and not peer_access(pgrid, be))):
                 # this rank's rows of A and columns of B, all of K
-                own = (a_node[_own(C.layout.rows, pgrid.row)],
-                       b_node[:, _own(C.layout.cols, pgrid.col)])
+                own = (a_node[own_range(C.layout.rows, pgrid.row)],
+                       b_node[:, own_range(C.layout.cols, pgrid.col)])
         comm_kind = kwargs.pop("broadcaster", "auto")
         set_up = time.perf_counter() - called  # backend, checks, plan, blocks
         result = summa_out_of_core(kwargs.pop("alpha", 1.0), A, B, 0.0, C, be, budget,
@@ -542,139 +543,6 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
             parallel_copy(out, c_node)
             return out
         return c_node
-
-
-def _node_shares(grid, shape, dtype) -> bool:
-    """Do all ranks share one node with room for node-shared copies of A, B
-    and C (:mod:`summa.host`)? Then blocks are views into one copy of each;
-    else MPI scatters and gathers them. Collective."""
-    m, n, k = shape
-    one_node = grid.comm.allreduce(grid.local_size == grid.size, op=MPI.LAND)
-    need = (m * k + k * n + m * n) * np.dtype(dtype).itemsize
-    return one_node and host_arrays.node_shared(need, grid.comm)
-
-
-def _own(dist, p: int) -> slice:
-    """Process `p`'s indices of a balanced distribution, as a slice."""
-    run = span(dist.global_indices(p))
-    return slice(*run) if run else slice(0, 0)
-
-
-def _block_of(x: np.ndarray, layout: Layout, grid) -> np.ndarray:
-    """This rank's block of the global `x` (balanced blocks: a view)."""
-    return x[_own(layout.rows, grid.row), _own(layout.cols, grid.col)]
-
-
-def _mapped_everywhere(x, comm) -> bool:
-    """Does every rank hold the same node-shared array `x` (:mod:`summa.host`)?
-    Collective."""
-    token = host_arrays.shared_token(x) if x is not None else None
-    return token is not None and all(t == token for t in comm.allgather(token))
-
-
-def _operand_block(x, trans: str, shape, dtype, grid, root: int, shares: bool) -> DistMatrix:
-    """This rank's host block of ``op(x)``: a view into a node-shared array
-    (the caller's own, held by every rank, or one the root copies `x` into
-    on host threads), or where the node cannot share, scattered by MPI."""
-    layout, host = Layout(shape, grid.shape), NumpyBackend()
-    mapped = _mapped_everywhere(x, grid.comm)
-    if mapped and trans == "N":
-        return DistMatrix(grid, layout, _block_of(x, layout, grid), host), x
-    if mapped:
-        block = _block_of(x.T, layout, grid)
-        block = np.ascontiguousarray(block.conj() if trans == "H" else block)
-        return DistMatrix(grid, layout, block, host), None
-    if not shares:
-        return _scatter_op(x, trans, grid, host, root), None
-    node = host_arrays.empty(shape, dtype, grid.comm)
-    if grid.comm.Get_rank() == root:
-        src = {"N": x, "T": x.T, "H": np.conj(x).T}[trans]
-        host_arrays.parallel_copy(node, src)
-    with watch(f"rank {root} to copy an operand into node-shared memory"):
-        grid.comm.Barrier()
-    return DistMatrix(grid, layout, _block_of(node, layout, grid), host), node
-
-
-def _in_place(x, shape, dtype, grid, root: int):
-    """The root's array `x` (None elsewhere) where every rank of the grid may
-    read and write it in place (:mod:`summa.remote`; one node): `x` itself
-    on the root, a stand-in on the others; None on every rank where some rank
-    may not. Collective."""
-    if not grid.comm.allreduce(grid.local_size == grid.size and remote.allowed(),
-                               op=MPI.LAND):
-        return None
-    rank = grid.comm.Get_rank()
-    if rank == root:
-        # The launcher's other children (the node's ranks) may read this one.
-        remote.allow_readers(os.getppid())
-    where = grid.comm.bcast(remote.describe(x) if rank == root else None, root=root)
-    if where is None or not grid.comm.allreduce(rank == root or remote.readable(where),
-                                                op=MPI.LAND):
-        return None
-    return x if rank == root else host_arrays.attach_remote(where, shape, dtype)
-
-
-def _root_block(x, trans: str, shape, dtype, grid, root: int):
-    """``(block, the whole)`` of an untransposed operand held by the root,
-    read where it lies (:func:`_in_place`: no copy into node-shared memory,
-    which cost as much as the copy of the pool's owner, a third of its time
-    on one H200); None where it cannot be. Collective."""
-    if _mapped_everywhere(x, grid.comm):
-        return None  # node-shared already: every rank maps it
-    if grid.comm.allreduce(trans == "N" and (grid.comm.Get_rank() != root or bool(
-            x.size and x.flags.c_contiguous)), op=MPI.LAND):
-        whole = _in_place(x, shape, dtype, grid, root)
-        if whole is not None:
-            return DistMatrix(grid, Layout(shape, grid.shape), _block_of(whole, Layout(
-                shape, grid.shape), grid), NumpyBackend()), whole
-    return None
-
-
-def _root_result_block(out, shape, dtype, grid, root: int):
-    """``(block, the whole)`` of the product in the root's own array (`out`,
-    or a new one touched on its threads), every rank writing its block there
-    in place (:func:`_in_place`); None where it cannot be. Collective."""
-    rank = grid.comm.Get_rank()
-    if _mapped_everywhere(out, grid.comm) or not grid.comm.allreduce(
-            rank != root or out is None or out.flags.c_contiguous, op=MPI.LAND):
-        return None
-    whole = out if rank != root or out is not None else host_arrays.touched(shape, dtype)
-    whole = _in_place(whole, shape, dtype, grid, root)
-    if whole is None:
-        return None
-    layout = Layout(shape, grid.shape)
-    return DistMatrix(grid, layout, _block_of(whole, layout, grid), NumpyBackend()), whole
-
-
-def _result_block(out, shape, dtype, grid, shares: bool):
-    """This rank's block of the product and the node-shared array it lies in
-    (`out` itself where every rank maps it; None: gathered by MPI)."""
-    layout, host = Layout(shape, grid.shape), NumpyBackend()
-    if _mapped_everywhere(out, grid.comm):
-        node = out
-    elif shares:
-        node = host_arrays.empty(shape, dtype, grid.comm)
-    else:
-        return DistMatrix(grid, layout, np.empty(layout.local_shape(grid.row, grid.col), dtype),
-                          host), None
-    return DistMatrix(grid, layout, _block_of(node, layout, grid), host), node
-
-
-def _host_block(x: np.ndarray, trans: str, grid) -> DistMatrix:
-    """``op(x)`` as the one block of a 1 x 1 grid: `x` itself where its rows
-    are contiguous, else one copy."""
-    x = np.asarray(x)
-    x = {"N": x, "T": x.T, "H": x.conj().T}[trans]
-    if x.size and x.strides[1] != x.itemsize:
-        x = np.ascontiguousarray(x)
-    return DistMatrix(grid, Layout(x.shape, grid.shape), x, NumpyBackend())
-
-
-def _scatter_op(x, trans: str, grid, host, root: int) -> DistMatrix:
-    """``op(x)`` held on `root`, scattered into host blocks."""
-    if grid.comm.Get_rank() == root:
-        x = {"N": x, "T": x.T, "H": np.conj(x).T}[trans]
-    return DistMatrix.from_global(x, grid, host, root=root)
 
 
 def matmul(A, B, device=None, **kwargs):

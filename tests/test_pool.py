@@ -173,9 +173,9 @@ def test_npy_files_mapped_by_the_caller_are_not_copied(rng, monkeypatch, tmp_pat
     # and each worker multiplies it where it lies: mapped alike on every rank
     from mpi4py import MPI
 
-    from summa.multiply import _mapped_everywhere
+    from summa.hostblocks import mapped_everywhere
     path, offset = host.file_map(a)
-    assert _mapped_everywhere(host.attach_file(path, offset, a.shape, a.dtype), MPI.COMM_SELF)
+    assert mapped_everywhere(host.attach_file(path, offset, a.shape, a.dtype), MPI.COMM_SELF)
 
 
 def test_no_room_for_the_copies_says_how_to_need_none(rng, monkeypatch):
