@@ -235,3 +235,17 @@ def test_workers_that_may_not_read_the_caller_get_copies(rng, monkeypatch):
     assert stats.extra["pool_reads_caller"] is False and pool._pool.remote is False
     c = summa.matmul(b.T.copy(), a.T.copy(), workers=2, backend="numpy", stats=stats)
     assert gemm_scaled_error(np.asarray(c), b.T, a.T) <= 1
+
+
+def test_a_pool_started_ahead_is_the_one_the_first_call_uses(rng, monkeypatch):
+    pool.close()
+    launched = []
+    real = pool._Pool
+    monkeypatch.setattr(pool, "_Pool", lambda *x: launched.append(real(*x)) or launched[-1])
+    assert pool.start(workers=2, backend="numpy") == 2 and len(launched) == 1
+    a, b = random_array(rng, (30, 20), "float64"), random_array(rng, (20, 25), "float64")
+    c = summa.matmul(a, b, workers=2, backend="numpy")
+    assert len(launched) == 1 and gemm_scaled_error(np.asarray(c), a, b) <= 1
+    assert pool.start(workers=1, backend="numpy") == 1  # one worker: nothing to start
+    monkeypatch.setenv("PMI_RANK", "0")  # under a launcher: nothing either
+    assert pool.start(workers=3, backend="numpy") == 1 and len(launched) == 1
