@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, asdict
 import numpy as np
 from mpi4py import MPI
 
+from . import ozaki
 from .checks import check_layouts, check_operands, check_scalars
 from .layout import Distribution, Layout, panel_schedule, split_panel
 from .matrix import DistMatrix
@@ -150,7 +151,7 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     elif first_beta == 1 and beta != 1:
         C.local *= beta
     marks = []
-    with backend.compute_stream():
+    with backend.checked_later() as checks, backend.compute_stream():
         # Made inside: its copies go on the stream its GEMMs run on.
         operand_a = PanelsOfA(backend, C.local.shape[0], 0 if strips else
                               max((p.width for p in panels), default=0), C.dtype, transpose)
@@ -171,6 +172,9 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
                       precision, progress, stats.extra, operand_a)
     with watch("the queued GPU work of the SUMMA loop (broadcasts and GEMMs)"):
         backend.synchronize()
+    # float64 on INT8: inputs checked for Inf/NaN as the products went, asked once here
+    if not grid.comm.allreduce(checks.finite(), op=MPI.LAND):
+        raise ValueError(ozaki.NOT_FINITE)
     stats.seconds = time.perf_counter() - t0
     stats.compute = sum(backend.elapsed(a, b) for a, b in zip(marks[::2], marks[1::2]))
     stats.wait = max(0.0, stats.seconds - stats.compute)

@@ -97,6 +97,14 @@ def cupy_available() -> bool:
         return False
 
 
+class _NothingChecked:
+    """No product checked anything (NumPy: it has no float64 on INT8)."""
+
+    @staticmethod
+    def finite() -> bool:
+        return True
+
+
 class Backend:
     """Array operations one rank needs; subclasses bind NumPy or CuPy.
 
@@ -156,6 +164,11 @@ class Backend:
         """A context in which products given the same `b` may reuse what they
         made of it (float64 on INT8: its residues); `b` must not change."""
         return contextlib.nullcontext()
+
+    def checked_later(self):
+        """A context in which float64-on-INT8 products check their inputs for
+        Inf/NaN without waiting; its object's ``finite()`` says at the end."""
+        return contextlib.nullcontext(_NothingChecked())
 
     def finite_probe(self, x):
         """A value, queued and not waited for, that :meth:`probed_finite`
@@ -501,6 +514,10 @@ class CupyBackend(Backend):
     def same_b(self):
         from . import ozaki_gpu
         return ozaki_gpu.same_b()
+
+    def checked_later(self):
+        from . import ozaki_gpu
+        return ozaki_gpu.checked_later()
 
     def finite_probe(self, x):
         """Sums of ``|x|`` (complex: ``|re| + |im|``) over pieces of `x`, on the

@@ -36,8 +36,9 @@ import weakref
 from collections import deque
 
 import numpy as np
+from mpi4py import MPI
 
-from . import remote
+from . import ozaki, remote
 from .algorithm import SummaStats, local_parts, wait_for_panel
 from .checks import check_layouts, check_operands, check_scalars
 from .backend import _CUDA_INVALID_VALUE, _clear_cuda_error, page_locked
@@ -161,14 +162,17 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
         mover.touch(C.local)
     stats.extra = {"pin_seconds": time.perf_counter() - t_pin, "host_locked": locked}
     try:
-        _sweep(alpha, A, B, C, beta != 0, tiles, panels, lookahead, plan.slots, row_bc,
-               col_bc, mover, precision, progress, plan.transposed_a, own_copies)
-        # GPU streams may wait on peers' broadcasts (NCCL kernels, ipc events)
-        with watch("the queued GPU work of the out-of-core sweep (uploads, broadcasts, "
-                   "GEMMs, write-backs)"):
-            mover.finish()
+        with device.checked_later() as checks:  # float64 on INT8: asked once, below
+            _sweep(alpha, A, B, C, beta != 0, tiles, panels, lookahead, plan.slots, row_bc,
+                   col_bc, mover, precision, progress, plan.transposed_a, own_copies)
+            # GPU streams may wait on peers' broadcasts (NCCL kernels, ipc events)
+            with watch("the queued GPU work of the out-of-core sweep (uploads, broadcasts, "
+                       "GEMMs, write-backs)"):
+                mover.finish()
     finally:
         mover.close()
+    if not grid.comm.allreduce(checks.finite(), op=MPI.LAND):
+        raise ValueError(ozaki.NOT_FINITE)
     stats.seconds = time.perf_counter() - t0
     head, between, tail = mover.phases()
     stats.compute = mover.compute_seconds()

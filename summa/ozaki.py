@@ -44,6 +44,9 @@ import numpy as np
 __all__ = ["MODULI", "BITS", "moduli_for", "scale", "residues", "integer_product",
            "crt_weights", "fold", "finish", "reconstruct", "gemm_int8", "error_bound"]
 
+#: The refusal of inputs that hold Inf or NaN.
+NOT_FINITE = "precision fp64-int8 needs finite inputs: A or B holds Inf or NaN"
+
 #: Pairwise coprime moduli up to 256, largest first (so the fewest reach a
 #: given product): their symmetric residues fit int8.
 MODULI = (256, 255, 253, 251, 247, 241, 239, 233, 229, 227, 223, 217, 211, 199, 197, 193,
@@ -87,7 +90,7 @@ def scale(x, axis: int, bits: int, xp=np):
     column for axis 0), rounded to integers with ``|xbar| <= 2**bits``
     (float64); ``e`` int32. Zero rows (columns) keep e = 0. Refuses Inf/NaN."""
     if not bool(xp.isfinite(x).all()):
-        raise ValueError("precision fp64-int8 needs finite inputs: A or B holds Inf or NaN")
+        raise ValueError(NOT_FINITE)
     bits = check_bits(bits)
     e = exponents(xp.abs(x).max(axis=axis, keepdims=True), bits, xp)
     return xp.rint(xp.ldexp(x, e)), e

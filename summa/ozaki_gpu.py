@@ -26,7 +26,7 @@ import numpy as np
 
 from . import ozaki
 
-__all__ = ["gemm", "same_b", "scratch_bytes", "PLANES"]
+__all__ = ["gemm", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
 
 #: Integer products folded per pass (each pass reads the two sums once);
 #: ``SUMMA_FP64_INT8_PLANES`` overrides.
@@ -126,14 +126,50 @@ def _launch(kernel, total: int, args) -> None:
     kernel((blocks,), (threads,), args)
 
 
+NOT_FINITE = ozaki.NOT_FINITE
+#: Inside :func:`checked_later`: each product's flags "an input holds Inf/NaN".
+_pending: list | None = None
+
+
 def _exponents(x, axis: int, bits: int):
     """The scaling exponents of `x`'s rows (axis 1) or columns (axis 0), as
-    int32; refuses Inf/NaN."""
+    int32; refuses Inf/NaN (at once, or inside :func:`checked_later` at its
+    end)."""
     import cupy
-    amax = _kernel("amax")(x, axis=axis)
-    if bool(cupy.isinf(amax).any()):
-        raise ValueError("precision fp64-int8 needs finite inputs: A or B holds Inf or NaN")
+    amax = _kernel("amax")(x, axis=axis)  # Inf where a row holds Inf or NaN
+    bad = cupy.isinf(amax).any()
+    if _pending is not None:
+        _pending.append(bad)
+    elif bool(bad):
+        raise ValueError(NOT_FINITE)
     return ozaki.exponents(amax, bits, cupy)
+
+
+class _Checks:
+    """The Inf/NaN checks of the products made inside :func:`checked_later`."""
+
+    def __init__(self):
+        self.flags = []
+
+    def finite(self) -> bool:
+        """Were all their inputs finite? (Waits for the GPU: once.)"""
+        return not any(bool(flag) for flag in self.flags)
+
+
+@contextlib.contextmanager
+def checked_later():
+    """Inside, products do not stop the host to check their inputs for
+    Inf/NaN (a synchronisation with the GPU each, so the host could not queue
+    the next panel's copies and GEMMs ahead): the yielded object's
+    ``finite()`` answers for all of them at the end. Their products are then
+    meaningless where it says False; the caller raises (every rank alike)."""
+    global _pending
+    outer, checks = _pending, _Checks()
+    _pending = checks.flags
+    try:
+        yield checks
+    finally:
+        _pending = outer
 
 
 def _residues(x, e, count: int, rows_p: int, cols_p: int, constants):

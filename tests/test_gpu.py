@@ -660,3 +660,21 @@ def test_finite_probe_finds_every_nan_and_inf_and_only_them(comm, gpu, dtype):
         huge = cp.full((4, 4), 1e308)
         assert not backend.probed_finite(backend.finite_probe(huge))
         assert backend.all_finite(huge)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("out_of_core", [False, True])
+def test_summa_on_int8_refuses_inf_on_every_rank_at_the_end(comm, rng, gpu, out_of_core):
+    """fp64-int8 through SUMMA checks its inputs as the products go and
+    refuses Inf/NaN once, on every rank (no host synchronisation per panel)."""
+    grid, backend = gpu
+    a, b = rng.uniform(-1, 1, (300, 260)), rng.uniform(-1, 1, (260, 200))
+    a[299, 259] = np.inf  # in the last panel of the last rank's rows
+    with pytest.raises(ValueError, match="finite inputs"):
+        if out_of_core:
+            matmul(a if comm.rank == 0 else None, b if comm.rank == 0 else None, comm=comm,
+                   precision="fp64-int8", panel_width=64)
+        else:
+            A = DistMatrix.from_global(a, grid, backend)
+            B = DistMatrix.from_global(b, grid, backend)
+            matmul(A, B, precision="fp64-int8", panel_width=64)

@@ -98,3 +98,21 @@ def test_row_strips_inside_same_b_make_b_once_and_give_the_whole_product(rng, oz
     assert ozaki_gpu._held is None  # nothing kept after the context
     ozaki_gpu.gemm(1.0, a[:20], b, strips[:20], backend=backend)
     assert residues.launches - before == 4 + 2 + 2  # outside: B made again
+
+
+def test_inputs_checked_later_say_so_once_at_the_end(rng, ozaki_gpu):
+    # SUMMA's products do not stop the host for each Inf/NaN check: the
+    # checks are kept and answered at the end (every rank alike, by its caller).
+    backend = fake_cupy_kernels.Backend()
+    a, b = rng.uniform(-1, 1, (12, 10)), rng.uniform(-1, 1, (10, 9))
+    bad = b.copy()
+    bad[3, 4] = np.nan
+    c = np.empty((12, 9))
+    with ozaki_gpu.checked_later() as checks:
+        ozaki_gpu.gemm(1.0, a, b, c, backend=backend)
+        assert checks.finite() and len(checks.flags) == 2  # A's rows, B's columns
+        with np.errstate(invalid="ignore"):  # its residues are meaningless: NaN cast
+            ozaki_gpu.gemm(1.0, a, bad, c, backend=backend)  # no raise here
+    assert not checks.finite() and ozaki_gpu._pending is None
+    with pytest.raises(ValueError, match="finite inputs"):  # outside: at once
+        ozaki_gpu.gemm(1.0, a, bad, c, backend=backend)
