@@ -420,7 +420,8 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         (:func:`summa.grid.grid_for`).
     out : numpy.ndarray, optional
         On `root`: where the product goes, of its shape and dtype with
-        contiguous rows; returned.
+        contiguous rows, overlapping neither `a` nor `b`; returned. Where the
+        call raises, its values are undefined (blocks may have landed).
     out_of_core : bool, optional
         None (default): host-resident on GPUs as above; False: copy the
         operands into GPU memory first and multiply there (the in-memory
