@@ -1,0 +1,9 @@
+# STAGE=s27c docs/scripts/gpu_session.sh
+# issue 27, third call: fp64-int8 on every GPU against one GPU's emulated rate
+    P=$(python3 -c "import cupy; print(cupy.cuda.runtime.getDeviceCount())")
+    for np_ in 1 $P; do
+        LIMIT=200 run $MPI -np $np_ python3 -m summa bench --backend cupy --size 65536 \
+            --dtype float64 --precision fp64-int8 --check --repeat 2 --no-ideal \
+            --json "$OUT/int8.jsonl"
+    done
+    bench_table "$OUT/int8.jsonl" ranks tflops check_residual
