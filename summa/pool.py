@@ -305,7 +305,8 @@ def matmul(a, b, size: int, out=None, **options):
     try:
         while True:
             # (kept: the shared copies made, alive until the workers are done)
-            parts, result, kept = _operands(a, b, trans, out, (m, n), dtype, reach)
+            parts, result, kept = _operands(a, b, trans, out, (m, n), dtype, reach,
+                                            touch=len(pool.conns) < pool.size)
             spec = {"a": parts[0], "a_shape": a.shape, "b": parts[1], "b_shape": b.shape,
                     "c": parts[2], "c_shape": (m, n), "dtype": np.dtype(dtype).str,
                     "options": dict(options, **({"out_of_core": True} if reach else {})),
@@ -342,12 +343,13 @@ def _may_read_caller() -> bool:
     return remote.allowed()
 
 
-def _operands(a, b, trans, out, shape, dtype, reach: bool):
+def _operands(a, b, trans, out, shape, dtype, reach: bool, touch: bool):
     """What the workers are told of A, B and C (a shared file's name, an
     .npy file's bytes, or where in this process), the array C lands in
-    (`out`, a shared array, or with `reach` this process's own, touched on
-    threads meanwhile so the workers write into faulted-in pages), and the
-    shared copies made, to be kept until the workers are done."""
+    (`out`, a shared array, or with `reach` this process's own: with
+    `touch`, while the workers start, faulted in on threads so that they
+    write into touched pages; a warm pool's call would only wait for it),
+    and the shared copies made, to be kept until the workers are done."""
     parts, kept = [], []  # kept: the shared copies, alive until the call has ended
     for x, t in zip((a, b), trans):
         where = remote.describe(x) if reach and t == "N" and host.shared_name(x) is None \
@@ -360,7 +362,8 @@ def _operands(a, b, trans, out, shape, dtype, reach: bool):
     if out is not None and host.shared_name(out) is not None:
         return parts + [host.shared_name(out)], out, kept
     if reach and (out is None or out.flags.c_contiguous):
-        result = out if out is not None else host.touched((shape[0], shape[1]), dtype)
+        result = out if out is not None else host.touched(shape, dtype) if touch else \
+            np.empty(shape, dtype)
         return parts + [{"remote": remote.describe(result)}], result, kept
     result, name = host.named(shape, dtype)
     return parts + [name], result, kept
