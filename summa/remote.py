@@ -11,12 +11,13 @@ registered here, and its host-device copies (:mod:`summa.staging`,
 :mod:`summa.outofcore`) ask :func:`find` for the caller's bytes behind a view
 of it and move them between the two processes in one system call per 1024
 rows, like :mod:`summa.filemaps` does for files. The product lands in the
-caller's own result array.
+caller's own result array. Under mpirun on one node the ranks read the
+root's arrays so too (:mod:`summa.hostblocks`).
 
-The caller allows the workers' launcher and its descendants to read it
+The owner allows its readers' launcher and that one's descendants to read it
 (:func:`allow_readers`, for Yama's ``ptrace_scope`` 1); where the system still
-refuses (scope 2 or 3, a sandbox), :func:`readable` says so and the pool
-copies as before.
+refuses (scope 2 or 3, a sandbox), :func:`readable` says so and the arrays
+are copied into shared memory as before; ``SUMMA_IN_PLACE=0`` asks for that.
 """
 
 from __future__ import annotations
