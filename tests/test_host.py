@@ -159,3 +159,22 @@ def test_arrays_whose_product_the_host_cannot_hold_are_refused_on_every_rank(com
         summa.matmul(a if comm.rank == 0 else None, a if comm.rank == 0 else None,
                      out_of_core=True)
 
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_the_roots_out_is_written_in_place_or_through_a_copy(comm, rng, contiguous):
+    # out C-contiguous: every rank writes its block into the root's out itself;
+    # a slice of columns of a wider array: through a node-shared product, copied.
+    a = random_array(rng, (21, 17), "float64")
+    b = random_array(rng, (17, 13), "float64")
+    mine = comm.rank == 0
+    wide = np.full((21, 20), np.nan)
+    out = (np.full((21, 13), np.nan) if contiguous else wide[:, 3:16]) if mine else None
+    c = summa.matmul(a if mine else None, b if mine else None, out=out, out_of_core=True,
+                     panel_width=4)
+    if mine:
+        assert c is out and gemm_scaled_error(c, a, b) <= 1
+        assert contiguous or (np.isnan(wide[:, :3]).all() and np.isnan(wide[:, 16:]).all())
+    else:
+        assert c is None
