@@ -75,7 +75,8 @@ def stager_for(device: int) -> "Stager":
 
 def copy_threads(ranks_on_node: int = 1) -> int:
     """Host threads for one rank's copies: three quarters of the cores this
-    process may run on, shared by the node's ranks, at most
+    process may run on, shared with the node's ranks that may run on them
+    too (:func:`summa.grid.core_share`), at most
     :data:`MAX_COPY_THREADS`; the other quarter is for the touch of a fresh
     result (:data:`TOUCH_SHARE`), the dispatchers and the thread queueing
     the GEMMs. ``SUMMA_COPY_THREADS`` overrides."""
