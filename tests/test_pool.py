@@ -51,6 +51,7 @@ def test_arrays_made_shared_are_not_copied(rng, monkeypatch):
 
 @pytest.mark.parametrize("action,match", [("raise", "worker rank 1 failed: RuntimeError: "
                                                     "injected fault in summa on rank 1"),
+                                          ("ioerror", "worker rank 1 failed: OSError: "),
                                           ("kill", r"worker rank \d \(pid \d+\) died")])
 def test_a_failing_worker_ends_the_call_with_one_error_and_the_pool_starts_anew(
         rng, monkeypatch, action, match):
