@@ -22,7 +22,7 @@ import weakref
 
 import numpy as np
 
-__all__ = ["register", "find", "FileRows", "prefetch", "write_out"]
+__all__ = ["register", "find", "FileRows", "prefetch", "read_ahead", "write_out"]
 
 _lock = threading.Lock()
 #: start address -> (end address, file descriptor, file offset of start, writable, path)
@@ -45,6 +45,9 @@ def register(data: np.ndarray, path: str, offset: int, writable: bool) -> None:
 def _forget(start: int, fd: int) -> None:
     with _lock:
         _maps.pop(start, None)
+        stops = _stops.pop(start, [])
+    for stop in stops:  # its read-aheads end with it
+        stop.set()
     try:
         os.close(fd)
     except OSError:
@@ -187,11 +190,33 @@ def prefetch(view: np.ndarray, threads: int = PREFETCH_THREADS) -> threading.Thr
     first, last = offset + start - base, offset + end - base
     if last - first > _available() // 2:
         return None  # it would push out what it read before it is used
+    stop = threading.Event()
+    with _lock:
+        if base not in _maps:
+            return None
+        _stops.setdefault(base, []).append(stop)  # set when the map goes
+    return _start(path, first, last, _resident(start, end), threads, stop)
+
+
+def read_ahead(path: str, first: int, last: int,
+               threads: int = PREFETCH_THREADS) -> threading.Event | None:
+    """Read bytes `first`..`last` of `path` into the page cache in the
+    background, in order after the read-aheads asked before, where they are
+    not there yet and there is room; set the returned event to stop it (None
+    where nothing is read). A multiply of files starts its inputs' reading so
+    before it starts CUDA and plans, then maps its blocks."""
+    if last <= first or last - first > _available() // 2:
+        return None
+    stop = threading.Event()
+    _start(path, first, last, _file_resident(path, first, last), threads, stop)
+    return stop
+
+
+def _start(path, first, last, resident, threads, stop) -> threading.Thread:
     global _last
-    resident = _resident(start, end)
     with _lock:  # in the order asked: the copies want A's rows before B's
         thread = threading.Thread(target=_read_ahead,
-                                  args=(path, first, last, resident, threads, base, _last),
+                                  args=(path, first, last, resident, threads, stop, _last),
                                   name="summa-prefetch", daemon=True)
         _last = thread
         thread.start()
@@ -200,20 +225,24 @@ def prefetch(view: np.ndarray, threads: int = PREFETCH_THREADS) -> threading.Thr
 
 #: The last read-ahead started (the next one waits for it to end).
 _last: threading.Thread | None = None
+#: Map start address -> the events that stop its read-aheads.
+_stops: dict[int, list] = {}
 
 
-def _read_ahead(path: str, first: int, last: int, resident, threads: int, key: int,
-                after: threading.Thread | None) -> None:
+def _read_ahead(path: str, first: int, last: int, resident, threads: int,
+                stop: threading.Event, after: threading.Thread | None) -> None:
     """Once read-ahead `after` has ended, read bytes `first`..`last` of `path`
     in chunks on `threads` threads, in order, skipping the chunks `resident`
-    says are in memory, until the map registered at `key` is gone (the
-    multiply that wanted it has ended, or failed); errors are left to the
+    says are in memory, until `stop` is set (the map it was for is gone, or
+    the multiply that wanted it has ended or failed); errors are left to the
     copies (which report them). One file after the other: a streamed multiply
     whose first GEMM needs all of A's rows waited 6.3 s of a cold start while
     A and B were read side by side (N = 24576 on the H200 machine, s13g),
     where reading A alone takes 2.7 s at that disk's rate."""
-    if after is not None:
-        after.join()
+    while after is not None and after.is_alive() and not stop.is_set():
+        after.join(0.05)
+    if stop.is_set():
+        return
     try:
         fd = os.open(path, os.O_RDONLY)  # its own read-ahead state, not the copies'
     except OSError:
@@ -226,7 +255,7 @@ def _read_ahead(path: str, first: int, last: int, resident, threads: int, key: i
         while True:
             with lock:
                 at = next(chunks, None)
-            if at is None or key not in _maps:
+            if at is None or stop.is_set():
                 return
             if resident is not None and resident(at - first, min(last, at + PREFETCH_CHUNK)
                                                  - first):
@@ -235,7 +264,8 @@ def _read_ahead(path: str, first: int, last: int, resident, threads: int, key: i
                 os.preadv(fd, [scratch[:min(PREFETCH_CHUNK, last - at)]], at)
             except OSError:
                 return
-    workers = [threading.Thread(target=reader, daemon=True) for _ in range(max(1, threads))]
+    workers = [threading.Thread(target=reader, name="summa-prefetch", daemon=True)
+               for _ in range(max(1, threads))]
     for w in workers:
         w.start()
     for w in workers:
@@ -253,6 +283,27 @@ def _available() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+def _file_resident(path: str, first: int, last: int):
+    """:func:`_resident` for bytes `first`..`last` of `path`, through a map of
+    its own made for the question (None where it cannot be asked)."""
+    try:
+        with open(path, "rb") as fh:
+            lo = first - first % mmap.ALLOCATIONGRANULARITY
+            mm = mmap.mmap(fh.fileno(), last - lo, offset=lo, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+    try:
+        view = np.frombuffer(mm, dtype=np.uint8)
+        resident = _resident(view.ctypes.data + first - lo, view.ctypes.data + last - lo)
+        del view
+    finally:
+        try:
+            mm.close()
+        except BufferError:
+            pass
+    return resident
 
 
 def _resident(start: int, end: int):

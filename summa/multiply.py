@@ -24,6 +24,7 @@ from .agree import collectively
 from .algorithm import SummaStats, gemm, prepare
 from .backend import NumpyBackend, get_backend, resolve_dtype
 from .grid import ProcessGrid, core_share, grid_for, node_rank
+from .filemaps import read_ahead
 from .hostblocks import (host_block, node_shares, operand_block, own_range, result_block,
                          root_block, root_result_block)
 from . import host as host_arrays
@@ -173,153 +174,178 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
                        f"but the product is {m}x{n}")
     compute = _compute_dtype(headers, dtype)
     out = check_output_path(out_path, [a_path, b_path, c_path], comm)
-    be = collectively(comm, get_backend, backend, node_rank(comm)[0])
-    compute = be.check_dtype(compute)
-    if check is None:
-        check = check_is_cheap(m, n, k, compute.itemsize, be.name)
-    progress = Progress(rank0 and not quiet)
-    record = {"a": str(a_path), "b": str(b_path), "output": out, "m": m, "n": n, "k": k,
-              "dtype": compute.name, "trans_a": trans_a, "trans_b": trans_b,
-              "alpha": alpha, "beta": beta, "backend": be.name, "timeline": timeline}
-    mark("headers, devices")
-    grid = grid or grid_for(comm.Get_size(), m, n, be.name, compute, schedule)
-    if out_of_core is None and streams_by_default(be.name, headers, trans_a, trans_b, compute,
-                                                  block, schedule):
-        out_of_core = True  # streamed: reading, multiplying and writing overlap
-    with ProcessGrid(comm, grid) as pgrid, contextlib.ExitStack() as stack:
-        record["grid"] = list(pgrid.shape)
-        if pgrid.core_note and rank0:
-            warn(pgrid.core_note)
-        width = panel_width if isinstance(panel_width, int) else \
-            default_panel_width(be.name, compute, precision)
-        budget, note = choose_memory_mode((m, n, k), compute, pgrid, width, lookahead, be,
-                                          out_of_core, device_memory, schedule, precision)
-        if note and rank0:
-            warn(note)
-        if budget is not None and not isinstance(panel_width, int):
-            width = default_panel_width(be.name, compute, precision, out_of_core=True)
-        home = be if budget is None else NumpyBackend()  # out of core: data on the host
-        record["out_of_core"] = budget is not None
-        # Out of core, blocks of C-ordered files are memory-mapped and read as the
-        # multiply goes (no read phase before it), and the product is written
-        # into the output file in place: the wall time tends to the longest of
-        # reading, multiplying and writing, not their sum.
-        streaming = budget is not None and block is None
-        writer = None
-        if streaming and not c_path:
-            writer = stack.enter_context(AtomicNpyWriter(out, (m, n), compute, comm,
-                                                         keep_errors=True))
-        record["streamed"] = streaming
-        mark("grid, plan")
-        record["prepare_seconds"] = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
-        progress.phase("read", 3 if c_path else 2)
+    # The disk starts on the inputs while CUDA starts and the multiply plans.
+    ahead = _read_ahead_inputs(headers, comm)
+    try:
+        be = collectively(comm, get_backend, backend, node_rank(comm)[0])
+        compute = be.check_dtype(compute)
+        if check is None:
+            check = check_is_cheap(m, n, k, compute.itemsize, be.name)
+        progress = Progress(rank0 and not quiet)
+        record = {"a": str(a_path), "b": str(b_path), "output": out, "m": m, "n": n, "k": k,
+                  "dtype": compute.name, "trans_a": trans_a, "trans_b": trans_b,
+                  "alpha": alpha, "beta": beta, "backend": be.name, "timeline": timeline}
+        mark("headers, devices")
+        grid = grid or grid_for(comm.Get_size(), m, n, be.name, compute, schedule)
+        if out_of_core is None and streams_by_default(be.name, headers, trans_a, trans_b, compute,
+                                                      block, schedule):
+            out_of_core = True  # streamed: reading, multiplying and writing overlap
+        with ProcessGrid(comm, grid) as pgrid, contextlib.ExitStack() as stack:
+            record["grid"] = list(pgrid.shape)
+            if pgrid.core_note and rank0:
+                warn(pgrid.core_note)
+            width = panel_width if isinstance(panel_width, int) else \
+                default_panel_width(be.name, compute, precision)
+            budget, note = choose_memory_mode((m, n, k), compute, pgrid, width, lookahead, be,
+                                              out_of_core, device_memory, schedule, precision)
+            if note and rank0:
+                warn(note)
+            if budget is not None and not isinstance(panel_width, int):
+                width = default_panel_width(be.name, compute, precision, out_of_core=True)
+            home = be if budget is None else NumpyBackend()  # out of core: data on the host
+            record["out_of_core"] = budget is not None
+            # Out of core, blocks of C-ordered files are memory-mapped and read as the
+            # multiply goes (no read phase before it), and the product is written
+            # into the output file in place: the wall time tends to the longest of
+            # reading, multiplying and writing, not their sum.
+            streaming = budget is not None and block is None
+            writer = None
+            if streaming and not c_path:
+                writer = stack.enter_context(AtomicNpyWriter(out, (m, n), compute, comm,
+                                                             keep_errors=True))
+            record["streamed"] = streaming
+            mark("grid, plan")
+            record["prepare_seconds"] = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
+            progress.phase("read", 3 if c_path else 2)
 
-        parts = record["read_parts"] = {}  # this rank's seconds per operand
+            parts = record["read_parts"] = {}  # this rank's seconds per operand
 
-        def read_all():
-            inject("read")
+            def read_all():
+                inject("read")
+                t0 = time.perf_counter()
+                A = (_mapped(headers["A"], trans_a, compute, pgrid) if streaming else None) or \
+                    DistMatrix.from_npy(a_path, pgrid, home, block, trans_a, compute)
+                parts["A"] = time.perf_counter() - t0
+                progress.step(1, 3 if c_path else 2)
+                t0 = time.perf_counter()
+                B = (_mapped(headers["B"], trans_b, compute, pgrid) if streaming else None) or \
+                    DistMatrix.from_npy(b_path, pgrid, home, block, trans_b, compute)
+                parts["B"] = time.perf_counter() - t0
+                progress.step(2, 3 if c_path else 2)
+                t0 = time.perf_counter()
+                if c_path:
+                    C = DistMatrix.from_npy(c_path, pgrid, home, block, "N", compute)
+                elif writer is not None:
+                    C = _output_block(writer, (m, n), compute, pgrid)
+                else:
+                    C = DistMatrix.zeros((m, n), compute, pgrid, home, block)
+                home.synchronize()
+                parts["C"] = time.perf_counter() - t0
+                return A, B, C
+            (A, B, C), record["read_seconds"] = _timed(comm, "read", read_all)
+            mark("read")
             t0 = time.perf_counter()
-            A = (_mapped(headers["A"], trans_a, compute, pgrid) if streaming else None) or \
-                DistMatrix.from_npy(a_path, pgrid, home, block, trans_a, compute)
-            parts["A"] = time.perf_counter() - t0
-            progress.step(1, 3 if c_path else 2)
+            inputs_finite = None
+            if not streaming:  # mapped operands would be read whole here: the product is asked
+                inputs_finite = _warn_nonfinite(headers, (A, B, C if c_path else None), rank0,
+                                                warn)
+            C0 = C.copy() if check and beta != 0 else None
+            scan = time.perf_counter() - t0
+            mark("NaN/Inf scan")
+            # One-time costs (communicators, their self-test, the BLAS library's
+            # start) are timed on their own, so "multiply" is the multiply.
+            _, record["setup_seconds"] = _timed(comm, "setup", _warm_up, A, B, C, be, compute,
+                                                broadcaster, precision, panel_width,
+                                                budget is None)
+            mark("setup")
+            stats = SummaStats()
+            progress.phase("multiply", 1)
+            inject("multiply")
+            def multiply():
+                if budget is None:
+                    gemm(A, B, C, alpha=alpha, beta=beta, panel_width=panel_width,
+                         lookahead=lookahead, broadcaster=broadcaster, precision=precision,
+                         stats=stats, progress=progress.step, schedule=schedule)
+                else:
+                    stats.__dict__.update(summa_out_of_core(
+                        alpha, A, B, beta, C, be, budget, panel_width=width, lookahead=lookahead,
+                        precision=precision, progress=progress.step, comm=broadcaster,
+                        fresh_c=writer is not None).__dict__)
+                be.synchronize()
+            _, record["compute_seconds"] = _timed(comm, "multiply", multiply)
+            mark("multiply")
             t0 = time.perf_counter()
-            B = (_mapped(headers["B"], trans_b, compute, pgrid) if streaming else None) or \
-                DistMatrix.from_npy(b_path, pgrid, home, block, trans_b, compute)
-            parts["B"] = time.perf_counter() - t0
-            progress.step(2, 3 if c_path else 2)
-            t0 = time.perf_counter()
-            if c_path:
-                C = DistMatrix.from_npy(c_path, pgrid, home, block, "N", compute)
-            elif writer is not None:
-                C = _output_block(writer, (m, n), compute, pgrid)
+            # NaN/Inf anywhere in the inputs make whole rows or columns of the
+            # product NaN/Inf (0 · Inf is NaN): where it is finite, so were they,
+            # and streamed inputs are scanned (a second read) only where it is not.
+            product_finite = stats.extra.get("product_finite") if budget is not None else \
+                (C.backend.all_finite(C.local) if inputs_finite else None)
+            if product_finite is not None:
+                product_finite = comm.allreduce(bool(product_finite), op=MPI.LAND)
+            if streaming and product_finite is False:
+                inputs_finite = _warn_nonfinite(headers, (A, B, C if c_path else None), rank0,
+                                                warn)
+            if inputs_finite and product_finite is False and rank0:
+                warn("the product has NaN/Inf values (or values near the end of the "
+                     f"{compute.name} range) though the inputs are finite: it overflowed")
+            record["scan_seconds"] = comm.allreduce(scan + time.perf_counter() - t0, op=MPI.MAX)
+            mark("NaN/Inf scan")
+            # out of core: where the GPU waited (its first uploads, later panels,
+            # the last write-back: streamed, the product's copy into the file)
+            record.update({f"gpu_idle_{k}": stats.extra.get(f"{k}_seconds")
+                           for k in ("head", "between", "tail")})
+            record.update(panel_width=stats.panel_width, comm=stats.comm, panels=stats.panels,
+                          schedule=stats.extra.get("schedule", "panels"),
+                          transposed_a=bool(stats.extra.get("transposed_a", False)))
+            record["tflops"] = ((8 if compute.kind == "c" else 2) * m * n * k
+                                / record["compute_seconds"] / 1e12)
+            record["check_residual"] = None
+            if check:
+                progress.phase("check", 1)
+                inject("check")
+                residual, record["check_seconds"] = _timed(
+                    comm, "check", freivalds, A, B, C, alpha=alpha, beta=beta, C0=C0,
+                    precision=precision, compute=be)
+                record["check_residual"] = residual
+                mark("check")
+                if not residual <= 1:
+                    progress.close()
+                    if writer is not None:
+                        writer.abandon()
+                    raise CheckFailed(f"the product failed the check: scaled residual "
+                                      f"{residual:.3e} > 1; {out_path} was not written")
+            progress.phase("write", 1)
+            if writer is not None:  # the product is in the file: on disk, then renamed
+                _, record["write_seconds"] = _timed(comm, "write", collectively, comm,
+                                                    writer.flush)
             else:
-                C = DistMatrix.zeros((m, n), compute, pgrid, home, block)
-            home.synchronize()
-            parts["C"] = time.perf_counter() - t0
-            return A, B, C
-        (A, B, C), record["read_seconds"] = _timed(comm, "read", read_all)
-        mark("read")
-        t0 = time.perf_counter()
-        inputs_finite = None
-        if not streaming:  # mapped operands would be read whole here: the product is asked
-            inputs_finite = _warn_nonfinite(headers, (A, B, C if c_path else None), rank0,
-                                            warn)
-        C0 = C.copy() if check and beta != 0 else None
-        scan = time.perf_counter() - t0
-        mark("NaN/Inf scan")
-        # One-time costs (communicators, their self-test, the BLAS library's
-        # start) are timed on their own, so "multiply" is the multiply.
-        _, record["setup_seconds"] = _timed(comm, "setup", _warm_up, A, B, C, be, compute,
-                                            broadcaster, precision, panel_width,
-                                            budget is None)
-        mark("setup")
-        stats = SummaStats()
-        progress.phase("multiply", 1)
-        inject("multiply")
-        def multiply():
-            if budget is None:
-                gemm(A, B, C, alpha=alpha, beta=beta, panel_width=panel_width,
-                     lookahead=lookahead, broadcaster=broadcaster, precision=precision,
-                     stats=stats, progress=progress.step, schedule=schedule)
-            else:
-                stats.__dict__.update(summa_out_of_core(
-                    alpha, A, B, beta, C, be, budget, panel_width=width, lookahead=lookahead,
-                    precision=precision, progress=progress.step, comm=broadcaster,
-                    fresh_c=writer is not None).__dict__)
-            be.synchronize()
-        _, record["compute_seconds"] = _timed(comm, "multiply", multiply)
-        mark("multiply")
-        t0 = time.perf_counter()
-        # NaN/Inf anywhere in the inputs make whole rows or columns of the
-        # product NaN/Inf (0 · Inf is NaN): where it is finite, so were they,
-        # and streamed inputs are scanned (a second read) only where it is not.
-        product_finite = stats.extra.get("product_finite") if budget is not None else \
-            (C.backend.all_finite(C.local) if inputs_finite else None)
-        if product_finite is not None:
-            product_finite = comm.allreduce(bool(product_finite), op=MPI.LAND)
-        if streaming and product_finite is False:
-            inputs_finite = _warn_nonfinite(headers, (A, B, C if c_path else None), rank0,
-                                            warn)
-        if inputs_finite and product_finite is False and rank0:
-            warn("the product has NaN/Inf values (or values near the end of the "
-                 f"{compute.name} range) though the inputs are finite: it overflowed")
-        record["scan_seconds"] = comm.allreduce(scan + time.perf_counter() - t0, op=MPI.MAX)
-        mark("NaN/Inf scan")
-        # out of core: where the GPU waited (its first uploads, later panels,
-        # the last write-back: streamed, the product's copy into the file)
-        record.update({f"gpu_idle_{k}": stats.extra.get(f"{k}_seconds")
-                       for k in ("head", "between", "tail")})
-        record.update(panel_width=stats.panel_width, comm=stats.comm, panels=stats.panels,
-                      schedule=stats.extra.get("schedule", "panels"),
-                      transposed_a=bool(stats.extra.get("transposed_a", False)))
-        record["tflops"] = ((8 if compute.kind == "c" else 2) * m * n * k
-                            / record["compute_seconds"] / 1e12)
-        record["check_residual"] = None
-        if check:
-            progress.phase("check", 1)
-            inject("check")
-            residual, record["check_seconds"] = _timed(
-                comm, "check", freivalds, A, B, C, alpha=alpha, beta=beta, C0=C0, precision=precision,
-                compute=be)
-            record["check_residual"] = residual
-            mark("check")
-            if not residual <= 1:
-                progress.close()
-                if writer is not None:
-                    writer.abandon()
-                raise CheckFailed(f"the product failed the check: scaled residual "
-                                  f"{residual:.3e} > 1; {out_path} was not written")
-        progress.phase("write", 1)
-        if writer is not None:  # the product is in the file: on disk, then renamed
-            _, record["write_seconds"] = _timed(comm, "write", collectively, comm,
-                                                writer.flush)
-        else:
-            _, record["write_seconds"] = _timed(comm, "write", C.to_npy, out)
-        mark("write")
-        progress.close()
+                _, record["write_seconds"] = _timed(comm, "write", C.to_npy, out)
+            mark("write")
+            progress.close()
+    finally:
+        for stop in ahead:  # done, or failed: no thread goes on reading
+            stop.set()
     mark("close")
     return record
+
+
+def _read_ahead_inputs(headers, comm) -> list:
+    """Start reading A's and B's bytes into the page cache (one after the
+    other, each rank of a node its share of them) where every rank is on one
+    node, so that the disk works from the start (what is read twice is read
+    from memory); the events that stop it. Collective."""
+    local, size = node_rank(comm)
+    if size != comm.Get_size():
+        return []  # several nodes: each reads only its blocks, when it maps them
+    stops = []
+    for header in (headers["A"], headers["B"]):
+        nbytes = int(np.prod(header.shape)) * header.dtype.itemsize
+        first = header.offset + nbytes * local // size
+        last = header.offset + nbytes * (local + 1) // size
+        stop = read_ahead(header.path, first, last)
+        if stop is not None:
+            stops.append(stop)
+    return stops
 
 
 def _warn_nonfinite(headers, matrices, rank0: bool, warn) -> bool:

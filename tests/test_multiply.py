@@ -529,3 +529,51 @@ def test_an_out_that_overlaps_an_operand_is_refused_on_every_rank(comm, rng):
         b = random_array(rng, (8, 8), "float64")
         summa.matmul(square.copy() if mine else None, b if mine else None,
                      out=b if mine else None)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_inputs_are_read_ahead_and_no_reader_outlives_the_call(comm, rng, folder,
+                                                                     monkeypatch, fails):
+    # Each rank of a node reads its share of A's and B's bytes ahead (the
+    # disk starts while CUDA starts); done or failed, no reading thread stays.
+    import threading
+    import time
+
+    from summa import filemaps
+    from summa import multiply as multiply_module
+    from summa.grid import node_rank
+    pa = save(comm, folder, "A.npy", random_array(rng, (300, 200), "float64"))
+    pb = save(comm, folder, "B.npy", random_array(rng, (200, 100), "float64"))
+    asked = []
+    real = filemaps.read_ahead
+    monkeypatch.setattr(multiply_module, "read_ahead",
+                        lambda path, first, last: asked.append((path, first, last)) or
+                        real(path, first, last))
+    monkeypatch.setattr(filemaps, "PREFETCH_CHUNK", 4096)
+    monkeypatch.setattr(filemaps, "_file_resident", lambda path, first, last: None)
+    slow = os.preadv
+
+    def read(*args):  # the read-ahead's reads take long: it must be stopped, not finish
+        if threading.current_thread().name == "summa-prefetch":
+            time.sleep(0.2)
+        return slow(*args)
+    monkeypatch.setattr(filemaps.os, "preadv", read)
+    if fails:  # on every rank alike (one rank's raise would leave the others waiting)
+        monkeypatch.setenv("SUMMA_INJECT_FAULT",
+                           ",".join(f"read:{r}:raise" for r in range(comm.Get_size())))
+    try:
+        multiply_files(pa, pb, str(folder / "C.npy"), comm, quiet=True, check=False,
+                       backend="numpy")
+    except RuntimeError:
+        assert fails
+    assert [os.path.basename(p) for p, _, _ in asked] == ["A.npy", "B.npy"]
+    local, size = node_rank(comm)
+    a_bytes = 300 * 200 * 8  # this rank's share of A's bytes
+    assert asked[0][2] - asked[0][1] == a_bytes * (local + 1) // size - a_bytes * local // size
+    deadline = time.monotonic() + 2
+    while any(t.name == "summa-prefetch" for t in threading.enumerate()) and \
+            time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not any(t.name == "summa-prefetch" for t in threading.enumerate())
+
