@@ -34,7 +34,10 @@ def owner():
     proc = subprocess.Popen([sys.executable, "-c", _OWNER], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     try:
-        yield proc, json.loads(proc.stdout.readline())
+        where = json.loads(proc.stdout.readline())
+        if not remote.readable(where[0]):  # a sandbox (seccomp, Yama scope 2-3) says no
+            pytest.skip("this system does not let a process read another's memory")
+        yield proc, where
     finally:
         proc.kill()
         proc.wait()
