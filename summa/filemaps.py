@@ -15,6 +15,7 @@ destination.
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 import threading
@@ -22,7 +23,7 @@ import weakref
 
 import numpy as np
 
-__all__ = ["register", "find", "FileRows", "prefetch", "read_ahead", "write_out"]
+__all__ = ["register", "find", "view_span", "FileRows", "prefetch", "read_ahead", "write_out"]
 
 _lock = threading.Lock()
 #: start address -> (end address, file descriptor, file offset of start, writable, path)
@@ -106,23 +107,23 @@ def write_out(fd: int, offset: int, nbytes: int) -> None:
     and a product of 4.8 GB then waited for the final ``fsync`` (2.2-2.7 s
     of a streamed multiply on the H200 machine). Nothing where the system
     has no such call; the final ``fsync`` still makes it durable."""
-    call = _sync_file_range()
+    call = _libc_call("sync_file_range", (ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                          ctypes.c_uint))
     if call is not None and nbytes > 0:
-        call(fd, ctypes.c_int64(offset), ctypes.c_int64(nbytes), _SYNC_FILE_RANGE_WRITE)
+        call(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
 
 
-_sync_calls: list = []
-
-
-def _sync_file_range():
-    if not _sync_calls:
-        try:
-            fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-            fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-            _sync_calls.append(fn)
-        except (OSError, AttributeError):
-            _sync_calls.append(None)
-    return _sync_calls[0]
+@functools.lru_cache(maxsize=None)
+def _libc_call(name: str, argtypes: tuple | None = None):
+    """libc's function `name` (its argument types set), looked up once; None
+    where the system has none."""
+    try:
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
+    except (OSError, AttributeError):
+        return None
+    if argtypes is not None:
+        fn.argtypes = list(argtypes)
+    return fn
 
 
 def _pwrite(fd, buffers, offset):
@@ -143,15 +144,23 @@ def _all(call, fd: int, buf: np.ndarray, offset: int, path: str) -> None:
         done += moved
 
 
+def view_span(view: np.ndarray) -> tuple[int, int] | None:
+    """The addresses of the first and past the last byte of the rows of the
+    2-D `view` (rows contiguous); None for other arrays."""
+    if view.ndim != 2 or not view.size or view.strides[1] != view.itemsize:
+        return None
+    start = view.ctypes.data
+    return start, start + (view.shape[0] - 1) * view.strides[0] + view.shape[1] * view.itemsize
+
+
 def find(view: np.ndarray, writable: bool = False) -> FileRows | None:
     """The file rows behind the 2-D `view` (rows contiguous), where all of it
     lies in one registered map (a writable one where `writable`); None
     elsewhere."""
-    if view.ndim != 2 or not view.size or view.strides[1] != view.itemsize:
+    span = view_span(view)
+    if span is None:
         return None
-    start = view.ctypes.data
-    width = view.shape[1] * view.itemsize
-    end = start + (view.shape[0] - 1) * view.strides[0] + width
+    (start, end), width = span, view.shape[1] * view.itemsize
     with _lock:
         for base, (stop, fd, offset, can_write, path) in _maps.items():
             if base <= start and end <= stop and (can_write or not writable):
@@ -177,10 +186,10 @@ def prefetch(view: np.ndarray, threads: int = PREFETCH_THREADS) -> threading.Thr
     kernel's own read-ahead (``MADV_WILLNEED``) stops after its window, a
     few hundred KiB. Each chunk is read with ``preadv`` into a scratch buffer
     of its thread's: a copy of memory beside a read of the disk."""
-    if view.ndim != 2 or not view.size:
+    span = view_span(view)
+    if span is None:
         return None
-    start = view.ctypes.data
-    end = start + (view.shape[0] - 1) * view.strides[0] + view.shape[1] * view.itemsize
+    start, end = span
     with _lock:
         hit = next(((base, info) for base, info in _maps.items()
                     if base <= start and end <= info[0]), None)
@@ -310,16 +319,14 @@ def _resident(start: int, end: int):
     """A test "are bytes a..b after `start` all in memory" for the mapped
     range `start`..`end` (mincore, looked at once now), or None where the
     system cannot say."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        page = mmap.PAGESIZE
-        lo = start - start % page
-        pages = -(-(end - lo) // page)
-        vec = np.zeros(pages, dtype=np.uint8)
-        if libc.mincore(ctypes.c_void_p(lo), ctypes.c_size_t(end - lo),
-                        vec.ctypes.data_as(ctypes.c_void_p)) != 0:
-            return None
-    except (OSError, AttributeError, ValueError):
+    mincore = _libc_call("mincore")
+    if mincore is None:
+        return None
+    page = mmap.PAGESIZE
+    lo = start - start % page
+    vec = np.zeros(-(-(end - lo) // page), dtype=np.uint8)
+    if mincore(ctypes.c_void_p(lo), ctypes.c_size_t(end - lo),
+               vec.ctypes.data_as(ctypes.c_void_p)) != 0:
         return None
     shift = start - lo
 

@@ -30,7 +30,10 @@ import weakref
 
 import numpy as np
 
-__all__ = ["allowed", "allow_readers", "describe", "placeholder", "find", "readable", "RemoteRows"]
+from .filemaps import view_span
+
+__all__ = ["allowed", "allow_readers", "describe", "placeholder", "find", "readable",
+           "RemoteRows"]
 
 #: Most iovecs one call takes (Linux's UIO_MAXIOV).
 IOV_MAX = 1024
@@ -175,11 +178,10 @@ class RemoteRows:
 def find(view: np.ndarray) -> RemoteRows | None:
     """The owner's rows behind the 2-D `view` (rows contiguous) of a
     placeholder, or None where `view` is not one."""
-    if not _maps or view.ndim != 2 or not view.size or view.strides[1] != view.itemsize:
+    span = view_span(view) if _maps else None
+    if span is None:
         return None
-    start = view.ctypes.data
-    width = view.shape[1] * view.itemsize
-    end = start + (view.shape[0] - 1) * view.strides[0] + width
+    (start, end), width = span, view.shape[1] * view.itemsize
     with _lock:
         for base, (stop, pid, owner) in _maps.items():
             if base <= start and end <= stop:
