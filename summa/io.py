@@ -25,6 +25,7 @@ from .agree import RankFailure
 from .cleanup import temporary_files
 from .faults import inject
 from .layout import span
+from .staging import usable_cores
 from .watchdog import watch
 
 __all__ = ["NpyHeader", "NpyError", "read_header", "read_block", "map_block", "take_block",
@@ -111,11 +112,8 @@ def io_threads() -> int:
     env = os.environ.get("SUMMA_IO_THREADS")
     if env:
         return max(1, int(env))
-    try:
-        cores = len(os.sched_getaffinity(0))  # where the launcher bound this rank
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, min(16, cores // max(1, _ranks_on_node)))
+    # the cores this rank may run on: where the launcher bound it
+    return max(1, min(16, usable_cores() // max(1, _ranks_on_node)))
 
 
 _ranks_on_node = 1
