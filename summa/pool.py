@@ -299,7 +299,7 @@ def matmul(a, b, size: int, out=None, **options):
     # a pool that cannot read says so, and the call is made again).
     reach = pool.remote is not False and options.get("out_of_core") is not False \
         and options.get("schedule", "panels") == "panels" and min(m, n, k) > 0 \
-        and _may_read_caller()
+        and remote.allowed()
     if reach:
         remote.allow_readers(pool.proc.pid)  # the launcher and the workers it started
     try:
@@ -336,11 +336,6 @@ def matmul(a, b, size: int, out=None, **options):
     if host.shared_name(result) is not None and result is not out:
         host.unlink_name(result)  # the workers have let go: only this process maps it
     return result
-
-
-def _may_read_caller() -> bool:
-    """May the workers read this process's arrays (:func:`summa.remote.allowed`)?"""
-    return remote.allowed()
 
 
 def _operands(a, b, trans, out, shape, dtype, reach: bool, touch: bool):

@@ -13,7 +13,7 @@ import pytest
 
 import summa
 from helpers import gemm_scaled_error, random_array
-from summa import host, pool
+from summa import host, pool, remote
 
 pytestmark = pytest.mark.skipif(pool.launched(), reason="under a launcher nothing is spawned")
 
@@ -228,7 +228,7 @@ def test_workers_that_may_not_read_the_caller_get_copies(rng, monkeypatch):
     call is made again with copies, and the pool remembers."""
     a, b = random_array(rng, (40, 20), "float64"), random_array(rng, (20, 30), "float64")
     pool.close()
-    monkeypatch.setattr(pool, "_may_read_caller", lambda: True)  # the caller would ...
+    monkeypatch.setattr(remote, "allowed", lambda: True)  # the caller would ...
     monkeypatch.setenv("SUMMA_IN_PLACE", "0")  # ... but the workers are told no
     stats = summa.SummaStats()
     c = summa.matmul(a, b, workers=2, backend="numpy", stats=stats)
