@@ -175,9 +175,10 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
     compute = _compute_dtype(headers, dtype)
     out = check_output_path(out_path, [a_path, b_path, c_path], comm)
     # The disk starts on the inputs while CUDA starts and the multiply plans.
-    ahead = _read_ahead_inputs(headers, comm)
+    local, on_node = node_rank(comm)
+    ahead = _read_ahead_inputs(headers, comm, local, on_node)
     try:
-        be = collectively(comm, get_backend, backend, node_rank(comm)[0])
+        be = collectively(comm, get_backend, backend, local)
         compute = be.check_dtype(compute)
         if check is None:
             check = check_is_cheap(m, n, k, compute.itemsize, be.name)
@@ -329,12 +330,11 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
     return record
 
 
-def _read_ahead_inputs(headers, comm) -> list:
+def _read_ahead_inputs(headers, comm, local: int, size: int) -> list:
     """Start reading A's and B's bytes into the page cache (one after the
-    other, each rank of a node its share of them) where every rank is on one
-    node, so that the disk works from the start (what is read twice is read
-    from memory); the events that stop it. Collective."""
-    local, size = node_rank(comm)
+    other, each of the node's `size` ranks, this one `local`, its share of
+    them) where every rank is on one node, so that the disk works from the
+    start (what is read twice is read from memory); the events that stop it."""
     if size != comm.Get_size():
         return []  # several nodes: each reads only its blocks, when it maps them
     stops = []

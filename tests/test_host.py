@@ -116,7 +116,6 @@ def test_every_rank_uploads_its_own_parts_where_gpus_cannot_read_each_other(comm
 @pytest.mark.mpi(min_size=2)
 def test_own_uploads_without_node_shared_operands_are_refused_on_every_rank(comm, rng,
                                                                            monkeypatch, folder):
-    from summa import remote
     monkeypatch.setenv("SUMMA_SHM_DIR", str(folder / "no such folder"))
     a = random_array(rng, (8, 8), "float64")
     if _ranks_read_each_other(comm):  # read in place where the root holds it: no copy needed
