@@ -25,12 +25,12 @@ from .agree import RankFailure
 from .cleanup import temporary_files
 from .faults import inject
 from .layout import span
-from .staging import usable_cores
+from .staging import ranks_on_node, usable_cores
 from .watchdog import watch
 
 __all__ = ["NpyHeader", "NpyError", "read_header", "read_block", "map_block", "take_block",
            "AtomicNpyWriter",
-           "check_output_path", "io_threads", "set_ranks_on_node"]
+           "check_output_path", "io_threads"]
 
 class NpyError(ValueError):
     """A file is missing, unreadable or unsuitable; the message names it."""
@@ -106,23 +106,15 @@ def _memmap(header: NpyHeader, mode: str = "r") -> np.memmap:
 
 def io_threads() -> int:
     """Threads one rank reads or writes a file with: ``SUMMA_IO_THREADS``, else
-    the node's cores shared by its ranks (set by the caller), at most 16.
+    its cores shared with the node's ranks that may run on them (as the
+    process grid said: :func:`summa.staging.ranks_on_node`), at most 16.
     One thread of page faults through a memory map read a disk at a quarter
     of what 8-16 threads of pread did on the H200 machine (issue 23)."""
     env = os.environ.get("SUMMA_IO_THREADS")
     if env:
         return max(1, int(env))
     # the cores this rank may run on: where the launcher bound it
-    return max(1, min(16, usable_cores() // max(1, _ranks_on_node)))
-
-
-_ranks_on_node = 1
-
-
-def set_ranks_on_node(count: int) -> None:
-    """How many ranks share this rank's cores for file I/O (see :func:`io_threads`)."""
-    global _ranks_on_node
-    _ranks_on_node = max(1, int(count))
+    return max(1, min(16, usable_cores() // ranks_on_node()))
 
 
 def _rows_io(fd: int, path: str, offset: int, pitch: int, first: int, width: int,

@@ -23,7 +23,7 @@ from mpi4py import MPI
 from .agree import collectively
 from .algorithm import SummaStats, gemm, prepare
 from .backend import NumpyBackend, get_backend, resolve_dtype
-from .grid import ProcessGrid, core_share, grid_for, node_rank
+from .grid import ProcessGrid, grid_for, node_rank
 from .filemaps import read_ahead
 from .hostblocks import (host_block, node_shares, operand_block, own_range, result_block,
                          root_block, root_result_block)
@@ -33,8 +33,7 @@ from .arrays import check_arrays, op_shape
 from .checks import check_operands
 from .host import parallel_copy
 from .faults import inject
-from .io import (AtomicNpyWriter, NpyError, check_output_path, map_block, read_header,
-                 set_ranks_on_node)
+from .io import AtomicNpyWriter, NpyError, check_output_path, map_block, read_header
 from .layout import Layout
 from .matrix import DistMatrix
 from .progress import Progress
@@ -154,7 +153,6 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
     def mark(step: str) -> None:
         timeline.append((step, round(time.perf_counter() - started, 4)))
     rank0 = comm.Get_rank() == 0
-    set_ranks_on_node(core_share(comm)[1])  # this rank's cores shared out for file I/O
     warn = warn or (lambda text: print(f"summa: warning: {text}", file=sys.stderr, flush=True))
     trans_a, trans_b = str(trans_a).upper(), str(trans_b).upper()
     for name, t in (("trans_a", trans_a), ("trans_b", trans_b)):

@@ -29,7 +29,7 @@ import numpy as np
 from . import filemaps, remote
 from .watchdog import watch
 
-__all__ = ["Stager", "Transfer", "get_stager", "stager_for", "set_ranks_on_node",
+__all__ = ["Stager", "Transfer", "get_stager", "stager_for", "set_ranks_on_node", "ranks_on_node",
            "copy_threads", "ring_bytes", "CHUNK_BYTES"]
 
 #: Bytes of one page-locked chunk: large enough that a copy engine streams it
@@ -65,6 +65,12 @@ def set_ranks_on_node(count: int) -> None:
     the copies whose caller does not (:func:`stager_for`)."""
     global _ranks_on_node
     _ranks_on_node = max(1, int(count))
+
+
+def ranks_on_node() -> int:
+    """How many ranks share this rank's cores, as the last process grid said
+    (1 before any): the copies' and the file reads' threads divide them."""
+    return _ranks_on_node
 
 
 def stager_for(device: int) -> "Stager":
