@@ -40,6 +40,7 @@ from .progress import Progress
 from .outofcore import summa_out_of_core
 from .plan import choose_memory_mode
 from .selection import _broadcasters, peer_access
+from .strips import check_schedule
 from .tuning import default_panel_width
 from .verify import freivalds
 from .watchdog import watch
@@ -186,6 +187,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
                   "alpha": alpha, "beta": beta, "backend": be.name, "timeline": timeline}
         mark("headers, devices")
         grid = grid or grid_for(comm.Get_size(), m, n, be.name, compute, schedule)
+        check_schedule(schedule, grid)  # bad input: one message, before any warning
         if out_of_core is None and streams_by_default(be.name, headers, trans_a, trans_b, compute,
                                                       block, schedule):
             out_of_core = True  # streamed: reading, multiplying and writing overlap
@@ -213,6 +215,9 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
                 writer = stack.enter_context(AtomicNpyWriter(out, (m, n), compute, comm,
                                                              keep_errors=True))
             record["streamed"] = streaming
+            if not streaming:  # the read phase's own threads read it all now; the
+                for stop in ahead:  # read-aheads would seek the disk away from them
+                    stop.set()
             mark("grid, plan")
             record["prepare_seconds"] = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
             progress.phase("read", 3 if c_path else 2)
@@ -507,6 +512,7 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
                                     (be.name == "cupy" or device_memory is not None))
     if grid is None:
         grid = grid_for(comm.Get_size(), m, n, be.name, dtype)
+    check_schedule(schedule, grid)
     with ProcessGrid(comm, grid) as pgrid:
         if pgrid.core_note and pgrid.rank == 0:
             warnings.warn(pgrid.core_note, RuntimeWarning, stacklevel=2)

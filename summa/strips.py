@@ -42,7 +42,9 @@ def check_schedule(schedule: str, grid_shape, out_of_core: bool = False) -> str:
     if schedule == "strips":
         if out_of_core:
             raise ValueError("schedule 'strips' runs in device memory only, not out of core")
-        pr, pc = grid_shape
+        if isinstance(grid_shape, str):  # "PRxPC", as the API takes it
+            grid_shape = grid_shape.lower().split("x")
+        pr, pc = (int(d) for d in grid_shape)
         if pc != 1:
             raise ValueError(f"schedule 'strips' needs a grid of one column (P x 1), "
                              f"not {pr}x{pc}; give --grid {pr * pc}x1")

@@ -78,6 +78,9 @@ def main() -> int:
     p.add_argument("--variants", default="",
                    help="extra runs of the default moduli under settings, e.g. "
                         "'SUMMA_FP64_INT8_OVERLAP=1;SUMMA_FP64_INT8_PLANES=2' (split by ;)")
+    p.add_argument("--shapes", default="",
+                   help="also the bare product on these MxNxK shapes (e.g. an out-of-core "
+                        "tile's panel product 10923x32768x4096), phases and native rate")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     import cupy as cp
@@ -154,6 +157,23 @@ def main() -> int:
                       "error": repr(exc)[:200]})
             del a, b, ref, gauge, c
             cp.get_default_memory_pool().free_all_blocks()
+    for shape in filter(None, args.shapes.split(",")):
+        m, n, k = map(int, shape.lower().split("x"))
+        a = cp.random.random((m, k)) * 2 - 1
+        b = cp.random.random((k, n)) * 2 - 1
+        c = cp.empty((m, n))
+        native = 2 * m * n * k / _best(lambda: cp.matmul(a, b, out=c), args.repeat) / 1e12
+        sec = _best(lambda: ozaki_gpu.gemm(1.0, a, b, c, backend=backend), args.repeat)
+        marks = []
+        ozaki_gpu.gemm(1.0, a, b, c, backend=backend, marks=marks)
+        cp.cuda.Device().synchronize()
+        emit({"what": f"fp64-int8 {m}x{n}x{k}", "n": k, "seconds": sec,
+              "tflops": 2 * m * n * k / sec / 1e12, "moduli": ozaki.moduli_for(ozaki.BITS, k),
+              "vs_native": 2 * m * n * k / sec / 1e12 / native,
+              "phases": {name: cp.cuda.get_elapsed_time(marks[i - 1][1], ev) / 1e3
+                         for i, (name, ev) in enumerate(marks) if i}})
+        del a, b, c
+        cp.get_default_memory_pool().free_all_blocks()
     if args.json:
         with open(args.json, "a") as f:
             for r in rows:
