@@ -62,6 +62,14 @@ HEAD_FIRST = 256
 #: which nothing hides, is short (1.2 ms against 9.7 ms with 8 equal strips).
 TAIL_SHARE = 0.4
 TAIL_SMALLEST = 256
+#: Float64 on INT8 tensor cores (``fp64-int8``): every product folds and
+#: reconstructs its whole C block whatever its K, and a product of few rows or
+#: of a narrow K keeps the INT8 kernels far from their rate. The first panel
+#: goes whole and the last one's strips keep at least this many rows: a
+#: 64 GiB sweep of N = 32768 ran 40 products (its first panel in 6 pieces of
+#: K from 256, strips down to 256 rows) at 37.6 TFLOP/s, the bare product
+#: 58.3 (s14b, docs/scripts/ozaki_ooc_probe.py).
+FP64_INT8_TAIL_SMALLEST = 2048
 
 
 def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, device,
@@ -147,8 +155,7 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     mover = (_CudaMover(device, C.dtype, host_copies, copy_threads(grid.local_size))
              if device.name == "cupy" else _HostMover(device, C.dtype))
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
-    if panels and mover.overlaps:
-        panels = split_panel_doubling(panels[0], HEAD_FIRST) + panels[1:]
+    panels = _head_pieces(panels, mover.overlaps, precision)
     stats = SummaStats(panels=len(panels), panel_width=panel_width,
                        comm=f"{row_bc.name} (host-resident)", lookahead=lookahead)
     t0 = time.perf_counter()
@@ -202,6 +209,7 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
     broadcast waits (NCCL: spins on SMs beside the GEMMs) for the other's.
     `transposed`: each GEMM reads its A part from a transposed copy."""
     grid, xp, dtype = C.grid, mover.xp, C.dtype
+    smallest = FP64_INT8_TAIL_SMALLEST if precision == "fp64-int8" else TAIL_SMALLEST
     # Tile counts agree on all ranks (the plan); sizes are this rank's own,
     # and the same along a grid row (rows) or column (columns), as broadcasts need.
     tm = max((i1 - i0 for i0, i1, _, _ in tiles), default=0)
@@ -273,7 +281,7 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
             # (float64 on INT8 products make B's residues once for all strips
             # where there is one panel; with several, a strip each)
             with mover.device.same_b() if len(arrived) == 1 else contextlib.nullcontext():
-                for r0, r1 in _tail_strips(c.shape[0], mover.overlaps):
+                for r0, r1 in _tail_strips(c.shape[0], mover.overlaps, smallest):
                     if r0 == r1:
                         continue
                     for a, b, _, _ in arrived:
@@ -657,13 +665,23 @@ def _unregister(cupy, ptr: int) -> None:
             pass
 
 
-def _tail_strips(rows: int, overlaps: bool) -> list[tuple[int, int]]:
+def _head_pieces(panels: list, overlaps: bool, precision=None) -> list:
+    """`panels` with the first cut in pieces that double from HEAD_FIRST
+    where uploads overlap the GEMMs, but for float64 on INT8 products (each
+    piece would pay a whole product's reconstruction: FP64_INT8_TAIL_SMALLEST)."""
+    if not panels or not overlaps or precision == "fp64-int8":
+        return panels
+    return split_panel_doubling(panels[0], HEAD_FIRST) + panels[1:]
+
+
+def _tail_strips(rows: int, overlaps: bool,
+                 smallest: int = TAIL_SMALLEST) -> list[tuple[int, int]]:
     """Row ranges a tile's last panels go in, each written back once final.
 
     The write-backs queue on one stream behind the strips' GEMMs: the first
     strip is a share of the rows (the write-back stream starts early), each
     next one that share of the rows left, so each write-back hides behind
-    the next strip's GEMMs, down to a last strip of about TAIL_SMALLEST rows.
+    the next strip's GEMMs, down to a last strip of about `smallest` rows.
     """
     if not overlaps:
         return [(0, rows)]
@@ -671,8 +689,8 @@ def _tail_strips(rows: int, overlaps: bool) -> list[tuple[int, int]]:
     while True:
         rest = rows - cuts[-1]
         take = int(rest * TAIL_SHARE)
-        take = max(TAIL_SMALLEST, take // 64 * 64 if take >= 128 else take)  # GEMM-friendly
-        if rest - take < TAIL_SMALLEST:
+        take = max(smallest, take // 64 * 64 if take >= 128 else take)  # GEMM-friendly
+        if rest - take < smallest:
             return list(zip(cuts, cuts[1:] + [rows]))
         cuts.append(cuts[-1] + take)
 

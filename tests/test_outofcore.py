@@ -70,6 +70,26 @@ def test_out_of_core_split_first_panel_and_strips_of_the_last(comm, rng, monkeyp
         assert gemm_scaled_error(c, a, b, c0, 1.0, 2.0) <= 1
 
 
+def test_float64_on_int8_keeps_its_first_panel_whole_and_its_strips_wide():
+    # each product of fp64-int8 reconstructs its whole C block: no narrow
+    # pieces of K, no strips of a few rows (s14b: 40 products, 0.65 of the bare rate)
+    from summa import outofcore
+    from summa.layout import Layout, panel_schedule
+    panels = panel_schedule(Layout((64, 40000), (1, 1)).cols, Layout((40000, 64), (1, 1)).rows,
+                            16384)
+    assert len(outofcore._head_pieces(panels, True)) > len(panels)
+    assert outofcore._head_pieces(panels, True, "fp64-int8") == panels
+    assert outofcore._head_pieces(panels, False) == panels
+    for rows in (2048, 5000, 16384, 40000):
+        default = outofcore._tail_strips(rows, True)
+        wide = outofcore._tail_strips(rows, True, outofcore.FP64_INT8_TAIL_SMALLEST)
+        for strips in (default, wide):  # the rows, in order, once
+            assert strips[0][0] == 0 and strips[-1][1] == rows
+            assert all(a[1] == b[0] for a, b in zip(strips, strips[1:]))
+        assert min(r1 - r0 for r0, r1 in wide) >= min(rows, outofcore.FP64_INT8_TAIL_SMALLEST)
+        assert len(wide) < len(default) or rows <= outofcore.FP64_INT8_TAIL_SMALLEST
+
+
 @pytest.mark.mpi(min_size=1)
 def test_last_tile_goes_home_strip_by_strip_over_its_last_panels(comm, rng, monkeypatch):
     """The last tile's write-back has nothing but its own GEMMs to hide behind:
