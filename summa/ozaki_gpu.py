@@ -50,47 +50,73 @@ def _fold_stream(cupy):
         _fold_streams[device] = cupy.cuda.Stream(non_blocking=True)
     return _fold_streams[device]
 
+# Rows on the grid's y axis and columns on x: no 64-bit division per element
+# (a flat index cost it twice per element; the residues took 48 ms of a
+# 1.25 s product at N = 32768, s14). Residues: four columns a thread, one
+# 4-byte store per plane (cols_p is a multiple of 4, the planes 4-aligned).
 _RESIDUES = r"""
 extern "C" __global__ void residues(const double* x, const int* e, long long rows,
         long long rows_p, long long cols, long long cols_p, long long ld, int count,
         const double* moduli, const double* inverses, signed char* out) {
-    long long total = rows_p * cols_p;
-    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * blockDim.x) {
-        long long r = idx / cols_p, j = idx - r * cols_p;
-        double xb = 0.0;
-        if (r < rows && j < cols) xb = rint(ldexp(x[r * ld + j], e[r]));
-        for (int l = 0; l < count; ++l) {
-            double m = moduli[l];
-            double v = xb - m * rint(xb * inverses[l]);
-            if (v > 127.0) v -= m;
-            if (v < -128.0) v += m;
-            out[l * total + idx] = (signed char)v;
+    long long plane = rows_p * cols_p, quads = cols_p / 4;
+    for (long long r = blockIdx.y; r < rows_p; r += gridDim.y) {
+        for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < quads;
+             q += (long long)gridDim.x * blockDim.x) {
+            long long j = 4 * q;
+            double xb[4];
+            for (int t = 0; t < 4; ++t)
+                xb[t] = (r < rows && j + t < cols) ? rint(ldexp(x[r * ld + j + t], e[r])) : 0.0;
+            for (int l = 0; l < count; ++l) {
+                double m = moduli[l], inv = inverses[l];
+                unsigned int packed = 0;  // little-endian: column j in the lowest byte
+                for (int t = 0; t < 4; ++t) {
+                    double v = xb[t] - m * rint(xb[t] * inv);
+                    if (v > 127.0) v -= m;
+                    if (v < -128.0) v += m;
+                    packed |= (unsigned int)(unsigned char)(signed char)v << (8 * t);
+                }
+                *(unsigned int*)(out + l * plane + r * cols_p + j) = packed;
+            }
         }
     }
 }
 """
 
-_FOLD = r"""
-extern "C" __global__ void fold(const int* g, long long rows, long long cols, long long ldg,
-        long long plane, int count, const double* moduli, const double* inverses,
-        const double* w_hi, const double* w_lo, double* s_hi, double* s_lo) {
-    long long total = rows * cols;
-    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * blockDim.x) {
-        long long r = idx / cols, j = idx - r * cols;
-        double hi = s_hi[idx], lo = s_lo[idx];
-        for (int p = 0; p < count; ++p) {
-            double gd = (double)g[p * plane + r * ldg + j];
-            double u = gd - moduli[p] * rint(gd * inverses[p]);
-            hi += u * w_hi[p];
-            lo += u * w_lo[p];
+# The folds: the first of a product starts from zero (no pass to clear the
+# sums, no read of them), the last can end the product itself (fold_finish:
+# the sums never go to memory), so 16 products folded 4 at a time pass over
+# C's sums 3 times instead of 5 (the folds took ~80 ms of the 1.25 s, s14).
+_FOLD_BODY = r"""
+    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+        for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < cols;
+             j += (long long)gridDim.x * blockDim.x) {
+            long long idx = r * cols + j;
+            double hi = first ? 0.0 : s_hi[idx], lo = first ? 0.0 : s_lo[idx];
+            for (int p = 0; p < count; ++p) {
+                double gd = (double)g[p * plane + r * ldg + j];
+                double u = gd - moduli[p] * rint(gd * inverses[p]);
+                hi += u * w_hi[p];
+                lo += u * w_lo[p];
+            }
+            FINISH
         }
-        s_hi[idx] = hi;
-        s_lo[idx] = lo;
     }
 }
 """
+_FOLD_ARGS = ("const int* g, long long rows, long long cols, long long ldg, long long plane, "
+              "int count, const double* moduli, const double* inverses, const double* w_hi, "
+              "const double* w_lo, double* s_hi, double* s_lo, int first")
+_FOLD = ('extern "C" __global__ void fold(' + _FOLD_ARGS + ") {" +
+         _FOLD_BODY.replace("FINISH", "s_hi[idx] = hi;\n            s_lo[idx] = lo;"))
+# The finish's formulas (the "finish" kernel below), on the sums in registers.
+_FOLD_FINISH = ('extern "C" __global__ void fold_finish(' + _FOLD_ARGS +
+                ", const int* e, const int* f, double m_hi, double m_lo, int t, double alpha, "
+                "double beta, double* c, long long ldc) {" + _FOLD_BODY.replace("FINISH", r"""
+            double q = rint((hi + lo) / (m_hi + m_lo));
+            double d = (hi - q * m_hi) + (lo - q * m_lo);
+            double v = alpha * ldexp(d, t - e[r] - f[j]);
+            double* cj = c + r * ldc + j;
+            *cj = beta == 0.0 ? v : v + beta * *cj;"""))
 
 _kernels: dict = {}
 
@@ -115,15 +141,17 @@ def _kernel(name: str):
                 "double v = alpha * ldexp(d, t - e - f);"
                 "c = beta == 0.0 ? v : v + beta * c;", "summa_ozaki_finish")
         else:
-            source = {"residues": _RESIDUES, "fold": _FOLD}[name]
+            source = {"residues": _RESIDUES, "fold": _FOLD, "fold_finish": _FOLD_FINISH}[name]
             _kernels[name] = cupy.RawKernel(source, name)
     return _kernels[name]
 
 
-def _launch(kernel, total: int, args) -> None:
+def _launch(kernel, rows: int, width: int, args) -> None:
+    """`kernel` over `rows` rows (the grid's y, looped past 65535) of `width`
+    threads' work each (x)."""
     threads = 256
-    blocks = int(min(max(1, -(-total // threads)), 65535 * 8))
-    kernel((blocks,), (threads,), args)
+    blocks = int(min(max(1, -(-width // threads)), 4096))
+    kernel((blocks, int(min(max(1, rows), 65535))), (threads,), args)
 
 
 NOT_FINITE = ozaki.NOT_FINITE
@@ -181,7 +209,7 @@ def _residues(x, e, count: int, rows_p: int, cols_p: int, constants):
     if x.size and x.strides[1] != x.itemsize:
         x = cupy.ascontiguousarray(x)
     ld = x.strides[0] // x.itemsize if x.size else cols
-    _launch(_kernel("residues"), rows_p * cols_p,
+    _launch(_kernel("residues"), rows_p, cols_p // 4,
             (x, e, np.int64(rows), np.int64(rows_p), np.int64(cols), np.int64(cols_p),
              np.int64(ld), np.int32(count), constants["moduli"], constants["inverses"], out))
     return out
@@ -296,17 +324,25 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
     f, b8 = _b_side(b, count, bits, np_, kp, constants, backend)  # (n,): B's columns
     a8 = _residues(a, e, count, m, kp, constants)
     mark("residues")
-    s_hi = cupy.zeros((m, n), dtype=cupy.float64)
-    s_lo = cupy.zeros((m, n), dtype=cupy.float64)
     planes = int(os.environ.get("SUMMA_FP64_INT8_PLANES") or planes)
     planes = max(1, min(planes, count))
     overlap = _overlap() and count > planes
+    groups = list(range(0, count, planes))
+    # The last fold writes C itself where C's rows are contiguous (a
+    # transposed view goes through the finish kernel); the first starts the sums.
+    fused = c.strides[1] == c.itemsize
+    sums = (m, n) if len(groups) > 1 or not fused else (1, 1)
+    s_hi = cupy.empty(sums, dtype=cupy.float64)
+    s_lo = cupy.empty(sums, dtype=cupy.float64)
+    ends = (e, f, weights["m_hi"], weights["m_lo"], np.int32(weights["t"]),
+            np.float64(alpha), np.float64(beta), c, np.int64(c.strides[0] // c.itemsize))
     buffers = [cupy.empty((planes, m, np_), dtype=cupy.int32) for _ in range(1 + overlap)]
     here = cupy.cuda.get_current_stream()
     folder = _fold_stream(cupy) if overlap else here
     folded = [None] * len(buffers)  # the fold that last read each buffer
-    for j, l0 in enumerate(range(0, count, planes)):
+    for j, l0 in enumerate(groups):
         group, g = min(planes, count - l0), buffers[j % len(buffers)]
+        last = fused and j == len(groups) - 1
         if folded[j % len(buffers)] is not None:
             here.wait_event(folded[j % len(buffers)])  # its products folded: reuse it
         for p in range(group):
@@ -314,17 +350,19 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
         if overlap:
             folder.wait_event(here.record())
         with folder:
-            _launch(_kernel("fold"), m * n,
+            _launch(_kernel("fold_finish" if last else "fold"), m, n,
                     (g, np.int64(m), np.int64(n), np.int64(np_), np.int64(m * np_),
                      np.int32(group), constants["moduli"][l0:], constants["inverses"][l0:],
-                     constants["w_hi"][l0:], constants["w_lo"][l0:], s_hi, s_lo))
+                     constants["w_hi"][l0:], constants["w_lo"][l0:], s_hi, s_lo,
+                     np.int32(j == 0)) + (ends if last else ()))
             folded[j % len(buffers)] = folder.record() if overlap else None
     if overlap:
         here.wait_event(folder.record())  # every fold done before the sums are read
     mark("products")
     del a8, b8, buffers
-    _kernel("finish")(s_hi, s_lo, e.reshape(m, 1), f.reshape(1, n), weights["m_hi"],
-                      weights["m_lo"], np.int32(weights["t"]), float(alpha), float(beta), c)
+    if not fused:
+        _kernel("finish")(s_hi, s_lo, e.reshape(m, 1), f.reshape(1, n), weights["m_hi"],
+                          weights["m_lo"], np.int32(weights["t"]), float(alpha), float(beta), c)
     mark("finish")
 
 

@@ -48,8 +48,10 @@ def default_panel_width(backend_name: str, dtype, precision: str | None = None,
     if precision == "fp64-int8":
         # Each product's reconstruction passes over its C block once: the
         # wider the panel, the fewer passes per INT8 GEMM (FP64_INT8_WIDTH);
-        # out of core its scratch would take the C tiles' room.
-        return 4096 if out_of_core else FP64_INT8_WIDTH
+        # out of core its scratch takes the C tiles' room: under 24 GiB at
+        # N = 32768 on one H200, 8192 ran 49.3 TFLOP/s, 4096 43.4, and 16384
+        # left tiles of 2048 rows (B uploaded 16 times; s14c, s14d).
+        return FP64_INT8_OOC_WIDTH if out_of_core else FP64_INT8_WIDTH
     if precision == "tf32" or dtype == np.float16 or (dtype == np.float32 and not out_of_core):
         return 8192
     return 4096
@@ -60,6 +62,8 @@ def default_panel_width(backend_name: str, dtype, precision: str | None = None,
 #: reconstructs it (a few passes over C at memory speed), so wide panels
 #: keep that share small.
 FP64_INT8_WIDTH = 16384
+#: ... and out of core (see :func:`default_panel_width`).
+FP64_INT8_OOC_WIDTH = 8192
 
 
 #: GPU GEMMs that run faster reading A column-major (cuBLAS's transposed

@@ -58,19 +58,41 @@ def _residues(x, e, rows, rows_p, cols, cols_p, ld, count, moduli, inverses, out
         planes[l] = v.astype(np.int8)
 
 
-def _fold(g, rows, cols, ldg, plane, count, moduli, inverses, w_hi, w_lo, s_hi, s_lo):
+def _sums(g, rows, cols, count, moduli, inverses, w_hi, w_lo, s_hi, s_lo, first):
     rows, cols = int(rows), int(cols)
+    hi = np.zeros((rows, cols)) if first else s_hi.copy()
+    lo = np.zeros((rows, cols)) if first else s_lo.copy()
     for p in range(int(count)):
         gd = g[p, :rows, :cols].astype(np.float64)
         u = gd - moduli[p] * np.rint(gd * inverses[p])
-        s_hi += u * w_hi[p]
-        s_lo += u * w_lo[p]
+        hi += u * w_hi[p]
+        lo += u * w_lo[p]
+    return hi, lo
+
+
+def _fold(g, rows, cols, ldg, plane, count, moduli, inverses, w_hi, w_lo, s_hi, s_lo, first):
+    s_hi[...], s_lo[...] = _sums(g, rows, cols, count, moduli, inverses, w_hi, w_lo, s_hi,
+                                 s_lo, first)
+
+
+def _finish(s_hi, s_lo, e, f, m_hi, m_lo, t, alpha, beta, c):
+    q = np.rint((s_hi + s_lo) / (m_hi + m_lo))
+    d = (s_hi - q * m_hi) + (s_lo - q * m_lo)
+    v = alpha * np.ldexp(d, int(t) - e - f)
+    c[...] = v if beta == 0.0 else v + beta * c
+
+
+def _fold_finish(g, rows, cols, ldg, plane, count, moduli, inverses, w_hi, w_lo, s_hi, s_lo,
+                 first, e, f, m_hi, m_lo, t, alpha, beta, c, ldc):
+    assert c.strides[1] == c.itemsize and c.strides[0] == int(ldc) * c.itemsize
+    hi, lo = _sums(g, rows, cols, count, moduli, inverses, w_hi, w_lo, s_hi, s_lo, first)
+    _finish(hi, lo, e.reshape(-1, 1), f.reshape(1, -1), m_hi, m_lo, t, alpha, beta, c)
 
 
 class _RawKernel:
     def __init__(self, source, name):
         assert f"void {name}(" in source  # the source holds the kernel it names
-        self.fn = {"residues": _residues, "fold": _fold}[name]
+        self.fn = {"residues": _residues, "fold": _fold, "fold_finish": _fold_finish}[name]
         self.launches = 0
 
     def __call__(self, grid, block, args):
@@ -83,10 +105,7 @@ class _ElementwiseKernel:
         assert name == "summa_ozaki_finish"
 
     def __call__(self, s_hi, s_lo, e, f, m_hi, m_lo, t, alpha, beta, c):
-        q = np.rint((s_hi + s_lo) / (m_hi + m_lo))
-        d = (s_hi - q * m_hi) + (s_lo - q * m_lo)
-        v = alpha * np.ldexp(d, int(t) - e - f)
-        c[...] = v if beta == 0.0 else v + beta * c
+        _finish(s_hi, s_lo, e, f, m_hi, m_lo, t, alpha, beta, c)
 
 
 class _ReductionKernel:

@@ -37,8 +37,24 @@ def test_every_grouping_of_the_folds_gives_the_cpu_product(rng, ozaki_gpu, monke
     ozaki_gpu.gemm(1.0, a, b, c, backend=backend)
     count = ozaki.moduli_for(ozaki.BITS, 61)
     assert backend.gemms == count and _close(c, ozaki.gemm_int8(a, b))
-    folds = ozaki_gpu._kernels["fold"].launches
-    assert folds == -(-count // min(int(planes), count))
+    launches = {name: ozaki_gpu._kernels[name].launches if name in ozaki_gpu._kernels else 0
+                for name in ("fold", "fold_finish")}
+    # the last fold ends the product (no finish pass): one of them per product
+    assert launches["fold_finish"] == 1 and "finish" not in ozaki_gpu._kernels
+    assert sum(launches.values()) == -(-count // min(int(planes), count))
+
+
+@pytest.mark.parametrize("planes", ["4", "16"])
+def test_a_product_into_columns_apart_ends_in_the_finish_pass(rng, ozaki_gpu, monkeypatch,
+                                                               planes):
+    monkeypatch.setenv("SUMMA_FP64_INT8_PLANES", planes)
+    backend = fake_cupy_kernels.Backend()
+    a, b = rng.uniform(-1, 1, (21, 30)), rng.standard_normal((30, 17))
+    whole = rng.uniform(-1, 1, (17, 21)).T  # C's columns contiguous, not its rows
+    c0 = whole.copy()
+    ozaki_gpu.gemm(2.0, a, b, whole, beta=-1.0, backend=backend)
+    assert _close(whole, 2.0 * ozaki.gemm_int8(a, b) - c0)
+    assert "fold_finish" not in ozaki_gpu._kernels and "finish" in ozaki_gpu._kernels
 
 
 def test_alpha_beta_views_and_k_in_pieces(rng, ozaki_gpu, monkeypatch):
