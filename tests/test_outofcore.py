@@ -562,9 +562,28 @@ def test_the_model_says_what_float64_on_int8_gains_on_the_first_users_gpus():
                          "--grid", "2x4", "--precision", precision], MPI.COMM_SELF, out) == 0
         seconds[precision] = float(re.search(r"predicted ([\d.]+) s", out.getvalue()).group(1))
     assert seconds["default"] > 10 * seconds["fp64-int8"]  # the arithmetic was the wall there
+
+
+def test_the_model_of_float64_on_int8_needs_its_samples(tmp_path):
+    """The H200 profile has calibrated INT8 samples (predicted near native
+    there, as measured); a profile without them says so, not guesses."""
+    import json
+    from mpi4py import MPI
+    from summa.studies import shipped_profile
+    seconds = {}
+    for precision in ("default", "fp64-int8"):
+        out = io.StringIO()
+        assert cli.main(["model", "--size", "32768", "--dtype", "float64", "--grid", "1x1",
+                         "--precision", precision], MPI.COMM_SELF, out) == 0
+        seconds[precision] = float(re.search(r"predicted ([\d.]+) s", out.getvalue()).group(1))
+    assert 0.5 < seconds["fp64-int8"] / seconds["default"] < 1.5
+    profile = json.load(open(shipped_profile()))
+    profile["gemm"] = [g for g in profile["gemm"] if g.get("precision") != "fp64-int8"]
+    bare = tmp_path / "no-int8.json"
+    bare.write_text(json.dumps(profile))
     with pytest.raises(ValueError, match="no GEMM samples for float64/fp64-int8"):
-        cli.main(["model", "--size", "4096", "--precision", "fp64-int8"], MPI.COMM_SELF,
-                 io.StringIO())
+        cli.main(["model", "--profile", str(bare), "--size", "4096", "--precision", "fp64-int8"],
+                 MPI.COMM_SELF, io.StringIO())
 
 
 def test_plan_of_fp64_int8_counts_its_scratch_and_predicts_from_int8_rates():
