@@ -675,16 +675,18 @@ def _head_pieces(panels: list, overlaps: bool, precision=None) -> list:
 
 
 def _tail_strips(rows: int, overlaps: bool,
-                 smallest: int = TAIL_SMALLEST) -> list[tuple[int, int]]:
+                 smallest: int | None = None) -> list[tuple[int, int]]:
     """Row ranges a tile's last panels go in, each written back once final.
 
     The write-backs queue on one stream behind the strips' GEMMs: the first
     strip is a share of the rows (the write-back stream starts early), each
     next one that share of the rows left, so each write-back hides behind
-    the next strip's GEMMs, down to a last strip of about `smallest` rows.
+    the next strip's GEMMs, down to a last strip of about `smallest` rows
+    (default TAIL_SMALLEST).
     """
     if not overlaps:
         return [(0, rows)]
+    smallest = TAIL_SMALLEST if smallest is None else smallest
     cuts = [0]
     while True:
         rest = rows - cuts[-1]
