@@ -88,8 +88,8 @@ def main() -> int:
                          "workspace": int(result.workspace_size),
                          "waves": float(result.waves_count)})
             print(json.dumps(rows[-1]), flush=True)
-        del a8, bt8, want, out
-        cp.get_default_memory_pool().free_all_blocks()
+        for layout in (la, lb, lc):
+            gemm.lib.cublasLtMatrixLayoutDestroy(layout)
     if args.json:
         with open(args.json, "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
