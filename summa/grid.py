@@ -3,6 +3,7 @@ node-local rank; the default grid for a problem."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -14,34 +15,44 @@ __all__ = ["ProcessGrid", "parse_grid", "choose_grid", "grid_for", "grid_shapes"
            "node_rank", "node_of", "core_share"]
 
 
-def node_of(comm: MPI.Intracomm) -> tuple[int, int, int]:
-    """This rank's index among the ranks of `comm` on its node (ranks sharing
-    memory, as MPI sees them), their number, and the rank in `comm` of the
-    node's first rank, which names the node: the same on every rank of a
-    node, different between nodes whatever their hostnames (containers or VMs
-    on different machines may share one)."""
+@contextlib.contextmanager
+def _node_comm(comm: MPI.Intracomm, node: MPI.Intracomm | None):
+    """`node` (the ranks of `comm` sharing this rank's memory), or one split
+    for the call and freed after it."""
+    if node is not None:
+        yield node
+        return
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return node.Get_rank(), node.Get_size(), node.bcast(comm.Get_rank(), root=0)
+        yield node
     finally:
         node.Free()
 
 
-def core_share(comm: MPI.Intracomm) -> tuple[int, int, str | None]:
+def node_of(comm: MPI.Intracomm, node: MPI.Intracomm | None = None) -> tuple[int, int, int]:
+    """This rank's index among the ranks of `comm` on its node (ranks sharing
+    memory, as MPI sees them; `node` where the caller has split them), their
+    number, and the rank in `comm` of the node's first rank, which names the
+    node: the same on every rank of a node, different between nodes whatever
+    their hostnames (containers or VMs on different machines may share one)."""
+    with _node_comm(comm, node) as node:
+        return node.Get_rank(), node.Get_size(), node.bcast(comm.Get_rank(), root=0)
+
+
+def core_share(comm: MPI.Intracomm,
+               node: MPI.Intracomm | None = None) -> tuple[int, int, str | None]:
     """The cores this rank may run on (its affinity), how many ranks of
-    `comm` on its node may run on some of them (itself too), and a warning
-    where that leaves it under an even share of its node's cores; collective.
-    Host copies and file reads run on threads, so a rank the launcher bound
-    to one core (Open MPI does when it starts two ranks or fewer) copies at a
-    fraction of the node's rate (issue 23: reads at 1 GB/s of the disk's 2.3)."""
+    `comm` on its node (`node`, as for :func:`node_of`) may run on some of
+    them (itself too), and a warning where that leaves it under an even
+    share of its node's cores; collective. Host copies and file reads run on
+    threads, so a rank the launcher bound to one core (Open MPI does when it
+    starts two ranks or fewer) copies at a fraction of the node's rate
+    (issue 23: reads at 1 GB/s of the disk's 2.3)."""
     mine = _affinity()
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
+    with _node_comm(comm, node) as node:
         # the launcher's own cores: what the job was given (a batch system's
         # allocation), where its ranks were then bound narrower
         sets = node.allgather((mine, _affinity(os.getppid())))
-    finally:
-        node.Free()
     sharing = sum(1 for s, _ in sets if s & mine)
     cores = len(set().union(*(s | launcher for s, launcher in sets)))
     even = cores // len(sets)
@@ -183,12 +194,13 @@ class ProcessGrid:
         self.row, self.col = self.comm.Get_coords(self.comm.Get_rank())
         self.row_comm = self.comm.Sub([False, True])
         self.col_comm = self.comm.Sub([True, False])
-        # self.node: the rank of its node's first rank, which names the node
-        self.local_rank, self.local_size, self.node = node_of(comm)
-        # host-GPU copies share the cores this rank may run on with the node's
-        # ranks that may run there too; a warning (rank 0 says it) where the
-        # launcher left some rank too few
-        _, sharing, note = core_share(comm)
+        with _node_comm(comm, None) as node:  # one split for both
+            # self.node: the rank of its node's first rank, which names the node
+            self.local_rank, self.local_size, self.node = node_of(comm, node)
+            # host-GPU copies share the cores this rank may run on with the
+            # node's ranks that may run there too; a warning (rank 0 says it)
+            # where the launcher left some rank too few
+            _, sharing, note = core_share(comm, node)
         staging.set_ranks_on_node(sharing)
         self.core_note = next((n for n in comm.allgather(note) if n), None)
         #: Objects living as long as the grid (e.g. NCCL communicators), each with
