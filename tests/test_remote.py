@@ -64,6 +64,30 @@ def test_rows_of_another_process_are_read_and_written_where_they_lie(owner):
     assert proc.stdout.readline().strip() == "same"
 
 
+def test_calls_that_move_less_than_asked_go_on_where_they_stopped(owner, monkeypatch):
+    # the kernel may move less than asked (a page it cannot take at once):
+    # here every call moves at most 1000 bytes, mid-row (rows are 296 bytes)
+    import ctypes
+    proc, (where_a, _) = owner
+    real = remote._calls()
+
+    class Short:
+        calls = 0
+
+        def process_vm_readv(self, pid, local, nlocal, iov, count, flags):
+            Short.calls += 1
+            piece = remote._Iovec(local._obj.iov_base, min(local._obj.iov_len, 1000))
+            return real.process_vm_readv(pid, ctypes.byref(piece), 1, iov, count, flags)
+    monkeypatch.setattr(remote, "_calls", lambda: Short())
+    a = host.attach_remote(where_a, (1600, 50), "float64")
+    view = a[5:1500, 3:40]
+    got = np.empty(view.shape)
+    remote.find(view).read_into(got)
+    np.testing.assert_array_equal(got, np.random.default_rng(7).uniform(-1, 1, (1600, 50))[
+        5:1500, 3:40])
+    assert Short.calls >= got.nbytes // 1000
+
+
 def test_a_gone_owner_fails_the_copy_in_words(owner):
     proc, (where_a, _) = owner
     a = host.attach_remote(where_a, (1600, 50), "float64")
