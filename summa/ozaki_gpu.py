@@ -11,7 +11,8 @@ float64 CuPy arrays (complex128 from four real products):
    geam) so its planes are K-contiguous too, as the fast INT8 kernels need;
 3. per modulus one INT8 GEMM (``cublasGemmEx`` "TN", int32), its product
    folded into two float64 sums per element a few planes at a time;
-4. one kernel turns the sums into the result, scaled and accumulated.
+4. the last fold turns the sums into the result, scaled and accumulated
+   (a kernel of its own where C's rows are not contiguous).
 
 Every operation mirrors the NumPy code of :mod:`summa.ozaki` (the same
 float64 formulas), so the two agree (tests/test_gpu.py).
