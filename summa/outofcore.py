@@ -67,8 +67,8 @@ TAIL_SMALLEST = 256
 #: of a narrow K keeps the INT8 kernels far from their rate. The first panel
 #: goes whole and the last one's strips keep at least this many rows: a
 #: 64 GiB sweep of N = 32768 ran 40 products (its first panel in 6 pieces of
-#: K from 256, strips down to 256 rows) at 37.6 TFLOP/s, the bare product
-#: 58.3 (s14b, docs/scripts/ozaki_ooc_probe.py).
+#: K from 256, strips down to 256 rows; docs/scripts/ozaki_ooc_probe.py) and
+#: `bench` 41.3 TFLOP/s, now 13 products and 58.2, the bare product 58.0 (s14).
 FP64_INT8_TAIL_SMALLEST = 2048
 
 
