@@ -7,6 +7,7 @@ import pytest
 
 from helpers import (GEMM_SHAPES, check_against_reference, gemm_scaled_error,
                      random_array)
+import summa
 from summa import cli
 from summa.algorithm import SummaStats, gemm
 from summa.grid import ProcessGrid
@@ -205,3 +206,19 @@ def test_strips_that_do_not_fit_are_refused_with_a_hint_that_applies(monkeypatch
     with pytest.raises(ValueError, match="GiB free"):
         choose_memory_mode((60_000,) * 3, "float64", grid, 4096, 1, _FakeGpu(),
                            out_of_core=False)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_matmul_refuses_strips_on_a_wide_grid_before_any_warning(comm, monkeypatch):
+    # bad input is one message: here the core-share note (a rank bound to one
+    # core, as Open MPI does for np <= 2) would come first, were the grid made first
+    import warnings
+    from summa import grid as grid_module
+    monkeypatch.setattr(grid_module, "core_share", lambda *args: (1, 1, "bound to 1 core"))
+    a = np.ones((8, 8)) if comm.rank == 0 else None
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match="one column"):
+            summa.matmul(a, a, comm=comm, grid=(1, comm.Get_size()), schedule="strips",
+                         backend="numpy")
+    assert not [w for w in seen if "bound to 1 core" in str(w.message)]
