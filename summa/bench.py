@@ -22,6 +22,7 @@ from .matrix import DistMatrix
 from .outofcore import summa_out_of_core
 from .plan import choose_memory_mode, memory_plan
 from .progress import Progress
+from .strips import check_schedule
 from .verify import freivalds
 from .watchdog import watch
 
@@ -177,8 +178,9 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     repeat, warmup = getattr(args, "repeat", 1), getattr(args, "warmup", 1)
     block = None if args.block is None else (args.block, args.block)
     try:
-        grid = ProcessGrid(comm, args.grid or grid_for(comm.Get_size(), m, n, backend.name,
-                                                       dtype, _schedule(args)))
+        dims = args.grid or grid_for(comm.Get_size(), m, n, backend.name, dtype, _schedule(args))
+        check_schedule(_schedule(args), dims)  # bad input: one message, before any warning
+        grid = ProcessGrid(comm, dims)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if grid.core_note and grid.rank == 0:

@@ -222,3 +222,13 @@ def test_matmul_refuses_strips_on_a_wide_grid_before_any_warning(comm, monkeypat
             summa.matmul(a, a, comm=comm, grid=(1, comm.Get_size()), schedule="strips",
                          backend="numpy")
     assert not [w for w in seen if "bound to 1 core" in str(w.message)]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bench_refuses_strips_on_a_wide_grid_before_any_warning(comm, monkeypatch, capsys):
+    from summa import grid as grid_module
+    monkeypatch.setattr(grid_module, "core_share", lambda *args: (1, 1, "bound to 1 core"))
+    with pytest.raises(cli.UsageError, match="one column"):
+        cli.main(["bench", "--backend", "numpy", "--size", "64", "--grid",
+                  f"1x{comm.Get_size()}", "--schedule", "strips"], comm, io.StringIO())
+    assert "bound to 1 core" not in capsys.readouterr().err
