@@ -179,7 +179,8 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     block = None if args.block is None else (args.block, args.block)
     try:
         dims = args.grid or grid_for(comm.Get_size(), m, n, backend.name, dtype, _schedule(args))
-        check_schedule(_schedule(args), dims)  # bad input: one message, before any warning
+        # bad input: one message, before any warning
+        check_schedule(_schedule(args), dims, out_of_core=bool(args.out_of_core))
         grid = ProcessGrid(comm, dims)
     except ValueError as exc:
         raise UsageError(str(exc)) from None

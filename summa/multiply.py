@@ -187,7 +187,8 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
                   "alpha": alpha, "beta": beta, "backend": be.name, "timeline": timeline}
         mark("headers, devices")
         grid = grid or grid_for(comm.Get_size(), m, n, be.name, compute, schedule)
-        check_schedule(schedule, grid)  # bad input: one message, before any warning
+        # bad input: one message, before any warning
+        check_schedule(schedule, grid, out_of_core=bool(out_of_core))
         if out_of_core is None and streams_by_default(be.name, headers, trans_a, trans_b, compute,
                                                       block, schedule):
             out_of_core = True  # streamed: reading, multiplying and writing overlap

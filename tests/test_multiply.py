@@ -229,6 +229,7 @@ def test_multiply_job_with_check(tmp_path):
     (["--beta", "1"], "C0 is needed"),
     (["--alpha", "x"], "--alpha: expected a number"),
     (["--schedule", "strips", "--grid", "1x2"], "needs a grid of one column (P x 1), not 1x2"),
+    (["--schedule", "strips", "--out-of-core"], "runs in device memory only, not out of core"),
 ])
 def test_multiply_job_bad_input_exit_2(tmp_path, args, match):
     a, b, c = _files(tmp_path)

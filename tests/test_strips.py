@@ -228,7 +228,9 @@ def test_matmul_refuses_strips_on_a_wide_grid_before_any_warning(comm, monkeypat
 def test_bench_refuses_strips_on_a_wide_grid_before_any_warning(comm, monkeypatch, capsys):
     from summa import grid as grid_module
     monkeypatch.setattr(grid_module, "core_share", lambda *args: (1, 1, "bound to 1 core"))
-    with pytest.raises(cli.UsageError, match="one column"):
-        cli.main(["bench", "--backend", "numpy", "--size", "64", "--grid",
-                  f"1x{comm.Get_size()}", "--schedule", "strips"], comm, io.StringIO())
-    assert "bound to 1 core" not in capsys.readouterr().err
+    for args, match in ((["--grid", f"1x{comm.Get_size()}"], "one column"),
+                        (["--out-of-core"], "device memory only")):
+        with pytest.raises(cli.UsageError, match=match):
+            cli.main(["bench", "--backend", "numpy", "--size", "64", "--schedule", "strips"]
+                     + args, comm, io.StringIO())
+        assert "bound to 1 core" not in capsys.readouterr().err
