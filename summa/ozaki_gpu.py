@@ -27,7 +27,8 @@ import numpy as np
 
 from . import ozaki
 
-__all__ = ["gemm", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
+__all__ = ["gemm", "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES",
+           "NOT_FINITE"]
 
 #: Integer products folded per pass (each pass reads the two sums once);
 #: ``SUMMA_FP64_INT8_PLANES`` overrides.
@@ -365,6 +366,17 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
         _kernel("finish")(s_hi, s_lo, e.reshape(m, 1), f.reshape(1, n), weights["m_hi"],
                           weights["m_lo"], np.int32(weights["t"]), float(alpha), float(beta), c)
     mark("finish")
+
+
+def phase_seconds(marks: list) -> dict:
+    """Seconds per phase of the ``(phase, event)`` pairs :func:`gemm` collected
+    in `marks` (each phase timed from the mark before it; summed over the
+    products it made), once the GPU has passed the last one."""
+    import cupy
+    seconds: dict = {}
+    for (_, start), (phase, end) in zip(marks, marks[1:]):
+        seconds[phase] = seconds.get(phase, 0.0) + cupy.cuda.get_elapsed_time(start, end) / 1e3
+    return seconds
 
 
 def _complex(alpha, a, b, c, beta, bits, moduli, backend, planes) -> None:

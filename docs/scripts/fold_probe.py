@@ -137,8 +137,7 @@ def main() -> int:
                 continue
             finally:
                 ozaki_gpu._launch = launch
-            phases = {ph: cp.cuda.get_elapsed_time(marks[i - 1][1], ev) / 1e3
-                      for i, (ph, ev) in enumerate(marks) if i}
+            phases = ozaki_gpu.phase_seconds(marks)
             if reference is None:
                 reference = c.copy()
             rows[name].append({"seconds": seconds, "phases": phases,

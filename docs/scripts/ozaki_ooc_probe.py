@@ -79,8 +79,7 @@ def main() -> int:
             for m_, n_, k_, host, marks in calls:
                 shapes[f"{m_}x{n_}x{k_}"] += 1
                 host_in += host
-                for (_, e0), (name, e1) in zip(marks, marks[1:]):
-                    phases[name] += cp.cuda.get_elapsed_time(e0, e1) / 1e3
+                phases.update(ozaki_gpu.phase_seconds(marks))
                 if last is not None:
                     gaps += max(0.0, cp.cuda.get_elapsed_time(last, marks[0][1]) / 1e3)
                 last = marks[-1][1]

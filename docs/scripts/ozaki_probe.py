@@ -139,8 +139,7 @@ def main() -> int:
                 finally:
                     os.environ.clear()
                     os.environ.update(saved)
-                phases = {name: cp.cuda.get_elapsed_time(marks[i - 1][1], ev) / 1e3
-                          for i, (name, ev) in enumerate(marks) if i}
+                phases = ozaki_gpu.phase_seconds(marks)
                 row = {"what": "summa fp64-int8" + (f" [{setting}]" if setting else ""), "n": n,
                        "data": data,
                        "moduli": count or ozaki.moduli_for(ozaki.BITS, n), "seconds": sec,
@@ -183,8 +182,7 @@ def main() -> int:
         emit({"what": f"fp64-int8 {m}x{n}x{k}", "n": k, "seconds": sec,
               "tflops": 2 * m * n * k / sec / 1e12, "moduli": ozaki.moduli_for(ozaki.BITS, k),
               "vs_native": 2 * m * n * k / sec / 1e12 / native,
-              "phases": {name: cp.cuda.get_elapsed_time(marks[i - 1][1], ev) / 1e3
-                         for i, (name, ev) in enumerate(marks) if i}})
+              "phases": ozaki_gpu.phase_seconds(marks)})
         del a, b, c
         cp.get_default_memory_pool().free_all_blocks()
     if args.json:
