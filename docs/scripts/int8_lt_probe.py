@@ -17,21 +17,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "docs", "scripts"))
 
 _COMPUTE_32I, _R_8I, _R_32I, _OP_T = 72, 3, 10, 1
-
-
-def _timed(cp, fn, repeat: int) -> float:
-    fn()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    best = float("inf")
-    for _ in range(repeat):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        best = min(best, cp.cuda.get_elapsed_time(start, stop) / 1e3)
-    return best
 
 
 def main() -> int:
@@ -42,6 +30,7 @@ def main() -> int:
     args = p.parse_args()
     import cupy as cp
     import numpy as np
+    from ozaki_probe import _best
     from summa import lt
     from summa.backend import get_backend
     backend = get_backend("cupy")
@@ -54,8 +43,8 @@ def main() -> int:
         bt8 = cp.random.randint(-128, 128, (n, n), dtype=cp.int8)
         want, out = cp.empty((n, n), dtype=cp.int32), cp.empty((n, n), dtype=cp.int32)
         ops = 2 * n**3
-        sec = _timed(cp, lambda: backend.int8_gemm_tn(a8, bt8, want), 3)
-        burst = _timed(cp, lambda: [backend.int8_gemm_tn(a8, bt8, want) for _ in range(16)], 2)
+        sec = _best(lambda: backend.int8_gemm_tn(a8, bt8, want), 3)
+        burst = _best(lambda: [backend.int8_gemm_tn(a8, bt8, want) for _ in range(16)], 2)
         rows.append({"what": "gemmEx", "n": n, "tops": ops / sec / 1e12,
                      "tops_16": 16 * ops / burst / 1e12})
         print(json.dumps(rows[-1]), flush=True)
@@ -77,8 +66,8 @@ def main() -> int:
                 if status:
                     raise RuntimeError(f"cublasLtMatmul status {status}")
             try:
-                sec = _timed(cp, run, 3)
-                burst = _timed(cp, lambda: [run() for _ in range(16)], 2)
+                sec = _best(run, 3)
+                burst = _best(lambda: [run() for _ in range(16)], 2)
                 same = bool((out == want).all())
             except RuntimeError as exc:
                 print(f"algorithm {i}: {exc}", flush=True)
