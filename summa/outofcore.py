@@ -333,10 +333,12 @@ class _Arrival:
 
 
 def _host_copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[...] = src`` for host arrays, `src` perhaps another process's
-    (:mod:`summa.remote`: read there, never through its stand-in)."""
-    owner = remote.find(src)
-    if owner is None:
+    """``dst[...] = src`` for host arrays, either perhaps another process's
+    (:mod:`summa.remote`: read or written there, never through its stand-in)."""
+    owner, target = remote.find(src), remote.find(dst)
+    if target is not None:  # the pool's owner's array (its product)
+        target.write_from(np.ascontiguousarray(src))
+    elif owner is None:
         dst[...] = src
     elif dst.flags.c_contiguous:
         owner.read_into(dst)
@@ -386,11 +388,7 @@ class _HostMover:
 
     def write_back(self, host, c, buf: int) -> None:
         self.product_finite = self.product_finite and self.device.all_finite(c)
-        owner = remote.find(host)
-        if owner is not None:  # the pool's owner's array (summa.remote)
-            owner.write_from(np.ascontiguousarray(c))
-        else:
-            host[...] = c
+        _host_copy(host, c)
         self.moved += c.nbytes
 
     def finish(self) -> None:
