@@ -35,6 +35,11 @@ __all__ = ["gemm", "phase_seconds", "same_b", "checked_later", "scratch_bytes", 
 PLANES = 4
 
 
+def _planes(planes: int) -> int:
+    """Integer products folded per pass: `planes`, or ``SUMMA_FP64_INT8_PLANES``."""
+    return int(os.environ.get("SUMMA_FP64_INT8_PLANES") or planes)
+
+
 def _overlap() -> bool:
     """``SUMMA_FP64_INT8_OVERLAP=1``: fold each group of products on a stream
     of its own while the next group's INT8 GEMMs run (two buffers of
@@ -276,7 +281,7 @@ def scratch_bytes(m: int, n: int, k: int, count: int, planes: int = PLANES) -> i
     """Device bytes one product takes beside its operands: the residue planes,
     B transposed, the integer products and the two sums."""
     kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
-    planes = int(os.environ.get("SUMMA_FP64_INT8_PLANES") or planes)
+    planes = _planes(planes)
     buffers = 1 + _overlap()
     return (count * (m + np_) * kp + 8 * n * k + 4 * buffers * planes * m * np_ + 16 * m * n)
 
@@ -326,8 +331,7 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
     f, b8 = _b_side(b, count, bits, np_, kp, constants, backend)  # (n,): B's columns
     a8 = _residues(a, e, count, m, kp, constants)
     mark("residues")
-    planes = int(os.environ.get("SUMMA_FP64_INT8_PLANES") or planes)
-    planes = max(1, min(planes, count))
+    planes = max(1, min(_planes(planes), count))
     overlap = _overlap() and count > planes
     groups = list(range(0, count, planes))
     # The last fold writes C itself where C's rows are contiguous (a
