@@ -23,7 +23,8 @@ import weakref
 
 import numpy as np
 
-__all__ = ["register", "find", "view_span", "FileRows", "prefetch", "read_ahead", "write_out"]
+__all__ = ["register", "find", "view_span", "FileRows", "prefetch", "read_ahead", "write_out",
+           "libc_call"]
 
 _lock = threading.Lock()
 #: start address -> (end address, file descriptor, file offset of start, writable, path)
@@ -107,22 +108,24 @@ def write_out(fd: int, offset: int, nbytes: int) -> None:
     and a product of 4.8 GB then waited for the final ``fsync`` (2.2-2.7 s
     of a streamed multiply on the H200 machine). Nothing where the system
     has no such call; the final ``fsync`` still makes it durable."""
-    call = _libc_call("sync_file_range", (ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+    call = libc_call("sync_file_range", (ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                                           ctypes.c_uint))
     if call is not None and nbytes > 0:
         call(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
 
 
 @functools.lru_cache(maxsize=None)
-def _libc_call(name: str, argtypes: tuple | None = None):
-    """libc's function `name` (its argument types set), looked up once; None
-    where the system has none."""
+def libc_call(name: str, argtypes: tuple | None = None, restype=None):
+    """libc's function `name` (its argument and result types set, errno kept
+    for ``ctypes.get_errno``), looked up once; None where the system has none."""
     try:
         fn = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
     if argtypes is not None:
         fn.argtypes = list(argtypes)
+    if restype is not None:
+        fn.restype = restype
     return fn
 
 
@@ -319,7 +322,7 @@ def _resident(start: int, end: int):
     """A test "are bytes a..b after `start` all in memory" for the mapped
     range `start`..`end` (mincore, looked at once now), or None where the
     system cannot say."""
-    mincore = _libc_call("mincore")
+    mincore = libc_call("mincore")
     if mincore is None:
         return None
     page = mmap.PAGESIZE

@@ -23,14 +23,16 @@ are copied into shared memory as before; ``SUMMA_IN_PLACE=0`` asks for that.
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 import threading
+import types
 import weakref
 
 import numpy as np
 
-from .filemaps import view_span
+from .filemaps import libc_call, view_span
 
 __all__ = ["allowed", "allow_readers", "describe", "placeholder", "find", "readable",
            "RemoteRows"]
@@ -46,24 +48,17 @@ class _Iovec(ctypes.Structure):
 _lock = threading.Lock()
 #: placeholder start address -> (end address, pid, the owner's start address)
 _maps: dict[int, tuple] = {}
-_libc = None
+_VM_ARGS = (ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.POINTER(_Iovec),
+            ctypes.c_ulong, ctypes.c_ulong)
 
 
+@functools.lru_cache(maxsize=None)
 def _calls():
-    """libc's process_vm_readv and process_vm_writev (None where absent)."""
-    global _libc
-    if _libc is None:
-        try:
-            lib = ctypes.CDLL(None, use_errno=True)
-            for name in ("process_vm_readv", "process_vm_writev"):
-                fn = getattr(lib, name)
-                fn.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
-                               ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
-                fn.restype = ctypes.c_ssize_t
-            _libc = lib
-        except (OSError, AttributeError):
-            _libc = False
-    return _libc or None
+    """libc's process_vm_readv and process_vm_writev, as attributes (None
+    where the system has them not)."""
+    calls = {name: libc_call(name, _VM_ARGS, ctypes.c_ssize_t)
+             for name in ("process_vm_readv", "process_vm_writev")}
+    return None if None in calls.values() else types.SimpleNamespace(**calls)
 
 
 def allowed() -> bool:
