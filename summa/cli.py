@@ -148,9 +148,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         "use with --check)")
     p.add_argument("--moduli", type=_bounded(int, 1, "an integer"), default=None, metavar="L",
                    help="fp64-int8: moduli (INT8 GEMMs) per product; fewer is faster and keeps "
-                        "fewer bits (14 at N = 32768: 1.25x native float64 on an H200, ~30x the "
-                        "default's error, still within float64's gauge); default as many as "
-                        "52 bits need; SUMMA_FP64_INT8_MODULI")
+                        "fewer bits (default: at K = 32768 15, at least 50 bits in every row, "
+                        "51-52 in rows of random entries; 16 keeps 52 in all; 14 about 10x the "
+                        "default's error, still within float64's gauge); "
+                        "SUMMA_FP64_INT8_MODULI")
     memory = p.add_mutually_exclusive_group()
     memory.add_argument("--out-of-core", action="store_const", const=True, default=None,
                         help="keep A, B, C in host memory and stream C through the GPU in "
@@ -477,8 +478,8 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
             print("  A's panels are copied transposed for the GEMMs (one scratch panel "
                   "counted above; SUMMA_TRANSPOSE_A)", file=out)
         if precision == "fp64-int8":
-            from . import ozaki
-            count = ozaki.moduli_for(ozaki.BITS, args.nb)
+            from . import ozaki_gpu
+            count = ozaki_gpu.moduli_for(args.nb)
             print(f"  fp64-int8: each panel product's int8 residues ({count} moduli), integer "
                   "products and float64 sums counted above", file=out)
         if plan.staging_bytes:

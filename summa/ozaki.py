@@ -9,6 +9,10 @@ For ``C ~ A @ B`` in float64:
 1. Scale. Each row i of A is multiplied by ``2**e_i`` and rounded to an
    integer of at most `bits` bits (``|Abar| <= 2**bits``); each column j of
    B likewise by ``2**f_j``. Powers of two: the scaling itself is exact.
+   Within `bits`, each row keeps as many bits as the moduli allow for its
+   2-norm (:func:`budgets`, :func:`exponents`): a row of spread-out entries,
+   whose norm is well below sqrt(K) times its largest, keeps more than one
+   whose entries are all alike (the worst case, :func:`bits_for`).
 2. Residues. For pairwise coprime moduli ``m_l <= 256`` (:data:`MODULI`),
    ``Abar mod m_l`` and ``Bbar mod m_l`` in the symmetric range fit int8
    (computed in float64, exactly: ``x - m rint(x / m)`` for ``|x| < 2**52``).
@@ -18,7 +22,9 @@ For ``C ~ A @ B`` in float64:
 4. Reconstruction (Chinese remainder theorem). ``X = Abar @ Bbar`` is the
    integer in (-M/2, M/2), M the moduli's product, congruent to ``sum_l u_l
    w_l`` mod M, u_l the l-th product reduced mod m_l and ``w_l`` the CRT
-   weights; it holds while ``K * 2**(2 bits) < M/4`` (:func:`moduli_for`).
+   weights; it holds while ``|X_ij| <= |Abar_i| |Bbar_j| < M/2`` (the 2-norms
+   of row i and column j, Cauchy-Schwarz; a 2**-30 share is left for the
+   rounding of the quotient below), which step 1's exponents ensure.
    Each ``w_l`` is split into a high part, a multiple of ``2**t`` below
    ``2**(t+40)``, and the rest: the high sums are exact in float64, so the
    quotient by M and the remainder are too, and the low parts carry the rest
@@ -27,12 +33,15 @@ For ``C ~ A @ B`` in float64:
    so no product has to wait for the others.
 5. Unscale: ``C_ij = 2**(-e_i - f_j) X_ij``.
 
-The only error is step 1's rounding: ``|C - A B|_ij <= 2**-bits *
-amax_i * (|B| 1)`` + the same for B, with ``amax_i`` the largest
-``|A_ij|`` of row i (:func:`error_bound`). For rows and columns of similar
-magnitudes and ``bits`` = 52 that is float64's own accuracy; where one row
-spans many orders of magnitude, its small entries lose bits (tested at
-1e±8), so a check (``--check``) is the companion of this mode.
+The only error is step 1's rounding: ``|C - A B|_ij <= 2**-(e_i+1) *
+(|B| 1)_j`` + the same for B, where ``2**-e_i`` is the unit of row i's
+last kept bit, about ``2**-bits_i`` of its largest entry (:func:`error_bound`).
+For rows and columns of similar magnitudes and 51-52 bits kept that is
+float64's own accuracy; where one row spans many orders of magnitude, its
+small entries lose bits (tested at 1e±8), so a check (``--check``) is the
+companion of this mode. Unless told, products take :func:`default_moduli`:
+at K = 32768 15 moduli, with which rows of random entries keep 51-52 bits
+and rows whose entries are all alike 50-51.
 """
 
 from __future__ import annotations
@@ -62,19 +71,52 @@ K_EXACT = (2**31 - 1) // (128 * 128)
 BITS = 52
 
 
+#: Bits below `bits` the default count of moduli may leave a row or column
+#: whose entries are all of its largest magnitude (the worst case of the
+#: bound); rows of spread-out entries keep `bits` or one fewer
+#: (:func:`default_moduli`).
+SLACK = 2
+
+
+def budgets(count: int, k: int) -> tuple[float, float]:
+    """log2 of the largest 2-norms the scaled rows of A and columns of B may
+    have for `count` moduli over an inner dimension `k`: ``|Abar_i| |Bbar_j| <
+    M/2`` (Cauchy-Schwarz bounds the product's entries by it), less a 2**-30
+    share for the rounding of the reconstruction's quotient, and less the
+    rounding of the scaled entries (half a unit each). A gets the half bit
+    that an integer split of the budget leaves (B's exponents must not
+    depend on A: :func:`summa.ozaki_gpu.same_b`)."""
+    half = (sum(math.log2(m) for m in MODULI[:count]) - 1 + math.log2(1 - 2.0**-30)) / 2
+    rounding = 0.5 * math.sqrt(max(1, k))
+    return tuple(math.log2(max(2.0**cap - rounding, 2.0**-60)) for cap in (half + 0.5, half - 0.5))
+
+
+def bits_for(count: int, k: int) -> int:
+    """The bits (at most :data:`BITS`) `count` moduli keep in every row and
+    column over an inner dimension `k`, whatever its entries: the worst case,
+    a row whose entries are all as large as its largest (2-norm sqrt(k))."""
+    # such a row scaled into [0.5, 1) (0.75 has exponent 0, so e is its bits)
+    # has a 2-norm below sqrt(k); B's budget is the smaller
+    return int(exponents(np.array([0.75]), BITS, np, np.array([math.sqrt(max(1, k))]),
+                         budgets(count, k)[1])[0])
+
+
 def moduli_for(bits: int, k: int) -> int:
-    """How many of :data:`MODULI` a product of `bits`-bit integers over an
-    inner dimension `k` needs: their product must exceed ``4 k 2**(2 bits)``
-    (twice the range of the product, so the quotient of the reconstruction
-    is never near a half)."""
-    need = 2 + math.log2(max(1, k)) + 2 * bits
-    total = 0.0
-    for count, m in enumerate(MODULI, 1):
-        total += math.log2(m)
-        if total > need:
+    """How many of :data:`MODULI` keep `bits` bits in every row and column
+    over an inner dimension `k` (:func:`bits_for`), whatever their entries."""
+    for count in range(1, len(MODULI) + 1):
+        if bits_for(count, k) >= bits:
             return count
-    raise ValueError(f"{bits}-bit operands over K = {k} need a product of moduli beyond "
-                     f"2**{need:.0f}; the {len(MODULI)} moduli reach 2**{total:.0f}")
+    raise ValueError(f"{bits}-bit operands over K = {k} need more than the {len(MODULI)} moduli")
+
+
+def default_moduli(bits: int, k: int) -> int:
+    """The moduli a product over `k` takes unless told: the fewest that keep
+    at least ``bits - SLACK`` bits in every row and column (an error at most
+    ``2**SLACK`` times `bits`' own where a row's entries are all of one
+    size), so that rows of spread-out entries, whose 2-norms are smaller,
+    keep `bits` or one fewer (:func:`exponents`)."""
+    return moduli_for(max(1, bits - SLACK), k)
 
 
 def check_bits(bits: int) -> int:
@@ -85,22 +127,42 @@ def check_bits(bits: int) -> int:
     return int(bits)
 
 
-def scale(x, axis: int, bits: int, xp=np):
+def scale(x, axis: int, bits: int, xp=np, cap: float | None = None):
     """``(xbar, e)``: `x` times ``2**e`` along `axis` (per row for axis 1, per
     column for axis 0), rounded to integers with ``|xbar| <= 2**bits``
-    (float64); ``e`` int32. Zero rows (columns) keep e = 0. Refuses Inf/NaN."""
+    (float64) and, given `cap`, each row's (column's) 2-norm below
+    ``2**cap`` (:func:`budgets`); ``e`` int32. Zero rows (columns) keep
+    e = 0. Refuses Inf/NaN."""
     if not bool(xp.isfinite(x).all()):
         raise ValueError(NOT_FINITE)
     bits = check_bits(bits)
-    e = exponents(xp.abs(x).max(axis=axis, keepdims=True), bits, xp)
+    amax = xp.abs(x).max(axis=axis, keepdims=True)
+    norm = None if cap is None else norms(x, amax, axis, xp)
+    e = exponents(amax, bits, xp, norm, cap)
     return xp.rint(xp.ldexp(x, e)), e
 
 
-def exponents(amax, bits: int, xp=np):
+def norms(x, amax, axis: int, xp=np):
+    """2-norms of `x`'s rows (axis 1) or columns (axis 0) scaled by the power
+    of two that brings their largest magnitudes `amax` into [0.5, 1) (so no
+    square overflows; those that underflow weigh below 2**-1000)."""
+    _, ex = xp.frexp(amax)
+    return xp.sqrt(xp.sum(xp.square(xp.ldexp(x, -ex)), axis=axis, keepdims=True))
+
+
+def exponents(amax, bits: int, xp=np, norm=None, cap: float | None = None):
     """The scaling exponents of rows (columns) whose largest magnitudes are
-    `amax`: ``amax * 2**e < 2**bits`` (0 for zero rows)."""
+    `amax`: ``amax * 2**e < 2**bits``, and given their :func:`norms` `norm`,
+    the scaled row's 2-norm at most ``2**cap`` (with room for its rounding
+    to float64: 2**-30); 0 for zero rows. Rows of spread-out entries thus
+    keep more bits than :func:`bits_for` promises (Ozaki scheme II's
+    Cauchy-Schwarz scaling)."""
     _, ex = xp.frexp(amax)  # amax < 2**ex
-    return xp.where(amax > 0, bits - ex, 0).astype(np.int32)
+    kept = bits
+    if norm is not None:  # norm >= 0.5 where amax > 0
+        kept = xp.minimum(bits, xp.floor(
+            cap - xp.log2(xp.maximum(norm, 0.5) * (1 + 2.0**-30)) - 1e-9))
+    return xp.where(amax > 0, kept - ex, 0).astype(np.int32)
 
 
 def residues(xbar, m: int, xp=np):
@@ -112,16 +174,6 @@ def residues(xbar, m: int, xp=np):
     r = xp.where(r > 127, r - m, r)
     r = xp.where(r < -128, r + m, r)
     return r.astype(np.int8)
-
-
-def bits_for(count: int, k: int) -> int:
-    """The most bits per row and column that `count` moduli reconstruct over
-    an inner dimension `k` (:func:`moduli_for`'s inverse)."""
-    total = sum(math.log2(m) for m in MODULI[:count])
-    bits = math.floor((total - 2 - math.log2(max(1, k))) / 2 - 1e-9)
-    if bits < 1:
-        raise ValueError(f"{count} moduli cannot reconstruct products over K = {k}")
-    return min(BITS, bits)
 
 
 def integer_product(a8, b8, xp=np, backend=None):
@@ -136,15 +188,27 @@ def integer_product(a8, b8, xp=np, backend=None):
 
 
 def choose(bits: int, moduli: int | None, k: int) -> tuple[int, int]:
-    """``(bits, moduli)`` for a product over `k`: the moduli `bits` needs, or
-    for a given count of moduli the bits they can carry (at most `bits`)."""
+    """``(bits, moduli)`` for a product over `k`: `bits` (checked), the most
+    any row or column keeps, and the moduli given (checked: every row keeps
+    a bit at least) or :func:`default_moduli`'s."""
     bits = check_bits(bits)
     if moduli is None:
-        return bits, moduli_for(bits, k)
+        return bits, default_moduli(bits, k)
     count = int(moduli)
     if not 1 <= count <= len(MODULI):
         raise ValueError(f"moduli must be 1-{len(MODULI)}, got {count}")
-    return min(bits, bits_for(count, k)), count
+    if bits_for(count, k) < 1:
+        raise ValueError(f"{count} moduli cannot reconstruct products over K = {k}")
+    return bits, count
+
+
+def operands(a, b, bits: int, count: int, xp=np):
+    """``(abar, e, bbar, f)``: `a`'s rows and `b`'s columns scaled to integers
+    for `count` moduli (:func:`scale` within :func:`budgets`)."""
+    cap_a, cap_b = budgets(count, a.shape[1])
+    abar, e = scale(a, 1, bits, xp, cap_a)
+    bbar, f = scale(b, 0, bits, xp, cap_b)
+    return abar, e, bbar, f
 
 
 def crt_weights(moduli) -> dict:
@@ -152,7 +216,7 @@ def crt_weights(moduli) -> dict:
     ``2**t`` each CRT weight's high part (an integer below ``2**40``) and low
     part (below 1), and M's (:func:`fold`, :func:`finish`)."""
     big = math.prod(moduli)
-    t = big.bit_length() - 40
+    t = max(0, big.bit_length() - 40)  # below 2**40 the weights are their own high parts
     hi, lo = [], []
     for m in moduli:
         rest = big // m
@@ -201,10 +265,12 @@ def gemm_int8(a, b, bits: int = BITS, moduli: int | None = None, xp=np, backend=
     ----------
     a, b : arrays of float64
     bits : int
-        Bits each row of `a` and column of `b` keeps (52: float64's).
+        The most bits a row of `a` or column of `b` keeps (52: float64's);
+        each keeps as many as the moduli's product allows for its 2-norm.
     moduli : int, optional
-        How many moduli (default: as many as `bits` and K need); fewer than
-        `bits` needs lower the bits kept (:func:`bits_for`): faster, less
+        How many moduli (default :func:`default_moduli`: every row keeps at
+        least ``bits - SLACK``, rows of spread-out entries `bits` or one
+        fewer); fewer keep fewer bits (:func:`bits_for`): faster, less
         accurate.
     xp, backend : module, Backend, optional
         The array library of `a` and `b`, and the backend whose INT8 GEMM
@@ -218,8 +284,7 @@ def gemm_int8(a, b, bits: int = BITS, moduli: int | None = None, xp=np, backend=
         return sum(gemm_int8(a[:, k0:k0 + K_EXACT], b[k0:k0 + K_EXACT], bits, moduli, xp,
                              backend) for k0 in range(0, k, K_EXACT))
     bits, count = choose(bits, moduli, k)
-    abar, e = scale(a, 1, bits, xp)
-    bbar, f = scale(b, 0, bits, xp)
+    abar, e, bbar, f = operands(a, b, bits, count, xp)
     chosen = MODULI[:count]
     weights = crt_weights(chosen)
     s_hi = xp.zeros((a.shape[0], b.shape[1]))
@@ -241,19 +306,23 @@ def complex_product(real_product, a, b, xp=np):
     return real + 1j * imag
 
 
-def error_bound(a, b, bits: int, xp=np):
-    """Elementwise bound on ``|gemm_int8(a, b, bits) - a @ b|``: the scaling's
-    rounding (half a unit of the last of `bits` bits of each row's and
-    column's largest entry) carried through the product, plus float64's
-    rounding of the reconstructed value."""
+def error_bound(a, b, bits: int = BITS, moduli: int | None = None, xp=np):
+    """Elementwise bound on ``|gemm_int8(a, b, bits, moduli) - a @ b|``: the
+    scaling's rounding (half a unit of each row's and column's last kept
+    bit) carried through the product, plus float64's rounding of the
+    reconstructed value (and of the sum of K's pieces)."""
     if np.dtype(a.dtype).kind == "c" or np.dtype(b.dtype).kind == "c":  # the four products'
         ar, ai, br, bi = a.real, a.imag, b.real, b.imag
-        return (error_bound(ar, br, bits, xp) + error_bound(ai, bi, bits, xp)
-                + error_bound(ar, bi, bits, xp) + error_bound(ai, br, bits, xp))
-    amax = xp.abs(a).max(axis=1, keepdims=True)
-    bmax = xp.abs(b).max(axis=0, keepdims=True)
-    ua, ub = amax * 2.0**-bits, bmax * 2.0**-bits
+        return sum(error_bound(x, y, bits, moduli, xp)
+                   for x, y in ((ar, br), (ai, bi), (ar, bi), (ai, br)))
     k = a.shape[1]
-    return (ua @ xp.ones((1, b.shape[1])) * (xp.abs(b).sum(axis=0, keepdims=True))
-            + (xp.abs(a).sum(axis=1, keepdims=True)) * ub + k * ua * ub
-            + 4 * np.finfo(np.float64).eps * (xp.abs(a) @ xp.abs(b)))
+    if k > K_EXACT:
+        pieces = range(0, k, K_EXACT)
+        return (sum(error_bound(a[:, k0:k0 + K_EXACT], b[k0:k0 + K_EXACT], bits, moduli, xp)
+                    for k0 in pieces)
+                + len(pieces) * np.finfo(np.float64).eps * (xp.abs(a) @ xp.abs(b)))
+    bits, count = choose(bits, moduli, k)
+    _, e, _, f = operands(a, b, bits, count, xp)
+    ua, ub = xp.ldexp(0.5, -e), xp.ldexp(0.5, -f)  # (m, 1), (1, n)
+    return (ua * xp.abs(b).sum(axis=0, keepdims=True) + xp.abs(a).sum(axis=1, keepdims=True) * ub
+            + k * ua * ub + 4 * np.finfo(np.float64).eps * (xp.abs(a) @ xp.abs(b)))

@@ -5,7 +5,8 @@ kernels, the residue products on cuBLAS's INT8 tensor cores.
 float64 CuPy arrays (complex128 from four real products):
 
 1. the largest magnitude of each row of A and column of B (one reduction
-   each, which also finds Inf/NaN) gives the scaling exponents;
+   each, which also finds Inf/NaN) and their 2-norms (another) give the
+   scaling exponents (:func:`summa.ozaki.exponents`);
 2. one kernel reads A once and writes its residues for every modulus (int8
    planes, K contiguous and padded to 4); B is transposed first (cuBLAS
    geam) so its planes are K-contiguous too, as the fast INT8 kernels need;
@@ -27,7 +28,7 @@ import numpy as np
 
 from . import ozaki
 
-__all__ = ["gemm", "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES",
+__all__ = ["gemm", "moduli_for", "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES",
            "NOT_FINITE"]
 
 #: Integer products folded per pass (each pass reads the two sums once);
@@ -139,6 +140,12 @@ def _kernel(name: str):
                 "float64 value", "float64 largest",
                 "isfinite(value) ? fabs(value) : __longlong_as_double(0x7ff0000000000000LL)",
                 "max(a, b)", "largest = a", "0", "summa_amax")
+        elif name == "norm":
+            # rows scaled by 2**shift into [0.5, 1) first: no square overflows
+            _kernels[name] = cupy.ReductionKernel(
+                "float64 value, int32 shift", "float64 length",
+                "ldexp(value, shift) * ldexp(value, shift)", "a + b", "length = sqrt(a)", "0",
+                "summa_scaled_norm")
         elif name == "finish":
             _kernels[name] = cupy.ElementwiseKernel(
                 "float64 s_hi, float64 s_lo, int32 e, int32 f, float64 m_hi, float64 m_lo, "
@@ -166,10 +173,11 @@ NOT_FINITE = ozaki.NOT_FINITE
 _pending: list | None = None
 
 
-def _exponents(x, axis: int, bits: int):
+def _exponents(x, axis: int, bits: int, cap: float):
     """The scaling exponents of `x`'s rows (axis 1) or columns (axis 0), as
-    int32; refuses Inf/NaN (at once, or inside :func:`checked_later` at its
-    end)."""
+    int32, each row's scaled 2-norm within ``2**cap``
+    (:func:`summa.ozaki.exponents`); refuses Inf/NaN (at once, or inside
+    :func:`checked_later` at its end)."""
     import cupy
     amax = _kernel("amax")(x, axis=axis)  # Inf where a row holds Inf or NaN
     bad = cupy.isinf(amax).any()
@@ -177,7 +185,10 @@ def _exponents(x, axis: int, bits: int):
         _pending.append(bad)
     elif bool(bad):
         raise ValueError(NOT_FINITE)
-    return ozaki.exponents(amax, bits, cupy)
+    _, ex = cupy.frexp(amax)
+    shift = -ex.reshape((-1, 1) if axis == 1 else (1, -1))
+    norm = _kernel("norm")(x, shift, axis=axis)
+    return ozaki.exponents(amax, bits, cupy, norm, cap)
 
 
 class _Checks:
@@ -256,7 +267,7 @@ def same_b():
         _held = outer
 
 
-def _b_side(b, count: int, bits: int, cols_p: int, k_p: int, constants, backend):
+def _b_side(b, count: int, bits: int, cap: float, cols_p: int, k_p: int, constants, backend):
     """B's column exponents and its residue planes (B transposed, so K is
     contiguous): made here, or inside :func:`same_b` those made for this B."""
     import cupy
@@ -270,7 +281,7 @@ def _b_side(b, count: int, bits: int, cols_p: int, k_p: int, constants, backend)
     k, n = b.shape
     bt = cupy.empty((n, k), dtype=cupy.float64)
     backend.transpose(b, bt)
-    f = _exponents(bt, 1, bits)
+    f = _exponents(bt, 1, bits, cap)
     b8 = _residues(bt, f, count, cols_p, k_p, constants)
     if _held is not None:
         _held.update(key=key, f=f, b8=b8)
@@ -286,14 +297,22 @@ def scratch_bytes(m: int, n: int, k: int, count: int, planes: int = PLANES) -> i
     return (count * (m + np_) * kp + 8 * n * k + 4 * buffers * planes * m * np_ + 16 * m * n)
 
 
+def moduli_for(k: int, moduli: int | None = None) -> int:
+    """The moduli a product over `k` takes: `moduli`, else
+    ``SUMMA_FP64_INT8_MODULI``, else :func:`summa.ozaki.default_moduli`'s
+    (15 for K = 32768)."""
+    if moduli is None and os.environ.get("SUMMA_FP64_INT8_MODULI"):
+        moduli = int(os.environ["SUMMA_FP64_INT8_MODULI"])
+    return ozaki.choose(ozaki.BITS, moduli, min(k, ozaki.K_EXACT))[1]
+
+
 def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = None,
          backend=None, planes: int = PLANES, marks: list | None = None) -> None:
     """``c = alpha a @ b + beta c`` in float64 from INT8 GEMMs (the module's
     steps). `a`, `b`, `c` float64 CuPy arrays (views with contiguous rows
     fine); `backend` a :class:`summa.backend.CupyBackend` (its INT8 GEMM and
-    transpose); `moduli` (default ``SUMMA_FP64_INT8_MODULI``, else as many as
-    52 bits need: 16 for K = 32768) trades accuracy for speed
-    (:func:`summa.ozaki.choose`); `marks` collects ``(phase, event)`` pairs
+    transpose); `moduli` (default :func:`moduli_for`'s) trades accuracy for
+    speed (:func:`summa.ozaki.choose`); `marks` collects ``(phase, event)`` pairs
     for timing.
     """
     import cupy
@@ -309,9 +328,10 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
         return
     if moduli is None and os.environ.get("SUMMA_FP64_INT8_MODULI"):
         moduli = int(os.environ["SUMMA_FP64_INT8_MODULI"])
-    bits, count = ozaki.choose(bits, moduli, k)
+    bits, count = ozaki.choose(bits, moduli, k)  # checked as the caller asked
     constants = _constants(count)
     weights = constants["weights"]
+    cap_a, cap_b = ozaki.budgets(count, k)
 
     def mark(phase):
         if marks is not None:
@@ -325,10 +345,10 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
         elif beta != 1:
             c *= beta
         return
-    e = _exponents(a, 1, bits)          # (m,)
+    e = _exponents(a, 1, bits, cap_a)          # (m,)
     kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
     mark("scale")
-    f, b8 = _b_side(b, count, bits, np_, kp, constants, backend)  # (n,): B's columns
+    f, b8 = _b_side(b, count, bits, cap_b, np_, kp, constants, backend)  # (n,): B's columns
     a8 = _residues(a, e, count, m, kp, constants)
     mark("residues")
     planes = max(1, min(_planes(planes), count))

@@ -170,8 +170,8 @@ def _ozaki_scratch(tm: int, tn: int, nb: int, complex_: bool = False) -> int:
     cores (``precision="fp64-int8"``, :func:`summa.ozaki_gpu.scratch_bytes`);
     complex: one real product at a time, beside the operands' real and
     imaginary parts and the two real results."""
-    from . import ozaki, ozaki_gpu
-    scratch = ozaki_gpu.scratch_bytes(tm, tn, nb, ozaki.moduli_for(ozaki.BITS, nb))
+    from . import ozaki_gpu
+    scratch = ozaki_gpu.scratch_bytes(tm, tn, nb, ozaki_gpu.moduli_for(nb))
     return scratch + (16 * (tm * nb + nb * tn) + 16 * tm * tn if complex_ else 0)
 
 

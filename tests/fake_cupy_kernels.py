@@ -110,10 +110,14 @@ class _ElementwiseKernel:
 
 class _ReductionKernel:
     def __init__(self, *args):
-        assert args[-1] == "summa_amax"
+        assert args[-1] in ("summa_amax", "summa_scaled_norm")
+        self.name = args[-1]
 
-    def __call__(self, x, axis):
-        return np.where(np.isfinite(x), np.abs(x), np.inf).max(axis=axis)
+    def __call__(self, x, *args, axis):
+        if self.name == "summa_amax":
+            return np.where(np.isfinite(x), np.abs(x), np.inf).max(axis=axis)
+        shift, = args
+        return np.sqrt(np.sum(np.square(np.ldexp(x, shift)), axis=axis))
 
 
 def module():
@@ -127,7 +131,8 @@ def module():
         ReductionKernel=_ReductionKernel, empty=np.empty, zeros=np.zeros, isinf=np.isinf,
         asarray=np.asarray,
         ascontiguousarray=np.ascontiguousarray, float64=np.float64, int8=np.int8,
-        int32=np.int32, frexp=np.frexp, where=np.where, ndarray=np.ndarray)
+        int32=np.int32, frexp=np.frexp, where=np.where, ndarray=np.ndarray, log2=np.log2,
+        floor=np.floor, minimum=np.minimum, maximum=np.maximum)
     return fake
 
 

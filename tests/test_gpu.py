@@ -522,10 +522,11 @@ def test_int8_products_on_the_gpu_are_exact_and_ozaki_matches_the_cpu(comm, rng,
     a, b = rng.uniform(-1, 1, (m, k)), rng.uniform(-1, 1, (k, n))
     a[0] *= 1e-300  # a row of tiny values keeps its bits
     da, db = cp.asarray(a), cp.asarray(b)
-    count = ozaki.moduli_for(ozaki.BITS, k)
-    e = ozaki_gpu._exponents(da, 1, ozaki.BITS)
+    count = ozaki.default_moduli(ozaki.BITS, k)
+    cap = ozaki.budgets(count, k)[0]
+    e = ozaki_gpu._exponents(da, 1, ozaki.BITS, cap)
     planes = ozaki_gpu._residues(da, e, count, m, -(-k // 4) * 4, ozaki_gpu._constants(count))
-    abar, e_cpu = ozaki.scale(a, 1, ozaki.BITS)
+    abar, e_cpu = ozaki.scale(a, 1, ozaki.BITS, np, cap)
     assert np.array_equal(cp.asnumpy(e), e_cpu.ravel())
     for l, mod in enumerate(ozaki.MODULI[:count]):
         assert np.array_equal(cp.asnumpy(planes[l, :, :k]), ozaki.residues(abar, mod))

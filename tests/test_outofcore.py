@@ -598,8 +598,8 @@ def test_plan_of_fp64_int8_counts_its_scratch_and_predicts_from_int8_rates():
     native, emulated = io.StringIO(), io.StringIO()
     assert cli.main(args, MPI.COMM_SELF, native) == 0
     assert cli.main(args + ["--precision", "fp64-int8"], MPI.COMM_SELF, emulated) == 0
-    from summa import ozaki
-    count = ozaki.moduli_for(ozaki.BITS, 4096)
+    from summa import ozaki_gpu
+    count = ozaki_gpu.moduli_for(4096)
     assert f"fp64-int8: each panel product's int8 residues ({count} moduli)" in emulated.getvalue()
 
     def tile_rows(text):

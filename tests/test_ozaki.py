@@ -23,7 +23,7 @@ def test_residue_products_reconstruct_the_integer_product_exactly(rng):
     k, bits = 37, 20
     a = rng.integers(-2**bits, 2**bits + 1, (9, k))
     b = rng.integers(-2**bits, 2**bits + 1, (k, 7))
-    count = ozaki.moduli_for(bits, k)
+    count = ozaki.moduli_for(bits, k)  # enough for these integers: |X| <= k 2**(2 bits)
     chosen = ozaki.MODULI[:count]
     parts = [ozaki.integer_product(ozaki.residues(a, m), ozaki.residues(b, m)) % m
              for m in chosen]
@@ -178,18 +178,81 @@ def test_fp64_int8_is_refused_where_it_cannot_run(monkeypatch):
 
 
 def test_fewer_moduli_keep_fewer_bits_and_stay_within_their_bound(rng):
-    """A moduli count below what float64's bits need lowers the bits, so the
+    """A moduli count below the default lowers the bits rows keep, so the
     reconstruction never wraps; the error grows as the bound says."""
     a, b = rng.uniform(-1, 1, (30, 400)), rng.uniform(-1, 1, (400, 20))
-    full = ozaki.moduli_for(ozaki.BITS, 400)
+    full = ozaki.default_moduli(ozaki.BITS, 400)
     ref = a.astype(np.longdouble) @ b.astype(np.longdouble)
-    for count in (full - 2, full - 4):
+    errors = []
+    for count in (full, full - 2, full - 4):
         bits = ozaki.bits_for(count, 400)
-        assert bits < ozaki.BITS and ozaki.moduli_for(bits, 400) <= count
+        assert ozaki.moduli_for(bits, 400) <= count
         c = ozaki.gemm_int8(a, b, moduli=count)
-        assert np.all(np.abs(c - ref).astype(float) <= ozaki.error_bound(a, b, bits))
+        err = np.abs(c - ref).astype(float)
+        assert np.all(err <= ozaki.error_bound(a, b, moduli=count))
+        errors.append(err.max())
+    assert errors[0] < errors[1] < errors[2]
     with pytest.raises(ValueError, match="moduli must be"):
         ozaki.gemm_int8(a, b, moduli=0)
+    with pytest.raises(ValueError, match="cannot reconstruct"):
+        ozaki.gemm_int8(a, b, moduli=1)
+
+
+def _kept(x, axis, count, side):
+    """The bits each row (axis 1) or column (axis 0) of `x` keeps for `count`
+    moduli: its largest entry below 2**kept once scaled."""
+    cap = ozaki.budgets(count, x.shape[1] if axis == 1 else x.shape[0])[side]
+    amax = np.abs(x).max(axis=axis, keepdims=True)
+    e = ozaki.exponents(amax, ozaki.BITS, np, ozaki.norms(x, amax, axis), cap)
+    return (e + np.frexp(amax)[1]).ravel()
+
+
+def test_rows_keep_bits_by_their_2_norm_within_the_moduli_s_product(rng):
+    """Cauchy-Schwarz scaling: the scaled rows' and columns' 2-norms multiply
+    to below M/2 (so the reconstruction is exact), a row whose entries are all
+    alike keeps bits_for's bits, rows of random entries more; the default
+    count is the fewest that keep bits - SLACK in the worst case."""
+    k = 32768
+    count = ozaki.default_moduli(ozaki.BITS, k)
+    assert ozaki.bits_for(count, k) >= ozaki.BITS - ozaki.SLACK
+    assert ozaki.bits_for(count - 1, k) < ozaki.BITS - ozaki.SLACK
+    alike = np.full((1, k), 0.75) * rng.choice([-1.0, 1.0], (1, k))
+    spread = np.vstack([rng.uniform(-1, 1, (3, k)), rng.standard_normal((3, k))])
+    for side, axis in ((0, 1), (1, 0)):
+        x = (alike, spread) if axis == 1 else (alike.T, spread.T)
+        worst, random = _kept(x[0], axis, count, side), _kept(x[1], axis, count, side)
+        assert worst.min() >= ozaki.bits_for(count, k) and random.min() > worst.max()
+        assert random.min() >= ozaki.BITS - 1
+    a, b = np.vstack([alike, spread]), np.vstack([alike, spread]).T.copy()
+    abar, _, bbar, _ = ozaki.operands(a, b, ozaki.BITS, count)
+    half = math.prod(ozaki.MODULI[:count]) // 2
+    for i in range(a.shape[0]):
+        for j in range(b.shape[1]):
+            # the bound in exact integers: |Abar_i|^2 |Bbar_j|^2 < (M/2)^2
+            na = sum(int(v) ** 2 for v in abar[i])
+            nb = sum(int(v) ** 2 for v in bbar[:, j])
+            assert na * nb < half ** 2
+
+
+@pytest.mark.parametrize("count", [4, 6, 9, 13])  # below the 52-bit cap at K = 64
+def test_products_at_the_edge_of_the_budget_reconstruct_exactly(count):
+    """Rows and columns whose entries all have one size make Cauchy-Schwarz an
+    equality; sized so that the exponents' rounding down leaves no room, the
+    product reaches M/2 within a few parts in a million, and is still rebuilt
+    exactly (a bit more and it would wrap around M)."""
+    k = 64
+    cap_a, cap_b = ozaki.budgets(count, k)
+    # 2**(frac(cap) - 1), a hair less: each scaled row's norm just below 2**cap
+    a = np.full((3, k), 2.0 ** (cap_a % 1 - 1) * (1 - 1e-6))
+    a[1] *= -1
+    b = np.full((k, 2), 2.0 ** (cap_b % 1 - 1) * (1 - 1e-6))
+    abar, e, bbar, f = ozaki.operands(a, b, ozaki.BITS, count)
+    exact = abar.astype(np.int64).astype(object) @ bbar.astype(np.int64).astype(object)
+    half = math.prod(ozaki.MODULI[:count]) / 2
+    assert 0.9999 * half < float(np.abs(exact).max()) < half
+    c = ozaki.gemm_int8(a, b, moduli=count)
+    want = np.ldexp(exact.astype(np.float64), -e - f)
+    assert np.all(np.abs(c - want) <= 2 * np.spacing(np.abs(want)))
 
 
 def test_complex128_products_from_four_real_ones(rng):

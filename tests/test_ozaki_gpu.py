@@ -35,7 +35,7 @@ def test_every_grouping_of_the_folds_gives_the_cpu_product(rng, ozaki_gpu, monke
     a, b = rng.uniform(-1, 1, (37, 61)), rng.standard_normal((61, 23))  # K, N not multiples of 4
     c = np.empty((37, 23))
     ozaki_gpu.gemm(1.0, a, b, c, backend=backend)
-    count = ozaki.moduli_for(ozaki.BITS, 61)
+    count = ozaki.default_moduli(ozaki.BITS, 61)
     assert backend.gemms == count and _close(c, ozaki.gemm_int8(a, b))
     launches = {name: ozaki_gpu._kernels[name].launches if name in ozaki_gpu._kernels else 0
                 for name in ("fold", "fold_finish")}

@@ -85,7 +85,7 @@ def main() -> int:
     args = p.parse_args()
     import cupy as cp
     import numpy as np
-    from summa import ozaki, ozaki_gpu
+    from summa import ozaki_gpu
     from summa.backend import get_backend
     backend = get_backend("cupy")
     rows = []
@@ -142,7 +142,7 @@ def main() -> int:
                 phases = ozaki_gpu.phase_seconds(marks)
                 row = {"what": "summa fp64-int8" + (f" [{setting}]" if setting else ""), "n": n,
                        "data": data,
-                       "moduli": count or ozaki.moduli_for(ozaki.BITS, n), "seconds": sec,
+                       "moduli": ozaki_gpu.moduli_for(n, count), "seconds": sec,
                        "tflops": 2 * n**3 / sec / 1e12,
                        "vs_native": 2 * n**3 / sec / 1e12 / native,
                        "error_per_gauge": error(), "phases": phases}
@@ -180,7 +180,7 @@ def main() -> int:
         ozaki_gpu.gemm(1.0, a, b, c, backend=backend, marks=marks)
         cp.cuda.Device().synchronize()
         emit({"what": f"fp64-int8 {m}x{n}x{k}", "n": k, "seconds": sec,
-              "tflops": 2 * m * n * k / sec / 1e12, "moduli": ozaki.moduli_for(ozaki.BITS, k),
+              "tflops": 2 * m * n * k / sec / 1e12, "moduli": ozaki_gpu.moduli_for(k),
               "vs_native": 2 * m * n * k / sec / 1e12 / native,
               "phases": ozaki_gpu.phase_seconds(marks)})
         del a, b, c
