@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .grid import grid_for, grid_shapes
+from .tuning import default_panel_width
 
 __all__ = ["Profile", "Prediction", "predict", "sweep", "SWEEP_RANKS", "recommend"]
 
@@ -254,6 +255,11 @@ def _direct_copies_seconds(ml, nl, k, nb, pr, pc, steps, t_c, t_b, itemsize,
     return max(own * t_c, connect + t_b) + fetched * max(t_c, t_b) + steps * overhead
 
 
+def profile_backend(profile: Profile) -> str:
+    """The backend name (``cupy`` or ``numpy``) whose runs `profile` measured."""
+    return "cupy" if str(profile.data.get("backend", "")).startswith("cupy") else "numpy"
+
+
 def recommend(profile: Profile, m: int, n: int, k: int, dtype: str, ranks: int,
               widths=(256, 512, 1024, 2048, 4096, 8192), **kwargs) -> Prediction:
     """The fastest predicted grid and panel width for `ranks` ranks; among
@@ -265,13 +271,15 @@ def recommend(profile: Profile, m: int, n: int, k: int, dtype: str, ranks: int,
     considered: outside it the nearest sample would stand in for a GEMM shape
     it does not describe.
     """
+    backend = profile_backend(profile)
+    # and the width bench and multiply take (fp64-int8's is wider than the list)
+    widths = sorted(set(widths) | {default_panel_width(backend, dtype, kwargs.get("precision"))})
     sampled = [g["k"] for g in profile.gemm if g["dtype"] == dtype]
     lo, hi = (min(sampled), max(sampled)) if sampled else (0, float("inf"))
     usable = [w for w in widths if lo <= w <= hi and w <= max(k, widths[0])] \
         or [min(widths, key=lambda w: abs(math.log(w / max(lo, 1))))]
     options = [predict(profile, m, n, k, dtype, g, w, **kwargs)
                for g in grid_shapes(ranks) for w in usable]
-    backend = "cupy" if str(profile.data.get("backend", "")).startswith("cupy") else "numpy"
     default = grid_for(ranks, m, n, backend, dtype)
     return min(options, key=lambda pred: (pred.seconds, pred.grid != default))
 

@@ -7,7 +7,8 @@ import os
 
 from mpi4py import MPI
 
-from .model import Profile, predict, recommend, sweep
+from .model import Profile, predict, profile_backend, recommend, sweep
+from .tuning import default_panel_width
 
 __all__ = ["run_calibrate", "run_model", "run_plot", "load_results"]
 
@@ -81,7 +82,8 @@ def run_model(args, comm: MPI.Comm, out) -> int:
     else:
         if grid[0] * grid[1] != ranks:
             raise ValueError(f"grid {grid[0]}x{grid[1]} does not hold {ranks} ranks")
-        nb = args.nb or 4096
+        nb = args.nb or default_panel_width(profile_backend(profile), args.dtype,
+                                            args.precision_mode)  # as bench would
     pred = predict(profile, m, n, k, args.dtype, grid, nb, **kwargs)
     print(f"model ({args.profile}): {m} x {n} x {k} {args.dtype} on {ranks} ranks, grid "
           f"{grid[0]}x{grid[1]}, nb {nb}, lookahead {args.lookahead}", file=out)

@@ -4,6 +4,7 @@ import io
 import json
 
 import pytest
+from mpi4py import MPI
 
 from summa import cli
 from summa.model import Profile, predict, recommend, sweep
@@ -320,3 +321,22 @@ def test_calibrate_runs_under_the_watchdog(comm, tmp_path_factory, monkeypatch):
     monkeypatch.setenv("SUMMA_TIMEOUT", "soon")
     with pytest.raises(cli.UsageError, match="SUMMA_TIMEOUT must be a number"):
         cli.main(args, comm, io.StringIO())
+
+
+def test_model_takes_the_panel_width_bench_takes():
+    """Given a grid and no --nb, `model` predicts the width bench and multiply
+    would use (fp64-int8's is wider than the usual list), and recommend
+    weighs it too: the shipped H200 profile measured fp64-int8 up to K = 32768."""
+    from summa.studies import shipped_profile
+    from summa.tuning import default_panel_width
+    path = shipped_profile()
+    wide = default_panel_width("cupy", "float64", "fp64-int8")
+    for args, width in ((["--precision", "fp64-int8"], wide),
+                        ([], default_panel_width("cupy", "float64"))):
+        out = io.StringIO()
+        assert cli.main(["model", "--profile", path, "--size", "65536", "--grid", "2x4"] + args,
+                        MPI.COMM_SELF, out) == 0
+        assert f"grid 2x4, nb {width}," in out.getvalue(), out.getvalue()
+    best = recommend(Profile.load(path), 65536, 65536, 65536, "float64", 8,
+                     precision="fp64-int8")
+    assert best.panel_width == wide  # 8192 and narrower pay a reconstruction per panel
