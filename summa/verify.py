@@ -48,6 +48,8 @@ def _matvec(M, x: np.ndarray, absolute: bool, compute=None) -> np.ndarray:
     Rows are processed in chunks so the upcast copy stays small; `compute` (a
     GPU backend) does the work for a host-held block, chunk by chunk.
     """
+    if isinstance(M, np.ndarray):
+        return _array_matvec(M, x, absolute, compute)
     compute = compute or M.backend
     xp, ref = compute.xp, reference_dtype(M.dtype)
     out_dtype = np.result_type(np.float64 if absolute else ref, x.dtype)
@@ -66,21 +68,54 @@ def _matvec(M, x: np.ndarray, absolute: bool, compute=None) -> np.ndarray:
     return out
 
 
+def _array_matvec(M: np.ndarray, x: np.ndarray, absolute: bool, compute=None) -> np.ndarray:
+    """``M @ x`` (or ``|M| @ x``) of a NumPy array in reference precision,
+    rows in chunks (the upcast copies stay small), on `compute`'s device
+    where given."""
+    xp = compute.xp if compute is not None else np
+    to_device = compute.asarray if compute is not None else np.asarray
+    to_host = compute.to_host if compute is not None else np.asarray
+    ref = reference_dtype(M.dtype)
+    out = np.empty(M.shape[0], dtype=np.result_type(np.float64 if absolute else ref, x.dtype))
+    xs = to_device(x)
+    step = max(1, (1 << 25) // max(1, M.shape[1]))
+    for r0 in range(0, M.shape[0], step):
+        block = to_device(M[r0:r0 + step]).astype(ref, copy=False)
+        out[r0:r0 + step] = to_host((xp.abs(block) if absolute else block) @ xs)
+    return out
+
+
+def _check_operands(A, B, C, C0) -> None:
+    """One clear error for operands that cannot be a product's."""
+    given = [M for M in (A, B, C, C0) if M is not None]
+    arrays = [isinstance(M, np.ndarray) for M in given]
+    if any(arrays) and not all(arrays):
+        raise TypeError("freivalds takes DistMatrix operands or NumPy arrays, not a mix")
+    if any(len(M.shape) != 2 for M in given):
+        raise ValueError("freivalds takes matrices (2-D)")
+    (m, k), (k2, n) = A.shape, B.shape
+    if k != k2 or tuple(C.shape) != (m, n) or (C0 is not None and tuple(C0.shape) != (m, n)):
+        raise ValueError(f"freivalds: shapes A {tuple(A.shape)}, B {tuple(B.shape)}, C "
+                         f"{tuple(C.shape)} are not those of C = A @ B")
+
+
 def freivalds(A, B, C, alpha=1.0, beta=0.0, C0=None, vectors: int = 2, seed: int = 12345,
               precision: str | None = None, compute=None) -> float:
     """Scaled residual of ``C == alpha * A @ B + beta * C0`` by Freivalds' test.
 
     For random vectors ``x`` it compares ``C x`` with ``alpha A (B x) + beta C0 x``
     at O(N^2) cost, against the gauge ``(K + N) eps (|alpha||A|(|B||x|) + |beta||C0||x|)``
-    (the GEMM's and the check's own rounding). Collective; every rank returns the
-    same value.
+    (the GEMM's and the check's own rounding). On DistMatrix operands
+    collective (every rank returns the same value).
 
     Parameters
     ----------
-    A, B, C : DistMatrix
-        The operands (``op`` already applied) and the computed result.
+    A, B, C : DistMatrix or numpy.ndarray
+        The operands (``op`` already applied) and the computed result:
+        DistMatrix (collective), or NumPy arrays such as ``summa.matmul``'s
+        (computed where called, on the host or on `compute`'s GPU).
     alpha, beta : scalar
-    C0 : DistMatrix, optional
+    C0 : DistMatrix or numpy.ndarray, optional
         C's values before the update, needed when ``beta != 0``.
     vectors : int
         Number of random vectors.
@@ -98,6 +133,7 @@ def freivalds(A, B, C, alpha=1.0, beta=0.0, C0=None, vectors: int = 2, seed: int
     """
     if beta != 0 and C0 is None:
         raise ValueError("freivalds needs C0 when beta != 0")
+    _check_operands(A, B, C, C0)
     ref = reference_dtype(C.dtype)
     k, n = B.shape
     eps = unit_roundoff(C.dtype, precision)

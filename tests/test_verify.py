@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 from helpers import gemm_scaled_error, random_array
 from summa.grid import ProcessGrid
@@ -60,3 +61,28 @@ def test_freivalds_with_alpha_beta(comm, backend, rng):
         assert freivalds(A, B, C, alpha=2.0, beta=3.0, C0=C0) > 1
         with pytest.raises(ValueError, match="C0"):
             freivalds(A, B, C, beta=1.0)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "complex64"])
+def test_freivalds_on_numpy_arrays_as_summa_matmul_returns_them(rng, dtype):
+    """The user's own arrays (summa.matmul's result): checked where called,
+    right passes, one element off fails, bad operands get one clear error."""
+    a, b = random_array(rng, (70, 45), dtype), random_array(rng, (45, 33), dtype)
+    c = summa_matmul_local(a, b)
+    assert freivalds(a, b, c) <= 1
+    c0 = random_array(rng, (70, 33), dtype)
+    assert freivalds(a, b, 2.0 * c - c0, alpha=2.0, beta=-1.0, C0=c0) <= 1
+    c[50, 7] += 1e-3 * 45
+    assert freivalds(a, b, c) > 1
+    with pytest.raises(ValueError, match=r"shapes A \(70, 45\), B \(45, 33\), C \(33, 70\)"):
+        freivalds(a, b, c.T)
+    with ProcessGrid(MPI.COMM_SELF) as grid:
+        from summa.backend import get_backend
+        A = DistMatrix.from_global(a, grid, get_backend("numpy"))
+        with pytest.raises(TypeError, match="not a mix"):
+            freivalds(A, b, c)
+
+
+def summa_matmul_local(a, b):
+    from summa.multiply import matmul_arrays
+    return matmul_arrays(a, b, comm=MPI.COMM_SELF, backend="numpy")
