@@ -1,5 +1,8 @@
 # STAGE=s27c docs/scripts/gpu_session.sh
-# issue 27, third call: fp64-int8 on every GPU against one GPU's emulated rate
+# issue 27, third call: fp64-int8 on every GPU against one GPU's emulated rate (the bare
+# product at N = 32768, ozaki_probe, and summa on one GPU at N = 65536, out of core there)
+    LIMIT=90 run python3 docs/scripts/ozaki_probe.py --sizes 32768 --moduli auto --repeat 2 \
+        --json "$OUT/ozaki.jsonl"
     P=$(python3 -c "import cupy; print(cupy.cuda.runtime.getDeviceCount())")
     for np_ in 1 $P; do
         LIMIT=200 run $MPI -np $np_ python3 -m summa bench --backend cupy --size 65536 \
