@@ -9,4 +9,8 @@
             --dtype float64 --precision fp64-int8 --check --repeat 2 --no-ideal \
             --json "$OUT/int8.jsonl"
     done
-    bench_table "$OUT/int8.jsonl" ranks tflops check_residual
+    # the model (session 15) recommends one row of P for it, with copy-engine broadcasts
+    LIMIT=200 run $MPI -np $P python3 -m summa bench --backend cupy --size 65536 \
+        --dtype float64 --precision fp64-int8 --grid 1x$P --comm ipc --check --repeat 2 \
+        --no-ideal --json "$OUT/int8.jsonl"
+    bench_table "$OUT/int8.jsonl" ranks grid comm tflops check_residual
