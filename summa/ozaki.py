@@ -160,8 +160,10 @@ def exponents(amax, bits: int, xp=np, norm=None, cap: float | None = None):
     _, ex = xp.frexp(amax)  # amax < 2**ex
     kept = bits
     if norm is not None:  # norm >= 0.5 where amax > 0
-        kept = xp.minimum(bits, xp.floor(
-            cap - xp.log2(xp.maximum(norm, 0.5) * (1 + 2.0**-30)) - 1e-9))
+        # a row holding Inf/NaN is refused (its product meaningless) but
+        # keeps a finite exponent: no integer overflow in the kernels meanwhile
+        norm = xp.where(xp.isfinite(norm), xp.maximum(norm, 0.5), 0.5)
+        kept = xp.minimum(bits, xp.floor(cap - xp.log2(norm * (1 + 2.0**-30)) - 1e-9))
     return xp.where(amax > 0, kept - ex, 0).astype(np.int32)
 
 
