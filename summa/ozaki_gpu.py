@@ -41,6 +41,15 @@ def _planes(planes: int) -> int:
     return int(os.environ.get("SUMMA_FP64_INT8_PLANES") or planes)
 
 
+def _lean() -> bool:
+    """``SUMMA_FP64_INT8_LEAN=1``: make the residue planes of A and B one fold
+    group at a time (from A and B transposed, which stay), not all at once:
+    ``planes`` of them instead of ``count`` (a quarter of the scratch's
+    planes with the defaults, room for wider panels or tiles out of core),
+    for one more read of A and B transposed per group. Off until measured."""
+    return os.environ.get("SUMMA_FP64_INT8_LEAN", "0").strip() in ("1", "yes", "on")
+
+
 def _overlap() -> bool:
     """``SUMMA_FP64_INT8_OVERLAP=1``: fold each group of products on a stream
     of its own while the next group's INT8 GEMMs run (two buffers of
@@ -218,9 +227,9 @@ def checked_later():
         _pending = outer
 
 
-def _residues(x, e, count: int, rows_p: int, cols_p: int, constants):
-    """int8 planes (count, rows_p, cols_p) of `x`'s scaled rows mod each modulus,
-    zeros in the padding."""
+def _residues(x, e, count: int, rows_p: int, cols_p: int, constants, first: int = 0):
+    """int8 planes (count, rows_p, cols_p) of `x`'s scaled rows mod each of
+    `count` moduli from the `first`, zeros in the padding."""
     import cupy
     out = cupy.empty((count, rows_p, cols_p), dtype=cupy.int8)
     rows, cols = x.shape
@@ -229,7 +238,8 @@ def _residues(x, e, count: int, rows_p: int, cols_p: int, constants):
     ld = x.strides[0] // x.itemsize if x.size else cols
     _launch(_kernel("residues"), rows_p, cols_p // 4,
             (x, e, np.int64(rows), np.int64(rows_p), np.int64(cols), np.int64(cols_p),
-             np.int64(ld), np.int32(count), constants["moduli"], constants["inverses"], out))
+             np.int64(ld), np.int32(count), constants["moduli"][first:],
+             constants["inverses"][first:], out))
     return out
 
 
@@ -267,13 +277,15 @@ def same_b():
         _held = outer
 
 
-def _b_side(b, count: int, bits: int, cap: float, cols_p: int, k_p: int, constants, backend):
+def _b_side(b, count: int, bits: int, cap: float, cols_p: int, k_p: int, constants, backend,
+            lean: bool = False):
     """B's column exponents and its residue planes (B transposed, so K is
-    contiguous): made here, or inside :func:`same_b` those made for this B."""
+    contiguous), or with `lean` B transposed itself (the planes are made per
+    group): made here, or inside :func:`same_b` those made for this B."""
     import cupy
     data = getattr(b, "data", None)
     key = (getattr(data, "ptr", None) or b.__array_interface__["data"][0], b.shape,
-           b.strides, count, bits)
+           b.strides, count, bits, lean)
     if _held is not None and _held.get("key") == key:
         return _held["f"], _held["b8"]
     if _held is not None:
@@ -282,19 +294,21 @@ def _b_side(b, count: int, bits: int, cap: float, cols_p: int, k_p: int, constan
     bt = cupy.empty((n, k), dtype=cupy.float64)
     backend.transpose(b, bt)
     f = _exponents(bt, 1, bits, cap)
-    b8 = _residues(bt, f, count, cols_p, k_p, constants)
+    b8 = bt if lean else _residues(bt, f, count, cols_p, k_p, constants)
     if _held is not None:
         _held.update(key=key, f=f, b8=b8)
     return f, b8
 
 
 def scratch_bytes(m: int, n: int, k: int, count: int, planes: int = PLANES) -> int:
-    """Device bytes one product takes beside its operands: the residue planes,
-    B transposed, the integer products and the two sums."""
+    """Device bytes one product takes beside its operands: the residue planes
+    (all, or :func:`_lean`: a group's), B transposed, the integer products and
+    the two sums."""
     kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
     planes = _planes(planes)
     buffers = 1 + _overlap()
-    return (count * (m + np_) * kp + 8 * n * k + 4 * buffers * planes * m * np_ + 16 * m * n)
+    made = min(count, planes) if _lean() else count
+    return (made * (m + np_) * kp + 8 * n * k + 4 * buffers * planes * m * np_ + 16 * m * n)
 
 
 def moduli_for(k: int, moduli: int | None = None) -> int:
@@ -348,8 +362,10 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
     e = _exponents(a, 1, bits, cap_a)          # (m,)
     kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
     mark("scale")
-    f, b8 = _b_side(b, count, bits, cap_b, np_, kp, constants, backend)  # (n,): B's columns
-    a8 = _residues(a, e, count, m, kp, constants)
+    lean = _lean()
+    # (n,): B's columns; B's planes, or with `lean` B transposed
+    f, b8 = _b_side(b, count, bits, cap_b, np_, kp, constants, backend, lean)
+    a8 = None if lean else _residues(a, e, count, m, kp, constants)
     mark("residues")
     planes = max(1, min(_planes(planes), count))
     overlap = _overlap() and count > planes
@@ -371,8 +387,13 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
         last = fused and j == len(groups) - 1
         if folded[j % len(buffers)] is not None:
             here.wait_event(folded[j % len(buffers)])  # its products folded: reuse it
+        if lean:  # this group's planes only
+            a8g = _residues(a, e, group, m, kp, constants, l0)
+            b8g = _residues(b8, f, group, np_, kp, constants, l0)
+        else:
+            a8g, b8g = a8[l0:l0 + group], b8[l0:l0 + group]
         for p in range(group):
-            backend.int8_gemm_tn(a8[l0 + p], b8[l0 + p], g[p])
+            backend.int8_gemm_tn(a8g[p], b8g[p], g[p])
         if overlap:
             folder.wait_event(here.record())
         with folder:
@@ -385,7 +406,7 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
     if overlap:
         here.wait_event(folder.record())  # every fold done before the sums are read
     mark("products")
-    del a8, b8, buffers
+    del a8, b8, buffers, a8g, b8g
     if not fused:
         _kernel("finish")(s_hi, s_lo, e.reshape(m, 1), f.reshape(1, n), weights["m_hi"],
                           weights["m_lo"], np.int32(weights["t"]), float(alpha), float(beta), c)

@@ -132,12 +132,18 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     # Staging only where a grid row (A) or column (B) has ranks to send to.
     staged = (bool(staged[0]) and pc > 1, bool(staged[1]) and pr > 1)
     emulated = emulated and (2 if np.dtype(dtype).kind == "c" else 1)  # 2: complex
-    tiles = _ooc_tiles(max(ml, 1), max(nl, 1), nb, slots, device_budget // item, transposed,
-                       staged, emulated)
+    tiles = _tiles_asked(ml, nl) or _ooc_tiles(max(ml, 1), max(nl, 1), nb, slots,
+                                               device_budget // item, transposed, staged,
+                                               emulated)
     if tiles is None:
         raise ValueError(f"a device budget of {_gib(device_budget)} is too small for "
                          f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
     tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
+    need = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged,
+                         emulated) * item
+    if need > device_budget:  # only tiles asked for can miss it
+        raise ValueError(f"SUMMA_OOC_TILES: {tiles[0]} x {tiles[1]} tiles of {tm} x {tn} "
+                         f"need {_gib(need)} of the device budget of {_gib(device_budget)}")
     for _ in range(upload_lead()):  # room for uploads steps ahead, same tiles
         if _ooc_elements(tm, tn, nb, slots + 1, tiles[0] * tiles[1], transposed, staged,
                          emulated) * item > device_budget:
@@ -148,6 +154,24 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     ring = ring_bytes(copy_threads(1)) if backend == "cupy" else 0
     return MemoryPlan("out-of-core", device, blocks * item, (int(tm), int(tn)), int(nb),
                       (int(tiles[0]), int(tiles[1])), slots, transposed, staged, ring)
+
+
+def _tiles_asked(ml: int, nl: int) -> tuple | None:
+    """``SUMMA_OOC_TILES=RxC``: out of core, R x C tiles per rank instead of
+    the planner's fewest (to measure other cuts: fp64-int8's scratch grows
+    with a tile's rows plus columns, so squarer tiles leave room for wider
+    panels); None where unset."""
+    text = os.environ.get("SUMMA_OOC_TILES", "").strip().lower()
+    if not text:
+        return None
+    try:
+        rows, cols = (int(x) for x in text.split("x"))
+    except ValueError:
+        raise ValueError(f"SUMMA_OOC_TILES: expected RxC (e.g. 3x2), got {text!r}") from None
+    if not (1 <= rows <= max(ml, 1) and 1 <= cols <= max(nl, 1)):
+        raise ValueError(f"SUMMA_OOC_TILES: {rows}x{cols} tiles do not cut a {ml} x {nl} "
+                         "block of C")
+    return rows, cols
 
 
 def upload_lead() -> int:

@@ -608,3 +608,32 @@ def test_plan_of_fp64_int8_counts_its_scratch_and_predicts_from_int8_rates():
     t_native, t_emulated = (float(re.search(r"predicted by the model: ([\d.]+) s",
                                             x.getvalue()).group(1)) for x in (native, emulated))
     assert t_emulated < t_native / 5  # the card's INT8 rate: 24 s against 466
+
+
+def test_tiles_asked_for_cut_c_so_and_still_multiply(rng, monkeypatch):
+    """SUMMA_OOC_TILES=RxC: out of core, that many tiles per rank (to measure
+    other cuts than the planner's fewest), the product still right; a cut
+    that cannot be, or does not fit the budget, gets one clear error."""
+    from mpi4py import MPI
+    m, n, k = 45, 38, 64
+    a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
+    host = NumpyBackend()
+    monkeypatch.setenv("SUMMA_OOC_TILES", "3x2")
+    plan = memory_plan(m, n, k, "float64", (1, 1), 8, 1, "numpy", device_budget=1 << 30,
+                       out_of_core=True)
+    assert plan.tiles == (3, 2) and plan.tile == (15, 19)
+    with ProcessGrid(MPI.COMM_SELF) as grid:
+        A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
+        C = DistMatrix.zeros((m, n), "float64", grid, host)
+        stats = summa_out_of_core(1.0, A, B, 0.0, C, host, 1 << 30, panel_width=8)
+        assert stats.extra["tiles"] == [3, 2]
+        assert gemm_scaled_error(C.gather(), a, b) <= 1
+    for text, message in (("3", "expected RxC"), ("0x2", "do not cut"), ("3x39", "do not cut")):
+        monkeypatch.setenv("SUMMA_OOC_TILES", text)
+        with pytest.raises(ValueError, match=message):
+            memory_plan(m, n, k, "float64", (1, 1), 8, 1, "numpy", device_budget=1 << 30,
+                        out_of_core=True)
+    monkeypatch.setenv("SUMMA_OOC_TILES", "1x1")
+    with pytest.raises(ValueError, match="1 x 1 tiles of 45 x 38 need"):
+        memory_plan(m, n, k, "float64", (1, 1), 8, 1, "numpy", device_budget=8 * 2000,
+                    out_of_core=True)
