@@ -4,6 +4,7 @@ it, and compare with the one-device rate of the per-rank share."""
 from __future__ import annotations
 
 import json
+import os
 import platform
 import socket
 import sys
@@ -320,6 +321,11 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
               "planned_device_bytes": planned, "planned_host_bytes": plan.host_bytes,
               "versions": versions(), "ranks_detail": per_rank,
               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if args.precision == "fp64-int8":  # what decides its speed and accuracy, and its knobs
+        from . import ozaki_gpu
+        record["fp64_int8"] = {"moduli": ozaki_gpu.moduli_for(min(nb, k)),
+                               **{key: os.environ[key] for key in sorted(os.environ)
+                                  if key.startswith(("SUMMA_FP64_INT8_", "SUMMA_OOC_TILES"))}}
     print(f"summa {record['command']}: {size} ranks, grid {grid_shape[0]}x{grid_shape[1]}, "
           f"backend {backend.describe()}, comm {best_stats.comm}"
           + (", column strips" if _schedule(args) == "strips" else "")
