@@ -21,6 +21,7 @@ from . import ozaki
 from .checks import check_layouts, check_operands, check_scalars
 from .layout import Distribution, Layout, panel_schedule, split_panel
 from .matrix import DistMatrix
+from .ozaki_gpu import asked_moduli, check_moduli
 from .selection import _export, _pick_broadcasters
 from .strips import check_schedule, multiply_strips, strip_bounds
 from .transpose import PanelsOfA
@@ -515,7 +516,8 @@ def _operand(X: DistMatrix, op: str, outer: Distribution, inner_block,
 def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, beta=0.0,
          trans_a: str = "N", trans_b: str = "N", panel_width=None, lookahead: int = 1,
          broadcaster: str = "auto", precision: str | None = None,
-         stats: SummaStats | None = None, progress=None, schedule: str = "panels") -> DistMatrix:
+         stats: SummaStats | None = None, progress=None, schedule: str = "panels",
+         moduli: int | None = None) -> DistMatrix:
     """``C <- alpha * op(A) @ op(B) + beta * C`` with op in N, T, H.
 
     Parameters
@@ -533,6 +535,10 @@ def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, b
         See :func:`summa`.
     stats : SummaStats, optional
         Filled with this rank's timings.
+    moduli : int, optional
+        With ``precision="fp64-int8"``: INT8 products per float64 product
+        (3-30; default :func:`summa.ozaki.default_moduli`'s, 15 for panels
+        up to 56391 wide); fewer is faster and keeps fewer bits.
 
     Returns
     -------
@@ -549,6 +555,7 @@ def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, b
     grid = A.grid
     m, n, _ = check_operands(A, B, C, op_a, op_b)
     check_scalars(alpha, beta, A.dtype, precision, A.backend)
+    moduli = check_moduli(moduli, precision)
     check_schedule(schedule, grid.shape)
     if C is None:
         rows = A.layout.rows if op_a == "N" else Distribution(m, grid.shape[0], A.layout.cols.block)
@@ -566,9 +573,10 @@ def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, b
         layout = Layout.from_distributions(rows, cols)
         local = A.backend.xp.zeros(layout.local_shape(grid.row, grid.col), dtype=A.dtype)
         C, beta = DistMatrix(grid, layout, local, A.backend), 0.0
-    result = summa(alpha, opA, opB, beta, C, panel_width=panel_width, lookahead=lookahead,
-                   broadcaster=broadcaster, precision=precision, progress=progress,
-                   schedule=schedule)
+    with asked_moduli(moduli):
+        result = summa(alpha, opA, opB, beta, C, panel_width=panel_width, lookahead=lookahead,
+                       broadcaster=broadcaster, precision=precision, progress=progress,
+                       schedule=schedule)
     if stats is not None:
         for key, value in result.as_dict().items():
             setattr(stats, key, value)

@@ -594,14 +594,11 @@ def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
     if getattr(args, "moduli", None) is not None:
         if args.precision != "fp64-int8":
             raise UsageError("--moduli applies to --precision fp64-int8")
-        from . import ozaki
-        if args.moduli > len(ozaki.MODULI):
-            raise UsageError(f"--moduli: at most {len(ozaki.MODULI)}")
-        fewest = min(c for c in range(1, len(ozaki.MODULI) + 1)
-                     if ozaki.bits_for(c, ozaki.K_EXACT) >= 1)
-        if args.moduli < fewest:  # a product's K is at most K_EXACT
-            raise UsageError(f"--moduli: at least {fewest} (fewer cannot rebuild products "
-                             f"over K up to {ozaki.K_EXACT})")
+        from .ozaki_gpu import check_moduli
+        try:
+            check_moduli(args.moduli, args.precision)
+        except ValueError as exc:
+            raise UsageError(f"--{exc}") from None
         os.environ["SUMMA_FP64_INT8_MODULI"] = str(args.moduli)  # every rank parses the same
     if args.command == "info":
         return _run_info(args, comm, out)

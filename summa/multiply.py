@@ -38,6 +38,7 @@ from .layout import Layout
 from .matrix import DistMatrix
 from .progress import Progress
 from .outofcore import summa_out_of_core
+from .ozaki_gpu import asked_moduli, check_moduli
 from .plan import choose_memory_mode
 from .selection import _broadcasters, peer_access
 from .strips import check_schedule
@@ -421,7 +422,7 @@ def _warm_up(A, B, C, backend, dtype, comm_kind, precision, panel_width,
 
 #: Options matmul on arrays passes on to the multiply (the rest are its own).
 _MATMUL_OPTIONS = ("alpha", "trans_a", "trans_b", "panel_width", "lookahead", "broadcaster",
-                   "precision", "schedule", "stats")
+                   "precision", "moduli", "schedule", "stats")
 
 
 def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
@@ -471,7 +472,9 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         with node-shared operands every GPU uploads the panel parts it needs
         itself, nothing is sent between GPUs. Also ``alpha``, ``trans_a``,
         ``trans_b``, ``panel_width``, ``lookahead``,
-        ``broadcaster``, ``precision``, ``schedule``, ``stats`` (a SummaStats
+        ``broadcaster``, ``precision``, ``moduli`` (with ``precision=
+        "fp64-int8"``: INT8 products per float64 product, 3-30; fewer is
+        faster, keeps fewer bits), ``schedule``, ``stats`` (a SummaStats
         filled with this rank's timings; see :func:`summa.gemm`).
 
     Returns
@@ -490,6 +493,7 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     unknown = sorted(set(kwargs) - set(_MATMUL_OPTIONS))
     if unknown:
         raise TypeError(f"matmul got unexpected keyword argument(s) {', '.join(unknown)}")
+    check_moduli(kwargs.get("moduli"), kwargs.get("precision"))  # before any worker starts
     if comm is None and MPI.COMM_WORLD.Get_size() == 1 and not pool.launched():
         # A plain Python process: every GPU (or `workers` CPU ranks) through a pool.
         size = pool.pool_size(gpus if backend != "numpy" else None, workers,
@@ -498,7 +502,15 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
             return pool.matmul(a, b, size, out=out, out_of_core=out_of_core,
                                device_memory=device_memory, backend=backend, grid=grid,
                                **kwargs)
-    comm = MPI.COMM_WORLD if comm is None else comm
+    moduli = kwargs.pop("moduli", None)
+    with asked_moduli(moduli):
+        return _matmul_here(a, b, MPI.COMM_WORLD if comm is None else comm, root, grid,
+                            backend, out, out_of_core, device_memory, called, kwargs)
+
+
+def _matmul_here(a, b, comm, root, grid, backend, out, out_of_core, device_memory, called,
+                 kwargs):
+    """:func:`matmul_arrays` on the ranks of `comm` (no pool)."""
     trans_a = str(kwargs.pop("trans_a", "N")).upper()
     trans_b = str(kwargs.pop("trans_b", "N")).upper()
     be = collectively(comm, get_backend, backend, node_rank(comm)[0])
@@ -605,7 +617,8 @@ def matmul(A, B, device=None, **kwargs):
 
 def host_matmul(A: DistMatrix, B: DistMatrix, device, alpha=1.0, trans_a="N", trans_b="N",
                 panel_width=None, lookahead: int = 1, broadcaster: str = "auto",
-                precision=None, device_memory=None, stats: SummaStats | None = None) -> DistMatrix:
+                precision=None, device_memory=None, stats: SummaStats | None = None,
+                moduli: int | None = None) -> DistMatrix:
     """``alpha op(A) @ op(B)`` of host-held DistMatrix operands on the GPUs
     (`device`), A, B and the new C staying in host memory; collective.
 
@@ -617,6 +630,7 @@ def host_matmul(A: DistMatrix, B: DistMatrix, device, alpha=1.0, trans_a="N", tr
     """
     if not isinstance(B, DistMatrix) or B.backend.name != "numpy":
         raise ValueError("host_matmul needs both operands host-held (NumPy backend)")
+    moduli = check_moduli(moduli, precision)
     grid = A.grid
     if isinstance(device, str):
         device = collectively(grid.comm, get_backend, device, grid.local_rank)
@@ -634,11 +648,12 @@ def host_matmul(A: DistMatrix, B: DistMatrix, device, alpha=1.0, trans_a="N", tr
                    NumpyBackend())
     width = panel_width if isinstance(panel_width, int) else \
         default_panel_width(device.name, opA.dtype, precision, out_of_core=True)
-    budget, _ = choose_memory_mode((m, n, k), opA.dtype, grid, width, lookahead, device, True,
-                                   device_memory, precision=precision)
-    result = summa_out_of_core(alpha, opA, opB, 0.0, C, device, budget, panel_width=width,
-                               lookahead=lookahead, precision=precision, comm=broadcaster,
-                               fresh_c=True)
+    with asked_moduli(moduli):  # the plan counts their scratch too
+        budget, _ = choose_memory_mode((m, n, k), opA.dtype, grid, width, lookahead, device,
+                                       True, device_memory, precision=precision)
+        result = summa_out_of_core(alpha, opA, opB, 0.0, C, device, budget, panel_width=width,
+                                   lookahead=lookahead, precision=precision, comm=broadcaster,
+                                   fresh_c=True)
     if stats is not None:
         stats.__dict__.update(result.__dict__)
     return C

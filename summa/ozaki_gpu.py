@@ -28,7 +28,7 @@ import numpy as np
 
 from . import ozaki
 
-__all__ = ["gemm", "moduli_for", "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES",
+__all__ = ["gemm", "moduli_for", "check_moduli", "asked_moduli", "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES",
            "NOT_FINITE"]
 
 #: Integer products folded per pass (each pass reads the two sums once);
@@ -309,6 +309,43 @@ def scratch_bytes(m: int, n: int, k: int, count: int, planes: int = PLANES) -> i
     buffers = 1 + _overlap()
     made = min(count, planes) if _lean() else count
     return (made * (m + np_) * kp + 8 * n * k + 4 * buffers * planes * m * np_ + 16 * m * n)
+
+
+def check_moduli(moduli, precision) -> int | None:
+    """`moduli` as an int if a float64-on-INT8 product can take it (3 to 30;
+    fewer cannot rebuild a product over K up to :data:`summa.ozaki.K_EXACT`),
+    else one clear ValueError; None stays None."""
+    if moduli is None:
+        return None
+    if precision != "fp64-int8":
+        raise ValueError("moduli applies to precision fp64-int8")
+    if isinstance(moduli, bool) or not isinstance(moduli, (int, np.integer)):
+        raise ValueError(f"moduli must be an integer, got {moduli!r}")
+    fewest = min(c for c in range(1, len(ozaki.MODULI) + 1)
+                 if ozaki.bits_for(c, ozaki.K_EXACT) >= 1)
+    if not fewest <= moduli <= len(ozaki.MODULI):
+        raise ValueError(f"moduli must be {fewest}-{len(ozaki.MODULI)} (fewer cannot rebuild "
+                         f"products over K up to {ozaki.K_EXACT}), got {moduli}")
+    return int(moduli)
+
+
+@contextlib.contextmanager
+def asked_moduli(moduli: int | None):
+    """Inside, products take `moduli` moduli (None: as before), and the plans
+    count their scratch so: ``SUMMA_FP64_INT8_MODULI``, which every product
+    and plan of this process reads, set for the while."""
+    if moduli is None:
+        yield
+        return
+    saved = os.environ.get("SUMMA_FP64_INT8_MODULI")
+    os.environ["SUMMA_FP64_INT8_MODULI"] = str(int(moduli))
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("SUMMA_FP64_INT8_MODULI", None)
+        else:
+            os.environ["SUMMA_FP64_INT8_MODULI"] = saved
 
 
 def moduli_for(k: int, moduli: int | None = None) -> int:

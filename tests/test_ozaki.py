@@ -172,8 +172,8 @@ def test_fp64_int8_is_refused_where_it_cannot_run(monkeypatch):
             os.devnull)
     assert p.returncode == 2 and "fp64-int8 needs the cupy backend" in p.stderr
     for args, message in ((["--moduli", "14"], "--moduli applies to --precision fp64-int8"),
-                          (["--precision", "fp64-int8", "--moduli", "31"], "at most 30"),
-                          (["--precision", "fp64-int8", "--moduli", "2"], "at least 3")):
+                          (["--precision", "fp64-int8", "--moduli", "31"], "must be 3-30"),
+                          (["--precision", "fp64-int8", "--moduli", "2"], "must be 3-30")):
         p = job(1, "bench", "--backend", "numpy", "--size", "32", *args)
         assert p.returncode == 2 and message in p.stderr, p.stderr
 

@@ -161,3 +161,50 @@ def test_lean_residues_give_the_same_bits_from_less_scratch(rng, ozaki_gpu, monk
             ozaki_gpu.gemm(1.0, a[r0:r1], b, strips[r0:r1], backend=backend)
     assert len(transposes) == 1
     np.testing.assert_array_equal(strips, full)
+
+
+def test_moduli_asked_reach_the_products_and_the_plans(rng, ozaki_gpu, monkeypatch):
+    """summa.matmul/gemm(..., moduli=L): inside, every product takes L moduli
+    and plans count their scratch so; before and after, the default; bad
+    counts and counts without fp64-int8 refused with one clear error."""
+    from summa.plan import memory_plan
+    monkeypatch.delenv("SUMMA_FP64_INT8_MODULI", raising=False)
+    backend = fake_cupy_kernels.Backend()
+    a, b = rng.uniform(-1, 1, (20, 300)), rng.uniform(-1, 1, (300, 12))
+    c = np.empty((20, 12))
+
+    def planned():
+        return memory_plan(4096, 4096, 4096, "float64", (1, 1), 4096, 1, "cupy",
+                           precision="fp64-int8").device_bytes
+    default, plan = ozaki_gpu.moduli_for(300), planned()
+    with ozaki_gpu.asked_moduli(20):
+        ozaki_gpu.gemm(1.0, a, b, c, backend=backend)
+        assert backend.gemms == 20 and planned() > plan
+    assert _close(c, ozaki.gemm_int8(a, b, moduli=20))
+    assert ozaki_gpu.moduli_for(300) == default and planned() == plan
+    for moduli, precision, message in ((15, None, "applies to precision fp64-int8"),
+                                       (2, "fp64-int8", "must be 3-30"),
+                                       (31, "fp64-int8", "must be 3-30"),
+                                       (True, "fp64-int8", "an integer")):
+        with pytest.raises(ValueError, match=message):
+            ozaki_gpu.check_moduli(moduli, precision)
+
+
+def test_matmul_and_gemm_refuse_moduli_they_cannot_take(rng):
+    import summa
+    from mpi4py import MPI
+    from summa.backend import get_backend
+    from summa.grid import ProcessGrid
+    from summa.matrix import DistMatrix
+    a, b = rng.uniform(-1, 1, (8, 6)), rng.uniform(-1, 1, (6, 5))
+    with pytest.raises(ValueError, match="moduli applies to precision fp64-int8"):
+        summa.matmul(a, b, moduli=15)  # refused before any worker starts
+    with pytest.raises(ValueError, match="must be 3-30"):
+        summa.matmul(a, b, precision="fp64-int8", moduli=2, comm=MPI.COMM_SELF)
+    with ProcessGrid(MPI.COMM_SELF) as grid:
+        A = DistMatrix.from_global(a, grid, get_backend("numpy"))
+        B = DistMatrix.from_global(b, grid, get_backend("numpy"))
+        with pytest.raises(ValueError, match="moduli applies to precision fp64-int8"):
+            summa.gemm(A, B, moduli=15)
+        with pytest.raises(ValueError, match="moduli applies to precision fp64-int8"):
+            summa.matmul(A, B, device="numpy", moduli=15)
