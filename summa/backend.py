@@ -372,7 +372,7 @@ class CupyBackend(Backend):
             query = getattr(cupy.cuda.runtime, "deviceGetStreamPriorityRange", None)
             greatest = query()[1] if query is not None else -1000
             self._stream = cupy.cuda.Stream(non_blocking=True, priority=greatest)
-        self._lt = None
+        self._lt = self._int8_lt = None
         if library == "cublaslt":
             from .lt import LtGemm
             self._lt = LtGemm(cupy, cublaslt_path())
@@ -502,6 +502,15 @@ class CupyBackend(Backend):
         from cupy_backends.cuda.libs import cublas
         m, k = a8.shape
         n = bt8.shape[0]
+        if os.environ.get("SUMMA_INT8_GEMM", "").strip().lower() == "cublaslt":
+            # cuBLASLt's fastest algorithm for the shape instead of gemmEx's
+            # first (int8_lt_probe.py measures both); off until it wins
+            if self._int8_lt is None:
+                from .lt import LtGemm
+                self._int8_lt = self._lt or LtGemm(self.xp, cublaslt_path())
+            self._int8_lt.int8_tn(n, m, k, bt8.data.ptr, a8.data.ptr, out.data.ptr,
+                                  accumulate, self.xp.cuda.get_current_stream().ptr)
+            return
         one = np.array(1, dtype=np.int32)
         beta = np.array(1 if accumulate else 0, dtype=np.int32)
         # Row-major out (m x n) is column-major out^T (n x m) = op_T(bt8^T) a8^T:

@@ -34,6 +34,7 @@ _DESC_TRANSA, _DESC_TRANSB = 3, 4
 _PREF_MAX_WORKSPACE_BYTES = 1
 _PREF_MIN_ALIGNMENT = {"a": 5, "b": 6, "c": 7, "d": 8}
 _SCALE_TYPES = {"e": 0, "f": 0, "d": 1, "F": 4, "D": 5}  # cudaDataType of alpha/beta
+_R_8I, _R_32I, _COMPUTE_32I, _OP_T = 3, 10, 72, 1  # int8 in, int32 out and scale
 
 
 class _Algo(ctypes.Structure):
@@ -173,6 +174,37 @@ class LtGemm:
         self._check(self._run(desc, algo, alpha_ptr, beta_ptr, a_ptr, la, b_ptr, lb, c_ptr, lc,
                               stream), "cublasLtMatmul")
 
+    def int8_tn(self, m: int, n: int, k: int, a_ptr: int, b_ptr: int, c_ptr: int,
+                accumulate: bool, stream: int) -> None:
+        """Column-major ``C (m x n) = A^T B`` (``+=`` with `accumulate`) of int8
+        A (stored k x m) and B (k x n), int32 C, exactly: the "TN" product
+        :meth:`summa.backend.CupyBackend.int8_gemm_tn` makes, through the
+        fastest of cuBLASLt's algorithms for the shape (timed once)."""
+        aligns = {"a": _alignment(a_ptr), "b": _alignment(b_ptr), "c": _alignment(c_ptr),
+                  "d": _alignment(c_ptr)}
+        key = ("int8 TN", m, n, k, tuple(aligns.values()))
+        plan = self._plans.get(key)
+        if plan is None:
+            desc = self._desc(_COMPUTE_32I, _R_32I)
+            trans = ctypes.c_int(_OP_T)
+            self._check(self.lib.cublasLtMatmulDescSetAttribute(
+                desc, ctypes.c_int(_DESC_TRANSA), ctypes.byref(trans), ctypes.c_size_t(4)),
+                "cublasLtMatmulDescSetAttribute")
+            la, lb = self._layout(_R_8I, k, m, k), self._layout(_R_8I, k, n, k)
+            lc = self._layout(_R_32I, m, n, m)
+            found = self._candidates(desc, la, lb, lc, aligns)
+            if not found:
+                raise RuntimeError(f"cuBLASLt offers no INT8 algorithm for {m} x {n} x {k}")
+            algo = found[0].algo
+            if len(found) > 1:
+                algo = self._fastest(found, desc, _R_8I, m, n, k, a_ptr, la, b_ptr, k, lb,
+                                     stream, 4, np.int32, c_type=_R_32I)
+            plan = self._plans[key] = (desc, la, lb, lc, algo)
+        desc, la, lb, lc, algo = plan
+        one, beta = np.ones(1, dtype=np.int32), np.full(1, int(accumulate), dtype=np.int32)
+        self._check(self._run(desc, algo, one.ctypes.data, beta.ctypes.data, a_ptr, la, b_ptr,
+                              lb, c_ptr, lc, stream), "cublasLtMatmul")
+
     def _plan(self, char, data_type, compute, m, n, k, a_ptr, lda, b_ptr, ldb, ldc, aligns,
               stream, scalar):
         desc = self._desc(compute, _SCALE_TYPES[char])
@@ -189,12 +221,13 @@ class LtGemm:
         return desc, la, lb, lc, algo
 
     def _fastest(self, found, desc, data_type, m, n, k, a_ptr, la, b_ptr, ldb, lb, stream,
-                 itemsize, scalar):
-        """Time each candidate on the first columns of the product (a scratch output)."""
+                 itemsize, scalar, c_type=None):
+        """Time each candidate on the first columns of the product (a scratch
+        output of `c_type`, default the operands' type; `itemsize` its)."""
         cupy = self.cupy
         cols = max(1, min(n, TUNE_ELEMENTS // max(m, 1)))
         scratch = cupy.zeros(m * cols * itemsize, dtype=np.uint8)
-        lt = self._layout(data_type, m, cols, m)
+        lt = self._layout(data_type if c_type is None else c_type, m, cols, m)
         lb_t = self._layout(data_type, k, cols, ldb) if cols != n else lb
         one, zero = np.ones(1, dtype=scalar), np.zeros(1, dtype=scalar)
         best, best_ms = found[0].algo, float("inf")
