@@ -50,7 +50,8 @@ import math
 
 import numpy as np
 
-__all__ = ["MODULI", "BITS", "moduli_for", "scale", "residues", "integer_product",
+__all__ = ["MODULI", "BITS", "SLACK", "budgets", "bits_for", "moduli_for", "default_moduli",
+           "choose", "scale", "norms", "exponents", "operands", "residues", "integer_product",
            "crt_weights", "fold", "finish", "reconstruct", "gemm_int8", "error_bound"]
 
 #: The refusal of inputs that hold Inf or NaN.
