@@ -101,6 +101,9 @@ class LtGemm:
         self.handle = handle
         self.workspace = cupy.empty(WORKSPACE_BYTES, dtype=np.uint8)
         self._plans: dict = {}
+        #: per INT8 shape: the index of the algorithm taken among the
+        #: heuristic's and each candidate's milliseconds (for probes)
+        self.choices: dict = {}
 
     @staticmethod
     def _check(status: int, what: str) -> None:
@@ -197,8 +200,14 @@ class LtGemm:
                 raise RuntimeError(f"cuBLASLt offers no INT8 algorithm for {m} x {n} x {k}")
             algo = found[0].algo
             if len(found) > 1:
+                # timed on a quarter of the product or more, into the output
+                # itself (overwritten by the call below): 2048-column slices
+                # chose no faster algorithm than gemmEx's (s15a), whereas
+                # cuBLASLt's second ran 1.29 POPS to gemmEx's 1.00 at N = 32768
                 algo = self._fastest(found, desc, _R_8I, m, n, k, a_ptr, la, b_ptr, k, lb,
-                                     stream, 4, np.int32, c_type=_R_32I)
+                                     stream, 4, np.int32, c_type=_R_32I,
+                                     columns=max(1, min(n, max(-(-n // 4), TUNE_ELEMENTS // m))),
+                                     scratch_ptr=None if accumulate else c_ptr, key=key)
             plan = self._plans[key] = (desc, la, lb, lc, algo)
         desc, la, lb, lc, algo = plan
         one, beta = np.ones(1, dtype=np.int32), np.full(1, int(accumulate), dtype=np.int32)
@@ -221,16 +230,19 @@ class LtGemm:
         return desc, la, lb, lc, algo
 
     def _fastest(self, found, desc, data_type, m, n, k, a_ptr, la, b_ptr, ldb, lb, stream,
-                 itemsize, scalar, c_type=None):
-        """Time each candidate on the first columns of the product (a scratch
-        output of `c_type`, default the operands' type; `itemsize` its)."""
+                 itemsize, scalar, c_type=None, columns=None, scratch_ptr=None, key=None):
+        """Time each candidate on the first `columns` columns of the product
+        (default as many as TUNE_ELEMENTS) into a scratch output of `c_type`
+        (default the operands' type; `itemsize` its), or into `scratch_ptr`;
+        with `key`, record the choice in :attr:`choices`."""
         cupy = self.cupy
-        cols = max(1, min(n, TUNE_ELEMENTS // max(m, 1)))
-        scratch = cupy.zeros(m * cols * itemsize, dtype=np.uint8)
+        cols = columns or max(1, min(n, TUNE_ELEMENTS // max(m, 1)))
+        scratch = None if scratch_ptr else cupy.zeros(m * cols * itemsize, dtype=np.uint8)
+        out_ptr = scratch_ptr or scratch.data.ptr
         lt = self._layout(data_type if c_type is None else c_type, m, cols, m)
         lb_t = self._layout(data_type, k, cols, ldb) if cols != n else lb
         one, zero = np.ones(1, dtype=scalar), np.zeros(1, dtype=scalar)
-        best, best_ms = found[0].algo, float("inf")
+        best, best_ms, spent = found[0].algo, float("inf"), []
         stream_obj = cupy.cuda.ExternalStream(stream) if stream else cupy.cuda.Stream.null
         try:
             for result in found:
@@ -239,16 +251,20 @@ class LtGemm:
                     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
                     start.record(stream_obj)
                     status = self._run(desc, result.algo, one.ctypes.data, zero.ctypes.data,
-                                       a_ptr, la, b_ptr, lb_t, scratch.data.ptr, lt, stream)
+                                       a_ptr, la, b_ptr, lb_t, out_ptr, lt, stream)
                     stop.record(stream_obj)
                     if status != 0:
                         break
                     stop.synchronize()
                     times.append(cupy.cuda.get_elapsed_time(start, stop))
+                spent.append(times[1] if len(times) == 2 else None)
                 if len(times) == 2 and times[1] < best_ms:
                     best, best_ms = result.algo, times[1]
         finally:
             self.lib.cublasLtMatrixLayoutDestroy(lt)
             if lb_t is not lb:
                 self.lib.cublasLtMatrixLayoutDestroy(lb_t)
+        if key is not None:
+            self.choices[key] = {"index": spent.index(best_ms) if best_ms in spent else 0,
+                                 "columns": cols, "ms": spent}
         return best

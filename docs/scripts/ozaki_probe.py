@@ -186,6 +186,10 @@ def main() -> int:
                     break  # it emulated: no second try
             del a, b, ref, gauge, c, best
             cp.get_default_memory_pool().free_all_blocks()
+    lt = getattr(backend, "_int8_lt", None)  # SUMMA_INT8_GEMM=cublaslt: what it chose
+    if lt is not None and lt.choices:
+        emit({"what": "cuBLASLt INT8 choices",
+              "choices": {" ".join(map(str, key)): v for key, v in lt.choices.items()}})
     for shape in filter(None, args.shapes.split(",")):
         m, n, k = map(int, shape.lower().split("x"))
         a = cp.random.random((m, k)) * 2 - 1
@@ -208,6 +212,9 @@ def main() -> int:
                 f.write(json.dumps(r) + "\n")
     print()
     for r in rows:
+        if "choices" in r:
+            print(f"{r['what']}: {r['choices']}")
+            continue
         if "seconds" not in r:
             print(f"{r['what']:>26} N={r['n']:>6} {r.get('data', ''):>8}: {r['error']}")
             continue
