@@ -213,14 +213,25 @@ def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,
     return elements + -(-_ozaki_scratch(tm, tn, nb, emulated == 2) // item)
 
 
+#: Most column tiles the search for fp64-int8's cut tries (per rank).
+EMULATED_COLUMN_TILES = 64
+
+
 def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: bool = False,
                staged: tuple = (False, False), emulated: int = 0):
     """Fewest ``(row tiles, column tiles)`` whose sweep fits `budget` elements:
-    by columns, the most rows that fit (the sweep's size grows with them)."""
+    by columns, the most rows that fit (the sweep's size grows with them).
+    Where `emulated`, the cut that uploads least instead (B's panels once per
+    row of tiles, A's once per column: ``rows nl + columns ml``): fp64-int8's
+    scratch grows with a tile's rows plus columns, so whole rows of C leave
+    thin tiles (N = 65536 under 24 GiB: 47 x 1 tiles, B uploaded 47 times;
+    3 x 5 uploads a sixth of that), and at N = 32768 a 3 x 2 cut with
+    16384-wide panels ran 60.4 TFLOP/s where 4 x 1 with 8192 ran 52.3 (s15e)."""
     def fits(tm, tn, ntiles):
         return _ooc_elements(tm, tn, nb, slots, ntiles, transposed, staged, emulated) <= budget
     if fits(ml, nl, 1):
         return 1, 1
+    best = None
     for ntn in range(1, nl + 1):
         tn = -(-nl // ntn)
         low, high = 0, ml  # the most rows that fit: in [low, high]
@@ -231,8 +242,14 @@ def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: b
             else:
                 high = mid - 1
         if low >= 1:
-            return -(-ml // low), ntn
-    return None
+            ntm = -(-ml // low)
+            if not emulated:
+                return ntm, ntn
+            cut = (ntm * nl + ntn * ml, ntm * ntn, ntn, ntm)  # uploads, tiles, rows first
+            best = min(best or cut, cut)
+        if emulated and ntn >= min(nl, EMULATED_COLUMN_TILES):
+            break
+    return (best[3], best[2]) if best else None
 
 
 def _gib(nbytes: float) -> str:

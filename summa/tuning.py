@@ -47,10 +47,11 @@ def default_panel_width(backend_name: str, dtype, precision: str | None = None,
     dtype = np.dtype(dtype)
     if precision == "fp64-int8":
         # Each product's reconstruction passes over its C block once: the
-        # wider the panel, the fewer passes per INT8 GEMM (FP64_INT8_WIDTH);
-        # out of core its scratch takes the C tiles' room: under 24 GiB at
-        # N = 32768 on one H200, 8192 ran 49.3 TFLOP/s, 4096 43.4, and 16384
-        # left tiles of 2048 rows (B uploaded 16 times; s14c, s14d).
+        # wider the panel, the fewer passes per INT8 GEMM (FP64_INT8_WIDTH).
+        # Out of core its scratch takes the C tiles' room: with whole rows of
+        # C as tiles 16384 left tiles of 2048 rows under 24 GiB (s14c), but
+        # the planner now cuts fp64-int8's C in both directions (uploading
+        # least), and there 16384 ran 60.4 TFLOP/s against 8192's 52.3 (s15e).
         return FP64_INT8_OOC_WIDTH if out_of_core else FP64_INT8_WIDTH
     if precision == "tf32" or dtype == np.float16 or (dtype == np.float32 and not out_of_core):
         return 8192
@@ -63,7 +64,7 @@ def default_panel_width(backend_name: str, dtype, precision: str | None = None,
 #: keep that share small.
 FP64_INT8_WIDTH = 16384
 #: ... and out of core (see :func:`default_panel_width`).
-FP64_INT8_OOC_WIDTH = 8192
+FP64_INT8_OOC_WIDTH = 16384
 
 
 #: GPU GEMMs that run faster reading A column-major (cuBLAS's transposed

@@ -637,3 +637,27 @@ def test_tiles_asked_for_cut_c_so_and_still_multiply(rng, monkeypatch):
     with pytest.raises(ValueError, match="1 x 1 tiles of 45 x 38 need"):
         memory_plan(m, n, k, "float64", (1, 1), 8, 1, "numpy", device_budget=8 * 2000,
                     out_of_core=True)
+
+
+@pytest.mark.parametrize("budget_gib", [12, 24])
+def test_fp64_int8_cuts_c_both_ways_to_upload_least(budget_gib):
+    """fp64-int8's scratch grows with a tile's rows plus columns: its cut is
+    the one that fits and uploads least (B once per row of tiles, A once per
+    column), not whole rows of C; other precisions keep whole rows."""
+    from summa import plan as planner
+    ml = nl = k = 32768
+    budget = parse_bytes(f"{budget_gib}GiB") // 8
+    args = dict(nb=16384, slots=2, budget=budget)
+
+    def fits(r, c, emulated):
+        tm, tn = -(-ml // r), -(-nl // c)
+        return planner._ooc_elements(tm, tn, args["nb"], 2, r * c, emulated=emulated) <= budget
+    rows, cols = planner._ooc_tiles(ml, nl, **args, emulated=1)
+    assert fits(rows, cols, 1)
+    least = min(r * nl + c * ml for r in range(1, 65) for c in range(1, 65) if fits(r, c, 1))
+    assert rows * nl + cols * ml == least
+    whole = planner._ooc_tiles(ml, nl, 16384, 2, budget, emulated=0)
+    assert whole[1] == 1  # native: whole rows while they fit
+    plan = memory_plan(ml, nl, k, "float64", (1, 1), 16384, 1, "cupy", out_of_core=True,
+                       device_budget=budget * 8, precision="fp64-int8")
+    assert plan.tiles == (rows, cols) and plan.device_bytes <= budget * 8

@@ -20,7 +20,7 @@ def test_defaults():
     assert tuning.default_panel_width("cupy", np.float32, out_of_core=True) == 4096
     # float64 on INT8: each product reconstructs its C block, so wide panels
     assert tuning.default_panel_width("cupy", np.float64, "fp64-int8") == 16384
-    assert tuning.default_panel_width("cupy", np.float64, "fp64-int8", out_of_core=True) == 8192
+    assert tuning.default_panel_width("cupy", np.float64, "fp64-int8", out_of_core=True) == 16384
 
 
 @pytest.mark.mpi(min_size=1)
