@@ -502,14 +502,18 @@ class CupyBackend(Backend):
         from cupy_backends.cuda.libs import cublas
         m, k = a8.shape
         n = bt8.shape[0]
-        if os.environ.get("SUMMA_INT8_GEMM", "").strip().lower() == "cublaslt":
-            # cuBLASLt's fastest algorithm for the shape instead of gemmEx's
-            # first (int8_lt_probe.py measures both); off until it wins
+        lt = os.environ.get("SUMMA_INT8_GEMM", "").strip().lower()
+        if lt.startswith("cublaslt") and m * n * k >= 1 << 30:
+            # cuBLASLt's fastest algorithm for the shape, or with "cublaslt:I"
+            # its heuristic's I-th, instead of gemmEx's (int8_lt_probe.py
+            # measures them); off until it wins; small products stay on
+            # gemmEx (the GPU test of a 5 x 3 x 1 one failed through it, s15f)
             if self._int8_lt is None:
                 from .lt import LtGemm
                 self._int8_lt = self._lt or LtGemm(self.xp, cublaslt_path())
+            index = int(lt.split(":", 1)[1]) if ":" in lt else None
             self._int8_lt.int8_tn(n, m, k, bt8.data.ptr, a8.data.ptr, out.data.ptr,
-                                  accumulate, self.xp.cuda.get_current_stream().ptr)
+                                  accumulate, self.xp.cuda.get_current_stream().ptr, index)
             return
         one = np.array(1, dtype=np.int32)
         beta = np.array(1 if accumulate else 0, dtype=np.int32)

@@ -178,14 +178,15 @@ class LtGemm:
                               stream), "cublasLtMatmul")
 
     def int8_tn(self, m: int, n: int, k: int, a_ptr: int, b_ptr: int, c_ptr: int,
-                accumulate: bool, stream: int) -> None:
+                accumulate: bool, stream: int, index: int | None = None) -> None:
         """Column-major ``C (m x n) = A^T B`` (``+=`` with `accumulate`) of int8
         A (stored k x m) and B (k x n), int32 C, exactly: the "TN" product
         :meth:`summa.backend.CupyBackend.int8_gemm_tn` makes, through the
-        fastest of cuBLASLt's algorithms for the shape (timed once)."""
+        fastest of cuBLASLt's algorithms for the shape (timed once), or the
+        heuristic's `index`-th."""
         aligns = {"a": _alignment(a_ptr), "b": _alignment(b_ptr), "c": _alignment(c_ptr),
                   "d": _alignment(c_ptr)}
-        key = ("int8 TN", m, n, k, tuple(aligns.values()))
+        key = ("int8 TN", m, n, k, tuple(aligns.values()), index)
         plan = self._plans.get(key)
         if plan is None:
             desc = self._desc(_COMPUTE_32I, _R_32I)
@@ -199,7 +200,9 @@ class LtGemm:
             if not found:
                 raise RuntimeError(f"cuBLASLt offers no INT8 algorithm for {m} x {n} x {k}")
             algo = found[0].algo
-            if len(found) > 1:
+            if index is not None:
+                algo = found[min(index, len(found) - 1)].algo
+            elif len(found) > 1:
                 # timed on a quarter of the product or more, into the output
                 # itself (overwritten by the call below): 2048-column slices
                 # chose no faster algorithm than gemmEx's (s15a), whereas

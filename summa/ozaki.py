@@ -46,6 +46,7 @@ and rows whose entries are all alike 50-51.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -92,6 +93,7 @@ def budgets(count: int, k: int) -> tuple[float, float]:
     return tuple(math.log2(max(2.0**cap - rounding, 2.0**-60)) for cap in (half + 0.5, half - 0.5))
 
 
+@functools.lru_cache(maxsize=4096)  # the planner asks for every cut it tries
 def bits_for(count: int, k: int) -> int:
     """The bits (at most :data:`BITS`) `count` moduli keep in every row and
     column over an inner dimension `k`, whatever its entries: the worst case,
@@ -102,6 +104,7 @@ def bits_for(count: int, k: int) -> int:
                          budgets(count, k)[1])[0])
 
 
+@functools.lru_cache(maxsize=4096)  # the planner asks for every cut it tries
 def moduli_for(bits: int, k: int) -> int:
     """How many of :data:`MODULI` keep `bits` bits in every row and column
     over an inner dimension `k` (:func:`bits_for`), whatever their entries."""
@@ -111,6 +114,7 @@ def moduli_for(bits: int, k: int) -> int:
     raise ValueError(f"{bits}-bit operands over K = {k} need more than the {len(MODULI)} moduli")
 
 
+@functools.lru_cache(maxsize=4096)  # the planner asks for every cut it tries
 def default_moduli(bits: int, k: int) -> int:
     """The moduli a product over `k` takes unless told: the fewest that keep
     at least ``bits - SLACK`` bits in every row and column (an error at most
