@@ -16,6 +16,7 @@ Chosen with ``SUMMA_GEMM=cublaslt`` (see :class:`summa.backend.CupyBackend`).
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 
 import numpy as np
@@ -26,6 +27,8 @@ __all__ = ["LtGemm", "CANDIDATES"]
 CANDIDATES = 8
 #: Largest scratch output used for timing, in elements.
 TUNE_ELEMENTS = 1 << 26
+#: INT8 candidates timed on the product's whole shape (the heuristic's first few).
+INT8_CANDIDATES = 6
 #: Workspace offered to cuBLASLt (split-K and stream-K algorithms use it).
 WORKSPACE_BYTES = 64 << 20
 
@@ -200,17 +203,23 @@ class LtGemm:
             if not found:
                 raise RuntimeError(f"cuBLASLt offers no INT8 algorithm for {m} x {n} x {k}")
             algo = found[0].algo
+            remembered = _remembered(self, key)
             if index is not None:
                 algo = found[min(index, len(found) - 1)].algo
+            elif remembered is not None and remembered < len(found):
+                algo = found[remembered].algo
             elif len(found) > 1:
-                # timed on a quarter of the product or more, into the output
-                # itself (overwritten by the call below): 2048-column slices
-                # chose no faster algorithm than gemmEx's (s15a), whereas
-                # cuBLASLt's second ran 1.29 POPS to gemmEx's 1.00 at N = 32768
+                # Timed on the product's whole shape, into its own output
+                # (overwritten by the call below): on slices short runs rank
+                # them otherwise (a quarter of N = 32768 chose the first, no
+                # faster than gemmEx over the whole; its second ran 1.29 POPS
+                # there to gemmEx's 1.00, s15a, s15f). Remembered across
+                # processes: the timing costs ~16 products of the shape once.
+                found = found[:INT8_CANDIDATES]
                 algo = self._fastest(found, desc, _R_8I, m, n, k, a_ptr, la, b_ptr, k, lb,
-                                     stream, 4, np.int32, c_type=_R_32I,
-                                     columns=max(1, min(n, max(-(-n // 4), TUNE_ELEMENTS // m))),
+                                     stream, 4, np.int32, c_type=_R_32I, columns=n,
                                      scratch_ptr=None if accumulate else c_ptr, key=key)
+                _remember(self, key, self.choices[key]["index"])
             plan = self._plans[key] = (desc, la, lb, lc, algo)
         desc, la, lb, lc, algo = plan
         one, beta = np.ones(1, dtype=np.int32), np.full(1, int(accumulate), dtype=np.int32)
@@ -271,3 +280,48 @@ class LtGemm:
             self.choices[key] = {"index": spent.index(best_ms) if best_ms in spent else 0,
                                  "columns": cols, "ms": spent}
         return best
+
+
+def _cache_path() -> str:
+    """Where the INT8 choices persist: ``SUMMA_CACHE_DIR`` or ~/.cache/summa."""
+    root = os.environ.get("SUMMA_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "summa")
+    return os.path.join(root, "cublaslt-int8.json")
+
+
+def _cache_key(gemm: LtGemm, key) -> str:
+    """The choice's key: the GPU, the cuBLASLt version, the candidates asked,
+    the shape and alignments (the heuristic's list is the same for them)."""
+    cupy = gemm.cupy
+    name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    gemm.lib.cublasLtGetVersion.restype = ctypes.c_size_t
+    return f"{name}|{gemm.lib.cublasLtGetVersion()}|{CANDIDATES}|{key[1:5]}"
+
+
+def _remembered(gemm: LtGemm, key) -> int | None:
+    """The index chosen for `key` by an earlier process, if any."""
+    try:
+        with open(_cache_path()) as f:
+            return int(json.load(f)[_cache_key(gemm, key)])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _remember(gemm: LtGemm, key, index: int) -> None:
+    """Keep `index` for `key` (best effort: a read-only home keeps nothing)."""
+    path = _cache_path()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            with open(path) as f:
+                known = json.load(f)
+        except (OSError, ValueError):
+            known = {}
+        known[_cache_key(gemm, key)] = int(index)
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(known, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:
+        pass

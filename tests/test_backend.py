@@ -121,3 +121,22 @@ def test_gemm_output_may_be_a_column_strip_but_not_transposed():
         _output_ld(c.T)
     with pytest.raises(ValueError, match="unit stride along its rows"):
         _output_ld(c[:, ::2])
+
+
+def test_cublaslt_int8_choices_are_remembered_across_processes(tmp_path, monkeypatch):
+    """The INT8 algorithm timed on a product's shape is kept in
+    SUMMA_CACHE_DIR (or ~/.cache/summa) for later processes; an unreadable
+    or foreign file is no choice, a read-only place keeps nothing, silently."""
+    from summa import lt
+    monkeypatch.setenv("SUMMA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(lt, "_cache_key", lambda gemm, key: f"gpu|13|8|{key[1:5]}")
+    key = ("int8 TN", 64, 32, 128, (256,) * 4, None)
+    assert lt._remembered(None, key) is None
+    lt._remember(None, key, 3)
+    lt._remember(None, ("int8 TN", 8, 8, 8, (16,) * 4, None), 1)
+    assert lt._remembered(None, key) == 3
+    (tmp_path / "cache" / "cublaslt-int8.json").write_text("{not json")
+    assert lt._remembered(None, key) is None
+    monkeypatch.setenv("SUMMA_CACHE_DIR", "/proc/summa-cannot-write-here")
+    lt._remember(None, key, 2)  # no error
+    assert lt._remembered(None, key) is None
