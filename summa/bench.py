@@ -325,7 +325,8 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
         from . import ozaki_gpu
         record["fp64_int8"] = {"moduli": ozaki_gpu.moduli_for(min(nb, k)),
                                **{key: os.environ[key] for key in sorted(os.environ)
-                                  if key.startswith(("SUMMA_FP64_INT8_", "SUMMA_OOC_TILES"))}}
+                                  if key.startswith(("SUMMA_FP64_INT8_", "SUMMA_OOC_TILES",
+                                                     "SUMMA_INT8_GEMM"))}}
     print(f"summa {record['command']}: {size} ranks, grid {grid_shape[0]}x{grid_shape[1]}, "
           f"backend {backend.describe()}, comm {best_stats.comm}"
           + (", column strips" if _schedule(args) == "strips" else "")
