@@ -679,3 +679,28 @@ def test_summa_on_int8_refuses_inf_on_every_rank_at_the_end(comm, rng, gpu, out_
             A = DistMatrix.from_global(a, grid, backend)
             B = DistMatrix.from_global(b, grid, backend)
             matmul(A, B, precision="fp64-int8", panel_width=64)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("index", [None, 1])
+def test_cublaslt_int8_products_are_gemmex_bits_on_large_shapes(comm, gpu, monkeypatch,
+                                                               tmp_path, index):
+    """SUMMA_INT8_GEMM=cublaslt (its timed choice, or the heuristic's index-th):
+    on a product as large as those it is for (32768 x 32768 output) the same
+    int32 bits as gemmEx, remembered choice included."""
+    _, backend = gpu
+    cp = backend.xp
+    m = n = 32768
+    k = 256
+    a8 = cp.random.randint(-128, 128, (m, k), dtype=cp.int8)
+    bt8 = cp.random.randint(-128, 128, (n, k), dtype=cp.int8)
+    want = cp.empty((m, n), dtype=cp.int32)
+    monkeypatch.delenv("SUMMA_INT8_GEMM", raising=False)
+    backend.int8_gemm_tn(a8, bt8, want)
+    monkeypatch.setenv("SUMMA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("SUMMA_INT8_GEMM", "cublaslt" + ("" if index is None else f":{index}"))
+    for _ in range(2):  # timed (or taken) once, then the plan's
+        got = cp.zeros((m, n), dtype=cp.int32)
+        backend.int8_gemm_tn(a8, bt8, got)
+        assert bool((got == want).all())
+    del got, want
