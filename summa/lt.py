@@ -189,7 +189,8 @@ class LtGemm:
         heuristic's `index`-th."""
         aligns = {"a": _alignment(a_ptr), "b": _alignment(b_ptr), "c": _alignment(c_ptr),
                   "d": _alignment(c_ptr)}
-        key = ("int8 TN", m, n, k, tuple(aligns.values()), index)
+        burst = float(os.environ.get("SUMMA_INT8_LT_BURST_MS") or 0)  # timing (_fastest)
+        key = ("int8 TN", m, n, k, tuple(aligns.values()), index, burst)
         plan = self._plans.get(key)
         if plan is None:
             desc = self._desc(_COMPUTE_32I, _R_32I)
@@ -218,7 +219,8 @@ class LtGemm:
                 found = found[:INT8_CANDIDATES]
                 algo = self._fastest(found, desc, _R_8I, m, n, k, a_ptr, la, b_ptr, k, lb,
                                      stream, 4, np.int32, c_type=_R_32I, columns=n,
-                                     scratch_ptr=None if accumulate else c_ptr, key=key)
+                                     scratch_ptr=None if accumulate else c_ptr, key=key,
+                                     burst_ms=burst)
                 _remember(self, key, self.choices[key]["index"])
             plan = self._plans[key] = (desc, la, lb, lc, algo)
         desc, la, lb, lc, algo = plan
@@ -242,11 +244,15 @@ class LtGemm:
         return desc, la, lb, lc, algo
 
     def _fastest(self, found, desc, data_type, m, n, k, a_ptr, la, b_ptr, ldb, lb, stream,
-                 itemsize, scalar, c_type=None, columns=None, scratch_ptr=None, key=None):
+                 itemsize, scalar, c_type=None, columns=None, scratch_ptr=None, key=None,
+                 burst_ms: float = 0.0):
         """Time each candidate on the first `columns` columns of the product
         (default as many as TUNE_ELEMENTS) into a scratch output of `c_type`
         (default the operands' type; `itemsize` its), or into `scratch_ptr`;
-        with `key`, record the choice in :attr:`choices`."""
+        with `key`, record the choice in :attr:`choices`. Each runs once to
+        warm up, then once, or with `burst_ms` back to back until that long
+        has passed (the mean counts: a GPU at its power cap ranks algorithms
+        otherwise in short runs than in long ones)."""
         cupy = self.cupy
         cols = columns or max(1, min(n, TUNE_ELEMENTS // max(m, 1)))
         scratch = None if scratch_ptr else cupy.zeros(m * cols * itemsize, dtype=np.uint8)
@@ -259,7 +265,7 @@ class LtGemm:
         try:
             for result in found:
                 times = []
-                for _ in range(2):  # the first run warms up; the second is timed
+                while len(times) < 2 or (burst_ms and sum(times[1:]) < burst_ms):
                     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
                     start.record(stream_obj)
                     status = self._run(desc, result.algo, one.ctypes.data, zero.ctypes.data,
@@ -269,9 +275,10 @@ class LtGemm:
                         break
                     stop.synchronize()
                     times.append(cupy.cuda.get_elapsed_time(start, stop))
-                spent.append(times[1] if len(times) == 2 else None)
-                if len(times) == 2 and times[1] < best_ms:
-                    best, best_ms = result.algo, times[1]
+                mean = sum(times[1:]) / (len(times) - 1) if len(times) >= 2 else None
+                spent.append(mean)
+                if mean is not None and mean < best_ms:
+                    best, best_ms = result.algo, mean
         finally:
             self.lib.cublasLtMatrixLayoutDestroy(lt)
             if lb_t is not lb:
@@ -296,7 +303,8 @@ def _cache_key(gemm: LtGemm, key) -> str:
     name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
     name = name.decode() if isinstance(name, bytes) else str(name)
     gemm.lib.cublasLtGetVersion.restype = ctypes.c_size_t
-    return f"{name}|{gemm.lib.cublasLtGetVersion()}|{CANDIDATES}|{key[1:5]}"
+    return (f"{name}|{gemm.lib.cublasLtGetVersion()}|{CANDIDATES}|{key[1:5]}"
+            + (f"|burst {key[6]:g} ms" if key[6] else ""))
 
 
 def _remembered(gemm: LtGemm, key) -> int | None:

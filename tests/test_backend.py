@@ -130,10 +130,10 @@ def test_cublaslt_int8_choices_are_remembered_across_processes(tmp_path, monkeyp
     from summa import lt
     monkeypatch.setenv("SUMMA_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(lt, "_cache_key", lambda gemm, key: f"gpu|13|8|{key[1:5]}")
-    key = ("int8 TN", 64, 32, 128, (256,) * 4, None)
+    key = ("int8 TN", 64, 32, 128, (256,) * 4, None, 0.0)
     assert lt._remembered(None, key) is None
     lt._remember(None, key, 3)
-    lt._remember(None, ("int8 TN", 8, 8, 8, (16,) * 4, None), 1)
+    lt._remember(None, ("int8 TN", 8, 8, 8, (16,) * 4, None, 0.0), 1)
     assert lt._remembered(None, key) == 3
     (tmp_path / "cache" / "cublaslt-int8.json").write_text("{not json")
     assert lt._remembered(None, key) is None
