@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from .backend import NumpyBackend
 from .watchdog import watch
 
 __all__ = ["unit_roundoff", "reference_dtype", "scaled_error", "freivalds"]
@@ -46,42 +47,30 @@ def _matvec(M, x: np.ndarray, absolute: bool, compute=None) -> np.ndarray:
     Each rank multiplies its block by its slice of `x` and scatters the partial
     sums into a full-length vector; one Allreduce over the grid adds them up.
     Rows are processed in chunks so the upcast copy stays small; `compute` (a
-    GPU backend) does the work for a host-held block, chunk by chunk.
+    GPU backend) does the work for a host-held block, chunk by chunk. A NumPy
+    array `M` is one whole block, multiplied where called (no Allreduce).
     """
-    if isinstance(M, np.ndarray):
-        return _array_matvec(M, x, absolute, compute)
-    compute = compute or M.backend
+    whole = isinstance(M, np.ndarray)
+    if compute is None:
+        compute = NumpyBackend() if whole else M.backend
     xp, ref = compute.xp, reference_dtype(M.dtype)
     out_dtype = np.result_type(np.float64 if absolute else ref, x.dtype)
-    rows, cols = M.row_indices(), M.col_indices()
+    local = M if whole else M.local
+    rows = np.arange(M.shape[0]) if whole else M.row_indices()
+    cols = np.arange(M.shape[1]) if whole else M.col_indices()
     xs = compute.asarray(x[cols])
     partial = np.zeros(M.shape[0], dtype=out_dtype)
     step = max(1, (1 << 25) // max(1, cols.size))
     for r0 in range(0, rows.size, step):
-        block = compute.asarray(M.local[r0:r0 + step]).astype(ref, copy=False)
+        block = compute.asarray(local[r0:r0 + step]).astype(ref, copy=False)
         if absolute:
             block = xp.abs(block)
         partial[rows[r0:r0 + step]] = compute.to_host(block @ xs)
+    if whole:
+        return partial
     out = np.empty_like(partial)
     with watch("the other ranks' matrix-vector products of the check"):
         M.grid.comm.Allreduce(partial, out, op=MPI.SUM)
-    return out
-
-
-def _array_matvec(M: np.ndarray, x: np.ndarray, absolute: bool, compute=None) -> np.ndarray:
-    """``M @ x`` (or ``|M| @ x``) of a NumPy array in reference precision,
-    rows in chunks (the upcast copies stay small), on `compute`'s device
-    where given."""
-    xp = compute.xp if compute is not None else np
-    to_device = compute.asarray if compute is not None else np.asarray
-    to_host = compute.to_host if compute is not None else np.asarray
-    ref = reference_dtype(M.dtype)
-    out = np.empty(M.shape[0], dtype=np.result_type(np.float64 if absolute else ref, x.dtype))
-    xs = to_device(x)
-    step = max(1, (1 << 25) // max(1, M.shape[1]))
-    for r0 in range(0, M.shape[0], step):
-        block = to_device(M[r0:r0 + step]).astype(ref, copy=False)
-        out[r0:r0 + step] = to_host((xp.abs(block) if absolute else block) @ xs)
     return out
 
 
