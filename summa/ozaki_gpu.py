@@ -28,8 +28,8 @@ import numpy as np
 
 from . import ozaki
 
-__all__ = ["gemm", "moduli_for", "check_moduli", "asked_moduli", "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES",
-           "NOT_FINITE"]
+__all__ = ["gemm", "moduli_for", "check_moduli", "asked_moduli", "phase_seconds", "same_b",
+           "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
 
 #: Integer products folded per pass (each pass reads the two sums once);
 #: ``SUMMA_FP64_INT8_PLANES`` overrides.
@@ -348,13 +348,19 @@ def asked_moduli(moduli: int | None):
             os.environ["SUMMA_FP64_INT8_MODULI"] = saved
 
 
+def _asked(moduli: int | None) -> int | None:
+    """`moduli`, else ``SUMMA_FP64_INT8_MODULI`` (:func:`asked_moduli`, the
+    CLI's ``--moduli``), else None (the default for the product's K)."""
+    if moduli is None and os.environ.get("SUMMA_FP64_INT8_MODULI"):
+        return int(os.environ["SUMMA_FP64_INT8_MODULI"])
+    return moduli
+
+
 def moduli_for(k: int, moduli: int | None = None) -> int:
     """The moduli a product over `k` takes: `moduli`, else
     ``SUMMA_FP64_INT8_MODULI``, else :func:`summa.ozaki.default_moduli`'s
     (15 for K = 32768)."""
-    if moduli is None and os.environ.get("SUMMA_FP64_INT8_MODULI"):
-        moduli = int(os.environ["SUMMA_FP64_INT8_MODULI"])
-    return ozaki.choose(ozaki.BITS, moduli, min(k, ozaki.K_EXACT))[1]
+    return ozaki.choose(ozaki.BITS, _asked(moduli), min(k, ozaki.K_EXACT))[1]
 
 
 def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = None,
@@ -377,9 +383,7 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
             gemm(alpha, a[:, k0:k0 + ozaki.K_EXACT], b[k0:k0 + ozaki.K_EXACT], c,
                  beta if i == 0 else 1.0, bits, moduli, backend, planes, marks)
         return
-    if moduli is None and os.environ.get("SUMMA_FP64_INT8_MODULI"):
-        moduli = int(os.environ["SUMMA_FP64_INT8_MODULI"])
-    bits, count = ozaki.choose(bits, moduli, k)  # checked as the caller asked
+    bits, count = ozaki.choose(bits, _asked(moduli), k)  # checked as the caller asked
     constants = _constants(count)
     weights = constants["weights"]
     cap_a, cap_b = ozaki.budgets(count, k)
