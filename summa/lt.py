@@ -204,7 +204,8 @@ class LtGemm:
             if not found:
                 raise RuntimeError(f"cuBLASLt offers no INT8 algorithm for {m} x {n} x {k}")
             algo = found[0].algo
-            remembered = _remembered(self, key)
+            remembered = None if index is not None or len(found) < 2 else \
+                _remembered(self, key)
             if index is not None:
                 algo = found[min(index, len(found) - 1)].algo
             elif remembered is not None and remembered < len(found):
