@@ -132,18 +132,19 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     # Staging only where a grid row (A) or column (B) has ranks to send to.
     staged = (bool(staged[0]) and pc > 1, bool(staged[1]) and pr > 1)
     emulated = emulated and (2 if np.dtype(dtype).kind == "c" else 1)  # 2: complex
-    tiles = _tiles_asked(ml, nl) or _ooc_tiles(max(ml, 1), max(nl, 1), nb, slots,
-                                               device_budget // item, transposed, staged,
-                                               emulated)
+    asked = _tiles_asked(ml, nl)
+    tiles = asked or _ooc_tiles(max(ml, 1), max(nl, 1), nb, slots, device_budget // item,
+                                transposed, staged, emulated)
     if tiles is None:
         raise ValueError(f"a device budget of {_gib(device_budget)} is too small for "
                          f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
     tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
-    need = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged,
-                         emulated) * item
-    if need > device_budget:  # only tiles asked for can miss it
-        raise ValueError(f"SUMMA_OOC_TILES: {tiles[0]} x {tiles[1]} tiles of {tm} x {tn} "
-                         f"need {_gib(need)} of the device budget of {_gib(device_budget)}")
+    if asked:  # the planner's own cut fits by construction
+        need = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged,
+                             emulated) * item
+        if need > device_budget:
+            raise ValueError(f"SUMMA_OOC_TILES: {tiles[0]} x {tiles[1]} tiles of {tm} x {tn} "
+                             f"need {_gib(need)} of the device budget of {_gib(device_budget)}")
     for _ in range(upload_lead()):  # room for uploads steps ahead, same tiles
         if _ooc_elements(tm, tn, nb, slots + 1, tiles[0] * tiles[1], transposed, staged,
                          emulated) * item > device_budget:
