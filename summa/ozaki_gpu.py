@@ -41,32 +41,6 @@ def _planes(planes: int) -> int:
     return int(os.environ.get("SUMMA_FP64_INT8_PLANES") or planes)
 
 
-def _lean() -> bool:
-    """``SUMMA_FP64_INT8_LEAN=1``: make the residue planes of A and B one fold
-    group at a time (from A and B transposed, which stay), not all at once:
-    ``planes`` of them instead of ``count`` (a quarter of the scratch's
-    planes with the defaults, room for wider panels or tiles out of core),
-    for one more read of A and B transposed per group. Off until measured."""
-    return os.environ.get("SUMMA_FP64_INT8_LEAN", "0").strip() in ("1", "yes", "on")
-
-
-def _overlap() -> bool:
-    """``SUMMA_FP64_INT8_OVERLAP=1``: fold each group of products on a stream
-    of its own while the next group's INT8 GEMMs run (two buffers of
-    products). Off until measured: whether a memory-bound fold beside
-    compute-bound GEMMs gains anything is the GPU's to say."""
-    return os.environ.get("SUMMA_FP64_INT8_OVERLAP", "0").strip() in ("1", "yes", "on")
-
-
-_fold_streams: dict = {}
-
-
-def _fold_stream(cupy):
-    device = cupy.cuda.Device().id
-    if device not in _fold_streams:
-        _fold_streams[device] = cupy.cuda.Stream(non_blocking=True)
-    return _fold_streams[device]
-
 # Rows on the grid's y axis and columns on x: no 64-bit division per element
 # (a flat index cost it twice per element; the residues took 48 ms of a
 # 1.25 s product at N = 32768, s14). Residues: four columns a thread, one
@@ -227,9 +201,9 @@ def checked_later():
         _pending = outer
 
 
-def _residues(x, e, count: int, rows_p: int, cols_p: int, constants, first: int = 0):
+def _residues(x, e, count: int, rows_p: int, cols_p: int, constants):
     """int8 planes (count, rows_p, cols_p) of `x`'s scaled rows mod each of
-    `count` moduli from the `first`, zeros in the padding."""
+    the first `count` moduli, zeros in the padding."""
     import cupy
     out = cupy.empty((count, rows_p, cols_p), dtype=cupy.int8)
     rows, cols = x.shape
@@ -238,8 +212,8 @@ def _residues(x, e, count: int, rows_p: int, cols_p: int, constants, first: int 
     ld = x.strides[0] // x.itemsize if x.size else cols
     _launch(_kernel("residues"), rows_p, cols_p // 4,
             (x, e, np.int64(rows), np.int64(rows_p), np.int64(cols), np.int64(cols_p),
-             np.int64(ld), np.int32(count), constants["moduli"][first:],
-             constants["inverses"][first:], out))
+             np.int64(ld), np.int32(count), constants["moduli"],
+             constants["inverses"], out))
     return out
 
 
@@ -277,15 +251,13 @@ def same_b():
         _held = outer
 
 
-def _b_side(b, count: int, bits: int, cap: float, cols_p: int, k_p: int, constants, backend,
-            lean: bool = False):
+def _b_side(b, count: int, bits: int, cap: float, cols_p: int, k_p: int, constants, backend):
     """B's column exponents and its residue planes (B transposed, so K is
-    contiguous), or with `lean` B transposed itself (the planes are made per
-    group): made here, or inside :func:`same_b` those made for this B."""
+    contiguous): made here, or inside :func:`same_b` those made for this B."""
     import cupy
     data = getattr(b, "data", None)
     key = (getattr(data, "ptr", None) or b.__array_interface__["data"][0], b.shape,
-           b.strides, count, bits, lean)
+           b.strides, count, bits)
     if _held is not None and _held.get("key") == key:
         return _held["f"], _held["b8"]
     if _held is not None:
@@ -294,21 +266,17 @@ def _b_side(b, count: int, bits: int, cap: float, cols_p: int, k_p: int, constan
     bt = cupy.empty((n, k), dtype=cupy.float64)
     backend.transpose(b, bt)
     f = _exponents(bt, 1, bits, cap)
-    b8 = bt if lean else _residues(bt, f, count, cols_p, k_p, constants)
+    b8 = _residues(bt, f, count, cols_p, k_p, constants)
     if _held is not None:
         _held.update(key=key, f=f, b8=b8)
     return f, b8
 
 
 def scratch_bytes(m: int, n: int, k: int, count: int, planes: int = PLANES) -> int:
-    """Device bytes one product takes beside its operands: the residue planes
-    (all, or :func:`_lean`: a group's), B transposed, the integer products and
-    the two sums."""
+    """Device bytes one product takes beside its operands: the residue planes,
+    B transposed, the integer products and the two sums."""
     kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
-    planes = _planes(planes)
-    buffers = 1 + _overlap()
-    made = min(count, planes) if _lean() else count
-    return (made * (m + np_) * kp + 8 * n * k + 4 * buffers * planes * m * np_ + 16 * m * n)
+    return count * (m + np_) * kp + 8 * n * k + 4 * _planes(planes) * m * np_ + 16 * m * n
 
 
 def check_moduli(moduli, precision) -> int | None:
@@ -403,13 +371,10 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
     e = _exponents(a, 1, bits, cap_a)          # (m,)
     kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
     mark("scale")
-    lean = _lean()
-    # (n,): B's columns; B's planes, or with `lean` B transposed
-    f, b8 = _b_side(b, count, bits, cap_b, np_, kp, constants, backend, lean)
-    a8 = None if lean else _residues(a, e, count, m, kp, constants)
+    f, b8 = _b_side(b, count, bits, cap_b, np_, kp, constants, backend)  # (n,), B's planes
+    a8 = _residues(a, e, count, m, kp, constants)
     mark("residues")
     planes = max(1, min(_planes(planes), count))
-    overlap = _overlap() and count > planes
     groups = list(range(0, count, planes))
     # The last fold writes C itself where C's rows are contiguous (a
     # transposed view goes through the finish kernel); the first starts the sums.
@@ -419,35 +384,21 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
     s_lo = cupy.empty(sums, dtype=cupy.float64)
     ends = (e, f, weights["m_hi"], weights["m_lo"], np.int32(weights["t"]),
             np.float64(alpha), np.float64(beta), c, np.int64(c.strides[0] // c.itemsize))
-    buffers = [cupy.empty((planes, m, np_), dtype=cupy.int32) for _ in range(1 + overlap)]
-    here = cupy.cuda.get_current_stream()
-    folder = _fold_stream(cupy) if overlap else here
-    folded = [None] * len(buffers)  # the fold that last read each buffer
+    # One buffer of products: folds on a stream of their own beside the next
+    # group's GEMMs (two buffers) gained nothing (s13, 1.091x against 1.101x).
+    g = cupy.empty((planes, m, np_), dtype=cupy.int32)
     for j, l0 in enumerate(groups):
-        group, g = min(planes, count - l0), buffers[j % len(buffers)]
+        group = min(planes, count - l0)
         last = fused and j == len(groups) - 1
-        if folded[j % len(buffers)] is not None:
-            here.wait_event(folded[j % len(buffers)])  # its products folded: reuse it
-        if lean:  # this group's planes only
-            a8g = _residues(a, e, group, m, kp, constants, l0)
-            b8g = _residues(b8, f, group, np_, kp, constants, l0)
-        else:
-            a8g, b8g = a8[l0:l0 + group], b8[l0:l0 + group]
-        for p in range(group):
-            backend.int8_gemm_tn(a8g[p], b8g[p], g[p])
-        if overlap:
-            folder.wait_event(here.record())
-        with folder:
-            _launch(_kernel("fold_finish" if last else "fold"), m, n,
-                    (g, np.int64(m), np.int64(n), np.int64(np_), np.int64(m * np_),
-                     np.int32(group), constants["moduli"][l0:], constants["inverses"][l0:],
-                     constants["w_hi"][l0:], constants["w_lo"][l0:], s_hi, s_lo,
-                     np.int32(j == 0)) + (ends if last else ()))
-            folded[j % len(buffers)] = folder.record() if overlap else None
-    if overlap:
-        here.wait_event(folder.record())  # every fold done before the sums are read
+        for p in range(l0, l0 + group):
+            backend.int8_gemm_tn(a8[p], b8[p], g[p - l0])
+        _launch(_kernel("fold_finish" if last else "fold"), m, n,
+                (g, np.int64(m), np.int64(n), np.int64(np_), np.int64(m * np_),
+                 np.int32(group), constants["moduli"][l0:], constants["inverses"][l0:],
+                 constants["w_hi"][l0:], constants["w_lo"][l0:], s_hi, s_lo,
+                 np.int32(j == 0)) + (ends if last else ()))
     mark("products")
-    del a8, b8, buffers, a8g, b8g
+    del a8, b8, g
     if not fused:
         _kernel("finish")(s_hi, s_lo, e.reshape(m, 1), f.reshape(1, n), weights["m_hi"],
                           weights["m_lo"], np.int32(weights["t"]), float(alpha), float(beta), c)

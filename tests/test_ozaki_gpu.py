@@ -17,7 +17,6 @@ def ozaki_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())
     from summa import ozaki_gpu
     monkeypatch.setattr(ozaki_gpu, "_kernels", {})
-    monkeypatch.setattr(ozaki_gpu, "_fold_streams", {})
     return ozaki_gpu
 
 
@@ -26,11 +25,8 @@ def _close(got, want):
 
 
 @pytest.mark.parametrize("planes", ["1", "3", "4", "16"])
-@pytest.mark.parametrize("overlap", ["0", "1"])
-def test_every_grouping_of_the_folds_gives_the_cpu_product(rng, ozaki_gpu, monkeypatch,
-                                                          planes, overlap):
+def test_every_grouping_of_the_folds_gives_the_cpu_product(rng, ozaki_gpu, monkeypatch, planes):
     monkeypatch.setenv("SUMMA_FP64_INT8_PLANES", planes)
-    monkeypatch.setenv("SUMMA_FP64_INT8_OVERLAP", overlap)
     backend = fake_cupy_kernels.Backend()
     a, b = rng.uniform(-1, 1, (37, 61)), rng.standard_normal((61, 23))  # K, N not multiples of 4
     c = np.empty((37, 23))
@@ -132,35 +128,6 @@ def test_inputs_checked_later_say_so_once_at_the_end(rng, ozaki_gpu):
     assert not checks.finite() and ozaki_gpu._pending is None
     with pytest.raises(ValueError, match="finite inputs"):  # outside: at once
         ozaki_gpu.gemm(1.0, a, bad, c, backend=backend)
-
-
-@pytest.mark.parametrize("planes", ["1", "3", "4", "16"])
-@pytest.mark.parametrize("overlap", ["0", "1"])
-def test_lean_residues_give_the_same_bits_from_less_scratch(rng, ozaki_gpu, monkeypatch,
-                                                            planes, overlap):
-    """SUMMA_FP64_INT8_LEAN: each fold group's planes made from A and B
-    transposed as it comes: the same product bit for bit, a group's planes
-    counted as scratch instead of all; inside same_b B is transposed once."""
-    monkeypatch.setenv("SUMMA_FP64_INT8_PLANES", planes)
-    monkeypatch.setenv("SUMMA_FP64_INT8_OVERLAP", overlap)
-    backend = fake_cupy_kernels.Backend()
-    a, b = rng.uniform(-1, 1, (37, 61)), rng.standard_normal((61, 23))
-    full, lean = np.empty((37, 23)), np.empty((37, 23))
-    ozaki_gpu.gemm(1.0, a, b, full, backend=backend)
-    big = ozaki_gpu.scratch_bytes(37, 23, 61, 15)
-    monkeypatch.setenv("SUMMA_FP64_INT8_LEAN", "1")
-    ozaki_gpu.gemm(1.0, a, b, lean, backend=backend)
-    np.testing.assert_array_equal(lean, full)
-    assert (ozaki_gpu.scratch_bytes(37, 23, 61, 15) < big) == (int(planes) < 15)
-    transposes = []
-    monkeypatch.setattr(backend, "transpose",
-                        lambda x, out: (transposes.append(1), out.__setitem__(..., x.T)))
-    strips = np.empty((37, 23))
-    with ozaki_gpu.same_b():
-        for r0, r1 in ((0, 20), (20, 37)):
-            ozaki_gpu.gemm(1.0, a[r0:r1], b, strips[r0:r1], backend=backend)
-    assert len(transposes) == 1
-    np.testing.assert_array_equal(strips, full)
 
 
 def test_moduli_asked_reach_the_products_and_the_plans(rng, ozaki_gpu, monkeypatch):
