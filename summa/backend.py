@@ -15,7 +15,8 @@ import numpy as np
 
 __all__ = ["Backend", "NumpyBackend", "CupyBackend", "get_backend", "cupy_available",
            "DTYPES", "resolve_dtype", "gemm_library", "GEMM_LIBRARIES", "compute_priority",
-           "transpose_a_setting", "cublaslt_path"]
+           "transpose_a_setting", "cublaslt_path",
+           "int8_library", "INT8_LIBRARIES"]
 
 #: GPU GEMM implementations: cuBLAS's gemmEx (its heuristic's first algorithm), or
 #: cuBLASLt with the fastest of several algorithms timed per shape (summa/lt.py).
@@ -34,6 +35,37 @@ def gemm_library() -> str:
     if name == "cublaslt":
         cublaslt_path()
     return name
+
+
+#: ``SUMMA_INT8_GEMM``'s values: "auto" (the default) sends products of at
+#: least :data:`INT8_LT_MACS` multiply-adds through cuBLASLt's fastest
+#: algorithm for their shape (timed once in bursts, remembered:
+#: :meth:`summa.lt.LtGemm.int8_tn`), the rest through ``cublasGemmEx``;
+#: "gemmex" all through gemmEx; "cublaslt" all from 2**30 on through
+#: cuBLASLt, "cublaslt:I" through its heuristic's I-th algorithm.
+INT8_LIBRARIES = ("auto", "gemmex", "cublaslt", "cublaslt:I")
+#: Where "auto" starts timing cuBLASLt: a 32768 x 32768 x 32768 product ran
+#: 1.29x gemmEx's rate through it (s15a, s16a); out-of-core tiles of 2**41.4
+#: gained nothing (its choice there was gemmEx's own, s16a), so smaller ones
+#: skip the timing (~1.3 s a shape, once).
+INT8_LT_MACS = 1 << 42
+
+
+def int8_library(macs: int) -> tuple[str, int | None]:
+    """``(library, index)`` for an INT8 product of `macs` multiply-adds under
+    ``SUMMA_INT8_GEMM`` (:data:`INT8_LIBRARIES`): "gemmex" or "cublaslt",
+    with cuBLASLt's heuristic's index asked or None (its timed fastest);
+    one clear ValueError for any other setting. Products under 2**30 stay on
+    gemmEx whatever is asked (microseconds each: no timing pays)."""
+    asked = os.environ.get("SUMMA_INT8_GEMM", "").strip().lower() or "auto"
+    name, _, index = asked.partition(":")
+    if not (name in ("auto", "gemmex") and not _ or name == "cublaslt"
+            and (not _ or index.isdigit())):
+        raise ValueError(f"SUMMA_INT8_GEMM must be one of {', '.join(INT8_LIBRARIES)} "
+                         f"(I a number), got {asked!r}")
+    if name == "gemmex" or macs < (INT8_LT_MACS if name == "auto" else 1 << 30):
+        return "gemmex", None
+    return "cublaslt", int(index) if index else None
 
 
 def cublaslt_path() -> str | None:
@@ -442,9 +474,14 @@ class CupyBackend(Backend):
         if 0 in (m, n):
             return
         if precision == "fp64-int8":  # float64 from INT8 tensor cores
-            from . import ozaki_gpu
-            ozaki_gpu.gemm(alpha, a, b, c, beta, backend=self)
-            return
+            from . import ozaki, ozaki_gpu
+            if k >= ozaki.K_NATIVE:
+                ozaki_gpu.gemm(alpha, a, b, c, beta, backend=self)
+                return
+            # a short sum (an edge panel): native float64 is faster and
+            # within the gauge, where the scaling's rounding is not
+            ozaki_gpu.refuse_not_finite(a, b)
+            precision = None
         if k == 0:
             if beta != 1:
                 c *= beta
@@ -502,16 +539,11 @@ class CupyBackend(Backend):
         from cupy_backends.cuda.libs import cublas
         m, k = a8.shape
         n = bt8.shape[0]
-        lt = os.environ.get("SUMMA_INT8_GEMM", "").strip().lower()
-        if lt.startswith("cublaslt") and m * n * k >= 1 << 30:
-            # cuBLASLt's fastest algorithm for the shape, or with "cublaslt:I"
-            # its heuristic's I-th, instead of gemmEx's (int8_lt_probe.py
-            # measures them); off until it wins; small products stay on
-            # gemmEx (the GPU test of a 5 x 3 x 1 one failed through it, s15f)
+        library, index = int8_library(m * n * k)
+        if library == "cublaslt":
             if self._int8_lt is None:
                 from .lt import LtGemm
                 self._int8_lt = self._lt or LtGemm(self.xp, cublaslt_path())
-            index = int(lt.split(":", 1)[1]) if ":" in lt else None
             self._int8_lt.int8_tn(n, m, k, bt8.data.ptr, a8.data.ptr, out.data.ptr,
                                   accumulate, self.xp.cuda.get_current_stream().ptr, index)
             return
@@ -673,6 +705,7 @@ def get_backend(name: str = "auto", local_rank: int = 0) -> Backend:
     if name not in ("auto", "numpy", "cupy"):
         raise ValueError(f"unknown backend {name!r}; choose auto, numpy or cupy")
     library = gemm_library()  # bad settings are errors on CPU machines too
+    int8_library(0)
     priority = compute_priority()
     transpose_a_setting()
     if name == "auto":

@@ -51,7 +51,7 @@ import math
 
 import numpy as np
 
-__all__ = ["MODULI", "BITS", "SLACK", "budgets", "bits_for", "moduli_for", "default_moduli",
+__all__ = ["MODULI", "BITS", "SLACK", "K_EXACT", "K_NATIVE", "budgets", "bits_for", "moduli_for", "default_moduli",
            "choose", "scale", "norms", "exponents", "operands", "residues", "integer_product",
            "crt_weights", "fold", "finish", "reconstruct", "gemm_int8", "error_bound"]
 
@@ -66,6 +66,16 @@ MODULI = (256, 255, 253, 251, 247, 241, 239, 233, 229, 227, 223, 217, 211, 199, 
 #: Longest inner dimension one int32 accumulation of int8 products holds
 #: exactly (K * 128 * 128 < 2**31). Module-level so tests can lower it.
 K_EXACT = (2**31 - 1) // (128 * 128)
+
+
+#: Shortest inner dimension whose fp64-int8 products go through INT8 GEMMs;
+#: shorter ones (an edge panel) run native float64: the scaling rounds each
+#: entry to ``2**-(BITS - SLACK)`` of its row's largest, which a sum of K
+#: terms' ``(K + 2) eps`` gauge covers only from K = 14 on (a 5 x 3 x 1
+#: product measured 1.07 of it), and below ~32 terms the residue planes and
+#: folds (15 passes over memory) cost more than native float64's products,
+#: on an RTX 3090's slow float64 too.
+K_NATIVE = 32
 
 
 #: Bits each row of A and column of B keeps by default: float64's accuracy,

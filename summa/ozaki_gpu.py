@@ -28,7 +28,7 @@ import numpy as np
 
 from . import ozaki
 
-__all__ = ["gemm", "moduli_for", "check_moduli", "asked_moduli", "phase_seconds", "same_b",
+__all__ = ["gemm", "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli", "phase_seconds", "same_b",
            "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
 
 #: Integer products folded per pass (each pass reads the two sums once);
@@ -163,15 +163,29 @@ def _exponents(x, axis: int, bits: int, cap: float):
     :func:`checked_later` at its end)."""
     import cupy
     amax = _kernel("amax")(x, axis=axis)  # Inf where a row holds Inf or NaN
-    bad = cupy.isinf(amax).any()
-    if _pending is not None:
-        _pending.append(bad)
-    elif bool(bad):
-        raise ValueError(NOT_FINITE)
+    _refuse(cupy.isinf(amax).any())
     _, ex = cupy.frexp(amax)
     shift = -ex.reshape((-1, 1) if axis == 1 else (1, -1))
     norm = _kernel("norm")(x, shift, axis=axis)
     return ozaki.exponents(amax, bits, cupy, norm, cap)
+
+
+def _refuse(bad) -> None:
+    """Raise :data:`NOT_FINITE` where the device's flag `bad` is set, or
+    inside :func:`checked_later` keep the flag for its end."""
+    if _pending is not None:
+        _pending.append(bad)
+    elif bool(bad):
+        raise ValueError(NOT_FINITE)
+
+
+def refuse_not_finite(a, b) -> None:
+    """The Inf/NaN refusal of :func:`gemm` for a product made otherwise (a
+    short sum in native float64, :data:`summa.ozaki.K_NATIVE`): the same
+    error, at once or at :func:`checked_later`'s end."""
+    import cupy
+    parts = [p for x in (a, b) for p in ((x.real, x.imag) if x.dtype.kind == "c" else (x,))]
+    _refuse(cupy.isinf(cupy.stack([_kernel("amax")(p, axis=None) for p in parts])).any())
 
 
 class _Checks:

@@ -49,6 +49,31 @@ def test_gemm_library_is_checked_on_every_machine(monkeypatch):
         get_backend("numpy")
 
 
+def test_int8_library_takes_cublaslt_for_large_products_unless_told(monkeypatch):
+    """SUMMA_INT8_GEMM: by default ("auto") cuBLASLt's timed choice from
+    INT8_LT_MACS multiply-adds on, gemmEx below; "gemmex" always gemmEx;
+    "cublaslt[:I]" from 2**30 on; anything else one clear error, on CPU
+    machines too (get_backend)."""
+    from summa.backend import INT8_LT_MACS, int8_library
+    monkeypatch.delenv("SUMMA_INT8_GEMM", raising=False)
+    assert int8_library(INT8_LT_MACS) == ("cublaslt", None)
+    assert int8_library(INT8_LT_MACS - 1) == ("gemmex", None)
+    monkeypatch.setenv("SUMMA_INT8_GEMM", " Auto ")
+    assert int8_library(1 << 45) == ("cublaslt", None)
+    monkeypatch.setenv("SUMMA_INT8_GEMM", "gemmex")
+    assert int8_library(1 << 45) == ("gemmex", None)
+    monkeypatch.setenv("SUMMA_INT8_GEMM", "cublaslt")
+    assert int8_library(1 << 30) == ("cublaslt", None)
+    assert int8_library((1 << 30) - 1) == ("gemmex", None)
+    monkeypatch.setenv("SUMMA_INT8_GEMM", "cublaslt:3")
+    assert int8_library(1 << 31) == ("cublaslt", 3)
+    for bad in ("cublas", "cublaslt:", "cublaslt:x", "auto:1", "gemmex:2"):
+        monkeypatch.setenv("SUMMA_INT8_GEMM", bad)
+        with pytest.raises(ValueError, match="SUMMA_INT8_GEMM must be one of auto, gemmex, "
+                                             "cublaslt, cublaslt:I"):
+            get_backend("numpy")
+
+
 def test_chosen_cublaslt_file_must_exist(monkeypatch, tmp_path):
     from summa.backend import gemm_library
     monkeypatch.setenv("SUMMA_GEMM", "cublaslt")

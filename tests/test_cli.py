@@ -193,17 +193,20 @@ def test_user_error_is_one_line_and_exit_2(args, match):
 
 
 @pytest.mark.parametrize("entry", ["bench", "multiply"])
-def test_bad_gemm_library_is_one_line_and_exit_2(entry, tmp_path):
+@pytest.mark.parametrize("setting,message", [
+    ("SUMMA_GEMM=cublasxt", "SUMMA_GEMM='cublasxt' is not one of cublas, cublaslt"),
+    ("SUMMA_INT8_GEMM=cublas", "SUMMA_INT8_GEMM must be one of auto, gemmex, cublaslt")])
+def test_bad_gemm_library_is_one_line_and_exit_2(entry, tmp_path, setting, message):
     command = ["bench", "--size", "16"]
     if entry == "multiply":
         for name in ("a", "b"):
             np.save(tmp_path / f"{name}.npy", np.ones((4, 4)))
         command = ["multiply", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"), "-o",
                    str(tmp_path / "c.npy")]
-    p = job(2, *command, env={"SUMMA_GEMM": "cublasxt"})
+    p = job(2, *command, env=dict([setting.split("=")]))
     assert p.returncode == 2, p.stderr
     lines = [line for line in p.stderr.splitlines() if "summa" in line or "Traceback" in line]
-    assert len(lines) == 1 and "SUMMA_GEMM='cublasxt' is not one of cublas, cublaslt" in lines[0]
+    assert len(lines) == 1 and message in lines[0]
     assert not (tmp_path / "c.npy").exists()
 
 

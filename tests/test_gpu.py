@@ -598,6 +598,31 @@ def test_complex128_on_int8_tensor_cores(comm, rng, gpu):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("k", [1, 13, 31, 32])
+def test_fp64_int8_short_sums_run_native_within_the_gauge_and_refuse_inf(comm, rng, gpu, k):
+    """Below K_NATIVE terms the backend's fp64-int8 product is native
+    float64's (within the gauge, where the scaling's rounding is not); from
+    it on the INT8 one; Inf refused either way."""
+    from summa import ozaki, ozaki_gpu
+    _, backend = gpu
+    cp = backend.xp
+    a, b = rng.uniform(-1, 1, (70, k)), rng.uniform(-1, 1, (k, 45))
+    c0 = rng.uniform(-1, 1, (70, 45))
+    dc = cp.asarray(c0)
+    backend.gemm(1.5, cp.asarray(a), cp.asarray(b), dc, beta=0.5, precision="fp64-int8")
+    assert gemm_scaled_error(cp.asnumpy(dc), a, b, c0, 1.5, 0.5) <= 1
+    native = cp.asarray(c0)
+    backend.gemm(1.5, cp.asarray(a), cp.asarray(b), native, beta=0.5)
+    assert bool((dc == native).all()) == (k < ozaki.K_NATIVE)
+    b[0, 3] = np.inf
+    with pytest.raises(ValueError, match="finite inputs"):
+        backend.gemm(1.0, cp.asarray(a), cp.asarray(b), dc, beta=0.0, precision="fp64-int8")
+    with ozaki_gpu.checked_later() as checks:
+        backend.gemm(1.0, cp.asarray(a), cp.asarray(b), dc, beta=0.0, precision="fp64-int8")
+    assert not checks.finite()
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("planes", ["1", "2", "3"])
 def test_fp64_int8_folds_in_groups_of_any_size_give_the_same_product(comm, rng, gpu, monkeypatch,
                                                                      planes):
@@ -694,7 +719,7 @@ def test_cublaslt_int8_products_are_gemmex_bits_on_large_shapes(comm, gpu, monke
     a8 = cp.random.randint(-128, 128, (m, k), dtype=cp.int8)
     bt8 = cp.random.randint(-128, 128, (n, k), dtype=cp.int8)
     want = cp.empty((m, n), dtype=cp.int32)
-    monkeypatch.delenv("SUMMA_INT8_GEMM", raising=False)
+    monkeypatch.setenv("SUMMA_INT8_GEMM", "gemmex")
     backend.int8_gemm_tn(a8, bt8, want)
     monkeypatch.setenv("SUMMA_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("SUMMA_INT8_GEMM", "cublaslt" + ("" if index is None else f":{index}"))

@@ -130,6 +130,25 @@ def test_inputs_checked_later_say_so_once_at_the_end(rng, ozaki_gpu):
         ozaki_gpu.gemm(1.0, a, bad, c, backend=backend)
 
 
+def test_short_sums_made_natively_refuse_inf_and_nan_as_the_products_do(rng, ozaki_gpu):
+    """refuse_not_finite: the refusal of a product the backend makes in native
+    float64 (K below K_NATIVE): the same error at once, or kept inside
+    checked_later; finite and empty operands, complex ones too, pass."""
+    a, b = rng.uniform(-1, 1, (6, 5)), rng.uniform(-1, 1, (5, 4))
+    ozaki_gpu.refuse_not_finite(a, b)
+    ozaki_gpu.refuse_not_finite(a[:, :0], b[:0])
+    ozaki_gpu.refuse_not_finite(a + 1j * a, b)
+    for bad in (np.inf, -np.inf, np.nan):
+        for which in range(2):
+            x, y = a.copy(), (b + 1j * b) if which else b.copy()
+            (y if which else x)[2, 3] = bad if not which else complex(0, bad)
+            with pytest.raises(ValueError, match="finite inputs"):
+                ozaki_gpu.refuse_not_finite(x, y)
+            with ozaki_gpu.checked_later() as checks:
+                ozaki_gpu.refuse_not_finite(x, y)
+            assert not checks.finite()
+
+
 def test_moduli_asked_reach_the_products_and_the_plans(rng, ozaki_gpu, monkeypatch):
     """summa.matmul/gemm(..., moduli=L): inside, every product takes L moduli
     and plans count their scratch so; before and after, the default; bad

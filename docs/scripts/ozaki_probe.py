@@ -186,26 +186,34 @@ def main() -> int:
                     break  # it emulated: no second try
             del a, b, ref, gauge, c, best
             cp.get_default_memory_pool().free_all_blocks()
-    lt = getattr(backend, "_int8_lt", None)  # SUMMA_INT8_GEMM=cublaslt: what it chose
-    if lt is not None and lt.choices:
-        emit({"what": "cuBLASLt INT8 choices",
-              "choices": {" ".join(map(str, key)): v for key, v in lt.choices.items()}})
     for shape in filter(None, args.shapes.split(",")):
         m, n, k = map(int, shape.lower().split("x"))
         a = cp.random.random((m, k)) * 2 - 1
         b = cp.random.random((k, n)) * 2 - 1
         c = cp.empty((m, n))
         native = 2 * m * n * k / _best(lambda: cp.matmul(a, b, out=c), args.repeat) / 1e12
-        sec = _best(lambda: ozaki_gpu.gemm(1.0, a, b, c, backend=backend), args.repeat)
-        marks = []
-        ozaki_gpu.gemm(1.0, a, b, c, backend=backend, marks=marks)
-        cp.cuda.Device().synchronize()
-        emit({"what": f"fp64-int8 {m}x{n}x{k}", "n": k, "seconds": sec,
-              "tflops": 2 * m * n * k / sec / 1e12, "moduli": ozaki_gpu.moduli_for(k),
-              "vs_native": 2 * m * n * k / sec / 1e12 / native,
-              "phases": ozaki_gpu.phase_seconds(marks)})
+        for setting in [""] + [v for v in args.variants.split(";") if v]:
+            saved = dict(os.environ)
+            os.environ.update(dict(kv.split("=", 1) for kv in setting.split(",") if kv))
+            try:
+                sec = _best(lambda: ozaki_gpu.gemm(1.0, a, b, c, backend=backend), args.repeat)
+                marks = []
+                ozaki_gpu.gemm(1.0, a, b, c, backend=backend, marks=marks)
+                cp.cuda.Device().synchronize()
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
+            emit({"what": f"fp64-int8 {m}x{n}x{k}" + (f" [{setting}]" if setting else ""),
+                  "n": k, "seconds": sec, "tflops": 2 * m * n * k / sec / 1e12,
+                  "moduli": ozaki_gpu.moduli_for(k),
+                  "vs_native": 2 * m * n * k / sec / 1e12 / native,
+                  "phases": ozaki_gpu.phase_seconds(marks)})
         del a, b, c
         cp.get_default_memory_pool().free_all_blocks()
+    lt = getattr(backend, "_int8_lt", None)  # cuBLASLt's INT8 choices, timed here
+    if lt is not None and lt.choices:
+        emit({"what": "cuBLASLt INT8 choices",
+              "choices": {" ".join(map(str, key)): v for key, v in lt.choices.items()}})
     if args.json:
         with open(args.json, "a") as f:
             for r in rows:
