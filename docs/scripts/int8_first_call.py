@@ -31,9 +31,6 @@ def one_process(n: int, free: str | None) -> list[dict]:
     from seed_case import _loop, hold_all_but
     import summa
     from summa.plan import parse_bytes
-    if free:
-        hold_all_but(parse_bytes(free), 1)
-    room = cp.cuda.runtime.memGetInfo()[0]
 
     def host(seed):  # pageable, as the user holds it (made on the GPU: fast)
         x = np.empty((n, n))
@@ -41,6 +38,9 @@ def one_process(n: int, free: str | None) -> list[dict]:
         cp.get_default_memory_pool().free_all_blocks()
         return x
     a, b = host(1), host(2)
+    if free:  # after the data is made: its making needs more
+        hold_all_but(parse_bytes(free), 1)
+    room = cp.cuda.runtime.memGetInfo()[0]
     rows = []
 
     def timed(what, fn):
