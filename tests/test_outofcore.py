@@ -661,3 +661,15 @@ def test_fp64_int8_cuts_c_both_ways_to_upload_least(budget_gib):
     plan = memory_plan(ml, nl, k, "float64", (1, 1), 16384, 1, "cupy", out_of_core=True,
                        device_budget=budget * 8, precision="fp64-int8")
     assert plan.tiles == (rows, cols) and plan.device_bytes <= budget * 8
+
+
+def test_fp64_int8_never_streams_c_as_one_tile_where_it_has_rows_to_cut():
+    """A tile's first panel goes up whole before its first fp64-int8 product:
+    where all of C would fit one tile, fp64-int8 still cuts it in two rows of
+    tiles (the least upload beyond one tile), native precisions take one;
+    a C of one row stays one tile."""
+    from summa import plan as planner
+    budget = parse_bytes("200GiB") // 8
+    assert planner._ooc_tiles(32768, 32768, 16384, 3, budget, emulated=0) == (1, 1)
+    assert planner._ooc_tiles(32768, 32768, 16384, 3, budget, emulated=1) == (2, 1)
+    assert planner._ooc_tiles(1, 32768, 16384, 3, budget, emulated=1) == (1, 1)
