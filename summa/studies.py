@@ -53,7 +53,8 @@ def run_model(args, comm: MPI.Comm, out) -> int:
     if args.profile is None:
         args.profile = shipped_profile()
         print(f"model: no --profile given; using the profile shipped with summa ({args.profile}:"
-              " 2 H200s with NVLink, measured by summa calibrate); calibrate this machine for "
+              " 2 H200s with NVLink, measured by summa calibrate, its fp64-int8 products of 2**42"
+              " and more by ozaki_probe.py); calibrate this machine for "
               "its own", file=out)
     profile = Profile.load(args.profile)
     size = args.size or 16384
