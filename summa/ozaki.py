@@ -51,9 +51,10 @@ import math
 
 import numpy as np
 
-__all__ = ["MODULI", "BITS", "SLACK", "K_EXACT", "K_NATIVE", "budgets", "bits_for", "moduli_for", "default_moduli",
-           "choose", "scale", "norms", "exponents", "operands", "residues", "integer_product",
-           "crt_weights", "fold", "finish", "reconstruct", "gemm_int8", "error_bound"]
+__all__ = ["MODULI", "BITS", "SLACK", "K_EXACT", "K_NATIVE", "budgets", "bits_for", "moduli_for",
+           "default_moduli", "choose", "scale", "norms", "exponents", "operands", "residues",
+           "integer_product", "crt_weights", "fold", "finish", "reconstruct", "gemm_int8",
+           "error_bound"]
 
 #: The refusal of inputs that hold Inf or NaN.
 NOT_FINITE = "precision fp64-int8 needs finite inputs: A or B holds Inf or NaN"
@@ -73,8 +74,8 @@ K_EXACT = (2**31 - 1) // (128 * 128)
 #: entry to ``2**-(BITS - SLACK)`` of its row's largest, which a sum of K
 #: terms' ``(K + 2) eps`` gauge covers only from K = 14 on (a 5 x 3 x 1
 #: product measured 1.07 of it), and below ~32 terms the residue planes and
-#: folds (15 passes over memory) cost more than native float64's products,
-#: on an RTX 3090's slow float64 too.
+#: folds (15 passes over memory) cost more than native float64's products
+#: (by their bytes against its flops, on an RTX 3090's slow float64 too).
 K_NATIVE = 32
 
 

@@ -28,8 +28,8 @@ import numpy as np
 
 from . import ozaki
 
-__all__ = ["gemm", "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli", "phase_seconds", "same_b",
-           "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
+__all__ = ["gemm", "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli",
+           "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
 
 #: Integer products folded per pass (each pass reads the two sums once);
 #: ``SUMMA_FP64_INT8_PLANES`` overrides.
