@@ -531,10 +531,11 @@ class CupyBackend(Backend):
 
     def int8_gemm_tn(self, a8, bt8, out, accumulate: bool = False) -> None:
         """``out = a8 @ bt8.T`` (``+=`` with `accumulate`), int8 in, int32
-        out, exactly (K at most :data:`summa.ozaki.K_EXACT`): ``cublasGemmEx``
-        8I x 8I -> 32I, compute 32I. Only this "TN" form (both operands with
-        K contiguous) reaches the fast kernels on Hopper (1.3-1.5 POPS
-        against ~130 TOPS, DESIGN.md). All three C-contiguous; K and the
+        out, exactly (K at most :data:`summa.ozaki.K_EXACT`), 8I x 8I -> 32I,
+        compute 32I: through ``cublasGemmEx``, or for large products cuBLASLt's
+        fastest algorithm (:func:`int8_library`). Only this "TN" form (both
+        operands with K contiguous) reaches the fast kernels on Hopper (1.0-1.3
+        POPS against ~130 TOPS, DESIGN.md). All three C-contiguous; K and the
         columns of `out` multiples of 4."""
         from cupy_backends.cuda.libs import cublas
         m, k = a8.shape

@@ -1,5 +1,5 @@
 """Ozaki scheme II on the GPU: :mod:`summa.ozaki`'s steps fused into CuPy
-kernels, the residue products on cuBLAS's INT8 tensor cores.
+kernels, the residue products on the INT8 tensor cores (cuBLAS, cuBLASLt).
 
 ``gemm(alpha, a, b, c, beta)`` computes ``c = alpha a @ b + beta c`` for
 float64 CuPy arrays (complex128 from four real products):
@@ -10,8 +10,9 @@ float64 CuPy arrays (complex128 from four real products):
 2. one kernel reads A once and writes its residues for every modulus (int8
    planes, K contiguous and padded to 4); B is transposed first (cuBLAS
    geam) so its planes are K-contiguous too, as the fast INT8 kernels need;
-3. per modulus one INT8 GEMM (``cublasGemmEx`` "TN", int32), its product
-   folded into two float64 sums per element a few planes at a time;
+3. per modulus one INT8 GEMM ("TN", int32: cuBLASLt's fastest algorithm for
+   large products, else ``cublasGemmEx``; :func:`summa.backend.int8_library`),
+   its product folded into two float64 sums per element a few planes at a time;
 4. the last fold turns the sums into the result, scaled and accumulated
    (a kernel of its own where C's rows are not contiguous).
 
