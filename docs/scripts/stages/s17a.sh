@@ -1,6 +1,6 @@
 # STAGE=s17a docs/scripts/gpu_session.sh
 # After session 16's changes (cuBLASLt INT8 by default, K < 32 native, fp64-int8's C never one
-# tile): every GPU test (tests/test_gpu.py, and the MPI files on one rank); what a fresh
+# tile): every GPU test of tests/test_gpu.py; what a fresh
 # process's first fp64-int8 product costs (first_product_probe.py: CuPy's compilation with an
 # empty kernel cache and with it kept); bench in memory and out of core as the check of the
 # default's rate
