@@ -29,9 +29,8 @@ CANDIDATES = 8
 TUNE_ELEMENTS = 1 << 26
 #: INT8 candidates timed on the product's whole shape (the heuristic's first few).
 INT8_CANDIDATES = 6
-#: Milliseconds each INT8 candidate runs back to back when timed
-#: (``SUMMA_INT8_LT_BURST_MS`` overrides; 0: one run): single runs ranked
-#: them otherwise than the products ran (out-of-core tiles 55.9 TFLOP/s
+#: Milliseconds each INT8 candidate runs back to back when timed: single
+#: runs ranked them otherwise than the products ran (out-of-core tiles 55.9 TFLOP/s
 #: against gemmEx's 59.5, s15i); 200 ms bursts chose what ran best in memory
 #: and out of core (s16a).
 INT8_BURST_MS = 200.0
@@ -195,7 +194,7 @@ class LtGemm:
         heuristic's `index`-th."""
         aligns = {"a": _alignment(a_ptr), "b": _alignment(b_ptr), "c": _alignment(c_ptr),
                   "d": _alignment(c_ptr)}
-        burst = float(os.environ.get("SUMMA_INT8_LT_BURST_MS") or INT8_BURST_MS)  # _fastest
+        burst = INT8_BURST_MS  # in the key: choices timed otherwise are not taken
         key = ("int8 TN", m, n, k, tuple(aligns.values()), index, burst)
         plan = self._plans.get(key)
         if plan is None:
