@@ -624,17 +624,15 @@ def test_fp64_int8_short_sums_run_native_within_the_gauge_and_refuse_inf(comm, r
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("planes", ["1", "2", "3"])
-def test_fp64_int8_folds_in_groups_of_any_size_give_the_same_product(comm, rng, gpu, monkeypatch,
-                                                                     planes):
+def test_fp64_int8_folds_in_groups_of_any_size_give_the_same_product(comm, rng, gpu, planes):
     """Folds of the integer products in groups of any size: the same product
     as the CPU's."""
     from summa import ozaki, ozaki_gpu
-    monkeypatch.setenv("SUMMA_FP64_INT8_PLANES", planes)
     _, backend = gpu
     cp = backend.xp
     a, b = rng.uniform(-1, 1, (257, 300)), rng.standard_normal((300, 130))
     dc = cp.empty((257, 130))
-    ozaki_gpu.gemm(1.0, cp.asarray(a), cp.asarray(b), dc, backend=backend)
+    ozaki_gpu.gemm(1.0, cp.asarray(a), cp.asarray(b), dc, backend=backend, planes=int(planes))
     want = ozaki.gemm_int8(a, b)
     assert np.all(np.abs(cp.asnumpy(dc) - want) <= 2 * np.spacing(np.abs(want)))
 

@@ -25,12 +25,11 @@ def _close(got, want):
 
 
 @pytest.mark.parametrize("planes", ["1", "3", "4", "16"])
-def test_every_grouping_of_the_folds_gives_the_cpu_product(rng, ozaki_gpu, monkeypatch, planes):
-    monkeypatch.setenv("SUMMA_FP64_INT8_PLANES", planes)
+def test_every_grouping_of_the_folds_gives_the_cpu_product(rng, ozaki_gpu, planes):
     backend = fake_cupy_kernels.Backend()
     a, b = rng.uniform(-1, 1, (37, 61)), rng.standard_normal((61, 23))  # K, N not multiples of 4
     c = np.empty((37, 23))
-    ozaki_gpu.gemm(1.0, a, b, c, backend=backend)
+    ozaki_gpu.gemm(1.0, a, b, c, backend=backend, planes=int(planes))
     count = ozaki.default_moduli(ozaki.BITS, 61)
     assert backend.gemms == count and _close(c, ozaki.gemm_int8(a, b))
     launches = {name: ozaki_gpu._kernels[name].launches if name in ozaki_gpu._kernels else 0
@@ -41,14 +40,12 @@ def test_every_grouping_of_the_folds_gives_the_cpu_product(rng, ozaki_gpu, monke
 
 
 @pytest.mark.parametrize("planes", ["4", "16"])
-def test_a_product_into_columns_apart_ends_in_the_finish_pass(rng, ozaki_gpu, monkeypatch,
-                                                               planes):
-    monkeypatch.setenv("SUMMA_FP64_INT8_PLANES", planes)
+def test_a_product_into_columns_apart_ends_in_the_finish_pass(rng, ozaki_gpu, planes):
     backend = fake_cupy_kernels.Backend()
     a, b = rng.uniform(-1, 1, (21, 30)), rng.standard_normal((30, 17))
     whole = rng.uniform(-1, 1, (17, 21)).T  # C's columns contiguous, not its rows
     c0 = whole.copy()
-    ozaki_gpu.gemm(2.0, a, b, whole, beta=-1.0, backend=backend)
+    ozaki_gpu.gemm(2.0, a, b, whole, beta=-1.0, backend=backend, planes=int(planes))
     assert _close(whole, 2.0 * ozaki.gemm_int8(a, b) - c0)
     assert "fold_finish" not in ozaki_gpu._kernels and "finish" in ozaki_gpu._kernels
 

@@ -86,7 +86,7 @@ def main() -> int:
     p.add_argument("--moduli", default="auto,14,12", help="moduli counts (auto: summa's default)")
     p.add_argument("--variants", default="",
                    help="extra runs of the default moduli under settings, e.g. "
-                        "'SUMMA_FP64_INT8_PLANES=8;SUMMA_INT8_GEMM=cublaslt' (split by ;)")
+                        "'SUMMA_INT8_GEMM=gemmex;SUMMA_INT8_GEMM=cublaslt' (split by ;)")
     p.add_argument("--shapes", default="",
                    help="also the bare product on these MxNxK shapes (e.g. an out-of-core "
                         "tile's panel product 10923x32768x4096), phases and native rate")
