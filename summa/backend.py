@@ -707,6 +707,8 @@ def get_backend(name: str = "auto", local_rank: int = 0) -> Backend:
         raise ValueError(f"unknown backend {name!r}; choose auto, numpy or cupy")
     library = gemm_library()  # bad settings are errors on CPU machines too
     int8_library(0)
+    from .ozaki_gpu import moduli_setting  # NumPy only until a product runs
+    moduli_setting()
     priority = compute_priority()
     transpose_a_setting()
     if name == "auto":

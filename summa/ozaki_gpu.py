@@ -30,6 +30,7 @@ import numpy as np
 from . import ozaki
 
 __all__ = ["gemm", "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli",
+           "moduli_setting",
            "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
 
 #: Integer products folded per pass (each pass reads the two sums once; 8
@@ -326,12 +327,25 @@ def asked_moduli(moduli: int | None):
             os.environ["SUMMA_FP64_INT8_MODULI"] = saved
 
 
+def moduli_setting() -> int | None:
+    """``SUMMA_FP64_INT8_MODULI`` (set by :func:`asked_moduli`, the CLI's
+    ``--moduli``, or the user) as a count :func:`check_moduli` takes, None
+    where unset; one clear ValueError naming it otherwise (checked by
+    :func:`summa.backend.get_backend`, before any product)."""
+    text = os.environ.get("SUMMA_FP64_INT8_MODULI", "").strip()
+    if not text:
+        return None
+    try:
+        return check_moduli(int(text), "fp64-int8")
+    except ValueError as exc:
+        reason = str(exc) if text.lstrip("+-").isdigit() else "moduli must be an integer"
+        raise ValueError(f"SUMMA_FP64_INT8_MODULI={text!r}: {reason}") from None
+
+
 def _asked(moduli: int | None) -> int | None:
-    """`moduli`, else ``SUMMA_FP64_INT8_MODULI`` (:func:`asked_moduli`, the
-    CLI's ``--moduli``), else None (the default for the product's K)."""
-    if moduli is None and os.environ.get("SUMMA_FP64_INT8_MODULI"):
-        return int(os.environ["SUMMA_FP64_INT8_MODULI"])
-    return moduli
+    """`moduli`, else ``SUMMA_FP64_INT8_MODULI`` (:func:`moduli_setting`),
+    else None (the default for the product's K)."""
+    return moduli_setting() if moduli is None else moduli
 
 
 def moduli_for(k: int, moduli: int | None = None) -> int:
