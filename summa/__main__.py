@@ -19,8 +19,20 @@ import time
 import traceback
 
 EXIT_USAGE = 2
-#: Seconds the ranks wait for each other to confirm a collective error.
-ERROR_GRACE_SECONDS = float(os.environ.get("SUMMA_ERROR_GRACE", "10"))
+#: Seconds the ranks wait for each other to confirm a collective error
+#: (``SUMMA_ERROR_GRACE`` overrides).
+ERROR_GRACE_SECONDS = 10.0
+
+
+def _grace() -> float:
+    """``SUMMA_ERROR_GRACE``, or the default where it is not a number (asked
+    while an error is handled: a bad value must not hide that error;
+    get_backend refuses it on its own)."""
+    from .settings import number
+    try:
+        return number("SUMMA_ERROR_GRACE", ERROR_GRACE_SECONDS)
+    except ValueError:
+        return ERROR_GRACE_SECONDS
 
 
 def _all_ranks_failed(ctl, grace: float) -> bool:
@@ -87,7 +99,7 @@ def main(argv=None) -> int:
             print(f"summa: error: {exc}", file=sys.stderr, flush=True)
         return 1
     except ValueError as exc:
-        if world.Get_size() == 1 or _all_ranks_failed(ctl, ERROR_GRACE_SECONDS):
+        if world.Get_size() == 1 or _all_ranks_failed(ctl, _grace()):
             if world.Get_rank() == 0:
                 print(f"summa: error: {exc}", file=sys.stderr, flush=True)
             return EXIT_USAGE

@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from .settings import check_numbers
+
 __all__ = ["Backend", "NumpyBackend", "CupyBackend", "get_backend", "cupy_available",
            "DTYPES", "resolve_dtype", "gemm_library", "GEMM_LIBRARIES", "compute_priority",
            "transpose_a_setting", "cublaslt_path",
@@ -709,6 +711,7 @@ def get_backend(name: str = "auto", local_rank: int = 0) -> Backend:
     int8_library(0)
     from .ozaki_gpu import moduli_setting  # NumPy only until a product runs
     moduli_setting()
+    check_numbers()
     priority = compute_priority()
     transpose_a_setting()
     if name == "auto":

@@ -25,6 +25,7 @@ from .agree import RankFailure
 from .cleanup import temporary_files
 from .faults import inject
 from .layout import span
+from .settings import number
 from .staging import ranks_on_node, usable_cores
 from .watchdog import watch
 
@@ -110,9 +111,9 @@ def io_threads() -> int:
     process grid said: :func:`summa.staging.ranks_on_node`), at most 16.
     One thread of page faults through a memory map read a disk at a quarter
     of what 8-16 threads of pread did on the H200 machine (issue 23)."""
-    env = os.environ.get("SUMMA_IO_THREADS")
-    if env:
-        return max(1, int(env))
+    asked = number("SUMMA_IO_THREADS", None)
+    if asked is not None:
+        return asked
     # the cores this rank may run on: where the launcher bound it
     return max(1, min(16, usable_cores() // ranks_on_node()))
 

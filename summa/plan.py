@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .settings import number
 from .staging import copy_threads, ring_bytes
 from .strips import check_schedule
 from .tuning import transposes_a
@@ -180,7 +181,7 @@ def upload_lead() -> int:
     room: uploads run that many steps ahead of their GEMMs, so that an upload
     slower than its GEMM for a while (host threads busy) does not stop the
     GPU. ``SUMMA_UPLOAD_LEAD`` overrides."""
-    return max(0, int(os.environ.get("SUMMA_UPLOAD_LEAD", "1")))
+    return number("SUMMA_UPLOAD_LEAD", 1)
 
 
 def _ooc_parts(slots: int, transposed: bool, staged: tuple) -> tuple[int, int]:

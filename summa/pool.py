@@ -35,6 +35,7 @@ import time
 import numpy as np
 
 from . import host, remote
+from .settings import number
 
 __all__ = ["WorkerError", "pool_size", "launched", "matmul", "start", "close"]
 
@@ -141,7 +142,7 @@ class _Pool:
         # Accept with a timeout, so that a job that never connects is noticed
         # (multiprocessing's Listener has no public timeout).
         self._listener._listener._socket.settimeout(0.2)
-        deadline = time.monotonic() + float(os.environ.get("SUMMA_POOL_START", "120"))
+        deadline = time.monotonic() + number("SUMMA_POOL_START", 120.0)
         while len(self.conns) < self.size:
             try:
                 conn = self._listener.accept()

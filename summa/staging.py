@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from . import filemaps, remote
+from .settings import number
 from .watchdog import watch
 
 __all__ = ["Stager", "Transfer", "get_stager", "stager_for", "set_ranks_on_node", "ranks_on_node",
@@ -86,9 +87,9 @@ def copy_threads(ranks_on_node: int = 1) -> int:
     :data:`MAX_COPY_THREADS`; the other quarter is for the touch of a fresh
     result (:data:`TOUCH_SHARE`), the dispatchers and the thread queueing
     the GEMMs. ``SUMMA_COPY_THREADS`` overrides."""
-    env = os.environ.get("SUMMA_COPY_THREADS")
-    if env:
-        return max(1, int(env))
+    asked = number("SUMMA_COPY_THREADS", None)
+    if asked is not None:
+        return asked
     return max(1, min(MAX_COPY_THREADS, usable_cores() * 3 // 4 // max(1, ranks_on_node)))
 
 

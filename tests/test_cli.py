@@ -196,7 +196,8 @@ def test_user_error_is_one_line_and_exit_2(args, match):
 @pytest.mark.parametrize("setting,message", [
     ("SUMMA_GEMM=cublasxt", "SUMMA_GEMM='cublasxt' is not one of cublas, cublaslt"),
     ("SUMMA_INT8_GEMM=cublas", "SUMMA_INT8_GEMM must be one of auto, gemmex, cublaslt"),
-    ("SUMMA_FP64_INT8_MODULI=many", "SUMMA_FP64_INT8_MODULI='many': moduli must be an integer")])
+    ("SUMMA_FP64_INT8_MODULI=many", "SUMMA_FP64_INT8_MODULI='many': moduli must be an integer"),
+    ("SUMMA_COPY_THREADS=lots", "SUMMA_COPY_THREADS must be an integer, got 'lots'")])
 def test_bad_gemm_library_is_one_line_and_exit_2(entry, tmp_path, setting, message):
     command = ["bench", "--size", "16"]
     if entry == "multiply":
