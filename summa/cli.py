@@ -515,6 +515,14 @@ def _print_prediction(args, shape, grid, precision, plan, out) -> None:
                "0.86-0.99 of in-memory on one H200)")
     print(f"  predicted by the model: {pred.seconds:.2f} s, {pred.tflops:.1f} TFLOP/s{where}{ooc}",
           file=out)
+    if precision == "fp64-int8":  # is it worth it here? native float64 by the same profile
+        try:
+            native = predict(profile, *shape, args.dtype, grid, args.nb, lookahead=args.lookahead)
+        except (ValueError, KeyError):
+            return
+        print(f"  native {args.dtype} by the same profile: {native.seconds:.2f} s, "
+              f"{native.tflops:.1f} TFLOP/s ({native.seconds / pred.seconds:.2f}x fp64-int8's time)",
+              file=out)
 
 
 def _run_study(args, comm: MPI.Comm, out) -> int:

@@ -608,6 +608,9 @@ def test_plan_of_fp64_int8_counts_its_scratch_and_predicts_from_int8_rates():
     t_native, t_emulated = (float(re.search(r"predicted by the model: ([\d.]+) s",
                                             x.getvalue()).group(1)) for x in (native, emulated))
     assert t_emulated < t_native / 5  # the card's INT8 rate: 24 s against 466
+    # the fp64-int8 plan names the native time beside its own: the native plan's
+    beside = re.search(r"native float64 by the same profile: ([\d.]+) s", emulated.getvalue())
+    assert beside and float(beside.group(1)) == t_native
     # out of core, the screen says what each precision kept of in-memory's rate
     assert "host link keeps up" in native.getvalue()
     assert "fp64-int8 measured 0.77 of in-memory" in emulated.getvalue()
