@@ -53,12 +53,14 @@ INT8_LIBRARIES = ("auto", "gemmex", "cublaslt", "cublaslt:I")
 INT8_LT_MACS = 1 << 42
 
 
-def int8_library(macs: int) -> tuple[str, int | None]:
-    """``(library, index)`` for an INT8 product of `macs` multiply-adds under
-    ``SUMMA_INT8_GEMM`` (:data:`INT8_LIBRARIES`): "gemmex" or "cublaslt",
-    with cuBLASLt's heuristic's index asked or None (its timed fastest);
-    one clear ValueError for any other setting. Products under 2**30 stay on
-    gemmEx whatever is asked (microseconds each: no timing pays)."""
+def int8_library(macs: int) -> tuple[str, int | None, bool]:
+    """``(library, index, asked)`` for an INT8 product of `macs` multiply-adds
+    under ``SUMMA_INT8_GEMM`` (:data:`INT8_LIBRARIES`): "gemmex" or
+    "cublaslt", with cuBLASLt's heuristic's index asked or None (its timed
+    fastest), and whether cuBLASLt was asked by name (else, where it cannot
+    make the product, gemmEx does); one clear ValueError for any other
+    setting. Products under 2**30 stay on gemmEx whatever is asked
+    (microseconds each: no timing pays)."""
     asked = os.environ.get("SUMMA_INT8_GEMM", "").strip().lower() or "auto"
     name, _, index = asked.partition(":")
     if not (name in ("auto", "gemmex") and not _ or name == "cublaslt"
@@ -66,8 +68,8 @@ def int8_library(macs: int) -> tuple[str, int | None]:
         raise ValueError(f"SUMMA_INT8_GEMM must be one of {', '.join(INT8_LIBRARIES)} "
                          f"(I a number), got {asked!r}")
     if name == "gemmex" or macs < (INT8_LT_MACS if name == "auto" else 1 << 30):
-        return "gemmex", None
-    return "cublaslt", int(index) if index else None
+        return "gemmex", None, False
+    return "cublaslt", int(index) if index else None, name == "cublaslt"
 
 
 def cublaslt_path() -> str | None:
@@ -542,14 +544,21 @@ class CupyBackend(Backend):
         from cupy_backends.cuda.libs import cublas
         m, k = a8.shape
         n = bt8.shape[0]
-        library, index = int8_library(m * n * k)
-        if library == "cublaslt":
-            if self._int8_lt is None:
-                from .lt import LtGemm
-                self._int8_lt = self._lt or LtGemm(self.xp, cublaslt_path())
-            self._int8_lt.int8_tn(n, m, k, bt8.data.ptr, a8.data.ptr, out.data.ptr,
-                                  accumulate, self.xp.cuda.get_current_stream().ptr, index)
-            return
+        library, index, asked = int8_library(m * n * k)
+        if library == "cublaslt" and (asked or self._int8_lt is not False):
+            from .lt import LtGemm, Unavailable
+            try:
+                if not self._int8_lt:
+                    self._int8_lt = self._lt or LtGemm(self.xp, cublaslt_path())
+                self._int8_lt.int8_tn(n, m, k, bt8.data.ptr, a8.data.ptr, out.data.ptr,
+                                      accumulate, self.xp.cuda.get_current_stream().ptr, index)
+                return
+            except Unavailable:
+                if asked:
+                    raise
+                if self._int8_lt is None:  # no library: gemmEx from now on
+                    self._int8_lt = False
+                # else no algorithm for this shape (remembered there): gemmEx
         one = np.array(1, dtype=np.int32)
         beta = np.array(1 if accumulate else 0, dtype=np.int32)
         # Row-major out (m x n) is column-major out^T (n x m) = op_T(bt8^T) a8^T:

@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-__all__ = ["LtGemm", "CANDIDATES"]
+__all__ = ["LtGemm", "Unavailable", "CANDIDATES"]
 
 #: Algorithms proposed by the heuristic that are timed per shape.
 CANDIDATES = 8
@@ -36,6 +36,11 @@ INT8_CANDIDATES = 6
 INT8_BURST_MS = 200.0
 #: Workspace offered to cuBLASLt (split-K and stream-K algorithms use it).
 WORKSPACE_BYTES = 64 << 20
+
+class Unavailable(RuntimeError):
+    """cuBLASLt cannot make a product here: no library found, or no
+    algorithm for the shape (nothing was launched)."""
+
 
 # cublasLt enums (stable in the CUDA ABI; cublasLt.h).
 _DESC_TRANSA, _DESC_TRANSB = 3, 4
@@ -86,7 +91,7 @@ def _library(cupy, path=None):
             return ctypes.CDLL(path)
         except (OSError, TypeError):
             continue
-    raise RuntimeError("cuBLASLt (libcublasLt.so) was not found")
+    raise Unavailable("cuBLASLt (libcublasLt.so) was not found")
 
 
 def _alignment(ptr: int) -> int:
@@ -197,6 +202,8 @@ class LtGemm:
         burst = INT8_BURST_MS  # in the key: choices timed otherwise are not taken
         key = ("int8 TN", m, n, k, tuple(aligns.values()), index, burst)
         plan = self._plans.get(key)
+        if plan is False:
+            raise Unavailable(f"cuBLASLt offers no INT8 algorithm for {m} x {n} x {k}")
         if plan is None:
             desc = self._desc(_COMPUTE_32I, _R_32I)
             trans = ctypes.c_int(_OP_T)
@@ -206,8 +213,12 @@ class LtGemm:
             la, lb = self._layout(_R_8I, k, m, k), self._layout(_R_8I, k, n, k)
             lc = self._layout(_R_32I, m, n, m)
             found = self._candidates(desc, la, lb, lc, aligns)
-            if not found:
-                raise RuntimeError(f"cuBLASLt offers no INT8 algorithm for {m} x {n} x {k}")
+            if not found:  # (an older GPU, or operands aligned otherwise)
+                for layout in (la, lb, lc):
+                    self.lib.cublasLtMatrixLayoutDestroy(layout)
+                self.lib.cublasLtMatmulDescDestroy(desc)
+                self._plans[key] = False
+                raise Unavailable(f"cuBLASLt offers no INT8 algorithm for {m} x {n} x {k}")
             algo = found[0].algo
             remembered = None if index is not None or len(found) < 2 else \
                 _remembered(self, key)

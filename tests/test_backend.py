@@ -58,17 +58,17 @@ def test_int8_library_takes_cublaslt_for_large_products_unless_told(monkeypatch)
     machines too (get_backend)."""
     from summa.backend import INT8_LT_MACS, int8_library
     monkeypatch.delenv("SUMMA_INT8_GEMM", raising=False)
-    assert int8_library(INT8_LT_MACS) == ("cublaslt", None)
-    assert int8_library(INT8_LT_MACS - 1) == ("gemmex", None)
+    assert int8_library(INT8_LT_MACS) == ("cublaslt", None, False)  # gemmEx where it cannot
+    assert int8_library(INT8_LT_MACS - 1) == ("gemmex", None, False)
     monkeypatch.setenv("SUMMA_INT8_GEMM", " Auto ")
-    assert int8_library(1 << 45) == ("cublaslt", None)
+    assert int8_library(1 << 45) == ("cublaslt", None, False)
     monkeypatch.setenv("SUMMA_INT8_GEMM", "gemmex")
-    assert int8_library(1 << 45) == ("gemmex", None)
+    assert int8_library(1 << 45) == ("gemmex", None, False)
     monkeypatch.setenv("SUMMA_INT8_GEMM", "cublaslt")
-    assert int8_library(1 << 30) == ("cublaslt", None)
-    assert int8_library((1 << 30) - 1) == ("gemmex", None)
+    assert int8_library(1 << 30) == ("cublaslt", None, True)  # asked: no fallback
+    assert int8_library((1 << 30) - 1) == ("gemmex", None, False)
     monkeypatch.setenv("SUMMA_INT8_GEMM", "cublaslt:3")
-    assert int8_library(1 << 31) == ("cublaslt", 3)
+    assert int8_library(1 << 31) == ("cublaslt", 3, True)
     for bad in ("cublas", "cublaslt:", "cublaslt:x", "auto:1", "gemmex:2"):
         monkeypatch.setenv("SUMMA_INT8_GEMM", bad)
         with pytest.raises(ValueError, match="SUMMA_INT8_GEMM must be one of auto, gemmex, "

@@ -704,6 +704,39 @@ def test_summa_on_int8_refuses_inf_on_every_rank_at_the_end(comm, rng, gpu, out_
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("missing", ["algorithm", "library"])
+def test_int8_products_fall_back_to_gemmex_where_cublaslt_cannot(comm, gpu, monkeypatch, missing):
+    """By default a product cuBLASLt cannot make (no algorithm for the shape,
+    as on older GPUs, or no library) goes through gemmEx, the same bits;
+    asked by name (SUMMA_INT8_GEMM=cublaslt) it is one clear error."""
+    from summa import backend as backends, lt
+    _, backend = gpu
+    cp = backend.xp
+    a8 = cp.random.randint(-128, 128, (1024, 1024), dtype=cp.int8)
+    bt8 = cp.random.randint(-128, 128, (1024, 1024), dtype=cp.int8)
+    want, got = (cp.empty((1024, 1024), dtype=cp.int32) for _ in range(2))
+    monkeypatch.setenv("SUMMA_INT8_GEMM", "gemmex")
+    backend.int8_gemm_tn(a8, bt8, want)
+    monkeypatch.setattr(backends, "INT8_LT_MACS", 1 << 30)  # this product is cuBLASLt's
+    if missing == "algorithm":
+        monkeypatch.setattr(lt.LtGemm, "_candidates", lambda *args: [])
+    else:
+        def nothing(*args):
+            raise lt.Unavailable("cuBLASLt (libcublasLt.so) was not found")
+        monkeypatch.setattr(lt, "_library", nothing)
+    monkeypatch.setattr(backend, "_int8_lt", None)
+    monkeypatch.delenv("SUMMA_INT8_GEMM")
+    for _ in range(2):
+        got.fill(0)
+        backend.int8_gemm_tn(a8, bt8, got)
+        assert bool((got == want).all())
+    monkeypatch.setattr(backend, "_int8_lt", None)
+    monkeypatch.setenv("SUMMA_INT8_GEMM", "cublaslt")
+    with pytest.raises(lt.Unavailable, match="cuBLASLt"):
+        backend.int8_gemm_tn(a8, bt8, got)
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("index", [None, 1])
 def test_cublaslt_int8_products_are_gemmex_bits_on_large_shapes(comm, gpu, monkeypatch,
                                                                tmp_path, index):
