@@ -323,7 +323,9 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if args.precision == "fp64-int8":  # what decides its speed and accuracy, and its knobs
         from . import ozaki_gpu
-        record["fp64_int8"] = {"moduli": ozaki_gpu.moduli_for(min(nb, k)),
+        # one rank in memory makes one product over all of K; else one a panel
+        whole = tuple(grid_shape) == (1, 1) and not record["out_of_core"]
+        record["fp64_int8"] = {"moduli": ozaki_gpu.moduli_for(k if whole else min(nb, k)),
                                **{key: os.environ[key] for key in sorted(os.environ)
                                   if key.startswith(("SUMMA_FP64_INT8_", "SUMMA_OOC_TILES",
                                                      "SUMMA_INT8_GEMM"))}}
