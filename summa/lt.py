@@ -37,6 +37,7 @@ INT8_BURST_MS = 200.0
 #: Workspace offered to cuBLASLt (split-K and stream-K algorithms use it).
 WORKSPACE_BYTES = 64 << 20
 
+
 class Unavailable(RuntimeError):
     """cuBLASLt cannot make a product here: no library found, or no
     algorithm for the shape (nothing was launched)."""
@@ -199,8 +200,7 @@ class LtGemm:
         heuristic's `index`-th."""
         aligns = {"a": _alignment(a_ptr), "b": _alignment(b_ptr), "c": _alignment(c_ptr),
                   "d": _alignment(c_ptr)}
-        burst = INT8_BURST_MS  # in the key: choices timed otherwise are not taken
-        key = ("int8 TN", m, n, k, tuple(aligns.values()), index, burst)
+        key = ("int8 TN", m, n, k, tuple(aligns.values()), index)
         plan = self._plans.get(key)
         if plan is False:
             raise Unavailable(f"cuBLASLt offers no INT8 algorithm for {m} x {n} x {k}")
@@ -237,7 +237,7 @@ class LtGemm:
                 algo = self._fastest(found, desc, _R_8I, m, n, k, a_ptr, la, b_ptr, k, lb,
                                      stream, 4, np.int32, c_type=_R_32I, columns=n,
                                      scratch_ptr=None if accumulate else c_ptr, key=key,
-                                     burst_ms=burst)
+                                     burst_ms=INT8_BURST_MS)
                 _remember(self, key, self.choices[key]["index"])
             plan = self._plans[key] = (desc, la, lb, lc, algo)
         desc, la, lb, lc, algo = plan
@@ -320,8 +320,9 @@ def _cache_key(gemm: LtGemm, key) -> str:
     name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
     name = name.decode() if isinstance(name, bytes) else str(name)
     gemm.lib.cublasLtGetVersion.restype = ctypes.c_size_t
+    # the timing in the key: choices an older summa timed otherwise are not taken
     return (f"{name}|{gemm.lib.cublasLtGetVersion()}|{CANDIDATES}|{key[1:5]}"
-            + (f"|burst {key[6]:g} ms" if key[6] else ""))
+            f"|burst {INT8_BURST_MS:g} ms")
 
 
 def _remembered(gemm: LtGemm, key) -> int | None:
