@@ -62,9 +62,9 @@ def int8_library(macs: int) -> tuple[str, int | None, bool]:
     setting. Products under 2**30 stay on gemmEx whatever is asked
     (microseconds each: no timing pays)."""
     asked = os.environ.get("SUMMA_INT8_GEMM", "").strip().lower() or "auto"
-    name, _, index = asked.partition(":")
-    if not (name in ("auto", "gemmex") and not _ or name == "cublaslt"
-            and (not _ or index.isdigit())):
+    name, colon, index = asked.partition(":")
+    if not (name in ("auto", "gemmex") and not colon or name == "cublaslt"
+            and (not colon or index.isdigit())):
         raise ValueError(f"SUMMA_INT8_GEMM must be one of {', '.join(INT8_LIBRARIES)} "
                          f"(I a number), got {asked!r}")
     if name == "gemmex" or macs < (INT8_LT_MACS if name == "auto" else 1 << 30):

@@ -109,7 +109,7 @@ def write_out(fd: int, offset: int, nbytes: int) -> None:
     of a streamed multiply on the H200 machine). Nothing where the system
     has no such call; the final ``fsync`` still makes it durable."""
     call = libc_call("sync_file_range", (ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
-                                          ctypes.c_uint))
+                                         ctypes.c_uint))
     if call is not None and nbytes > 0:
         call(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
 

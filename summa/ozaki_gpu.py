@@ -30,8 +30,8 @@ import numpy as np
 from . import ozaki
 
 __all__ = ["gemm", "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli",
-           "moduli_setting",
-           "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
+           "moduli_setting", "phase_seconds", "same_b", "checked_later", "scratch_bytes",
+           "PLANES", "NOT_FINITE"]
 
 #: Integer products folded per pass (each pass reads the two sums once; 8
 #: measured no faster, s13).
@@ -335,11 +335,12 @@ def moduli_setting() -> int | None:
     text = os.environ.get("SUMMA_FP64_INT8_MODULI", "").strip()
     if not text:
         return None
+    if not text.lstrip("+-").isdigit():
+        raise ValueError(f"SUMMA_FP64_INT8_MODULI={text!r}: moduli must be an integer")
     try:
         return check_moduli(int(text), "fp64-int8")
-    except ValueError as exc:
-        reason = str(exc) if text.lstrip("+-").isdigit() else "moduli must be an integer"
-        raise ValueError(f"SUMMA_FP64_INT8_MODULI={text!r}: {reason}") from None
+    except ValueError as exc:  # out of range
+        raise ValueError(f"SUMMA_FP64_INT8_MODULI={text!r}: {exc}") from None
 
 
 def _asked(moduli: int | None) -> int | None:
