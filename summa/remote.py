@@ -164,9 +164,10 @@ class RemoteRows:
                 local = _Iovec(flat.ctypes.data + first * width + done, want - done)
                 skip, rest = divmod(done, width)
                 tail = remote[skip:]
-                if rest:
+                if rest:  # the first row's part already moved: past it, that much shorter
                     tail = tail.copy()
-                    tail[0] += np.array([rest, -rest], dtype=np.int64).astype(np.uint64)
+                    tail[0, 0] += np.uint64(rest)
+                    tail[0, 1] -= np.uint64(rest)
                 moved = call(self.pid, ctypes.byref(local), 1,
                              tail.ctypes.data_as(ctypes.POINTER(_Iovec)), count - skip, 0)
                 if moved <= 0:
