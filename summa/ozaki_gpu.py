@@ -23,6 +23,7 @@ float64 formulas), so the two agree (tests/test_gpu.py).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 
 import numpy as np
@@ -121,11 +122,25 @@ def _kernel(name: str):
                 "isfinite(value) ? fabs(value) : __longlong_as_double(0x7ff0000000000000LL)",
                 "max(a, b)", "largest = a", "0", "summa_amax")
         elif name == "norm":
-            # rows scaled by 2**shift into [0.5, 1) first: no square overflows
+            # each row scaled by its largest's 2**-exponent into [0.5, 1)
+            # first (the exponent frexp gives, as :func:`summa.ozaki.norms`):
+            # no square overflows
             _kernels[name] = cupy.ReductionKernel(
-                "float64 value, int32 shift", "float64 length",
-                "ldexp(value, shift) * ldexp(value, shift)", "a + b", "length = sqrt(a)", "0",
-                "summa_scaled_norm")
+                "float64 value, float64 top", "float64 length",
+                "summa_scaled(value, top) * summa_scaled(value, top)", "a + b",
+                "length = sqrt(a)", "0", "summa_scaled_norm",
+                preamble="__device__ double summa_scaled(double v, double t) {"
+                         " int e; frexp(t, &e); return ldexp(v, -e); }")
+        elif name == "exponents":
+            # summa.ozaki.exponents' formulas in one kernel (its ~12 CuPy
+            # operations were as many kernels to compile on a fresh machine)
+            _kernels[name] = cupy.ElementwiseKernel(
+                "float64 amax, float64 norm, int32 bits, float64 cap", "int32 shift",
+                "int ex; frexp(amax, &ex);"
+                "double nm = isfinite(norm) ? fmax(norm, 0.5) : 0.5;"
+                "double kept = fmin((double)bits,"
+                "                   floor(cap - log2(nm * (1.0 + ldexp(1.0, -30))) - 1e-9));"
+                "shift = amax > 0 ? (int)(kept - ex) : 0;", "summa_ozaki_exponents")
         elif name == "finish":
             _kernels[name] = cupy.ElementwiseKernel(
                 "float64 s_hi, float64 s_lo, int32 e, int32 f, float64 m_hi, float64 m_lo, "
@@ -149,7 +164,8 @@ def _launch(kernel, rows: int, width: int, args) -> None:
 
 
 NOT_FINITE = ozaki.NOT_FINITE
-#: Inside :func:`checked_later`: each product's flags "an input holds Inf/NaN".
+#: Inside :func:`checked_later`: each product's largest input magnitudes (Inf where one
+#: held Inf or NaN).
 _pending: list | None = None
 
 
@@ -158,31 +174,33 @@ def _exponents(x, axis: int, bits: int, cap: float):
     int32, each row's scaled 2-norm within ``2**cap``
     (:func:`summa.ozaki.exponents`); refuses Inf/NaN (at once, or inside
     :func:`checked_later` at its end)."""
-    import cupy
     amax = _kernel("amax")(x, axis=axis)  # Inf where a row holds Inf or NaN
-    _refuse(cupy.isinf(amax).any())
-    _, ex = cupy.frexp(amax)
-    shift = -ex.reshape((-1, 1) if axis == 1 else (1, -1))
-    norm = _kernel("norm")(x, shift, axis=axis)
-    return ozaki.exponents(amax, bits, cupy, norm, cap)
+    _refuse([_kernel("amax")(amax, axis=None)])
+    norm = _kernel("norm")(x, amax.reshape((-1, 1) if axis == 1 else (1, -1)), axis=axis)
+    return _kernel("exponents")(amax, norm, np.int32(bits), np.float64(cap))
 
 
-def _refuse(bad) -> None:
-    """Raise :data:`NOT_FINITE` where the device's flag `bad` is set, or
-    inside :func:`checked_later` keep the flag for its end."""
+def _refuse(tops) -> None:
+    """Raise :data:`NOT_FINITE` where any of `tops` (the largest magnitudes
+    of operands, device scalars, Inf where one held Inf or NaN) is Inf, or
+    inside :func:`checked_later` keep them for its end."""
     if _pending is not None:
-        _pending.append(bad)
-    elif bool(bad):
+        _pending.extend(tops)
+    elif not _finite(tops):
         raise ValueError(NOT_FINITE)
+
+
+def _finite(tops) -> bool:
+    """Are all of `tops` finite? (Waits for the GPU.)"""
+    return all(math.isfinite(float(top)) for top in tops)
 
 
 def refuse_not_finite(a, b) -> None:
     """The Inf/NaN refusal of :func:`gemm` for a product made otherwise (a
     short sum in native float64, :data:`summa.ozaki.K_NATIVE`): the same
     error, at once or at :func:`checked_later`'s end."""
-    import cupy
     parts = [p for x in (a, b) for p in ((x.real, x.imag) if x.dtype.kind == "c" else (x,))]
-    _refuse(cupy.isinf(cupy.stack([_kernel("amax")(p, axis=None) for p in parts])).any())
+    _refuse([_kernel("amax")(p, axis=None) for p in parts])
 
 
 class _Checks:
@@ -193,7 +211,7 @@ class _Checks:
 
     def finite(self) -> bool:
         """Were all their inputs finite? (Waits for the GPU: once.)"""
-        return not any(bool(flag) for flag in self.flags)
+        return _finite(self.flags)
 
 
 @contextlib.contextmanager

@@ -4,8 +4,8 @@ Device arrays are NumPy arrays; the kernels are NumPy versions of the CUDA
 sources in summa/ozaki_gpu.py (same formulas, element for element), run at
 once when launched; streams and events only record the order of calls. What
 this checks is ozaki_gpu's own work: the residue planes and their padding,
-the grouping of products per fold and the two buffers of the overlapped
-folds, K in pieces, complex products, alpha and beta. The CUDA kernels
+the grouping of products per fold, K in pieces, complex products, alpha and
+beta, the Inf/NaN checks. The CUDA kernels
 themselves are checked against the CPU on the GPU (tests/test_gpu.py).
 """
 
@@ -102,22 +102,27 @@ class _RawKernel:
 
 class _ElementwiseKernel:
     def __init__(self, in_params, out_params, operation, name):
-        assert name == "summa_ozaki_finish"
+        assert name in ("summa_ozaki_finish", "summa_ozaki_exponents")
+        self.name = name
 
-    def __call__(self, s_hi, s_lo, e, f, m_hi, m_lo, t, alpha, beta, c):
-        _finish(s_hi, s_lo, e, f, m_hi, m_lo, t, alpha, beta, c)
+    def __call__(self, *args):
+        if self.name == "summa_ozaki_exponents":
+            from summa import ozaki
+            amax, norm, bits, cap = args
+            return ozaki.exponents(amax, int(bits), np, norm, float(cap))
+        _finish(*args)
 
 
 class _ReductionKernel:
-    def __init__(self, *args):
+    def __init__(self, *args, preamble=""):
         assert args[-1] in ("summa_amax", "summa_scaled_norm")
         self.name = args[-1]
 
     def __call__(self, x, *args, axis):
         if self.name == "summa_amax":
             return np.where(np.isfinite(x), np.abs(x), np.inf).max(axis=axis, initial=0.0)
-        shift, = args
-        return np.sqrt(np.sum(np.square(np.ldexp(x, shift)), axis=axis))
+        top, = args  # each row's (column's) largest: scaled by its 2**-exponent
+        return np.sqrt(np.sum(np.square(np.ldexp(x, -np.frexp(top)[1])), axis=axis))
 
 
 def module():
@@ -129,7 +134,6 @@ def module():
     fake = types.SimpleNamespace(
         cuda=cuda, RawKernel=_RawKernel, ElementwiseKernel=_ElementwiseKernel,
         ReductionKernel=_ReductionKernel, empty=np.empty, zeros=np.zeros, isinf=np.isinf,
-        stack=np.stack,
         asarray=np.asarray,
         ascontiguousarray=np.ascontiguousarray, float64=np.float64, int8=np.int8,
         int32=np.int32, frexp=np.frexp, where=np.where, ndarray=np.ndarray, log2=np.log2,
