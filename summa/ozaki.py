@@ -54,7 +54,7 @@ import numpy as np
 __all__ = ["MODULI", "BITS", "SLACK", "K_EXACT", "K_NATIVE", "budgets", "bits_for", "moduli_for",
            "default_moduli", "choose", "scale", "norms", "exponents", "operands", "residues",
            "integer_product", "crt_weights", "fold", "finish", "reconstruct", "gemm_int8",
-           "error_bound"]
+           "error_bound", "ROOM", "panel_exponents", "panel_fits", "sums_fit", "gemm_int8_panels"]
 
 #: The refusal of inputs that hold Inf or NaN.
 NOT_FINITE = "precision fp64-int8 needs finite inputs: A or B holds Inf or NaN"
@@ -311,6 +311,86 @@ def gemm_int8(a, b, bits: int = BITS, moduli: int | None = None, xp=np, backend=
         g = integer_product(residues(abar, m, xp), residues(bbar, m, xp), xp, backend)
         fold(g, m, hi, lo, s_hi, s_lo, xp)
     return finish(s_hi, s_lo, weights, e, f, xp)
+
+
+#: Room the exponents chosen from a product's first panel leave for the
+#: rest (:func:`panel_exponents`): entries up to ROOM times the panel's
+#: largest, and rows' norms as if all of K were ROOM times as large on
+#: average as the first panel, in squares.
+ROOM = 2.0
+
+
+def panel_exponents(x, axis: int, k: int, bits: int, cap: float, xp=np):
+    """``(e, amax)``: exponents for the rows (axis 1) or columns (axis 0) of a
+    product over `k` terms chosen from its first panel `x` alone: its norms
+    scaled to all of K and its largest magnitudes taken ROOM times as
+    large (a bit below :func:`scale`'s own where the bits, not the norms,
+    bind; half a bit where the norms do), and its largest magnitudes.
+    Later panels must be checked against them (:func:`panel_fits`)."""
+    if not bool(xp.isfinite(x).all()):
+        raise ValueError(NOT_FINITE)
+    width = x.shape[axis]
+    amax = xp.abs(x).max(axis=axis, keepdims=True)
+    top = amax * ROOM  # the norms relative to it, as exponents() takes them
+    norm = norms(x, top, axis, xp) * math.sqrt(ROOM * k / max(1, width))
+    return exponents(top, check_bits(bits), xp, norm, cap), amax
+
+
+def panel_fits(x, e, axis: int, bits: int, xp=np):
+    """``(fits, squares)``: does panel `x` scaled by `e` keep every entry below
+    ``2**bits`` (float64 makes its residues exactly), and its rows' (columns')
+    squared scaled 2-norms, to be summed over the panels and held within the
+    budget (:func:`sums_fit`)? Refuses Inf/NaN."""
+    if not bool(xp.isfinite(x).all()):
+        raise ValueError(NOT_FINITE)
+    scaled = xp.ldexp(x, e)
+    return bool((xp.abs(scaled) < 2.0**bits).all()), xp.sum(xp.square(scaled), axis=axis,
+                                                              keepdims=True)
+
+
+def sums_fit(squares, cap: float, xp=np) -> bool:
+    """Do the summed squared norms `squares` of all panels keep every row's
+    (column's) scaled 2-norm within ``2**cap`` (:func:`budgets`)?"""
+    return bool((xp.sqrt(squares) * (1 + 2.0**-30) <= 2.0**cap).all())
+
+
+def gemm_int8_panels(a, b, widths, bits: int = BITS, moduli: int | None = None, xp=np):
+    """``(c, fits)``: :func:`gemm_int8` of `a` and `b` made panel by panel
+    (K cut into `widths`, as SUMMA receives it) with one set of exponents,
+    chosen from the first panel (:func:`panel_exponents`), the integer
+    products summed over the panels and reconstructed once; `fits` False
+    (and `c` None) where a later panel breaks the exponents' assumptions,
+    to be made otherwise. K at most :data:`K_EXACT`."""
+    k = a.shape[1]
+    if sum(widths) != k or k > K_EXACT:
+        raise ValueError(f"panels {widths} must cover K = {k} (at most {K_EXACT})")
+    bits, count = choose(bits, moduli, k)
+    cap_a, cap_b = budgets(count, k)
+    cuts = np.cumsum([0] + list(widths))
+    e, _ = panel_exponents(a[:, :cuts[1]], 1, k, bits, cap_a, xp)
+    f, _ = panel_exponents(b[:cuts[1]], 0, k, bits, cap_b, xp)
+    chosen = MODULI[:count]
+    sums = [xp.zeros((a.shape[0], b.shape[1]), dtype=np.int64) for _ in chosen]
+    rows = xp.zeros((a.shape[0], 1))
+    cols = xp.zeros((1, b.shape[1]))
+    for k0, k1 in zip(cuts, cuts[1:]):
+        a_fits, a_squares = panel_fits(a[:, k0:k1], e, 1, bits, xp)
+        b_fits, b_squares = panel_fits(b[k0:k1], f, 0, bits, xp)
+        if not (a_fits and b_fits):
+            return None, False
+        rows += a_squares
+        cols += b_squares
+        abar, bbar = xp.rint(xp.ldexp(a[:, k0:k1], e)), xp.rint(xp.ldexp(b[k0:k1], f))
+        for total, m in zip(sums, chosen):
+            total += integer_product(residues(abar, m, xp), residues(bbar, m, xp), xp)
+    if not (sums_fit(rows, cap_a, xp) and sums_fit(cols, cap_b, xp)):
+        return None, False
+    weights = crt_weights(chosen)
+    s_hi = xp.zeros((a.shape[0], b.shape[1]))
+    s_lo = xp.zeros((a.shape[0], b.shape[1]))
+    for total, m, hi, lo in zip(sums, chosen, weights["w_hi"], weights["w_lo"]):
+        fold(total, m, hi, lo, s_hi, s_lo, xp)
+    return finish(s_hi, s_lo, weights, e, f, xp), True
 
 
 def complex_product(real_product, a, b, xp=np):

@@ -29,7 +29,7 @@ import numpy as np
 
 from . import ozaki
 
-__all__ = ["gemm", "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli",
+__all__ = ["gemm", "PanelSums", "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli",
            "moduli_setting",
            "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
 
@@ -427,6 +427,108 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
         _kernel("finish")(s_hi, s_lo, e.reshape(m, 1), f.reshape(1, n), weights["m_hi"],
                           weights["m_lo"], np.int32(weights["t"]), float(alpha), float(beta), c)
     mark("finish")
+
+
+class PanelSums:
+    """``c = alpha a @ b + beta c`` for A and B given in K panels, as SUMMA
+    receives them (:func:`summa.ozaki.gemm_int8_panels`' steps): the INT8
+    products summed in int32 over the panels and folded into C once, not
+    once a panel. The exponents come from the first panel, with room for
+    the rest (:func:`summa.ozaki.panel_exponents`); each later panel is
+    checked against them on the device (no wait for the GPU);
+    :meth:`finish` says whether all held, else C is untouched and the
+    product is to be made otherwise (panel by panel, :func:`gemm`).
+    Device memory: the sums, 4 bytes an element of C per modulus.
+    """
+
+    def __init__(self, m: int, n: int, k: int, backend, bits: int = ozaki.BITS,
+                 moduli: int | None = None, planes: int = PLANES):
+        import cupy
+        if k > ozaki.K_EXACT:
+            raise ValueError(f"K = {k} exceeds the {ozaki.K_EXACT} an int32 sum holds")
+        self.bits, self.count = ozaki.choose(bits, _asked(moduli), k)
+        self.cap_a, self.cap_b = ozaki.budgets(self.count, k)
+        self.m, self.n, self.k, self.backend, self.planes = m, n, k, backend, planes
+        self.np_ = -(-n // 4) * 4
+        self.constants = _constants(self.count)
+        self.sums = cupy.empty((self.count, m, self.np_), dtype=cupy.int32)
+        self.rows = cupy.zeros(m)   # the panels' squared scaled row norms of A, summed
+        self.cols = cupy.zeros(n)   # and of B's columns
+        self.tops = []              # each panel's largest scaled entry (< 2**bits to hold)
+        self.e = self.f = None
+        self.seen = 0
+
+    def _side(self, x, width: int, cap: float, e):
+        """`x`'s rows' exponents (chosen here if `e` is None), their scaled
+        squared norms added to the sums of squares, its largest scaled entry
+        kept for the check."""
+        import cupy
+        amax = _kernel("amax")(x, axis=1)  # Inf where a row holds Inf or NaN
+        _refuse(cupy.isinf(amax).any())
+        if e is None:  # ozaki.panel_exponents
+            top = amax * ozaki.ROOM
+            _, ex = cupy.frexp(top)
+            norm = _kernel("norm")(x, -ex.reshape(-1, 1), axis=1)
+            norm *= np.sqrt(ozaki.ROOM * self.k / max(1, width))
+            e = ozaki.exponents(top, self.bits, cupy, norm, cap)
+        scaled = _kernel("norm")(x, e.reshape(-1, 1), axis=1)  # ozaki.panel_fits
+        self.tops.append(_kernel("amax")(cupy.ldexp(amax, e), axis=None))
+        return e, scaled * scaled
+
+    def add(self, a, b) -> None:
+        """Add the panel product ``a @ b`` (`a` m x w, `b` w x n, float64)."""
+        import cupy
+        width = a.shape[1]
+        if self.seen + width > self.k:
+            raise ValueError(f"panels past K = {self.k}")
+        kp = -(-width // 4) * 4
+        bt = cupy.empty((self.n, width), dtype=cupy.float64)
+        self.backend.transpose(b, bt)
+        self.e, rows = self._side(a, width, self.cap_a, self.e)
+        self.f, cols = self._side(bt, width, self.cap_b, self.f)
+        self.rows += rows
+        self.cols += cols
+        a8 = _residues(a, self.e, self.count, self.m, kp, self.constants)
+        b8 = _residues(bt, self.f, self.count, self.np_, kp, self.constants)
+        for p in range(self.count):
+            self.backend.int8_gemm_tn(a8[p], b8[p], self.sums[p], accumulate=self.seen > 0)
+        self.seen += width
+
+    def finish(self, alpha, c, beta=0.0) -> bool:
+        """Fold the sums into ``c = alpha (sum of the panel products) + beta
+        c`` if every panel held the exponents' assumptions and all of K came
+        (waits for the GPU once); False, `c` untouched, where one did not."""
+        import cupy
+        if self.seen != self.k:
+            raise ValueError(f"panels of {self.seen} of K = {self.k} terms added")
+        limit = 2.0**self.bits
+        if not (all(float(top) < limit for top in self.tops)
+                and ozaki.sums_fit(self.rows, self.cap_a, cupy)
+                and ozaki.sums_fit(self.cols, self.cap_b, cupy)):
+            return False
+        m, n, np_, count = self.m, self.n, self.np_, self.count
+        weights, constants = self.constants["weights"], self.constants
+        planes = max(1, min(int(self.planes), count))
+        groups = list(range(0, count, planes))
+        fused = c.strides[1] == c.itemsize
+        sums = (m, n) if len(groups) > 1 or not fused else (1, 1)
+        s_hi = cupy.empty(sums, dtype=cupy.float64)
+        s_lo = cupy.empty(sums, dtype=cupy.float64)
+        ends = (self.e, self.f, weights["m_hi"], weights["m_lo"], np.int32(weights["t"]),
+                np.float64(alpha), np.float64(beta), c, np.int64(c.strides[0] // c.itemsize))
+        for j, l0 in enumerate(groups):
+            last = fused and j == len(groups) - 1
+            _launch(_kernel("fold_finish" if last else "fold"), m, n,
+                    (self.sums[l0:], np.int64(m), np.int64(n), np.int64(np_),
+                     np.int64(m * np_), np.int32(min(planes, count - l0)),
+                     constants["moduli"][l0:], constants["inverses"][l0:],
+                     constants["w_hi"][l0:], constants["w_lo"][l0:], s_hi, s_lo,
+                     np.int32(j == 0)) + (ends if last else ()))
+        if not fused:
+            _kernel("finish")(s_hi, s_lo, self.e.reshape(m, 1), self.f.reshape(1, n),
+                              weights["m_hi"], weights["m_lo"], np.int32(weights["t"]),
+                              float(alpha), float(beta), c)
+        return True
 
 
 def phase_seconds(marks: list) -> dict:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import fake_cupy_kernels
+from helpers import gemm_scaled_error
 from summa import ozaki
 
 
@@ -144,6 +145,71 @@ def test_short_sums_made_natively_refuse_inf_and_nan_as_the_products_do(rng, oza
             with ozaki_gpu.checked_later() as checks:
                 ozaki_gpu.refuse_not_finite(x, y)
             assert not checks.finite()
+
+
+@pytest.mark.parametrize("widths", [[600], [200, 200, 200], [300, 299, 1], [16, 584],
+                                    [1, 1, 598]])
+def test_panel_sums_fold_once_and_give_the_cpu_panel_product(rng, ozaki_gpu, widths):
+    """PanelSums: the INT8 products of K's panels summed in int32 and folded
+    once give summa.ozaki.gemm_int8_panels' product (the same exponents,
+    from the first panel), alpha and beta applied, within the gauge; one
+    fold pass per plane group for the whole product, not per panel. A
+    first panel of a few terms predicts the rest poorly (of 1000 draws with
+    64 first terms of 600, 31 did not hold; with 200, none): there both may
+    say the product did not hold, and say it alike."""
+    backend = fake_cupy_kernels.Backend()
+    a, b = rng.uniform(-1, 1, (37, 600)), rng.standard_normal((600, 23))
+    c0 = rng.uniform(-1, 1, (37, 23))
+    want, fits = ozaki.gemm_int8_panels(a, b, widths)
+    assert fits or widths[0] < 100
+    sums = ozaki_gpu.PanelSums(37, 23, 600, backend)
+    cuts = np.cumsum([0] + widths)
+    for k0, k1 in zip(cuts, cuts[1:]):
+        sums.add(a[:, k0:k1], b[k0:k1])
+    c = c0.copy()
+    assert sums.finish(2.0, c, beta=-0.5) == fits
+    if not fits:
+        assert np.all(c == c0)
+        return
+    assert gemm_scaled_error(want, a, b) <= 1 and _close(c, 2.0 * want - 0.5 * c0)
+    folds = sum(ozaki_gpu._kernels[name].launches for name in ("fold", "fold_finish"))
+    assert folds == -(-sums.count // ozaki_gpu.PLANES)
+    assert backend.gemms == sums.count * len(widths)
+
+
+def test_panel_sums_say_so_where_a_later_panel_breaks_the_exponents(rng, ozaki_gpu):
+    """A later panel with entries past the room the first left (a row 8x
+    larger there), or norms past the budget, makes finish() say False and
+    leave C as it was (the caller multiplies otherwise); so does the NumPy
+    reference; Inf in a later panel is refused as in gemm."""
+    backend = fake_cupy_kernels.Backend()
+    a, b = rng.uniform(-1, 1, (30, 40)), rng.uniform(-1, 1, (40, 12))
+    for spike in (8.0, 1.9):  # past the room of 2 (entries or norms); within or not
+        big = a.copy()
+        big[4, 20:] *= spike
+        sums = ozaki_gpu.PanelSums(30, 12, 40, backend)
+        sums.add(big[:, :20], b[:20])
+        sums.add(big[:, 20:], b[20:])
+        c = np.full((30, 12), 7.0)
+        held = sums.finish(1.0, c)
+        assert held == ozaki.gemm_int8_panels(big, b, [20, 20])[1]
+        assert held or spike > 2
+        if spike > 2:
+            assert not held
+        if not held:
+            assert np.all(c == 7.0)
+    bad = a.copy()
+    bad[3, 30] = np.inf
+    sums = ozaki_gpu.PanelSums(30, 12, 40, backend)
+    sums.add(bad[:, :20], b[:20])
+    with pytest.raises(ValueError, match="finite inputs"):
+        sums.add(bad[:, 20:], b[20:])
+    with pytest.raises(ValueError, match="finite inputs"):
+        ozaki.gemm_int8_panels(bad, b, [20, 20])
+    half = ozaki_gpu.PanelSums(30, 12, 40, backend)
+    half.add(a[:, :20], b[:20])
+    with pytest.raises(ValueError, match="panels of 20 of K = 40"):
+        half.finish(1.0, c)
 
 
 def test_moduli_asked_reach_the_products_and_the_plans(rng, ozaki_gpu, monkeypatch):
