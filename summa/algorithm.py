@@ -11,6 +11,7 @@ receives start at once (:func:`_own_first`), and with direct copies (ipc).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field, asdict
 
@@ -156,6 +157,7 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
         # Made inside: its copies go on the stream its GEMMs run on.
         operand_a = PanelsOfA(backend, C.local.shape[0], 0 if strips else
                               max((p.width for p in panels), default=0), C.dtype, transpose)
+        sums = _panel_sums(A, B, C, precision, strips)
         if grid.size == 1:
             for i, p in enumerate(panels):
                 a, b = local_parts(A, B, p) if transpose else (A.local, B.local)
@@ -170,7 +172,12 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
                             precision, progress, stats.extra)
         else:
             _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks,
-                      precision, progress, stats.extra, operand_a)
+                      precision, progress, stats.extra, operand_a,
+                      None if sums is None else sums.add)
+            if sums is not None:  # the one fold of C, alpha applied (beta already was)
+                marks.append(backend.timing_mark())
+                sums.finish(alpha, C.local, 1.0)
+                marks.append(backend.timing_mark())
     with watch("the queued GPU work of the SUMMA loop (broadcasts and GEMMs)"):
         backend.synchronize()
     # float64 on INT8: inputs checked for Inf/NaN as the products went, asked once here
@@ -202,6 +209,22 @@ def prepare(A: DistMatrix, B: DistMatrix, C: DistMatrix, panel_width=None,
         bc.connect()
     for bc in readers:
         bc.release()
+
+
+def _panel_sums(A, B, C, precision, strips):
+    """fp64-int8 on a grid of several ranks with ``SUMMA_FP64_INT8_SUMS=1``:
+    a :class:`summa.ozaki_gpu.PanelSums` for this rank's C block, exponents
+    over all of K (:func:`summa.ozaki_gpu.grid_exponents`, collective), so
+    the panels' INT8 products are summed and C folded once, not once a
+    panel; else None. Float64 only, K within an int32 sum. Off until
+    measured on several GPUs."""
+    grid, k = C.grid, A.layout.cols
+    if (precision != "fp64-int8" or strips or grid.size == 1 or C.dtype.kind != "f"
+            or k > ozaki.K_EXACT or os.environ.get("SUMMA_FP64_INT8_SUMS", "0") != "1"):
+        return None
+    from .ozaki_gpu import PanelSums, grid_exponents
+    exponents = grid_exponents(A.local, B.local, grid.row_comm, grid.col_comm, k)
+    return PanelSums(*C.local.shape, k, C.backend, exponents=exponents)
 
 
 def _panel_width(A, B, C, panel_width, precision) -> tuple[int, bool]:
@@ -290,10 +313,11 @@ def _fetched(p, grid, direct) -> int:
 
 
 def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, precision,
-              progress, extra, operand_a=None) -> None:
+              progress, extra, operand_a=None, product=None) -> None:
     """The SUMMA steps with `lookahead` panels in flight; GEMM marks go to `marks`,
     the direct broadcasters' set-up and tear-down seconds to `extra`; each
-    GEMM reads A as `operand_a` (a :class:`PanelsOfA`) gives it."""
+    GEMM reads A as `operand_a` (a :class:`PanelsOfA`) gives it, or with
+    `product` each panel product is ``product(a, b)`` instead."""
     grid, xp = C.grid, C.backend.xp
     mloc, nloc = C.local.shape
     depth = lookahead + 1
@@ -375,7 +399,7 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
                 len(panels)) if readers else 0
     try:
         _steps(alpha, C, panels, depth, hold, start, finished, marks, precision, progress,
-               held, lambda i: local_parts(A, B, panels[i]), operand_a)
+               held, lambda i: local_parts(A, B, panels[i]), operand_a, product)
         connect()  # every rank takes part, even one that fetched nothing
     except BaseException:
         for bc in readers:  # the peers may be gone: close what this rank opened, no barrier
@@ -389,7 +413,7 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
 
 
 def _steps(alpha, C, panels, depth, hold, start, finished, marks, precision,
-           progress, held=(), views=None, operand_a=None) -> None:
+           progress, held=(), views=None, operand_a=None, product=None) -> None:
     """Run the SUMMA steps.
 
     `start(i)` queues panel i's broadcasts, in list order (the order every rank
@@ -446,8 +470,11 @@ def _steps(alpha, C, panels, depth, hold, start, finished, marks, precision,
         if i not in first:
             wait_for_panel(i, panels[i], ra, rb, grid)
         marks.append(backend.timing_mark())  # the copy of A, if any, counts as compute
-        backend.gemm(alpha, a if operand_a is None else operand_a(a), b, C.local,
-                     precision=precision)
+        a = a if operand_a is None else operand_a(a)
+        if product is None:
+            backend.gemm(alpha, a, b, C.local, precision=precision)
+        else:
+            product(a, b)
         marks.append(backend.timing_mark())
         queued += 1
         finished(i)

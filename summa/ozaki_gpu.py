@@ -29,7 +29,7 @@ import numpy as np
 
 from . import ozaki
 
-__all__ = ["gemm", "PanelSums", "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli",
+__all__ = ["gemm", "PanelSums", "grid_exponents", "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli",
            "moduli_setting",
            "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
 
@@ -442,7 +442,7 @@ class PanelSums:
     """
 
     def __init__(self, m: int, n: int, k: int, backend, bits: int = ozaki.BITS,
-                 moduli: int | None = None, planes: int = PLANES):
+                 moduli: int | None = None, planes: int = PLANES, exponents=None):
         import cupy
         if k > ozaki.K_EXACT:
             raise ValueError(f"K = {k} exceeds the {ozaki.K_EXACT} an int32 sum holds")
@@ -455,7 +455,9 @@ class PanelSums:
         self.rows = cupy.zeros(m)   # the panels' squared scaled row norms of A, summed
         self.cols = cupy.zeros(n)   # and of B's columns
         self.tops = []              # each panel's largest scaled entry (< 2**bits to hold)
-        self.e = self.f = None
+        # given (grid_exponents: from all of K), they hold by construction
+        self.e, self.f = exponents if exponents is not None else (None, None)
+        self.given = exponents is not None
         self.seen = 0
 
     def _side(self, x, width: int, cap: float, e):
@@ -484,10 +486,11 @@ class PanelSums:
         kp = -(-width // 4) * 4
         bt = cupy.empty((self.n, width), dtype=cupy.float64)
         self.backend.transpose(b, bt)
-        self.e, rows = self._side(a, width, self.cap_a, self.e)
-        self.f, cols = self._side(bt, width, self.cap_b, self.f)
-        self.rows += rows
-        self.cols += cols
+        if not self.given:
+            self.e, rows = self._side(a, width, self.cap_a, self.e)
+            self.f, cols = self._side(bt, width, self.cap_b, self.f)
+            self.rows += rows
+            self.cols += cols
         a8 = _residues(a, self.e, self.count, self.m, kp, self.constants)
         b8 = _residues(bt, self.f, self.count, self.np_, kp, self.constants)
         for p in range(self.count):
@@ -502,7 +505,7 @@ class PanelSums:
         if self.seen != self.k:
             raise ValueError(f"panels of {self.seen} of K = {self.k} terms added")
         limit = 2.0**self.bits
-        if not (all(float(top) < limit for top in self.tops)
+        if not self.given and not (all(float(top) < limit for top in self.tops)
                 and ozaki.sums_fit(self.rows, self.cap_a, cupy)
                 and ozaki.sums_fit(self.cols, self.cap_b, cupy)):
             return False
@@ -529,6 +532,33 @@ class PanelSums:
                               weights["m_hi"], weights["m_lo"], np.int32(weights["t"]),
                               float(alpha), float(beta), c)
         return True
+
+
+def grid_exponents(a, b, row_comm, col_comm, k: int, bits: int = ozaki.BITS,
+                   moduli: int | None = None):
+    """``(e, f)``: the scaling exponents of the rows of A and the columns of
+    B over all of K, where each rank holds a block of them (`a`: its rows of
+    A, its K columns; `b`: its K rows of B, its columns), the same on every
+    rank of a grid row (`row_comm`, A's rows) or column (`col_comm`, B's
+    columns) as one GPU's whole product would take (:func:`gemm`): two
+    allreduces of a number a row each way. Collective; Inf/NaN refused as
+    in :func:`gemm` (inside :func:`checked_later`, at its end)."""
+    import cupy
+    from mpi4py import MPI
+    _, count = ozaki.choose(bits, _asked(moduli), k)
+    caps = ozaki.budgets(count, k)
+
+    def side(x, axis, comm, cap):
+        amax = cupy.asnumpy(_kernel("amax")(x, axis=axis))
+        comm.Allreduce(MPI.IN_PLACE, amax, op=MPI.MAX)
+        top = cupy.asarray(amax)  # Inf where a row holds Inf or NaN on any rank
+        _refuse(cupy.isinf(top).any())
+        _, ex = cupy.frexp(top)
+        shift = -ex.reshape((-1, 1) if axis == 1 else (1, -1))
+        squares = cupy.asnumpy(_kernel("norm")(x, shift, axis=axis) ** 2)
+        comm.Allreduce(MPI.IN_PLACE, squares, op=MPI.SUM)
+        return ozaki.exponents(top, bits, cupy, cupy.sqrt(cupy.asarray(squares)), cap)
+    return side(a, 1, row_comm, caps[0]), side(b, 0, col_comm, caps[1])
 
 
 def phase_seconds(marks: list) -> dict:

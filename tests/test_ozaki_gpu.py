@@ -212,6 +212,45 @@ def test_panel_sums_say_so_where_a_later_panel_breaks_the_exponents(rng, ozaki_g
         half.finish(1.0, c)
 
 
+def test_panel_sums_with_exponents_over_all_of_k_are_the_whole_product(rng, ozaki_gpu):
+    """Given the exponents of all of K (as grid_exponents gives them), the
+    panels' summed INT8 products are gemm's own product of the whole, in
+    any cut of K (here one with a 3-term panel), no checks needed."""
+    backend = fake_cupy_kernels.Backend()
+    a, b = rng.uniform(-1, 1, (29, 90)), rng.standard_normal((90, 17))
+    count = ozaki.default_moduli(ozaki.BITS, 90)
+    cap_a, cap_b = ozaki.budgets(count, 90)
+    e = ozaki.scale(a, 1, ozaki.BITS, np, cap_a)[1].ravel()
+    f = ozaki.scale(b, 0, ozaki.BITS, np, cap_b)[1].ravel()
+    sums = ozaki_gpu.PanelSums(29, 17, 90, backend, exponents=(e, f))
+    for k0, k1 in ((0, 40), (40, 43), (43, 90)):
+        sums.add(a[:, k0:k1], b[k0:k1])
+    c = np.empty((29, 17))
+    assert sums.finish(1.0, c)
+    assert _close(c, ozaki.gemm_int8(a, b))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_grid_exponents_are_those_of_the_whole_rows_and_columns(comm, rng, ozaki_gpu):
+    """Each rank holding K columns of A's rows and K rows of B's columns:
+    the allreduced exponents are those one GPU takes for the whole of them
+    (summa.ozaki.scale's over all of K), on every rank; Inf on one rank is
+    refused on all (inside checked_later: at its end)."""
+    a, b = rng.uniform(-1, 1, (23, 70)), rng.standard_normal((70, 11))
+    a[3] *= 1e-200  # a row of tiny values keeps its bits
+    cols = np.array_split(np.arange(70), comm.size)[comm.rank]
+    e, f = ozaki_gpu.grid_exponents(a[:, cols], b[cols], comm, comm, 70)
+    count = ozaki.default_moduli(ozaki.BITS, 70)
+    cap_a, cap_b = ozaki.budgets(count, 70)
+    assert np.array_equal(e, ozaki.scale(a, 1, ozaki.BITS, np, cap_a)[1].ravel())
+    assert np.array_equal(f, ozaki.scale(b, 0, ozaki.BITS, np, cap_b)[1].ravel())
+    bad = a.copy()
+    bad[5, 69] = np.nan  # on the last rank's columns only
+    with ozaki_gpu.checked_later() as checks:
+        ozaki_gpu.grid_exponents(bad[:, cols], b[cols], comm, comm, 70)
+    assert not checks.finite()
+
+
 def test_moduli_asked_reach_the_products_and_the_plans(rng, ozaki_gpu, monkeypatch):
     """summa.matmul/gemm(..., moduli=L): inside, every product takes L moduli
     and plans count their scratch so; before and after, the default; bad
