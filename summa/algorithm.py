@@ -11,7 +11,6 @@ receives start at once (:func:`_own_first`), and with direct copies (ipc).
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field, asdict
 
@@ -22,7 +21,7 @@ from . import ozaki
 from .checks import check_layouts, check_operands, check_scalars
 from .layout import Distribution, Layout, panel_schedule, split_panel
 from .matrix import DistMatrix
-from .ozaki_gpu import asked_moduli, check_moduli
+from .ozaki_gpu import asked_moduli, check_moduli, panel_sums_asked
 from .selection import _export, _pick_broadcasters
 from .strips import check_schedule, multiply_strips, strip_bounds
 from .transpose import PanelsOfA
@@ -220,7 +219,7 @@ def _panel_sums(A, B, C, precision, strips):
     measured on several GPUs."""
     grid, k = C.grid, A.layout.cols
     if (precision != "fp64-int8" or strips or grid.size == 1 or C.dtype.kind != "f"
-            or k > ozaki.K_EXACT or os.environ.get("SUMMA_FP64_INT8_SUMS", "0") != "1"):
+            or k > ozaki.K_EXACT or not panel_sums_asked()):
         return None
     from .ozaki_gpu import PanelSums, grid_exponents
     exponents = grid_exponents(A.local, B.local, grid.row_comm, grid.col_comm, k)

@@ -44,7 +44,7 @@ from .checks import check_layouts, check_operands, check_scalars
 from .backend import _CUDA_INVALID_VALUE, _clear_cuda_error, page_locked
 from .layout import panel_schedule, split_panel_doubling
 from .matrix import DistMatrix
-from .plan import memory_plan
+from .plan import memory_plan, panel_sums_out_of_core
 from .selection import _broadcasters
 from .staging import Transfer, copy_threads, get_stager
 from .transpose import PanelsOfA
@@ -155,7 +155,10 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     mover = (_CudaMover(device, C.dtype, host_copies, copy_threads(grid.local_size))
              if device.name == "cupy" else _HostMover(device, C.dtype))
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
-    panels = _head_pieces(panels, mover.overlaps, precision)
+    # fp64-int8 tiles summing their panels' INT8 products fold once: narrow
+    # head pieces cost them no folds (the plan counted the sums)
+    sums_k = k if panel_sums_out_of_core(precision, C.dtype, grid.shape, k) else None
+    panels = _head_pieces(panels, mover.overlaps, None if sums_k else precision)
     stats = SummaStats(panels=len(panels), panel_width=panel_width,
                        comm=f"{row_bc.name} (host-resident)", lookahead=lookahead)
     t0 = time.perf_counter()
@@ -171,7 +174,7 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     try:
         with device.checked_later() as checks:  # float64 on INT8: asked once, below
             _sweep(alpha, A, B, C, beta != 0, tiles, panels, lookahead, plan.slots, row_bc,
-                   col_bc, mover, precision, progress, plan.transposed_a, own_copies)
+                   col_bc, mover, precision, progress, plan.transposed_a, own_copies, sums_k)
             # GPU streams may wait on peers' broadcasts (NCCL kernels, ipc events)
             with watch("the queued GPU work of the out-of-core sweep (uploads, broadcasts, "
                        "GEMMs, write-backs)"):
@@ -201,15 +204,21 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
 
 
 def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_bc, mover,
-           precision, progress, transposed=False, own_copies=None) -> None:
+           precision, progress, transposed=False, own_copies=None, sums_k=None) -> None:
     """Every (tile, panel) step, with `lookahead` steps broadcast ahead of the
     GEMMs and, where `slots` leaves room, uploads steps further ahead: a
     broadcast waits for its upload on the owner and for the GEMMs done with its
     slot on every rank, so with both ready at the same GEMM's end no rank's
     broadcast waits (NCCL: spins on SMs beside the GEMMs) for the other's.
-    `transposed`: each GEMM reads its A part from a transposed copy."""
+    `transposed`: each GEMM reads its A part from a transposed copy. With
+    `sums_k` (one rank, fp64-int8), each tile sums its panels' INT8 products
+    (:class:`summa.ozaki_gpu.PanelSums`) and folds C once, strip by strip as
+    its rows go home; a tile whose later panels break the exponents its
+    first chose is made again panel by panel (:func:`_redo_tile`)."""
     grid, xp, dtype = C.grid, mover.xp, C.dtype
-    smallest = FP64_INT8_TAIL_SMALLEST if precision == "fp64-int8" else TAIL_SMALLEST
+    # (a strip of panel sums costs only its fold: no product of few rows)
+    smallest = (FP64_INT8_TAIL_SMALLEST if precision == "fp64-int8" and not sums_k
+                else TAIL_SMALLEST)
     # Tile counts agree on all ranks (the plan); sizes are this rank's own,
     # and the same along a grid row (rows) or column (columns), as broadcasts need.
     tm = max((i1 - i0 for i0, i1, _, _ in tiles), default=0)
@@ -226,6 +235,16 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
     def gemm(a, b, c):
         mover.gemm(alpha, a, b, c, precision, operand_a)
 
+    def host_parts(t, p):
+        """Tile t's rows of A panel p's columns and p's rows of its columns of
+        B, in host memory (on this rank: own copies, or the local blocks)."""
+        i0, i1, j0, j1 = tiles[t]
+        if own_copies is not None:
+            a_rows, b_cols = own_copies
+            return a_rows[i0:i1, p.k0:p.k1], b_cols[p.k0:p.k1, j0:j1]
+        a_host, b_host = local_parts(A, B, p)
+        return a_host[i0:i1], b_host[:, j0:j1]
+
     def upload(s):
         """The owners' parts of step s, from host memory into slot ``s % slots``
         (once the GEMMs of the step that used it are done)."""
@@ -234,13 +253,11 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
         p, slot = panels[i], s % slots
         a = a_slots[slot][: (i1 - i0) * p.width].reshape(i1 - i0, p.width)
         b = b_slots[slot][: p.width * (j1 - j0)].reshape(p.width, j1 - j0)
+        a_host, b_host = host_parts(t, p)
         if own_copies is not None:  # every rank its own parts, from host memory
-            a_rows, b_cols = own_copies
-            return (a, b, mover.upload(a, a_rows[i0:i1, p.k0:p.k1]),
-                    mover.upload(b, b_cols[p.k0:p.k1, j0:j1]))
-        a_host, b_host = local_parts(A, B, p)
-        up_a = mover.upload(a, a_host[i0:i1]) if grid.col == p.a_root else None
-        up_b = mover.upload(b, b_host[:, j0:j1]) if grid.row == p.b_root else None
+            return a, b, mover.upload(a, a_host), mover.upload(b, b_host)
+        up_a = mover.upload(a, a_host) if grid.col == p.a_root else None
+        up_b = mover.upload(b, b_host) if grid.row == p.b_root else None
         return a, b, up_a, up_b
 
     def send(s, uploaded):
@@ -269,13 +286,29 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
         c = c_bufs[t % len(c_bufs)][: host_tile.size].reshape(host_tile.shape)
         if i == 0:
             mover.begin_tile(c, host_tile, t % len(c_bufs), load_c)
+            if sums_k:
+                from .ozaki_gpu import PanelSums
+                sums = PanelSums(i1 - i0, j1 - j0, sums_k, mover.device)
         group = tail if t == len(tiles) - 1 and i == len(panels) - tail else 1
         arrived = [inflight.popleft() for _ in range(group)]
         if s <= 1 < s + group:
             inject("summa")
         for j, (_, _, ra, rb) in enumerate(arrived):
             wait_for_panel(i + j, panels[i + j], ra, rb, grid, f" for C tile {t} of {len(tiles)}")
-        if i + group < len(panels):
+        if sums_k:
+            for a, b, _, _ in arrived:
+                mover.compute(lambda: sums.add(operand_a(a), b))
+            if i + group == len(panels):  # folded strip by strip, each home once final
+                if sums.holds():
+                    for r0, r1 in _tail_strips(c.shape[0], mover.overlaps, smallest):
+                        if r0 < r1:
+                            mover.compute(lambda: sums.fold(alpha, c[r0:r1], 1.0, (r0, r1)))
+                            mover.write_back(host_tile[r0:r1], c[r0:r1], t % len(c_bufs))
+                else:
+                    _redo_tile(t, c, panels, host_parts, mover, gemm)
+                    mover.write_back(host_tile, c, t % len(c_bufs))
+                sums = None
+        elif i + group < len(panels):
             gemm(arrived[0][0], arrived[0][1], c)
         else:  # the tile's last panels: each row strip goes home once it is final
             # (float64 on INT8 products make B's residues once for all strips
@@ -295,6 +328,22 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
             if j + depth < len(steps):
                 inflight.append(send(j + depth, staged.popleft()))
         s += group
+
+
+def _redo_tile(t, c, panels, host_parts, mover, gemm) -> None:
+    """Tile t's product made again panel by panel, each panel product folded
+    on its own, into `c` as the tile began (its panel sums broke the
+    exponents their first panel chose; never on data alike along K): the
+    parts uploaded anew, one panel at a time (slow, and rare)."""
+    xp = mover.xp
+    for p in panels:
+        a_host, b_host = host_parts(t, p)
+        a = xp.empty(a_host.shape, dtype=c.dtype)
+        b = xp.empty(b_host.shape, dtype=c.dtype)
+        uploads = mover.upload(a, a_host), mover.upload(b, b_host)
+        for uploaded in uploads:
+            mover.wait_event(uploaded)
+        gemm(a, b, c)
 
 
 class _NoBroadcasts:
@@ -382,8 +431,12 @@ class _HostMover:
             c.fill(0)
 
     def gemm(self, alpha, a, b, c, precision, operand_a) -> None:
+        self.compute(lambda: self.device.gemm(alpha, operand_a(a), b, c, precision=precision))
+
+    def compute(self, work) -> None:
+        """`work()`, timed as compute."""
         t0 = time.perf_counter()
-        self.device.gemm(alpha, operand_a(a), b, c, precision=precision)
+        work()
         self._seconds += time.perf_counter() - t0
 
     def write_back(self, host, c, buf: int) -> None:
@@ -546,8 +599,12 @@ class _CudaMover:
     def gemm(self, alpha, a, b, c, precision, operand_a) -> None:
         """`operand_a(a)` (a transposed copy, or `a`) times `b` into `c`, timed
         (the copy too: it is the GEMM's work)."""
+        self.compute(lambda: self.device.gemm(alpha, operand_a(a), b, c, precision=precision))
+
+    def compute(self, work) -> None:
+        """`work()` (GPU work queued on the compute stream), timed as compute."""
         self.marks.append(self.device.timing_mark())
-        self.device.gemm(alpha, operand_a(a), b, c, precision=precision)
+        work()
         self.marks.append(self.device.timing_mark())
         if self._to_touch is not None:
             self._touched, self._to_touch = self._stage().touch(self._to_touch), None

@@ -29,7 +29,7 @@ import numpy as np
 
 from . import ozaki
 
-__all__ = ["gemm", "PanelSums", "grid_exponents", "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli",
+__all__ = ["gemm", "PanelSums", "grid_exponents", "panel_sums_bytes", "panel_sums_asked", "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli",
            "moduli_setting",
            "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
 
@@ -290,6 +290,24 @@ def scratch_bytes(m: int, n: int, k: int, count: int, planes: int = PLANES) -> i
     return count * (m + np_) * kp + 8 * n * k + 4 * planes * m * np_ + 16 * m * n
 
 
+def panel_sums_bytes(m: int, n: int, width: int, k: int, planes: int = PLANES) -> int:
+    """Device bytes :class:`PanelSums` takes beside its operands for an
+    ``m x n`` C over `k` terms in panels up to `width` wide: the int32 sums
+    (a plane per modulus), one panel's residue planes and B transposed, and
+    the fold's two float64 sums."""
+    count = moduli_for(k)
+    kp, np_ = -(-width // 4) * 4, -(-n // 4) * 4
+    folds = 16 * m * n if count > planes else 0
+    return 4 * count * m * np_ + count * (m + np_) * kp + 8 * n * kp + folds
+
+
+def panel_sums_asked() -> bool:
+    """``SUMMA_FP64_INT8_SUMS=1``: fp64-int8 products given in K panels sum
+    their INT8 products and fold C once (:class:`PanelSums`); off until
+    measured."""
+    return os.environ.get("SUMMA_FP64_INT8_SUMS", "0").strip() == "1"
+
+
 def check_moduli(moduli, precision) -> int | None:
     """`moduli` as an int if a float64-on-INT8 product can take it (3 to 30;
     fewer cannot rebuild a product over K up to :data:`summa.ozaki.K_EXACT`),
@@ -497,19 +515,29 @@ class PanelSums:
             self.backend.int8_gemm_tn(a8[p], b8[p], self.sums[p], accumulate=self.seen > 0)
         self.seen += width
 
-    def finish(self, alpha, c, beta=0.0) -> bool:
-        """Fold the sums into ``c = alpha (sum of the panel products) + beta
-        c`` if every panel held the exponents' assumptions and all of K came
-        (waits for the GPU once); False, `c` untouched, where one did not."""
+    def holds(self) -> bool:
+        """Did every panel keep the exponents' assumptions, and did all of K
+        come? (Waits for the GPU once; given exponents always hold.)"""
         import cupy
         if self.seen != self.k:
             raise ValueError(f"panels of {self.seen} of K = {self.k} terms added")
+        if self.given:
+            return True
         limit = 2.0**self.bits
-        if not self.given and not (all(float(top) < limit for top in self.tops)
+        return (all(float(top) < limit for top in self.tops)
                 and ozaki.sums_fit(self.rows, self.cap_a, cupy)
-                and ozaki.sums_fit(self.cols, self.cap_b, cupy)):
-            return False
-        m, n, np_, count = self.m, self.n, self.np_, self.count
+                and ozaki.sums_fit(self.cols, self.cap_b, cupy))
+
+    def fold(self, alpha, c, beta=0.0, rows: tuple | None = None) -> None:
+        """``c = alpha (sum of the panel products) + beta c`` for the rows
+        ``rows = (r0, r1)`` of the product (default all; `c` those rows), once
+        :meth:`holds` said so: a strip at a time, each strip can go home as
+        soon as it is folded."""
+        import cupy
+        r0, r1 = rows or (0, self.m)
+        m, n, np_, count = r1 - r0, self.n, self.np_, self.count
+        if m <= 0:
+            return
         weights, constants = self.constants["weights"], self.constants
         planes = max(1, min(int(self.planes), count))
         groups = list(range(0, count, planes))
@@ -517,20 +545,29 @@ class PanelSums:
         sums = (m, n) if len(groups) > 1 or not fused else (1, 1)
         s_hi = cupy.empty(sums, dtype=cupy.float64)
         s_lo = cupy.empty(sums, dtype=cupy.float64)
-        ends = (self.e, self.f, weights["m_hi"], weights["m_lo"], np.int32(weights["t"]),
+        e = self.e[r0:r1]
+        ends = (e, self.f, weights["m_hi"], weights["m_lo"], np.int32(weights["t"]),
                 np.float64(alpha), np.float64(beta), c, np.int64(c.strides[0] // c.itemsize))
         for j, l0 in enumerate(groups):
             last = fused and j == len(groups) - 1
+            # the strip's rows of each plane: planes stay self.m * np_ apart
             _launch(_kernel("fold_finish" if last else "fold"), m, n,
-                    (self.sums[l0:], np.int64(m), np.int64(n), np.int64(np_),
-                     np.int64(m * np_), np.int32(min(planes, count - l0)),
+                    (self.sums[l0:, r0:], np.int64(m), np.int64(n), np.int64(np_),
+                     np.int64(self.m * np_), np.int32(min(planes, count - l0)),
                      constants["moduli"][l0:], constants["inverses"][l0:],
                      constants["w_hi"][l0:], constants["w_lo"][l0:], s_hi, s_lo,
                      np.int32(j == 0)) + (ends if last else ()))
         if not fused:
-            _kernel("finish")(s_hi, s_lo, self.e.reshape(m, 1), self.f.reshape(1, n),
+            _kernel("finish")(s_hi, s_lo, e.reshape(m, 1), self.f.reshape(1, n),
                               weights["m_hi"], weights["m_lo"], np.int32(weights["t"]),
                               float(alpha), float(beta), c)
+
+    def finish(self, alpha, c, beta=0.0) -> bool:
+        """:meth:`fold` all of C where :meth:`holds`; False, `c` untouched,
+        where it does not."""
+        if not self.holds():
+            return False
+        self.fold(alpha, c, beta)
         return True
 
 

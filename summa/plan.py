@@ -133,26 +133,27 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     # Staging only where a grid row (A) or column (B) has ranks to send to.
     staged = (bool(staged[0]) and pc > 1, bool(staged[1]) and pr > 1)
     emulated = emulated and (2 if np.dtype(dtype).kind == "c" else 1)  # 2: complex
+    sums_k = k if panel_sums_out_of_core(precision, dtype, grid, k) else None
     asked = _tiles_asked(ml, nl)
     tiles = asked or _ooc_tiles(max(ml, 1), max(nl, 1), nb, slots, device_budget // item,
-                                transposed, staged, emulated)
+                                transposed, staged, emulated, sums_k)
     if tiles is None:
         raise ValueError(f"a device budget of {_gib(device_budget)} is too small for "
                          f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
     tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
     if asked:  # the planner's own cut fits by construction
         need = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged,
-                             emulated) * item
+                             emulated, sums_k) * item
         if need > device_budget:
             raise ValueError(f"SUMMA_OOC_TILES: {tiles[0]} x {tiles[1]} tiles of {tm} x {tn} "
                              f"need {_gib(need)} of the device budget of {_gib(device_budget)}")
     for _ in range(upload_lead()):  # room for uploads steps ahead, same tiles
         if _ooc_elements(tm, tn, nb, slots + 1, tiles[0] * tiles[1], transposed, staged,
-                         emulated) * item > device_budget:
+                         emulated, sums_k) * item > device_budget:
             break
         slots += 1
     device = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged,
-                           emulated) * item
+                           emulated, sums_k) * item
     ring = ring_bytes(copy_threads(1)) if backend == "cupy" else 0
     return MemoryPlan("out-of-core", device, blocks * item, (int(tm), int(tn)), int(nb),
                       (int(tiles[0]), int(tiles[1])), slots, transposed, staged, ring)
@@ -191,28 +192,42 @@ def _ooc_parts(slots: int, transposed: bool, staged: tuple) -> tuple[int, int]:
     return slots * (1 + staged[0]) + transposed, slots * (1 + staged[1])
 
 
-def _ozaki_scratch(tm: int, tn: int, nb: int, complex_: bool = False) -> int:
+def panel_sums_out_of_core(precision, dtype, grid: tuple, k: int) -> bool:
+    """Do out-of-core fp64-int8 tiles sum their panels' INT8 products and
+    fold once (:class:`summa.ozaki_gpu.PanelSums`, exponents from each
+    tile's first panel)? Where asked (``SUMMA_FP64_INT8_SUMS=1``), on one
+    rank, for float64, K within an int32 sum."""
+    from . import ozaki, ozaki_gpu
+    return (precision == "fp64-int8" and np.dtype(dtype).kind == "f" and tuple(grid) == (1, 1)
+            and 0 < k <= ozaki.K_EXACT and ozaki_gpu.panel_sums_asked())
+
+
+def _ozaki_scratch(tm: int, tn: int, nb: int, complex_: bool = False,
+                   sums_k: int | None = None) -> int:
     """Device bytes one ``tm x nb`` by ``nb x tn`` product takes on INT8 tensor
     cores (``precision="fp64-int8"``, :func:`summa.ozaki_gpu.scratch_bytes`);
     complex: one real product at a time, beside the operands' real and
-    imaginary parts and the two real results."""
+    imaginary parts and the two real results; with `sums_k`, a tile's
+    :class:`summa.ozaki_gpu.PanelSums` over that many terms instead."""
     from . import ozaki_gpu
+    if sums_k:
+        return ozaki_gpu.panel_sums_bytes(tm, tn, nb, sums_k)
     scratch = ozaki_gpu.scratch_bytes(tm, tn, nb, ozaki_gpu.moduli_for(nb))
     return scratch + (16 * (tm * nb + nb * tn) + 16 * tm * tn if complex_ else 0)
 
 
 def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,
                   transposed: bool = False, staged: tuple = (False, False),
-                  emulated: int = 0) -> int:
+                  emulated: int = 0, sums_k: int | None = None) -> int:
     """Device elements of the out-of-core sweep: C tiles, the panel parts
     of :func:`_ooc_parts`, and where `emulated` (1 real, 2 complex) one
-    product's scratch on INT8 tensor cores."""
+    product's scratch on INT8 tensor cores (`sums_k`: :func:`_ozaki_scratch`)."""
     a_parts, b_parts = _ooc_parts(slots, transposed, staged)
     elements = min(2, ntiles) * tm * tn + a_parts * tm * nb + b_parts * tn * nb
     if not emulated:
         return elements
     item = 16 if emulated == 2 else 8  # elements of the data's size, complex or real
-    return elements + -(-_ozaki_scratch(tm, tn, nb, emulated == 2) // item)
+    return elements + -(-_ozaki_scratch(tm, tn, nb, emulated == 2, sums_k) // item)
 
 
 #: Most column tiles the search for fp64-int8's cut tries (per rank).
@@ -220,7 +235,7 @@ EMULATED_COLUMN_TILES = 64
 
 
 def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: bool = False,
-               staged: tuple = (False, False), emulated: int = 0):
+               staged: tuple = (False, False), emulated: int = 0, sums_k: int | None = None):
     """Fewest ``(row tiles, column tiles)`` whose sweep fits `budget` elements:
     by columns, the most rows that fit (the sweep's size grows with them).
     Where `emulated`, the cut that uploads least instead (B's panels once per
@@ -231,10 +246,12 @@ def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: b
     16384-wide panels ran 60.4 TFLOP/s where 4 x 1 with 8192 ran 52.3 (s15e).
     Emulated, C is never one tile where it has rows to cut: a tile's first
     panel goes up whole before its first product (nothing hides it), and one
-    tile of N = 32768 ran 49.4 TFLOP/s where 2 x 1 ran 58.7 (s16c, s16d)."""
+    tile of N = 32768 ran 49.4 TFLOP/s where 2 x 1 ran 58.7 (s16c, s16d) —
+    but with panel sums (`sums_k`), whose narrow head pieces hide it."""
     def fits(tm, tn, ntiles):
-        return _ooc_elements(tm, tn, nb, slots, ntiles, transposed, staged, emulated) <= budget
-    fewest_rows = 2 if emulated and ml >= 2 else 1
+        return _ooc_elements(tm, tn, nb, slots, ntiles, transposed, staged, emulated,
+                             sums_k) <= budget
+    fewest_rows = 2 if emulated and ml >= 2 and not sums_k else 1
     if fewest_rows == 1 and fits(ml, nl, 1):
         return 1, 1
     best = None

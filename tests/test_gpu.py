@@ -584,6 +584,31 @@ def test_summa_fp64_int8_with_panel_sums_is_one_gpus_whole_product(comm, rng, gp
 
 
 @pytest.mark.mpi(min_size=1)
+def test_out_of_core_fp64_int8_panel_sums_hold_or_are_redone(comm, rng, gpu, monkeypatch):
+    """SUMMA_FP64_INT8_SUMS=1 out of core (one rank): each tile sums its
+    panels' INT8 products and folds once, within the gauge; a row 64 times
+    larger past the first panel breaks its exponents: that tile is made
+    again panel by panel, still within the gauge."""
+    from summa import outofcore
+    redone = []
+    real = outofcore._redo_tile
+    monkeypatch.setattr(outofcore, "_redo_tile", lambda t, *a: (redone.append(t), real(t, *a)))
+    monkeypatch.setenv("SUMMA_FP64_INT8_SUMS", "1")
+    a, b = rng.uniform(-1, 1, (700, 900)), rng.standard_normal((900, 500))
+    spiky = a.copy()
+    spiky[5, 600:] *= 64
+    for x, breaks in ((a, False), (spiky, True)):
+        redone.clear()
+        got = matmul(x if comm.rank == 0 else None, b if comm.rank == 0 else None, comm=comm,
+                     precision="fp64-int8", panel_width=256, out_of_core=True,
+                     device_memory="48MiB")
+        if comm.rank == 0:
+            assert gemm_scaled_error(got, x, b) <= 1
+        if comm.size == 1:  # several ranks: per-panel folds (the sums are one rank's)
+            assert bool(redone) == breaks
+
+
+@pytest.mark.mpi(min_size=1)
 def test_large_host_copies_go_through_the_stager(comm, rng, gpu, monkeypatch):
     """Large pageable arrays reach the GPU and come back through page-locked
     chunks (strided rows too), every byte, in the order of the stream."""

@@ -679,3 +679,29 @@ def test_fp64_int8_never_streams_c_as_one_tile_where_it_has_rows_to_cut():
     assert planner._ooc_tiles(32768, 32768, 16384, 3, budget, emulated=0) == (1, 1)
     assert planner._ooc_tiles(32768, 32768, 16384, 3, budget, emulated=1) == (2, 1)
     assert planner._ooc_tiles(1, 32768, 16384, 3, budget, emulated=1) == (1, 1)
+
+
+def test_panel_sums_out_of_core_are_counted_in_the_plan(monkeypatch):
+    """SUMMA_FP64_INT8_SUMS=1 on one rank: the plan counts each tile's int32
+    sums (4 bytes an element per modulus) and lets C be one tile (narrow
+    head pieces hide its first upload); several ranks, complex data or
+    other precisions keep the per-panel scratch."""
+    from summa import ozaki_gpu
+    from summa.plan import panel_sums_out_of_core
+    monkeypatch.delenv("SUMMA_FP64_INT8_SUMS", raising=False)
+    args = (32768, 32768, 32768, "float64", (1, 1), 16384, 1, "cupy")
+    plain = memory_plan(*args, out_of_core=True, device_budget=parse_bytes("200GiB"),
+                        precision="fp64-int8")
+    assert plain.tiles == (2, 1)
+    monkeypatch.setenv("SUMMA_FP64_INT8_SUMS", "1")
+    assert panel_sums_out_of_core("fp64-int8", "float64", (1, 1), 32768)
+    assert not panel_sums_out_of_core("fp64-int8", "complex128", (1, 1), 32768)
+    assert not panel_sums_out_of_core("fp64-int8", "float64", (1, 2), 32768)
+    assert not panel_sums_out_of_core(None, "float64", (1, 1), 32768)
+    summed = memory_plan(*args, out_of_core=True, device_budget=parse_bytes("200GiB"),
+                         precision="fp64-int8")
+    assert summed.tiles == (1, 1)
+    assert summed.device_bytes >= 4 * ozaki_gpu.moduli_for(32768) * 32768 * 32768
+    tight = memory_plan(*args, out_of_core=True, device_budget=parse_bytes("64GiB"),
+                        precision="fp64-int8")
+    assert tight.device_bytes <= parse_bytes("64GiB") and tight.tiles[0] * tight.tiles[1] > 1

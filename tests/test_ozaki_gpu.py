@@ -175,6 +175,10 @@ def test_panel_sums_fold_once_and_give_the_cpu_panel_product(rng, ozaki_gpu, wid
     folds = sum(ozaki_gpu._kernels[name].launches for name in ("fold", "fold_finish"))
     assert folds == -(-sums.count // ozaki_gpu.PLANES)
     assert backend.gemms == sums.count * len(widths)
+    strips = c0.copy()  # row strips folded one by one (each home once final): the same
+    for r0, r1 in ((0, 10), (10, 11), (11, 37)):
+        sums.fold(2.0, strips[r0:r1], -0.5, rows=(r0, r1))
+    np.testing.assert_array_equal(strips, c)
 
 
 def test_panel_sums_say_so_where_a_later_panel_breaks_the_exponents(rng, ozaki_gpu):
