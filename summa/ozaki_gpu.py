@@ -29,8 +29,8 @@ import numpy as np
 
 from . import ozaki
 
-__all__ = ["gemm", "PanelSums", "grid_exponents", "panel_sums_bytes", "panel_sums_asked", "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli",
-           "moduli_setting",
+__all__ = ["gemm", "PanelSums", "grid_exponents", "panel_sums_bytes", "panel_sums_asked",
+           "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli", "moduli_setting",
            "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
 
 #: Integer products folded per pass (each pass reads the two sums once; 8
