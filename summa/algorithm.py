@@ -217,7 +217,7 @@ def _panel_sums(A, B, C, precision, strips):
     the panels' INT8 products are summed and C folded once, not once a
     panel; else None. Float64 only, K within an int32 sum. Off until
     measured on several GPUs."""
-    grid, k = C.grid, A.layout.cols
+    grid, k = C.grid, A.layout.shape[1]
     if (precision != "fp64-int8" or strips or grid.size == 1 or C.dtype.kind != "f"
             or k > ozaki.K_EXACT or not panel_sums_asked()):
         return None
