@@ -21,7 +21,7 @@ from . import ozaki
 from .checks import check_layouts, check_operands, check_scalars
 from .layout import Distribution, Layout, panel_schedule, split_panel
 from .matrix import DistMatrix
-from .ozaki_gpu import asked_moduli, check_moduli
+from .ozaki_gpu import asked_moduli, check_moduli, panel_sums_bytes, panel_sums_wanted
 from .selection import _export, _pick_broadcasters
 from .strips import check_schedule, multiply_strips, strip_bounds
 from .transpose import PanelsOfA
@@ -156,6 +156,7 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
         # Made inside: its copies go on the stream its GEMMs run on.
         operand_a = PanelsOfA(backend, C.local.shape[0], 0 if strips else
                               max((p.width for p in panels), default=0), C.dtype, transpose)
+        sums = _panel_sums(A, B, C, precision, strips, panels, lookahead)
         if grid.size == 1:
             for i, p in enumerate(panels):
                 a, b = local_parts(A, B, p) if transpose else (A.local, B.local)
@@ -170,7 +171,12 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
                             precision, progress, stats.extra)
         else:
             _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks,
-                      precision, progress, stats.extra, operand_a)
+                      precision, progress, stats.extra, operand_a,
+                      None if sums is None else sums.add)
+            if sums is not None:  # the one fold of C, alpha applied (beta already was)
+                marks.append(backend.timing_mark())
+                sums.finish(alpha, C.local, 1.0)
+                marks.append(backend.timing_mark())
     with watch("the queued GPU work of the SUMMA loop (broadcasts and GEMMs)"):
         backend.synchronize()
     # float64 on INT8: inputs checked for Inf/NaN as the products went, asked once here
@@ -202,6 +208,35 @@ def prepare(A: DistMatrix, B: DistMatrix, C: DistMatrix, panel_width=None,
         bc.connect()
     for bc in readers:
         bc.release()
+
+
+def _panel_sums(A, B, C, precision, strips, panels, lookahead):
+    """fp64-int8 on a grid of several ranks: a :class:`summa.ozaki_gpu.PanelSums`
+    for this rank's C block with the exponents of all of K
+    (:func:`summa.ozaki_gpu.grid_exponents`), so the panels' INT8 products
+    are summed and C folded once, not once a panel (a fold costs ~35 ms per
+    2**29 elements of C on an H200: at 4096-wide panels a third of each
+    rank's compute, s17d), and the product is one GPU's whole one; else
+    None: for complex128, strips, K past an int32 sum, where
+    ``SUMMA_FP64_INT8_SUMS=0``, or where any rank's device lacks the
+    memory for the sums (4 bytes an element of C a modulus). Collective."""
+    grid, k = C.grid, A.layout.shape[1]
+    if (precision != "fp64-int8" or strips or grid.size == 1 or C.dtype.kind != "f"
+            or not 0 < k <= ozaki.K_EXACT or not panel_sums_wanted()):
+        return None
+    width = max((p.width for p in panels), default=0)
+    m, n = C.local.shape
+    # beside the sums, the panel buffers the pipeline makes next (and their
+    # staging), a margin for the pool's rounding and the GEMMs' workspace
+    buffers = 2 * (lookahead + 1) * (m + n) * width * C.dtype.itemsize
+    need = panel_sums_bytes(m, n, width, k) + buffers
+    free = C.backend.memory_free()
+    fits = free is not None and free >= need + need // 16 + (256 << 20)
+    if not grid.comm.allreduce(fits, op=MPI.LAND):
+        return None
+    from .ozaki_gpu import PanelSums, grid_exponents
+    exponents = grid_exponents(A.local, B.local, grid.row_comm, grid.col_comm, k)
+    return PanelSums(m, n, k, exponents, C.backend)
 
 
 def _panel_width(A, B, C, panel_width, precision) -> tuple[int, bool]:
@@ -290,10 +325,11 @@ def _fetched(p, grid, direct) -> int:
 
 
 def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, precision,
-              progress, extra, operand_a=None) -> None:
+              progress, extra, operand_a=None, product=None) -> None:
     """The SUMMA steps with `lookahead` panels in flight; GEMM marks go to `marks`,
     the direct broadcasters' set-up and tear-down seconds to `extra`; each
-    GEMM reads A as `operand_a` (a :class:`PanelsOfA`) gives it."""
+    GEMM reads A as `operand_a` (a :class:`PanelsOfA`) gives it, or with
+    `product` each panel product is ``product(a, b)`` instead."""
     grid, xp = C.grid, C.backend.xp
     mloc, nloc = C.local.shape
     depth = lookahead + 1
@@ -375,7 +411,7 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
                 len(panels)) if readers else 0
     try:
         _steps(alpha, C, panels, depth, hold, start, finished, marks, precision, progress,
-               held, lambda i: local_parts(A, B, panels[i]), operand_a)
+               held, lambda i: local_parts(A, B, panels[i]), operand_a, product)
         connect()  # every rank takes part, even one that fetched nothing
     except BaseException:
         for bc in readers:  # the peers may be gone: close what this rank opened, no barrier
@@ -389,7 +425,7 @@ def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, 
 
 
 def _steps(alpha, C, panels, depth, hold, start, finished, marks, precision,
-           progress, held=(), views=None, operand_a=None) -> None:
+           progress, held=(), views=None, operand_a=None, product=None) -> None:
     """Run the SUMMA steps.
 
     `start(i)` queues panel i's broadcasts, in list order (the order every rank
@@ -446,8 +482,11 @@ def _steps(alpha, C, panels, depth, hold, start, finished, marks, precision,
         if i not in first:
             wait_for_panel(i, panels[i], ra, rb, grid)
         marks.append(backend.timing_mark())  # the copy of A, if any, counts as compute
-        backend.gemm(alpha, a if operand_a is None else operand_a(a), b, C.local,
-                     precision=precision)
+        a = a if operand_a is None else operand_a(a)
+        if product is None:
+            backend.gemm(alpha, a, b, C.local, precision=precision)
+        else:
+            product(a, b)
         marks.append(backend.timing_mark())
         queued += 1
         finished(i)

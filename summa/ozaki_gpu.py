@@ -29,10 +29,11 @@ import os
 import numpy as np
 
 from . import ozaki
+from .settings import number
 
-__all__ = ["gemm", "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli",
-           "moduli_setting", "phase_seconds", "same_b", "checked_later", "scratch_bytes",
-           "PLANES", "NOT_FINITE"]
+__all__ = ["gemm", "PanelSums", "grid_exponents", "panel_sums_bytes", "panel_sums_wanted",
+           "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli", "moduli_setting",
+           "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
 
 #: Integer products folded per pass (each pass reads the two sums once; 8
 #: measured no faster, s13).
@@ -308,6 +309,25 @@ def scratch_bytes(m: int, n: int, k: int, count: int, planes: int = PLANES) -> i
     return count * (m + np_) * kp + 8 * n * k + 4 * planes * m * np_ + 16 * m * n
 
 
+def panel_sums_bytes(m: int, n: int, width: int, k: int, planes: int = PLANES) -> int:
+    """Device bytes :class:`PanelSums` takes beside its operands for an
+    ``m x n`` C over `k` terms in panels up to `width` wide: the int32 sums
+    (a plane per modulus), one panel's residue planes and B transposed, and
+    the fold's two float64 sums."""
+    count = moduli_for(k)
+    kp, np_ = -(-width // 4) * 4, -(-n // 4) * 4
+    folds = 16 * m * n if count > planes else 0
+    return 4 * count * m * np_ + count * (m + np_) * kp + 8 * n * kp + folds
+
+
+def panel_sums_wanted() -> bool:
+    """fp64-int8 products given in K panels on a grid sum their INT8
+    products and fold C once (:class:`PanelSums`) unless
+    ``SUMMA_FP64_INT8_SUMS=0`` (a fold a panel, as one rank's out-of-core
+    tiles make it: the reference a benchmark compares against)."""
+    return number("SUMMA_FP64_INT8_SUMS", 1) != 0
+
+
 def check_moduli(moduli, precision) -> int | None:
     """`moduli` as an int if a float64-on-INT8 product can take it (3 to 30;
     fewer cannot rebuild a product over K up to :data:`summa.ozaki.K_EXACT`),
@@ -446,6 +466,110 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
         _kernel("finish")(s_hi, s_lo, e.reshape(m, 1), f.reshape(1, n), weights["m_hi"],
                           weights["m_lo"], np.int32(weights["t"]), float(alpha), float(beta), c)
     mark("finish")
+
+
+class PanelSums:
+    """``c = alpha a @ b + beta c`` for A and B given in K panels, as SUMMA
+    receives them on a grid: each panel's INT8 products summed in int32
+    (one plane a modulus) and C folded once at the end, not once a panel.
+    The scaling exponents are those of all of K (:func:`grid_exponents`),
+    so the result is the one :func:`gemm` makes of the whole product on
+    one GPU, and nothing needs checking panel by panel. Device memory:
+    :func:`panel_sums_bytes`.
+    """
+
+    def __init__(self, m: int, n: int, k: int, exponents, backend, bits: int = ozaki.BITS,
+                 moduli: int | None = None, planes: int = PLANES):
+        import cupy
+        if k > ozaki.K_EXACT:
+            raise ValueError(f"K = {k} exceeds the {ozaki.K_EXACT} an int32 sum holds")
+        _, self.count = ozaki.choose(bits, _asked(moduli), k)  # as grid_exponents chose
+        self.m, self.n, self.k, self.backend, self.planes = m, n, k, backend, planes
+        self.np_ = -(-n // 4) * 4
+        self.constants = _constants(self.count)
+        self.sums = cupy.empty((self.count, m, self.np_), dtype=cupy.int32)
+        self.e, self.f = exponents
+        self.seen = 0
+        self.started = False  # the first panel's products set the sums, the rest add
+
+    def add(self, a, b) -> None:
+        """Add the panel product ``a @ b`` (`a` m x w, `b` w x n, float64)."""
+        import cupy
+        width = a.shape[1]
+        if self.seen + width > self.k:
+            raise ValueError(f"panels past K = {self.k}")
+        self.seen += width
+        if width == 0 or self.m == 0 or self.n == 0:
+            return
+        kp = -(-width // 4) * 4
+        bt = cupy.empty((self.n, width), dtype=cupy.float64)
+        self.backend.transpose(b, bt)
+        a8 = _residues(a, self.e, self.count, self.m, kp, self.constants)
+        b8 = _residues(bt, self.f, self.count, self.np_, kp, self.constants)
+        for p in range(self.count):
+            self.backend.int8_gemm_tn(a8[p], b8[p], self.sums[p], accumulate=self.started)
+        self.started = True
+
+    def finish(self, alpha, c, beta=0.0) -> None:
+        """``c = alpha (the sum of the panel products) + beta c``, once all of
+        K has been added."""
+        import cupy
+        if self.seen != self.k:
+            raise ValueError(f"panels of {self.seen} of K = {self.k} terms added")
+        m, n, np_, count = self.m, self.n, self.np_, self.count
+        if m == 0 or n == 0:
+            return
+        if not self.started:  # K = 0: the product is zero
+            self.sums.fill(0)
+        weights, constants = self.constants["weights"], self.constants
+        planes = max(1, min(int(self.planes), count))
+        groups = list(range(0, count, planes))
+        fused = c.strides[1] == c.itemsize
+        sums = (m, n) if len(groups) > 1 or not fused else (1, 1)
+        s_hi = cupy.empty(sums, dtype=cupy.float64)
+        s_lo = cupy.empty(sums, dtype=cupy.float64)
+        ends = (self.e, self.f, weights["m_hi"], weights["m_lo"], np.int32(weights["t"]),
+                np.float64(alpha), np.float64(beta), c, np.int64(c.strides[0] // c.itemsize))
+        for j, l0 in enumerate(groups):
+            last = fused and j == len(groups) - 1
+            _launch(_kernel("fold_finish" if last else "fold"), m, n,
+                    (self.sums[l0:], np.int64(m), np.int64(n), np.int64(np_), np.int64(m * np_),
+                     np.int32(min(planes, count - l0)), constants["moduli"][l0:],
+                     constants["inverses"][l0:], constants["w_hi"][l0:], constants["w_lo"][l0:],
+                     s_hi, s_lo, np.int32(j == 0)) + (ends if last else ()))
+        if not fused:
+            _kernel("finish")(s_hi, s_lo, self.e.reshape(m, 1), self.f.reshape(1, n),
+                              weights["m_hi"], weights["m_lo"], np.int32(weights["t"]),
+                              float(alpha), float(beta), c)
+
+
+def grid_exponents(a, b, row_comm, col_comm, k: int, bits: int = ozaki.BITS,
+                   moduli: int | None = None):
+    """``(e, f)``: the scaling exponents of the rows of A and the columns of
+    B over all of K, where each rank holds a block of them (`a`: its rows of
+    A, its K columns; `b`: its K rows of B, its columns), the same on every
+    rank of a grid row (`row_comm`, A's rows) or column (`col_comm`, B's
+    columns) as one GPU's whole product would take (:func:`gemm`): two
+    allreduces of a number a row each way. Collective; Inf/NaN refused as
+    in :func:`gemm` (inside :func:`checked_later`, at its end)."""
+    import cupy
+    from mpi4py import MPI
+    _, count = ozaki.choose(bits, _asked(moduli), k)
+    caps = ozaki.budgets(count, k)
+
+    def side(x, axis, comm, cap):
+        amax = cupy.asnumpy(_kernel("amax")(x, axis=axis))
+        comm.Allreduce(MPI.IN_PLACE, amax, op=MPI.MAX)
+        top = cupy.asarray(amax)  # Inf where a row holds Inf or NaN on any rank
+        _refuse([_kernel("amax")(top, axis=None)] if top.size else [])
+        # each rank's part scaled by the row's own exponent over all of K,
+        # so the parts' squares add up to the whole row's
+        norm = _kernel("norm")(x, top.reshape((-1, 1) if axis == 1 else (1, -1)), axis=axis)
+        squares = cupy.asnumpy(norm * norm)
+        comm.Allreduce(MPI.IN_PLACE, squares, op=MPI.SUM)
+        return _kernel("exponents")(top, cupy.sqrt(cupy.asarray(squares)), np.int32(bits),
+                                    np.float64(cap))
+    return side(a, 1, row_comm, caps[0]), side(b, 0, col_comm, caps[1])
 
 
 def phase_seconds(marks: list) -> dict:

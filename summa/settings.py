@@ -18,6 +18,7 @@ NUMBERS = {
     "SUMMA_UPLOAD_LEAD": (int, 0),       # extra out-of-core slots uploads may run ahead
     "SUMMA_IO_THREADS": (int, 1),        # threads a rank reads and writes files with
     "SUMMA_COPY_THREADS": (int, 1),      # host copy threads per rank
+    "SUMMA_FP64_INT8_SUMS": (int, 0),    # 0: fp64-int8 on a grid folds C once a panel
 }
 
 

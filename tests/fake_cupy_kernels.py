@@ -137,7 +137,8 @@ def module():
         asarray=np.asarray,
         ascontiguousarray=np.ascontiguousarray, float64=np.float64, int8=np.int8,
         int32=np.int32, frexp=np.frexp, where=np.where, ndarray=np.ndarray, log2=np.log2,
-        floor=np.floor, minimum=np.minimum, maximum=np.maximum, isfinite=np.isfinite)
+        floor=np.floor, minimum=np.minimum, maximum=np.maximum, isfinite=np.isfinite,
+        ldexp=np.ldexp, sqrt=np.sqrt, asnumpy=np.array)
     return fake
 
 

@@ -562,6 +562,37 @@ def test_summa_with_fp64_on_int8_tensor_cores(comm, rng, gpu):
         assert gemm_scaled_error(got, a, b) <= 1
 
 
+@pytest.mark.mpi(min_size=2)
+def test_summa_fp64_int8_on_a_grid_is_one_gpus_whole_product(comm, rng, gpu, monkeypatch):
+    """fp64-int8 on several ranks (panel sums, the default): the exponents
+    over all of K and the panels' INT8 products summed before one fold give
+    one GPU's product of the whole (ozaki_gpu.gemm), whatever the grid and
+    panels; with SUMMA_FP64_INT8_SUMS=0 (a fold a panel) within the gauge too."""
+    from summa import ozaki_gpu
+    grid, backend = gpu
+    cp = backend.xp
+    finished = []
+    real = ozaki_gpu.PanelSums.finish
+    monkeypatch.setattr(ozaki_gpu.PanelSums, "finish",
+                        lambda self, *a, **k: (finished.append(1), real(self, *a, **k)))
+    a, b = rng.uniform(-1, 1, (300, 530)), rng.standard_normal((530, 210))
+    A = DistMatrix.from_global(a, grid, backend)
+    B = DistMatrix.from_global(b, grid, backend)
+    c = matmul(A, B, precision="fp64-int8", panel_width=128).gather()
+    assert finished == [1]
+    if comm.rank == 0:
+        whole = cp.empty((300, 210))
+        ozaki_gpu.gemm(1.0, cp.asarray(a), cp.asarray(b), whole, backend=backend)
+        whole = cp.asnumpy(whole)
+        assert gemm_scaled_error(c, a, b) <= 1
+        assert np.all(np.abs(c - whole) <= 2 * np.spacing(np.abs(whole)))
+    monkeypatch.setenv("SUMMA_FP64_INT8_SUMS", "0")
+    c = matmul(A, B, precision="fp64-int8", panel_width=128).gather()
+    assert finished == [1]
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b) <= 1
+
+
 @pytest.mark.mpi(min_size=1)
 def test_large_host_copies_go_through_the_stager(comm, rng, gpu, monkeypatch):
     """Large pageable arrays reach the GPU and come back through page-locked

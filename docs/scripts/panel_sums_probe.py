@@ -1,0 +1,123 @@
+"""Where an out-of-core tile's fp64-int8 time goes, per-panel folds against
+panel sums (issue 25, s17b: panel sums made out of core slower, 54.5 against
+59.2 TFLOP/s at 110 GiB): one tile of C (m x n) over K in panels of `w`, all
+on the device (no transfers), each way timed as a whole and by its parts.
+
+    python3 docs/scripts/panel_sums_probe.py [--m 16384 --n 32768 --k 32768 --w 16384]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def timed(cp, fn, repeat: int) -> float:
+    fn()
+    cp.cuda.Device().synchronize()
+    best = float("inf")
+    for _ in range(repeat):
+        s = time.perf_counter()
+        fn()
+        cp.cuda.Device().synchronize()
+        best = min(best, time.perf_counter() - s)
+    return best
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--m", type=int, default=16384)
+    p.add_argument("--n", type=int, default=32768)
+    p.add_argument("--k", type=int, default=32768)
+    p.add_argument("--w", type=int, default=16384)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--json")
+    args = p.parse_args()
+    import cupy as cp
+    from summa import ozaki_gpu
+    from summa.backend import get_backend
+    backend = get_backend("cupy")
+    m, n, k, w = args.m, args.n, args.k, args.w
+    a = cp.random.uniform(-1, 1, (m, k))
+    b = cp.random.standard_normal((k, n))
+    c = cp.empty((m, n))
+    panels = [(k0, min(k, k0 + w)) for k0 in range(0, k, w)]
+    rows = []
+
+    def per_panel():
+        for i, (k0, k1) in enumerate(panels):
+            ozaki_gpu.gemm(1.0, a[:, k0:k1], b[k0:k1], c, 0.0 if i == 0 else 1.0, backend=backend)
+
+    def sums_way(check=True):
+        sums = ozaki_gpu.PanelSums(m, n, k, backend)
+        for k0, k1 in panels:
+            sums.add(a[:, k0:k1], b[k0:k1])
+        if check:
+            assert sums.holds()
+        sums.fold(1.0, c, 0.0)
+
+    whole = timed(cp, per_panel, args.repeat)
+    rows.append({"what": "per-panel folds (as today)", "seconds": whole})
+    rows.append({"what": "panel sums, holds() checked", "seconds": timed(cp, sums_way, args.repeat)})
+    rows.append({"what": "panel sums, no check",
+                 "seconds": timed(cp, lambda: sums_way(False), args.repeat)})
+    # the parts
+    sums = ozaki_gpu.PanelSums(m, n, k, backend)
+    k0, k1 = panels[0]
+    rows.append({"what": "PanelSums.add of one panel (first)",
+                 "seconds": timed(cp, lambda: (setattr(sums, "seen", 0), setattr(sums, "tops", []),
+                                               sums.add(a[:, k0:k1], b[k0:k1])), args.repeat)})
+    sums.seen = k
+    rows.append({"what": "PanelSums.fold of the tile", "seconds": timed(cp, lambda: sums.fold(1.0, c, 0.0),
+                                                                         args.repeat)})
+    rows.append({"what": "one panel's gemm (fold included)",
+                 "seconds": timed(cp, lambda: ozaki_gpu.gemm(1.0, a[:, k0:k1], b[k0:k1], c, 0.0,
+                                                             backend=backend), args.repeat)})
+    count = sums.count
+    kp = -(-(k1 - k0) // 4) * 4
+    a8 = cp.zeros((count, m, kp), dtype=cp.int8)
+    b8 = cp.zeros((count, sums.np_, kp), dtype=cp.int8)
+    out = cp.empty((count, m, sums.np_), dtype=cp.int32)
+    for acc in (False, True):
+        rows.append({"what": f"{count} INT8 GEMMs of one panel, accumulate={acc}",
+                     "seconds": timed(cp, lambda: [backend.int8_gemm_tn(a8[q], b8[q], out[q], acc)
+                                                   for q in range(count)], args.repeat)})
+    bt = cp.empty((n, k1 - k0))
+    rows.append({"what": "transpose of one B panel",
+                 "seconds": timed(cp, lambda: backend.transpose(b[k0:k1], bt), args.repeat)})
+    marks: list = []
+    ozaki_gpu.gemm(1.0, a[:, k0:k1], b[k0:k1], c, 0.0, backend=backend, marks=marks)
+    cp.cuda.Device().synchronize()
+    for phase, sec in ozaki_gpu.phase_seconds(marks).items():
+        rows.append({"what": f"one panel's gemm: phase {phase}", "seconds": sec})
+    ap = cp.ascontiguousarray(a[:, k0:k1])
+    e = cp.zeros(m, dtype=cp.int32)
+    f = cp.zeros(n, dtype=cp.int32)
+    consts = ozaki_gpu._constants(count)
+    rows.append({"what": "residues of the A panel", "seconds": timed(
+        cp, lambda: ozaki_gpu._residues(ap, e, count, m, kp, consts), args.repeat)})
+    rows.append({"what": "residues of the B panel (transposed)", "seconds": timed(
+        cp, lambda: ozaki_gpu._residues(bt, f, count, sums.np_, kp, consts), args.repeat)})
+    rows.append({"what": "exponents of the A panel", "seconds": timed(
+        cp, lambda: ozaki_gpu._exponents(ap, 1, ozaki_gpu.ozaki.BITS, sums.cap_a), args.repeat)})
+    rows.append({"what": "exponents of the B panel", "seconds": timed(
+        cp, lambda: ozaki_gpu._exponents(bt, 1, ozaki_gpu.ozaki.BITS, sums.cap_b), args.repeat)})
+    flops = 2.0 * m * n * k
+    for r in rows:
+        r.update(m=m, n=n, k=k, w=w, moduli=count)
+        print(f"{r['what']:<44} {r['seconds'] * 1e3:9.1f} ms")
+    print(f"per-panel folds {flops / whole / 1e12:.1f} TFLOP/s on the tile, no transfers")
+    if args.json:
+        with open(args.json, "a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
