@@ -15,3 +15,4 @@
         done
     done
     bench_table "$OUT/bench.jsonl" ranks nb tflops check_residual
+    LIMIT=120 run python3 docs/scripts/panel_sums_probe.py --m 16384 --n 16384 --w 4096 --repeat 2 --json "$OUT/probe.jsonl"
