@@ -104,9 +104,9 @@ def main() -> int:
     rows.append({"what": "residues of the B panel (transposed)", "seconds": timed(
         cp, lambda: ozaki_gpu._residues(bt, f, count, sums.np_, kp, consts), args.repeat)})
     rows.append({"what": "exponents of the A panel", "seconds": timed(
-        cp, lambda: ozaki_gpu._exponents(ap, 1, ozaki_gpu.ozaki.BITS, sums.cap_a), args.repeat)})
+        cp, lambda: ozaki_gpu._exponents(ap, 1, ozaki_gpu.ozaki.BITS, cap_a), args.repeat)})
     rows.append({"what": "exponents of the B panel", "seconds": timed(
-        cp, lambda: ozaki_gpu._exponents(bt, 1, ozaki_gpu.ozaki.BITS, sums.cap_b), args.repeat)})
+        cp, lambda: ozaki_gpu._exponents(bt, 1, ozaki_gpu.ozaki.BITS, cap_b), args.repeat)})
     flops = 2.0 * m * n * k
     for r in rows:
         r.update(m=m, n=n, k=k, w=w, moduli=count)
