@@ -478,10 +478,17 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
             print("  A's panels are copied transposed for the GEMMs (one scratch panel "
                   "counted above; SUMMA_TRANSPOSE_A)", file=out)
         if precision == "fp64-int8":
-            from . import ozaki_gpu
+            from . import ozaki, ozaki_gpu
             count = ozaki_gpu.moduli_for(args.nb)
             print(f"  fp64-int8: each panel product's int8 residues ({count} moduli), integer "
                   "products and float64 sums counted above", file=out)
+            if (plan.mode == "in-memory" and grid[0] * grid[1] > 1
+                    and np.dtype(args.dtype).kind == "f" and 0 < k <= ozaki.K_EXACT):
+                ml, nl = -(-m // grid[0]), -(-n // grid[1])
+                sums = ozaki_gpu.panel_sums_bytes(ml, nl, args.nb, k)
+                print(f"  on this grid each rank sums its panels' INT8 products and folds C once "
+                      f"where its device also holds the sums ({sums / gib:.2f} GiB beside its "
+                      "blocks and panels); else a fold a panel, as counted above", file=out)
         if plan.staging_bytes:
             print(f"  host copies pass through {plan.staging_bytes / 2**20:.0f} MiB of page-locked "
                   "chunks; summa.matmul on NumPy arrays reads A and B where they lie, so its "

@@ -614,6 +614,14 @@ def test_plan_of_fp64_int8_counts_its_scratch_and_predicts_from_int8_rates():
     # out of core, the screen says what each precision kept of in-memory's rate
     assert "host link keeps up" in native.getvalue()
     assert "fp64-int8 measured 0.77 of in-memory" in emulated.getvalue()
+    assert "folds C once" not in emulated.getvalue()  # out of core: a fold a panel
+    # in memory on a grid: the panel sums' memory, each rank's 50000 x 25000 of C a modulus
+    grid = io.StringIO()
+    assert cli.main(["plan", "--size", "100000", "--grid", "2x4", "--nb", "4096", "--precision",
+                     "fp64-int8"], MPI.COMM_SELF, grid) == 0
+    sums = float(re.search(r"folds C once where its device also holds the sums \(([\d.]+) GiB",
+                           grid.getvalue()).group(1))
+    assert sums >= 4 * ozaki_gpu.moduli_for(100000) * 50000 * 25000 / 2**30 - 0.01
 
 
 def test_tiles_asked_for_cut_c_so_and_still_multiply(rng, monkeypatch):
