@@ -157,6 +157,8 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
         operand_a = PanelsOfA(backend, C.local.shape[0], 0 if strips else
                               max((p.width for p in panels), default=0), C.dtype, transpose)
         sums = _panel_sums(A, B, C, precision, strips, panels, lookahead)
+        if precision == "fp64-int8":  # (bench's records say which way it went)
+            stats.extra["panel_sums"] = sums is not None
         if grid.size == 1:
             for i, p in enumerate(panels):
                 a, b = local_parts(A, B, p) if transpose else (A.local, B.local)

@@ -275,6 +275,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
                                          between_seconds=best_stats.extra.get("between_seconds"),
                                          tail_seconds=best_stats.extra.get("tail_seconds"),
                                          staging_bytes=best_stats.extra.get("staging_bytes", 0),
+                                         panel_sums=best_stats.extra.get("panel_sums"),
                                          **{key: getattr(best_stats, key)
                                             for key in ("seconds", "compute", "wait",
                                                         "comm_seconds")}), root=0)

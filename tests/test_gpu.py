@@ -583,17 +583,23 @@ def test_summa_fp64_int8_on_a_grid_is_one_gpus_whole_product(comm, rng, gpu, mon
     B = DistMatrix.from_global(b, grid, backend)
     c = matmul(A, B, precision="fp64-int8", panel_width=128).gather()
     assert finished == [1]
+    finished.clear()
     if comm.rank == 0:
         whole = cp.empty((300, 210))
         ozaki_gpu.gemm(1.0, cp.asarray(a), cp.asarray(b), whole, backend=backend)
         whole = cp.asnumpy(whole)
         assert gemm_scaled_error(c, a, b) <= 1
         assert np.all(np.abs(c - whole) <= 2 * np.spacing(np.abs(whole)))
+    from summa.algorithm import summa
+    C = DistMatrix.zeros((300, 210), "float64", grid, backend)
+    assert summa(1.0, A, B, 0.0, C, panel_width=128, precision="fp64-int8").extra["panel_sums"]
     monkeypatch.setenv("SUMMA_FP64_INT8_SUMS", "0")
+    finished.clear()
     c = matmul(A, B, precision="fp64-int8", panel_width=128).gather()
-    assert finished == [1]
+    assert finished == []
     if comm.rank == 0:
         assert gemm_scaled_error(c, a, b) <= 1
+    assert not summa(1.0, A, B, 0.0, C, panel_width=128, precision="fp64-int8").extra["panel_sums"]
 
 
 @pytest.mark.mpi(min_size=1)

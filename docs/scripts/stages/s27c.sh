@@ -13,4 +13,9 @@
     LIMIT=200 run $MPI -np $P python3 -m summa bench --backend cupy --size 65536 \
         --dtype float64 --precision fp64-int8 --grid 1x$P --comm ipc --check --repeat 2 \
         --no-ideal --json "$OUT/int8.jsonl"
+    # panel sums (the default on a grid where they fit: per-rank records say panel_sums) against
+    # a fold a panel
+    LIMIT=200 SUMMA_FP64_INT8_SUMS=0 run $MPI -np $P python3 -m summa bench --backend cupy \
+        --size 65536 --dtype float64 --precision fp64-int8 --check --repeat 2 --no-ideal \
+        --json "$OUT/int8.jsonl"
     bench_table "$OUT/int8.jsonl" ranks grid comm tflops check_residual
