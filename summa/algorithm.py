@@ -219,12 +219,13 @@ def _panel_sums(A, B, C, precision, strips, panels, lookahead):
     are summed and C folded once, not once a panel (a fold costs ~35 ms per
     2**29 elements of C on an H200: at 4096-wide panels a third of each
     rank's compute, s17d), and the product is one GPU's whole one; else
-    None: for complex128, strips, K past an int32 sum, where
+    None: for complex128, strips, K past an int32 sum or of fewer than
+    :data:`summa.ozaki.K_NATIVE` terms (native float64 then), where
     ``SUMMA_FP64_INT8_SUMS=0``, or where any rank's device lacks the
     memory for the sums (4 bytes an element of C a modulus). Collective."""
     grid, k = C.grid, A.layout.shape[1]
     if (precision != "fp64-int8" or strips or grid.size == 1 or C.dtype.kind != "f"
-            or not 0 < k <= ozaki.K_EXACT or not panel_sums_wanted()):
+            or not ozaki.K_NATIVE <= k <= ozaki.K_EXACT or not panel_sums_wanted()):
         return None
     width = max((p.width for p in panels), default=0)
     m, n = C.local.shape

@@ -222,7 +222,8 @@ def test_grid_exponents_are_those_of_the_whole_rows_and_columns(comm, rng, ozaki
 def test_panel_sums_are_left_on_every_rank_where_one_lacks_the_memory(comm, monkeypatch):
     """fp64-int8 on a grid takes panel sums only where every rank's device
     holds them: one rank short, every rank multiplies panel by panel (the
-    exponents are collective: no rank may start them alone), no hang; and
+    exponents are collective: no rank may start them alone), no hang; a
+    sum of fewer than K_NATIVE terms stays native float64; and
     SUMMA_FP64_INT8_SUMS=0 turns them off."""
     from summa import algorithm
     from summa.backend import get_backend
@@ -237,8 +238,12 @@ def test_panel_sums_are_left_on_every_rank_where_one_lacks_the_memory(comm, monk
     free = 0 if comm.rank == comm.size - 1 else 1 << 50
     monkeypatch.setattr(type(backend), "memory_free", lambda self: free)
     assert algorithm._panel_sums(A, B, C, "fp64-int8", False, panels, 1) is None
+    free = 1 << 50  # room everywhere, but a sum of fewer than K_NATIVE terms: native
+    short_a, short_b = (DistMatrix.zeros(shape, "float64", grid, backend)
+                        for shape in ((64, ozaki.K_NATIVE - 1), (ozaki.K_NATIVE - 1, 48)))
+    short = panel_schedule(short_a.layout.cols, short_b.layout.rows, 32)
+    assert algorithm._panel_sums(short_a, short_b, C, "fp64-int8", False, short, 1) is None
     monkeypatch.setenv("SUMMA_FP64_INT8_SUMS", "0")
-    free = 1 << 50
     assert algorithm._panel_sums(A, B, C, "fp64-int8", False, panels, 1) is None
     assert algorithm._panel_sums(A, B, C, None, False, panels, 1) is None
 
