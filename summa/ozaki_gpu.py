@@ -16,6 +16,10 @@ float64 CuPy arrays (complex128 from four real products):
 4. the last fold turns the sums into the result, scaled and accumulated
    (a kernel of its own where C's rows are not contiguous).
 
+On a grid SUMMA gives a rank K in panels: :class:`PanelSums` sums their
+INT8 products in int32 with exponents agreed over all of K
+(:func:`grid_exponents`) and folds C once, where memory allows.
+
 Every operation mirrors the NumPy code of :mod:`summa.ozaki` (the same
 float64 formulas), so the two agree (tests/test_gpu.py).
 """
