@@ -21,6 +21,7 @@ from . import ozaki
 from .checks import check_layouts, check_operands, check_scalars
 from .layout import Distribution, Layout, panel_schedule, split_panel
 from .matrix import DistMatrix
+from .plan import ranks_on_device
 from .ozaki_gpu import asked_moduli, check_moduli, panel_sums_bytes, panel_sums_wanted
 from .selection import _export, _pick_broadcasters
 from .strips import check_schedule, multiply_strips, strip_bounds
@@ -234,7 +235,8 @@ def _panel_sums(A, B, C, precision, strips, panels, lookahead):
     buffers = 2 * (lookahead + 1) * (m + n) * width * C.dtype.itemsize
     need = panel_sums_bytes(m, n, width, k) + buffers
     free = C.backend.memory_free()
-    fits = free is not None and free >= need + need // 16 + (256 << 20)
+    sharing = ranks_on_device(C.backend, grid.comm)  # (their sums come out of the same memory)
+    fits = free is not None and free >= sharing * (need + need // 16 + (256 << 20))
     if not grid.comm.allreduce(fits, op=MPI.LAND):
         return None
     from .ozaki_gpu import PanelSums, grid_exponents

@@ -21,7 +21,7 @@ from .staging import copy_threads, ring_bytes
 from .strips import check_schedule
 from .tuning import transposes_a
 
-__all__ = ["MemoryPlan", "memory_plan", "check_memory", "check_host_memory",
+__all__ = ["MemoryPlan", "memory_plan", "check_memory", "ranks_on_device", "check_host_memory",
            "choose_memory_mode", "parse_bytes"]
 
 
@@ -286,6 +286,18 @@ def _refuse_largest_shortfall(comm, short) -> None:
         raise ValueError(worst[2])
 
 
+def ranks_on_device(backend, comm, counted: bool = True) -> int:
+    """How many ranks of `comm` that are `counted` share this rank's GPU (1
+    on the CPU backend or where this rank is not counted): they share its
+    free memory. Collective."""
+    from mpi4py import MPI
+    where = backend.device_id() if backend.name == "cupy" and counted else "cpu"
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    sharing = node.allgather(where).count(where) if where != "cpu" else 1
+    node.Free()
+    return sharing
+
+
 def check_memory(plan: MemoryPlan, backend, comm) -> None:
     """Refuse, on every rank, a plan that does not fit the free device memory.
 
@@ -294,14 +306,10 @@ def check_memory(plan: MemoryPlan, backend, comm) -> None:
     GiB free; use --device-memory (out of core) or more ranks". Host memory is
     checked by :func:`check_host_memory`, against the node's total.
     """
-    from mpi4py import MPI
-    need, free, where = plan.device_bytes, None, "cpu"
+    need, free = plan.device_bytes, None
     if backend.name == "cupy" and need:
         free = backend.memory_free()
-        where = backend.device_id()
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    sharing = node.allgather(where).count(where) if where != "cpu" else 1
-    node.Free()
+    sharing = ranks_on_device(backend, comm, bool(need))
     short = None
     if free is not None and need * sharing > free:
         short = (need * sharing - free, comm.Get_rank(),

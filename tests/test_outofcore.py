@@ -423,6 +423,20 @@ def test_check_memory_names_the_shortfall(monkeypatch):
 
 
 @pytest.mark.mpi(min_size=1)
+def test_ranks_on_one_gpu_count_each_other(comm):
+    """Ranks of a node on the same GPU count each other (they share its
+    free memory); on the CPU backend, or where a rank is not counted, 1."""
+    from mpi4py import MPI
+    from summa.plan import ranks_on_device
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    size = node.Get_size()
+    node.Free()
+    assert ranks_on_device(_FakeGpu(), comm) == size  # every rank: one fake GPU
+    assert ranks_on_device(NumpyBackend(), comm) == 1
+    assert ranks_on_device(_FakeGpu(), comm, counted=False) == 1
+
+
+@pytest.mark.mpi(min_size=1)
 def test_plan_command(comm):
     out = io.StringIO()
     assert cli.main(["plan", "--size", "100000", "--ranks", "2", "--dtype", "float32",

@@ -238,6 +238,10 @@ def test_panel_sums_are_left_on_every_rank_where_one_lacks_the_memory(comm, monk
     free = 0 if comm.rank == comm.size - 1 else 1 << 50
     monkeypatch.setattr(type(backend), "memory_free", lambda self: free)
     assert algorithm._panel_sums(A, B, C, "fp64-int8", False, panels, 1) is None
+    # room for one rank's sums on every GPU, but two ranks share each: none
+    monkeypatch.setattr(algorithm, "ranks_on_device", lambda backend, comm: 2)
+    free = 400 << 20  # one rank's tiny sums and the 256 MiB margin fit, two ranks' do not
+    assert algorithm._panel_sums(A, B, C, "fp64-int8", False, panels, 1) is None
     free = 1 << 50  # room everywhere, but a sum of fewer than K_NATIVE terms: native
     short_a, short_b = (DistMatrix.zeros(shape, "float64", grid, backend)
                         for shape in ((64, ozaki.K_NATIVE - 1), (ozaki.K_NATIVE - 1, 48)))
