@@ -21,8 +21,8 @@ from . import ozaki
 from .checks import check_layouts, check_operands, check_scalars
 from .layout import Distribution, Layout, panel_schedule, split_panel
 from .matrix import DistMatrix
-from .plan import ranks_on_device
 from .ozaki_gpu import asked_moduli, check_moduli, panel_sums_bytes, panel_sums_wanted
+from .plan import ranks_on_device
 from .selection import _export, _pick_broadcasters
 from .strips import check_schedule, multiply_strips, strip_bounds
 from .transpose import PanelsOfA
