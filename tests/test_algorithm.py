@@ -600,3 +600,55 @@ def test_auto_ipc_only_in_directions_within_nodes(comm, monkeypatch):
         tried.clear()
         pair = selection._auto_ipc(grid, backend)
         assert [k for k, _ in tried] == ["ipc", "ipc"] and None not in (pair.row, pair.col)
+
+
+class _SummedProducts:
+    """A stand-in for ozaki_gpu.PanelSums on the CPU: sums each panel
+    product it is given and applies them once, as the pipeline's product
+    hook takes them (the GPU's own test checks the INT8 arithmetic)."""
+
+    def __init__(self, m, n, dtype):
+        self.total, self.terms, self.finished = np.zeros((m, n), dtype), 0, 0
+
+    def add(self, a, b):
+        self.total += a @ b
+        self.terms += a.shape[1]
+
+    def finish(self, alpha, c, beta=0.0):
+        self.finished += 1
+        c[...] = alpha * self.total + beta * c
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("which", GRIDS)
+@pytest.mark.parametrize("shape", [(37, 23, 41), (13, 7, 29), (5, 1, 2)])
+def test_a_grid_with_panel_sums_gives_every_panel_to_them_and_folds_once(
+        comm, backend, rng, monkeypatch, which, shape):
+    """Where a rank's panel products are summed and C folded once (fp64-int8
+    on a grid), every panel of its K reaches the sums, no GEMM of the
+    pipeline touches C, and the one fold applies alpha onto beta C: the
+    product is SUMMA's, on any grid and block layout (the wiring, on the CPU)."""
+    from summa import algorithm
+    m, n, k = shape
+    made = []
+
+    def sums(A, B, C, *args):
+        made.append(_SummedProducts(*C.local.shape, C.dtype))
+        return made[-1]
+    monkeypatch.setattr(algorithm, "_panel_sums", sums)
+    with make_grid(comm, which) as grid:
+        a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
+        c0 = random_array(rng, (m, n), "float64")
+        A, B = distribute(a, grid, backend, block=(3, 2)), distribute(b, grid, backend, block=(2, 3))
+        C = distribute(c0, grid, backend, block=(3, 3))
+        gemms = []
+        real = type(backend).gemm
+        monkeypatch.setattr(type(backend), "gemm",
+                            lambda self, *x, **y: (gemms.append(1), real(self, *x, **y)))
+        summa(2.0, A, B, -0.5, C, panel_width=4)
+        c = C.gather()
+        if comm.rank == 0:
+            assert gemm_scaled_error(c, a, b, alpha=2.0, beta=-0.5, c0=c0) <= 1
+    (s,) = made
+    assert s.finished == 1 and s.terms == k  # every rank's sums see all of K
+    assert gemms == []
