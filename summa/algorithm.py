@@ -21,7 +21,7 @@ from . import ozaki
 from .checks import check_layouts, check_operands, check_scalars
 from .layout import Distribution, Layout, panel_schedule, split_panel
 from .matrix import DistMatrix
-from .ozaki_gpu import asked_moduli, check_moduli, panel_sums_bytes, panel_sums_wanted
+from .ozaki_gpu import asked_moduli, check_moduli, panel_sums_apply, panel_sums_bytes
 from .plan import ranks_on_device
 from .selection import _export, _pick_broadcasters
 from .strips import check_schedule, multiply_strips, strip_bounds
@@ -225,8 +225,7 @@ def _panel_sums(A, B, C, precision, strips, panels, lookahead):
     ``SUMMA_FP64_INT8_SUMS=0``, or where any rank's device lacks the
     memory for the sums (4 bytes an element of C a modulus). Collective."""
     grid, k = C.grid, A.layout.shape[1]
-    if (precision != "fp64-int8" or strips or grid.size == 1 or C.dtype.kind != "f"
-            or not ozaki.K_NATIVE <= k <= ozaki.K_EXACT or not panel_sums_wanted()):
+    if precision != "fp64-int8" or strips or not panel_sums_apply(C.dtype, grid.size, k):
         return None
     width = max((p.width for p in panels), default=0)
     m, n = C.local.shape

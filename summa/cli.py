@@ -478,12 +478,12 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
             print("  A's panels are copied transposed for the GEMMs (one scratch panel "
                   "counted above; SUMMA_TRANSPOSE_A)", file=out)
         if precision == "fp64-int8":
-            from . import ozaki, ozaki_gpu
+            from . import ozaki_gpu
             count = ozaki_gpu.moduli_for(args.nb)
             print(f"  fp64-int8: each panel product's int8 residues ({count} moduli), integer "
                   "products and float64 sums counted above", file=out)
-            if (plan.mode == "in-memory" and grid[0] * grid[1] > 1
-                    and np.dtype(args.dtype).kind == "f" and 0 < k <= ozaki.K_EXACT):
+            if (plan.mode == "in-memory" and args.schedule != "strips"
+                    and ozaki_gpu.panel_sums_apply(args.dtype, grid[0] * grid[1], k)):
                 ml, nl = -(-m // grid[0]), -(-n // grid[1])
                 sums = ozaki_gpu.panel_sums_bytes(ml, nl, args.nb, k)
                 print(f"  on this grid each rank sums its panels' INT8 products and folds C once "

@@ -35,7 +35,7 @@ import numpy as np
 from . import ozaki
 from .settings import number
 
-__all__ = ["gemm", "PanelSums", "grid_exponents", "panel_sums_bytes", "panel_sums_wanted",
+__all__ = ["gemm", "PanelSums", "grid_exponents", "panel_sums_bytes", "panel_sums_apply",
            "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli", "moduli_setting",
            "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
 
@@ -174,15 +174,31 @@ NOT_FINITE = ozaki.NOT_FINITE
 _pending: list | None = None
 
 
-def _exponents(x, axis: int, bits: int, cap: float):
+def _exponents(x, axis: int, bits: int, cap: float, comm=None):
     """The scaling exponents of `x`'s rows (axis 1) or columns (axis 0), as
     int32, each row's scaled 2-norm within ``2**cap``
-    (:func:`summa.ozaki.exponents`); refuses Inf/NaN (at once, or inside
+    (:func:`summa.ozaki.exponents`); with `comm`, of the whole rows whose
+    parts its ranks hold (collective). Refuses Inf/NaN (at once, or inside
     :func:`checked_later` at its end)."""
     amax = _kernel("amax")(x, axis=axis)  # Inf where a row holds Inf or NaN
-    _refuse([_kernel("amax")(amax, axis=None)])
+    if comm is not None:  # the whole row's largest (Inf where any part held Inf/NaN)
+        amax = _allreduced(amax, comm, "MAX")
+    _refuse([_kernel("amax")(amax, axis=None)] if amax.size else [])
     norm = _kernel("norm")(x, amax.reshape((-1, 1) if axis == 1 else (1, -1)), axis=axis)
+    if comm is not None:
+        import cupy
+        # each part scaled by the whole row's exponent: the squares add up
+        norm = cupy.sqrt(_allreduced(norm * norm, comm, "SUM"))
     return _kernel("exponents")(amax, norm, np.int32(bits), np.float64(cap))
+
+
+def _allreduced(x, comm, op: str):
+    """Device array `x` allreduced over `comm` with MPI's `op` (by host)."""
+    import cupy
+    from mpi4py import MPI
+    host = cupy.asnumpy(x)
+    comm.Allreduce(MPI.IN_PLACE, host, op=getattr(MPI, op))
+    return cupy.asarray(host)
 
 
 def _refuse(tops) -> None:
@@ -324,12 +340,16 @@ def panel_sums_bytes(m: int, n: int, width: int, k: int, planes: int = PLANES) -
     return 4 * count * m * np_ + count * (m + np_) * kp + 8 * n * kp + folds
 
 
-def panel_sums_wanted() -> bool:
-    """fp64-int8 products given in K panels on a grid sum their INT8
-    products and fold C once (:class:`PanelSums`) unless
-    ``SUMMA_FP64_INT8_SUMS=0`` (a fold a panel, as one rank's out-of-core
-    tiles make it: the reference a benchmark compares against)."""
-    return number("SUMMA_FP64_INT8_SUMS", 1) != 0
+def panel_sums_apply(dtype, ranks: int, k: int) -> bool:
+    """Do fp64-int8 products of `dtype` given in K panels on a grid of
+    `ranks` sum their INT8 products and fold C once (:class:`PanelSums`),
+    where memory allows? float64 on several ranks, K within an int32 sum
+    and of at least :data:`summa.ozaki.K_NATIVE` terms (fewer run native
+    float64), unless ``SUMMA_FP64_INT8_SUMS=0`` (a fold a panel, as one
+    rank's out-of-core tiles make it: the reference a benchmark compares
+    against)."""
+    return (np.dtype(dtype).kind == "f" and ranks > 1 and ozaki.K_NATIVE <= k <= ozaki.K_EXACT
+            and number("SUMMA_FP64_INT8_SUMS", 1) != 0)
 
 
 def check_moduli(moduli, precision) -> int | None:
@@ -398,6 +418,50 @@ def moduli_for(k: int, moduli: int | None = None) -> int:
     return ozaki.choose(ozaki.BITS, _asked(moduli), min(k, ozaki.K_EXACT))[1]
 
 
+class _Folds:
+    """The folds of a product's `count` integer products (int32 planes of
+    ``m x np_``, their pitch `n` padded to 4) into ``c = alpha a @ b + beta
+    c``, `planes` of them a pass: :attr:`groups` lists each pass's first
+    plane and count; :meth:`fold` passes over group j's planes, the first
+    starting the two float64 sums, the last writing C itself where C's rows
+    are contiguous; :meth:`finish` ends the product otherwise (a transposed
+    view of C goes through the finish kernel)."""
+
+    def __init__(self, m: int, n: int, count: int, planes: int, e, f, constants,
+                 alpha, beta, c):
+        import cupy
+        self.m, self.n, self.np_, self.constants = m, n, -(-n // 4) * 4, constants
+        self.planes = max(1, min(int(planes), count))
+        self.groups = [(l0, min(self.planes, count - l0)) for l0 in range(0, count, self.planes)]
+        self.fused = c.strides[1] == c.itemsize
+        sums = (m, n) if len(self.groups) > 1 or not self.fused else (1, 1)
+        self.s_hi = cupy.empty(sums, dtype=cupy.float64)
+        self.s_lo = cupy.empty(sums, dtype=cupy.float64)
+        weights = constants["weights"]
+        self.ends = (e, f, weights["m_hi"], weights["m_lo"], np.int32(weights["t"]),
+                     np.float64(alpha), np.float64(beta), c,
+                     np.int64(c.strides[0] // c.itemsize))
+
+    def fold(self, j: int, g) -> None:
+        """Fold group j's planes, the first planes of `g` (planes ``m np_`` apart)."""
+        (l0, group), constants = self.groups[j], self.constants
+        last = self.fused and j == len(self.groups) - 1
+        m, n, np_ = self.m, self.n, self.np_
+        _launch(_kernel("fold_finish" if last else "fold"), m, n,
+                (g, np.int64(m), np.int64(n), np.int64(np_), np.int64(m * np_),
+                 np.int32(group), constants["moduli"][l0:], constants["inverses"][l0:],
+                 constants["w_hi"][l0:], constants["w_lo"][l0:], self.s_hi, self.s_lo,
+                 np.int32(j == 0)) + (self.ends if last else ()))
+
+    def finish(self) -> None:
+        """Where C's rows are not contiguous: the sums into C."""
+        if self.fused:
+            return
+        e, f, m_hi, m_lo, t, alpha, beta, c, _ = self.ends
+        _kernel("finish")(self.s_hi, self.s_lo, e.reshape(self.m, 1), f.reshape(1, self.n),
+                          m_hi, m_lo, t, float(alpha), float(beta), c)
+
+
 def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = None,
          backend=None, planes: int = PLANES, marks: list | None = None) -> None:
     """``c = alpha a @ b + beta c`` in float64 from INT8 GEMMs (the module's
@@ -420,7 +484,6 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
         return
     bits, count = ozaki.choose(bits, _asked(moduli), k)  # checked as the caller asked
     constants = _constants(count)
-    weights = constants["weights"]
     cap_a, cap_b = ozaki.budgets(count, k)
 
     def mark(phase):
@@ -441,34 +504,17 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
     f, b8 = _b_side(b, count, bits, cap_b, np_, kp, constants, backend)  # (n,), B's planes
     a8 = _residues(a, e, count, m, kp, constants)
     mark("residues")
-    planes = max(1, min(int(planes), count))
-    groups = list(range(0, count, planes))
-    # The last fold writes C itself where C's rows are contiguous (a
-    # transposed view goes through the finish kernel); the first starts the sums.
-    fused = c.strides[1] == c.itemsize
-    sums = (m, n) if len(groups) > 1 or not fused else (1, 1)
-    s_hi = cupy.empty(sums, dtype=cupy.float64)
-    s_lo = cupy.empty(sums, dtype=cupy.float64)
-    ends = (e, f, weights["m_hi"], weights["m_lo"], np.int32(weights["t"]),
-            np.float64(alpha), np.float64(beta), c, np.int64(c.strides[0] // c.itemsize))
+    folds = _Folds(m, n, count, planes, e, f, constants, alpha, beta, c)
     # One buffer of products: folds on a stream of their own beside the next
     # group's GEMMs (two buffers) gained nothing (s13, 1.091x against 1.101x).
-    g = cupy.empty((planes, m, np_), dtype=cupy.int32)
-    for j, l0 in enumerate(groups):
-        group = min(planes, count - l0)
-        last = fused and j == len(groups) - 1
+    g = cupy.empty((folds.planes, m, np_), dtype=cupy.int32)
+    for j, (l0, group) in enumerate(folds.groups):
         for p in range(l0, l0 + group):
             backend.int8_gemm_tn(a8[p], b8[p], g[p - l0])
-        _launch(_kernel("fold_finish" if last else "fold"), m, n,
-                (g, np.int64(m), np.int64(n), np.int64(np_), np.int64(m * np_),
-                 np.int32(group), constants["moduli"][l0:], constants["inverses"][l0:],
-                 constants["w_hi"][l0:], constants["w_lo"][l0:], s_hi, s_lo,
-                 np.int32(j == 0)) + (ends if last else ()))
+        folds.fold(j, g)
     mark("products")
     del a8, b8, g
-    if not fused:
-        _kernel("finish")(s_hi, s_lo, e.reshape(m, 1), f.reshape(1, n), weights["m_hi"],
-                          weights["m_lo"], np.int32(weights["t"]), float(alpha), float(beta), c)
+    folds.finish()
     mark("finish")
 
 
@@ -517,34 +563,17 @@ class PanelSums:
     def finish(self, alpha, c, beta=0.0) -> None:
         """``c = alpha (the sum of the panel products) + beta c``, once all of
         K has been added."""
-        import cupy
         if self.seen != self.k:
             raise ValueError(f"panels of {self.seen} of K = {self.k} terms added")
-        m, n, np_, count = self.m, self.n, self.np_, self.count
+        m, n, count = self.m, self.n, self.count
         if m == 0 or n == 0:
             return
         if not self.started:  # K = 0: the product is zero
             self.sums.fill(0)
-        weights, constants = self.constants["weights"], self.constants
-        planes = max(1, min(int(self.planes), count))
-        groups = list(range(0, count, planes))
-        fused = c.strides[1] == c.itemsize
-        sums = (m, n) if len(groups) > 1 or not fused else (1, 1)
-        s_hi = cupy.empty(sums, dtype=cupy.float64)
-        s_lo = cupy.empty(sums, dtype=cupy.float64)
-        ends = (self.e, self.f, weights["m_hi"], weights["m_lo"], np.int32(weights["t"]),
-                np.float64(alpha), np.float64(beta), c, np.int64(c.strides[0] // c.itemsize))
-        for j, l0 in enumerate(groups):
-            last = fused and j == len(groups) - 1
-            _launch(_kernel("fold_finish" if last else "fold"), m, n,
-                    (self.sums[l0:], np.int64(m), np.int64(n), np.int64(np_), np.int64(m * np_),
-                     np.int32(min(planes, count - l0)), constants["moduli"][l0:],
-                     constants["inverses"][l0:], constants["w_hi"][l0:], constants["w_lo"][l0:],
-                     s_hi, s_lo, np.int32(j == 0)) + (ends if last else ()))
-        if not fused:
-            _kernel("finish")(s_hi, s_lo, self.e.reshape(m, 1), self.f.reshape(1, n),
-                              weights["m_hi"], weights["m_lo"], np.int32(weights["t"]),
-                              float(alpha), float(beta), c)
+        folds = _Folds(m, n, count, self.planes, self.e, self.f, self.constants, alpha, beta, c)
+        for j, (l0, _) in enumerate(folds.groups):  # the planes lie in the sums already
+            folds.fold(j, self.sums[l0:])
+        folds.finish()
 
 
 def grid_exponents(a, b, row_comm, col_comm, k: int, bits: int = ozaki.BITS,
@@ -556,24 +585,9 @@ def grid_exponents(a, b, row_comm, col_comm, k: int, bits: int = ozaki.BITS,
     columns) as one GPU's whole product would take (:func:`gemm`): two
     allreduces of a number a row each way. Collective; Inf/NaN refused as
     in :func:`gemm` (inside :func:`checked_later`, at its end)."""
-    import cupy
-    from mpi4py import MPI
     _, count = ozaki.choose(bits, _asked(moduli), k)
-    caps = ozaki.budgets(count, k)
-
-    def side(x, axis, comm, cap):
-        amax = cupy.asnumpy(_kernel("amax")(x, axis=axis))
-        comm.Allreduce(MPI.IN_PLACE, amax, op=MPI.MAX)
-        top = cupy.asarray(amax)  # Inf where a row holds Inf or NaN on any rank
-        _refuse([_kernel("amax")(top, axis=None)] if top.size else [])
-        # each rank's part scaled by the row's own exponent over all of K,
-        # so the parts' squares add up to the whole row's
-        norm = _kernel("norm")(x, top.reshape((-1, 1) if axis == 1 else (1, -1)), axis=axis)
-        squares = cupy.asnumpy(norm * norm)
-        comm.Allreduce(MPI.IN_PLACE, squares, op=MPI.SUM)
-        return _kernel("exponents")(top, cupy.sqrt(cupy.asarray(squares)), np.int32(bits),
-                                    np.float64(cap))
-    return side(a, 1, row_comm, caps[0]), side(b, 0, col_comm, caps[1])
+    cap_a, cap_b = ozaki.budgets(count, k)
+    return _exponents(a, 1, bits, cap_a, row_comm), _exponents(b, 0, bits, cap_b, col_comm)
 
 
 def phase_seconds(marks: list) -> dict:
