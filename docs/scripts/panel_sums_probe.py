@@ -2,7 +2,9 @@
 panel sums (issue 25, s17b: panel sums made out of core slower, 54.5 against
 59.2 TFLOP/s at 110 GiB; the probe of s17c, since adapted to PanelSums taking
 the exponents of all of K): one tile of C (m x n) over K in panels of `w`, all
-on the device (no transfers), each way timed as a whole and by its parts.
+on the device (no transfers), each way timed as a whole and by its parts (the
+two ways in turns, probe_timing.round_robin's medians; s17c and s17f took the
+best of --repeat runs of each in turn).
 
     python3 docs/scripts/panel_sums_probe.py [--m 16384 --n 32768 --k 32768 --w 16384]
 """
@@ -13,21 +15,15 @@ import argparse
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from probe_timing import round_robin  # noqa: E402
 
-def timed(cp, fn, repeat: int) -> float:
-    fn()
-    cp.cuda.Device().synchronize()
-    best = float("inf")
-    for _ in range(repeat):
-        s = time.perf_counter()
-        fn()
-        cp.cuda.Device().synchronize()
-        best = min(best, time.perf_counter() - s)
-    return best
+
+def timed(fn, rounds: int) -> float:
+    """`fn`'s median seconds (:func:`probe_timing.round_robin`)."""
+    return round_robin({"": fn}, rounds)[""]
 
 
 def main() -> int:
@@ -63,25 +59,26 @@ def main() -> int:
             sums.add(a[:, k0:k1], b[k0:k1])
         sums.finish(1.0, c, 0.0)
 
-    whole = timed(cp, per_panel, args.repeat)
-    rows.append({"what": "per-panel folds (as today)", "seconds": whole})
-    rows.append({"what": "panel sums", "seconds": timed(cp, sums_way, args.repeat)})
+    ways = round_robin({"per-panel folds (as today)": per_panel, "panel sums": sums_way},
+                       args.repeat)
+    whole = ways["per-panel folds (as today)"]
+    rows += [{"what": what, "seconds": seconds} for what, seconds in ways.items()]
     # the parts
     sums = ozaki_gpu.PanelSums(m, n, k, exponents, backend)
     k0, k1 = panels[0]
     rows.append({"what": "PanelSums.add of one panel",
-                 "seconds": timed(cp, lambda: (setattr(sums, "seen", 0),
+                 "seconds": timed(lambda: (setattr(sums, "seen", 0),
                                                sums.add(a[:, k0:k1], b[k0:k1])), args.repeat)})
     sums.seen = k
     rows.append({"what": "PanelSums.finish of the tile",
-                 "seconds": timed(cp, lambda: sums.finish(1.0, c, 0.0), args.repeat)})
+                 "seconds": timed(lambda: sums.finish(1.0, c, 0.0), args.repeat)})
     # the sums are all resident: one pass over every plane, no float64 sums in memory
     sums.planes = sums.count
     rows.append({"what": "PanelSums.finish of the tile, one pass over all planes",
-                 "seconds": timed(cp, lambda: sums.finish(1.0, c, 0.0), args.repeat)})
+                 "seconds": timed(lambda: sums.finish(1.0, c, 0.0), args.repeat)})
     sums.planes = ozaki_gpu.PLANES
     rows.append({"what": "one panel's gemm (fold included)",
-                 "seconds": timed(cp, lambda: ozaki_gpu.gemm(1.0, a[:, k0:k1], b[k0:k1], c, 0.0,
+                 "seconds": timed(lambda: ozaki_gpu.gemm(1.0, a[:, k0:k1], b[k0:k1], c, 0.0,
                                                              backend=backend), args.repeat)})
     count = sums.count
     kp = -(-(k1 - k0) // 4) * 4
@@ -90,11 +87,11 @@ def main() -> int:
     out = cp.empty((count, m, sums.np_), dtype=cp.int32)
     for acc in (False, True):
         rows.append({"what": f"{count} INT8 GEMMs of one panel, accumulate={acc}",
-                     "seconds": timed(cp, lambda: [backend.int8_gemm_tn(a8[q], b8[q], out[q], acc)
+                     "seconds": timed(lambda: [backend.int8_gemm_tn(a8[q], b8[q], out[q], acc)
                                                    for q in range(count)], args.repeat)})
     bt = cp.empty((n, k1 - k0))
     rows.append({"what": "transpose of one B panel",
-                 "seconds": timed(cp, lambda: backend.transpose(b[k0:k1], bt), args.repeat)})
+                 "seconds": timed(lambda: backend.transpose(b[k0:k1], bt), args.repeat)})
     marks: list = []
     ozaki_gpu.gemm(1.0, a[:, k0:k1], b[k0:k1], c, 0.0, backend=backend, marks=marks)
     cp.cuda.Device().synchronize()
@@ -105,13 +102,13 @@ def main() -> int:
     f = cp.zeros(n, dtype=cp.int32)
     consts = ozaki_gpu._constants(count)
     rows.append({"what": "residues of the A panel", "seconds": timed(
-        cp, lambda: ozaki_gpu._residues(ap, e, count, m, kp, consts), args.repeat)})
+        lambda: ozaki_gpu._residues(ap, e, count, m, kp, consts), args.repeat)})
     rows.append({"what": "residues of the B panel (transposed)", "seconds": timed(
-        cp, lambda: ozaki_gpu._residues(bt, f, count, sums.np_, kp, consts), args.repeat)})
+        lambda: ozaki_gpu._residues(bt, f, count, sums.np_, kp, consts), args.repeat)})
     rows.append({"what": "exponents of the A panel", "seconds": timed(
-        cp, lambda: ozaki_gpu._exponents(ap, 1, ozaki_gpu.ozaki.BITS, cap_a), args.repeat)})
+        lambda: ozaki_gpu._exponents(ap, 1, ozaki_gpu.ozaki.BITS, cap_a), args.repeat)})
     rows.append({"what": "exponents of the B panel", "seconds": timed(
-        cp, lambda: ozaki_gpu._exponents(bt, 1, ozaki_gpu.ozaki.BITS, cap_b), args.repeat)})
+        lambda: ozaki_gpu._exponents(bt, 1, ozaki_gpu.ozaki.BITS, cap_b), args.repeat)})
     flops = 2.0 * m * n * k
     for r in rows:
         r.update(m=m, n=n, k=k, w=w, moduli=count)
