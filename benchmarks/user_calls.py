@@ -1,0 +1,266 @@
+"""The user's calls end to end, on one or more source trees in turns: the
+guard that says a change made nothing slower.
+
+Every case runs in a fresh process, timed from the data where the user holds
+it (fresh pageable NumPy arrays, or ``.npy`` files in the page cache):
+
+===================  ======================================================
+``call-f64``         ``summa.matmul(a, b)``, float64 40960³, 24 GiB of the
+                     GPU free (an RTX 3090's memory); first call and again
+``call-f32``         float32 50000 × 30011 × 45007, 24 GiB free
+``call-f64-8gib``    float64 32768³, ``device_memory="8GiB"``, 24 GiB free
+``multiply-files``   ``python -m summa multiply A.npy B.npy -o C.npy`` on two
+                     24576² float64 files, 24 GiB free (wall time of the
+                     whole command)
+``bench-fp64-int8``  ``python -m summa bench --size 32768 --precision
+                     fp64-int8`` (whole GPU; its best repetition)
+``bench-f64``        ``python -m summa bench --size 32768`` in memory
+===================  ======================================================
+
+``ceiling`` times ``cupy.matmul`` on device data of each call's shape and
+dtype once (the GPU's own rate, the user's calls are divided by it).
+
+Usage, on the GPU machine (each ``--tree NAME=DIR`` puts DIR first on
+``PYTHONPATH``; rounds alternate the trees' order so drift cancels)::
+
+    git archive --prefix=before/ REV | tar -x -C /tmp
+    python3 benchmarks/user_calls.py --tree before=/tmp/before --tree after=. \\
+        --rounds 2 --json user_calls.jsonl
+
+It prints one table last: each case's best seconds per tree (first call /
+again), the ratio to the ceiling and, for two trees, the second's time over
+the first's (≤ 1.03 is the guard's pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+GiB = 1 << 30
+#: name: (kind, dtype, (m, n, k), free bytes or None for the whole GPU, extra)
+CASES = {
+    "call-f64": ("call", "float64", (40960, 40960, 40960), 24 * GiB, {}),
+    "call-f32": ("call", "float32", (50000, 30011, 45007), 24 * GiB, {}),
+    "call-f64-8gib": ("call", "float64", (32768, 32768, 32768), 24 * GiB,
+                      {"device_memory": "8GiB"}),
+    "multiply-files": ("files", "float64", (24576, 24576, 24576), 24 * GiB, {}),
+    "bench-fp64-int8": ("bench", "float64", (32768, 32768, 32768), None,
+                        {"args": ["--precision", "fp64-int8"]}),
+    "bench-f64": ("bench", "float64", (32768, 32768, 32768), None, {"args": []}),
+}
+
+
+def fresh(shape, dtype, seed: int):
+    """A fresh pageable array of uniform [-1, 1) values, filled on 16 threads
+    (one thread would take longer than the multiply)."""
+    import numpy as np
+    x = np.empty(shape, dtype=dtype)
+    rows = range(0, shape[0], 1024)
+
+    def fill(i, r0):
+        part = x[r0:r0 + 1024]
+        np.random.default_rng([seed, i]).random(out=part, dtype=x.dtype)
+        part *= 2
+        part -= 1
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(fill, range(len(rows)), rows))
+    return x
+
+
+def hold_all_but(free: int | None):
+    """Take all but `free` bytes of the GPU outside CuPy's pool (so the
+    process, and any it starts, sees only `free`); the pointer, or None."""
+    if free is None:
+        return None
+    import cupy as cp
+    now = cp.cuda.runtime.memGetInfo()[0]
+    return cp.cuda.runtime.malloc(now - free) if now > free else None
+
+
+def residual(c, a, b) -> float:
+    """Freivalds' scaled residual of `c` against ``a @ b`` (<= 1 passes),
+    by blocks of rows: ``abs(a)`` whole would be another array of A's size."""
+    import numpy as np
+    x = np.random.default_rng().uniform(-1, 1, c.shape[1])
+    bx, bx_abs = b @ x, np.zeros(b.shape[0])
+    for r in range(0, b.shape[0], 4096):
+        bx_abs[r:r + 4096] = np.abs(b[r:r + 4096]) @ np.abs(x)
+    worst = 0.0
+    eps = np.finfo(c.dtype).eps
+    for r in range(0, a.shape[0], 4096):
+        rows = slice(r, r + 4096)
+        gauge = a.shape[1] * eps * (np.abs(a[rows]) @ bx_abs) + 1e-300
+        worst = max(worst, float(np.max(np.abs(c[rows] @ x - a[rows] @ bx) / gauge)))
+    return worst
+
+
+def run_call(name: str) -> list[dict]:
+    """``summa.matmul`` on fresh pageable arrays, first call and again."""
+    import summa
+    _, dtype, (m, n, k), free, options = CASES[name]
+    a, b = fresh((m, k), dtype, 1), fresh((k, n), dtype, 2)
+    held = hold_all_but(free)
+    rows = []
+    for call in ("first", "again"):
+        t0 = time.perf_counter()
+        c = summa.matmul(a, b, **options)
+        seconds = time.perf_counter() - t0
+        rows.append({"call": call, "seconds": seconds, "residual": residual(c, a, b)})
+        del c
+    del held
+    return rows
+
+
+def run_files(name: str) -> list[dict]:
+    """``python -m summa multiply`` on two .npy files, twice (the files stay
+    in the page cache; the command is a fresh process each time)."""
+    import numpy as np
+    _, dtype, (m, n, k), free, _ = CASES[name]
+    folder = os.environ.get("USER_CALLS_DIR", tempfile.gettempdir())
+    paths = [os.path.join(folder, f"user_calls_{x}_{m}.npy") for x in "ab"]
+    for path, shape, seed in zip(paths, ((m, k), (k, n)), (1, 2)):
+        if not os.path.exists(path):
+            np.save(path + ".part.npy", fresh(shape, dtype, seed))
+            os.replace(path + ".part.npy", path)
+    out = os.path.join(folder, "user_calls_c.npy")
+    held = hold_all_but(free)
+    rows = []
+    for call in ("first", "again"):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "summa", "multiply", *paths, "-o", out, "--quiet"],
+                       check=True, stdin=subprocess.DEVNULL)
+        rows.append({"call": call, "seconds": time.perf_counter() - t0})
+        os.unlink(out)
+    del held
+    return rows
+
+
+def run_bench(name: str) -> list[dict]:
+    """``python -m summa bench``: its best repetition's seconds."""
+    _, dtype, (m, n, k), _, options = CASES[name]
+    with tempfile.TemporaryDirectory() as folder:
+        record = os.path.join(folder, "bench.jsonl")
+        subprocess.run([sys.executable, "-m", "summa", "bench", "--m", str(m), "--n", str(n),
+                        "--k", str(k), "--dtype", dtype, "--repeat", "3", "--no-ideal", "--quiet",
+                        "--json", record, *options["args"]],
+                       check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        with open(record) as f:
+            result = json.loads(f.readline())
+    return [{"call": "best", "seconds": result["seconds"], "tflops": result["tflops"]}]
+
+
+def run_ceiling() -> list[dict]:
+    """``cupy.matmul`` on device data of each call's shape: best of three."""
+    import cupy as cp
+    rows = []
+    for name, (kind, dtype, (m, n, k), _, _) in CASES.items():
+        if kind != "call":
+            continue
+        a = cp.random.random((m, k), dtype=dtype)
+        b = cp.random.random((k, n), dtype=dtype)
+        c = a @ b
+        times = []
+        for _ in range(3):
+            cp.cuda.Device().synchronize()
+            t0 = time.perf_counter()
+            cp.matmul(a, b, out=c)
+            cp.cuda.Device().synchronize()
+            times.append(time.perf_counter() - t0)
+        rows.append({"case": name, "seconds": min(times)})
+        del a, b, c
+        cp.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def child(name: str) -> None:
+    """Run one case in this process and print its rows as JSON lines."""
+    if name == "ceiling":
+        rows = run_ceiling()
+    else:
+        rows = {"call": run_call, "files": run_files, "bench": run_bench}[CASES[name][0]](name)
+    for row in rows:
+        print("ROW " + json.dumps(row), flush=True)
+
+
+def measure(name: str, tree: str, timeout: float) -> list[dict]:
+    """One case in a fresh process with `tree` first on PYTHONPATH."""
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree) + os.pathsep
+               + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--case", name],
+                          env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, cwd=tempfile.gettempdir())
+    rows = [json.loads(line[4:]) for line in done.stdout.splitlines() if line.startswith("ROW ")]
+    if done.returncode != 0 or not rows:
+        tail = (done.stderr or done.stdout)[-2000:]
+        return [{"call": "error", "seconds": float("nan"), "error": tail}]
+    return rows
+
+
+def table(records: list[dict], trees: list[str], ceilings: dict) -> None:
+    """Best seconds per case, call and tree; ratios to the ceiling and between trees."""
+    print(f"\n{'case':<17}{'call':<7}" + "".join(f"{t:>12}" for t in trees)
+          + "".join(f"{'ceil/' + t:>12}" for t in trees)
+          + (f"{trees[1] + '/' + trees[0]:>14}" if len(trees) == 2 else ""))
+    keys = dict.fromkeys((r["case"], r["call"]) for r in records)
+    for case, call in keys:
+        best = {}
+        for tree in trees:
+            times = [r["seconds"] for r in records
+                     if (r["case"], r["call"], r["tree"]) == (case, call, tree)]
+            best[tree] = min(times, default=float("nan"))
+        line = f"{case:<17}{call:<7}" + "".join(f"{best[t]:>12.3f}" for t in trees)
+        line += "".join(f"{ceilings.get(case, float('nan')) / best[t]:>12.3f}" for t in trees)
+        if len(trees) == 2:
+            line += f"{best[trees[1]] / best[trees[0]]:>14.3f}"
+        print(line, flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                   help="a source tree to time (repeat; default: this checkout as 'here')")
+    p.add_argument("--cases", default=",".join(CASES), help="comma-separated (default: all)")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--no-ceiling", action="store_true", help="skip cupy.matmul's rates")
+    p.add_argument("--timeout", type=float, default=240, help="seconds per case and tree")
+    p.add_argument("--json", help="append every measurement to this JSON-lines file")
+    p.add_argument("--case", help=argparse.SUPPRESS)  # one case, in this (fresh) process
+    args = p.parse_args(argv)
+    if args.case:
+        child(args.case)
+        return 0
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    trees = dict(t.split("=", 1) for t in args.tree) or {"here": here}
+    names = [c for c in args.cases.split(",") if c]
+    unknown = set(names) - set(CASES)
+    if unknown:
+        p.error(f"unknown cases: {', '.join(sorted(unknown))}")
+    ceilings = {}
+    if not args.no_ceiling:
+        rows = measure("ceiling", next(iter(trees.values())), args.timeout)
+        ceilings = {r["case"]: r["seconds"] for r in rows if "case" in r}
+    records = []
+    for round_ in range(args.rounds):
+        order = list(trees.items())[:: 1 if round_ % 2 == 0 else -1]
+        for name in names:
+            for tree, path in order:
+                for row in measure(name, path, args.timeout):
+                    row.update(case=name, tree=tree, round=round_, time=time.time())
+                    records.append(row)
+                    print(json.dumps(row), flush=True)
+                    if args.json:
+                        with open(args.json, "a") as f:
+                            f.write(json.dumps(row) + "\n")
+    table(records, list(trees), ceilings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
