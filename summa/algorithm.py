@@ -219,7 +219,8 @@ def _panel_sums(A, B, C, precision, strips, panels, lookahead):
     (:func:`summa.ozaki_gpu.grid_exponents`), so the panels' INT8 products
     are summed and C folded once, not once a panel (a fold costs ~35 ms per
     2**29 elements of C on an H200: at 4096-wide panels a third of each
-    rank's compute, s17d), and the product is one GPU's whole one; else
+    rank's compute: docs/benchmarks.md, "Panel sums on a grid"), and the
+    product is one GPU's whole one; else
     None: for complex128, strips, K past an int32 sum or of fewer than
     :data:`summa.ozaki.K_NATIVE` terms (native float64 then), where
     ``SUMMA_FP64_INT8_SUMS=0``, or where any rank's device lacks the

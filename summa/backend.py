@@ -47,8 +47,8 @@ def gemm_library() -> str:
 #: cuBLASLt, "cublaslt:I" through its heuristic's I-th algorithm.
 INT8_LIBRARIES = ("auto", "gemmex", "cublaslt", "cublaslt:I")
 #: Where "auto" starts timing cuBLASLt: a 32768 x 32768 x 32768 product ran
-#: 1.29x gemmEx's rate through it (s15a, s16a); out-of-core tiles of 2**41.4
-#: gained nothing (its choice there was gemmEx's own, s16a), so smaller ones
+#: 1.29x gemmEx's rate through it (benchmarks/fp64_int8_speed.py); out-of-core
+#: tiles of 2**41.4 gained nothing (its choice there was gemmEx's own), so smaller ones
 #: skip the timing (~1.3 s a shape, once).
 INT8_LT_MACS = 1 << 42
 

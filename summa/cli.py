@@ -514,7 +514,8 @@ def _print_prediction(args, shape, grid, precision, plan, out) -> None:
     where = "" if args.profile else " (the profile shipped with summa: 2 H200s; calibrate yours)"
     ooc = ""
     if plan.mode == "out-of-core" and precision == "fp64-int8":
-        # its tiles fold C once per panel and make their own residues (session 16)
+        # its tiles fold C once per panel and make their own residues (docs/benchmarks.md,
+        # "float64 on INT8: speed", out of core: 59 against 77 TFLOP/s in memory)
         ooc = ("; out of core slower: fp64-int8 measured 0.77 of in-memory on one H200 "
                "(each panel folds the tile again, each tile makes its residues)")
     elif plan.mode == "out-of-core":

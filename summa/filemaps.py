@@ -249,7 +249,7 @@ def _read_ahead(path: str, first: int, last: int, resident, threads: int,
     the multiply that wanted it has ended or failed); errors are left to the
     copies (which report them). One file after the other: a streamed multiply
     whose first GEMM needs all of A's rows waited 6.3 s of a cold start while
-    A and B were read side by side (N = 24576 on the H200 machine, s13g),
+    A and B were read side by side (benchmarks/files.py, N = 24576 on an H200),
     where reading A alone takes 2.7 s at that disk's rate."""
     while after is not None and after.is_alive() and not stop.is_set():
         after.join(0.05)

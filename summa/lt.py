@@ -31,8 +31,8 @@ TUNE_ELEMENTS = 1 << 26
 INT8_CANDIDATES = 6
 #: Milliseconds each INT8 candidate runs back to back when timed: single
 #: runs ranked them otherwise than the products ran (out-of-core tiles 55.9 TFLOP/s
-#: against gemmEx's 59.5, s15i); 200 ms bursts chose what ran best in memory
-#: and out of core (s16a).
+#: against gemmEx's 59.5); 200 ms bursts chose what ran best in memory and
+#: out of core (benchmarks/fp64_int8_speed.py --variants, docs/benchmarks.md).
 INT8_BURST_MS = 200.0
 #: Workspace offered to cuBLASLt (split-K and stream-K algorithms use it).
 WORKSPACE_BYTES = 64 << 20
@@ -231,7 +231,7 @@ class LtGemm:
                 # (overwritten by the call below): on slices short runs rank
                 # them otherwise (a quarter of N = 32768 chose the first, no
                 # faster than gemmEx over the whole; its second ran 1.29 POPS
-                # there to gemmEx's 1.00, s15a, s15f). Remembered across
+                # there to gemmEx's 1.00 on an H200). Remembered across
                 # processes: the timing costs ~16 products of the shape once.
                 found = found[:INT8_CANDIDATES]
                 algo = self._fastest(found, desc, _R_8I, m, n, k, a_ptr, la, b_ptr, k, lb,

@@ -67,8 +67,9 @@ TAIL_SMALLEST = 256
 #: of a narrow K keeps the INT8 kernels far from their rate. The first panel
 #: goes whole and the last one's strips keep at least this many rows: a
 #: 64 GiB sweep of N = 32768 ran 40 products (its first panel in 6 pieces of
-#: K from 256, strips down to 256 rows; docs/scripts/ozaki_ooc_probe.py) and
-#: `bench` 41.3 TFLOP/s, now 13 products and 58.2, the bare product 58.0 (s14).
+#: K from 256, strips down to 256 rows) and `bench` 41.3 TFLOP/s, now 13
+#: products and 58.2, the bare product 58.0 (docs/benchmarks.md, "Measurements
+#: behind the defaults").
 FP64_INT8_TAIL_SMALLEST = 2048
 
 

@@ -228,10 +228,11 @@ def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: b
     scratch grows with a tile's rows plus columns, so whole rows of C leave
     thin tiles (N = 65536 under 24 GiB: 47 x 1 tiles, B uploaded 47 times;
     3 x 5 uploads a sixth of that), and at N = 32768 a 3 x 2 cut with
-    16384-wide panels ran 60.4 TFLOP/s where 4 x 1 with 8192 ran 52.3 (s15e).
+    16384-wide panels ran 60.4 TFLOP/s where 4 x 1 with 8192 ran 52.3.
     Emulated, C is never one tile where it has rows to cut: a tile's first
     panel goes up whole before its first product (nothing hides it), and one
-    tile of N = 32768 ran 49.4 TFLOP/s where 2 x 1 ran 58.7 (s16c, s16d)."""
+    tile of N = 32768 ran 49.4 TFLOP/s where 2 x 1 ran 58.7 (both: `bench`,
+    docs/benchmarks.md, "Measurements behind the defaults")."""
     def fits(tm, tn, ntiles):
         return _ooc_elements(tm, tn, nb, slots, ntiles, transposed, staged, emulated) <= budget
     fewest_rows = 2 if emulated and ml >= 2 else 1

@@ -75,8 +75,9 @@ def _export(grid, backend, row_bc, col_bc, a_block, b_block) -> tuple[bool, bool
 
 #: Seconds to open one peer's block for direct copies (ipc), by its size: on
 #: 2 H200s ``cudaIpcOpenMemHandle`` took ~1 ms up to 256 MiB and ~10 ms from
-#: 512 MiB to 4 GiB (docs/scripts/ipc_open_probe.py), and a multiply's whole
-#: connect (handles exchanged, 4 GiB blocks) 19-22 ms. Rounded up.
+#: 512 MiB to 4 GiB (docs/benchmarks.md, "Measurements behind the defaults"),
+#: and a multiply's whole connect (handles exchanged, 4 GiB blocks) 19-22 ms.
+#: Rounded up.
 OPEN_SECONDS = {"small": 0.002, "large": 0.02}
 #: Largest block that opens at the small cost.
 SMALL_BLOCK_BYTES = 256 << 20

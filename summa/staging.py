@@ -397,7 +397,8 @@ class Stager:
     def _drain(self, transfer, part, stage, buf) -> None:
         try:
             # A mapped file: write its rows (through the map, page faults in
-            # parallel measured slower: 4.7 against 3.4 s for 4.8 GB, s13f).
+            # parallel measured slower: 4.7 against 3.4 s for 4.8 GB in
+            # benchmarks/files.py's in-memory write phase).
             target = remote.find(part) or filemaps.find(part, writable=True)
             if target is not None:  # another process's array, or a mapped file
                 target.write_from(stage)

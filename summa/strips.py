@@ -15,7 +15,8 @@ do the bits; they differ from SUMMA's panels' (another summation order). With
 direct copies (ipc) the first strip is multiplied piece by piece, a rank's own
 rows first, to hide the opening of the peers' blocks.
 
-Measured on 2 H200s at N = 32768 (docs/benchmarks.md, session 7): float32
+Measured on 2 H200s at N = 32768 (docs/benchmarks.md, "Measurements behind
+the defaults"): float32
 104.0 TFLOP/s against 102.1 for row-major panels, but 107.2 for panels whose A
 is read column-major (:mod:`summa.transpose`), and in TF32 and float16 strips
 lose (their first GEMMs cannot hide the ipc set-up): so they stay an option.

@@ -118,7 +118,7 @@ def memory_line(shape, dtype, grid, nb: int, lookahead: int, device_memory: str)
 
 
 def shipped_profile() -> str:
-    """The calibrated profile that comes with summa (2 H200s, session 6)."""
+    """The calibrated profile that comes with summa (2 H200s, 2026-11-30)."""
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles", "h200.json")
 
 

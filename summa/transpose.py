@@ -7,7 +7,7 @@ so, which is how JAX's sharded matmul beat P x cupy.matmul). Transposing a
 panel reads and writes it once (512 MiB each way for a 4096-wide float64 panel
 of 16384 rows: a fraction of a millisecond of HBM time), while its GEMM runs
 ~80 ms. Whole runs on 2 H200s: float64 111.1 against 105.8 TFLOP/s, float32
-107.2 against 102.1 (docs/benchmarks.md, session 7).
+107.2 against 102.1 (docs/benchmarks.md, "Measurements behind the defaults").
 """
 
 from __future__ import annotations

@@ -49,9 +49,10 @@ def default_panel_width(backend_name: str, dtype, precision: str | None = None,
         # Each product's reconstruction passes over its C block once: the
         # wider the panel, the fewer passes per INT8 GEMM (FP64_INT8_WIDTH).
         # Out of core its scratch takes the C tiles' room: with whole rows of
-        # C as tiles 16384 left tiles of 2048 rows under 24 GiB (s14c), but
+        # C as tiles 16384 left tiles of 2048 rows under 24 GiB, but
         # the planner now cuts fp64-int8's C in both directions (uploading
-        # least), and there 16384 ran 60.4 TFLOP/s against 8192's 52.3 (s15e).
+        # least), and there 16384 ran 60.4 TFLOP/s against 8192's 52.3
+        # (docs/benchmarks.md, "Measurements behind the defaults").
         return FP64_INT8_OOC_WIDTH if out_of_core else FP64_INT8_WIDTH
     if precision == "tf32" or dtype == np.float16 or (dtype == np.float32 and not out_of_core):
         return 8192
@@ -70,7 +71,7 @@ FP64_INT8_OOC_WIDTH = 16384
 #: GPU GEMMs that run faster reading A column-major (cuBLAS's transposed
 #: operand) than row-major, by dtype char: on an H200, one rank's share of
 #: N = 32768 (16384 x 32768 x 32768) ran float64 56.6 against 52.1 TFLOP/s,
-#: float32 54.4 against 53.4 (docs/scripts/layout_probe.py, docs/benchmarks.md).
+#: float32 54.4 against 53.4 (docs/benchmarks.md, "Measurements behind the defaults").
 TRANSPOSED_A_FASTER = frozenset("fd")
 
 

@@ -416,7 +416,7 @@ def test_auto_keeps_small_blocks_open_between_multiplies(comm, rng, gpu):
     if "ipc" not in _modes(backend):
         pytest.skip("ipc is not available here")
     if len(set(comm.allgather(backend.device_id()))) < comm.Get_size():
-        # (s17g: two ranks on one H200, auto measured mpi faster and took it)
+        # (two ranks on one H200: auto measured host-staged mpi faster and took it)
         pytest.skip("ranks share a GPU: auto's choice there is a measurement, not ipc's")
     p = comm.Get_size()
     with ProcessGrid(comm, (p, 1)) as grid:  # B's blocks are read down the column

@@ -72,7 +72,8 @@ def test_out_of_core_split_first_panel_and_strips_of_the_last(comm, rng, monkeyp
 
 def test_float64_on_int8_keeps_its_first_panel_whole_and_its_strips_wide():
     # each product of fp64-int8 reconstructs its whole C block: no narrow
-    # pieces of K, no strips of a few rows (s14b: 40 products, 0.65 of the bare rate)
+    # pieces of K, no strips of a few rows (40 such products ran 41.3 TFLOP/s, the bare 58.2:
+    # docs/benchmarks.md, "Measurements behind the defaults")
     from summa import outofcore
     from summa.layout import Layout, panel_schedule
     panels = panel_schedule(Layout((64, 40000), (1, 1)).cols, Layout((40000, 64), (1, 1)).rows,

@@ -1,0 +1,99 @@
+"""The user's own float64 call on INT8 tensor cores, end to end:
+``summa.matmul(a, b, precision="fp64-int8")`` on pageable NumPy arrays, its
+first and second call in a fresh process, against ``summa.matmul(a, b)``
+(native float64) and the user's own CuPy loop (user_case.py's: blocks up,
+``cupy.matmul``, blocks down) in the same process; the first call with an
+empty cache of cuBLASLt's choices and again in a second process that finds
+them; with ``--free`` only that much of the GPU left free (a 24 GB card).
+
+    python3 benchmarks/fp64_int8_user_case.py --size 32768 [--free 24GiB]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def one_process(n: int, free: str | None) -> list[dict]:
+    """The calls, timed, in this process."""
+    sys.path.insert(0, ROOT)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import cupy as cp
+    import numpy as np
+    from user_case import _loop, hold_all_but
+    import summa
+    from summa.plan import parse_bytes
+
+    def host(seed):  # pageable, as the user holds it (made on the GPU: fast)
+        x = np.empty((n, n))
+        x[...] = cp.random.default_rng(seed).uniform(-1, 1, (n, n)).get()
+        cp.get_default_memory_pool().free_all_blocks()
+        return x
+    a, b = host(1), host(2)
+    if free:  # after the data is made: its making needs more
+        hold_all_but(parse_bytes(free), 1)
+    room = cp.cuda.runtime.memGetInfo()[0]
+    rows = []
+
+    def timed(what, fn):
+        s = time.perf_counter()
+        c = fn()
+        rows.append({"what": what, "n": n, "seconds": time.perf_counter() - s,
+                     "tflops": 2 * n**3 / (time.perf_counter() - s) / 1e12})
+        return c
+
+    def by_hand():
+        c = _loop(a, b, room)
+        cp.get_default_memory_pool().free_all_blocks()
+        return c
+    c = timed("fp64-int8 first call", lambda: summa.matmul(a, b, precision="fp64-int8"))
+    rows[-1]["check"] = float(summa.freivalds(a, b, c))
+    del c
+    timed("fp64-int8 second call", lambda: summa.matmul(a, b, precision="fp64-int8"))
+    timed("float64 (summa)", lambda: summa.matmul(a, b))
+    timed("float64 by hand (cupy)", by_hand)
+    timed("float64 by hand again", by_hand)
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", type=int, default=32768)
+    p.add_argument("--free", help="GPU memory left free, e.g. 24GiB (default: all of it)")
+    p.add_argument("--json")
+    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.inner:
+        print(json.dumps(one_process(args.size, args.free)))
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, SUMMA_CACHE_DIR=cache)
+        for process in ("empty cache", "cache kept"):
+            out = subprocess.run([sys.executable, __file__, "--size", str(args.size), "--inner"]
+                                 + (["--free", args.free] if args.free else []),
+                                 env=env, capture_output=True, text=True)
+            if out.returncode:
+                print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
+                return out.returncode
+            for r in json.loads(out.stdout.strip().splitlines()[-1]):
+                rows.append(dict(r, process=process, free=args.free))
+    if args.json:
+        with open(args.json, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    for r in rows:
+        print(f"{r['process']:>12}  {r['what']:<24} N={r['n']}  {r['seconds']:7.3f} s "
+              f"{r['tflops']:7.1f} TFLOP/s" + (f"  check {r['check']:.2e}" if "check" in r else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
