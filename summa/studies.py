@@ -92,8 +92,12 @@ def run_model(args, comm: MPI.Comm, out) -> int:
           f"{pred.efficiency:.3f} ({pred.panels} panels: compute {pred.panel_compute * 1e3:.3f} ms,"
           f" broadcasts {pred.panel_comm * 1e3:.3f} ms each)", file=out)
     best = recommend(profile, m, n, k, args.dtype, ranks, **kwargs)
-    print(f"  recommended: grid {best.grid[0]}x{best.grid[1]}, nb {best.panel_width} "
-          f"({best.seconds:.4f} s)", file=out)
+    if best.seconds >= pred.seconds:  # never recommend what is predicted slower
+        print("  recommended: this setup (no other grid or panel width is predicted faster)",
+              file=out)
+    else:
+        print(f"  recommended: grid {best.grid[0]}x{best.grid[1]}, nb {best.panel_width} "
+              f"({best.seconds:.4f} s)", file=out)
     if args.device_memory:
         print("  " + memory_line((m, n, k), args.dtype, grid, nb, args.lookahead,
                                  args.device_memory), file=out)

@@ -340,3 +340,24 @@ def test_model_takes_the_panel_width_bench_takes():
     best = recommend(Profile.load(path), 65536, 65536, 65536, "float64", 8,
                      precision="fp64-int8")
     assert best.panel_width == wide  # 8192 and narrower pay a reconstruction per panel
+
+
+@pytest.mark.parametrize("profile", ["h200.json", "rtx3090x8.json"])
+@pytest.mark.parametrize("setup", [["--grid", "2x4"], ["--grid", "8x1", "--nb", "256"],
+                                   ["--grid", "4x2", "--nb", "8192"],
+                                   ["--grid", "1x8", "--precision", "fp64-int8"]])
+def test_model_never_recommends_a_setup_it_predicts_slower(profile, setup):
+    """The recommended grid and width are predicted no slower than the setup
+    given, whatever the width's distance from the profile's samples."""
+    import os
+    import re
+    from summa.studies import shipped_profile
+    path = os.path.join(os.path.dirname(shipped_profile()), profile)
+    out = io.StringIO()
+    assert cli.main(["model", "--profile", path, "--size", "100000"] + setup,
+                    MPI.COMM_SELF, out) == 0
+    text = out.getvalue()
+    given = float(re.search(r"predicted ([0-9.]+) s", text).group(1))
+    named = re.search(r"recommended: grid \S+, nb \d+ \(([0-9.]+) s\)", text)
+    assert named is None or float(named.group(1)) < given, text
+    assert named is not None or "recommended: this setup" in text, text
