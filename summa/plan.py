@@ -291,9 +291,9 @@ def _refuse_largest_shortfall(comm, short) -> None:
 def ranks_on_device(backend, comm, counted: bool = True) -> int:
     """How many ranks of `comm` that are `counted` share this rank's GPU (1
     on the CPU backend or where this rank is not counted): they share its
-    free memory. Collective."""
+    free memory, on virtual nodes too (the machine's). Collective."""
     where = backend.device_id() if backend.name == "cupy" and counted else "cpu"
-    sharing = topology_of(comm).node_comm.allgather(where).count(where)
+    sharing = topology_of(comm).machine_comm.allgather(where).count(where)
     return sharing if where != "cpu" else 1
 
 

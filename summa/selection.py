@@ -221,8 +221,9 @@ def peer_access(grid, backend) -> bool:
 
 
 def _devices_distinct(grid, backend) -> bool:
-    """True on every rank when no two ranks of any grid row or column share a GPU."""
-    me = (grid.node, backend.device_id())
+    """True on every rank when no two ranks of any grid row or column share a
+    GPU (that of one machine: virtual nodes of it may share one)."""
+    me = (grid.topology.machine, backend.device_id())
     # A list, not a generator: every rank takes part in both collectives.
     distinct = all([len(set(c.allgather(me))) == c.Get_size()
                     for c in (grid.row_comm, grid.col_comm)])

@@ -16,7 +16,7 @@ machine's ranks take the paths between nodes, which tests use.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mpi4py import MPI
 
@@ -38,22 +38,22 @@ class Topology:
         This rank in the communicator.
     devices : int or None
         GPUs this rank's node has, where known (None: no CuPy, or not asked).
-    virtual : bool
-        Made by :meth:`virtual`: the nodes are blocks of a machine's ranks.
+    real : Topology or None
+        Of a virtual topology (:meth:`virtual`), the nodes MPI sees.
     """
 
     node_comm: MPI.Intracomm
     nodes: tuple
     rank: int
     devices: int | None = None
-    virtual: bool = False
+    real: Topology | None = field(default=None, repr=False)
 
     @classmethod
     def detect(cls, comm: MPI.Intracomm) -> "Topology":
         """The nodes MPI sees (ranks that can share memory); collective. The
         caller frees it (:meth:`free`); :func:`topology_of` keeps one per
         communicator instead. The only shared-memory split in summa."""
-        return cls._made(comm, comm.Split_type(MPI.COMM_TYPE_SHARED), _device_count(), False)
+        return cls._made(comm, comm.Split_type(MPI.COMM_TYPE_SHARED), _device_count())
 
     @classmethod
     def virtual(cls, comm: MPI.Intracomm, nodes: int, devices: int | None = None) -> "Topology":
@@ -74,15 +74,21 @@ class Topology:
         real = topology_of(comm)
         color = real.node * nodes + real.local_rank * nodes // real.local_size
         return cls._made(comm, comm.Split(color, comm.Get_rank()),
-                         real.devices if devices is None else devices, True)
+                         real.devices if devices is None else devices, real)
 
     @classmethod
-    def _made(cls, comm, node_comm, devices, virtual: bool) -> "Topology":
-        """The topology whose node communicator is `node_comm`; collective."""
+    def _made(cls, comm, node_comm, devices, real=None) -> "Topology":
+        """The topology whose node communicator is `node_comm` (virtual
+        nodes of `real`'s where given); collective."""
         leaders = comm.allgather(node_comm.bcast(comm.Get_rank(), root=0))
         first = sorted(set(leaders))
         return cls(node_comm, tuple(first.index(x) for x in leaders), comm.Get_rank(),
-                   devices, virtual)
+                   devices, real)
+
+    @property
+    def is_virtual(self) -> bool:
+        """Made by :meth:`virtual`: the nodes are blocks of a machine's ranks."""
+        return self.real is not None
 
     @property
     def size(self) -> int:
@@ -119,6 +125,17 @@ class Topology:
         """The rank of this node's first rank, which names the node."""
         return self.nodes.index(self.node)
 
+    @property
+    def machine_comm(self) -> MPI.Intracomm:
+        """The ranks on this rank's machine, virtual nodes or not: those that
+        may share its GPU (device numbers and bus ids name a machine's GPUs)."""
+        return (self.real or self).node_comm
+
+    @property
+    def machine(self) -> int:
+        """This rank's machine (its node as MPI sees it), virtual nodes or not."""
+        return (self.real or self).node
+
     def same_node(self, rank: int) -> bool:
         """Is `rank` (of the communicator) on this rank's node?"""
         return self.nodes[rank] == self.node
@@ -135,7 +152,7 @@ class Topology:
         self.free()
 
     def __repr__(self) -> str:
-        kind = "virtual " if self.virtual else ""
+        kind = "virtual " if self.is_virtual else ""
         return (f"Topology({self.size} ranks on {self.count} {kind}node(s), rank {self.rank} "
                 f"is {self.local_rank} of {self.local_size} on node {self.node}, "
                 f"devices={self.devices})")

@@ -31,10 +31,11 @@ def test_split_type_is_called_in_topology_alone():
 def test_this_machine_is_one_node_detected_once(comm):
     topo = topology_of(comm)
     assert topo is topology_of(comm)  # kept with the communicator: one split
-    assert not topo.virtual and topo.one_node and topo.count == 1
+    assert not topo.is_virtual and topo.one_node and topo.count == 1
     assert topo.nodes == (0,) * comm.Get_size() and topo.node == 0 and topo.leader == 0
     assert (topo.local_rank, topo.local_size) == (comm.rank, comm.Get_size())
     assert all(topo.same_node(r) for r in range(comm.Get_size()))
+    assert topo.machine_comm is topo.node_comm and topo.machine == 0
     with ProcessGrid(comm) as grid:
         assert grid.topology is topo and topology_of(grid.comm) is topo
         assert (grid.local_rank, grid.local_size, grid.node) == (comm.rank, comm.Get_size(), 0)
@@ -51,13 +52,15 @@ def test_virtual_nodes_are_consecutive_blocks_of_ranks(comm, nodes):
     size = comm.Get_size()
     expect = _blocks(size, nodes)
     with Topology.virtual(comm, nodes=nodes) as topo:
-        assert topo.virtual and list(topo.nodes) == expect
+        assert topo.is_virtual and list(topo.nodes) == expect
         assert topo.count == len(set(expect)) and topo.one_node == (len(set(expect)) == 1)
         mine = [r for r in range(size) if expect[r] == expect[comm.rank]]
         assert topo.local_size == len(mine) and topo.local_rank == mine.index(comm.rank)
         assert topo.leader == mine[0]
         assert topo.node_comm.allgather(comm.rank) == mine
         assert [topo.same_node(r) for r in range(size)] == [r in mine for r in range(size)]
+        # GPUs are a machine's: ranks of other virtual nodes may share one
+        assert topo.machine == 0 and topo.machine_comm.Get_size() == size
     assert topo.node_comm == MPI.COMM_NULL  # freed by its maker
     if size in (4, 6) and nodes > 1:  # the sweep's splits
         assert {(4, 2): [0, 0, 1, 1], (4, 3): [0, 0, 1, 2], (6, 2): [0, 0, 0, 1, 1, 1],
