@@ -530,7 +530,7 @@ def _matmul_here(a, b, comm, root, grid, backend, out, out_of_core, device_memor
     if grid is None:
         grid = grid_for(comm.Get_size(), m, n, be.name, dtype)
     check_schedule(schedule, grid)
-    with ProcessGrid(comm, grid, topology) as pgrid:
+    with ProcessGrid(comm, grid, topology=topology) as pgrid:
         if pgrid.core_note and pgrid.rank == 0:
             warnings.warn(pgrid.core_note, RuntimeWarning, stacklevel=2)
         if not host_resident:
