@@ -1,58 +1,44 @@
 """The 2-D process grid: Cartesian communicator, row/column sub-communicators,
-node-local rank; the default grid for a problem."""
+the ranks' nodes (:mod:`summa.topology`); the default grid for a problem."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import numpy as np
 from mpi4py import MPI
 
 from . import staging
+from .topology import Topology, keep, topology_of
 
 __all__ = ["ProcessGrid", "parse_grid", "choose_grid", "grid_for", "grid_shapes",
            "node_rank", "node_of", "core_share"]
 
 
-@contextlib.contextmanager
-def _node_comm(comm: MPI.Intracomm, node: MPI.Intracomm | None):
-    """`node` (the ranks of `comm` sharing this rank's memory), or one split
-    for the call and freed after it."""
-    if node is not None:
-        yield node
-        return
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        yield node
-    finally:
-        node.Free()
-
-
-def node_of(comm: MPI.Intracomm, node: MPI.Intracomm | None = None) -> tuple[int, int, int]:
+def node_of(comm: MPI.Intracomm, topology: Topology | None = None) -> tuple[int, int, int]:
     """This rank's index among the ranks of `comm` on its node (ranks sharing
-    memory, as MPI sees them; `node` where the caller has split them), their
-    number, and the rank in `comm` of the node's first rank, which names the
-    node: the same on every rank of a node, different between nodes whatever
-    their hostnames (containers or VMs on different machines may share one)."""
-    with _node_comm(comm, node) as node:
-        return node.Get_rank(), node.Get_size(), node.bcast(comm.Get_rank(), root=0)
+    memory, as MPI sees them, or as `topology` says), their number, and the
+    rank in `comm` of the node's first rank, which names the node: the same
+    on every rank of a node, different between nodes whatever their
+    hostnames (containers or VMs on different machines may share one)."""
+    topology = topology or topology_of(comm)
+    return topology.local_rank, topology.local_size, topology.leader
 
 
 def core_share(comm: MPI.Intracomm,
-               node: MPI.Intracomm | None = None) -> tuple[int, int, str | None]:
+               topology: Topology | None = None) -> tuple[int, int, str | None]:
     """The cores this rank may run on (its affinity), how many ranks of
-    `comm` on its node (`node`, as for :func:`node_of`) may run on some of
+    `comm` on its node (as `topology` says, :func:`node_of`) may run on some of
     them (itself too), and a warning where that leaves it under an even
     share of its node's cores; collective. Host copies and file reads run on
     threads, so a rank the launcher bound to one core (Open MPI does when it
     starts two ranks or fewer) copies at a fraction of the node's rate
     (issue 23: reads at 1 GB/s of the disk's 2.3)."""
     mine = _affinity()
-    with _node_comm(comm, node) as node:
-        # the launcher's own cores: what the job was given (a batch system's
-        # allocation), where its ranks were then bound narrower
-        sets = node.allgather((mine, _affinity(os.getppid())))
+    node = (topology or topology_of(comm)).node_comm
+    # the launcher's own cores: what the job was given (a batch system's
+    # allocation), where its ranks were then bound narrower
+    sets = node.allgather((mine, _affinity(os.getppid())))
     sharing = sum(1 for s, _ in sets if s & mine)
     cores = len(set().union(*(s | launcher for s, launcher in sets)))
     even = cores // len(sets)
@@ -77,9 +63,10 @@ def _affinity(pid: int = 0) -> set:
             else set(range(os.cpu_count() or 1))
 
 
-def node_rank(comm: MPI.Intracomm) -> tuple[int, int]:
-    """This rank's index among the ranks of `comm` on its node, and their number."""
-    return node_of(comm)[:2]
+def node_rank(comm: MPI.Intracomm, topology: Topology | None = None) -> tuple[int, int]:
+    """This rank's index among the ranks of `comm` on its node (as `topology`
+    says, :func:`node_of`), and their number."""
+    return node_of(comm, topology)[:2]
 
 
 def parse_grid(text: str) -> tuple[int, int]:
@@ -156,6 +143,10 @@ class ProcessGrid:
         frees `comm` itself.
     dims : tuple of int, str or None
         ``(Pr, Pc)``, a string such as ``"2x3"``, or None for a near-square grid.
+    topology : Topology, optional
+        The nodes of `comm`'s ranks (:mod:`summa.topology`; default: as MPI
+        sees them, detected once per communicator). Its maker frees it, after
+        the grid.
 
     Attributes
     ----------
@@ -169,6 +160,9 @@ class ProcessGrid:
         This rank's grid coordinates.
     local_rank, local_size : int
         Rank and number of ranks on this node (shared-memory domain).
+    topology : Topology
+        The nodes of the ranks; also what :func:`summa.topology.topology_of`
+        gives for `comm` (the grid's).
 
     Examples
     --------
@@ -177,7 +171,7 @@ class ProcessGrid:
     (1, 1)
     """
 
-    def __init__(self, comm: MPI.Intracomm, dims=None):
+    def __init__(self, comm: MPI.Intracomm, dims=None, topology: Topology | None = None):
         size = comm.Get_size()
         if dims is None:
             dims = choose_grid(size)
@@ -189,18 +183,23 @@ class ProcessGrid:
         if dims[0] * dims[1] != size:
             raise ValueError(f"grid {dims[0]}x{dims[1]} needs {dims[0] * dims[1]} ranks, "
                              f"but {size} were started")
+        if topology is not None and topology.size != size:
+            raise ValueError(f"a topology of {topology.size} ranks given for {size}")
         self.shape = dims
+        self.topology = topology or topology_of(comm)
         self.comm = comm.Create_cart(dims, periods=[False, False], reorder=False)
         self.row, self.col = self.comm.Get_coords(self.comm.Get_rank())
         self.row_comm = self.comm.Sub([False, True])
         self.col_comm = self.comm.Sub([True, False])
-        with _node_comm(comm, None) as node:  # one split for both
-            # self.node: the rank of its node's first rank, which names the node
-            self.local_rank, self.local_size, self.node = node_of(comm, node)
-            # host-GPU copies share the cores this rank may run on with the
-            # node's ranks that may run there too; a warning (rank 0 says it)
-            # where the launcher left some rank too few
-            _, sharing, note = core_share(comm, node)
+        # the grid's communicator numbers the ranks as `comm` does: the same
+        # topology, which what is given the grid's communicator finds there
+        keep(self.comm, self.topology)
+        # self.node: the rank of its node's first rank, which names the node
+        self.local_rank, self.local_size, self.node = node_of(comm, self.topology)
+        # host-GPU copies share the cores this rank may run on with the
+        # node's ranks that may run there too; a warning (rank 0 says it)
+        # where the launcher left some rank too few
+        _, sharing, note = core_share(comm, self.topology)
         staging.set_ranks_on_node(sharing)
         self.core_note = next((n for n in comm.allgather(note) if n), None)
         #: Objects living as long as the grid (e.g. NCCL communicators), each with

@@ -23,6 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import filemaps, remote
+from .topology import Topology, topology_of
 
 __all__ = ["empty", "load", "file_map", "attach_file", "attach_remote", "shared_token",
            "node_shared", "shm_dir", "parallel_copy", "touched", "named", "attach", "shared_name",
@@ -59,19 +60,20 @@ def _new_file(nbytes: int) -> str:
     return name
 
 
-def node_shared(nbytes: int, comm: MPI.Intracomm) -> bool:
-    """Can every node of `comm` hold `nbytes` more of shared arrays? Collective."""
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        ok = _room(nbytes) if node.Get_rank() == 0 else True
-        return comm.allreduce(bool(ok), op=MPI.LAND)
-    finally:
-        node.Free()
+def node_shared(nbytes: int, comm: MPI.Intracomm, topology: Topology | None = None) -> bool:
+    """Can every node of `comm` (as `topology` says, default
+    :func:`summa.topology.topology_of`) hold `nbytes` more of shared arrays?
+    Collective. Virtual nodes of one machine each ask for their own room."""
+    ok = _room(nbytes) if (topology or topology_of(comm)).local_rank == 0 else True
+    return comm.allreduce(bool(ok), op=MPI.LAND)
 
 
-def empty(shape, dtype, comm: MPI.Intracomm | None = None) -> np.ndarray:
+def empty(shape, dtype, comm: MPI.Intracomm | None = None,
+          topology: Topology | None = None) -> np.ndarray:
     """A C-ordered array that every rank of a node of `comm` sees, one copy
-    per node; collective. Its values are unset (zeros, as pages fault in).
+    per node (as `topology` says, default
+    :func:`summa.topology.topology_of`); collective. Its values are unset
+    (zeros, as pages fault in).
     Without `comm` (a plain Python process): one that the workers of
     summa's pool (:mod:`summa.pool`) read and write where it lies, so that
     :func:`summa.matmul` copies nothing (:func:`named`).
@@ -87,29 +89,26 @@ def empty(shape, dtype, comm: MPI.Intracomm | None = None) -> np.ndarray:
     shape = tuple(int(s) for s in shape)
     dtype = np.dtype(dtype)
     nbytes = max(1, int(np.prod(shape)) * dtype.itemsize)
-    if not node_shared(nbytes, comm):
+    topology = topology or topology_of(comm)
+    if not node_shared(nbytes, comm, topology):
         raise ValueError(f"a node's {shm_dir()} has less than {nbytes / 2**30:.1f} GiB free "
                          "for a node-shared array (SUMMA_SHM_DIR names another place)")
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    node = topology.node_comm
+    name = None
+    if node.Get_rank() == 0:
+        name = _new_file(nbytes)
+    name = node.bcast(name, root=0)
     try:
-        name = None
-        if node.Get_rank() == 0:
-            name = _new_file(nbytes)
-        name = node.bcast(name, root=0)
-        leader = node.bcast(comm.Get_rank(), root=0)
-        try:
-            mapped = np.memmap(name, dtype=dtype, mode="r+", shape=shape if shape else (1,))
-        finally:
-            node.Barrier()  # every rank has it mapped (or failed): the name can go
-            if node.Get_rank() == 0:
-                os.unlink(name)
-        array = mapped if shape else mapped.reshape(())
-        token = (leader, os.path.basename(name))
-        _tokens[id(array)] = token
-        weakref.finalize(array, _tokens.pop, id(array), None)
-        return array
+        mapped = np.memmap(name, dtype=dtype, mode="r+", shape=shape if shape else (1,))
     finally:
-        node.Free()
+        node.Barrier()  # every rank has it mapped (or failed): the name can go
+        if node.Get_rank() == 0:
+            os.unlink(name)
+    array = mapped if shape else mapped.reshape(())
+    token = (topology.leader, os.path.basename(name))
+    _tokens[id(array)] = token
+    weakref.finalize(array, _tokens.pop, id(array), None)
+    return array
 
 
 def named(shape, dtype) -> tuple[np.ndarray, str]:
@@ -253,23 +252,22 @@ def _by_rows(x: np.ndarray, move, threads: int | None) -> None:
         list(pool.map(lambda r: move(slice(r, r + step)), range(0, x.shape[0], step)))
 
 
-def load(path, comm: MPI.Intracomm) -> np.ndarray:
+def load(path, comm: MPI.Intracomm, topology: Topology | None = None) -> np.ndarray:
     """An .npy file as a node-shared array in C order (Fortran-ordered files
-    converted), each rank of a node reading its share of the rows on host
-    threads; collective. A read that fails on any rank fails on every rank."""
+    converted), each rank of a node (as `topology` says, :func:`empty`)
+    reading its share of the rows on host threads; collective. A read that
+    fails on any rank fails on every rank."""
     from .agree import collectively
     from .io import read_header
     header = read_header(path, comm)
-    out = empty(header.shape, header.dtype, comm)
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        rows = out.shape[0] if out.ndim else 0
-        r0 = rows * node.Get_rank() // node.Get_size()
-        r1 = rows * (node.Get_rank() + 1) // node.Get_size()
-        collectively(comm, _read_rows, path, out, r0, r1)
-        node.Barrier()  # every rank's rows are in
-    finally:
-        node.Free()
+    topology = topology or topology_of(comm)
+    out = empty(header.shape, header.dtype, comm, topology)
+    node = topology.node_comm
+    rows = out.shape[0] if out.ndim else 0
+    r0 = rows * node.Get_rank() // node.Get_size()
+    r1 = rows * (node.Get_rank() + 1) // node.Get_size()
+    collectively(comm, _read_rows, path, out, r0, r1)
+    node.Barrier()  # every rank's rows are in
     return out
 
 

@@ -22,13 +22,13 @@ __all__ = ["node_shares", "mapped_everywhere", "operand_block", "result_block",
 
 
 def node_shares(grid, shape, dtype) -> bool:
-    """Do all ranks share one node with room for node-shared copies of A, B
-    and C (:mod:`summa.host`)? Then blocks are views into one copy of each;
-    else MPI scatters and gathers them. Collective."""
+    """Do all ranks share one node (``grid.topology``) with room for
+    node-shared copies of A, B and C (:mod:`summa.host`)? Then blocks are
+    views into one copy of each; else MPI scatters and gathers them.
+    Collective."""
     m, n, k = shape
-    one_node = grid.comm.allreduce(grid.local_size == grid.size, op=MPI.LAND)
     need = (m * k + k * n + m * n) * np.dtype(dtype).itemsize
-    return one_node and host_arrays.node_shared(need, grid.comm)
+    return grid.topology.one_node and host_arrays.node_shared(need, grid.comm, grid.topology)
 
 
 def own_range(dist, p: int) -> slice:
@@ -74,11 +74,11 @@ def operand_block(x, trans: str, shape, dtype, grid, root: int, shares: bool) ->
 
 def _in_place(x, shape, dtype, grid, root: int):
     """The root's array `x` (None elsewhere) where every rank of the grid may
-    read and write it in place (:mod:`summa.remote`; one node): `x` itself
-    on the root, a stand-in on the others; None on every rank where some rank
-    may not. Collective."""
-    if not grid.comm.allreduce(grid.local_size == grid.size and remote.allowed(),
-                               op=MPI.LAND):
+    read and write it in place (:mod:`summa.remote`; one node,
+    ``grid.topology``): `x` itself on the root, a stand-in on the others;
+    None on every rank where some rank may not. Collective."""
+    if not (grid.topology.one_node
+            and grid.comm.allreduce(remote.allowed(), op=MPI.LAND)):
         return None
     rank = grid.comm.Get_rank()
     if rank == root:

@@ -427,7 +427,7 @@ _MATMUL_OPTIONS = ("alpha", "trans_a", "trans_b", "panel_width", "lookahead", "b
 
 def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
                   backend="auto", out=None, out_of_core=None, device_memory=None,
-                  gpus=None, workers=None, **kwargs):
+                  gpus=None, workers=None, topology=None, **kwargs):
     """``alpha * op(a) @ op(b)`` for NumPy arrays held on rank `root` (None
     elsewhere); collective.
 
@@ -466,6 +466,10 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         (``SUMMA_GPUS``; default every visible GPU), or on a machine without
         one `workers` (``SUMMA_WORKERS``; default one per 8 cores). One
         means this process alone.
+    topology : summa.topology.Topology, optional
+        The nodes of `comm`'s ranks (default: as MPI sees them); tests give
+        :meth:`~summa.topology.Topology.virtual` ones, whose ranks on
+        different virtual nodes share no memory.
     **kwargs
         ``broadcaster="host"`` (or ``"auto"`` where the GPUs of a node
         cannot read each other's memory, :func:`summa.selection.peer_access`):
@@ -505,15 +509,15 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     moduli = kwargs.pop("moduli", None)
     with asked_moduli(moduli):
         return _matmul_here(a, b, MPI.COMM_WORLD if comm is None else comm, root, grid,
-                            backend, out, out_of_core, device_memory, called, kwargs)
+                            backend, out, out_of_core, device_memory, called, kwargs, topology)
 
 
 def _matmul_here(a, b, comm, root, grid, backend, out, out_of_core, device_memory, called,
-                 kwargs):
+                 kwargs, topology=None):
     """:func:`matmul_arrays` on the ranks of `comm` (no pool)."""
     trans_a = str(kwargs.pop("trans_a", "N")).upper()
     trans_b = str(kwargs.pop("trans_b", "N")).upper()
-    be = collectively(comm, get_backend, backend, node_rank(comm)[0])
+    be = collectively(comm, get_backend, backend, node_rank(comm, topology)[0])
     meta = check_arrays(a, b, out, trans_a, trans_b, be) if comm.Get_rank() == root else None
     meta = comm.bcast(meta, root=root)
     if isinstance(meta, str):
@@ -526,7 +530,7 @@ def _matmul_here(a, b, comm, root, grid, backend, out, out_of_core, device_memor
     if grid is None:
         grid = grid_for(comm.Get_size(), m, n, be.name, dtype)
     check_schedule(schedule, grid)
-    with ProcessGrid(comm, grid) as pgrid:
+    with ProcessGrid(comm, grid, topology=topology) as pgrid:
         if pgrid.core_note and pgrid.rank == 0:
             warnings.warn(pgrid.core_note, RuntimeWarning, stacklevel=2)
         if not host_resident:

@@ -19,6 +19,7 @@ import numpy as np
 from .settings import number
 from .staging import copy_threads, ring_bytes
 from .strips import check_schedule
+from .topology import topology_of
 from .tuning import transposes_a
 
 __all__ = ["MemoryPlan", "memory_plan", "check_memory", "ranks_on_device", "check_host_memory",
@@ -290,13 +291,10 @@ def _refuse_largest_shortfall(comm, short) -> None:
 def ranks_on_device(backend, comm, counted: bool = True) -> int:
     """How many ranks of `comm` that are `counted` share this rank's GPU (1
     on the CPU backend or where this rank is not counted): they share its
-    free memory. Collective."""
-    from mpi4py import MPI
+    free memory, on virtual nodes too (the machine's). Collective."""
     where = backend.device_id() if backend.name == "cupy" and counted else "cpu"
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    sharing = node.allgather(where).count(where) if where != "cpu" else 1
-    node.Free()
-    return sharing
+    sharing = topology_of(comm).machine_comm.allgather(where).count(where)
+    return sharing if where != "cpu" else 1
 
 
 def check_memory(plan: MemoryPlan, backend, comm) -> None:
@@ -337,10 +335,8 @@ def host_memory_total() -> int | None:
 def check_host_memory(plan: MemoryPlan, comm) -> None:
     """Refuse, on every rank, a plan whose ranks on some node need more host
     memory than that node has in all (collective)."""
-    from mpi4py import MPI
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    node = topology_of(comm).node_comm
     need, ranks = node.allreduce(plan.host_bytes), node.Get_size()
-    node.Free()
     total = host_memory_total()
     short = None
     if total is not None and need > total:

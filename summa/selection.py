@@ -208,18 +208,22 @@ def peer_access(grid, backend) -> bool:
         return env == "1"
     if backend.name != "cupy" or grid.size == 1:
         return True
-    me = backend.device
+    me = (grid.topology.node, backend.device)
     peers = set()
     for c in (grid.row_comm, grid.col_comm):
-        peers.update(d for d in c.allgather(me))
+        peers.update(c.allgather(me))
     rt = backend.xp.cuda.runtime
-    ok = all(d == me or bool(rt.deviceCanAccessPeer(me, d)) for d in peers)
+    # GPUs on other nodes (virtual ones too) are never peers: device numbers
+    # name the GPUs of one node
+    ok = all(p == me or (p[0] == me[0] and bool(rt.deviceCanAccessPeer(me[1], p[1])))
+             for p in peers)
     return grid.comm.allreduce(ok, op=MPI.LAND)
 
 
 def _devices_distinct(grid, backend) -> bool:
-    """True on every rank when no two ranks of any grid row or column share a GPU."""
-    me = (grid.node, backend.device_id())
+    """True on every rank when no two ranks of any grid row or column share a
+    GPU (that of one machine: virtual nodes of it may share one)."""
+    me = (grid.topology.machine, backend.device_id())
     # A list, not a generator: every rank takes part in both collectives.
     distinct = all([len(set(c.allgather(me))) == c.Get_size()
                     for c in (grid.row_comm, grid.col_comm)])

@@ -11,6 +11,7 @@ takes back to reproduce it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -74,16 +75,17 @@ def draw_case(rng, nranks: int, backend, modes, largest: int) -> dict:
 
 class Grids:
     """Process grids by shape, made once for a whole sweep (communicators, and
-    on GPUs NCCL's, are slow to create)."""
+    on GPUs NCCL's, are slow to create), on the nodes `topology` says (default:
+    as MPI sees them)."""
 
-    def __init__(self, comm):
-        self.comm, self._grids = comm, {}
+    def __init__(self, comm, topology=None):
+        self.comm, self.topology, self._grids = comm, topology, {}
 
     def __call__(self, shape):
         from summa.grid import ProcessGrid
         key = tuple(shape)
         if key not in self._grids:
-            self._grids[key] = ProcessGrid(self.comm, key)
+            self._grids[key] = ProcessGrid(self.comm, key, topology=self.topology)
         return self._grids[key]
 
     def free(self):
@@ -92,17 +94,18 @@ class Grids:
         self._grids.clear()
 
 
-def _budget(case, grid, itemsize: int) -> int:
-    """A device budget for an out-of-core case: `budget_share` of what the
-    in-memory blocks take, but never less than the smallest that tiles."""
+def _budget(case, shape, itemsize: int) -> int:
+    """A device budget for an out-of-core case on a grid of `shape`:
+    `budget_share` of what the in-memory blocks take, but never less than
+    the smallest that tiles."""
     from summa.plan import memory_plan
     m, n, k, nb = case["m"], case["n"], case["k"], case["panel_width"]
-    full = memory_plan(m, n, k, case["dtype"], grid.shape, nb, case["lookahead"], "cupy",
+    full = memory_plan(m, n, k, case["dtype"], shape, nb, case["lookahead"], "cupy",
                        device_budget=1 << 40, out_of_core=True, staged=(True, True))
     budget = max(int(full.device_bytes * case["budget_share"]), 1)
     while True:
         try:
-            memory_plan(m, n, k, case["dtype"], grid.shape, nb, case["lookahead"], "cupy",
+            memory_plan(m, n, k, case["dtype"], shape, nb, case["lookahead"], "cupy",
                         device_budget=budget, out_of_core=True, staged=(True, True))
             return budget
         except ValueError:
@@ -123,14 +126,12 @@ def run_case(case: dict, grids: Grids, backend, seed: int) -> float:
     b = random_array(rng, (k, n) if tb == "N" else (n, k), dtype)
     c0 = random_array(rng, (m, n), dtype)
     block = tuple(case["block"]) if case["block"] else None
-    saved = os.environ.get("SUMMA_TRANSPOSE_A")
-    os.environ["SUMMA_TRANSPOSE_A"] = case["transpose_a"]
-    try:
+    with _transpose_a(case["transpose_a"]):
         if case["out_of_core"]:
             host = NumpyBackend()
             A, B, C = (DistMatrix.from_global(x, grid, host) for x in (a, b, c0))
             summa_out_of_core(case["alpha"], A, B, case["beta"], C, backend,
-                              _budget(case, grid, np.dtype(dtype).itemsize),
+                              _budget(case, grid.shape, np.dtype(dtype).itemsize),
                               panel_width=case["panel_width"], lookahead=case["lookahead"],
                               precision=case["precision"], comm=case["broadcaster"])
         else:
@@ -144,13 +145,56 @@ def run_case(case: dict, grids: Grids, backend, seed: int) -> float:
                  broadcaster=case["broadcaster"], precision=case["precision"],
                  schedule=case["schedule"])
         c = C.gather()
-    finally:
-        if saved is None:
-            os.environ.pop("SUMMA_TRANSPOSE_A", None)
-        else:
-            os.environ["SUMMA_TRANSPOSE_A"] = saved
     if grid.rank != 0:
         return float("nan")
     # The reference takes op() itself: pass the stored arrays untransposed.
     return gemm_scaled_error(c, op(a, ta), op(b, tb), c0, case["alpha"], case["beta"],
                              precision=case["precision"])
+
+
+def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float:
+    """Run `case` through the array entry point (:func:`summa.matmul` of NumPy
+    arrays held on rank 0, the product returned there, into an `out` array or
+    not), on the nodes `topology` says; its beta and block do not apply.
+    Host-resident (the paths that read the root's arrays in place or share
+    them on a node) where the case is out of core, in tiles, and in one tile
+    for most others. Return the scaled error (rank 0; NaN elsewhere)."""
+    import summa
+    rng = np.random.default_rng(seed)
+    m, n, k = case["m"], case["n"], case["k"]
+    dtype, ta, tb = case["dtype"], case["trans_a"], case["trans_b"]
+    a = random_array(rng, (m, k) if ta == "N" else (k, m), dtype)
+    b = random_array(rng, (k, n) if tb == "N" else (n, k), dtype)
+    root = comm.Get_rank() == 0
+    out = np.full((m, n), np.nan, dtype) if rng.uniform() < 0.5 and root else None
+    resident = case["out_of_core"] or rng.uniform() < 0.6
+    budget = None
+    if case["out_of_core"]:
+        budget = _budget(case, tuple(case["grid"]), np.dtype(dtype).itemsize)
+    with _transpose_a(case["transpose_a"]):
+        c = summa.matmul(a if root else None, b if root else None, comm=comm,
+                         grid=tuple(case["grid"]), backend=backend.name, out=out,
+                         out_of_core=resident, device_memory=budget,
+                         topology=topology, alpha=case["alpha"], trans_a=ta, trans_b=tb,
+                         panel_width=case["panel_width"], lookahead=case["lookahead"],
+                         broadcaster=case["broadcaster"], precision=case["precision"],
+                         schedule=case["schedule"])
+    if not root:
+        return float("nan")
+    assert out is None or c is out
+    return gemm_scaled_error(c, op(a, ta), op(b, tb), None, case["alpha"], 0.0,
+                             precision=case["precision"])
+
+
+@contextlib.contextmanager
+def _transpose_a(choice: str):
+    """``SUMMA_TRANSPOSE_A`` set to `choice` for the block, as it was after."""
+    saved = os.environ.get("SUMMA_TRANSPOSE_A")
+    os.environ["SUMMA_TRANSPOSE_A"] = choice
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("SUMMA_TRANSPOSE_A", None)
+        else:
+            os.environ["SUMMA_TRANSPOSE_A"] = saved

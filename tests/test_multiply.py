@@ -157,7 +157,8 @@ def test_numpy_array_api_grid_follows_the_product_shape(comm, rng, monkeypatch, 
     shapes = []
     real = multiply.ProcessGrid
     monkeypatch.setattr(multiply, "ProcessGrid",
-                        lambda comm_, dims=None: shapes.append(dims) or real(comm_, dims))
+                        lambda comm_, dims=None, **kw: shapes.append(dims)
+                        or real(comm_, dims, **kw))
     a = random_array(rng, (96, 24) if trans_a == "N" else (24, 96), "float64")
     b = random_array(rng, (24, 20), "float64")
     root = comm.Get_size() - 1

@@ -2,7 +2,10 @@
 
 ``SUMMA_SWEEP_CASES`` (default 150) cases per run, shapes up to
 ``SUMMA_SWEEP_LARGEST`` (default 300 on CPU, 3000 on GPUs); the seed is drawn
-fresh (``SUMMA_SWEEP_SEED`` replays one) and printed with every failure.
+fresh (``SUMMA_SWEEP_SEED`` replays one) and printed with every failure. On 4
+and 6 ranks a tenth as many cases run again for each of 1 (this machine), 2
+and 3 virtual nodes (:meth:`summa.topology.Topology.virtual`), so that the
+paths between nodes run on one machine.
 """
 
 import json
@@ -11,17 +14,23 @@ import os
 import numpy as np
 import pytest
 
-from sweep import Grids, draw_case, run_case
+from sweep import Grids, draw_case, run_array_case, run_case
 
 
-@pytest.mark.mpi(min_size=1)
-def test_randomized_sweep_has_no_wrong_product(comm, backend):
-    from test_comm import modes
+def _settings(comm, backend) -> tuple[int, int, int]:
+    """Cases, the largest dimension and the seed (the same on every rank)."""
     cases = int(os.environ.get("SUMMA_SWEEP_CASES", "150"))
     largest = int(os.environ.get("SUMMA_SWEEP_LARGEST",
                                  "3000" if backend.name == "cupy" else "300"))
     seed = os.environ.get("SUMMA_SWEEP_SEED")
     seed = comm.bcast(int(seed) if seed else int(np.random.SeedSequence().entropy % 2**32))
+    return cases, largest, seed
+
+
+@pytest.mark.mpi(min_size=1)
+def test_randomized_sweep_has_no_wrong_product(comm, backend):
+    from test_comm import modes
+    cases, largest, seed = _settings(comm, backend)
     rng = np.random.default_rng(seed)
     available = modes(backend)
     grids = Grids(comm)
@@ -43,3 +52,42 @@ def test_randomized_sweep_has_no_wrong_product(comm, backend):
                                      "largest": largest}) + "\n")
         assert not wrong, (f"{len(wrong)} of {cases} products wrong (SUMMA_SWEEP_SEED={seed}); "
                            + "; ".join(f"{e:.3g}: {c}" for e, c in wrong[:5]))
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("nodes", [1, 2, 3])
+def test_randomized_sweep_on_virtual_nodes_has_no_wrong_product(comm, backend, nodes):
+    """Cases alternately through DistMatrix operands and the array entry point
+    on ranks split into `nodes` virtual nodes: node-shared arrays, in-place
+    reads of the root's arrays and CUDA IPC within each, MPI between them.
+    One node (MPI's own topology) runs the array entry point alone: the main
+    sweep runs the rest."""
+    from summa.topology import Topology
+    from test_comm import modes
+    if comm.Get_size() not in (4, 6):
+        pytest.skip("virtual nodes are swept on 4 and 6 ranks")
+    cases, largest, seed = _settings(comm, backend)
+    cases = max(2, cases // 10)
+    rng = np.random.default_rng(seed)
+    available = [m for m in modes(backend) if nodes == 1 or m != "ipc"]
+    topology = Topology.virtual(comm, nodes) if nodes > 1 else None
+    grids = Grids(comm, topology)
+    wrong = []
+    try:
+        for i in range(cases):
+            case = draw_case(rng, comm.Get_size(), backend, available, largest)
+            if i % 2 or nodes == 1:
+                error = run_array_case(case, comm, backend, seed + i, topology)
+            else:
+                error = run_case(case, grids, backend, seed=seed + i)
+            if comm.rank == 0 and not error <= 1:
+                wrong.append((error, i % 2 or nodes == 1, case))
+    finally:
+        grids.free()
+        if topology is not None:
+            topology.free()
+    if comm.rank == 0:
+        assert not wrong, (f"{len(wrong)} of {cases} products wrong on {nodes} virtual node(s) "
+                           f"(SUMMA_SWEEP_SEED={seed}); " + "; ".join(
+                               f"{e:.3g}{' (arrays)' if arrays else ''}: {c}"
+                               for e, arrays, c in wrong[:5]))
