@@ -100,8 +100,6 @@ CASES = [
     # P x 1, 2 ranks, K = 16 by 4: a rank holds two panels, receives two adjacent
     ("2x1 first row", ([0] * 4, [0, 0, 1, 1]), (0, 0), (2, 1), (False, False), [0, 1, 2, 3]),
     ("2x1 second row", ([0] * 4, [0, 0, 1, 1]), (1, 0), (2, 1), (False, False), [2, 3, 0, 1]),
-    # K = 11 over 2 rows (6 + 5) by 4: panels 0:4, 4:6 on row 0, 6:10, 10:11 on row 1
-    ("2x1 uneven", ([0] * 4, [0, 0, 1, 1]), (1, 0), (2, 1), (False, False), [2, 3, 0, 1]),
     # K = 40: five panels received, too many to start at once: the common order
     ("2x1 many received", ([0] * 10, [0] * 5 + [1] * 5), (1, 0), (2, 1), (False, False),
      list(range(10))),
@@ -127,6 +125,17 @@ def test_table_of_cases(name, rts, me, shape, direct, expect, lookahead):
         assert list(s.order) == list(range(len(panels)))
     else:
         assert list(s.order) == expect
+
+
+@pytest.mark.parametrize("k, expect", [(11, [2, 3, 0, 1]), (8, [1, 0]), (40, list(range(10)))])
+def test_panels_of_a_grid_column(k, expect):
+    """The second rank of a 2 x 1 grid, K split 6 + 5 (11), 4 + 4 (8) or
+    20 + 20 (40) by panels of 4: one or two panels received, adjacent, go
+    after its own; five do not."""
+    panels = panel_schedule(Distribution(k, 1), Distribution(k, 2), 4)
+    s = make_schedule(panels, (1, 0), (False, False), in_place(panels, (1, 0), (2, 1)), 1)
+    check(s, 1)
+    assert list(s.order) == expect
 
 
 def test_direct_copies_multiply_the_ranks_own_panels_before_fetching():
