@@ -6,7 +6,8 @@ along the grid columns, and every rank accumulates ``C_local += alpha * A_p @ B_
 With lookahead ``L`` the broadcasts of the next ``L`` panels are in flight while
 the current panel's GEMM runs. Broadcasts start in the same order on every
 rank; a rank multiplies the panels it holds first where that lets all its
-receives start at once (:func:`_own_first`), and with direct copies (ipc).
+receives start at once, and with direct copies (ipc): :mod:`summa.schedule`
+decides the steps, :class:`summa.pipeline.Pipeline` queues them.
 """
 
 from __future__ import annotations
@@ -19,21 +20,21 @@ from mpi4py import MPI
 
 from . import ozaki
 from .checks import check_layouts, check_operands, check_scalars
-from .layout import Distribution, Layout, panel_schedule, split_panel
+from .layout import Distribution, Layout, panel_schedule
 from .matrix import DistMatrix
 from .ozaki_gpu import asked_moduli, check_moduli, panel_sums_apply, panel_sums_bytes
+from .pipeline import Pipeline, PipelineReport, Product, in_place_parts, local_parts
+# (summa.outofcore takes wait_for_panel from here)
+from .pipeline import wait_for_panel  # noqa: F401
 from .plan import ranks_on_device
+from .schedule import HEAD_PIECES, make_schedule, order_panels, waits_first
 from .selection import _export, _pick_broadcasters
 from .strips import check_schedule, multiply_strips, strip_bounds
 from .transpose import PanelsOfA
 from .tuning import auto_panel_width, default_panel_width, transposes_a
-from .faults import inject
 from .watchdog import watch
 
 __all__ = ["summa", "gemm", "SummaStats", "default_panel_width"]
-
-#: Pieces the first panel is sent in on GPUs (its broadcast is the pipeline fill).
-HEAD_PIECES = 4
 
 
 @dataclass
@@ -118,31 +119,18 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     panel_width, measured = _panel_width(A, B, C, panel_width, precision)
     if int(lookahead) < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
-    lookahead = int(lookahead)
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
     row_bc, col_bc = _pick_broadcasters(A, B, C, panels, broadcaster, precision)
-    direct = _export(grid, backend, row_bc, col_bc, A.local, B.local)
+    call = _Call(alpha, A, B, C, precision, progress, int(lookahead), row_bc, col_bc,
+                 _export(grid, backend, row_bc, col_bc, A.local, B.local))
     transpose = transposes_a(backend.name, C.dtype, precision,
                              schedule="strips" if strips else "panels")
-    if grid.size == 1:
-        # One rank: a single GEMM over all of K, nothing to overlap; but panel by
-        # panel where A is read transposed (a copy of all of A would take its room).
-        if not transpose:
-            panels = panels[:1]
-    elif strips:
-        panels = strip_bounds(C.local.shape[1], panel_width,
-                              HEAD_PIECES if backend.name == "cupy" else 1)
-    else:
-        # The head splits on GPUs whatever the lookahead, so that the summation
-        # order, and so the bits, never depend on it; but only where a rank has
-        # no panel of its own to multiply while the first one is on its way.
-        panels = _order(panels, grid, direct, backend.name == "cupy"
-                        and _someone_waits_first(panels, grid, A, B, direct, lookahead))
+    panels = _steps_of(call, panels, transpose, strips, panel_width)
     stats = SummaStats(panels=len(panels), panel_width=panel_width,
-                       comm=(col_bc if strips else row_bc).name,
-                       lookahead=lookahead, extra={"panel_width_measured": measured,
-                                                   "schedule": "strips" if strips else "panels",
-                                                   "transposed_a": transpose})
+                       comm=(col_bc if strips else row_bc).name, lookahead=call.lookahead,
+                       extra={"panel_width_measured": measured,
+                              "schedule": "strips" if strips else "panels",
+                              "transposed_a": transpose})
 
     t0 = time.perf_counter()
     # One rank's first GEMM applies beta itself (beta 0: C is not read), one
@@ -152,34 +140,23 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
         C.local.fill(0)
     elif first_beta == 1 and beta != 1:
         C.local *= beta
-    marks = []
     with backend.checked_later() as checks, backend.compute_stream():
         # Made inside: its copies go on the stream its GEMMs run on.
         operand_a = PanelsOfA(backend, C.local.shape[0], 0 if strips else
                               max((p.width for p in panels), default=0), C.dtype, transpose)
-        sums = _panel_sums(A, B, C, precision, strips, panels, lookahead)
+        sums = _panel_sums(A, B, C, precision, strips, panels, call.lookahead)
         if precision == "fp64-int8":  # (bench's records say which way it went)
             stats.extra["panel_sums"] = sums is not None
         if grid.size == 1:
-            for i, p in enumerate(panels):
-                a, b = local_parts(A, B, p) if transpose else (A.local, B.local)
-                marks.append(backend.timing_mark())
-                backend.gemm(alpha, operand_a(a), b, C.local, beta=first_beta if i == 0 else 1,
-                             precision=precision)
-                marks.append(backend.timing_mark())
-                if progress is not None:
-                    progress(i + 1, len(panels))
+            marks = _one_rank(call, panels, operand_a, first_beta, transpose)
         elif strips:
-            multiply_strips(alpha, A, B, C, panels, lookahead, col_bc, direct[1], marks,
-                            precision, progress, stats.extra)
+            marks = []
+            multiply_strips(alpha, A, B, C, panels, call.lookahead, col_bc, call.direct[1],
+                            marks, precision, progress, stats.extra)
         else:
-            _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks,
-                      precision, progress, stats.extra, operand_a,
-                      None if sums is None else sums.add)
-            if sums is not None:  # the one fold of C, alpha applied (beta already was)
-                marks.append(backend.timing_mark())
-                sums.finish(alpha, C.local, 1.0)
-                marks.append(backend.timing_mark())
+            report = _on_grid(call, panels, operand_a, sums)
+            marks = report.marks
+            stats.extra.update(report.extra())
     with watch("the queued GPU work of the SUMMA loop (broadcasts and GEMMs)"):
         backend.synchronize()
     # float64 on INT8: inputs checked for Inf/NaN as the products went, asked once here
@@ -190,6 +167,81 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     stats.wait = max(0.0, stats.seconds - stats.compute)
     stats.comm_seconds = row_bc.take_seconds() + col_bc.take_seconds()
     return stats
+
+
+@dataclass(frozen=True)
+class _Call:
+    """The prepared pieces of one :func:`summa` call that its loops read."""
+
+    alpha: object
+    A: DistMatrix
+    B: DistMatrix
+    C: DistMatrix
+    precision: str | None
+    progress: object
+    lookahead: int
+    row_bc: object
+    col_bc: object
+    direct: tuple  # (A's, B's) panels copied from the roots' blocks (ipc)
+
+
+def _steps_of(call: _Call, panels: list, transpose: bool, strips: bool, width: int) -> list:
+    """The steps of this call in this rank's order: K panels, or column
+    strips (:func:`summa.strips.strip_bounds`)."""
+    grid, backend = call.C.grid, call.C.backend
+    if grid.size == 1:
+        # One rank: a single GEMM over all of K, nothing to overlap; but panel by
+        # panel where A is read transposed (a copy of all of A would take its room).
+        return panels if transpose else panels[:1]
+    if strips:
+        return strip_bounds(call.C.local.shape[1], width,
+                            HEAD_PIECES if backend.name == "cupy" else 1)
+    # The head splits on GPUs whatever the lookahead, so that the summation
+    # order, and so the bits, never depend on it; but only where a rank has
+    # no panel of its own to multiply while the first one is on its way.
+    split = backend.name == "cupy" and _someone_waits_first(call, panels)
+    return order_panels(panels, (grid.row, grid.col), call.direct, split)
+
+
+def _someone_waits_first(call: _Call, panels: list) -> bool:
+    """Collective: does any rank's first GEMM wait for a broadcast
+    (:func:`summa.schedule.waits_first`)?"""
+    grid = call.C.grid
+    held = [a and b for a, b in in_place_parts(panels, grid, call.A, call.B, call.direct)]
+    return grid.comm.allreduce(waits_first(held, call.lookahead), op=MPI.LOR)
+
+
+def _one_rank(call: _Call, panels: list, operand_a, first_beta, transpose: bool) -> list:
+    """One rank's GEMMs (one, or a panel each where A is read transposed);
+    returns their timing marks."""
+    A, B, C = call.A, call.B, call.C
+    backend, marks = C.backend, []
+    for i, p in enumerate(panels):
+        a, b = local_parts(A, B, p) if transpose else (A.local, B.local)
+        marks.append(backend.timing_mark())
+        backend.gemm(call.alpha, operand_a(a), b, C.local, beta=first_beta if i == 0 else 1,
+                     precision=call.precision)
+        marks.append(backend.timing_mark())
+        if call.progress is not None:
+            call.progress(i + 1, len(panels))
+    return marks
+
+
+def _on_grid(call: _Call, panels: list, operand_a, sums) -> PipelineReport:
+    """The SUMMA loop over `panels` (in this rank's order), each GEMM reading
+    A as `operand_a` gives it; with `sums` (fp64-int8) the panels' products
+    go to them and C is folded once at the end."""
+    A, B, C = call.A, call.B, call.C
+    grid = C.grid
+    schedule = make_schedule(panels, (grid.row, grid.col), call.direct,
+                             in_place_parts(panels, grid, A, B, call.direct), call.lookahead)
+    product = Product(call.alpha, C.backend, C.local, call.precision, operand_a, sums)
+    report = Pipeline(A, B, C, schedule, (call.row_bc, call.col_bc), product, call.progress).run()
+    if sums is not None:  # the one fold of C, alpha applied (beta already was)
+        report.marks.append(C.backend.timing_mark())
+        sums.finish(call.alpha, C.local, 1.0)
+        report.marks.append(C.backend.timing_mark())
+    return report
 
 
 def prepare(A: DistMatrix, B: DistMatrix, C: DistMatrix, panel_width=None,
@@ -259,278 +311,6 @@ def _panel_width(A, B, C, panel_width, precision) -> tuple[int, bool]:
     if not isinstance(panel_width, (int, np.integer)) or panel_width < 1:
         raise ValueError(f"panel width must be an integer >= 1 or 'auto', got {panel_width!r}")
     return int(panel_width), measured
-
-
-def _order(panels, grid, direct, split_head: bool) -> list:
-    """This rank's order of the SUMMA steps.
-
-    Broadcasts pair up across ranks, so every rank starts them in the same
-    order, the first one in pieces when `split_head` (a rank with nothing of
-    its own to multiply meanwhile then starts after a fraction of it); the
-    GEMMs of panels a rank holds go first anyway (:func:`_steps`). Direct copies
-    (ipc) pair with nothing, so a rank first multiplies the panels it holds
-    itself, which hides its set-up, and only splits the head when that one has
-    to be fetched.
-    """
-    if any(direct):
-        panels = sorted(panels, key=lambda p: _fetched(p, grid, direct))
-        split_head = split_head and _fetched(panels[0], grid, direct) > 0
-    if split_head and panels:
-        panels = split_panel(panels[0], HEAD_PIECES) + panels[1:]
-    return panels
-
-
-def _in_place(part, root: int, me: int, size: int, reads: bool) -> bool:
-    """Is this rank's part of a panel used where it lies (no receive, no
-    packing)? On its owner, where it is contiguous or peers read it in place
-    (direct copies), and along a grid row/column of one rank (its owner)."""
-    return me == root and (reads or size == 1 or part.flags.c_contiguous)
-
-
-def _held(p, grid, A, B, direct) -> bool:
-    """Does this rank multiply panel `p` where it lies, both parts in place?"""
-    a_part, b_part = local_parts(A, B, p)
-    return (_in_place(a_part, p.a_root, grid.col, grid.shape[1], direct[0])
-            and _in_place(b_part, p.b_root, grid.row, grid.shape[0], direct[1]))
-
-
-#: Most panels a rank may receive and still multiply its own ones first: all
-#: its receives must start at once, into the two slots of the default lookahead.
-OWN_FIRST_RECEIVES = 2
-
-
-def _own_first(panels, grid, A, B, direct, lookahead) -> list:
-    """The panels this rank multiplies before all others (:func:`_steps`): the
-    ones it holds, where lookahead is on and it receives at most
-    :data:`OWN_FIRST_RECEIVES` panels, adjacent in the common order, so that
-    their broadcasts all start at once whatever the depth; else none (the
-    common order). Otherwise a receive would wait for a GEMM of the common
-    order while this rank's GEMMs went another way (and the peers' sends behind
-    it on the broadcaster's stream with it). The rule does not depend on the
-    lookahead's depth, so neither do the bits (lookahead 0 aside)."""
-    held = [i for i, p in enumerate(panels) if _held(p, grid, A, B, direct)]
-    received = sorted(set(range(len(panels))) - set(held))
-    adjacent = len(received) < 2 or received[-1] - received[0] == len(received) - 1
-    if lookahead >= 1 and held and len(received) <= OWN_FIRST_RECEIVES and adjacent:
-        return held
-    return []
-
-
-def _someone_waits_first(panels, grid, A, B, direct, lookahead) -> bool:
-    """Collective: does any rank's first GEMM wait for a broadcast (neither its
-    own panels first nor the first panel its own)?"""
-    mine = not (_own_first(panels, grid, A, B, direct, lookahead)
-                or (panels and _held(panels[0], grid, A, B, direct)))
-    return grid.comm.allreduce(mine, op=MPI.LOR)
-
-
-def _fetched(p, grid, direct) -> int:
-    """How many of panel `p`'s two parts this rank copies from another rank."""
-    return int(direct[0] and p.a_root != grid.col) + int(direct[1] and p.b_root != grid.row)
-
-
-def _pipeline(alpha, A, B, C, panels, lookahead, row_bc, col_bc, direct, marks, precision,
-              progress, extra, operand_a=None, product=None) -> None:
-    """The SUMMA steps with `lookahead` panels in flight; GEMM marks go to `marks`,
-    the direct broadcasters' set-up and tear-down seconds to `extra`; each
-    GEMM reads A as `operand_a` (a :class:`PanelsOfA`) gives it, or with
-    `product` each panel product is ``product(a, b)`` instead."""
-    grid, xp = C.grid, C.backend.xp
-    mloc, nloc = C.local.shape
-    depth = lookahead + 1
-    width = max((p.width for p in panels), default=0)
-    nslots = min(depth, len(panels))
-    # Panel buffers only where panels arrive from other ranks.
-    a_bufs = [xp.empty(mloc * width if grid.shape[1] > 1 else 0, dtype=C.dtype)
-              for _ in range(nslots)]
-    b_bufs = [xp.empty(width * nloc if grid.shape[0] > 1 else 0, dtype=C.dtype)
-              for _ in range(nslots)]
-
-    # Broadcasters that can read the roots' blocks directly (ipc) need no packing
-    # on the root and no per-panel handshake: the blocks are exported once, and
-    # the (collective, slow) opening of the peers' blocks waits until this
-    # rank's first GEMM is queued on its own panel, which it then hides.
-    readers = [bc for bc, on in zip((row_bc, col_bc), direct) if on]
-    connected = not readers
-    # Direct copies into a slot wait only for the GEMM that last read it.
-    slot_free = [None] * nslots
-
-    def connect():
-        nonlocal connected
-        if not connected:
-            t0 = time.perf_counter()
-            for bc in readers:
-                bc.connect()
-            extra["connect_seconds"] = time.perf_counter() - t0
-            extra["opened_blocks"] = sum(bc.opened_blocks for bc in readers)
-            connected = True
-
-    # Panels this rank multiplies first, where they lie (none: the common order).
-    # Their sends, like every receive then, start at once: they wait only for
-    # the operands' values, not for the GEMMs queued before them. (In the common
-    # order a send waits for those, so that it starts when its receivers do and
-    # NCCL's kernels do not spin beside the GEMMs meanwhile.)
-    held = set(_own_first(panels, grid, A, B, direct, lookahead))
-    extra["own_first"] = bool(held)
-    operands = C.backend.record_event()
-
-    def panel(local_panel, bufs, shape, root, me, broadcaster, slot, region, direct,
-              early):
-        # The owner multiplies (and, where it is contiguous, broadcasts) its
-        # panel where it lies; GEMM takes row-strided views, so a grid row or
-        # column of one rank never copies at all.
-        own = _in_place(local_panel, root, me, broadcaster.comm.Get_size(), direct)
-        if own:
-            view = local_panel
-        else:
-            view = bufs[slot][: shape[0] * shape[1]].reshape(shape)
-            if me == root:
-                view[...] = local_panel
-        if direct:
-            return view, broadcaster.iget(view, root, *region, after=slot_free[slot])
-        if own and early:
-            return view, broadcaster.ibcast(view, root, slot, ready=operands, own=True)
-        return view, broadcaster.ibcast(view, root, slot)
-
-    def finished(i):
-        if readers and _fetched(panels[i], grid, direct):
-            slot_free[i % depth] = C.backend.record_event()
-
-    def start(i):
-        p, slot = panels[i], i % depth
-        if _fetched(p, grid, direct):
-            connect()  # after the GEMMs of the panels this rank holds are queued
-        a_part, b_part = local_parts(A, B, p)
-        a_cols = slice(p.a_offset, p.a_offset + p.width)
-        b_rows = slice(p.b_offset, p.b_offset + p.width)
-        a, ra = panel(a_part, a_bufs, (mloc, p.width), p.a_root, grid.col, row_bc, slot,
-                      (slice(0, mloc), a_cols), direct[0], i in held)
-        b, rb = panel(b_part, b_bufs, (p.width, nloc), p.b_root, grid.row, col_bc, slot,
-                      (b_rows, slice(0, nloc)), direct[1], i in held)
-        return a, b, ra, rb
-
-    # With direct copies, the GEMMs of the leading panels this rank holds are
-    # all queued before the first fetch, whose set-up (opening the peers'
-    # blocks) they then hide.
-    hold = next((j for j, p in enumerate(panels) if _fetched(p, grid, direct)),
-                len(panels)) if readers else 0
-    try:
-        _steps(alpha, C, panels, depth, hold, start, finished, marks, precision, progress,
-               held, lambda i: local_parts(A, B, panels[i]), operand_a, product)
-        connect()  # every rank takes part, even one that fetched nothing
-    except BaseException:
-        for bc in readers:  # the peers may be gone: close what this rank opened, no barrier
-            bc.release_local()
-        raise
-    t0 = time.perf_counter()
-    for bc in readers:
-        bc.release()
-    if readers:
-        extra["release_seconds"] = time.perf_counter() - t0
-
-
-def _steps(alpha, C, panels, depth, hold, start, finished, marks, precision,
-           progress, held=(), views=None, operand_a=None, product=None) -> None:
-    """Run the SUMMA steps.
-
-    `start(i)` queues panel i's broadcasts, in list order (the order every rank
-    shares), into slot ``i % depth``, which panel ``i - depth`` must have left:
-    its GEMM queued, or, for a panel in `held` (multiplied where it lies, on
-    views ``views(i)``; its slot carries only what this rank sends), its
-    sends settled (:func:`_settle`). The GEMMs of `held` panels go
-    first, in list order, as they wait for nothing; then the others in list
-    order, `depth` steps behind their broadcasts. Panels from `hold` on start
-    only once the GEMMs before `hold` are queued (direct copies hide their
-    set-up behind those). `finished(i)` runs when GEMM i is queued. The order
-    depends only on the panels and `held`, not on `depth`. `operand_a(a)`
-    (default: `a` itself) is the A operand each GEMM reads.
-    """
-    backend, grid = C.backend, C.grid
-    n = len(panels)
-    first = set(held)
-    order = sorted(first) + [i for i in range(n) if i not in first]
-    inflight: dict = {}  # started, and not done with: GEMM to come, or a held one's sends
-    started = queued = 0  # panels started; GEMMs queued
-
-    def vacate(j) -> bool:
-        """Make panel j's slot free for panel ``j + depth``; False if not yet."""
-        if j not in inflight:
-            return True  # before the first panel, or done with
-        if j not in first:
-            return False  # its GEMM comes later
-        _settle(*inflight.pop(j)[2:])  # a held panel's sends: no stream waits for them
-        return True
-
-    def start_more(need: int = -1) -> None:
-        """Start the panels up to `need`, and then more while slots are free."""
-        nonlocal started
-        while started < n:
-            if started > need and started >= hold > queued:
-                return
-            if not vacate(started - depth):
-                if started > need:
-                    return
-                # Cannot happen: every panel before `need` has had its GEMM.
-                raise RuntimeError(f"SUMMA schedule: panel {need} needs a slot still in use")
-            inflight[started] = start(started)
-            started += 1
-
-    start_more()
-    for step, i in enumerate(order):
-        if i in first:  # multiplied where it lies; its sends go out in list order
-            a, b = views(i)
-        else:
-            start_more(need=i)
-            a, b, ra, rb = inflight.pop(i)
-        if step == 1:
-            inject("summa")
-        if i not in first:
-            wait_for_panel(i, panels[i], ra, rb, grid)
-        marks.append(backend.timing_mark())  # the copy of A, if any, counts as compute
-        a = a if operand_a is None else operand_a(a)
-        if product is None:
-            backend.gemm(alpha, a, b, C.local, precision=precision)
-        else:
-            product(a, b)
-        marks.append(backend.timing_mark())
-        queued += 1
-        finished(i)
-        if progress is not None:
-            progress(step + 1, n)
-        # Refilling the slot just used: on the GPU, queue order (compute
-        # stream, or the broadcaster waiting on it) puts this after the GEMM.
-        start_more()
-    start_more(n - 1)
-    for j in sorted(inflight):  # the held panels' last sends
-        _settle(*inflight.pop(j)[2:])
-
-
-def _settle(*sends) -> None:
-    """Complete the broadcasts a rank sent from its own block: host requests
-    (MPI) finish here; device ones need no stream to wait, since that block is
-    never rewritten (waiting would tie this rank's GEMMs to the receivers'
-    progress)."""
-    for pending in sends:
-        with watch("a broadcast this rank sends to finish"):
-            pending.settle()
-
-
-def local_parts(A: DistMatrix, B: DistMatrix, p) -> tuple:
-    """This rank's stored parts of panel `p`: its columns of A and its rows of B
-    (views; meaningful on the panel's roots)."""
-    return (A.local[:, p.a_offset:p.a_offset + p.width],
-            B.local[p.b_offset:p.b_offset + p.width, :])
-
-
-def wait_for_panel(i: int, p, ra, rb, grid, context: str = "") -> None:
-    """Complete panel `i`'s two broadcasts, each a step the watchdog can name
-    (`context`, e.g. " for C tile 2", is appended to the name)."""
-    with watch(f"the broadcast of A panel {i} (columns {p.k0}:{p.k1}) from grid column "
-               f"{p.a_root} along grid row {grid.row}{context}"):
-        ra.wait()
-    with watch(f"the broadcast of B panel {i} (rows {p.k0}:{p.k1}) from grid row "
-               f"{p.b_root} along grid column {grid.col}{context}"):
-        rb.wait()
 
 
 _OPS = ("N", "T", "H")

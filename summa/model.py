@@ -227,8 +227,8 @@ def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
                                          overhead, profile.data.get("device_memory"))
         return Prediction(seconds, flops / seconds / 1e12, ideal / seconds, t_c, t_b, steps,
                           tuple(grid), nb)
-    from .algorithm import OWN_FIRST_RECEIVES
-    # Own panels first (summa.algorithm._own_first): on 2 x 1, each rank's
+    from .schedule import OWN_FIRST_RECEIVES
+    # Own panels first (summa.schedule.own_first): on 2 x 1, each rank's
     # received panels are adjacent; with more ranks a middle one's are not.
     own = -(-(-(-k // pr)) // nb) if (pr, pc) == (2, 1) else 0  # panels of its own B rows
     if lookahead > 0 and profile.overlaps(comm) and 0 < steps - own <= OWN_FIRST_RECEIVES:

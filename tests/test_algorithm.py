@@ -11,6 +11,7 @@ from summa.comm import choose_comm
 from summa.grid import ProcessGrid
 from summa.layout import panel_schedule
 from summa.matrix import DistMatrix
+from summa.schedule import fetched
 
 GRIDS = ["auto", "row", "col"]
 # (M, N, K): square, uneven, primes, smaller than any grid, K = 1, empty-ish
@@ -115,7 +116,7 @@ def test_own_panels_go_first_where_every_receive_starts_at_once(comm, rng, monke
     to each other in the common order (all their broadcasts then start at
     once); otherwise in the common order. The product is right either way,
     and the same bits for every lookahead >= 1."""
-    from summa.algorithm import OWN_FIRST_RECEIVES
+    from summa.schedule import OWN_FIRST_RECEIVES
     from summa.backend import get_backend
     backend = get_backend("numpy")
     a, b = random_array(rng, (9, k), "float64"), random_array(rng, (k, 7), "float64")
@@ -329,7 +330,6 @@ def test_direct_reads_match_reference_and_hide_the_connect(comm, rng, which, loo
                                                            monkeypatch):
     """A broadcaster that reads the roots' blocks (ipc) lets each rank take its
     own panels first and open the peers' blocks once, after its first GEMM."""
-    from summa.algorithm import _fetched
     from summa.backend import get_backend
     backend = get_backend("numpy")
     m, n, k = shape
@@ -348,29 +348,11 @@ def test_direct_reads_match_reference_and_hide_the_connect(comm, rng, which, loo
             assert stats.extra["opened_blocks"] == sum(bc.comm.Get_size() - 1
                                                        for bc, on in zip(readers, direct) if on)
         own = [p for p in panel_schedule(A.layout.cols, B.layout.rows, 4)
-               if not _fetched(p, grid, direct)]
+               if not fetched(p, (grid.row, grid.col), direct)]
         if own and gemms and "connect" in calls:
             # the rank's own panels are all multiplied before anything is fetched
             first_connect = calls.index("connect")
             assert sum(g <= first_connect for g in gemms) >= len(own)
-
-
-def test_order_puts_a_ranks_own_panels_first():
-    """Direct copies pair with nothing, so each rank starts with what it holds;
-    paired broadcasts keep one order everywhere, the head in pieces."""
-    from types import SimpleNamespace
-
-    from summa.algorithm import _order
-    from summa.layout import Distribution
-
-    panels = panel_schedule(Distribution(16, 2), Distribution(16, 2), 4)
-    grid = SimpleNamespace(row=1, col=1)
-    mine = _order(panels, grid, (True, True), split_head=True)
-    assert [(p.a_root, p.b_root) for p in mine][:2] == [(1, 1), (1, 1)]
-    assert sorted(p.k0 for p in mine) == [p.k0 for p in panels]  # nothing split or lost
-    same = _order(panels, grid, (False, False), split_head=True)
-    assert len(same) == len(panels) + HEAD_PIECES - 1 and same[0].k0 == 0
-    assert same[-1] == panels[-1]
 
 
 def test_auto_takes_direct_copies_only_where_own_gemms_hide_the_connect():
@@ -652,3 +634,40 @@ def test_a_grid_with_panel_sums_gives_every_panel_to_them_and_folds_once(
     (s,) = made
     assert s.finished == 1 and s.terms == k  # every rank's sums see all of K
     assert gemms == []
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("which", GRIDS)
+@pytest.mark.parametrize("lookahead", [0, 1, 2, 5])
+@pytest.mark.parametrize("k, block", [(16, None), (11, None), (41, (3, 2))])
+def test_the_loop_adds_the_schedules_products_bit_for_bit(comm, rng, which, lookahead, k,
+                                                           block):
+    """Every rank's C block is, bit for bit, beta C plus its panels' products
+    added one at a time in its schedule's GEMM order (a plain loop over the
+    global operands here): the loop adds no step, drops none, keeps the order
+    and the operands."""
+    from summa.backend import get_backend
+    from summa.pipeline import in_place_parts
+    from summa.schedule import make_schedule, order_panels
+    backend = get_backend("numpy")
+    m, n, alpha, beta = 23, 17, -1.5, 0.75
+    a, b, c0 = comm.bcast([random_array(rng, shape, "float64")
+                           for shape in ((m, k), (k, n), (m, n))])
+    with make_grid(comm, which) as grid:
+        A, B = distribute(a, grid, backend, block), distribute(b, grid, backend, block)
+        C = distribute(c0, grid, backend, block)
+        summa(alpha, A, B, beta, C, panel_width=4, lookahead=lookahead)
+        me, direct = (grid.row, grid.col), (False, False)  # host MPI broadcasts pair up
+        panels = order_panels(panel_schedule(A.layout.cols, B.layout.rows, 4), me, direct, False)
+        order = make_schedule(panels, me, direct, in_place_parts(panels, grid, A, B, direct),
+                              lookahead).order
+        rows = C.layout.rows.global_indices(grid.row)
+        cols = C.layout.cols.global_indices(grid.col)
+        expect = c0[np.ix_(rows, cols)] * beta
+        for i in order:
+            ks = np.arange(panels[i].k0, panels[i].k1)
+            backend.gemm(alpha, a[np.ix_(rows, ks)], b[np.ix_(ks, cols)], expect)
+        assert np.array_equal(C.local, expect)
+        if lookahead >= 1:  # own panels first where they are: the same bits at every depth
+            assert order == make_schedule(panels, me, direct,
+                                          in_place_parts(panels, grid, A, B, direct), 7).order
