@@ -348,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--profile", default=None, metavar="FILE",
                       help="predict the time from this profile (summa calibrate; default the "
                            "one shipped with summa, of H200s)")
+    plan.add_argument("--json", metavar="FILE", default=None,
+                      help="append the plan as one JSON object to FILE (the fields a run "
+                           "records as its plan)")
     plan.add_argument("--comm", choices=COMM_MODES, default="auto",
                       help="broadcaster (default auto): out of core, copy-engine broadcasts "
                            "(ipc; what auto takes on GPUs within a node) stage every panel "
@@ -457,6 +460,9 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
         raise UsageError(str(exc)) from None
     if comm.Get_rank() == 0:
         print(plan, file=out)
+        if args.json:
+            with open(args.json, "a") as fh:
+                fh.write(json.dumps(plan.as_dict()) + "\n")
     return 0
 
 

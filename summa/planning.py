@@ -136,11 +136,21 @@ class Plan:
     predicted: dict | None = field(default=None, compare=False)
 
     def as_dict(self) -> dict:
-        """The plan as plain values (for JSON)."""
-        return asdict(self)
+        """The plan as JSON's values (tuples as lists): equal to what JSON
+        gives back, so a recorded plan compares with a printed one."""
+        return _plain(asdict(self))
 
     def __str__(self) -> str:
         return "\n".join(_lines(self))
+
+
+def _plain(value):
+    """`value` with its tuples made lists, all the way down."""
+    if isinstance(value, dict):
+        return {key: _plain(v) for key, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",

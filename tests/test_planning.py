@@ -212,3 +212,42 @@ def test_plan_command_prints_make_plan(args):
                      precision=None if opts.precision == "default" else opts.precision,
                      predict=True)
     assert out.getvalue() == f"{plan}\n"
+
+
+def _without_prediction(plan: dict) -> dict:
+    return {key: value for key, value in plan.items() if key != "predicted"}
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("device_memory,dtype", [("64KiB", "float64"), ("20KiB", "complex128"),
+                                                 (None, "float32")])
+def test_the_plan_a_run_used_is_the_one_summa_plan_prints(comm, rng, tmp_path, device_memory,
+                                                           dtype):
+    """summa.matmul on NumPy arrays (host-resident under a device cap on
+    CPUs, else in memory) records the Plan it ran; ``summa plan --json``
+    for the same inputs writes the same Plan, and so does make_plan."""
+    from helpers import random_array
+    import summa
+    from summa.algorithm import SummaStats
+    m, n, k = 90, 70, 50
+    a, b = random_array(rng, (m, k), dtype), random_array(rng, (k, n), dtype)
+    stats = SummaStats()
+    c = summa.matmul(a if comm.rank == 0 else None, b if comm.rank == 0 else None, comm=comm,
+                     backend="numpy", device_memory=device_memory, panel_width=8, stats=stats)
+    if comm.rank == 0:
+        np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    ran = stats.extra["plan"]
+    assert ran["out_of_core"] == (device_memory is not None)
+    path = tmp_path / f"plan-{comm.rank}.json"
+    args = ["plan", "--m", str(m), "--n", str(n), "--k", str(k), "--dtype", dtype,
+            "--ranks", str(comm.size), "--backend", "numpy", "--nb", "8", "--json", str(path)]
+    assert cli.main(args + (["--device-memory", device_memory] if device_memory else []),
+                    MPI.COMM_SELF, io.StringIO()) == 0
+    printed = json.loads(path.read_text())
+    assert _without_prediction(printed) == _without_prediction(ran)
+    planned = make_plan((m, n, k), dtype, Machine("numpy", comm.size), host_held=True,
+                        device_memory=device_memory, panel_width=8)
+    assert planned.as_dict() == ran
+    if device_memory:  # the sweep ran the plan's tiles, within its budget
+        assert stats.extra["tiles"] == list(planned.memory.tiles)
+        assert stats.extra["device_bytes_planned"] <= planned.device_budget
