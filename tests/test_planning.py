@@ -12,8 +12,8 @@ from mpi4py import MPI
 
 from summa import cli
 from summa.backend import NumpyBackend
-from summa.grid import ProcessGrid, grid_for
-from summa.plan import choose_memory_mode, memory_plan, parse_bytes
+from summa.grid import grid_for
+from summa.plan import memory_plan, parse_bytes
 from summa.planning import Machine, Plan, make_plan, restage
 from summa.tuning import default_panel_width
 
@@ -71,29 +71,29 @@ def test_plans_for_another_machine_decide_as_before(shape, dtype, ranks):
 @pytest.mark.parametrize("dtype", ["float64", "complex64"])
 @pytest.mark.parametrize("budget", [None, 4000, 9000, 60_000, 1 << 20])
 @pytest.mark.parametrize("shape", [(90, 70, 50), (300, 200, 100), (1, 500, 3)])
-def test_live_plans_decide_as_choose_memory_mode(shape, dtype, budget):
-    """This machine on the NumPy backend: the mode and budget
-    choose_memory_mode gave, and the tiles memory_plan cut for them."""
+def test_live_plans_decide_as_before(shape, dtype, budget):
+    """This machine on the NumPy backend, as choose_memory_mode decided
+    before make_plan: out of core where asked for or capped (to the cap, or
+    1 GiB), in memory otherwise; the tiles memory_plan cuts for the budget,
+    or its error where none fits."""
     m, n, k = shape
     host = NumpyBackend()
-    with ProcessGrid(MPI.COMM_SELF, (1, 1)) as grid:
-        for out_of_core, width in itertools.product((None, True, False), (None, 8, 64)):
-            nb = width or default_panel_width("numpy", dtype, None)
-            try:
-                want_budget, _ = choose_memory_mode(shape, dtype, grid, nb, 1, host,
-                                                    out_of_core, budget)
-                want = memory_plan(m, n, k, dtype, (1, 1), nb, 1, "numpy",
-                                   device_budget=want_budget,
-                                   out_of_core=want_budget is not None)
-            except ValueError as exc:
-                with pytest.raises(ValueError) as got:
-                    make_plan(shape, dtype, Machine.live(MPI.COMM_SELF, host),
-                              out_of_core=out_of_core, device_memory=budget, panel_width=width)
-                assert str(got.value) == str(exc)
-                continue
-            plan = make_plan(shape, dtype, Machine.live(MPI.COMM_SELF, host),
-                             out_of_core=out_of_core, device_memory=budget, panel_width=width)
-            assert (plan.device_budget, plan.memory, plan.panel_width) == (want_budget, want, nb)
+    for out_of_core, width in itertools.product((None, True, False), (None, 8, 64)):
+        ooc = bool(out_of_core) or budget is not None
+        want_budget = (budget or 1 << 30) if ooc else None
+        nb = width or default_panel_width("numpy", dtype, None, out_of_core=ooc)
+        try:
+            want = memory_plan(m, n, k, dtype, (1, 1), nb, 1, "numpy", device_budget=want_budget,
+                               out_of_core=ooc)
+        except ValueError as exc:
+            with pytest.raises(ValueError) as got:
+                make_plan(shape, dtype, Machine.live(MPI.COMM_SELF, host),
+                          out_of_core=out_of_core, device_memory=budget, panel_width=width)
+            assert str(got.value) == str(exc)
+            continue
+        plan = make_plan(shape, dtype, Machine.live(MPI.COMM_SELF, host),
+                         out_of_core=out_of_core, device_memory=budget, panel_width=width)
+        assert (plan.device_budget, plan.memory, plan.panel_width) == (want_budget, want, nb)
 
 
 def test_host_held_operands_stay_on_the_host_on_gpus_or_under_a_cap():
