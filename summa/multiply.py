@@ -45,7 +45,7 @@ from .verify import freivalds
 from .watchdog import watch
 
 __all__ = ["multiply_files", "matmul", "matmul_arrays", "host_matmul", "check_is_cheap",
-           "CheckFailed"]
+           "CheckFailed", "plan_arrays", "run_arrays"]
 
 #: Assumed rates for deciding whether a check is cheap (bytes/s of memory
 #: traffic for the matrix-vector products, flop/s for the multiply).
@@ -505,55 +505,82 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
 
 def _matmul_here(a, b, comm, root, grid, backend, out, out_of_core, device_memory, called,
                  kwargs):
-    """:func:`matmul_arrays` on the ranks of `comm` (no pool): check, plan
-    (:func:`summa.planning.make_plan`), run, gather."""
-    trans_a = str(kwargs.pop("trans_a", "N")).upper()
-    trans_b = str(kwargs.pop("trans_b", "N")).upper()
+    """:func:`matmul_arrays` on the ranks of `comm` (no pool): check and
+    plan, run, gather."""
+    alpha, stats = kwargs.pop("alpha", 1.0), kwargs.pop("stats", None)
+    be, plan = plan_arrays(a, b, comm, root, grid, backend, out, out_of_core, device_memory,
+                           **kwargs)
+    with ProcessGrid(comm, plan.grid) as pgrid:
+        if pgrid.core_note and pgrid.rank == 0:
+            warnings.warn(pgrid.core_note, RuntimeWarning, stacklevel=2)
+        return run_arrays(plan, pgrid, be, a, b, out, root, alpha, stats, called)
+
+
+def plan_arrays(a, b, comm, root: int = 0, grid=None, backend="auto", out=None,
+                out_of_core=None, device_memory=None, *, trans_a="N", trans_b="N",
+                panel_width=None, lookahead=1, schedule="panels", precision=None,
+                broadcaster="auto"):
+    """Check NumPy operands held on rank `root` (None elsewhere) and plan
+    their product (:func:`summa.planning.make_plan`, host-held);
+    collective. Arguments as for :func:`matmul_arrays`.
+
+    Returns
+    -------
+    (Backend, Plan)
+        The rank's backend and the Plan, the same on every rank.
+    """
+    trans_a, trans_b = str(trans_a).upper(), str(trans_b).upper()
     be = collectively(comm, get_backend, backend, node_rank(comm)[0])
     meta = check_arrays(a, b, out, trans_a, trans_b, be) if comm.Get_rank() == root else None
     meta = comm.bcast(meta, root=root)
     if isinstance(meta, str):
         raise ValueError(meta)
     m, n, k, dtype = meta
-    plan = make_plan((m, n, k), dtype, Machine.live(comm, be), grid=grid, trans_a=trans_a,
-                     trans_b=trans_b, host_held=True, out_of_core=out_of_core,
-                     device_memory=device_memory, panel_width=kwargs.pop("panel_width", None),
-                     lookahead=kwargs.pop("lookahead", 1),
-                     schedule=kwargs.pop("schedule", "panels"),
-                     precision=kwargs.pop("precision", None),
-                     broadcaster=kwargs.pop("broadcaster", "auto"))
-    stats = kwargs.pop("stats", None)
-    with ProcessGrid(comm, plan.grid) as pgrid:
-        if pgrid.core_note and pgrid.rank == 0:
-            warnings.warn(pgrid.core_note, RuntimeWarning, stacklevel=2)
-        if not plan.out_of_core:
-            A, B = (DistMatrix.from_global(x, pgrid, be, root=root) for x in (a, b))
-            C = gemm(A, B, trans_a=trans_a, trans_b=trans_b, panel_width=plan.panel_width,
-                     lookahead=plan.lookahead, broadcaster=plan.broadcaster,
-                     precision=plan.precision, schedule=plan.schedule, stats=stats, **kwargs)
-            if stats is not None:
-                stats.extra["plan"] = plan.as_dict()
-            return C.gather(root=root, out=out)
-        A, B, C, own, c_node = _host_blocks(a, b, out, plan, pgrid, root, be)
-        set_up = time.perf_counter() - called  # backend, checks, plan, blocks
-        # beta 0: out's old values do not matter either
-        result = run_out_of_core(plan, A, B, C, be, alpha=kwargs.pop("alpha", 1.0),
-                                 fresh_c=True, own_copies=own)
-        result.extra["setup_seconds"] = set_up
+    return be, make_plan((m, n, k), dtype, Machine.live(comm, be), grid=grid, trans_a=trans_a,
+                         trans_b=trans_b, host_held=True, out_of_core=out_of_core,
+                         device_memory=device_memory, panel_width=panel_width,
+                         lookahead=lookahead, schedule=schedule, precision=precision,
+                         broadcaster=broadcaster)
+
+
+def run_arrays(plan, pgrid, be, a, b, out=None, root: int = 0, alpha=1.0, stats=None,
+               called: float | None = None):
+    """Run `plan` (:func:`plan_arrays`) on NumPy operands held on rank
+    `root` over the grid `pgrid` it names: in memory (scattered onto the
+    devices, gathered back), or host-resident (:func:`_host_blocks`, the
+    out-of-core sweep); collective. `stats` (a SummaStats) receives this
+    rank's timings and ``extra["plan"]``; `called`: when the call began
+    (``perf_counter``), for its set-up time. Returns the product on `root`
+    (`out` where given), None elsewhere."""
+    trans_a, trans_b = plan.trans
+    if not plan.out_of_core:
+        A, B = (DistMatrix.from_global(x, pgrid, be, root=root) for x in (a, b))
+        C = gemm(A, B, alpha=alpha, trans_a=trans_a, trans_b=trans_b,
+                 panel_width=plan.panel_width, lookahead=plan.lookahead,
+                 broadcaster=plan.broadcaster, precision=plan.precision,
+                 schedule=plan.schedule, stats=stats)
         if stats is not None:
-            stats.__dict__.update(result.__dict__)
-        if pgrid.size == 1:
-            return C.local
-        if c_node is None:
-            return C.gather(root=root, out=out)
-        with watch("the other ranks to finish writing their blocks of the product"):
-            pgrid.comm.Barrier()
-        if pgrid.comm.Get_rank() != root:
-            return None
-        if out is not None and out is not c_node:
-            parallel_copy(out, c_node)
-            return out
-        return c_node
+            stats.extra["plan"] = plan.as_dict()
+        return C.gather(root=root, out=out)
+    A, B, C, own, c_node = _host_blocks(a, b, out, plan, pgrid, root, be)
+    set_up = time.perf_counter() - (called or time.perf_counter())  # checks, plan, blocks
+    # beta 0: out's old values do not matter either
+    result = run_out_of_core(plan, A, B, C, be, alpha=alpha, fresh_c=True, own_copies=own)
+    result.extra["setup_seconds"] = set_up
+    if stats is not None:
+        stats.__dict__.update(result.__dict__)
+    if pgrid.size == 1:
+        return C.local
+    if c_node is None:
+        return C.gather(root=root, out=out)
+    with watch("the other ranks to finish writing their blocks of the product"):
+        pgrid.comm.Barrier()
+    if pgrid.comm.Get_rank() != root:
+        return None
+    if out is not None and out is not c_node:
+        parallel_copy(out, c_node)
+        return out
+    return c_node
 
 
 def _host_blocks(a, b, out, plan, pgrid, root: int, be):

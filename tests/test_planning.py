@@ -251,3 +251,36 @@ def test_the_plan_a_run_used_is_the_one_summa_plan_prints(comm, rng, tmp_path, d
     if device_memory:  # the sweep ran the plan's tiles, within its budget
         assert stats.extra["tiles"] == list(planned.memory.tiles)
         assert stats.extra["device_bytes_planned"] <= planned.device_budget
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("device_memory", ["20KiB", None])
+def test_matmul_plans_once_and_executes_many(comm, rng, device_memory):
+    """summa.Matmul: the plan printed before any multiply is the one each
+    execute runs; new operands of the planned shape reuse it and the grid;
+    others, and calls after free, are refused on every rank."""
+    from helpers import gemm_scaled_error, random_array
+    import summa
+    a, b = random_array(rng, (60, 40), "float64"), random_array(rng, (40, 30), "float64")
+    a2 = random_array(rng, (60, 40), "float64")
+    mine = (lambda x: x) if comm.rank == 0 else (lambda x: None)
+    with summa.Matmul(mine(a), mine(b), comm=comm, backend="numpy", alpha=2.0,
+                      device_memory=device_memory, panel_width=8) as m:
+        assert m.plan == make_plan((60, 30, 40), "float64", Machine("numpy", comm.size),
+                                   host_held=True, device_memory=device_memory, panel_width=8)
+        assert "plan: 60 x 30 x 40 float64" in str(m.plan)
+        grid = m._grid
+        for x in (a, a2, a):
+            c = m.execute(*((mine(x), mine(b)) if x is not a else ()))
+            assert m._grid is grid and m.stats.extra["plan"] == m.plan.as_dict()
+            if comm.rank == 0:
+                assert gemm_scaled_error(c, x, b, alpha=2.0) <= 1
+        out = np.empty((60, 30)) if comm.rank == 0 else None
+        assert m.execute(out=out) is out or comm.rank != 0
+        with pytest.raises(ValueError, match="planned 60x30x40 float64"):
+            m.execute(mine(b.T.copy()), mine(a.T.copy()))
+        with pytest.raises(ValueError, match="must pass the array b"):
+            m.execute(mine(a))
+    assert "freed" in repr(m)
+    with pytest.raises(RuntimeError, match="freed"):
+        m.execute()
