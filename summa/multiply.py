@@ -154,24 +154,8 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         timeline.append((step, round(time.perf_counter() - started, 4)))
     rank0 = comm.Get_rank() == 0
     warn = warn or (lambda text: print(f"summa: warning: {text}", file=sys.stderr, flush=True))
-    trans_a, trans_b = str(trans_a).upper(), str(trans_b).upper()
-    for name, t in (("trans_a", trans_a), ("trans_b", trans_b)):
-        if t not in ("N", "T", "H"):
-            raise ValueError(f"{name} must be N, T or H, got {t!r}")
-    if beta != 0 and c_path is None:
-        raise ValueError("beta is not 0, so C0 is needed: pass --c C0.npy")
-    headers = {"A": read_header(a_path, comm), "B": read_header(b_path, comm),
-               "C0": read_header(c_path, comm) if c_path is not None else None}
-    (m, k), (k2, n) = op_shape(headers["A"].shape, trans_a), op_shape(headers["B"].shape,
-                                                                          trans_b)
-    if k != k2:
-        raise NpyError(f"inner dimensions differ: op({a_path}) is {m}x{k} but op({b_path}) "
-                       f"is {k2}x{n}")
-    if headers["C0"] is not None and headers["C0"].shape != (m, n):
-        raise NpyError(f"{c_path}: is {headers['C0'].shape[0]}x{headers['C0'].shape[1]}, "
-                       f"but the product is {m}x{n}")
-    compute = _compute_dtype(headers, dtype)
-    out = check_output_path(out_path, [a_path, b_path, c_path], comm)
+    (trans_a, trans_b), headers, (m, n, k), compute, out = _check_files(
+        (a_path, b_path, c_path, out_path), (trans_a, trans_b), beta, dtype, comm)
     # The disk starts on the inputs while CUDA starts and the multiply plans.
     local, on_node = node_rank(comm)
     ahead = _read_ahead_inputs(headers, comm, local, on_node)
@@ -328,6 +312,34 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
             stop.set()
     mark("close")
     return record
+
+
+def _check_files(paths: tuple, trans: tuple, beta, dtype, comm):
+    """Everything about the files that can be checked before a byte of data
+    is read, the same on every rank: the ops, C0 where beta needs it, the
+    headers' shapes and dtypes, the output path. `paths`: A, B, C0 (or
+    None) and the output. Returns ``(ops, headers, (m, n, k), compute
+    dtype, output path)``; collective."""
+    a_path, b_path, c_path, out_path = paths
+    trans_a, trans_b = str(trans[0]).upper(), str(trans[1]).upper()
+    for name, t in (("trans_a", trans_a), ("trans_b", trans_b)):
+        if t not in ("N", "T", "H"):
+            raise ValueError(f"{name} must be N, T or H, got {t!r}")
+    if beta != 0 and c_path is None:
+        raise ValueError("beta is not 0, so C0 is needed: pass --c C0.npy")
+    headers = {"A": read_header(a_path, comm), "B": read_header(b_path, comm),
+               "C0": read_header(c_path, comm) if c_path is not None else None}
+    (m, k), (k2, n) = op_shape(headers["A"].shape, trans_a), op_shape(headers["B"].shape,
+                                                                          trans_b)
+    if k != k2:
+        raise NpyError(f"inner dimensions differ: op({a_path}) is {m}x{k} but op({b_path}) "
+                       f"is {k2}x{n}")
+    if headers["C0"] is not None and headers["C0"].shape != (m, n):
+        raise NpyError(f"{c_path}: is {headers['C0'].shape[0]}x{headers['C0'].shape[1]}, "
+                       f"but the product is {m}x{n}")
+    compute = _compute_dtype(headers, dtype)
+    out = check_output_path(out_path, [a_path, b_path, c_path], comm)
+    return (trans_a, trans_b), headers, (m, n, k), compute, out
 
 
 def _read_ahead_inputs(headers, comm, local: int, size: int) -> list:

@@ -24,7 +24,7 @@ __all__ = ["MemoryPlan", "memory_plan", "check_memory", "ranks_on_device", "chec
            "parse_bytes"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class MemoryPlan:
     """Peak bytes one rank needs, and how the work is cut to fit.
 
