@@ -20,9 +20,10 @@ from .grid import ProcessGrid
 from .layout import Distribution, Layout
 from .matrix import DistMatrix
 from .multiply import matmul
+from .stateful import Matmul
 from .verify import freivalds
 
 __version__ = "0.1.0"
 
-__all__ = ["ProcessGrid", "Distribution", "Layout", "DistMatrix", "gemm", "matmul", "summa",
-           "SummaStats", "get_backend", "freivalds", "host", "__version__"]
+__all__ = ["ProcessGrid", "Distribution", "Layout", "DistMatrix", "gemm", "matmul", "Matmul",
+           "summa", "SummaStats", "get_backend", "freivalds", "host", "__version__"]

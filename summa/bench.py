@@ -14,16 +14,15 @@ import numpy as np
 from mpi4py import MPI
 
 from . import __version__
-from .algorithm import SummaStats, default_panel_width, gemm
+from .algorithm import SummaStats, gemm
 from .checks import check_scalars
 from .backend import NumpyBackend, get_backend
 from .comm import choose_comm
-from .grid import ProcessGrid, grid_for, grid_shapes, node_rank
+from .grid import ProcessGrid, grid_shapes, node_rank
 from .matrix import DistMatrix
-from .outofcore import summa_out_of_core
-from .plan import choose_memory_mode, memory_plan
+from .outofcore import run_out_of_core
+from .planning import Machine, make_plan
 from .progress import Progress
-from .strips import check_schedule
 from .verify import freivalds
 from .watchdog import watch
 
@@ -117,28 +116,8 @@ def _single_device_seconds(backend, shape, dtype, precision, repeat: int = 3,
     return min(best), min(best[:len(row_major)])
 
 
-def _plan_width(width, backend, dtype, precision, out_of_core: bool = False) -> int:
-    return width if isinstance(width, int) else default_panel_width(backend.name, dtype,
-                                                                    precision, out_of_core)
-
-
 def _schedule(args) -> str:
     return getattr(args, "schedule", "panels")  # a sweep's runs use panels
-
-
-def _memory_mode(args, backend, grid, shape, dtype, width, out,
-                 precision=None) -> int | None:
-    """The device budget for out of core, or None to run in memory (collective)."""
-    nb = _plan_width(width, backend, dtype, precision)
-    try:
-        budget, note = choose_memory_mode(shape, dtype, grid, nb, args.lookahead, backend,
-                                          args.out_of_core, args.device_memory,
-                                          _schedule(args), precision)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if note and grid.rank == 0:
-        print(f"summa: {note}", file=out)
-    return budget
 
 
 def _rank_line(r: dict) -> str:
@@ -179,26 +158,22 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     repeat, warmup = getattr(args, "repeat", 1), getattr(args, "warmup", 1)
     block = None if args.block is None else (args.block, args.block)
     try:
-        dims = args.grid or grid_for(comm.Get_size(), m, n, backend.name, dtype, _schedule(args))
         # bad input: one message, before any warning
-        check_schedule(_schedule(args), dims, out_of_core=bool(args.out_of_core))
-        grid = ProcessGrid(comm, dims)
+        plan = make_plan((m, n, k), dtype, Machine.live(comm, backend), grid=args.grid,
+                         out_of_core=args.out_of_core, device_memory=args.device_memory,
+                         panel_width=args.nb, lookahead=args.lookahead, schedule=_schedule(args),
+                         precision=precision, broadcaster=args.comm,
+                         host_copies="lock")  # the same blocks every repetition: lock once
+        grid = ProcessGrid(comm, plan.grid)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if grid.core_note and grid.rank == 0:
         print(f"summa: warning: {grid.core_note}", file=sys.stderr, flush=True)
+    if plan.note and grid.rank == 0:
+        print(f"summa: {plan.note}", file=out)
     progress = Progress(grid.rank == 0 and not getattr(args, "quiet", False))
     try:
-        # "auto" is measured in the first call and cached for the rest.
-        budget = _memory_mode(args, backend, grid, (m, n, k), dtype,
-                              args.nb or default_panel_width(backend.name, dtype, precision),
-                              out, precision)
-        ooc = budget is not None
-        gemm_width = args.nb or default_panel_width(backend.name, dtype, precision, ooc)
-        plan = memory_plan(m, n, k, dtype, grid.shape,
-                           _plan_width(gemm_width, backend, dtype, precision, ooc),
-                           args.lookahead, backend.name, device_budget=budget, out_of_core=ooc,
-                           schedule=_schedule(args), precision=precision)
+        budget = plan.device_budget
         home = backend if budget is None else NumpyBackend()  # out of core: data on the host
         progress.phase("generate", 3)
         # Host-held data is still generated on the GPU (many times faster).
@@ -219,17 +194,12 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
             progress.phase(f"run {i + 1}/{warmup + repeat}", 1)
             t0 = time.perf_counter()
             if budget is None:
-                gemm(A, B, C, panel_width=gemm_width, lookahead=args.lookahead,
+                # "auto" is measured in the first call and cached for the rest.
+                gemm(A, B, C, panel_width=plan.panel_width, lookahead=args.lookahead,
                      broadcaster=args.comm, precision=precision, stats=stats,
                      progress=progress.step, schedule=_schedule(args))
             else:
-                stats = summa_out_of_core(1.0, A, B, 0.0, C, backend, budget,
-                                          panel_width=_plan_width(gemm_width, backend, dtype,
-                                                                  precision, True),
-                                          lookahead=args.lookahead, precision=precision,
-                                          comm=args.comm, progress=progress.step,
-                                          # the same blocks every repetition: lock once
-                                          host_copies="lock")
+                stats = run_out_of_core(plan, A, B, C, backend, progress=progress.step)
             nb = stats.panel_width
             backend.synchronize()
             with watch(f"all ranks to finish repetition {i}"):
@@ -306,7 +276,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
             row_major_tflops = work / biggest["ideal_row_major_seconds"] * size
             efficiency = tflops / ideal_tflops
     # Out of core, the sweep's own plan: it knows its broadcasters' staging.
-    planned = best_stats.extra.get("device_bytes_planned", plan.device_bytes)
+    planned = best_stats.extra.get("device_bytes_planned", plan.memory.device_bytes)
     record = {"command": args.command or "run", "m": m, "n": n, "k": k, "dtype": dtype.name,
               "precision": args.precision,
               "ranks": size, "grid": list(grid_shape), "backend": backend.name,
@@ -319,7 +289,8 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
               "ideal_tflops": ideal_tflops, "efficiency": efficiency,
               "ideal_row_major_tflops": row_major_tflops,
               "out_of_core": bool(per_rank[0].get("out_of_core")), "tile": per_rank[0].get("tile"),
-              "planned_device_bytes": planned, "planned_host_bytes": plan.host_bytes,
+              "planned_device_bytes": planned, "planned_host_bytes": plan.memory.host_bytes,
+              "plan": plan.as_dict(),
               "versions": versions(), "ranks_detail": per_rank,
               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if args.precision == "fp64-int8":  # what decides its speed and accuracy, and its knobs

@@ -14,7 +14,6 @@ import socket
 import sys
 import time
 
-import numpy as np
 from mpi4py import MPI
 
 from . import __version__
@@ -23,11 +22,10 @@ from .checks import PRECISIONS
 from .bench import (DEFAULT_SIZE_CPU, DEFAULT_SIZE_GPU, UsageError, agree_backend, run_bench,
                     run_sweep, versions)
 from .comm import choose_comm
-from .grid import grid_for, node_rank, parse_grid
+from .grid import node_rank, parse_grid
 from .model import SWEEP_RANKS
-from .plan import memory_plan, parse_bytes
-from .strips import SCHEDULES, check_schedule
-from .tuning import default_panel_width
+from .planning import Machine, make_plan
+from .strips import SCHEDULES
 from .watchdog import Watchdog, timeout_from_env
 
 #: What --comm accepts.
@@ -350,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--profile", default=None, metavar="FILE",
                       help="predict the time from this profile (summa calibrate; default the "
                            "one shipped with summa, of H200s)")
+    plan.add_argument("--json", metavar="FILE", default=None,
+                      help="append the plan as one JSON object to FILE (the fields a run "
+                           "records as its plan)")
     plan.add_argument("--comm", choices=COMM_MODES, default="auto",
                       help="broadcaster (default auto): out of core, copy-engine broadcasts "
                            "(ipc; what auto takes on GPUs within a node) stage every panel "
@@ -444,93 +445,25 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
     # A grid names its rank count: planning comes before the machine does.
     ranks = args.ranks or (args.grid[0] * args.grid[1] if args.grid else comm.Get_size())
     m, n, k = args.m or args.size, args.n or args.size, args.k or args.size
-    grid = args.grid or grid_for(ranks, m, n, args.backend, args.dtype, args.schedule)
-    if grid[0] * grid[1] != ranks:
-        raise UsageError(f"grid {grid[0]}x{grid[1]} does not hold {ranks} ranks")
-    precision = None if args.precision == "default" else args.precision
+    if args.grid and args.grid[0] * args.grid[1] != ranks:
+        raise UsageError(f"grid {args.grid[0]}x{args.grid[1]} does not hold {ranks} ranks")
+    # auto on GPUs plans for one node (ipc), the larger of its two figures
+    ipc = args.comm == "ipc" or (args.comm == "auto" and args.backend == "cupy")
     try:
-        budget = parse_bytes(args.device_memory) if args.device_memory else None
-        check_schedule(args.schedule, grid, out_of_core=budget is not None)
-        args.nb = args.nb or default_panel_width(args.backend, args.dtype, precision,
-                                                 out_of_core=budget is not None)
-        # auto on GPUs plans for one node (ipc), the larger of its two figures
-        ipc = args.comm == "ipc" or (args.comm == "auto" and args.backend == "cupy")
-        plan = memory_plan(m, n, k, args.dtype, grid, args.nb, args.lookahead, args.backend,
-                           device_budget=budget, out_of_core=budget is not None,
-                           schedule=args.schedule, precision=precision, staged=(ipc, ipc))
+        plan = make_plan((m, n, k), args.dtype, Machine(args.backend, ranks), grid=args.grid,
+                         device_memory=args.device_memory, panel_width=args.nb,
+                         lookahead=args.lookahead, schedule=args.schedule,
+                         precision=None if args.precision == "default" else args.precision,
+                         broadcaster=args.comm, staged=(ipc, ipc),
+                         predict=True, profile=args.profile)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if comm.Get_rank() == 0:
-        gib = 2.0**30
-        print(f"plan: {m} x {n} x {k} {args.dtype} on {ranks} ranks (grid {grid[0]}x{grid[1]}), "
-              f"nb {args.nb}, lookahead {args.lookahead}, {args.backend} backend: {plan.mode}",
-              file=out)
-        print(f"  peak per rank: device {plan.device_bytes / gib:.2f} GiB, host "
-              f"{plan.host_bytes / gib:.2f} GiB", file=out)
-        if plan.tile:
-            print(f"  C tiles of {plan.tile[0]} x {plan.tile[1]} ({plan.tiles[0]} x "
-                  f"{plan.tiles[1]} per rank), panels of {plan.chunk} columns in "
-                  f"{plan.slots} slots", file=out)
-        if any(plan.staged):
-            print("  copy-engine broadcasts (ipc) stage each slot's panel once more "
-                  "(counted above; --comm nccl plans without)", file=out)
-        if plan.transposed_a:
-            print("  A's panels are copied transposed for the GEMMs (one scratch panel "
-                  "counted above; SUMMA_TRANSPOSE_A)", file=out)
-        if precision == "fp64-int8":
-            from . import ozaki_gpu
-            count = ozaki_gpu.moduli_for(args.nb)
-            print(f"  fp64-int8: each panel product's int8 residues ({count} moduli), integer "
-                  "products and float64 sums counted above", file=out)
-            if (plan.mode == "in-memory" and args.schedule != "strips"
-                    and ozaki_gpu.panel_sums_apply(args.dtype, grid[0] * grid[1], k)):
-                ml, nl = -(-m // grid[0]), -(-n // grid[1])
-                sums = ozaki_gpu.panel_sums_bytes(ml, nl, args.nb, k)
-                print(f"  on this grid each rank sums its panels' INT8 products and folds C once "
-                      f"where its device also holds the sums ({sums / gib:.2f} GiB beside its "
-                      "blocks and panels); else a fold a panel, as counted above", file=out)
-        if plan.staging_bytes:
-            print(f"  host copies pass through {plan.staging_bytes / 2**20:.0f} MiB of page-locked "
-                  "chunks; summa.matmul on NumPy arrays reads A and B where they lie, so its "
-                  f"extra host memory is C ({m * n * np.dtype(args.dtype).itemsize / gib:.2f} GiB, "
-                  "or none with out=) and those chunks", file=out)
-        _print_prediction(args, (m, n, k), grid, precision, plan, out)
+        print(plan, file=out)
+        if args.json:
+            with open(args.json, "a") as fh:
+                fh.write(json.dumps(plan.as_dict()) + "\n")
     return 0
-
-
-def _print_prediction(args, shape, grid, precision, plan, out) -> None:
-    """The model's time for the plan (the shipped profile unless --profile),
-    on the plan's own screen, with what it assumes."""
-    from .model import Profile, predict
-    from .studies import shipped_profile
-    path = args.profile or shipped_profile()
-    try:
-        profile = Profile.load(path)
-        pred = predict(profile, *shape, args.dtype, grid, args.nb, lookahead=args.lookahead,
-                       precision=precision)
-    except (ValueError, KeyError) as exc:
-        print(f"  no prediction from {path}: {exc}", file=out)
-        return
-    where = "" if args.profile else " (the profile shipped with summa: 2 H200s; calibrate yours)"
-    ooc = ""
-    if plan.mode == "out-of-core" and precision == "fp64-int8":
-        # its tiles fold C once per panel and make their own residues (docs/benchmarks.md,
-        # "float64 on INT8: speed", out of core: 59 against 77 TFLOP/s in memory)
-        ooc = ("; out of core slower: fp64-int8 measured 0.77 of in-memory on one H200 "
-               "(each panel folds the tile again, each tile makes its residues)")
-    elif plan.mode == "out-of-core":
-        ooc = ("; out of core the same where the host link keeps up with the GEMMs (measured "
-               "0.86-0.99 of in-memory on one H200)")
-    print(f"  predicted by the model: {pred.seconds:.2f} s, {pred.tflops:.1f} TFLOP/s{where}{ooc}",
-          file=out)
-    if precision == "fp64-int8":  # is it worth it here? native float64 by the same profile
-        try:
-            native = predict(profile, *shape, args.dtype, grid, args.nb, lookahead=args.lookahead)
-        except (ValueError, KeyError):
-            return
-        print(f"  native {args.dtype} by the same profile: {native.seconds:.2f} s, "
-              f"{native.tflops:.1f} TFLOP/s ({native.seconds / pred.seconds:.2f}x fp64-int8's time)",
-              file=out)
 
 
 def _run_study(args, comm: MPI.Comm, out) -> int:

@@ -23,7 +23,7 @@ from mpi4py import MPI
 from .agree import collectively
 from .algorithm import SummaStats, gemm, prepare
 from .backend import NumpyBackend, get_backend, resolve_dtype
-from .grid import ProcessGrid, grid_for, node_rank
+from .grid import ProcessGrid, node_rank
 from .filemaps import read_ahead
 from .hostblocks import (host_block, node_shares, operand_block, own_range, result_block,
                          root_block, root_result_block)
@@ -37,17 +37,15 @@ from .io import AtomicNpyWriter, NpyError, check_output_path, map_block, read_he
 from .layout import Layout
 from .matrix import DistMatrix
 from .progress import Progress
-from .outofcore import summa_out_of_core
+from .outofcore import run_out_of_core
 from .ozaki_gpu import asked_moduli, check_moduli
-from .plan import choose_memory_mode
+from .planning import Machine, make_plan
 from .selection import _broadcasters, peer_access
-from .strips import check_schedule
-from .tuning import default_panel_width
 from .verify import freivalds
 from .watchdog import watch
 
 __all__ = ["multiply_files", "matmul", "matmul_arrays", "host_matmul", "check_is_cheap",
-           "CheckFailed"]
+           "CheckFailed", "plan_arrays", "run_arrays"]
 
 #: Assumed rates for deciding whether a check is cheap (bytes/s of memory
 #: traffic for the matrix-vector products, flop/s for the multiply).
@@ -156,24 +154,8 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         timeline.append((step, round(time.perf_counter() - started, 4)))
     rank0 = comm.Get_rank() == 0
     warn = warn or (lambda text: print(f"summa: warning: {text}", file=sys.stderr, flush=True))
-    trans_a, trans_b = str(trans_a).upper(), str(trans_b).upper()
-    for name, t in (("trans_a", trans_a), ("trans_b", trans_b)):
-        if t not in ("N", "T", "H"):
-            raise ValueError(f"{name} must be N, T or H, got {t!r}")
-    if beta != 0 and c_path is None:
-        raise ValueError("beta is not 0, so C0 is needed: pass --c C0.npy")
-    headers = {"A": read_header(a_path, comm), "B": read_header(b_path, comm),
-               "C0": read_header(c_path, comm) if c_path is not None else None}
-    (m, k), (k2, n) = op_shape(headers["A"].shape, trans_a), op_shape(headers["B"].shape,
-                                                                          trans_b)
-    if k != k2:
-        raise NpyError(f"inner dimensions differ: op({a_path}) is {m}x{k} but op({b_path}) "
-                       f"is {k2}x{n}")
-    if headers["C0"] is not None and headers["C0"].shape != (m, n):
-        raise NpyError(f"{c_path}: is {headers['C0'].shape[0]}x{headers['C0'].shape[1]}, "
-                       f"but the product is {m}x{n}")
-    compute = _compute_dtype(headers, dtype)
-    out = check_output_path(out_path, [a_path, b_path, c_path], comm)
+    (trans_a, trans_b), headers, (m, n, k), compute, out = _check_files(
+        (a_path, b_path, c_path, out_path), (trans_a, trans_b), beta, dtype, comm)
     # The disk starts on the inputs while CUDA starts and the multiply plans.
     local, on_node = node_rank(comm)
     ahead = _read_ahead_inputs(headers, comm, local, on_node)
@@ -187,24 +169,22 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
                   "dtype": compute.name, "trans_a": trans_a, "trans_b": trans_b,
                   "alpha": alpha, "beta": beta, "backend": be.name, "timeline": timeline}
         mark("headers, devices")
-        grid = grid or grid_for(comm.Get_size(), m, n, be.name, compute, schedule)
-        # bad input: one message, before any warning
-        check_schedule(schedule, grid, out_of_core=bool(out_of_core))
         if out_of_core is None and streams_by_default(be.name, headers, trans_a, trans_b, compute,
                                                       block, schedule):
             out_of_core = True  # streamed: reading, multiplying and writing overlap
-        with ProcessGrid(comm, grid) as pgrid, contextlib.ExitStack() as stack:
+        # bad input: one message, before any warning
+        plan = make_plan((m, n, k), compute, Machine.live(comm, be), grid=grid, trans_a=trans_a,
+                         trans_b=trans_b, out_of_core=out_of_core, device_memory=device_memory,
+                         panel_width=panel_width, lookahead=lookahead, schedule=schedule,
+                         precision=precision, broadcaster=broadcaster)
+        record["plan"] = plan.as_dict()
+        budget = plan.device_budget
+        with ProcessGrid(comm, plan.grid) as pgrid, contextlib.ExitStack() as stack:
             record["grid"] = list(pgrid.shape)
             if pgrid.core_note and rank0:
                 warn(pgrid.core_note)
-            width = panel_width if isinstance(panel_width, int) else \
-                default_panel_width(be.name, compute, precision)
-            budget, note = choose_memory_mode((m, n, k), compute, pgrid, width, lookahead, be,
-                                              out_of_core, device_memory, schedule, precision)
-            if note and rank0:
-                warn(note)
-            if budget is not None and not isinstance(panel_width, int):
-                width = default_panel_width(be.name, compute, precision, out_of_core=True)
+            if plan.note and rank0:
+                warn(plan.note)
             home = be if budget is None else NumpyBackend()  # out of core: data on the host
             record["out_of_core"] = budget is not None
             # Out of core, blocks of C-ordered files are memory-mapped and read as the
@@ -261,7 +241,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
             # One-time costs (communicators, their self-test, the BLAS library's
             # start) are timed on their own, so "multiply" is the multiply.
             _, record["setup_seconds"] = _timed(comm, "setup", _warm_up, A, B, C, be, compute,
-                                                broadcaster, precision, panel_width,
+                                                broadcaster, precision, plan.panel_width,
                                                 budget is None)
             mark("setup")
             stats = SummaStats()
@@ -269,13 +249,12 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
             inject("multiply")
             def multiply():
                 if budget is None:
-                    gemm(A, B, C, alpha=alpha, beta=beta, panel_width=panel_width,
+                    gemm(A, B, C, alpha=alpha, beta=beta, panel_width=plan.panel_width,
                          lookahead=lookahead, broadcaster=broadcaster, precision=precision,
                          stats=stats, progress=progress.step, schedule=schedule)
                 else:
-                    stats.__dict__.update(summa_out_of_core(
-                        alpha, A, B, beta, C, be, budget, panel_width=width, lookahead=lookahead,
-                        precision=precision, progress=progress.step, comm=broadcaster,
+                    stats.__dict__.update(run_out_of_core(
+                        plan, A, B, C, be, alpha=alpha, beta=beta, progress=progress.step,
                         fresh_c=writer is not None).__dict__)
                 be.synchronize()
             _, record["compute_seconds"] = _timed(comm, "multiply", multiply)
@@ -333,6 +312,34 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
             stop.set()
     mark("close")
     return record
+
+
+def _check_files(paths: tuple, trans: tuple, beta, dtype, comm):
+    """Everything about the files that can be checked before a byte of data
+    is read, the same on every rank: the ops, C0 where beta needs it, the
+    headers' shapes and dtypes, the output path. `paths`: A, B, C0 (or
+    None) and the output. Returns ``(ops, headers, (m, n, k), compute
+    dtype, output path)``; collective."""
+    a_path, b_path, c_path, out_path = paths
+    trans_a, trans_b = str(trans[0]).upper(), str(trans[1]).upper()
+    for name, t in (("trans_a", trans_a), ("trans_b", trans_b)):
+        if t not in ("N", "T", "H"):
+            raise ValueError(f"{name} must be N, T or H, got {t!r}")
+    if beta != 0 and c_path is None:
+        raise ValueError("beta is not 0, so C0 is needed: pass --c C0.npy")
+    headers = {"A": read_header(a_path, comm), "B": read_header(b_path, comm),
+               "C0": read_header(c_path, comm) if c_path is not None else None}
+    (m, k), (k2, n) = op_shape(headers["A"].shape, trans_a), op_shape(headers["B"].shape,
+                                                                          trans_b)
+    if k != k2:
+        raise NpyError(f"inner dimensions differ: op({a_path}) is {m}x{k} but op({b_path}) "
+                       f"is {k2}x{n}")
+    if headers["C0"] is not None and headers["C0"].shape != (m, n):
+        raise NpyError(f"{c_path}: is {headers['C0'].shape[0]}x{headers['C0'].shape[1]}, "
+                       f"but the product is {m}x{n}")
+    compute = _compute_dtype(headers, dtype)
+    out = check_output_path(out_path, [a_path, b_path, c_path], comm)
+    return (trans_a, trans_b), headers, (m, n, k), compute, out
 
 
 def _read_ahead_inputs(headers, comm, local: int, size: int) -> list:
@@ -514,83 +521,116 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
 
 def _matmul_here(a, b, comm, root, grid, backend, out, out_of_core, device_memory, called,
                  kwargs, topology=None):
-    """:func:`matmul_arrays` on the ranks of `comm` (no pool)."""
-    trans_a = str(kwargs.pop("trans_a", "N")).upper()
-    trans_b = str(kwargs.pop("trans_b", "N")).upper()
+    """:func:`matmul_arrays` on the ranks of `comm` (no pool): check and
+    plan, run, gather."""
+    alpha, stats = kwargs.pop("alpha", 1.0), kwargs.pop("stats", None)
+    be, plan = plan_arrays(a, b, comm, root, grid, backend, out, out_of_core, device_memory,
+                           topology=topology, **kwargs)
+    with ProcessGrid(comm, plan.grid, topology=topology) as pgrid:
+        if pgrid.core_note and pgrid.rank == 0:
+            warnings.warn(pgrid.core_note, RuntimeWarning, stacklevel=2)
+        return run_arrays(plan, pgrid, be, a, b, out, root, alpha, stats, called)
+
+
+def plan_arrays(a, b, comm, root: int = 0, grid=None, backend="auto", out=None,
+                out_of_core=None, device_memory=None, *, trans_a="N", trans_b="N",
+                panel_width=None, lookahead=1, schedule="panels", precision=None,
+                broadcaster="auto", topology=None):
+    """Check NumPy operands held on rank `root` (None elsewhere) and plan
+    their product (:func:`summa.planning.make_plan`, host-held);
+    collective. Arguments as for :func:`matmul_arrays`.
+
+    Returns
+    -------
+    (Backend, Plan)
+        The rank's backend and the Plan, the same on every rank.
+    """
+    trans_a, trans_b = str(trans_a).upper(), str(trans_b).upper()
     be = collectively(comm, get_backend, backend, node_rank(comm, topology)[0])
     meta = check_arrays(a, b, out, trans_a, trans_b, be) if comm.Get_rank() == root else None
     meta = comm.bcast(meta, root=root)
     if isinstance(meta, str):
         raise ValueError(meta)
     m, n, k, dtype = meta
-    dtype = np.dtype(dtype)
-    schedule = kwargs.get("schedule", "panels")
-    host_resident = out_of_core or (out_of_core is None and schedule == "panels" and
-                                    (be.name == "cupy" or device_memory is not None))
-    if grid is None:
-        grid = grid_for(comm.Get_size(), m, n, be.name, dtype)
-    check_schedule(schedule, grid)
-    with ProcessGrid(comm, grid, topology=topology) as pgrid:
-        if pgrid.core_note and pgrid.rank == 0:
-            warnings.warn(pgrid.core_note, RuntimeWarning, stacklevel=2)
-        if not host_resident:
-            A, B = (DistMatrix.from_global(x, pgrid, be, root=root) for x in (a, b))
-            C = gemm(A, B, trans_a=trans_a, trans_b=trans_b, **kwargs)
-            return C.gather(root=root, out=out)
-        width = kwargs.pop("panel_width", None)
-        width = width if isinstance(width, int) else \
-            default_panel_width(be.name, dtype, kwargs.get("precision"), out_of_core=True)
-        lookahead = int(kwargs.pop("lookahead", 1))
-        budget, _ = choose_memory_mode((m, n, k), dtype, pgrid, width, lookahead, be, True,
-                                       device_memory, precision=kwargs.get("precision"))
-        host, own = NumpyBackend(), None
-        if pgrid.size == 1:
-            # Where the caller's arrays lie: views, and the result written in place.
-            A, B = host_block(a, trans_a, pgrid), host_block(b, trans_b, pgrid)
-            c = np.empty((m, n), dtype) if out is None else out
-            C = DistMatrix(pgrid, Layout((m, n), pgrid.shape), c, host)
-            fresh = True  # beta 0: out's old values do not matter either
-        else:
-            shares = node_shares(pgrid, (m, n, k), dtype)
-            A, a_node = root_block(a, trans_a, (m, k), dtype, pgrid, root) or \
-                operand_block(a, trans_a, (m, k), dtype, pgrid, root, shares)
-            B, b_node = root_block(b, trans_b, (k, n), dtype, pgrid, root) or \
-                operand_block(b, trans_b, (k, n), dtype, pgrid, root, shares)
-            C, c_node = root_result_block(out, (m, n), dtype, pgrid, root) or \
-                result_block(out, (m, n), dtype, pgrid, shares)
-            fresh = True
-            broadcaster = kwargs.get("broadcaster", "auto")
-            if broadcaster == "host" and (a_node is None or b_node is None):
-                raise ValueError("broadcaster='host' needs node-shared operands: all ranks on "
-                                 f"one node with room in {host_arrays.shm_dir()}")
-            if a_node is not None and b_node is not None and (
-                    broadcaster == "host"
-                    or (broadcaster == "auto" and not peer_access(pgrid, be))):
-                # this rank's rows of A and columns of B, all of K
-                own = (a_node[own_range(C.layout.rows, pgrid.row)],
-                       b_node[:, own_range(C.layout.cols, pgrid.col)])
-        comm_kind = kwargs.pop("broadcaster", "auto")
-        set_up = time.perf_counter() - called  # backend, checks, plan, blocks
-        result = summa_out_of_core(kwargs.pop("alpha", 1.0), A, B, 0.0, C, be, budget,
-                                   panel_width=width, lookahead=lookahead,
-                                   precision=kwargs.pop("precision", None),
-                                   comm="auto" if comm_kind == "host" else comm_kind,
-                                   fresh_c=fresh, own_copies=own)
-        result.extra["setup_seconds"] = set_up
-        if kwargs.get("stats") is not None:
-            kwargs["stats"].__dict__.update(result.__dict__)
-        if pgrid.size == 1:
-            return C.local
-        if c_node is None:
-            return C.gather(root=root, out=out)
-        with watch("the other ranks to finish writing their blocks of the product"):
-            pgrid.comm.Barrier()
-        if pgrid.comm.Get_rank() != root:
-            return None
-        if out is not None and out is not c_node:
-            parallel_copy(out, c_node)
-            return out
-        return c_node
+    return be, make_plan((m, n, k), dtype, Machine.live(comm, be), grid=grid, trans_a=trans_a,
+                         trans_b=trans_b, host_held=True, out_of_core=out_of_core,
+                         device_memory=device_memory, panel_width=panel_width,
+                         lookahead=lookahead, schedule=schedule, precision=precision,
+                         broadcaster=broadcaster)
+
+
+def run_arrays(plan, pgrid, be, a, b, out=None, root: int = 0, alpha=1.0, stats=None,
+               called: float | None = None):
+    """Run `plan` (:func:`plan_arrays`) on NumPy operands held on rank
+    `root` over the grid `pgrid` it names: in memory (scattered onto the
+    devices, gathered back), or host-resident (:func:`_host_blocks`, the
+    out-of-core sweep); collective. `stats` (a SummaStats) receives this
+    rank's timings and ``extra["plan"]``; `called`: when the call began
+    (``perf_counter``), for its set-up time. Returns the product on `root`
+    (`out` where given), None elsewhere."""
+    trans_a, trans_b = plan.trans
+    if not plan.out_of_core:
+        A, B = (DistMatrix.from_global(x, pgrid, be, root=root) for x in (a, b))
+        C = gemm(A, B, alpha=alpha, trans_a=trans_a, trans_b=trans_b,
+                 panel_width=plan.panel_width, lookahead=plan.lookahead,
+                 broadcaster=plan.broadcaster, precision=plan.precision,
+                 schedule=plan.schedule, stats=stats)
+        if stats is not None:
+            stats.extra["plan"] = plan.as_dict()
+        return C.gather(root=root, out=out)
+    A, B, C, own, c_node = _host_blocks(a, b, out, plan, pgrid, root, be)
+    set_up = time.perf_counter() - (called or time.perf_counter())  # checks, plan, blocks
+    # beta 0: out's old values do not matter either
+    result = run_out_of_core(plan, A, B, C, be, alpha=alpha, fresh_c=True, own_copies=own)
+    result.extra["setup_seconds"] = set_up
+    if stats is not None:
+        stats.__dict__.update(result.__dict__)
+    if pgrid.size == 1:
+        return C.local
+    if c_node is None:
+        return C.gather(root=root, out=out)
+    with watch("the other ranks to finish writing their blocks of the product"):
+        pgrid.comm.Barrier()
+    if pgrid.comm.Get_rank() != root:
+        return None
+    if out is not None and out is not c_node:
+        parallel_copy(out, c_node)
+        return out
+    return c_node
+
+
+def _host_blocks(a, b, out, plan, pgrid, root: int, be):
+    """``(A, B, C, own copies or None, C's node-shared whole or None)``: this
+    rank's host blocks of a host-resident multiply. One rank: views of the
+    caller's arrays, the result written in place. Several: read where the
+    root holds them, node-shared, or scattered (:mod:`summa.hostblocks`);
+    every GPU uploads its own panel parts (own copies) under
+    ``broadcaster="host"``, or ``"auto"`` where the GPUs cannot read each
+    other's memory. Collective."""
+    (m, n, k), dtype = plan.shape, np.dtype(plan.dtype)
+    trans_a, trans_b = plan.trans
+    if pgrid.size == 1:
+        A, B = host_block(a, trans_a, pgrid), host_block(b, trans_b, pgrid)
+        c = np.empty((m, n), dtype) if out is None else out
+        return A, B, DistMatrix(pgrid, Layout((m, n), pgrid.shape), c, NumpyBackend()), \
+            None, None
+    shares = node_shares(pgrid, (m, n, k), dtype)
+    A, a_node = root_block(a, trans_a, (m, k), dtype, pgrid, root) or \
+        operand_block(a, trans_a, (m, k), dtype, pgrid, root, shares)
+    B, b_node = root_block(b, trans_b, (k, n), dtype, pgrid, root) or \
+        operand_block(b, trans_b, (k, n), dtype, pgrid, root, shares)
+    C, c_node = root_result_block(out, (m, n), dtype, pgrid, root) or \
+        result_block(out, (m, n), dtype, pgrid, shares)
+    broadcaster, own = plan.broadcaster, None
+    if broadcaster == "host" and (a_node is None or b_node is None):
+        raise ValueError("broadcaster='host' needs node-shared operands: all ranks on "
+                         f"one node with room in {host_arrays.shm_dir()}")
+    if a_node is not None and b_node is not None and (
+            broadcaster == "host" or (broadcaster == "auto" and not peer_access(pgrid, be))):
+        # this rank's rows of A and columns of B, all of K
+        own = (a_node[own_range(C.layout.rows, pgrid.row)],
+               b_node[:, own_range(C.layout.cols, pgrid.col)])
+    return A, B, C, own, c_node
 
 
 def matmul(A, B, device=None, **kwargs):
@@ -647,17 +687,15 @@ def host_matmul(A: DistMatrix, B: DistMatrix, device, alpha=1.0, trans_a="N", tr
                 for X, t in ((A, ops[0]), (B, ops[1])))
     m, k = opA.shape
     n = opB.shape[1]
+    plan = make_plan((m, n, k), opA.dtype, Machine.live(grid.comm, device), grid=grid.shape,
+                     trans_a=ops[0], trans_b=ops[1], out_of_core=True,
+                     device_memory=device_memory, panel_width=panel_width, lookahead=lookahead,
+                     precision=precision, moduli=moduli, broadcaster=broadcaster)
     layout = Layout.from_distributions(opA.layout.rows, opB.layout.cols)
     C = DistMatrix(grid, layout, np.empty(layout.local_shape(grid.row, grid.col), opA.dtype),
                    NumpyBackend())
-    width = panel_width if isinstance(panel_width, int) else \
-        default_panel_width(device.name, opA.dtype, precision, out_of_core=True)
-    with asked_moduli(moduli):  # the plan counts their scratch too
-        budget, _ = choose_memory_mode((m, n, k), opA.dtype, grid, width, lookahead, device,
-                                       True, device_memory, precision=precision)
-        result = summa_out_of_core(alpha, opA, opB, 0.0, C, device, budget, panel_width=width,
-                                   lookahead=lookahead, precision=precision, comm=broadcaster,
-                                   fresh_c=True)
+    with asked_moduli(moduli):  # the products take them
+        result = run_out_of_core(plan, opA, opB, C, device, alpha=alpha, fresh_c=True)
     if stats is not None:
         stats.__dict__.update(result.__dict__)
     return C

@@ -14,7 +14,7 @@ its owner only, and the other ranks get it over the GPU interconnect.
 Traffic per rank: its A block once per column of tiles, its B block once per
 row of tiles, and C once each way (in only when ``beta != 0``). The broadcast
 volume is that of in-memory SUMMA times the number of tiles in the other
-direction. The planner (:func:`summa.plan.memory_plan`) takes the fewest tiles
+direction. The planner (:func:`summa.planning.make_plan`) takes the fewest tiles
 that fit the device budget.
 
 Overlap, on a GPU: uploads run on a stream of their own, `lookahead` steps
@@ -44,14 +44,14 @@ from .checks import check_layouts, check_operands, check_scalars
 from .backend import _CUDA_INVALID_VALUE, _clear_cuda_error, page_locked
 from .layout import panel_schedule, split_panel_doubling
 from .matrix import DistMatrix
-from .plan import memory_plan
+from .planning import Machine, Plan, make_plan, restage
 from .selection import _broadcasters
 from .staging import Transfer, copy_threads, get_stager
 from .transpose import PanelsOfA
 from .faults import inject
 from .watchdog import watch
 
-__all__ = ["summa_out_of_core"]
+__all__ = ["summa_out_of_core", "run_out_of_core"]
 
 #: Width of the first panel's first piece; the pieces after it double, each
 #: upload hiding behind the GEMMs before it (float64, N = 32768, 2 H200s: the
@@ -117,48 +117,65 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
         (PCIe cards), where forwarding a panel from its owner's GPU would
         pass through host memory again.
 
+    Plans the sweep (:func:`summa.planning.make_plan`, out of core to
+    `device_budget`) and runs it (:func:`run_out_of_core`): for callers that
+    hold no Plan; the entry points plan once and run the Plan.
+
     Returns
     -------
     SummaStats
-        With ``extra`` holding the tile shape and counts, and transfer bytes.
+        With ``extra`` holding the tile shape and counts, transfer bytes and
+        the Plan run (``extra["plan"]``, :meth:`summa.planning.Plan.as_dict`).
     """
-    check_operands(A, B, C)
-    check_layouts(A, B, C)
-    check_scalars(alpha, beta, C.dtype, precision, device)
-    if C.backend.name != "numpy":
-        raise ValueError("out-of-core operands must be host-resident (NumPy backend)")
-    if any(M.local.ndim != 2 or (M.local.size and M.local.strides[1] != M.local.itemsize)
-           for M in (A, B, C)):
-        raise ValueError("out-of-core operands must be row-major (C order) in host memory")
+    _check_sweep(alpha, A, B, beta, C, device, precision)
+    plan = make_plan((A.shape[0], B.shape[1], A.shape[1]), C.dtype,
+                     Machine(device.name, C.grid.size), grid=C.grid.shape, out_of_core=True,
+                     device_memory=int(device_budget), panel_width=panel_width,
+                     lookahead=lookahead, precision=precision, broadcaster=comm,
+                     host_copies=host_copies)
+    return run_out_of_core(plan, A, B, C, device, alpha=alpha, beta=beta, progress=progress,
+                           fresh_c=fresh_c, own_copies=own_copies)
+
+
+def run_out_of_core(plan: Plan, A: DistMatrix, B: DistMatrix, C: DistMatrix, device, *,
+                    alpha=1.0, beta=0.0, progress=None, fresh_c: bool = False,
+                    own_copies=None) -> SummaStats:
+    """``C <- alpha * A @ B + beta * C`` as `plan` (:func:`summa.planning.make_plan`,
+    out of core) says: its tiles, panel width, slots, lookahead, precision,
+    broadcaster and host copies. The broadcasters are made here; where they
+    stage panels (ipc) and the plan did not count that, the plan is taken
+    for them (:func:`summa.planning.restage`). Arguments as for
+    :func:`summa_out_of_core`."""
+    _check_sweep(alpha, A, B, beta, C, device, plan.precision)
+    _check_plan(plan, A, B, C, device)
     grid = C.grid
-    m, k = A.shape
-    n = B.shape[1]
+    k = A.shape[1]
     if own_copies is not None:
         a_rows, b_cols = own_copies
         if a_rows.shape != (C.local.shape[0], k) or b_cols.shape != (k, C.local.shape[1]):
             raise ValueError(f"own_copies must be this rank's {C.local.shape[0]} rows of A and "
                              f"{C.local.shape[1]} columns of B with all {k} of K")
         row_bc = col_bc = _NoBroadcasts()
-    else:
-        row_bc, col_bc = _broadcasters(grid, comm, device)
+    else:  # "host" (every GPU uploads its own parts) needs own copies; else as auto
+        row_bc, col_bc = _broadcasters(grid, "auto" if plan.broadcaster == "host"
+                                       else plan.broadcaster, device)
     # Copy-engine broadcasts pass each slot through a staging buffer: planned too.
-    plan = memory_plan(m, n, k, C.dtype, grid.shape, panel_width, lookahead=lookahead,
-                       backend=device.name, device_budget=device_budget, out_of_core=True,
-                       precision=precision, staged=(row_bc.name == "ipc", col_bc.name == "ipc"))
+    plan = restage(plan, (row_bc.name == "ipc", col_bc.name == "ipc"))
+    memory, precision = plan.memory, plan.precision
     ml, nl = C.local.shape
-    tiles = [(i0, i1, j0, j1) for i0, i1 in _bounds(ml, plan.tiles[0])
-             for j0, j1 in _bounds(nl, plan.tiles[1])]
-    host_copies = host_copies or os.environ.get("SUMMA_HOST_COPIES", "stage")
+    tiles = [(i0, i1, j0, j1) for i0, i1 in _bounds(ml, memory.tiles[0])
+             for j0, j1 in _bounds(nl, memory.tiles[1])]
+    host_copies = plan.host_copies or os.environ.get("SUMMA_HOST_COPIES", "stage")
     if host_copies not in ("stage", "lock"):
         raise ValueError(f"host_copies must be stage or lock, got {host_copies!r}")
     if fresh_c and beta != 0:
         raise ValueError("fresh_c needs beta == 0: C's old values would be lost")
     mover = (_CudaMover(device, C.dtype, host_copies, copy_threads(grid.local_size))
              if device.name == "cupy" else _HostMover(device, C.dtype))
-    panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
+    panels = panel_schedule(A.layout.cols, B.layout.rows, plan.panel_width)
     panels = _head_pieces(panels, mover.overlaps, precision)
-    stats = SummaStats(panels=len(panels), panel_width=panel_width,
-                       comm=f"{row_bc.name} (host-resident)", lookahead=lookahead)
+    stats = SummaStats(panels=len(panels), panel_width=plan.panel_width,
+                       comm=f"{row_bc.name} (host-resident)", lookahead=plan.lookahead)
     t0 = time.perf_counter()
     if beta != 0 and beta != 1:
         C.local *= beta
@@ -171,8 +188,8 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     stats.extra = {"pin_seconds": time.perf_counter() - t_pin, "host_locked": locked}
     try:
         with device.checked_later() as checks:  # float64 on INT8: asked once, below
-            _sweep(alpha, A, B, C, beta != 0, tiles, panels, lookahead, plan.slots, row_bc,
-                   col_bc, mover, precision, progress, plan.transposed_a, own_copies)
+            _sweep(alpha, A, B, C, beta != 0, tiles, panels, plan.lookahead, memory.slots,
+                   row_bc, col_bc, mover, precision, progress, memory.transposed_a, own_copies)
             # GPU streams may wait on peers' broadcasts (NCCL kernels, ipc events)
             with watch("the queued GPU work of the out-of-core sweep (uploads, broadcasts, "
                        "GEMMs, write-backs)"):
@@ -182,23 +199,54 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     if not grid.comm.allreduce(checks.finite(), op=MPI.LAND):
         raise ValueError(ozaki.NOT_FINITE)
     stats.seconds = time.perf_counter() - t0
+    _sweep_stats(stats, plan, mover, row_bc, col_bc)
+    return stats
+
+
+def _check_sweep(alpha, A, B, beta, C, device, precision) -> None:
+    """Refuse operands the sweep cannot take (the same on every rank)."""
+    check_operands(A, B, C)
+    check_layouts(A, B, C)
+    check_scalars(alpha, beta, C.dtype, precision, device)
+    if C.backend.name != "numpy":
+        raise ValueError("out-of-core operands must be host-resident (NumPy backend)")
+    if any(M.local.ndim != 2 or (M.local.size and M.local.strides[1] != M.local.itemsize)
+           for M in (A, B, C)):
+        raise ValueError("out-of-core operands must be row-major (C order) in host memory")
+
+
+def _check_plan(plan: Plan, A, B, C, device) -> None:
+    """Refuse a plan made for another product, grid, dtype or device."""
+    have = ((A.shape[0], B.shape[1], A.shape[1]), tuple(C.grid.shape), C.dtype.name,
+            device.name)
+    planned = (tuple(plan.shape), tuple(plan.grid), plan.dtype, plan.backend)
+    if not plan.out_of_core:
+        raise ValueError("the plan runs in memory, not out of core")
+    if have != planned:
+        raise ValueError(f"the plan is for (m, n, k), grid, dtype, device {planned}, "
+                         f"not {have}")
+
+
+def _sweep_stats(stats: SummaStats, plan: Plan, mover, row_bc, col_bc) -> None:
+    """The sweep's timings, transfers and plan into `stats`."""
+    memory = plan.memory
     head, between, tail = mover.phases()
     stats.compute = mover.compute_seconds()
     stats.wait = max(0.0, stats.seconds - stats.compute)
     stats.comm_seconds = row_bc.take_seconds() + col_bc.take_seconds()
     # Copy-engine broadcasters stage slots in memory of their own, beside the pool.
     staging = sum(getattr(bc, "staging_bytes", lambda: 0)() for bc in {row_bc, col_bc})
-    stats.extra.update({"out_of_core": True, "transposed_a": plan.transposed_a,
-                        "tile": list(plan.tile), "tiles": list(plan.tiles),
-                        "chunk": plan.chunk, "device_budget": device_budget,
-                        "device_bytes_planned": plan.device_bytes,
+    stats.extra.update({"out_of_core": True, "transposed_a": memory.transposed_a,
+                        "tile": list(memory.tile), "tiles": list(memory.tiles),
+                        "chunk": memory.chunk, "device_budget": plan.device_budget,
+                        "device_bytes_planned": memory.device_bytes,
                         "transfer_bytes": mover.moved, "staged_copies": mover.staged,
                         "staging_bytes": staging,
                         "head_seconds": head, "between_seconds": between,
                         "tail_seconds": tail,
                         # False: perhaps NaN/Inf (every element finite where True)
-                        "product_finite": mover.product_finite})
-    return stats
+                        "product_finite": mover.product_finite,
+                        "plan": plan.as_dict()})
 
 
 def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_bc, mover,

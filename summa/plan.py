@@ -18,15 +18,14 @@ import numpy as np
 
 from .settings import number
 from .staging import copy_threads, ring_bytes
-from .strips import check_schedule
 from .topology import topology_of
 from .tuning import transposes_a
 
 __all__ = ["MemoryPlan", "memory_plan", "check_memory", "ranks_on_device", "check_host_memory",
-           "choose_memory_mode", "parse_bytes"]
+           "parse_bytes"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class MemoryPlan:
     """Peak bytes one rank needs, and how the work is cut to fit.
 
@@ -346,58 +345,3 @@ def check_host_memory(plan: MemoryPlan, comm) -> None:
                  + (" or --device-memory" if plan.mode == "in-memory" and plan.device_bytes
                     else ""))
     _refuse_largest_shortfall(comm, short)
-
-
-def choose_memory_mode(shape, dtype, grid, panel_width: int, lookahead: int, backend,
-                       out_of_core: bool | None = None, device_memory=None,
-                       schedule: str = "panels", precision=None):
-    """In memory or out of core, decided before anything is allocated; collective.
-
-    Out of core when asked (`out_of_core` True, or a `device_memory` cap such
-    as "16GiB"), or, unless in memory was asked for (`out_of_core` False),
-    when the in-memory plan does not fit the free GPU memory (except under
-    ``schedule="strips"``, which runs in memory only).
-
-    Returns
-    -------
-    (int or None, str or None)
-        The device budget in bytes (None: in memory) and a note for the user
-        when the choice was made for them.
-
-    Raises
-    ------
-    ValueError
-        The same on every rank: a bad size, a schedule the grid or mode cannot
-        run, an in-memory plan that does not fit on the CPU backend (or under
-        strips), or a budget too small for any tile.
-    """
-    from mpi4py import MPI
-    check_schedule(schedule, grid.shape, out_of_core or bool(device_memory))
-    m, n, k = shape
-    budget = parse_bytes(device_memory) if device_memory else None
-    note = None
-    if budget is None and not out_of_core:
-        plan = memory_plan(m, n, k, dtype, grid.shape, panel_width, lookahead, backend.name,
-                           schedule=schedule, precision=precision)
-        try:
-            check_memory(plan, backend, grid.comm)
-            check_host_memory(plan, grid.comm)
-            return None, None
-        except ValueError as exc:
-            if schedule == "strips" and backend.name == "cupy":  # in memory only
-                raise ValueError(str(exc).replace("use --device-memory (out of core) or",
-                                                  "use --schedule panels (which can run out "
-                                                  "of core) or")) from None
-            if backend.name != "cupy" or out_of_core is False:  # (False: asked for)
-                raise
-            note = f"the in-memory plan does not fit ({exc}); running out of core"
-    if budget is None:
-        if backend.name == "cupy":
-            budget = grid.comm.allreduce(int(backend.memory_free() * 0.9), op=MPI.MIN)
-        else:
-            budget = 1 << 30  # NumPy "device" tiles: 1 GiB
-    check_host_memory(memory_plan(m, n, k, dtype, grid.shape, panel_width, lookahead,
-                                  backend.name, device_budget=budget, out_of_core=True,
-                                  precision=precision),
-                      grid.comm)
-    return budget, note

@@ -65,13 +65,14 @@ def check_against_reference(rng, grid, backend, shape, block=None, **options) ->
 
 
 def spy_out_of_core(monkeypatch):
-    """Record the host blocks (A, B, C) summa.multiply hands to summa_out_of_core."""
+    """Record the host blocks (A, B, C) summa.multiply hands to the
+    out-of-core sweep (run_out_of_core, with its plan)."""
     from summa import multiply
     seen = []
-    real = multiply.summa_out_of_core
+    real = multiply.run_out_of_core
 
-    def spy(alpha, A, B, beta, C, *args, **kwargs):
+    def spy(plan, A, B, C, *args, **kwargs):
         seen.append((A.local, B.local, C.local))
-        return real(alpha, A, B, beta, C, *args, **kwargs)
-    monkeypatch.setattr(multiply, "summa_out_of_core", spy)
+        return real(plan, A, B, C, *args, **kwargs)
+    monkeypatch.setattr(multiply, "run_out_of_core", spy)
     return seen

@@ -401,7 +401,7 @@ def test_parse_bytes_rejects(text):
 
 
 class _FakeGpu:
-    """Just enough of the CuPy backend for check_memory and choose_memory_mode."""
+    """Just enough of the CuPy backend for check_memory and a live make_plan."""
     name, device = "cupy", 1
 
     def memory_free(self):

@@ -189,23 +189,20 @@ def test_strips_take_the_default_width_for_auto(comm, backend):
 
 
 def test_strips_that_do_not_fit_are_refused_with_a_hint_that_applies(monkeypatch):
-    from types import SimpleNamespace
     from mpi4py import MPI
     from summa import plan
-    from summa.plan import choose_memory_mode
+    from summa.planning import Machine, make_plan
     from test_outofcore import _FakeGpu  # 23.5 GiB free
     monkeypatch.setattr(plan, "host_memory_total", lambda: 2**40)  # a 1 TiB node
-    grid = SimpleNamespace(shape=(1, 1), comm=MPI.COMM_SELF)
+    gpu = Machine.live(MPI.COMM_SELF, _FakeGpu())
     with pytest.raises(ValueError, match=r"GiB free; use --schedule panels \(which can run out "
                                          r"of core\) or more ranks"):
-        choose_memory_mode((60_000,) * 3, "float64", grid, 4096, 1, _FakeGpu(),
-                           schedule="strips")
+        make_plan((60_000,) * 3, "float64", gpu, panel_width=4096, schedule="strips")
     # panels go out of core by themselves instead, unless in memory was asked for
-    budget, note = choose_memory_mode((60_000,) * 3, "float64", grid, 4096, 1, _FakeGpu())
-    assert budget and "running out of core" in note
+    taken = make_plan((60_000,) * 3, "float64", gpu, panel_width=4096)
+    assert taken.device_budget and "running out of core" in taken.note
     with pytest.raises(ValueError, match="GiB free"):
-        choose_memory_mode((60_000,) * 3, "float64", grid, 4096, 1, _FakeGpu(),
-                           out_of_core=False)
+        make_plan((60_000,) * 3, "float64", gpu, panel_width=4096, out_of_core=False)
 
 
 @pytest.mark.mpi(min_size=2)

@@ -1,0 +1,434 @@
+"""One planner: every decision a multiply makes before it moves data, made
+once by :func:`make_plan` and kept in a frozen, printable :class:`Plan`.
+
+The grid, in memory or out of core, the panel width, the device budget and
+its C tiles, precision and moduli are decided here and nowhere else on the
+paths that take a Plan: the out-of-core sweep (:func:`summa.outofcore.run_out_of_core`)
+runs the Plan's :class:`summa.plan.MemoryPlan` as it is, and ``summa plan``
+prints the Plan a run on that machine would take. Where the machine is this
+one (:meth:`Machine.live`) the plan asks the devices for their free memory and
+checks the nodes' host memory (collective); where it is described by figures
+(``summa plan`` planning for another machine) nothing is asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+from mpi4py import MPI
+
+from . import ozaki_gpu
+from .grid import grid_for, parse_grid
+from .plan import MemoryPlan, check_host_memory, check_memory, memory_plan, parse_bytes
+from .strips import check_schedule
+from .tuning import default_panel_width
+
+__all__ = ["Machine", "Plan", "make_plan", "restage"]
+
+#: Share of the free device memory an out-of-core plan takes where no
+#: budget is given (the rest: the memory pool's rounding, library workspaces).
+FREE_SHARE = 0.9
+#: Out-of-core "device" budget of the NumPy backend (tests: tiles still cut).
+NUMPY_BUDGET = 1 << 30
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What :func:`make_plan` knows of where the multiply runs.
+
+    Attributes
+    ----------
+    backend : str
+        ``"cupy"`` (GPUs) or ``"numpy"``.
+    ranks : int
+        Ranks that will multiply.
+    free_device : int, optional
+        Bytes free on each rank's device, where known without asking (a
+        machine planned from afar); None: unknown, nothing checked against it.
+    comm, device : MPI.Comm and Backend, optional
+        This machine (:meth:`live`): its ranks and their device, asked for
+        their free memory and checked against the nodes' host memory.
+    """
+
+    backend: str = "numpy"
+    ranks: int = 1
+    free_device: int | None = None
+    comm: object = field(default=None, compare=False, repr=False)
+    device: object = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def live(cls, comm, device) -> "Machine":
+        """The ranks of `comm` with their `device` (a Backend)."""
+        return cls(device.name, comm.Get_size(), comm=comm, device=device)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every decision of one multiply ``C = op(A) @ op(B)``, made before any
+    data moves (:func:`make_plan`).
+
+    Attributes
+    ----------
+    shape : tuple
+        ``(m, n, k)`` of the product.
+    dtype : str
+        The compute dtype.
+    backend : str
+        Where the GEMMs run: ``"cupy"`` or ``"numpy"``.
+    ranks : int
+    grid : tuple
+        ``(Pr, Pc)``.
+    trans : tuple
+        ``(op of A, op of B)``: ``"N"``, ``"T"`` or ``"H"``.
+    schedule : str
+        ``"panels"`` or ``"strips"``.
+    out_of_core : bool
+        A, B and C stay in host memory and C goes through the device in
+        tiles (:mod:`summa.outofcore`); else all on the device.
+    panel_width : int or str
+        The width every panel takes; ``"auto"``: measured when the in-memory
+        multiply starts (:func:`summa.tuning.auto_panel_width`).
+    lookahead : int
+    precision : str or None
+    moduli : int or None
+        fp64-int8: INT8 products per float64 panel product.
+    device_budget : int or None
+        Out of core: device bytes per rank the tiles were cut to.
+    memory : MemoryPlan
+        Peak bytes per rank, and out of core the tiles, panel slots and
+        staging the sweep runs as they are.
+    broadcaster : str
+        The broadcaster asked for (``auto`` resolves when the grid is made).
+    host_copies : str or None
+        Out of core: how unlocked host blocks reach the device (None: the
+        sweep's default, :func:`summa.outofcore.summa_out_of_core`).
+    panel_sums : int or None
+        fp64-int8 in memory on a grid: device bytes of the panel sums where
+        this product may sum its panels' INT8 products (used where the
+        device has them free when it starts); None where it cannot.
+    note : str or None
+        Why the mode was chosen for the caller (in memory did not fit).
+    predicted : dict or None
+        The model's time (``make_plan(profile=...)``): ``seconds``,
+        ``tflops``, ``profile`` (its path), ``shipped``, and for fp64-int8
+        ``native_seconds`` and ``native_tflops``; or ``error``. Not compared.
+    """
+
+    shape: tuple
+    dtype: str
+    backend: str
+    ranks: int
+    grid: tuple
+    trans: tuple
+    schedule: str
+    out_of_core: bool
+    panel_width: object
+    lookahead: int
+    precision: str | None
+    moduli: int | None
+    device_budget: int | None
+    memory: MemoryPlan
+    broadcaster: str = "auto"
+    host_copies: str | None = None
+    panel_sums: int | None = None
+    note: str | None = field(default=None, compare=False)
+    predicted: dict | None = field(default=None, compare=False)
+
+    def as_dict(self) -> dict:
+        """The plan as JSON's values (tuples as lists): equal to what JSON
+        gives back, so a recorded plan compares with a printed one."""
+        return _plain(asdict(self))
+
+    def __str__(self) -> str:
+        return "\n".join(_lines(self))
+
+
+def _plain(value):
+    """`value` with its tuples made lists, all the way down."""
+    if isinstance(value, dict):
+        return {key: _plain(v) for key, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
+              trans_b: str = "N", host_held: bool = False, out_of_core=None,
+              device_memory=None, panel_width=None, lookahead: int = 1,
+              schedule: str = "panels", precision=None, moduli=None,
+              broadcaster: str = "auto", staged: tuple = (False, False),
+              host_copies=None, predict: bool = False, profile=None) -> Plan:
+    """Plan ``C = op(A) @ op(B)`` of `shape` ``(m, n, k)`` on `machine`.
+
+    Collective over ``machine.comm`` where the machine is live
+    (:meth:`Machine.live`: free device memory and node host memory are
+    asked of every rank); no communication otherwise.
+
+    Parameters
+    ----------
+    grid : tuple or str, optional
+        ``(Pr, Pc)``; default :func:`summa.grid.grid_for` for the shape.
+    host_held : bool
+        The operands lie in host memory (NumPy arrays): with `out_of_core`
+        None they stay there on GPUs, or wherever `device_memory` caps the
+        device (panels only); in memory they ignore `device_memory`.
+    out_of_core : bool or None
+        True: out of core; False: in memory (no fallback); None: out of core
+        where `device_memory` is given, or on GPUs where the in-memory plan
+        does not fit.
+    device_memory : str or int, optional
+        Device bytes per rank out of core ("16GiB"); default 90 % of the
+        free memory (live GPUs, or ``machine.free_device``), 1 GiB on NumPy.
+    panel_width : int, "auto" or None
+        None: :func:`summa.tuning.default_panel_width` for the mode.
+    staged : tuple
+        ``(row, column)``: whether that direction's broadcasts stage panels
+        through buffers of their own (copy engines, ``ipc``); see
+        :func:`restage` for the run, where the broadcasters are made later.
+    predict, profile : bool, str
+        Fill :attr:`Plan.predicted` by the model profile at `profile`
+        (default the one shipped with summa).
+
+    Raises
+    ------
+    ValueError
+        The same on every rank: a bad schedule, grid or moduli, a plan that
+        does not fit (in memory where out of core cannot be taken), a
+        budget too small for any tile, a host too small for the plan.
+    """
+    m, n, k = (int(x) for x in shape)
+    dtype = np.dtype(dtype)
+    lookahead = int(lookahead)
+    moduli = ozaki_gpu.check_moduli(moduli, precision)
+    grid = _grid(grid, machine, m, n, dtype, schedule)
+    if host_held and out_of_core is None:
+        out_of_core = schedule == "panels" and (machine.backend == "cupy"
+                                                or device_memory is not None)
+    if host_held and out_of_core is False:
+        device_memory = None  # arrays copied onto the devices take them whole
+    check_schedule(schedule, grid, out_of_core=bool(out_of_core) or bool(device_memory))
+    with ozaki_gpu.asked_moduli(moduli):  # the plans count their scratch
+        memory, budget, note = _memory(machine, (m, n, k), dtype, grid, panel_width, lookahead,
+                                       out_of_core, device_memory, schedule, precision, staged)
+        ooc = budget is not None
+        width = _width(panel_width, machine.backend, dtype, precision, ooc, grid, schedule)
+        count = ozaki_gpu.moduli_for(width) if precision == "fp64-int8" and \
+            isinstance(width, int) else None
+    plan = Plan((m, n, k), dtype.name, machine.backend, machine.ranks, grid,
+                (str(trans_a).upper(), str(trans_b).upper()), schedule, ooc, width, lookahead,
+                precision, count, budget, memory, broadcaster, host_copies,
+                _panel_sums(memory, dtype, grid, (m, n, k), width, precision, schedule), note)
+    return replace(plan, predicted=_predict(plan, profile)) if predict else plan
+
+
+def restage(plan: Plan, staged: tuple) -> Plan:
+    """`plan` for broadcasters that do (or do not) stage each direction's
+    panels (``(row, column)``, ``ipc``): the broadcasters are made and
+    self-tested after planning, so an out-of-core run learns this last;
+    `plan` itself where it planned for the same (always on CPUs)."""
+    pr, pc = plan.grid
+    staged = (bool(staged[0]) and pc > 1, bool(staged[1]) and pr > 1)
+    if not plan.out_of_core or tuple(plan.memory.staged) == staged:
+        return plan
+    m, n, k = plan.shape
+    with ozaki_gpu.asked_moduli(plan.moduli):
+        memory = memory_plan(m, n, k, plan.dtype, plan.grid, plan.panel_width, plan.lookahead,
+                             plan.backend, device_budget=plan.device_budget, out_of_core=True,
+                             precision=plan.precision, staged=staged)
+    return replace(plan, memory=memory)
+
+
+def _grid(grid, machine: Machine, m: int, n: int, dtype, schedule: str) -> tuple:
+    """The grid asked for (checked against the ranks), or the default."""
+    if grid is None:
+        return tuple(grid_for(machine.ranks, m, n, machine.backend, dtype, schedule))
+    dims = parse_grid(grid) if isinstance(grid, str) else (int(grid[0]), int(grid[1]))
+    if dims[0] < 1 or dims[1] < 1:
+        raise ValueError(f"grid dimensions must be >= 1, got {dims[0]}x{dims[1]}")
+    if dims[0] * dims[1] != machine.ranks:
+        raise ValueError(f"grid {dims[0]}x{dims[1]} needs {dims[0] * dims[1]} ranks, "
+                         f"but {machine.ranks} were started")
+    return dims
+
+
+def _is_width(width) -> bool:
+    return isinstance(width, (int, np.integer)) and not isinstance(width, bool)
+
+
+def _width(asked, backend: str, dtype, precision, ooc: bool, grid, schedule: str):
+    """The panel width the run takes: `asked` where an integer; the default
+    for the mode for None (and out of core for anything else); ``"auto"``
+    in memory where there is something to measure (several ranks, panels)."""
+    if _is_width(asked):
+        return int(asked)
+    auto = isinstance(asked, str) and asked == "auto"
+    if ooc or asked is None or (auto and (grid[0] * grid[1] == 1 or (
+            schedule == "strips" and grid[0] > 1))):
+        return default_panel_width(backend, dtype, precision, out_of_core=ooc)
+    return asked  # "auto", or a bad value the multiply refuses with its own message
+
+
+def _memory(machine, shape, dtype, grid, panel_width, lookahead, out_of_core, device_memory,
+            schedule, precision, staged):
+    """``(MemoryPlan, device budget or None, note)``: in memory where it
+    fits (or was asked for), else out of core to a budget."""
+    m, n, k = shape
+    backend = machine.backend
+    note = None
+    if out_of_core is not True and not device_memory:
+        width = int(panel_width) if _is_width(panel_width) else \
+            default_panel_width(backend, dtype, precision)
+        memory = memory_plan(m, n, k, dtype, grid, width, lookahead, backend,
+                             schedule=schedule, precision=precision)
+        try:
+            _check(machine, memory)
+            return memory, None, None
+        except ValueError as exc:
+            if schedule == "strips" and backend == "cupy":  # in memory only
+                raise ValueError(str(exc).replace("use --device-memory (out of core) or",
+                                                  "use --schedule panels (which can run out "
+                                                  "of core) or")) from None
+            if backend != "cupy" or out_of_core is False:  # (False: asked for)
+                raise
+            note = f"the in-memory plan does not fit ({exc}); running out of core"
+    budget = parse_bytes(device_memory) if device_memory else _free_budget(machine)
+    width = int(panel_width) if _is_width(panel_width) else \
+        default_panel_width(backend, dtype, precision, out_of_core=True)
+    memory = memory_plan(m, n, k, dtype, grid, width, lookahead, backend, device_budget=budget,
+                         out_of_core=True, precision=precision, staged=staged)
+    if machine.comm is not None:
+        check_host_memory(memory, machine.comm)
+    return memory, budget, note
+
+
+def _check(machine: Machine, memory: MemoryPlan) -> None:
+    """Refuse an in-memory plan the machine's devices or hosts cannot hold."""
+    if machine.comm is not None:
+        check_memory(memory, machine.device, machine.comm)
+        check_host_memory(memory, machine.comm)
+    elif machine.free_device is not None and memory.device_bytes > machine.free_device:
+        raise ValueError(f"each rank needs {memory.device_bytes / 2**30:.1f} GiB on its GPU, "
+                         f"{machine.free_device / 2**30:.1f} GiB free; use --device-memory "
+                         "(out of core) or more ranks")
+
+
+def _free_budget(machine: Machine) -> int:
+    """An out-of-core budget where none was given: a share of the least free
+    device memory of any rank (live GPUs), of `free_device`, or 1 GiB on
+    NumPy. Collective where live."""
+    if machine.backend != "cupy":
+        return NUMPY_BUDGET
+    if machine.comm is not None:
+        return machine.comm.allreduce(int(machine.device.memory_free() * FREE_SHARE),
+                                      op=MPI.MIN)
+    if machine.free_device is None:
+        raise ValueError("out of core on a machine planned from afar needs its device "
+                         "memory (--device-memory)")
+    return int(machine.free_device * FREE_SHARE)
+
+
+def _panel_sums(memory, dtype, grid, shape, width, precision, schedule) -> int | None:
+    """Device bytes of fp64-int8's panel sums where this product may take
+    them (in memory, panels, on a grid): :func:`summa.ozaki_gpu.panel_sums_apply`."""
+    m, n, k = shape
+    if (precision != "fp64-int8" or memory.mode != "in-memory" or schedule == "strips"
+            or not isinstance(width, int)
+            or not ozaki_gpu.panel_sums_apply(dtype, grid[0] * grid[1], k)):
+        return None
+    return ozaki_gpu.panel_sums_bytes(-(-m // grid[0]), -(-n // grid[1]), width, k)
+
+
+def _predict(plan: Plan, path=None) -> dict:
+    """The model's time for `plan` by the profile at `path` (None: shipped)."""
+    from .model import Profile, predict  # the model loads only when asked
+    from .studies import shipped_profile
+    path = path or shipped_profile()
+    out = {"profile": str(path), "shipped": str(path) == shipped_profile()}
+    width = plan.panel_width if isinstance(plan.panel_width, int) else \
+        default_panel_width(plan.backend, plan.dtype, plan.precision)
+    try:
+        profile = Profile.load(path)
+        pred = predict(profile, *plan.shape, plan.dtype, plan.grid, width,
+                       lookahead=plan.lookahead, precision=plan.precision)
+    except (ValueError, KeyError) as exc:
+        return {**out, "error": str(exc)}
+    out.update(seconds=pred.seconds, tflops=pred.tflops)
+    if plan.precision == "fp64-int8":  # is it worth it here? native float64 by the same profile
+        try:
+            native = predict(profile, *plan.shape, plan.dtype, plan.grid, width,
+                             lookahead=plan.lookahead)
+            out.update(native_seconds=native.seconds, native_tflops=native.tflops)
+        except (ValueError, KeyError):
+            pass
+    return out
+
+
+def _lines(plan: Plan) -> list[str]:
+    """What ``summa plan`` prints: the memory per rank, then each decision."""
+    gib = 2.0**30
+    memory, (m, n, k), grid = plan.memory, plan.shape, plan.grid
+    lines = [f"plan: {m} x {n} x {k} {plan.dtype} on {plan.ranks} ranks (grid {grid[0]}x"
+             f"{grid[1]}), nb {plan.panel_width}, lookahead {plan.lookahead}, {plan.backend} "
+             f"backend: {memory.mode}",
+             f"  peak per rank: device {memory.device_bytes / gib:.2f} GiB, host "
+             f"{memory.host_bytes / gib:.2f} GiB"]
+    if memory.tile:
+        lines.append(f"  C tiles of {memory.tile[0]} x {memory.tile[1]} ({memory.tiles[0]} x "
+                     f"{memory.tiles[1]} per rank), panels of {memory.chunk} columns in "
+                     f"{memory.slots} slots")
+    if any(memory.staged):
+        lines.append("  copy-engine broadcasts (ipc) stage each slot's panel once more "
+                     "(counted above; --comm nccl plans without)")
+    if memory.transposed_a:
+        lines.append("  A's panels are copied transposed for the GEMMs (one scratch panel "
+                     "counted above; SUMMA_TRANSPOSE_A)")
+    if plan.moduli is not None:
+        lines.append(f"  fp64-int8: each panel product's int8 residues ({plan.moduli} moduli), "
+                     "integer products and float64 sums counted above")
+    if plan.panel_sums is not None:
+        lines.append(f"  on this grid each rank sums its panels' INT8 products and folds C once "
+                     f"where its device also holds the sums ({plan.panel_sums / gib:.2f} GiB "
+                     "beside its blocks and panels); else a fold a panel, as counted above")
+    if memory.staging_bytes:
+        lines.append(f"  host copies pass through {memory.staging_bytes / 2**20:.0f} MiB of "
+                     "page-locked chunks; summa.matmul on NumPy arrays reads A and B where they "
+                     "lie, so its extra host memory is C "
+                     f"({m * n * np.dtype(plan.dtype).itemsize / gib:.2f} GiB, or none with "
+                     "out=) and those chunks")
+    if plan.predicted:
+        lines += _prediction_lines(plan)
+    decided = (f"  decided: {plan.schedule}, op(A) {plan.trans[0]}, op(B) {plan.trans[1]}, "
+               f"broadcaster {plan.broadcaster}, precision {plan.precision or 'default'}")
+    if plan.out_of_core:
+        decided += (f", device budget {plan.device_budget / gib:.2f} GiB, host copies "
+                    f"{plan.host_copies or 'default'}")
+    lines.append(decided)
+    if plan.note:
+        lines.append(f"  {plan.note}")
+    return lines
+
+
+def _prediction_lines(plan: Plan) -> list[str]:
+    """The model's time for the plan, with what it assumes."""
+    pred = plan.predicted
+    if "error" in pred:
+        return [f"  no prediction from {pred['profile']}: {pred['error']}"]
+    where = " (the profile shipped with summa: 2 H200s; calibrate yours)" if pred["shipped"] \
+        else ""
+    ooc = ""
+    if plan.out_of_core and plan.precision == "fp64-int8":
+        # its tiles fold C once per panel and make their own residues (docs/benchmarks.md,
+        # "float64 on INT8: speed", out of core: 59 against 77 TFLOP/s in memory)
+        ooc = ("; out of core slower: fp64-int8 measured 0.77 of in-memory on one H200 "
+               "(each panel folds the tile again, each tile makes its residues)")
+    elif plan.out_of_core:
+        ooc = ("; out of core the same where the host link keeps up with the GEMMs (measured "
+               "0.86-0.99 of in-memory on one H200)")
+    lines = [f"  predicted by the model: {pred['seconds']:.2f} s, {pred['tflops']:.1f} "
+             f"TFLOP/s{where}{ooc}"]
+    if "native_seconds" in pred:
+        native = pred["native_seconds"]
+        lines.append(f"  native {plan.dtype} by the same profile: {native:.2f} s, "
+                     f"{pred['native_tflops']:.1f} TFLOP/s ({native / pred['seconds']:.2f}x fp64-int8's time)")
+    return lines

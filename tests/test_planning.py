@@ -1,0 +1,286 @@
+"""The planner (:mod:`summa.planning`): one Plan with every decision, the
+same decisions the entry points made before it, and ``summa plan`` printing
+the Plan a run takes."""
+
+import io
+import itertools
+import json
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from summa import cli
+from summa.backend import NumpyBackend
+from summa.grid import grid_for
+from summa.plan import memory_plan, parse_bytes
+from summa.planning import Machine, Plan, make_plan, restage
+from summa.tuning import default_panel_width
+
+SHAPES = [(1000, 1000, 1000), (100_000, 100_000, 100_000), (65536, 4096, 32768),
+          (4096, 65536, 100), (37, 29, 50)]
+DTYPES = ["float64", "float32", "complex128", "float16"]
+
+
+class _FakeGpu:
+    """Just enough of the CuPy backend for a live plan on one rank."""
+    name, device = "cupy", 0
+
+    def __init__(self, free):
+        self.free = free
+
+    def memory_free(self):
+        return self.free
+
+    def device_id(self):
+        return "0000:01:00.0"
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 6, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_plans_for_another_machine_decide_as_before(shape, dtype, ranks):
+    """GPUs planned from afar, as ``summa plan`` does: the grid, the width
+    and the memory plan (tiles, slots, staging) those functions gave."""
+    m, n, k = shape
+    for budget, precision, staged in itertools.product(
+            (None, "2GiB", "22GiB"), (None, "tf32", "fp64-int8"), ((False, False), (True, True))):
+        if precision == "tf32" and dtype != "float32" or \
+                precision == "fp64-int8" and dtype not in ("float64", "complex128"):
+            continue
+        grid = grid_for(ranks, m, n, "cupy", dtype)
+        ooc = budget is not None
+        width = default_panel_width("cupy", dtype, precision, out_of_core=ooc)
+        try:
+            want = memory_plan(m, n, k, dtype, grid, width, 1, "cupy",
+                               device_budget=parse_bytes(budget) if ooc else None,
+                               out_of_core=ooc, precision=precision, staged=staged)
+        except ValueError as exc:
+            with pytest.raises(ValueError, match="too small"):
+                make_plan(shape, dtype, Machine("cupy", ranks), device_memory=budget,
+                          precision=precision, staged=staged)
+            assert "too small" in str(exc)
+            continue
+        plan = make_plan(shape, dtype, Machine("cupy", ranks), device_memory=budget,
+                         precision=precision, staged=staged)
+        assert (plan.grid, plan.panel_width, plan.memory) == (grid, width, want)
+        assert plan.out_of_core == ooc and plan.device_budget == (want.chunk and
+                                                                  parse_bytes(budget))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "complex64"])
+@pytest.mark.parametrize("budget", [None, 4000, 9000, 60_000, 1 << 20])
+@pytest.mark.parametrize("shape", [(90, 70, 50), (300, 200, 100), (1, 500, 3)])
+def test_live_plans_decide_as_before(shape, dtype, budget):
+    """This machine on the NumPy backend, as choose_memory_mode decided
+    before make_plan: out of core where asked for or capped (to the cap, or
+    1 GiB), in memory otherwise; the tiles memory_plan cuts for the budget,
+    or its error where none fits."""
+    m, n, k = shape
+    host = NumpyBackend()
+    for out_of_core, width in itertools.product((None, True, False), (None, 8, 64)):
+        ooc = bool(out_of_core) or budget is not None
+        want_budget = (budget or 1 << 30) if ooc else None
+        nb = width or default_panel_width("numpy", dtype, None, out_of_core=ooc)
+        try:
+            want = memory_plan(m, n, k, dtype, (1, 1), nb, 1, "numpy", device_budget=want_budget,
+                               out_of_core=ooc)
+        except ValueError as exc:
+            with pytest.raises(ValueError) as got:
+                make_plan(shape, dtype, Machine.live(MPI.COMM_SELF, host),
+                          out_of_core=out_of_core, device_memory=budget, panel_width=width)
+            assert str(got.value) == str(exc)
+            continue
+        plan = make_plan(shape, dtype, Machine.live(MPI.COMM_SELF, host),
+                         out_of_core=out_of_core, device_memory=budget, panel_width=width)
+        assert (plan.device_budget, plan.memory, plan.panel_width) == (want_budget, want, nb)
+
+
+def test_host_held_operands_stay_on_the_host_on_gpus_or_under_a_cap():
+    """The rule of summa.matmul on NumPy arrays: out of core on GPUs (or
+    under `device_memory`) with panels; in memory otherwise, the cap then
+    ignored."""
+    gpu, cpu = Machine("cupy", 2, free_device=80 << 30), Machine("numpy", 2)
+    shape = (4096, 4096, 4096)
+    assert make_plan(shape, "float64", gpu, host_held=True).out_of_core
+    assert not make_plan(shape, "float64", cpu, host_held=True).out_of_core
+    assert make_plan(shape, "float64", cpu, host_held=True, device_memory="1MiB").out_of_core
+    strips = make_plan(shape, "float64", gpu, host_held=True, schedule="strips")
+    assert not strips.out_of_core and strips.grid == (2, 1)
+    asked = make_plan(shape, "float64", cpu, host_held=True, out_of_core=False,
+                      device_memory="1MiB")
+    assert not asked.out_of_core and asked.device_budget is None
+
+
+def test_free_memory_of_a_described_machine_decides_the_mode(monkeypatch):
+    """A GPU figure: in memory where it fits, out of core to 90 % of it
+    where not (with the note), and a too-small figure names the shortfall
+    where in memory was asked for."""
+    shape = (60_000, 60_000, 60_000)
+    roomy = make_plan(shape, "float64", Machine("cupy", 1, free_device=200 << 30))
+    assert not roomy.out_of_core and roomy.note is None
+    tight = make_plan(shape, "float64", Machine("cupy", 1, free_device=24 << 30))
+    assert tight.out_of_core and tight.device_budget == int(0.9 * (24 << 30))
+    assert "does not fit" in tight.note and tight.memory.device_bytes <= tight.device_budget
+    with pytest.raises(ValueError, match="use --device-memory"):
+        make_plan(shape, "float64", Machine("cupy", 1, free_device=24 << 30), out_of_core=False)
+    with pytest.raises(ValueError, match="from afar"):
+        make_plan(shape, "float64", Machine("cupy", 1), out_of_core=True)
+    from summa import plan as memory_module
+    monkeypatch.setattr(memory_module, "host_memory_total", lambda: 1 << 40)  # a 1 TiB node
+    live = make_plan(shape, "float64", Machine.live(MPI.COMM_SELF, _FakeGpu(24 << 30)))
+    assert live.memory == tight.memory and live.device_budget == tight.device_budget
+
+
+def test_widths_grid_and_errors():
+    """Widths per mode ("auto" measured in memory on a grid only), a grid
+    given (checked against the ranks), and the schedule's refusals."""
+    cpu = Machine("numpy", 4)
+    assert make_plan((100, 100, 100), "float64", cpu, panel_width="auto").panel_width == "auto"
+    assert make_plan((100, 100, 100), "float64", Machine("numpy", 1),
+                     panel_width="auto").panel_width == 256
+    assert make_plan((100, 100, 100), "float64", cpu, panel_width="auto", schedule="strips",
+                     grid=(4, 1)).panel_width == 256
+    assert make_plan((100, 100, 100), "float64", cpu, panel_width="auto",
+                     device_memory="1MiB").panel_width == 256
+    gpu = Machine("cupy", 2)
+    assert make_plan((100, 100, 100), "float32", gpu).panel_width == 8192
+    assert make_plan((100, 100, 100), "float32", gpu, device_memory="1GiB").panel_width == 4096
+    assert make_plan((100, 100, 100), "float64", cpu, grid="1x4").grid == (1, 4)
+    with pytest.raises(ValueError, match="needs 6 ranks, but 4"):
+        make_plan((100, 100, 100), "float64", cpu, grid=(2, 3))
+    with pytest.raises(ValueError, match="one column"):
+        make_plan((100, 100, 100), "float64", cpu, grid=(2, 2), schedule="strips")
+    with pytest.raises(ValueError, match="device memory only"):
+        make_plan((100, 100, 100), "float64", cpu, schedule="strips", device_memory="1GiB")
+    with pytest.raises(ValueError, match="moduli applies"):
+        make_plan((100, 100, 100), "float64", cpu, moduli=8)
+
+
+def test_small_budgets_cut_more_tiles_and_restage_counts_staging():
+    """Tighter budgets: more tiles, each plan within its budget; staging
+    buffers for copy-engine broadcasts take room the plain plan has."""
+    machine = Machine("cupy", 2)
+    tiles = []
+    for budget in ("40GiB", "8GiB", "2GiB"):
+        plan = make_plan((65536,) * 3, "float64", machine, device_memory=budget)
+        assert plan.memory.device_bytes <= parse_bytes(budget)
+        tiles.append(plan.memory.tiles[0] * plan.memory.tiles[1])
+    assert tiles == sorted(tiles) and tiles[0] < tiles[-1]
+    plain = make_plan((65536,) * 3, "float64", machine, device_memory="8GiB")
+    staged = restage(plain, (True, True))
+    assert staged.memory == make_plan((65536,) * 3, "float64", machine, device_memory="8GiB",
+                                      staged=(True, True)).memory
+    assert staged.memory.device_bytes <= parse_bytes("8GiB") and staged != plain
+    assert restage(plain, (False, False)) is plain
+    assert plain.grid == (1, 2)  # float64 on GPUs: tall blocks
+    assert restage(plain, (False, True)) is plain  # a grid column of one rank stages nothing
+
+
+def test_plan_prints_and_serialises():
+    plan = make_plan((100_000,) * 3, "float64", Machine("cupy", 8), grid=(2, 4),
+                     device_memory="22GiB", predict=True)
+    text = str(plan)
+    assert text.startswith("plan: 100000 x 100000 x 100000 float64 on 8 ranks (grid 2x4)")
+    assert "C tiles of" in text and "predicted by the model" in text
+    assert "device budget 22.00 GiB" in text
+    data = json.loads(json.dumps(plan.as_dict()))
+    assert data["memory"]["tiles"] == list(plan.memory.tiles)
+    assert isinstance(plan, Plan)
+    with pytest.raises(AttributeError):
+        plan.panel_width = 1  # frozen
+
+
+@pytest.mark.parametrize("args", [
+    ["--size", "100000", "--ranks", "2", "--dtype", "float32", "--device-memory", "16GiB"],
+    ["--size", "100000", "--grid", "2x4", "--nb", "4096", "--precision", "fp64-int8"],
+    ["--m", "1000", "--n", "200", "--k", "3000", "--ranks", "2", "--schedule", "strips"],
+    ["--size", "5000", "--ranks", "3", "--backend", "numpy", "--device-memory", "1MiB",
+     "--comm", "mpi"],
+])
+def test_plan_command_prints_make_plan(args):
+    """``summa plan`` prints make_plan's Plan for the same inputs."""
+    out = io.StringIO()
+    assert cli.main(["plan", *args], MPI.COMM_SELF, out) == 0
+    opts = cli.build_parser().parse_args(["plan", *args])
+    ranks = opts.ranks or opts.grid[0] * opts.grid[1]
+    ipc = opts.comm == "ipc" or (opts.comm == "auto" and opts.backend == "cupy")
+    plan = make_plan((opts.m or opts.size, opts.n or opts.size, opts.k or opts.size), opts.dtype,
+                     Machine(opts.backend, ranks), grid=opts.grid,
+                     device_memory=opts.device_memory, panel_width=opts.nb,
+                     schedule=opts.schedule, broadcaster=opts.comm, staged=(ipc, ipc),
+                     precision=None if opts.precision == "default" else opts.precision,
+                     predict=True)
+    assert out.getvalue() == f"{plan}\n"
+
+
+def _without_prediction(plan: dict) -> dict:
+    return {key: value for key, value in plan.items() if key != "predicted"}
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("device_memory,dtype", [("64KiB", "float64"), ("20KiB", "complex128"),
+                                                 (None, "float32")])
+def test_the_plan_a_run_used_is_the_one_summa_plan_prints(comm, rng, tmp_path, device_memory,
+                                                           dtype):
+    """summa.matmul on NumPy arrays (host-resident under a device cap on
+    CPUs, else in memory) records the Plan it ran; ``summa plan --json``
+    for the same inputs writes the same Plan, and so does make_plan."""
+    from helpers import random_array
+    import summa
+    from summa.algorithm import SummaStats
+    m, n, k = 90, 70, 50
+    a, b = random_array(rng, (m, k), dtype), random_array(rng, (k, n), dtype)
+    stats = SummaStats()
+    c = summa.matmul(a if comm.rank == 0 else None, b if comm.rank == 0 else None, comm=comm,
+                     backend="numpy", device_memory=device_memory, panel_width=8, stats=stats)
+    if comm.rank == 0:
+        np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    ran = stats.extra["plan"]
+    assert ran["out_of_core"] == (device_memory is not None)
+    path = tmp_path / f"plan-{comm.rank}.json"
+    args = ["plan", "--m", str(m), "--n", str(n), "--k", str(k), "--dtype", dtype,
+            "--ranks", str(comm.size), "--backend", "numpy", "--nb", "8", "--json", str(path)]
+    assert cli.main(args + (["--device-memory", device_memory] if device_memory else []),
+                    MPI.COMM_SELF, io.StringIO()) == 0
+    printed = json.loads(path.read_text())
+    assert _without_prediction(printed) == _without_prediction(ran)
+    planned = make_plan((m, n, k), dtype, Machine("numpy", comm.size), host_held=True,
+                        device_memory=device_memory, panel_width=8)
+    assert planned.as_dict() == ran
+    if device_memory:  # the sweep ran the plan's tiles, within its budget
+        assert stats.extra["tiles"] == list(planned.memory.tiles)
+        assert stats.extra["device_bytes_planned"] <= planned.device_budget
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("device_memory", ["20KiB", None])
+def test_matmul_plans_once_and_executes_many(comm, rng, device_memory):
+    """summa.Matmul: the plan printed before any multiply is the one each
+    execute runs; new operands of the planned shape reuse it and the grid;
+    others, and calls after free, are refused on every rank."""
+    from helpers import gemm_scaled_error, random_array
+    import summa
+    a, b = random_array(rng, (60, 40), "float64"), random_array(rng, (40, 30), "float64")
+    a2 = random_array(rng, (60, 40), "float64")
+    mine = (lambda x: x) if comm.rank == 0 else (lambda x: None)
+    with summa.Matmul(mine(a), mine(b), comm=comm, backend="numpy", alpha=2.0,
+                      device_memory=device_memory, panel_width=8) as m:
+        assert m.plan == make_plan((60, 30, 40), "float64", Machine("numpy", comm.size),
+                                   host_held=True, device_memory=device_memory, panel_width=8)
+        assert "plan: 60 x 30 x 40 float64" in str(m.plan)
+        grid = m._grid
+        for x in (a, a2, a):
+            c = m.execute(*((mine(x), mine(b)) if x is not a else ()))
+            assert m._grid is grid and m.stats.extra["plan"] == m.plan.as_dict()
+            if comm.rank == 0:
+                assert gemm_scaled_error(c, x, b, alpha=2.0) <= 1
+        out = np.empty((60, 30)) if comm.rank == 0 else None
+        assert m.execute(out=out) is out or comm.rank != 0
+        with pytest.raises(ValueError, match="planned 60x30x40 float64"):
+            m.execute(mine(b.T.copy()), mine(a.T.copy()))
+        with pytest.raises(ValueError, match="must pass the array b"):
+            m.execute(mine(a))
+    assert "freed" in repr(m)
+    with pytest.raises(RuntimeError, match="freed"):
+        m.execute()
