@@ -30,7 +30,6 @@ the NumPy backend (tests) the same steps run with plain copies.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import weakref
 from collections import deque
@@ -38,7 +37,7 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
-from . import ozaki, remote
+from . import options, ozaki, remote
 from .algorithm import SummaStats, local_parts, wait_for_panel
 from .checks import check_layouts, check_operands, check_scalars
 from .backend import _CUDA_INVALID_VALUE, _clear_cuda_error, page_locked
@@ -147,7 +146,7 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     ml, nl = C.local.shape
     tiles = [(i0, i1, j0, j1) for i0, i1 in _bounds(ml, plan.tiles[0])
              for j0, j1 in _bounds(nl, plan.tiles[1])]
-    host_copies = host_copies or os.environ.get("SUMMA_HOST_COPIES", "stage")
+    host_copies = host_copies or options.current().host_copies
     if host_copies not in ("stage", "lock"):
         raise ValueError(f"host_copies must be stage or lock, got {host_copies!r}")
     if fresh_c and beta != 0:

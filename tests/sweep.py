@@ -11,11 +11,10 @@ takes back to reproduce it.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from helpers import gemm_scaled_error, op, random_array
+from summa import options
 
 #: Dimensions the draws favour: one, two, small primes, and sizes around a
 #: rank count (below it too: ranks with empty blocks).
@@ -123,9 +122,7 @@ def run_case(case: dict, grids: Grids, backend, seed: int) -> float:
     b = random_array(rng, (k, n) if tb == "N" else (n, k), dtype)
     c0 = random_array(rng, (m, n), dtype)
     block = tuple(case["block"]) if case["block"] else None
-    saved = os.environ.get("SUMMA_TRANSPOSE_A")
-    os.environ["SUMMA_TRANSPOSE_A"] = case["transpose_a"]
-    try:
+    with options.set(transpose_a=case["transpose_a"]):
         if case["out_of_core"]:
             host = NumpyBackend()
             A, B, C = (DistMatrix.from_global(x, grid, host) for x in (a, b, c0))
@@ -144,11 +141,6 @@ def run_case(case: dict, grids: Grids, backend, seed: int) -> float:
                  broadcaster=case["broadcaster"], precision=case["precision"],
                  schedule=case["schedule"])
         c = C.gather()
-    finally:
-        if saved is None:
-            os.environ.pop("SUMMA_TRANSPOSE_A", None)
-        else:
-            os.environ["SUMMA_TRANSPOSE_A"] = saved
     if grid.rank != 0:
         return float("nan")
     # The reference takes op() itself: pass the stored arrays untransposed.
