@@ -623,6 +623,7 @@ def matmul(A, B, device=None, **kwargs):
     return matmul_arrays(A, B, **kwargs)
 
 
+@settings.entry_point
 def host_matmul(A: DistMatrix, B: DistMatrix, device, alpha=1.0, trans_a="N", trans_b="N",
                 panel_width=None, lookahead: int = 1, broadcaster: str = "auto",
                 precision=None, device_memory=None, stats: SummaStats | None = None,
@@ -635,6 +636,8 @@ def host_matmul(A: DistMatrix, B: DistMatrix, device, alpha=1.0, trans_a="N", tr
     transposed operand is redistributed on the host first. Raises the same
     ValueError on every rank for operands that cannot be multiplied, a device
     budget too small for any tile, or a host too small for the plan.
+    `options` (a :class:`summa.options.Options`) are the settings (default:
+    the current ones).
     """
     if not isinstance(B, DistMatrix) or B.backend.name != "numpy":
         raise ValueError("host_matmul needs both operands host-held (NumPy backend)")

@@ -5,9 +5,11 @@ import dataclasses
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from summa import options
+import summa
+from summa import options, pool
 from summa.backend import get_backend
 from summa.options import Options
 
@@ -135,6 +137,31 @@ def test_an_entry_point_reads_the_environment_once_and_passes_it_down(monkeypatc
     assert seen[0] is seen[1] and seen[0].copy_threads == 3
     entry(options=Options(copy_threads=2))
     assert seen[2].copy_threads == 2
+
+
+def test_matmul_options_reach_the_deepest_reader(monkeypatch):
+    """summa.matmul(options=...) wins over the environment all the way down
+    (the out-of-core planner reads the tiles asked for)."""
+    from mpi4py import MPI
+    a = np.ones((40, 64))
+    monkeypatch.setenv("SUMMA_OOC_TILES", "2x2")
+    with summa.ProcessGrid(MPI.COMM_SELF) as grid:
+        A = summa.DistMatrix.from_global(a, grid, get_backend("numpy"))
+        B = summa.DistMatrix.from_global(a.T.copy(), grid, A.backend)
+        for opts, tiles in ((None, [2, 2]), (Options(ooc_tiles=(3, 2)), [3, 2])):
+            stats = summa.SummaStats()
+            C = summa.matmul(A, B, device=A.backend, panel_width=8, stats=stats, options=opts)
+            assert stats.extra["tiles"] == tiles and np.allclose(C.gather(), 64.0)
+
+
+@pytest.mark.skipif(pool.launched(), reason="under a launcher nothing is spawned")
+def test_a_pools_workers_get_the_callers_options():
+    """One JSON value carries the caller's options to every worker."""
+    a = np.ones((50, 40))
+    with pytest.raises(pool.WorkerError, match="injected fault in summa on rank 1"):
+        summa.matmul(a, a.T, workers=3, backend="numpy", out_of_core=True, panel_width=4,
+                     options=Options(inject_fault="summa:1:raise"))
+    assert np.allclose(summa.matmul(a, a.T, workers=3, backend="numpy"), 40.0)
 
 
 def test_the_backend_carries_its_options():
