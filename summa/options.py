@@ -7,15 +7,20 @@ one-line description, so the fields are the registry (:func:`table` prints
 them as the documentation's table, docs/options.md). It is validated when
 made: a bad value is one ValueError naming the variable and the value.
 
-Entry points (``summa.matmul``, ``multiply_files``, the command line, the
-pool's workers) make one (:meth:`Options.from_env`) or take the caller's,
-and hand it down: to the backend (:attr:`summa.backend.Backend.options`),
-and to the rest of the call as this process's current options
-(:func:`set`, read by :func:`current`), so nothing below them reads the
-environment. Pool workers get it as one JSON value (:meth:`Options.to_json`).
+Entry points (``summa.matmul``, ``summa.gemm``, ``multiply_files``, the
+command line, the pool's workers) take an ``options`` keyword or read the
+environment once (:func:`entry_point`), and hand the one value down: to the
+backend (:attr:`summa.backend.Backend.options`: its GEMM library), and to
+the rest of the call as this process's current options (:func:`set`, read
+by :func:`current`), so nothing below them reads the environment. Pool
+workers get it as one JSON value (:meth:`Options.to_json`). A library
+function called on its own, outside any entry point, reads the
+environment's current settings through :func:`current` (parsed again only
+where a variable changed). The scopes and that last parse are this
+module's only process-wide state.
 
 This module is the only one of summa that reads ``SUMMA_*`` variables, and
-summa writes none.
+summa writes none: settings travel as arguments and as this value.
 
 Examples
 --------
@@ -65,7 +70,9 @@ class _Kind:
         return text
 
     def check(self, variable: str, value):
-        return self.parse(variable, value.strip()) if isinstance(value, str) else value
+        if not isinstance(value, str):
+            raise ValueError(f"{variable} must be {self.values}, got {value!r}")
+        return self.parse(variable, value.strip())
 
 
 class _Text(_Kind):
@@ -95,6 +102,8 @@ class _Choice(_Kind):
 
 
 class _Int8Library(_Kind):
+    """A library for INT8 GEMMs, with cuBLASLt's algorithm perhaps."""
+
     values = ", ".join(INT8_LIBRARIES) + " (I a number)"
 
     def parse(self, variable, text):
@@ -179,8 +188,11 @@ class _Tiles(_Kind):
     def check(self, variable, value):
         if isinstance(value, str):
             return self.parse(variable, value.strip())
-        rows, cols = value
-        return int(rows), int(cols)
+        try:
+            rows, cols = (int(x) for x in value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{variable}: expected RxC (e.g. 3x2), got {value!r}") from None
+        return rows, cols
 
 
 class _Moduli(_Kind):
@@ -201,7 +213,10 @@ class _Moduli(_Kind):
     def check(self, variable, value):
         if isinstance(value, str):
             return self.parse(variable, value.strip())
-        return ozaki.check_moduli(value)
+        try:
+            return ozaki.check_moduli(value)
+        except ValueError as exc:
+            raise ValueError(f"{variable}={value!r}: {exc}") from None
 
 
 class _Timeout(_Number):
