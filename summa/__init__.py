@@ -13,17 +13,19 @@ Examples
 >>> c = C.gather()  # NumPy array on rank 0, None elsewhere
 """
 
-from . import host
+from . import host, options
 from .algorithm import SummaStats, gemm, summa
 from .backend import get_backend
 from .grid import ProcessGrid
 from .layout import Distribution, Layout
 from .matrix import DistMatrix
 from .multiply import matmul
+from .options import Options
 from .stateful import Matmul
 from .verify import freivalds
 
 __version__ = "0.1.0"
 
 __all__ = ["ProcessGrid", "Distribution", "Layout", "DistMatrix", "gemm", "matmul", "Matmul",
-           "summa", "SummaStats", "get_backend", "freivalds", "host", "__version__"]
+           "summa", "SummaStats", "get_backend", "freivalds", "host", "options", "Options",
+           "__version__"]

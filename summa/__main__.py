@@ -25,12 +25,12 @@ ERROR_GRACE_SECONDS = 10.0
 
 
 def _grace() -> float:
-    """``SUMMA_ERROR_GRACE``, or the default where it is not a number (asked
-    while an error is handled: a bad value must not hide that error;
-    get_backend refuses it on its own)."""
-    from .settings import number
+    """``SUMMA_ERROR_GRACE``, or the default where a setting is bad (asked
+    while an error is handled: a bad value must not hide that error; the
+    command refuses it on its own)."""
+    from .options import current
     try:
-        return number("SUMMA_ERROR_GRACE", ERROR_GRACE_SECONDS)
+        return current().error_grace
     except ValueError:
         return ERROR_GRACE_SECONDS
 
@@ -63,7 +63,10 @@ def _relaunch(argv) -> None:
     if launched():
         return
     backend = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--backend"), "auto")
-    size = pool_size(None, None, use_gpus=backend != "numpy")  # summa.matmul's rule
+    try:
+        size = pool_size(None, None, use_gpus=backend != "numpy")  # summa.matmul's rule
+    except ValueError:  # a bad setting: the command says so, in one line
+        return
     if size <= 1:
         return
     command = _mpiexec() + ["-n", str(size), sys.executable, "-m", "summa", *args]

@@ -18,14 +18,13 @@ from dataclasses import dataclass, field, asdict
 import numpy as np
 from mpi4py import MPI
 
-from . import ozaki
+from . import options, ozaki
 from .checks import check_layouts, check_operands, check_scalars
 from .layout import Distribution, Layout, panel_schedule
 from .matrix import DistMatrix
 from .ozaki_gpu import asked_moduli, check_moduli, panel_sums_apply, panel_sums_bytes
 from .pipeline import Pipeline, PipelineReport, Product, in_place_parts, local_parts
 # (summa.outofcore takes wait_for_panel from here)
-from .pipeline import wait_for_panel  # noqa: F401
 from .plan import ranks_on_device
 from .schedule import HEAD_PIECES, make_schedule, order_panels, waits_first
 from .selection import _export, _pick_broadcasters
@@ -337,6 +336,7 @@ def _operand(X: DistMatrix, op: str, outer: Distribution, inner_block,
     return X.transpose(conj=conj, layout=Layout.from_distributions(*dists))
 
 
+@options.entry_point
 def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, beta=0.0,
          trans_a: str = "N", trans_b: str = "N", panel_width=None, lookahead: int = 1,
          broadcaster: str = "auto", precision: str | None = None,
@@ -363,6 +363,10 @@ def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, b
         With ``precision="fp64-int8"``: INT8 products per float64 product
         (3-30; default :func:`summa.ozaki.default_moduli`'s, 15 for panels
         up to 56391 wide); fewer is faster and keeps fewer bits.
+    options : summa.options.Options, optional
+        The settings (default: the current ones, from ``SUMMA_*`` variables
+        read once here; docs/options.md). The backend's GEMM library is its
+        own (:attr:`summa.backend.Backend.options`).
 
     Returns
     -------

@@ -13,39 +13,30 @@ import time
 
 import numpy as np
 
-from .settings import check_numbers
+from . import options
+from .options import GEMM_LIBRARIES, INT8_LIBRARIES, TRANSPOSE_A_SETTINGS, Options
 
 __all__ = ["Backend", "NumpyBackend", "CupyBackend", "get_backend", "cupy_available",
            "DTYPES", "resolve_dtype", "gemm_library", "GEMM_LIBRARIES", "compute_priority",
-           "transpose_a_setting", "cublaslt_path",
+           "transpose_a_setting", "cublaslt_path", "TRANSPOSE_A_SETTINGS",
            "int8_library", "INT8_LIBRARIES"]
 
-#: GPU GEMM implementations: cuBLAS's gemmEx (its heuristic's first algorithm), or
-#: cuBLASLt with the fastest of several algorithms timed per shape (summa/lt.py).
-GEMM_LIBRARIES = ("cublas", "cublaslt")
+
+def _given(opts: Options | None) -> Options:
+    """`opts`, else the current options (:func:`summa.options.current`)."""
+    return opts if opts is not None else options.current()
 
 
-def gemm_library() -> str:
-    """The GPU GEMM library named by ``SUMMA_GEMM`` (default ``cublas``).
+def gemm_library(opts: Options | None = None) -> str:
+    """The GPU GEMM library (``SUMMA_GEMM``, :data:`GEMM_LIBRARIES`) of `opts`
+    (default: the current options).
 
     With ``cublaslt``, ``SUMMA_CUBLASLT`` may name the libcublasLt file to load
     (e.g. another CUDA release's, to compare its kernels); it must exist.
     """
-    name = os.environ.get("SUMMA_GEMM", "cublas").strip().lower() or "cublas"
-    if name not in GEMM_LIBRARIES:
-        raise ValueError(f"SUMMA_GEMM={name!r} is not one of {', '.join(GEMM_LIBRARIES)}")
-    if name == "cublaslt":
-        cublaslt_path()
-    return name
+    return _given(opts).gemm
 
 
-#: ``SUMMA_INT8_GEMM``'s values: "auto" (the default) sends products of at
-#: least :data:`INT8_LT_MACS` multiply-adds through cuBLASLt's fastest
-#: algorithm for their shape (timed once in bursts, remembered:
-#: :meth:`summa.lt.LtGemm.int8_tn`), the rest through ``cublasGemmEx``;
-#: "gemmex" all through gemmEx; "cublaslt" all from 2**30 on through
-#: cuBLASLt, "cublaslt:I" through its heuristic's I-th algorithm.
-INT8_LIBRARIES = ("auto", "gemmex", "cublaslt", "cublaslt:I")
 #: Where "auto" starts timing cuBLASLt: a 32768 x 32768 x 32768 product ran
 #: 1.29x gemmEx's rate through it (benchmarks/fp64_int8_speed.py); out-of-core
 #: tiles of 2**41.4 gained nothing (its choice there was gemmEx's own), so smaller ones
@@ -53,55 +44,43 @@ INT8_LIBRARIES = ("auto", "gemmex", "cublaslt", "cublaslt:I")
 INT8_LT_MACS = 1 << 42
 
 
-def int8_library(macs: int) -> tuple[str, int | None, bool]:
+def int8_library(macs: int, opts: Options | None = None) -> tuple[str, int | None, bool]:
     """``(library, index, asked)`` for an INT8 product of `macs` multiply-adds
-    under ``SUMMA_INT8_GEMM`` (:data:`INT8_LIBRARIES`): "gemmex" or
-    "cublaslt", with cuBLASLt's heuristic's index asked or None (its timed
-    fastest), and whether cuBLASLt was asked by name (else, where it cannot
-    make the product, gemmEx does); one clear ValueError for any other
-    setting. Products under 2**30 stay on gemmEx whatever is asked
-    (microseconds each: no timing pays)."""
-    asked = os.environ.get("SUMMA_INT8_GEMM", "").strip().lower() or "auto"
-    name, colon, index = asked.partition(":")
-    if not (name in ("auto", "gemmex") and not colon or name == "cublaslt"
-            and (not colon or index.isdigit())):
-        raise ValueError(f"SUMMA_INT8_GEMM must be one of {', '.join(INT8_LIBRARIES)} "
-                         f"(I a number), got {asked!r}")
+    under ``SUMMA_INT8_GEMM`` of `opts` (default: the current options;
+    :data:`INT8_LIBRARIES`): "auto" (the default) sends products of at least
+    :data:`INT8_LT_MACS` multiply-adds through cuBLASLt's fastest algorithm
+    for their shape (timed once in bursts, remembered:
+    :meth:`summa.lt.LtGemm.int8_tn`), the rest through ``cublasGemmEx``;
+    "gemmex" all through gemmEx; "cublaslt" all from 2**30 on through
+    cuBLASLt, "cublaslt:I" through its heuristic's I-th algorithm. Returns
+    "gemmex" or "cublaslt", with cuBLASLt's heuristic's index asked or None
+    (its timed fastest), and whether cuBLASLt was asked by name (else, where
+    it cannot make the product, gemmEx does). Products under 2**30 stay on
+    gemmEx whatever is asked (microseconds each: no timing pays)."""
+    name, _, index = _given(opts).int8_gemm.partition(":")
     if name == "gemmex" or macs < (INT8_LT_MACS if name == "auto" else 1 << 30):
         return "gemmex", None, False
     return "cublaslt", int(index) if index else None, name == "cublaslt"
 
 
-def cublaslt_path() -> str | None:
-    """The libcublasLt file named by ``SUMMA_CUBLASLT`` (None when unset); it must exist."""
-    path = os.environ.get("SUMMA_CUBLASLT", "").strip()
-    if path and not os.path.isfile(path):
-        raise ValueError(f"SUMMA_CUBLASLT={path!r} is not a file")
-    return path or None
+def cublaslt_path(opts: Options | None = None) -> str | None:
+    """The libcublasLt file ``SUMMA_CUBLASLT`` of `opts` names (None: CuPy's)."""
+    return _given(opts).cublaslt
 
 
-def compute_priority() -> str:
-    """``SUMMA_COMPUTE_PRIORITY``: ``default``, or ``high`` to run the SUMMA
-    loop's GEMMs on a stream of the highest priority (experimental: the block
-    scheduler then feeds GEMMs before NCCL's kernels, which run in the gaps)."""
-    name = os.environ.get("SUMMA_COMPUTE_PRIORITY", "default").strip().lower() or "default"
-    if name not in ("default", "high"):
-        raise ValueError(f"SUMMA_COMPUTE_PRIORITY={name!r} is not one of default, high")
-    return name
-
-#: ``SUMMA_TRANSPOSE_A`` values (:func:`transpose_a_setting`).
-TRANSPOSE_A_SETTINGS = ("auto", "yes", "no")
+def compute_priority(opts: Options | None = None) -> str:
+    """``SUMMA_COMPUTE_PRIORITY`` of `opts`: ``default``, or ``high`` to run
+    the SUMMA loop's GEMMs on a stream of the highest priority (experimental:
+    the block scheduler then feeds GEMMs before NCCL's kernels, which run in
+    the gaps)."""
+    return _given(opts).compute_priority
 
 
-def transpose_a_setting() -> str:
-    """``SUMMA_TRANSPOSE_A``: whether in-memory panel GEMMs read A from a
-    transposed (column-major) copy of each panel: ``auto`` (where measured
-    faster, :func:`summa.tuning.transposes_a`), ``yes`` or ``no``."""
-    name = os.environ.get("SUMMA_TRANSPOSE_A", "auto").strip().lower() or "auto"
-    if name not in TRANSPOSE_A_SETTINGS:
-        raise ValueError(f"SUMMA_TRANSPOSE_A={name!r} is not one of "
-                         f"{', '.join(TRANSPOSE_A_SETTINGS)}")
-    return name
+def transpose_a_setting(opts: Options | None = None) -> str:
+    """``SUMMA_TRANSPOSE_A`` of `opts`: whether in-memory panel GEMMs read A
+    from a transposed (column-major) copy of each panel: ``auto`` (where
+    measured faster, :func:`summa.tuning.transposes_a`), ``yes`` or ``no``."""
+    return _given(opts).transpose_a
 
 
 #: dtypes summa computes in, by the names the CLI accepts.
@@ -152,12 +131,18 @@ class Backend:
         The array module.
     device : int or None
         The GPU this rank uses, None on the CPU.
+    options : summa.options.Options
+        The settings it was made with (default: the current ones), which
+        the work given to it follows.
     """
 
     name = "?"
     xp = np
     device = None
     dtypes = ()
+
+    def __init__(self, opts: Options | None = None):
+        self.options = _given(opts)
 
     def check_dtype(self, dtype) -> np.dtype:
         dt = resolve_dtype(dtype)
@@ -390,12 +375,17 @@ class CupyBackend(Backend):
     ----------
     device : int
         CUDA device index this rank uses.
+    opts : summa.options.Options, optional
+        Its GEMM library (``gemm``, ``cublaslt``, ``int8_gemm``) and
+        stream priority among them; default: the current options.
     """
 
     name = "cupy"
 
-    def __init__(self, device: int = 0, library: str = "cublas", priority: str = "default"):
+    def __init__(self, device: int = 0, opts: Options | None = None):
         import cupy
+        super().__init__(opts)
+        library, priority = self.options.gemm, self.options.compute_priority
         self.xp = cupy
         self.device = int(device)
         cupy.cuda.Device(self.device).use()
@@ -411,7 +401,7 @@ class CupyBackend(Backend):
         self._lt = self._int8_lt = None
         if library == "cublaslt":
             from .lt import LtGemm
-            self._lt = LtGemm(cupy, cublaslt_path())
+            self._lt = LtGemm(cupy, self.options.cublaslt)
 
     def asarray(self, host):
         if self.stages(host):  # pageable and large: through page-locked chunks
@@ -544,12 +534,12 @@ class CupyBackend(Backend):
         from cupy_backends.cuda.libs import cublas
         m, k = a8.shape
         n = bt8.shape[0]
-        library, index, asked = int8_library(m * n * k)
+        library, index, asked = int8_library(m * n * k, self.options)
         if library == "cublaslt" and (asked or self._int8_lt is not False):
             from .lt import LtGemm, Unavailable
             try:
                 if not self._int8_lt:
-                    self._int8_lt = self._lt or LtGemm(self.xp, cublaslt_path())
+                    self._int8_lt = self._lt or LtGemm(self.xp, self.options.cublaslt)
                 self._int8_lt.int8_tn(n, m, k, bt8.data.ptr, a8.data.ptr, out.data.ptr,
                                       accumulate, self.xp.cuda.get_current_stream().ptr, index)
                 return
@@ -681,9 +671,6 @@ class CupyBackend(Backend):
         return f"cupy on GPU {self.device} ({name}{lt}{high})"
 
 
-_BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-
 def share_cpu_cores(ranks_on_node: int) -> int | None:
     """Give each rank's BLAS an equal share of the node's cores; return the share.
 
@@ -693,7 +680,7 @@ def share_cpu_cores(ranks_on_node: int) -> int | None:
     Left alone when the user set OMP_NUM_THREADS / OPENBLAS_NUM_THREADS /
     MKL_NUM_THREADS, or when threadpoolctl is not installed (None returned).
     """
-    if any(os.environ.get(v) for v in _BLAS_THREAD_VARIABLES):
+    if options.blas_threads_set():
         return None
     try:
         from threadpoolctl import threadpool_limits
@@ -704,7 +691,7 @@ def share_cpu_cores(ranks_on_node: int) -> int | None:
     return share
 
 
-def get_backend(name: str = "auto", local_rank: int = 0) -> Backend:
+def get_backend(name: str = "auto", local_rank: int = 0, opts: Options | None = None) -> Backend:
     """Choose a backend: ``"numpy"``, ``"cupy"`` or ``"auto"`` (CuPy when a GPU is seen).
 
     Parameters
@@ -713,22 +700,19 @@ def get_backend(name: str = "auto", local_rank: int = 0) -> Backend:
         Requested backend.
     local_rank : int
         Node-local rank; the CuPy backend binds GPU ``local_rank % device_count``.
+    opts : summa.options.Options, optional
+        The settings the backend follows (default: the current ones, made and
+        checked here: a bad ``SUMMA_*`` value is an error on CPU machines too).
     """
     if name not in ("auto", "numpy", "cupy"):
         raise ValueError(f"unknown backend {name!r}; choose auto, numpy or cupy")
-    library = gemm_library()  # bad settings are errors on CPU machines too
-    int8_library(0)
-    from .ozaki_gpu import moduli_setting  # NumPy only until a product runs
-    moduli_setting()
-    check_numbers()
-    priority = compute_priority()
-    transpose_a_setting()
+    opts = _given(opts)
     if name == "auto":
         name = "cupy" if cupy_available() else "numpy"
     if name == "numpy":
-        return NumpyBackend()
+        return NumpyBackend(opts)
     if not cupy_available():
         raise ValueError("backend 'cupy' was requested but CuPy is not installed "
                          "or sees no GPU")
     import cupy
-    return CupyBackend(local_rank % cupy.cuda.runtime.getDeviceCount(), library, priority)
+    return CupyBackend(local_rank % cupy.cuda.runtime.getDeviceCount(), opts)

@@ -4,7 +4,6 @@ it, and compare with the one-device rate of the per-rank share."""
 from __future__ import annotations
 
 import json
-import os
 import platform
 import socket
 import sys
@@ -14,6 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import __version__
+from . import options as settings
 from .algorithm import SummaStats, gemm
 from .checks import check_scalars
 from .backend import NumpyBackend, get_backend
@@ -298,7 +298,8 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
         # one rank in memory makes one product over all of K; else one a panel
         whole = tuple(grid_shape) == (1, 1) and not record["out_of_core"]
         record["fp64_int8"] = {"moduli": ozaki_gpu.moduli_for(k if whole else min(nb, k)),
-                               **{key: os.environ[key] for key in sorted(os.environ)
+                               **{key: value for key, value in
+                                  sorted(settings.current().variables().items())
                                   if key.startswith(("SUMMA_FP64_INT8_", "SUMMA_OOC_TILES",
                                                      "SUMMA_INT8_GEMM"))}}
     print(f"summa {record['command']}: {size} ranks, grid {grid_shape[0]}x{grid_shape[1]}, "

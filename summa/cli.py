@@ -17,6 +17,7 @@ import time
 from mpi4py import MPI
 
 from . import __version__
+from . import options as settings
 from .backend import DTYPES, cupy_available, share_cpu_cores
 from .checks import PRECISIONS
 from .bench import (DEFAULT_SIZE_CPU, DEFAULT_SIZE_GPU, UsageError, agree_backend, run_bench,
@@ -24,6 +25,7 @@ from .bench import (DEFAULT_SIZE_CPU, DEFAULT_SIZE_GPU, UsageError, agree_backen
 from .comm import choose_comm
 from .grid import node_rank, parse_grid
 from .model import SWEEP_RANKS
+from .ozaki_gpu import check_moduli
 from .planning import Machine, make_plan
 from .strips import SCHEDULES
 from .watchdog import Watchdog, timeout_from_env
@@ -363,6 +365,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="backend to report (default auto)")
     info.add_argument("--comm", choices=COMM_MODES, default="auto",
                       help="broadcaster to report (default auto)")
+
+    opts = sub.add_parser("options", help="the settings (SUMMA_* variables) in effect",
+                          description="Print the settings not at their defaults as "
+                                      "VARIABLE=value, or with --markdown the table of "
+                                      "every setting (docs/options.md).")
+    opts.add_argument("--markdown", action="store_true",
+                      help="docs/options.md: the table of every setting")
+    opts.add_argument("--internal", action="store_true",
+                      help="the settings tests and the pool use, too")
     return parser
 
 
@@ -536,7 +547,11 @@ def _run_info(args, comm: MPI.Comm, out) -> int:
 
 
 def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
-    """Run the command line on `comm` (default COMM_WORLD); return the exit status."""
+    """Run the command line on `comm` (default COMM_WORLD); return the exit status.
+
+    The settings (:class:`summa.options.Options`: the command's options over
+    ``SUMMA_*`` variables over defaults) are read and checked once here, the
+    same on every rank, and are the current ones for the whole command."""
     comm = MPI.COMM_WORLD if comm is None else comm
     out = sys.stdout if out is None else out
     _Parser.quiet = comm.Get_rank() != 0
@@ -549,12 +564,25 @@ def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
     if getattr(args, "moduli", None) is not None:
         if args.precision != "fp64-int8":
             raise UsageError("--moduli applies to --precision fp64-int8")
-        from .ozaki_gpu import check_moduli
         try:
             check_moduli(args.moduli, args.precision)
         except ValueError as exc:
             raise UsageError(f"--{exc}") from None
-        os.environ["SUMMA_FP64_INT8_MODULI"] = str(args.moduli)  # every rank parses the same
+    try:
+        opts = settings.Options.from_env(fp64_int8_moduli=getattr(args, "moduli", None))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    with settings.set(opts):
+        return _run_command(args, comm, out)
+
+
+def _run_command(args, comm: MPI.Comm, out) -> int:
+    """The command `args` names, under the watchdog where it waits on other ranks."""
+    if args.command == "options":
+        chosen = settings.current().variables(internal=args.internal)
+        out.write(settings.document() if args.markdown else
+                  "".join(f"{k}={v}\n" for k, v in chosen.items()))
+        return 0
     if args.command == "info":
         return _run_info(args, comm, out)
     if args.command in ("model", "plot"):
@@ -562,11 +590,8 @@ def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
     if args.command == "plan":
         return _run_plan(args, comm, out)
     # The collective commands: their waits on other ranks are watched.
-    try:
-        timeout = getattr(args, "timeout", None)  # calibrate has only SUMMA_TIMEOUT
-        timeout = timeout if timeout is not None else timeout_from_env(DEFAULT_TIMEOUT)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    timeout = getattr(args, "timeout", None)  # calibrate has only SUMMA_TIMEOUT
+    timeout = timeout if timeout is not None else timeout_from_env(DEFAULT_TIMEOUT)
     if args.command == "calibrate":
         command = _run_study
     elif args.command == "multiply":

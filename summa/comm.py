@@ -21,6 +21,8 @@ import time
 from mpi4py import MPI
 import numpy as np
 
+from . import options
+
 __all__ = ["CHUNK_BYTES", "HostStagedBroadcaster", "NcclBroadcaster", "CudaAwareBroadcaster",
            "BROADCASTER_NAMES", "choose_comm", "mpi_cuda_aware", "nccl_available",
            "send_array", "recv_array", "chunks"]
@@ -326,9 +328,9 @@ def mpi_cuda_aware() -> tuple[bool, str]:
     info key ``mpi_memory_alloc_kinds``; then ``MPIX_Query_cuda_support()`` of
     the loaded library (Open MPI, MPICH). Unknown means no.
     """
-    env = os.environ.get("SUMMA_CUDA_AWARE")
-    if env in ("0", "1"):
-        return env == "1", "SUMMA_CUDA_AWARE"
+    asked = options.current().cuda_aware
+    if asked is not None:
+        return asked, "SUMMA_CUDA_AWARE"
     try:
         info = MPI.COMM_WORLD.Get_info()
         kinds = info.Get("mpi_memory_alloc_kinds")

@@ -18,6 +18,8 @@ import time
 
 from mpi4py import MPI
 
+from . import options
+
 __all__ = ["inject", "PHASES"]
 
 PHASES = ("read", "multiply", "summa", "check", "write")
@@ -39,7 +41,7 @@ def _parse(text: str) -> list[tuple[str, int, str]]:
 
 def inject(phase: str) -> None:
     """Do what SUMMA_INJECT_FAULT asks of this rank at `phase`, if anything."""
-    spec = os.environ.get("SUMMA_INJECT_FAULT")
+    spec = options.current().inject_fault
     if not spec:
         return
     rank = MPI.COMM_WORLD.Get_rank()

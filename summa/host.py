@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from mpi4py import MPI
 
-from . import filemaps, remote
+from . import filemaps, options, remote
 from .topology import Topology, topology_of
 
 __all__ = ["empty", "load", "file_map", "attach_file", "attach_remote", "shared_token",
@@ -38,7 +38,7 @@ _names: dict[int, str] = {}
 
 def shm_dir() -> str:
     """Where node-shared arrays live (``SUMMA_SHM_DIR``, default /dev/shm)."""
-    return os.environ.get("SUMMA_SHM_DIR", "/dev/shm")
+    return options.current().shm_dir
 
 
 def _room(nbytes: int) -> bool:

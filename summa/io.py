@@ -20,12 +20,11 @@ import numpy as np
 from numpy.lib import format as npy_format
 from mpi4py import MPI
 
-from . import filemaps
+from . import filemaps, options
 from .agree import RankFailure
 from .cleanup import temporary_files
 from .faults import inject
 from .layout import span
-from .settings import number
 from .staging import ranks_on_node, usable_cores
 from .watchdog import watch
 
@@ -111,7 +110,7 @@ def io_threads() -> int:
     process grid said: :func:`summa.staging.ranks_on_node`), at most 16.
     One thread of page faults through a memory map read a disk at a quarter
     of what 8-16 threads of pread did on the H200 machine (issue 23)."""
-    asked = number("SUMMA_IO_THREADS", None)
+    asked = options.current().io_threads
     if asked is not None:
         return asked
     # the cores this rank may run on: where the launcher bound it

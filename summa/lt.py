@@ -21,6 +21,8 @@ import os
 
 import numpy as np
 
+from . import options
+
 __all__ = ["LtGemm", "Unavailable", "CANDIDATES"]
 
 #: Algorithms proposed by the heuristic that are timed per shape.
@@ -308,7 +310,7 @@ class LtGemm:
 
 def _cache_path() -> str:
     """Where the INT8 choices persist: ``SUMMA_CACHE_DIR`` or ~/.cache/summa."""
-    root = os.environ.get("SUMMA_CACHE_DIR") or os.path.join(
+    root = options.current().cache_dir or os.path.join(
         os.path.expanduser("~"), ".cache", "summa")
     return os.path.join(root, "cublaslt-int8.json")
 

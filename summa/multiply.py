@@ -28,6 +28,7 @@ from .filemaps import read_ahead
 from .hostblocks import (host_block, node_shares, operand_block, own_range, result_block,
                          root_block, root_result_block)
 from . import host as host_arrays
+from . import options as settings
 from . import pool
 from .arrays import check_arrays, op_shape
 from .checks import check_operands
@@ -99,6 +100,7 @@ def _timed(comm, phase: str, fn, *args, **kwargs):
         return result, comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
 
+@settings.entry_point
 def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, alpha=1.0,
                    beta=0.0, c_path=None, trans_a="N", trans_b="N", dtype=None, grid=None,
                    block=None, panel_width=None, lookahead=1, backend="auto",
@@ -131,6 +133,9 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         See :func:`summa.algorithm.summa` (strips: grids of one column, in memory).
     warn : callable, optional
         Receives warnings (e.g. NaN/Inf in the inputs) on rank 0; default stderr.
+    options : summa.options.Options, optional
+        The settings (default: the current ones, from ``SUMMA_*`` variables
+        read once here; docs/options.md).
 
     Returns
     -------
@@ -432,6 +437,7 @@ _MATMUL_OPTIONS = ("alpha", "trans_a", "trans_b", "panel_width", "lookahead", "b
                    "precision", "moduli", "schedule", "stats")
 
 
+@settings.entry_point
 def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
                   backend="auto", out=None, out_of_core=None, device_memory=None,
                   gpus=None, workers=None, topology=None, **kwargs):
@@ -487,6 +493,9 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         "fp64-int8"``: INT8 products per float64 product, 3-30; fewer is
         faster, keeps fewer bits), ``schedule``, ``stats`` (a SummaStats
         filled with this rank's timings; see :func:`summa.gemm`).
+    options : summa.options.Options, optional
+        The settings (default: the current ones, from ``SUMMA_*`` variables
+        read once here; docs/options.md); a pool's workers get them too.
 
     Returns
     -------
@@ -504,17 +513,16 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     unknown = sorted(set(kwargs) - set(_MATMUL_OPTIONS))
     if unknown:
         raise TypeError(f"matmul got unexpected keyword argument(s) {', '.join(unknown)}")
-    check_moduli(kwargs.get("moduli"), kwargs.get("precision"))  # before any worker starts
-    if comm is None and MPI.COMM_WORLD.Get_size() == 1 and not pool.launched():
-        # A plain Python process: every GPU (or `workers` CPU ranks) through a pool.
-        size = pool.pool_size(gpus if backend != "numpy" else None, workers,
-                              use_gpus=backend != "numpy")
-        if size > 1:
-            return pool.matmul(a, b, size, out=out, out_of_core=out_of_core,
-                               device_memory=device_memory, backend=backend, grid=grid,
-                               **kwargs)
-    moduli = kwargs.pop("moduli", None)
-    with asked_moduli(moduli):
+    moduli = check_moduli(kwargs.pop("moduli", None), kwargs.get("precision"))
+    with asked_moduli(moduli):  # the pool's workers get it with the other settings
+        if comm is None and MPI.COMM_WORLD.Get_size() == 1 and not pool.launched():
+            # A plain Python process: every GPU (or `workers` CPU ranks) through a pool.
+            size = pool.pool_size(gpus if backend != "numpy" else None, workers,
+                                  use_gpus=backend != "numpy")
+            if size > 1:
+                return pool.matmul(a, b, size, out=out, out_of_core=out_of_core,
+                                   device_memory=device_memory, backend=backend, grid=grid,
+                                   **kwargs)
         return _matmul_here(a, b, MPI.COMM_WORLD if comm is None else comm, root, grid,
                             backend, out, out_of_core, device_memory, called, kwargs, topology)
 
@@ -659,6 +667,7 @@ def matmul(A, B, device=None, **kwargs):
     return matmul_arrays(A, B, **kwargs)
 
 
+@settings.entry_point
 def host_matmul(A: DistMatrix, B: DistMatrix, device, alpha=1.0, trans_a="N", trans_b="N",
                 panel_width=None, lookahead: int = 1, broadcaster: str = "auto",
                 precision=None, device_memory=None, stats: SummaStats | None = None,
@@ -671,6 +680,8 @@ def host_matmul(A: DistMatrix, B: DistMatrix, device, alpha=1.0, trans_a="N", tr
     transposed operand is redistributed on the host first. Raises the same
     ValueError on every rank for operands that cannot be multiplied, a device
     budget too small for any tile, or a host too small for the plan.
+    `options` (a :class:`summa.options.Options`) are the settings (default:
+    the current ones).
     """
     if not isinstance(B, DistMatrix) or B.backend.name != "numpy":
         raise ValueError("host_matmul needs both operands host-held (NumPy backend)")

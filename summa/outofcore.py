@@ -30,7 +30,6 @@ the NumPy backend (tests) the same steps run with plain copies.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import weakref
 from collections import deque
@@ -38,17 +37,18 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
-from . import ozaki, remote
-from .algorithm import SummaStats, local_parts, wait_for_panel
-from .checks import check_layouts, check_operands, check_scalars
+from . import options, ozaki, remote
+from .algorithm import SummaStats
 from .backend import _CUDA_INVALID_VALUE, _clear_cuda_error, page_locked
+from .checks import check_layouts, check_operands, check_scalars
+from .faults import inject
 from .layout import panel_schedule, split_panel_doubling
 from .matrix import DistMatrix
+from .pipeline import local_parts, wait_for_panel
 from .planning import Machine, Plan, make_plan, restage
 from .selection import _broadcasters
 from .staging import Transfer, copy_threads, get_stager
 from .transpose import PanelsOfA
-from .faults import inject
 from .watchdog import watch
 
 __all__ = ["summa_out_of_core", "run_out_of_core"]
@@ -165,7 +165,7 @@ def run_out_of_core(plan: Plan, A: DistMatrix, B: DistMatrix, C: DistMatrix, dev
     ml, nl = C.local.shape
     tiles = [(i0, i1, j0, j1) for i0, i1 in _bounds(ml, memory.tiles[0])
              for j0, j1 in _bounds(nl, memory.tiles[1])]
-    host_copies = plan.host_copies or os.environ.get("SUMMA_HOST_COPIES", "stage")
+    host_copies = plan.host_copies or options.current().host_copies
     if host_copies not in ("stage", "lock"):
         raise ValueError(f"host_copies must be stage or lock, got {host_copies!r}")
     if fresh_c and beta != 0:

@@ -125,6 +125,25 @@ def moduli_for(bits: int, k: int) -> int:
     raise ValueError(f"{bits}-bit operands over K = {k} need more than the {len(MODULI)} moduli")
 
 
+def moduli_range() -> tuple[int, int]:
+    """The fewest and the most moduli a product can take (fewer than the
+    fewest cannot rebuild a product over K up to :data:`K_EXACT`)."""
+    fewest = min(c for c in range(1, len(MODULI) + 1) if bits_for(c, K_EXACT) >= 1)
+    return fewest, len(MODULI)
+
+
+def check_moduli(moduli) -> int:
+    """`moduli` as an int where a product can take that many
+    (:func:`moduli_range`), else one clear ValueError."""
+    if isinstance(moduli, bool) or not isinstance(moduli, (int, np.integer)):
+        raise ValueError(f"moduli must be an integer, got {moduli!r}")
+    fewest, most = moduli_range()
+    if not fewest <= moduli <= most:
+        raise ValueError(f"moduli must be {fewest}-{most} (fewer cannot rebuild "
+                         f"products over K up to {K_EXACT}), got {moduli}")
+    return int(moduli)
+
+
 @functools.lru_cache(maxsize=4096)  # the planner asks for every cut it tries
 def default_moduli(bits: int, k: int) -> int:
     """The moduli a product over `k` takes unless told: the fewest that keep

@@ -28,15 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 
 import numpy as np
 
-from . import ozaki
-from .settings import number
+from . import options, ozaki
 
 __all__ = ["gemm", "PanelSums", "grid_exponents", "panel_sums_bytes", "panel_sums_apply",
-           "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli", "moduli_setting",
+           "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli",
            "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
 
 #: Integer products folded per pass (each pass reads the two sums once; 8
@@ -349,7 +347,7 @@ def panel_sums_apply(dtype, ranks: int, k: int) -> bool:
     rank's out-of-core tiles make it: the reference a benchmark compares
     against)."""
     return (np.dtype(dtype).kind == "f" and ranks > 1 and ozaki.K_NATIVE <= k <= ozaki.K_EXACT
-            and number("SUMMA_FP64_INT8_SUMS", 1) != 0)
+            and options.current().fp64_int8_sums != 0)
 
 
 def check_moduli(moduli, precision) -> int | None:
@@ -360,55 +358,20 @@ def check_moduli(moduli, precision) -> int | None:
         return None
     if precision != "fp64-int8":
         raise ValueError("moduli applies to precision fp64-int8")
-    if isinstance(moduli, bool) or not isinstance(moduli, (int, np.integer)):
-        raise ValueError(f"moduli must be an integer, got {moduli!r}")
-    fewest = min(c for c in range(1, len(ozaki.MODULI) + 1)
-                 if ozaki.bits_for(c, ozaki.K_EXACT) >= 1)
-    if not fewest <= moduli <= len(ozaki.MODULI):
-        raise ValueError(f"moduli must be {fewest}-{len(ozaki.MODULI)} (fewer cannot rebuild "
-                         f"products over K up to {ozaki.K_EXACT}), got {moduli}")
-    return int(moduli)
+    return ozaki.check_moduli(moduli)
 
 
-@contextlib.contextmanager
 def asked_moduli(moduli: int | None):
-    """Inside, products take `moduli` moduli (None: as before), and the plans
-    count their scratch so: ``SUMMA_FP64_INT8_MODULI``, which every product
-    and plan of this process reads, set for the while."""
-    if moduli is None:
-        yield
-        return
-    saved = os.environ.get("SUMMA_FP64_INT8_MODULI")
-    os.environ["SUMMA_FP64_INT8_MODULI"] = str(int(moduli))
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("SUMMA_FP64_INT8_MODULI", None)
-        else:
-            os.environ["SUMMA_FP64_INT8_MODULI"] = saved
-
-
-def moduli_setting() -> int | None:
-    """``SUMMA_FP64_INT8_MODULI`` (set by :func:`asked_moduli`, the CLI's
-    ``--moduli``, or the user) as a count :func:`check_moduli` takes, None
-    where unset; one clear ValueError naming it otherwise (checked by
-    :func:`summa.backend.get_backend`, before any product)."""
-    text = os.environ.get("SUMMA_FP64_INT8_MODULI", "").strip()
-    if not text:
-        return None
-    if not text.lstrip("+-").isdigit():
-        raise ValueError(f"SUMMA_FP64_INT8_MODULI={text!r}: moduli must be an integer")
-    try:
-        return check_moduli(int(text), "fp64-int8")
-    except ValueError as exc:  # out of range
-        raise ValueError(f"SUMMA_FP64_INT8_MODULI={text!r}: {exc}") from None
+    """A context inside which products take `moduli` moduli (None: as
+    before), and the plans count their scratch so: the current options
+    (:func:`summa.options.set`) with ``fp64_int8_moduli`` changed."""
+    return options.set(fp64_int8_moduli=moduli)
 
 
 def _asked(moduli: int | None) -> int | None:
-    """`moduli`, else ``SUMMA_FP64_INT8_MODULI`` (:func:`moduli_setting`),
-    else None (the default for the product's K)."""
-    return moduli_setting() if moduli is None else moduli
+    """`moduli`, else the current options' (``SUMMA_FP64_INT8_MODULI``, or
+    an entry point's `moduli`), else None (the default for the product's K)."""
+    return options.current().fp64_int8_moduli if moduli is None else moduli
 
 
 def moduli_for(k: int, moduli: int | None = None) -> int:

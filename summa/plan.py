@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .settings import number
+from . import options
 from .staging import copy_threads, ring_bytes
 from .topology import topology_of
 from .tuning import transposes_a
@@ -163,13 +163,10 @@ def _tiles_asked(ml: int, nl: int) -> tuple | None:
     the planner's fewest (to measure other cuts: fp64-int8's scratch grows
     with a tile's rows plus columns, so squarer tiles leave room for wider
     panels); None where unset."""
-    text = os.environ.get("SUMMA_OOC_TILES", "").strip().lower()
-    if not text:
+    asked = options.current().ooc_tiles
+    if asked is None:
         return None
-    try:
-        rows, cols = (int(x) for x in text.split("x"))
-    except ValueError:
-        raise ValueError(f"SUMMA_OOC_TILES: expected RxC (e.g. 3x2), got {text!r}") from None
+    rows, cols = asked
     if not (1 <= rows <= max(ml, 1) and 1 <= cols <= max(nl, 1)):
         raise ValueError(f"SUMMA_OOC_TILES: {rows}x{cols} tiles do not cut a {ml} x {nl} "
                          "block of C")
@@ -181,7 +178,7 @@ def upload_lead() -> int:
     room: uploads run that many steps ahead of their GEMMs, so that an upload
     slower than its GEMM for a while (host threads busy) does not stop the
     GPU. ``SUMMA_UPLOAD_LEAD`` overrides."""
-    return number("SUMMA_UPLOAD_LEAD", 1)
+    return options.current().upload_lead
 
 
 def _ooc_parts(slots: int, transposed: bool, staged: tuple) -> tuple[int, int]:

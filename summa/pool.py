@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from . import host, remote
-from .settings import number
+from .options import current as current_options
 
 __all__ = ["WorkerError", "pool_size", "launched", "matmul", "start", "close"]
 
@@ -60,7 +60,8 @@ def pool_size(gpus=None, workers=None, use_gpus: bool = True) -> int:
     the NumPy backend asked for) `workers` (``SUMMA_WORKERS``), else one per
     8 cores (a NumPy rank's BLAS threads scale to about that). 1 means: no
     pool, multiply in this process."""
-    for value in (gpus, workers, os.environ.get("SUMMA_GPUS"), os.environ.get("SUMMA_WORKERS")):
+    settings = current_options()
+    for value in (gpus, workers, settings.gpus, settings.workers):
         if value not in (None, ""):
             count = int(value)
             if count < 1:
@@ -78,8 +79,9 @@ def _mpiexec() -> list[str]:
     ``mpiexec`` beside this Python (./run's venv with the PyPI MPICH), else
     the one on PATH; under Open MPI, told not to bind the workers (see
     :func:`_unbound`)."""
-    if os.environ.get("MPIEXEC"):
-        return _unbound(shlex.split(os.environ["MPIEXEC"]))
+    asked = current_options().mpiexec
+    if asked:
+        return _unbound(shlex.split(asked))
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     found = here if os.access(here, os.X_OK) else shutil.which("mpiexec") or \
         shutil.which("mpirun")
@@ -142,7 +144,7 @@ class _Pool:
         # Accept with a timeout, so that a job that never connects is noticed
         # (multiprocessing's Listener has no public timeout).
         self._listener._listener._socket.settimeout(0.2)
-        deadline = time.monotonic() + number("SUMMA_POOL_START", 120.0)
+        deadline = time.monotonic() + current_options().pool_start
         while len(self.conns) < self.size:
             try:
                 conn = self._listener.accept()
@@ -311,7 +313,7 @@ def matmul(a, b, size: int, out=None, **options):
             spec = {"a": parts[0], "a_shape": a.shape, "b": parts[1], "b_shape": b.shape,
                     "c": parts[2], "c_shape": (m, n), "dtype": np.dtype(dtype).str,
                     "options": dict(options, **({"out_of_core": True} if reach else {})),
-                    "env": {k: v for k, v in os.environ.items() if k.startswith("SUMMA_")}}
+                    "settings": current_options().to_json()}
             copied = time.perf_counter()
             pool.connect()
             connected = time.perf_counter()

@@ -32,6 +32,7 @@ import weakref
 
 import numpy as np
 
+from . import options
 from .filemaps import libc_call, view_span
 
 __all__ = ["allowed", "allow_readers", "describe", "placeholder", "find", "readable",
@@ -61,11 +62,12 @@ def _calls():
     return None if None in calls.values() else types.SimpleNamespace(**calls)
 
 
-def allowed() -> bool:
+def allowed(opts=None) -> bool:
     """May arrays be read in place in other processes here? Not where
-    ``SUMMA_IN_PLACE=0`` says so (copies into shared memory instead), nor
-    where the system has no such calls."""
-    return os.environ.get("SUMMA_IN_PLACE", "1") != "0" and _calls() is not None
+    ``SUMMA_IN_PLACE=0`` says so in `opts` (default: the current options;
+    copies into shared memory instead), nor where the system has no such
+    calls."""
+    return (opts or options.current()).in_place and _calls() is not None
 
 
 def allow_readers(pid: int) -> None:

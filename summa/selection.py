@@ -5,12 +5,12 @@ direct copies (CUDA IPC) per direction, and whether their set-up pays.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
 
+from . import options
 from .broadcasters import make_broadcaster
 from .comm import choose_comm
 from .watchdog import watch
@@ -203,9 +203,9 @@ def peer_access(grid, backend) -> bool:
     (0 or 1) overrides (tests). Without it (GeForce cards over PCIe), a
     panel forwarded from its owner's GPU passes through host memory again,
     and every GPU fetching its own panel parts from host memory is faster."""
-    env = os.environ.get("SUMMA_PEER_ACCESS")
-    if env in ("0", "1"):
-        return env == "1"
+    asked = options.current().peer_access
+    if asked is not None:
+        return asked
     if backend.name != "cupy" or grid.size == 1:
         return True
     me = (grid.topology.node, backend.device)

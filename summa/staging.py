@@ -26,8 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import filemaps, remote
-from .settings import number
+from . import filemaps, options, remote
 from .watchdog import watch
 
 __all__ = ["Stager", "Transfer", "get_stager", "stager_for", "set_ranks_on_node", "ranks_on_node",
@@ -87,7 +86,7 @@ def copy_threads(ranks_on_node: int = 1) -> int:
     :data:`MAX_COPY_THREADS`; the other quarter is for the touch of a fresh
     result (:data:`TOUCH_SHARE`), the dispatchers and the thread queueing
     the GEMMs. ``SUMMA_COPY_THREADS`` overrides."""
-    asked = number("SUMMA_COPY_THREADS", None)
+    asked = options.current().copy_threads
     if asked is not None:
         return asked
     return max(1, min(MAX_COPY_THREADS, usable_cores() * 3 // 4 // max(1, ranks_on_node)))

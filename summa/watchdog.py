@@ -23,6 +23,8 @@ from contextlib import contextmanager
 
 from mpi4py import MPI
 
+from . import options
+
 __all__ = ["Watchdog", "watch", "handle_signals", "timeout_from_env", "EXIT_TIMEOUT"]
 
 EXIT_TIMEOUT = 124
@@ -45,16 +47,11 @@ def watch(description: str):
 
 
 def timeout_from_env(default: float | None = None) -> float | None:
-    """``SUMMA_TIMEOUT`` in seconds: unset gives `default`, 0 gives None (no watchdog)."""
-    text = os.environ.get("SUMMA_TIMEOUT", "")
-    if not text:
+    """``SUMMA_TIMEOUT`` of the current options (:func:`summa.options.current`)
+    in seconds: unset gives `default`, 0 gives None (no watchdog)."""
+    value = options.current().timeout
+    if value is None:
         return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"SUMMA_TIMEOUT must be a number of seconds, got {text!r}") from None
-    if value < 0:
-        raise ValueError(f"SUMMA_TIMEOUT must be >= 0, got {text!r}")
     return value or None
 
 

@@ -26,6 +26,7 @@ def serve(conn, world) -> None:
     from . import host, remote
     from .algorithm import SummaStats
     from .multiply import matmul_arrays
+    from .options import Options
     while True:
         command = _receive(conn) if world.Get_rank() == 0 else None
         received = time.perf_counter()
@@ -33,10 +34,11 @@ def serve(conn, world) -> None:
         if command[0] == "stop":
             return
         spec = command[1]
-        os.environ.update(spec["env"])
+        settings = Options.from_json(spec["settings"])  # the caller's
         parts = [spec[x] for x in "abc"]
         owners = [p["remote"] for p in parts if isinstance(p, dict) and "remote" in p]
-        if not world.allreduce(all(remote.allowed() and remote.readable(w) for w in owners),
+        if not world.allreduce(all(remote.allowed(settings) and remote.readable(w)
+                                   for w in owners),
                                op=MPI.LAND):
             if world.Get_rank() == 0:  # the system does not let us read the owner
                 _answer(conn, ("no-remote",))
@@ -46,7 +48,7 @@ def serve(conn, world) -> None:
         c = _attach(host, spec["c"], spec["c_shape"], spec["dtype"])
         stats = SummaStats()
         began = time.perf_counter()
-        matmul_arrays(a, b, comm=world, out=c, stats=stats, **spec["options"])
+        matmul_arrays(a, b, comm=world, out=c, stats=stats, options=settings, **spec["options"])
         ended = time.perf_counter()
         del a, b, c
         world.Barrier()  # every block of the product is in place
@@ -106,8 +108,10 @@ def _warm(world, backend: str) -> None:
 
 def main(argv=None) -> int:
     from multiprocessing.connection import Client
+
+    from .options import current
     args = sys.argv[1:] if argv is None else argv
-    key = os.environ.get("SUMMA_POOL_KEY")
+    key = current().pool_key
     if len(args) != 1 or not key:
         print("summa.worker: started by summa's pool (summa.matmul in a plain Python "
               "process), not by hand", file=sys.stderr)
@@ -116,7 +120,7 @@ def main(argv=None) -> int:
     world = MPI.COMM_WORLD
     conn = Client(args[0], authkey=bytes.fromhex(key))
     conn.send(("hello", world.Get_rank(), os.getpid()))
-    _warm(world, os.environ.get("SUMMA_POOL_WARM", "auto"))
+    _warm(world, current().pool_warm)
     try:
         serve(conn, world)
     except _OwnerGone:  # nothing to answer (an OSError of the multiply is told, below)

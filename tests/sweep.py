@@ -11,12 +11,10 @@ takes back to reproduce it.
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import numpy as np
 
 from helpers import gemm_scaled_error, op, random_array
+from summa import options
 
 #: Dimensions the draws favour: one, two, small primes, and sizes around a
 #: rank count (below it too: ranks with empty blocks).
@@ -126,7 +124,7 @@ def run_case(case: dict, grids: Grids, backend, seed: int) -> float:
     b = random_array(rng, (k, n) if tb == "N" else (n, k), dtype)
     c0 = random_array(rng, (m, n), dtype)
     block = tuple(case["block"]) if case["block"] else None
-    with _transpose_a(case["transpose_a"]):
+    with options.set(transpose_a=case["transpose_a"]):
         if case["out_of_core"]:
             host = NumpyBackend()
             A, B, C = (DistMatrix.from_global(x, grid, host) for x in (a, b, c0))
@@ -171,7 +169,7 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
     budget = None
     if case["out_of_core"]:
         budget = _budget(case, tuple(case["grid"]), np.dtype(dtype).itemsize)
-    with _transpose_a(case["transpose_a"]):
+    with options.set(transpose_a=case["transpose_a"]):
         c = summa.matmul(a if root else None, b if root else None, comm=comm,
                          grid=tuple(case["grid"]), backend=backend.name, out=out,
                          out_of_core=resident, device_memory=budget,
@@ -184,17 +182,3 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
     assert out is None or c is out
     return gemm_scaled_error(c, op(a, ta), op(b, tb), None, case["alpha"], 0.0,
                              precision=case["precision"])
-
-
-@contextlib.contextmanager
-def _transpose_a(choice: str):
-    """``SUMMA_TRANSPOSE_A`` set to `choice` for the block, as it was after."""
-    saved = os.environ.get("SUMMA_TRANSPOSE_A")
-    os.environ["SUMMA_TRANSPOSE_A"] = choice
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("SUMMA_TRANSPOSE_A", None)
-        else:
-            os.environ["SUMMA_TRANSPOSE_A"] = saved

@@ -82,14 +82,14 @@ def test_int8_library_takes_cublaslt_for_large_products_unless_told(monkeypatch)
 def test_moduli_setting_is_checked_before_any_product(monkeypatch, text, reason):
     """SUMMA_FP64_INT8_MODULI (the user's, or --moduli's): one clear error
     naming it from get_backend, on CPU machines too; good counts pass."""
-    from summa.ozaki_gpu import moduli_setting
+    from summa.options import current
     monkeypatch.setenv("SUMMA_FP64_INT8_MODULI", text)
     with pytest.raises(ValueError, match=f"SUMMA_FP64_INT8_MODULI='{re.escape(text)}': {reason}"):
         get_backend("numpy")
     monkeypatch.setenv("SUMMA_FP64_INT8_MODULI", " 16 ")
-    assert moduli_setting() == 16 and get_backend("numpy").name == "numpy"
+    assert current().fp64_int8_moduli == 16 and get_backend("numpy").name == "numpy"
     monkeypatch.delenv("SUMMA_FP64_INT8_MODULI")
-    assert moduli_setting() is None
+    assert current().fp64_int8_moduli is None
 
 
 def test_chosen_cublaslt_file_must_exist(monkeypatch, tmp_path):

@@ -10,6 +10,7 @@ from summa.grid import ProcessGrid
 from summa.matrix import DistMatrix
 from summa.algorithm import gemm
 from summa.multiply import matmul
+from summa.options import Options
 
 pytestmark = pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
 
@@ -341,7 +342,7 @@ def test_cublaslt_gemm_matches_reference_and_repeats_bit_for_bit(comm, rng, gpu,
                                                                  precision):
     from summa.backend import CupyBackend
     _, backend = gpu
-    lt = CupyBackend(backend.device, "cublaslt")
+    lt = CupyBackend(backend.device, Options(gemm="cublaslt"))
     xp = lt.xp
     wide = random_array(rng, (300, 240), dtype)
     a, b, c0 = wide[:, 20:220], random_array(rng, (200, 260), dtype), \
@@ -362,7 +363,7 @@ def test_cublaslt_gemm_matches_reference_and_repeats_bit_for_bit(comm, rng, gpu,
 def test_high_priority_compute_stream_gives_the_same_product(comm, rng, gpu):
     from summa.backend import CupyBackend
     grid, backend = gpu
-    high = CupyBackend(backend.device, "cublas", "high")
+    high = CupyBackend(backend.device, Options(compute_priority="high"))
     assert "high-priority" in high.describe()
     a, b = random_array(rng, (130, 70), "float64"), random_array(rng, (70, 90), "float64")
     results = []
@@ -755,7 +756,7 @@ def test_int8_products_fall_back_to_gemmex_where_cublaslt_cannot(comm, gpu, monk
     a8 = cp.random.randint(-128, 128, (1024, 1024), dtype=cp.int8)
     bt8 = cp.random.randint(-128, 128, (1024, 1024), dtype=cp.int8)
     want, got = (cp.empty((1024, 1024), dtype=cp.int32) for _ in range(2))
-    monkeypatch.setenv("SUMMA_INT8_GEMM", "gemmex")
+    monkeypatch.setattr(backend, "options", backend.options.replace(int8_gemm="gemmex"))
     backend.int8_gemm_tn(a8, bt8, want)
     monkeypatch.setattr(backends, "INT8_LT_MACS", 1 << 30)  # this product is cuBLASLt's
     if missing == "algorithm":
@@ -765,13 +766,13 @@ def test_int8_products_fall_back_to_gemmex_where_cublaslt_cannot(comm, gpu, monk
             raise lt.Unavailable("cuBLASLt (libcublasLt.so) was not found")
         monkeypatch.setattr(lt, "_library", nothing)
     monkeypatch.setattr(backend, "_int8_lt", None)
-    monkeypatch.delenv("SUMMA_INT8_GEMM")
+    monkeypatch.setattr(backend, "options", backend.options.replace(int8_gemm="auto"))
     for _ in range(2):
         got.fill(0)
         backend.int8_gemm_tn(a8, bt8, got)
         assert bool((got == want).all())
     monkeypatch.setattr(backend, "_int8_lt", None)
-    monkeypatch.setenv("SUMMA_INT8_GEMM", "cublaslt")
+    monkeypatch.setattr(backend, "options", backend.options.replace(int8_gemm="cublaslt"))
     with pytest.raises(lt.Unavailable, match="cuBLASLt"):
         backend.int8_gemm_tn(a8, bt8, got)
 
@@ -790,10 +791,11 @@ def test_cublaslt_int8_products_are_gemmex_bits_on_large_shapes(comm, gpu, monke
     a8 = cp.random.randint(-128, 128, (m, k), dtype=cp.int8)
     bt8 = cp.random.randint(-128, 128, (n, k), dtype=cp.int8)
     want = cp.empty((m, n), dtype=cp.int32)
-    monkeypatch.setenv("SUMMA_INT8_GEMM", "gemmex")
+    monkeypatch.setattr(backend, "options", backend.options.replace(int8_gemm="gemmex"))
     backend.int8_gemm_tn(a8, bt8, want)
     monkeypatch.setenv("SUMMA_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("SUMMA_INT8_GEMM", "cublaslt" + ("" if index is None else f":{index}"))
+    asked = "cublaslt" + ("" if index is None else f":{index}")
+    monkeypatch.setattr(backend, "options", backend.options.replace(int8_gemm=asked))
     for _ in range(2):  # timed (or taken) once, then the plan's
         got = cp.zeros((m, n), dtype=cp.int32)
         backend.int8_gemm_tn(a8, bt8, got)
