@@ -92,7 +92,7 @@ def run_model(args, comm: MPI.Comm, out) -> int:
           f"{pred.efficiency:.3f} ({pred.panels} panels: compute {pred.panel_compute * 1e3:.3f} ms,"
           f" broadcasts {pred.panel_comm * 1e3:.3f} ms each)", file=out)
     best = recommend(profile, m, n, k, args.dtype, ranks, **kwargs)
-    if best.seconds >= pred.seconds:  # never recommend what is predicted slower
+    if args.grid and best.seconds >= pred.seconds:  # never recommend what is predicted slower
         print("  recommended: this setup (no other grid or panel width is predicted faster)",
               file=out)
     else:
