@@ -113,8 +113,9 @@ def _die(message: str, comm: MPI.Comm, status: int, settle=(0.5, 1.0),
     ranks as for any rank that exits non-zero without finalizing."""
     from .cleanup import hard_exit, mapped_segments, remove_segments, remove_temporary_files
     remove_temporary_files()
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
+    if message:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
     if comm.Get_size() > 1:
         # `settle` seconds (rank 0's, the others'): for the launcher to forward
         # the message, and, as rank 0 holds the temporary outputs, for it to
@@ -126,7 +127,7 @@ def _die(message: str, comm: MPI.Comm, status: int, settle=(0.5, 1.0),
     hard_exit(status)
 
 
-def handle_signals(comm: MPI.Comm | None = None) -> None:
+def handle_signals(comm: MPI.Comm | None = None, announce: bool = True) -> None:
     """Stop promptly on SIGINT/SIGTERM, even inside a blocking MPI, BLAS or
     CUDA call.
 
@@ -137,7 +138,7 @@ def handle_signals(comm: MPI.Comm | None = None) -> None:
     MPI's shared memory, and ends the process with status 128 + signal number
     without running exit handlers (:func:`summa.cleanup.hard_exit`).
     (Python-level handlers would wait for the main thread to leave MPI.)
-    Call once, from the main thread.
+    Without `announce`, no word on stderr. Call once, from the main thread.
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     read_end, write_end = os.pipe()
@@ -152,8 +153,8 @@ def handle_signals(comm: MPI.Comm | None = None) -> None:
         name = signal.Signals(signum).name
         # Well under a second: a batch system's SIGTERM precedes its SIGKILL by
         # a few seconds, and a signal reaches every rank, rank 0 among them.
-        _die(f"summa: rank {comm.Get_rank()}: received {name}; stopping", comm, 128 + signum,
-             settle=(0.1, 0.4), abort=False)
+        _die(f"summa: rank {comm.Get_rank()}: received {name}; stopping" if announce else "",
+             comm, 128 + signum, settle=(0.1, 0.4), abort=False)
 
     threading.Thread(target=wait_for_signal, name="summa-signals", daemon=True).start()
 
