@@ -6,10 +6,15 @@ own processes mapped (MPI's segments) or named after their pids (summa's)."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 
 from summa import host
-from summa.cleanup import mapped_segments
+from summa.cleanup import MPI_SEGMENT_PREFIXES, mapped_segments
+
+#: Where MPI libraries keep their named shared memory.
+SEGMENT_DIR = "/dev/shm"
 
 
 def job_pids(root: int) -> list[int]:
@@ -59,3 +64,75 @@ def wait_gone(pids, seconds: float) -> list[int]:
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.02)
+
+
+class private_folders:
+    """A shared-memory folder and a temporary folder of this test session's
+    own, named in SUMMA_SHM_DIR and TMPDIR for it and every process it starts
+    (summa's shared arrays, the pool's sockets, outputs), and the MPI
+    segments that existed when it began."""
+
+    def __init__(self):
+        self.shm = tempfile.mkdtemp(prefix="summa-tests-", dir=_shm_root())
+        self.tmp = tempfile.mkdtemp(prefix="summa-tests-")
+        os.environ["SUMMA_SHM_DIR"], os.environ["TMPDIR"] = self.shm, self.tmp
+        tempfile.tempdir = None  # asked again: TMPDIR
+        self.segments = set(_segments())
+
+    def left(self) -> list[str]:
+        """What is in the two folders now (pytest's own folders aside)."""
+        found = [os.path.join(self.shm, n) for n in os.listdir(self.shm)]
+        return found + [os.path.join(self.tmp, n) for n in os.listdir(self.tmp)
+                        if not n.startswith("pytest-of-")]
+
+    def remove(self) -> None:
+        shutil.rmtree(self.shm, ignore_errors=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _shm_root() -> str:
+    return SEGMENT_DIR if os.path.isdir(SEGMENT_DIR) else tempfile.gettempdir()
+
+
+def _segments() -> list[str]:
+    """MPI's named shared-memory files on this machine, whoever's."""
+    try:
+        names = os.listdir(SEGMENT_DIR)
+    except OSError:
+        return []
+    return [os.path.join(SEGMENT_DIR, n) for n in names if n.startswith(MPI_SEGMENT_PREFIXES)]
+
+
+def stranded(before, settle: float = 2.0) -> list[str]:
+    """MPI segments made since `before` (a set of paths) that no live process
+    maps and that are `settle` seconds old (one just made may not be mapped
+    yet): left by jobs whose ranks were killed."""
+    new = [p for p in _segments() if p not in before]
+    if not new:
+        return []
+    mapped = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            mapped.update(mapped_segments(entry))
+    now = time.time()
+    out = []
+    for path in new:
+        try:
+            if path not in mapped and now - os.stat(path).st_mtime > settle:
+                out.append(path)
+        except OSError:
+            pass
+    return out
+
+
+def finish(folders: private_folders) -> list[str]:
+    """End of a session: remove the MPI segments its killed jobs stranded,
+    the session's folders, and return what was left in them."""
+    from summa import pool
+    from summa.cleanup import remove_segments
+    pool.close()  # a test's pool is stopped at exit otherwise: after this check
+    time.sleep(0.5)  # a job ended just now may still be removing its files
+    remove_segments(stranded(folders.segments))
+    left = folders.left()
+    folders.remove()
+    return left
