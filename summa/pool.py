@@ -123,10 +123,15 @@ class _Pool:
         env = dict(os.environ, SUMMA_POOL_KEY=key.hex(), SUMMA_POOL_WARM=warm)
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")  # Open MPI as root (containers)
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        self.proc = subprocess.Popen(
-            _mpiexec() + ["-n", str(size), sys.executable, "-m", "summa.worker",
-                          self._listener.address, str(os.getpid())],
-            env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(
+                _mpiexec() + ["-n", str(size), sys.executable, "-m", "summa.worker",
+                              self._listener.address, str(os.getpid())],
+                env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        except BaseException:  # Ctrl-C or no launcher: no folder left behind
+            self._listener.close()
+            shutil.rmtree(self._folder, ignore_errors=True)
+            raise
         self.conns: dict[int, object] = {}
         self.pids: dict[int, int] = {}
         #: each worker's launcher process (hydra's proxy), MPI's shared memory files

@@ -17,6 +17,7 @@ memory and the shared files the owner left (:func:`summa.cleanup.hard_exit`).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -106,8 +107,10 @@ def _warm(world, backend: str) -> None:
         pass
 
 
-#: MPI's shared memory of the owner (a singleton MPI process of its own)
+#: MPI's shared memory of the owner (a singleton MPI process of its own), and
+#: the folder of its socket
 _owner_segments: list = []
+_owner_folder: list = []
 
 
 def _owner_gone(owner: int) -> None:
@@ -118,6 +121,8 @@ def _owner_gone(owner: int) -> None:
     from .host import remove_files_of
     remove_files_of(owner)
     remove_segments(_owner_segments)
+    for folder in _owner_folder:
+        shutil.rmtree(folder, ignore_errors=True)
     hard_exit(1)
 
 
@@ -166,6 +171,8 @@ def main(argv=None) -> int:
     handle_signals(world, announce=False)  # the owner stops the job so: no word
     owner = int(args[1])
     _owner_segments.extend(mapped_segments(owner))
+    if os.path.basename(os.path.dirname(args[0])).startswith("summa-pool-"):
+        _owner_folder.append(os.path.dirname(args[0]))
     watch_owner(owner)
     conn = Client(args[0], authkey=bytes.fromhex(key))
     conn.send(("hello", world.Get_rank(), os.getpid(), os.getppid(), mapped_segments()))

@@ -39,6 +39,11 @@ def _mpi_mode(config) -> bool:
     return bool(config.getoption("--with-mpi", default=False))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--soak-calls", type=int, default=40,
+                     help="calls of the pool soak test (test_pool.py; 500 by hand)")
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Fail the run where it left files in shared memory or the temporary
     folder; remove MPI's segments stranded by the jobs whose ranks the fault

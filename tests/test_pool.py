@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -328,3 +329,61 @@ def test_a_pool_started_ahead_is_the_one_the_first_call_uses(rng, monkeypatch):
     assert pool.start(workers=1, backend="numpy") == 1  # one worker: nothing to start
     monkeypatch.setenv("PMI_RANK", "0")  # under a launcher: nothing either
     assert pool.start(workers=3, backend="numpy") == 1 and len(launched) == 1
+
+
+def test_soak_random_calls_interrupts_and_killed_workers_leave_nothing(rng, monkeypatch,
+                                                                        request):
+    """``--soak-calls`` calls of random shapes, some interrupted by Ctrl-C at a
+    random moment and some losing a worker: each ends as it should, and no
+    process, shared file, MPI segment, folder or memory accumulates."""
+    calls = request.config.getoption("--soak-calls")
+    summa.matmul(np.ones((8, 8)), np.ones((8, 8)), workers=2, backend="numpy")
+    processes, rss = len(job_pids(os.getpid())), _resident(os.getpid())
+    segments, outcomes = set(), {"done": 0, "interrupted": 0, "worker died": 0}
+    for _ in range(calls):
+        if pool._pool is not None:
+            segments |= pool._pool.segments
+        outcomes[_one_soak_call(rng, monkeypatch)] += 1
+    summa.matmul(np.ones((8, 8)), np.ones((8, 8)), workers=2, backend="numpy")
+    current = pool._pool.segments
+    assert len(job_pids(os.getpid())) == processes, outcomes
+    assert existing(segments - current) == [], outcomes
+    assert [f for f in _shared_files() if f.startswith(f"summa-{os.getpid()}-")] == []
+    folders = [f for f in os.listdir(os.path.dirname(pool._pool._folder))
+               if f.startswith("summa-pool-")]
+    assert folders == [os.path.basename(pool._pool._folder)]
+    assert _resident(os.getpid()) - rss < 64 << 20, outcomes
+    assert outcomes["done"] > 0
+
+
+def _one_soak_call(rng, monkeypatch) -> str:
+    """One call of the soak: plain, interrupted, or with a worker killed."""
+    m, n, k = (int(x) for x in rng.integers(1, 200, 3))
+    k = max(k, 17)  # two panels at least, so that a fault in the loop is reached
+    a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
+    event = rng.choice(["call", "interrupt", "kill"], p=[0.8, 0.1, 0.1])
+    timer = None
+    if event == "kill":
+        monkeypatch.setenv("SUMMA_INJECT_FAULT", f"summa:{rng.integers(2)}:kill")
+    elif event == "interrupt":
+        timer = threading.Timer(rng.uniform(0, 0.3), signal.pthread_kill,
+                                (threading.main_thread().ident, signal.SIGINT))
+        timer.start()
+    try:
+        try:
+            c = summa.matmul(a, b, workers=2, backend="numpy", out_of_core=True,
+                             panel_width=8)
+        finally:
+            if timer is not None:
+                timer.join()
+                time.sleep(0.05)  # an interrupt that came late is taken in here
+            monkeypatch.delenv("SUMMA_INJECT_FAULT", raising=False)
+    except KeyboardInterrupt:
+        assert event == "interrupt"
+        return "interrupted"
+    except pool.WorkerError as exc:
+        assert event == "kill" and "died" in str(exc), exc
+        return "worker died"
+    assert event != "kill"
+    assert gemm_scaled_error(c, a, b) <= 1
+    return "done"

@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -170,6 +171,33 @@ def test_signal_stops_every_rank_and_removes_the_temporary_file(tmp_path, sig):
     if "MPI_ABORT was invoked" not in err:  # Open MPI's mpirun ends the job its own way
         assert f"received {signal.Signals(sig).name}" in err
     assert sorted(os.listdir(tmp_path)) == ["A.npy", "B.npy"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_ends_the_process_even_when_stopping_is_stuck(sig):
+    script = textwrap.dedent("""
+        import time
+        from mpi4py import MPI
+        from summa import cleanup, watchdog
+        cleanup.remove_temporary_files = lambda: time.sleep(3600)  # a stop that never ends
+        watchdog.handle_signals(MPI.COMM_WORLD)
+        print("ready", flush=True)
+        time.sleep(3600)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(sig)
+        time.sleep(0.5)
+        assert proc.poll() is None  # the first is stuck in its (patched) clean-up
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == -sig and time.monotonic() - t0 < 5
 
 
 #: How a multiply is started: a plain process (one rank, MPI's singleton start),
