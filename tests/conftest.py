@@ -40,7 +40,7 @@ def _mpi_mode(config) -> bool:
 
 
 def pytest_addoption(parser):
-    parser.addoption("--soak-calls", type=int, default=40,
+    parser.addoption("--soak-calls", type=int, default=30,
                      help="calls of the pool soak test (test_pool.py; 500 by hand)")
 
 
