@@ -146,13 +146,12 @@ def watch_owner(owner: int) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Is process `pid` running (a zombie, killed and not yet reaped, is not)?"""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
-        return True
-    return True
+        return False
 
 
 def main(argv=None) -> int:
