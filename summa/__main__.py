@@ -84,14 +84,16 @@ def main(argv=None) -> int:
     _relaunch(argv)
     from mpi4py import MPI
 
-    from . import cli
-
-    from .agree import RankFailure
     from .watchdog import handle_signals
 
     world = MPI.COMM_WORLD
+    handle_signals(world)  # first: a signal before it ends the process as Python's default
+
+    from . import cli
+
+    from .agree import RankFailure
+
     ctl = world.Dup()  # error agreement never collides with the job's own messages
-    handle_signals(world)
     try:
         return cli.main(argv, world)
     except BrokenPipeError:  # output piped into head & co.: stop quietly
@@ -117,9 +119,10 @@ def main(argv=None) -> int:
 
 def _abort(world, message: str, status: int) -> None:
     """Say `message` from this rank, then end every rank of the job."""
-    from .cleanup import remove_temporary_files
+    from .cleanup import mapped_segments, remove_segments, remove_temporary_files
     print(f"summa: rank {world.Get_rank()}: {message}", file=sys.stderr, flush=True)
     remove_temporary_files()  # an output being written in place goes with the job
+    remove_segments(mapped_segments())  # MPI_Abort leaves MPI's own in /dev/shm
     time.sleep(0.5)  # let the launcher forward the message before it tears the job down
     world.Abort(status)
 

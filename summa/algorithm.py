@@ -13,7 +13,7 @@ decides the steps, :class:`summa.pipeline.Pipeline` queues them.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, asdict
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 from mpi4py import MPI
@@ -189,9 +189,9 @@ def _steps_of(call: _Call, panels: list, transpose: bool, strips: bool, width: i
     strips (:func:`summa.strips.strip_bounds`)."""
     grid, backend = call.C.grid, call.C.backend
     if grid.size == 1:
-        # One rank: a single GEMM over all of K, nothing to overlap; but panel by
-        # panel where A is read transposed (a copy of all of A would take its room).
-        return panels if transpose else panels[:1]
+        # One rank: nothing to overlap, so the fewest GEMMs (panel by panel where
+        # A is read transposed: a copy of all of A would take its room).
+        return panels if transpose else one_rank_steps(panels, call.C.local.shape, backend.name)
     if strips:
         return strip_bounds(call.C.local.shape[1], width,
                             HEAD_PIECES if backend.name == "cupy" else 1)
@@ -216,7 +216,7 @@ def _one_rank(call: _Call, panels: list, operand_a, first_beta, transpose: bool)
     A, B, C = call.A, call.B, call.C
     backend, marks = C.backend, []
     for i, p in enumerate(panels):
-        a, b = local_parts(A, B, p) if transpose else (A.local, B.local)
+        a, b = local_parts(A, B, p) if transpose or len(panels) > 1 else (A.local, B.local)
         marks.append(backend.timing_mark())
         backend.gemm(call.alpha, operand_a(a), b, C.local, beta=first_beta if i == 0 else 1,
                      precision=call.precision)
@@ -241,6 +241,36 @@ def _on_grid(call: _Call, panels: list, operand_a, sums) -> PipelineReport:
         sums.finish(call.alpha, C.local, 1.0)
         report.marks.append(C.backend.timing_mark())
     return report
+
+
+#: Floating-point operations of one GEMM of a CPU rank that multiplies alone:
+#: Ctrl-C (KeyboardInterrupt) is taken between GEMMs, so this bounds its wait
+#: (0.7 s at 100 GFLOP/s, what two cores ran; one GEMM of 6000^3 made it 4.3 s).
+ONE_RANK_GEMM_FLOPS = 2**36
+#: ... but no narrower than this: OpenBLAS passes over C once per few hundred
+#: of K anyway, and 1024-wide steps of 4000^3 ran as fast as one GEMM.
+ONE_RANK_MIN_WIDTH = 1024
+
+
+def one_rank_steps(panels: list, c_shape, backend_name: str) -> list:
+    """The GEMMs of a rank that multiplies alone: on GPUs one over all of K
+    (the first panel stands for it; they queue, so more would not bound a
+    wait), on CPUs consecutive panels joined into steps of about
+    :data:`ONE_RANK_GEMM_FLOPS` each (at least :data:`ONE_RANK_MIN_WIDTH`
+    wide), so that Ctrl-C is answered within one of them."""
+    if backend_name == "cupy" or len(panels) < 2:
+        return panels[:1]
+    m, n = c_shape
+    width = max(ONE_RANK_MIN_WIDTH, ONE_RANK_GEMM_FLOPS // max(1, 2 * m * n))
+    if panels[-1].k1 - panels[0].k0 <= width:
+        return panels[:1]
+    steps = [panels[0]]
+    for p in panels[1:]:
+        if p.k1 - steps[-1].k0 <= width:
+            steps[-1] = replace(steps[-1], k1=p.k1)  # one rank: K's panels are contiguous
+        else:
+            steps.append(p)
+    return steps
 
 
 def prepare(A: DistMatrix, B: DistMatrix, C: DistMatrix, panel_width=None,

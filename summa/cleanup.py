@@ -1,16 +1,28 @@
-"""Temporary outputs of this process not yet renamed into place, so that a
+"""What a process leaves behind when it ends abruptly, and how to end it.
+
+Temporary outputs of this process not yet renamed into place, so that a
 signal, the watchdog or an aborting rank can remove them before the process
-ends. No imports of summa's own: the I/O, the watchdog and the entry point
-all reach it."""
+ends; the named shared memory of the MPI library, which the library removes
+only in ``MPI_Finalize`` (a job that ends otherwise strands it in /dev/shm
+until reboot); and :func:`hard_exit`, which ends the process without running
+exit handlers that wait on library threads. No imports of summa's own: the
+I/O, the watchdog, the pool and the entry point all reach it.
+"""
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["temporary_files", "remove_temporary_files"]
+__all__ = ["temporary_files", "remove_temporary_files", "MPI_SEGMENT_PREFIXES",
+           "mapped_segments", "remove_segments", "hard_exit"]
 
 #: Paths of unfinished outputs (a set: safe to change from any thread).
 temporary_files: set = set()
+
+#: How the shared-memory files of the MPIs we run on begin (MPICH 4-5:
+#: ``mpich_shm_<world>_<node>``, ``mpich_vci_...``; Open MPI 4: ``vader_segment.``;
+#: Open MPI 5: ``sm_segment.``).
+MPI_SEGMENT_PREFIXES = ("mpich_shm_", "mpich_vci_", "vader_segment.", "sm_segment.")
 
 
 def remove_temporary_files() -> None:
@@ -21,3 +33,42 @@ def remove_temporary_files() -> None:
         except OSError:
             pass
         temporary_files.discard(path)
+
+
+def mapped_segments(pid: int | str = "self",
+                    prefixes: tuple = MPI_SEGMENT_PREFIXES) -> list[str]:
+    """Paths of the named shared-memory files process `pid` maps whose names
+    begin with one of `prefixes` (the MPI library's by default); [] where its
+    maps cannot be read (it has ended, or is not ours)."""
+    found = []
+    try:
+        with open(f"/proc/{pid}/maps") as fh:
+            for line in fh:
+                path = line.rstrip("\n").split(None, 5)[-1]
+                if path.startswith("/") and os.path.basename(path).startswith(prefixes) \
+                        and path not in found and not path.endswith("(deleted)"):
+                    found.append(path)
+    except OSError:
+        pass
+    return found
+
+
+def remove_segments(paths) -> None:
+    """Unlink shared-memory files by path (those already gone are skipped).
+    The processes that map them keep their memory until they end."""
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def hard_exit(status: int) -> None:
+    """Remove what this process would leave behind, then end it with `status`
+    at once: no exit handlers, no ``MPI_Finalize`` or ``MPI_Abort`` (whose
+    ``exit()`` joins BLAS threads that may be busy in the main thread's GEMM,
+    and hung a one-rank job for good). Under a launcher the other ranks are
+    ended by it, as for any rank that exits non-zero without finalizing."""
+    remove_temporary_files()
+    remove_segments(mapped_segments())
+    os._exit(status)

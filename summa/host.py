@@ -27,7 +27,7 @@ from .topology import Topology, topology_of
 
 __all__ = ["empty", "load", "file_map", "attach_file", "attach_remote", "shared_token",
            "node_shared", "shm_dir", "parallel_copy", "touched", "named", "attach", "shared_name",
-           "unlink_name"]
+           "unlink_name", "remove_files_of"]
 
 #: Arrays made here, by id: their token (the node's leader and the file
 #: name), the same on every rank that maps the array. Entries go with them.
@@ -51,8 +51,11 @@ def _room(nbytes: int) -> bool:
 
 def _new_file(nbytes: int) -> str:
     """A new file of `nbytes` (a hole: pages come as they are touched) in
-    :func:`shm_dir`; its path."""
-    fd, name = tempfile.mkstemp(prefix="summa-", suffix=".shared", dir=shm_dir())
+    :func:`shm_dir`; its path. The name carries this process's id, so that
+    whoever outlives a killed process (a pool's workers, a test) can tell
+    which files were its (:func:`remove_files_of`)."""
+    fd, name = tempfile.mkstemp(prefix=f"summa-{os.getpid()}-", suffix=".shared",
+                                dir=shm_dir())
     try:
         os.ftruncate(fd, nbytes)
     finally:
@@ -109,6 +112,22 @@ def empty(shape, dtype, comm: MPI.Intracomm | None = None,
     _tokens[id(array)] = token
     weakref.finalize(array, _tokens.pop, id(array), None)
     return array
+
+
+def remove_files_of(pid: int) -> None:
+    """Remove the shared files process `pid` made (:func:`named`, :func:`empty`)
+    and left behind: called where it has ended without removing them."""
+    prefix = f"summa-{int(pid)}-"
+    try:
+        names = os.listdir(shm_dir())
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(prefix) and name.endswith(".shared"):
+            try:
+                os.unlink(os.path.join(shm_dir(), name))
+            except OSError:
+                pass
 
 
 def named(shape, dtype) -> tuple[np.ndarray, str]:

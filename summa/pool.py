@@ -15,8 +15,12 @@ collective that a dead worker will not join. (``MPI.COMM_SELF.Spawn`` was
 tried first: with MPICH a worker that fails takes the spawning process down
 with it.) A worker that raises or dies ends the call with one exception
 naming the rank and the cause; the job is then ended and the next call
-starts a new pool. Ctrl-C, or SUMMA_TIMEOUT seconds without an answer, does
-the same. Under a launcher (a world of several ranks) nothing is started.
+starts a new pool; SUMMA_TIMEOUT seconds without an answer does the same.
+Ctrl-C raises KeyboardInterrupt once the job is ended (a second or so). The
+workers wait for a call asleep, each on its socket (no CPU while idle), and
+end by themselves, removing what their owner left in shared memory, when the
+owner is killed. Under a launcher (a world of several ranks) nothing is
+started.
 """
 
 from __future__ import annotations
@@ -121,12 +125,20 @@ class _Pool:
         env = dict(os.environ, SUMMA_POOL_KEY=key.hex(), SUMMA_POOL_WARM=warm)
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")  # Open MPI as root (containers)
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        self.proc = subprocess.Popen(
-            _mpiexec() + ["-n", str(size), sys.executable, "-m", "summa.worker",
-                          self._listener.address],
-            env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(
+                _mpiexec() + ["-n", str(size), sys.executable, "-m", "summa.worker",
+                              self._listener.address, str(os.getpid())],
+                env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        except BaseException:  # Ctrl-C or no launcher: no folder left behind
+            self._listener.close()
+            shutil.rmtree(self._folder, ignore_errors=True)
+            raise
         self.conns: dict[int, object] = {}
         self.pids: dict[int, int] = {}
+        #: each worker's launcher process (hydra's proxy), MPI's shared memory files
+        self.parents: set[int] = set()
+        self.segments: set[str] = set()
 
     def connect(self) -> None:
         """Wait until every worker has connected (at once once they have)."""
@@ -156,15 +168,17 @@ class _Pool:
                     raise WorkerError("the pool's workers did not all start in time "
                                       "(SUMMA_POOL_START seconds)") from None
                 continue
-            _, rank, pid = conn.recv()
+            _, rank, pid, parent, segments = conn.recv()
             self.conns[rank], self.pids[rank] = conn, pid
+            self.parents.add(parent)
+            self.segments.update(segments)
 
     def run(self, spec: dict) -> dict:
         """One multiply on every worker; its record (None: they cannot read
         this process's arrays, :mod:`summa.remote`), or raise."""
         from multiprocessing.connection import wait
         from .watchdog import timeout_from_env
-        self.conns[0].send(("matmul", spec))
+        self._send(("matmul", spec))
         timeout, last = timeout_from_env(), time.monotonic()
         open_conns = list(self.conns.values())
         while True:
@@ -189,32 +203,51 @@ class _Pool:
                 raise WorkerError(f"the pool's workers did not answer in {timeout:g} s "
                                   "(SUMMA_TIMEOUT); the pool is stopped")
 
+    def _send(self, command) -> None:
+        """`command` to every worker: each waits for the next on its own
+        socket, asleep (in an MPI broadcast they would poll, a core each)."""
+        for conn in self.conns.values():
+            conn.send(command)
+
     def _death(self) -> str:
         dead = [r for r, pid in self.pids.items() if not _alive(pid)]
         who = f"worker rank {dead[0]} (pid {self.pids[dead[0]]})" if dead else "a worker"
         return f"{who} died; the pool is stopped and starts anew on the next call"
 
     def kill(self) -> None:
-        """End the workers' job now (its whole process group)."""
+        """End the workers' job now, and remove what its workers held.
+
+        The launcher is asked first (SIGTERM: it passes the signal on, each
+        worker removes MPI's shared memory and exits, and it reaps its
+        proxies, which a killed launcher leaves as zombies); whatever still
+        runs a second later is killed, and this process removes the files the
+        workers could not."""
+        from .cleanup import remove_segments
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except OSError:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=1.0)
+        except (OSError, subprocess.TimeoutExpired):
             pass
-        for pid in self.pids.values():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        workers = [*self.pids.values(), *self.parents]
+        if self.proc.poll() is None or any(_alive(pid) for pid in workers):
+            for pid in [-self.proc.pid, *workers]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
         self.proc.wait()
         deadline = time.monotonic() + 5  # killed is not yet gone: wait until they are
-        while any(_alive(pid) for pid in self.pids.values()) and time.monotonic() < deadline:
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.01)
+        remove_segments(self.segments)
+        for pid in self.pids.values():
+            host.remove_files_of(pid)
         self._cleanup()
 
     def stop(self) -> None:
         """Ask the workers to end, and wait for them (briefly)."""
         try:
-            self.conns[0].send(("stop",))
+            self._send(("stop",))
             self.proc.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             self.kill()

@@ -101,28 +101,41 @@ class Watchdog:
                      self.comm, EXIT_TIMEOUT)
 
 
-def _die(message: str, comm: MPI.Comm, status: int) -> None:
-    """Print `message`, remove temporary outputs and end the job from any thread."""
-    from .cleanup import remove_temporary_files
+def _die(message: str, comm: MPI.Comm, status: int, settle=(0.5, 1.0),
+         abort: bool = True) -> None:
+    """Print `message`, remove temporary outputs and MPI's shared memory and
+    end the job from any thread: with `abort` and several ranks by
+    ``MPI_Abort`` (where MPI allows it from this thread), else this process
+    alone (:func:`summa.cleanup.hard_exit`), and the launcher ends the other
+    ranks as for any rank that exits non-zero without finalizing."""
+    from .cleanup import hard_exit, mapped_segments, remove_segments, remove_temporary_files
     remove_temporary_files()
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
-    # Let the launcher forward the message; rank 0 holds the temporary outputs,
-    # so the others give it a moment more to remove them before aborting.
-    time.sleep(0.5 if comm.Get_rank() == 0 else 1.0)
-    if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
-        comm.Abort(status)
-    os._exit(status)  # the launcher ends the other ranks when one exits
+    if message:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+    if comm.Get_size() > 1:
+        # `settle` seconds (rank 0's, the others'): for the launcher to forward
+        # the message, and, as rank 0 holds the temporary outputs, for it to
+        # remove them before another rank's exit makes the launcher end the job.
+        time.sleep(settle[0] if comm.Get_rank() == 0 else settle[1])
+        if abort and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+            remove_segments(mapped_segments())
+            comm.Abort(status)
+    hard_exit(status)
 
 
-def handle_signals(comm: MPI.Comm | None = None) -> None:
-    """Stop promptly on SIGINT/SIGTERM, even inside a blocking MPI or CUDA call.
+def handle_signals(comm: MPI.Comm | None = None, announce: bool = True) -> None:
+    """Stop promptly on SIGINT/SIGTERM, even inside a blocking MPI, BLAS or
+    CUDA call.
 
     Whichever thread the signal lands on, Python's C-level handler writes its
-    number to a wake-up pipe; a daemon thread blocked on that pipe then removes
-    temporary output files and ends the job with status 128 + signal number.
+    number to a wake-up pipe; a daemon thread blocked on that pipe then gives
+    both signals back their default action (a second one ends the process at
+    once, whatever this one is waiting on), removes temporary output files and
+    MPI's shared memory, and ends the process with status 128 + signal number
+    without running exit handlers (:func:`summa.cleanup.hard_exit`).
     (Python-level handlers would wait for the main thread to leave MPI.)
-    Call once, from the main thread.
+    Without `announce`, no word on stderr. Call once, from the main thread.
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     read_end, write_end = os.pipe()
@@ -133,7 +146,23 @@ def handle_signals(comm: MPI.Comm | None = None) -> None:
 
     def wait_for_signal():
         signum = os.read(read_end, 1)[0]
+        _default_action(signal.SIGINT, signal.SIGTERM)
         name = signal.Signals(signum).name
-        _die(f"summa: rank {comm.Get_rank()}: received {name}; stopping", comm, 128 + signum)
+        # Well under a second: a batch system's SIGTERM precedes its SIGKILL by
+        # a few seconds, and a signal reaches every rank, rank 0 among them.
+        _die(f"summa: rank {comm.Get_rank()}: received {name}; stopping" if announce else "",
+             comm, 128 + signum, settle=(0.1, 0.4), abort=False)
 
     threading.Thread(target=wait_for_signal, name="summa-signals", daemon=True).start()
+
+
+def _default_action(*signums) -> None:
+    """Give `signums` their default action (end the process) at the C level,
+    from any thread: Python's ``signal.signal`` works only in the main thread,
+    which may be inside a GEMM or MPI for a long time."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    for signum in signums:
+        libc.signal(int(signum), None)  # SIG_DFL is 0

@@ -1,19 +1,23 @@
 """``python -m summa.worker ADDRESS``: one rank of the pool that a plain
 Python process started (:mod:`summa.pool`).
 
-The workers are an ordinary MPI job (``mpiexec -n P python -m summa.worker``),
-one rank per GPU as under mpirun. Every rank connects back to the pool's
-owner at ADDRESS (a local socket; the key comes in ``SUMMA_POOL_KEY``); rank
-0 receives each command and passes it to the others, all run it (a multiply
-of shared arrays, :mod:`summa.host`), and rank 0 answers ``("done", record)``.
-A rank that fails answers ``("error", rank, type, message, traceback)`` and
-ends with a non-zero status, which ends the job: the others may be inside a
-collective it will never join. The owner then starts a new pool.
+The workers are an ordinary MPI job (``mpiexec -n P python -m summa.worker
+ADDRESS OWNER``), one rank per GPU as under mpirun. Every rank connects back
+to the pool's owner (process OWNER) at ADDRESS (a local socket; the key comes
+in ``SUMMA_POOL_KEY``) and waits there, asleep, for each command; all run it
+(a multiply of shared arrays, :mod:`summa.host`), and rank 0 answers
+``("done", record)``. A rank that fails answers ``("error", rank, type,
+message, traceback)`` and ends with a non-zero status, which ends the job:
+the others may be inside a collective it will never join. The owner then
+starts a new pool. A signal (the owner stopping the job) or the owner's end
+(killed, even mid-call) ends each worker at once, removing MPI's shared
+memory and the shared files the owner left (:func:`summa.cleanup.hard_exit`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -28,9 +32,8 @@ def serve(conn, world) -> None:
     from .multiply import matmul_arrays
     from .options import Options
     while True:
-        command = _receive(conn) if world.Get_rank() == 0 else None
+        command = _receive(conn)  # every rank's own: a sleeping wait (no MPI polling)
         received = time.perf_counter()
-        command = world.bcast(command, root=0)
         if command[0] == "stop":
             return
         spec = command[1]
@@ -106,32 +109,89 @@ def _warm(world, backend: str) -> None:
         pass
 
 
+#: MPI's shared memory of the owner (a singleton MPI process of its own), and
+#: the folder of its socket
+_owner_segments: list = []
+_owner_folder: list = []
+
+
+def _owner_gone(owner: int) -> None:
+    """End this worker, removing the shared files and MPI memory its owner
+    left (that process has ended, killed perhaps: no one else will) and
+    MPI's shared memory of the workers; the launcher then ends the others."""
+    from .cleanup import hard_exit, remove_segments
+    from .host import remove_files_of
+    remove_files_of(owner)
+    remove_segments(_owner_segments)
+    for folder in _owner_folder:
+        shutil.rmtree(folder, ignore_errors=True)
+    hard_exit(1)
+
+
+def watch_owner(owner: int) -> None:
+    """A thread that ends this worker when process `owner` ends, also while
+    a call runs (the socket tells only once the worker reads it again)."""
+    import threading
+
+    def wait():
+        try:
+            fd = os.pidfd_open(owner)
+        except (AttributeError, OSError):  # an old kernel: look twice a second
+            while _alive(owner):
+                time.sleep(0.5)
+        else:
+            import select
+            select.select([fd], [], [])  # readable once the process has ended
+        _owner_gone(owner)
+
+    threading.Thread(target=wait, name="summa-owner", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    """Is process `pid` running (a zombie, killed and not yet reaped, is not)?"""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def main(argv=None) -> int:
     from multiprocessing.connection import Client
 
     from .options import current
     args = sys.argv[1:] if argv is None else argv
     key = current().pool_key
-    if len(args) != 1 or not key:
+    if len(args) != 2 or not key or not args[1].isdigit():
         print("summa.worker: started by summa's pool (summa.matmul in a plain Python "
               "process), not by hand", file=sys.stderr)
         return 2
     from mpi4py import MPI
+
+    from .cleanup import mapped_segments
+    from .watchdog import handle_signals
     world = MPI.COMM_WORLD
+    handle_signals(world, announce=False)  # the owner stops the job so: no word
+    owner = int(args[1])
+    _owner_segments.extend(mapped_segments(owner))
+    if os.path.basename(os.path.dirname(args[0])).startswith("summa-pool-"):
+        _owner_folder.append(os.path.dirname(args[0]))
+    watch_owner(owner)
     conn = Client(args[0], authkey=bytes.fromhex(key))
-    conn.send(("hello", world.Get_rank(), os.getpid()))
+    conn.send(("hello", world.Get_rank(), os.getpid(), os.getppid(), mapped_segments()))
     _warm(world, current().pool_warm)
     try:
         serve(conn, world)
     except _OwnerGone:  # nothing to answer (an OSError of the multiply is told, below)
-        os._exit(1)
+        _owner_gone(owner) if not _alive(owner) else os._exit(1)
     except BaseException as exc:  # noqa: BLE001 -- told to the owner, then the job ends
         detail = "".join(traceback.format_exception(exc)[-6:])
         try:
             conn.send(("error", world.Get_rank(), type(exc).__name__, str(exc), detail))
         except OSError:
             pass
-        os._exit(1)  # no MPI_Finalize: the others may be stuck in a collective
+        from .cleanup import hard_exit
+        hard_exit(1)  # no MPI_Finalize: the others may be stuck in a collective
     conn.close()
     return 0
 

@@ -23,6 +23,13 @@ import pytest
 # tests ask for their workers.
 os.environ.setdefault("SUMMA_WORKERS", "1")
 
+# Everything this session and the jobs it starts put in shared memory and
+# temporary folders goes to folders of its own (other people's runs may share
+# the machine): at the end each must be empty (tests/leftovers.py).
+from leftovers import private_folders  # noqa: E402
+
+_private = private_folders()
+
 #: Seconds a failing rank waits for its peers before aborting on its own.
 FAILURE_GRACE_SECONDS = 20.0
 _ctl = None
@@ -30,6 +37,26 @@ _ctl = None
 
 def _mpi_mode(config) -> bool:
     return bool(config.getoption("--with-mpi", default=False))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--soak-calls", type=int, default=30,
+                     help="calls of the pool soak test (test_pool.py; 500 by hand)")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run where it left files in shared memory or the temporary
+    folder; remove MPI's segments stranded by the jobs whose ranks the fault
+    tests kill (SIGKILL: no one can remove them)."""
+    from leftovers import finish
+    if _ctl is not None and _ctl.Get_rank() != 0:
+        _private.remove()
+        return
+    left = finish(_private)
+    if left:
+        sys.stderr.write(f"\nthe test run left {len(left)} file(s) behind: {left}\n")
+        if session.exitstatus == 0:
+            session.exitstatus = 1
 
 
 def pytest_configure(config):

@@ -671,3 +671,76 @@ def test_the_loop_adds_the_schedules_products_bit_for_bit(comm, rng, which, look
         if lookahead >= 1:  # own panels first where they are: the same bits at every depth
             assert order == make_schedule(panels, me, direct,
                                           in_place_parts(panels, grid, A, B, direct), 7).order
+
+
+# -- Ctrl-C in a one-rank multiply -------------------------------------------------------
+
+def test_one_rank_steps_bound_each_cpu_gemm_and_join_panels_in_order():
+    from summa.algorithm import ONE_RANK_GEMM_FLOPS, ONE_RANK_MIN_WIDTH, one_rank_steps
+    from summa.layout import Panel
+    k = 20000
+    panels = [Panel(k0, min(k0 + 256, k), 0, k0, 0, k0) for k0 in range(0, k, 256)]
+    steps = one_rank_steps(panels, (6000, 6000), "numpy")
+    assert len(steps) > 1 and steps[0].k0 == 0 and steps[-1].k1 == k
+    assert all(a.k1 == b.k0 and a.a_offset + a.width == b.a_offset
+               for a, b in zip(steps, steps[1:]))
+    assert all(2 * 6000 * 6000 * s.width <= max(ONE_RANK_GEMM_FLOPS,
+                                                 2 * 6000 * 6000 * ONE_RANK_MIN_WIDTH)
+               for s in steps)
+    assert all(s.width >= ONE_RANK_MIN_WIDTH for s in steps[:-1])
+    assert one_rank_steps(panels, (64, 64), "numpy") == panels[:1]  # small: one GEMM
+    assert one_rank_steps(panels, (6000, 6000), "cupy") == panels[:1]  # GPUs queue them
+    assert one_rank_steps([], (6000, 6000), "numpy") == []
+
+
+def test_a_large_one_rank_cpu_product_runs_in_steps_and_stays_right(monkeypatch, rng):
+    from summa import algorithm
+    monkeypatch.setattr(algorithm, "ONE_RANK_GEMM_FLOPS", 2 * 40 * 30 * 64)
+    monkeypatch.setattr(algorithm, "ONE_RANK_MIN_WIDTH", 16)
+    from mpi4py import MPI
+    a, b = random_array(rng, (40, 300), "float64"), random_array(rng, (300, 30), "float64")
+    stats = SummaStats()
+    c = matmul(a, b, comm=MPI.COMM_SELF, panel_width=16, stats=stats)
+    assert stats.panels == len(range(0, 300, 64))
+    assert gemm_scaled_error(c, a, b) <= 1
+
+
+def test_ctrl_c_interrupts_a_one_rank_multiply_between_gemms(tmp_path):
+    """SIGINT at a random moment of summa.matmul in a plain process (one CPU
+    rank): KeyboardInterrupt within one step's GEMM, not the whole product's."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+    script = tmp_path / "one_rank.py"
+    script.write_text(textwrap.dedent("""
+        import time, numpy as np, summa
+        from summa import algorithm
+        algorithm.ONE_RANK_GEMM_FLOPS = 2**30  # steps of ~0.02-0.2 s on two cores
+        a, b = np.ones((1000, 8192)), np.ones((8192, 1000))
+        print("calling", flush=True)
+        try:
+            while True:
+                summa.matmul(a, b, workers=1)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    """))
+    import os
+    from pathlib import Path
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+               SUMMA_WORKERS="1")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        assert proc.stdout.readline().strip() == "calling"
+        time.sleep(np.random.default_rng().uniform(0.2, 1.5))
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        line = proc.stdout.readline()
+        took = time.monotonic() - t0
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert line.strip() == "interrupted" and proc.returncode == 0
+    assert took < 5, took  # measured 0.1-0.3 s; one GEMM of it all took ~1 s unloaded

@@ -7,12 +7,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import numpy as np
 import pytest
 
 import summa
 from helpers import gemm_scaled_error, random_array
+from leftovers import existing, held_files, job_pids, wait_gone
 from summa import host, pool, remote
 
 pytestmark = pytest.mark.skipif(pool.launched(), reason="under a launcher nothing is spawned")
@@ -58,11 +61,14 @@ def test_a_failing_worker_ends_the_call_with_one_error_and_the_pool_starts_anew(
     a, b = random_array(rng, (50, 40), "float64"), random_array(rng, (40, 30), "float64")
     summa.matmul(a, b, workers=3, backend="numpy")  # a pool to break
     before = dict(pool._pool.pids)
+    held = held_files([*before.values(), *pool._pool.parents])
+    assert held  # MPI's shared memory: a killed worker cannot remove it, the caller does
     monkeypatch.setenv("SUMMA_INJECT_FAULT", f"summa:1:{action}")
     with pytest.raises(pool.WorkerError, match=match):
         summa.matmul(a, b, workers=3, backend="numpy", out_of_core=True, panel_width=4)
     assert pool._pool is None
     assert not [p for p in before.values() if pool._alive(p)]  # no worker left running
+    assert existing(held) == []
     monkeypatch.delenv("SUMMA_INJECT_FAULT")
     c = summa.matmul(a, b, workers=3, backend="numpy")
     assert gemm_scaled_error(c, a, b) <= 1
@@ -112,27 +118,100 @@ def _resident(pid: int) -> int:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
 
 
-def test_ctrl_c_stops_the_workers(tmp_path):
-    script = tmp_path / "interrupted.py"
-    script.write_text(textwrap.dedent("""
-        import os, sys, numpy as np, summa
-        from summa import pool
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds process `pid` has used (Linux)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_an_idle_pool_sleeps_and_wakes_at_once(rng):
+    """Between calls the workers, their launcher and its proxies use no CPU
+    (MPI's blocking calls poll: a worker waiting in one took a core), and
+    the first call after idling is as quick as one right after another."""
+    a, b = random_array(rng, (64, 64), "float64"), random_array(rng, (64, 64), "float64")
+    summa.matmul(a, b, workers=2, backend="numpy")
+    warm = min(_timed(summa.matmul, a, b, workers=2, backend="numpy") for _ in range(3))
+    job = [pool._pool.proc.pid, *pool._pool.pids.values(), *pool._pool.parents]
+    before, t0 = {pid: _cpu_seconds(pid) for pid in job}, time.monotonic()
+    time.sleep(3)
+    share = {pid: (_cpu_seconds(pid) - used) / (time.monotonic() - t0)
+             for pid, used in before.items()}
+    assert max(share.values()) < 0.05, share  # of one core; measured 0.0 over 10 s
+    after_idle = _timed(summa.matmul, a, b, workers=2, backend="numpy")
+    assert after_idle < warm + 0.5, (after_idle, warm)
+
+
+def _timed(f, *args, **kwargs) -> float:
+    t0 = time.perf_counter()
+    f(*args, **kwargs)
+    return time.perf_counter() - t0
+
+
+_CALLER = textwrap.dedent("""
+    import os, sys, numpy as np, summa
+    from summa import pool
+    how = sys.argv[1]
+    a = np.ones((90, 90))
+    summa.matmul(a, a, workers=2, backend="numpy")
+    if how == "hang":  # the call never ends: the signal finds it waiting
         os.environ["SUMMA_INJECT_FAULT"] = "summa:1:hang"
-        a = np.ones((40, 40))
-        try:
-            summa.matmul(a, a, workers=2, backend="numpy", out_of_core=True, panel_width=4)
-        except KeyboardInterrupt:
-            print("interrupted", pool._pool is None, flush=True)
-    """))
+    os.environ["SUMMA_IN_PLACE"] = "0"  # copies in shared memory, files to leave behind
+    print("calling", flush=True)
+    try:
+        while True:
+            summa.matmul(a, a, workers=2, backend="numpy", out_of_core=True, panel_width=8)
+    except KeyboardInterrupt:
+        print("interrupted", pool._pool is None or how == "loop", flush=True)
+""")
+
+
+def _caller(tmp_path, how: str):
+    """A plain process that calls summa.matmul on a pool until stopped; it
+    says "calling" once the pool is up."""
+    script = tmp_path / "caller.py"
+    script.write_text(_CALLER)
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(summa.__file__)))
     env.pop("SUMMA_INJECT_FAULT", None)
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                            env=env)
-    import time
-    time.sleep(4)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
-    assert "interrupted True" in out
+    proc = subprocess.Popen([sys.executable, str(script), how], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    assert proc.stdout.readline().strip() == "calling"
+    return proc
+
+
+@pytest.mark.parametrize("how", ["hang", "loop"])
+def test_ctrl_c_raises_keyboard_interrupt_at_once_and_leaves_nothing(tmp_path, how):
+    """Ctrl-C at a random moment of a call (or between calls): KeyboardInterrupt
+    in the caller within seconds, with the workers gone and none of their
+    shared memory or the caller's shared copies left."""
+    proc = _caller(tmp_path, how)
+    try:
+        time.sleep(np.random.default_rng().uniform(0.2, 1.5))
+        job = [p for p in job_pids(proc.pid) if p != proc.pid]
+        held = held_files(job + [proc.pid])
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        line = proc.stdout.readline()
+        took = time.monotonic() - t0
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert line.strip() == "interrupted True" and took < 5, (line, took)
+    assert wait_gone(job, 5) == [] and existing(held) == []
+
+
+def test_a_killed_caller_is_noticed_by_its_workers_which_clean_up(tmp_path):
+    """The caller killed in the middle of a call (the workers busy, or hung):
+    they end within seconds, removing its shared copies and MPI's memory."""
+    proc = _caller(tmp_path, "hang")
+    time.sleep(np.random.default_rng().uniform(0.2, 1.5))
+    job = [p for p in job_pids(proc.pid) if p != proc.pid]
+    held = held_files(job + [proc.pid])
+    assert any(os.path.basename(f).startswith(f"summa-{proc.pid}-") for f in held), held
+    proc.kill()
+    proc.communicate()
+    assert wait_gone(job, 10) == [], [p for p in job if pool._alive(p)]
+    assert existing(held) == []
 
 
 def test_the_multiply_command_without_mpirun_runs_on_every_worker(tmp_path):
@@ -250,3 +329,61 @@ def test_a_pool_started_ahead_is_the_one_the_first_call_uses(rng, monkeypatch):
     assert pool.start(workers=1, backend="numpy") == 1  # one worker: nothing to start
     monkeypatch.setenv("PMI_RANK", "0")  # under a launcher: nothing either
     assert pool.start(workers=3, backend="numpy") == 1 and len(launched) == 1
+
+
+def test_soak_random_calls_interrupts_and_killed_workers_leave_nothing(rng, monkeypatch,
+                                                                        request):
+    """``--soak-calls`` calls of random shapes, some interrupted by Ctrl-C at a
+    random moment and some losing a worker: each ends as it should, and no
+    process, shared file, MPI segment, folder or memory accumulates."""
+    calls = request.config.getoption("--soak-calls")
+    summa.matmul(np.ones((8, 8)), np.ones((8, 8)), workers=2, backend="numpy")
+    processes, rss = len(job_pids(os.getpid())), _resident(os.getpid())
+    segments, outcomes = set(), {"done": 0, "interrupted": 0, "worker died": 0}
+    for _ in range(calls):
+        if pool._pool is not None:
+            segments |= pool._pool.segments
+        outcomes[_one_soak_call(rng, monkeypatch)] += 1
+    summa.matmul(np.ones((8, 8)), np.ones((8, 8)), workers=2, backend="numpy")
+    current = pool._pool.segments
+    assert len(job_pids(os.getpid())) == processes, outcomes
+    assert existing(segments - current) == [], outcomes
+    assert [f for f in _shared_files() if f.startswith(f"summa-{os.getpid()}-")] == []
+    folders = [f for f in os.listdir(os.path.dirname(pool._pool._folder))
+               if f.startswith("summa-pool-")]
+    assert folders == [os.path.basename(pool._pool._folder)]
+    assert _resident(os.getpid()) - rss < 64 << 20, outcomes
+    assert outcomes["done"] > 0
+
+
+def _one_soak_call(rng, monkeypatch) -> str:
+    """One call of the soak: plain, interrupted, or with a worker killed."""
+    m, n, k = (int(x) for x in rng.integers(1, 200, 3))
+    k = max(k, 17)  # two panels at least, so that a fault in the loop is reached
+    a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
+    event = rng.choice(["call", "interrupt", "kill"], p=[0.8, 0.1, 0.1])
+    timer = None
+    if event == "kill":
+        monkeypatch.setenv("SUMMA_INJECT_FAULT", f"summa:{rng.integers(2)}:kill")
+    elif event == "interrupt":
+        timer = threading.Timer(rng.uniform(0, 0.3), signal.pthread_kill,
+                                (threading.main_thread().ident, signal.SIGINT))
+        timer.start()
+    try:
+        try:
+            c = summa.matmul(a, b, workers=2, backend="numpy", out_of_core=True,
+                             panel_width=8)
+        finally:
+            if timer is not None:
+                timer.join()
+                time.sleep(0.05)  # an interrupt that came late is taken in here
+            monkeypatch.delenv("SUMMA_INJECT_FAULT", raising=False)
+    except KeyboardInterrupt:
+        assert event == "interrupt"
+        return "interrupted"
+    except pool.WorkerError as exc:
+        assert event == "kill" and "died" in str(exc), exc
+        return "worker died"
+    assert event != "kill"
+    assert gemm_scaled_error(c, a, b) <= 1
+    return "done"

@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 import summa
 import summa.watchdog as wd
+from leftovers import existing, held_files, job_pids, wait_gone
 from test_cli import ROOT, job, mpiexec
 
 
@@ -169,6 +171,128 @@ def test_signal_stops_every_rank_and_removes_the_temporary_file(tmp_path, sig):
     if "MPI_ABORT was invoked" not in err:  # Open MPI's mpirun ends the job its own way
         assert f"received {signal.Signals(sig).name}" in err
     assert sorted(os.listdir(tmp_path)) == ["A.npy", "B.npy"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_ends_the_process_even_when_stopping_is_stuck(sig):
+    script = textwrap.dedent("""
+        import time
+        from mpi4py import MPI
+        from summa import cleanup, watchdog
+        cleanup.remove_temporary_files = lambda: time.sleep(3600)  # a stop that never ends
+        watchdog.handle_signals(MPI.COMM_WORLD)
+        print("ready", flush=True)
+        time.sleep(3600)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(sig)
+        time.sleep(0.5)
+        assert proc.poll() is None  # the first is stuck in its (patched) clean-up
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == -sig and time.monotonic() - t0 < 5
+
+
+#: How a multiply is started: a plain process (one rank, MPI's singleton start),
+#: under mpiexec, or relaunched by itself under mpiexec (SUMMA_WORKERS ranks).
+_LAUNCHES = {"python": (None, 1), "mpiexec-1": ("mpiexec", 1), "mpiexec-2": ("mpiexec", 2),
+             "relaunched-2": (None, 2)}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("launch", list(_LAUNCHES))
+def test_a_signal_at_a_random_time_ends_every_mode_at_once(tmp_path, launch, sig):
+    """A signal at a random moment once summa handles signals (reading, inside
+    a GEMM of one rank, writing) to the launcher or its whole process group (a
+    terminal's Ctrl-C): the job ends within seconds with 128 + the signal
+    number, no output, no process and none of its shared memory left. Rank 0
+    hangs at the write, so a late signal still finds the job running. (Before
+    that, in Python's start and imports, the signal's default action ends it.)"""
+    rng = np.random.default_rng()
+    a, b, c = _files(tmp_path, n=1400)
+    how, ranks = _LAUNCHES[launch]
+    modes = [[], ["--out-of-core"]] + ([["--schedule", "strips"]] if ranks > 1 else [])
+    mode = modes[rng.integers(len(modes))]
+    delay, group = float(rng.uniform(0, 2)), bool(rng.integers(2))
+    case = f"{launch} {signal.Signals(sig).name} {mode} after {delay:.2f} s, group {group}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SUMMA_INJECT_FAULT="write:0:hang",
+               SUMMA_WORKERS=str(ranks))
+    command = [sys.executable, "-m", "summa", "multiply", a, b, "-o", c, "--quiet", *mode]
+    if how == "mpiexec":
+        command = mpiexec() + ["-n", str(ranks)] + command
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        _wait_for_handlers(proc, ranks)
+        time.sleep(delay)
+        pids = job_pids(proc.pid)
+        held = held_files(pids)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{case}: still running 30 s after the signal: "
+                        f"{[_state(p) for p in job_pids(proc.pid)]}")
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert took < 5, (case, took, err)
+    assert proc.returncode == 128 + sig, (case, proc.returncode, err)
+    assert wait_gone(pids, 5) == [], case
+    assert existing(held) == [], case
+    assert sorted(os.listdir(tmp_path)) == ["A.npy", "B.npy"], case
+
+
+def _wait_for_handlers(proc, ranks: int, seconds: float = 60) -> None:
+    """Until `ranks` Python processes of `proc`'s session catch SIGTERM (summa's
+    handler is set: Python alone leaves SIGTERM to its default action)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None:
+        if sum(_catches(pid, signal.SIGTERM) for pid in job_pids(proc.pid)
+               if _is_python(pid)) >= ranks:
+            return
+        time.sleep(0.01)
+    pytest.fail(f"the job did not start (status {proc.poll()})")
+
+
+def _is_python(pid: int) -> bool:
+    """Is `pid` a Python process (not the launcher, which catches SIGTERM too)?"""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().startswith("python")
+    except OSError:
+        return False
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Does `pid` have a handler for `sig` (its /proc status's SigCgt)?"""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            mask = next(int(line.split()[1], 16) for line in fh if line.startswith("SigCgt"))
+    except (OSError, StopIteration):
+        return False
+    return bool(mask >> (sig - 1) & 1)
+
+
+def _state(pid: int) -> str:
+    """`pid`'s command line, state and threads' kernel waits (a hang's trace)."""
+    try:
+        with open(f"/proc/{pid}/cmdline") as fh:
+            cmd = fh.read().replace("\0", " ")[:80]
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+        waits = sorted({Path(t, "wchan").read_text() for t in Path(f"/proc/{pid}/task").iterdir()})
+    except OSError:
+        return f"{pid}: gone"
+    return f"{pid} {state} {cmd} {waits}"
 
 
 @pytest.mark.parametrize("phase,mode", [("multiply", []), ("summa", []),

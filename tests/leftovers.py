@@ -1,0 +1,138 @@
+"""What a job leaves behind: its processes and the shared-memory files they
+held. Other engineers' runs may add and remove files in /dev/shm at the same
+time, so nothing here compares whole listings: a job's files are the ones its
+own processes mapped (MPI's segments) or named after their pids (summa's)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+
+from summa import host
+from summa.cleanup import MPI_SEGMENT_PREFIXES, mapped_segments
+
+#: Where MPI libraries keep their named shared memory.
+SEGMENT_DIR = "/dev/shm"
+
+
+def job_pids(root: int) -> list[int]:
+    """Process `root` and its live descendants (a launcher starts its ranks in
+    sessions of their own, so a session or group would not find them)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] not in ("Z", "X"):
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def held_files(pids) -> set[str]:
+    """Shared-memory files processes `pids` hold: MPI's segments they map and
+    summa's shared arrays named after them (:func:`summa.host.named`)."""
+    held = {path for pid in pids for path in mapped_segments(pid)}
+    try:
+        names = os.listdir(host.shm_dir())
+    except OSError:
+        names = []
+    held |= {os.path.join(host.shm_dir(), n) for n in names for pid in pids
+             if n.startswith(f"summa-{pid}-")}
+    return held
+
+
+def existing(paths) -> list[str]:
+    return sorted(p for p in paths if os.path.exists(p))
+
+
+def wait_gone(pids, seconds: float) -> list[int]:
+    """`pids` still alive after up to `seconds` (zombies count as gone)."""
+    from summa.pool import _alive
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = [p for p in pids if _alive(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.02)
+
+
+class private_folders:
+    """A shared-memory folder and a temporary folder of this test session's
+    own, named in SUMMA_SHM_DIR and TMPDIR for it and every process it starts
+    (summa's shared arrays, the pool's sockets, outputs), and the MPI
+    segments that existed when it began."""
+
+    def __init__(self):
+        self.shm = tempfile.mkdtemp(prefix="summa-tests-", dir=_shm_root())
+        self.tmp = tempfile.mkdtemp(prefix="summa-tests-")
+        os.environ["SUMMA_SHM_DIR"], os.environ["TMPDIR"] = self.shm, self.tmp
+        tempfile.tempdir = None  # asked again: TMPDIR
+        self.segments = set(_segments())
+
+    def left(self) -> list[str]:
+        """What is in the two folders now (pytest's own folders aside)."""
+        found = [os.path.join(self.shm, n) for n in os.listdir(self.shm)]
+        return found + [os.path.join(self.tmp, n) for n in os.listdir(self.tmp)
+                        if not n.startswith("pytest-of-")]
+
+    def remove(self) -> None:
+        shutil.rmtree(self.shm, ignore_errors=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _shm_root() -> str:
+    return SEGMENT_DIR if os.path.isdir(SEGMENT_DIR) else tempfile.gettempdir()
+
+
+def _segments() -> list[str]:
+    """MPI's named shared-memory files on this machine, whoever's."""
+    try:
+        names = os.listdir(SEGMENT_DIR)
+    except OSError:
+        return []
+    return [os.path.join(SEGMENT_DIR, n) for n in names if n.startswith(MPI_SEGMENT_PREFIXES)]
+
+
+def stranded(before, settle: float = 2.0) -> list[str]:
+    """MPI segments made since `before` (a set of paths) that no live process
+    maps and that are `settle` seconds old (one just made may not be mapped
+    yet): left by jobs whose ranks were killed."""
+    new = [p for p in _segments() if p not in before]
+    if not new:
+        return []
+    mapped = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            mapped.update(mapped_segments(entry))
+    now = time.time()
+    out = []
+    for path in new:
+        try:
+            if path not in mapped and now - os.stat(path).st_mtime > settle:
+                out.append(path)
+        except OSError:
+            pass
+    return out
+
+
+def finish(folders: private_folders) -> list[str]:
+    """End of a session: remove the MPI segments its killed jobs stranded,
+    the session's folders, and return what was left in them."""
+    from summa import pool
+    from summa.cleanup import remove_segments
+    pool.close()  # a test's pool is stopped at exit otherwise: after this check
+    time.sleep(0.5)  # a job ended just now may still be removing its files
+    remove_segments(stranded(folders.segments))
+    left = folders.left()
+    folders.remove()
+    return left
