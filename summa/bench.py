@@ -18,7 +18,7 @@ from .algorithm import SummaStats, gemm
 from .checks import check_scalars
 from .backend import NumpyBackend, get_backend
 from .comm import choose_comm
-from .grid import ProcessGrid, grid_shapes, node_rank
+from .grid import ProcessGrid, check_grid_ranks, grid_shapes, node_rank
 from .matrix import DistMatrix
 from .outofcore import run_out_of_core
 from .planning import Machine, make_plan
@@ -361,10 +361,11 @@ def run_sweep(args, comm: MPI.Comm, out) -> int:
         raise UsageError("bench --sweep needs --json FILE to collect the series")
     p = comm.Get_size()
     grids = args.grids or grid_shapes(p)
-    bad = [g for g in grids if g[0] * g[1] != p]
-    if bad:
-        raise UsageError(f"grid {bad[0][0]}x{bad[0][1]} needs {bad[0][0] * bad[0][1]} ranks, "
-                         f"but {p} were started")
+    for grid in grids:
+        try:
+            check_grid_ranks(grid, p)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     sizes = args.sizes or [args.size or (DEFAULT_SIZE_CPU if args.backend == "numpy"
                                          else None)]
     status = 0
