@@ -47,7 +47,7 @@ from .verify import freivalds
 from .watchdog import watch
 
 __all__ = ["multiply_files", "FilesJob", "matmul", "matmul_arrays", "host_matmul", "check_is_cheap",
-           "CheckFailed", "plan_arrays", "run_arrays"]
+           "CheckFailed", "plan_arrays", "run_arrays", "ArrayOperands"]
 
 #: Assumed rates for deciding whether a check is cheap (bytes/s of memory
 #: traffic for the matrix-vector products, flop/s for the multiply).
@@ -104,7 +104,24 @@ def _timed(comm, phase: str, fn, *args, **kwargs):
 class FilesJob:
     """One multiply of .npy files: what the call asked for, and once checked
     (:func:`_check_files`, before a byte of data is read) the files' headers,
-    the product's shape, the compute dtype and the output path to write."""
+    the product's shape, the compute dtype and the output path to write.
+
+    The fields up to `schedule` are :func:`multiply_files`' arguments
+    (`trans`: ``(trans_a, trans_b)``; `check` and `out_of_core` stay None
+    where the call left them to summa until the plan settles them).
+
+    Attributes
+    ----------
+    headers : dict
+        ``"A"``, ``"B"``, ``"C0"`` (None where there is none): the files'
+        :class:`summa.io.NpyHeader`.
+    shape : tuple
+        ``(m, n, k)`` of the product.
+    compute : numpy.dtype
+        The dtype the product is computed and written in.
+    out : str
+        The output path, checked (:func:`summa.io.check_output_path`).
+    """
 
     a_path: str
     b_path: str
@@ -678,30 +695,48 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
                 return pool.matmul(a, b, size, out=out, out_of_core=out_of_core,
                                    device_memory=device_memory, backend=backend, grid=grid,
                                    **kwargs)
-        return _matmul_here(a, b, MPI.COMM_WORLD if comm is None else comm, root, grid,
-                            backend, out, out_of_core, device_memory, called, kwargs, topology)
+        return _matmul_here(ArrayOperands(a, b, out, root),
+                            MPI.COMM_WORLD if comm is None else comm, called,
+                            dict(kwargs, grid=grid, backend=backend, out_of_core=out_of_core,
+                                 device_memory=device_memory, topology=topology))
 
 
-def _matmul_here(a, b, comm, root, grid, backend, out, out_of_core, device_memory, called,
-                 kwargs, topology=None):
-    """:func:`matmul_arrays` on the ranks of `comm` (no pool): check and
-    plan, run, gather."""
+@dataclass(frozen=True)
+class ArrayOperands:
+    """NumPy operands of one product, held on rank `root` (None elsewhere),
+    and where given the array the product goes into (:func:`matmul_arrays`).
+
+    Attributes
+    ----------
+    a, b : numpy.ndarray or None
+    out : numpy.ndarray or None
+    root : int
+    """
+
+    a: object
+    b: object
+    out: object = None
+    root: int = 0
+
+
+def _matmul_here(operands: ArrayOperands, comm, called: float, kwargs: dict):
+    """:func:`matmul_arrays` on the ranks of `comm` (no pool), `kwargs` its
+    other arguments: check and plan, run, gather."""
     alpha, stats = kwargs.pop("alpha", 1.0), kwargs.pop("stats", None)
-    be, plan = plan_arrays(a, b, comm, root, grid, backend, out, out_of_core, device_memory,
-                           topology=topology, **kwargs)
-    with ProcessGrid(comm, plan.grid, topology=topology) as pgrid:
+    be, plan = plan_arrays(operands, comm, **kwargs)
+    with ProcessGrid(comm, plan.grid, topology=kwargs["topology"]) as pgrid:
         if pgrid.core_note and pgrid.rank == 0:
             warnings.warn(pgrid.core_note, RuntimeWarning, stacklevel=2)
-        return run_arrays(plan, pgrid, be, a, b, out, root, alpha, stats, called)
+        return run_arrays(plan, pgrid, be, operands, alpha, stats, called)
 
 
-def plan_arrays(a, b, comm, root: int = 0, grid=None, backend="auto", out=None,
-                out_of_core=None, device_memory=None, *, trans_a="N", trans_b="N",
-                panel_width=None, lookahead=1, schedule="panels", precision=None,
-                broadcaster="auto", topology=None):
-    """Check NumPy operands held on rank `root` (None elsewhere) and plan
-    their product (:func:`summa.planning.make_plan`, host-held);
-    collective. Arguments as for :func:`matmul_arrays`.
+def plan_arrays(operands: ArrayOperands, comm, grid=None, backend="auto", out_of_core=None,
+                device_memory=None, *, trans_a="N", trans_b="N", panel_width=None,
+                lookahead=1, schedule="panels", precision=None, broadcaster="auto",
+                topology=None):
+    """Check NumPy `operands` (:class:`ArrayOperands`) and plan their
+    product (:func:`summa.planning.make_plan`, host-held); collective.
+    Arguments as for :func:`matmul_arrays`.
 
     Returns
     -------
@@ -710,8 +745,10 @@ def plan_arrays(a, b, comm, root: int = 0, grid=None, backend="auto", out=None,
     """
     trans_a, trans_b = str(trans_a).upper(), str(trans_b).upper()
     be = collectively(comm, get_backend, backend, node_rank(comm, topology)[0])
-    meta = check_arrays(a, b, out, trans_a, trans_b, be) if comm.Get_rank() == root else None
-    meta = comm.bcast(meta, root=root)
+    meta = None
+    if comm.Get_rank() == operands.root:
+        meta = check_arrays(operands.a, operands.b, operands.out, trans_a, trans_b, be)
+    meta = comm.bcast(meta, root=operands.root)
     if isinstance(meta, str):
         raise ValueError(meta)
     m, n, k, dtype = meta
@@ -722,15 +759,16 @@ def plan_arrays(a, b, comm, root: int = 0, grid=None, backend="auto", out=None,
                          broadcaster=broadcaster)
 
 
-def run_arrays(plan, pgrid, be, a, b, out=None, root: int = 0, alpha=1.0, stats=None,
+def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
                called: float | None = None):
-    """Run `plan` (:func:`plan_arrays`) on NumPy operands held on rank
-    `root` over the grid `pgrid` it names: in memory (scattered onto the
-    devices, gathered back), or host-resident (:func:`_host_blocks`, the
-    out-of-core sweep); collective. `stats` (a SummaStats) receives this
-    rank's timings and ``extra["plan"]``; `called`: when the call began
-    (``perf_counter``), for its set-up time. Returns the product on `root`
-    (`out` where given), None elsewhere."""
+    """Run `plan` (:func:`plan_arrays`) on NumPy `operands` over the grid
+    `pgrid` it names: in memory (scattered onto the devices, gathered back),
+    or host-resident (:func:`_host_blocks`, the out-of-core sweep);
+    collective. `stats` (a SummaStats) receives this rank's timings and
+    ``extra["plan"]``; `called`: when the call began (``perf_counter``),
+    for its set-up time. Returns the product on the root (`out` where
+    given), None elsewhere."""
+    a, b, out, root = operands.a, operands.b, operands.out, operands.root
     trans_a, trans_b = plan.trans
     if not plan.out_of_core:
         A, B = (DistMatrix.from_global(x, pgrid, be, root=root) for x in (a, b))
