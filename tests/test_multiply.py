@@ -214,6 +214,15 @@ def _files(tmp_path, shape_a=(37, 21), shape_b=(21, 29)):
     return str(tmp_path / "A.npy"), str(tmp_path / "B.npy"), str(tmp_path / "C.npy")
 
 
+def test_multiply_job_integer_file_is_named(tmp_path):
+    a, b, c = _files(tmp_path)
+    np.save(tmp_path / "I.npy", np.arange(37 * 21).reshape(37, 21))
+    p = job(2, "multiply", str(tmp_path / "I.npy"), b, "-o", c, "--backend", "numpy")
+    assert p.returncode == 2, p.stderr
+    assert f"summa: error: {tmp_path / 'I.npy'}: integer dtype int64; pass --dtype" in p.stderr
+    assert not Path(c).exists()
+
+
 def test_multiply_job_with_check(tmp_path):
     import json
     a, b, c = _files(tmp_path)
