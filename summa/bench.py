@@ -8,17 +8,19 @@ import platform
 import socket
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
 
 from . import __version__
 from . import options as settings
+from . import ozaki_gpu
 from .algorithm import SummaStats, gemm
 from .checks import check_scalars
 from .backend import NumpyBackend, get_backend
 from .comm import choose_comm
-from .grid import ProcessGrid, grid_shapes, node_rank
+from .grid import ProcessGrid, check_grid_ranks, grid_shapes, node_rank
 from .matrix import DistMatrix
 from .outofcore import run_out_of_core
 from .planning import Machine, make_plan
@@ -141,28 +143,126 @@ def _rank_line(r: dict) -> str:
     return line
 
 
+@dataclass(frozen=True)
+class BenchJob:
+    """One ``run`` or ``bench`` of random matrices, checked
+    (:func:`_check_bench`): the command's arguments with their defaults
+    settled, and the backend every rank agreed on.
+
+    Attributes
+    ----------
+    args : argparse.Namespace
+        The command line's arguments.
+    backend : summa.backend.Backend
+    dtype : numpy.dtype
+    shape : tuple
+        ``(m, n, k)``.
+    precision : str or None
+        None for ``--precision default``.
+    check : bool
+    repeat, warmup : int
+    block : tuple or None
+        ``(B, B)`` of ``--block B``.
+    """
+
+    args: object
+    backend: object
+    dtype: np.dtype
+    shape: tuple
+    precision: str | None
+    check: bool
+    repeat: int
+    warmup: int
+    block: tuple | None
+
+    @property
+    def schedule(self) -> str:
+        return _schedule(self.args)
+
+    @property
+    def flops(self) -> int:
+        m, n, k = self.shape
+        return (8 if self.dtype.kind == "c" else 2) * m * n * k
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """One rank's figures of the repetitions (:func:`_measure`)."""
+
+    times: list
+    best_stats: SummaStats
+    nb: object
+    generate_seconds: float
+    pin_first: float
+    locked: object
+    reserved_first: int
+    residual: float | None
+    memory: int
+    reserved: int
+    local_shape: tuple
+
+
 def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
+    """``run`` and ``bench``: time C = A @ B on random matrices (`args`, the
+    command line's), check it where asked (or `verify_default`), print the
+    table on rank 0 to `out` and append the record to ``--json``; collective.
+    Returns the exit status (3: the check failed)."""
+    job = _check_bench(args, comm, verify_default)
+    plan, grid = _plan_bench(job, comm, out)
+    progress = Progress(grid.rank == 0 and not getattr(args, "quiet", False))
+    try:
+        measured = _measure(job, plan, grid, progress)  # its operands freed on return
+        per_rank = _gather_ranks(job, grid, measured)
+        grid_shape = grid.shape
+    finally:
+        progress.close()
+        grid.free()
+    residual = measured.residual
+    if comm.Get_rank() != 0:
+        return 3 if residual is not None and residual > 1 else 0
+    record, ideal_skipped = _bench_record(job, plan, measured, per_rank, comm.Get_size(),
+                                          grid_shape)
+    _print_bench(job, record, per_rank, ideal_skipped, out)
+    if args.json:
+        with open(args.json, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+    if not record["check_passed"]:
+        print(f"summa: check FAILED: scaled residual {residual:.3e} > 1", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _check_bench(args, comm: MPI.Comm, verify_default: bool) -> BenchJob:
+    """The backend, dtype, shape, precision and broadcaster of `args`, the
+    same verdict on every rank (UsageError); collective."""
     backend = agree_backend(comm, args.backend)
     try:
         dtype = backend.check_dtype(args.dtype)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    m, n, k = _shape(args, DEFAULT_SIZE_GPU if backend.name == "cupy" else DEFAULT_SIZE_CPU)
+    shape = _shape(args, DEFAULT_SIZE_GPU if backend.name == "cupy" else DEFAULT_SIZE_CPU)
     precision = None if args.precision == "default" else args.precision
     try:
         check_scalars(1.0, 0.0, dtype, precision, backend)
         choose_comm(args.comm, backend)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    check = getattr(args, "check", False) or verify_default
-    repeat, warmup = getattr(args, "repeat", 1), getattr(args, "warmup", 1)
-    block = None if args.block is None else (args.block, args.block)
+    return BenchJob(args, backend, dtype, shape, precision,
+                    check=getattr(args, "check", False) or verify_default,
+                    repeat=getattr(args, "repeat", 1), warmup=getattr(args, "warmup", 1),
+                    block=None if args.block is None else (args.block, args.block))
+
+
+def _plan_bench(job: BenchJob, comm: MPI.Comm, out) -> tuple:
+    """The Plan and the ProcessGrid of `job`, their notes printed on rank 0;
+    collective."""
+    args = job.args
     try:
         # bad input: one message, before any warning
-        plan = make_plan((m, n, k), dtype, Machine.live(comm, backend), grid=args.grid,
+        plan = make_plan(job.shape, job.dtype, Machine.live(comm, job.backend), grid=args.grid,
                          out_of_core=args.out_of_core, device_memory=args.device_memory,
-                         panel_width=args.nb, lookahead=args.lookahead, schedule=_schedule(args),
-                         precision=precision, broadcaster=args.comm,
+                         panel_width=args.nb, lookahead=args.lookahead, schedule=job.schedule,
+                         precision=job.precision, broadcaster=args.comm,
                          host_copies="lock")  # the same blocks every repetition: lock once
         grid = ProcessGrid(comm, plan.grid)
     except ValueError as exc:
@@ -171,151 +271,203 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
         print(f"summa: warning: {grid.core_note}", file=sys.stderr, flush=True)
     if plan.note and grid.rank == 0:
         print(f"summa: {plan.note}", file=out)
-    progress = Progress(grid.rank == 0 and not getattr(args, "quiet", False))
-    try:
-        budget = plan.device_budget
-        home = backend if budget is None else NumpyBackend()  # out of core: data on the host
-        progress.phase("generate", 3)
-        # Host-held data is still generated on the GPU (many times faster).
-        t_gen = time.perf_counter()
-        A = DistMatrix.random((m, k), dtype, grid, home, seed=args.seed, block=block,
-                              compute=backend)
-        progress.step(1, 3)
-        B = DistMatrix.random((k, n), dtype, grid, home, seed=args.seed + 1, block=block,
-                              compute=backend)
-        progress.step(2, 3)
-        C = DistMatrix.zeros((m, n), dtype, grid, home, block=block)
+    return plan, grid
+
+
+def _measure(job: BenchJob, plan, grid: ProcessGrid, progress: Progress) -> _Measured:
+    """Generate A and B, run the warm-up and timed repetitions, check the
+    product where asked; this rank's figures (the operands are dropped when
+    it returns, so the ideal's may take their room). Collective."""
+    backend = job.backend
+    operands, generate_seconds = _generate(job, plan, grid, progress)
+    runs = _repetitions(job, plan, grid, operands, progress)
+    if job.check:
+        progress.phase("check", 1)
+    residual = freivalds(*operands, precision=job.precision, compute=backend) \
+        if job.check else None
+    progress.close()
+    return _Measured(**runs, generate_seconds=generate_seconds, residual=residual,
+                     memory=backend.memory_in_use(), reserved=backend.memory_reserved(),
+                     local_shape=operands[2].local.shape)
+
+
+def _generate(job: BenchJob, plan, grid: ProcessGrid, progress: Progress) -> tuple:
+    """This rank's blocks of random A and B and of a zero C, where the plan
+    keeps them; ``((A, B, C), seconds)``. Collective."""
+    (m, n, k), dtype, backend, seed = job.shape, job.dtype, job.backend, job.args.seed
+    home = backend if plan.device_budget is None else NumpyBackend()  # out of core: on the host
+    progress.phase("generate", 3)
+    # Host-held data is still generated on the GPU (many times faster).
+    t_gen = time.perf_counter()
+    A = DistMatrix.random((m, k), dtype, grid, home, seed=seed, block=job.block,
+                          compute=backend)
+    progress.step(1, 3)
+    B = DistMatrix.random((k, n), dtype, grid, home, seed=seed + 1, block=job.block,
+                          compute=backend)
+    progress.step(2, 3)
+    C = DistMatrix.zeros((m, n), dtype, grid, home, block=job.block)
+    backend.synchronize()
+    return (A, B, C), time.perf_counter() - t_gen
+
+
+def _repetitions(job: BenchJob, plan, grid: ProcessGrid, operands, progress: Progress) -> dict:
+    """The warm-up and timed runs of the multiply, each timed on the slowest
+    rank: the timed ones' seconds, the fastest one's stats, the panel width,
+    and the first call's pool, page-locking time and whether it locked.
+    Collective."""
+    A, B, C = operands
+    backend, args, total = job.backend, job.args, job.warmup + job.repeat
+    times, stats = [], SummaStats()
+    for i in range(total):
+        with watch(f"all ranks to start repetition {i}"):
+            grid.comm.Barrier()
+        progress.phase(f"run {i + 1}/{total}", 1)
+        t0 = time.perf_counter()
+        if plan.device_budget is None:
+            # "auto" is measured in the first call and cached for the rest.
+            gemm(A, B, C, panel_width=plan.panel_width, lookahead=args.lookahead,
+                 broadcaster=args.comm, precision=job.precision, stats=stats,
+                 progress=progress.step, schedule=job.schedule)
+        else:
+            stats = run_out_of_core(plan, A, B, C, backend, progress=progress.step)
+        nb = stats.panel_width
         backend.synchronize()
-        t_gen = time.perf_counter() - t_gen
-        times, stats = [], SummaStats()
-        for i in range(warmup + repeat):
-            with watch(f"all ranks to start repetition {i}"):
-                grid.comm.Barrier()
-            progress.phase(f"run {i + 1}/{warmup + repeat}", 1)
-            t0 = time.perf_counter()
-            if budget is None:
-                # "auto" is measured in the first call and cached for the rest.
-                gemm(A, B, C, panel_width=plan.panel_width, lookahead=args.lookahead,
-                     broadcaster=args.comm, precision=precision, stats=stats,
-                     progress=progress.step, schedule=_schedule(args))
-            else:
-                stats = run_out_of_core(plan, A, B, C, backend, progress=progress.step)
-            nb = stats.panel_width
-            backend.synchronize()
-            with watch(f"all ranks to finish repetition {i}"):
-                elapsed = grid.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-            if i == 0:
-                reserved_first = backend.memory_reserved()
-                pin_first = stats.extra.get("pin_seconds", 0.0)
-                locked = stats.extra.get("host_locked")
-            if i >= warmup:
-                times.append(elapsed)
-                if elapsed == min(times):
-                    best_stats = SummaStats(**stats.as_dict())
-        if check:
-            progress.phase("check", 1)
-        residual = freivalds(A, B, C, precision=precision, compute=backend) if check else None
-        progress.close()
-        memory = backend.memory_in_use()
-        reserved = backend.memory_reserved()
-        local_shape = C.local.shape
-        A = B = C = None  # the ideal's operands may take their room
-        ideal_seconds = row_major_seconds = None
-        if getattr(args, "ideal", False):
-            ideal_seconds, row_major_seconds = _single_device_seconds(
-                backend, (*local_shape, k), dtype, precision,
-                transposed_a=best_stats.extra.get("transposed_a", False))
-        per_rank = grid.comm.gather(dict(rank=grid.rank, coords=[grid.row, grid.col],
-                                         host=socket.gethostname(), device=backend.device,
-                                         out_of_core=best_stats.extra.get("out_of_core", False),
-                                         tile=best_stats.extra.get("tile"),
-                                         tiles=best_stats.extra.get("tiles"),
-                                         pin_seconds=pin_first, host_locked=locked,
-                                         generate_seconds=t_gen,
-                                         memory_bytes=memory, reserved_bytes=reserved,
-                                         pool_growth_bytes=reserved - reserved_first,
-                                         ideal_seconds=ideal_seconds,
-                                         ideal_row_major_seconds=row_major_seconds,
-                                         local_shape=list(local_shape),
-                                         connect_seconds=best_stats.extra.get("connect_seconds"),
-                                         release_seconds=best_stats.extra.get("release_seconds"),
-                                         opened_blocks=best_stats.extra.get("opened_blocks"),
-                                         own_first=best_stats.extra.get("own_first"),
-                                         head_seconds=best_stats.extra.get("head_seconds"),
-                                         between_seconds=best_stats.extra.get("between_seconds"),
-                                         tail_seconds=best_stats.extra.get("tail_seconds"),
-                                         staging_bytes=best_stats.extra.get("staging_bytes", 0),
-                                         panel_sums=best_stats.extra.get("panel_sums"),
-                                         **{key: getattr(best_stats, key)
-                                            for key in ("seconds", "compute", "wait",
-                                                        "comm_seconds")}), root=0)
-        grid_shape = grid.shape
-    finally:
-        progress.close()
-        grid.free()
-    if comm.Get_rank() != 0:
-        return 3 if residual is not None and residual > 1 else 0
-    size = comm.Get_size()
-    flops = (8 if dtype.kind == "c" else 2) * m * n * k
-    best = min(times)
-    tflops = flops / best / 1e12
-    ok = residual is None or residual <= 1
-    # Ideal: P x the one-device rate on the largest per-rank share (HPL-style
-    # timing makes the slowest rank the measure, so the largest share is fair).
-    ideal_tflops = efficiency = row_major_tflops = None
-    ideal_skipped = None
-    if getattr(args, "ideal", False):
-        biggest = max(per_rank, key=lambda r: r["local_shape"][0] * r["local_shape"][1])
-        if biggest["ideal_seconds"] is None:
-            ideal_skipped = _ideal_bytes((*biggest["local_shape"], k), dtype,
-                                         bool(best_stats.extra.get("transposed_a")))
-        elif biggest["ideal_seconds"]:
-            mloc, nloc = biggest["local_shape"]
-            work = (flops / (m * n * k)) * mloc * nloc * k / 1e12
-            ideal_tflops = work / biggest["ideal_seconds"] * size
-            row_major_tflops = work / biggest["ideal_row_major_seconds"] * size
-            efficiency = tflops / ideal_tflops
+        with watch(f"all ranks to finish repetition {i}"):
+            elapsed = grid.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        if i == 0:
+            first = dict(reserved_first=backend.memory_reserved(),
+                         pin_first=stats.extra.get("pin_seconds", 0.0),
+                         locked=stats.extra.get("host_locked"))
+        if i >= job.warmup:
+            times.append(elapsed)
+            if elapsed == min(times):
+                best_stats = SummaStats(**stats.as_dict())
+    return dict(times=times, best_stats=best_stats, nb=nb, **first)
+
+
+def _gather_ranks(job: BenchJob, grid: ProcessGrid, measured: _Measured) -> list | None:
+    """Every rank's figures (:func:`_rank_line`) on rank 0, with the ideal
+    each measured where asked; None elsewhere. Collective."""
+    best, backend = measured.best_stats, job.backend
+    ideal_seconds = row_major_seconds = None
+    if getattr(job.args, "ideal", False):
+        ideal_seconds, row_major_seconds = _single_device_seconds(
+            backend, (*measured.local_shape, job.shape[2]), job.dtype, job.precision,
+            transposed_a=best.extra.get("transposed_a", False))
+    extra = {key: best.extra.get(key) for key in (
+        "connect_seconds", "release_seconds", "opened_blocks", "own_first", "head_seconds",
+        "between_seconds", "tail_seconds")}
+    return grid.comm.gather(dict(rank=grid.rank, coords=[grid.row, grid.col],
+                                 host=socket.gethostname(), device=backend.device,
+                                 out_of_core=best.extra.get("out_of_core", False),
+                                 tile=best.extra.get("tile"), tiles=best.extra.get("tiles"),
+                                 pin_seconds=measured.pin_first, host_locked=measured.locked,
+                                 generate_seconds=measured.generate_seconds,
+                                 memory_bytes=measured.memory, reserved_bytes=measured.reserved,
+                                 pool_growth_bytes=measured.reserved - measured.reserved_first,
+                                 ideal_seconds=ideal_seconds,
+                                 ideal_row_major_seconds=row_major_seconds,
+                                 local_shape=list(measured.local_shape), **extra,
+                                 staging_bytes=best.extra.get("staging_bytes", 0),
+                                 panel_sums=best.extra.get("panel_sums"),
+                                 **{key: getattr(best, key)
+                                    for key in ("seconds", "compute", "wait",
+                                                "comm_seconds")}), root=0)
+
+
+def _ideal(job: BenchJob, per_rank: list, tflops: float, size: int,
+           transposed_a: bool) -> dict:
+    """Ideal: P x the one-device rate on the largest per-rank share
+    (HPL-style timing makes the slowest rank the measure, so the largest
+    share is fair); ``ideal_tflops``, ``efficiency``,
+    ``ideal_row_major_tflops`` (None where not measured) and
+    ``ideal_skipped`` (the bytes it would have needed, where they did not
+    fit)."""
+    found = dict(ideal_tflops=None, efficiency=None, ideal_row_major_tflops=None,
+                 ideal_skipped=None)
+    if not getattr(job.args, "ideal", False):
+        return found
+    (m, n, k), flops = job.shape, job.flops
+    biggest = max(per_rank, key=lambda r: r["local_shape"][0] * r["local_shape"][1])
+    if biggest["ideal_seconds"] is None:
+        found["ideal_skipped"] = _ideal_bytes((*biggest["local_shape"], k), job.dtype,
+                                              transposed_a)
+    elif biggest["ideal_seconds"]:
+        mloc, nloc = biggest["local_shape"]
+        work = (flops / (m * n * k)) * mloc * nloc * k / 1e12
+        found["ideal_tflops"] = work / biggest["ideal_seconds"] * size
+        found["ideal_row_major_tflops"] = work / biggest["ideal_row_major_seconds"] * size
+        found["efficiency"] = tflops / found["ideal_tflops"]
+    return found
+
+
+def _bench_record(job: BenchJob, plan, measured: _Measured, per_rank: list, size: int,
+                  grid_shape) -> tuple:
+    """The JSON record of a run (rank 0), and the bytes the ideal would have
+    needed where it was skipped for want of room (else None)."""
+    args, (m, n, k), stats = job.args, job.shape, measured.best_stats
+    best = min(measured.times)
+    tflops = job.flops / best / 1e12
+    residual = measured.residual
+    transposed_a = bool(stats.extra.get("transposed_a", False))
+    ideal = _ideal(job, per_rank, tflops, size, transposed_a)
     # Out of core, the sweep's own plan: it knows its broadcasters' staging.
-    planned = best_stats.extra.get("device_bytes_planned", plan.memory.device_bytes)
-    record = {"command": args.command or "run", "m": m, "n": n, "k": k, "dtype": dtype.name,
-              "precision": args.precision,
-              "ranks": size, "grid": list(grid_shape), "backend": backend.name,
-              "comm": best_stats.comm, "nb": nb, "block": args.block,
-              "lookahead": args.lookahead, "schedule": _schedule(args),
-              "transposed_a": bool(best_stats.extra.get("transposed_a", False)),
-              "repeat": repeat, "warmup": warmup,
-              "times": times, "seconds": best, "tflops": tflops, "tflops_per_rank": tflops / size,
-              "panels": best_stats.panels, "check_residual": residual, "check_passed": ok,
-              "ideal_tflops": ideal_tflops, "efficiency": efficiency,
-              "ideal_row_major_tflops": row_major_tflops,
+    planned = stats.extra.get("device_bytes_planned", plan.memory.device_bytes)
+    record = {"command": args.command or "run", "m": m, "n": n, "k": k,
+              "dtype": job.dtype.name, "precision": args.precision,
+              "ranks": size, "grid": list(grid_shape), "backend": job.backend.name,
+              "comm": stats.comm, "nb": measured.nb, "block": args.block,
+              "lookahead": args.lookahead, "schedule": job.schedule,
+              "transposed_a": transposed_a,
+              "repeat": job.repeat, "warmup": job.warmup,
+              "times": measured.times, "seconds": best, "tflops": tflops,
+              "tflops_per_rank": tflops / size,
+              "panels": stats.panels, "check_residual": residual,
+              "check_passed": residual is None or residual <= 1,
+              "ideal_tflops": ideal["ideal_tflops"], "efficiency": ideal["efficiency"],
+              "ideal_row_major_tflops": ideal["ideal_row_major_tflops"],
               "out_of_core": bool(per_rank[0].get("out_of_core")), "tile": per_rank[0].get("tile"),
               "planned_device_bytes": planned, "planned_host_bytes": plan.memory.host_bytes,
               "plan": plan.as_dict(),
               "versions": versions(), "ranks_detail": per_rank,
               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if args.precision == "fp64-int8":  # what decides its speed and accuracy, and its knobs
-        from . import ozaki_gpu
         # one rank in memory makes one product over all of K; else one a panel
         whole = tuple(grid_shape) == (1, 1) and not record["out_of_core"]
-        record["fp64_int8"] = {"moduli": ozaki_gpu.moduli_for(k if whole else min(nb, k)),
+        record["fp64_int8"] = {"moduli": ozaki_gpu.moduli_for(k if whole else
+                                                              min(measured.nb, k)),
                                **{key: value for key, value in
                                   sorted(settings.current().variables().items())
                                   if key.startswith(("SUMMA_FP64_INT8_", "SUMMA_OOC_TILES",
                                                      "SUMMA_INT8_GEMM"))}}
+    return record, ideal["ideal_skipped"]
+
+
+def _print_bench(job: BenchJob, record: dict, per_rank: list, ideal_skipped, out) -> None:
+    """The report of a run (rank 0): the table, then where the time went."""
+    m, n, k, size, grid_shape = (record[key] for key in ("m", "n", "k", "ranks", "grid"))
+    residual, ok, tflops = record["check_residual"], record["check_passed"], record["tflops"]
     print(f"summa {record['command']}: {size} ranks, grid {grid_shape[0]}x{grid_shape[1]}, "
-          f"backend {backend.describe()}, comm {best_stats.comm}"
-          + (", column strips" if _schedule(args) == "strips" else "")
+          f"backend {job.backend.describe()}, comm {record['comm']}"
+          + (", column strips" if job.schedule == "strips" else "")
           + (", A's panels transposed" if record["transposed_a"] else ""), file=out)
     header = f"{'M x N x K':>22} {'dtype':>10} {'nb':>5} {'seconds':>9} {'TFLOP/s':>9} " \
              f"{'per rank':>9} {'max err/gauge':>14}"
     err = "-" if residual is None else f"{residual:.2e} {'ok' if ok else 'FAIL'}"
     print(header, file=out)
-    label = dtype.name + (f"/{precision}" if precision else "")
-    print(f"{f'{m} x {n} x {k}':>22} {label:>10} {nb:>5} {best:>9.4f} {tflops:>9.3f} "
-          f"{tflops / size:>9.3f} {err:>14}", file=out)
+    label = job.dtype.name + (f"/{job.precision}" if job.precision else "")
+    print(f"{f'{m} x {n} x {k}':>22} {label:>10} {record['nb']:>5} {record['seconds']:>9.4f} "
+          f"{tflops:>9.3f} {tflops / size:>9.3f} {err:>14}", file=out)
+    where = "GPU" if job.backend.name == "cupy" and not per_rank[0].get("out_of_core") else "host"
     print(f"data: A and B generated in {max(r['generate_seconds'] for r in per_rank):.2f} s "
-          f"({'GPU' if backend.name == 'cupy' and not per_rank[0].get('out_of_core') else 'host'}"
-          " memory)", file=out)
+          f"({where} memory)", file=out)
+    _print_where(job, record, per_rank, ideal_skipped, out)
+
+
+def _print_where(job: BenchJob, record: dict, per_rank: list, ideal_skipped, out) -> None:
+    """The report's lines after the table: out of core, the ideal, the
+    memory plan, and each rank's split of the time."""
+    size, tflops, planned = record["ranks"], record["tflops"], record["planned_device_bytes"]
     if per_rank[0].get("out_of_core"):
         tm, tn = per_rank[0]["tile"]
         rows, cols = per_rank[0]["tiles"]
@@ -325,14 +477,16 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
         print(f"  host memory page-locked in {max(r['pin_seconds'] for r in per_rank):.2f} s "
               "on the first call" + (f"; NOT locked on ranks {unlocked}: copies there are "
                                      "synchronous and slow" if unlocked else ""), file=out)
-    if efficiency is not None:
+    if record["efficiency"] is not None:
         also = " (also with A column-major)" if record["transposed_a"] else ""
         print(f"ideal ({size} x the faster one-device product of the per-rank shape: "
-              f"{backend.xp.__name__}.matmul or summa's GEMM{also}): {ideal_tflops:.3f} "
-              f"TFLOP/s; efficiency {efficiency:.3f}", file=out)
+              f"{job.backend.xp.__name__}.matmul or summa's GEMM{also}): "
+              f"{record['ideal_tflops']:.3f} TFLOP/s; efficiency {record['efficiency']:.3f}",
+              file=out)
         if record["transposed_a"]:
-            print(f"  against A row-major as given ({row_major_tflops:.3f} TFLOP/s): "
-                  f"{tflops / row_major_tflops:.3f}", file=out)
+            row_major = record["ideal_row_major_tflops"]
+            print(f"  against A row-major as given ({row_major:.3f} TFLOP/s): "
+                  f"{tflops / row_major:.3f}", file=out)
     elif ideal_skipped:
         print(f"ideal: not measured: one device's product of the per-rank shape needs "
               f"{ideal_skipped / 2**30:.1f} GiB, more than its free memory "
@@ -342,15 +496,6 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
               f"(largest rank; measured pool below)", file=out)
     for r in per_rank:
         print(_rank_line(r), file=out)
-    if args.json:
-        with open(args.json, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
-    if not ok:
-        print(f"summa: check FAILED: scaled residual {residual:.3e} > 1", file=sys.stderr)
-        return 3
-    return 0
-
-
 
 
 def run_sweep(args, comm: MPI.Comm, out) -> int:
@@ -361,10 +506,11 @@ def run_sweep(args, comm: MPI.Comm, out) -> int:
         raise UsageError("bench --sweep needs --json FILE to collect the series")
     p = comm.Get_size()
     grids = args.grids or grid_shapes(p)
-    bad = [g for g in grids if g[0] * g[1] != p]
-    if bad:
-        raise UsageError(f"grid {bad[0][0]}x{bad[0][1]} needs {bad[0][0] * bad[0][1]} ranks, "
-                         f"but {p} were started")
+    for grid in grids:
+        try:
+            check_grid_ranks(grid, p)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     sizes = args.sizes or [args.size or (DEFAULT_SIZE_CPU if args.backend == "numpy"
                                          else None)]
     status = 0

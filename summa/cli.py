@@ -181,21 +181,17 @@ def _add_problem(p: argparse.ArgumentParser, size_help: str) -> None:
                    help="append one JSON object with parameters, versions and timings to FILE")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The parser of ``python -m summa``."""
-    parser = _Parser(prog="python -m summa",
-                     description="Distributed dense matrix multiplication (SUMMA) over MPI "
-                                 "ranks, one GPU per rank (or NumPy on CPU ranks). "
-                                 "Run under mpiexec, e.g. mpiexec -n 4 python -m summa bench.")
-    parser.add_argument("--version", action="version", version=f"summa {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
+def _add_run(sub) -> None:
+    """``run``: a verified multiply of random matrices sized to the machine."""
     run = sub.add_parser("run", help="verified multiply sized to the machine (the default)",
                          description="Multiply two random matrices sized to the machine, check "
                                      "the product (Freivalds) and print a table.")
     _add_common(run)
     _add_problem(run, f"default {DEFAULT_SIZE_CPU} on CPU, {DEFAULT_SIZE_GPU} on GPU")
 
+
+def _add_bench(sub) -> None:
+    """``bench``: time C = A @ B on random matrices, or a sweep of them."""
     bench = sub.add_parser("bench", help="time C = A @ B on random matrices",
                            description="Time C = A @ B on random distributed matrices.")
     _add_common(bench)
@@ -221,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="grids of a --sweep, e.g. 2x2,4x1,1x4 (default: every factorisation "
                             "of the rank count)")
 
+
+def _add_multiply(sub) -> None:
+    """``multiply``: C = alpha op(A) op(B) + beta C0 from and to .npy files."""
     mult = sub.add_parser(
         "multiply", help="C = alpha op(A) op(B) + beta C0 from and to .npy files",
         description="Multiply two .npy files: each rank reads only its blocks, the product is "
@@ -253,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     mult.add_argument("--json", metavar="FILE", default=None,
                       help="append one JSON object with parameters and timings to FILE")
 
+
+def _add_calibrate(sub) -> None:
+    """``calibrate``: measure GEMM and broadcast rates for the model."""
     cal = sub.add_parser("calibrate", help="measure GEMM and broadcast rates for the model",
                          description="Measure this machine (run it with the rank count and "
                                      "ranks per node of interest) and write a JSON profile.")
@@ -273,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--precision", choices=PRECISION_CHOICES, default="default")
     cal.add_argument("--repeat", type=_positive_int, default=3, help="repetitions (best taken)")
 
+
+def _add_model(sub) -> None:
+    """``model``: predicted time and efficiency from a profile."""
     model = sub.add_parser("model", help="predict time and efficiency from a profile",
                            description="The alpha-beta-gamma model of SUMMA with lookahead "
                                        "(summa/model.py): predicted time, TFLOP/s and efficiency, "
@@ -309,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--ranks-list", type=_int_list, default=list(SWEEP_RANKS),
                        metavar="LIST", help="rank counts of the sweep (default 1,2,4,...,64)")
 
+
+def _add_plot(sub) -> None:
+    """``plot``: scaling plots from bench --json results."""
     plot = sub.add_parser("plot", help="draw scaling plots from bench --json results",
                           description="Strong scaling (time, efficiency vs ranks) and weak "
                                       "scaling (efficiency vs ranks) of measured runs, with "
@@ -322,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--model-ranks", type=_int_list, default=list(SWEEP_RANKS),
                       metavar="LIST", help="ranks of the model curves (default up to 64)")
 
+
+def _add_plan(sub) -> None:
+    """``plan``: the plan (peak memory per rank, mode, tiles) of a product."""
     plan = sub.add_parser("plan", help="peak memory per rank, in memory or out of core",
                           description="Print the memory plan of C = A @ B: peak bytes per rank "
                                       "on the device and the host, and out of core the C tile "
@@ -358,6 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "(ipc; what auto takes on GPUs within a node) stage every panel "
                            "slot they send once more on the device")
 
+
+def _add_info(sub) -> None:
+    """``info``: what summa sees (MPI, ranks, devices, backend)."""
     info = sub.add_parser("info", help="MPI library, ranks per node, devices, backend",
                           description="Print what summa sees: MPI library, ranks, nodes, "
                                       "devices and the backend it would choose.")
@@ -366,6 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--comm", choices=COMM_MODES, default="auto",
                       help="broadcaster to report (default auto)")
 
+
+def _add_options(sub) -> None:
+    """``options``: the settings in effect."""
     opts = sub.add_parser("options", help="the settings (SUMMA_* variables) in effect",
                           description="Print the settings not at their defaults as "
                                       "VARIABLE=value, or with --markdown the table of "
@@ -374,6 +391,26 @@ def build_parser() -> argparse.ArgumentParser:
                       help="docs/options.md: the table of every setting")
     opts.add_argument("--internal", action="store_true",
                       help="the settings tests and the pool use, too")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m summa``."""
+    parser = _Parser(prog="python -m summa",
+                     description="Distributed dense matrix multiplication (SUMMA) over MPI "
+                                 "ranks, one GPU per rank (or NumPy on CPU ranks). "
+                                 "Run under mpiexec, e.g. mpiexec -n 4 python -m summa bench.")
+    parser.add_argument("--version", action="version", version=f"summa {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    _add_run(sub)
+    _add_bench(sub)
+    _add_multiply(sub)
+    _add_calibrate(sub)
+    _add_model(sub)
+    _add_plot(sub)
+    _add_plan(sub)
+    _add_info(sub)
+    _add_options(sub)
     return parser
 
 
@@ -439,10 +476,7 @@ def _run_multiply(args, comm: MPI.Comm, out) -> int:
              if residual is not None else "check skipped, ")
           + f"write {record['write_seconds']:.3f} s, NaN/Inf scan {record['scan_seconds']:.3f} s",
           file=out)
-    phases = sum(record.get(f"{p}_seconds") or 0.0 for p in
-                 ("startup", "prepare", "read", "setup", "compute", "check", "write", "scan"))
-    print(f"  wall {record['wall_seconds']:.3f} s so far, {record['wall_seconds'] - phases:.3f} s "
-          "of it in none of the phases", file=out)
+    print(_wall_line(record), file=out)
     if args.json:
         record.update(ranks=comm.Get_size(), versions=versions(),
                       alpha=str(record["alpha"]), beta=str(record["beta"]),
@@ -450,6 +484,18 @@ def _run_multiply(args, comm: MPI.Comm, out) -> int:
         with open(args.json, "a") as fh:
             fh.write(json.dumps(record) + "\n")
     return 0
+
+
+def _wall_line(record: dict) -> str:
+    """The report's last line: the wall time so far, and the part of it in
+    none of the timed phases where that is at least a millisecond. The
+    phases are each the slowest rank's, so their sum can pass the wall time
+    by a rounding's worth: that residue is no time at all, not negative."""
+    phases = sum(record.get(f"{p}_seconds") or 0.0 for p in
+                 ("startup", "prepare", "read", "setup", "compute", "check", "write", "scan"))
+    rest = max(0.0, record["wall_seconds"] - phases)
+    return (f"  wall {record['wall_seconds']:.3f} s so far"
+            + (f", {rest:.3f} s of it in none of the phases" if rest >= 0.001 else ""))
 
 
 def _run_plan(args, comm: MPI.Comm, out) -> int:

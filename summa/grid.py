@@ -12,7 +12,7 @@ from . import staging
 from .topology import Topology, keep, topology_of
 
 __all__ = ["ProcessGrid", "parse_grid", "choose_grid", "grid_for", "grid_shapes",
-           "node_rank", "node_of", "core_share"]
+           "node_rank", "node_of", "core_share", "check_grid_ranks"]
 
 
 def node_of(comm: MPI.Intracomm, topology: Topology | None = None) -> tuple[int, int, int]:
@@ -87,6 +87,20 @@ def parse_grid(text: str) -> tuple[int, int]:
     if pr < 1 or pc < 1:
         raise ValueError(f"grid dimensions must be >= 1, got {text!r}")
     return pr, pc
+
+
+def check_grid_ranks(dims, ranks: int) -> None:
+    """Raise ValueError unless the grid `dims` ``(Pr, Pc)`` holds `ranks`.
+
+    Examples
+    --------
+    >>> check_grid_ranks((3, 3), 1)
+    Traceback (most recent call last):
+    ValueError: grid 3x3 needs 9 ranks, but 1 was started
+    """
+    if dims[0] * dims[1] != ranks:
+        raise ValueError(f"grid {dims[0]}x{dims[1]} needs {dims[0] * dims[1]} ranks, "
+                         f"but {ranks} {'was' if ranks == 1 else 'were'} started")
 
 
 def grid_shapes(nprocs: int) -> list[tuple[int, int]]:
@@ -180,9 +194,7 @@ class ProcessGrid:
         dims = (int(dims[0]), int(dims[1]))
         if dims[0] < 1 or dims[1] < 1:
             raise ValueError(f"grid dimensions must be >= 1, got {dims[0]}x{dims[1]}")
-        if dims[0] * dims[1] != size:
-            raise ValueError(f"grid {dims[0]}x{dims[1]} needs {dims[0] * dims[1]} ranks, "
-                             f"but {size} were started")
+        check_grid_ranks(dims, size)
         if topology is not None and topology.size != size:
             raise ValueError(f"a topology of {topology.size} ranks given for {size}")
         self.shape = dims

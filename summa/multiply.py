@@ -16,6 +16,7 @@ import contextlib
 import sys
 import time
 import warnings
+from dataclasses import dataclass, replace
 
 import numpy as np
 from mpi4py import MPI
@@ -45,8 +46,8 @@ from .selection import _broadcasters, peer_access
 from .verify import freivalds
 from .watchdog import watch
 
-__all__ = ["multiply_files", "matmul", "matmul_arrays", "host_matmul", "check_is_cheap",
-           "CheckFailed", "plan_arrays", "run_arrays"]
+__all__ = ["multiply_files", "FilesJob", "matmul", "matmul_arrays", "host_matmul", "check_is_cheap",
+           "CheckFailed", "plan_arrays", "run_arrays", "ArrayOperands"]
 
 #: Assumed rates for deciding whether a check is cheap (bytes/s of memory
 #: traffic for the matrix-vector products, flop/s for the multiply).
@@ -73,11 +74,10 @@ def check_is_cheap(m: int, n: int, k: int, itemsize: int, backend_name: str) -> 
 def _compute_dtype(headers: dict, dtype) -> np.dtype:
     if dtype is not None:
         return resolve_dtype(dtype)
-    kinds = {name: h.dtype for name, h in headers.items() if h is not None}
-    for name, dt in kinds.items():
-        if dt.kind in "iu":
-            raise NpyError(f"{name}: integer dtype {dt.name}; pass --dtype (e.g. float64) "
-                           "to convert it")
+    for header in headers.values():  # A, B, C0: the message names the file
+        if header is not None and header.dtype.kind in "iu":
+            raise NpyError(f"{header.path}: integer dtype {header.dtype.name}; pass --dtype "
+                           "(e.g. float64) to convert it")
     a, b = headers["A"], headers["B"]
     if a.dtype != b.dtype:
         raise NpyError(f"{a.path} is {a.dtype.name} but {b.path} is {b.dtype.name}; pass "
@@ -98,6 +98,100 @@ def _timed(comm, phase: str, fn, *args, **kwargs):
     result = fn(*args, **kwargs)
     with watch(f"all ranks to finish the {phase} phase"):
         return result, comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+
+
+@dataclass(frozen=True)
+class FilesJob:
+    """One multiply of .npy files: what the call asked for, and once checked
+    (:func:`_check_files`, before a byte of data is read) the files' headers,
+    the product's shape, the compute dtype and the output path to write.
+
+    The fields up to `schedule` are :func:`multiply_files`' arguments
+    (`trans`: ``(trans_a, trans_b)``; `check` and `out_of_core` stay None
+    where the call left them to summa until the plan settles them).
+
+    Attributes
+    ----------
+    headers : dict
+        ``"A"``, ``"B"``, ``"C0"`` (None where there is none): the files'
+        :class:`summa.io.NpyHeader`.
+    shape : tuple
+        ``(m, n, k)`` of the product.
+    compute : numpy.dtype
+        The dtype the product is computed and written in.
+    out : str
+        The output path, checked (:func:`summa.io.check_output_path`).
+    """
+
+    a_path: str
+    b_path: str
+    c_path: str | None
+    out_path: str
+    alpha: object = 1.0
+    beta: object = 0.0
+    trans: tuple = ("N", "N")
+    dtype: object = None
+    grid: object = None
+    block: tuple | None = None
+    panel_width: object = None
+    lookahead: int = 1
+    backend: str = "auto"
+    broadcaster: str = "auto"
+    precision: str | None = None
+    check: bool | None = None
+    out_of_core: bool | None = None
+    device_memory: object = None
+    schedule: str = "panels"
+    headers: dict | None = None
+    shape: tuple | None = None
+    compute: np.dtype | None = None
+    out: str | None = None
+
+
+class _Timeline:
+    """Where the time of one call went, in order: (step, seconds since the
+    call) on this rank, so that no second of the wall time is in none of the
+    phases."""
+
+    def __init__(self):
+        self.started = time.perf_counter()
+        self.steps = []
+
+    def mark(self, step: str) -> None:
+        self.steps.append((step, round(time.perf_counter() - self.started, 4)))
+
+
+@dataclass(frozen=True)
+class _FilesRun:
+    """What the phases of a planned multiply of files share."""
+
+    job: FilesJob
+    plan: object
+    backend: object
+    comm: MPI.Comm
+    grid: ProcessGrid
+    progress: Progress
+    warn: object
+    record: dict
+    timeline: _Timeline
+    home: object = None
+    writer: AtomicNpyWriter | None = None
+
+    @property
+    def rank0(self) -> bool:
+        return self.comm.Get_rank() == 0
+
+    @property
+    def streaming(self) -> bool:
+        """Out of core, blocks of C-ordered files are memory-mapped and read
+        as the multiply goes (no read phase before it), and the product is
+        written into the output file in place: the wall time tends to the
+        longest of reading, multiplying and writing, not their sum."""
+        return self.plan.device_budget is not None and self.job.block is None
+
+
+def _warn_stderr(text: str) -> None:
+    print(f"summa: warning: {text}", file=sys.stderr, flush=True)
 
 
 @settings.entry_point
@@ -150,187 +244,48 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         The product failed the check; nothing was written.
     """
     comm = MPI.COMM_WORLD if comm is None else comm
-    started = time.perf_counter()
-    # Where the time went, in order: (step, seconds since the call) on this
-    # rank, so that no second of the wall time is in none of the phases.
-    timeline = []
-
-    def mark(step: str) -> None:
-        timeline.append((step, round(time.perf_counter() - started, 4)))
-    rank0 = comm.Get_rank() == 0
-    warn = warn or (lambda text: print(f"summa: warning: {text}", file=sys.stderr, flush=True))
-    (trans_a, trans_b), headers, (m, n, k), compute, out = _check_files(
-        (a_path, b_path, c_path, out_path), (trans_a, trans_b), beta, dtype, comm)
+    timeline = _Timeline()
+    job = _check_files(FilesJob(
+        a_path, b_path, c_path, out_path, alpha=alpha, beta=beta, trans=(trans_a, trans_b),
+        dtype=dtype, grid=grid, block=block, panel_width=panel_width, lookahead=lookahead,
+        backend=backend, broadcaster=broadcaster, precision=precision, check=check,
+        out_of_core=out_of_core, device_memory=device_memory, schedule=schedule), comm)
     # The disk starts on the inputs while CUDA starts and the multiply plans.
     local, on_node = node_rank(comm)
-    ahead = _read_ahead_inputs(headers, comm, local, on_node)
+    ahead = _read_ahead_inputs(job.headers, comm, local, on_node)
     try:
-        be = collectively(comm, get_backend, backend, local)
-        compute = be.check_dtype(compute)
-        if check is None:
-            check = check_is_cheap(m, n, k, compute.itemsize, be.name)
-        progress = Progress(rank0 and not quiet)
-        record = {"a": str(a_path), "b": str(b_path), "output": out, "m": m, "n": n, "k": k,
-                  "dtype": compute.name, "trans_a": trans_a, "trans_b": trans_b,
-                  "alpha": alpha, "beta": beta, "backend": be.name, "timeline": timeline}
-        mark("headers, devices")
-        if out_of_core is None and streams_by_default(be.name, headers, trans_a, trans_b, compute,
-                                                      block, schedule):
-            out_of_core = True  # streamed: reading, multiplying and writing overlap
-        # bad input: one message, before any warning
-        plan = make_plan((m, n, k), compute, Machine.live(comm, be), grid=grid, trans_a=trans_a,
-                         trans_b=trans_b, out_of_core=out_of_core, device_memory=device_memory,
-                         panel_width=panel_width, lookahead=lookahead, schedule=schedule,
-                         precision=precision, broadcaster=broadcaster)
-        record["plan"] = plan.as_dict()
-        budget = plan.device_budget
+        job, be, plan, record = _plan_files(job, comm, local, timeline)
         with ProcessGrid(comm, plan.grid) as pgrid, contextlib.ExitStack() as stack:
-            record["grid"] = list(pgrid.shape)
-            if pgrid.core_note and rank0:
-                warn(pgrid.core_note)
-            if plan.note and rank0:
-                warn(plan.note)
-            home = be if budget is None else NumpyBackend()  # out of core: data on the host
-            record["out_of_core"] = budget is not None
-            # Out of core, blocks of C-ordered files are memory-mapped and read as the
-            # multiply goes (no read phase before it), and the product is written
-            # into the output file in place: the wall time tends to the longest of
-            # reading, multiplying and writing, not their sum.
-            streaming = budget is not None and block is None
-            writer = None
-            if streaming and not c_path:
-                writer = stack.enter_context(AtomicNpyWriter(out, (m, n), compute, comm,
-                                                             keep_errors=True))
-            record["streamed"] = streaming
-            if not streaming:  # the read phase's own threads read it all now; the
-                for stop in ahead:  # read-aheads would seek the disk away from them
-                    stop.set()
-            mark("grid, plan")
-            record["prepare_seconds"] = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
-            progress.phase("read", 3 if c_path else 2)
-
-            parts = record["read_parts"] = {}  # this rank's seconds per operand
-
-            def read_all():
-                inject("read")
-                t0 = time.perf_counter()
-                A = (_mapped(headers["A"], trans_a, compute, pgrid) if streaming else None) or \
-                    DistMatrix.from_npy(a_path, pgrid, home, block, trans_a, compute)
-                parts["A"] = time.perf_counter() - t0
-                progress.step(1, 3 if c_path else 2)
-                t0 = time.perf_counter()
-                B = (_mapped(headers["B"], trans_b, compute, pgrid) if streaming else None) or \
-                    DistMatrix.from_npy(b_path, pgrid, home, block, trans_b, compute)
-                parts["B"] = time.perf_counter() - t0
-                progress.step(2, 3 if c_path else 2)
-                t0 = time.perf_counter()
-                if c_path:
-                    C = DistMatrix.from_npy(c_path, pgrid, home, block, "N", compute)
-                elif writer is not None:
-                    C = _output_block(writer, (m, n), compute, pgrid)
-                else:
-                    C = DistMatrix.zeros((m, n), compute, pgrid, home, block)
-                home.synchronize()
-                parts["C"] = time.perf_counter() - t0
-                return A, B, C
-            (A, B, C), record["read_seconds"] = _timed(comm, "read", read_all)
-            mark("read")
-            t0 = time.perf_counter()
-            inputs_finite = None
-            if not streaming:  # mapped operands would be read whole here: the product is asked
-                inputs_finite = _warn_nonfinite(headers, (A, B, C if c_path else None), rank0,
-                                                warn)
-            C0 = C.copy() if check and beta != 0 else None
-            scan = time.perf_counter() - t0
-            mark("NaN/Inf scan")
-            # One-time costs (communicators, their self-test, the BLAS library's
-            # start) are timed on their own, so "multiply" is the multiply.
-            _, record["setup_seconds"] = _timed(comm, "setup", _warm_up, A, B, C, be, compute,
-                                                broadcaster, precision, plan.panel_width,
-                                                budget is None)
-            mark("setup")
-            stats = SummaStats()
-            progress.phase("multiply", 1)
-            inject("multiply")
-            def multiply():
-                if budget is None:
-                    gemm(A, B, C, alpha=alpha, beta=beta, panel_width=plan.panel_width,
-                         lookahead=lookahead, broadcaster=broadcaster, precision=precision,
-                         stats=stats, progress=progress.step, schedule=schedule)
-                else:
-                    stats.__dict__.update(run_out_of_core(
-                        plan, A, B, C, be, alpha=alpha, beta=beta, progress=progress.step,
-                        fresh_c=writer is not None).__dict__)
-                be.synchronize()
-            _, record["compute_seconds"] = _timed(comm, "multiply", multiply)
-            mark("multiply")
-            t0 = time.perf_counter()
-            # NaN/Inf anywhere in the inputs make whole rows or columns of the
-            # product NaN/Inf (0 · Inf is NaN): where it is finite, so were they,
-            # and streamed inputs are scanned (a second read) only where it is not.
-            product_finite = stats.extra.get("product_finite") if budget is not None else \
-                (C.backend.all_finite(C.local) if inputs_finite else None)
-            if product_finite is not None:
-                product_finite = comm.allreduce(bool(product_finite), op=MPI.LAND)
-            if streaming and product_finite is False:
-                inputs_finite = _warn_nonfinite(headers, (A, B, C if c_path else None), rank0,
-                                                warn)
-            if inputs_finite and product_finite is False and rank0:
-                warn("the product has NaN/Inf values (or values near the end of the "
-                     f"{compute.name} range) though the inputs are finite: it overflowed")
-            record["scan_seconds"] = comm.allreduce(scan + time.perf_counter() - t0, op=MPI.MAX)
-            mark("NaN/Inf scan")
-            # out of core: where the GPU waited (its first uploads, later panels,
-            # the last write-back: streamed, the product's copy into the file)
-            record.update({f"gpu_idle_{k}": stats.extra.get(f"{k}_seconds")
-                           for k in ("head", "between", "tail")})
-            record.update(panel_width=stats.panel_width, comm=stats.comm, panels=stats.panels,
-                          schedule=stats.extra.get("schedule", "panels"),
-                          transposed_a=bool(stats.extra.get("transposed_a", False)))
-            record["tflops"] = ((8 if compute.kind == "c" else 2) * m * n * k
-                                / record["compute_seconds"] / 1e12)
-            record["check_residual"] = None
-            if check:
-                progress.phase("check", 1)
-                inject("check")
-                residual, record["check_seconds"] = _timed(
-                    comm, "check", freivalds, A, B, C, alpha=alpha, beta=beta, C0=C0,
-                    precision=precision, compute=be)
-                record["check_residual"] = residual
-                mark("check")
-                if not residual <= 1:
-                    progress.close()
-                    if writer is not None:
-                        writer.abandon()
-                    raise CheckFailed(f"the product failed the check: scaled residual "
-                                      f"{residual:.3e} > 1; {out_path} was not written")
-            progress.phase("write", 1)
-            if writer is not None:  # the product is in the file: on disk, then renamed
-                _, record["write_seconds"] = _timed(comm, "write", collectively, comm,
-                                                    writer.flush)
-            else:
-                _, record["write_seconds"] = _timed(comm, "write", C.to_npy, out)
-            mark("write")
-            progress.close()
+            run = _start_files(_FilesRun(job, plan, be, comm, pgrid, Progress(
+                comm.Get_rank() == 0 and not quiet), warn or _warn_stderr, record, timeline),
+                stack, ahead)
+            operands = _read_files(run)
+            inputs_finite, C0, scan = _scan_inputs(run, operands)
+            stats = _multiply_files(run, operands)
+            _scan_product(run, operands, stats, inputs_finite, scan)
+            _record_stats(run, stats)
+            _check_product(run, operands, C0)
+            _write_product(run, operands[2])
+            run.progress.close()
     finally:
         for stop in ahead:  # done, or failed: no thread goes on reading
             stop.set()
-    mark("close")
+    timeline.mark("close")
     return record
 
 
-def _check_files(paths: tuple, trans: tuple, beta, dtype, comm):
+def _check_files(job: FilesJob, comm) -> FilesJob:
     """Everything about the files that can be checked before a byte of data
     is read, the same on every rank: the ops, C0 where beta needs it, the
-    headers' shapes and dtypes, the output path. `paths`: A, B, C0 (or
-    None) and the output. Returns ``(ops, headers, (m, n, k), compute
-    dtype, output path)``; collective."""
-    a_path, b_path, c_path, out_path = paths
-    trans_a, trans_b = str(trans[0]).upper(), str(trans[1]).upper()
+    headers' shapes and dtypes, the output path. Returns `job` with its ops
+    upper-case, its headers, ``(m, n, k)``, compute dtype and output path;
+    collective."""
+    a_path, b_path, c_path = job.a_path, job.b_path, job.c_path
+    trans_a, trans_b = str(job.trans[0]).upper(), str(job.trans[1]).upper()
     for name, t in (("trans_a", trans_a), ("trans_b", trans_b)):
         if t not in ("N", "T", "H"):
             raise ValueError(f"{name} must be N, T or H, got {t!r}")
-    if beta != 0 and c_path is None:
+    if job.beta != 0 and c_path is None:
         raise ValueError("beta is not 0, so C0 is needed: pass --c C0.npy")
     headers = {"A": read_header(a_path, comm), "B": read_header(b_path, comm),
                "C0": read_header(c_path, comm) if c_path is not None else None}
@@ -342,9 +297,225 @@ def _check_files(paths: tuple, trans: tuple, beta, dtype, comm):
     if headers["C0"] is not None and headers["C0"].shape != (m, n):
         raise NpyError(f"{c_path}: is {headers['C0'].shape[0]}x{headers['C0'].shape[1]}, "
                        f"but the product is {m}x{n}")
-    compute = _compute_dtype(headers, dtype)
-    out = check_output_path(out_path, [a_path, b_path, c_path], comm)
-    return (trans_a, trans_b), headers, (m, n, k), compute, out
+    compute = _compute_dtype(headers, job.dtype)
+    out = check_output_path(job.out_path, [a_path, b_path, c_path], comm)
+    return replace(job, trans=(trans_a, trans_b), headers=headers, shape=(m, n, k),
+                   compute=compute, out=out)
+
+
+def _plan_files(job: FilesJob, comm, local: int, timeline: _Timeline) -> tuple:
+    """The backend (of node rank `local`), the check and the mode where the
+    call left them to summa, and the Plan of a checked `job`; collective.
+    Returns ``(job with those settled, backend, plan, the record so far)``."""
+    (m, n, k), (trans_a, trans_b) = job.shape, job.trans
+    be = collectively(comm, get_backend, job.backend, local)
+    compute = be.check_dtype(job.compute)
+    check = job.check
+    if check is None:
+        check = check_is_cheap(m, n, k, compute.itemsize, be.name)
+    record = {"a": str(job.a_path), "b": str(job.b_path), "output": job.out, "m": m, "n": n,
+              "k": k, "dtype": compute.name, "trans_a": trans_a, "trans_b": trans_b,
+              "alpha": job.alpha, "beta": job.beta, "backend": be.name,
+              "timeline": timeline.steps}
+    timeline.mark("headers, devices")
+    out_of_core = job.out_of_core
+    if out_of_core is None and streams_by_default(be.name, job.headers, trans_a, trans_b,
+                                                  compute, job.block, job.schedule):
+        out_of_core = True  # streamed: reading, multiplying and writing overlap
+    # bad input: one message, before any warning
+    plan = make_plan((m, n, k), compute, Machine.live(comm, be), grid=job.grid, trans_a=trans_a,
+                     trans_b=trans_b, out_of_core=out_of_core, device_memory=job.device_memory,
+                     panel_width=job.panel_width, lookahead=job.lookahead,
+                     schedule=job.schedule, precision=job.precision,
+                     broadcaster=job.broadcaster)
+    record["plan"] = plan.as_dict()
+    return replace(job, compute=compute, check=check, out_of_core=out_of_core), be, plan, record
+
+
+def _start_files(run: _FilesRun, stack, ahead: list) -> _FilesRun:
+    """Warn of the grid's and the plan's notes, open the output file where
+    the product is written in place (streamed, no C0), stop the read-aheads
+    where the read phase reads it all; `run` with its data's home and the
+    writer. Collective."""
+    record, budget = run.record, run.plan.device_budget
+    record["grid"] = list(run.grid.shape)
+    if run.grid.core_note and run.rank0:
+        run.warn(run.grid.core_note)
+    if run.plan.note and run.rank0:
+        run.warn(run.plan.note)
+    home = run.backend if budget is None else NumpyBackend()  # out of core: data on the host
+    record["out_of_core"] = budget is not None
+    writer = None
+    if run.streaming and not run.job.c_path:
+        writer = stack.enter_context(AtomicNpyWriter(run.job.out, run.job.shape[:2],
+                                                     run.job.compute, run.comm,
+                                                     keep_errors=True))
+    record["streamed"] = run.streaming
+    if not run.streaming:  # the read phase's own threads read it all now; the
+        for stop in ahead:  # read-aheads would seek the disk away from them
+            stop.set()
+    run.timeline.mark("grid, plan")
+    record["prepare_seconds"] = run.comm.allreduce(
+        time.perf_counter() - run.timeline.started, op=MPI.MAX)
+    return replace(run, home=home, writer=writer)
+
+
+def _read_files(run: _FilesRun) -> tuple:
+    """The read phase: this rank's blocks of A, B and C (C0, the output
+    file's block, or zeros), timed per operand; collective."""
+    job, pgrid, home, progress = run.job, run.grid, run.home, run.progress
+    steps = 3 if job.c_path else 2
+    progress.phase("read", steps)
+    parts = run.record["read_parts"] = {}  # this rank's seconds per operand
+
+    def read_operand(name, path, trans):
+        t0 = time.perf_counter()
+        X = (_mapped(job.headers[name], trans, job.compute, pgrid) if run.streaming
+             else None) or DistMatrix.from_npy(path, pgrid, home, job.block, trans, job.compute)
+        parts[name] = time.perf_counter() - t0
+        return X
+
+    def read_all():
+        inject("read")
+        A = read_operand("A", job.a_path, job.trans[0])
+        progress.step(1, steps)
+        B = read_operand("B", job.b_path, job.trans[1])
+        progress.step(2, steps)
+        t0 = time.perf_counter()
+        if job.c_path:
+            C = DistMatrix.from_npy(job.c_path, pgrid, home, job.block, "N", job.compute)
+        elif run.writer is not None:
+            C = _output_block(run.writer, job.shape[:2], job.compute, pgrid)
+        else:
+            C = DistMatrix.zeros(job.shape[:2], job.compute, pgrid, home, job.block)
+        home.synchronize()
+        parts["C"] = time.perf_counter() - t0
+        return A, B, C
+    operands, run.record["read_seconds"] = _timed(run.comm, "read", read_all)
+    run.timeline.mark("read")
+    return operands
+
+
+def _inputs(run: _FilesRun, operands) -> tuple:
+    """A, B and C0 (None where there is none) of `operands` (A, B, C)."""
+    A, B, C = operands
+    return A, B, C if run.job.c_path else None
+
+
+def _scan_inputs(run: _FilesRun, operands) -> tuple:
+    """Warn of NaN/Inf in the inputs read whole (streamed ones are scanned
+    only where the product is not finite), and keep C0 for the check;
+    returns ``(inputs finite or None where not scanned, C0 or None, this
+    rank's seconds)``. Collective."""
+    t0 = time.perf_counter()
+    inputs_finite = None
+    if not run.streaming:  # mapped operands would be read whole here: the product is asked
+        inputs_finite = _warn_nonfinite(run.job.headers, _inputs(run, operands), run.rank0,
+                                        run.warn)
+    C0 = operands[2].copy() if run.job.check and run.job.beta != 0 else None
+    scan = time.perf_counter() - t0
+    run.timeline.mark("NaN/Inf scan")
+    return inputs_finite, C0, scan
+
+
+def _multiply_files(run: _FilesRun, operands) -> SummaStats:
+    """The set-up and multiply phases, each timed; this rank's stats."""
+    job, plan, be, comm = run.job, run.plan, run.backend, run.comm
+    A, B, C = operands
+    # One-time costs (communicators, their self-test, the BLAS library's
+    # start) are timed on their own, so "multiply" is the multiply.
+    _, run.record["setup_seconds"] = _timed(comm, "setup", _warm_up, run, operands)
+    run.timeline.mark("setup")
+    stats = SummaStats()
+    run.progress.phase("multiply", 1)
+    inject("multiply")
+
+    def multiply():
+        if plan.device_budget is None:
+            gemm(A, B, C, alpha=job.alpha, beta=job.beta, panel_width=plan.panel_width,
+                 lookahead=job.lookahead, broadcaster=job.broadcaster,
+                 precision=job.precision, stats=stats, progress=run.progress.step,
+                 schedule=job.schedule)
+        else:
+            stats.__dict__.update(run_out_of_core(
+                plan, A, B, C, be, alpha=job.alpha, beta=job.beta, progress=run.progress.step,
+                fresh_c=run.writer is not None).__dict__)
+        be.synchronize()
+    _, run.record["compute_seconds"] = _timed(comm, "multiply", multiply)
+    run.timeline.mark("multiply")
+    return stats
+
+
+def _scan_product(run: _FilesRun, operands, stats, inputs_finite, scan: float) -> None:
+    """Warn where the product is not finite though the inputs are (it
+    overflowed), scanning streamed inputs only then; record the scan's
+    time (with `scan`, this rank's of the inputs). Collective."""
+    comm, C = run.comm, operands[2]
+    t0 = time.perf_counter()
+    # NaN/Inf anywhere in the inputs make whole rows or columns of the
+    # product NaN/Inf (0 · Inf is NaN): where it is finite, so were they,
+    # and streamed inputs are scanned (a second read) only where it is not.
+    product_finite = stats.extra.get("product_finite") if run.plan.device_budget is not None \
+        else (C.backend.all_finite(C.local) if inputs_finite else None)
+    if product_finite is not None:
+        product_finite = comm.allreduce(bool(product_finite), op=MPI.LAND)
+    if run.streaming and product_finite is False:
+        inputs_finite = _warn_nonfinite(run.job.headers, _inputs(run, operands), run.rank0,
+                                        run.warn)
+    if inputs_finite and product_finite is False and run.rank0:
+        run.warn("the product has NaN/Inf values (or values near the end of the "
+                 f"{run.job.compute.name} range) though the inputs are finite: it overflowed")
+    run.record["scan_seconds"] = comm.allreduce(scan + time.perf_counter() - t0, op=MPI.MAX)
+    run.timeline.mark("NaN/Inf scan")
+
+
+def _record_stats(run: _FilesRun, stats: SummaStats) -> None:
+    """The multiply's figures in the record."""
+    record, (m, n, k) = run.record, run.job.shape
+    # out of core: where the GPU waited (its first uploads, later panels,
+    # the last write-back: streamed, the product's copy into the file)
+    record.update({f"gpu_idle_{key}": stats.extra.get(f"{key}_seconds")
+                   for key in ("head", "between", "tail")})
+    record.update(panel_width=stats.panel_width, comm=stats.comm, panels=stats.panels,
+                  schedule=stats.extra.get("schedule", "panels"),
+                  transposed_a=bool(stats.extra.get("transposed_a", False)))
+    record["tflops"] = ((8 if run.job.compute.kind == "c" else 2) * m * n * k
+                        / record["compute_seconds"] / 1e12)
+    record["check_residual"] = None
+
+
+def _check_product(run: _FilesRun, operands, C0) -> None:
+    """The check phase where asked: Freivalds' test, CheckFailed (and the
+    output file abandoned) where it fails; collective."""
+    job = run.job
+    if not job.check:
+        return
+    run.progress.phase("check", 1)
+    inject("check")
+    residual, run.record["check_seconds"] = _timed(
+        run.comm, "check", freivalds, *operands, alpha=job.alpha, beta=job.beta, C0=C0,
+        precision=job.precision, compute=run.backend)
+    run.record["check_residual"] = residual
+    run.timeline.mark("check")
+    if not residual <= 1:
+        run.progress.close()
+        if run.writer is not None:
+            run.writer.abandon()
+        raise CheckFailed(f"the product failed the check: scaled residual "
+                          f"{residual:.3e} > 1; {job.out_path} was not written")
+
+
+def _write_product(run: _FilesRun, C: DistMatrix) -> None:
+    """The write phase: the product to a temporary file renamed into place
+    once every rank succeeded; collective."""
+    comm = run.comm
+    run.progress.phase("write", 1)
+    if run.writer is not None:  # the product is in the file: on disk, then renamed
+        _, run.record["write_seconds"] = _timed(comm, "write", collectively, comm,
+                                                run.writer.flush)
+    else:
+        _, run.record["write_seconds"] = _timed(comm, "write", C.to_npy, run.job.out)
+    run.timeline.mark("write")
 
 
 def _read_ahead_inputs(headers, comm, local: int, size: int) -> list:
@@ -419,14 +590,15 @@ def _output_block(writer, shape, dtype, grid) -> DistMatrix:
     return DistMatrix(grid, layout, local, NumpyBackend())
 
 
-def _warm_up(A, B, C, backend, dtype, comm_kind, precision, panel_width,
-             in_memory: bool) -> None:
+def _warm_up(run: _FilesRun, operands) -> None:
     """Create (and self-test) the broadcasters the multiply will use, settle an
     "auto" panel width, and run one small GEMM."""
-    if in_memory:
-        prepare(A, B, C, panel_width, comm_kind, precision)
+    A, B, C = operands
+    backend, dtype, precision = run.backend, run.job.compute, run.job.precision
+    if run.plan.device_budget is None:  # in memory
+        prepare(A, B, C, run.plan.panel_width, run.job.broadcaster, precision)
     else:
-        _broadcasters(C.grid, comm_kind, backend)  # as the out-of-core sweep makes them
+        _broadcasters(C.grid, run.job.broadcaster, backend)  # as the out-of-core sweep makes them
     x = backend.asarray(np.ones((64, 64), dtype=dtype))
     backend.gemm(1, x, x, backend.asarray(np.zeros((64, 64), dtype=dtype)), precision=precision)
     backend.synchronize()
@@ -523,30 +695,48 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
                 return pool.matmul(a, b, size, out=out, out_of_core=out_of_core,
                                    device_memory=device_memory, backend=backend, grid=grid,
                                    **kwargs)
-        return _matmul_here(a, b, MPI.COMM_WORLD if comm is None else comm, root, grid,
-                            backend, out, out_of_core, device_memory, called, kwargs, topology)
+        return _matmul_here(ArrayOperands(a, b, out, root),
+                            MPI.COMM_WORLD if comm is None else comm, called,
+                            dict(kwargs, grid=grid, backend=backend, out_of_core=out_of_core,
+                                 device_memory=device_memory, topology=topology))
 
 
-def _matmul_here(a, b, comm, root, grid, backend, out, out_of_core, device_memory, called,
-                 kwargs, topology=None):
-    """:func:`matmul_arrays` on the ranks of `comm` (no pool): check and
-    plan, run, gather."""
+@dataclass(frozen=True)
+class ArrayOperands:
+    """NumPy operands of one product, held on rank `root` (None elsewhere),
+    and where given the array the product goes into (:func:`matmul_arrays`).
+
+    Attributes
+    ----------
+    a, b : numpy.ndarray or None
+    out : numpy.ndarray or None
+    root : int
+    """
+
+    a: object
+    b: object
+    out: object = None
+    root: int = 0
+
+
+def _matmul_here(operands: ArrayOperands, comm, called: float, kwargs: dict):
+    """:func:`matmul_arrays` on the ranks of `comm` (no pool), `kwargs` its
+    other arguments: check and plan, run, gather."""
     alpha, stats = kwargs.pop("alpha", 1.0), kwargs.pop("stats", None)
-    be, plan = plan_arrays(a, b, comm, root, grid, backend, out, out_of_core, device_memory,
-                           topology=topology, **kwargs)
-    with ProcessGrid(comm, plan.grid, topology=topology) as pgrid:
+    be, plan = plan_arrays(operands, comm, **kwargs)
+    with ProcessGrid(comm, plan.grid, topology=kwargs["topology"]) as pgrid:
         if pgrid.core_note and pgrid.rank == 0:
             warnings.warn(pgrid.core_note, RuntimeWarning, stacklevel=2)
-        return run_arrays(plan, pgrid, be, a, b, out, root, alpha, stats, called)
+        return run_arrays(plan, pgrid, be, operands, alpha, stats, called)
 
 
-def plan_arrays(a, b, comm, root: int = 0, grid=None, backend="auto", out=None,
-                out_of_core=None, device_memory=None, *, trans_a="N", trans_b="N",
-                panel_width=None, lookahead=1, schedule="panels", precision=None,
-                broadcaster="auto", topology=None):
-    """Check NumPy operands held on rank `root` (None elsewhere) and plan
-    their product (:func:`summa.planning.make_plan`, host-held);
-    collective. Arguments as for :func:`matmul_arrays`.
+def plan_arrays(operands: ArrayOperands, comm, grid=None, backend="auto", out_of_core=None,
+                device_memory=None, *, trans_a="N", trans_b="N", panel_width=None,
+                lookahead=1, schedule="panels", precision=None, broadcaster="auto",
+                topology=None):
+    """Check NumPy `operands` (:class:`ArrayOperands`) and plan their
+    product (:func:`summa.planning.make_plan`, host-held); collective.
+    Arguments as for :func:`matmul_arrays`.
 
     Returns
     -------
@@ -555,8 +745,10 @@ def plan_arrays(a, b, comm, root: int = 0, grid=None, backend="auto", out=None,
     """
     trans_a, trans_b = str(trans_a).upper(), str(trans_b).upper()
     be = collectively(comm, get_backend, backend, node_rank(comm, topology)[0])
-    meta = check_arrays(a, b, out, trans_a, trans_b, be) if comm.Get_rank() == root else None
-    meta = comm.bcast(meta, root=root)
+    meta = None
+    if comm.Get_rank() == operands.root:
+        meta = check_arrays(operands.a, operands.b, operands.out, trans_a, trans_b, be)
+    meta = comm.bcast(meta, root=operands.root)
     if isinstance(meta, str):
         raise ValueError(meta)
     m, n, k, dtype = meta
@@ -567,15 +759,16 @@ def plan_arrays(a, b, comm, root: int = 0, grid=None, backend="auto", out=None,
                          broadcaster=broadcaster)
 
 
-def run_arrays(plan, pgrid, be, a, b, out=None, root: int = 0, alpha=1.0, stats=None,
+def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
                called: float | None = None):
-    """Run `plan` (:func:`plan_arrays`) on NumPy operands held on rank
-    `root` over the grid `pgrid` it names: in memory (scattered onto the
-    devices, gathered back), or host-resident (:func:`_host_blocks`, the
-    out-of-core sweep); collective. `stats` (a SummaStats) receives this
-    rank's timings and ``extra["plan"]``; `called`: when the call began
-    (``perf_counter``), for its set-up time. Returns the product on `root`
-    (`out` where given), None elsewhere."""
+    """Run `plan` (:func:`plan_arrays`) on NumPy `operands` over the grid
+    `pgrid` it names: in memory (scattered onto the devices, gathered back),
+    or host-resident (:func:`_host_blocks`, the out-of-core sweep);
+    collective. `stats` (a SummaStats) receives this rank's timings and
+    ``extra["plan"]``; `called`: when the call began (``perf_counter``),
+    for its set-up time. Returns the product on the root (`out` where
+    given), None elsewhere."""
+    a, b, out, root = operands.a, operands.b, operands.out, operands.root
     trans_a, trans_b = plan.trans
     if not plan.out_of_core:
         A, B = (DistMatrix.from_global(x, pgrid, be, root=root) for x in (a, b))

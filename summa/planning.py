@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import ozaki_gpu
-from .grid import grid_for, parse_grid
+from .grid import check_grid_ranks, grid_for, parse_grid
 from .plan import MemoryPlan, check_host_memory, check_memory, memory_plan, parse_bytes
 from .strips import check_schedule
 from .tuning import default_panel_width
@@ -246,9 +246,7 @@ def _grid(grid, machine: Machine, m: int, n: int, dtype, schedule: str) -> tuple
     dims = parse_grid(grid) if isinstance(grid, str) else (int(grid[0]), int(grid[1]))
     if dims[0] < 1 or dims[1] < 1:
         raise ValueError(f"grid dimensions must be >= 1, got {dims[0]}x{dims[1]}")
-    if dims[0] * dims[1] != machine.ranks:
-        raise ValueError(f"grid {dims[0]}x{dims[1]} needs {dims[0] * dims[1]} ranks, "
-                         f"but {machine.ranks} were started")
+    check_grid_ranks(dims, machine.ranks)
     return dims
 
 

@@ -14,7 +14,7 @@ from mpi4py import MPI
 from .algorithm import SummaStats
 from .arrays import check_arrays
 from .grid import ProcessGrid
-from .multiply import plan_arrays, run_arrays
+from .multiply import ArrayOperands, plan_arrays, run_arrays
 from .ozaki_gpu import asked_moduli, check_moduli
 
 __all__ = ["Matmul"]
@@ -74,8 +74,9 @@ class Matmul:
         self._moduli = check_moduli(options.pop("moduli", None), options.get("precision"))
         self._alpha = options.pop("alpha", 1.0)
         with asked_moduli(self._moduli):  # the plan counts their scratch
-            self._backend, self.plan = plan_arrays(a, b, self._comm, root, grid, backend, None,
-                                                   out_of_core, device_memory, **options)
+            self._backend, self.plan = plan_arrays(ArrayOperands(a, b, None, root), self._comm,
+                                                   grid, backend, out_of_core, device_memory,
+                                                   **options)
         self._grid = ProcessGrid(self._comm, self.plan.grid)
         if self._grid.core_note and self._grid.rank == 0:
             warnings.warn(self._grid.core_note, RuntimeWarning, stacklevel=2)
@@ -95,8 +96,8 @@ class Matmul:
         self._check(a, b, out)  # (one of a and b alone: refused there, on every rank)
         stats = SummaStats()
         with asked_moduli(self._moduli):
-            c = run_arrays(self.plan, self._grid, self._backend, a, b, out, self._root,
-                           self._alpha, stats, called)
+            c = run_arrays(self.plan, self._grid, self._backend,
+                           ArrayOperands(a, b, out, self._root), self._alpha, stats, called)
         self.stats = stats
         return c
 

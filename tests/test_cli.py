@@ -192,6 +192,12 @@ def test_user_error_is_one_line_and_exit_2(args, match):
     assert len(lines) == 1 and match in lines[0] and lines[0].startswith("summa: error:")
 
 
+def test_one_rank_is_one_rank_in_the_grid_error():
+    p = job(1, "bench", "--grid", "3x3", "--backend", "numpy")
+    assert p.returncode == 2, p.stderr
+    assert "summa: error: grid 3x3 needs 9 ranks, but 1 was started" in p.stderr
+
+
 @pytest.mark.parametrize("entry", ["bench", "multiply"])
 @pytest.mark.parametrize("setting,message", [
     ("SUMMA_GEMM=cublasxt", "SUMMA_GEMM='cublasxt' is not one of cublas, cublaslt"),

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from summa.grid import ProcessGrid, choose_grid, core_share, parse_grid
+from summa.grid import ProcessGrid, check_grid_ranks, choose_grid, core_share, parse_grid
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 64])
@@ -62,7 +62,8 @@ def test_grid_from_string_and_free_twice(comm):
 @pytest.mark.mpi(min_size=1)
 def test_grid_mismatch_raises_on_every_rank(comm):
     p = comm.Get_size()
-    with pytest.raises(ValueError, match=f"needs {2 * p} ranks, but {p} were started"):
+    verb = "was" if p == 1 else "were"
+    with pytest.raises(ValueError, match=f"needs {2 * p} ranks, but {p} {verb} started"):
         ProcessGrid(comm, (2, p))
     with pytest.raises(ValueError, match=">= 1"):
         ProcessGrid(comm, (0, p))
@@ -176,3 +177,11 @@ def test_pool_launcher_unbinds_open_mpi_ranks_only_where_nothing_was_said(monkey
     assert pool._unbound(["mpirun", "--bind-to", "socket"]) == ["mpirun", "--bind-to", "socket"]
     monkeypatch.setattr(MPI, "Get_library_version", lambda: "MPICH Version: 4.2")
     assert pool._unbound(["mpiexec"]) == ["mpiexec"]
+
+
+def test_grid_ranks_message_agrees_in_number():
+    with pytest.raises(ValueError, match="^grid 3x3 needs 9 ranks, but 1 was started$"):
+        check_grid_ranks((3, 3), 1)
+    with pytest.raises(ValueError, match="^grid 3x1 needs 3 ranks, but 2 were started$"):
+        check_grid_ranks((3, 1), 2)
+    check_grid_ranks((2, 2), 4)
