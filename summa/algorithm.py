@@ -27,7 +27,7 @@ from .pipeline import Pipeline, PipelineReport, Product, in_place_parts, local_p
 # (summa.outofcore takes wait_for_panel from here)
 from .plan import ranks_on_device
 from .schedule import HEAD_PIECES, make_schedule, order_panels, waits_first
-from .selection import _export, _pick_broadcasters
+from .selection import export_blocks, pick_broadcasters
 from .strips import check_schedule, multiply_strips, strip_bounds
 from .transpose import PanelsOfA
 from .tuning import auto_panel_width, default_panel_width, transposes_a
@@ -119,9 +119,9 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     if int(lookahead) < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
-    row_bc, col_bc = _pick_broadcasters(A, B, C, panels, broadcaster, precision)
+    row_bc, col_bc = pick_broadcasters(A, B, C, panels, broadcaster, precision)
     call = _Call(alpha, A, B, C, precision, progress, int(lookahead), row_bc, col_bc,
-                 _export(grid, backend, row_bc, col_bc, A.local, B.local))
+                 export_blocks(grid, backend, row_bc, col_bc, A.local, B.local))
     transpose = transposes_a(backend.name, C.dtype, precision,
                              schedule="strips" if strips else "panels")
     panels = _steps_of(call, panels, transpose, strips, panel_width)
@@ -251,12 +251,12 @@ def prepare(A: DistMatrix, B: DistMatrix, C: DistMatrix, panel_width=None,
     direct copies the peers' blocks opened. Collective.
     """
     width, _ = _panel_width(A, B, C, panel_width, precision)
-    row_bc, col_bc = _pick_broadcasters(A, B, C,
+    row_bc, col_bc = pick_broadcasters(A, B, C,
                                         panel_schedule(A.layout.cols, B.layout.rows, width),
                                         broadcaster, precision)
     # Direct copies (ipc): open the peers' blocks now; those that stay open
     # (summa/ipc.py) the multiply then reads at once.
-    direct = _export(C.grid, C.backend, row_bc, col_bc, A.local, B.local)
+    direct = export_blocks(C.grid, C.backend, row_bc, col_bc, A.local, B.local)
     readers = [bc for bc, on in zip((row_bc, col_bc), direct) if on]
     for bc in readers:
         bc.connect()

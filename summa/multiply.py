@@ -41,7 +41,7 @@ from .progress import Progress
 from .outofcore import run_out_of_core
 from .ozaki_gpu import asked_moduli, check_moduli
 from .planning import Machine, make_plan
-from .selection import _broadcasters, peer_access
+from .selection import grid_broadcasters, peer_access
 from .verify import freivalds
 from .watchdog import watch
 
@@ -426,7 +426,7 @@ def _warm_up(A, B, C, backend, dtype, comm_kind, precision, panel_width,
     if in_memory:
         prepare(A, B, C, panel_width, comm_kind, precision)
     else:
-        _broadcasters(C.grid, comm_kind, backend)  # as the out-of-core sweep makes them
+        grid_broadcasters(C.grid, comm_kind, backend)  # as the out-of-core sweep makes them
     x = backend.asarray(np.ones((64, 64), dtype=dtype))
     backend.gemm(1, x, x, backend.asarray(np.zeros((64, 64), dtype=dtype)), precision=precision)
     backend.synchronize()

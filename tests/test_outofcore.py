@@ -162,8 +162,8 @@ def test_uploads_run_a_step_ahead_of_their_broadcasts_where_a_slot_is_spare(
 
         def take_seconds(self):
             return self.bc.take_seconds()
-    real = outofcore._broadcasters
-    monkeypatch.setattr(outofcore, "_broadcasters", lambda *args, **kwargs: tuple(
+    real = outofcore.grid_broadcasters
+    monkeypatch.setattr(outofcore, "grid_broadcasters", lambda *args, **kwargs: tuple(
         Logged(bc) for bc in real(*args, **kwargs)))
     m, n, k = 40, 30, 64
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
@@ -308,7 +308,7 @@ def test_out_of_core_plans_staging_for_copy_engine_broadcasters(comm, rng, monke
     """The sweep plans with the broadcasters it got: ones named ipc (here the
     host-staged MPI ones under that name) have their staging counted."""
     from summa import outofcore
-    real = outofcore._broadcasters
+    real = outofcore.grid_broadcasters
 
     class Named:
         def __init__(self, inner):
@@ -317,7 +317,7 @@ def test_out_of_core_plans_staging_for_copy_engine_broadcasters(comm, rng, monke
         def __getattr__(self, attr):
             return getattr(self.inner, attr)
 
-    monkeypatch.setattr(outofcore, "_broadcasters",
+    monkeypatch.setattr(outofcore, "grid_broadcasters",
                         lambda *args, **kw: tuple(Named(bc) for bc in real(*args, **kw)))
     m, n, k = 40, 36, 32
     a, b = (random_array(rng, s, "float64") for s in ((m, k), (k, n)))
