@@ -194,11 +194,11 @@ def _steps_of(call: _Call, panels: list, transpose: bool, strips: bool, width: i
         return panels if transpose else panels[:1]
     if strips:
         return strip_bounds(call.C.local.shape[1], width,
-                            HEAD_PIECES if backend.name == "cupy" else 1)
+                            HEAD_PIECES if backend.is_gpu else 1)
     # The head splits on GPUs whatever the lookahead, so that the summation
     # order, and so the bits, never depend on it; but only where a rank has
     # no panel of its own to multiply while the first one is on its way.
-    split = backend.name == "cupy" and _someone_waits_first(call, panels)
+    split = backend.is_gpu and _someone_waits_first(call, panels)
     return order_panels(panels, (grid.row, grid.col), call.direct, split)
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from . import options
 from .options import GEMM_LIBRARIES, INT8_LIBRARIES, TRANSPOSE_A_SETTINGS, Options
+from .traits import Traits, traits
 
 __all__ = ["Backend", "NumpyBackend", "CupyBackend", "get_backend", "cupy_available",
            "DTYPES", "resolve_dtype", "gemm_library", "GEMM_LIBRARIES", "compute_priority",
@@ -135,9 +136,35 @@ class Backend:
     options : summa.options.Options
         The settings it was made with (default: the current ones), which
         the work given to it follows.
+    is_gpu : bool
+        Arrays and GEMMs live on a GPU (device memory, streams, events).
+        Callers ask this, or the capabilities below, never the name.
     """
 
     name = "?"
+    is_gpu = False
+
+    @property
+    def traits(self) -> Traits:
+        """What this backend's name says about the machine
+        (:func:`summa.traits.traits`), as planning for another machine sees it."""
+        return traits(self.name)
+
+    @property
+    def overlaps_gemm(self) -> bool:
+        """Do broadcasts progress while a GEMM runs? On a device, yes; CPU
+        ranks move MPI data only while they are inside MPI calls."""
+        return self.is_gpu
+
+    @property
+    def supports_ipc(self) -> bool:
+        """Can peers on the node copy this rank's blocks directly (CUDA IPC)?"""
+        return self.is_gpu
+
+    @property
+    def supports_tf32(self) -> bool:
+        """Does precision ``tf32`` (GPU tensor cores) apply?"""
+        return self.is_gpu
     xp = np
     device = None
     dtypes = ()
@@ -351,6 +378,7 @@ class NumpyBackend(Backend):
     """Host arrays and the BLAS behind NumPy."""
 
     name = "numpy"
+    is_gpu = False
     xp = np
     dtypes = tuple(np.dtype(t) for t in (np.float64, np.float32, np.complex128, np.complex64))
 
@@ -392,6 +420,7 @@ class CupyBackend(Backend):
     """
 
     name = "cupy"
+    is_gpu = True
 
     def __init__(self, device: int = 0, opts: Options | None = None):
         import cupy

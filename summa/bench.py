@@ -23,6 +23,7 @@ from .matrix import DistMatrix
 from .outofcore import run_out_of_core
 from .planning import Machine, make_plan
 from .progress import Progress
+from .traits import traits
 from .verify import freivalds
 from .watchdog import watch
 
@@ -147,7 +148,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
         dtype = backend.check_dtype(args.dtype)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    m, n, k = _shape(args, DEFAULT_SIZE_GPU if backend.name == "cupy" else DEFAULT_SIZE_CPU)
+    m, n, k = _shape(args, DEFAULT_SIZE_GPU if backend.is_gpu else DEFAULT_SIZE_CPU)
     precision = None if args.precision == "default" else args.precision
     try:
         check_scalars(1.0, 0.0, dtype, precision, backend)
@@ -314,7 +315,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     print(f"{f'{m} x {n} x {k}':>22} {label:>10} {nb:>5} {best:>9.4f} {tflops:>9.3f} "
           f"{tflops / size:>9.3f} {err:>14}", file=out)
     print(f"data: A and B generated in {max(r['generate_seconds'] for r in per_rank):.2f} s "
-          f"({'GPU' if backend.name == 'cupy' and not per_rank[0].get('out_of_core') else 'host'}"
+          f"({'GPU' if backend.is_gpu and not per_rank[0].get('out_of_core') else 'host'}"
           " memory)", file=out)
     if per_rank[0].get("out_of_core"):
         tm, tn = per_rank[0]["tile"]
@@ -365,7 +366,7 @@ def run_sweep(args, comm: MPI.Comm, out) -> int:
     if bad:
         raise UsageError(f"grid {bad[0][0]}x{bad[0][1]} needs {bad[0][0] * bad[0][1]} ranks, "
                          f"but {p} were started")
-    sizes = args.sizes or [args.size or (DEFAULT_SIZE_CPU if args.backend == "numpy"
+    sizes = args.sizes or [args.size or (DEFAULT_SIZE_CPU if traits(args.backend).cpu_only
                                          else None)]
     status = 0
     for size in sizes:

@@ -169,7 +169,7 @@ class HostStagedBroadcaster(_HostTimed):
             raise RuntimeError(f"host-staged broadcast into slot {slot!r}, whose last "
                                "broadcast has not been waited for")
         t0 = time.perf_counter()
-        if self.backend.name == "numpy":
+        if not self.backend.is_gpu:
             raw = _as_bytes(buf)
             reqs = _ibcast_bytes(self.comm, raw, root)
             self._seconds += time.perf_counter() - t0
@@ -262,7 +262,7 @@ class NcclBroadcaster(DeviceTimed):
     def __init__(self, comm: MPI.Intracomm, backend):
         import cupy
         from cupy.cuda import nccl
-        if backend.name != "cupy":
+        if not backend.is_gpu:
             raise ValueError("the nccl broadcaster needs the cupy backend")
         self.comm, self.backend = comm, backend
         self._nccl = None
@@ -307,7 +307,7 @@ class CudaAwareBroadcaster(_HostTimed):
     name = "cuda-aware"
 
     def __init__(self, comm: MPI.Intracomm, backend):
-        if backend.name != "cupy":
+        if not backend.is_gpu:
             raise ValueError("the cuda-aware broadcaster needs the cupy backend")
         self.comm, self.backend = comm, backend
 
@@ -395,7 +395,7 @@ def choose_comm(kind: str, backend) -> str:
     if kind not in ("auto", *BROADCASTER_NAMES):
         raise ValueError(f"unknown communication mode {kind!r}; choose auto, "
                          + ", ".join(BROADCASTER_NAMES))
-    if backend is None or backend.name != "cupy":
+    if backend is None or not backend.is_gpu:
         if kind in ("nccl", "cuda-aware", "ipc"):
             raise ValueError(f"--comm {kind} needs the cupy backend")
         return "mpi"

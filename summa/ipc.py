@@ -233,7 +233,7 @@ class IpcBroadcaster(DeviceTimed):
 
     def __init__(self, comm: MPI.Intracomm, backend):
         import cupy
-        if backend.name != "cupy":
+        if not backend.supports_ipc:
             raise ValueError("the ipc broadcaster needs the cupy backend")
         self.comm, self.backend = comm, backend
         self.stream = cupy.cuda.Stream(non_blocking=True)

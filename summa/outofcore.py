@@ -171,7 +171,7 @@ def run_out_of_core(plan: Plan, A: DistMatrix, B: DistMatrix, C: DistMatrix, dev
     if fresh_c and beta != 0:
         raise ValueError("fresh_c needs beta == 0: C's old values would be lost")
     mover = (_CudaMover(device, C.dtype, host_copies, copy_threads(grid.local_size))
-             if device.name == "cupy" else _HostMover(device, C.dtype))
+             if device.is_gpu else _HostMover(device, C.dtype))
     panels = panel_schedule(A.layout.cols, B.layout.rows, plan.panel_width)
     panels = _head_pieces(panels, mover.overlaps, precision)
     stats = SummaStats(panels=len(panels), panel_width=plan.panel_width,
@@ -208,7 +208,7 @@ def _check_sweep(alpha, A, B, beta, C, device, precision) -> None:
     check_operands(A, B, C)
     check_layouts(A, B, C)
     check_scalars(alpha, beta, C.dtype, precision, device)
-    if C.backend.name != "numpy":
+    if C.backend.is_gpu:
         raise ValueError("out-of-core operands must be host-resident (NumPy backend)")
     if any(M.local.ndim != 2 or (M.local.size and M.local.strides[1] != M.local.itemsize)
            for M in (A, B, C)):

@@ -43,7 +43,7 @@ def pick_broadcasters(A, B, C, panels, broadcaster, precision):
     """
     grid, backend = C.grid, C.backend
     worth_ipc = True
-    if broadcaster == "auto" and grid.size > 1 and backend.name == "cupy":
+    if broadcaster == "auto" and grid.size > 1 and backend.is_gpu:
         # The directions auto could copy directly in (collective, like all below).
         dirs = grid.within_nodes()
         # Blocks along a grid row (column) of one rank have no reader.
@@ -205,7 +205,7 @@ def grid_broadcasters(grid, kind: str, backend, copy_engines: bool = True):
     tuple
         The row and column broadcasters.
     """
-    if kind == "auto" and copy_engines and backend.name == "cupy" and grid.size > 1:
+    if kind == "auto" and copy_engines and backend.supports_ipc and grid.size > 1:
         pair = _auto_ipc(grid, backend)
         if pair is not None and None in (pair.row, pair.col):
             # One direction within nodes (ipc), the other across them (as usual).
@@ -279,7 +279,7 @@ def peer_access(grid, backend) -> bool:
     asked = options.current().peer_access
     if asked is not None:
         return asked
-    if backend.name != "cupy" or grid.size == 1:
+    if not backend.is_gpu or grid.size == 1:
         return True
     me = (grid.topology.node, backend.device)
     peers = set()

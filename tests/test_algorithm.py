@@ -449,7 +449,7 @@ def test_only_blocks_with_readers_must_stay_open(monkeypatch, shape, read):
                         lambda grid, kind, backend, copy_engines=True: copy_engines)
     grid = SimpleNamespace(size=4, shape=shape, within_nodes=lambda: (True, True))
     local = SimpleNamespace(nbytes=8, shape=(1, 1))
-    C = SimpleNamespace(grid=grid, backend=SimpleNamespace(name="cupy"), local=local,
+    C = SimpleNamespace(grid=grid, backend=SimpleNamespace(name="cupy", is_gpu=True, supports_ipc=True), local=local,
                         dtype="float32")
     A = B = SimpleNamespace(local=local)
     assert selection.pick_broadcasters(A, B, C, [], "auto", None) is True
@@ -542,7 +542,7 @@ def test_auto_ipc_falls_back_per_direction_when_a_self_test_fails(comm, monkeypa
 
     monkeypatch.setattr(selection, "make_broadcaster", fake_make)
     monkeypatch.setattr(selection, "_devices_distinct", lambda grid, backend: True)
-    backend = SimpleNamespace(name="cupy", device=0)
+    backend = SimpleNamespace(name="cupy", is_gpu=True, supports_ipc=True, device=0)
     with make_grid(comm, "col") as grid:  # P x 1: the columns hold every rank
         pair = selection._auto_ipc(grid, backend)
         assert made == ["ipc", "ipc"] and freed == []
@@ -569,7 +569,7 @@ def test_auto_ipc_only_in_directions_within_nodes(comm, monkeypatch):
 
     monkeypatch.setattr(selection, "make_broadcaster", fake_make)
     monkeypatch.setattr(selection, "_devices_distinct", lambda grid, backend: True)
-    backend = SimpleNamespace(name="cupy", device=0)
+    backend = SimpleNamespace(name="cupy", is_gpu=True, supports_ipc=True, device=0)
     with make_grid(comm, "col") as grid:
         grid.node = 100 + grid.row  # one rank per node: each column spans nodes
         pair = selection._auto_ipc(grid, backend)

@@ -402,7 +402,7 @@ def test_parse_bytes_rejects(text):
 
 class _FakeGpu:
     """Just enough of the CuPy backend for check_memory and a live make_plan."""
-    name, device = "cupy", 1
+    name, device, is_gpu = "cupy", 1, True
 
     def memory_free(self):
         return int(23.5 * 2**30)
@@ -564,6 +564,7 @@ def test_host_held_distmatrix_streams_through_a_device(comm, rng, trans_a, trans
 
 class _NotHost(NumpyBackend):
     name = "cupy-like"
+    is_gpu = True  # its blocks are not host memory
 
 
 def test_the_model_says_what_float64_on_int8_gains_on_the_first_users_gpus():
