@@ -15,7 +15,6 @@ import numpy as np
 
 from . import options
 from .options import GEMM_LIBRARIES, INT8_LIBRARIES, TRANSPOSE_A_SETTINGS, Options
-from .traits import Traits, traits
 
 __all__ = ["Backend", "NumpyBackend", "CupyBackend", "get_backend", "cupy_available",
            "DTYPES", "resolve_dtype", "gemm_library", "GEMM_LIBRARIES", "compute_priority",
@@ -143,12 +142,6 @@ class Backend:
 
     name = "?"
     is_gpu = False
-
-    @property
-    def traits(self) -> Traits:
-        """What this backend's name says about the machine
-        (:func:`summa.traits.traits`), as planning for another machine sees it."""
-        return traits(self.name)
 
     @property
     def overlaps_gemm(self) -> bool:
