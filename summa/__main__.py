@@ -59,17 +59,18 @@ def _relaunch(argv) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] not in _RELAUNCHED:
         return
-    from .pool import _mpiexec, launched, pool_size
+    from .pool import launched, mpiexec_command, pool_size
+    from .traits import traits
     if launched():
         return
     backend = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--backend"), "auto")
     try:
-        size = pool_size(None, None, use_gpus=backend != "numpy")  # summa.matmul's rule
+        size = pool_size(None, None, use_gpus=not traits(backend).cpu_only)  # summa.matmul's rule
     except ValueError:  # a bad setting: the command says so, in one line
         return
     if size <= 1:
         return
-    command = _mpiexec() + ["-n", str(size), sys.executable, "-m", "summa", *args]
+    command = mpiexec_command() + ["-n", str(size), sys.executable, "-m", "summa", *args]
     sys.stdout.flush()
     # The environment as the process began, not as MPI's start in this process
     # left it: Open MPI's singleton start sets variables (PMIX_*, OMPI_*) that

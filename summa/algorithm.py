@@ -27,8 +27,9 @@ from .pipeline import Pipeline, PipelineReport, Product, in_place_parts, local_p
 # (summa.outofcore takes wait_for_panel from here)
 from .plan import ranks_on_device
 from .schedule import HEAD_PIECES, make_schedule, order_panels, waits_first
-from .selection import _export, _pick_broadcasters
+from .selection import export_blocks, pick_broadcasters
 from .strips import check_schedule, multiply_strips, strip_bounds
+from .traits import traits
 from .transpose import PanelsOfA
 from .tuning import auto_panel_width, default_panel_width, transposes_a
 from .watchdog import watch
@@ -119,9 +120,9 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     if int(lookahead) < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
-    row_bc, col_bc = _pick_broadcasters(A, B, C, panels, broadcaster, precision)
+    row_bc, col_bc = pick_broadcasters(A, B, C, panels, broadcaster, precision)
     call = _Call(alpha, A, B, C, precision, progress, int(lookahead), row_bc, col_bc,
-                 _export(grid, backend, row_bc, col_bc, A.local, B.local))
+                 export_blocks(grid, backend, row_bc, col_bc, A.local, B.local))
     transpose = transposes_a(backend.name, C.dtype, precision,
                              schedule="strips" if strips else "panels")
     panels = _steps_of(call, panels, transpose, strips, panel_width)
@@ -194,11 +195,11 @@ def _steps_of(call: _Call, panels: list, transpose: bool, strips: bool, width: i
         return panels if transpose else one_rank_steps(panels, call.C.local.shape, backend.name)
     if strips:
         return strip_bounds(call.C.local.shape[1], width,
-                            HEAD_PIECES if backend.name == "cupy" else 1)
+                            HEAD_PIECES if backend.is_gpu else 1)
     # The head splits on GPUs whatever the lookahead, so that the summation
     # order, and so the bits, never depend on it; but only where a rank has
     # no panel of its own to multiply while the first one is on its way.
-    split = backend.name == "cupy" and _someone_waits_first(call, panels)
+    split = backend.is_gpu and _someone_waits_first(call, panels)
     return order_panels(panels, (grid.row, grid.col), call.direct, split)
 
 
@@ -258,7 +259,7 @@ def one_rank_steps(panels: list, c_shape, backend_name: str) -> list:
     wait), on CPUs consecutive panels joined into steps of about
     :data:`ONE_RANK_GEMM_FLOPS` each (at least :data:`ONE_RANK_MIN_WIDTH`
     wide), so that Ctrl-C is answered within one of them."""
-    if backend_name == "cupy" or len(panels) < 2:
+    if traits(backend_name).gpu or len(panels) < 2:
         return panels[:1]
     m, n = c_shape
     width = max(ONE_RANK_MIN_WIDTH, ONE_RANK_GEMM_FLOPS // max(1, 2 * m * n))
@@ -281,12 +282,12 @@ def prepare(A: DistMatrix, B: DistMatrix, C: DistMatrix, panel_width=None,
     direct copies the peers' blocks opened. Collective.
     """
     width, _ = _panel_width(A, B, C, panel_width, precision)
-    row_bc, col_bc = _pick_broadcasters(A, B, C,
+    row_bc, col_bc = pick_broadcasters(A, B, C,
                                         panel_schedule(A.layout.cols, B.layout.rows, width),
                                         broadcaster, precision)
     # Direct copies (ipc): open the peers' blocks now; those that stay open
     # (summa/ipc.py) the multiply then reads at once.
-    direct = _export(C.grid, C.backend, row_bc, col_bc, A.local, B.local)
+    direct = export_blocks(C.grid, C.backend, row_bc, col_bc, A.local, B.local)
     readers = [bc for bc, on in zip((row_bc, col_bc), direct) if on]
     for bc in readers:
         bc.connect()

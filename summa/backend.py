@@ -19,7 +19,8 @@ from .options import GEMM_LIBRARIES, INT8_LIBRARIES, TRANSPOSE_A_SETTINGS, Optio
 __all__ = ["Backend", "NumpyBackend", "CupyBackend", "get_backend", "cupy_available",
            "DTYPES", "resolve_dtype", "gemm_library", "GEMM_LIBRARIES", "compute_priority",
            "transpose_a_setting", "cublaslt_path", "TRANSPOSE_A_SETTINGS",
-           "int8_library", "INT8_LIBRARIES"]
+           "int8_library", "INT8_LIBRARIES", "CUDA_INVALID_VALUE", "clear_cuda_error",
+           "page_locked"]
 
 
 def _given(opts: Options | None) -> Options:
@@ -134,9 +135,29 @@ class Backend:
     options : summa.options.Options
         The settings it was made with (default: the current ones), which
         the work given to it follows.
+    is_gpu : bool
+        Arrays and GEMMs live on a GPU (device memory, streams, events).
+        Callers ask this, or the capabilities below, never the name.
     """
 
     name = "?"
+    is_gpu = False
+
+    @property
+    def overlaps_gemm(self) -> bool:
+        """Do broadcasts progress while a GEMM runs? On a device, yes; CPU
+        ranks move MPI data only while they are inside MPI calls."""
+        return self.is_gpu
+
+    @property
+    def supports_ipc(self) -> bool:
+        """Can peers on the node copy this rank's blocks directly (CUDA IPC)?"""
+        return self.is_gpu
+
+    @property
+    def supports_tf32(self) -> bool:
+        """Does precision ``tf32`` (GPU tensor cores) apply?"""
+        return self.is_gpu
     xp = np
     device = None
     dtypes = ()
@@ -264,7 +285,9 @@ _CUDA_R_16F, _CUDA_R_32F, _CUDA_R_64F, _CUDA_C_32F, _CUDA_C_64F = 2, 0, 1, 4, 5
 _CUBLAS_COMPUTE_32F, _CUBLAS_COMPUTE_32F_FAST_TF32, _CUBLAS_COMPUTE_64F = 68, 77, 70
 _CUBLAS_GEMM_DEFAULT = -1
 _CUDA_R_8I, _CUDA_R_32I, _CUBLAS_COMPUTE_32I = 3, 10, 72
-_CUDA_INVALID_VALUE = 1  # cudaErrorInvalidValue
+#: ``cudaErrorInvalidValue``: the status of a copy or registration CUDA refuses
+#: for memory it cannot use that way (callers recover and clear it).
+CUDA_INVALID_VALUE = 1
 
 #: Host arrays from this size on go through the stager (CupyBackend copies).
 STAGED_MIN = 64 << 20
@@ -276,14 +299,22 @@ def page_locked(cupy, host: np.ndarray) -> bool:
     try:
         attributes = cupy.cuda.runtime.pointerGetAttributes(host.ctypes.data)
     except cupy.cuda.runtime.CUDARuntimeError:
-        _clear_cuda_error(cupy)
+        clear_cuda_error(cupy)
         return False
     return attributes.type == 1  # cudaMemoryTypeHost
 
 
-def _clear_cuda_error(cupy) -> None:
-    """Reset CUDA's last error after a refused copy we recover from, so that it
-    is not reported later as someone else's (CuPy may not wrap the call)."""
+def clear_cuda_error(cupy) -> None:
+    """Reset CUDA's last error after a refused copy we recover from.
+
+    Otherwise it is reported later as someone else's (CuPy may not wrap the
+    call).
+
+    Parameters
+    ----------
+    cupy : module
+        The imported ``cupy`` module.
+    """
     clear = getattr(cupy.cuda.runtime, "getLastError", None)
     if clear is not None:
         clear()
@@ -340,6 +371,7 @@ class NumpyBackend(Backend):
     """Host arrays and the BLAS behind NumPy."""
 
     name = "numpy"
+    is_gpu = False
     xp = np
     dtypes = tuple(np.dtype(t) for t in (np.float64, np.float32, np.complex128, np.complex64))
 
@@ -381,6 +413,7 @@ class CupyBackend(Backend):
     """
 
     name = "cupy"
+    is_gpu = True
 
     def __init__(self, device: int = 0, opts: Options | None = None):
         import cupy
@@ -414,12 +447,12 @@ class CupyBackend(Backend):
         try:
             return self.xp.asarray(host)
         except self.xp.cuda.runtime.CUDARuntimeError as exc:
-            if exc.status != _CUDA_INVALID_VALUE or not isinstance(host, np.ndarray):
+            if exc.status != CUDA_INVALID_VALUE or not isinstance(host, np.ndarray):
                 raise
         # CUDA refuses a copy whose host range is partly page-locked, as a small
         # array sharing a page with a locked one is (locking takes whole pages):
         # go through a page-locked buffer of our own.
-        _clear_cuda_error(self.xp)
+        clear_cuda_error(self.xp)
         stage = self._pinned(host.shape, host.dtype)
         stage[...] = host
         arr = self.xp.asarray(stage)
@@ -437,9 +470,9 @@ class CupyBackend(Backend):
         try:
             return self.xp.asnumpy(arr, out=out)
         except self.xp.cuda.runtime.CUDARuntimeError as exc:
-            if exc.status != _CUDA_INVALID_VALUE:
+            if exc.status != CUDA_INVALID_VALUE:
                 raise
-        _clear_cuda_error(self.xp)
+        clear_cuda_error(self.xp)
         stage = self._pinned(arr.shape, arr.dtype)
         arr.get(out=stage)
         self.xp.cuda.get_current_stream().synchronize()

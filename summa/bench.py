@@ -25,6 +25,7 @@ from .matrix import DistMatrix
 from .outofcore import run_out_of_core
 from .planning import Machine, make_plan
 from .progress import Progress
+from .traits import traits
 from .verify import freivalds
 from .watchdog import watch
 
@@ -240,7 +241,7 @@ def _check_bench(args, comm: MPI.Comm, verify_default: bool) -> BenchJob:
         dtype = backend.check_dtype(args.dtype)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    shape = _shape(args, DEFAULT_SIZE_GPU if backend.name == "cupy" else DEFAULT_SIZE_CPU)
+    shape = _shape(args, DEFAULT_SIZE_GPU if backend.is_gpu else DEFAULT_SIZE_CPU)
     precision = None if args.precision == "default" else args.precision
     try:
         check_scalars(1.0, 0.0, dtype, precision, backend)
@@ -458,7 +459,7 @@ def _print_bench(job: BenchJob, record: dict, per_rank: list, ideal_skipped, out
     label = job.dtype.name + (f"/{job.precision}" if job.precision else "")
     print(f"{f'{m} x {n} x {k}':>22} {label:>10} {record['nb']:>5} {record['seconds']:>9.4f} "
           f"{tflops:>9.3f} {tflops / size:>9.3f} {err:>14}", file=out)
-    where = "GPU" if job.backend.name == "cupy" and not per_rank[0].get("out_of_core") else "host"
+    where = "GPU" if job.backend.is_gpu and not per_rank[0].get("out_of_core") else "host"
     print(f"data: A and B generated in {max(r['generate_seconds'] for r in per_rank):.2f} s "
           f"({where} memory)", file=out)
     _print_where(job, record, per_rank, ideal_skipped, out)
@@ -511,7 +512,7 @@ def run_sweep(args, comm: MPI.Comm, out) -> int:
             check_grid_ranks(grid, p)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    sizes = args.sizes or [args.size or (DEFAULT_SIZE_CPU if args.backend == "numpy"
+    sizes = args.sizes or [args.size or (DEFAULT_SIZE_CPU if traits(args.backend).cpu_only
                                          else None)]
     status = 0
     for size in sizes:

@@ -36,13 +36,13 @@ GPU_SIZES, GPU_LARGE_SIZE = (4096, 8192, 16384), 32768
 
 def default_widths(backend) -> list[int]:
     """Panel widths to calibrate: those SUMMA uses on this kind of rank."""
-    return [1024, 2048, 4096, 8192] if backend.name == "cupy" else [64, 128, 256, 512, 1024]
+    return [1024, 2048, 4096, 8192] if backend.is_gpu else [64, 128, 256, 512, 1024]
 
 
 def default_sizes(comm: MPI.Comm, backend, dtypes) -> list[int]:
     """Block sizes to calibrate: small ones on CPU ranks; on GPUs add
     GPU_LARGE_SIZE where every rank has room for its three operands twice over."""
-    if backend.name != "cupy":
+    if not backend.is_gpu:
         return [256, 512, 1024, 2048]
     free = backend.memory_free()
     need = 2 * 3 * GPU_LARGE_SIZE ** 2 * max(np.dtype(d).itemsize for d in dtypes)
@@ -103,7 +103,7 @@ def _bcast_fit(comm, backend, mode, sizes_bytes, repeat, gemm_samples) -> dict |
         # Broadcasts progress during a GEMM only when the GEMM runs on a device;
         # CPU ranks move MPI data only while they are inside MPI calls.
         fit = dict(comm=bc.name, ranks=comm.Get_size(), alpha=max(float(intercept), 1e-7),
-                   beta=float(1.0 / max(slope, 1e-15)), overlap=backend.name == "cupy",
+                   beta=float(1.0 / max(slope, 1e-15)), overlap=backend.overlaps_gemm,
                    samples=[[int(b), t] for b, t in zip(x, times)])
         if fit["overlap"]:  # GEMMs share the device with this broadcaster
             fit["gemm_slowdown"] = gemm_slowdown(comm, backend, bc, gemm_samples, fit["beta"],

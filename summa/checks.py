@@ -56,7 +56,7 @@ def check_scalars(alpha, beta, dtype, precision, backend) -> None:
         if dtype not in (np.float64, np.complex128):
             raise ValueError(f"precision fp64-int8 emulates float64 and complex128 products; "
                              f"the data are {dtype.name}")
-        if backend.name != "cupy":
+        if not backend.is_gpu:
             raise ValueError("precision fp64-int8 needs the cupy backend (INT8 tensor cores "
                              "of a GPU); on CPUs use the default precision")
         if not backend.has_int8_tensor_cores():
@@ -65,5 +65,5 @@ def check_scalars(alpha, beta, dtype, precision, backend) -> None:
     if precision == "tf32" and dtype.char not in "fFe":
         raise ValueError(f"precision tf32 applies to float32, complex64 and float16 data, "
                          f"not {dtype.name}")
-    if precision == "tf32" and backend.name != "cupy":
+    if precision == "tf32" and not backend.supports_tf32:
         raise ValueError("precision tf32 needs the cupy backend (TF32 is a GPU tensor-core mode)")

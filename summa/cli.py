@@ -28,6 +28,7 @@ from .model import SWEEP_RANKS
 from .ozaki_gpu import check_moduli
 from .planning import Machine, make_plan
 from .strips import SCHEDULES
+from .traits import traits
 from .watchdog import Watchdog, timeout_from_env
 
 #: What --comm accepts.
@@ -505,7 +506,7 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
     if args.grid and args.grid[0] * args.grid[1] != ranks:
         raise UsageError(f"grid {args.grid[0]}x{args.grid[1]} does not hold {ranks} ranks")
     # auto on GPUs plans for one node (ipc), the larger of its two figures
-    ipc = args.comm == "ipc" or (args.comm == "auto" and args.backend == "cupy")
+    ipc = args.comm == "ipc" or (args.comm == "auto" and traits(args.backend).gpu)
     try:
         plan = make_plan((m, n, k), args.dtype, Machine(args.backend, ranks), grid=args.grid,
                          device_memory=args.device_memory, panel_width=args.nb,
@@ -562,15 +563,15 @@ def _run_info(args, comm: MPI.Comm, out) -> int:
           f"near-square grid {'x'.join(map(str, MPI.Compute_dims(comm.Get_size(), 2)))} "
           "(bench, multiply and plan choose by the product's shape and dtype)", file=out)
     print(f"backend: {backend.name}"
-          + ("" if backend.name == "cupy" else
+          + ("" if backend.is_gpu else
              f" ({'a GPU is visible' if cupy_available() else 'no GPU/CuPy visible'})"), file=out)
     from .comm import mpi_cuda_aware, nccl_available
-    nccl_ok, nccl_note = nccl_available() if backend.name == "cupy" else (False, "needs cupy")
+    nccl_ok, nccl_note = nccl_available() if backend.is_gpu else (False, "needs cupy")
     aware, aware_note = mpi_cuda_aware()
     print(f"NCCL: {'yes' if nccl_ok else 'no'} ({nccl_note}); CUDA-aware MPI: "
           f"{'yes' if aware else 'no'} ({aware_note})", file=out)
     chosen = choose_comm(args.comm, backend)
-    if args.comm == "auto" and backend.name == "cupy":
+    if args.comm == "auto" and backend.is_gpu:
         chosen = (f"ipc in each direction whose grid rows (columns) lie within a node, a "
                   f"GPU per rank (self-tested; in memory where the GEMMs hide its set-up, "
                   f"and out of core), else {chosen}")
@@ -581,7 +582,7 @@ def _run_info(args, comm: MPI.Comm, out) -> int:
         library += f" from {cublaslt_path()} (SUMMA_CUBLASLT)"
     print(f"GPU GEMM: {library} (SUMMA_GEMM), compute stream priority: "
           f"{compute_priority()} (SUMMA_COMPUTE_PRIORITY)"
-          + ("" if backend.name == "cupy" else "; both apply to GPUs only"), file=out)
+          + ("" if backend.is_gpu else "; both apply to GPUs only"), file=out)
     setting = transpose_a_setting()
     print(f"A's panels copied transposed (read column-major): {setting} (SUMMA_TRANSPOSE_A"
           + ("; auto: float64 and float32 without TF32, on GPUs)" if setting == "auto" else ")"),

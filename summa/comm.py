@@ -25,7 +25,7 @@ from . import options
 
 __all__ = ["CHUNK_BYTES", "HostStagedBroadcaster", "NcclBroadcaster", "CudaAwareBroadcaster",
            "BROADCASTER_NAMES", "choose_comm", "mpi_cuda_aware", "nccl_available",
-           "send_array", "recv_array", "chunks"]
+           "send_array", "recv_array", "chunks", "Pending", "DevicePending", "DeviceTimed"]
 
 #: Largest message in bytes. Module-level so tests can lower it to exercise
 #: the chunked path on small data.
@@ -76,8 +76,18 @@ class _HostTimed:
         return seconds
 
 
-class _Pending:
-    """Handle of a started broadcast; ``wait()`` completes it exactly once."""
+class Pending:
+    """Handle of a started host (MPI) broadcast; ``wait()`` completes it exactly once.
+
+    Parameters
+    ----------
+    requests : list of MPI.Request or None
+        The broadcast's requests; None for a broadcast with nothing to wait for.
+    finish : callable, optional
+        Run once after the requests complete (e.g. copy staged data out).
+    owner : broadcaster, optional
+        Whose communication time the wait adds to.
+    """
 
     def __init__(self, requests, finish=None, owner: _HostTimed | None = None):
         self._requests, self._finish, self._owner = requests, finish, owner
@@ -143,7 +153,7 @@ class HostStagedBroadcaster(_HostTimed):
             self._staging[slot] = buf
         return buf[:nbytes]
 
-    def ibcast(self, buf, root: int, slot: int = 0, ready=None, own: bool = False) -> _Pending:
+    def ibcast(self, buf, root: int, slot: int = 0, ready=None, own: bool = False) -> Pending:
         """Start broadcasting `buf` from `root`; return a handle to ``wait()`` on.
 
         `ready`, a CUDA event, is recorded where the root's `buf` is filled
@@ -154,17 +164,17 @@ class HostStagedBroadcaster(_HostTimed):
         so far. (This one stages through the host and ignores it.)
         """
         if self.comm.Get_size() == 1:
-            return _Pending(None)
+            return Pending(None)
         if slot in self._inflight:
             raise RuntimeError(f"host-staged broadcast into slot {slot!r}, whose last "
                                "broadcast has not been waited for")
         t0 = time.perf_counter()
-        if self.backend.name == "numpy":
+        if not self.backend.is_gpu:
             raw = _as_bytes(buf)
             reqs = _ibcast_bytes(self.comm, raw, root)
             self._seconds += time.perf_counter() - t0
             self._inflight.add(slot)
-            return _Pending(reqs, lambda: self._inflight.discard(slot), owner=self)
+            return Pending(reqs, lambda: self._inflight.discard(slot), owner=self)
         host = self._stage(slot, buf.nbytes)
         is_root = self.comm.Get_rank() == root
         if is_root:
@@ -183,7 +193,7 @@ class HostStagedBroadcaster(_HostTimed):
             if not is_root:
                 _as_bytes(buf).set(host)
                 self._copies[slot] = self.backend.record_event()
-        return _Pending(reqs, finish, owner=self)
+        return Pending(reqs, finish, owner=self)
 
     def free(self) -> None:
         for event in self._copies.values():
@@ -193,8 +203,9 @@ class HostStagedBroadcaster(_HostTimed):
         self._inflight.clear()
 
 
-class _DeviceTimed:
-    """Accumulates device time of a broadcaster's work on its own `stream`."""
+class DeviceTimed:
+    """Mixin for GPU broadcasters: accumulates the device time of their work on
+    their own ``stream`` (subclasses set ``stream`` and ``_timings``)."""
 
     def _time(self, begin, end) -> None:
         self._timings.append((begin, end))
@@ -208,9 +219,17 @@ class _DeviceTimed:
         return seconds
 
 
-class _DevicePending:
-    """Handle of a broadcast queued on a communication stream: ``wait()`` makes
-    the compute (current) stream wait for it, without blocking the host."""
+class DevicePending:
+    """Handle of a broadcast queued on a communication stream.
+
+    ``wait()`` makes the compute (current) stream wait for it, without
+    blocking the host.
+
+    Parameters
+    ----------
+    done : cupy.cuda.Event or None
+        Recorded on the communication stream after the broadcast.
+    """
 
     def __init__(self, done):
         self._done = done
@@ -228,7 +247,7 @@ class _DevicePending:
         self._done = None
 
 
-class NcclBroadcaster(_DeviceTimed):
+class NcclBroadcaster(DeviceTimed):
     """Broadcast CuPy buffers with NCCL on a stream of its own.
 
     The NCCL communicator spans the ranks of `comm`; its id travels over `comm`.
@@ -243,7 +262,7 @@ class NcclBroadcaster(_DeviceTimed):
     def __init__(self, comm: MPI.Intracomm, backend):
         import cupy
         from cupy.cuda import nccl
-        if backend.name != "cupy":
+        if not backend.is_gpu:
             raise ValueError("the nccl broadcaster needs the cupy backend")
         self.comm, self.backend = comm, backend
         self._nccl = None
@@ -256,7 +275,7 @@ class NcclBroadcaster(_DeviceTimed):
 
     def ibcast(self, buf, root: int, slot: int = 0, ready=None, own: bool = False):
         if self._nccl is None:
-            return _Pending(None)
+            return Pending(None)
         import cupy
         from cupy.cuda import nccl
         if not (own and self.comm.Get_rank() == root):  # see HostStagedBroadcaster.ibcast
@@ -269,7 +288,7 @@ class NcclBroadcaster(_DeviceTimed):
         done = cupy.cuda.Event()
         done.record(self.stream)
         self._time(begin, done)
-        return _DevicePending(done)
+        return DevicePending(done)
 
     def free(self) -> None:
         if self._nccl is not None:
@@ -288,13 +307,13 @@ class CudaAwareBroadcaster(_HostTimed):
     name = "cuda-aware"
 
     def __init__(self, comm: MPI.Intracomm, backend):
-        if backend.name != "cupy":
+        if not backend.is_gpu:
             raise ValueError("the cuda-aware broadcaster needs the cupy backend")
         self.comm, self.backend = comm, backend
 
-    def ibcast(self, buf, root: int, slot: int = 0, ready=None, own: bool = False) -> _Pending:
+    def ibcast(self, buf, root: int, slot: int = 0, ready=None, own: bool = False) -> Pending:
         if self.comm.Get_size() == 1:
-            return _Pending(None)
+            return Pending(None)
         t0 = time.perf_counter()
         # MPI reads and writes the buffer outside any stream: finish queued work
         # first (a root's own block only needs its values: `ready`).
@@ -305,7 +324,7 @@ class CudaAwareBroadcaster(_HostTimed):
         raw = _as_bytes(buf)
         reqs = _ibcast_bytes(self.comm, raw, root)
         self._seconds += time.perf_counter() - t0
-        return _Pending(reqs, owner=self)
+        return Pending(reqs, owner=self)
 
     def free(self) -> None:
         pass
@@ -371,12 +390,12 @@ def choose_comm(kind: str, backend) -> str:
     CUDA-aware MPI when the library reports CUDA support, else host-staged MPI.
     ``ipc`` (copy engines between the GPUs of one node) is named here only when
     asked for; ``auto`` in the in-memory SUMMA loop takes it where the grid
-    allows (:func:`summa.selection._broadcasters`).
+    allows (:func:`summa.selection.grid_broadcasters`).
     """
     if kind not in ("auto", *BROADCASTER_NAMES):
         raise ValueError(f"unknown communication mode {kind!r}; choose auto, "
                          + ", ".join(BROADCASTER_NAMES))
-    if backend is None or backend.name != "cupy":
+    if backend is None or not backend.is_gpu:
         if kind in ("nccl", "cuda-aware", "ipc"):
             raise ValueError(f"--comm {kind} needs the cupy backend")
         return "mpi"

@@ -225,18 +225,36 @@ def read_ahead(path: str, first: int, last: int,
 
 
 def _start(path, first, last, resident, threads, stop) -> threading.Thread:
-    global _last
     with _lock:  # in the order asked: the copies want A's rows before B's
         thread = threading.Thread(target=_read_ahead,
-                                  args=(path, first, last, resident, threads, stop, _last),
+                                  args=(path, first, last, resident, threads, stop,
+                                        _queue.last),
                                   name="summa-prefetch", daemon=True)
-        _last = thread
+        _queue.last = thread
         thread.start()
     return thread
 
 
-#: The last read-ahead started (the next one waits for it to end).
-_last: threading.Thread | None = None
+class _ReadAheadQueue:
+    """This process's read-aheads, in the order started: one explicit holder
+    (not a ``global``), since each waits for the one before.
+
+    Attributes
+    ----------
+    last : threading.Thread or None
+        The last read-ahead started (the next one waits for it to end).
+    """
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the last read-ahead (the state at import; a thread still
+        running goes on and is not waited for)."""
+        self.last: threading.Thread | None = None
+
+
+_queue = _ReadAheadQueue()
 #: Map start address -> the events that stop its read-aheads.
 _stops: dict[int, list] = {}
 

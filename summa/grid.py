@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 from . import staging
 from .topology import Topology, keep, topology_of
+from .traits import traits
 
 __all__ = ["ProcessGrid", "parse_grid", "choose_grid", "grid_for", "grid_shapes",
            "node_rank", "node_of", "core_share", "check_grid_ranks"]
@@ -144,7 +145,7 @@ def grid_for(nprocs: int, m: int, n: int, backend: str, dtype,
     summa on 1x2 110.2 against 100.2 on 2x1; other dtypes tie)."""
     if schedule == "strips":
         return nprocs, 1
-    return choose_grid(nprocs, m, n, tall=backend == "cupy" and np.dtype(dtype) == np.float64)
+    return choose_grid(nprocs, m, n, tall=traits(backend).gpu and np.dtype(dtype) == np.float64)
 
 
 class ProcessGrid:

@@ -51,7 +51,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .comm import _DevicePending, _DeviceTimed, _Pending
+from .comm import DevicePending, DeviceTimed, Pending
 from .watchdog import watch
 
 __all__ = ["IpcBroadcaster"]
@@ -218,7 +218,7 @@ def _await_readers(slot) -> None:
         slot.readers = None
 
 
-class IpcBroadcaster(_DeviceTimed):
+class IpcBroadcaster(DeviceTimed):
     """Copy-engine broadcasts among ranks of one node (see module docstring).
 
     Parameters
@@ -233,7 +233,7 @@ class IpcBroadcaster(_DeviceTimed):
 
     def __init__(self, comm: MPI.Intracomm, backend):
         import cupy
-        if backend.name != "cupy":
+        if not backend.supports_ipc:
             raise ValueError("the ipc broadcaster needs the cupy backend")
         self.comm, self.backend = comm, backend
         self.stream = cupy.cuda.Stream(non_blocking=True)
@@ -269,7 +269,7 @@ class IpcBroadcaster(_DeviceTimed):
 
     def ibcast(self, buf, root: int, slot: int = 0, ready=None, own: bool = False):
         if self.comm.Get_size() == 1:
-            return _Pending(None)
+            return Pending(None)
         import cupy
         rt = cupy.cuda.runtime
         s = self._slot(slot, buf.nbytes)
@@ -298,7 +298,7 @@ class IpcBroadcaster(_DeviceTimed):
             # only then may the buffer be refilled (out of core, the next upload
             # into this slot once that GEMM is done; it overwrote panels before
             # they were copied out, and float64 results came out wrong).
-            return _DevicePending(end)
+            return DevicePending(end)
         self._await_ready(root)  # the root has recorded "ready"
         self.stream.wait_event(self.backend.record_event())  # GEMMs done with `buf`
         begin.record(self.stream)
@@ -311,7 +311,7 @@ class IpcBroadcaster(_DeviceTimed):
         end = cupy.cuda.Event()
         end.record(self.stream)
         self._time(begin, end)
-        return _DevicePending(end)
+        return DevicePending(end)
 
     #: The SUMMA loop may copy panels straight out of the roots' blocks.
     reads_blocks = True
@@ -378,7 +378,7 @@ class IpcBroadcaster(_DeviceTimed):
         `buf`, if any) has passed. On the root nothing moves: it multiplies its
         own view."""
         if self.comm.Get_rank() == root or buf.size == 0:
-            return _Pending(None)
+            return Pending(None)
         import cupy
         src, pitch = self._sources[root]
         width = (cols.stop - cols.start) * buf.itemsize
@@ -392,7 +392,7 @@ class IpcBroadcaster(_DeviceTimed):
                                         pitch, width, height, _MEMCPY_DEFAULT, self.stream.ptr)
         end.record(self.stream)
         self._time(begin, end)
-        return _DevicePending(end)
+        return DevicePending(end)
 
     def release(self) -> None:
         """Finish this rank's copies, close the peers' blocks but those kept

@@ -209,7 +209,7 @@ class DistMatrix:
         layout = Layout(shape, grid.shape, block)
         rows = layout.rows.global_indices(grid.row)
         cols = layout.cols.global_indices(grid.col)
-        if backend.name == "cupy" and trans == "N" and header.dtype == target:
+        if backend.is_gpu and trans == "N" and header.dtype == target:
             # Straight from the file into the GPU: the block's map is read by
             # the copy threads into page-locked chunks (summa.filemaps), disk
             # reads and uploads overlapping, no host copy of the block.
@@ -228,7 +228,7 @@ class DistMatrix:
         check_output_path(path, [], self.grid.comm)
         comm = self.grid.comm
         with AtomicNpyWriter(path, self.shape, self.dtype, comm) as out:
-            if self.backend.name == "cupy":
+            if self.backend.is_gpu:
                 # Straight from the GPU into the file: downloaded chunks are written
                 # by the copy threads (pwrite), no host copy of the block.
                 mapped = collectively(comm, out.map_block, self.row_indices(),

@@ -255,11 +255,11 @@ def _direct_copies_seconds(ml, nl, k, nb, pr, pc, steps, t_c, t_b, itemsize,
     fetched panel's copy (copy engines: no SMs taken, so no GEMM slowdown) runs
     behind the GEMM before it."""
     from .ipc import stays_open
-    from .selection import _connect_seconds
+    from .selection import connect_seconds
     own = min(-(-(-(-k // max(pr, pc))) // nb), steps) if min(pr, pc) == 1 else 0
     blocks = (ml * -(-k // pc) * itemsize, -(-k // pr) * nl * itemsize)
     open_already = device_memory and all(stays_open(b, device_memory) for b in blocks)
-    connect = 0.0 if open_already else _connect_seconds((pr, pc), *blocks)
+    connect = 0.0 if open_already else connect_seconds((pr, pc), *blocks)
     fetched = steps - own
     if not fetched:
         return steps * (t_c + overhead)

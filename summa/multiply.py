@@ -39,10 +39,11 @@ from .io import AtomicNpyWriter, NpyError, check_output_path, map_block, read_he
 from .layout import Layout
 from .matrix import DistMatrix
 from .progress import Progress
+from .traits import traits
 from .outofcore import run_out_of_core
 from .ozaki_gpu import asked_moduli, check_moduli
 from .planning import Machine, make_plan
-from .selection import _broadcasters, peer_access
+from .selection import grid_broadcasters, peer_access
 from .verify import freivalds
 from .watchdog import watch
 
@@ -558,7 +559,7 @@ def streams_by_default(backend_name: str, headers: dict, trans_a: str, trans_b: 
     is no C0: measured on one H200 (N = 24576), streamed 9.4 s against 12.5 s
     in memory with the files in the page cache, 16.2 against 20.3 s from the
     disk."""
-    return (backend_name == "cupy" and block is None and headers.get("C0") is None
+    return (traits(backend_name).gpu and block is None and headers.get("C0") is None
             and schedule == "panels" and _streamable(headers["A"], trans_a, compute)
             and _streamable(headers["B"], trans_b, compute))
 
@@ -598,7 +599,7 @@ def _warm_up(run: _FilesRun, operands) -> None:
     if run.plan.device_budget is None:  # in memory
         prepare(A, B, C, run.plan.panel_width, run.job.broadcaster, precision)
     else:
-        _broadcasters(C.grid, run.job.broadcaster, backend)  # as the out-of-core sweep makes them
+        grid_broadcasters(C.grid, run.job.broadcaster, backend)  # as the out-of-core sweep makes them
     x = backend.asarray(np.ones((64, 64), dtype=dtype))
     backend.gemm(1, x, x, backend.asarray(np.zeros((64, 64), dtype=dtype)), precision=precision)
     backend.synchronize()
@@ -689,8 +690,8 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     with asked_moduli(moduli):  # the pool's workers get it with the other settings
         if comm is None and MPI.COMM_WORLD.Get_size() == 1 and not pool.launched():
             # A plain Python process: every GPU (or `workers` CPU ranks) through a pool.
-            size = pool.pool_size(gpus if backend != "numpy" else None, workers,
-                                  use_gpus=backend != "numpy")
+            size = pool.pool_size(gpus if not traits(backend).cpu_only else None, workers,
+                                  use_gpus=not traits(backend).cpu_only)
             if size > 1:
                 return pool.matmul(a, b, size, out=out, out_of_core=out_of_core,
                                    device_memory=device_memory, backend=backend, grid=grid,
@@ -851,7 +852,7 @@ def matmul(A, B, device=None, **kwargs):
     >>> C = matmul(A_host, B_host, device="auto")  # doctest: +SKIP
     """
     if isinstance(A, DistMatrix) or isinstance(B, DistMatrix):
-        if device is not None and isinstance(A, DistMatrix) and A.backend.name == "numpy":
+        if device is not None and isinstance(A, DistMatrix) and not A.backend.is_gpu:
             return host_matmul(A, B, device, **kwargs)
         return gemm(A, B, **kwargs)
     if device is not None:
@@ -876,7 +877,7 @@ def host_matmul(A: DistMatrix, B: DistMatrix, device, alpha=1.0, trans_a="N", tr
     `options` (a :class:`summa.options.Options`) are the settings (default:
     the current ones).
     """
-    if not isinstance(B, DistMatrix) or B.backend.name != "numpy":
+    if not isinstance(B, DistMatrix) or B.backend.is_gpu:
         raise ValueError("host_matmul needs both operands host-held (NumPy backend)")
     moduli = check_moduli(moduli, precision)
     grid = A.grid

@@ -39,14 +39,14 @@ from mpi4py import MPI
 
 from . import options, ozaki, remote
 from .algorithm import SummaStats
-from .backend import _CUDA_INVALID_VALUE, _clear_cuda_error, page_locked
+from .backend import CUDA_INVALID_VALUE, clear_cuda_error, page_locked
 from .checks import check_layouts, check_operands, check_scalars
 from .faults import inject
 from .layout import panel_schedule, split_panel_doubling
 from .matrix import DistMatrix
 from .pipeline import local_parts, wait_for_panel
 from .planning import Machine, Plan, make_plan, restage
-from .selection import _broadcasters
+from .selection import grid_broadcasters
 from .staging import Transfer, copy_threads, get_stager
 from .transpose import PanelsOfA
 from .watchdog import watch
@@ -157,7 +157,7 @@ def run_out_of_core(plan: Plan, A: DistMatrix, B: DistMatrix, C: DistMatrix, dev
                              f"{C.local.shape[1]} columns of B with all {k} of K")
         row_bc = col_bc = _NoBroadcasts()
     else:  # "host" (every GPU uploads its own parts) needs own copies; else as auto
-        row_bc, col_bc = _broadcasters(grid, "auto" if plan.broadcaster == "host"
+        row_bc, col_bc = grid_broadcasters(grid, "auto" if plan.broadcaster == "host"
                                        else plan.broadcaster, device)
     # Copy-engine broadcasts pass each slot through a staging buffer: planned too.
     plan = restage(plan, (row_bc.name == "ipc", col_bc.name == "ipc"))
@@ -171,7 +171,7 @@ def run_out_of_core(plan: Plan, A: DistMatrix, B: DistMatrix, C: DistMatrix, dev
     if fresh_c and beta != 0:
         raise ValueError("fresh_c needs beta == 0: C's old values would be lost")
     mover = (_CudaMover(device, C.dtype, host_copies, copy_threads(grid.local_size))
-             if device.name == "cupy" else _HostMover(device, C.dtype))
+             if device.is_gpu else _HostMover(device, C.dtype))
     panels = panel_schedule(A.layout.cols, B.layout.rows, plan.panel_width)
     panels = _head_pieces(panels, mover.overlaps, precision)
     stats = SummaStats(panels=len(panels), panel_width=plan.panel_width,
@@ -208,7 +208,7 @@ def _check_sweep(alpha, A, B, beta, C, device, precision) -> None:
     check_operands(A, B, C)
     check_layouts(A, B, C)
     check_scalars(alpha, beta, C.dtype, precision, device)
-    if C.backend.name != "numpy":
+    if C.backend.is_gpu:
         raise ValueError("out-of-core operands must be host-resident (NumPy backend)")
     if any(M.local.ndim != 2 or (M.local.size and M.local.strides[1] != M.local.itemsize)
            for M in (A, B, C)):
@@ -529,7 +529,7 @@ class _CudaMover:
         try:
             self._memcpy(dev, host, kind, stream)
         except self.xp.cuda.runtime.CUDARuntimeError as exc:
-            if exc.status != _CUDA_INVALID_VALUE:
+            if exc.status != CUDA_INVALID_VALUE:
                 raise
             self._staged_copy(dev, host, kind, stream)
         self.moved += host.shape[0] * host.shape[1] * host.itemsize
@@ -549,7 +549,7 @@ class _CudaMover:
         not, which happens to a small array sharing a page with a locked one
         (locking works on whole pages).
         """
-        _clear_cuda_error(self.xp)
+        clear_cuda_error(self.xp)
         memory = self.xp.cuda.alloc_pinned_memory(host.nbytes)
         stage = np.frombuffer(memory, host.dtype, host.size).reshape(host.shape)
         if kind == self._H2D:

@@ -167,9 +167,31 @@ def _launch(kernel, rows: int, width: int, args) -> None:
 
 
 NOT_FINITE = ozaki.NOT_FINITE
-#: Inside :func:`checked_later`: each product's largest input magnitudes (Inf where one
-#: held Inf or NaN).
-_pending: list | None = None
+class _Scopes:
+    """The state of this process's open :func:`checked_later` and
+    :func:`same_b` contexts (one object, so every product sees the innermost
+    ones without a ``global``; each context restores what it found).
+
+    Attributes
+    ----------
+    pending : list or None
+        Inside :func:`checked_later`: each product's largest input magnitudes
+        (Inf where one held Inf or NaN).
+    held : dict or None
+        Inside :func:`same_b`: B's exponents and residue planes kept for the
+        products.
+    """
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        """No context open (the state at import)."""
+        self.pending: list | None = None
+        self.held: dict | None = None
+
+
+_scopes = _Scopes()
 
 
 def _exponents(x, axis: int, bits: int, cap: float, comm=None):
@@ -203,8 +225,8 @@ def _refuse(tops) -> None:
     """Raise :data:`NOT_FINITE` where any of `tops` (the largest magnitudes
     of operands, device scalars, Inf where one held Inf or NaN) is Inf, or
     inside :func:`checked_later` keep them for its end."""
-    if _pending is not None:
-        _pending.extend(tops)
+    if _scopes.pending is not None:
+        _scopes.pending.extend(tops)
     elif not _finite(tops):
         raise ValueError(NOT_FINITE)
 
@@ -240,13 +262,12 @@ def checked_later():
     the next panel's copies and GEMMs ahead): the yielded object's
     ``finite()`` answers for all of them at the end. Their products are then
     meaningless where it says False; the caller raises (every rank alike)."""
-    global _pending
-    outer, checks = _pending, _Checks()
-    _pending = checks.flags
+    outer, checks = _scopes.pending, _Checks()
+    _scopes.pending = checks.flags
     try:
         yield checks
     finally:
-        _pending = outer
+        _scopes.pending = outer
 
 
 def _residues(x, e, count: int, rows_p: int, cols_p: int, constants):
@@ -280,10 +301,6 @@ def _constants(count: int) -> dict:
     return _kernels[key]
 
 
-#: B's exponents and residue planes kept for the products inside :func:`same_b`.
-_held: dict | None = None
-
-
 @contextlib.contextmanager
 def same_b():
     """Products inside share B's exponents and residue planes where they are
@@ -291,12 +308,11 @@ def same_b():
     row strips of an out-of-core tile's last panel, which go home one by one
     as they are final, transpose and reduce B once, not once a strip. One B
     is kept at a time, so the memory is one product's."""
-    global _held
-    outer, _held = _held, {}
+    outer, _scopes.held = _scopes.held, {}
     try:
         yield
     finally:
-        _held = outer
+        _scopes.held = outer
 
 
 def _b_side(b, count: int, bits: int, cap: float, cols_p: int, k_p: int, constants, backend):
@@ -304,19 +320,20 @@ def _b_side(b, count: int, bits: int, cap: float, cols_p: int, k_p: int, constan
     contiguous): made here, or inside :func:`same_b` those made for this B."""
     import cupy
     data = getattr(b, "data", None)
+    held = _scopes.held
     key = (getattr(data, "ptr", None) or b.__array_interface__["data"][0], b.shape,
            b.strides, count, bits)
-    if _held is not None and _held.get("key") == key:
-        return _held["f"], _held["b8"]
-    if _held is not None:
-        _held.clear()  # the last B's planes go before this one's come
+    if held is not None and held.get("key") == key:
+        return held["f"], held["b8"]
+    if held is not None:
+        held.clear()  # the last B's planes go before this one's come
     k, n = b.shape
     bt = cupy.empty((n, k), dtype=cupy.float64)
     backend.transpose(b, bt)
     f = _exponents(bt, 1, bits, cap)
     b8 = _residues(bt, f, count, cols_p, k_p, constants)
-    if _held is not None:
-        _held.update(key=key, f=f, b8=b8)
+    if held is not None:
+        held.update(key=key, f=f, b8=b8)
     return f, b8
 
 

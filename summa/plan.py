@@ -19,6 +19,7 @@ import numpy as np
 from . import options
 from .staging import copy_threads, ring_bytes
 from .topology import topology_of
+from .traits import traits
 from .tuning import transposes_a
 
 __all__ = ["MemoryPlan", "memory_plan", "check_memory", "ranks_on_device", "check_host_memory",
@@ -105,6 +106,7 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     ``slots nb tn`` (B) more, where that direction has more than one rank.
     """
     item = np.dtype(dtype).itemsize
+    kind = traits(backend)
     pr, pc = grid
     ml, nl, ka, kb = _local_sizes(m, n, k, grid)
     nb = max(1, min(panel_width, k))
@@ -117,15 +119,15 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     blocks = ml * ka + kb * nl + ml * nl
     emulated = precision == "fp64-int8"
     if not out_of_core:
-        extra = ml * nl if backend == "numpy" else 0
+        extra = ml * nl if kind.cpu_only else 0
         if transposed:
             extra += nb * ml
         if emulated:  # one product's scratch: a panel's, or under strips a strip's of all K
             shape = (ml, max(1, min(panel_width, nl)), k) if strips else (ml, nl, nb)
             extra += -(-_ozaki_scratch(*shape, np.dtype(dtype).kind == "c") // item)
         on_device = (blocks + panels + extra) * item
-        staging = panels * item if backend == "cupy" else 0  # pinned host buffers (mpi mode)
-        if backend == "numpy":
+        staging = panels * item if kind.gpu else 0  # pinned host buffers (mpi mode)
+        if kind.cpu_only:
             return MemoryPlan("in-memory", 0, on_device, transposed_a=transposed)
         return MemoryPlan("in-memory", on_device, staging, transposed_a=transposed)
     if device_budget is None:
@@ -153,7 +155,7 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
         slots += 1
     device = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged,
                            emulated) * item
-    ring = ring_bytes(copy_threads(1)) if backend == "cupy" else 0
+    ring = ring_bytes(copy_threads(1)) if kind.gpu else 0
     return MemoryPlan("out-of-core", device, blocks * item, (int(tm), int(tn)), int(nb),
                       (int(tiles[0]), int(tiles[1])), slots, transposed, staged, ring)
 
@@ -288,7 +290,7 @@ def ranks_on_device(backend, comm, counted: bool = True) -> int:
     """How many ranks of `comm` that are `counted` share this rank's GPU (1
     on the CPU backend or where this rank is not counted): they share its
     free memory, on virtual nodes too (the machine's). Collective."""
-    where = backend.device_id() if backend.name == "cupy" and counted else "cpu"
+    where = backend.device_id() if backend.is_gpu and counted else "cpu"
     sharing = topology_of(comm).machine_comm.allgather(where).count(where)
     return sharing if where != "cpu" else 1
 
@@ -302,7 +304,7 @@ def check_memory(plan: MemoryPlan, backend, comm) -> None:
     checked by :func:`check_host_memory`, against the node's total.
     """
     need, free = plan.device_bytes, None
-    if backend.name == "cupy" and need:
+    if backend.is_gpu and need:
         free = backend.memory_free()
     sharing = ranks_on_device(backend, comm, bool(need))
     short = None

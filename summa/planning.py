@@ -23,6 +23,7 @@ from .grid import check_grid_ranks, grid_for, parse_grid
 from .plan import MemoryPlan, check_host_memory, check_memory, memory_plan, parse_bytes
 from .strips import check_schedule
 from .tuning import default_panel_width
+from .traits import traits
 
 __all__ = ["Machine", "Plan", "make_plan", "restage"]
 
@@ -203,7 +204,7 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
     moduli = ozaki_gpu.check_moduli(moduli, precision)
     grid = _grid(grid, machine, m, n, dtype, schedule)
     if host_held and out_of_core is None:
-        out_of_core = schedule == "panels" and (machine.backend == "cupy"
+        out_of_core = schedule == "panels" and (traits(machine.backend).gpu
                                                 or device_memory is not None)
     if host_held and out_of_core is False:
         device_memory = None  # arrays copied onto the devices take them whole
@@ -283,11 +284,11 @@ def _memory(machine, shape, dtype, grid, panel_width, lookahead, out_of_core, de
             _check(machine, memory)
             return memory, None, None
         except ValueError as exc:
-            if schedule == "strips" and backend == "cupy":  # in memory only
+            if schedule == "strips" and traits(backend).gpu:  # in memory only
                 raise ValueError(str(exc).replace("use --device-memory (out of core) or",
                                                   "use --schedule panels (which can run out "
                                                   "of core) or")) from None
-            if backend != "cupy" or out_of_core is False:  # (False: asked for)
+            if not traits(backend).gpu or out_of_core is False:  # (False: asked for)
                 raise
             note = f"the in-memory plan does not fit ({exc}); running out of core"
     budget = parse_bytes(device_memory) if device_memory else _free_budget(machine)
@@ -315,7 +316,7 @@ def _free_budget(machine: Machine) -> int:
     """An out-of-core budget where none was given: a share of the least free
     device memory of any rank (live GPUs), of `free_device`, or 1 GiB on
     NumPy. Collective where live."""
-    if machine.backend != "cupy":
+    if not traits(machine.backend).gpu:
         return NUMPY_BUDGET
     if machine.comm is not None:
         return machine.comm.allreduce(int(machine.device.memory_free() * FREE_SHARE),

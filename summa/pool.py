@@ -40,6 +40,7 @@ import numpy as np
 
 from . import host, remote
 from .options import current as current_options
+from .traits import traits
 
 __all__ = ["WorkerError", "pool_size", "launched", "matmul", "start", "close"]
 
@@ -78,7 +79,7 @@ def pool_size(gpus=None, workers=None, use_gpus: bool = True) -> int:
     return max(1, (os.cpu_count() or 1) // 8)
 
 
-def _mpiexec() -> list[str]:
+def mpiexec_command() -> list[str]:
     """The launcher of the MPI that mpi4py uses: ``MPIEXEC``, else the
     ``mpiexec`` beside this Python (./run's venv with the PyPI MPICH), else
     the one on PATH; under Open MPI, told not to bind the workers (see
@@ -127,7 +128,7 @@ class _Pool:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         try:
             self.proc = subprocess.Popen(
-                _mpiexec() + ["-n", str(size), sys.executable, "-m", "summa.worker",
+                mpiexec_command() + ["-n", str(size), sys.executable, "-m", "summa.worker",
                               self._listener.address, str(os.getpid())],
                 env=env, stdin=subprocess.DEVNULL, start_new_session=True)
         except BaseException:  # Ctrl-C or no launcher: no folder left behind
@@ -291,10 +292,10 @@ def start(gpus=None, workers=None, backend: str = "auto") -> int:
     (:func:`pool_size`); nothing under a launcher."""
     if launched():
         return 1
-    size = pool_size(gpus if backend != "numpy" else None, workers,
-                     use_gpus=backend != "numpy")
+    cpu_only = traits(backend).cpu_only
+    size = pool_size(None if cpu_only else gpus, workers, use_gpus=not cpu_only)
     if size > 1:
-        _get(size, "numpy" if backend == "numpy" else "auto")
+        _get(size, "numpy" if cpu_only else "auto")
     return size
 
 
@@ -321,12 +322,12 @@ def matmul(a, b, size: int, out=None, **options):
     from .backend import NumpyBackend
     trans = [str(options.get(f"trans_{x}", "N")).upper() for x in "ab"]
     meta = check_arrays(a, b, out, *trans, NumpyBackend()
-                        if options.get("backend") == "numpy" else _AnyDtype())
+                        if traits(options.get("backend", "auto")).cpu_only else _AnyDtype())
     if isinstance(meta, str):
         raise ValueError(meta)
     m, n, k, dtype = meta
     # The workers start (Python, MPI, CUDA) while the arrays are made ready.
-    pool = _get(size, "numpy" if options.get("backend") == "numpy" else "auto")
+    pool = _get(size, "numpy" if traits(options.get("backend", "auto")).cpu_only else "auto")
     stats = options.pop("stats", None)
     began = time.perf_counter()
     # The workers read the caller's own arrays (summa.remote) where the system

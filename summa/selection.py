@@ -15,15 +15,35 @@ from .broadcasters import make_broadcaster
 from .comm import choose_comm
 from .watchdog import watch
 
+__all__ = ["pick_broadcasters", "export_blocks", "connect_seconds", "grid_broadcasters",
+           "peer_access", "OPEN_SECONDS", "SMALL_BLOCK_BYTES"]
 
-def _pick_broadcasters(A, B, C, panels, broadcaster, precision):
+
+def pick_broadcasters(A, B, C, panels, broadcaster, precision):
     """The row and column broadcasters for these operands: with ``auto`` on
     GPUs, direct copies (ipc) where the peers' blocks stay open after the
     multiply (:func:`_stay_open`), or where every rank's own GEMMs hide
-    opening them (:func:`_hides_connect`)."""
+    opening them (:func:`_hides_connect`). Collective.
+
+    Parameters
+    ----------
+    A, B, C : DistMatrix
+        The operands and result of the multiply.
+    panels : list of Panel
+        The multiply's panels (their roots tell which GEMMs are this rank's own).
+    broadcaster : str
+        The kind asked for (``auto``, ``nccl``, ``ipc``, ``host`` ...).
+    precision : str or None
+        The multiply's precision (``tf32`` runs faster GEMMs that hide less).
+
+    Returns
+    -------
+    tuple
+        The row and column broadcasters (:func:`grid_broadcasters`).
+    """
     grid, backend = C.grid, C.backend
     worth_ipc = True
-    if broadcaster == "auto" and grid.size > 1 and backend.name == "cupy":
+    if broadcaster == "auto" and grid.size > 1 and backend.is_gpu:
         # The directions auto could copy directly in (collective, like all below).
         dirs = grid.within_nodes()
         # Blocks along a grid row (column) of one rank have no reader.
@@ -32,7 +52,7 @@ def _pick_broadcasters(A, B, C, panels, broadcaster, precision):
             _stay_open(grid, backend, (A.local, B.local), read)
             or _hides_connect(panels, grid, C.local.shape, C.dtype, precision,
                               (A.local.nbytes, B.local.nbytes), dirs))
-    return _broadcasters(grid, broadcaster, backend, copy_engines=worth_ipc)
+    return grid_broadcasters(grid, broadcaster, backend, copy_engines=worth_ipc)
 
 
 def _stay_open(grid, backend, blocks, dirs) -> bool:
@@ -58,12 +78,29 @@ def _direct(bc) -> bool:
     return getattr(bc, "reads_blocks", False) and bc.comm.Get_size() > 1
 
 
-def _export(grid, backend, row_bc, col_bc, a_block, b_block) -> tuple[bool, bool]:
+def export_blocks(grid, backend, row_bc, col_bc, a_block, b_block) -> tuple[bool, bool]:
     """Export this rank's blocks to the broadcasters that let peers read them
     directly (ipc); collective. Returns, the same on every rank, which of the
     row and column broadcasters copy directly: neither where any rank could
     not export (e.g. a block without contiguous rows), and paired broadcasts
-    of the same broadcasters are used instead."""
+    of the same broadcasters are used instead.
+
+    Parameters
+    ----------
+    grid : Grid
+        The process grid.
+    backend : Backend
+        The array backend of the blocks.
+    row_bc, col_bc : broadcaster
+        The row and column broadcasters.
+    a_block, b_block : array
+        This rank's blocks of A and B.
+
+    Returns
+    -------
+    tuple of bool
+        Whether the row and the column broadcaster copy directly.
+    """
     want = (_direct(row_bc), _direct(col_bc))
     if not any(want):
         return want
@@ -88,10 +125,30 @@ SMALL_BLOCK_BYTES = 256 << 20
 _GEMM_FLOPS = {"d": 54e12, "f": 54e12, "tf32": 420e12, "e": 760e12}
 
 
-def _connect_seconds(shape, a_bytes: int, b_bytes: int, dirs=(True, True)) -> float:
+def connect_seconds(shape, a_bytes: int, b_bytes: int, dirs=(True, True)) -> float:
     """Estimated time to open the peers' blocks on a grid of `shape`: the A
     blocks of a rank's grid row and the B blocks of its column (sized like its
-    own), in the directions `dirs` (row, column) that copy directly."""
+    own), in the directions `dirs` (row, column) that copy directly.
+
+    Parameters
+    ----------
+    shape : tuple of int
+        The grid's shape (rows, columns).
+    a_bytes, b_bytes : int
+        Bytes of one rank's A and B blocks.
+    dirs : tuple of bool
+        Whether the row and the column direction copy directly.
+
+    Returns
+    -------
+    float
+        Estimated seconds.
+
+    Examples
+    --------
+    >>> connect_seconds((1, 2), 1 << 20, 1 << 20, (True, False))
+    0.002
+    """
     def one(nbytes):
         return OPEN_SECONDS["small" if nbytes <= SMALL_BLOCK_BYTES else "large"]
     return (dirs[0] * (shape[1] - 1) * one(a_bytes)
@@ -112,11 +169,11 @@ def _hides_connect(panels, grid, local_shape, dtype, precision, block_bytes,
     own = sum(p.width for p in panels
               if (not dirs[0] or p.a_root == grid.col) and (not dirs[1] or p.b_root == grid.row))
     margin = 2.0 * local_shape[0] * local_shape[1] * own / rate \
-        - _connect_seconds(grid.shape, *block_bytes, dirs)
+        - connect_seconds(grid.shape, *block_bytes, dirs)
     return grid.comm.allreduce(margin, op=MPI.MIN) >= 0
 
 
-def _broadcasters(grid, kind: str, backend, copy_engines: bool = True):
+def grid_broadcasters(grid, kind: str, backend, copy_engines: bool = True):
     """The row and column broadcasters of `grid`, made (and self-tested) once per
     grid and mode, since NCCL communicators are expensive to create.
 
@@ -131,12 +188,28 @@ def _broadcasters(grid, kind: str, backend, copy_engines: bool = True):
     column panels with NCCL. Without `copy_engines` (in memory where the
     peers' blocks would open too slowly, and are too large to keep open)
     ``auto`` takes NCCL.
+
+    Parameters
+    ----------
+    grid : Grid
+        The process grid.
+    kind : str
+        The broadcaster kind asked for.
+    backend : Backend
+        The array backend.
+    copy_engines : bool
+        Whether ``auto`` may choose direct copies (ipc).
+
+    Returns
+    -------
+    tuple
+        The row and column broadcasters.
     """
-    if kind == "auto" and copy_engines and backend.name == "cupy" and grid.size > 1:
+    if kind == "auto" and copy_engines and backend.supports_ipc and grid.size > 1:
         pair = _auto_ipc(grid, backend)
         if pair is not None and None in (pair.row, pair.col):
             # One direction within nodes (ipc), the other across them (as usual).
-            usual = _broadcasters(grid, kind, backend, copy_engines=False)
+            usual = grid_broadcasters(grid, kind, backend, copy_engines=False)
             return pair.row or usual[0], pair.col or usual[1]
         if pair is not None:
             return pair.row, pair.col
@@ -206,7 +279,7 @@ def peer_access(grid, backend) -> bool:
     asked = options.current().peer_access
     if asked is not None:
         return asked
-    if backend.name != "cupy" or grid.size == 1:
+    if not backend.is_gpu or grid.size == 1:
         return True
     me = (grid.topology.node, backend.device)
     peers = set()

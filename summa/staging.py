@@ -57,26 +57,44 @@ RING_EXTRA = 4
 TOUCH_SHARE = 0.25
 
 
-_ranks_on_node = 1
+class _NodeShare:
+    """How many ranks share this node's cores, as the last process grid said:
+    one explicit holder (not a ``global``) for the copies whose caller does not
+    say (:func:`stager_for`).
+
+    Attributes
+    ----------
+    ranks : int
+        Ranks on this node (1 before any grid).
+    """
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the grids' word: one rank per node (the state at import)."""
+        self.ranks = 1
+
+
+_node_share = _NodeShare()
 
 
 def set_ranks_on_node(count: int) -> None:
     """How many ranks share this node's cores (a process grid says so), for
     the copies whose caller does not (:func:`stager_for`)."""
-    global _ranks_on_node
-    _ranks_on_node = max(1, int(count))
+    _node_share.ranks = max(1, int(count))
 
 
 def ranks_on_node() -> int:
     """How many ranks share this rank's cores, as the last process grid said
     (1 before any): the copies' and the file reads' threads divide them."""
-    return _ranks_on_node
+    return _node_share.ranks
 
 
 def stager_for(device: int) -> "Stager":
     """This process's stager for `device`, its threads the node's cores shared
     by its ranks."""
-    return get_stager(device, copy_threads(_ranks_on_node))
+    return get_stager(device, copy_threads(_node_share.ranks))
 
 
 def copy_threads(ranks_on_node: int = 1) -> int:

@@ -15,6 +15,7 @@ machine's ranks take the paths between nodes, which tests use.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass, field
 
@@ -170,15 +171,11 @@ def _device_count() -> int | None:
         return None
 
 
-_keyval = None
-
-
+@functools.lru_cache(maxsize=None)
 def _key() -> int:
-    """The MPI attribute key under which communicators keep their topology."""
-    global _keyval
-    if _keyval is None:
-        _keyval = MPI.Comm.Create_keyval(delete_fn=_dropped)
-    return _keyval
+    """The MPI attribute key under which communicators keep their topology
+    (created once per process: the cache)."""
+    return MPI.Comm.Create_keyval(delete_fn=_dropped)
 
 
 def _dropped(comm, keyval, kept) -> None:

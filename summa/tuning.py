@@ -16,6 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .transpose import PanelsOfA
+from .traits import traits
 
 __all__ = ["default_panel_width", "auto_panel_width", "transposes_a", "CANDIDATE_WIDTHS"]
 
@@ -42,7 +43,7 @@ def default_panel_width(backend_name: str, dtype, precision: str | None = None,
     the width its plans and measurements were made with (wider panels take
     room from the C tiles).
     """
-    if backend_name != "cupy":
+    if not traits(backend_name).gpu:
         return 256
     dtype = np.dtype(dtype)
     if precision == "fp64-int8":
@@ -87,13 +88,13 @@ def transposes_a(backend_name: str, dtype, precision=None, schedule: str = "pane
     """
     from .backend import gemm_library, transpose_a_setting
     setting = transpose_a_setting()
-    if backend_name == "cupy" and gemm_library() == "cublaslt":
+    if traits(backend_name).gpu and gemm_library() == "cublaslt":
         return False
     if schedule != "panels" or setting == "no":
         return False
     if setting == "yes":
         return True
-    return (backend_name == "cupy" and precision not in ("tf32", "fp64-int8")
+    return (traits(backend_name).gpu and precision not in ("tf32", "fp64-int8")
             and np.dtype(dtype).char in TRANSPOSED_A_FASTER)
 
 

@@ -129,9 +129,11 @@ def handle_signals(comm: MPI.Comm | None = None, announce: bool = True) -> None:
     CUDA call.
 
     Whichever thread the signal lands on, Python's C-level handler writes its
-    number to a wake-up pipe; a daemon thread blocked on that pipe then gives
-    both signals back their default action (a second one ends the process at
-    once, whatever this one is waiting on), removes temporary output files and
+    number to a wake-up pipe; a daemon thread blocked on that pipe then
+    ignores copies of the signal for :data:`REPEAT_GRACE` seconds and gives
+    both signals back their default action after that (a second one ends the
+    process at once, whatever this one is waiting on), removes temporary
+    output files and
     MPI's shared memory, and ends the process with status 128 + signal number
     without running exit handlers (:func:`summa.cleanup.hard_exit`).
     (Python-level handlers would wait for the main thread to leave MPI.)
@@ -146,7 +148,14 @@ def handle_signals(comm: MPI.Comm | None = None, announce: bool = True) -> None:
 
     def wait_for_signal():
         signum = os.read(read_end, 1)[0]
-        _default_action(signal.SIGINT, signal.SIGTERM)
+        # The same signal often comes twice at once: to the process group and
+        # again from a launcher or Open MPI's singleton helper that forwards it.
+        # Those copies are ignored for a moment; a later one ends the process.
+        _set_action(_SIG_IGN, signal.SIGINT, signal.SIGTERM)
+        later = threading.Timer(REPEAT_GRACE, _set_action,
+                                (_SIG_DFL, signal.SIGINT, signal.SIGTERM))
+        later.daemon = True
+        later.start()
         name = signal.Signals(signum).name
         # Well under a second: a batch system's SIGTERM precedes its SIGKILL by
         # a few seconds, and a signal reaches every rank, rank 0 among them.
@@ -156,13 +165,19 @@ def handle_signals(comm: MPI.Comm | None = None, announce: bool = True) -> None:
     threading.Thread(target=wait_for_signal, name="summa-signals", daemon=True).start()
 
 
-def _default_action(*signums) -> None:
-    """Give `signums` their default action (end the process) at the C level,
-    from any thread: Python's ``signal.signal`` works only in the main thread,
-    which may be inside a GEMM or MPI for a long time."""
+#: Seconds after a first SIGINT/SIGTERM during which more of them are ignored
+#: (copies of the first); after that a second one ends the process at once.
+REPEAT_GRACE = 0.25
+_SIG_DFL, _SIG_IGN = 0, 1
+
+
+def _set_action(action: int, *signums) -> None:
+    """Give `signums` the C-level `action` (``_SIG_DFL``: end the process;
+    ``_SIG_IGN``), from any thread: Python's ``signal.signal`` works only in
+    the main thread, which may be inside a GEMM or MPI for a long time."""
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     libc.signal.restype = ctypes.c_void_p
     libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
     for signum in signums:
-        libc.signal(int(signum), None)  # SIG_DFL is 0
+        libc.signal(int(signum), action)

@@ -22,6 +22,8 @@ import sys
 import time
 import traceback
 
+from .traits import traits
+
 
 def serve(conn, world) -> None:
     """Run the owner's commands until it says stop (or goes away)."""
@@ -98,7 +100,7 @@ def _warm(world, backend: str) -> None:
     on GPUs, CuPy imported and CUDA started on this worker's GPU (~1 s of a
     first call otherwise). Whatever fails here fails again, and is reported,
     in the call itself."""
-    if backend == "numpy":
+    if traits(backend).cpu_only:
         return
     try:
         from .backend import cupy_available, get_backend

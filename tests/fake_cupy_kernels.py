@@ -146,6 +146,7 @@ class Backend:
     """The two calls of CupyBackend that ozaki_gpu makes, in NumPy."""
 
     name = "cupy"
+    is_gpu = True
 
     def __init__(self):
         self.gemms = 0

@@ -165,7 +165,8 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
     b = random_array(rng, (k, n) if tb == "N" else (n, k), dtype)
     root = comm.Get_rank() == 0
     out = np.full((m, n), np.nan, dtype) if rng.uniform() < 0.5 and root else None
-    resident = case["out_of_core"] or rng.uniform() < 0.6
+    # host-resident (out of core) most of the time; strips run in device memory only
+    resident = case["out_of_core"] or (case["schedule"] != "strips" and rng.uniform() < 0.6)
     budget = None
     if case["out_of_core"]:
         budget = _budget(case, tuple(case["grid"]), np.dtype(dtype).itemsize)

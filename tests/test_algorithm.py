@@ -307,7 +307,7 @@ def use_window_readers(grid, backend, monkeypatch):
     import summa.selection as selection
     calls, gemms = [], []
     readers = (WindowReader(grid.row_comm, calls), WindowReader(grid.col_comm, calls))
-    monkeypatch.setattr(selection, "_broadcasters", lambda *args, **kwargs: readers)
+    monkeypatch.setattr(selection, "grid_broadcasters", lambda *args, **kwargs: readers)
     real_gemm = backend.gemm
     monkeypatch.setattr(backend, "gemm", lambda *a, **kw: (gemms.append(len(calls)),
                                                            real_gemm(*a, **kw))[1])
@@ -360,7 +360,7 @@ def test_auto_takes_direct_copies_only_where_own_gemms_hide_the_connect():
     behind the GEMMs of a rank's own panels; the slowest rank decides for all."""
     from types import SimpleNamespace
 
-    from summa.selection import OPEN_SECONDS, _connect_seconds, _hides_connect
+    from summa.selection import OPEN_SECONDS, connect_seconds, _hides_connect
     from summa.layout import Distribution
 
     def decide(n, dtype, precision=None, others=float("inf"), dirs=(True, True)):
@@ -380,10 +380,10 @@ def test_auto_takes_direct_copies_only_where_own_gemms_hide_the_connect():
     assert decide(8192, "float16", dirs=(True, False))  # no column blocks to open: nothing to hide
     assert not decide(32768, "float64", others=-1e-3)  # another rank's GEMMs are too short
     shape = (3, 4)  # 3 A blocks of the row, 2 B blocks of the column
-    assert _connect_seconds(shape, 1 << 30, 1 << 20) == pytest.approx(
+    assert connect_seconds(shape, 1 << 30, 1 << 20) == pytest.approx(
         3 * OPEN_SECONDS["large"] + 2 * OPEN_SECONDS["small"])
     # rows within nodes, columns across them: only the row's A blocks open
-    assert _connect_seconds(shape, 1 << 30, 1 << 20, (True, False)) == pytest.approx(
+    assert connect_seconds(shape, 1 << 30, 1 << 20, (True, False)) == pytest.approx(
         3 * OPEN_SECONDS["large"])
 
 
@@ -445,14 +445,14 @@ def test_only_blocks_with_readers_must_stay_open(monkeypatch, shape, read):
     asked = []
     monkeypatch.setattr(selection, "_stay_open",
                         lambda grid, backend, blocks, dirs: asked.append(dirs) or True)
-    monkeypatch.setattr(selection, "_broadcasters",
+    monkeypatch.setattr(selection, "grid_broadcasters",
                         lambda grid, kind, backend, copy_engines=True: copy_engines)
     grid = SimpleNamespace(size=4, shape=shape, within_nodes=lambda: (True, True))
     local = SimpleNamespace(nbytes=8, shape=(1, 1))
-    C = SimpleNamespace(grid=grid, backend=SimpleNamespace(name="cupy"), local=local,
+    C = SimpleNamespace(grid=grid, backend=SimpleNamespace(name="cupy", is_gpu=True, supports_ipc=True), local=local,
                         dtype="float32")
     A = B = SimpleNamespace(local=local)
-    assert selection._pick_broadcasters(A, B, C, [], "auto", None) is True
+    assert selection.pick_broadcasters(A, B, C, [], "auto", None) is True
     assert asked == [read]
 
 
@@ -490,7 +490,7 @@ def test_direct_reads_in_one_direction_and_paired_broadcasts_in_the_other(comm, 
         else:
             pair = (make_broadcaster("mpi", grid.row_comm, backend),
                     WindowReader(grid.col_comm, calls))
-        monkeypatch.setattr(selection, "_broadcasters", lambda *args, **kwargs: pair)
+        monkeypatch.setattr(selection, "grid_broadcasters", lambda *args, **kwargs: pair)
         A, B = distribute(a, grid, backend), distribute(b, grid, backend)
         c = matmul(A, B, panel_width=4, lookahead=lookahead).gather()
         again = matmul(A, B, panel_width=4, lookahead=lookahead).gather()
@@ -511,7 +511,7 @@ def test_a_block_that_cannot_be_exported_means_paired_broadcasts_everywhere(comm
         calls = []
         readers = (WindowReader(grid.row_comm, calls),
                    WindowReader(grid.col_comm, calls, refuse=comm.rank == 1))
-        monkeypatch.setattr(selection, "_broadcasters", lambda *args, **kwargs: readers)
+        monkeypatch.setattr(selection, "grid_broadcasters", lambda *args, **kwargs: readers)
         a, b = random_array(rng, (29, 43), "float64"), random_array(rng, (43, 31), "float64")
         c = matmul(distribute(a, grid, backend), distribute(b, grid, backend),
                    panel_width=4).gather()
@@ -542,7 +542,7 @@ def test_auto_ipc_falls_back_per_direction_when_a_self_test_fails(comm, monkeypa
 
     monkeypatch.setattr(selection, "make_broadcaster", fake_make)
     monkeypatch.setattr(selection, "_devices_distinct", lambda grid, backend: True)
-    backend = SimpleNamespace(name="cupy", device=0)
+    backend = SimpleNamespace(name="cupy", is_gpu=True, supports_ipc=True, device=0)
     with make_grid(comm, "col") as grid:  # P x 1: the columns hold every rank
         pair = selection._auto_ipc(grid, backend)
         assert made == ["ipc", "ipc"] and freed == []
@@ -569,13 +569,13 @@ def test_auto_ipc_only_in_directions_within_nodes(comm, monkeypatch):
 
     monkeypatch.setattr(selection, "make_broadcaster", fake_make)
     monkeypatch.setattr(selection, "_devices_distinct", lambda grid, backend: True)
-    backend = SimpleNamespace(name="cupy", device=0)
+    backend = SimpleNamespace(name="cupy", is_gpu=True, supports_ipc=True, device=0)
     with make_grid(comm, "col") as grid:
         grid.node = 100 + grid.row  # one rank per node: each column spans nodes
         pair = selection._auto_ipc(grid, backend)
         assert tried == [("ipc", 1)]  # the rows (one rank each here), not the columns
         assert pair.row is not None and pair.col is None
-        row, col = selection._broadcasters(grid, "auto", backend)
+        row, col = selection.grid_broadcasters(grid, "auto", backend)
         assert row is pair.row and col.name == choose_comm("auto", backend)
     with make_grid(comm, "col") as grid:
         grid.node = 100  # all on one node: both directions
@@ -589,8 +589,8 @@ class _SummedProducts:
     product it is given and applies them once, as the pipeline's product
     hook takes them (the GPU's own test checks the INT8 arithmetic)."""
 
-    def __init__(self, m, n, dtype):
-        self.total, self.terms, self.finished = np.zeros((m, n), dtype), 0, 0
+    def __init__(self, m, n, dtype, xp=np):
+        self.total, self.terms, self.finished = xp.zeros((m, n), dtype), 0, 0
 
     def add(self, a, b):
         self.total += a @ b
@@ -615,7 +615,7 @@ def test_a_grid_with_panel_sums_gives_every_panel_to_them_and_folds_once(
     made = []
 
     def sums(A, B, C, *args):
-        made.append(_SummedProducts(*C.local.shape, C.dtype))
+        made.append(_SummedProducts(*C.local.shape, C.dtype, C.backend.xp))
         return made[-1]
     monkeypatch.setattr(algorithm, "_panel_sums", sums)
     with make_grid(comm, which) as grid:
@@ -700,7 +700,7 @@ def test_a_large_one_rank_cpu_product_runs_in_steps_and_stays_right(monkeypatch,
     from mpi4py import MPI
     a, b = random_array(rng, (40, 300), "float64"), random_array(rng, (300, 30), "float64")
     stats = SummaStats()
-    c = matmul(a, b, comm=MPI.COMM_SELF, panel_width=16, stats=stats)
+    c = matmul(a, b, comm=MPI.COMM_SELF, backend="numpy", panel_width=16, stats=stats)
     assert stats.panels == len(range(0, 300, 64))
     assert gemm_scaled_error(c, a, b) <= 1
 

@@ -97,6 +97,7 @@ def test_unknown_mode():
 
 class _FakeGpuBackend:
     name = "cupy"
+    is_gpu = supports_ipc = True
 
 
 @pytest.mark.parametrize("nccl,aware,expect", [

@@ -140,7 +140,7 @@ def test_peer_access_asks_cuda_about_every_gpu_of_the_row_and_column(comm, monke
             asked.append((me, other))
             return can
         runtime = types.SimpleNamespace(deviceCanAccessPeer=query)
-        return types.SimpleNamespace(name="cupy", device=comm.rank,
+        return types.SimpleNamespace(name="cupy", is_gpu=True, device=comm.rank,
                                      xp=types.SimpleNamespace(cuda=types.SimpleNamespace(
                                          runtime=runtime)))
     with summa.ProcessGrid(comm) as grid:

@@ -162,8 +162,8 @@ def test_uploads_run_a_step_ahead_of_their_broadcasts_where_a_slot_is_spare(
 
         def take_seconds(self):
             return self.bc.take_seconds()
-    real = outofcore._broadcasters
-    monkeypatch.setattr(outofcore, "_broadcasters", lambda *args, **kwargs: tuple(
+    real = outofcore.grid_broadcasters
+    monkeypatch.setattr(outofcore, "grid_broadcasters", lambda *args, **kwargs: tuple(
         Logged(bc) for bc in real(*args, **kwargs)))
     m, n, k = 40, 30, 64
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
@@ -308,7 +308,7 @@ def test_out_of_core_plans_staging_for_copy_engine_broadcasters(comm, rng, monke
     """The sweep plans with the broadcasters it got: ones named ipc (here the
     host-staged MPI ones under that name) have their staging counted."""
     from summa import outofcore
-    real = outofcore._broadcasters
+    real = outofcore.grid_broadcasters
 
     class Named:
         def __init__(self, inner):
@@ -317,7 +317,7 @@ def test_out_of_core_plans_staging_for_copy_engine_broadcasters(comm, rng, monke
         def __getattr__(self, attr):
             return getattr(self.inner, attr)
 
-    monkeypatch.setattr(outofcore, "_broadcasters",
+    monkeypatch.setattr(outofcore, "grid_broadcasters",
                         lambda *args, **kw: tuple(Named(bc) for bc in real(*args, **kw)))
     m, n, k = 40, 36, 32
     a, b = (random_array(rng, s, "float64") for s in ((m, k), (k, n)))
@@ -402,7 +402,7 @@ def test_parse_bytes_rejects(text):
 
 class _FakeGpu:
     """Just enough of the CuPy backend for check_memory and a live make_plan."""
-    name, device = "cupy", 1
+    name, device, is_gpu = "cupy", 1, True
 
     def memory_free(self):
         return int(23.5 * 2**30)
@@ -564,6 +564,7 @@ def test_host_held_distmatrix_streams_through_a_device(comm, rng, trans_a, trans
 
 class _NotHost(NumpyBackend):
     name = "cupy-like"
+    is_gpu = True  # its blocks are not host memory
 
 
 def test_the_model_says_what_float64_on_int8_gains_on_the_first_users_gpus():

@@ -153,6 +153,7 @@ def test_fp64_int8_is_refused_where_it_cannot_run(monkeypatch):
 
     class OldGpu:
         name = "cupy"
+        is_gpu = True
 
         def has_int8_tensor_cores(self):
             return False

@@ -105,7 +105,7 @@ def test_row_strips_inside_same_b_make_b_once_and_give_the_whole_product(rng, oz
         ozaki_gpu.gemm(1.0, a, other, c, backend=backend)
         assert _close(c, ozaki.gemm_int8(a, other))
     np.testing.assert_array_equal(strips, whole)
-    assert ozaki_gpu._held is None  # nothing kept after the context
+    assert ozaki_gpu._scopes.held is None  # nothing kept after the context
     ozaki_gpu.gemm(1.0, a[:20], b, strips[:20], backend=backend)
     assert residues.launches - before == 4 + 2 + 2  # outside: B made again
 
@@ -123,7 +123,7 @@ def test_inputs_checked_later_say_so_once_at_the_end(rng, ozaki_gpu):
         assert checks.finite() and len(checks.flags) == 2  # A's rows, B's columns
         with np.errstate(invalid="ignore"):  # its residues are meaningless: NaN cast
             ozaki_gpu.gemm(1.0, a, bad, c, backend=backend)  # no raise here
-    assert not checks.finite() and ozaki_gpu._pending is None
+    assert not checks.finite() and ozaki_gpu._scopes.pending is None
     with pytest.raises(ValueError, match="finite inputs"):  # outside: at once
         ozaki_gpu.gemm(1.0, a, bad, c, backend=backend)
 

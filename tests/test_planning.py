@@ -24,7 +24,7 @@ DTYPES = ["float64", "float32", "complex128", "float16"]
 
 class _FakeGpu:
     """Just enough of the CuPy backend for a live plan on one rank."""
-    name, device = "cupy", 0
+    name, device, is_gpu = "cupy", 0, True
 
     def __init__(self, free):
         self.free = free

@@ -1,5 +1,6 @@
 """Never hang: the watchdog, signals, killed and failing ranks, soak."""
 
+import functools
 import gc
 import os
 import re
@@ -169,7 +170,8 @@ def test_signal_stops_every_rank_and_removes_the_temporary_file(tmp_path, sig):
     assert time.monotonic() - t0 < 15
     assert proc.returncode != 0
     if "MPI_ABORT was invoked" not in err:  # Open MPI's mpirun ends the job its own way
-        assert f"received {signal.Signals(sig).name}" in err
+        names = {signal.Signals(sig).name} | ({"SIGTERM"} if launcher_is_open_mpi() else set())
+        assert any(f"received {name}" in err for name in names), err
     assert sorted(os.listdir(tmp_path)) == ["A.npy", "B.npy"]
 
 
@@ -198,6 +200,18 @@ def test_a_second_signal_ends_the_process_even_when_stopping_is_stuck(sig):
     finally:
         proc.kill()
     assert proc.returncode == -sig and time.monotonic() - t0 < 5
+
+
+@functools.lru_cache(maxsize=None)
+def launcher_is_open_mpi() -> bool:
+    """Open MPI's mpirun forwards SIGINT to the ranks as SIGTERM and reports
+    status 1 for a job whose ranks ended non-zero, whatever their status."""
+    try:
+        done = subprocess.run(mpiexec()[:1] + ["--version"], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "Open MPI" in done.stdout or "OpenRTE" in done.stdout
 
 
 #: How a multiply is started: a plain process (one rank, MPI's singleton start),
@@ -246,7 +260,9 @@ def test_a_signal_at_a_random_time_ends_every_mode_at_once(tmp_path, launch, sig
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert took < 5, (case, took, err)
-    assert proc.returncode == 128 + sig, (case, proc.returncode, err)
+    launched = how == "mpiexec" or ranks > 1
+    expect = 1 if launched and launcher_is_open_mpi() else 128 + sig
+    assert proc.returncode == expect, (case, proc.returncode, err)
     assert wait_gone(pids, 5) == [], case
     assert existing(held) == [], case
     assert sorted(os.listdir(tmp_path)) == ["A.npy", "B.npy"], case

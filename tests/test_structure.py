@@ -1,0 +1,99 @@
+"""The package's interfaces, read from its source: no private name is
+imported across modules, the backend's name is compared in backend selection
+only (everyone else asks the Backend or :func:`summa.traits.traits`), and no
+module keeps hidden state behind ``global`` or ``nonlocal``."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "summa"
+
+#: (importing module, home module, name) of private imports still allowed.
+PRIVATE_IMPORTS_ALLOWED: set = set()
+
+#: Modules where ``global`` stays: options' one explicit cache of the parsed
+#: settings; pool's worker pool and watchdog's active watch, until the
+#: signal-handling work moves them into objects.
+GLOBAL_ALLOWED = {"options", "pool", "watchdog"}
+
+#: Backend names are compared in backend selection only: get_backend's choice
+#: and summa.traits, the one description of a name.
+BACKEND_NAMES = {"cupy", "numpy"}
+BACKEND_COMPARISONS_MAX = 5
+SELECTION_FILES = {"backend", "traits"}
+
+
+def _modules(root: pathlib.Path = PACKAGE):
+    for path in sorted(root.glob("*.py")):
+        yield path.stem, ast.parse(path.read_text(), str(path))
+
+
+def private_imports(modules) -> list[tuple[str, str, str]]:
+    """(module, home, name) of each ``from .home import _name``."""
+    found = []
+    for name, tree in modules:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level >= 1 and node.module:
+                home = node.module.split(".")[-1]
+                found += [(name, home, alias.name) for alias in node.names
+                          if alias.name.startswith("_") and not alias.name.startswith("__")]
+    return found
+
+
+def backend_comparisons(modules) -> list[tuple[str, int]]:
+    """(module, line) of each ``==``/``!=`` comparison with ``"cupy"`` or ``"numpy"``."""
+    found = []
+    for name, tree in modules:
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Compare):
+                continue
+            if not all(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops):
+                continue
+            operands = [node.left, *node.comparators]
+            if any(isinstance(o, ast.Constant) and o.value in BACKEND_NAMES for o in operands):
+                found.append((name, node.lineno))
+    return found
+
+
+def scope_statements(modules, kind) -> list[tuple[str, int]]:
+    """(module, line) of each statement of `kind` (ast.Global or ast.Nonlocal)."""
+    return [(name, node.lineno) for name, tree in modules
+            for node in ast.walk(tree) if isinstance(node, kind)]
+
+
+def test_no_private_names_imported_across_modules():
+    found = set(private_imports(_modules())) - PRIVATE_IMPORTS_ALLOWED
+    assert not found, f"give these a public name in their home module: {sorted(found)}"
+
+
+def test_backend_names_compared_in_backend_selection_only():
+    found = backend_comparisons(_modules())
+    outside = [f for f in found if f[0] not in SELECTION_FILES]
+    assert not outside, ("ask the Backend (is_gpu, supports_ipc ...) or summa.traits.traits(name) "
+                         f"instead of comparing its name: {outside}")
+    assert len(found) <= BACKEND_COMPARISONS_MAX, found
+
+
+def test_no_global_outside_the_explicit_caches():
+    found = [(m, line) for m, line in scope_statements(_modules(), ast.Global)
+             if m not in GLOBAL_ALLOWED]
+    assert not found, f"keep this state in an object that travels: {found}"
+
+
+def test_no_nonlocal():
+    assert not scope_statements(_modules(), ast.Nonlocal)
+
+
+@pytest.mark.parametrize("source,check", [
+    ("from .selection import _hidden\n", private_imports),
+    ("x = backend.name == 'cupy'\n", backend_comparisons),
+    ("def f():\n    global y\n", lambda m: scope_statements(m, ast.Global)),
+    ("def f():\n    y = 1\n    def g():\n        nonlocal y\n", lambda m: scope_statements(m, ast.Nonlocal)),
+])
+def test_each_check_finds_what_it_forbids(tmp_path, source, check):
+    (tmp_path / "added.py").write_text(source)
+    assert check(_modules(tmp_path))
