@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["temporary_files", "remove_temporary_files", "MPI_SEGMENT_PREFIXES",
-           "mapped_segments", "remove_segments", "hard_exit"]
+__all__ = ["temporary_files", "remove_temporary_files", "MPI_SEGMENT_PREFIXES", "mapped_segments",
+           "remove_segments", "hard_exit", "process_alive"]
 
 #: Paths of unfinished outputs (a set: safe to change from any thread).
 temporary_files: set = set()
@@ -72,3 +72,12 @@ def hard_exit(status: int) -> None:
     remove_temporary_files()
     remove_segments(mapped_segments())
     os._exit(status)
+
+
+def process_alive(pid: int) -> bool:
+    """Is process `pid` running (a zombie, killed and not yet reaped, is not)?"""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False

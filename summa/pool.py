@@ -39,6 +39,7 @@ import time
 import numpy as np
 
 from . import host, remote
+from .cleanup import process_alive
 from .options import current as current_options
 from .traits import traits
 
@@ -211,7 +212,7 @@ class _Pool:
             conn.send(command)
 
     def _death(self) -> str:
-        dead = [r for r, pid in self.pids.items() if not _alive(pid)]
+        dead = [r for r, pid in self.pids.items() if not process_alive(pid)]
         who = f"worker rank {dead[0]} (pid {self.pids[dead[0]]})" if dead else "a worker"
         return f"{who} died; the pool is stopped and starts anew on the next call"
 
@@ -230,7 +231,7 @@ class _Pool:
         except (OSError, subprocess.TimeoutExpired):
             pass
         workers = [*self.pids.values(), *self.parents]
-        if self.proc.poll() is None or any(_alive(pid) for pid in workers):
+        if self.proc.poll() is None or any(process_alive(pid) for pid in workers):
             for pid in [-self.proc.pid, *workers]:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -238,7 +239,7 @@ class _Pool:
                     pass
         self.proc.wait()
         deadline = time.monotonic() + 5  # killed is not yet gone: wait until they are
-        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        while any(process_alive(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.01)
         remove_segments(self.segments)
         for pid in self.pids.values():
@@ -260,14 +261,6 @@ class _Pool:
             conn.close()
         self._listener.close()
         shutil.rmtree(self._folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 _pool: _Pool | None = None

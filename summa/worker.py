@@ -22,6 +22,7 @@ import sys
 import time
 import traceback
 
+from .cleanup import process_alive
 from .traits import traits
 
 
@@ -139,7 +140,7 @@ def watch_owner(owner: int) -> None:
         try:
             fd = os.pidfd_open(owner)
         except (AttributeError, OSError):  # an old kernel: look twice a second
-            while _alive(owner):
+            while process_alive(owner):
                 time.sleep(0.5)
         else:
             import select
@@ -147,15 +148,6 @@ def watch_owner(owner: int) -> None:
         _owner_gone(owner)
 
     threading.Thread(target=wait, name="summa-owner", daemon=True).start()
-
-
-def _alive(pid: int) -> bool:
-    """Is process `pid` running (a zombie, killed and not yet reaped, is not)?"""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def main(argv=None) -> int:
@@ -185,7 +177,7 @@ def main(argv=None) -> int:
     try:
         serve(conn, world)
     except _OwnerGone:  # nothing to answer (an OSError of the multiply is told, below)
-        _owner_gone(owner) if not _alive(owner) else os._exit(1)
+        _owner_gone(owner) if not process_alive(owner) else os._exit(1)
     except BaseException as exc:  # noqa: BLE001 -- told to the owner, then the job ends
         detail = "".join(traceback.format_exception(exc)[-6:])
         try:

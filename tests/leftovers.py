@@ -57,10 +57,10 @@ def existing(paths) -> list[str]:
 
 def wait_gone(pids, seconds: float) -> list[int]:
     """`pids` still alive after up to `seconds` (zombies count as gone)."""
-    from summa.pool import _alive
+    from summa.cleanup import process_alive
     deadline = time.monotonic() + seconds
     while True:
-        alive = [p for p in pids if _alive(p)]
+        alive = [p for p in pids if process_alive(p)]
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.02)

@@ -17,6 +17,7 @@ import summa
 from helpers import gemm_scaled_error, random_array
 from leftovers import existing, held_files, job_pids, wait_gone
 from summa import host, pool, remote
+from summa.cleanup import process_alive
 
 pytestmark = pytest.mark.skipif(pool.launched(), reason="under a launcher nothing is spawned")
 
@@ -67,7 +68,7 @@ def test_a_failing_worker_ends_the_call_with_one_error_and_the_pool_starts_anew(
     with pytest.raises(pool.WorkerError, match=match):
         summa.matmul(a, b, workers=3, backend="numpy", out_of_core=True, panel_width=4)
     assert pool._pool is None
-    assert not [p for p in before.values() if pool._alive(p)]  # no worker left running
+    assert not [p for p in before.values() if process_alive(p)]  # no worker left running
     assert existing(held) == []
     monkeypatch.delenv("SUMMA_INJECT_FAULT")
     c = summa.matmul(a, b, workers=3, backend="numpy")
@@ -210,7 +211,7 @@ def test_a_killed_caller_is_noticed_by_its_workers_which_clean_up(tmp_path):
     assert any(os.path.basename(f).startswith(f"summa-{proc.pid}-") for f in held), held
     proc.kill()
     proc.communicate()
-    assert wait_gone(job, 10) == [], [p for p in job if pool._alive(p)]
+    assert wait_gone(job, 10) == [], [p for p in job if process_alive(p)]
     assert existing(held) == []
 
 
