@@ -268,3 +268,14 @@ def test_bench_sweep_runs_sizes_times_grids(comm):
     with pytest.raises(cli.UsageError, match="needs"):
         cli.main(["bench", "--sweep", "--grids", f"{p + 1}x1", "--json", "x.jsonl"], comm,
                  io.StringIO())
+
+
+def test_run_help_prints_usage_without_setting_up(tmp_path):
+    """`./run --help` prints its usage and sets nothing up (no venv made)."""
+    env = dict(os.environ, SUMMA_PYTHON=str(tmp_path / "no-such-python"))
+    done = subprocess.run([str(ROOT / "run"), "--help"], capture_output=True, text=True,
+                          env=env, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].startswith("summa's one entry point")
+    assert "./run test ARGS..." in done.stdout and "TEST_RANKS" in done.stdout
+    assert "set -euo" not in done.stdout and "#" not in done.stdout.splitlines()[0]
