@@ -277,6 +277,17 @@ def _add_calibrate(sub) -> None:
     cal.add_argument("--repeat", type=_positive_int, default=3, help="repetitions (best taken)")
 
 
+def _add_hardware(parser) -> None:
+    """``--hardware NAME`` (a shipped profile) or ``--profile FILE`` (calibrate's)."""
+    from .studies import HARDWARE
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--hardware", choices=tuple(HARDWARE), default=None,
+                       help="predict for this hardware, from the profile shipped with summa: "
+                            + "; ".join(f"{k}: {v}" for k, v in HARDWARE.items()))
+    which.add_argument("--profile", default=None, metavar="FILE",
+                       help="predict from this profile (summa calibrate on your machine)")
+
+
 def _add_model(sub) -> None:
     """``model``: predicted time and efficiency from a profile."""
     model = sub.add_parser("model", help="predict time and efficiency from a profile",
@@ -284,9 +295,7 @@ def _add_model(sub) -> None:
                                        "(summa/model.py): predicted time, TFLOP/s and efficiency, "
                                        "the recommended grid and panel width, and with --sweep "
                                        "strong- and weak-scaling tables.")
-    model.add_argument("--profile", default=None, metavar="FILE",
-                       help="from summa calibrate (default: the profile shipped with summa, "
-                            "of 2 H200s, with a note)")
+    _add_hardware(model)
     model.add_argument("--size", type=_positive_int, default=None, metavar="N",
                        help="M = N = K (default 16384)")
     for dim in ("m", "n", "k"):
@@ -359,9 +368,7 @@ def _add_plan(sub) -> None:
     plan.add_argument("--backend", choices=("numpy", "cupy"), default="cupy")
     plan.add_argument("--device-memory", metavar="SIZE", default=None,
                       help="GPU memory cap per rank: plan out of core within it")
-    plan.add_argument("--profile", default=None, metavar="FILE",
-                      help="predict the time from this profile (summa calibrate; default the "
-                           "one shipped with summa, of H200s)")
+    _add_hardware(plan)
     plan.add_argument("--json", metavar="FILE", default=None,
                       help="append the plan as one JSON object to FILE (the fields a run "
                            "records as its plan)")
@@ -507,16 +514,19 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
         raise UsageError(f"grid {args.grid[0]}x{args.grid[1]} does not hold {ranks} ranks")
     # auto on GPUs plans for one node (ipc), the larger of its two figures
     ipc = args.comm == "ipc" or (args.comm == "auto" and traits(args.backend).gpu)
+    from .studies import profile_line
+    profile, line = profile_line(args.profile, args.hardware)
     try:
         plan = make_plan((m, n, k), args.dtype, Machine(args.backend, ranks), grid=args.grid,
                          device_memory=args.device_memory, panel_width=args.nb,
                          lookahead=args.lookahead, schedule=args.schedule,
                          precision=None if args.precision == "default" else args.precision,
                          broadcaster=args.comm, staged=(ipc, ipc),
-                         predict=True, profile=args.profile)
+                         predict=True, profile=profile)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if comm.Get_rank() == 0:
+        print(line, file=out)
         print(plan, file=out)
         if args.json:
             with open(args.json, "a") as fh:

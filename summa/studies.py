@@ -50,12 +50,8 @@ def run_model(args, comm: MPI.Comm, out) -> int:
     """Print predictions (and with --sweep strong/weak scaling tables)."""
     if comm.Get_rank() != 0:
         return 0
-    if args.profile is None:
-        args.profile = shipped_profile()
-        print(f"model: no --profile given; using the profile shipped with summa ({args.profile}:"
-              " 2 H200s with NVLink, measured by summa calibrate, its fp64-int8 products of 2**42"
-              " and more by ozaki_probe.py); calibrate this machine for "
-              "its own", file=out)
+    args.profile, line = profile_line(args.profile, getattr(args, "hardware", None))
+    print(f"model: {line}; summa calibrate measures this machine's own", file=out)
     profile = Profile.load(args.profile)
     size = args.size or 16384
     m, n, k = args.m or size, args.n or size, args.k or size
@@ -124,6 +120,28 @@ def memory_line(shape, dtype, grid, nb: int, lookahead: int, device_memory: str)
 def shipped_profile() -> str:
     """The calibrated profile that comes with summa (2 H200s, 2026-11-30)."""
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles", "h200.json")
+
+
+#: The hardware whose profiles ship with summa (``--hardware NAME``): what each describes.
+HARDWARE = {"h200": "2 H200s with NVLink, measured by summa calibrate (the default)",
+            "rtx3090x8": "8 GeForce RTX 3090 (24 GB) over PCIe 4.0, no peer access: datasheet "
+                         "figures, not a measurement"}
+
+
+def hardware_profile(name: str) -> str:
+    """The shipped profile file of the hardware `name` (a key of :data:`HARDWARE`)."""
+    return os.path.join(os.path.dirname(shipped_profile()), f"{name}.json")
+
+
+def profile_line(profile: str | None, hardware: str | None) -> tuple[str, str]:
+    """The profile a prediction uses, and one line saying which hardware that
+    is: `profile` (a file), the shipped one of `hardware`, else the default."""
+    if profile:
+        return profile, f"hardware: the profile {profile}"
+    name = hardware or "h200"
+    assumed = "" if hardware else " (no --hardware or --profile given; others: " + \
+        ", ".join(h for h in HARDWARE if h != name) + ")"
+    return hardware_profile(name), f"hardware: {name}, {HARDWARE[name]}{assumed}"
 
 
 def load_results(path) -> list[dict]:

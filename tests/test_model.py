@@ -361,3 +361,24 @@ def test_model_never_recommends_a_setup_it_predicts_slower(profile, setup):
     named = re.search(r"recommended: grid \S+, nb \d+ \(([0-9.]+) s\)", text)
     assert named is None or float(named.group(1)) < given, text
     assert named is not None or "recommended: this setup" in text, text
+
+
+def test_hardware_by_name_is_its_shipped_profile_and_the_plan_says_which():
+    """``--hardware NAME`` predicts what ``--profile`` of that shipped file
+    does, and plan and model name the hardware they assumed, also when none
+    was given."""
+    from summa.studies import HARDWARE, hardware_profile
+    common = ["--size", "100000", "--grid", "2x4"]
+    for command in ("plan", "model"):
+        for name in HARDWARE:
+            by_name, by_file = io.StringIO(), io.StringIO()
+            assert cli.main([command, *common, "--hardware", name], MPI.COMM_SELF, by_name) == 0
+            assert cli.main([command, *common, "--profile", hardware_profile(name)],
+                            MPI.COMM_SELF, by_file) == 0
+            predicted = [line for line in by_name.getvalue().splitlines() if "predicted" in line]
+            assert predicted and all(line in by_file.getvalue() for line in predicted)
+            assert f"hardware: {name}, {HARDWARE[name]}" in by_name.getvalue()
+        default = io.StringIO()
+        assert cli.main([command, *common], MPI.COMM_SELF, default) == 0
+        assert "hardware: h200" in default.getvalue()
+        assert "no --hardware or --profile given" in default.getvalue()
