@@ -85,35 +85,44 @@ def main(argv=None) -> int:
     _relaunch(argv)
     from mpi4py import MPI
 
-    from .watchdog import handle_signals
+    from .watchdog import handle_signals, wait_if_stopping
 
     world = MPI.COMM_WORLD
     handle_signals(world)  # first: a signal before it ends the process as Python's default
 
     from . import cli
 
-    from .agree import RankFailure
-
     ctl = world.Dup()  # error agreement never collides with the job's own messages
     try:
-        return cli.main(argv, world)
-    except BrokenPipeError:  # output piped into head & co.: stop quietly
+        status = cli.main(argv, world)
+    except Exception as exc:
+        wait_if_stopping()  # an error the stop itself caused (its output removed) says nothing
+        return _failed(world, ctl, exc)
+    wait_if_stopping()  # a stopping process ends with the signal's status, not this one
+    return status
+
+
+def _failed(world, ctl, exc: Exception) -> int:
+    """Say once why the command failed with `exc`, and return the exit status
+    (or end the job where other ranks may be left waiting)."""
+    from .agree import RankFailure
+    if isinstance(exc, BrokenPipeError):  # output piped into head & co.: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except RankFailure as exc:  # already agreed by every rank: one report, clean exit
+    if isinstance(exc, RankFailure):  # already agreed by every rank: one report, clean exit
         if world.Get_rank() == 0:
             print(f"summa: error: {exc}", file=sys.stderr, flush=True)
         return 1
-    except ValueError as exc:
+    if isinstance(exc, ValueError):
         if world.Get_size() == 1 or _all_ranks_failed(ctl, _grace()):
             if world.Get_rank() == 0:
                 print(f"summa: error: {exc}", file=sys.stderr, flush=True)
             return EXIT_USAGE
         _abort(world, f"error: {exc} (other ranks did not stop; aborting the job)", EXIT_USAGE)
-    except OSError as exc:  # a disk full, a file gone: one line, then end every rank
+    elif isinstance(exc, OSError):  # a disk full, a file gone: one line, then end every rank
         _abort(world, f"error: {exc} (aborting the job)", 1)
-    except Exception as exc:  # anything unexpected: say where, then end every rank
-        tb = traceback.format_exc()
+    else:  # anything unexpected: say where, then end every rank
+        tb = "".join(traceback.format_exception(exc))
         _abort(world, f"unexpected {type(exc).__name__}: {exc}\n{tb}summa: aborting the job", 1)
     return 1
 

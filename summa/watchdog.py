@@ -25,7 +25,8 @@ from mpi4py import MPI
 
 from . import options
 
-__all__ = ["Watchdog", "watch", "handle_signals", "timeout_from_env", "EXIT_TIMEOUT"]
+__all__ = ["Watchdog", "watch", "handle_signals", "STOPPING", "wait_if_stopping",
+           "timeout_from_env", "EXIT_TIMEOUT"]
 
 EXIT_TIMEOUT = 124
 _active = None  # the running Watchdog, if any
@@ -124,6 +125,20 @@ def _die(message: str, comm: MPI.Comm, status: int, settle=(0.5, 1.0),
     hard_exit(status)
 
 
+#: Set once a SIGINT/SIGTERM is being handled: the process is ending with its
+#: status, and the main thread must not end it first with another one.
+STOPPING = threading.Event()
+
+
+def wait_if_stopping() -> None:
+    """Block for good where a signal is ending this process (the signal
+    thread exits it with 128 + the signal number); return at once otherwise.
+    For the main thread, so that an error raised by the stop itself (an output
+    removed under it) cannot end the process first with another status."""
+    while STOPPING.is_set():
+        time.sleep(1.0)
+
+
 def handle_signals(comm: MPI.Comm | None = None, announce: bool = True) -> None:
     """Stop promptly on SIGINT/SIGTERM, even inside a blocking MPI, BLAS or
     CUDA call.
@@ -148,6 +163,7 @@ def handle_signals(comm: MPI.Comm | None = None, announce: bool = True) -> None:
 
     def wait_for_signal():
         signum = os.read(read_end, 1)[0]
+        STOPPING.set()
         # The same signal often comes twice at once: to the process group and
         # again from a launcher or Open MPI's singleton helper that forwards it.
         # Those copies are ignored for a moment; a later one ends the process.

@@ -532,7 +532,8 @@ def test_plan_and_model_take_the_rank_count_from_the_grid_and_model_needs_no_pro
     assert cli.main(["model", "--size", "65536", "--dtype", "float64", "--grid", "2x4"],
                     MPI.COMM_SELF, model) == 0
     text = model.getvalue()
-    assert "profile shipped with summa" in text and "on 8 ranks, grid 2x4" in text
+    assert "hardware: h200" in text and "no --hardware or --profile given" in text
+    assert "on 8 ranks, grid 2x4" in text
     assert re.search(r"predicted [\d.]+ s", text)
 
 

@@ -355,3 +355,26 @@ def test_soak_100_multiplies_no_growth(comm, backend):
         summa.ProcessGrid(comm).free()
     if comm.rank == 0:
         assert c.shape == (160, 120)
+
+
+def test_an_error_the_stop_causes_does_not_change_the_signal_status():
+    """Once a signal is being handled, an error the main thread meets (its
+    output removed under it, say) neither prints nor ends the process with
+    its own status: the signal's 128 + n does."""
+    script = textwrap.dedent("""
+        import os, signal, sys, time
+        from summa import __main__ as entry, cleanup, cli
+        cleanup.remove_temporary_files = lambda: time.sleep(0.5)  # a stop that takes a while
+
+        def command(argv, world):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the signal thread takes it and starts the stop
+            raise ValueError("an output removed by the stop")
+        cli.main = command
+        sys.exit(entry.main([]))
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert done.returncode == 128 + signal.SIGINT, done.stderr
+    assert "received SIGINT" in done.stderr and "output removed" not in done.stderr
