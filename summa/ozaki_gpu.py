@@ -38,14 +38,15 @@ __all__ = ["gemm", "PanelSums", "grid_exponents", "panel_sums_bytes", "panel_sum
            "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
 
 #: Integer products folded per pass (each pass reads the two sums once; 8
-#: measured no faster, s13).
+#: measured no faster in the fold-variants probe, `fold_probe.py` at aaff378).
 PLANES = 4
 
 
 # Rows on the grid's y axis and columns on x: no 64-bit division per element
 # (a flat index cost it twice per element; the residues took 48 ms of a
-# 1.25 s product at N = 32768, s14). Residues: four columns a thread, one
-# 4-byte store per plane (cols_p is a multiple of 4, the planes 4-aligned).
+# 1.25 s product at N = 32768 in `benchmarks/fp64_int8_speed.py`'s phases).
+# Residues: four columns a thread, one 4-byte store per plane (cols_p is a
+# multiple of 4, the planes 4-aligned).
 _RESIDUES = r"""
 extern "C" __global__ void residues(const double* x, const int* e, long long rows,
         long long rows_p, long long cols, long long cols_p, long long ld, int count,
@@ -77,7 +78,8 @@ extern "C" __global__ void residues(const double* x, const int* e, long long row
 # The folds: the first of a product starts from zero (no pass to clear the
 # sums, no read of them), the last can end the product itself (fold_finish:
 # the sums never go to memory), so 16 products folded 4 at a time pass over
-# C's sums 3 times instead of 5 (the folds took ~80 ms of the 1.25 s, s14).
+# C's sums 3 times instead of 5 (the folds took ~80 ms of the 1.25 s in
+# `benchmarks/fp64_int8_speed.py`'s phases).
 _FOLD_BODY = r"""
     for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
         for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < cols;
@@ -486,7 +488,8 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
     mark("residues")
     folds = _Folds(m, n, count, planes, e, f, constants, alpha, beta, c)
     # One buffer of products: folds on a stream of their own beside the next
-    # group's GEMMs (two buffers) gained nothing (s13, 1.091x against 1.101x).
+    # group's GEMMs (two buffers) gained nothing (`fold_probe.py` at aaff378:
+    # 1.091x against 1.101x over native).
     g = cupy.empty((folds.planes, m, np_), dtype=cupy.int32)
     for j, (l0, group) in enumerate(folds.groups):
         for p in range(l0, l0 + group):

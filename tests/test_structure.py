@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -97,3 +98,18 @@ def test_no_nonlocal():
 def test_each_check_finds_what_it_forbids(tmp_path, source, check):
     (tmp_path / "added.py").write_text(source)
     assert check(_modules(tmp_path))
+
+
+def session_labels(root: pathlib.Path = PACKAGE) -> list[tuple[str, int]]:
+    """(module, line) of each comment or string citing a work session ("s13",
+    "s17d", "session 16") instead of a benchmark by name."""
+    label = re.compile(r"\bs[1-9][0-9][a-z]?\b|\b[Ss]ession [0-9]+")
+    return [(path.stem, number) for path in sorted(root.glob("*.py"))
+            for number, line in enumerate(path.read_text().splitlines(), 1)
+            if label.search(line)]
+
+
+def test_comments_cite_benchmarks_not_sessions(tmp_path):
+    assert not session_labels(), "cite the benchmark by name and what it showed"
+    (tmp_path / "added.py").write_text("x = 8  # measured no faster, s13\n")
+    assert session_labels(tmp_path)
