@@ -41,7 +41,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+
+import user_case  # fresh arrays, the GPU held, cupy.matmul timed: its helpers
 
 GiB = 1 << 30
 #: name: (kind, dtype, (m, n, k), free bytes or None for the whole GPU, extra)
@@ -57,31 +58,10 @@ CASES = {
 }
 
 
-def fresh(shape, dtype, seed: int):
-    """A fresh pageable array of uniform [-1, 1) values, filled on 16 threads
-    (one thread would take longer than the multiply)."""
-    import numpy as np
-    x = np.empty(shape, dtype=dtype)
-    rows = range(0, shape[0], 1024)
-
-    def fill(i, r0):
-        part = x[r0:r0 + 1024]
-        np.random.default_rng([seed, i]).random(out=part, dtype=x.dtype)
-        part *= 2
-        part -= 1
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(fill, range(len(rows)), rows))
-    return x
-
-
-def hold_all_but(free: int | None):
+def hold_all_but(free: int | None) -> list:
     """Take all but `free` bytes of the GPU outside CuPy's pool (so the
-    process, and any it starts, sees only `free`); the pointer, or None."""
-    if free is None:
-        return None
-    import cupy as cp
-    now = cp.cuda.runtime.memGetInfo()[0]
-    return cp.cuda.runtime.malloc(now - free) if now > free else None
+    process, and any it starts, sees only `free`); nothing for None."""
+    return [] if free is None else user_case.hold_all_but(free, 1)
 
 
 def start_cuda() -> float:
@@ -118,7 +98,7 @@ def run_call(name: str) -> list[dict]:
     """``summa.matmul`` on fresh pageable arrays, first call and again."""
     import summa
     _, dtype, (m, n, k), free, options = CASES[name]
-    a, b = fresh((m, k), dtype, 1), fresh((k, n), dtype, 2)
+    a, b = user_case.fresh((m, k), dtype, 1), user_case.fresh((k, n), dtype, 2)
     held = hold_all_but(free)
     # CUDA's start (a context, ~0.2-1 s) is the process's, not the call's: the
     # documented first-call figures leave it out, and so does this one.
@@ -144,7 +124,7 @@ def run_files(name: str) -> list[dict]:
     paths = [os.path.join(folder, f"user_calls_{x}_{m}.npy") for x in "ab"]
     for path, shape, seed in zip(paths, ((m, k), (k, n)), (1, 2)):
         if not os.path.exists(path):
-            np.save(path + ".part.npy", fresh(shape, dtype, seed))
+            np.save(path + ".part.npy", user_case.fresh(shape, dtype, seed))
             os.replace(path + ".part.npy", path)
     out = os.path.join(folder, "user_calls_c.npy")
     held = hold_all_but(free)
@@ -175,25 +155,8 @@ def run_bench(name: str) -> list[dict]:
 
 def run_ceiling() -> list[dict]:
     """``cupy.matmul`` on device data of each call's shape: best of three."""
-    import cupy as cp
-    rows = []
-    for name, (kind, dtype, (m, n, k), _, _) in CASES.items():
-        if kind != "call":
-            continue
-        a = cp.random.random((m, k), dtype=dtype)
-        b = cp.random.random((k, n), dtype=dtype)
-        c = a @ b
-        times = []
-        for _ in range(3):
-            cp.cuda.Device().synchronize()
-            t0 = time.perf_counter()
-            cp.matmul(a, b, out=c)
-            cp.cuda.Device().synchronize()
-            times.append(time.perf_counter() - t0)
-        rows.append({"case": name, "seconds": min(times)})
-        del a, b, c
-        cp.get_default_memory_pool().free_all_blocks()
-    return rows
+    return [{"case": name, "seconds": user_case.matmul_seconds(m, n, k, dtype)}
+            for name, (kind, dtype, (m, n, k), _, _) in CASES.items() if kind == "call"]
 
 
 def child(name: str) -> None:

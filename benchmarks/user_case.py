@@ -43,7 +43,7 @@ def _bytes(text: str) -> int:
     return parse_bytes(text)
 
 
-def _fresh(shape, dtype, seed: int):
+def fresh(shape, dtype, seed: int):
     """A fresh pageable array of uniform [-1, 1) values, filled by 16 threads."""
     import numpy as np
     x = np.empty(shape, dtype=dtype)
@@ -170,7 +170,7 @@ def one_size(args) -> list[dict]:
                       "cuda_init_seconds": cuda_init, "dtype": dtype.name}), flush=True)
 
     t0 = time.perf_counter()
-    a, b = _fresh((n, n), dtype, 1), _fresh((n, n), dtype, 2)
+    a, b = fresh((n, n), dtype, 1), fresh((n, n), dtype, 2)
     made = time.perf_counter() - t0
     for call in ("first", "second"):
         stats = summa.SummaStats()
@@ -220,12 +220,13 @@ def one_size(args) -> list[dict]:
     return rows
 
 
-def gemm_rate(side: int, dtype) -> float:
-    """TFLOP/s of ``cupy.matmul`` on device data of uniform [-1, 1) values,
-    side x side, best of three after a first call (which loads its kernels)."""
+def matmul_seconds(m: int, n: int, k: int, dtype) -> float:
+    """Seconds of ``cupy.matmul`` of device data of uniform [-1, 1) values,
+    (m x k) @ (k x n), best of three after a first call (which loads its
+    kernels); the memory goes back to the device afterwards."""
     import cupy as cp
-    da = cp.random.random((side, side), dtype=dtype) * 2 - 1
-    db = cp.random.random((side, side), dtype=dtype) * 2 - 1
+    da = cp.random.random((m, k), dtype=dtype) * 2 - 1
+    db = cp.random.random((k, n), dtype=dtype) * 2 - 1
     dc = da @ db
     times = []
     for _ in range(3):
@@ -236,7 +237,12 @@ def gemm_rate(side: int, dtype) -> float:
         times.append(time.perf_counter() - s)
     del da, db, dc
     cp.get_default_memory_pool().free_all_blocks()
-    return 2.0 * side**3 / min(times) / 1e12
+    return min(times)
+
+
+def gemm_rate(side: int, dtype) -> float:
+    """TFLOP/s of ``cupy.matmul`` on side x side device data (:func:`matmul_seconds`)."""
+    return 2.0 * side**3 / matmul_seconds(side, side, side, dtype) / 1e12
 
 
 def hold_all_but(want: int, gpus: int, devices=None) -> list:
