@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 import time
 
@@ -53,6 +54,17 @@ def held_files(pids) -> set[str]:
 
 def existing(paths) -> list[str]:
     return sorted(p for p in paths if os.path.exists(p))
+
+
+def interrupt(proc) -> tuple[str, float]:
+    """Ctrl-C (SIGINT) to `proc`, which prints a line when it takes it: that
+    line, stripped, and the seconds until it came; then `proc`'s end."""
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    line = proc.stdout.readline()
+    took = time.monotonic() - t0
+    proc.communicate(timeout=30)
+    return line.strip(), took
 
 
 def wait_gone(pids, seconds: float) -> list[int]:
