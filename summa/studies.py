@@ -117,20 +117,23 @@ def memory_line(shape, dtype, grid, nb: int, lookahead: int, device_memory: str)
             f"{ooc.host_bytes / 2**30:.2f} GiB of host memory a rank")
 
 
-def shipped_profile() -> str:
-    """The calibrated profile that comes with summa (2 H200s, 2026-11-30)."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles", "h200.json")
-
-
 #: The hardware whose profiles ship with summa (``--hardware NAME``): what each describes.
 HARDWARE = {"h200": "2 H200s with NVLink, measured by summa calibrate (the default)",
             "rtx3090x8": "8 GeForce RTX 3090 (24 GB) over PCIe 4.0, no peer access: datasheet "
                          "figures, not a measurement"}
+#: The hardware predictions assume where none is named.
+DEFAULT_HARDWARE = "h200"
 
 
 def hardware_profile(name: str) -> str:
     """The shipped profile file of the hardware `name` (a key of :data:`HARDWARE`)."""
-    return os.path.join(os.path.dirname(shipped_profile()), f"{name}.json")
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles", f"{name}.json")
+
+
+def shipped_profile() -> str:
+    """The profile predictions use by default (:data:`DEFAULT_HARDWARE`'s:
+    2 H200s, calibrated 2026-11-30)."""
+    return hardware_profile(DEFAULT_HARDWARE)
 
 
 def profile_line(profile: str | None, hardware: str | None) -> tuple[str, str]:
@@ -138,7 +141,7 @@ def profile_line(profile: str | None, hardware: str | None) -> tuple[str, str]:
     is: `profile` (a file), the shipped one of `hardware`, else the default."""
     if profile:
         return profile, f"hardware: the profile {profile}"
-    name = hardware or "h200"
+    name = hardware or DEFAULT_HARDWARE
     assumed = "" if hardware else " (no --hardware or --profile given; others: " + \
         ", ".join(h for h in HARDWARE if h != name) + ")"
     return hardware_profile(name), f"hardware: {name}, {HARDWARE[name]}{assumed}"
