@@ -162,6 +162,7 @@ def handle_signals(comm: MPI.Comm | None = None, announce: bool = True) -> None:
         signal.signal(signum, lambda *_: None)  # the thread below does the work
 
     def wait_for_signal():
+        _name_thread(SIGNAL_THREAD)
         signum = os.read(read_end, 1)[0]
         STOPPING.set()
         # The same signal often comes twice at once: to the process group and
@@ -178,7 +179,24 @@ def handle_signals(comm: MPI.Comm | None = None, announce: bool = True) -> None:
         _die(f"summa: rank {comm.Get_rank()}: received {name}; stopping" if announce else "",
              comm, 128 + signum, settle=(0.1, 0.4), abort=False)
 
-    threading.Thread(target=wait_for_signal, name="summa-signals", daemon=True).start()
+    threading.Thread(target=wait_for_signal, name=SIGNAL_THREAD, daemon=True).start()
+
+
+#: The signal thread's name, also the kernel's (``/proc/PID/task/*/comm``,
+#: ``top -H``): a process with it handles SIGINT/SIGTERM as above. A handler
+#: for SIGTERM alone says nothing: Open MPI's start (``MPI_Init``) sets one
+#: of its own, whose default action a signal in that window meets.
+SIGNAL_THREAD = "summa-signals"
+
+
+def _name_thread(name: str) -> None:
+    """Give the calling thread `name` in the kernel's view (Linux; a no-op
+    elsewhere)."""
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
 
 
 #: Seconds after a first SIGINT/SIGTERM during which more of them are ignored

@@ -269,33 +269,24 @@ def test_a_signal_at_a_random_time_ends_every_mode_at_once(tmp_path, launch, sig
 
 
 def _wait_for_handlers(proc, ranks: int, seconds: float = 60) -> None:
-    """Until `ranks` Python processes of `proc`'s session catch SIGTERM (summa's
-    handler is set: Python alone leaves SIGTERM to its default action)."""
+    """Until `ranks` processes of `proc`'s session run summa's signal thread
+    (:data:`summa.watchdog.SIGNAL_THREAD`, by its kernel name): a handler for
+    SIGTERM alone is not summa's while Open MPI's ``MPI_Init`` runs."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and proc.poll() is None:
-        if sum(_catches(pid, signal.SIGTERM) for pid in job_pids(proc.pid)
-               if _is_python(pid)) >= ranks:
+        if sum(_handles_signals(pid) for pid in job_pids(proc.pid)) >= ranks:
             return
         time.sleep(0.01)
     pytest.fail(f"the job did not start (status {proc.poll()})")
 
 
-def _is_python(pid: int) -> bool:
-    """Is `pid` a Python process (not the launcher, which catches SIGTERM too)?"""
+def _handles_signals(pid: int) -> bool:
+    """Does `pid` run summa's signal thread?"""
     try:
-        return Path(f"/proc/{pid}/comm").read_text().startswith("python")
+        return any(Path(task, "comm").read_text().strip() == wd.SIGNAL_THREAD
+                   for task in Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return False
-
-
-def _catches(pid: int, sig: int) -> bool:
-    """Does `pid` have a handler for `sig` (its /proc status's SigCgt)?"""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            mask = next(int(line.split()[1], 16) for line in fh if line.startswith("SigCgt"))
-    except (OSError, StopIteration):
-        return False
-    return bool(mask >> (sig - 1) & 1)
 
 
 def _state(pid: int) -> str:
