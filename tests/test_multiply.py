@@ -605,3 +605,23 @@ def test_the_inputs_are_read_ahead_and_no_reader_outlives_the_call(comm, rng, fo
         time.sleep(0.02)
     assert not any(t.name == "summa-prefetch" for t in threading.enumerate())
 
+
+
+@pytest.mark.parametrize("dtype", ["float64", "complex128"])
+def test_a_host_block_reads_the_callers_array_where_it_lies(dtype):
+    """One rank's host block of op N is the caller's array itself, complex
+    too (a conjugated copy is made for op H of complex data only)."""
+    from mpi4py import MPI
+
+    from summa.hostblocks import host_block
+    import tracemalloc
+    x = random_array(np.random.default_rng(), (300, 200), dtype)
+    with summa.ProcessGrid(MPI.COMM_SELF) as grid:
+        tracemalloc.start()  # NumPy reports its allocations to it
+        try:
+            block = host_block(x, "N", grid).local
+            made = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert np.shares_memory(block, x) and made < x.nbytes // 4, made
+        np.testing.assert_array_equal(host_block(x, "H", grid).local, x.conj().T)
