@@ -25,7 +25,7 @@ from .strips import check_schedule
 from .tuning import default_panel_width
 from .traits import traits
 
-__all__ = ["Machine", "Plan", "make_plan", "restage"]
+__all__ = ["Machine", "Plan", "make_plan", "restage", "host_traffic"]
 
 #: Share of the free device memory an out-of-core plan takes where no
 #: budget is given (the rest: the memory pool's rounding, library workspaces).
@@ -214,6 +214,8 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
                                        out_of_core, device_memory, schedule, precision, staged)
         ooc = budget is not None
         width = _width(panel_width, machine.backend, dtype, precision, ooc, grid, schedule)
+        if ooc and memory.chunk < min(width, k):  # a narrower one moves fewer bytes
+            width = memory.chunk
         count = ozaki_gpu.moduli_for(width) if precision == "fp64-int8" and \
             isinstance(width, int) else None
     plan = Plan((m, n, k), dtype.name, machine.backend, machine.ranks, grid,
@@ -292,13 +294,65 @@ def _memory(machine, shape, dtype, grid, panel_width, lookahead, out_of_core, de
                 raise
             note = f"the in-memory plan does not fit ({exc}); running out of core"
     budget = parse_bytes(device_memory) if device_memory else _free_budget(machine)
-    width = int(panel_width) if _is_width(panel_width) else \
-        default_panel_width(backend, dtype, precision, out_of_core=True)
-    memory = memory_plan(m, n, k, dtype, grid, width, lookahead, backend, device_budget=budget,
-                         out_of_core=True, precision=precision, staged=staged)
+    memory = _out_of_core(shape, dtype, grid, panel_width, lookahead, backend,
+                          (budget, precision, staged))
     if machine.comm is not None:
         check_host_memory(memory, machine.comm)
     return memory, budget, note
+
+
+#: Narrowest panel an out-of-core plan takes on GPUs to move fewer bytes:
+#: GEMMs over 2048 terms still run near the GPU's peak.
+MIN_OOC_WIDTH = 2048
+#: A narrower panel is taken where its tiles move this share fewer bytes.
+TRAFFIC_GAIN = 0.95
+
+
+def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) -> MemoryPlan:
+    """The out-of-core MemoryPlan: at the width asked, else at the mode's
+    default or a half or quarter of it (not under :data:`MIN_OOC_WIDTH`),
+    whichever tiles move fewest bytes between host and GPU, the widest of
+    equals. Under a tight budget narrower panels leave room for taller C
+    tiles, so B crosses the link fewer times: float64 32768³ under 8 GiB
+    takes 3 x 1 tiles with 2048-wide panels (42.9 GB moved) where 4096 took
+    4 x 1 (51.5 GB), the host link being what bounds it on one H200 (22.7 GB/s,
+    ``summa.matmul`` at 0.55 of ``cupy.matmul``). `limits`: ``(device
+    budget, precision, staged)``; fp64-int8 keeps its width (its products
+    lose more to narrow panels than the bytes save)."""
+    m, n, k = shape
+    budget, precision, staged = limits
+    if _is_width(panel_width):
+        widths = [int(panel_width)]
+    else:
+        widest = default_panel_width(backend, dtype, precision, out_of_core=True)
+        narrower = [] if precision == "fp64-int8" or not traits(backend).gpu else \
+            [w for w in (widest // 2, widest // 4) if w >= MIN_OOC_WIDTH]
+        widths = [widest] + narrower
+    best, refusal = None, None
+    for width in widths:
+        try:
+            memory = memory_plan(m, n, k, dtype, grid, width, lookahead, backend,
+                                 device_budget=budget, out_of_core=True, precision=precision,
+                                 staged=staged)
+        except ValueError as exc:  # too small for this width's tiles: maybe a narrower
+            refusal = refusal or exc
+            continue
+        moved = host_traffic(memory, shape, grid)
+        if best is None or moved < TRAFFIC_GAIN * best[0]:
+            best = (moved, memory)
+    if best is None:
+        raise refusal
+    return best[1]
+
+
+def host_traffic(memory: MemoryPlan, shape, grid) -> int:
+    """Elements one rank moves between host and GPU out of core: its A
+    block once per column of C tiles, its B block once per row of them, its
+    C block once."""
+    m, n, k = shape
+    ml, nl, kl = -(-m // grid[0]), -(-n // grid[1]), k
+    rows, cols = memory.tiles
+    return ml * kl * cols + kl * nl * rows + ml * nl
 
 
 def _check(machine: Machine, memory: MemoryPlan) -> None:

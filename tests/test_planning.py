@@ -14,7 +14,8 @@ from summa import cli
 from summa.backend import NumpyBackend
 from summa.grid import grid_for
 from summa.plan import memory_plan, parse_bytes
-from summa.planning import Machine, Plan, make_plan, restage
+from summa.planning import (MIN_OOC_WIDTH, TRAFFIC_GAIN, Machine, Plan, host_traffic,
+                            make_plan, restage)
 from summa.tuning import default_panel_width
 
 SHAPES = [(1000, 1000, 1000), (100_000, 100_000, 100_000), (65536, 4096, 32768),
@@ -41,7 +42,9 @@ class _FakeGpu:
 @pytest.mark.parametrize("shape", SHAPES)
 def test_plans_for_another_machine_decide_as_before(shape, dtype, ranks):
     """GPUs planned from afar, as ``summa plan`` does: the grid, the width
-    and the memory plan (tiles, slots, staging) those functions gave."""
+    and the memory plan (tiles, slots, staging) those functions give; out of
+    core the default width or a narrower one (:func:`_ooc_widths`) that
+    moves fewer bytes, refused only where none fits."""
     m, n, k = shape
     for budget, precision, staged in itertools.product(
             (None, "2GiB", "22GiB"), (None, "tf32", "fp64-int8"), ((False, False), (True, True))):
@@ -50,22 +53,52 @@ def test_plans_for_another_machine_decide_as_before(shape, dtype, ranks):
             continue
         grid = grid_for(ranks, m, n, "cupy", dtype)
         ooc = budget is not None
-        width = default_panel_width("cupy", dtype, precision, out_of_core=ooc)
-        try:
-            want = memory_plan(m, n, k, dtype, grid, width, 1, "cupy",
-                               device_budget=parse_bytes(budget) if ooc else None,
-                               out_of_core=ooc, precision=precision, staged=staged)
-        except ValueError as exc:
+        widths = _ooc_widths(dtype, precision) if ooc else \
+            [default_panel_width("cupy", dtype, precision)]
+        wants = {}
+        for width in widths:
+            try:
+                want = memory_plan(m, n, k, dtype, grid, width, 1, "cupy",
+                                   device_budget=parse_bytes(budget) if ooc else None,
+                                   out_of_core=ooc, precision=precision, staged=staged)
+                wants[want.chunk if ooc else width] = want
+            except ValueError as exc:
+                assert "too small" in str(exc)
+        if not wants:
             with pytest.raises(ValueError, match="too small"):
                 make_plan(shape, dtype, Machine("cupy", ranks), device_memory=budget,
                           precision=precision, staged=staged)
-            assert "too small" in str(exc)
             continue
         plan = make_plan(shape, dtype, Machine("cupy", ranks), device_memory=budget,
                          precision=precision, staged=staged)
-        assert (plan.grid, plan.panel_width, plan.memory) == (grid, width, want)
-        assert plan.out_of_core == ooc and plan.device_budget == (want.chunk and
-                                                                  parse_bytes(budget))
+        width = plan.memory.chunk if ooc else plan.panel_width
+        assert plan.grid == grid and plan.memory == wants[width]
+        assert plan.panel_width == (width if width < min(widths[0], k) else widths[0])
+        moved = {w: host_traffic(x, shape, grid) for w, x in wants.items()} if ooc else {}
+        assert all(moved[width] <= x for x in moved.values()) or \
+            moved[width] <= min(moved.values()) / TRAFFIC_GAIN
+        assert plan.out_of_core == ooc and plan.device_budget == (parse_bytes(budget) if ooc else None)
+
+
+def _ooc_widths(dtype, precision) -> list:
+    """The default out-of-core width first, then the narrower ones tried."""
+    widest = default_panel_width("cupy", dtype, precision, out_of_core=True)
+    if precision == "fp64-int8":
+        return [widest]
+    return [widest] + [w for w in (widest // 2, widest // 4) if w >= MIN_OOC_WIDTH]
+
+
+def test_a_tight_budget_takes_narrower_panels_where_taller_tiles_move_fewer_bytes():
+    """float64 32768³ under 8 GiB: 2048-wide panels leave room for 3 x 1
+    tiles (B crosses the link 3 times) where 4096 took 4 x 1."""
+    shape = (32768, 32768, 32768)
+    plan = make_plan(shape, "float64", Machine("cupy", 1), device_memory="8GiB")
+    wide = memory_plan(*shape, "float64", (1, 1), 4096, 1, "cupy", device_budget=8 << 30,
+                       out_of_core=True)
+    assert (plan.panel_width, plan.memory.tiles, wide.tiles) == (2048, (3, 1), (4, 1))
+    assert host_traffic(plan.memory, shape, (1, 1)) < 0.9 * host_traffic(wide, shape, (1, 1))
+    whole = make_plan(shape, "float64", Machine("cupy", 1), device_memory="60GiB")
+    assert (whole.panel_width, whole.memory.tiles) == (4096, (1, 1))  # nothing to gain
 
 
 @pytest.mark.parametrize("dtype", ["float64", "complex64"])
