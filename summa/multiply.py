@@ -619,80 +619,58 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     """``alpha * op(a) @ op(b)`` for arrays held on rank `root` (None
     elsewhere), returned as the caller's kind of array; collective.
 
-    Arrays in host memory (NumPy's, or any other library's, see `a`) stay
-    there where they lie and on GPUs stream through the GPUs in tiles
-    (:mod:`summa.outofcore`), one tile where everything fits, through
-    page-locked chunks that host threads fill and drain
-    (:mod:`summa.staging`), so the first GEMM starts after one narrow panel's
-    upload and the product lands in host memory while the last GEMMs run. On
-    one rank nothing is copied on the host: the multiply reads `a` and `b` as
-    they are (rows must be contiguous; other strides, and op T or H, cost one
-    copy) and writes straight into the result. On several ranks the root
-    scatters the blocks and gathers the product. On CPUs, NumPy does the
-    GEMMs. Works in a single process too.
-
-    Arrays on a GPU (CuPy's, torch CUDA tensors, JAX arrays, anything with
-    DLPack or the CUDA array interface) are read where they lie: on one rank
-    (a plain process runs them on their own GPU unless `gpus` asks for more)
-    the multiply is one GEMM on that GPU, queued on the current CUDA stream
-    as ``cupy.matmul`` is, where the product and the GEMM's scratch fit in
-    its free memory (within `device_memory` with the operands, where given).
-    Elsewhere (several ranks or GPUs, no room, ``out_of_core=True``) they
-    are copied to host memory and multiplied as host arrays (``stats`` and
-    the plan's note say so), and the product goes back to their GPU.
-    One operand on a GPU and one in host memory: the host one is uploaded
-    to that GPU where everything fits, else both go through host memory;
-    the product comes back on the GPU.
+    Host arrays stay where they lie and on GPUs stream through them in tiles
+    (:mod:`summa.outofcore`, :mod:`summa.staging`); on one rank nothing is
+    copied on the host (but for op T or H, or rows not contiguous); on
+    several the root scatters the blocks and gathers the product. GPU arrays
+    on one rank (a plain process: their own GPU unless `gpus` asks for more)
+    are one GEMM there, queued on the current stream as ``cupy.matmul`` is,
+    where the product fits its free memory (and `device_memory`, with the
+    operands); elsewhere they go through host memory (the plan's note says
+    why) and the product back to their GPU. One on a GPU and one in host
+    memory: the host one is uploaded where everything fits. The whole rule:
+    docs/user-guide.md, "Arrays you can pass".
 
     Parameters
     ----------
     a, b : array
-        On `root`; never modified (read-only arrays are fine). NumPy arrays;
-        host arrays of other libraries read in place where NumPy can view
-        them (``__array__``, the buffer protocol, DLPack on the CPU: torch
-        CPU tensors, memoryviews), lists of numbers; GPU arrays as above.
-        Both of one dtype (float64, float32, complex128, complex64; float16
-        on GPUs); on different GPUs they are refused.
+        On `root`, of one dtype (float64, float32, complex128, complex64;
+        float16 on GPUs); never modified. NumPy arrays; host arrays of other
+        libraries NumPy views in place (``__array__``, the buffer protocol,
+        DLPack on the CPU: torch CPU tensors, memoryviews) and lists; arrays
+        on one CUDA GPU: CuPy's, and DLPack or CUDA-array-interface
+        producers (torch CUDA tensors, JAX arrays), viewed through CuPy.
     grid : str or tuple, optional
         Default: the one ``bench`` takes for the product's shape
         (:func:`summa.grid.grid_for`).
     out : array, optional
         On `root`: where the product goes, of its shape and dtype with
-        contiguous rows, overlapping neither `a` nor `b`, lying where the
-        product comes back (on the operands' GPU, or in host memory where
-        both lie there; any kind the operands may be, written in place);
-        returned as passed. Where the call raises, its values are undefined
-        (blocks may have landed).
+        contiguous rows, overlapping neither operand, where the product
+        comes back (the operands' GPU; host memory where both lie there),
+        written in place and returned as passed. Where the call raises, its
+        values are undefined.
     out_of_core : bool, optional
         None (default): host-resident on GPUs as above; False: copy the
-        operands into GPU memory first and multiply there (the in-memory
-        SUMMA); True: host-resident on CPUs too (tests), and GPU operands
-        through host memory.
+        operands into GPU memory first (the in-memory SUMMA); True:
+        host-resident on CPUs too (tests), GPU operands through host memory.
     device_memory : str, optional
         Cap on each rank's GPU memory, e.g. "16GiB" (default: 90 % of what
         is free); GPU operands count against it.
     gpus, workers : int, optional
         In a plain Python process (no launcher, no `comm`): the pool of
-        worker ranks the multiply runs on (:mod:`summa.pool`): `gpus`
-        (``SUMMA_GPUS``; default every visible GPU for host arrays, the
-        operands' own GPU for GPU arrays), or on a machine without one
-        `workers` (``SUMMA_WORKERS``; default one per 8 cores). One means
-        this process alone.
+        worker ranks (:mod:`summa.pool`): `gpus` (``SUMMA_GPUS``; default
+        every visible GPU for host arrays, the operands' own for GPU arrays),
+        or without GPUs `workers` (``SUMMA_WORKERS``; default one per 8
+        cores). One means this process alone.
     topology : summa.topology.Topology, optional
-        The nodes of `comm`'s ranks (default: as MPI sees them); tests give
-        :meth:`~summa.topology.Topology.virtual` ones, whose ranks on
-        different virtual nodes share no memory.
+        The nodes of `comm`'s ranks (default: as MPI sees them).
     **kwargs
-        ``broadcaster="host"`` (or ``"auto"`` where the GPUs of a node
-        cannot read each other's memory, :func:`summa.selection.peer_access`):
-        with node-shared operands every GPU uploads the panel parts it needs
-        itself, nothing is sent between GPUs. Also ``alpha``, ``trans_a``,
-        ``trans_b``, ``panel_width``, ``lookahead``,
-        ``broadcaster``, ``precision``, ``moduli`` (with ``precision=
-        "fp64-int8"``: INT8 products per float64 product, 3-30; fewer is
-        faster, keeps fewer bits), ``schedule``, ``stats`` (a SummaStats
-        filled with this rank's timings and ``extra["plan"]``; see
-        :func:`summa.gemm`).
+        ``alpha``, ``trans_a``, ``trans_b``, ``panel_width``, ``lookahead``,
+        ``broadcaster`` (``"host"``: with node-shared operands every GPU
+        uploads its own panel parts), ``precision``, ``moduli`` (with
+        ``precision="fp64-int8"``: INT8 products per float64 product, 3-30),
+        ``schedule``, ``stats`` (a SummaStats filled with this rank's timings
+        and ``extra["plan"]``; see :func:`summa.gemm`).
     options : summa.options.Options, optional
         The settings (default: the current ones, from ``SUMMA_*`` variables
         read once here; docs/options.md); a pool's workers get them too.
@@ -700,31 +678,21 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     Returns
     -------
     array or None
-        The product on `root`, None elsewhere: `out` where given; else of
-        the kind of `a` (of the operand on a GPU where only one is), where
-        its library wraps it without a copy: NumPy for NumPy and every
-        host array but torch's (a CPU tensor, ``torch.from_numpy``); CuPy
-        for CuPy and other GPU arrays, a torch CUDA tensor for torch's
-        (``torch.from_dlpack``), a JAX array for JAX's
-        (``jax.dlpack.from_dlpack``). A product of GPU operands made in host
-        memory that does not fit in their GPU's free memory stays there
-        (NumPy, or a torch CPU tensor) with a RuntimeWarning.
+        The product on `root` (None elsewhere): `out` where given; else the
+        kind of `a` (of the GPU operand where only one is) where its library
+        wraps it without a copy: torch's tensors, JAX's arrays; else CuPy
+        for GPU arrays, NumPy for host arrays. A product made in host memory
+        that does not fit in the GPU's free memory stays in host memory
+        (NumPy, or a torch CPU tensor), with a RuntimeWarning.
 
     Raises
     ------
     ValueError
         The same on every rank, before any data moves: arrays that cannot be
-        multiplied (not arrays, no 2-D, dtypes that differ or are not
-        supported, inner dimensions that differ), operands on two GPUs or on
-        a device that is not a CUDA GPU, GPU arrays where CuPy is not
-        installed, an unusable `out`, a device budget too small for any tile,
-        a host too small for the plan.
-
-    Examples
-    --------
-    >>> c = summa.matmul(a, b)                 # NumPy in, NumPy out  # doctest: +SKIP
-    >>> c = summa.matmul(cp_a, cp_b)           # CuPy in, CuPy out, one GEMM  # doctest: +SKIP
-    >>> t = summa.matmul(torch_a, torch_b, trans_b="T")  # torch in, torch out  # doctest: +SKIP
+        multiplied (not arrays, not 2-D, dtypes differing or unsupported,
+        inner dimensions differing), operands on two GPUs or not on a CUDA
+        GPU, GPU arrays without CuPy, an unusable `out`, a device budget too
+        small for any tile, a host too small for the plan.
     """
     called = time.perf_counter()
     unknown = sorted(set(kwargs) - set(_MATMUL_OPTIONS))
@@ -732,20 +700,19 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         raise TypeError(f"matmul got unexpected keyword argument(s) {', '.join(unknown)}")
     moduli = check_moduli(kwargs.pop("moduli", None), kwargs.get("precision"))
     operands = ArrayOperands(a, b, out, root)
+    here = dict(kwargs, grid=grid, backend=backend, out_of_core=out_of_core,
+                device_memory=device_memory)
     # The backend binds its GPU; the caller's current one is current again after.
     with asked_moduli(moduli), kept_device():  # the pool's workers get moduli with the rest
         if comm is None and MPI.COMM_WORLD.Get_size() == 1 and not pool.launched():
-            # A plain Python process: every GPU (or `workers` CPU ranks) through a pool.
-            operands = operands.described()
+            operands = operands.described()  # a plain Python process: perhaps a pool
             size = _pool_size(operands.given.placement, gpus, workers, backend)
             if size > 1:
                 host_a, host_b, host_out = operands.given.host_arrays()
-                return operands.given.give_back(pool.matmul(
-                    host_a, host_b, size, out=host_out, out_of_core=out_of_core,
-                    device_memory=device_memory, backend=backend, grid=grid, **kwargs))
+                return operands.given.give_back(pool.matmul(host_a, host_b, size,
+                                                            out=host_out, **here))
         return _matmul_here(operands, MPI.COMM_WORLD if comm is None else comm, called,
-                            dict(kwargs, grid=grid, backend=backend, out_of_core=out_of_core,
-                                 device_memory=device_memory, topology=topology))
+                            dict(here, topology=topology))
 
 
 def _pool_size(placement, gpus, workers, backend: str) -> int:
@@ -978,23 +945,45 @@ def matmul(A, B, device=None, **kwargs):
     With DistMatrix operands: a new DistMatrix (options as for :func:`gemm`).
     Host-held ones (NumPy backend) with a GPU `device` (a Backend, or
     ``"auto"``/``"cupy"``: the rank's GPU) stream through it in tiles, out
-    of core by themselves (:func:`host_matmul`). With NumPy arrays held on
-    one rank (None on the others): the product as a NumPy array on that
-    rank, None elsewhere; ``comm`` (default COMM_WORLD), ``root``, ``grid``
-    and ``backend`` choose where it runs (:func:`matmul_arrays`).
+    of core by themselves (:func:`host_matmul`). With arrays held on one
+    rank (None on the others): :func:`matmul_arrays`.
+
+    Parameters
+    ----------
+    A, B : DistMatrix or array
+        Arrays of any kind :func:`matmul_arrays` takes: NumPy arrays, host
+        arrays of other libraries (torch CPU tensors, anything with
+        ``__array__``, the buffer protocol or DLPack), and arrays on a CUDA
+        GPU (CuPy arrays, torch CUDA tensors, JAX arrays, anything with
+        DLPack or ``__cuda_array_interface__``), read where they lie.
+    device : Backend or str, optional
+        Host-held DistMatrix operands only.
+    **kwargs
+        As for :func:`gemm` (DistMatrix) or :func:`matmul_arrays` (arrays:
+        ``comm``, ``root``, ``grid``, ``backend``, ``out`` ...).
+
+    Returns
+    -------
+    DistMatrix, array or None
+        For arrays, on the root rank: the product as the caller's kind where
+        its library can wrap it (a CuPy array on the operands' GPU for CuPy
+        operands, a torch tensor for torch's, a JAX array for JAX's), else
+        NumPy (host arrays) or CuPy (GPU arrays); `out` where given; None
+        on the other ranks.
 
     Examples
     --------
     >>> c = matmul(a if rank == 0 else None, b if rank == 0 else None)  # doctest: +SKIP
     >>> C = matmul(A_host, B_host, device="auto")  # doctest: +SKIP
+    >>> c_gpu = matmul(cupy.asarray(a), cupy.asarray(b))  # one GEMM on that GPU  # doctest: +SKIP
     """
     if isinstance(A, DistMatrix) or isinstance(B, DistMatrix):
         if device is not None and isinstance(A, DistMatrix) and not A.backend.is_gpu:
             return host_matmul(A, B, device, **kwargs)
         return gemm(A, B, **kwargs)
     if device is not None:
-        raise TypeError("device applies to host-held DistMatrix operands; for NumPy arrays "
-                        "give backend=")
+        raise TypeError("device applies to host-held DistMatrix operands; for arrays give "
+                        "backend= (GPU arrays are multiplied on the GPU they lie on)")
     return matmul_arrays(A, B, **kwargs)
 
 

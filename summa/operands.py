@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import os
 import sys
 import warnings
 from dataclasses import dataclass
@@ -204,7 +205,7 @@ def _array_like(x) -> bool:
 def _host_array(x, name: str, dlpack: bool) -> np.ndarray:
     """`x` in host memory as a NumPy array: a view where its library gives
     one (``__array__``, the buffer protocol; DLPack where it has no other)."""
-    if isinstance(x, (str, bytes)):
+    if isinstance(x, (str, bytes)) or not (dlpack or _array_like(x)):
         raise ValueError(f"{name} is not an array ({_kind(x)})")
     try:
         array = np.from_dlpack(x) if dlpack and not _array_like(x) else np.asarray(x)
@@ -278,7 +279,8 @@ class Operands:
             if moved is None:
                 warnings.warn(f"the product ({c.nbytes / 2**30:.2f} GiB) does not fit in the "
                               f"free memory of GPU {home.device}, where the operands lie; it "
-                              "is returned in host memory", RuntimeWarning, stacklevel=4)
+                              "is returned in host memory", RuntimeWarning,
+                              stacklevel=_callers_level())
                 return _as_kind(home.library, c) if home.library == "torch" else c
             c = moved
         return _as_kind(home.library, c)
@@ -375,8 +377,20 @@ def _as_kind(library: str, c):
         return importlib.import_module("jax.dlpack").from_dlpack(c)
     except Exception as exc:  # noqa: BLE001 -- the product is returned all the same
         warnings.warn(f"{library} could not take the product ({type(exc).__name__}: {exc}); "
-                      f"it is returned as {_kind(c)}", RuntimeWarning, stacklevel=4)
+                      f"it is returned as {_kind(c)}", RuntimeWarning,
+                      stacklevel=_callers_level())
         return c
+
+
+def _callers_level() -> int:
+    """The `stacklevel` of the first frame outside summa, for a warning
+    raised by the function calling this one: it points at the caller's line,
+    whichever way the call came in (the pool, the grid, the stateful Matmul)."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 @contextlib.contextmanager

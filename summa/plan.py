@@ -22,8 +22,8 @@ from .topology import topology_of
 from .traits import traits
 from .tuning import transposes_a
 
-__all__ = ["MemoryPlan", "memory_plan", "resident_plan", "check_memory", "ranks_on_device", "check_host_memory",
-           "parse_bytes"]
+__all__ = ["MemoryPlan", "memory_plan", "resident_plan", "check_memory", "ranks_on_device",
+           "check_host_memory", "parse_bytes"]
 
 
 @dataclass(frozen=True)
