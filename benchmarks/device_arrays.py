@@ -35,11 +35,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _timed(call, sync) -> tuple[float, object]:
-    """Seconds of `call()` between two synchronizations of the GPU, and its result."""
+def _timed(sync, call, *args) -> tuple[float, object]:
+    """Seconds of `call(*args)` between two synchronizations of the GPU, and its result."""
     sync()
     began = time.perf_counter()
-    result = call()
+    result = call(*args)
     sync()
     return time.perf_counter() - began, result
 
@@ -89,13 +89,13 @@ def compare(n: int = 16384, dtype: str = "float64", repeats: int = 5,
     peer(small_a, small_b)  # CUDA, cuBLAS and the dtype's kernels up, for both
     sync()
     row = {"library": library, "n": n, "dtype": dtype, "repeats": repeats}
-    row["summa_first_seconds"], c = _timed(lambda: summa.matmul(a, b), sync)
-    row["peer_first_seconds"], ref = _timed(lambda: peer(a, b), sync)
+    row["summa_first_seconds"], c = _timed(sync, summa.matmul, a, b)
+    row["peer_first_seconds"], ref = _timed(sync, peer, a, b)
     summa_again, peer_again = [], []
     for _ in range(repeats):
-        seconds, c = _timed(lambda: summa.matmul(a, b), sync)
+        seconds, c = _timed(sync, summa.matmul, a, b)
         summa_again.append(seconds)
-        seconds, ref = _timed(lambda: peer(a, b), sync)
+        seconds, ref = _timed(sync, peer, a, b)
         peer_again.append(seconds)
     row["summa_again_seconds"] = statistics.median(summa_again)
     row["peer_again_seconds"] = statistics.median(peer_again)

@@ -256,15 +256,60 @@ class GpuArray:
         self.data, self.device = data, types.SimpleNamespace(id=index)
         self.shape, self.dtype, self.ndim = data.shape, data.dtype, data.ndim
         self.strides, self.size, self.itemsize = data.strides, data.size, data.itemsize
+        self.flags = data.flags
 
     def __dlpack_device__(self):
         return (2, self.device.id)
 
+    def set(self, host):
+        self.data[...] = host
+
+
+class StandInCupy(types.ModuleType):
+    """What summa.operands asks of CuPy: the current device, its free
+    memory, copies in and out (each noting the device current then)."""
+
+    def __init__(self, free=1 << 30):
+        super().__init__("cupy")
+        import importlib.machinery
+        self.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
+        self.ndarray, self.current, self.free, self.copies = GpuArray, [0], free, []
+        runtime = types.SimpleNamespace(getDevice=lambda: self.current[0],
+                                        setDevice=lambda d: self.current.__setitem__(0, d),
+                                        memGetInfo=lambda: (self.free, 1 << 40))
+        self.cuda = types.SimpleNamespace(Device=self._device, runtime=runtime,
+                                          memory=types.SimpleNamespace(
+                                              OutOfMemoryError=MemoryError))
+
+    def _device(self, index):
+        module = self
+
+        class Device:
+            def __enter__(self):
+                self.before = module.current[0]
+                module.current[0] = index
+
+            def __exit__(self, *exc):
+                module.current[0] = self.before
+        return Device()
+
+    def get_default_memory_pool(self):
+        return types.SimpleNamespace(free_bytes=lambda: 0)
+
+    def asarray(self, host):
+        self.copies.append(("up", self.current[0]))
+        return GpuArray(np.array(host), self.current[0])
+
+    def asnumpy(self, x):
+        self.copies.append(("down", self.current[0]))
+        return x.data.copy()
+
 
 @pytest.fixture
 def stand_in_cupy(monkeypatch):
-    module = types.SimpleNamespace(ndarray=GpuArray)
+    module = StandInCupy()
     monkeypatch.setattr(operands, "cupy_module", lambda: module)
+    monkeypatch.setitem(sys.modules, "cupy", module)
     return module
 
 
@@ -379,3 +424,39 @@ def test_host_operands_plan_as_before():
     assert host.placement == Placement() and host == _plan(Placement(), shape=(
         4096, 4096, 4096), host_held=True)
     assert "GPU" not in str(host)
+
+
+def test_gpu_operands_are_fetched_from_their_gpu_and_the_product_goes_back_there(
+        stand_in_cupy):
+    a, b = np.ones((4, 3)), np.ones((3, 2))
+    given = describe(GpuArray(a, 1), b)
+    host_a, host_b, out = given.host_arrays()
+    assert np.array_equal(host_a, a) and host_b is b and out is None
+    assert stand_in_cupy.copies == [("down", 1)] and stand_in_cupy.current == [0]
+    c = given.give_back(host_a @ host_b)
+    assert isinstance(c, GpuArray) and c.device.id == 1 and np.array_equal(c.data, a @ b)
+    assert stand_in_cupy.copies[-1] == ("up", 1) and stand_in_cupy.current == [0]
+
+
+def test_a_product_that_does_not_fit_its_gpu_stays_in_host_memory_with_a_warning(
+        stand_in_cupy):
+    stand_in_cupy.free = 100
+    given = describe(GpuArray(np.ones((4, 4)), 0), GpuArray(np.ones((4, 4)), 0))
+    with pytest.warns(RuntimeWarning, match="does not fit in the free memory of GPU 0") as seen:
+        c = given.give_back(np.ones((4, 4)))
+    assert type(c) is np.ndarray
+    assert seen[0].filename == __file__  # the warning points at the caller's line
+
+
+def test_a_product_made_in_host_memory_fills_a_gpu_out(stand_in_cupy):
+    out = GpuArray(np.zeros((2, 2)), 0)
+    given = describe(GpuArray(np.ones((2, 3)), 0), GpuArray(np.ones((3, 2)), 0), out)
+    assert given.host_arrays()[2] is None  # the host plan makes its own
+    assert given.give_back(np.full((2, 2), 3.0)) is out and np.all(out.data == 3)
+
+
+def test_the_callers_current_gpu_is_kept(stand_in_cupy):
+    stand_in_cupy.current[0] = 1
+    with operands.kept_device():
+        stand_in_cupy.current[0] = 0  # as a backend binding GPU 0 does
+    assert stand_in_cupy.current == [1]

@@ -956,6 +956,12 @@ def test_a_stateful_matmul_of_cupy_operands_is_one_gemm_each_time(rng, monkeypat
         assert gemm_scaled_error(cupy.asnumpy(c), a2, b, alpha=2.0) <= 1
         with pytest.raises(ValueError, match="planned one GEMM on GPU"):
             m.execute(a2, b)
+        if cupy.cuda.runtime.getDeviceCount() > 1:  # a GPU this Matmul does not use
+            other = (m.plan.placement.device + 1) % cupy.cuda.runtime.getDeviceCount()
+            with cupy.cuda.Device(other):
+                elsewhere = cupy.asarray(a2), cupy.asarray(b)
+            with pytest.raises(ValueError, match=f"these lie on GPU {other}"):
+                m.execute(*elsewhere)
 
 
 @pytest.mark.mpi(min_size=1)
