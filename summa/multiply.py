@@ -32,11 +32,12 @@ from . import host as host_arrays
 from . import options as settings
 from . import pool
 from .arrays import check_arrays, op_shape
-from .checks import check_operands
+from .checks import check_operands, check_scalars
 from .host import parallel_copy
 from .faults import inject
 from .io import AtomicNpyWriter, NpyError, check_output_path, map_block, read_header
 from .layout import Layout
+from .operands import describe, kept_device
 from .matrix import DistMatrix
 from .progress import Progress
 from .traits import traits
@@ -48,7 +49,8 @@ from .verify import freivalds
 from .watchdog import watch
 
 __all__ = ["multiply_files", "FilesJob", "matmul", "matmul_arrays", "host_matmul", "check_is_cheap",
-           "CheckFailed", "plan_arrays", "run_arrays", "ArrayOperands"]
+           "CheckFailed", "plan_arrays", "run_arrays", "run_planned", "run_on_device",
+           "ArrayOperands"]
 
 #: Assumed rates for deciding whether a check is cheap (bytes/s of memory
 #: traffic for the matrix-vector products, flop/s for the multiply).
@@ -614,150 +616,252 @@ _MATMUL_OPTIONS = ("alpha", "trans_a", "trans_b", "panel_width", "lookahead", "b
 def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
                   backend="auto", out=None, out_of_core=None, device_memory=None,
                   gpus=None, workers=None, topology=None, **kwargs):
-    """``alpha * op(a) @ op(b)`` for NumPy arrays held on rank `root` (None
-    elsewhere); collective.
+    """``alpha * op(a) @ op(b)`` for arrays held on rank `root` (None
+    elsewhere), returned as the caller's kind of array; collective.
 
-    On GPUs the arrays stay in host memory where they lie and stream through
-    the GPUs in tiles (:mod:`summa.outofcore`), one tile where everything
-    fits, through page-locked chunks that host threads fill and drain
-    (:mod:`summa.staging`), so the first GEMM starts after one narrow panel's
-    upload and the product lands in host memory while the last GEMMs run. On
-    one rank nothing is copied on the host: the multiply reads `a` and `b` as
-    they are (rows must be contiguous; other strides, and op T or H, cost one
-    copy) and writes straight into the result. On several ranks the root
-    scatters the blocks and gathers the product. On CPUs, NumPy does the
-    GEMMs. Works in a single process too.
+    Host arrays stay where they lie and on GPUs stream through them in tiles
+    (:mod:`summa.outofcore`, :mod:`summa.staging`); on one rank nothing is
+    copied on the host (but for op T or H, or rows not contiguous); on
+    several the root scatters the blocks and gathers the product. GPU arrays
+    on one rank (a plain process: their own GPU unless `gpus` asks for more)
+    are one GEMM there, queued on the current stream as ``cupy.matmul`` is,
+    where the product fits its free memory (and `device_memory`, with the
+    operands); elsewhere they go through host memory (the plan's note says
+    why) and the product back to their GPU. One on a GPU and one in host
+    memory: the host one is uploaded where everything fits. The whole rule:
+    docs/user-guide.md, "Arrays you can pass".
 
     Parameters
     ----------
-    a, b : numpy.ndarray
-        On `root`; never modified (read-only arrays are fine).
+    a, b : array
+        On `root`, of one dtype (float64, float32, complex128, complex64;
+        float16 on GPUs); never modified. NumPy arrays; host arrays of other
+        libraries NumPy views in place (``__array__``, the buffer protocol,
+        DLPack on the CPU: torch CPU tensors, memoryviews) and lists; arrays
+        on one CUDA GPU: CuPy's, and DLPack or CUDA-array-interface
+        producers (torch CUDA tensors, JAX arrays), viewed through CuPy.
     grid : str or tuple, optional
         Default: the one ``bench`` takes for the product's shape
         (:func:`summa.grid.grid_for`).
-    out : numpy.ndarray, optional
+    out : array, optional
         On `root`: where the product goes, of its shape and dtype with
-        contiguous rows, overlapping neither `a` nor `b`; returned. Where the
-        call raises, its values are undefined (blocks may have landed).
+        contiguous rows, overlapping neither operand, where the product
+        comes back (the operands' GPU; host memory where both lie there),
+        written in place and returned as passed. Where the call raises, its
+        values are undefined.
     out_of_core : bool, optional
         None (default): host-resident on GPUs as above; False: copy the
-        operands into GPU memory first and multiply there (the in-memory
-        SUMMA); True: host-resident on CPUs too (tests).
+        operands into GPU memory first (the in-memory SUMMA); True:
+        host-resident on CPUs too (tests), GPU operands through host memory.
     device_memory : str, optional
         Cap on each rank's GPU memory, e.g. "16GiB" (default: 90 % of what
-        is free).
+        is free); GPU operands count against it.
     gpus, workers : int, optional
         In a plain Python process (no launcher, no `comm`): the pool of
-        worker ranks the multiply runs on (:mod:`summa.pool`): `gpus`
-        (``SUMMA_GPUS``; default every visible GPU), or on a machine without
-        one `workers` (``SUMMA_WORKERS``; default one per 8 cores). One
-        means this process alone.
+        worker ranks (:mod:`summa.pool`): `gpus` (``SUMMA_GPUS``; default
+        every visible GPU for host arrays, the operands' own for GPU arrays),
+        or without GPUs `workers` (``SUMMA_WORKERS``; default one per 8
+        cores). One means this process alone.
     topology : summa.topology.Topology, optional
-        The nodes of `comm`'s ranks (default: as MPI sees them); tests give
-        :meth:`~summa.topology.Topology.virtual` ones, whose ranks on
-        different virtual nodes share no memory.
+        The nodes of `comm`'s ranks (default: as MPI sees them).
     **kwargs
-        ``broadcaster="host"`` (or ``"auto"`` where the GPUs of a node
-        cannot read each other's memory, :func:`summa.selection.peer_access`):
-        with node-shared operands every GPU uploads the panel parts it needs
-        itself, nothing is sent between GPUs. Also ``alpha``, ``trans_a``,
-        ``trans_b``, ``panel_width``, ``lookahead``,
-        ``broadcaster``, ``precision``, ``moduli`` (with ``precision=
-        "fp64-int8"``: INT8 products per float64 product, 3-30; fewer is
-        faster, keeps fewer bits), ``schedule``, ``stats`` (a SummaStats
-        filled with this rank's timings; see :func:`summa.gemm`).
+        ``alpha``, ``trans_a``, ``trans_b``, ``panel_width``, ``lookahead``,
+        ``broadcaster`` (``"host"``: with node-shared operands every GPU
+        uploads its own panel parts), ``precision``, ``moduli`` (with
+        ``precision="fp64-int8"``: INT8 products per float64 product, 3-30),
+        ``schedule``, ``stats`` (a SummaStats filled with this rank's timings
+        and ``extra["plan"]``; see :func:`summa.gemm`).
     options : summa.options.Options, optional
         The settings (default: the current ones, from ``SUMMA_*`` variables
         read once here; docs/options.md); a pool's workers get them too.
 
     Returns
     -------
-    numpy.ndarray or None
-        The product on `root`, None elsewhere.
+    array or None
+        The product on `root` (None elsewhere): `out` where given; else the
+        kind of `a` (of the GPU operand where only one is) where its library
+        wraps it without a copy: torch's tensors, JAX's arrays; else CuPy
+        for GPU arrays, NumPy for host arrays. A product made in host memory
+        that does not fit in the GPU's free memory stays in host memory
+        (NumPy, or a torch CPU tensor), with a RuntimeWarning.
 
     Raises
     ------
     ValueError
         The same on every rank, before any data moves: arrays that cannot be
-        multiplied, an unusable `out`, a device budget too small for any
-        tile, a host too small for the plan.
+        multiplied (not arrays, not 2-D, dtypes differing or unsupported,
+        inner dimensions differing), operands on two GPUs or not on a CUDA
+        GPU, GPU arrays without CuPy, an unusable `out`, a device budget too
+        small for any tile, a host too small for the plan.
     """
     called = time.perf_counter()
     unknown = sorted(set(kwargs) - set(_MATMUL_OPTIONS))
     if unknown:
         raise TypeError(f"matmul got unexpected keyword argument(s) {', '.join(unknown)}")
     moduli = check_moduli(kwargs.pop("moduli", None), kwargs.get("precision"))
-    with asked_moduli(moduli):  # the pool's workers get it with the other settings
+    operands = ArrayOperands(a, b, out, root)
+    here = dict(kwargs, grid=grid, backend=backend, out_of_core=out_of_core,
+                device_memory=device_memory)
+    # The backend binds its GPU; the caller's current one is current again after.
+    with asked_moduli(moduli), kept_device():  # the pool's workers get moduli with the rest
         if comm is None and MPI.COMM_WORLD.Get_size() == 1 and not pool.launched():
-            # A plain Python process: every GPU (or `workers` CPU ranks) through a pool.
-            size = pool.pool_size(gpus if not traits(backend).cpu_only else None, workers,
-                                  use_gpus=not traits(backend).cpu_only)
+            operands = operands.described()  # a plain Python process: perhaps a pool
+            size = _pool_size(operands.given.placement, gpus, workers, backend)
             if size > 1:
-                return pool.matmul(a, b, size, out=out, out_of_core=out_of_core,
-                                   device_memory=device_memory, backend=backend, grid=grid,
-                                   **kwargs)
-        return _matmul_here(ArrayOperands(a, b, out, root),
-                            MPI.COMM_WORLD if comm is None else comm, called,
-                            dict(kwargs, grid=grid, backend=backend, out_of_core=out_of_core,
-                                 device_memory=device_memory, topology=topology))
+                host_a, host_b, host_out = operands.given.host_arrays()
+                return operands.given.give_back(pool.matmul(host_a, host_b, size,
+                                                            out=host_out, **here))
+        return _matmul_here(operands, MPI.COMM_WORLD if comm is None else comm, called,
+                            dict(here, topology=topology))
+
+
+def _pool_size(placement, gpus, workers, backend: str) -> int:
+    """Ranks a plain process's multiply runs on (:func:`summa.pool.pool_size`):
+    operands on a GPU stay on theirs (one rank) unless more GPUs are asked
+    for (`gpus`, ``SUMMA_GPUS``): on one GPU the product is one GEMM there,
+    where a pool would take them through host memory."""
+    cpu_only = traits(backend).cpu_only
+    if placement.where != "host" and not cpu_only and gpus in (None, "") and \
+            settings.current().gpus in (None, ""):
+        return 1
+    return pool.pool_size(gpus if not cpu_only else None, workers, use_gpus=not cpu_only)
 
 
 @dataclass(frozen=True)
 class ArrayOperands:
-    """NumPy operands of one product, held on rank `root` (None elsewhere),
-    and where given the array the product goes into (:func:`matmul_arrays`).
+    """The operands of one product as the caller passed them, held on rank
+    `root` (None elsewhere), and where given the array the product goes
+    into (:func:`matmul_arrays`).
 
     Attributes
     ----------
-    a, b : numpy.ndarray or None
-    out : numpy.ndarray or None
+    a, b : array or None
+    out : array or None
     root : int
+    given : summa.operands.Operands or None
+        On the root once described (:meth:`described`): NumPy or CuPy
+        arrays over the caller's, where they lie.
     """
 
     a: object
     b: object
     out: object = None
     root: int = 0
+    given: object = None
+
+    def described(self) -> "ArrayOperands":
+        """These operands with :attr:`given` (:func:`summa.operands.describe`,
+        raising its ValueError); call it on the root."""
+        return self if self.given is not None else replace(
+            self, given=describe(self.a, self.b, self.out))
 
 
 def _matmul_here(operands: ArrayOperands, comm, called: float, kwargs: dict):
     """:func:`matmul_arrays` on the ranks of `comm` (no pool), `kwargs` its
-    other arguments: check and plan, run, gather."""
+    other arguments: check and plan, run, give the product back."""
     alpha, stats = kwargs.pop("alpha", 1.0), kwargs.pop("stats", None)
-    be, plan = plan_arrays(operands, comm, **kwargs)
+    be, plan, operands = plan_arrays(operands, comm, **kwargs)
+    if plan.placement.resident:  # one GEMM where the operands lie: no grid to make
+        return run_planned(plan, None, be, operands, alpha, stats, called)
     with ProcessGrid(comm, plan.grid, topology=kwargs["topology"]) as pgrid:
         if pgrid.core_note and pgrid.rank == 0:
             warnings.warn(pgrid.core_note, RuntimeWarning, stacklevel=2)
-        return run_arrays(plan, pgrid, be, operands, alpha, stats, called)
+        return run_planned(plan, pgrid, be, operands, alpha, stats, called)
 
 
 def plan_arrays(operands: ArrayOperands, comm, grid=None, backend="auto", out_of_core=None,
                 device_memory=None, *, trans_a="N", trans_b="N", panel_width=None,
                 lookahead=1, schedule="panels", precision=None, broadcaster="auto",
                 topology=None):
-    """Check NumPy `operands` (:class:`ArrayOperands`) and plan their
-    product (:func:`summa.planning.make_plan`, host-held); collective.
+    """Describe and check the root's `operands` (:class:`ArrayOperands`) and
+    plan their product (:func:`summa.planning.make_plan`, host-held, or
+    where they lie on a GPU, :class:`summa.planning.Placement`);
+    collective. On one rank the backend binds the GPU the operands lie on.
     Arguments as for :func:`matmul_arrays`.
 
     Returns
     -------
-    (Backend, Plan)
-        The rank's backend and the Plan, the same on every rank.
+    (Backend, Plan, ArrayOperands)
+        The rank's backend, the Plan (the same on every rank), and
+        `operands` described on the root (:meth:`ArrayOperands.described`).
     """
     trans_a, trans_b = str(trans_a).upper(), str(trans_b).upper()
-    be = collectively(comm, get_backend, backend, node_rank(comm, topology)[0])
-    meta = None
-    if comm.Get_rank() == operands.root:
-        meta = check_arrays(operands.a, operands.b, operands.out, trans_a, trans_b, be)
+    meta, rank = None, comm.Get_rank()
+    if rank == operands.root:
+        try:
+            operands = operands.described()
+        except ValueError as exc:  # said on every rank below
+            meta = str(exc)
+    placed = operands.given.placement if operands.given is not None else None
+    local = placed.device if comm.Get_size() == 1 and placed is not None and \
+        placed.device is not None else node_rank(comm, topology)[0]
+    be = collectively(comm, get_backend, backend, local)
+    if rank == operands.root and meta is None:
+        meta = check_arrays(*operands.given.arrays, trans_a, trans_b, be)
+        meta = meta if isinstance(meta, str) else (*meta, placed)
     meta = comm.bcast(meta, root=operands.root)
     if isinstance(meta, str):
         raise ValueError(meta)
-    m, n, k, dtype = meta
+    m, n, k, dtype, placement = meta
     return be, make_plan((m, n, k), dtype, Machine.live(comm, be), grid=grid, trans_a=trans_a,
                          trans_b=trans_b, host_held=True, out_of_core=out_of_core,
                          device_memory=device_memory, panel_width=panel_width,
                          lookahead=lookahead, schedule=schedule, precision=precision,
-                         broadcaster=broadcaster)
+                         broadcaster=broadcaster, placement=placement), operands
+
+
+def run_planned(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
+                called: float | None = None):
+    """Run `plan` on `operands` described on the root (:func:`plan_arrays`):
+    one GEMM where they lie (:func:`run_on_device`, resident plans: no grid,
+    `pgrid` None), or :func:`run_arrays` over the grid `pgrid` on host
+    arrays (operands on a GPU copied to host memory first); collective.
+    Returns the product on the root as the caller's kind of array
+    (:meth:`summa.operands.Operands.give_back`), None elsewhere."""
+    given = operands.given  # None off the root
+    if plan.placement.resident:
+        return given.give_back(run_on_device(plan, be, given, alpha, stats), be)
+    host = operands  # off the root: as passed (the pool's workers hold the arrays on every rank)
+    if given is not None:
+        host = ArrayOperands(*given.host_arrays(be), operands.root)
+    c = run_arrays(plan, pgrid, be, host, alpha, stats, called)
+    return c if given is None else given.give_back(c, be)
+
+
+def run_on_device(plan, be, given, alpha=1.0, stats=None):
+    """The executor of a resident plan (``plan.placement.resident``):
+    ``alpha op(a) @ op(b)`` as one GEMM (:meth:`summa.backend.Backend.gemm`:
+    a transposed operand is read as cuBLAS's transposed op, conjugated ones
+    copied) on the GPU where `given` (:class:`summa.operands.Operands`) lie,
+    a host operand of a mixed pair uploaded first, into `out` there or a new
+    CuPy array. Queued on the current stream and not waited for, as
+    ``cupy.matmul``, but where `stats` (a SummaStats) are asked for. Returns
+    the product (CuPy)."""
+    (m, n, k), dtype = plan.shape, np.dtype(plan.dtype)
+    check_scalars(alpha, 0.0, dtype, plan.precision, be)
+    began = time.perf_counter()
+    with be.xp.cuda.Device(plan.placement.device):  # its cuBLAS handle, its memory
+        a, b = (_device_op(x.array if x.device is not None else be.asarray(x.array), t)
+                for x, t in zip((given.a, given.b), plan.trans))
+        c = given.out.array if given.out is not None else be.xp.empty((m, n), dtype)
+        if k == 0:
+            c.fill(0)
+        else:
+            be.gemm(alpha, a, b, c, beta=0.0, precision=plan.precision)
+        if stats is not None:
+            be.synchronize()
+            seconds = time.perf_counter() - began
+            stats.__dict__.update(seconds=seconds, compute=seconds, panels=1, panel_width=k,
+                                  comm="none")
+            stats.extra.update(plan=plan.as_dict(), resident=True)
+    return c
+
+
+def _device_op(x, trans: str):
+    """``op(x)`` of a GPU array: a view, but conjugated (one copy)."""
+    if trans == "N":
+        return x
+    return x.conj().T if trans == "H" and x.dtype.kind == "c" else x.T
 
 
 def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
@@ -841,23 +945,45 @@ def matmul(A, B, device=None, **kwargs):
     With DistMatrix operands: a new DistMatrix (options as for :func:`gemm`).
     Host-held ones (NumPy backend) with a GPU `device` (a Backend, or
     ``"auto"``/``"cupy"``: the rank's GPU) stream through it in tiles, out
-    of core by themselves (:func:`host_matmul`). With NumPy arrays held on
-    one rank (None on the others): the product as a NumPy array on that
-    rank, None elsewhere; ``comm`` (default COMM_WORLD), ``root``, ``grid``
-    and ``backend`` choose where it runs (:func:`matmul_arrays`).
+    of core by themselves (:func:`host_matmul`). With arrays held on one
+    rank (None on the others): :func:`matmul_arrays`.
+
+    Parameters
+    ----------
+    A, B : DistMatrix or array
+        Arrays of any kind :func:`matmul_arrays` takes: NumPy arrays, host
+        arrays of other libraries (torch CPU tensors, anything with
+        ``__array__``, the buffer protocol or DLPack), and arrays on a CUDA
+        GPU (CuPy arrays, torch CUDA tensors, JAX arrays, anything with
+        DLPack or ``__cuda_array_interface__``), read where they lie.
+    device : Backend or str, optional
+        Host-held DistMatrix operands only.
+    **kwargs
+        As for :func:`gemm` (DistMatrix) or :func:`matmul_arrays` (arrays:
+        ``comm``, ``root``, ``grid``, ``backend``, ``out`` ...).
+
+    Returns
+    -------
+    DistMatrix, array or None
+        For arrays, on the root rank: the product as the caller's kind where
+        its library can wrap it (a CuPy array on the operands' GPU for CuPy
+        operands, a torch tensor for torch's, a JAX array for JAX's), else
+        NumPy (host arrays) or CuPy (GPU arrays); `out` where given; None
+        on the other ranks.
 
     Examples
     --------
     >>> c = matmul(a if rank == 0 else None, b if rank == 0 else None)  # doctest: +SKIP
     >>> C = matmul(A_host, B_host, device="auto")  # doctest: +SKIP
+    >>> c_gpu = matmul(cupy.asarray(a), cupy.asarray(b))  # one GEMM on that GPU  # doctest: +SKIP
     """
     if isinstance(A, DistMatrix) or isinstance(B, DistMatrix):
         if device is not None and isinstance(A, DistMatrix) and not A.backend.is_gpu:
             return host_matmul(A, B, device, **kwargs)
         return gemm(A, B, **kwargs)
     if device is not None:
-        raise TypeError("device applies to host-held DistMatrix operands; for NumPy arrays "
-                        "give backend=")
+        raise TypeError("device applies to host-held DistMatrix operands; for arrays give "
+                        "backend= (GPU arrays are multiplied on the GPU they lie on)")
     return matmul_arrays(A, B, **kwargs)
 
 

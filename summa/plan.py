@@ -22,8 +22,8 @@ from .topology import topology_of
 from .traits import traits
 from .tuning import transposes_a
 
-__all__ = ["MemoryPlan", "memory_plan", "check_memory", "ranks_on_device", "check_host_memory",
-           "parse_bytes"]
+__all__ = ["MemoryPlan", "memory_plan", "resident_plan", "check_memory", "ranks_on_device",
+           "check_host_memory", "parse_bytes"]
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,10 @@ class MemoryPlan:
     Attributes
     ----------
     mode : str
-        ``"in-memory"`` (A, B, C and panels on the device) or ``"out-of-core"``
-        (A, B, C in host memory, C streamed through the device in tiles).
+        ``"in-memory"`` (A, B, C and panels on the device), ``"out-of-core"``
+        (A, B, C in host memory, C streamed through the device in tiles) or
+        ``"on-device"`` (the caller's A and B already on the one rank's GPU:
+        one GEMM, :func:`resident_plan`).
     device_bytes, host_bytes : int
         Peak per rank (the largest rank's share).
     tile : tuple or None
@@ -158,6 +160,27 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     ring = ring_bytes(copy_threads(1)) if kind.gpu else 0
     return MemoryPlan("out-of-core", device, blocks * item, (int(tm), int(tn)), int(nb),
                       (int(tiles[0]), int(tiles[1])), slots, transposed, staged, ring)
+
+
+def resident_plan(m: int, n: int, k: int, dtype, precision=None, copies: int = 0,
+                  new_c: bool = True) -> MemoryPlan:
+    """Peak device bytes of one GEMM on operands that already lie on the
+    device (``summa.matmul`` of GPU arrays on one rank), beside them: C
+    where it is `new_c` (not the caller's ``out=``), `copies` bytes of
+    operands uploaded or copied for the GEMM, and for ``precision=
+    "fp64-int8"`` one product's scratch (K taken in pieces of at most
+    :data:`summa.ozaki.K_EXACT`; complex: the operands' real and imaginary
+    parts over all of K besides). No host memory."""
+    from .ozaki import K_EXACT
+    dtype = np.dtype(dtype)
+    need = (m * n * dtype.itemsize if new_c else 0) + int(copies)
+    if precision == "fp64-int8":
+        from . import ozaki_gpu
+        piece = max(1, min(k, K_EXACT))
+        need += ozaki_gpu.scratch_bytes(m, n, piece, ozaki_gpu.moduli_for(piece))
+        if dtype.kind == "c":
+            need += 16 * (m * k + k * n + m * n)
+    return MemoryPlan("on-device", need, 0)
 
 
 def _tiles_asked(ml: int, nl: int) -> tuple | None:

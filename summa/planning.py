@@ -20,12 +20,13 @@ from mpi4py import MPI
 
 from . import ozaki_gpu
 from .grid import check_grid_ranks, grid_for, parse_grid
-from .plan import MemoryPlan, check_host_memory, check_memory, memory_plan, parse_bytes
+from .plan import (MemoryPlan, check_host_memory, check_memory, memory_plan, parse_bytes,
+                   resident_plan)
 from .strips import check_schedule
 from .tuning import default_panel_width
 from .traits import traits
 
-__all__ = ["Machine", "Plan", "make_plan", "restage", "host_traffic"]
+__all__ = ["Machine", "Placement", "Plan", "make_plan", "restage", "host_traffic"]
 
 #: Share of the free device memory an out-of-core plan takes where no
 #: budget is given (the rest: the memory pool's rounding, library workspaces).
@@ -62,6 +63,54 @@ class Machine:
     def live(cls, comm, device) -> "Machine":
         """The ranks of `comm` with their `device` (a Backend)."""
         return cls(device.name, comm.Get_size(), comm=comm, device=device)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the operands of a product lie when it is called, as the
+    planner weighs them (:attr:`summa.operands.Operands.placement`), and in
+    a Plan, whether the multiply reads them there.
+
+    Attributes
+    ----------
+    where : str
+        ``"host"`` (host memory), ``"device"`` (both on one GPU) or
+        ``"mixed"`` (one on a GPU, the other in host memory).
+    device : int or None
+        The CUDA device the operands on a GPU lie on.
+    held : int
+        Bytes of the operands on the GPU: they count against a
+        ``device_memory`` cap.
+    copies : int
+        Device bytes the GEMM needs for operands beside them: a host
+        operand uploaded (mixed), one whose layout cuBLAS cannot read as it
+        is (neither rows nor columns contiguous) copied.
+    into_out : bool
+        The product goes into the caller's array there (``out=``): no new C.
+    fetched : bool
+        In a Plan: the operands on the GPU are copied to host memory and the
+        host plan runs (:attr:`Plan.note` says why); False where the multiply
+        is one GEMM where they lie (:attr:`resident`).
+    """
+
+    where: str = "host"
+    device: int | None = None
+    held: int = 0
+    copies: int = 0
+    into_out: bool = False
+    fetched: bool = False
+
+    @property
+    def resident(self) -> bool:
+        """Is the multiply one GEMM on the GPU where the operands lie?"""
+        return self.where != "host" and not self.fetched
+
+    def __str__(self) -> str:
+        if self.where == "host":
+            return "operands in host memory"
+        which = "operands" if self.where == "device" else "one operand (the other uploaded)"
+        how = "copied to host memory first" if self.fetched else "multiplied there in one GEMM"
+        return f"{which} on GPU {self.device}, {how}"
 
 
 @dataclass(frozen=True)
@@ -108,8 +157,13 @@ class Plan:
         fp64-int8 in memory on a grid: device bytes of the panel sums where
         this product may sum its panels' INT8 products (used where the
         device has them free when it starts); None where it cannot.
+    placement : Placement
+        Where the operands lie, and whether the multiply is one GEMM there
+        (``placement.resident``: one rank, the operands on its GPU, no grid,
+        no copy through host memory).
     note : str or None
-        Why the mode was chosen for the caller (in memory did not fit).
+        Why the mode was chosen for the caller (in memory did not fit; GPU
+        operands copied to host memory).
     predicted : dict or None
         The model's time (``make_plan(profile=...)``): ``seconds``,
         ``tflops``, ``profile`` (its path), ``shipped``, and for fp64-int8
@@ -133,6 +187,7 @@ class Plan:
     broadcaster: str = "auto"
     host_copies: str | None = None
     panel_sums: int | None = None
+    placement: Placement = Placement()
     note: str | None = field(default=None, compare=False)
     predicted: dict | None = field(default=None, compare=False)
 
@@ -159,7 +214,8 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
               device_memory=None, panel_width=None, lookahead: int = 1,
               schedule: str = "panels", precision=None, moduli=None,
               broadcaster: str = "auto", staged: tuple = (False, False),
-              host_copies=None, predict: bool = False, profile=None) -> Plan:
+              host_copies=None, predict: bool = False, profile=None,
+              placement: Placement | None = None) -> Plan:
     """Plan ``C = op(A) @ op(B)`` of `shape` ``(m, n, k)`` on `machine`.
 
     Collective over ``machine.comm`` where the machine is live
@@ -190,6 +246,13 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
     predict, profile : bool, str
         Fill :attr:`Plan.predicted` by the model profile at `profile`
         (default the one shipped with summa).
+    placement : Placement, optional
+        Where the operands lie (default: host memory, as `host_held` says).
+        Operands on a GPU are multiplied there in one GEMM where the plan
+        can (one rank of the GPU backend, not `out_of_core`, the product
+        and the GEMM's scratch within the GPU's free memory, or everything
+        within `device_memory`); else they are copied to host memory and
+        planned as host-held operands, the note saying why.
 
     Raises
     ------
@@ -203,6 +266,18 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
     lookahead = int(lookahead)
     moduli = ozaki_gpu.check_moduli(moduli, precision)
     grid = _grid(grid, machine, m, n, dtype, schedule)
+    placement, fetched = placement or Placement(), None
+    if placement.where != "host":
+        check_schedule(schedule, grid)
+        memory, fetched = _resident(machine, (m, n, k), dtype, (trans_a, trans_b), placement,
+                                    (out_of_core, device_memory, precision))
+        if memory is not None:
+            return Plan((m, n, k), dtype.name, machine.backend, machine.ranks, grid,
+                        (str(trans_a).upper(), str(trans_b).upper()), schedule, False,
+                        max(k, 1), lookahead, precision, ozaki_gpu.moduli_for(max(k, 1), moduli)
+                        if precision == "fp64-int8" else None, None, memory, broadcaster,
+                        placement=placement)
+        placement, host_held = replace(placement, fetched=True), True
     if host_held and out_of_core is None:
         out_of_core = schedule == "panels" and (traits(machine.backend).gpu
                                                 or device_memory is not None)
@@ -221,8 +296,39 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
     plan = Plan((m, n, k), dtype.name, machine.backend, machine.ranks, grid,
                 (str(trans_a).upper(), str(trans_b).upper()), schedule, ooc, width, lookahead,
                 precision, count, budget, memory, broadcaster, host_copies,
-                _panel_sums(memory, dtype, grid, (m, n, k), width, precision, schedule), note)
+                _panel_sums(memory, dtype, grid, (m, n, k), width, precision, schedule),
+                placement, "; ".join(x for x in (fetched, note) if x) or None)
     return replace(plan, predicted=_predict(plan, profile)) if predict else plan
+
+
+def _resident(machine: Machine, shape, dtype, trans, placement: Placement, asked) -> tuple:
+    """``(MemoryPlan, None)`` of one GEMM where the operands lie on a GPU
+    (:func:`summa.plan.resident_plan`), or ``(None, why they are copied to
+    host memory instead)``; `asked` is ``(out_of_core, device_memory,
+    precision)``. Asks nothing of other ranks (one rank)."""
+    out_of_core, device_memory, precision = asked
+    m, n, k = shape
+    fetched = f"the operands on GPU {placement.device} are copied to host memory: "
+    if machine.ranks > 1:
+        return None, fetched + f"the multiply runs on {machine.ranks} ranks"
+    if not traits(machine.backend).gpu:
+        return None, fetched + f"the {machine.backend} backend multiplies in host memory"
+    if out_of_core:
+        return None, fetched + "out_of_core=True streams host-held operands"
+    conjugated = sum(size for t, size in zip(trans, (m * k, k * n))
+                     if str(t).upper() == "H" and dtype.kind == "c") * dtype.itemsize
+    memory = resident_plan(m, n, k, dtype, precision, placement.copies + conjugated,
+                           new_c=not placement.into_out)
+    if device_memory:
+        budget, need = parse_bytes(device_memory), memory.device_bytes + placement.held
+        if need > budget:
+            return None, fetched + (f"they and the product need {need / 2**30:.2f} GiB, more "
+                                    f"than device_memory ({budget / 2**30:.2f} GiB)")
+    free = machine.device.memory_free() if machine.device is not None else machine.free_device
+    if free is not None and memory.device_bytes > free:
+        return None, fetched + (f"the product needs {memory.device_bytes / 2**30:.2f} GiB "
+                                f"there, {free / 2**30:.2f} GiB free")
+    return memory, None
 
 
 def restage(plan: Plan, staged: tuple) -> Plan:
@@ -457,6 +563,8 @@ def _lines(plan: Plan) -> list[str]:
         decided += (f", device budget {plan.device_budget / gib:.2f} GiB, host copies "
                     f"{plan.host_copies or 'default'}")
     lines.append(decided)
+    if plan.placement.where != "host":
+        lines.append(f"  {plan.placement}")
     if plan.note:
         lines.append(f"  {plan.note}")
     return lines

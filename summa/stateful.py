@@ -14,7 +14,8 @@ from mpi4py import MPI
 from .algorithm import SummaStats
 from .arrays import check_arrays
 from .grid import ProcessGrid
-from .multiply import ArrayOperands, plan_arrays, run_arrays
+from .multiply import ArrayOperands, plan_arrays, run_planned
+from .operands import kept_device
 from .ozaki_gpu import asked_moduli, check_moduli
 
 __all__ = ["Matmul"]
@@ -25,8 +26,8 @@ OPTIONS = ("alpha", "trans_a", "trans_b", "panel_width", "lookahead", "broadcast
 
 
 class Matmul:
-    """``alpha * op(a) @ op(b)`` of NumPy arrays held on rank `root`,
-    planned once and executed many times; collective over `comm`.
+    """``alpha * op(a) @ op(b)`` of arrays held on rank `root`, planned
+    once and executed many times; collective over `comm`.
 
     Construction checks the operands and plans the product
     (:func:`summa.planning.make_plan`: grid, in memory or host-resident,
@@ -39,11 +40,14 @@ class Matmul:
     may have changed. :meth:`free` (or leaving a ``with`` block) releases
     the grid and what it holds. It runs on the ranks of `comm` (default
     COMM_WORLD, or this process alone), not through :mod:`summa.pool`.
+    Operands on a GPU on one rank plan one GEMM there
+    (:func:`summa.multiply.matmul_arrays`); the operands of each execution
+    must then lie on that GPU too.
 
     Parameters
     ----------
-    a, b : numpy.ndarray
-        On `root`, None elsewhere.
+    a, b : array
+        On `root`, None elsewhere: any kind :func:`summa.matmul` takes.
     comm, root, grid, backend, out_of_core, device_memory, **options
         As for :func:`summa.multiply.matmul_arrays` (options: ``alpha``,
         ``trans_a``, ``trans_b``, ``panel_width``, ``lookahead``,
@@ -73,14 +77,14 @@ class Matmul:
         self._grid = None
         self._moduli = check_moduli(options.pop("moduli", None), options.get("precision"))
         self._alpha = options.pop("alpha", 1.0)
-        with asked_moduli(self._moduli):  # the plan counts their scratch
-            self._backend, self.plan = plan_arrays(ArrayOperands(a, b, None, root), self._comm,
-                                                   grid, backend, out_of_core, device_memory,
-                                                   **options)
+        with asked_moduli(self._moduli), kept_device():  # the plan counts their scratch
+            self._backend, self.plan, self._operands = plan_arrays(
+                ArrayOperands(a, b, None, root), self._comm, grid, backend, out_of_core,
+                device_memory, **options)
         self._grid = ProcessGrid(self._comm, self.plan.grid)
         if self._grid.core_note and self._grid.rank == 0:
             warnings.warn(self._grid.core_note, RuntimeWarning, stacklevel=2)
-        self._a, self._b, self._root = a, b, root
+        self._root = root
         self.stats = None
 
     def execute(self, a=None, b=None, out=None):
@@ -92,29 +96,48 @@ class Matmul:
             raise RuntimeError("this Matmul was freed")
         called = time.perf_counter()
         if a is None and b is None:
-            a, b = self._a, self._b
-        self._check(a, b, out)  # (one of a and b alone: refused there, on every rank)
+            a, b = self._operands.a, self._operands.b
+        # (one of a and b alone: refused there, on every rank)
+        operands = self._checked(ArrayOperands(a, b, out, self._root))
         stats = SummaStats()
-        with asked_moduli(self._moduli):
-            c = run_arrays(self.plan, self._grid, self._backend,
-                           ArrayOperands(a, b, out, self._root), self._alpha, stats, called)
+        with asked_moduli(self._moduli), kept_device():
+            c = run_planned(self.plan, self._grid, self._backend, operands, self._alpha, stats,
+                            called)
         self.stats = stats
         return c
 
-    def _check(self, a, b, out) -> None:
-        """Refuse, on every rank, operands or an `out` the plan does not fit."""
-        plan, comm = self.plan, self._comm
-        meta = None
+    def _checked(self, operands: ArrayOperands) -> ArrayOperands:
+        """`operands` described on the root; refused, on every rank, where the
+        plan does not fit them or their `out` (or where it is one GEMM on a
+        GPU, they lie elsewhere)."""
+        comm, meta = self._comm, None
         if comm.Get_rank() == self._root:
-            meta = check_arrays(a, b, out, *plan.trans, self._backend)
-            if not isinstance(meta, str) and (tuple(meta[:3]), np.dtype(meta[3]).name) != (
-                    tuple(plan.shape), plan.dtype):
-                meta = (f"the operands make a {meta[0]}x{meta[1]}x{meta[2]} "
-                        f"{np.dtype(meta[3]).name} product, but this Matmul planned "
-                        f"{'x'.join(map(str, plan.shape))} {plan.dtype}")
+            try:
+                operands = operands.described()
+                meta = self._fits(operands.given)
+            except ValueError as exc:
+                meta = str(exc)
         meta = comm.bcast(meta, root=self._root)
         if isinstance(meta, str):
             raise ValueError(meta)
+        return operands
+
+    def _fits(self, given) -> str | None:
+        """Why the plan does not fit the described operands `given` (None: it does)."""
+        plan = self.plan
+        meta = check_arrays(*given.arrays, *plan.trans, self._backend)
+        if isinstance(meta, str):
+            return meta
+        if (tuple(meta[:3]), np.dtype(meta[3]).name) != (tuple(plan.shape), plan.dtype):
+            return (f"the operands make a {meta[0]}x{meta[1]}x{meta[2]} "
+                    f"{np.dtype(meta[3]).name} product, but this Matmul planned "
+                    f"{'x'.join(map(str, plan.shape))} {plan.dtype}")
+        placed, planned = given.placement, plan.placement
+        if planned.resident and (placed.where, placed.device) != (planned.where,
+                                                                   planned.device):
+            return (f"this Matmul planned one GEMM on GPU {planned.device} for operands "
+                    f"lying {_where(planned)}; these lie {_where(placed)}")
+        return None
 
     def free(self) -> None:
         """Release the grid, its communicators and broadcasters (safe twice)."""
@@ -133,3 +156,12 @@ class Matmul:
         return (f"Matmul({m}x{n}x{k} {self.plan.dtype}, grid {self.plan.grid[0]}x"
                 f"{self.plan.grid[1]}, {'out of core' if self.plan.out_of_core else 'in memory'}"
                 f"{', freed' if self._grid is None else ''})")
+
+
+def _where(placement) -> str:
+    """Where a :class:`summa.planning.Placement`'s operands lie, in words."""
+    if placement.where == "host":
+        return "in host memory"
+    if placement.where == "mixed":
+        return f"one on GPU {placement.device}, one in host memory"
+    return f"on GPU {placement.device}"

@@ -801,3 +801,230 @@ def test_cublaslt_int8_products_are_gemmex_bits_on_large_shapes(comm, gpu, monke
         backend.int8_gemm_tn(a8, bt8, got)
         assert bool((got == want).all())
     del got, want
+
+
+# -- arrays on a GPU given to summa.matmul (summa/operands.py) -------------------------
+
+def _no_host_path(monkeypatch):
+    """Fail the call where it goes through the host plan (run_arrays)."""
+    from summa import multiply
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("GPU operands went through host memory")
+    monkeypatch.setattr(multiply, "run_arrays", refuse)
+
+
+def _op_shape(shape, trans):
+    return shape if trans == "N" else shape[::-1]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "complex64", "complex128"])
+@pytest.mark.parametrize("trans", [("N", "N"), ("T", "N"), ("N", "H"), ("H", "T")])
+def test_cupy_operands_are_one_gemm_on_their_gpu_and_come_back_as_cupy(rng, monkeypatch, dtype,
+                                                                       trans):
+    import cupy
+    import summa
+    from summa.algorithm import SummaStats
+    _no_host_path(monkeypatch)
+    m, n, k = 67, 45, 130
+    a = random_array(rng, _op_shape((m, k), trans[0]), dtype)
+    b = random_array(rng, _op_shape((k, n), trans[1]), dtype)
+    stats = SummaStats()
+    c = summa.matmul(cupy.asarray(a), cupy.asarray(b), trans_a=trans[0], trans_b=trans[1],
+                     alpha=0.5, stats=stats)
+    assert isinstance(c, cupy.ndarray) and c.device.id == cupy.cuda.Device().id
+    assert stats.extra["plan"]["placement"] == {"where": "device", "device": c.device.id,
+                                                "held": a.nbytes + b.nbytes, "copies": 0,
+                                                "into_out": False, "fetched": False}
+    assert gemm_scaled_error(cupy.asnumpy(c), a, b, alpha=0.5, trans_a=trans[0],
+                             trans_b=trans[1]) <= 1
+
+
+def test_cupy_operands_on_another_gpu_are_multiplied_there_and_the_current_gpu_stays(
+        rng, monkeypatch):
+    import cupy
+    import summa
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+    _no_host_path(monkeypatch)
+    a, b = random_array(rng, (50, 40), "float64"), random_array(rng, (40, 30), "float64")
+    with cupy.cuda.Device(1):
+        da, db = cupy.asarray(a), cupy.asarray(b)
+    with cupy.cuda.Device(0):
+        c = summa.matmul(da, db)
+        assert cupy.cuda.runtime.getDevice() == 0
+    assert c.device.id == 1 and gemm_scaled_error(cupy.asnumpy(c), a, b) <= 1
+    with pytest.raises(ValueError, match="a is on GPU 1 and b on GPU 0"):
+        summa.matmul(da, cupy.asarray(b))
+
+
+def test_cupy_operands_go_into_a_cupy_out_as_it_lies(rng, monkeypatch):
+    import cupy
+    import summa
+    _no_host_path(monkeypatch)
+    a, b = random_array(rng, (30, 20), "float32"), random_array(rng, (20, 10), "float32")
+    out = cupy.empty((30, 10), dtype=cupy.float32)
+    assert summa.matmul(cupy.asarray(a), cupy.asarray(b), out=out) is out
+    assert gemm_scaled_error(cupy.asnumpy(out), a, b) <= 1
+    wide = cupy.full((30, 14), 7.0, dtype=cupy.float32)  # a strip of columns: rows strided
+    assert summa.matmul(cupy.asarray(a), cupy.asarray(b), out=wide[:, 2:12]) is not None
+    assert gemm_scaled_error(cupy.asnumpy(wide[:, 2:12]), a, b) <= 1
+    assert bool((wide[:, :2] == 7).all()) and bool((wide[:, 12:] == 7).all())
+
+
+@pytest.mark.parametrize("dtype,precision", [("float64", "fp64-int8"),
+                                             ("complex128", "fp64-int8"), ("float32", "tf32")])
+def test_cupy_operands_take_the_precision_asked_for(rng, monkeypatch, dtype, precision):
+    import cupy
+    import summa
+    _no_host_path(monkeypatch)
+    a, b = random_array(rng, (300, 257), dtype), random_array(rng, (257, 130), dtype)
+    c = summa.matmul(cupy.asarray(a), cupy.asarray(b), precision=precision)
+    assert gemm_scaled_error(cupy.asnumpy(c), a, b, precision=precision) <= 1
+
+
+def test_one_operand_on_the_gpu_uploads_the_other_and_the_product_stays_there(rng,
+                                                                              monkeypatch):
+    import cupy
+    import summa
+    from summa.algorithm import SummaStats
+    _no_host_path(monkeypatch)
+    a, b = random_array(rng, (40, 33), "float64"), random_array(rng, (33, 21), "float64")
+    stats = SummaStats()
+    c = summa.matmul(a, cupy.asarray(b), stats=stats)
+    assert isinstance(c, cupy.ndarray)
+    assert stats.extra["plan"]["placement"]["where"] == "mixed"
+    assert gemm_scaled_error(cupy.asnumpy(c), a, b) <= 1
+
+
+@pytest.mark.parametrize("into_out", [False, True])
+def test_cupy_operands_beyond_the_device_budget_go_through_host_memory(rng, into_out):
+    import cupy
+    import summa
+    from summa.algorithm import SummaStats
+    a, b = random_array(rng, (1024, 1024), "float64"), random_array(rng, (1024, 512), "float64")
+    out = cupy.empty((1024, 512)) if into_out else None
+    stats = SummaStats()
+    # the operands alone (12 MiB) are beyond 10 MiB: out of core, through host memory
+    c = summa.matmul(cupy.asarray(a), cupy.asarray(b), device_memory="10MiB", out=out,
+                     stats=stats)
+    plan = stats.extra["plan"]
+    assert plan["placement"]["fetched"] and "copied to host memory" in plan["note"]
+    assert plan["out_of_core"]
+    assert isinstance(c, cupy.ndarray) and (c is out if into_out else True)
+    assert gemm_scaled_error(cupy.asnumpy(c), a, b) <= 1
+
+
+def test_a_product_made_in_host_memory_that_cannot_go_back_stays_there(rng, monkeypatch):
+    import cupy
+    import summa
+    from summa import operands
+    monkeypatch.setattr(operands, "_to_device", lambda *args: None)  # as if the GPU were full
+    a = random_array(rng, (512, 512), "float64")
+    with pytest.warns(RuntimeWarning, match="returned in host memory"):
+        c = summa.matmul(cupy.asarray(a), cupy.asarray(a), out_of_core=True)
+    assert type(c) is np.ndarray and gemm_scaled_error(c, a, a) <= 1
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda cp: (cp.ones((4, 4), dtype=cp.int32),) * 2, "unsupported dtype"),
+    (lambda cp: (cp.ones((4, 4)), cp.ones((4, 4), dtype=cp.float32)), "convert one"),
+    (lambda cp: (cp.ones((4, 5)), cp.ones((4, 5))), "inner dimensions"),
+    (lambda cp: (cp.ones((4, 4)), cp.ones((4, 4)), np.empty((4, 4))), "out is in host memory"),
+    (lambda cp: (cp.ones((4, 4)), cp.ones((4, 4)), cp.empty((4, 5))), "out is"),
+    (lambda cp: (lambda x: (x, cp.ones((4, 4)), x))(cp.ones((4, 4))), "overlaps a"),
+    (lambda cp: (cp.ones((4, 4)), cp.ones((4, 4)), cp.empty((4, 8))[:, ::2]), "contiguous rows"),
+])
+def test_unusable_gpu_operands_are_refused_with_one_clear_error(make, match):
+    import cupy
+    import summa
+    a, b, *out = make(cupy)
+    with pytest.raises(ValueError, match=match):
+        summa.matmul(a, b, out=out[0] if out else None)
+
+
+def test_a_stateful_matmul_of_cupy_operands_is_one_gemm_each_time(rng, monkeypatch):
+    import cupy
+    import summa
+    _no_host_path(monkeypatch)
+    a, b = random_array(rng, (60, 50), "float64"), random_array(rng, (50, 40), "float64")
+    with summa.Matmul(cupy.asarray(a), cupy.asarray(b), alpha=2.0) as m:
+        assert m.plan.placement.resident and m.plan.memory.mode == "on-device"
+        assert gemm_scaled_error(cupy.asnumpy(m.execute()), a, b, alpha=2.0) <= 1
+        a2 = random_array(rng, (60, 50), "float64")
+        c = m.execute(cupy.asarray(a2), cupy.asarray(b))
+        assert gemm_scaled_error(cupy.asnumpy(c), a2, b, alpha=2.0) <= 1
+        with pytest.raises(ValueError, match="planned one GEMM on GPU"):
+            m.execute(a2, b)
+        if cupy.cuda.runtime.getDeviceCount() > 1:  # a GPU this Matmul does not use
+            other = (m.plan.placement.device + 1) % cupy.cuda.runtime.getDeviceCount()
+            with cupy.cuda.Device(other):
+                elsewhere = cupy.asarray(a2), cupy.asarray(b)
+            with pytest.raises(ValueError, match=f"these lie on GPU {other}"):
+                m.execute(*elsewhere)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_cupy_operands_on_the_root_of_a_grid(comm, rng, gpu):
+    """On one rank one GEMM where they lie; on several the root's GPU
+    operands go through host memory, and the product comes back to its GPU."""
+    import cupy
+    from summa.algorithm import SummaStats
+    root = comm.Get_size() - 1
+    a, b = random_array(rng, (70, 45), "float64"), random_array(rng, (45, 52), "float64")
+    mine = comm.rank == root
+    stats = SummaStats()
+    c = matmul(cupy.asarray(a) if mine else None, cupy.asarray(b) if mine else None,
+               comm=comm, root=root, stats=stats)
+    if mine:
+        assert isinstance(c, cupy.ndarray) and c.device.id == cupy.cuda.Device().id
+        assert gemm_scaled_error(cupy.asnumpy(c), a, b) <= 1
+        assert stats.extra["plan"]["placement"]["fetched"] == (comm.Get_size() > 1)
+    else:
+        assert c is None
+
+
+def _torch_on_gpu():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no GPU")
+    return torch
+
+
+@pytest.mark.parametrize("trans", ["N", "T"])
+def test_torch_cuda_tensors_in_are_torch_cuda_tensors_out(rng, monkeypatch, trans):
+    import summa
+    torch = _torch_on_gpu()
+    _no_host_path(monkeypatch)
+    a, b = random_array(rng, (64, 48), "float32"), random_array(rng, (48, 64), "float32")
+    ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+    c = summa.matmul(ta, tb, trans_a=trans, trans_b=trans)
+    assert isinstance(c, torch.Tensor) and c.device == ta.device
+    assert gemm_scaled_error(c.cpu().numpy(), a, b, trans_a=trans, trans_b=trans) <= 1
+    with pytest.raises(ValueError, match="a .*torch"):
+        summa.matmul(ta.clone().requires_grad_(), tb)
+
+
+def test_torch_cpu_tensors_in_are_torch_cpu_tensors_out(rng):
+    import summa
+    torch = pytest.importorskip("torch")
+    a, b = random_array(rng, (30, 20), "float64"), random_array(rng, (20, 10), "float64")
+    c = summa.matmul(torch.from_numpy(a), torch.from_numpy(b))
+    assert isinstance(c, torch.Tensor) and c.device.type == "cpu"
+    assert gemm_scaled_error(c.numpy(), a, b) <= 1
+    out = torch.empty((30, 10), dtype=torch.float64)
+    assert summa.matmul(torch.from_numpy(a), torch.from_numpy(b), out=out) is out
+    assert gemm_scaled_error(out.numpy(), a, b) <= 1
+
+
+def test_jax_gpu_arrays_in_are_jax_arrays_out(rng):
+    import summa
+    jax = pytest.importorskip("jax")
+    try:
+        device = jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("JAX sees no GPU")
+    a, b = random_array(rng, (32, 24), "float32"), random_array(rng, (24, 16), "float32")
+    c = summa.matmul(jax.device_put(a, device), jax.device_put(b, device))
+    assert isinstance(c, jax.Array)
+    assert gemm_scaled_error(np.asarray(c), a, b) <= 1
