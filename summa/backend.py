@@ -527,9 +527,11 @@ class CupyBackend(Backend):
         # A column-major operand is the transpose of what that view expects.
         # beta=1 accumulates in place, so no C-sized temporary is ever made.
         if lt:
-            self._lt(c.dtype.char, data_type, compute, n, m, k, alpha_h.ctypes.data,
-                     b.data.ptr, ldb, a.data.ptr, lda, beta_h.ctypes.data, c.data.ptr, ldc,
-                     self.xp.cuda.get_current_stream().ptr, scalar)
+            from .lt import Product
+            product = Product(data_type, n, m, k, b.data.ptr, ldb, a.data.ptr, lda, c.data.ptr,
+                              ldc, self.xp.cuda.get_current_stream().ptr)
+            self._lt(c.dtype.char, compute, product, alpha_h.ctypes.data, beta_h.ctypes.data,
+                     scalar)
             return
         cublas.gemmEx(self.xp.cuda.device.get_cublas_handle(), int(b_t), int(a_t), n, m, k,
                       alpha_h.ctypes.data, b.data.ptr, data_type, ldb,
@@ -569,12 +571,13 @@ class CupyBackend(Backend):
         n = bt8.shape[0]
         library, index, asked = int8_library(m * n * k, self.options)
         if library == "cublaslt" and (asked or self._int8_lt is not False):
-            from .lt import LtGemm, Unavailable
+            from .lt import LtGemm, Product, Unavailable
             try:
                 if not self._int8_lt:
                     self._int8_lt = self._lt or LtGemm(self.xp, self.options.cublaslt)
-                self._int8_lt.int8_tn(n, m, k, bt8.data.ptr, a8.data.ptr, out.data.ptr,
-                                      accumulate, self.xp.cuda.get_current_stream().ptr, index)
+                product = Product(_CUDA_R_8I, n, m, k, bt8.data.ptr, k, a8.data.ptr, k,
+                                  out.data.ptr, n, self.xp.cuda.get_current_stream().ptr)
+                self._int8_lt.int8_tn(product, accumulate, index)
                 return
             except Unavailable:
                 if asked:

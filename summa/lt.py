@@ -18,12 +18,13 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import options
 
-__all__ = ["LtGemm", "Unavailable", "CANDIDATES"]
+__all__ = ["LtGemm", "Product", "Unavailable", "CANDIDATES"]
 
 #: Algorithms proposed by the heuristic that are timed per shape.
 CANDIDATES = 8
@@ -105,6 +106,45 @@ def _alignment(ptr: int) -> int:
     return align
 
 
+@dataclass(frozen=True)
+class Product:
+    """A column-major ``C (m x n) = alpha A (m x k) B (k x n) + beta C`` on the
+    device as cuBLASLt takes it: the element type, the sizes, the device
+    pointers with their leading dimensions, and the stream it runs on."""
+
+    data_type: int
+    m: int
+    n: int
+    k: int
+    a_ptr: int
+    lda: int
+    b_ptr: int
+    ldb: int
+    c_ptr: int
+    ldc: int
+    stream: int
+
+    def alignments(self) -> dict:
+        """Each pointer's alignment, by cuBLASLt's names (D is C)."""
+        return {"a": _alignment(self.a_ptr), "b": _alignment(self.b_ptr),
+                "c": _alignment(self.c_ptr), "d": _alignment(self.c_ptr)}
+
+
+@dataclass(frozen=True)
+class _Timing:
+    """How :meth:`LtGemm._fastest` times candidates: the output's element
+    size and type (None: the operands'), how many columns (None: as many as
+    :data:`TUNE_ELEMENTS`), an output to time into (None: a scratch one), the
+    key its choice is recorded under, and each candidate's burst."""
+
+    itemsize: int
+    c_type: int | None = None
+    columns: int | None = None
+    scratch_ptr: int | None = None
+    key: tuple | None = None
+    burst_ms: float = 0.0
+
+
 class LtGemm:
     """Column-major ``D = alpha * A @ B + beta * C`` (C and D the same buffer) on
     one GPU, algorithms chosen per shape by timing (see module docstring)."""
@@ -145,7 +185,8 @@ class LtGemm:
                 "cublasLtMatmulDescSetAttribute")
         return desc
 
-    def _candidates(self, desc, la, lb, lc, aligns) -> list:
+    def _candidates(self, desc, layouts: tuple, aligns: dict) -> list:
+        la, lb, lc = layouts
         pref = ctypes.c_void_p()
         self._check(self.lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)),
                     "cublasLtMatmulPreferenceCreate")
@@ -169,126 +210,132 @@ class LtGemm:
         finally:
             self.lib.cublasLtMatmulPreferenceDestroy(pref)
 
-    def _run(self, plan_desc, algo, alpha, beta, a_ptr, la, b_ptr, lb, c_ptr, lc, stream) -> int:
+    def _run(self, desc, algo, scalars: tuple, pointers: tuple, layouts: tuple,
+             stream: int) -> int:
+        """One cublasLtMatmul: `scalars` (alpha, beta) and `pointers` (A, B,
+        C = D) as host and device addresses, `layouts` (A, B, C = D)."""
+        (alpha, beta), (a_ptr, b_ptr, c_ptr), (la, lb, lc) = scalars, pointers, layouts
         return self.lib.cublasLtMatmul(
-            self.handle, plan_desc, ctypes.c_void_p(alpha), ctypes.c_void_p(a_ptr), la,
+            self.handle, desc, ctypes.c_void_p(alpha), ctypes.c_void_p(a_ptr), la,
             ctypes.c_void_p(b_ptr), lb, ctypes.c_void_p(beta), ctypes.c_void_p(c_ptr), lc,
             ctypes.c_void_p(c_ptr), lc, ctypes.byref(algo),
             ctypes.c_void_p(self.workspace.data.ptr), ctypes.c_size_t(WORKSPACE_BYTES),
             ctypes.c_void_p(stream))
 
-    def __call__(self, char: str, data_type: int, compute: int, m: int, n: int, k: int,
-                 alpha_ptr: int, a_ptr: int, lda: int, b_ptr: int, ldb: int, beta_ptr: int,
-                 c_ptr: int, ldc: int, stream: int, scalar) -> None:
-        """Column-major ``C (m x n) = alpha A (m x k) B (k x n) + beta C``; `scalar` is
-        the NumPy dtype of alpha and beta (the scale type)."""
-        aligns = {"a": _alignment(a_ptr), "b": _alignment(b_ptr), "c": _alignment(c_ptr),
-                  "d": _alignment(c_ptr)}
-        key = (char, compute, m, n, k, lda, ldb, ldc, tuple(aligns.values()))
+    def __call__(self, char: str, compute: int, product: Product, alpha_ptr: int,
+                 beta_ptr: int, scalar) -> None:
+        """`product` of `char`'s type (NumPy's code) computed in `compute`;
+        `scalar` is the NumPy dtype of alpha and beta (the scale type)."""
+        p, aligns = product, product.alignments()
+        key = (char, compute, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, tuple(aligns.values()))
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = self._plan(char, data_type, compute, m, n, k, a_ptr, lda,
-                                                 b_ptr, ldb, ldc, aligns, stream, scalar)
+            plan = self._plans[key] = self._plan(char, compute, p, aligns, scalar)
         desc, la, lb, lc, algo = plan
-        self._check(self._run(desc, algo, alpha_ptr, beta_ptr, a_ptr, la, b_ptr, lb, c_ptr, lc,
-                              stream), "cublasLtMatmul")
+        self._check(self._run(desc, algo, (alpha_ptr, beta_ptr), (p.a_ptr, p.b_ptr, p.c_ptr),
+                              (la, lb, lc), p.stream), "cublasLtMatmul")
 
-    def int8_tn(self, m: int, n: int, k: int, a_ptr: int, b_ptr: int, c_ptr: int,
-                accumulate: bool, stream: int, index: int | None = None) -> None:
+    def int8_tn(self, product: Product, accumulate: bool, index: int | None = None) -> None:
         """Column-major ``C (m x n) = A^T B`` (``+=`` with `accumulate`) of int8
-        A (stored k x m) and B (k x n), int32 C, exactly: the "TN" product
+        A (stored k x m) and B (k x n), int32 C, exactly (`product`'s type and
+        leading dimensions are these): the "TN" product
         :meth:`summa.backend.CupyBackend.int8_gemm_tn` makes, through the
         fastest of cuBLASLt's algorithms for the shape (timed once), or the
         heuristic's `index`-th."""
-        aligns = {"a": _alignment(a_ptr), "b": _alignment(b_ptr), "c": _alignment(c_ptr),
-                  "d": _alignment(c_ptr)}
-        key = ("int8 TN", m, n, k, tuple(aligns.values()), index)
+        p, aligns = product, product.alignments()
+        key = ("int8 TN", p.m, p.n, p.k, tuple(aligns.values()), index)
         plan = self._plans.get(key)
         if plan is False:
-            raise Unavailable(f"cuBLASLt offers no INT8 algorithm for {m} x {n} x {k}")
+            raise Unavailable(f"cuBLASLt offers no INT8 algorithm for {p.m} x {p.n} x {p.k}")
         if plan is None:
-            desc = self._desc(_COMPUTE_32I, _R_32I)
-            trans = ctypes.c_int(_OP_T)
-            self._check(self.lib.cublasLtMatmulDescSetAttribute(
-                desc, ctypes.c_int(_DESC_TRANSA), ctypes.byref(trans), ctypes.c_size_t(4)),
-                "cublasLtMatmulDescSetAttribute")
-            la, lb = self._layout(_R_8I, k, m, k), self._layout(_R_8I, k, n, k)
-            lc = self._layout(_R_32I, m, n, m)
-            found = self._candidates(desc, la, lb, lc, aligns)
-            if not found:  # (an older GPU, or operands aligned otherwise)
-                for layout in (la, lb, lc):
-                    self.lib.cublasLtMatrixLayoutDestroy(layout)
-                self.lib.cublasLtMatmulDescDestroy(desc)
-                self._plans[key] = False
-                raise Unavailable(f"cuBLASLt offers no INT8 algorithm for {m} x {n} x {k}")
-            algo = found[0].algo
-            remembered = None if index is not None or len(found) < 2 else \
-                _remembered(self, key)
-            if index is not None:
-                algo = found[min(index, len(found) - 1)].algo
-            elif remembered is not None and remembered < len(found):
-                algo = found[remembered].algo
-            elif len(found) > 1:
-                # Timed on the product's whole shape, into its own output
-                # (overwritten by the call below): on slices short runs rank
-                # them otherwise (a quarter of N = 32768 chose the first, no
-                # faster than gemmEx over the whole; its second ran 1.29 POPS
-                # there to gemmEx's 1.00 on an H200). Remembered across
-                # processes: the timing costs ~16 products of the shape once.
-                found = found[:INT8_CANDIDATES]
-                algo = self._fastest(found, desc, _R_8I, m, n, k, a_ptr, la, b_ptr, k, lb,
-                                     stream, 4, np.int32, c_type=_R_32I, columns=n,
-                                     scratch_ptr=None if accumulate else c_ptr, key=key,
-                                     burst_ms=INT8_BURST_MS)
-                _remember(self, key, self.choices[key]["index"])
-            plan = self._plans[key] = (desc, la, lb, lc, algo)
+            plan = self._plans[key] = self._int8_plan(p, aligns, key, accumulate)
         desc, la, lb, lc, algo = plan
         one, beta = np.ones(1, dtype=np.int32), np.full(1, int(accumulate), dtype=np.int32)
-        self._check(self._run(desc, algo, one.ctypes.data, beta.ctypes.data, a_ptr, la, b_ptr,
-                              lb, c_ptr, lc, stream), "cublasLtMatmul")
+        self._check(self._run(desc, algo, (one.ctypes.data, beta.ctypes.data),
+                              (p.a_ptr, p.b_ptr, p.c_ptr), (la, lb, lc), p.stream),
+                    "cublasLtMatmul")
 
-    def _plan(self, char, data_type, compute, m, n, k, a_ptr, lda, b_ptr, ldb, ldc, aligns,
-              stream, scalar):
+    def _int8_plan(self, p: Product, aligns: dict, key: tuple, accumulate: bool) -> tuple:
+        """``(desc, layouts..., algorithm)`` of :meth:`int8_tn`'s product `p`,
+        the algorithm the heuristic's `key[-1]`-th, remembered, or timed."""
+        index = key[-1]
+        desc = self._desc(_COMPUTE_32I, _R_32I)
+        trans = ctypes.c_int(_OP_T)
+        self._check(self.lib.cublasLtMatmulDescSetAttribute(
+            desc, ctypes.c_int(_DESC_TRANSA), ctypes.byref(trans), ctypes.c_size_t(4)),
+            "cublasLtMatmulDescSetAttribute")
+        layouts = (self._layout(_R_8I, p.k, p.m, p.k), self._layout(_R_8I, p.k, p.n, p.k),
+                   self._layout(_R_32I, p.m, p.n, p.m))
+        found = self._candidates(desc, layouts, aligns)
+        if not found:  # (an older GPU, or operands aligned otherwise)
+            for layout in layouts:
+                self.lib.cublasLtMatrixLayoutDestroy(layout)
+            self.lib.cublasLtMatmulDescDestroy(desc)
+            self._plans[key] = False
+            raise Unavailable(f"cuBLASLt offers no INT8 algorithm for {p.m} x {p.n} x {p.k}")
+        algo = found[0].algo
+        remembered = None if index is not None or len(found) < 2 else _remembered(self, key)
+        if index is not None:
+            algo = found[min(index, len(found) - 1)].algo
+        elif remembered is not None and remembered < len(found):
+            algo = found[remembered].algo
+        elif len(found) > 1:
+            # Timed on the product's whole shape, into its own output
+            # (overwritten by the call below): on slices short runs rank
+            # them otherwise (a quarter of N = 32768 chose the first, no
+            # faster than gemmEx over the whole; its second ran 1.29 POPS
+            # there to gemmEx's 1.00 on an H200). Remembered across
+            # processes: the timing costs ~16 products of the shape once.
+            timing = _Timing(4, c_type=_R_32I, columns=p.n,
+                             scratch_ptr=None if accumulate else p.c_ptr, key=key,
+                             burst_ms=INT8_BURST_MS)
+            algo = self._fastest(found[:INT8_CANDIDATES], desc, p, layouts, np.int32, timing)
+            _remember(self, key, self.choices[key]["index"])
+        return (desc, *layouts, algo)
+
+    def _plan(self, char: str, compute: int, p: Product, aligns: dict, scalar) -> tuple:
         desc = self._desc(compute, _SCALE_TYPES[char])
-        la = self._layout(data_type, m, k, lda)
-        lb = self._layout(data_type, k, n, ldb)
-        lc = self._layout(data_type, m, n, ldc)
-        found = self._candidates(desc, la, lb, lc, aligns)
+        layouts = (self._layout(p.data_type, p.m, p.k, p.lda),
+                   self._layout(p.data_type, p.k, p.n, p.ldb),
+                   self._layout(p.data_type, p.m, p.n, p.ldc))
+        found = self._candidates(desc, layouts, aligns)
         if not found:
-            raise RuntimeError(f"cuBLASLt offers no algorithm for a {m} x {n} x {k} product")
+            raise RuntimeError(f"cuBLASLt offers no algorithm for a {p.m} x {p.n} x {p.k} "
+                               "product")
         algo = found[0].algo
         if len(found) > 1:
-            algo = self._fastest(found, desc, data_type, m, n, k, a_ptr, la, b_ptr, ldb, lb,
-                                 stream, np.dtype(char).itemsize, scalar)
-        return desc, la, lb, lc, algo
+            algo = self._fastest(found, desc, p, layouts, scalar,
+                                 _Timing(np.dtype(char).itemsize))
+        return (desc, *layouts, algo)
 
-    def _fastest(self, found, desc, data_type, m, n, k, a_ptr, la, b_ptr, ldb, lb, stream,
-                 itemsize, scalar, c_type=None, columns=None, scratch_ptr=None, key=None,
-                 burst_ms: float = 0.0):
-        """Time each candidate on the first `columns` columns of the product
-        (default as many as TUNE_ELEMENTS) into a scratch output of `c_type`
-        (default the operands' type; `itemsize` its), or into `scratch_ptr`;
-        with `key`, record the choice in :attr:`choices`. Each runs once to
-        warm up, then once, or with `burst_ms` back to back until that long
-        has passed (the mean counts: a GPU at its power cap ranks algorithms
-        otherwise in short runs than in long ones)."""
+    def _fastest(self, found, desc, p: Product, layouts: tuple, scalar, how: _Timing):
+        """Time each candidate on the first ``how.columns`` columns of the
+        product `p` (default as many as TUNE_ELEMENTS) into a scratch output
+        of ``how.c_type`` (default the operands' type), or into
+        ``how.scratch_ptr``; with ``how.key``, record the choice in
+        :attr:`choices`. Each runs once to warm up, then once, or with
+        ``how.burst_ms`` back to back until that long has passed (the mean
+        counts: a GPU at its power cap ranks algorithms otherwise in short
+        runs than in long ones)."""
         cupy = self.cupy
-        cols = columns or max(1, min(n, TUNE_ELEMENTS // max(m, 1)))
-        scratch = None if scratch_ptr else cupy.zeros(m * cols * itemsize, dtype=np.uint8)
-        out_ptr = scratch_ptr or scratch.data.ptr
-        lt = self._layout(data_type if c_type is None else c_type, m, cols, m)
-        lb_t = self._layout(data_type, k, cols, ldb) if cols != n else lb
+        la, lb = layouts[:2]
+        cols = how.columns or max(1, min(p.n, TUNE_ELEMENTS // max(p.m, 1)))
+        scratch = None if how.scratch_ptr else cupy.zeros(p.m * cols * how.itemsize,
+                                                          dtype=np.uint8)
+        out_ptr = how.scratch_ptr or scratch.data.ptr
+        lt = self._layout(p.data_type if how.c_type is None else how.c_type, p.m, cols, p.m)
+        lb_t = self._layout(p.data_type, p.k, cols, p.ldb) if cols != p.n else lb
         one, zero = np.ones(1, dtype=scalar), np.zeros(1, dtype=scalar)
         best, best_ms, spent = found[0].algo, float("inf"), []
-        stream_obj = cupy.cuda.ExternalStream(stream) if stream else cupy.cuda.Stream.null
+        stream_obj = cupy.cuda.ExternalStream(p.stream) if p.stream else cupy.cuda.Stream.null
         try:
             for result in found:
                 times = []
-                while len(times) < 2 or (burst_ms and sum(times[1:]) < burst_ms):
+                while len(times) < 2 or (how.burst_ms and sum(times[1:]) < how.burst_ms):
                     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
                     start.record(stream_obj)
-                    status = self._run(desc, result.algo, one.ctypes.data, zero.ctypes.data,
-                                       a_ptr, la, b_ptr, lb_t, out_ptr, lt, stream)
+                    status = self._run(desc, result.algo, (one.ctypes.data, zero.ctypes.data),
+                                       (p.a_ptr, p.b_ptr, out_ptr), (la, lb_t, lt), p.stream)
                     stop.record(stream_obj)
                     if status != 0:
                         break
@@ -302,9 +349,9 @@ class LtGemm:
             self.lib.cublasLtMatrixLayoutDestroy(lt)
             if lb_t is not lb:
                 self.lib.cublasLtMatrixLayoutDestroy(lb_t)
-        if key is not None:
-            self.choices[key] = {"index": spent.index(best_ms) if best_ms in spent else 0,
-                                 "columns": cols, "ms": spent}
+        if how.key is not None:
+            self.choices[how.key] = {"index": spent.index(best_ms) if best_ms in spent else 0,
+                                     "columns": cols, "ms": spent}
         return best
 
 
