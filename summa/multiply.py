@@ -22,12 +22,12 @@ import numpy as np
 from mpi4py import MPI
 
 from .agree import collectively
-from .algorithm import SummaStats, gemm, prepare
+from .algorithm import SummaStats, gemm, prepare, summa
 from .backend import NumpyBackend, get_backend, resolve_dtype
 from .grid import ProcessGrid, node_rank
 from .filemaps import read_ahead
 from .hostblocks import (host_block, node_shares, operand_block, own_range, result_block,
-                         root_block, root_result_block)
+                         root_block, root_result_block, stored_operand)
 from . import host as host_arrays
 from . import options as settings
 from . import pool
@@ -44,6 +44,7 @@ from .outofcore import run_out_of_core
 from .ozaki_gpu import asked_moduli, check_moduli
 from .planning import Machine, make_plan
 from .selection import grid_broadcasters, peer_access
+from .storage import storage_of
 from .verify import freivalds
 from .watchdog import watch
 
@@ -623,10 +624,14 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     (:mod:`summa.staging`), so the first GEMM starts after one narrow panel's
     upload and the product lands in host memory while the last GEMMs run. On
     one rank nothing is copied on the host: the multiply reads `a` and `b` as
-    they are (rows must be contiguous; other strides, and op T or H, cost one
-    copy) and writes straight into the result. On several ranks the root
-    scatters the blocks and gathers the product. On CPUs, NumPy does the
-    GEMMs. Works in a single process too.
+    they lie, whatever their order or strides (Fortran order, ``.T`` views
+    and op T go to the GEMM as its transposed operand, op H conjugated by
+    it; strided views are gathered by the copy threads as they go up; the
+    plan's ``storage`` says which, :mod:`summa.storage`), and writes straight
+    into the result. On several ranks the root scatters the blocks (or the
+    ranks read them where they lie) and gathers the product. On CPUs, NumPy
+    does the GEMMs, reading `a` and `b` where they lie too. Works in a
+    single process too.
 
     Parameters
     ----------
@@ -753,11 +758,24 @@ def plan_arrays(operands: ArrayOperands, comm, grid=None, backend="auto", out_of
     if isinstance(meta, str):
         raise ValueError(meta)
     m, n, k, dtype = meta
-    return be, make_plan((m, n, k), dtype, Machine.live(comm, be), grid=grid, trans_a=trans_a,
-                         trans_b=trans_b, host_held=True, out_of_core=out_of_core,
-                         device_memory=device_memory, panel_width=panel_width,
-                         lookahead=lookahead, schedule=schedule, precision=precision,
-                         broadcaster=broadcaster)
+    plan = make_plan((m, n, k), dtype, Machine.live(comm, be), grid=grid, trans_a=trans_a,
+                     trans_b=trans_b, host_held=True, out_of_core=out_of_core,
+                     device_memory=device_memory, panel_width=panel_width,
+                     lookahead=lookahead, schedule=schedule, precision=precision,
+                     broadcaster=broadcaster)
+    return be, _stored(plan, operands, comm)
+
+
+def _stored(plan, operands: ArrayOperands, comm):
+    """`plan` with the storage of `operands` (:func:`summa.storage.storage_of`,
+    found on the root): a plan made for arrays that lay otherwise runs these
+    as they lie. Collective."""
+    storage = None
+    if comm.Get_rank() == operands.root:
+        storage = tuple(storage_of(np.asarray(x), t)
+                        for x, t in zip((operands.a, operands.b), plan.trans))
+    storage = comm.bcast(storage, root=operands.root)
+    return plan if tuple(plan.storage) == storage else replace(plan, storage=storage)
 
 
 def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
@@ -770,16 +788,9 @@ def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     for its set-up time. Returns the product on the root (`out` where
     given), None elsewhere."""
     a, b, out, root = operands.a, operands.b, operands.out, operands.root
-    trans_a, trans_b = plan.trans
+    plan = _stored(plan, operands, pgrid.comm)
     if not plan.out_of_core:
-        A, B = (DistMatrix.from_global(x, pgrid, be, root=root) for x in (a, b))
-        C = gemm(A, B, alpha=alpha, trans_a=trans_a, trans_b=trans_b,
-                 panel_width=plan.panel_width, lookahead=plan.lookahead,
-                 broadcaster=plan.broadcaster, precision=plan.precision,
-                 schedule=plan.schedule, stats=stats)
-        if stats is not None:
-            stats.extra["plan"] = plan.as_dict()
-        return C.gather(root=root, out=out)
+        return _in_memory(plan, pgrid, be, operands, alpha, stats)
     A, B, C, own, c_node = _host_blocks(a, b, out, plan, pgrid, root, be)
     set_up = time.perf_counter() - (called or time.perf_counter())  # checks, plan, blocks
     # beta 0: out's old values do not matter either
@@ -801,6 +812,35 @@ def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     return c_node
 
 
+def _in_memory(plan, pgrid, be, operands: ArrayOperands, alpha, stats):
+    """The in-memory multiply of :func:`run_arrays`: each operand as the
+    plan's storage says (:func:`summa.hostblocks.stored_operand`: on one rank
+    where it lies, read transposed and conjugated by the GEMMs; on a grid
+    scattered and settled on the devices), the product on one CPU rank
+    written straight into `out` (or a new array: NumPy's GEMMs read A and B
+    as they lie, so that is the only memory the call takes), elsewhere
+    gathered. Collective."""
+    (m, n, _), dtype, root = plan.shape, np.dtype(plan.dtype), operands.root
+    one = pgrid.size == 1
+    A, B = (stored_operand(x, t, s, pgrid, be, root) for x, t, s in
+            zip((operands.a, operands.b), plan.trans, plan.storage))
+    layout = Layout((m, n), pgrid.shape)
+    if one and not be.is_gpu:
+        c = np.empty((m, n), dtype) if operands.out is None else operands.out
+    else:
+        c = be.xp.empty(layout.local_shape(pgrid.row, pgrid.col), dtype)
+    C = DistMatrix(pgrid, layout, c, be)
+    result = summa(alpha, A, B, 0.0, C, panel_width=plan.panel_width, lookahead=plan.lookahead,
+                   broadcaster=plan.broadcaster, precision=plan.precision,
+                   schedule=plan.schedule, conj=plan.conj if one else (False, False))
+    if stats is not None:
+        stats.__dict__.update(result.__dict__)
+        stats.extra["plan"] = plan.as_dict()
+    if one and not be.is_gpu:
+        return c
+    return C.gather(root=root, out=operands.out)
+
+
 def _host_blocks(a, b, out, plan, pgrid, root: int, be):
     """``(A, B, C, own copies or None, C's node-shared whole or None)``: this
     rank's host blocks of a host-resident multiply. One rank: views of the
@@ -810,17 +850,17 @@ def _host_blocks(a, b, out, plan, pgrid, root: int, be):
     ``broadcaster="host"``, or ``"auto"`` where the GPUs cannot read each
     other's memory. Collective."""
     (m, n, k), dtype = plan.shape, np.dtype(plan.dtype)
-    trans_a, trans_b = plan.trans
+    (trans_a, trans_b), (stored_a, stored_b) = plan.trans, plan.storage
     if pgrid.size == 1:
         A, B = host_block(a, trans_a, pgrid), host_block(b, trans_b, pgrid)
         c = np.empty((m, n), dtype) if out is None else out
         return A, B, DistMatrix(pgrid, Layout((m, n), pgrid.shape), c, NumpyBackend()), \
             None, None
     shares = node_shares(pgrid, (m, n, k), dtype)
-    A, a_node = root_block(a, trans_a, (m, k), dtype, pgrid, root) or \
-        operand_block(a, trans_a, (m, k), dtype, pgrid, root, shares)
-    B, b_node = root_block(b, trans_b, (k, n), dtype, pgrid, root) or \
-        operand_block(b, trans_b, (k, n), dtype, pgrid, root, shares)
+    A, a_node = root_block(a, trans_a, stored_a, (m, k), dtype, pgrid, root) or \
+        operand_block(a, trans_a, stored_a, (m, k), dtype, pgrid, root, shares)
+    B, b_node = root_block(b, trans_b, stored_b, (k, n), dtype, pgrid, root) or \
+        operand_block(b, trans_b, stored_b, (k, n), dtype, pgrid, root, shares)
     C, c_node = root_result_block(out, (m, n), dtype, pgrid, root) or \
         result_block(out, (m, n), dtype, pgrid, shares)
     broadcaster, own = plan.broadcaster, None
@@ -892,8 +932,10 @@ def host_matmul(A: DistMatrix, B: DistMatrix, device, alpha=1.0, trans_a="N", tr
                 for X, t in ((A, ops[0]), (B, ops[1])))
     m, k = opA.shape
     n = opB.shape[1]
+    # The sweep multiplies opA and opB as they now are (redistributed and
+    # conjugated in the same pass): its plan's ops are N.
     plan = make_plan((m, n, k), opA.dtype, Machine.live(grid.comm, device), grid=grid.shape,
-                     trans_a=ops[0], trans_b=ops[1], out_of_core=True,
+                     out_of_core=True,
                      device_memory=device_memory, panel_width=panel_width, lookahead=lookahead,
                      precision=precision, moduli=moduli, broadcaster=broadcaster)
     layout = Layout.from_distributions(opA.layout.rows, opB.layout.cols)

@@ -21,6 +21,7 @@ from mpi4py import MPI
 from . import ozaki_gpu
 from .grid import check_grid_ranks, grid_for, parse_grid
 from .plan import MemoryPlan, check_host_memory, check_memory, memory_plan, parse_bytes
+from .storage import conjugated, transposed
 from .strips import check_schedule
 from .tuning import default_panel_width
 from .traits import traits
@@ -108,6 +109,12 @@ class Plan:
         fp64-int8 in memory on a grid: device bytes of the panel sums where
         this product may sum its panels' INT8 products (used where the
         device has them free when it starts); None where it cannot.
+    storage : tuple
+        ``(op(A)'s, op(B)'s)`` way of lying in host memory
+        (:data:`summa.storage.STORAGES`): ``"rows"``, ``"cols"`` (read as
+        its transpose's rows, taken by the GEMM as its transposed operand),
+        or ``"strided rows"``/``"strided cols"`` (gathered by the host copy
+        threads); the executors follow it and copy no operand whole.
     note : str or None
         Why the mode was chosen for the caller (in memory did not fit).
     predicted : dict or None
@@ -133,8 +140,15 @@ class Plan:
     broadcaster: str = "auto"
     host_copies: str | None = None
     panel_sums: int | None = None
+    storage: tuple = ("rows", "rows")
     note: str | None = field(default=None, compare=False)
     predicted: dict | None = field(default=None, compare=False)
+
+    @property
+    def conj(self) -> tuple:
+        """``(A's, B's)``: does the product conjugate that operand (op H of a
+        complex dtype)? The GEMMs do (:meth:`summa.backend.Backend.gemm`)."""
+        return tuple(conjugated(t, self.dtype) for t in self.trans)
 
     def as_dict(self) -> dict:
         """The plan as JSON's values (tuples as lists): equal to what JSON
@@ -219,7 +233,7 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
     plan = Plan((m, n, k), dtype.name, machine.backend, machine.ranks, grid,
                 (str(trans_a).upper(), str(trans_b).upper()), schedule, ooc, width, lookahead,
                 precision, count, budget, memory, broadcaster, host_copies,
-                _panel_sums(memory, dtype, grid, (m, n, k), width, precision, schedule), note)
+                _panel_sums(memory, dtype, grid, (m, n, k), width, precision, schedule), note=note)
     return replace(plan, predicted=_predict(plan, profile)) if predict else plan
 
 
@@ -397,6 +411,7 @@ def _lines(plan: Plan) -> list[str]:
                      "out=) and those chunks")
     if plan.predicted:
         lines += _prediction_lines(plan)
+    lines += _storage_lines(plan)
     decided = (f"  decided: {plan.schedule}, op(A) {plan.trans[0]}, op(B) {plan.trans[1]}, "
                f"broadcaster {plan.broadcaster}, precision {plan.precision or 'default'}")
     if plan.out_of_core:
@@ -406,6 +421,24 @@ def _lines(plan: Plan) -> list[str]:
     if plan.note:
         lines.append(f"  {plan.note}")
     return lines
+
+
+def _storage_lines(plan: Plan) -> list[str]:
+    """How A and B are read where they lie (nothing where both lie by rows)."""
+    if tuple(plan.storage) == ("rows", "rows") and not any(plan.conj):
+        return []
+    how = []
+    for name, storage, conj in zip("AB", plan.storage, plan.conj):
+        text = {"rows": "by rows, as it lies",
+                "cols": "by columns: its transpose's rows, the GEMM's transposed operand",
+                "strided rows": "strided: gathered by rows by the host copy threads",
+                "strided cols": "strided: gathered by columns by the host copy threads, the "
+                                "GEMM's transposed operand"}[storage]
+        if conj:
+            text += ("; conjugated by the GEMM" if transposed(storage) else
+                     "; conjugated on the device")
+        how.append(f"op({name}) {text}")
+    return ["  host operands: " + "; ".join(how) + " (no copy on the host)"]
 
 
 def _prediction_lines(plan: Plan) -> list[str]:

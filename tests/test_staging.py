@@ -81,8 +81,8 @@ def test_bad_shapes_and_strides_are_refused():
     try:
         with pytest.raises(ValueError, match="copy between"):
             stager.upload(DeviceArray(np.zeros((3, 4))), np.zeros((4, 3)))
-        with pytest.raises(ValueError, match="contiguous rows"):
-            stager.upload(DeviceArray(np.zeros((3, 4))), np.zeros((4, 3)).T)
+        with pytest.raises(ValueError, match="contiguous rows"):  # on the device side
+            stager.upload(DeviceArray(np.zeros((4, 3)).T), np.zeros((3, 4)))
     finally:
         stager.close()
     with pytest.raises(RuntimeError, match="closed"):
