@@ -709,8 +709,8 @@ def _register(cupy, array: np.ndarray) -> bool:
     """
     if not array.nbytes:
         return True
-    if not array.flags.owndata or not array.flags.c_contiguous:
-        return False  # a view or memory map: not ours to lock
+    if not array.flags.owndata or not (array.flags.c_contiguous or array.flags.f_contiguous):
+        return False  # a view or memory map: not ours to lock (Fortran order is: whole)
     start = array.ctypes.data // _PAGE * _PAGE  # whole pages
     nbytes = -(-(array.ctypes.data + array.nbytes - start) // _PAGE) * _PAGE
     if _registered.get(start, 0) >= nbytes:

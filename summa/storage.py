@@ -53,10 +53,12 @@ def op_view(x: np.ndarray, trans: str) -> np.ndarray:
 def copyable_rows(x: np.ndarray) -> bool:
     """Does the 2-D `x` have contiguous rows one positive pitch apart (at
     least a row's width), as a 2-D copy (``cudaMemcpy2D``) takes them? Axes
-    of length one count as contiguous whatever their stride says."""
+    of length one count as contiguous whatever their stride says, and an
+    empty array as copyable."""
     rows, cols = x.shape
     item = x.itemsize
-    return (cols <= 1 or x.strides[1] == item) and (rows <= 1 or x.strides[0] >= cols * item)
+    return 0 in x.shape or ((cols <= 1 or x.strides[1] == item)
+                             and (rows <= 1 or x.strides[0] >= cols * item))
 
 
 def pitch(x: np.ndarray) -> int:
@@ -76,7 +78,8 @@ def storage_of(x: np.ndarray, trans: str = "N") -> str:
         return "rows"
     if copyable_rows(view.T):
         return "cols"
-    steps = [abs(s) if n > 1 else np.inf for n, s in zip(view.shape, view.strides)]
+    # (an axis of one or of stride 0, broadcast, has no step to follow)
+    steps = [abs(s) if n > 1 and s else np.inf for n, s in zip(view.shape, view.strides)]
     return "strided cols" if steps[0] < steps[1] else "strided rows"
 
 
