@@ -142,13 +142,7 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
                               "transposed_a": transpose})
 
     t0 = time.perf_counter()
-    # One rank's first GEMM applies beta itself (beta 0: C is not read), one
-    # pass over C fewer: 1-2 % of a one-GPU run at N = 16384 (TF32, float16).
-    first_beta = beta if grid.size == 1 and panels else 1
-    if first_beta == 1 and beta == 0:
-        C.local.fill(0)
-    elif first_beta == 1 and beta != 1:
-        C.local *= beta
+    first_beta = _first_beta(C, beta, panels)
     with backend.checked_later() as checks, backend.compute_stream():
         # Made inside: its copies go on the stream its GEMMs run on.
         # (K panels where A is read transposed; else column or row strips)
@@ -177,6 +171,19 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     stats.wait = max(0.0, stats.seconds - stats.compute)
     stats.comm_seconds = row_bc.take_seconds() + col_bc.take_seconds()
     return stats
+
+
+def _first_beta(C: DistMatrix, beta, steps: list):
+    """The beta of the first GEMM: one rank's applies beta itself (beta 0: C
+    is not read), one pass over C fewer: 1-2 % of a one-GPU run at N = 16384
+    (TF32, float16); elsewhere C is scaled here (zeroed for beta 0) and 1."""
+    if C.grid.size == 1 and steps:
+        return beta
+    if beta == 0:
+        C.local.fill(0)
+    elif beta != 1:
+        C.local *= beta
+    return 1
 
 
 @dataclass(frozen=True)

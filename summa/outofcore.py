@@ -290,16 +290,9 @@ def _sweep(plan: Plan, alpha, A, B, C, load_c, tiles, panels, row_bc, col_bc, mo
         p, slot = panels[i], s % slots
         a = _slot_part(a_slots[slot], (i1 - i0, p.width), stored_a)
         b = _slot_part(b_slots[slot], (p.width, j1 - j0), stored_b)
-        if own_copies is not None:  # every rank its own parts, from host memory
-            a_rows, b_cols = own_copies
-            return (a, b, mover.upload(a, as_rows(a_rows[i0:i1, p.k0:p.k1], stored_a)),
-                    mover.upload(b, as_rows(b_cols[p.k0:p.k1, j0:j1], stored_b)))
-        a_host, b_host = local_parts(A, B, p)
-        up_a = mover.upload(a, as_rows(a_host[i0:i1], stored_a)) \
-            if grid.col == p.a_root else None
-        up_b = mover.upload(b, as_rows(b_host[:, j0:j1], stored_b)) \
-            if grid.row == p.b_root else None
-        return a, b, up_a, up_b
+        parts = _host_parts(A, B, p, tiles[t], grid, own_copies)
+        return (a, b, *(None if part is None else mover.upload(dev, as_rows(part, stored))
+                        for dev, part, stored in zip((a, b), parts, plan.storage)))
 
     def send(s, uploaded):
         a, b, up_a, up_b = uploaded
@@ -355,6 +348,20 @@ def _sweep(plan: Plan, alpha, A, B, C, load_c, tiles, panels, row_bc, col_bc, mo
             if j + depth < len(steps):
                 inflight.append(send(j + depth, staged.popleft()))
         s += group
+
+
+def _host_parts(A, B, p, tile: tuple, grid, own_copies) -> tuple:
+    """The host parts of op(A) and op(B) this rank uploads for panel `p` of
+    C tile `tile` ``(i0, i1, j0, j1)``: the panel's owners theirs (None on
+    the others), or with `own_copies` (rows of A, columns of B with all of
+    K, :func:`summa_out_of_core`) every rank its own, from host memory."""
+    i0, i1, j0, j1 = tile
+    if own_copies is not None:
+        a_rows, b_cols = own_copies
+        return a_rows[i0:i1, p.k0:p.k1], b_cols[p.k0:p.k1, j0:j1]
+    a_host, b_host = local_parts(A, B, p)
+    return (a_host[i0:i1] if grid.col == p.a_root else None,
+            b_host[:, j0:j1] if grid.row == p.b_root else None)
 
 
 def _slot_part(flat, shape: tuple, storage: str):
