@@ -787,6 +787,9 @@ def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     ``extra["plan"]``; `called`: when the call began (``perf_counter``),
     for its set-up time. Returns the product on the root (`out` where
     given), None elsewhere."""
+    # (array-likes as NumPy sees them; arrays, node-shared ones too, as they are)
+    operands = replace(operands, **{name: np.asarray(x) for name, x in (
+        ("a", operands.a), ("b", operands.b)) if x is not None and not isinstance(x, np.ndarray)})
     a, b, out, root = operands.a, operands.b, operands.out, operands.root
     plan = _stored(plan, operands, pgrid.comm)
     if not plan.out_of_core:

@@ -438,7 +438,7 @@ def _storage_lines(plan: Plan) -> list[str]:
             text += ("; conjugated by the GEMM" if transposed(storage) else
                      "; conjugated on the device")
         how.append(f"op({name}) {text}")
-    return ["  host operands: " + "; ".join(how) + " (no copy on the host)"]
+    return ["  host operands: " + "; ".join(how) + " (never a transposing copy)"]
 
 
 def _prediction_lines(plan: Plan) -> list[str]:

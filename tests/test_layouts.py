@@ -322,3 +322,47 @@ def test_node_shared_copies_copy_rows_never_transposing(comm, rng, monkeypatch):
         assert gemm_scaled_error(c, xa, xb) <= 1
         if comm.Get_size() > 1 and copies:
             assert all(src.flags.c_contiguous for src in copies[:2])  # rows to rows
+
+
+def test_fp64_int8_reads_operands_stored_by_columns_as_they_lie(rng, monkeypatch):
+    """float64 on INT8 (summa.ozaki_gpu on the NumPy stand-in for CuPy): a
+    column-major A and B (the device parts of operands stored by columns)
+    give the same product, bit for bit, as row-major ones, and B's
+    transpose is read where it lies, not transposed again."""
+    import fake_cupy_kernels
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())
+    from summa import ozaki_gpu
+    monkeypatch.setattr(ozaki_gpu, "_kernels", {})
+    backend = fake_cupy_kernels.Backend()
+    a, b = rng.uniform(-1, 1, (37, 61)), rng.standard_normal((61, 23))
+    want = np.empty((37, 23))
+    ozaki_gpu.gemm(1.0, a, b, want, backend=backend)
+    transposes = []
+    monkeypatch.setattr(backend, "transpose", lambda x, out, *r: (transposes.append(x.shape),
+                                                                 np.copyto(out, x.T)))
+    got = np.empty((37, 23))
+    ozaki_gpu.gemm(1.0, a.T.copy().T, b.T.copy().T, got, backend=backend)
+    assert np.array_equal(got, want) and transposes == []
+
+
+def test_cublas_takes_op_h_of_a_column_major_operand_as_op_c(rng):
+    """What cuBLAS is handed (summa.backend, here with NumPy for CuPy): a
+    column-major operand as its transposed one, conjugated by op C, no copy;
+    cuBLAS has no conjugate without transpose, so a row-major one conjugated
+    is a copy (on the device); cuBLASLt's plans take row-major ones only."""
+    from summa.backend import _cublas_operand
+    x = random_array(rng, (6, 4), "complex128")
+    for view, conj, transposable, want_op, copied in (
+            (x, False, True, 0, False), (x.T.copy().T, False, True, 1, False),
+            (x.T.copy().T, True, True, 2, False), (x, True, True, 0, True),
+            (x.T.copy().T, True, False, 0, True), (x[:, 1:3], False, True, 0, False)):
+        got, ld, op = _cublas_operand(np, view, conj, transposable)
+        assert op == want_op and np.shares_memory(got, view) != copied
+        # as cuBLAS reads it: column-major of leading dimension ld, op applied
+        rows, cols = view.shape
+        extent = (rows - 1) * ld + cols if op == 0 else (cols - 1) * ld + rows
+        flat = np.lib.stride_tricks.as_strided(got, (extent,), (got.itemsize,))
+        as_read = np.array([[flat[(i * ld + j) if op == 0 else (j * ld + i)]
+                             for j in range(cols)] for i in range(rows)])
+        assert np.array_equal(np.conj(as_read) if op == 2 else as_read,
+                              np.conj(view) if conj else view)
