@@ -25,7 +25,7 @@ from .watchdog import watch
 
 __all__ = ["node_shares", "mapped_everywhere", "operand_block", "result_block",
            "root_block", "root_result_block", "host_block", "own_range", "block_of",
-           "stored_operand"]
+           "stored_operand", "scattered"]
 
 
 def node_shares(grid, shape, dtype) -> bool:

@@ -48,7 +48,9 @@ class DistMatrix:
     layout : Layout
         Global shape and distribution; its grid shape must equal ``grid.shape``.
     local : array
-        This rank's block, C-contiguous, of shape ``layout.local_shape(row, col)``.
+        This rank's block, of shape ``layout.local_shape(row, col)``:
+        C-contiguous, or for a multiply's host-resident operands a view
+        lying any way (its plan's storage, :mod:`summa.storage`).
     backend : Backend
         Where `local` lives.
 
