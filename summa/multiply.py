@@ -44,7 +44,7 @@ from .outofcore import run_out_of_core
 from .ozaki_gpu import asked_moduli, check_moduli
 from .planning import Machine, make_plan
 from .selection import grid_broadcasters, peer_access
-from .storage import storage_of
+from .storage import conjugated, storage_of
 from .verify import freivalds
 from .watchdog import watch
 
@@ -768,14 +768,17 @@ def plan_arrays(operands: ArrayOperands, comm, grid=None, backend="auto", out_of
 
 def _stored(plan, operands: ArrayOperands, comm):
     """`plan` with the storage of `operands` (:func:`summa.storage.storage_of`,
-    found on the root): a plan made for arrays that lay otherwise runs these
-    as they lie. Collective."""
+    found on the root), their op H conjugated by the GEMMs: a plan made for
+    arrays that lay otherwise runs these as they lie. Collective."""
     storage = None
     if comm.Get_rank() == operands.root:
         storage = tuple(storage_of(np.asarray(x), t)
                         for x, t in zip((operands.a, operands.b), plan.trans))
     storage = comm.bcast(storage, root=operands.root)
-    return plan if tuple(plan.storage) == storage else replace(plan, storage=storage)
+    conj = tuple(conjugated(t, plan.dtype) for t in plan.trans)
+    if (tuple(plan.storage), tuple(plan.conj)) == (storage, conj):
+        return plan
+    return replace(plan, storage=storage, conj=conj)
 
 
 def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
@@ -935,10 +938,9 @@ def host_matmul(A: DistMatrix, B: DistMatrix, device, alpha=1.0, trans_a="N", tr
                 for X, t in ((A, ops[0]), (B, ops[1])))
     m, k = opA.shape
     n = opB.shape[1]
-    # The sweep multiplies opA and opB as they now are (redistributed and
-    # conjugated in the same pass): its plan's ops are N.
+    # (opA and opB come redistributed and conjugated: the plan's conj is False)
     plan = make_plan((m, n, k), opA.dtype, Machine.live(grid.comm, device), grid=grid.shape,
-                     out_of_core=True,
+                     trans_a=ops[0], trans_b=ops[1], out_of_core=True,
                      device_memory=device_memory, panel_width=panel_width, lookahead=lookahead,
                      precision=precision, moduli=moduli, broadcaster=broadcaster)
     layout = Layout.from_distributions(opA.layout.rows, opB.layout.cols)

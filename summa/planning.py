@@ -21,7 +21,7 @@ from mpi4py import MPI
 from . import ozaki_gpu
 from .grid import check_grid_ranks, grid_for, parse_grid
 from .plan import MemoryPlan, check_host_memory, check_memory, memory_plan, parse_bytes
-from .storage import conjugated, transposed
+from .storage import transposed
 from .strips import check_schedule
 from .tuning import default_panel_width
 from .traits import traits
@@ -115,6 +115,11 @@ class Plan:
         its transpose's rows, taken by the GEMM as its transposed operand),
         or ``"strided rows"``/``"strided cols"`` (gathered by the host copy
         threads); the executors follow it and copy no operand whole.
+    conj : tuple
+        ``(A's, B's)``: do the GEMMs conjugate that operand
+        (:meth:`summa.backend.Backend.gemm`: op H of a complex array handed
+        over as it lies)? False where it comes conjugated (read so from a
+        file, redistributed so) or op H does not conjugate (real dtypes).
     note : str or None
         Why the mode was chosen for the caller (in memory did not fit).
     predicted : dict or None
@@ -141,14 +146,9 @@ class Plan:
     host_copies: str | None = None
     panel_sums: int | None = None
     storage: tuple = ("rows", "rows")
+    conj: tuple = (False, False)
     note: str | None = field(default=None, compare=False)
     predicted: dict | None = field(default=None, compare=False)
-
-    @property
-    def conj(self) -> tuple:
-        """``(A's, B's)``: does the product conjugate that operand (op H of a
-        complex dtype)? The GEMMs do (:meth:`summa.backend.Backend.gemm`)."""
-        return tuple(conjugated(t, self.dtype) for t in self.trans)
 
     def as_dict(self) -> dict:
         """The plan as JSON's values (tuples as lists): equal to what JSON
@@ -424,10 +424,11 @@ def _lines(plan: Plan) -> list[str]:
 
 
 def _storage_lines(plan: Plan) -> list[str]:
-    """How A and B are read where they lie (nothing where both lie by rows)."""
+    """How A and B are read where they lie, never by a transposing copy
+    (nothing where both lie by rows)."""
     if tuple(plan.storage) == ("rows", "rows") and not any(plan.conj):
         return []
-    how = []
+    lines = []
     for name, storage, conj in zip("AB", plan.storage, plan.conj):
         text = {"rows": "by rows, as it lies",
                 "cols": "by columns: its transpose's rows, the GEMM's transposed operand",
@@ -435,10 +436,10 @@ def _storage_lines(plan: Plan) -> list[str]:
                 "strided cols": "strided: gathered by columns by the host copy threads, the "
                                 "GEMM's transposed operand"}[storage]
         if conj:
-            text += ("; conjugated by the GEMM" if transposed(storage) else
-                     "; conjugated on the device")
-        how.append(f"op({name}) {text}")
-    return ["  host operands: " + "; ".join(how) + " (never a transposing copy)"]
+            text += (", conjugated by the GEMM" if transposed(storage) else
+                     ", conjugated before its GEMM (a copy on the device)")
+        lines.append(f"  op({name}) {text}")
+    return lines
 
 
 def _prediction_lines(plan: Plan) -> list[str]:

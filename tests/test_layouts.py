@@ -115,7 +115,7 @@ def test_the_plan_records_and_prints_how_each_operand_lies(rng):
     m = summa.Matmul(a, b, comm=MPI.COMM_SELF, trans_a=ta, trans_b=tb, backend="numpy")
     assert m.plan.storage == ("cols", "strided rows") and m.plan.conj == (True, False)
     text = str(m.plan)
-    assert "op(A) by columns" in text and "conjugated by the GEMM" in text
+    assert "op(A) by columns" in text and ", conjugated by the GEMM" in text
     assert "op(B) strided: gathered by rows" in text
     # executed on arrays that lie otherwise: run as they lie (no refusal, no copy)
     a2, _, xa = operand(rng, (30, 20), "complex64", "op H of F")
@@ -366,3 +366,26 @@ def test_cublas_takes_op_h_of_a_column_major_operand_as_op_c(rng):
                              for j in range(cols)] for i in range(rows)])
         assert np.array_equal(np.conj(as_read) if op == 2 else as_read,
                               np.conj(view) if conj else view)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("fortran", [False, True])
+def test_files_with_op_h_are_conjugated_once_out_of_core(comm, rng, folder, fortran):
+    """A file read with op H comes conjugated (its reader's work): the plan
+    leaves the GEMMs' conjugation off, in memory and out of core."""
+    from summa.multiply import multiply_files
+    a = random_array(rng, (29, 37), "complex128")
+    b = random_array(rng, (23, 29), "complex128")
+    if comm.rank == 0:
+        np.save(folder / "A.npy", np.asfortranarray(a) if fortran else a)
+        np.save(folder / "B.npy", b)
+    comm.Barrier()
+    for kwargs in ({"out_of_core": True, "device_memory": "24KiB"}, {"out_of_core": False}):
+        record = multiply_files(str(folder / "A.npy"), str(folder / "B.npy"),
+                                str(folder / "C.npy"), comm, trans_a="H", trans_b="H",
+                                panel_width=5, backend="numpy", quiet=True, **kwargs)
+        assert record["plan"]["conj"] == [False, False]
+        if comm.rank == 0:
+            c = np.load(folder / "C.npy")
+            assert gemm_scaled_error(c, a, b, trans_a="H", trans_b="H") <= 1
+        comm.Barrier()
