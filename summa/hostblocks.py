@@ -164,20 +164,27 @@ def scattered(x, trans: str, storage: str, grid, backend, root: int) -> DistMatr
                                   transposed=transposed(storage))
 
 
-def stored_operand(x, trans: str, storage: str, grid, backend, root: int) -> DistMatrix:
-    """``op(x)`` of the root's `x` on `backend` for an in-memory multiply.
+def stored_operand(x, trans: str, storage: str, grid, backend, root: int) -> tuple:
+    """``(op(x) of the root's x on `backend`, whether the GEMMs still
+    conjugate it)`` for an in-memory multiply.
 
     One rank: `x` as it lies, on the device its rows as they lie
     (:func:`summa.storage.as_rows`; NumPy: `x` itself, no copy), the GEMMs
-    reading it transposed and conjugated as the plan says. A grid: scattered
-    in its storage (:func:`scattered`), then each block made C-ordered and
+    reading it transposed, and conjugating it where it is (cuBLAS's op C;
+    NumPy a strip at a time) but for a device copy by rows, conjugated in
+    place (cuBLAS has no conjugate without transpose). A grid: scattered in
+    its storage (:func:`scattered`), then each block made C-ordered and
     conjugated on its device (a transpose there runs at memory speed), for
     the broadcasts of panels. Collective.
     """
     if grid.size == 1:
-        local = as_rows(backend.asarray(as_rows(op_view(np.asarray(x), trans), storage)),
-                        storage)
-        return DistMatrix(grid, Layout(local.shape, grid.shape), local, backend)
+        x = np.asarray(x)
+        local = as_rows(backend.asarray(as_rows(op_view(x, trans), storage)), storage)
+        conj = conjugated(trans, x.dtype)
+        if conj and backend.is_gpu and not transposed(storage):
+            backend.conjugate(local)  # the upload: its own memory
+            conj = False
+        return DistMatrix(grid, Layout(local.shape, grid.shape), local, backend), conj
     X = scattered(x, trans, storage, grid, backend, root)
     conj = conjugated(trans, X.dtype)
     if transposed(storage):
@@ -186,4 +193,4 @@ def stored_operand(x, trans: str, storage: str, grid, backend, root: int) -> Dis
         X = DistMatrix(grid, X.layout, local, backend)
     elif conj:
         backend.conjugate(X.local)  # its own block: scattered, never the caller's
-    return X
+    return X, False

@@ -828,8 +828,8 @@ def _in_memory(plan, pgrid, be, operands: ArrayOperands, alpha, stats):
     gathered. Collective."""
     (m, n, _), dtype, root = plan.shape, np.dtype(plan.dtype), operands.root
     one = pgrid.size == 1
-    A, B = (stored_operand(x, t, s, pgrid, be, root) for x, t, s in
-            zip((operands.a, operands.b), plan.trans, plan.storage))
+    (A, conj_a), (B, conj_b) = (stored_operand(x, t, s, pgrid, be, root) for x, t, s in
+                                zip((operands.a, operands.b), plan.trans, plan.storage))
     layout = Layout((m, n), pgrid.shape)
     if one and not be.is_gpu:
         c = np.empty((m, n), dtype) if operands.out is None else operands.out
@@ -838,7 +838,7 @@ def _in_memory(plan, pgrid, be, operands: ArrayOperands, alpha, stats):
     C = DistMatrix(pgrid, layout, c, be)
     result = summa(alpha, A, B, 0.0, C, panel_width=plan.panel_width, lookahead=plan.lookahead,
                    broadcaster=plan.broadcaster, precision=plan.precision,
-                   schedule=plan.schedule, conj=plan.conj if one else (False, False))
+                   schedule=plan.schedule, conj=(conj_a, conj_b))
     if stats is not None:
         stats.__dict__.update(result.__dict__)
         stats.extra["plan"] = plan.as_dict()

@@ -389,3 +389,32 @@ def test_files_with_op_h_are_conjugated_once_out_of_core(comm, rng, folder, fort
             c = np.load(folder / "C.npy")
             assert gemm_scaled_error(c, a, b, trans_a="H", trans_b="H") <= 1
         comm.Barrier()
+
+
+def test_one_device_conjugates_its_own_upload_of_an_operand_by_rows(rng):
+    """In memory on one GPU, op H of an operand that lies by rows (a
+    Fortran-ordered array's H) is conjugated in place in its upload (cuBLAS
+    has no conjugate without transpose); one by columns is left to the GEMM
+    (op C); the caller's array is never touched."""
+    from mpi4py import MPI
+
+    from summa.backend import NumpyBackend
+    from summa.grid import ProcessGrid
+    from summa.hostblocks import stored_operand
+
+    class Device(NumpyBackend):  # arrays of its own, as a GPU's are
+        is_gpu = True
+
+        def asarray(self, host):
+            return np.array(host)
+
+    x = random_array(rng, (7, 5), "complex128")
+    by_rows, by_cols = np.asfortranarray(x.conj().T), x.conj().T.copy()
+    before = by_rows.copy()
+    with ProcessGrid(MPI.COMM_SELF) as grid:
+        for arg, storage, left in ((by_rows, "rows", False), (by_cols, "cols", True)):
+            assert storage_of(arg, "H") == storage
+            X, conj = stored_operand(arg, "H", storage, grid, Device(), 0)
+            assert conj == left
+            assert np.array_equal(np.conj(X.local) if conj else X.local, x)
+    assert np.array_equal(by_rows, before)
