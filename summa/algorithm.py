@@ -13,7 +13,8 @@ decides the steps, :class:`summa.pipeline.Pipeline` queues them.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -75,7 +76,7 @@ class SummaStats:
 
 def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=None,
           lookahead: int = 1, broadcaster: str = "auto", precision: str | None = None,
-          progress=None, schedule: str = "panels") -> SummaStats:
+          progress=None, schedule: str = "panels", conj: tuple = (False, False)) -> SummaStats:
     """``C <- alpha * A @ B + beta * C`` in place, by SUMMA.
 
     Parameters
@@ -101,12 +102,19 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
         ``"strips"`` (grids of one column): B assembled in column strips of
         `panel_width` (``"auto"``: the default), each GEMM over all of K
         (:mod:`summa.strips`).
+    conj : tuple
+        One rank: ``(A's, B's)`` whether its GEMMs conjugate that operand
+        (op H of an operand that lies by rows of its transpose: cuBLAS's op
+        C, no copy). A grid's panels are broadcast as they are: its
+        operands come conjugated.
 
     Returns
     -------
     SummaStats
         This rank's timings.
     """
+    if any(conj) and C.grid.size > 1:
+        raise ValueError("conj applies to one rank; a grid's operands come conjugated")
     check_operands(A, B, C)
     check_layouts(A, B, C)
     check_scalars(alpha, beta, C.dtype, precision, C.backend)
@@ -122,7 +130,8 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
     row_bc, col_bc = pick_broadcasters(A, B, C, panels, broadcaster, precision)
     call = _Call(alpha, A, B, C, precision, progress, int(lookahead), row_bc, col_bc,
-                 export_blocks(grid, backend, row_bc, col_bc, A.local, B.local))
+                 export_blocks(grid, backend, row_bc, col_bc, A.local, B.local),
+                 tuple(bool(x) for x in conj))
     transpose = transposes_a(backend.name, C.dtype, precision,
                              schedule="strips" if strips else "panels")
     panels = _steps_of(call, panels, transpose, strips, panel_width)
@@ -133,17 +142,12 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
                               "transposed_a": transpose})
 
     t0 = time.perf_counter()
-    # One rank's first GEMM applies beta itself (beta 0: C is not read), one
-    # pass over C fewer: 1-2 % of a one-GPU run at N = 16384 (TF32, float16).
-    first_beta = beta if grid.size == 1 and panels else 1
-    if first_beta == 1 and beta == 0:
-        C.local.fill(0)
-    elif first_beta == 1 and beta != 1:
-        C.local *= beta
+    first_beta = _first_beta(C, beta, panels)
     with backend.checked_later() as checks, backend.compute_stream():
         # Made inside: its copies go on the stream its GEMMs run on.
-        operand_a = PanelsOfA(backend, C.local.shape[0], 0 if strips else
-                              max((p.width for p in panels), default=0), C.dtype, transpose)
+        # (K panels where A is read transposed; else column or row strips)
+        operand_a = PanelsOfA(backend, C.local.shape[0], max(
+            (p.width for p in panels), default=0) if transpose else 0, C.dtype, transpose)
         sums = _panel_sums(A, B, C, precision, strips, panels, call.lookahead)
         if precision == "fp64-int8":  # (bench's records say which way it went)
             stats.extra["panel_sums"] = sums is not None
@@ -169,6 +173,19 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     return stats
 
 
+def _first_beta(C: DistMatrix, beta, steps: list):
+    """The beta of the first GEMM: one rank's applies beta itself (beta 0: C
+    is not read), one pass over C fewer: 1-2 % of a one-GPU run at N = 16384
+    (TF32, float16); elsewhere C is scaled here (zeroed for beta 0) and 1."""
+    if C.grid.size == 1 and steps:
+        return beta
+    if beta == 0:
+        C.local.fill(0)
+    elif beta != 1:
+        C.local *= beta
+    return 1
+
+
 @dataclass(frozen=True)
 class _Call:
     """The prepared pieces of one :func:`summa` call that its loops read."""
@@ -183,6 +200,7 @@ class _Call:
     row_bc: object
     col_bc: object
     direct: tuple  # (A's, B's) panels copied from the roots' blocks (ipc)
+    conj: tuple = (False, False)  # one rank: (A's, B's) conjugated by the GEMMs
 
 
 def _steps_of(call: _Call, panels: list, transpose: bool, strips: bool, width: int) -> list:
@@ -192,7 +210,8 @@ def _steps_of(call: _Call, panels: list, transpose: bool, strips: bool, width: i
     if grid.size == 1:
         # One rank: nothing to overlap, so the fewest GEMMs (panel by panel where
         # A is read transposed: a copy of all of A would take its room).
-        return panels if transpose else one_rank_steps(panels, call.C.local.shape, backend.name)
+        return panels if transpose else one_rank_steps(panels, call.C.local.shape, backend.name,
+                                                       call.A.shape[1])
     if strips:
         return strip_bounds(call.C.local.shape[1], width,
                             HEAD_PIECES if backend.is_gpu else 1)
@@ -211,19 +230,26 @@ def _someone_waits_first(call: _Call, panels: list) -> bool:
     return grid.comm.allreduce(waits_first(held, call.lookahead), op=MPI.LOR)
 
 
-def _one_rank(call: _Call, panels: list, operand_a, first_beta, transpose: bool) -> list:
-    """One rank's GEMMs (one, or a panel each where A is read transposed);
-    returns their timing marks."""
+def _one_rank(call: _Call, steps: list, operand_a, first_beta, transpose: bool) -> list:
+    """One rank's GEMMs (one, a panel each where A is read transposed, or on
+    CPUs a strip of C's rows each, :func:`one_rank_steps`); returns their
+    timing marks."""
     A, B, C = call.A, call.B, call.C
     backend, marks = C.backend, []
-    for i, p in enumerate(panels):
-        a, b = local_parts(A, B, p) if transpose or len(panels) > 1 else (A.local, B.local)
+    for i, p in enumerate(steps):
+        c, beta = C.local, first_beta if i == 0 else 1
+        if isinstance(p, RowStrip):  # over all of K, straight into its rows of C
+            a, b, c, beta = A.local[p.r0:p.r1], B.local, c[p.r0:p.r1], first_beta
+        elif transpose or len(steps) > 1:
+            a, b = local_parts(A, B, p)
+        else:
+            a, b = A.local, B.local
         marks.append(backend.timing_mark())
-        backend.gemm(call.alpha, operand_a(a), b, C.local, beta=first_beta if i == 0 else 1,
-                     precision=call.precision)
+        backend.gemm(call.alpha, operand_a(a), b, c, beta=beta, precision=call.precision,
+                     conj=call.conj)
         marks.append(backend.timing_mark())
         if call.progress is not None:
-            call.progress(i + 1, len(panels))
+            call.progress(i + 1, len(steps))
     return marks
 
 
@@ -248,30 +274,32 @@ def _on_grid(call: _Call, panels: list, operand_a, sums) -> PipelineReport:
 #: Ctrl-C (KeyboardInterrupt) is taken between GEMMs, so this bounds its wait
 #: (0.7 s at 100 GFLOP/s, what two cores ran; one GEMM of 6000^3 made it 4.3 s).
 ONE_RANK_GEMM_FLOPS = 2**36
-#: ... but no narrower than this: OpenBLAS passes over C once per few hundred
-#: of K anyway, and 1024-wide steps of 4000^3 ran as fast as one GEMM.
-ONE_RANK_MIN_WIDTH = 1024
+#: ... but no fewer rows of C than this: float64 3000^3 on two cores ran
+#: 512-row strips at 91 GFLOP/s, one GEMM at 90, 256-row strips at 86.
+ONE_RANK_MIN_ROWS = 512
 
 
-def one_rank_steps(panels: list, c_shape, backend_name: str) -> list:
-    """The GEMMs of a rank that multiplies alone: on GPUs one over all of K
-    (the first panel stands for it; they queue, so more would not bound a
-    wait), on CPUs consecutive panels joined into steps of about
-    :data:`ONE_RANK_GEMM_FLOPS` each (at least :data:`ONE_RANK_MIN_WIDTH`
-    wide), so that Ctrl-C is answered within one of them."""
-    if traits(backend_name).gpu or len(panels) < 2:
+class RowStrip(NamedTuple):
+    """Rows ``r0:r1`` of C: one GEMM over all of K of a CPU rank alone."""
+
+    r0: int
+    r1: int
+
+
+def one_rank_steps(panels: list, c_shape, backend_name: str, k: int = 0) -> list:
+    """The GEMMs of a rank that multiplies alone (`panels`: the K panels of
+    its product, `k` its inner dimension): on GPUs one over all of K (the
+    first panel stands for it; they queue, so more would not bound a wait);
+    on CPUs strips of C's rows (:class:`RowStrip`), each a GEMM over all of K
+    written straight into its rows (no product-sized temporary, which steps
+    of K adding into C would each need) of about :data:`ONE_RANK_GEMM_FLOPS`
+    (at least :data:`ONE_RANK_MIN_ROWS` rows), so that Ctrl-C is answered
+    within one of them."""
+    if traits(backend_name).gpu or not panels:
         return panels[:1]
     m, n = c_shape
-    width = max(ONE_RANK_MIN_WIDTH, ONE_RANK_GEMM_FLOPS // max(1, 2 * m * n))
-    if panels[-1].k1 - panels[0].k0 <= width:
-        return panels[:1]
-    steps = [panels[0]]
-    for p in panels[1:]:
-        if p.k1 - steps[-1].k0 <= width:
-            steps[-1] = replace(steps[-1], k1=p.k1)  # one rank: K's panels are contiguous
-        else:
-            steps.append(p)
-    return steps
+    rows = max(ONE_RANK_MIN_ROWS, ONE_RANK_GEMM_FLOPS // max(1, 2 * n * k))
+    return [RowStrip(r, min(r + rows, m)) for r in range(0, m, rows)] or panels[:1]
 
 
 def prepare(A: DistMatrix, B: DistMatrix, C: DistMatrix, panel_width=None,

@@ -15,6 +15,7 @@ import numpy as np
 
 from . import options
 from .options import GEMM_LIBRARIES, INT8_LIBRARIES, TRANSPOSE_A_SETTINGS, Options
+from .storage import copyable_rows
 
 __all__ = ["Backend", "NumpyBackend", "CupyBackend", "get_backend", "cupy_available",
            "DTYPES", "resolve_dtype", "gemm_library", "GEMM_LIBRARIES", "compute_priority",
@@ -180,8 +181,10 @@ class Backend:
         """Return `arr` as a NumPy array (written into `out` when given)."""
         raise NotImplementedError
 
-    def gemm(self, alpha, a, b, c, beta=1.0, precision: str | None = None) -> None:
-        """``c = alpha * (a @ b) + beta * c`` in place (accumulates by default).
+    def gemm(self, alpha, a, b, c, beta=1.0, precision: str | None = None,
+             conj: tuple = (False, False)) -> None:
+        """``c = alpha * (op(a) @ op(b)) + beta * c`` in place (accumulates by
+        default), op conjugating where `conj` (A's, B's) says.
 
         `a` and `b` may be row-strided views (unit stride along their last
         axis), so panels can be multiplied where they lie, or column-major
@@ -191,9 +194,16 @@ class Backend:
         """
         raise NotImplementedError
 
-    def transpose(self, x, out) -> None:
-        """``out[...] = x.T``; `out` is C-contiguous."""
-        out[...] = x.T
+    def transpose(self, x, out, conj: bool = False) -> None:
+        """``out[...] = x.T`` (conjugated where `conj`); `out` is C-contiguous."""
+        if conj:
+            self.xp.conjugate(x.T, out=out)
+        else:
+            out[...] = x.T
+
+    def conjugate(self, x) -> None:
+        """``x[...] = x.conj()`` in place (where it lies: on the device)."""
+        self.xp.conjugate(x, out=x)
 
     def synchronize(self) -> None:
         """Wait for all queued device work (no-op on NumPy)."""
@@ -360,6 +370,25 @@ def _operand(xp, x, transposable: bool = True):
     return x, max(cols, 1), False
 
 
+#: cublasOperation_t: as it lies, transposed, conjugate transposed.
+_OP_N, _OP_T, _OP_C = 0, 1, 2
+
+
+def _cublas_operand(xp, x, conj: bool, transposable: bool = True):
+    """GEMM operand `x` (conjugated where `conj`) as cuBLAS takes it:
+    ``(array, leading dimension, cublasOperation_t)``. A column-major one
+    (:func:`_operand`) is conjugated by the GEMM itself (op C: op H of a
+    C-ordered host array costs nothing); cuBLAS has no conjugate without
+    transpose, so a row-major one is conjugated into a copy on the device."""
+    x, ld, t = _operand(xp, x, transposable)
+    if t:
+        return x, ld, _OP_C if conj else _OP_T
+    if conj:
+        x = xp.conj(x)  # C-ordered
+        ld = max(x.shape[1], 1)
+    return x, ld, _OP_N
+
+
 class _DoneEvent:
     """Host work is synchronous: every event has already happened."""
 
@@ -384,20 +413,34 @@ class NumpyBackend(Backend):
         out[...] = arr
         return out
 
-    def gemm(self, alpha, a, b, c, beta=1.0, precision=None):
-        if beta != 1:
+    def gemm(self, alpha, a, b, c, beta=1.0, precision=None, conj=(False, False)):
+        if 0 in a.shape or 0 in b.shape:
             if beta == 0:
                 c.fill(0)
-            else:
+            elif beta != 1:
                 c *= beta
-        if 0 in a.shape or 0 in b.shape:
             return
+        # BLAS reads either orientation as it lies; NumPy conjugates only by
+        # copying. conj(a) @ conj(b) = conj(a @ b): where B is conjugated the
+        # product is, after, so only `a` (a panel, or a strip of rows) is
+        # ever copied, never all of B.
+        flip = bool(conj[1])
+        if bool(conj[0]) != flip:
+            a = a.conj()
         # NaN/Inf inputs are reported once by the caller, not by every rank's BLAS.
         with np.errstate(invalid="ignore", over="ignore"):
-            prod = np.matmul(a, b)
+            if beta == 0:  # straight into c: no product-sized temporary
+                prod = np.matmul(a, b, out=c)
+            else:
+                prod = np.matmul(a, b)
+            if flip:
+                np.conjugate(prod, out=prod)
             if alpha != 1:
                 prod *= alpha
-            c += prod
+            if beta != 0:
+                if beta != 1:
+                    c *= beta
+                c += prod
 
 
 class CupyBackend(Backend):
@@ -483,18 +526,18 @@ class CupyBackend(Backend):
 
     def stages(self, host) -> bool:
         """Does a copy of `host` go through the stager (:mod:`summa.staging`):
-        a large 2-D NumPy array with contiguous rows, not page-locked? From
+        a large 2-D NumPy array, not page-locked or strided (its host threads
+        gather it into the page-locked chunks: no copy of it first)? From
         pageable memory a plain copy runs at 6.5 GB/s, staged at ~40."""
-        if not (isinstance(host, np.ndarray) and host.ndim == 2 and host.nbytes >= STAGED_MIN
-                and host.strides[1] == host.itemsize):
+        if not (isinstance(host, np.ndarray) and host.ndim == 2 and host.nbytes >= STAGED_MIN):
             return False
-        return not page_locked(self.xp, host)
+        return not copyable_rows(host) or not page_locked(self.xp, host)
 
     def _pinned(self, shape, dtype) -> np.ndarray:
         import cupyx
         return cupyx.empty_pinned(shape, dtype=dtype)
 
-    def gemm(self, alpha, a, b, c, beta=1.0, precision=None):
+    def gemm(self, alpha, a, b, c, beta=1.0, precision=None, conj=(False, False)):
         from cupy_backends.cuda.libs import cublas
         m, k = a.shape
         n = b.shape[1]
@@ -502,6 +545,8 @@ class CupyBackend(Backend):
             return
         if precision == "fp64-int8":  # float64 from INT8 tensor cores
             from . import ozaki, ozaki_gpu
+            a, b = (self.xp.conj(x) if c_ else x for x, c_ in zip((a, b), conj))
+            conj = (False, False)
             if k >= ozaki.K_NATIVE:
                 ozaki_gpu.gemm(alpha, a, b, c, beta, backend=self)
                 return
@@ -515,8 +560,8 @@ class CupyBackend(Backend):
             return
         # cuBLASLt's plans here take untransposed operands only.
         lt = self._lt is not None
-        a, lda, a_t = _operand(self.xp, a, transposable=not lt)
-        b, ldb, b_t = _operand(self.xp, b, transposable=not lt)
+        a, lda, a_t = _cublas_operand(self.xp, a, conj[0], transposable=not lt)
+        b, ldb, b_t = _cublas_operand(self.xp, b, conj[1], transposable=not lt)
         ldc = _output_ld(c)  # a row-strided view (a column strip of C) is written in place
         data_type, compute, scalar = _GEMM_TYPES[c.dtype.char]
         if precision == "tf32" and c.dtype.char in "fF":
@@ -533,7 +578,7 @@ class CupyBackend(Backend):
             self._lt(c.dtype.char, compute, product, alpha_h.ctypes.data, beta_h.ctypes.data,
                      scalar)
             return
-        cublas.gemmEx(self.xp.cuda.device.get_cublas_handle(), int(b_t), int(a_t), n, m, k,
+        cublas.gemmEx(self.xp.cuda.device.get_cublas_handle(), b_t, a_t, n, m, k,
                       alpha_h.ctypes.data, b.data.ptr, data_type, ldb,
                       a.data.ptr, data_type, lda, beta_h.ctypes.data,
                       c.data.ptr, data_type, ldc, compute, _CUBLAS_GEMM_DEFAULT)
@@ -631,23 +676,25 @@ class CupyBackend(Backend):
         value = probe.get()
         return bool(value.all() if value.dtype == bool else np.isfinite(value).all())
 
-    def transpose(self, x, out) -> None:
-        """``out[...] = x.T`` on the current stream; `out` C-contiguous, `x`
-        row-strided (cuBLAS geam, a tiled transpose; float16 by CuPy)."""
+    def transpose(self, x, out, conj: bool = False) -> None:
+        """``out[...] = x.T`` (conjugated where `conj`) on the current stream;
+        `out` C-contiguous, `x` row-strided (cuBLAS geam, a tiled transpose,
+        op C where conjugated; float16 by CuPy)."""
         from cupy_backends.cuda.libs import cublas
         m, n = x.shape
         geam = {"f": cublas.sgeam, "d": cublas.dgeam, "F": cublas.cgeam,
                 "D": cublas.zgeam}.get(x.dtype.char)
         if geam is None or 0 in (m, n):
-            out[...] = x.T
+            super().transpose(x, out, conj)
             return
         x, ld, _ = _operand(self.xp, x, transposable=False)
         scalar = _GEMM_TYPES[x.dtype.char][2]
         one, zero = np.array(1, dtype=scalar), np.array(0, dtype=scalar)
         # Column-major: out^T (m x n, ld m) = op_T(x viewed as n x m, ld `ld`);
         # beta 0 with B = C (in place, allowed) reads nothing.
-        geam(self.xp.cuda.device.get_cublas_handle(), 1, 0, m, n, one.ctypes.data,
-             x.data.ptr, ld, zero.ctypes.data, out.data.ptr, m, out.data.ptr, m)
+        geam(self.xp.cuda.device.get_cublas_handle(), _OP_C if conj else _OP_T, _OP_N, m, n,
+             one.ctypes.data, x.data.ptr, ld, zero.ctypes.data, out.data.ptr, m,
+             out.data.ptr, m)
 
     def synchronize(self):
         self.xp.cuda.Device(self.device).synchronize()

@@ -23,6 +23,8 @@ import weakref
 
 import numpy as np
 
+from .storage import copyable_rows
+
 __all__ = ["register", "find", "view_span", "FileRows", "prefetch", "read_ahead", "write_out",
            "libc_call"]
 
@@ -150,8 +152,8 @@ def _all(call, fd: int, buf: np.ndarray, offset: int, path: str) -> None:
 def view_span(view: np.ndarray) -> tuple[int, int] | None:
     """The addresses of the first and past the last byte of the rows of the
     2-D `view` (rows contiguous); None for other arrays."""
-    if view.ndim != 2 or not view.size or view.strides[1] != view.itemsize:
-        return None
+    if view.ndim != 2 or not view.size or not copyable_rows(view):
+        return None  # (strided or reversed rows: copied element by element)
     start = view.ctypes.data
     return start, start + (view.shape[0] - 1) * view.strides[0] + view.shape[1] * view.itemsize
 

@@ -27,7 +27,7 @@ from .topology import Topology, topology_of
 
 __all__ = ["empty", "load", "file_map", "attach_file", "attach_remote", "shared_token",
            "node_shared", "shm_dir", "parallel_copy", "touched", "named", "attach", "shared_name",
-           "unlink_name", "remove_files_of"]
+           "unlink_name", "remove_files_of", "transposed"]
 
 #: Arrays made here, by id: their token (the node's leader and the file
 #: name), the same on every rank that maps the array. Entries go with them.
@@ -242,6 +242,18 @@ def shared_token(x) -> tuple | None:
     """The token of a node-shared array made by :func:`empty` (None for any
     other array): equal on the ranks that share it."""
     return _tokens.get(id(x))
+
+
+def transposed(x: np.ndarray) -> np.ndarray:
+    """``x.T``, the same array to matmul as `x` (its token, where it has one,
+    :func:`shared_token`): an operand shared by the rows of its transpose is
+    read so where it lies (:mod:`summa.storage`)."""
+    view = x.T
+    token = _tokens.get(id(x))
+    if token is not None:
+        _tokens[id(view)] = token + ("T",)
+        weakref.finalize(view, _tokens.pop, id(view), None)
+    return view
 
 
 def touched(shape, dtype, threads: int | None = None) -> np.ndarray:

@@ -1,7 +1,12 @@
 """Where a host-resident multiply's blocks of A, B and C lie, for
 :func:`summa.multiply.matmul_arrays`: views of the caller's own arrays (one
 rank, or arrays every rank maps), read in place where the root holds them
-(:mod:`summa.remote`), views of one node-shared copy, or scattered by MPI."""
+(:mod:`summa.remote`), views of one node-shared copy, or scattered by MPI.
+
+Every block of ``op(x)`` keeps the plan's storage (:mod:`summa.storage`):
+the blocks of an operand stored by columns are views of its transpose's
+rows (a copy, node-shared or scattered, copies those rows, never transposes),
+and op H is conjugated by the GEMMs, not here."""
 
 from __future__ import annotations
 
@@ -15,10 +20,12 @@ from . import remote
 from .backend import NumpyBackend
 from .layout import Layout, span
 from .matrix import DistMatrix
+from .storage import as_rows, conjugated, op_view, rows_shape, transposed
 from .watchdog import watch
 
 __all__ = ["node_shares", "mapped_everywhere", "operand_block", "result_block",
-           "root_block", "root_result_block", "host_block", "own_range", "block_of", "op_view"]
+           "root_block", "root_result_block", "host_block", "own_range", "block_of",
+           "stored_operand", "scattered"]
 
 
 def node_shares(grid, shape, dtype) -> bool:
@@ -49,26 +56,26 @@ def mapped_everywhere(x, comm) -> bool:
     return token is not None and all(t == token for t in comm.allgather(token))
 
 
-def operand_block(x, trans: str, shape, dtype, grid, root: int, shares: bool) -> DistMatrix:
-    """This rank's host block of ``op(x)``: a view into a node-shared array
-    (the caller's own, held by every rank, or one the root copies `x` into
-    on host threads), or where the node cannot share, scattered by MPI."""
+def operand_block(x, trans: str, storage: str, shape, dtype, grid, root: int,
+                  shares: bool) -> tuple:
+    """``(this rank's host block of op(x), the whole op(x) or None)``: a view
+    into a node-shared array (the caller's own, held by every rank, or one
+    the root copies `x`'s rows into on host threads, in its `storage`), or
+    where the node cannot share, scattered by MPI in its storage; op H's
+    conjugation is left to the GEMMs."""
     layout, host = Layout(shape, grid.shape), NumpyBackend()
-    mapped = mapped_everywhere(x, grid.comm)
-    if mapped and trans == "N":
-        return DistMatrix(grid, layout, block_of(x, layout, grid), host), x
-    if mapped:
-        block = block_of(x.T, layout, grid)
-        block = np.ascontiguousarray(block.conj() if trans == "H" else block)
-        return DistMatrix(grid, layout, block, host), None
+    if mapped_everywhere(x, grid.comm):
+        whole = op_view(x, trans)
+        return DistMatrix(grid, layout, block_of(whole, layout, grid), host), whole
     if not shares:
-        return _scatter_op(x, trans, grid, host, root), None
-    node = host_arrays.empty(shape, dtype, grid.comm)
-    if grid.comm.Get_rank() == root:
-        host_arrays.parallel_copy(node, op_view(x, trans))
+        return scattered(x, trans, storage, grid, host, root), None
+    node = host_arrays.empty(rows_shape(shape, storage), dtype, grid.comm)
+    if grid.comm.Get_rank() == root:  # rows to rows: no transposing copy
+        host_arrays.parallel_copy(node, as_rows(op_view(x, trans), storage))
     with watch(f"rank {root} to copy an operand into node-shared memory"):
         grid.comm.Barrier()
-    return DistMatrix(grid, layout, block_of(node, layout, grid), host), node
+    whole = as_rows(node, storage)
+    return DistMatrix(grid, layout, block_of(whole, layout, grid), host), whole
 
 
 def _in_place(x, shape, dtype, grid, root: int):
@@ -90,19 +97,22 @@ def _in_place(x, shape, dtype, grid, root: int):
     return x if rank == root else host_arrays.attach_remote(where, shape, dtype)
 
 
-def root_block(x, trans: str, shape, dtype, grid, root: int):
-    """``(block, the whole)`` of an untransposed operand held by the root,
-    read where it lies (:func:`_in_place`: no copy into node-shared memory,
-    which cost as much as the copy of the pool's owner, a third of its time
-    on one H200); None where it cannot be. Collective."""
+def root_block(x, trans: str, storage: str, shape, dtype, grid, root: int):
+    """``(block, the whole op(x))`` of an operand held by the root whose rows
+    in its `storage` (:func:`summa.storage.as_rows`) are one C-ordered
+    array, read where it lies (:func:`_in_place`: no copy into node-shared
+    memory, which cost as much as the copy of the pool's owner, a third of
+    its time on one H200); None where it cannot be. Collective."""
     if mapped_everywhere(x, grid.comm):
         return None  # node-shared already: every rank maps it
-    if grid.comm.allreduce(trans == "N" and (grid.comm.Get_rank() != root or bool(
-            x.size and x.flags.c_contiguous)), op=MPI.LAND):
-        whole = _in_place(x, shape, dtype, grid, root)
-        if whole is not None:
-            return DistMatrix(grid, Layout(shape, grid.shape), block_of(whole, Layout(
-                shape, grid.shape), grid), NumpyBackend()), whole
+    rows = as_rows(op_view(x, trans), storage) if grid.comm.Get_rank() == root else None
+    if grid.comm.allreduce(rows is None or bool(rows.size and rows.flags.c_contiguous),
+                           op=MPI.LAND):
+        rows = _in_place(rows, rows_shape(shape, storage), dtype, grid, root)
+        if rows is not None:
+            layout = Layout(shape, grid.shape)
+            whole = as_rows(rows, storage)
+            return DistMatrix(grid, layout, block_of(whole, layout, grid), NumpyBackend()), whole
     return None
 
 
@@ -137,27 +147,50 @@ def result_block(out, shape, dtype, grid, shares: bool):
 
 
 def host_block(x: np.ndarray, trans: str, grid) -> DistMatrix:
-    """``op(x)`` as the one block of a 1 x 1 grid: `x` itself where its rows
-    are contiguous, else one copy."""
+    """``op(x)`` as the one block of a 1 x 1 grid: a view of `x` as it lies,
+    whatever its strides (the plan's storage says how it is read; op H is
+    conjugated by the GEMMs), never a copy."""
     x = op_view(np.asarray(x), trans)
-    if x.size and x.strides[1] != x.itemsize:
-        x = np.ascontiguousarray(x)
     return DistMatrix(grid, Layout(x.shape, grid.shape), x, NumpyBackend())
 
 
-def op_view(x: np.ndarray, trans: str) -> np.ndarray:
-    """``op(x)``: `x`, or its transpose, both views; only ``"H"`` of a
-    complex `x` makes a (conjugated) copy. (A table of all three built
-    ``x.conj()`` for every complex operand: 5.3 of 7.7 s of a complex128
-    24576³ ``summa.matmul`` on one H200, whose SUMMA itself ran at
-    ``cupy.matmul``'s rate.)"""
-    if trans == "N":
-        return x
-    return x.conj().T if trans == "H" and x.dtype.kind == "c" else x.T
+def scattered(x, trans: str, storage: str, grid, backend, root: int) -> DistMatrix:
+    """``op(x)`` held on `root` (None elsewhere), scattered by MPI into
+    blocks on `backend`: each block copied from `x`'s rows in its `storage`
+    (no transposing copy), and kept so: a block stored by columns is the
+    transposed view of the rows it came as. Collective."""
+    rows = as_rows(op_view(x, trans), storage) if grid.comm.Get_rank() == root else None
+    return DistMatrix.from_global(rows, grid, backend, root=root,
+                                  transposed=transposed(storage))
 
 
-def _scatter_op(x, trans: str, grid, host, root: int) -> DistMatrix:
-    """``op(x)`` held on `root`, scattered into host blocks."""
-    if grid.comm.Get_rank() == root:
-        x = op_view(x, trans)
-    return DistMatrix.from_global(x, grid, host, root=root)
+def stored_operand(x, trans: str, storage: str, grid, backend, root: int) -> tuple:
+    """``(op(x) of the root's x on `backend`, whether the GEMMs still
+    conjugate it)`` for an in-memory multiply.
+
+    One rank: `x` as it lies, on the device its rows as they lie
+    (:func:`summa.storage.as_rows`; NumPy: `x` itself, no copy), the GEMMs
+    reading it transposed, and conjugating it where it is (cuBLAS's op C;
+    NumPy a strip at a time) but for a device copy by rows, conjugated in
+    place (cuBLAS has no conjugate without transpose). A grid: scattered in
+    its storage (:func:`scattered`), then each block made C-ordered and
+    conjugated on its device (a transpose there runs at memory speed), for
+    the broadcasts of panels. Collective.
+    """
+    if grid.size == 1:
+        x = np.asarray(x)
+        local = as_rows(backend.asarray(as_rows(op_view(x, trans), storage)), storage)
+        conj = conjugated(trans, x.dtype)
+        if conj and backend.is_gpu and not transposed(storage):
+            backend.conjugate(local)  # the upload: its own memory
+            conj = False
+        return DistMatrix(grid, Layout(local.shape, grid.shape), local, backend), conj
+    X = scattered(x, trans, storage, grid, backend, root)
+    conj = conjugated(trans, X.dtype)
+    if transposed(storage):
+        local = backend.xp.empty(X.local.shape, X.dtype)
+        backend.transpose(X.local.T, local, conj)
+        X = DistMatrix(grid, X.layout, local, backend)
+    elif conj:
+        backend.conjugate(X.local)  # its own block: scattered, never the caller's
+    return X, False

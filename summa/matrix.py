@@ -48,7 +48,9 @@ class DistMatrix:
     layout : Layout
         Global shape and distribution; its grid shape must equal ``grid.shape``.
     local : array
-        This rank's block, C-contiguous, of shape ``layout.local_shape(row, col)``.
+        This rank's block, of shape ``layout.local_shape(row, col)``:
+        C-contiguous, or for a multiply's host-resident operands a view
+        lying any way (its plan's storage, :mod:`summa.storage`).
     backend : Backend
         Where `local` lives.
 
@@ -136,11 +138,16 @@ class DistMatrix:
         return cls(grid, layout, local, backend)
 
     @classmethod
-    def from_global(cls, array, grid, backend=None, root: int = 0, block=None) -> "DistMatrix":
+    def from_global(cls, array, grid, backend=None, root: int = 0, block=None,
+                    transposed: bool = False) -> "DistMatrix":
         """Scatter a NumPy array held on rank `root` (pass None elsewhere).
 
         Shape and dtype travel from the root, so other ranks need nothing; an
-        unsuitable array raises the same ValueError on every rank.
+        unsuitable array raises the same ValueError on every rank. With
+        `transposed`, `array` is the matrix's transpose (its rows the
+        matrix's columns, as an operand stored by columns lies,
+        :mod:`summa.storage`): each block is copied from those rows and kept
+        so, the rank's block being the transposed view of it.
         """
         backend = backend or NumpyBackend()
         comm = grid.comm
@@ -160,13 +167,14 @@ class DistMatrix:
         if isinstance(meta, str):
             raise ValueError(meta)
         shape, dtype = meta
-        layout = Layout(shape, grid.shape, block)
-        local = np.empty(layout.local_shape(grid.row, grid.col), dtype=np.dtype(dtype))
+        layout = Layout(shape[::-1] if transposed else shape, grid.shape, block)
+        mine = layout.local_shape(grid.row, grid.col)
+        local = np.empty(mine[::-1] if transposed else mine, dtype=np.dtype(dtype))
         if comm.Get_rank() == root:
             for dest in range(comm.Get_size()):
                 r, c = comm.Get_coords(dest)
-                piece = take_block(array, layout.rows.global_indices(r),
-                                   layout.cols.global_indices(c))
+                indices = (layout.rows.global_indices(r), layout.cols.global_indices(c))
+                piece = take_block(array, *(indices[::-1] if transposed else indices))
                 if dest == root:
                     local = piece  # a private copy already: no second one
                 else:
@@ -176,7 +184,8 @@ class DistMatrix:
         else:
             with watch(f"rank {root} to send this rank's block of the scatter"):
                 MPI.Request.Waitall(recv_array(comm, local, root))
-        return cls(grid, layout, backend.asarray(local), backend)
+        local = backend.asarray(local)
+        return cls(grid, layout, local.T if transposed else local, backend)
 
     @classmethod
     def from_npy(cls, path, grid, backend=None, block=None, trans: str = "N",

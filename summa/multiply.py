@@ -22,12 +22,12 @@ import numpy as np
 from mpi4py import MPI
 
 from .agree import collectively
-from .algorithm import SummaStats, gemm, prepare
+from .algorithm import SummaStats, gemm, prepare, summa
 from .backend import NumpyBackend, get_backend, resolve_dtype
 from .grid import ProcessGrid, node_rank
 from .filemaps import read_ahead
 from .hostblocks import (host_block, node_shares, operand_block, own_range, result_block,
-                         root_block, root_result_block)
+                         root_block, root_result_block, stored_operand)
 from . import host as host_arrays
 from . import options as settings
 from . import pool
@@ -45,6 +45,7 @@ from .outofcore import run_out_of_core
 from .ozaki_gpu import asked_moduli, check_moduli
 from .planning import Machine, make_plan
 from .selection import grid_broadcasters, peer_access
+from .storage import conjugated, storage_of
 from .verify import freivalds
 from .watchdog import watch
 
@@ -621,15 +622,18 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
 
     Host arrays stay where they lie and on GPUs stream through them in tiles
     (:mod:`summa.outofcore`, :mod:`summa.staging`); on one rank nothing is
-    copied on the host (but for op T or H, or rows not contiguous); on
-    several the root scatters the blocks and gathers the product. GPU arrays
-    on one rank (a plain process: their own GPU unless `gpus` asks for more)
-    are one GEMM there, queued on the current stream as ``cupy.matmul`` is,
-    where the product fits its free memory (and `device_memory`, with the
-    operands); elsewhere they go through host memory (the plan's note says
-    why) and the product back to their GPU. One on a GPU and one in host
-    memory: the host one is uploaded where everything fits. The whole rule:
-    docs/user-guide.md, "Arrays you can pass".
+    copied on the host, whatever their order or strides (Fortran order, ``.T``
+    views and op T go to the GEMM as its transposed operand, op H conjugated
+    by it; strided views are gathered by the copy threads as they go up; the
+    plan's ``storage`` says which, :mod:`summa.storage`); on several the root
+    scatters the blocks (or the ranks read them where they lie) and gathers
+    the product. GPU arrays on one rank (a plain process: their own GPU
+    unless `gpus` asks for more) are one GEMM there, queued on the current
+    stream as ``cupy.matmul`` is, where the product fits its free memory (and
+    `device_memory`, with the operands); elsewhere they go through host
+    memory (the plan's note says why) and the product back to their GPU. One
+    on a GPU and one in host memory: the host one is uploaded where
+    everything fits. The whole rule: docs/user-guide.md, "Arrays you can pass".
 
     Parameters
     ----------
@@ -803,11 +807,16 @@ def plan_arrays(operands: ArrayOperands, comm, grid=None, backend="auto", out_of
     if isinstance(meta, str):
         raise ValueError(meta)
     m, n, k, dtype, placement = meta
-    return be, make_plan((m, n, k), dtype, Machine.live(comm, be), grid=grid, trans_a=trans_a,
-                         trans_b=trans_b, host_held=True, out_of_core=out_of_core,
-                         device_memory=device_memory, panel_width=panel_width,
-                         lookahead=lookahead, schedule=schedule, precision=precision,
-                         broadcaster=broadcaster, placement=placement), operands
+    plan = make_plan((m, n, k), dtype, Machine.live(comm, be), grid=grid, trans_a=trans_a,
+                     trans_b=trans_b, host_held=True, out_of_core=out_of_core,
+                     device_memory=device_memory, panel_width=panel_width,
+                     lookahead=lookahead, schedule=schedule, precision=precision,
+                     broadcaster=broadcaster, placement=placement)
+    if plan.placement.where == "host":  # (GPU arrays: stored as they come to host memory)
+        given = operands.given  # the arrays described, on the root
+        plan = _stored(plan, operands if given is None else
+                       ArrayOperands(*given.host_arrays(be), operands.root), comm)
+    return be, plan, operands
 
 
 def run_planned(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
@@ -864,6 +873,21 @@ def _device_op(x, trans: str):
     return x.conj().T if trans == "H" and x.dtype.kind == "c" else x.T
 
 
+def _stored(plan, operands: ArrayOperands, comm):
+    """`plan` with the storage of `operands` (:func:`summa.storage.storage_of`,
+    found on the root), their op H conjugated by the GEMMs: a plan made for
+    arrays that lay otherwise runs these as they lie. Collective."""
+    storage = None
+    if comm.Get_rank() == operands.root:
+        storage = tuple(storage_of(np.asarray(x), t)
+                        for x, t in zip((operands.a, operands.b), plan.trans))
+    storage = comm.bcast(storage, root=operands.root)
+    conj = tuple(conjugated(t, plan.dtype) for t in plan.trans)
+    if (tuple(plan.storage), tuple(plan.conj)) == (storage, conj):
+        return plan
+    return replace(plan, storage=storage, conj=conj)
+
+
 def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
                called: float | None = None):
     """Run `plan` (:func:`plan_arrays`) on NumPy `operands` over the grid
@@ -873,17 +897,13 @@ def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     ``extra["plan"]``; `called`: when the call began (``perf_counter``),
     for its set-up time. Returns the product on the root (`out` where
     given), None elsewhere."""
+    # (array-likes as NumPy sees them; arrays, node-shared ones too, as they are)
+    operands = replace(operands, **{name: np.asarray(x) for name, x in (
+        ("a", operands.a), ("b", operands.b)) if x is not None and not isinstance(x, np.ndarray)})
     a, b, out, root = operands.a, operands.b, operands.out, operands.root
-    trans_a, trans_b = plan.trans
+    plan = _stored(plan, operands, pgrid.comm)
     if not plan.out_of_core:
-        A, B = (DistMatrix.from_global(x, pgrid, be, root=root) for x in (a, b))
-        C = gemm(A, B, alpha=alpha, trans_a=trans_a, trans_b=trans_b,
-                 panel_width=plan.panel_width, lookahead=plan.lookahead,
-                 broadcaster=plan.broadcaster, precision=plan.precision,
-                 schedule=plan.schedule, stats=stats)
-        if stats is not None:
-            stats.extra["plan"] = plan.as_dict()
-        return C.gather(root=root, out=out)
+        return _in_memory(plan, pgrid, be, operands, alpha, stats)
     A, B, C, own, c_node = _host_blocks(a, b, out, plan, pgrid, root, be)
     set_up = time.perf_counter() - (called or time.perf_counter())  # checks, plan, blocks
     # beta 0: out's old values do not matter either
@@ -905,6 +925,35 @@ def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     return c_node
 
 
+def _in_memory(plan, pgrid, be, operands: ArrayOperands, alpha, stats):
+    """The in-memory multiply of :func:`run_arrays`: each operand as the
+    plan's storage says (:func:`summa.hostblocks.stored_operand`: on one rank
+    where it lies, read transposed and conjugated by the GEMMs; on a grid
+    scattered and settled on the devices), the product on one CPU rank
+    written straight into `out` (or a new array: NumPy's GEMMs read A and B
+    as they lie, so that is the only memory the call takes), elsewhere
+    gathered. Collective."""
+    (m, n, _), dtype, root = plan.shape, np.dtype(plan.dtype), operands.root
+    one = pgrid.size == 1
+    (A, conj_a), (B, conj_b) = (stored_operand(x, t, s, pgrid, be, root) for x, t, s in
+                                zip((operands.a, operands.b), plan.trans, plan.storage))
+    layout = Layout((m, n), pgrid.shape)
+    if one and not be.is_gpu:
+        c = np.empty((m, n), dtype) if operands.out is None else operands.out
+    else:
+        c = be.xp.empty(layout.local_shape(pgrid.row, pgrid.col), dtype)
+    C = DistMatrix(pgrid, layout, c, be)
+    result = summa(alpha, A, B, 0.0, C, panel_width=plan.panel_width, lookahead=plan.lookahead,
+                   broadcaster=plan.broadcaster, precision=plan.precision,
+                   schedule=plan.schedule, conj=(conj_a, conj_b))
+    if stats is not None:
+        stats.__dict__.update(result.__dict__)
+        stats.extra["plan"] = plan.as_dict()
+    if one and not be.is_gpu:
+        return c
+    return C.gather(root=root, out=operands.out)
+
+
 def _host_blocks(a, b, out, plan, pgrid, root: int, be):
     """``(A, B, C, own copies or None, C's node-shared whole or None)``: this
     rank's host blocks of a host-resident multiply. One rank: views of the
@@ -914,17 +963,17 @@ def _host_blocks(a, b, out, plan, pgrid, root: int, be):
     ``broadcaster="host"``, or ``"auto"`` where the GPUs cannot read each
     other's memory. Collective."""
     (m, n, k), dtype = plan.shape, np.dtype(plan.dtype)
-    trans_a, trans_b = plan.trans
+    (trans_a, trans_b), (stored_a, stored_b) = plan.trans, plan.storage
     if pgrid.size == 1:
         A, B = host_block(a, trans_a, pgrid), host_block(b, trans_b, pgrid)
         c = np.empty((m, n), dtype) if out is None else out
         return A, B, DistMatrix(pgrid, Layout((m, n), pgrid.shape), c, NumpyBackend()), \
             None, None
     shares = node_shares(pgrid, (m, n, k), dtype)
-    A, a_node = root_block(a, trans_a, (m, k), dtype, pgrid, root) or \
-        operand_block(a, trans_a, (m, k), dtype, pgrid, root, shares)
-    B, b_node = root_block(b, trans_b, (k, n), dtype, pgrid, root) or \
-        operand_block(b, trans_b, (k, n), dtype, pgrid, root, shares)
+    A, a_node = root_block(a, trans_a, stored_a, (m, k), dtype, pgrid, root) or \
+        operand_block(a, trans_a, stored_a, (m, k), dtype, pgrid, root, shares)
+    B, b_node = root_block(b, trans_b, stored_b, (k, n), dtype, pgrid, root) or \
+        operand_block(b, trans_b, stored_b, (k, n), dtype, pgrid, root, shares)
     C, c_node = root_result_block(out, (m, n), dtype, pgrid, root) or \
         result_block(out, (m, n), dtype, pgrid, shares)
     broadcaster, own = plan.broadcaster, None
@@ -1018,6 +1067,7 @@ def host_matmul(A: DistMatrix, B: DistMatrix, device, alpha=1.0, trans_a="N", tr
                 for X, t in ((A, ops[0]), (B, ops[1])))
     m, k = opA.shape
     n = opB.shape[1]
+    # (opA and opB come redistributed and conjugated: the plan's conj is False)
     plan = make_plan((m, n, k), opA.dtype, Machine.live(grid.comm, device), grid=grid.shape,
                      trans_a=ops[0], trans_b=ops[1], out_of_core=True,
                      device_memory=device_memory, panel_width=panel_width, lookahead=lookahead,

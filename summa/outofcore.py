@@ -48,6 +48,7 @@ from .pipeline import local_parts, wait_for_panel
 from .planning import Machine, Plan, make_plan, restage
 from .selection import grid_broadcasters
 from .staging import Transfer, copy_threads, get_stager
+from .storage import as_rows, copyable_rows, pitch, rows_shape
 from .transpose import PanelsOfA
 from .watchdog import watch
 
@@ -188,8 +189,8 @@ def run_out_of_core(plan: Plan, A: DistMatrix, B: DistMatrix, C: DistMatrix, dev
     stats.extra = {"pin_seconds": time.perf_counter() - t_pin, "host_locked": locked}
     try:
         with device.checked_later() as checks:  # float64 on INT8: asked once, below
-            _sweep(alpha, A, B, C, beta != 0, tiles, panels, plan.lookahead, memory.slots,
-                   row_bc, col_bc, mover, precision, progress, memory.transposed_a, own_copies)
+            _sweep(plan, alpha, A, B, C, beta != 0, tiles, panels, row_bc, col_bc, mover,
+                   progress, own_copies)
             # GPU streams may wait on peers' broadcasts (NCCL kernels, ipc events)
             with watch("the queued GPU work of the out-of-core sweep (uploads, broadcasts, "
                        "GEMMs, write-backs)"):
@@ -210,9 +211,10 @@ def _check_sweep(alpha, A, B, beta, C, device, precision) -> None:
     check_scalars(alpha, beta, C.dtype, precision, device)
     if C.backend.is_gpu:
         raise ValueError("out-of-core operands must be host-resident (NumPy backend)")
-    if any(M.local.ndim != 2 or (M.local.size and M.local.strides[1] != M.local.itemsize)
-           for M in (A, B, C)):
-        raise ValueError("out-of-core operands must be row-major (C order) in host memory")
+    # A and B may lie any way (the plan's storage says how they are read); C
+    # is written by rows.
+    if any(M.local.ndim != 2 for M in (A, B, C)) or not copyable_rows(C.local):
+        raise ValueError("out-of-core operands must be 2-D host arrays, C with contiguous rows")
 
 
 def _check_plan(plan: Plan, A, B, C, device) -> None:
@@ -249,15 +251,20 @@ def _sweep_stats(stats: SummaStats, plan: Plan, mover, row_bc, col_bc) -> None:
                         "plan": plan.as_dict()})
 
 
-def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_bc, mover,
-           precision, progress, transposed=False, own_copies=None) -> None:
+def _sweep(plan: Plan, alpha, A, B, C, load_c, tiles, panels, row_bc, col_bc, mover,
+           progress, own_copies=None) -> None:
     """Every (tile, panel) step, with `lookahead` steps broadcast ahead of the
     GEMMs and, where `slots` leaves room, uploads steps further ahead: a
     broadcast waits for its upload on the owner and for the GEMMs done with its
     slot on every rank, so with both ready at the same GEMM's end no rank's
     broadcast waits (NCCL: spins on SMs beside the GEMMs) for the other's.
-    `transposed`: each GEMM reads its A part from a transposed copy."""
+    `plan` says the lookahead, slots and precision, how A and B lie (parts of
+    one stored by columns go up as their transposes' rows and stay so, the
+    GEMMs reading them transposed) and whether each GEMM reads its A part
+    from a transposed copy."""
     grid, xp, dtype = C.grid, mover.xp, C.dtype
+    lookahead, slots, precision = plan.lookahead, plan.memory.slots, plan.precision
+    stored_a, stored_b = plan.storage
     smallest = FP64_INT8_TAIL_SMALLEST if precision == "fp64-int8" else TAIL_SMALLEST
     # Tile counts agree on all ranks (the plan); sizes are this rank's own,
     # and the same along a grid row (rows) or column (columns), as broadcasts need.
@@ -270,10 +277,10 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
     a_slots = [xp.empty(tm * width, dtype=dtype) for _ in range(min(slots, len(steps)))]
     b_slots = [xp.empty(width * tn, dtype=dtype) for _ in range(min(slots, len(steps)))]
     c_bufs = [xp.empty(tm * tn, dtype=dtype) for _ in range(min(2, len(tiles)))]
-    operand_a = PanelsOfA(mover.device, tm, width, dtype, transposed)
+    operand_a = PanelsOfA(mover.device, tm, width, dtype, plan.memory.transposed_a)
 
     def gemm(a, b, c):
-        mover.gemm(alpha, a, b, c, precision, operand_a)
+        mover.gemm(alpha, a, b, c, precision, operand_a, plan.conj)
 
     def upload(s):
         """The owners' parts of step s, from host memory into slot ``s % slots``
@@ -281,16 +288,11 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
         t, i = steps[s]
         i0, i1, j0, j1 = tiles[t]
         p, slot = panels[i], s % slots
-        a = a_slots[slot][: (i1 - i0) * p.width].reshape(i1 - i0, p.width)
-        b = b_slots[slot][: p.width * (j1 - j0)].reshape(p.width, j1 - j0)
-        if own_copies is not None:  # every rank its own parts, from host memory
-            a_rows, b_cols = own_copies
-            return (a, b, mover.upload(a, a_rows[i0:i1, p.k0:p.k1]),
-                    mover.upload(b, b_cols[p.k0:p.k1, j0:j1]))
-        a_host, b_host = local_parts(A, B, p)
-        up_a = mover.upload(a, a_host[i0:i1]) if grid.col == p.a_root else None
-        up_b = mover.upload(b, b_host[:, j0:j1]) if grid.row == p.b_root else None
-        return a, b, up_a, up_b
+        a = _slot_part(a_slots[slot], (i1 - i0, p.width), stored_a)
+        b = _slot_part(b_slots[slot], (p.width, j1 - j0), stored_b)
+        parts = _host_parts(A, B, p, tiles[t], grid, own_copies)
+        return (a, b, *(None if part is None else mover.upload(dev, as_rows(part, stored))
+                        for dev, part, stored in zip((a, b), parts, plan.storage)))
 
     def send(s, uploaded):
         a, b, up_a, up_b = uploaded
@@ -300,7 +302,9 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
         # rank waits for it at its GEMM).
         ready_a = None if _alone(row_bc) else mover.event_of(up_a)
         ready_b = None if _alone(col_bc) else mover.event_of(up_b)
-        return (a, b, _Arrival(up_a, row_bc.ibcast(a, p.a_root, slot, ready=ready_a), mover),
+        # (the slots as they went up and over; the GEMMs read them as op(A)'s, op(B)'s parts)
+        return (as_rows(a, stored_a), as_rows(b, stored_b),
+                _Arrival(up_a, row_bc.ibcast(a, p.a_root, slot, ready=ready_a), mover),
                 _Arrival(up_b, col_bc.ibcast(b, p.b_root, slot, ready=ready_b), mover))
 
     # The last tile's write-back overlaps nothing but its own last GEMMs, so
@@ -344,6 +348,28 @@ def _sweep(alpha, A, B, C, load_c, tiles, panels, lookahead, slots, row_bc, col_
             if j + depth < len(steps):
                 inflight.append(send(j + depth, staged.popleft()))
         s += group
+
+
+def _host_parts(A, B, p, tile: tuple, grid, own_copies) -> tuple:
+    """The host parts of op(A) and op(B) this rank uploads for panel `p` of
+    C tile `tile` ``(i0, i1, j0, j1)``: the panel's owners theirs (None on
+    the others), or with `own_copies` (rows of A, columns of B with all of
+    K, :func:`summa_out_of_core`) every rank its own, from host memory."""
+    i0, i1, j0, j1 = tile
+    if own_copies is not None:
+        a_rows, b_cols = own_copies
+        return a_rows[i0:i1, p.k0:p.k1], b_cols[p.k0:p.k1, j0:j1]
+    a_host, b_host = local_parts(A, B, p)
+    return (a_host[i0:i1] if grid.col == p.a_root else None,
+            b_host[:, j0:j1] if grid.row == p.b_root else None)
+
+
+def _slot_part(flat, shape: tuple, storage: str):
+    """The part of a slot (the flat device buffer `flat`) that the host part
+    of op(X) of `shape` is copied into, C-ordered: of its transpose's shape
+    where X is stored by columns (:func:`summa.storage.as_rows` of it is
+    then the part itself, column-major)."""
+    return flat[: shape[0] * shape[1]].reshape(rows_shape(shape, storage))
 
 
 class _NoBroadcasts:
@@ -430,9 +456,9 @@ class _HostMover:
         else:
             c.fill(0)
 
-    def gemm(self, alpha, a, b, c, precision, operand_a) -> None:
+    def gemm(self, alpha, a, b, c, precision, operand_a, conj=(False, False)) -> None:
         t0 = time.perf_counter()
-        self.device.gemm(alpha, operand_a(a), b, c, precision=precision)
+        self.device.gemm(alpha, operand_a(a), b, c, precision=precision, conj=conj)
         self._seconds += time.perf_counter() - t0
 
     def write_back(self, host, c, buf: int) -> None:
@@ -536,7 +562,7 @@ class _CudaMover:
 
     def _memcpy(self, dev, host: np.ndarray, kind: int, stream) -> None:
         """One asynchronous 2-D copy between a device array and host rows."""
-        ends = ((dev.data.ptr, dev.strides[0]), (host.ctypes.data, host.strides[0]))
+        ends = ((dev.data.ptr, pitch(dev)), (host.ctypes.data, pitch(host)))
         (dst, dst_pitch), (src, src_pitch) = ends if kind == self._H2D else ends[::-1]
         self.xp.cuda.runtime.memcpy2DAsync(dst, dst_pitch, src, src_pitch,
                                            host.shape[1] * host.itemsize, host.shape[0],
@@ -567,7 +593,7 @@ class _CudaMover:
 
     def upload(self, dst, src):
         after = self.device.record_event()  # GEMMs done with this slot
-        if not self._direct(src):
+        if not (self._direct(src) and copyable_rows(src)):  # strided: the threads gather
             self.moved += src.nbytes
             transfer = self._stage().upload(dst, src, after)
             self._uploads.append(transfer)
@@ -592,11 +618,12 @@ class _CudaMover:
         else:
             c.fill(0)
 
-    def gemm(self, alpha, a, b, c, precision, operand_a) -> None:
-        """`operand_a(a)` (a transposed copy, or `a`) times `b` into `c`, timed
-        (the copy too: it is the GEMM's work)."""
+    def gemm(self, alpha, a, b, c, precision, operand_a, conj=(False, False)) -> None:
+        """`operand_a(a)` (a transposed copy, or `a`) times `b` into `c`,
+        conjugated where `conj` says, timed (the copy too: it is the GEMM's
+        work)."""
         self.marks.append(self.device.timing_mark())
-        self.device.gemm(alpha, operand_a(a), b, c, precision=precision)
+        self.device.gemm(alpha, operand_a(a), b, c, precision=precision, conj=conj)
         self.marks.append(self.device.timing_mark())
         if self._to_touch is not None:
             self._touched, self._to_touch = self._stage().touch(self._to_touch), None
@@ -689,8 +716,8 @@ def _register(cupy, array: np.ndarray) -> bool:
     """
     if not array.nbytes:
         return True
-    if not array.flags.owndata or not array.flags.c_contiguous:
-        return False  # a view or memory map: not ours to lock
+    if not array.flags.owndata or not (array.flags.c_contiguous or array.flags.f_contiguous):
+        return False  # a view or memory map: not ours to lock (Fortran order is: whole)
     start = array.ctypes.data // _PAGE * _PAGE  # whole pages
     nbytes = -(-(array.ctypes.data + array.nbytes - start) // _PAGE) * _PAGE
     if _registered.get(start, 0) >= nbytes:

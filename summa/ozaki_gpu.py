@@ -330,8 +330,11 @@ def _b_side(b, count: int, bits: int, cap: float, cols_p: int, k_p: int, constan
     if held is not None:
         held.clear()  # the last B's planes go before this one's come
     k, n = b.shape
-    bt = cupy.empty((n, k), dtype=cupy.float64)
-    backend.transpose(b, bt)
+    if b.T.flags.c_contiguous:  # column-major already (B stored by columns): read as it lies
+        bt = b.T
+    else:
+        bt = cupy.empty((n, k), dtype=cupy.float64)
+        backend.transpose(b, bt)
     f = _exponents(bt, 1, bits, cap)
     b8 = _residues(bt, f, count, cols_p, k_p, constants)
     if held is not None:

@@ -90,8 +90,8 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
 
     In memory, a rank holds its blocks of A (ml x ka), B (kb x nl) and C
     (ml x nl) plus ``lookahead + 1`` panel buffers for each operand that arrives
-    from other ranks (NumPy also makes one C-sized product per GEMM; CuPy
-    accumulates in place); with ``schedule="strips"`` the buffers hold B's
+    from other ranks (NumPy on a grid also makes one C-sized product per
+    GEMM; CuPy, and NumPy on one rank, write into C); with ``schedule="strips"`` the buffers hold B's
     strips of all of K (k x nb). Where A's panels are multiplied from a
     transposed copy (:func:`summa.tuning.transposes_a`), one more nb x ml
     scratch buffer (out of core nb x tm). Out of core, the blocks stay in host memory; the
@@ -121,7 +121,9 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     blocks = ml * ka + kb * nl + ml * nl
     emulated = precision == "fp64-int8"
     if not out_of_core:
-        extra = ml * nl if kind.cpu_only else 0
+        # NumPy adds each GEMM's product into C from a temporary of C's size;
+        # a rank alone writes its row strips straight into C (one_rank_steps)
+        extra = ml * nl if kind.cpu_only and pr * pc > 1 else 0
         if transposed:
             extra += nb * ml
         if emulated:  # one product's scratch: a panel's, or under strips a strip's of all K

@@ -22,6 +22,7 @@ from . import ozaki_gpu
 from .grid import check_grid_ranks, grid_for, parse_grid
 from .plan import (MemoryPlan, check_host_memory, check_memory, memory_plan, parse_bytes,
                    resident_plan)
+from .storage import transposed
 from .strips import check_schedule
 from .tuning import default_panel_width
 from .traits import traits
@@ -161,6 +162,17 @@ class Plan:
         Where the operands lie, and whether the multiply is one GEMM there
         (``placement.resident``: one rank, the operands on its GPU, no grid,
         no copy through host memory).
+    storage : tuple
+        ``(op(A)'s, op(B)'s)`` way of lying in host memory
+        (:data:`summa.storage.STORAGES`): ``"rows"``, ``"cols"`` (read as
+        its transpose's rows, taken by the GEMM as its transposed operand),
+        or ``"strided rows"``/``"strided cols"`` (gathered by the host copy
+        threads); the executors follow it and copy no operand whole.
+    conj : tuple
+        ``(A's, B's)``: do the GEMMs conjugate that operand
+        (:meth:`summa.backend.Backend.gemm`: op H of a complex array handed
+        over as it lies)? False where it comes conjugated (read so from a
+        file, redistributed so) or op H does not conjugate (real dtypes).
     note : str or None
         Why the mode was chosen for the caller (in memory did not fit; GPU
         operands copied to host memory).
@@ -188,6 +200,8 @@ class Plan:
     host_copies: str | None = None
     panel_sums: int | None = None
     placement: Placement = Placement()
+    storage: tuple = ("rows", "rows")
+    conj: tuple = (False, False)
     note: str | None = field(default=None, compare=False)
     predicted: dict | None = field(default=None, compare=False)
 
@@ -297,7 +311,7 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
                 (str(trans_a).upper(), str(trans_b).upper()), schedule, ooc, width, lookahead,
                 precision, count, budget, memory, broadcaster, host_copies,
                 _panel_sums(memory, dtype, grid, (m, n, k), width, precision, schedule),
-                placement, "; ".join(x for x in (fetched, note) if x) or None)
+                placement=placement, note="; ".join(x for x in (fetched, note) if x) or None)
     return replace(plan, predicted=_predict(plan, profile)) if predict else plan
 
 
@@ -557,6 +571,7 @@ def _lines(plan: Plan) -> list[str]:
                      "out=) and those chunks")
     if plan.predicted:
         lines += _prediction_lines(plan)
+    lines += _storage_lines(plan)
     decided = (f"  decided: {plan.schedule}, op(A) {plan.trans[0]}, op(B) {plan.trans[1]}, "
                f"broadcaster {plan.broadcaster}, precision {plan.precision or 'default'}")
     if plan.out_of_core:
@@ -567,6 +582,25 @@ def _lines(plan: Plan) -> list[str]:
         lines.append(f"  {plan.placement}")
     if plan.note:
         lines.append(f"  {plan.note}")
+    return lines
+
+
+def _storage_lines(plan: Plan) -> list[str]:
+    """How A and B are read where they lie, never by a transposing copy
+    (nothing where both lie by rows)."""
+    if tuple(plan.storage) == ("rows", "rows") and not any(plan.conj):
+        return []
+    lines = []
+    for name, storage, conj in zip("AB", plan.storage, plan.conj):
+        text = {"rows": "by rows, as it lies",
+                "cols": "by columns: its transpose's rows, the GEMM's transposed operand",
+                "strided rows": "strided: gathered by rows by the host copy threads",
+                "strided cols": "strided: gathered by columns by the host copy threads, the "
+                                "GEMM's transposed operand"}[storage]
+        if conj:
+            text += (", conjugated by the GEMM" if transposed(storage) else
+                     ", conjugated before its GEMM (a copy on the device)")
+        lines.append(f"  op({name}) {text}")
     return lines
 
 

@@ -335,9 +335,11 @@ def matmul(a, b, size: int, out=None, **options):
     try:
         while True:
             # (kept: the shared copies made, alive until the workers are done)
-            parts, result, kept = _operands(a, b, trans, out, (m, n), dtype, reach,
+            parts, result, kept = _operands(a, b, out, (m, n), dtype, reach,
                                             touch=len(pool.conns) < pool.size)
-            spec = {"a": parts[0], "a_shape": a.shape, "b": parts[1], "b_shape": b.shape,
+            (rows_a, flip_a), (rows_b, flip_b) = _rows_array(a), _rows_array(b)
+            spec = {"a": parts[0], "a_shape": rows_a.shape, "a_transposed": flip_a,
+                    "b": parts[1], "b_shape": rows_b.shape, "b_transposed": flip_b,
                     "c": parts[2], "c_shape": (m, n), "dtype": np.dtype(dtype).str,
                     "options": dict(options, **({"out_of_core": True} if reach else {})),
                     "settings": current_options().to_json()}
@@ -368,16 +370,28 @@ def matmul(a, b, size: int, out=None, **options):
     return result
 
 
-def _operands(a, b, trans, out, shape, dtype, reach: bool, touch: bool):
+def _rows_array(x: np.ndarray) -> tuple:
+    """``(array, transposed)``: what the workers attach of the operand `x`,
+    `x` itself or, where that is C-ordered and `x` is not (a Fortran-ordered
+    array, a ``.T`` view), ``x.T``, which they transpose back as a view (its
+    rows are copied, never transposed: :mod:`summa.storage`)."""
+    if not x.flags.c_contiguous and x.T.flags.c_contiguous:
+        return x.T, True
+    return x, False
+
+
+def _operands(a, b, out, shape, dtype, reach: bool, touch: bool):
     """What the workers are told of A, B and C (a shared file's name, an
-    .npy file's bytes, or where in this process), the array C lands in
-    (`out`, a shared array, or with `reach` this process's own: with
-    `touch`, while the workers start, faulted in on threads so that they
-    write into touched pages; a warm pool's call would only wait for it),
-    and the shared copies made, to be kept until the workers are done."""
+    .npy file's bytes, or where in this process; of A and B their
+    :func:`_rows_array`), the array C lands in (`out`, a shared array, or
+    with `reach` this process's own: with `touch`, while the workers start,
+    faulted in on threads so that they write into touched pages; a warm
+    pool's call would only wait for it), and the shared copies made, to be
+    kept until the workers are done."""
     parts, kept = [], []  # kept: the shared copies, alive until the call has ended
-    for x, t in zip((a, b), trans):
-        where = remote.describe(x) if reach and t == "N" and host.shared_name(x) is None \
+    for x in (a, b):
+        x = _rows_array(x)[0]
+        where = remote.describe(x) if reach and host.shared_name(x) is None \
             and host.file_map(x) is None else None
         if where is not None:
             parts.append({"remote": where})

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from . import filemaps, options, remote
+from .storage import copyable_rows, pitch
 from .watchdog import watch
 
 __all__ = ["Stager", "Transfer", "get_stager", "stager_for", "set_ranks_on_node", "ranks_on_node",
@@ -226,13 +227,14 @@ class Stager:
 
     # -- the caller's side -----------------------------------------------------------
     def upload(self, dst, src: np.ndarray, after=None) -> Transfer:
-        """Copy host rows `src` into device array `dst` (same shape), once the
-        GPU has reached CUDA event `after` (None: at once)."""
+        """Copy host array `src` (any strides: its rows are gathered into the
+        chunks) into device array `dst` (same shape), once the GPU has
+        reached CUDA event `after` (None: at once)."""
         return self._submit(_H2D, dst, src, after)
 
     def download(self, dst: np.ndarray, src, after=None) -> Transfer:
-        """Copy device array `src` into host rows `dst` (same shape), once the
-        GPU has reached `after`."""
+        """Copy device array `src` into host array `dst` (same shape, any
+        strides), once the GPU has reached `after`."""
         return self._submit(_D2H, src, dst, after)
 
     def touch(self, x: np.ndarray) -> Transfer:
@@ -270,9 +272,12 @@ class Stager:
         if tuple(dev.shape) != tuple(host.shape) or dev.dtype != host.dtype:
             raise ValueError(f"a copy between {host.shape} {host.dtype} host rows and a "
                              f"{tuple(dev.shape)} {dev.dtype} device array")
-        if host.ndim != 2 or (host.size and (host.strides[1] != host.itemsize
-                                             or dev.strides[1] != dev.itemsize)):
-            raise ValueError("host-GPU copies take 2-D arrays with contiguous rows")
+        # The host side may have any strides (a strided view, reversed rows):
+        # the threads gather or scatter its rows through the chunks, never
+        # a copy of the whole first.
+        if host.ndim != 2 or (host.size and not copyable_rows(dev)):
+            raise ValueError("host-GPU copies take 2-D host arrays and device arrays with "
+                             "contiguous rows")
         rows = host.shape[0] if host.size else 0
         step = max(1, self.chunk_bytes // max(1, host.shape[1] * host.itemsize))
         cuts = [(r, min(r + step, rows)) for r in range(0, rows, step)]
@@ -436,8 +441,8 @@ class Stager:
         """One 2-D copy between a contiguous host chunk and device rows."""
         width = stage.shape[1] * stage.itemsize
         host, dptr = stage.ctypes.data, dev.data.ptr
-        dst, dpitch, src, spitch = ((dptr, dev.strides[0], host, width) if kind == _H2D
-                                    else (host, width, dptr, dev.strides[0]))
+        dst, dpitch, src, spitch = ((dptr, pitch(dev), host, width) if kind == _H2D
+                                    else (host, width, dptr, pitch(dev)))
         self.cupy.cuda.runtime.memcpy2DAsync(dst, dpitch, src, spitch, width, stage.shape[0],
                                              kind, stream.ptr)
 

@@ -12,7 +12,14 @@ of 16384 rows: a fraction of a millisecond of HBM time), while its GEMM runs
 
 from __future__ import annotations
 
-__all__ = ["PanelsOfA"]
+from .storage import copyable_rows
+
+__all__ = ["PanelsOfA", "column_major"]
+
+
+def column_major(x) -> bool:
+    """Are the columns of the 2-D `x` contiguous (and its rows not)?"""
+    return copyable_rows(x.T) and not copyable_rows(x)
 
 
 class PanelsOfA:
@@ -30,8 +37,9 @@ class PanelsOfA:
         self.buffer = backend.xp.empty(rows * width if self.transpose else 0, dtype=dtype)
 
     def __call__(self, a):
-        """`a` (rows x panel width) as its GEMM should read it."""
-        if not self.transpose or a.size == 0:
+        """`a` (rows x panel width) as its GEMM should read it: as it is where
+        it is column-major already (A stored by columns, :mod:`summa.storage`)."""
+        if not self.transpose or a.size == 0 or column_major(a):
             return a
         m, w = a.shape
         copy = self.buffer[: m * w].reshape(w, m)

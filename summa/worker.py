@@ -49,8 +49,8 @@ def serve(conn, world) -> None:
             if world.Get_rank() == 0:  # the system does not let us read the owner
                 _answer(conn, ("no-remote",))
             continue
-        a = _attach(host, spec["a"], spec["a_shape"], spec["dtype"])
-        b = _attach(host, spec["b"], spec["b_shape"], spec["dtype"])
+        a = _attach(host, spec["a"], spec["a_shape"], spec["dtype"], spec.get("a_transposed"))
+        b = _attach(host, spec["b"], spec["b_shape"], spec["dtype"], spec.get("b_transposed"))
         c = _attach(host, spec["c"], spec["c_shape"], spec["dtype"])
         stats = SummaStats()
         began = time.perf_counter()
@@ -86,14 +86,18 @@ def _answer(conn, message) -> None:
         raise _OwnerGone from exc
 
 
-def _attach(host, where, shape, dtype):
+def _attach(host, where, shape, dtype, transposed: bool = False):
     """An array as the owner shared it: a shared file's name, an .npy file's
-    bytes (``{"file", "offset"}``), or its own memory (``{"remote"}``)."""
+    bytes (``{"file", "offset"}``), or its own memory (``{"remote"}``); its
+    transpose where the owner shared the rows of that (a Fortran-ordered
+    operand, :func:`summa.pool._rows_array`)."""
     if isinstance(where, dict) and "remote" in where:
-        return host.attach_remote(where["remote"], shape, dtype)
-    if isinstance(where, dict):
-        return host.attach_file(where["file"], where["offset"], shape, dtype)
-    return host.attach(where, shape, dtype)
+        array = host.attach_remote(where["remote"], shape, dtype)
+    elif isinstance(where, dict):
+        array = host.attach_file(where["file"], where["offset"], shape, dtype)
+    else:
+        array = host.attach(where, shape, dtype)
+    return host.transposed(array) if transposed else array
 
 
 def _warm(world, backend: str) -> None:

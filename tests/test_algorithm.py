@@ -676,33 +676,32 @@ def test_the_loop_adds_the_schedules_products_bit_for_bit(comm, rng, which, look
 
 # -- Ctrl-C in a one-rank multiply -------------------------------------------------------
 
-def test_one_rank_steps_bound_each_cpu_gemm_and_join_panels_in_order():
-    from summa.algorithm import ONE_RANK_GEMM_FLOPS, ONE_RANK_MIN_WIDTH, one_rank_steps
+def test_one_rank_cpu_steps_are_row_strips_each_a_bounded_gemm_over_all_of_k():
+    from summa.algorithm import ONE_RANK_GEMM_FLOPS, ONE_RANK_MIN_ROWS, RowStrip, one_rank_steps
     from summa.layout import Panel
-    k = 20000
+    k, n = 20000, 5000
     panels = [Panel(k0, min(k0 + 256, k), 0, k0, 0, k0) for k0 in range(0, k, 256)]
-    steps = one_rank_steps(panels, (6000, 6000), "numpy")
-    assert len(steps) > 1 and steps[0].k0 == 0 and steps[-1].k1 == k
-    assert all(a.k1 == b.k0 and a.a_offset + a.width == b.a_offset
-               for a, b in zip(steps, steps[1:]))
-    assert all(2 * 6000 * 6000 * s.width <= max(ONE_RANK_GEMM_FLOPS,
-                                                 2 * 6000 * 6000 * ONE_RANK_MIN_WIDTH)
-               for s in steps)
-    assert all(s.width >= ONE_RANK_MIN_WIDTH for s in steps[:-1])
-    assert one_rank_steps(panels, (64, 64), "numpy") == panels[:1]  # small: one GEMM
-    assert one_rank_steps(panels, (6000, 6000), "cupy") == panels[:1]  # GPUs queue them
-    assert one_rank_steps([], (6000, 6000), "numpy") == []
+    steps = one_rank_steps(panels, (6000, n), "numpy", k)
+    assert len(steps) > 1 and all(isinstance(s, RowStrip) for s in steps)
+    assert steps[0].r0 == 0 and steps[-1].r1 == 6000
+    assert all(a.r1 == b.r0 for a, b in zip(steps, steps[1:]))
+    assert all(2 * (s.r1 - s.r0) * n * k <= max(ONE_RANK_GEMM_FLOPS,
+                                                2 * ONE_RANK_MIN_ROWS * n * k) for s in steps)
+    assert all(s.r1 - s.r0 >= ONE_RANK_MIN_ROWS for s in steps[:-1])
+    assert one_rank_steps(panels, (64, 64), "numpy", k) == [RowStrip(0, 64)]  # small: one GEMM
+    assert one_rank_steps(panels, (6000, 6000), "cupy", k) == panels[:1]  # GPUs queue them
+    assert one_rank_steps([], (6000, 6000), "numpy", 0) == []
 
 
-def test_a_large_one_rank_cpu_product_runs_in_steps_and_stays_right(monkeypatch, rng):
+def test_a_large_one_rank_cpu_product_runs_in_strips_into_c_and_stays_right(monkeypatch, rng):
     from summa import algorithm
-    monkeypatch.setattr(algorithm, "ONE_RANK_GEMM_FLOPS", 2 * 40 * 30 * 64)
-    monkeypatch.setattr(algorithm, "ONE_RANK_MIN_WIDTH", 16)
+    monkeypatch.setattr(algorithm, "ONE_RANK_GEMM_FLOPS", 2 * 8 * 30 * 300)
+    monkeypatch.setattr(algorithm, "ONE_RANK_MIN_ROWS", 4)
     from mpi4py import MPI
     a, b = random_array(rng, (40, 300), "float64"), random_array(rng, (300, 30), "float64")
-    stats = SummaStats()
-    c = matmul(a, b, comm=MPI.COMM_SELF, backend="numpy", panel_width=16, stats=stats)
-    assert stats.panels == len(range(0, 300, 64))
+    stats, out = SummaStats(), np.full((40, 30), np.nan)
+    c = matmul(a, b, comm=MPI.COMM_SELF, backend="numpy", panel_width=16, stats=stats, out=out)
+    assert c is out and stats.panels == len(range(0, 40, 8))
     assert gemm_scaled_error(c, a, b) <= 1
 
 

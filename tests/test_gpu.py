@@ -1028,3 +1028,96 @@ def test_jax_gpu_arrays_in_are_jax_arrays_out(rng):
     c = summa.matmul(jax.device_put(a, device), jax.device_put(b, device))
     assert isinstance(c, jax.Array)
     assert gemm_scaled_error(np.asarray(c), a, b) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("la,lb", [("F", "op T"), ("T view", "op H"), ("op H", "op H of F"),
+                                   ("strided", "reversed"), ("strided op T", "read-only F")])
+@pytest.mark.parametrize("how", ["staged tiles", "lock", "in memory"])
+def test_every_layout_goes_through_the_gpu_as_it_lies(comm, rng, monkeypatch, la, lb, how):
+    """Fortran order, .T views, op T and H (complex: cuBLAS's op C, or a
+    conjugate on the device), strided and reversed views: uploaded as they
+    lie (columns as their transposes' rows, strided ones gathered by the
+    copy threads into the page-locked chunks), out of core in several tiles
+    (staged, or page-locked whole where they can be: SUMMA_HOST_COPIES=lock)
+    and in memory, on every rank count."""
+    import summa
+    from summa import staging
+    from test_layouts import _product
+    a, ta, xa, b, tb, xb = _product(rng, la, lb, shape=(300, 200, 500))
+    kwargs = {"out_of_core": False} if how == "in memory" else {"device_memory": "3MiB"}
+    if how == "lock":
+        monkeypatch.setenv("SUMMA_HOST_COPIES", "lock")
+    root = comm.Get_size() - 1
+    mine = comm.rank == root
+    saved = staging.CHUNK_BYTES
+    staging.close_stagers()
+    staging.CHUNK_BYTES = 16384  # several chunks a panel part
+    try:
+        stats = summa.SummaStats()
+        c = summa.matmul(a if mine else None, b if mine else None, root=root, trans_a=ta,
+                         trans_b=tb, alpha=0.5, panel_width=96, backend="cupy", stats=stats,
+                         **kwargs)
+    finally:
+        staging.close_stagers()
+        staging.CHUNK_BYTES = saved
+    if how != "in memory":
+        assert stats.extra["out_of_core"] and np.prod(stats.extra["tiles"]) > 1
+    if mine:
+        assert gemm_scaled_error(c, xa, xb, alpha=0.5) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype,ta", [("float64", "T"), ("complex128", "H")])
+def test_page_locked_fortran_operands_go_up_directly_by_columns(comm, rng, monkeypatch, dtype,
+                                                                ta):
+    """A page-locked Fortran-ordered operand (op T/H of it: by rows) and a
+    page-locked one read by columns are copied directly (no staging chunk),
+    as the rows of their transposes; op H by cuBLAS's op C."""
+    import cupyx
+    import summa
+    from summa import staging
+    x = random_array(rng, (400, 300), dtype)
+    y = random_array(rng, (300, 200), dtype)
+    a = cupyx.empty_pinned((300, 400), dtype=dtype, order="F")
+    a[...] = x.conj().T if ta == "H" else x.T
+    b = cupyx.empty_pinned((300, 200), dtype=dtype, order="F")
+    b[...] = y
+    out = cupyx.empty_pinned((400, 200), dtype=dtype)
+    staged = []
+    real = staging.Stager.upload
+    monkeypatch.setattr(staging.Stager, "upload",
+                        lambda self, *args: (staged.append(1), real(self, *args))[1])
+    root = comm.Get_size() - 1
+    mine = comm.rank == root
+    c = summa.matmul(a if mine else None, b if mine else None, root=root, trans_a=ta,
+                     out=out if mine else None, device_memory="2MiB", panel_width=64,
+                     backend="cupy")
+    if comm.Get_size() == 1:
+        assert staged == []  # every copy direct, from the arrays as they lie
+    if mine:
+        assert c is out and gemm_scaled_error(c, x, y) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("la,lb", [("F", "op T"), ("op H", "op H of F"), ("strided", "C")])
+def test_fp64_int8_takes_every_layout(comm, rng, la, lb):
+    """float64 on INT8 tensor cores from operands lying any way (column-major
+    device parts, conjugated ones made C-ordered on the device first)."""
+    import summa
+    from test_layouts import _product
+    a, ta, xa, b, tb, xb = _product(rng, la, lb, shape=(300, 200, 500),
+                                    dtype="complex128" if "H" in la + lb else "float64")
+    if not comm.bcast(_int8_capable(), root=0):
+        pytest.skip("no INT8 tensor cores")
+    root = comm.Get_size() - 1
+    mine = comm.rank == root
+    c = summa.matmul(a if mine else None, b if mine else None, root=root, trans_a=ta,
+                     trans_b=tb, device_memory="16MiB", panel_width=128, backend="cupy",
+                     precision="fp64-int8")
+    if mine:
+        assert gemm_scaled_error(c, xa, xb) <= 1
+
+
+def _int8_capable() -> bool:
+    return get_backend("cupy").has_int8_tensor_cores()

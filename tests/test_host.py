@@ -54,9 +54,11 @@ def test_arrays_on_the_root_are_read_in_place_or_through_one_node_shared_copy(
     c = summa.matmul(a if mine else None, b if mine else None, root=root, trans_a=trans_a,
                      out_of_core=True, panel_width=8)
     (A, B, C), = seen
-    if comm.Get_size() > 1 and trans_a == "N" and _ranks_read_each_other(comm):
-        # where the root's A lies: itself there, a stand-in for it on the others
-        assert np.shares_memory(A, a) if mine else remote.find(A) is not None
+    if comm.Get_size() > 1 and _ranks_read_each_other(comm):
+        # where the root's A lies, whatever its op: itself there, a stand-in
+        # for it on the others (op T: its rows, by columns of op(A), as they lie)
+        assert np.shares_memory(A, a) if mine else \
+            remote.find(A if trans_a == "N" else A.T) is not None
         assert np.shares_memory(C, c) if mine else remote.find(C) is not None
     elif comm.Get_size() > 1:  # views into shared copies, not the root's arrays
         assert A.base is not None and not np.shares_memory(A, a) and remote.find(A) is None

@@ -279,7 +279,8 @@ def test_the_workers_read_and_write_the_callers_own_arrays(rng, monkeypatch):
     """Where the system lets them (summa.remote), the workers read A and B
     where the caller holds them and write the product into the caller's
     array (`out`, or a new one): nothing in shared memory; the caller's
-    arrays are left alone; transposed operands are still copied."""
+    arrays are left alone; transposed and Fortran-ordered operands too (the
+    rows of their transposes, as they lie); strided views are copied."""
     a, b = random_array(rng, (70, 33), "float64"), random_array(rng, (33, 45), "float64")
     a0, b0 = a.copy(), b.copy()
     copies = []
@@ -295,8 +296,12 @@ def test_the_workers_read_and_write_the_callers_own_arrays(rng, monkeypatch):
     out = np.full((70, 45), np.nan)
     assert summa.matmul(a, b, workers=3, backend="numpy", out=out) is out
     assert gemm_scaled_error(out, a, b) <= 1 and copies == []
-    summa.matmul(a, b.T.copy(), trans_b="T", workers=2, backend="numpy")
-    assert copies == [((45, 33), np.dtype("float64"))]  # B^T: a copy for the workers
+    bt, af = b.T.copy(), np.asfortranarray(a)
+    c = summa.matmul(af, bt, trans_b="T", workers=2, backend="numpy")
+    assert copies == [] and gemm_scaled_error(c, a, bt, trans_b="T") <= 1
+    c = summa.matmul(a[::2], b, workers=2, backend="numpy")
+    assert copies == [((35, 33), np.dtype("float64"))]  # strided: a copy for the workers
+    assert gemm_scaled_error(c, a[::2], b) <= 1
 
 
 def test_workers_that_may_not_read_the_caller_get_copies(rng, monkeypatch):
