@@ -168,24 +168,42 @@ def start_cuda() -> float:
     return time.perf_counter() - t0
 
 
-def residual(c, a, b, rows: int = 512) -> float:
-    """Freivalds' scaled residual of `c` against ``a @ b`` (<= 1 passes) on
-    `rows` random rows of C, in float64 (complex128 for complex data): two
-    passes over `b` and a few rows of `a` and `c` (whole-array passes cost
-    more than the multiply: a check of every row of a 40960² product took a
-    minute on one thread). Any memory layout; NumPy arrays."""
+def freivalds(a, b, rows: int = 512):
+    """``check(c)``: Freivalds' scaled residual of `c` against ``a @ b``
+    (<= 1 passes) on `rows` random rows of C, in float64 (complex128 for
+    complex data). `b` is read on the first check only (two passes: ``b x``
+    and ``|b| |x|``), so checking a second product costs a few rows of `a`
+    and `c`; whole-array passes cost more than the multiply (a check of
+    every row of a 40960² product took a minute on one thread). Any memory
+    layout; NumPy arrays."""
     import numpy as np
-    wide = np.result_type(c.dtype, np.float64)
     rng = np.random.default_rng()
-    x = rng.uniform(-1, 1, c.shape[1])
-    bx, bx_abs = np.empty(b.shape[0], wide), np.empty(b.shape[0])
-    for r in range(0, b.shape[0], 4096):
-        block = b[r:r + 4096].astype(wide, copy=False)
-        bx[r:r + 4096], bx_abs[r:r + 4096] = block @ x, np.abs(block) @ np.abs(x)
-    pick = np.sort(rng.choice(c.shape[0], min(rows, c.shape[0]), replace=False))
-    sa, sc = a[pick].astype(wide), c[pick].astype(wide)
-    gauge = (a.shape[1] + 2) * np.finfo(c.dtype).eps * (np.abs(sa) @ bx_abs) + 1e-300
-    return float(np.max(np.abs(sc @ x - sa @ bx) / gauge, initial=0.0))
+    x = rng.uniform(-1, 1, b.shape[1])
+    products = []
+
+    def b_times_x():
+        wide = np.result_type(b.dtype, np.float64)
+        bx, bx_abs = np.empty(b.shape[0], wide), np.empty(b.shape[0])
+        for r in range(0, b.shape[0], 4096):
+            block = b[r:r + 4096].astype(wide, copy=False)
+            bx[r:r + 4096], bx_abs[r:r + 4096] = block @ x, np.abs(block) @ np.abs(x)
+        return bx, bx_abs
+
+    def check(c) -> float:
+        if not products:
+            products.extend(b_times_x())
+        bx, bx_abs = products
+        wide = np.result_type(c.dtype, np.float64)
+        pick = np.sort(rng.choice(c.shape[0], min(rows, c.shape[0]), replace=False))
+        sa, sc = a[pick].astype(wide), c[pick].astype(wide)
+        gauge = (a.shape[1] + 2) * np.finfo(c.dtype).eps * (np.abs(sa) @ bx_abs) + 1e-300
+        return float(np.max(np.abs(sc @ x - sa @ bx) / gauge, initial=0.0))
+    return check
+
+
+def residual(c, a, b, rows: int = 512) -> float:
+    """:func:`freivalds`'s residual of one product `c` of `a` and `b`."""
+    return freivalds(a, b, rows)(c)
 
 
 def best_device_seconds(fn, repeat: int = 3) -> float:
