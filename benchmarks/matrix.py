@@ -26,8 +26,10 @@ then, the memory given back, the same dtype's ``cupy.matmul`` on device
 data (the ceiling); for fp64-int8 also the bare fp64-int8 product on device
 data; for strided views also the transfer bound (the bytes that must cross
 the link at the rate of a page-locked copy measured in the same process).
-Without a GPU (no CuPy) the ceiling is NumPy's matmul, budgets hold
-nothing, fp64-int8 and CuPy cells are skipped, and only values are judged.
+Without a GPU (no CuPy) the ceiling is NumPy's matmul, no budget holds
+anything (``8GiB`` still passes ``device_memory``: NumPy's backend then runs
+host-resident in tiles), fp64-int8 and CuPy cells are skipped, and only
+values are judged.
 
 Goals (issue 38; one H200): GEMM-bound cells (every side >= 16384) first
 call >= 0.85 of the ceiling (float64/float32 C order >= 0.88), again >=
