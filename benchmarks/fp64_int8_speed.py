@@ -16,24 +16,12 @@ import ctypes
 import json
 import os
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-
-def _best(fn, repeat: int) -> float:
-    import cupy as cp
-    fn()
-    times = []
-    for _ in range(repeat):
-        cp.cuda.Device().synchronize()
-        s = time.perf_counter()
-        fn()
-        cp.cuda.Device().synchronize()
-        times.append(time.perf_counter() - s)
-    return min(times)
+from calls import best_device_seconds as _best  # noqa: E402 -- best of timed device runs
 
 
 def _cublas_emulated(workspace: int = 0):
@@ -109,7 +97,7 @@ def main() -> int:
         out = cp.empty((n, n), dtype=cp.int32)
         sec = _best(lambda: backend.int8_gemm_tn(a8, bt8, out), args.repeat)
         emit({"what": "int8 GEMM (TN)", "n": n, "seconds": sec, "tops": 2 * n**3 / sec / 1e12})
-        del a8, bt8, out
+        a8 = bt8 = out = None  # back to the device (a del here reads as undefined to pyflakes)
         for data in ("uniform", "normal"):
             if data == "uniform":
                 a = cp.random.random((n, n)) * 2 - 1
@@ -177,14 +165,14 @@ def main() -> int:
                     if best is not None:  # how close to summa's default product
                         row["from_default_per_gauge"] = error(best)
                     emit(row)
-                    del run
+                    run = None
                 except Exception as exc:  # noqa: BLE001
                     emit({"what": "cuBLAS emulation (eager)", "n": n, "data": data,
                           "workspace": workspace, "error": repr(exc)[:200]})
                     continue
                 if not bits:
                     break  # it emulated: no second try
-            del a, b, ref, gauge, c, best
+            a = b = ref = gauge = c = best = None
             cp.get_default_memory_pool().free_all_blocks()
     for shape in filter(None, args.shapes.split(",")):
         m, n, k = map(int, shape.lower().split("x"))
@@ -208,7 +196,7 @@ def main() -> int:
                   "moduli": ozaki_gpu.moduli_for(k),
                   "vs_native": 2 * m * n * k / sec / 1e12 / native,
                   "phases": ozaki_gpu.phase_seconds(marks)})
-        del a, b, c
+        a = b = c = None
         cp.get_default_memory_pool().free_all_blocks()
     lt = getattr(backend, "_int8_lt", None)  # cuBLASLt's INT8 choices, timed here
     if lt is not None and lt.choices:

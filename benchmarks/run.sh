@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The measurements behind docs/benchmarks.md, on a GPU machine. From the repo root:
-#   benchmarks/run.sh user|peers|fp64-int8|files|model ...   (several at once: in that order)
+#   benchmarks/run.sh user|peers|fp64-int8|files|model|matrix ...   (several at once: in that order)
 # Uses the machine's python3 as it is; JSON lines and a log go to $OUT (default ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,5 +22,7 @@ for what in "${@:-user}"; do case $what in
           run python3 benchmarks/fp64_int8_first_product.py --json "$OUT/fp64_int8.jsonl" ;;
   files)  run python3 benchmarks/files.py --size 24576 --dir "${FILES_DIR:-/tmp/summa-files}" --ranks 1 --device-memory 8GiB --json "$OUT/files.jsonl" ;;
   model)  run python3 benchmarks/model_accuracy.py --ranks "$(seq -s, 1 "$NGPU")" --sizes 16384,32768 --mpiexec "$MPIEXEC" --bench-args "--backend cupy" --out "$OUT/model" ;;
-  *) echo "unknown: $what (user, peers, fp64-int8, files, model)" >&2; exit 2 ;;
+  # about 8 minutes a call; run it again until the table names no cell still to run
+  matrix) run python3 benchmarks/matrix.py --json "$OUT/matrix.jsonl" --resume ;;
+  *) echo "unknown: $what (user, peers, fp64-int8, files, model, matrix)" >&2; exit 2 ;;
 esac; done

@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 
-import user_case  # fresh arrays, the GPU held, cupy.matmul timed: its helpers
+import calls  # a case in a fresh process, trees in turns, the GPU held, checks
 
 GiB = 1 << 30
 #: name: (kind, dtype, (m, n, k), free bytes or None for the whole GPU, extra)
@@ -58,60 +58,24 @@ CASES = {
 }
 
 
-def hold_all_but(free: int | None) -> list:
-    """Take all but `free` bytes of the GPU outside CuPy's pool (so the
-    process, and any it starts, sees only `free`); nothing for None."""
-    return [] if free is None else user_case.hold_all_but(free, 1)
-
-
-def start_cuda() -> float:
-    """Seconds to start CUDA in this process (0 where there is no GPU)."""
-    t0 = time.perf_counter()
-    try:
-        import cupy as cp
-        cp.cuda.runtime.getDeviceCount()
-        (cp.ones((64, 64)) @ cp.ones((64, 64))).get()
-    except Exception:  # no CuPy or no GPU: the call runs on the CPU
-        return 0.0
-    return time.perf_counter() - t0
-
-
-def residual(c, a, b, rows: int = 512) -> float:
-    """Freivalds' scaled residual of `c` against ``a @ b`` (<= 1 passes) on
-    `rows` random rows of C, in float64: two passes over `b` and a few rows
-    of `a` and `c` (whole-array passes cost more than the multiply: a check
-    of every row of a 40960² product took a minute on one thread)."""
-    import numpy as np
-    rng = np.random.default_rng()
-    x = rng.uniform(-1, 1, c.shape[1])
-    bx, bx_abs = np.empty(b.shape[0]), np.empty(b.shape[0])
-    for r in range(0, b.shape[0], 4096):
-        block = b[r:r + 4096].astype(np.float64, copy=False)
-        bx[r:r + 4096], bx_abs[r:r + 4096] = block @ x, np.abs(block) @ np.abs(x)
-    pick = np.sort(rng.choice(c.shape[0], min(rows, c.shape[0]), replace=False))
-    sa, sc = a[pick].astype(np.float64), c[pick].astype(np.float64)
-    gauge = a.shape[1] * np.finfo(c.dtype).eps * (np.abs(sa) @ bx_abs) + 1e-300
-    return float(np.max(np.abs(sc @ x - sa @ bx) / gauge))
-
-
 def run_call(name: str) -> list[dict]:
     """``summa.matmul`` on fresh pageable arrays, first call and again."""
     import summa
     _, dtype, (m, n, k), free, options = CASES[name]
-    a, b = user_case.fresh((m, k), dtype, 1), user_case.fresh((k, n), dtype, 2)
-    held = hold_all_but(free)
+    a, b = calls.fresh((m, k), dtype, 1), calls.fresh((k, n), dtype, 2)
+    held = calls.hold_all_but(free)
     # CUDA's start (a context, ~0.2-1 s) is the process's, not the call's: the
     # documented first-call figures leave it out, and so does this one.
-    cuda_init = start_cuda()
+    cuda_init = calls.start_cuda()
     rows = []
     for call in ("first", "again"):
         t0 = time.perf_counter()
         c = summa.matmul(a, b, **options)
         seconds = time.perf_counter() - t0
-        rows.append({"call": call, "seconds": seconds, "residual": residual(c, a, b),
+        rows.append({"call": call, "seconds": seconds, "residual": calls.residual(c, a, b),
                      "cuda_init_seconds": cuda_init})
         del c
-    del held
+    calls.release(held)
     return rows
 
 
@@ -124,10 +88,10 @@ def run_files(name: str) -> list[dict]:
     paths = [os.path.join(folder, f"user_calls_{x}_{m}.npy") for x in "ab"]
     for path, shape, seed in zip(paths, ((m, k), (k, n)), (1, 2)):
         if not os.path.exists(path):
-            np.save(path + ".part.npy", user_case.fresh(shape, dtype, seed))
+            np.save(path + ".part.npy", calls.fresh(shape, dtype, seed))
             os.replace(path + ".part.npy", path)
     out = os.path.join(folder, "user_calls_c.npy")
-    held = hold_all_but(free)
+    held = calls.hold_all_but(free)
     rows = []
     for call in ("first", "again"):
         t0 = time.perf_counter()
@@ -135,7 +99,7 @@ def run_files(name: str) -> list[dict]:
                        check=True, stdin=subprocess.DEVNULL)
         rows.append({"call": call, "seconds": time.perf_counter() - t0})
         os.unlink(out)
-    del held
+    calls.release(held)
     return rows
 
 
@@ -155,7 +119,7 @@ def run_bench(name: str) -> list[dict]:
 
 def run_ceiling() -> list[dict]:
     """``cupy.matmul`` on device data of each call's shape: best of three."""
-    return [{"case": name, "seconds": user_case.matmul_seconds(m, n, k, dtype)}
+    return [{"case": name, "seconds": calls.matmul_seconds(m, n, k, dtype)}
             for name, (kind, dtype, (m, n, k), _, _) in CASES.items() if kind == "call"]
 
 
@@ -166,21 +130,14 @@ def child(name: str) -> None:
     else:
         rows = {"call": run_call, "files": run_files, "bench": run_bench}[CASES[name][0]](name)
     for row in rows:
-        print("ROW " + json.dumps(row), flush=True)
+        calls.emit(row)
 
 
 def measure(name: str, tree: str, timeout: float) -> list[dict]:
-    """One case in a fresh process with `tree` first on PYTHONPATH."""
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree) + os.pathsep
-               + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--case", name],
-                          env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, cwd=tempfile.gettempdir())
-    rows = [json.loads(line[4:]) for line in done.stdout.splitlines() if line.startswith("ROW ")]
-    if done.returncode != 0 or not rows:
-        tail = (done.stderr or done.stdout)[-2000:]
-        return [{"call": "error", "seconds": float("nan"), "error": tail}]
-    return rows
+    """One case in a fresh process with `tree` first on PYTHONPATH; a failed
+    or timed-out case is one row of call "error"."""
+    rows = calls.in_fresh_process(__file__, ["--case", name], tree, timeout)
+    return [dict(r, call="error", seconds=float("nan")) if "error" in r else r for r in rows]
 
 
 def table(records: list[dict], trees: list[str], ceilings: dict) -> None:
@@ -216,8 +173,10 @@ def main(argv=None) -> int:
     if args.case:
         child(args.case)
         return 0
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    trees = dict(t.split("=", 1) for t in args.tree) or {"here": here}
+    try:
+        trees = calls.parse_trees(args.tree)
+    except ValueError as exc:
+        p.error(str(exc))
     names = [c for c in args.cases.split(",") if c]
     unknown = set(names) - set(CASES)
     if unknown:
@@ -227,17 +186,12 @@ def main(argv=None) -> int:
         rows = measure("ceiling", next(iter(trees.values())), args.timeout)
         ceilings = {r["case"]: r["seconds"] for r in rows if "case" in r}
     records = []
-    for round_ in range(args.rounds):
-        order = list(trees.items())[:: 1 if round_ % 2 == 0 else -1]
-        for name in names:
-            for tree, path in order:
-                for row in measure(name, path, args.timeout):
-                    row.update(case=name, tree=tree, round=round_, time=time.time())
-                    records.append(row)
-                    print(json.dumps(row), flush=True)
-                    if args.json:
-                        with open(args.json, "a") as f:
-                            f.write(json.dumps(row) + "\n")
+    for round_, name, tree, path in calls.in_turns(names, trees, args.rounds):
+        for row in measure(name, path, args.timeout):
+            row.update(case=name, tree=tree, round=round_, time=time.time())
+            records.append(row)
+            print(json.dumps(row), flush=True)
+            calls.append_json(args.json, row)
     table(records, list(trees), ceilings)
     return 0
 

@@ -32,32 +32,15 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Shared with the guard and the matrix (and imported from here by fp64_int8_user_case.py).
+from calls import ROOT, fresh, hold_all_but, matmul_seconds, release  # noqa: F401
 
 
 def _bytes(text: str) -> int:
     sys.path.insert(0, ROOT)
     from summa.plan import parse_bytes
     return parse_bytes(text)
-
-
-def fresh(shape, dtype, seed: int):
-    """A fresh pageable array of uniform [-1, 1) values, filled by 16 threads."""
-    import numpy as np
-    x = np.empty(shape, dtype=dtype)
-    rows = [(r, min(r + 1024, shape[0])) for r in range(0, shape[0], 1024)]
-
-    def fill(i):
-        r0, r1 = rows[i]
-        rng = np.random.default_rng([seed, i])
-        rng.random(out=x[r0:r1], dtype=x.dtype)
-        x[r0:r1] *= 2
-        x[r0:r1] -= 1
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(fill, range(len(rows))))
-    return x
 
 
 def _check(c, a, b) -> float:
@@ -214,49 +197,13 @@ def one_size(args) -> list[dict]:
             print(json.dumps({"peer": peer, "n": n, "skipped": f"{type(exc).__name__}: {exc}"}),
                   flush=True)
         cp.get_default_memory_pool().free_all_blocks()
-    for device, ptr in holds:
-        with cp.cuda.Device(device):
-            cp.cuda.runtime.free(ptr)
+    release(holds)
     return rows
-
-
-def matmul_seconds(m: int, n: int, k: int, dtype) -> float:
-    """Seconds of ``cupy.matmul`` of device data of uniform [-1, 1) values,
-    (m x k) @ (k x n), best of three after a first call (which loads its
-    kernels); the memory goes back to the device afterwards."""
-    import cupy as cp
-    da = cp.random.random((m, k), dtype=dtype) * 2 - 1
-    db = cp.random.random((k, n), dtype=dtype) * 2 - 1
-    dc = da @ db
-    times = []
-    for _ in range(3):
-        cp.cuda.Device().synchronize()
-        s = time.perf_counter()
-        cp.matmul(da, db, out=dc)
-        cp.cuda.Device().synchronize()
-        times.append(time.perf_counter() - s)
-    del da, db, dc
-    cp.get_default_memory_pool().free_all_blocks()
-    return min(times)
 
 
 def gemm_rate(side: int, dtype) -> float:
     """TFLOP/s of ``cupy.matmul`` on side x side device data (:func:`matmul_seconds`)."""
     return 2.0 * side**3 / matmul_seconds(side, side, side, dtype) / 1e12
-
-
-def hold_all_but(want: int, gpus: int, devices=None) -> list:
-    """Take all but `want` bytes of each of the first `gpus` GPUs (or of
-    `devices`; outside CuPy's pool, so only `want` stays free, as on a 24 GB
-    card); the ``(device, pointer)`` pairs to free."""
-    import cupy as cp
-    holds = []
-    for device in (range(gpus) if devices is None else devices):
-        with cp.cuda.Device(device):
-            free_now = cp.cuda.runtime.memGetInfo()[0]
-            if free_now > want:
-                holds.append((device, cp.cuda.runtime.malloc(free_now - want)))
-    return holds
 
 
 def main(argv=None) -> int:

@@ -14,7 +14,16 @@ import os
 import numpy as np
 import pytest
 
-from sweep import Grids, draw_case, run_array_case, run_case
+from sweep import KNOWN_FAILURES, Grids, draw_case, known_failure, run_case
+
+
+def checked(case: dict, grids: Grids, backend) -> float:
+    """:func:`sweep.run_case`, its exception (raised alike on every rank:
+    summa refuses collectively) naming the case as run_case takes it back."""
+    try:
+        return run_case(case, grids, backend)
+    except Exception as exc:
+        raise AssertionError(f"{type(exc).__name__}: {exc} -- on the case {case}") from exc
 
 
 def _settings(comm, backend) -> tuple[int, int, int]:
@@ -34,11 +43,14 @@ def test_randomized_sweep_has_no_wrong_product(comm, backend):
     rng = np.random.default_rng(seed)
     available = modes(backend)
     grids = Grids(comm)
-    wrong = []
+    wrong, known = [], 0
     try:
         for i in range(cases):
-            case = draw_case(rng, comm.Get_size(), backend, available, largest)
-            error = run_case(case, grids, backend, seed=seed + i)
+            case = draw_case(rng, comm.Get_size(), backend, available, largest, seed + i)
+            if known_failure(case, backend):
+                known += 1  # tested by test_known_failures_still_fail
+                continue
+            error = checked(case, grids, backend)
             if comm.rank == 0 and not error <= 1:
                 wrong.append((error, case))
     finally:
@@ -49,7 +61,8 @@ def test_randomized_sweep_has_no_wrong_product(comm, backend):
             with open(record, "a") as fh:
                 fh.write(json.dumps({"ranks": comm.Get_size(), "backend": backend.name,
                                      "cases": cases, "wrong": len(wrong), "seed": seed,
-                                     "largest": largest}) + "\n")
+                                     "largest": largest, "known_failures_left_out": known})
+                         + "\n")
         assert not wrong, (f"{len(wrong)} of {cases} products wrong (SUMMA_SWEEP_SEED={seed}); "
                            + "; ".join(f"{e:.3g}: {c}" for e, c in wrong[:5]))
 
@@ -75,13 +88,14 @@ def test_randomized_sweep_on_virtual_nodes_has_no_wrong_product(comm, backend, n
     wrong = []
     try:
         for i in range(cases):
-            case = draw_case(rng, comm.Get_size(), backend, available, largest)
-            if i % 2 or nodes == 1:
-                error = run_array_case(case, comm, backend, seed + i, topology)
-            else:
-                error = run_case(case, grids, backend, seed=seed + i)
+            entry = "arrays" if i % 2 or nodes == 1 else "dist"
+            case = draw_case(rng, comm.Get_size(), backend, available, largest, seed + i,
+                             entry=entry)
+            if known_failure(case, backend):
+                continue
+            error = checked(case, grids, backend)
             if comm.rank == 0 and not error <= 1:
-                wrong.append((error, i % 2 or nodes == 1, case))
+                wrong.append((error, case))
     finally:
         grids.free()
         if topology is not None:
@@ -89,5 +103,24 @@ def test_randomized_sweep_on_virtual_nodes_has_no_wrong_product(comm, backend, n
     if comm.rank == 0:
         assert not wrong, (f"{len(wrong)} of {cases} products wrong on {nodes} virtual node(s) "
                            f"(SUMMA_SWEEP_SEED={seed}); " + "; ".join(
-                               f"{e:.3g}{' (arrays)' if arrays else ''}: {c}"
-                               for e, arrays, c in wrong[:5]))
+                               f"{e:.3g}: {c}" for e, c in wrong[:5]))
+
+
+@pytest.mark.parametrize("name, has, case, today", [
+    pytest.param(*known, marks=pytest.mark.xfail(strict=True, raises=ValueError,
+                                                 reason=f"{known[0]}: {known[3]}"),
+                 id=known[0].replace(" ", "-")) for known in KNOWN_FAILURES])
+def test_known_failures_still_fail(comm, backend, name, has, case, today):
+    """Each valid case the sweep leaves out (sweep.KNOWN_FAILURES) still
+    fails, and with today's error: strict, so the fix that makes it pass
+    fails here until its entry is removed (and the sweep draws it again)."""
+    assert has(case, backend), f"{name}: its example lacks its property"
+    grids = Grids(comm)
+    try:
+        error = run_case(case, grids, backend)
+    except ValueError as exc:
+        assert f"ValueError: {exc}" == today, "it fails otherwise than recorded"
+        raise
+    finally:
+        grids.free()
+    assert error <= 1

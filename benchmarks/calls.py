@@ -1,0 +1,250 @@
+"""What the guard (``user_calls.py``) and the matrix (``matrix.py``) share:
+one case in a fresh process on a chosen source tree, cases on several trees
+in turns, the GPU held down to what a smaller card has free, CUDA's start
+timed apart from the call, and a sampled check of the product.
+
+A case's process prints each result as a line ``ROW {json}`` (:func:`emit`);
+:func:`in_fresh_process` starts it and reads those lines back, so a case
+that crashes, hangs or runs out of memory costs one row, not the run.
+Nothing here imports CuPy or summa at module level: the scripts that use it
+answer ``--help`` on any machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GiB = 1 << 30
+#: What a case's process prints before each of its results.
+ROW = "ROW "
+
+
+def emit(row: dict) -> None:
+    """Print `row` for :func:`in_fresh_process` to read back."""
+    print(ROW + json.dumps(row), flush=True)
+
+
+def parse_trees(specs: list[str]) -> dict:
+    """``{name: folder}`` from ``NAME=DIR`` arguments (default: this checkout
+    as "here")."""
+    trees = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--tree takes NAME=DIR, got {spec!r}")
+        trees[name] = path
+    return trees or {"here": ROOT}
+
+
+def in_turns(names: list, trees: dict, rounds: int):
+    """``(round, name, tree, folder)`` for every case on every tree, the
+    trees' order reversed every other round so that drift over the run
+    (a GPU warming up, the host's caches) falls on each alike."""
+    for round_ in range(rounds):
+        order = list(trees.items())[:: 1 if round_ % 2 == 0 else -1]
+        for name in names:
+            for tree, folder in order:
+                yield round_, name, tree, folder
+
+
+def in_fresh_process(script: str, args: list[str], tree: str, timeout: float) -> list[dict]:
+    """Run ``python SCRIPT ARGS`` with `tree` first on PYTHONPATH and return
+    the rows it emitted; one row ``{"error": ...}`` where it failed or
+    emitted nothing, ``{"error": "timeout ..."}`` where it ran past
+    `timeout` seconds (its whole process group is killed: a pool's workers
+    too)."""
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree) + os.pathsep
+               + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1")
+    # Out of the checkout: `import summa` must find the tree's, not the folder's.
+    child = subprocess.Popen([sys.executable, os.path.abspath(script), *args], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             stdin=subprocess.DEVNULL, cwd=tempfile.gettempdir(),
+                             start_new_session=True)
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        out, err = child.communicate()
+        rows = _rows(out)
+        return rows + [{"error": f"timeout after {timeout:.0f} s", "tail": err[-2000:]}]
+    rows = _rows(out)
+    if child.returncode != 0 or not rows:
+        rows.append({"error": f"exit status {child.returncode}",
+                     "tail": (err or out)[-2000:]})
+    return rows
+
+
+def _rows(out: str) -> list[dict]:
+    return [json.loads(line[len(ROW):]) for line in out.splitlines() if line.startswith(ROW)]
+
+
+def append_json(path: str | None, row: dict) -> None:
+    """Append `row` to the JSON-lines file `path` (nothing for None)."""
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def hold_all_but(want: int | None, gpus: int = 1, devices=None) -> list:
+    """Take all but `want` bytes of each of the first `gpus` GPUs (or of
+    `devices`), outside CuPy's pool, so that only `want` stays free to this
+    process and any it starts, as on a 24 GB card; nothing for None. The
+    ``(device, pointer)`` pairs to give back (:func:`release`)."""
+    if want is None:
+        return []
+    import cupy as cp
+    holds = []
+    for device in (range(gpus) if devices is None else devices):
+        with cp.cuda.Device(device):
+            free_now = cp.cuda.runtime.memGetInfo()[0]
+            if free_now > want:
+                holds.append((device, cp.cuda.runtime.malloc(free_now - want)))
+    return holds
+
+
+def release(holds: list) -> None:
+    """Give back what :func:`hold_all_but` took."""
+    if holds:
+        import cupy as cp
+        for device, pointer in holds:
+            with cp.cuda.Device(device):
+                cp.cuda.runtime.free(pointer)
+
+
+def fill(x, seed: int, threads: int = 16) -> None:
+    """Fill the 2-D NumPy array `x` (any strides; both parts of complex
+    values) with uniform [-1, 1) values, 1024 rows at a time on `threads`
+    threads: a fresh array's first touch runs at 2.4 GB/s on one thread, 32
+    on 16 (docs/benchmarks.md, "Host↔GPU copies")."""
+    from concurrent.futures import ThreadPoolExecutor
+    import numpy as np
+    real = x.real.dtype
+    rows = [(r, min(r + 1024, x.shape[0])) for r in range(0, x.shape[0], 1024)]
+
+    def one(i):
+        r0, r1 = rows[i]
+        rng = np.random.default_rng([seed, i])
+        part = x[r0:r1]
+        if part.flags.c_contiguous:  # straight into the array, no temporary
+            flat = part.view(real) if x.dtype.kind == "c" else part
+            rng.random(out=flat, dtype=real)
+            flat *= 2
+            flat -= 1
+            return
+        values = rng.random(part.shape, dtype=real) * 2 - 1
+        if x.dtype.kind == "c":
+            values = values + 1j * (rng.random(part.shape, dtype=real) * 2 - 1)
+        part[...] = values
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, range(len(rows))))
+
+
+def fresh(shape, dtype, seed: int):
+    """A fresh pageable C-ordered array of uniform [-1, 1) values (:func:`fill`)."""
+    import numpy as np
+    x = np.empty(shape, dtype=dtype)
+    fill(x, seed)
+    return x
+
+
+def start_cuda() -> float:
+    """Seconds to start CUDA and cuBLAS in this process (0 where there is no
+    GPU): the process's cost, not the call's, so first-call figures leave it
+    out."""
+    t0 = time.perf_counter()
+    try:
+        import cupy as cp
+        cp.cuda.runtime.getDeviceCount()
+        (cp.ones((64, 64)) @ cp.ones((64, 64))).get()
+    except Exception:  # no CuPy or no GPU: the call runs on the CPU
+        return 0.0
+    return time.perf_counter() - t0
+
+
+def freivalds(a, b, rows: int = 512):
+    """``check(c)``: Freivalds' scaled residual of `c` against ``a @ b``
+    (<= 1 passes) on `rows` random rows of C, in float64 (complex128 for
+    complex data). `b` is read on the first check only (two passes: ``b x``
+    and ``|b| |x|``), so checking a second product costs a few rows of `a`
+    and `c`; whole-array passes cost more than the multiply (a check of
+    every row of a 40960² product took a minute on one thread). Any memory
+    layout; NumPy arrays."""
+    import numpy as np
+    rng = np.random.default_rng()
+    x = rng.uniform(-1, 1, b.shape[1])
+    products = []
+
+    def b_times_x():
+        wide = np.result_type(b.dtype, np.float64)
+        bx, bx_abs = np.empty(b.shape[0], wide), np.empty(b.shape[0])
+        for r in range(0, b.shape[0], 4096):
+            block = b[r:r + 4096].astype(wide, copy=False)
+            bx[r:r + 4096], bx_abs[r:r + 4096] = block @ x, np.abs(block) @ np.abs(x)
+        return bx, bx_abs
+
+    def check(c) -> float:
+        if not products:
+            products.extend(b_times_x())
+        bx, bx_abs = products
+        wide = np.result_type(c.dtype, np.float64)
+        pick = np.sort(rng.choice(c.shape[0], min(rows, c.shape[0]), replace=False))
+        sa, sc = a[pick].astype(wide), c[pick].astype(wide)
+        gauge = (a.shape[1] + 2) * np.finfo(c.dtype).eps * (np.abs(sa) @ bx_abs) + 1e-300
+        return float(np.max(np.abs(sc @ x - sa @ bx) / gauge, initial=0.0))
+    return check
+
+
+def residual(c, a, b, rows: int = 512) -> float:
+    """:func:`freivalds`'s residual of one product `c` of `a` and `b`."""
+    return freivalds(a, b, rows)(c)
+
+
+def best_device_seconds(fn, repeat: int = 3) -> float:
+    """Best of `repeat` timed calls of `fn` (GPU work, synchronized), after
+    one untimed call that loads its kernels."""
+    import cupy as cp
+    fn()
+    times = []
+    for _ in range(repeat):
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        fn()
+        cp.cuda.Device().synchronize()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def device_random(shape, dtype):
+    """A CuPy array of uniform [-1, 1) values (both parts, for complex)."""
+    import cupy as cp
+    import numpy as np
+    dtype = np.dtype(dtype)
+    real = np.empty(0, dtype).real.dtype
+    x = cp.random.random(shape, dtype=real) * 2 - 1
+    if dtype.kind == "c":
+        x = x + 1j * (cp.random.random(shape, dtype=real) * 2 - 1)
+    return x.astype(dtype, copy=False)
+
+
+def matmul_seconds(m: int, n: int, k: int, dtype) -> float:
+    """Seconds of ``cupy.matmul`` of device data of uniform [-1, 1) values,
+    (m x k) @ (k x n), best of three after a first call (which loads its
+    kernels); the memory goes back to the device afterwards."""
+    import cupy as cp
+    seconds = _matmul_best(m, n, k, dtype)  # its arrays are gone on return
+    cp.get_default_memory_pool().free_all_blocks()
+    return seconds
+
+
+def _matmul_best(m: int, n: int, k: int, dtype) -> float:
+    import cupy as cp
+    da, db = device_random((m, k), dtype), device_random((k, n), dtype)
+    dc = da @ db
+    return best_device_seconds(lambda: cp.matmul(da, db, out=dc))

@@ -1,0 +1,138 @@
+"""The benchmark scripts on this machine: every one answers --help without
+its GPU libraries, and the matrix (benchmarks/matrix.py) runs its CPU-sized
+cells through the same code as on a GPU, its values checked (not its times).
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.append(str(BENCHMARKS))  # last: its modules must not shadow the tests'
+
+import matrix  # noqa: E402
+
+
+def _rows(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.glob("*.py")
+                                          if "__main__" in p.read_text()))
+def test_every_benchmark_answers_help_anywhere(script, tmp_path):
+    done = subprocess.run([sys.executable, str(BENCHMARKS / script), "--help"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage" in done.stdout
+
+
+def test_cpu_sized_matrix_is_right_in_every_cell(tmp_path, capsys):
+    record = tmp_path / "matrix.jsonl"
+    assert matrix.main(["--cpu-sized", "--in-process", "--json", str(record)]) == 0
+    rows = _rows(record)
+    expected = matrix.cells(list(matrix.DTYPES), list(matrix.LAYOUTS), list(matrix.BUDGETS),
+                            [matrix.parse_size(matrix.PRESETS["cpu-sized"]["sizes"])])
+    assert [r["name"] for r in rows] == [matrix.cell_name(c) for c in expected]
+    for row in rows:
+        if row["dtype"] == "fp64-int8" or row["layout"] == "cupy":
+            assert row["status"] == "skipped", row  # they need a GPU
+            continue
+        assert row["status"] == "done", row
+        assert row["first_residual"] <= 1 and row["again_residual"] <= 1, row
+        assert row["ceiling_seconds"] > 0 and row["again_seconds"] > 0
+    out = capsys.readouterr().out
+    assert f"{len(rows)} cells: 0 FAIL" in out
+
+
+def test_matrix_cell_runs_in_a_fresh_process_on_a_tree(tmp_path):
+    record = tmp_path / "matrix.jsonl"
+    root = str(BENCHMARKS.parent)
+    matrix.main(["--cpu-sized", "--dtypes", "complex64", "--layouts", "strided",
+                 "--budgets", "8GiB", "--tree", f"this={root}", "--json", str(record)])
+    (row,) = _rows(record)
+    assert row["status"] == "done" and row["tree"] == "this", row
+    assert max(row["first_residual"], row["again_residual"]) <= 1
+    assert row["first_stats"]["extra"]["plan"]["dtype"] == "complex64"
+    # the same command again, resumed: nothing left to run
+    matrix.main(["--cpu-sized", "--dtypes", "complex64", "--layouts", "strided",
+                 "--budgets", "8GiB", "--tree", f"this={root}", "--json", str(record),
+                 "--resume"])
+    assert len(_rows(record)) == 1
+
+
+@pytest.mark.parametrize("layout", ["C", "F", "T", "strided", "trans"])
+def test_matrix_operands_have_their_layout(layout):
+    cell = {"dtype": "complex128", "layout": layout, "budget": "whole", "m": 5, "n": 3, "k": 4}
+    a, b, options, A, B = matrix.operands(cell)
+    assert A.shape == (5, 4) and B.shape == (4, 3) and A.dtype == np.complex128
+    assert np.all(A.imag != 0)  # both parts filled
+    if layout == "C":
+        assert a.flags.c_contiguous and b.flags.c_contiguous
+    if layout == "F":
+        assert a.flags.f_contiguous and b.flags.f_contiguous and not a.flags.c_contiguous
+    if layout == "T":
+        assert a.base is not None and a.base.flags.c_contiguous and a.flags.f_contiguous
+        assert b.flags.c_contiguous
+    if layout == "strided":
+        assert a.strides == (2 * 2 * 4 * 16, 2 * 16) and b.strides == (2 * 2 * 3 * 16, 2 * 16)
+    if layout == "trans":
+        assert options == {"trans_a": "T", "trans_b": "T"} and a.shape == (4, 5)
+    else:
+        assert options == {} and a is A
+
+
+def _gpu_row(layout="C", dtype="float64", first=1.0, again=1.0, **extra):
+    return {"dtype": dtype, "layout": layout, "budget": "24GiB", "m": 16384, "n": 16384,
+            "k": 16384, "name": f"{dtype} {layout}", "tree": "here", "gpu": True,
+            "status": "done", "first_seconds": first, "again_seconds": again,
+            "first_residual": 0.1, "again_residual": 0.1, "ceiling_seconds": 0.9, **extra}
+
+
+def test_matrix_verdicts_follow_the_issues_goals():
+    c_row = _gpu_row()
+    c_rows = {("float64", "24GiB", (16384,) * 3, "here"): c_row}
+    assert matrix.verdict(c_row, c_rows)[0] == "PASS"  # 0.9 of the ceiling
+    assert matrix.verdict(_gpu_row(first=1.1), c_rows)[0] == "FAIL"  # float64 C: >= 0.88
+    assert matrix.verdict(_gpu_row("F", first=1.08, again=1.05), c_rows)[0] == "FAIL"  # ceiling
+    slow = _gpu_row("T", first=1.0, again=1.2, ceiling_seconds=1.1)
+    result, why = matrix.verdict(slow, c_rows)
+    assert result == "FAIL" and "C÷t" in why  # more than 10 % slower than the C call
+    assert matrix.verdict(_gpu_row(dtype="fp64-int8", bare_seconds=0.6), {})[0] == "FAIL"
+    assert matrix.verdict(_gpu_row(dtype="fp64-int8", bare_seconds=0.85), {})[0] == "PASS"
+    # strided views: 0.8 of the larger of the link's and the GEMM's bound
+    strided = _gpu_row("strided", transfer_seconds=2.0, first=2.4, again=2.4)
+    assert matrix.verdict(strided, {})[0] == "PASS"
+    assert matrix.verdict(dict(strided, first_seconds=3.0), {})[0] == "FAIL"
+    gemm_bound = dict(strided, transfer_seconds=0.5, ceiling_seconds=2.0)
+    assert matrix.verdict(gemm_bound, {})[0] == "FAIL"  # and 0.85 of the ceiling there
+    wrong = _gpu_row(again_residual=3.0)
+    assert matrix.verdict(wrong, {}) == ("FAIL", "wrong product (residual > 1)")
+    cupy = _gpu_row("cupy", ceiling_seconds=0.97, again_result="numpy")
+    assert "not CuPy's" in matrix.verdict(cupy, {})[1]
+    assert matrix.verdict(dict(cupy, again_result="cupy"), {})[0] == "PASS"
+    skipped = dict(_gpu_row("cupy"), status="skipped", reason="summa refuses CuPy arrays today")
+    assert matrix.verdict(skipped, {}) == ("skip", "summa refuses CuPy arrays today")
+
+
+def test_matrix_takes_best_of_rounds_and_prints_a_report(tmp_path, capsys):
+    rows = [dict(_gpu_row(first=f, again=a), round=r) for r, (f, a) in
+            enumerate([(1.3, 1.0), (1.0, 1.2)])]
+    (best,) = matrix.best_of_rounds(rows)
+    assert (best["first_seconds"], best["again_seconds"]) == (1.0, 1.0)
+    record = tmp_path / "rows.jsonl"
+    record.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert matrix.main(["--report", str(record)]) == 0
+    assert "1 cells: 0 FAIL" in capsys.readouterr().out
+
+
+def test_matrix_refuses_unknown_names(capsys):
+    with pytest.raises(SystemExit):
+        matrix.main(["--layouts", "C,diagonal"])
+    assert "unknown layouts: diagonal" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        matrix.main(["--sizes", "12x3"])
