@@ -292,47 +292,11 @@ def array_budget(case: dict, itemsize: int):
 
 # -- valid cases summa gets wrong or refuses today ----------------------------------------
 
-def _one_column_kept_strided(case: dict, backend) -> bool:
-    """Does an operand reach the out-of-core sweep as a one-column block
-    whose column stride is not its item size? NumPy calls such a view
-    C-contiguous (a length-1 axis's stride does not count), so
-    ``hostblocks.host_block`` (one rank, any op) and ``root_block`` (several
-    ranks, op N: the root's array read in place) keep it as it is, and
-    ``outofcore._check_sweep`` refuses it -- on the ranks that hold it only,
-    so on several ranks the others hang in the broadcasters' self-test."""
-    resident = case["out_of_core"] is True or (
-        case["out_of_core"] is None and case["schedule"] == "panels"
-        and (backend.is_gpu or case["budget"] is not None))
-    if case.get("entry") != "arrays" or not resident:
-        return False
-    m, n, k = case["m"], case["n"], case["k"]
-    for side, shape in (("a", (m, k)), ("b", (k, n))):
-        trans = case[f"trans_{side}"]
-        stored = shape if trans == "N" else shape[::-1]
-        x = laid_out(np.zeros(stored, case["dtype"]), case[f"layout_{side}"],
-                     case[f"steps_{side}"], False)
-        x = {"N": x, "T": x.T, "H": x.conj().T}[trans]  # as host_block takes op()
-        if (x.shape[1] == 1 and x.strides[1] != x.itemsize and x.flags.c_contiguous
-                and (case["grid"] == [1, 1] or trans == "N")):
-            return True
-    return False
-
-
 #: Valid cases that fail today: ``(name, does a case have the property?,
 #: one such case (run on one rank by tests/test_sweep.py, strict xfail:
 #: it fails there until fixed), the error it raises today)``. The sweep
 #: leaves such cases out (several ranks can hang on them).
-KNOWN_FAILURES = [
-    ("one-column operand kept strided out of core", _one_column_kept_strided,
-     # issue 38's: a read-only C-ordered float32 a (1 x 85) given with trans_a="T"
-     {"grid": [1, 1], "m": 85, "n": 3, "k": 1, "dtype": "float32", "trans_a": "T",
-      "trans_b": "N", "alpha": 1.0, "beta": 0.0, "block": None, "panel_width": 16,
-      "lookahead": 1, "broadcaster": "auto", "schedule": "panels", "out_of_core": True,
-      "budget_share": 0.5, "transpose_a": "auto", "precision": None, "seed": 1,
-      "entry": "arrays", "layout_a": "C", "steps_a": None, "read_only_a": True,
-      "layout_b": "C", "steps_b": None, "read_only_b": False, "out": None, "budget": None},
-     "ValueError: out-of-core operands must be row-major (C order) in host memory"),
-]
+KNOWN_FAILURES: list = []  # (issue 38's one-column strided operand: multiplied since)
 
 
 def known_failure(case: dict, backend) -> str | None:
