@@ -620,20 +620,14 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     """``alpha * op(a) @ op(b)`` for arrays held on rank `root` (None
     elsewhere), returned as the caller's kind of array; collective.
 
-    Host arrays stay where they lie and on GPUs stream through them in tiles
-    (:mod:`summa.outofcore`, :mod:`summa.staging`); on one rank nothing is
-    copied on the host, whatever their order or strides (Fortran order, ``.T``
-    views and op T go to the GEMM as its transposed operand, op H conjugated
-    by it; strided views are gathered by the copy threads as they go up; the
-    plan's ``storage`` says which, :mod:`summa.storage`); on several the root
-    scatters the blocks (or the ranks read them where they lie) and gathers
-    the product. GPU arrays on one rank (a plain process: their own GPU
-    unless `gpus` asks for more) are one GEMM there, queued on the current
-    stream as ``cupy.matmul`` is, where the product fits its free memory (and
-    `device_memory`, with the operands); elsewhere they go through host
-    memory (the plan's note says why) and the product back to their GPU. One
-    on a GPU and one in host memory: the host one is uploaded where
-    everything fits. The whole rule: docs/user-guide.md, "Arrays you can pass".
+    Host arrays stay where they lie, whatever their order or strides (the
+    plan's ``storage``, :mod:`summa.storage`), and on GPUs stream through
+    them in tiles (:mod:`summa.outofcore`); on several ranks the root
+    scatters the blocks (or the ranks read them in place) and gathers the
+    product. GPU arrays on one rank are one GEMM there, queued on the current
+    stream as ``cupy.matmul`` is, where the product fits; elsewhere they go
+    through host memory (the plan's note says why) and the product back to
+    their GPU. The whole rule: docs/user-guide.md, "Arrays you can pass".
 
     Parameters
     ----------
