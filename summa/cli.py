@@ -26,7 +26,7 @@ from .comm import choose_comm
 from .grid import node_rank, parse_grid
 from .model import SWEEP_RANKS
 from .ozaki_gpu import check_moduli
-from .planning import Machine, make_plan
+from .planning import make_plan
 from .strips import SCHEDULES
 from .traits import traits
 from .watchdog import Watchdog, timeout_from_env
@@ -512,12 +512,16 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
     m, n, k = args.m or args.size, args.n or args.size, args.k or args.size
     if args.grid and args.grid[0] * args.grid[1] != ranks:
         raise UsageError(f"grid {args.grid[0]}x{args.grid[1]} does not hold {ranks} ranks")
-    # auto on GPUs plans for one node (ipc), the larger of its two figures
-    ipc = args.comm == "ipc" or (args.comm == "auto" and traits(args.backend).gpu)
-    from .studies import profile_line
+    from .studies import planning_machine, profile_line
     profile, line = profile_line(args.profile, args.hardware)
+    machine, peers = planning_machine(profile, args.backend, ranks)
+    if machine.free_device and not args.device_memory:
+        line += f"; {machine.free_device / 2**30:.1f} GiB a GPU (--device-memory caps it)"
+    # auto on GPUs that read each other's memory plans for one node (ipc), the larger of
+    # its two figures; without peer access out of core each GPU uploads its own parts
+    ipc = args.comm == "ipc" or (args.comm == "auto" and traits(args.backend).gpu and peers)
     try:
-        plan = make_plan((m, n, k), args.dtype, Machine(args.backend, ranks), grid=args.grid,
+        plan = make_plan((m, n, k), args.dtype, machine, grid=args.grid,
                          device_memory=args.device_memory, panel_width=args.nb,
                          lookahead=args.lookahead, schedule=args.schedule,
                          precision=None if args.precision == "default" else args.precision,
