@@ -343,13 +343,19 @@ def _add_plot(sub) -> None:
 
 def _add_plan(sub) -> None:
     """``plan``: the plan (peak memory per rank, mode, tiles) of a product."""
-    plan = sub.add_parser("plan", help="peak memory per rank, in memory or out of core",
-                          description="Print the memory plan of C = A @ B: peak bytes per rank "
-                                      "on the device and the host, and out of core the C tile "
-                                      "and chunk sizes.")
-    plan.add_argument("--size", type=_positive_int, default=16384, metavar="N")
-    for dim in ("m", "n", "k"):
-        plan.add_argument(f"--{dim}", type=_positive_int, default=None)
+    plan = sub.add_parser("plan", help="predicted time, what bounds it, memory per rank",
+                          description="Print the plan of C = A @ B on the hardware of a "
+                                      "profile: peak bytes per rank on the device and the "
+                                      "host (out of core: the C tiles), the predicted time "
+                                      "split into GEMMs, host<->GPU link, GPU<->GPU links and "
+                                      "disk, which of them bounds the run, and what would "
+                                      "move it.")
+    plan.add_argument("--size", type=_positive_int, default=16384, metavar="N",
+                      help="M = N = K: C is M x N, A M x K, B K x N (default 16384)")
+    for dim, what in (("m", "rows of A and C"), ("n", "columns of B and C"),
+                      ("k", "columns of A, rows of B")):
+        plan.add_argument(f"--{dim}", type=_positive_int, default=None,
+                          help=f"{dim.upper()}: {what} (default --size)")
     plan.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
     plan.add_argument("--ranks", type=_positive_int, default=None,
                       help="ranks (default: the ranks running this)")
@@ -367,7 +373,9 @@ def _add_plan(sub) -> None:
                            "(their residues and sums counted)")
     plan.add_argument("--backend", choices=("numpy", "cupy"), default="cupy")
     plan.add_argument("--device-memory", metavar="SIZE", default=None,
-                      help="GPU memory cap per rank: plan out of core within it")
+                      help="GPU memory cap per rank: plan out of core within it (default: "
+                           "the profile's GPU memory, out of core where the product does not "
+                           "fit)")
     _add_hardware(plan)
     plan.add_argument("--json", metavar="FILE", default=None,
                       help="append the plan as one JSON object to FILE (the fields a run "

@@ -428,14 +428,25 @@ def _predict(plan: Plan, path=None, native: Plan | None = None) -> dict:
     m, n, k = plan.shape
     flops = (8 if np.dtype(plan.dtype).kind == "c" else 2) * m * n * k
     bound, worst = split.bound()
+    parts = split.parts()
+    runner = max((p for p in parts if p != bound), key=parts.get, default=None)
+    following = runner if runner and parts[runner] >= NEXT_BOUND_SHARE * worst else None
     out.update(seconds=split.seconds, tflops=flops / split.seconds / 1e12,
                split=split.as_dict(), bound=bound, bound_share=worst / split.seconds,
                summa_seconds=summa.seconds, **details,
-               advice=_advice(plan, profile, bound, details["host_link"]))
+               advice=_advice(plan, profile, bound, details["host_link"]), next=following,
+               next_advice=_advice(plan, profile, following, details["host_link"])
+               if following else [])
     if native is not None and "seconds" in (native.predicted or {}):
         out.update(native_seconds=native.predicted["seconds"],
                    native_tflops=native.predicted["tflops"])
     return out
+
+
+#: A part of the time split at least this share of the bound's is named
+#: beside it with what would move it too: it bounds the run once the bound
+#: is halved.
+NEXT_BOUND_SHARE = 0.5
 
 
 def _model_width(plan: Plan) -> int:
@@ -635,6 +646,9 @@ def _prediction_lines(plan: Plan) -> list[str]:
               f"of the time" + (f"; {names[others[-1][1]]} would take {others[-1][0]:.1f} s"
                              if others else ""),
               "  would move it: " + "; ".join(pred["advice"])]
+    if pred.get("next"):
+        lines.append(f"  next bound, {_bound_name(pred['next'], pred)} at "
+                     f"{split[pred['next']]:.1f} s: " + "; ".join(pred["next_advice"]))
     if "native_seconds" in pred:
         native = pred["native_seconds"]
         lines.append(f"  native {plan.dtype} by the same profile: {native:.2f} s, "

@@ -18,8 +18,8 @@ from summa.grid import grid_for
 from summa.model import Profile
 from summa.outofcore import FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SMALLEST
 from summa.plan import memory_plan, parse_bytes
-from summa.planning import (FREE_SHARE, MIN_OOC_WIDTH, TRAFFIC_GAIN, Machine, Plan, host_traffic,
-                            make_plan, restage)
+from summa.planning import (FREE_SHARE, MIN_OOC_WIDTH, NEXT_BOUND_SHARE, TRAFFIC_GAIN, Machine,
+                            Plan, host_traffic, make_plan, restage)
 from summa.tuning import default_panel_width
 
 SHAPES = [(1000, 1000, 1000), (100_000, 100_000, 100_000), (65536, 4096, 32768),
@@ -324,6 +324,11 @@ def test_the_time_split_combines_to_the_time_and_the_bound_is_its_largest_part(t
     assert named.group(3) == PRINTED[runner_up]
     assert float(named.group(4)) == pytest.approx(counted[runner_up], abs=0.05)
     assert re.search(r"would move it: \S", text)
+    # a part at least NEXT_BOUND_SHARE of the bound's is named next, with its own advice
+    close = counted[runner_up] >= NEXT_BOUND_SHARE * counted[bound]
+    assert pred["next"] == (runner_up if close else None)
+    assert bool(re.search(rf"next bound, the {PRINTED[runner_up]}.* at [\d.]+ s: \S", text)) \
+        == close
 
 
 def test_on_the_first_users_gpus_the_bound_follows_the_profile(tmp_path):
