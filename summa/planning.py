@@ -462,7 +462,8 @@ def _split(plan: Plan, profile) -> tuple:
     memory: the whole block), times the number of tiles: its GEMMs, its
     broadcasts, and what of its time is neither (the exposed rest). Out of
     core without peer access each GPU uploads its own panel parts, so
-    nothing goes between GPUs (:func:`summa.multiply.host_matmul`). The host
+    nothing goes between GPUs (``broadcaster="auto"`` of
+    :func:`summa.multiply.matmul_arrays`). The host
     link moves :func:`_host_bytes`; out of core its copies overlap the
     GEMMs but for the first upload and the last write-back, in memory they
     come before and after the SUMMA. The disk is timed beside, not in it."""
@@ -548,8 +549,9 @@ def _advice(plan: Plan, profile, bound: str, link) -> list[str]:
         advice.append(f"more device memory per GPU: fewer C tiles than {rows} x {cols} (B "
                       f"crosses the link once per row of tiles, A once per column)")
     if link and link.get("pinned_h2d_gbs"):
-        advice.append(f"operands in page-locked memory (copied directly, {link['pinned_h2d_gbs']:g}"
-                      f" GB/s against {link['h2d_gbs']:g} staged from pageable memory)")
+        advice.append("operands in page-locked memory (copied directly, "
+                      f"{link['pinned_h2d_gbs']:g} GB/s against {link['h2d_gbs']:g} staged "
+                      "from pageable memory)")
     return advice + ["more GPUs, each on a link of its own (each moves its share)"]
 
 
