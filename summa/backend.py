@@ -224,8 +224,14 @@ class Backend:
 
     def finite_probe(self, x):
         """A value, queued and not waited for, that :meth:`probed_finite`
-        turns into "every element of `x` is finite" (False: perhaps not)."""
-        return bool(np.isfinite(x).all())
+        turns into "every element of `x` is finite" (False: perhaps not).
+        On the host in pieces of rows, so that the check of a product makes
+        no temporary of its size (one CPU rank's call takes no more memory
+        than its result)."""
+        if x.ndim != 2:
+            return bool(np.isfinite(x).all())
+        step = max(1, FINITE_PIECE // max(1, x.shape[1]))
+        return all(bool(np.isfinite(x[i:i + step]).all()) for i in range(0, x.shape[0], step))
 
     def probed_finite(self, probe) -> bool:
         """The answer of a :meth:`finite_probe` (waits for it): True where
@@ -387,6 +393,10 @@ def _cublas_operand(xp, x, conj: bool, transposable: bool = True):
         x = xp.conj(x)  # C-ordered
         ld = max(x.shape[1], 1)
     return x, ld, _OP_N
+
+
+#: Elements the host's finiteness check looks at a time (a piece of rows).
+FINITE_PIECE = 1 << 20
 
 
 class _DoneEvent:

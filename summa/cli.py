@@ -26,7 +26,7 @@ from .comm import choose_comm
 from .grid import node_rank, parse_grid
 from .model import SWEEP_RANKS
 from .ozaki_gpu import check_moduli
-from .planning import Machine, make_plan
+from .planning import make_plan
 from .strips import SCHEDULES
 from .traits import traits
 from .watchdog import Watchdog, timeout_from_env
@@ -343,13 +343,19 @@ def _add_plot(sub) -> None:
 
 def _add_plan(sub) -> None:
     """``plan``: the plan (peak memory per rank, mode, tiles) of a product."""
-    plan = sub.add_parser("plan", help="peak memory per rank, in memory or out of core",
-                          description="Print the memory plan of C = A @ B: peak bytes per rank "
-                                      "on the device and the host, and out of core the C tile "
-                                      "and chunk sizes.")
-    plan.add_argument("--size", type=_positive_int, default=16384, metavar="N")
-    for dim in ("m", "n", "k"):
-        plan.add_argument(f"--{dim}", type=_positive_int, default=None)
+    plan = sub.add_parser("plan", help="predicted time, what bounds it, memory per rank",
+                          description="Print the plan of C = A @ B on the hardware of a "
+                                      "profile: peak bytes per rank on the device and the "
+                                      "host (out of core: the C tiles), the predicted time "
+                                      "split into GEMMs, host<->GPU link, GPU<->GPU links and "
+                                      "disk, which of them bounds the run, and what would "
+                                      "move it.")
+    plan.add_argument("--size", type=_positive_int, default=16384, metavar="N",
+                      help="M = N = K: C is M x N, A M x K, B K x N (default 16384)")
+    for dim, what in (("m", "rows of A and C"), ("n", "columns of B and C"),
+                      ("k", "columns of A, rows of B")):
+        plan.add_argument(f"--{dim}", type=_positive_int, default=None,
+                          help=f"{dim.upper()}: {what} (default --size)")
     plan.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
     plan.add_argument("--ranks", type=_positive_int, default=None,
                       help="ranks (default: the ranks running this)")
@@ -367,7 +373,9 @@ def _add_plan(sub) -> None:
                            "(their residues and sums counted)")
     plan.add_argument("--backend", choices=("numpy", "cupy"), default="cupy")
     plan.add_argument("--device-memory", metavar="SIZE", default=None,
-                      help="GPU memory cap per rank: plan out of core within it")
+                      help="GPU memory cap per rank: plan out of core within it (default: "
+                           "the profile's GPU memory, out of core where the product does not "
+                           "fit)")
     _add_hardware(plan)
     plan.add_argument("--json", metavar="FILE", default=None,
                       help="append the plan as one JSON object to FILE (the fields a run "
@@ -512,12 +520,16 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
     m, n, k = args.m or args.size, args.n or args.size, args.k or args.size
     if args.grid and args.grid[0] * args.grid[1] != ranks:
         raise UsageError(f"grid {args.grid[0]}x{args.grid[1]} does not hold {ranks} ranks")
-    # auto on GPUs plans for one node (ipc), the larger of its two figures
-    ipc = args.comm == "ipc" or (args.comm == "auto" and traits(args.backend).gpu)
-    from .studies import profile_line
+    from .studies import planning_machine, profile_line
     profile, line = profile_line(args.profile, args.hardware)
+    machine, peers = planning_machine(profile, args.backend, ranks)
+    if machine.free_device and not args.device_memory:
+        line += f"; {machine.free_device / 2**30:.1f} GiB a GPU (--device-memory caps it)"
+    # auto on GPUs that read each other's memory plans for one node (ipc), the larger of
+    # its two figures; without peer access out of core each GPU uploads its own parts
+    ipc = args.comm == "ipc" or (args.comm == "auto" and traits(args.backend).gpu and peers)
     try:
-        plan = make_plan((m, n, k), args.dtype, Machine(args.backend, ranks), grid=args.grid,
+        plan = make_plan((m, n, k), args.dtype, machine, grid=args.grid,
                          device_memory=args.device_memory, panel_width=args.nb,
                          lookahead=args.lookahead, schedule=args.schedule,
                          precision=None if args.precision == "default" else args.precision,

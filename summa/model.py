@@ -33,7 +33,12 @@ A profile is JSON: ``{"machine": ..., "gemm": [{"dtype", "precision",
 "ranks", "alpha", "beta", "overlap", "gemm_slowdown"}, ...], "overhead": [{"ranks",
 "seconds"}, ...], "device_memory": bytes per GPU (optional)}``; ``summa calibrate``
 writes one, and profiles of machines we cannot run on (e.g. 8 GPUs per node on NVLink, nodes on
-InfiniBand) can be written by hand in the same form.
+InfiniBand) can be written by hand in the same form. Optional, for the time split of a plan
+(:class:`TimeSplit`): ``"host_link": {"name", "h2d_gbs", "d2h_gbs", "pinned_h2d_gbs",
+"note", "concurrency"}`` (GB/s per GPU between pageable host memory and the GPU, staged
+through page-locked chunks, while the node's GPUs copy at once), ``"disk": {"read_gbs",
+"write_gbs", "note"}`` and ``"peer_access"`` (whether a node's GPUs read each other's
+memory; absent: they do).
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ import numpy as np
 from .grid import grid_for, grid_shapes
 from .tuning import default_panel_width
 
-__all__ = ["Profile", "Prediction", "predict", "sweep", "SWEEP_RANKS", "recommend"]
+__all__ = ["Profile", "Prediction", "TimeSplit", "predict", "sweep", "SWEEP_RANKS",
+           "recommend"]
 
 
 #: The inverse-distance weights' power, on squared distances: 2 weighs each
@@ -143,6 +149,42 @@ class Profile:
         scale = math.log2(ranks) / max(math.log2(fit["ranks"]), 1.0)
         return fit["alpha"] * scale + nbytes / fit["beta"]
 
+    @property
+    def device_memory(self) -> int | None:
+        """Bytes of memory per GPU, where the profile says."""
+        value = self.data.get("device_memory")
+        return int(value) if value else None
+
+    @property
+    def peer_access(self) -> bool:
+        """Whether a node's GPUs read each other's memory (absent: they do).
+        Without it, out of core each GPU uploads every panel part it needs
+        itself (:func:`summa.outofcore.summa_out_of_core`'s `own_copies`)."""
+        return bool(self.data.get("peer_access", True))
+
+    def host_link(self) -> dict | None:
+        """The profile's ``host_link`` section (rates in GB/s), or None."""
+        link = self.data.get("host_link")
+        return link if link and link.get("h2d_gbs") and link.get("d2h_gbs") else None
+
+    def host_seconds(self, up: float, down: float) -> float | None:
+        """Seconds one GPU takes to move `up` bytes from host memory and
+        `down` bytes back at the profile's host-link rates (None: it has
+        none). The two directions are added: the copies of one direction
+        take the host threads and memory bandwidth the other would use."""
+        link = self.host_link()
+        if link is None:
+            return None
+        return up / (link["h2d_gbs"] * 1e9) + down / (link["d2h_gbs"] * 1e9)
+
+    def disk_seconds(self, read: float, write: float) -> float | None:
+        """Seconds to read `read` and write `write` bytes at the profile's
+        disk rates (None: it has none)."""
+        disk = self.data.get("disk")
+        if not disk or not disk.get("read_gbs") or not disk.get("write_gbs"):
+            return None
+        return read / (disk["read_gbs"] * 1e9) + write / (disk["write_gbs"] * 1e9)
+
     def comm_modes(self) -> list[str]:
         return sorted({b["comm"] for b in self.bcast})
 
@@ -179,9 +221,77 @@ class Prediction:
     panels: int
     grid: tuple
     panel_width: int
+    #: The broadcaster assumed (None on one rank).
+    comm: str | None = None
+    #: Panels each rank receives from others (by broadcast or direct copy).
+    received: int = 0
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
+
+
+#: The parts of a :class:`TimeSplit` that can bound a run.
+BOUNDS = ("gemm", "host_link", "gpu_links")
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    """Where the time of one multiply goes, on one rank (all alike).
+
+    The parts in :attr:`overlapped` run at once (GEMMs on the device, copies
+    on copy engines, broadcasts beside them), so the slowest of them bounds
+    the run; the other counted parts add to it, and so does :attr:`exposed`.
+    :attr:`seconds` combines them so::
+
+        seconds = max(overlapped parts) + the other counted parts + exposed
+
+    Attributes
+    ----------
+    gemm : float
+        Seconds of the GEMMs alone, at the profile's rate for their shape.
+    host_link : float or None
+        Seconds of the copies between host memory and the GPU at the
+        profile's ``host_link`` rates; None where it has none (not counted).
+    gpu_links : float
+        Seconds of the broadcasts (or direct copies) between GPUs.
+    exposed : float
+        What does not overlap: the SUMMA pipeline's fill, the per-panel
+        overhead and GEMMs slowed beside broadcasts (the model's time less
+        the larger of the GEMMs and broadcasts), and out of core the first
+        upload and the last write-back.
+    overlapped : tuple
+        Names of the parts that run at once (of :data:`BOUNDS`).
+    disk : float or None
+        Seconds to read A and B from files and write C (``multiply`` on
+        .npy files), where the profile has disk rates: beside the time, not
+        in it (only files pay it).
+    """
+
+    gemm: float
+    host_link: float | None
+    gpu_links: float
+    exposed: float
+    overlapped: tuple
+    disk: float | None = None
+
+    def parts(self) -> dict:
+        """The counted parts that can bound the run, by name."""
+        return {name: getattr(self, name) for name in BOUNDS if getattr(self, name) is not None}
+
+    @property
+    def seconds(self) -> float:
+        parts = self.parts()
+        at_once = [value for name, value in parts.items() if name in self.overlapped]
+        return (max(at_once, default=0.0) + self.exposed
+                + sum(value for name, value in parts.items() if name not in self.overlapped))
+
+    def bound(self) -> tuple[str, float]:
+        """``(name, seconds)`` of the largest part: what bounds the run."""
+        return max(self.parts().items(), key=lambda item: item[1])
+
+    def as_dict(self) -> dict:
+        return {**{name: getattr(self, name) for name in BOUNDS}, "exposed": self.exposed,
+                "overlapped": list(self.overlapped), "disk": self.disk}
 
 
 def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
@@ -223,10 +333,10 @@ def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
            + profile.bcast_seconds(nb * nl * itemsize, pr, comm))
     overhead = profile.panel_overhead(p)
     if comm == "ipc" and lookahead > 0:
-        seconds = _direct_copies_seconds(ml, nl, k, nb, pr, pc, steps, t_c, t_b, itemsize,
-                                         overhead, profile.data.get("device_memory"))
+        seconds, fetched = _direct_copies_seconds(ml, nl, k, nb, pr, pc, steps, t_c, t_b,
+                                                  itemsize, overhead, profile.device_memory)
         return Prediction(seconds, flops / seconds / 1e12, ideal / seconds, t_c, t_b, steps,
-                          tuple(grid), nb)
+                          tuple(grid), nb, comm, fetched)
     from .schedule import OWN_FIRST_RECEIVES
     # Own panels first (summa.schedule.own_first): on 2 x 1, each rank's
     # received panels are adjacent; with more ranks a middle one's are not.
@@ -242,18 +352,18 @@ def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
     else:
         seconds = steps * (t_c + t_b + overhead)
     return Prediction(seconds, flops / seconds / 1e12, ideal / seconds, t_c, t_b, steps,
-                      tuple(grid), nb)
+                      tuple(grid), nb, comm, steps)
 
 
 def _direct_copies_seconds(ml, nl, k, nb, pr, pc, steps, t_c, t_b, itemsize,
-                           overhead, device_memory=None) -> float:
+                           overhead, device_memory=None) -> tuple[float, int]:
     """SUMMA with direct copies (``ipc``; summa.selection): a rank multiplies
     the panels it holds first (on a 1-D grid, its share of K; on a 2-D grid the
     slowest rank may hold none) while it opens its peers' blocks, unless they
     are open from the multiply before (blocks that stay open on a device of
     `device_memory` bytes, where the profile says: summa/ipc.py); then each
     fetched panel's copy (copy engines: no SMs taken, so no GEMM slowdown) runs
-    behind the GEMM before it."""
+    behind the GEMM before it. Returns ``(seconds, panels fetched)``."""
     from .ipc import stays_open
     from .selection import connect_seconds
     own = min(-(-(-(-k // max(pr, pc))) // nb), steps) if min(pr, pc) == 1 else 0
@@ -262,8 +372,8 @@ def _direct_copies_seconds(ml, nl, k, nb, pr, pc, steps, t_c, t_b, itemsize,
     connect = 0.0 if open_already else connect_seconds((pr, pc), *blocks)
     fetched = steps - own
     if not fetched:
-        return steps * (t_c + overhead)
-    return max(own * t_c, connect + t_b) + fetched * max(t_c, t_b) + steps * overhead
+        return steps * (t_c + overhead), 0
+    return max(own * t_c, connect + t_b) + fetched * max(t_c, t_b) + steps * overhead, fetched
 
 
 def profile_backend(profile: Profile) -> str:

@@ -550,8 +550,7 @@ def _warn_nonfinite(headers, matrices, rank0: bool, warn) -> bool:
         finite = False
         bad = _nonfinite(M)
         if rank0:
-            warn(f"{headers[name].path} contains {bad} NaN/Inf value(s); the product "
-                 "will contain NaN/Inf too")
+            warn(_nonfinite_note(headers[name].path, bad))
     return finite
 
 
@@ -903,6 +902,9 @@ def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     # beta 0: out's old values do not matter either
     result = run_out_of_core(plan, A, B, C, be, alpha=alpha, fresh_c=True, own_copies=own)
     result.extra["setup_seconds"] = set_up
+    # every rank's tiles (the sweep checked each as it came back): matmul warns by it
+    result.extra["product_finite"] = pgrid.comm.allreduce(
+        result.extra.get("product_finite") is not False, op=MPI.LAND)
     if stats is not None:
         stats.__dict__.update(result.__dict__)
     if pgrid.size == 1:
@@ -940,9 +942,10 @@ def _in_memory(plan, pgrid, be, operands: ArrayOperands, alpha, stats):
     result = summa(alpha, A, B, 0.0, C, panel_width=plan.panel_width, lookahead=plan.lookahead,
                    broadcaster=plan.broadcaster, precision=plan.precision,
                    schedule=plan.schedule, conj=(conj_a, conj_b))
-    if stats is not None:
+    if stats is not None:  # a pass over C where it lies: matmul warns of NaN/Inf by it
+        finite = pgrid.comm.allreduce(be.all_finite(c), op=MPI.LAND)
         stats.__dict__.update(result.__dict__)
-        stats.extra["plan"] = plan.as_dict()
+        stats.extra.update(plan=plan.as_dict(), product_finite=finite)
     if one and not be.is_gpu:
         return c
     return C.gather(root=root, out=operands.out)
@@ -983,39 +986,95 @@ def _host_blocks(a, b, out, plan, pgrid, root: int, be):
 
 
 def matmul(A, B, device=None, **kwargs):
-    """The product ``A @ B``.
+    """The product ``alpha * op(A) @ op(B)`` of NumPy arrays (on GPUs
+    through host memory, on CPUs with NumPy) or of DistMatrix operands.
 
-    With DistMatrix operands: a new DistMatrix (options as for :func:`gemm`).
-    Host-held ones (NumPy backend) with a GPU `device` (a Backend, or
-    ``"auto"``/``"cupy"``: the rank's GPU) stream through it in tiles, out
-    of core by themselves (:func:`host_matmul`). With arrays held on one
-    rank (None on the others): :func:`matmul_arrays`.
+    Arrays go to :func:`matmul_arrays`, DistMatrix operands to
+    :func:`summa.gemm`, host-held DistMatrix operands with a GPU `device`
+    to :func:`host_matmul`; each takes the keyword arguments below that
+    apply to it.
 
     Parameters
     ----------
-    A, B : DistMatrix or array
-        Arrays of any kind :func:`matmul_arrays` takes: NumPy arrays, host
-        arrays of other libraries (torch CPU tensors, anything with
-        ``__array__``, the buffer protocol or DLPack), and arrays on a CUDA
-        GPU (CuPy arrays, torch CUDA tensors, JAX arrays, anything with
-        DLPack or ``__cuda_array_interface__``), read where they lie.
+    A, B : array or DistMatrix
+        Arrays held on rank `root` (None on the others; in a plain Python
+        process, just the arrays), never modified: NumPy arrays, host arrays
+        of other libraries (torch CPU tensors, anything with ``__array__``,
+        the buffer protocol or DLPack), and arrays on a CUDA GPU (CuPy
+        arrays, torch CUDA tensors, JAX arrays, anything with DLPack or
+        ``__cuda_array_interface__``), read where they lie; or DistMatrix
+        operands on one grid.
     device : Backend or str, optional
-        Host-held DistMatrix operands only.
-    **kwargs
-        As for :func:`gemm` (DistMatrix) or :func:`matmul_arrays` (arrays:
-        ``comm``, ``root``, ``grid``, ``backend``, ``out`` ...).
+        Host-held DistMatrix operands only: the GPU they stream through in
+        tiles (``"auto"``/``"cupy"``: the rank's GPU).
+    alpha : scalar, default 1.0
+    trans_a, trans_b : {"N", "T", "H"}, default "N"
+        op of each operand; ``H`` is the conjugate transpose.
+    out : numpy.ndarray, optional
+        Arrays: where the product goes on `root` (its shape and dtype,
+        contiguous rows, overlapping neither operand); returned.
+    comm : MPI.Comm, optional
+        Arrays: the ranks that multiply (default COMM_WORLD).
+    root : int, default 0
+        Arrays: the rank that holds them and gets the product.
+    grid : str or tuple, optional
+        Arrays: the process grid, e.g. ``"2x4"`` (default: bench's for the
+        product's shape).
+    backend : str, default "auto"
+        Arrays: ``"auto"`` (GPUs where there are), ``"cupy"`` or ``"numpy"``.
+    gpus, workers : int, optional
+        Arrays in a plain Python process: the pool of worker ranks it runs
+        on (default every visible GPU; without GPUs one worker per 8 cores).
+    out_of_core : bool, optional
+        Arrays: None (default) keeps them in host memory on GPUs; False
+        copies them into GPU memory first; True: host-resident on CPUs too.
+    device_memory : str, optional
+        Cap on each GPU's memory, e.g. ``"16GiB"`` (default 90 % of what is
+        free).
+    panel_width : int or "auto", optional
+        Panel width along K (default: by backend, dtype and mode).
+    lookahead : int, default 1
+    broadcaster : str, default "auto"
+        ``"auto"``, ``"ipc"``, ``"nccl"``, ``"cuda-aware"``, ``"mpi"``, or
+        for arrays ``"host"`` (every GPU uploads the panel parts it needs).
+    precision : str, optional
+        ``"tf32"`` (float32 on tensor cores) or ``"fp64-int8"`` (float64
+        from INT8 products).
+    moduli : int, optional
+        With ``precision="fp64-int8"``: INT8 products per float64 product
+        (3-30).
+    schedule : str, default "panels"
+        ``"panels"`` or ``"strips"`` (grids of one column).
+    stats : SummaStats, optional
+        Filled with this rank's timings.
+    topology : summa.topology.Topology, optional
+        Arrays: the nodes of `comm`'s ranks (tests: virtual nodes).
+    options : summa.options.Options, optional
+        The settings (default: the current ones, ``SUMMA_*`` variables;
+        docs/options.md).
+    C, beta, progress
+        DistMatrix operands: as for :func:`summa.gemm`.
 
     Returns
     -------
-    DistMatrix, array or None
-        For arrays, on the root rank: the product as the caller's kind where
-        its library can wrap it (a CuPy array on the operands' GPU for CuPy
+    array, DistMatrix or None
+        Arrays, on `root`: the product as the caller's kind where its
+        library can wrap it (a CuPy array on the operands' GPU for CuPy
         operands, a torch tensor for torch's, a JAX array for JAX's), else
-        NumPy (host arrays) or CuPy (GPU arrays); `out` where given; None
-        on the other ranks.
+        NumPy (host arrays) or CuPy (GPU arrays); `out` where given; None on
+        the other ranks. DistMatrix operands: a new DistMatrix.
+
+    Warns
+    -----
+    RuntimeWarning
+        Arrays, where the product has NaN/Inf (the run checks it as it goes):
+        which operand holds how many NaN/Inf values, or that the product
+        overflowed, as ``summa multiply`` warns of its files; the operands
+        are counted only then.
 
     Examples
     --------
+    >>> c = matmul(a, b)  # doctest: +SKIP
     >>> c = matmul(a if rank == 0 else None, b if rank == 0 else None)  # doctest: +SKIP
     >>> C = matmul(A_host, B_host, device="auto")  # doctest: +SKIP
     >>> c_gpu = matmul(cupy.asarray(a), cupy.asarray(b))  # one GEMM on that GPU  # doctest: +SKIP
@@ -1027,7 +1086,28 @@ def matmul(A, B, device=None, **kwargs):
     if device is not None:
         raise TypeError("device applies to host-held DistMatrix operands; for arrays give "
                         "backend= (GPU arrays are multiplied on the GPU they lie on)")
-    return matmul_arrays(A, B, **kwargs)
+    stats = kwargs.get("stats") or SummaStats()  # whether the product is finite comes in it
+    c = matmul_arrays(A, B, **dict(kwargs, stats=stats))
+    if c is not None and (stats.extra or {}).get("product_finite") is False:
+        for note in _nonfinite_notes({"a": A, "b": B}, np.dtype(c.dtype)):
+            warnings.warn(note, RuntimeWarning, stacklevel=2)
+    return c
+
+
+def _nonfinite_notes(operands: dict, dtype) -> list[str]:
+    """What a product with NaN/Inf values warns of: how many each of the
+    named `operands` holds (a pass over them, made only then), or that the
+    product overflowed."""
+    counts = {name: int((~np.isfinite(x)).sum()) for name, x in operands.items()}
+    notes = [_nonfinite_note(name, bad) for name, bad in counts.items() if bad]
+    return notes or [f"the product has NaN/Inf values (or values near the end of the "
+                     f"{dtype.name} range) though {' and '.join(operands)} are finite: it "
+                     "overflowed"]
+
+
+def _nonfinite_note(name: str, count: int) -> str:
+    """The warning of `count` NaN/Inf values in the input `name`."""
+    return f"{name} contains {count} NaN/Inf value(s); the product will contain NaN/Inf too"
 
 
 @settings.entry_point

@@ -259,7 +259,9 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
         :func:`restage` for the run, where the broadcasters are made later.
     predict, profile : bool, str
         Fill :attr:`Plan.predicted` by the model profile at `profile`
-        (default the one shipped with summa).
+        (default the one shipped with summa): the time, its split
+        (:class:`summa.model.TimeSplit`) and bound; for fp64-int8 also
+        the time of float64's own plan of the same inputs.
     placement : Placement, optional
         Where the operands lie (default: host memory, as `host_held` says).
         Operands on a GPU are multiplied there in one GEMM where the plan
@@ -312,7 +314,20 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
                 precision, count, budget, memory, broadcaster, host_copies,
                 _panel_sums(memory, dtype, grid, (m, n, k), width, precision, schedule),
                 placement=placement, note="; ".join(x for x in (fetched, note) if x) or None)
-    return replace(plan, predicted=_predict(plan, profile)) if predict else plan
+    if not predict:
+        return plan
+    native = None
+    if precision == "fp64-int8":  # is it worth it here? float64's own plan of the same inputs
+        try:
+            native = make_plan((m, n, k), dtype, machine, grid=grid, trans_a=trans_a,
+                               trans_b=trans_b, host_held=host_held, out_of_core=out_of_core,
+                               device_memory=device_memory, panel_width=panel_width,
+                               lookahead=lookahead, schedule=schedule, broadcaster=broadcaster,
+                               staged=staged, host_copies=host_copies, predict=True,
+                               profile=profile)
+        except ValueError:
+            pass  # no float64 plan to set beside it
+    return replace(plan, predicted=_predict(plan, profile, native))
 
 
 def _resident(machine: Machine, shape, dtype, trans, placement: Placement, asked) -> tuple:
@@ -512,29 +527,166 @@ def _panel_sums(memory, dtype, grid, shape, width, precision, schedule) -> int |
     return ozaki_gpu.panel_sums_bytes(-(-m // grid[0]), -(-n // grid[1]), width, k)
 
 
-def _predict(plan: Plan, path=None) -> dict:
-    """The model's time for `plan` by the profile at `path` (None: shipped)."""
+def _predict(plan: Plan, path=None, native: Plan | None = None) -> dict:
+    """The model's time for `plan` by the profile at `path` (None: shipped):
+    ``seconds`` and ``tflops`` as the split combines them, the ``split``
+    (:meth:`summa.model.TimeSplit.as_dict`), its ``bound`` and
+    ``bound_share``, ``advice`` (what would move the bound), ``summa_seconds``
+    (the SUMMA alone on data in GPU memory, what ``summa model`` predicts),
+    and beside fp64-int8 the time of float64's `native` plan; or ``error``."""
     from .model import Profile, predict  # the model loads only when asked
     from .studies import shipped_profile
     path = path or shipped_profile()
     out = {"profile": str(path), "shipped": str(path) == shipped_profile()}
-    width = plan.panel_width if isinstance(plan.panel_width, int) else \
-        default_panel_width(plan.backend, plan.dtype, plan.precision)
     try:
         profile = Profile.load(path)
-        pred = predict(profile, *plan.shape, plan.dtype, plan.grid, width,
-                       lookahead=plan.lookahead, precision=plan.precision)
+        split, details = _split(plan, profile)
+        summa = predict(profile, *plan.shape, plan.dtype, plan.grid, _model_width(plan),
+                        lookahead=plan.lookahead, precision=plan.precision)
     except (ValueError, KeyError) as exc:
         return {**out, "error": str(exc)}
-    out.update(seconds=pred.seconds, tflops=pred.tflops)
-    if plan.precision == "fp64-int8":  # is it worth it here? native float64 by the same profile
-        try:
-            native = predict(profile, *plan.shape, plan.dtype, plan.grid, width,
-                             lookahead=plan.lookahead)
-            out.update(native_seconds=native.seconds, native_tflops=native.tflops)
-        except (ValueError, KeyError):
-            pass
+    m, n, k = plan.shape
+    flops = (8 if np.dtype(plan.dtype).kind == "c" else 2) * m * n * k
+    bound, worst = split.bound()
+    parts = split.parts()
+    runner = max((p for p in parts if p != bound), key=parts.get, default=None)
+    following = runner if runner and parts[runner] >= NEXT_BOUND_SHARE * worst else None
+    out.update(seconds=split.seconds, tflops=flops / split.seconds / 1e12,
+               split=split.as_dict(), bound=bound, bound_share=worst / split.seconds,
+               summa_seconds=summa.seconds, **details,
+               advice=_advice(plan, profile, bound, details["host_link"]), next=following,
+               next_advice=_advice(plan, profile, following, details["host_link"])
+               if following else [])
+    if native is not None and "seconds" in (native.predicted or {}):
+        out.update(native_seconds=native.predicted["seconds"],
+                   native_tflops=native.predicted["tflops"])
     return out
+
+
+#: A part of the time split at least this share of the bound's is named
+#: beside it with what would move it too: it bounds the run once the bound
+#: is halved.
+NEXT_BOUND_SHARE = 0.5
+
+
+def _model_width(plan: Plan) -> int:
+    """The panel width the model predicts for (``"auto"``: the default)."""
+    return plan.panel_width if _is_width(plan.panel_width) else \
+        default_panel_width(plan.backend, plan.dtype, plan.precision)
+
+
+def _split(plan: Plan, profile) -> tuple:
+    """``(TimeSplit, details)`` of `plan` by `profile`, per rank.
+
+    The model (:func:`summa.model.predict`) times one C tile's SUMMA (in
+    memory: the whole block), times the number of tiles: its GEMMs, its
+    broadcasts, and what of its time is neither (the exposed rest). Out of
+    core without peer access each GPU uploads its own panel parts, so
+    nothing goes between GPUs (``broadcaster="auto"`` of
+    :func:`summa.multiply.matmul_arrays`). The host
+    link moves :func:`_host_bytes`; out of core its copies overlap the
+    GEMMs but for the first upload and the last write-back, in memory they
+    come before and after the SUMMA. The disk is timed beside, not in it."""
+    from .model import BOUNDS, TimeSplit, predict
+    (m, n, k), (pr, pc) = plan.shape, plan.grid
+    itemsize = np.dtype(plan.dtype).itemsize
+    rows, cols = plan.memory.tiles if plan.out_of_core else (1, 1)
+    tile = plan.memory.tile if plan.out_of_core else (-(-m // pr), -(-n // pc))
+    own = plan.out_of_core and pr * pc > 1 and not profile.peer_access
+    width = _model_width(plan)
+    one = predict(profile, tile[0] * pr, tile[1] * pc, k, plan.dtype, plan.grid, width,
+                  lookahead=plan.lookahead, precision=plan.precision)
+    gemm = rows * cols * one.panels * one.panel_compute
+    if own:
+        links = 0.0
+        summa = rows * cols * one.panels * (one.panel_compute + profile.panel_overhead(pr * pc))
+    else:
+        links, summa = rows * cols * one.received * one.panel_comm, rows * cols * one.seconds
+    exposed = max(0.0, summa - max(gemm, links))
+    # CPU ranks multiply where the data lie: nothing crosses a host link
+    up, down = _host_bytes(plan, own) if traits(plan.backend).gpu else (0, 0)
+    host = profile.host_seconds(up, down) if up else 0.0
+    if up and host is not None and plan.out_of_core:
+        exposed += profile.host_seconds(*_head_tail(plan, width, tile))
+    split = TimeSplit(gemm, host, links, exposed, BOUNDS if plan.out_of_core else
+                      ("gemm", "gpu_links"),
+                      profile.disk_seconds((m * k + k * n) * itemsize, m * n * itemsize))
+    return split, {"host_bytes": [up, down], "own_uploads": own, "comm": one.comm,
+                   "host_link": profile.host_link()}
+
+
+def _host_bytes(plan: Plan, own: bool) -> tuple[int, int]:
+    """``(up, down)``: bytes one rank moves from host memory to its GPU and
+    back, A and B starting in host memory and C ending there (beta 0). In
+    memory: its blocks of A and B once up, of C once down. Out of core its
+    C block comes down once; where every GPU uploads its own panel parts
+    (`own`), all it needs (:func:`host_traffic`), else the parts it owns:
+    its A block once per column of C tiles, its B block once per row."""
+    (m, n, k), (pr, pc) = plan.shape, plan.grid
+    itemsize = np.dtype(plan.dtype).itemsize
+    ml, nl = -(-m // pr), -(-n // pc)
+    if own:
+        return (host_traffic(plan.memory, plan.shape, plan.grid) - ml * nl) * itemsize, \
+            ml * nl * itemsize
+    rows, cols = plan.memory.tiles if plan.out_of_core else (1, 1)
+    return (ml * -(-k // pc) * cols + -(-k // pr) * nl * rows) * itemsize, ml * nl * itemsize
+
+
+def _head_tail(plan: Plan, width: int, tile) -> tuple[int, int]:
+    """``(up, down)``: the bytes out of core that nothing hides: the first
+    panel's first piece goes up before the first GEMM, and the last tile's
+    last row strip comes down after its GEMM (:mod:`summa.outofcore`)."""
+    from .outofcore import FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SMALLEST
+    itemsize = np.dtype(plan.dtype).itemsize
+    int8 = plan.precision == "fp64-int8"  # its first panel goes whole
+    first = min(width if int8 else HEAD_FIRST, plan.shape[2])
+    last = min(FP64_INT8_TAIL_SMALLEST if int8 else TAIL_SMALLEST, tile[0])
+    return first * (tile[0] + tile[1]) * itemsize, last * tile[1] * itemsize
+
+
+def _advice(plan: Plan, profile, bound: str, link) -> list[str]:
+    """What would move the bound `bound` of `plan` (a part's name)."""
+    if bound == "gpu_links":
+        return ["GPUs that read each other's memory (NVLink, peer access), fewer ranks in a "
+                "grid row or column, or wider panels (--nb) where the broadcasts' latency weighs"]
+    if bound == "gemm":
+        advice = []
+        native = plan.precision is None
+        if native and plan.dtype in ("float64", "complex128") and _rates(profile, plan,
+                                                                         "fp64-int8"):
+            advice.append("--precision fp64-int8 (float64 from exact INT8 tensor-core products, "
+                          f"{_rates(profile, plan, 'fp64-int8'):.1f}x this profile's float64 "
+                          "GEMM rate here; summa.freivalds checks the product)")
+        if native and plan.dtype == "float32" and _rates(profile, plan, "tf32"):
+            advice.append("--precision tf32 (float32 on tensor cores, "
+                          f"{_rates(profile, plan, 'tf32'):.1f}x this profile's rate here)")
+        return advice + ["more GPUs (each takes its share of the GEMMs)"]
+    rows, cols = plan.memory.tiles if plan.out_of_core else (1, 1)
+    advice = [] if plan.out_of_core else [
+        "out of core (--device-memory; summa.matmul on NumPy arrays runs so by itself): the "
+        "copies then overlap the GEMMs"]
+    if rows * cols > 1:
+        advice.append(f"more device memory per GPU: fewer C tiles than {rows} x {cols} (B "
+                      f"crosses the link once per row of tiles, A once per column)")
+    if link and link.get("pinned_h2d_gbs"):
+        advice.append("operands in page-locked memory (copied directly, "
+                      f"{link['pinned_h2d_gbs']:g} GB/s against {link['h2d_gbs']:g} staged "
+                      "from pageable memory)")
+    return advice + ["more GPUs, each on a link of its own (each moves its share)"]
+
+
+def _rates(profile, plan: Plan, precision: str) -> float | None:
+    """How many times faster the profile rates `precision`'s GEMMs than the
+    plan's at its block shape, each at its default width (None: no samples)."""
+    (m, n, _), (pr, pc) = plan.shape, plan.grid
+    ml, nl = -(-m // pr), -(-n // pc)
+    try:
+        faster = profile.gemm_rate(ml, nl, default_panel_width(plan.backend, plan.dtype,
+                                                               precision), plan.dtype, precision)
+        now = profile.gemm_rate(ml, nl, _model_width(plan), plan.dtype, plan.precision)
+    except ValueError:
+        return None
+    return faster / now if faster > now else None
 
 
 def _lines(plan: Plan) -> list[str]:
@@ -605,25 +757,95 @@ def _storage_lines(plan: Plan) -> list[str]:
 
 
 def _prediction_lines(plan: Plan) -> list[str]:
-    """The model's time for the plan, with what it assumes."""
+    """The model's time for the plan, where it goes, what bounds it and
+    what would move that, with what it assumes."""
     pred = plan.predicted
     if "error" in pred:
         return [f"  no prediction from {pred['profile']}: {pred['error']}"]
     where = " (the profile shipped with summa: 2 H200s; calibrate yours)" if pred["shipped"] \
         else ""
-    ooc = ""
-    if plan.out_of_core and plan.precision == "fp64-int8":
-        # its tiles fold C once per panel and make their own residues (docs/benchmarks.md,
-        # "float64 on INT8: speed", out of core: 59 against 77 TFLOP/s in memory)
-        ooc = ("; out of core slower: fp64-int8 measured 0.77 of in-memory on one H200 "
-               "(each panel folds the tile again, each tile makes its residues)")
-    elif plan.out_of_core:
-        ooc = ("; out of core the same where the host link keeps up with the GEMMs (measured "
-               "0.86-0.99 of in-memory on one H200)")
     lines = [f"  predicted by the model: {pred['seconds']:.2f} s, {pred['tflops']:.1f} "
-             f"TFLOP/s{where}{ooc}"]
+             f"TFLOP/s{where}",
+             f"  where the time goes, a {'GPU' if traits(plan.backend).gpu else 'rank'} (A and "
+             "B start in host memory, C ends there):"]
+    lines += _split_lines(plan)
+    split, names = pred["split"], _PART_NAMES
+    if plan.out_of_core:
+        combined = "max(GEMMs, host link, GPU links) + exposed: out of core they overlap"
+        if plan.precision == "fp64-int8":
+            # its tiles fold C once per panel and make their own residues (docs/benchmarks.md,
+            # "float64 on INT8: speed", out of core: 59 against 77 TFLOP/s in memory)
+            combined += ("; not in the model: fp64-int8 measured 0.77 of in-memory on one H200 "
+                         "(each panel folds the tile again, each tile makes its residues)")
+        else:
+            combined += (" (measured 0.86-0.99 of in-memory on one H200 where the host link "
+                         "keeps up with the GEMMs)")
+    else:
+        combined = ("host link + max(GEMMs, GPU links) + exposed: in memory the copies come "
+                    "before and after the SUMMA (none for data made on the GPUs, as bench's)")
+    others = sorted((value, name) for name, value in split.items()
+                    if name in names and name != pred["bound"] and value is not None)
+    lines += [f"  combined: {combined}",
+              f"  bound by: {_bound_name(pred['bound'], pred)}, {pred['bound_share'] * 100:.0f} % "
+              f"of the time" + (f"; {names[others[-1][1]]} would take {others[-1][0]:.1f} s"
+                             if others else ""),
+              "  would move it: " + "; ".join(pred["advice"])]
+    if pred.get("next"):
+        lines.append(f"  next bound, {_bound_name(pred['next'], pred)} at "
+                     f"{split[pred['next']]:.1f} s: " + "; ".join(pred["next_advice"]))
     if "native_seconds" in pred:
         native = pred["native_seconds"]
         lines.append(f"  native {plan.dtype} by the same profile: {native:.2f} s, "
-                     f"{pred['native_tflops']:.1f} TFLOP/s ({native / pred['seconds']:.2f}x fp64-int8's time)")
+                     f"{pred['native_tflops']:.1f} TFLOP/s ({native / pred['seconds']:.2f}x "
+                     "fp64-int8's time)")
     return lines
+
+
+#: The parts of a time split as ``summa plan`` names them.
+_PART_NAMES = {"gemm": "the GEMMs", "host_link": "the host link", "gpu_links": "the GPU links"}
+
+
+def _bound_name(bound: str, pred: dict) -> str:
+    """The bound named for a person: the host link with its kind (PCIe)."""
+    link = pred.get("host_link") or {}
+    if bound == "host_link" and link.get("name"):
+        return f"the host link ({link['name']})"
+    return _PART_NAMES[bound]
+
+
+def _split_lines(plan: Plan) -> list[str]:
+    """One line a part of the plan's time split, with what it counts."""
+    pred = plan.predicted
+    split, link = pred["split"], pred.get("host_link")
+    (m, n, k), ranks = plan.shape, plan.ranks
+    gb = 1e9
+    up, down = (b / gb for b in pred["host_bytes"])
+    flops = (8 if np.dtype(plan.dtype).kind == "c" else 2) * m * n * k / ranks
+    kind = plan.dtype + (" from INT8 products" if plan.precision == "fp64-int8" else "")
+    rows = [("GEMMs", split["gemm"], f"{kind} at {flops / split['gemm'] / 1e12:.2f} TFLOP/s a "
+             + ("GPU" if traits(plan.backend).gpu else "rank"))]
+    moved = f"{up:.1f} GB up, {down:.1f} GB down"
+    if not traits(plan.backend).gpu:
+        moved = "none: CPU ranks multiply in host memory"
+    elif link:
+        moved = (f"{link.get('name', 'host <-> GPU')}: {moved} at {link['h2d_gbs']:g} / "
+                 f"{link['d2h_gbs']:g} GB/s, staged from pageable memory")
+    else:
+        moved = f"the profile has no host_link rates ({moved})"
+    rows.append(("host link", split["host_link"], moved))
+    if ranks == 1:
+        between = "one GPU"
+    elif pred["own_uploads"]:
+        between = "none: without peer access each GPU uploads its own panel parts"
+    else:
+        between = f"the panels each GPU receives, by {pred['comm']}"
+    rows.append(("GPU links", split["gpu_links"], between))
+    rows.append(("exposed", split["exposed"], "pipeline fill, per-panel overhead"
+                 + (", the first upload and the last write-back" if plan.out_of_core else "")))
+    files = f"{(m * k + k * n) * np.dtype(plan.dtype).itemsize / gb:.1f} GB and writes " \
+        f"{m * n * np.dtype(plan.dtype).itemsize / gb:.1f} GB"
+    rows.append(("disk", split["disk"], f"only summa multiply on .npy files, beside the time "
+                 f"above: reads {files}" if split["disk"] is not None else
+                 f"the profile has no disk rate (summa multiply on .npy files reads {files})"))
+    return [f"    {name:<10}{f'{value:10.2f} s' if value is not None else 'not counted':>12}  "
+            f"{what}" for name, value, what in rows]

@@ -8,7 +8,7 @@ import os
 from mpi4py import MPI
 
 from .model import Profile, predict, profile_backend, recommend, sweep
-from .tuning import default_panel_width
+from .traits import traits
 
 __all__ = ["run_calibrate", "run_model", "run_plot", "load_results"]
 
@@ -47,7 +47,12 @@ def run_calibrate(args, comm: MPI.Comm, backend, out) -> int:
 
 
 def run_model(args, comm: MPI.Comm, out) -> int:
-    """Print predictions (and with --sweep strong/weak scaling tables)."""
+    """Print predictions (and with --sweep strong/weak scaling tables).
+
+    Without --sweep it predicts the setup ``plan`` (and bench and multiply)
+    would take for the same options: its grid, panel width and mode, on
+    the profile's device memory (:func:`planning_machine`), and recommends
+    another only where it is predicted faster."""
     if comm.Get_rank() != 0:
         return 0
     args.profile, line = profile_line(args.profile, getattr(args, "hardware", None))
@@ -58,63 +63,75 @@ def run_model(args, comm: MPI.Comm, out) -> int:
     kwargs = dict(lookahead=args.lookahead, comm=args.comm_mode, precision=args.precision_mode,
                   ranks_per_node=args.ranks_per_node)
     if args.sweep:
-        for weak in (False, True):
-            title = (f"weak scaling, N = {size} x P^(1/3)" if weak
-                     else f"strong scaling, N = {size}")
-            print(f"{title} ({args.dtype}, profile {args.profile})", file=out)
-            print(f"{'ranks':>6} {'N':>8} {'grid':>7} {'nb':>6} {'seconds':>10} {'TFLOP/s':>10} "
-                  f"{'efficiency':>10}", file=out)
-            for p, nsize, pred in sweep(profile, size, args.dtype, ranks=args.ranks_list,
-                                        weak=weak, **kwargs):
-                print(f"{p:>6} {nsize:>8} {pred.grid[0]}x{pred.grid[1]:<5} {pred.panel_width:>6} "
-                      f"{pred.seconds:>10.4f} {pred.tflops:>10.2f} {pred.efficiency:>10.3f}",
-                      file=out)
-            print(file=out)
+        _print_sweeps(args, profile, size, kwargs, out)
         return 0
     ranks = args.ranks or (args.grid[0] * args.grid[1] if args.grid else comm.Get_size())
-    grid = args.grid or None
-    if grid is None:
-        best = recommend(profile, m, n, k, args.dtype, ranks, **kwargs)
-        grid, nb = best.grid, args.nb or best.panel_width
-    else:
-        if grid[0] * grid[1] != ranks:
-            raise ValueError(f"grid {grid[0]}x{grid[1]} does not hold {ranks} ranks")
-        nb = args.nb or default_panel_width(profile_backend(profile), args.dtype,
-                                            args.precision_mode)  # as bench would
+    if args.grid and args.grid[0] * args.grid[1] != ranks:
+        raise ValueError(f"grid {args.grid[0]}x{args.grid[1]} does not hold {ranks} ranks")
+    plan = _setup(args, profile, (m, n, k), ranks)
+    grid, nb = plan.grid, plan.panel_width
     pred = predict(profile, m, n, k, args.dtype, grid, nb, **kwargs)
     print(f"model ({args.profile}): {m} x {n} x {k} {args.dtype} on {ranks} ranks, grid "
           f"{grid[0]}x{grid[1]}, nb {nb}, lookahead {args.lookahead}", file=out)
     print(f"  predicted {pred.seconds:.4f} s, {pred.tflops:.3f} TFLOP/s, efficiency "
           f"{pred.efficiency:.3f} ({pred.panels} panels: compute {pred.panel_compute * 1e3:.3f} ms,"
-          f" broadcasts {pred.panel_comm * 1e3:.3f} ms each)", file=out)
+          f" broadcasts {pred.panel_comm * 1e3:.3f} ms each), data in GPU memory "
+          "(summa plan adds the host link and names the bound)", file=out)
     best = recommend(profile, m, n, k, args.dtype, ranks, **kwargs)
-    if args.grid and best.seconds >= pred.seconds:  # never recommend what is predicted slower
+    if best.seconds >= pred.seconds:  # never recommend what is predicted slower
         print("  recommended: this setup (no other grid or panel width is predicted faster)",
               file=out)
     else:
         print(f"  recommended: grid {best.grid[0]}x{best.grid[1]}, nb {best.panel_width} "
               f"({best.seconds:.4f} s)", file=out)
-    if args.device_memory:
-        print("  " + memory_line((m, n, k), args.dtype, grid, nb, args.lookahead,
-                                 args.device_memory), file=out)
+    if traits(plan.backend).gpu and (args.device_memory or profile.device_memory):
+        print("  " + memory_line(plan, args.device_memory or
+                                 f"{profile.device_memory / 2**30:.1f} GiB (the profile's)"),
+              file=out)
     return 0
 
 
-def memory_line(shape, dtype, grid, nb: int, lookahead: int, device_memory: str) -> str:
-    """In memory or out of core within `device_memory` per GPU, with the tile
-    and the peak bytes per rank: the memory side of a prediction, one line."""
-    from .plan import memory_plan, parse_bytes
-    budget = parse_bytes(device_memory)
-    plan = memory_plan(*shape, dtype, tuple(grid), nb, lookahead, "cupy")
-    if plan.device_bytes <= budget:
-        return (f"memory: fits in {device_memory} per GPU ({plan.device_bytes / 2**30:.2f} GiB "
-                "a rank), in memory")
-    ooc = memory_plan(*shape, dtype, tuple(grid), nb, lookahead, "cupy", device_budget=budget,
-                      out_of_core=True, staged=(True, True))
-    return (f"memory: {plan.device_bytes / 2**30:.1f} GiB a rank does not fit {device_memory}: "
-            f"out of core, C tiles of {ooc.tile[0]} x {ooc.tile[1]} ({ooc.tiles[0]} x "
-            f"{ooc.tiles[1]} a rank), peak {ooc.device_bytes / 2**30:.2f} GiB on the GPU and "
-            f"{ooc.host_bytes / 2**30:.2f} GiB of host memory a rank")
+def _print_sweeps(args, profile: Profile, size: int, kwargs: dict, out) -> None:
+    """Strong and weak scaling tables over ``args.ranks_list``."""
+    for weak in (False, True):
+        title = (f"weak scaling, N = {size} x P^(1/3)" if weak
+                 else f"strong scaling, N = {size}")
+        print(f"{title} ({args.dtype}, profile {args.profile})", file=out)
+        print(f"{'ranks':>6} {'N':>8} {'grid':>7} {'nb':>6} {'seconds':>10} {'TFLOP/s':>10} "
+              f"{'efficiency':>10}", file=out)
+        for p, nsize, pred in sweep(profile, size, args.dtype, ranks=args.ranks_list,
+                                    weak=weak, **kwargs):
+            print(f"{p:>6} {nsize:>8} {pred.grid[0]}x{pred.grid[1]:<5} {pred.panel_width:>6} "
+                  f"{pred.seconds:>10.4f} {pred.tflops:>10.2f} {pred.efficiency:>10.3f}",
+                  file=out)
+        print(file=out)
+
+
+def _setup(args, profile: Profile, shape, ranks: int):
+    """The Plan ``summa plan`` makes for the same options (its grid, panel
+    width and mode): the setup ``model`` predicts."""
+    from .planning import make_plan
+    machine, peers = planning_machine(args.profile, profile_backend(profile), ranks)
+    ipc = args.comm_mode == "ipc" or (args.comm_mode is None and traits(machine.backend).gpu
+                                      and peers)
+    return make_plan(shape, args.dtype, machine, grid=args.grid,
+                     device_memory=args.device_memory, panel_width=args.nb,
+                     lookahead=args.lookahead, precision=args.precision_mode,
+                     staged=(ipc, ipc))
+
+
+def memory_line(plan, device_memory: str) -> str:
+    """In memory or out of core within `device_memory` per GPU (as given,
+    or the profile's), with the tiles and the peak bytes per rank of
+    `plan`: the memory side of a prediction, one line."""
+    memory, gib = plan.memory, 2.0**30
+    if not plan.out_of_core:
+        return (f"memory: fits in {device_memory} per GPU ({memory.device_bytes / gib:.2f} "
+                "GiB a rank), in memory")
+    return (f"memory: {device_memory} per GPU: out of core, C tiles of {memory.tile[0]} x "
+            f"{memory.tile[1]} ({memory.tiles[0]} x {memory.tiles[1]} a rank), peak "
+            f"{memory.device_bytes / gib:.2f} GiB on the GPU and {memory.host_bytes / gib:.2f} "
+            "GiB of host memory a rank")
 
 
 #: The hardware whose profiles ship with summa (``--hardware NAME``): what each describes.
@@ -145,6 +162,22 @@ def profile_line(profile: str | None, hardware: str | None) -> tuple[str, str]:
     assumed = "" if hardware else " (no --hardware or --profile given; others: " + \
         ", ".join(h for h in HARDWARE if h != name) + ")"
     return hardware_profile(name), f"hardware: {name}, {HARDWARE[name]}{assumed}"
+
+
+def planning_machine(profile_path, backend: str, ranks: int) -> tuple:
+    """``(Machine, peers)``: `ranks` ranks of `backend` as the profile at
+    `profile_path` describes them, each GPU with the profile's device memory
+    free where it says (:attr:`summa.model.Profile.device_memory`), and
+    whether a node's GPUs read each other's memory. ``plan`` and ``model``
+    plan on it alike. A profile that does not load describes nothing here
+    (the prediction reports its error)."""
+    from .planning import Machine
+    try:
+        profile = Profile.load(profile_path)
+    except ValueError:
+        return Machine(backend, ranks), True
+    free = profile.device_memory if traits(backend).gpu else None
+    return Machine(backend, ranks, free_device=free), profile.peer_access
 
 
 def load_results(path) -> list[dict]:

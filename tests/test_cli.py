@@ -171,6 +171,69 @@ def test_usage_errors_raise_on_every_rank(comm, argv, match):
         cli.main(argv, comm, io.StringIO())
 
 
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("out_of_core", [None, True])
+def test_matmul_warns_of_nonfinite_operands_as_multiply_warns_of_its_files(comm, rng, folder,
+                                                                           out_of_core):
+    """summa.matmul on arrays with NaN/Inf warns (RuntimeWarning, on the
+    root) which operand holds how many, in the words ``summa multiply``
+    uses for its files; finite operands warn of nothing; a product that
+    overflows says so. In memory and host-resident (out of core) alike."""
+    import warnings
+    import summa
+    from helpers import data_warnings
+    from summa.multiply import multiply_files
+    a, b = rng.uniform(-1, 1, (37, 20)), rng.uniform(-1, 1, (20, 29))
+    a[2, 1], a[5, 3], b[7, 7] = np.nan, np.inf, -np.inf
+    root = comm.rank == 0
+    kwargs = dict(comm=comm, backend="numpy", out_of_core=out_of_core)
+
+    def caught(x, y):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            summa.matmul(x if root else None, y if root else None, **kwargs)
+        return data_warnings([str(w.message) for w in seen
+                              if issubclass(w.category, RuntimeWarning)])
+    said = caught(a, b)
+    if root:
+        np.save(folder / "A.npy", a)
+        np.save(folder / "B.npy", b)
+    comm.Barrier()
+    files = []
+    multiply_files(str(folder / "A.npy"), str(folder / "B.npy"), str(folder / "C.npy"), comm,
+                   quiet=True, check=False, warn=files.append)
+    finite = caught(np.nan_to_num(a), np.nan_to_num(b, posinf=1, neginf=-1))
+    huge = np.full((16, 16), np.finfo(np.float64).max / 4)
+    overflow = caught(huge, huge)
+    if not root:
+        assert said == finite == overflow == []
+        return
+    assert said == ["a contains 2 NaN/Inf value(s); the product will contain NaN/Inf too",
+                    "b contains 1 NaN/Inf value(s); the product will contain NaN/Inf too"]
+    assert [w.split(" contains ", 1)[1] for w in data_warnings(files)] == \
+        [w.split(" contains ", 1)[1] for w in said]
+    assert finite == []
+    assert len(overflow) == 1 and "overflowed" in overflow[0]
+
+
+def test_help_of_matmul_lists_every_parameter_it_takes():
+    """help(summa.matmul) documents, in its Parameters section, every
+    parameter of the calls it makes (matmul_arrays's, their options, the
+    DistMatrix paths')."""
+    import inspect
+    import summa
+    from summa import multiply
+    doc = inspect.getdoc(summa.matmul)
+    params = doc.split("Parameters\n----------\n", 1)[1].split("\n\n")[0]
+    named = set(re.findall(r"^(\w[\w, ]*?)(?: :|$)", params, re.M))
+    listed = {name.strip() for line in named for name in line.split(",")}
+    wanted = {p for p in inspect.signature(multiply.matmul_arrays).parameters
+              if p != "kwargs"} | set(multiply._MATMUL_OPTIONS) | {
+        p for f in (multiply.host_matmul, summa.gemm) for p in inspect.signature(f).parameters}
+    wanted = {"A" if p == "a" else "B" if p == "b" else p for p in wanted} | {"options"}
+    assert wanted <= listed, wanted - listed
+
+
 # -- whole jobs --------------------------------------------------------------------------
 
 def test_help_prints_once_and_exits_0():

@@ -7,7 +7,7 @@ import pytest
 from mpi4py import MPI
 
 from summa import cli
-from summa.model import Profile, predict, recommend, sweep
+from summa.model import Profile, TimeSplit, predict, recommend, sweep
 
 GEMM_RATE = 50e12  # flop/s in every sample
 BCAST = dict(alpha=10e-6, beta=300e9)
@@ -382,3 +382,71 @@ def test_hardware_by_name_is_its_shipped_profile_and_the_plan_says_which():
         assert cli.main([command, *common], MPI.COMM_SELF, default) == 0
         assert "hardware: h200" in default.getvalue()
         assert "no --hardware or --profile given" in default.getvalue()
+
+
+def test_a_time_split_combines_its_overlapped_parts_and_adds_the_rest():
+    """max(overlapped) + the other counted parts + exposed; parts without
+    rates (None) and the disk are not in it; the bound is the largest part."""
+    ooc = TimeSplit(gemm=4.0, host_link=6.0, gpu_links=1.0, exposed=0.5,
+                    overlapped=("gemm", "host_link", "gpu_links"), disk=100.0)
+    assert ooc.seconds == 6.5 and ooc.bound() == ("host_link", 6.0)
+    in_memory = TimeSplit(4.0, 6.0, 1.0, 0.5, ("gemm", "gpu_links"))
+    assert in_memory.seconds == 10.5 and in_memory.bound() == ("host_link", 6.0)
+    unknown = TimeSplit(4.0, None, 5.0, 0.0, ("gemm", "host_link", "gpu_links"))
+    assert unknown.seconds == 5.0 and unknown.bound() == ("gpu_links", 5.0)
+    assert unknown.as_dict() == {"gemm": 4.0, "host_link": None, "gpu_links": 5.0,
+                                 "exposed": 0.0, "overlapped": ["gemm", "host_link",
+                                                                "gpu_links"], "disk": None}
+
+
+def test_profiles_name_their_links_disk_and_memory_where_they_have_them():
+    prof = make_profile()
+    assert prof.device_memory is None and prof.peer_access and prof.host_link() is None
+    assert prof.host_seconds(1e9, 1e9) is None and prof.disk_seconds(1e9, 1e9) is None
+    prof.data.update(device_memory=24 << 30, peer_access=False,
+                     host_link={"h2d_gbs": 10.0, "d2h_gbs": 5.0},
+                     disk={"read_gbs": 2.0, "write_gbs": 1.0})
+    assert prof.device_memory == 24 << 30 and not prof.peer_access
+    assert prof.host_seconds(20e9, 10e9) == pytest.approx(2.0 + 2.0)
+    assert prof.disk_seconds(4e9, 1e9) == pytest.approx(2.0 + 1.0)
+    from summa.studies import HARDWARE, hardware_profile
+    for name in HARDWARE:  # every shipped profile knows its GPUs and their host link
+        shipped = Profile.load(hardware_profile(name))
+        assert shipped.device_memory and shipped.host_link()
+        assert shipped.host_link()["note"] and shipped.host_link()["concurrency"]
+
+
+def test_predictions_say_which_broadcaster_and_how_many_panels_each_rank_receives():
+    prof = make_profile()
+    one = predict(prof, 4096, 4096, 4096, "float64", (1, 1), 1024)
+    assert one.comm is None and one.received == 0
+    two = predict(prof, 4096, 4096, 4096, "float64", (2, 2), 1024)
+    assert two.comm == "nccl" and two.received == two.panels == 4
+
+
+@pytest.mark.parametrize("args", [
+    ["--size", "100000", "--grid", "2x4", "--hardware", "rtx3090x8"],
+    ["--size", "100000", "--grid", "2x4", "--hardware", "rtx3090x8", "--precision", "fp64-int8"],
+    ["--size", "65536", "--ranks", "8"],
+    ["--m", "30000", "--n", "8000", "--k", "20000", "--ranks", "4", "--hardware", "rtx3090x8"],
+    ["--size", "32768", "--ranks", "1", "--device-memory", "8GiB"],
+])
+def test_plan_and_model_take_the_same_setup_by_default(args):
+    """Given the same options, ``model`` predicts the grid, panel width and
+    mode (in memory, or out of core and its tiles) ``plan`` prints: both
+    plan on the profile's device memory; model recommends another setup
+    only beside it."""
+    import re
+    plan, model = io.StringIO(), io.StringIO()
+    assert cli.main(["plan", *args], MPI.COMM_SELF, plan) == 0
+    assert cli.main(["model", *args], MPI.COMM_SELF, model) == 0
+    planned = re.search(r"\(grid (\d+x\d+)\), nb (\d+),", plan.getvalue())
+    modelled = re.search(r"grid (\d+x\d+), nb (\d+), lookahead", model.getvalue())
+    assert planned and modelled and planned.groups() == modelled.groups(), \
+        (plan.getvalue(), model.getvalue())
+    tiles = re.search(r"C tiles of (\d+ x \d+) \((\d+ x \d+) per rank\)", plan.getvalue())
+    memory = re.search(r"memory: .*", model.getvalue()).group(0)
+    if tiles:
+        assert f"out of core, C tiles of {tiles.group(1)} ({tiles.group(2)} a rank)" in memory
+    else:
+        assert "in memory" in memory and "in-memory" in plan.getvalue()
