@@ -1,4 +1,4 @@
-"""Accuracy of float64 on INT8 products (summa.ozaki, the NumPy form of the GPU
+"""Accuracy of float64 on INT8 products (summa.precision.ozaki, the NumPy form of the GPU
 kernels' arithmetic) against native float64, by data: max error / float64
 PBLAS gauge (K eps |A||B|) against an 80-bit (long double) reference; each
 count of moduli labelled with the bits it keeps in every row (rows of
@@ -39,7 +39,7 @@ KINDS = ("uniform [-1, 1)", "normal", "rows and columns at 1e±8",
 
 
 def main() -> int:
-    from summa import ozaki
+    from summa.precision import ozaki
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--m", type=int, default=128)
     p.add_argument("--k", type=int, default=2048)

@@ -25,7 +25,7 @@ def child(n: int) -> list[dict]:
     sys.path.insert(0, ROOT)
     start = time.perf_counter()
     import cupy as cp
-    from summa.backend import get_backend
+    from summa.device.backend import get_backend
     rows = [{"what": "import and backend", "seconds": None}]
     backend = get_backend("cupy")
     rows[0]["seconds"] = time.perf_counter() - start

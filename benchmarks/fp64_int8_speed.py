@@ -82,8 +82,8 @@ def main() -> int:
     args = p.parse_args()
     import cupy as cp
     import numpy as np
-    from summa import ozaki_gpu
-    from summa.backend import get_backend
+    from summa.precision import ozaki_gpu
+    from summa.device.backend import get_backend
     backend = get_backend("cupy")
     rows = []
 

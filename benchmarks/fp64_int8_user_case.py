@@ -30,7 +30,7 @@ def one_process(n: int, free: str | None) -> list[dict]:
     import numpy as np
     from user_case import _loop, hold_all_but
     import summa
-    from summa.plan import parse_bytes
+    from summa.planning.memory import parse_bytes
 
     def host(seed):  # pageable, as the user holds it (made on the GPU: fast)
         x = np.empty((n, n))

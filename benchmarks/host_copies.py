@@ -3,7 +3,7 @@ on T host threads each:
 
 * memcpy: ``np.copyto`` from pageable rows into a page-locked buffer (does
   NumPy's copy scale with threads?);
-* staged: :class:`summa.staging.Stager` uploads, and downloads into a fresh
+* staged: :class:`summa.device.staging.Stager` uploads, and downloads into a fresh
   array (first touch included) and into a touched one;
 * register: ``cudaHostRegister`` of row chunks, of touched memory and of a
   fresh array; then direct copies chunk by chunk (a copy must not span two
@@ -32,7 +32,7 @@ def main() -> int:
     p.add_argument("--chunk-mib", type=int, default=256, help="registration chunk")
     args = p.parse_args()
     import cupy as cp
-    from summa.staging import Stager
+    from summa.device.staging import Stager
     cols = 8192
     n = int(args.gib * 2**30 / 8 / cols)
     host = np.empty((n, cols))

@@ -200,7 +200,7 @@ def timed_calls(a, b, options: dict, check, sync=None) -> dict:
 def run_cell(cell: dict) -> dict:
     """The cell's row: the calls, then the references (ceiling, bare
     fp64-int8 product, transfer bound) measured in this process."""
-    from summa.backend import cupy_available
+    from summa.device.backend import cupy_available
     gpu = cupy_available()
     row = dict(cell, name=cell_name(cell), gpu=gpu)
     if cell["layout"] == "cupy":
@@ -271,8 +271,8 @@ def _bare_fp64_int8_seconds(m: int, n: int, k: int) -> float:
     """summa's fused fp64-int8 product on device data (as fp64_int8_speed.py
     times it): best of three after a first call."""
     import cupy as cp
-    from summa import ozaki_gpu
-    from summa.backend import get_backend
+    from summa.precision import ozaki_gpu
+    from summa.device.backend import get_backend
     backend = get_backend("cupy")
     seconds = _bare_best(m, n, k, backend, ozaki_gpu)
     cp.get_default_memory_pool().free_all_blocks()

@@ -39,7 +39,7 @@ from calls import ROOT, fresh, hold_all_but, matmul_seconds, release  # noqa: F4
 
 def _bytes(text: str) -> int:
     sys.path.insert(0, ROOT)
-    from summa.plan import parse_bytes
+    from summa.planning.memory import parse_bytes
     return parse_bytes(text)
 
 

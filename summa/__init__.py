@@ -14,15 +14,15 @@ Examples
 """
 
 from . import host, options
-from .algorithm import SummaStats, gemm, summa
-from .backend import get_backend
-from .grid import ProcessGrid
-from .layout import Distribution, Layout
-from .matrix import DistMatrix
-from .multiply import matmul
+from .execution.algorithm import SummaStats, gemm, summa
+from .device.backend import get_backend
+from .distribution.grid import ProcessGrid
+from .distribution.layout import Distribution, Layout
+from .distribution.matrix import DistMatrix
+from .api.multiply import matmul
 from .options import Options
-from .stateful import Matmul
-from .verify import freivalds
+from .api.stateful import Matmul
+from .api.verify import freivalds
 
 __version__ = "0.1.0"
 

@@ -4,11 +4,11 @@
   ranks confirm that on a private communicator, rank 0 prints one line and all
   exit with status 2. If some rank does not confirm within the grace period,
   the error was not collective, so the job is aborted instead of left hanging.
-* A failure that the ranks already agreed on (:class:`~summa.agree.RankFailure`)
+* A failure that the ranks already agreed on (:class:`~summa.runtime.agree.RankFailure`)
   is reported once and exits with status 1.
 * Any other exception prints the rank and the traceback, then aborts the job.
 * SIGINT/SIGTERM stop every rank promptly, even inside MPI calls, removing
-  temporary output files (status 128 + signal number); see summa.watchdog.
+  temporary output files (status 128 + signal number); see summa.runtime.watchdog.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _relaunch(argv) -> None:
     if not args or args[0] not in _RELAUNCHED:
         return
     from .pool import launched, mpiexec_command, pool_size
-    from .traits import traits
+    from .device.traits import traits
     if launched():
         return
     backend = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--backend"), "auto")
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     _relaunch(argv)
     from mpi4py import MPI
 
-    from .watchdog import handle_signals, wait_if_stopping
+    from .runtime.watchdog import handle_signals, wait_if_stopping
 
     world = MPI.COMM_WORLD
     handle_signals(world)  # first: a signal before it ends the process as Python's default
@@ -105,7 +105,7 @@ def main(argv=None) -> int:
 def _failed(world, ctl, exc: Exception) -> int:
     """Say once why the command failed with `exc`, and return the exit status
     (or end the job where other ranks may be left waiting)."""
-    from .agree import RankFailure
+    from .runtime.agree import RankFailure
     if isinstance(exc, BrokenPipeError):  # output piped into head & co.: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
@@ -129,7 +129,7 @@ def _failed(world, ctl, exc: Exception) -> int:
 
 def _abort(world, message: str, status: int) -> None:
     """Say `message` from this rank, then end every rank of the job."""
-    from .cleanup import mapped_segments, remove_segments, remove_temporary_files
+    from .runtime.cleanup import mapped_segments, remove_segments, remove_temporary_files
     print(f"summa: rank {world.Get_rank()}: {message}", file=sys.stderr, flush=True)
     remove_temporary_files()  # an output being written in place goes with the job
     remove_segments(mapped_segments())  # MPI_Abort leaves MPI's own in /dev/shm

@@ -10,7 +10,7 @@ made: a bad value is one ValueError naming the variable and the value.
 Entry points (``summa.matmul``, ``summa.gemm``, ``multiply_files``, the
 command line, the pool's workers) take an ``options`` keyword or read the
 environment once (:func:`entry_point`), and hand the one value down: to the
-backend (:attr:`summa.backend.Backend.options`: its GEMM library), and to
+backend (:attr:`summa.device.backend.Backend.options`: its GEMM library), and to
 the rest of the call as this process's current options (:func:`set`, read
 by :func:`current`), so nothing below them reads the environment. Pool
 workers get it as one JSON value (:meth:`Options.to_json`). A library
@@ -42,19 +42,19 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from . import ozaki
+from .precision import ozaki
 
 __all__ = ["Options", "current", "set", "entry_point", "table", "document", "blas_threads_set"]
 
-#: The GPU GEMM libraries ``SUMMA_GEMM`` names (:func:`summa.backend.gemm_library`).
+#: The GPU GEMM libraries ``SUMMA_GEMM`` names (:func:`summa.device.backend.gemm_library`).
 GEMM_LIBRARIES = ("cublas", "cublaslt")
-#: ``SUMMA_INT8_GEMM``'s values (:func:`summa.backend.int8_library`).
+#: ``SUMMA_INT8_GEMM``'s values (:func:`summa.device.backend.int8_library`).
 INT8_LIBRARIES = ("auto", "gemmex", "cublaslt", "cublaslt:I")
-#: ``SUMMA_TRANSPOSE_A``'s values (:func:`summa.tuning.transposes_a`).
+#: ``SUMMA_TRANSPOSE_A``'s values (:func:`summa.planning.tuning.transposes_a`).
 TRANSPOSE_A_SETTINGS = ("auto", "yes", "no")
 #: ``SUMMA_COMPUTE_PRIORITY``'s values.
 PRIORITIES = ("default", "high")
-#: ``SUMMA_HOST_COPIES``'s values (:func:`summa.outofcore.summa_out_of_core`).
+#: ``SUMMA_HOST_COPIES``'s values (:func:`summa.execution.outofcore.summa_out_of_core`).
 HOST_COPIES = ("stage", "lock")
 
 

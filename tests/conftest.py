@@ -17,6 +17,15 @@ import time
 import numpy as np
 import pytest
 
+# The tests mirror the package's folders (tests/device/test_staging.py ...), and
+# test files take helpers from one another by module name (``from test_cli
+# import job``): every folder of tests/ goes on the path, where pytest's prepend
+# mode puts a test file's own folder there only once it collects that file.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path += [entry.path for entry in sorted(os.scandir(_HERE), key=lambda e: e.name)
+             if entry.is_dir() and entry.name.isidentifier() and not entry.name.startswith("_")
+             and entry.path not in sys.path]
+
 # summa.matmul in a plain process (not under mpirun) starts a pool of one
 # worker per 8 cores on CPUs: tests of the in-process path must not (on the
 # 16-core GPU machine a monkeypatched ProcessGrid saw nothing). The pool's own
@@ -63,8 +72,8 @@ def pytest_configure(config):
     global _ctl
     if _mpi_mode(config):
         from mpi4py import MPI
-        from summa.backend import share_cpu_cores
-        from summa.grid import node_rank
+        from summa.device.backend import share_cpu_cores
+        from summa.distribution.grid import node_rank
         _ctl = MPI.COMM_WORLD.Dup()
         share_cpu_cores(node_rank(MPI.COMM_WORLD)[1])
 
@@ -112,12 +121,12 @@ def comm():
 @pytest.fixture(scope="session")
 def backend():
     """The backend under test: NumPy unless SUMMA_TEST_BACKEND=cupy (GPU runs)."""
-    from summa.backend import cupy_available, get_backend
+    from summa.device.backend import cupy_available, get_backend
     name = os.environ.get("SUMMA_TEST_BACKEND", "numpy")
     if name == "cupy" and not cupy_available():
         pytest.skip("SUMMA_TEST_BACKEND=cupy but no GPU is visible")
     from mpi4py import MPI
-    from summa.grid import node_rank
+    from summa.distribution.grid import node_rank
     return get_backend(name, node_rank(MPI.COMM_WORLD)[0])
 
 

@@ -1,4 +1,4 @@
-"""Just enough of CuPy for summa.staging on a machine without a GPU.
+"""Just enough of CuPy for summa.device.staging on a machine without a GPU.
 
 "Device" arrays are NumPy arrays behind a ``.data.ptr``; a copy runs at once
 (ctypes.memmove row by row) when it is queued, so streams and events are

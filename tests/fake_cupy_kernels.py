@@ -1,7 +1,7 @@
-"""Just enough of CuPy for summa.ozaki_gpu on a machine without a GPU.
+"""Just enough of CuPy for summa.precision.ozaki_gpu on a machine without a GPU.
 
 Device arrays are NumPy arrays; the kernels are NumPy versions of the CUDA
-sources in summa/ozaki_gpu.py (same formulas, element for element), run at
+sources in summa/precision/ozaki_gpu.py (same formulas, element for element), run at
 once when launched; streams and events only record the order of calls. What
 this checks is ozaki_gpu's own work: the residue planes and their padding,
 the grouping of products per fold, K in pieces, complex products, alpha and
@@ -107,7 +107,7 @@ class _ElementwiseKernel:
 
     def __call__(self, *args):
         if self.name == "summa_ozaki_exponents":
-            from summa import ozaki
+            from summa.precision import ozaki
             amax, norm, bits, cap = args
             return ozaki.exponents(amax, int(bits), np, norm, float(cap))
         _finish(*args)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from summa.verify import reference_dtype, scaled_error, unit_roundoff
+from summa.api.verify import reference_dtype, scaled_error, unit_roundoff
 
 
 def op(x: np.ndarray, t: str) -> np.ndarray:
@@ -33,7 +33,7 @@ def gemm_scaled_error(c, a, b, c0=None, alpha=1.0, beta=0.0, trans_a="N", trans_
 
 def data_warnings(warnings: list) -> list:
     """`warnings` without the note on cores a launcher bound the rank to
-    (Open MPI binds ranks to cores by default; :class:`summa.grid.ProcessGrid`
+    (Open MPI binds ranks to cores by default; :class:`summa.distribution.grid.ProcessGrid`
     warns of it), which depends on the launcher, not on the data."""
     return [w for w in warnings if " may run on " not in w]
 
@@ -52,10 +52,10 @@ GEMM_SHAPES = [(24, 24, 24), (37, 23, 41), (13, 7, 29), (5, 9, 1), (6, 1, 5), (1
 
 def check_against_reference(rng, grid, backend, shape, block=None, **options) -> list:
     """For every dtype of `backend`: ``C = 0.5 A B + 2 C0`` on fresh random data
-    distributed with `block`, by ``summa.algorithm.gemm(**options)``, checked on
+    distributed with `block`, by ``summa.execution.algorithm.gemm(**options)``, checked on
     rank 0 against the float64 reference. Returns each dtype's SummaStats."""
-    from summa.algorithm import SummaStats, gemm
-    from summa.matrix import DistMatrix
+    from summa.execution.algorithm import SummaStats, gemm
+    from summa.distribution.matrix import DistMatrix
     m, n, k = shape
     runs = []
     for dtype in backend.dtypes:
@@ -72,9 +72,9 @@ def check_against_reference(rng, grid, backend, shape, block=None, **options) ->
 
 
 def spy_out_of_core(monkeypatch):
-    """Record the host blocks (A, B, C) summa.multiply hands to the
+    """Record the host blocks (A, B, C) summa.api.multiply hands to the
     out-of-core sweep (run_out_of_core, with its plan)."""
-    from summa import multiply
+    from summa.api import multiply
     seen = []
     real = multiply.run_out_of_core
 

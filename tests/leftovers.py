@@ -11,8 +11,8 @@ import signal
 import tempfile
 import time
 
-from summa import host
-from summa.cleanup import MPI_SEGMENT_PREFIXES, mapped_segments
+from summa.host import shared as host
+from summa.runtime.cleanup import MPI_SEGMENT_PREFIXES, mapped_segments
 
 #: Where MPI libraries keep their named shared memory.
 SEGMENT_DIR = "/dev/shm"
@@ -41,7 +41,7 @@ def job_pids(root: int) -> list[int]:
 
 def held_files(pids) -> set[str]:
     """Shared-memory files processes `pids` hold: MPI's segments they map and
-    summa's shared arrays named after them (:func:`summa.host.named`)."""
+    summa's shared arrays named after them (:func:`summa.host.shared.named`)."""
     held = {path for pid in pids for path in mapped_segments(pid)}
     try:
         names = os.listdir(host.shm_dir())
@@ -69,7 +69,7 @@ def interrupt(proc) -> tuple[str, float]:
 
 def wait_gone(pids, seconds: float) -> list[int]:
     """`pids` still alive after up to `seconds` (zombies count as gone)."""
-    from summa.cleanup import process_alive
+    from summa.runtime.cleanup import process_alive
     deadline = time.monotonic() + seconds
     while True:
         alive = [p for p in pids if process_alive(p)]
@@ -141,7 +141,7 @@ def finish(folders: private_folders) -> list[str]:
     """End of a session: remove the MPI segments its killed jobs stranded,
     the session's folders, and return what was left in them."""
     from summa import pool
-    from summa.cleanup import remove_segments
+    from summa.runtime.cleanup import remove_segments
     pool.close()  # a test's pool is stopped at exit otherwise: after this check
     time.sleep(0.5)  # a job ended just now may still be removing its files
     remove_segments(stranded(folders.segments))

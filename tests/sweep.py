@@ -58,7 +58,7 @@ def draw_case(rng, nranks: int, backend, modes, largest: int, seed: int = 0,
     Shapes go up to `largest` in each dimension; grids are every factorization
     of `nranks`; column strips are drawn on grids of one column, in memory.
     """
-    from summa.grid import grid_shapes
+    from summa.distribution.grid import grid_shapes
     dtypes = [d.name for d in backend.dtypes]
     grid = [int(x) for x in grid_shapes(nranks)[rng.integers(len(grid_shapes(nranks)))]]
     dtype = str(rng.choice(dtypes))
@@ -134,7 +134,7 @@ class Grids:
         self.comm, self.topology, self._grids = comm, topology, {}
 
     def __call__(self, shape):
-        from summa.grid import ProcessGrid
+        from summa.distribution.grid import ProcessGrid
         key = tuple(shape)
         if key not in self._grids:
             self._grids[key] = ProcessGrid(self.comm, key, topology=self.topology)
@@ -150,7 +150,7 @@ def _budget(case, shape, itemsize: int) -> int:
     """A device budget for an out-of-core case on a grid of `shape`:
     `budget_share` of what the in-memory blocks take, but never less than
     the smallest that tiles."""
-    from summa.plan import memory_plan
+    from summa.planning.memory import memory_plan
     # a default width (None) is summa's choice: the budget is planned at 256
     m, n, k, nb = case["m"], case["n"], case["k"], case["panel_width"] or 256
     full = memory_plan(m, n, k, case["dtype"], shape, nb, case["lookahead"], "cupy",
@@ -172,10 +172,10 @@ def run_case(case: dict, grids: Grids, backend, seed: int | None = None) -> floa
     seed = case.get("seed", 0) if seed is None else seed
     if case.get("entry") == "arrays":
         return run_array_case(case, grids.comm, backend, seed, grids.topology)
-    from summa.algorithm import gemm
-    from summa.backend import NumpyBackend
-    from summa.matrix import DistMatrix
-    from summa.outofcore import summa_out_of_core
+    from summa.execution.algorithm import gemm
+    from summa.device.backend import NumpyBackend
+    from summa.distribution.matrix import DistMatrix
+    from summa.execution.outofcore import summa_out_of_core
     grid = grids(case["grid"])
     rng = np.random.default_rng(seed)
     m, n, k = case["m"], case["n"], case["k"]

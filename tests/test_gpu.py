@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from helpers import gemm_scaled_error, random_array
-from summa.backend import cupy_available, get_backend
-from summa.grid import ProcessGrid
-from summa.matrix import DistMatrix
-from summa.algorithm import gemm
-from summa.multiply import matmul
+from summa.device.backend import cupy_available, get_backend
+from summa.distribution.grid import ProcessGrid
+from summa.distribution.matrix import DistMatrix
+from summa.execution.algorithm import gemm
+from summa.api.multiply import matmul
 from summa.options import Options
 
 pytestmark = pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
@@ -80,7 +80,7 @@ def _modes(backend):
 @pytest.mark.parametrize("shape", [(97, 61, 203), (5, 300, 7)])
 @pytest.mark.parametrize("which", ["auto", "row", "col"])
 def test_every_comm_mode_matches_reference(comm, rng, gpu, mode, shape, which):
-    from summa.comm import mpi_cuda_aware
+    from summa.transports.comm import mpi_cuda_aware
     grid0, backend = gpu
     available = _modes(backend) + (["cuda-aware"] if mpi_cuda_aware()[0] else [])
     if mode not in available:
@@ -104,7 +104,7 @@ def test_own_panels_first_on_the_gpu(comm, rng, gpu, mode):
     go first, its sends start without waiting for the GEMMs (NCCL, ipc, CUDA-aware
     and staged sends from the block itself). Right, and the same bits for every
     lookahead >= 1."""
-    from summa.comm import mpi_cuda_aware
+    from summa.transports.comm import mpi_cuda_aware
     _, backend = gpu
     available = _modes(backend) + (["cuda-aware"] if mpi_cuda_aware()[0] else [])
     if mode not in available:
@@ -131,7 +131,7 @@ def test_every_schedule_broadcaster_and_lookahead_on_the_gpu(comm, rng, gpu, mod
     """Each schedule through each broadcaster at lookahead 0-3, with one, two
     and many strips (or panels) per rank: on one GPU the ranks share it (host-
     staged MPI, where strips once came out wrong), on several each has its own."""
-    from summa.comm import mpi_cuda_aware
+    from summa.transports.comm import mpi_cuda_aware
     _, backend = gpu
     available = ["auto"] + _modes(backend) + (["cuda-aware"] if mpi_cuda_aware()[0] else [])
     if mode not in available:
@@ -158,7 +158,7 @@ def test_column_strips_on_the_gpu(comm, rng, gpu, mode, dtype, precision):
     """Column strips (P x 1, every GEMM over all of K): right with every
     broadcaster, including ipc's direct reads of strided strips, and the same
     bits for every lookahead."""
-    from summa.comm import mpi_cuda_aware
+    from summa.transports.comm import mpi_cuda_aware
     _, backend = gpu
     available = _modes(backend) + (["cuda-aware"] if mpi_cuda_aware()[0] else [])
     if mode not in available:
@@ -256,8 +256,8 @@ def test_transposed_panels_on_the_gpu(comm, rng, gpu, monkeypatch, mode, dtype, 
 def test_out_of_core_on_the_gpu(comm, rng, gpu, dtype, mode, size):
     # ipc at 2000: 63 panels through 2 slots, where a root once refilled a slot
     # before its panel had been copied out (float64 results came out wrong).
-    from summa.backend import NumpyBackend
-    from summa.outofcore import summa_out_of_core
+    from summa.device.backend import NumpyBackend
+    from summa.execution.outofcore import summa_out_of_core
     grid, backend = gpu
     if mode not in _modes(backend):
         pytest.skip(f"{mode} is not available here")
@@ -283,8 +283,8 @@ def test_out_of_core_on_the_gpu(comm, rng, gpu, dtype, mode, size):
 @pytest.mark.mpi(min_size=1)
 def test_check_of_host_held_matrices_on_the_gpu(comm, rng, gpu):
     # bench and multiply check out-of-core results through the GPU
-    from summa.backend import NumpyBackend
-    from summa.verify import freivalds
+    from summa.device.backend import NumpyBackend
+    from summa.api.verify import freivalds
     grid, backend = gpu
     host = NumpyBackend()
     A = DistMatrix.random((70, 50), "float32", grid, host, seed=3, compute=backend)
@@ -304,7 +304,7 @@ def test_host_copies_work_on_partly_locked_memory(comm, gpu):
     # sharing a page with a locked one is such a range, so the mover and the
     # backend stage it.
     import cupy
-    from summa.outofcore import _CudaMover
+    from summa.execution.outofcore import _CudaMover
     _, backend = gpu
     page = 4096
     raw = np.zeros(6 * page, dtype=np.uint8)
@@ -340,7 +340,7 @@ def test_host_copies_work_on_partly_locked_memory(comm, gpu):
                                              ("complex64", None), ("complex128", None)])
 def test_cublaslt_gemm_matches_reference_and_repeats_bit_for_bit(comm, rng, gpu, dtype,
                                                                  precision):
-    from summa.backend import CupyBackend
+    from summa.device.backend import CupyBackend
     _, backend = gpu
     lt = CupyBackend(backend.device, Options(gemm="cublaslt"))
     xp = lt.xp
@@ -361,7 +361,7 @@ def test_cublaslt_gemm_matches_reference_and_repeats_bit_for_bit(comm, rng, gpu,
 
 @pytest.mark.mpi(min_size=1)
 def test_high_priority_compute_stream_gives_the_same_product(comm, rng, gpu):
-    from summa.backend import CupyBackend
+    from summa.device.backend import CupyBackend
     grid, backend = gpu
     high = CupyBackend(backend.device, Options(compute_priority="high"))
     assert "high-priority" in high.describe()
@@ -380,7 +380,7 @@ def test_a_staging_buffer_one_rank_cannot_get_fails_on_every_rank(comm, gpu, mon
     """ipc's paired broadcasts allocate a staging buffer per slot: where one
     rank's GPU has no room for it, every rank raises (none waits for it)."""
     import cupy
-    from summa.ipc import IpcBroadcaster
+    from summa.transports.ipc import IpcBroadcaster
     _, backend = gpu
     if "ipc" not in _modes(backend):
         pytest.skip("ipc is not available here")
@@ -412,7 +412,7 @@ def test_auto_keeps_small_blocks_open_between_multiplies(comm, rng, gpu):
     second opens nothing and reads the values written into them since; blocks
     in new allocations are opened in turn and the old ones let go; the bits
     repeat; ``prepare`` opens them ahead."""
-    from summa.algorithm import prepare, summa
+    from summa.execution.algorithm import prepare, summa
     _, backend = gpu
     if "ipc" not in _modes(backend):
         pytest.skip("ipc is not available here")
@@ -458,8 +458,8 @@ def test_blocks_too_large_to_keep_are_opened_every_time(comm, rng, gpu, monkeypa
     """Above the share of device memory kept open, ``ipc`` opens the peers'
     blocks at every multiply and holds none, and ``auto`` takes NCCL where the
     GEMMs would not hide the opening."""
-    import summa.ipc as ipc
-    from summa.algorithm import summa
+    import summa.transports.ipc as ipc
+    from summa.execution.algorithm import summa
     _, backend = gpu
     if "ipc" not in _modes(backend):
         pytest.skip("ipc is not available here")
@@ -487,7 +487,7 @@ def test_numpy_arrays_stream_through_the_gpu_into_out(comm, rng, dtype):
     """summa.matmul on pageable NumPy arrays: host-resident by itself, staged
     through page-locked chunks (several per panel part, rows with a pitch),
     the product written into `out`; right on every rank count."""
-    from summa import staging
+    from summa.device import staging
     import summa
     big = random_array(rng, (700, 300), dtype)
     a, b = big[:650, 10:290], random_array(rng, (280, 333), dtype)
@@ -515,7 +515,7 @@ def test_int8_products_on_the_gpu_are_exact_and_ozaki_matches_the_cpu(comm, rng,
     product; the fused kernels' residues against NumPy's, bit for bit; the
     whole product against the CPU's (the same float64 formulas: equal but
     for the low sums' rounding order), alpha and beta applied; Inf refused."""
-    from summa import ozaki, ozaki_gpu
+    from summa.precision import ozaki, ozaki_gpu
     _, backend = gpu
     cp = backend.xp
     m, n, k = shape
@@ -572,7 +572,7 @@ def test_summa_fp64_int8_on_a_grid_is_one_gpus_whole_product(comm, rng, gpu, mon
     over all of K and the panels' INT8 products summed before one fold give
     one GPU's product of the whole (ozaki_gpu.gemm), whatever the grid and
     panels; with SUMMA_FP64_INT8_SUMS=0 (a fold a panel) within the gauge too."""
-    from summa import ozaki_gpu
+    from summa.precision import ozaki_gpu
     grid, backend = gpu
     cp = backend.xp
     finished = []
@@ -591,7 +591,7 @@ def test_summa_fp64_int8_on_a_grid_is_one_gpus_whole_product(comm, rng, gpu, mon
         whole = cp.asnumpy(whole)
         assert gemm_scaled_error(c, a, b) <= 1
         assert np.all(np.abs(c - whole) <= 2 * np.spacing(np.abs(whole)))
-    from summa.algorithm import summa
+    from summa.execution.algorithm import summa
     C = DistMatrix.zeros((300, 210), "float64", grid, backend)
     assert summa(1.0, A, B, 0.0, C, panel_width=128, precision="fp64-int8").extra["panel_sums"]
     monkeypatch.setenv("SUMMA_FP64_INT8_SUMS", "0")
@@ -607,7 +607,7 @@ def test_summa_fp64_int8_on_a_grid_is_one_gpus_whole_product(comm, rng, gpu, mon
 def test_large_host_copies_go_through_the_stager(comm, rng, gpu, monkeypatch):
     """Large pageable arrays reach the GPU and come back through page-locked
     chunks (strided rows too), every byte, in the order of the stream."""
-    from summa import staging
+    from summa.device import staging
     _, backend = gpu
     cp = backend.xp
     used = []
@@ -644,7 +644,7 @@ def test_fp64_int8_short_sums_run_native_within_the_gauge_and_refuse_inf(comm, r
     """Below K_NATIVE terms the backend's fp64-int8 product is native
     float64's (within the gauge, where the scaling's rounding is not); from
     it on the INT8 one; Inf refused either way."""
-    from summa import ozaki, ozaki_gpu
+    from summa.precision import ozaki, ozaki_gpu
     _, backend = gpu
     cp = backend.xp
     a, b = rng.uniform(-1, 1, (70, k)), rng.uniform(-1, 1, (k, 45))
@@ -668,7 +668,7 @@ def test_fp64_int8_short_sums_run_native_within_the_gauge_and_refuse_inf(comm, r
 def test_fp64_int8_folds_in_groups_of_any_size_give_the_same_product(comm, rng, gpu, planes):
     """Folds of the integer products in groups of any size: the same product
     as the CPU's."""
-    from summa import ozaki, ozaki_gpu
+    from summa.precision import ozaki, ozaki_gpu
     _, backend = gpu
     cp = backend.xp
     a, b = rng.uniform(-1, 1, (257, 300)), rng.standard_normal((300, 130))
@@ -684,7 +684,7 @@ def test_large_npy_blocks_go_straight_between_the_file_and_the_gpu(comm, rng, gp
     """A GPU's block of a large .npy file is read by the copy threads from the
     file's map into page-locked chunks, and written back the same way: the
     values arrive and the file is what NumPy saves."""
-    from summa import filemaps
+    from summa.host import filemaps
     grid, backend = gpu
     folder = comm.bcast(str(tmp_path_factory.mktemp("npy")) if comm.rank == 0 else None)
     x = rng.uniform(-1, 1, (6000, 3000))
@@ -750,7 +750,7 @@ def test_int8_products_fall_back_to_gemmex_where_cublaslt_cannot(comm, gpu, monk
     """By default a product cuBLASLt cannot make (no algorithm for the shape,
     as on older GPUs, or no library) goes through gemmEx, the same bits;
     asked by name (SUMMA_INT8_GEMM=cublaslt) it is one clear error."""
-    from summa import backend as backends, lt
+    from summa.device import backend as backends, lt
     _, backend = gpu
     cp = backend.xp
     a8 = cp.random.randint(-128, 128, (1024, 1024), dtype=cp.int8)
@@ -803,11 +803,11 @@ def test_cublaslt_int8_products_are_gemmex_bits_on_large_shapes(comm, gpu, monke
     del got, want
 
 
-# -- arrays on a GPU given to summa.matmul (summa/operands.py) -------------------------
+# -- arrays on a GPU given to summa.matmul (summa/api/operands.py) -------------------------
 
 def _no_host_path(monkeypatch):
     """Fail the call where it goes through the host plan (run_arrays)."""
-    from summa import multiply
+    from summa.api import multiply
 
     def refuse(*args, **kwargs):
         raise AssertionError("GPU operands went through host memory")
@@ -824,7 +824,7 @@ def test_cupy_operands_are_one_gemm_on_their_gpu_and_come_back_as_cupy(rng, monk
                                                                        trans):
     import cupy
     import summa
-    from summa.algorithm import SummaStats
+    from summa.execution.algorithm import SummaStats
     _no_host_path(monkeypatch)
     m, n, k = 67, 45, 130
     a = random_array(rng, _op_shape((m, k), trans[0]), dtype)
@@ -887,7 +887,7 @@ def test_one_operand_on_the_gpu_uploads_the_other_and_the_product_stays_there(rn
                                                                               monkeypatch):
     import cupy
     import summa
-    from summa.algorithm import SummaStats
+    from summa.execution.algorithm import SummaStats
     _no_host_path(monkeypatch)
     a, b = random_array(rng, (40, 33), "float64"), random_array(rng, (33, 21), "float64")
     stats = SummaStats()
@@ -901,7 +901,7 @@ def test_one_operand_on_the_gpu_uploads_the_other_and_the_product_stays_there(rn
 def test_cupy_operands_beyond_the_device_budget_go_through_host_memory(rng, into_out):
     import cupy
     import summa
-    from summa.algorithm import SummaStats
+    from summa.execution.algorithm import SummaStats
     a, b = random_array(rng, (1024, 1024), "float64"), random_array(rng, (1024, 512), "float64")
     out = cupy.empty((1024, 512)) if into_out else None
     stats = SummaStats()
@@ -918,7 +918,7 @@ def test_cupy_operands_beyond_the_device_budget_go_through_host_memory(rng, into
 def test_a_product_made_in_host_memory_that_cannot_go_back_stays_there(rng, monkeypatch):
     import cupy
     import summa
-    from summa import operands
+    from summa.api import operands
     monkeypatch.setattr(operands, "_to_device", lambda *args: None)  # as if the GPU were full
     a = random_array(rng, (512, 512), "float64")
     with pytest.warns(RuntimeWarning, match="returned in host memory"):
@@ -969,7 +969,7 @@ def test_cupy_operands_on_the_root_of_a_grid(comm, rng, gpu):
     """On one rank one GEMM where they lie; on several the root's GPU
     operands go through host memory, and the product comes back to its GPU."""
     import cupy
-    from summa.algorithm import SummaStats
+    from summa.execution.algorithm import SummaStats
     root = comm.Get_size() - 1
     a, b = random_array(rng, (70, 45), "float64"), random_array(rng, (45, 52), "float64")
     mine = comm.rank == root
@@ -1042,7 +1042,7 @@ def test_every_layout_goes_through_the_gpu_as_it_lies(comm, rng, monkeypatch, la
     (staged, or page-locked whole where they can be: SUMMA_HOST_COPIES=lock)
     and in memory, on every rank count."""
     import summa
-    from summa import staging
+    from summa.device import staging
     from test_layouts import _product
     a, ta, xa, b, tb, xb = _product(rng, la, lb, shape=(300, 200, 500))
     kwargs = {"out_of_core": False} if how == "in memory" else {"device_memory": "3MiB"}
@@ -1076,7 +1076,7 @@ def test_page_locked_fortran_operands_go_up_directly_by_columns(comm, rng, monke
     as the rows of their transposes; op H by cuBLAS's op C."""
     import cupyx
     import summa
-    from summa import staging
+    from summa.device import staging
     x = random_array(rng, (400, 300), dtype)
     y = random_array(rng, (300, 200), dtype)
     a = cupyx.empty_pinned((300, 400), dtype=dtype, order="F")

@@ -10,7 +10,7 @@ import pytest
 
 import summa
 from summa import options, pool
-from summa.backend import get_backend
+from summa.device.backend import get_backend
 from summa.options import Options
 
 PACKAGE = Path(options.__file__).parent
@@ -178,10 +178,10 @@ def test_docs_table_is_up_to_date():
 
 
 #: Modules that may read the environment, and why: options.py (every
-#: setting), pool.py (whether a launcher started this process, and the
+#: setting), pool/__init__.py (whether a launcher started this process, and the
 #: launcher's own environment for the workers), __main__.py (the
 #: environment a relaunch under mpiexec starts with).
-ENVIRONMENT_READERS = {"options.py", "pool.py", "__main__.py"}
+ENVIRONMENT_READERS = {"options.py", "pool/__init__.py", "__main__.py"}
 
 
 def _source_lines():

@@ -1,6 +1,6 @@
 """The package's interfaces, read from its source: no private name is
 imported across modules, the backend's name is compared in backend selection
-only (everyone else asks the Backend or :func:`summa.traits.traits`), and no
+only (everyone else asks the Backend or :func:`summa.device.traits.traits`), and no
 module keeps hidden state behind ``global`` or ``nonlocal``."""
 
 from __future__ import annotations
@@ -19,18 +19,25 @@ PRIVATE_IMPORTS_ALLOWED: set = set()
 #: Modules where ``global`` stays: options' one explicit cache of the parsed
 #: settings; pool's worker pool and watchdog's active watch, until the
 #: signal-handling work moves them into objects.
-GLOBAL_ALLOWED = {"options", "pool", "watchdog"}
+GLOBAL_ALLOWED = {"summa.options", "summa.pool", "summa.runtime.watchdog"}
 
 #: Backend names are compared in backend selection only: get_backend's choice
-#: and summa.traits, the one description of a name.
+#: and summa.device.traits, the one description of a name.
 BACKEND_NAMES = {"cupy", "numpy"}
 BACKEND_COMPARISONS_MAX = 5
-SELECTION_FILES = {"backend", "traits"}
+SELECTION_FILES = {"summa.device.backend", "summa.device.traits"}
 
 
 def _modules(root: pathlib.Path = PACKAGE):
-    for path in sorted(root.glob("*.py")):
-        yield path.stem, ast.parse(path.read_text(), str(path))
+    for path in sorted(root.rglob("*.py")):
+        yield dotted(path, root), ast.parse(path.read_text(), str(path))
+
+
+def dotted(path: pathlib.Path, root: pathlib.Path = PACKAGE) -> str:
+    """A module's identity, its dotted name: ``summa.device.backend``,
+    ``summa.pool`` for pool/__init__.py."""
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def private_imports(modules) -> list[tuple[str, str, str]]:
@@ -39,10 +46,18 @@ def private_imports(modules) -> list[tuple[str, str, str]]:
     for name, tree in modules:
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.level >= 1 and node.module:
-                home = node.module.split(".")[-1]
+                home = imported_from(name, node)
                 found += [(name, home, alias.name) for alias in node.names
                           if alias.name.startswith("_") and not alias.name.startswith("__")]
     return found
+
+
+def imported_from(module: str, node: ast.ImportFrom) -> str:
+    """The dotted name relative import `node` in `module` reads from."""
+    package = module.split(".")
+    if not (PACKAGE.parent.joinpath(*package) / "__init__.py").is_file():
+        package = package[:-1]  # a module, not a package's __init__
+    return ".".join(package[:len(package) - node.level + 1] + [node.module])
 
 
 def backend_comparisons(modules) -> list[tuple[str, int]]:
@@ -74,7 +89,8 @@ def test_no_private_names_imported_across_modules():
 def test_backend_names_compared_in_backend_selection_only():
     found = backend_comparisons(_modules())
     outside = [f for f in found if f[0] not in SELECTION_FILES]
-    assert not outside, ("ask the Backend (is_gpu, supports_ipc ...) or summa.traits.traits(name) "
+    assert not outside, ("ask the Backend (is_gpu, supports_ipc ...) or "
+                         "summa.device.traits.traits(name) "
                          f"instead of comparing its name: {outside}")
     assert len(found) <= BACKEND_COMPARISONS_MAX, found
 
@@ -104,7 +120,7 @@ def session_labels(root: pathlib.Path = PACKAGE) -> list[tuple[str, int]]:
     """(module, line) of each comment or string citing a work session ("s13",
     "s17d", "session 16") instead of a benchmark by name."""
     label = re.compile(r"\bs[1-9][0-9][a-z]?\b|\b[Ss]ession [0-9]+")
-    return [(path.stem, number) for path in sorted(root.glob("*.py"))
+    return [(dotted(path, root), number) for path in sorted(root.rglob("*.py"))
             for number, line in enumerate(path.read_text().splitlines(), 1)
             if label.search(line)]
 
@@ -113,3 +129,22 @@ def test_comments_cite_benchmarks_not_sessions(tmp_path):
     assert not session_labels(), "cite the benchmark by name and what it showed"
     (tmp_path / "added.py").write_text("x = 8  # measured no faster, s13\n")
     assert session_labels(tmp_path)
+
+
+#: The top of the package: the entry modules and the settings; the rest lives
+#: in the subpackage of its concern (docs/development.md, "Layout of the code").
+TOP_MODULES = {"summa", "summa.__main__", "summa.options"}
+
+
+def test_the_package_is_laid_out_by_concern():
+    names = dict(_modules())
+    top = {name for name in names if name.count(".") == 0 or name.count(".") == 1
+           and not (PACKAGE / name.split(".")[1] / "__init__.py").is_file()}
+    assert top == TOP_MODULES, f"put these in the subpackage of their concern: {top - TOP_MODULES}"
+    packages = sorted(path.parent for path in PACKAGE.glob("*/__init__.py"))
+    assert packages, "no subpackages"
+    for package in packages:
+        assert ast.get_docstring(names[dotted(package / "__init__.py")]), (
+            f"{package.name}/__init__.py: say in its docstring what the concern is")
+    loose = [path for path in PACKAGE.rglob("*.py") if not (path.parent / "__init__.py").is_file()]
+    assert not loose, f"folders of modules without __init__.py: {loose}"

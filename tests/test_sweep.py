@@ -4,7 +4,7 @@
 ``SUMMA_SWEEP_LARGEST`` (default 300 on CPU, 3000 on GPUs); the seed is drawn
 fresh (``SUMMA_SWEEP_SEED`` replays one) and printed with every failure. On 4
 and 6 ranks a tenth as many cases run again for each of 1 (this machine), 2
-and 3 virtual nodes (:meth:`summa.topology.Topology.virtual`), so that the
+and 3 virtual nodes (:meth:`summa.distribution.topology.Topology.virtual`), so that the
 paths between nodes run on one machine.
 """
 
@@ -75,7 +75,7 @@ def test_randomized_sweep_on_virtual_nodes_has_no_wrong_product(comm, backend, n
     reads of the root's arrays and CUDA IPC within each, MPI between them.
     One node (MPI's own topology) runs the array entry point alone: the main
     sweep runs the rest."""
-    from summa.topology import Topology
+    from summa.distribution.topology import Topology
     from test_comm import modes
     if comm.Get_size() not in (4, 6):
         pytest.skip("virtual nodes are swept on 4 and 6 ranks")

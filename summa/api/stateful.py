@@ -1,0 +1,167 @@
+"""A multiply planned once and executed many times (:class:`Matmul`), as
+nvmath-python's stateful ``Matmul`` and FFTW's plans do: the checks, the
+Plan and the process grid (with the broadcasters it keeps) are made once;
+each :meth:`Matmul.execute` only moves blocks and multiplies."""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+from mpi4py import MPI
+
+from ..execution.algorithm import SummaStats
+from .arrays import check_arrays
+from ..distribution.grid import ProcessGrid
+from .multiply import ArrayOperands, plan_arrays, run_planned
+from .operands import kept_device
+from ..precision.ozaki_gpu import asked_moduli, check_moduli
+
+__all__ = ["Matmul"]
+
+#: Options Matmul takes beside its own arguments (as summa.matmul on arrays).
+OPTIONS = ("alpha", "trans_a", "trans_b", "panel_width", "lookahead", "broadcaster",
+           "precision", "moduli", "schedule")
+
+
+class Matmul:
+    """``alpha * op(a) @ op(b)`` of arrays held on rank `root`, planned
+    once and executed many times; collective over `comm`.
+
+    Construction checks the operands and plans the product
+    (:func:`summa.planning.make_plan`: grid, in memory or host-resident,
+    panel width, device budget and tiles, precision) and makes the process
+    grid. :meth:`execute` multiplies the operands given then (or new ones
+    of the same shape and dtype) by that Plan: later calls reuse the grid,
+    its communicators and broadcasters (NCCL, CUDA IPC: made on the first
+    call), this process's page-locked staging rings and the device memory
+    pool; the blocks are placed again each call, since the arrays' values
+    may have changed. :meth:`free` (or leaving a ``with`` block) releases
+    the grid and what it holds. It runs on the ranks of `comm` (default
+    COMM_WORLD, or this process alone), not through :mod:`summa.pool`.
+    Operands on a GPU on one rank plan one GEMM there
+    (:func:`summa.api.multiply.matmul_arrays`); the operands of each execution
+    must then lie on that GPU too.
+
+    Parameters
+    ----------
+    a, b : array
+        On `root`, None elsewhere: any kind :func:`summa.matmul` takes.
+    comm, root, grid, backend, out_of_core, device_memory, **options
+        As for :func:`summa.api.multiply.matmul_arrays` (options: ``alpha``,
+        ``trans_a``, ``trans_b``, ``panel_width``, ``lookahead``,
+        ``broadcaster``, ``precision``, ``moduli``, ``schedule``).
+
+    Attributes
+    ----------
+    plan : summa.planning.Plan
+        Every decision the executions follow; ``print(m.plan)`` shows it.
+    stats : SummaStats or None
+        This rank's timings of the last :meth:`execute`.
+
+    Examples
+    --------
+    >>> with summa.Matmul(a, b, device_memory="16GiB") as m:  # doctest: +SKIP
+    ...     print(m.plan)
+    ...     c = m.execute()
+    ...     c2 = m.execute(a2, b2)  # same shapes: the same plan and grid
+    """
+
+    def __init__(self, a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
+                 backend="auto", out_of_core=None, device_memory=None, **options):
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise TypeError(f"Matmul got unexpected keyword argument(s) {', '.join(unknown)}")
+        self._comm = MPI.COMM_WORLD if comm is None else comm
+        self._grid = None
+        self._moduli = check_moduli(options.pop("moduli", None), options.get("precision"))
+        self._alpha = options.pop("alpha", 1.0)
+        with asked_moduli(self._moduli), kept_device():  # the plan counts their scratch
+            self._backend, self.plan, self._operands = plan_arrays(
+                ArrayOperands(a, b, None, root), self._comm, grid, backend, out_of_core,
+                device_memory, **options)
+        self._grid = ProcessGrid(self._comm, self.plan.grid)
+        if self._grid.core_note and self._grid.rank == 0:
+            warnings.warn(self._grid.core_note, RuntimeWarning, stacklevel=2)
+        self._root = root
+        self.stats = None
+
+    def execute(self, a=None, b=None, out=None):
+        """The product of the operands given at construction, or of `a` and
+        `b` (both, on the root: of the planned shapes and dtype), into `out`
+        where given (on the root); collective. Returns it on the root, None
+        elsewhere."""
+        if self._grid is None:
+            raise RuntimeError("this Matmul was freed")
+        called = time.perf_counter()
+        if a is None and b is None:
+            a, b = self._operands.a, self._operands.b
+        # (one of a and b alone: refused there, on every rank)
+        operands = self._checked(ArrayOperands(a, b, out, self._root))
+        stats = SummaStats()
+        with asked_moduli(self._moduli), kept_device():
+            c = run_planned(self.plan, self._grid, self._backend, operands, self._alpha, stats,
+                            called)
+        self.stats = stats
+        return c
+
+    def _checked(self, operands: ArrayOperands) -> ArrayOperands:
+        """`operands` described on the root; refused, on every rank, where the
+        plan does not fit them or their `out` (or where it is one GEMM on a
+        GPU, they lie elsewhere)."""
+        comm, meta = self._comm, None
+        if comm.Get_rank() == self._root:
+            try:
+                operands = operands.described()
+                meta = self._fits(operands.given)
+            except ValueError as exc:
+                meta = str(exc)
+        meta = comm.bcast(meta, root=self._root)
+        if isinstance(meta, str):
+            raise ValueError(meta)
+        return operands
+
+    def _fits(self, given) -> str | None:
+        """Why the plan does not fit the described operands `given` (None: it does)."""
+        plan = self.plan
+        meta = check_arrays(*given.arrays, *plan.trans, self._backend)
+        if isinstance(meta, str):
+            return meta
+        if (tuple(meta[:3]), np.dtype(meta[3]).name) != (tuple(plan.shape), plan.dtype):
+            return (f"the operands make a {meta[0]}x{meta[1]}x{meta[2]} "
+                    f"{np.dtype(meta[3]).name} product, but this Matmul planned "
+                    f"{'x'.join(map(str, plan.shape))} {plan.dtype}")
+        placed, planned = given.placement, plan.placement
+        if planned.resident and (placed.where, placed.device) != (planned.where,
+                                                                   planned.device):
+            return (f"this Matmul planned one GEMM on GPU {planned.device} for operands "
+                    f"lying {_where(planned)}; these lie {_where(placed)}")
+        return None
+
+    def free(self) -> None:
+        """Release the grid, its communicators and broadcasters (safe twice)."""
+        if self._grid is not None:
+            self._grid.free()
+            self._grid = None
+
+    def __enter__(self) -> "Matmul":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        m, n, k = self.plan.shape
+        return (f"Matmul({m}x{n}x{k} {self.plan.dtype}, grid {self.plan.grid[0]}x"
+                f"{self.plan.grid[1]}, {'out of core' if self.plan.out_of_core else 'in memory'}"
+                f"{', freed' if self._grid is None else ''})")
+
+
+def _where(placement) -> str:
+    """Where a :class:`summa.planning.planner.Placement`'s operands lie, in words."""
+    if placement.where == "host":
+        return "in host memory"
+    if placement.where == "mixed":
+        return f"one on GPU {placement.device}, one in host memory"
+    return f"on GPU {placement.device}"

@@ -1,0 +1,523 @@
+"""The ``run`` and ``bench`` commands: time C = A @ B on random matrices, check
+it, and compare with the one-device rate of the per-rank share."""
+
+from __future__ import annotations
+
+import json
+import platform
+import socket
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import __version__
+from .. import options as settings
+from ..precision import ozaki_gpu
+from ..execution.algorithm import SummaStats, gemm
+from ..api.checks import check_scalars
+from ..device.backend import NumpyBackend, get_backend
+from ..transports.comm import choose_comm
+from ..distribution.grid import ProcessGrid, check_grid_ranks, grid_shapes, node_rank
+from ..distribution.matrix import DistMatrix
+from ..execution.outofcore import run_out_of_core
+from ..planning.planner import Machine, make_plan
+from ..runtime.progress import Progress
+from ..device.traits import traits
+from ..api.verify import freivalds
+from ..runtime.watchdog import watch
+
+__all__ = ["run_bench", "run_sweep", "versions", "agree_backend", "UsageError"]
+
+#: Sizes of the default run: quick on CPU ranks, big enough to fill GPUs.
+DEFAULT_SIZE_CPU = 2048
+DEFAULT_SIZE_GPU = 32768
+
+
+class UsageError(ValueError):
+    """Bad command-line input; reported once, exit status 2."""
+
+
+def _shape(args, default: int) -> tuple[int, int, int]:
+    size = args.size or default
+    return (args.m or size, args.n or size, args.k or size)
+
+
+def versions() -> dict:
+    import mpi4py
+    out = {"summa": __version__, "python": platform.python_version(), "numpy": np.__version__,
+           "mpi4py": mpi4py.__version__,
+           "mpi": MPI.Get_library_version().splitlines()[0].strip()}
+    if "cupy" in sys.modules:
+        out["cupy"] = sys.modules["cupy"].__version__
+    return out
+
+
+def agree_backend(comm: MPI.Comm, name: str):
+    """Pick the backend on every rank and fail everywhere if any rank cannot."""
+    try:
+        backend, error = None, None
+        backend = get_backend(name, node_rank(comm)[0])
+    except ValueError as exc:
+        error = f"rank {comm.Get_rank()}: {exc}"
+    errors = [e for e in comm.allgather(error) if e]
+    if errors:
+        raise UsageError(errors[0])
+    names = set(comm.allgather(backend.name))
+    if len(names) > 1:
+        raise UsageError(f"ranks chose different backends ({', '.join(sorted(names))}); "
+                         "pass --backend numpy or --backend cupy")
+    return backend
+
+
+def _ideal_bytes(shape, dtype, transposed_a: bool = False) -> int:
+    """Device bytes of :func:`_single_device_seconds`' operands."""
+    m, n, k = shape
+    return (m * k * (1 + transposed_a) + k * n + m * n) * np.dtype(dtype).itemsize
+
+
+def _single_device_seconds(backend, shape, dtype, precision, repeat: int = 3,
+                           transposed_a: bool = False) -> tuple[float, float]:
+    """Best time of this rank's share of the work, (rows of C here) x (columns
+    of C here) x K, as one product on this rank's device alone: the best of
+    ``xp.matmul`` and the backend's own GEMM (the one summa uses), and with
+    `transposed_a` (summa read A column-major) that GEMM on a column-major A;
+    and the best with A row-major (as the user holds it). (None, None) where
+    its operands would not fit the device (out of core, or in memory near
+    the device's size): the ideal is then skipped, not the run."""
+    m, n, k = shape
+    if 0 in shape:
+        return 0.0, 0.0
+    free = backend.memory_free()
+    if free is not None and _ideal_bytes(shape, dtype, transposed_a) > 0.95 * free:
+        return None, None
+    xp = backend.xp
+    rng = xp.random.default_rng()
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    c = xp.matmul(a, b)
+    row_major = [lambda: backend.gemm(1.0, a, b, c, beta=0.0, precision=precision)]
+    if precision in (None, "default") or dtype.char not in "fF":
+        row_major.append(lambda: xp.matmul(a, b, out=c))
+    column_major = []
+    if transposed_a:
+        a_cm = xp.asfortranarray(a)
+        column_major.append(lambda: backend.gemm(1.0, a_cm, b, c, beta=0.0,
+                                                 precision=precision))
+    best = []
+    for run in row_major + column_major:
+        run()
+        best.append(float("inf"))
+        for _ in range(repeat):
+            backend.synchronize()
+            t0 = time.perf_counter()
+            run()
+            backend.synchronize()
+            best[-1] = min(best[-1], time.perf_counter() - t0)
+    return min(best), min(best[:len(row_major)])
+
+
+def _schedule(args) -> str:
+    return getattr(args, "schedule", "panels")  # a sweep's runs use panels
+
+
+def _rank_line(r: dict) -> str:
+    """One rank's split of the time (and device memory) for the bench report."""
+    line = (f"  rank {r['rank']:>3} ({r['coords'][0]},{r['coords'][1]}): compute "
+            f"{r['compute']:.4f} s, broadcasts {r['comm_seconds']:.4f} s, exposed "
+            f"{r['wait']:.4f} s")
+    if r.get("head_seconds") is not None:  # out of core: where the GPU waited
+        line += (f" (GPU idle {r['head_seconds']:.4f} s before the first GEMM, "
+                 f"{r.get('between_seconds') or 0:.4f} s between GEMMs, "
+                 f"{r['tail_seconds']:.4f} s after the last)")
+    if r["reserved_bytes"]:
+        line += (f", device memory {r['memory_bytes'] / 2**30:.2f} GiB in use, "
+                 f"{r['reserved_bytes'] / 2**30:.2f} GiB pool, grew "
+                 f"{r['pool_growth_bytes']} B after the first call")
+    if r.get("opened_blocks") is not None:  # direct copies (ipc): the set-up, if any
+        line += (f", opened {r['opened_blocks']} peer blocks in "
+                 f"{1e3 * r['connect_seconds']:.1f} ms")
+    if r.get("staging_bytes"):  # ipc's staging buffers, outside the pool but planned
+        line += f", {r['staging_bytes'] / 2**30:.2f} GiB of broadcast staging"
+    return line
+
+
+@dataclass(frozen=True)
+class BenchJob:
+    """One ``run`` or ``bench`` of random matrices, checked
+    (:func:`_check_bench`): the command's arguments with their defaults
+    settled, and the backend every rank agreed on.
+
+    Attributes
+    ----------
+    args : argparse.Namespace
+        The command line's arguments.
+    backend : summa.device.backend.Backend
+    dtype : numpy.dtype
+    shape : tuple
+        ``(m, n, k)``.
+    precision : str or None
+        None for ``--precision default``.
+    check : bool
+    repeat, warmup : int
+    block : tuple or None
+        ``(B, B)`` of ``--block B``.
+    """
+
+    args: object
+    backend: object
+    dtype: np.dtype
+    shape: tuple
+    precision: str | None
+    check: bool
+    repeat: int
+    warmup: int
+    block: tuple | None
+
+    @property
+    def schedule(self) -> str:
+        return _schedule(self.args)
+
+    @property
+    def flops(self) -> int:
+        m, n, k = self.shape
+        return (8 if self.dtype.kind == "c" else 2) * m * n * k
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """One rank's figures of the repetitions (:func:`_measure`)."""
+
+    times: list
+    best_stats: SummaStats
+    nb: object
+    generate_seconds: float
+    pin_first: float
+    locked: object
+    reserved_first: int
+    residual: float | None
+    memory: int
+    reserved: int
+    local_shape: tuple
+
+
+def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
+    """``run`` and ``bench``: time C = A @ B on random matrices (`args`, the
+    command line's), check it where asked (or `verify_default`), print the
+    table on rank 0 to `out` and append the record to ``--json``; collective.
+    Returns the exit status (3: the check failed)."""
+    job = _check_bench(args, comm, verify_default)
+    plan, grid = _plan_bench(job, comm, out)
+    progress = Progress(grid.rank == 0 and not getattr(args, "quiet", False))
+    try:
+        measured = _measure(job, plan, grid, progress)  # its operands freed on return
+        per_rank = _gather_ranks(job, grid, measured)
+        grid_shape = grid.shape
+    finally:
+        progress.close()
+        grid.free()
+    residual = measured.residual
+    if comm.Get_rank() != 0:
+        return 3 if residual is not None and residual > 1 else 0
+    record, ideal_skipped = _bench_record(job, plan, measured, per_rank, comm.Get_size(),
+                                          grid_shape)
+    _print_bench(job, record, per_rank, ideal_skipped, out)
+    if args.json:
+        with open(args.json, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+    if not record["check_passed"]:
+        print(f"summa: check FAILED: scaled residual {residual:.3e} > 1", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _check_bench(args, comm: MPI.Comm, verify_default: bool) -> BenchJob:
+    """The backend, dtype, shape, precision and broadcaster of `args`, the
+    same verdict on every rank (UsageError); collective."""
+    backend = agree_backend(comm, args.backend)
+    try:
+        dtype = backend.check_dtype(args.dtype)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    shape = _shape(args, DEFAULT_SIZE_GPU if backend.is_gpu else DEFAULT_SIZE_CPU)
+    precision = None if args.precision == "default" else args.precision
+    try:
+        check_scalars(1.0, 0.0, dtype, precision, backend)
+        choose_comm(args.comm, backend)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return BenchJob(args, backend, dtype, shape, precision,
+                    check=getattr(args, "check", False) or verify_default,
+                    repeat=getattr(args, "repeat", 1), warmup=getattr(args, "warmup", 1),
+                    block=None if args.block is None else (args.block, args.block))
+
+
+def _plan_bench(job: BenchJob, comm: MPI.Comm, out) -> tuple:
+    """The Plan and the ProcessGrid of `job`, their notes printed on rank 0;
+    collective."""
+    args = job.args
+    try:
+        # bad input: one message, before any warning
+        plan = make_plan(job.shape, job.dtype, Machine.live(comm, job.backend), grid=args.grid,
+                         out_of_core=args.out_of_core, device_memory=args.device_memory,
+                         panel_width=args.nb, lookahead=args.lookahead, schedule=job.schedule,
+                         precision=job.precision, broadcaster=args.comm,
+                         host_copies="lock")  # the same blocks every repetition: lock once
+        grid = ProcessGrid(comm, plan.grid)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if grid.core_note and grid.rank == 0:
+        print(f"summa: warning: {grid.core_note}", file=sys.stderr, flush=True)
+    if plan.note and grid.rank == 0:
+        print(f"summa: {plan.note}", file=out)
+    return plan, grid
+
+
+def _measure(job: BenchJob, plan, grid: ProcessGrid, progress: Progress) -> _Measured:
+    """Generate A and B, run the warm-up and timed repetitions, check the
+    product where asked; this rank's figures (the operands are dropped when
+    it returns, so the ideal's may take their room). Collective."""
+    backend = job.backend
+    operands, generate_seconds = _generate(job, plan, grid, progress)
+    runs = _repetitions(job, plan, grid, operands, progress)
+    if job.check:
+        progress.phase("check", 1)
+    residual = freivalds(*operands, precision=job.precision, compute=backend) \
+        if job.check else None
+    progress.close()
+    return _Measured(**runs, generate_seconds=generate_seconds, residual=residual,
+                     memory=backend.memory_in_use(), reserved=backend.memory_reserved(),
+                     local_shape=operands[2].local.shape)
+
+
+def _generate(job: BenchJob, plan, grid: ProcessGrid, progress: Progress) -> tuple:
+    """This rank's blocks of random A and B and of a zero C, where the plan
+    keeps them; ``((A, B, C), seconds)``. Collective."""
+    (m, n, k), dtype, backend, seed = job.shape, job.dtype, job.backend, job.args.seed
+    home = backend if plan.device_budget is None else NumpyBackend()  # out of core: on the host
+    progress.phase("generate", 3)
+    # Host-held data is still generated on the GPU (many times faster).
+    t_gen = time.perf_counter()
+    A = DistMatrix.random((m, k), dtype, grid, home, seed=seed, block=job.block,
+                          compute=backend)
+    progress.step(1, 3)
+    B = DistMatrix.random((k, n), dtype, grid, home, seed=seed + 1, block=job.block,
+                          compute=backend)
+    progress.step(2, 3)
+    C = DistMatrix.zeros((m, n), dtype, grid, home, block=job.block)
+    backend.synchronize()
+    return (A, B, C), time.perf_counter() - t_gen
+
+
+def _repetitions(job: BenchJob, plan, grid: ProcessGrid, operands, progress: Progress) -> dict:
+    """The warm-up and timed runs of the multiply, each timed on the slowest
+    rank: the timed ones' seconds, the fastest one's stats, the panel width,
+    and the first call's pool, page-locking time and whether it locked.
+    Collective."""
+    A, B, C = operands
+    backend, args, total = job.backend, job.args, job.warmup + job.repeat
+    times, stats = [], SummaStats()
+    for i in range(total):
+        with watch(f"all ranks to start repetition {i}"):
+            grid.comm.Barrier()
+        progress.phase(f"run {i + 1}/{total}", 1)
+        t0 = time.perf_counter()
+        if plan.device_budget is None:
+            # "auto" is measured in the first call and cached for the rest.
+            gemm(A, B, C, panel_width=plan.panel_width, lookahead=args.lookahead,
+                 broadcaster=args.comm, precision=job.precision, stats=stats,
+                 progress=progress.step, schedule=job.schedule)
+        else:
+            stats = run_out_of_core(plan, A, B, C, backend, progress=progress.step)
+        nb = stats.panel_width
+        backend.synchronize()
+        with watch(f"all ranks to finish repetition {i}"):
+            elapsed = grid.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        if i == 0:
+            first = dict(reserved_first=backend.memory_reserved(),
+                         pin_first=stats.extra.get("pin_seconds", 0.0),
+                         locked=stats.extra.get("host_locked"))
+        if i >= job.warmup:
+            times.append(elapsed)
+            if elapsed == min(times):
+                best_stats = SummaStats(**stats.as_dict())
+    return dict(times=times, best_stats=best_stats, nb=nb, **first)
+
+
+def _gather_ranks(job: BenchJob, grid: ProcessGrid, measured: _Measured) -> list | None:
+    """Every rank's figures (:func:`_rank_line`) on rank 0, with the ideal
+    each measured where asked; None elsewhere. Collective."""
+    best, backend = measured.best_stats, job.backend
+    ideal_seconds = row_major_seconds = None
+    if getattr(job.args, "ideal", False):
+        ideal_seconds, row_major_seconds = _single_device_seconds(
+            backend, (*measured.local_shape, job.shape[2]), job.dtype, job.precision,
+            transposed_a=best.extra.get("transposed_a", False))
+    extra = {key: best.extra.get(key) for key in (
+        "connect_seconds", "release_seconds", "opened_blocks", "own_first", "head_seconds",
+        "between_seconds", "tail_seconds")}
+    return grid.comm.gather(dict(rank=grid.rank, coords=[grid.row, grid.col],
+                                 host=socket.gethostname(), device=backend.device,
+                                 out_of_core=best.extra.get("out_of_core", False),
+                                 tile=best.extra.get("tile"), tiles=best.extra.get("tiles"),
+                                 pin_seconds=measured.pin_first, host_locked=measured.locked,
+                                 generate_seconds=measured.generate_seconds,
+                                 memory_bytes=measured.memory, reserved_bytes=measured.reserved,
+                                 pool_growth_bytes=measured.reserved - measured.reserved_first,
+                                 ideal_seconds=ideal_seconds,
+                                 ideal_row_major_seconds=row_major_seconds,
+                                 local_shape=list(measured.local_shape), **extra,
+                                 staging_bytes=best.extra.get("staging_bytes", 0),
+                                 panel_sums=best.extra.get("panel_sums"),
+                                 **{key: getattr(best, key)
+                                    for key in ("seconds", "compute", "wait",
+                                                "comm_seconds")}), root=0)
+
+
+def _ideal(job: BenchJob, per_rank: list, tflops: float, size: int,
+           transposed_a: bool) -> dict:
+    """Ideal: P x the one-device rate on the largest per-rank share
+    (HPL-style timing makes the slowest rank the measure, so the largest
+    share is fair); ``ideal_tflops``, ``efficiency``,
+    ``ideal_row_major_tflops`` (None where not measured) and
+    ``ideal_skipped`` (the bytes it would have needed, where they did not
+    fit)."""
+    found = dict(ideal_tflops=None, efficiency=None, ideal_row_major_tflops=None,
+                 ideal_skipped=None)
+    if not getattr(job.args, "ideal", False):
+        return found
+    (m, n, k), flops = job.shape, job.flops
+    biggest = max(per_rank, key=lambda r: r["local_shape"][0] * r["local_shape"][1])
+    if biggest["ideal_seconds"] is None:
+        found["ideal_skipped"] = _ideal_bytes((*biggest["local_shape"], k), job.dtype,
+                                              transposed_a)
+    elif biggest["ideal_seconds"]:
+        mloc, nloc = biggest["local_shape"]
+        work = (flops / (m * n * k)) * mloc * nloc * k / 1e12
+        found["ideal_tflops"] = work / biggest["ideal_seconds"] * size
+        found["ideal_row_major_tflops"] = work / biggest["ideal_row_major_seconds"] * size
+        found["efficiency"] = tflops / found["ideal_tflops"]
+    return found
+
+
+def _bench_record(job: BenchJob, plan, measured: _Measured, per_rank: list, size: int,
+                  grid_shape) -> tuple:
+    """The JSON record of a run (rank 0), and the bytes the ideal would have
+    needed where it was skipped for want of room (else None)."""
+    args, (m, n, k), stats = job.args, job.shape, measured.best_stats
+    best = min(measured.times)
+    tflops = job.flops / best / 1e12
+    residual = measured.residual
+    transposed_a = bool(stats.extra.get("transposed_a", False))
+    ideal = _ideal(job, per_rank, tflops, size, transposed_a)
+    # Out of core, the sweep's own plan: it knows its broadcasters' staging.
+    planned = stats.extra.get("device_bytes_planned", plan.memory.device_bytes)
+    record = {"command": args.command or "run", "m": m, "n": n, "k": k,
+              "dtype": job.dtype.name, "precision": args.precision,
+              "ranks": size, "grid": list(grid_shape), "backend": job.backend.name,
+              "comm": stats.comm, "nb": measured.nb, "block": args.block,
+              "lookahead": args.lookahead, "schedule": job.schedule,
+              "transposed_a": transposed_a,
+              "repeat": job.repeat, "warmup": job.warmup,
+              "times": measured.times, "seconds": best, "tflops": tflops,
+              "tflops_per_rank": tflops / size,
+              "panels": stats.panels, "check_residual": residual,
+              "check_passed": residual is None or residual <= 1,
+              "ideal_tflops": ideal["ideal_tflops"], "efficiency": ideal["efficiency"],
+              "ideal_row_major_tflops": ideal["ideal_row_major_tflops"],
+              "out_of_core": bool(per_rank[0].get("out_of_core")), "tile": per_rank[0].get("tile"),
+              "planned_device_bytes": planned, "planned_host_bytes": plan.memory.host_bytes,
+              "plan": plan.as_dict(),
+              "versions": versions(), "ranks_detail": per_rank,
+              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if args.precision == "fp64-int8":  # what decides its speed and accuracy, and its knobs
+        # one rank in memory makes one product over all of K; else one a panel
+        whole = tuple(grid_shape) == (1, 1) and not record["out_of_core"]
+        record["fp64_int8"] = {"moduli": ozaki_gpu.moduli_for(k if whole else
+                                                              min(measured.nb, k)),
+                               **{key: value for key, value in
+                                  sorted(settings.current().variables().items())
+                                  if key.startswith(("SUMMA_FP64_INT8_", "SUMMA_OOC_TILES",
+                                                     "SUMMA_INT8_GEMM"))}}
+    return record, ideal["ideal_skipped"]
+
+
+def _print_bench(job: BenchJob, record: dict, per_rank: list, ideal_skipped, out) -> None:
+    """The report of a run (rank 0): the table, then where the time went."""
+    m, n, k, size, grid_shape = (record[key] for key in ("m", "n", "k", "ranks", "grid"))
+    residual, ok, tflops = record["check_residual"], record["check_passed"], record["tflops"]
+    print(f"summa {record['command']}: {size} ranks, grid {grid_shape[0]}x{grid_shape[1]}, "
+          f"backend {job.backend.describe()}, comm {record['comm']}"
+          + (", column strips" if job.schedule == "strips" else "")
+          + (", A's panels transposed" if record["transposed_a"] else ""), file=out)
+    header = f"{'M x N x K':>22} {'dtype':>10} {'nb':>5} {'seconds':>9} {'TFLOP/s':>9} " \
+             f"{'per rank':>9} {'max err/gauge':>14}"
+    err = "-" if residual is None else f"{residual:.2e} {'ok' if ok else 'FAIL'}"
+    print(header, file=out)
+    label = job.dtype.name + (f"/{job.precision}" if job.precision else "")
+    print(f"{f'{m} x {n} x {k}':>22} {label:>10} {record['nb']:>5} {record['seconds']:>9.4f} "
+          f"{tflops:>9.3f} {tflops / size:>9.3f} {err:>14}", file=out)
+    where = "GPU" if job.backend.is_gpu and not per_rank[0].get("out_of_core") else "host"
+    print(f"data: A and B generated in {max(r['generate_seconds'] for r in per_rank):.2f} s "
+          f"({where} memory)", file=out)
+    _print_where(job, record, per_rank, ideal_skipped, out)
+
+
+def _print_where(job: BenchJob, record: dict, per_rank: list, ideal_skipped, out) -> None:
+    """The report's lines after the table: out of core, the ideal, the
+    memory plan, and each rank's split of the time."""
+    size, tflops, planned = record["ranks"], record["tflops"], record["planned_device_bytes"]
+    if per_rank[0].get("out_of_core"):
+        tm, tn = per_rank[0]["tile"]
+        rows, cols = per_rank[0]["tiles"]
+        print(f"out of core: A, B, C in host memory, C streamed through the device in "
+              f"{rows} x {cols} tiles of up to {tm} x {tn}", file=out)
+        unlocked = [r["rank"] for r in per_rank if not r.get("host_locked")]
+        print(f"  host memory page-locked in {max(r['pin_seconds'] for r in per_rank):.2f} s "
+              "on the first call" + (f"; NOT locked on ranks {unlocked}: copies there are "
+                                     "synchronous and slow" if unlocked else ""), file=out)
+    if record["efficiency"] is not None:
+        also = " (also with A column-major)" if record["transposed_a"] else ""
+        print(f"ideal ({size} x the faster one-device product of the per-rank shape: "
+              f"{job.backend.xp.__name__}.matmul or summa's GEMM{also}): "
+              f"{record['ideal_tflops']:.3f} TFLOP/s; efficiency {record['efficiency']:.3f}",
+              file=out)
+        if record["transposed_a"]:
+            row_major = record["ideal_row_major_tflops"]
+            print(f"  against A row-major as given ({row_major:.3f} TFLOP/s): "
+                  f"{tflops / row_major:.3f}", file=out)
+    elif ideal_skipped:
+        print(f"ideal: not measured: one device's product of the per-rank shape needs "
+              f"{ideal_skipped / 2**30:.1f} GiB, more than its free memory "
+              "(--no-ideal skips it without asking)", file=out)
+    if planned:
+        print(f"memory plan: {planned / 2**30:.2f} GiB of device memory per rank "
+              f"(largest rank; measured pool below)", file=out)
+    for r in per_rank:
+        print(_rank_line(r), file=out)
+
+
+def run_sweep(args, comm: MPI.Comm, out) -> int:
+    """``bench --sweep``: every size of ``--sizes`` on every grid of ``--grids``,
+    one bench run each, all appended to ``--json``. Returns the worst status."""
+    import copy
+    if not args.json:
+        raise UsageError("bench --sweep needs --json FILE to collect the series")
+    p = comm.Get_size()
+    grids = args.grids or grid_shapes(p)
+    for grid in grids:
+        try:
+            check_grid_ranks(grid, p)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    sizes = args.sizes or [args.size or (DEFAULT_SIZE_CPU if traits(args.backend).cpu_only
+                                         else None)]
+    status = 0
+    for size in sizes:
+        for grid in grids:
+            one = copy.copy(args)
+            one.size, one.grid, one.m, one.n, one.k = size, grid, None, None, None
+            status = max(status, run_bench(one, comm, out, verify_default=False))
+    return status

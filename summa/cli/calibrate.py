@@ -1,0 +1,240 @@
+"""Measure this machine for the performance model: GEMM rates (gamma) by shape
+and dtype, and broadcast latency/bandwidth (alpha, beta) by broadcaster and
+communicator size. Collective; rank 0 gets the profile data."""
+
+from __future__ import annotations
+
+import math
+import platform
+import socket
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from ..transports.broadcasters import make_broadcaster
+from ..api.checks import check_scalars
+from ..distribution.grid import node_rank
+from ..planning.model import Profile
+from ..execution.transpose import PanelsOfA
+from ..planning.tuning import transposes_a
+from ..runtime.watchdog import watch
+
+__all__ = ["calibrate", "default_sizes", "default_widths", "gemm_slowdown"]
+
+#: The overhead run: per-rank block, panel width and number of panels. Its
+#: GEMM shape lies inside the default calibrated shapes, so the model's GEMM
+#: term for it is an interpolation, not a guess.
+OVERHEAD_BLOCK, OVERHEAD_WIDTH, OVERHEAD_STEPS = 384, 128, 16
+
+
+#: Per-rank block sizes calibrated on a GPU; the largest only where it fits
+#: (long GEMMs run slower than short ones once the GPU lowers its clocks
+#: under sustained load, so the shapes of big runs are worth measuring).
+GPU_SIZES, GPU_LARGE_SIZE = (4096, 8192, 16384), 32768
+
+
+def default_widths(backend) -> list[int]:
+    """Panel widths to calibrate: those SUMMA uses on this kind of rank."""
+    return [1024, 2048, 4096, 8192] if backend.is_gpu else [64, 128, 256, 512, 1024]
+
+
+def default_sizes(comm: MPI.Comm, backend, dtypes) -> list[int]:
+    """Block sizes to calibrate: small ones on CPU ranks; on GPUs add
+    GPU_LARGE_SIZE where every rank has room for its three operands twice over."""
+    if not backend.is_gpu:
+        return [256, 512, 1024, 2048]
+    free = backend.memory_free()
+    need = 2 * 3 * GPU_LARGE_SIZE ** 2 * max(np.dtype(d).itemsize for d in dtypes)
+    fits = comm.allreduce(free >= need, op=MPI.LAND)
+    return list(GPU_SIZES) + ([GPU_LARGE_SIZE] if fits else [])
+
+
+def _best(comm: MPI.Comm, run, repeat: int) -> float:
+    """Best over `repeat` of the slowest rank's time of `run()` (all ranks at once)."""
+    with watch("the other ranks to take part in a calibration measurement"):
+        run()
+        best = float("inf")
+        for _ in range(repeat):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            run()
+            best = min(best, comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    return best
+
+
+def _gemm_samples(comm, backend, dtype, precision, sizes, widths, repeat, ranks_per_node):
+    xp = backend.xp
+    rng = xp.random.default_rng(0)
+    samples = []
+    # The GEMMs as summa's steps run them: A's panel copied transposed first, where it is.
+    transposed = transposes_a(backend.name, dtype, precision)
+    for size in sizes:
+        a = rng.standard_normal((size, max(widths + [size]))).astype(dtype)
+        b = rng.standard_normal((max(widths + [size]), size)).astype(dtype)
+        c = xp.zeros((size, size), dtype=dtype)
+        operand_a = PanelsOfA(backend, size, a.shape[1], dtype, transposed)
+        for k in sorted(set(w for w in widths if w < size) | {size}):
+            def run():
+                backend.gemm(1.0, operand_a(a[:, :k]), b[:k], c, precision=precision)
+                backend.synchronize()
+            seconds = _best(comm, run, repeat)
+            samples.append(dict(dtype=np.dtype(dtype).name, precision=precision or "default",
+                                ranks_per_node=ranks_per_node, m=size, n=size, k=k,
+                                seconds=seconds, transposed_a=transposed))
+    return samples
+
+
+def _bcast_fit(comm, backend, mode, sizes_bytes, repeat, gemm_samples) -> dict | None:
+    """Fit ``t = alpha + bytes / beta`` to broadcasts among all ranks of `comm`;
+    where broadcasts overlap GEMMs, also measure the GEMMs' slowdown beside them."""
+    bc = make_broadcaster(mode, comm, backend)
+    times = []
+    try:
+        for nbytes in sizes_bytes:
+            buf = backend.xp.zeros(max(nbytes // 8, 1), dtype=np.float64)
+
+            def run():
+                bc.ibcast(buf, 0).wait()
+                backend.synchronize()
+            times.append(_best(comm, run, repeat))
+        x = np.array([max(s // 8, 1) * 8 for s in sizes_bytes], dtype=float)
+        slope, intercept = np.polyfit(x, np.array(times), 1)
+        # Broadcasts progress during a GEMM only when the GEMM runs on a device;
+        # CPU ranks move MPI data only while they are inside MPI calls.
+        fit = dict(comm=bc.name, ranks=comm.Get_size(), alpha=max(float(intercept), 1e-7),
+                   beta=float(1.0 / max(slope, 1e-15)), overlap=backend.overlaps_gemm,
+                   samples=[[int(b), t] for b, t in zip(x, times)])
+        if fit["overlap"]:  # GEMMs share the device with this broadcaster
+            fit["gemm_slowdown"] = gemm_slowdown(comm, backend, bc, gemm_samples, fit["beta"],
+                                                 repeat)
+    finally:
+        bc.free()
+    return fit
+
+
+#: GEMM duration aimed at when measuring the slowdown beside a broadcast, and
+#: the broadcast's size limits (it must outlast the GEMM).
+SLOWDOWN_GEMM_SECONDS = 0.01
+SLOWDOWN_BYTES = (1 << 20, 1 << 30)
+
+
+def gemm_slowdown(comm, backend, bc, gemm_samples, beta: float, repeat: int) -> float:
+    """How many times longer a GEMM takes while a broadcast of `bc` runs beside
+    it than alone (>= 1; the slowest rank's figure).
+
+    On a GPU, NCCL's kernels take SMs from the GEMMs they overlap. The GEMM is
+    the calibrated float64 shape nearest SLOWDOWN_GEMM_SECONDS; the broadcast
+    is sized from the fitted bandwidth `beta` to last at least twice as long.
+    """
+    samples = [g for g in gemm_samples if g["dtype"] == "float64"] or gemm_samples
+    shape = min(samples, key=lambda g: abs(math.log(g["seconds"] / SLOWDOWN_GEMM_SECONDS)))
+    dtype = shape["dtype"]
+    xp = backend.xp
+    a = xp.ones((shape["m"], shape["k"]), dtype=dtype)
+    b = xp.ones((shape["k"], shape["n"]), dtype=dtype)
+    c = xp.zeros((shape["m"], shape["n"]), dtype=dtype)
+    lo, hi = SLOWDOWN_BYTES
+    nbytes = int(min(max(2.0 * shape["seconds"] * beta, lo), hi))
+    buf = xp.zeros(nbytes // 8, dtype=np.float64)
+
+    def gemm_seconds(beside: bool) -> float:
+        comm.Barrier()
+        pending = bc.ibcast(buf, 0) if beside else None
+        start = backend.timing_mark()
+        backend.gemm(1.0, a, b, c)
+        stop = backend.timing_mark()
+        if pending is not None:
+            pending.wait()
+        backend.synchronize()
+        return backend.elapsed(start, stop)
+
+    gemm_seconds(False)
+    gemm_seconds(True)
+    alone = min(gemm_seconds(False) for _ in range(repeat))
+    beside = min(gemm_seconds(True) for _ in range(repeat))
+    return comm.allreduce(max(1.0, beside / alone), op=MPI.MAX)
+
+
+def _panel_overhead(comm, backend, profile_so_far: Profile, mode: str, repeat: int) -> float:
+    """Seconds per SUMMA step beyond the model's GEMM and broadcast terms, from
+    a SUMMA run on this grid with GEMMs of a realistic size (per-rank blocks of
+    OVERHEAD_BLOCK, panels of OVERHEAD_WIDTH). Steps of real work matter: ranks
+    that share cores (or wait on each other's launches) lose time per step
+    only when there is work to be descheduled from; thin panels hide that."""
+    from ..execution.algorithm import summa
+    from ..distribution.grid import ProcessGrid
+    from ..distribution.matrix import DistMatrix
+    from ..planning.model import predict
+    with ProcessGrid(comm) as grid:
+        width, steps = OVERHEAD_WIDTH, OVERHEAD_STEPS
+        m, n = OVERHEAD_BLOCK * grid.shape[0], OVERHEAD_BLOCK * grid.shape[1]
+        A = DistMatrix.random((m, width * steps), "float64", grid, backend, seed=1)
+        B = DistMatrix.random((width * steps, n), "float64", grid, backend, seed=2)
+        C = DistMatrix.zeros((m, n), "float64", grid, backend)
+        seconds = _best(comm, lambda: summa(1.0, A, B, 0.0, C, panel_width=width,
+                                            broadcaster=mode), repeat)
+        shape = tuple(grid.shape)
+    if profile_so_far is None:
+        return 0.0
+    model = predict(profile_so_far, m, n, width * steps, "float64", shape, width,
+                    comm=mode)
+    return max(0.0, (seconds - model.seconds) / model.panels)
+
+
+def calibrate(comm: MPI.Comm, backend, dtypes=("float64",), precision=None,
+              sizes=(256, 512, 1024), widths=(64, 128, 256, 512, 1024),
+              modes=("mpi",), message_bytes=(8, 1 << 16, 1 << 20, 1 << 23),
+              repeat: int = 3, optional=()) -> Profile | None:
+    """Measure GEMM and broadcast rates on every rank of `comm`.
+
+    A broadcaster in `optional` that fails (a RuntimeError, raised on every
+    rank of the communicator measured, as broadcasters' set-up errors are) is
+    left out of the profile instead of ending the calibration.
+
+    Returns the :class:`~summa.planning.model.Profile` on rank 0, None elsewhere.
+    """
+    for dtype in dtypes:  # the same refusals as a multiply's, before anything runs
+        check_scalars(1.0, 0.0, np.dtype(dtype), precision, backend)
+    ranks_per_node = node_rank(comm)[1]
+    gemm = []
+    for dtype in dtypes:
+        gemm += _gemm_samples(comm, backend, dtype, precision, list(sizes), list(widths),
+                              repeat, ranks_per_node)
+    bcast = []
+    for mode in modes:
+        for ranks in range(2, comm.Get_size() + 1):
+            sub = comm.Split(0 if comm.Get_rank() < ranks else MPI.UNDEFINED, comm.Get_rank())
+            error = None
+            if sub != MPI.COMM_NULL:
+                try:
+                    fit = _bcast_fit(sub, backend, mode, list(message_bytes), repeat, gemm)
+                except Exception as exc:  # noqa: BLE001 - agreed on below, then raised
+                    fit = None  # an optional one: e.g. ipc where CUDA IPC is not allowed
+                    if not (isinstance(exc, RuntimeError) and mode in optional):
+                        error = exc
+                sub.Free()
+                if comm.Get_rank() == 0 and fit is not None:
+                    bcast.append(fit)
+            # Every rank learns of a failure: ranks outside `sub` would wait forever.
+            whys = [w for w in comm.allgather(None if error is None else str(error)) if w]
+            if whys:
+                raise error or RuntimeError(f"calibrating the {mode} broadcaster: {whys[0]}")
+    data = dict(machine=socket.gethostname(), platform=platform.platform(),
+                backend=backend.describe(), ranks=comm.Get_size(),
+                mpi=MPI.Get_library_version().splitlines()[0].strip(),
+                date=time.strftime("%Y-%m-%d"), gemm=gemm, bcast=bcast, overhead=[])
+    if backend.memory_total():
+        # which blocks stay open between multiplies (summa/transports/ipc.py)
+        data["device_memory"] = backend.memory_total()
+    if comm.Get_size() > 1 and modes:
+        partial = comm.bcast(data if comm.Get_rank() == 0 else None, root=0)
+        if "float64" not in dtypes:  # the overhead run is float64
+            partial["gemm"] = partial["gemm"] + _gemm_samples(
+                comm, backend, "float64", None, [OVERHEAD_BLOCK], [OVERHEAD_WIDTH], repeat,
+                ranks_per_node)
+        overhead = _panel_overhead(comm, backend, Profile(partial), modes[0], repeat)
+        data["overhead"] = [dict(ranks=comm.Get_size(), seconds=overhead)]
+    if comm.Get_rank() != 0:
+        return None
+    return Profile(data)

@@ -1,0 +1,239 @@
+"""Scaling studies: the ``calibrate``, ``model`` and ``plot`` commands."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from mpi4py import MPI
+
+from ..planning.model import (DEFAULT_HARDWARE, HARDWARE, Profile, hardware_profile, predict,
+                              profile_backend, recommend, sweep)
+from ..device.traits import traits
+
+__all__ = ["run_calibrate", "run_model", "run_plot", "load_results"]
+
+
+def run_calibrate(args, comm: MPI.Comm, backend, out) -> int:
+    """Measure this machine and write (or, with --append, extend) a profile."""
+    from .calibrate import calibrate
+    from ..transports.broadcasters import BROADCASTERS
+    from ..transports.comm import choose_comm
+    from ..distribution.grid import node_rank
+    # "all": every broadcaster that works here; ipc (copy engines; the model
+    # times its copies like broadcasts) only where every rank is on one node.
+    one_node = node_rank(comm)[1] == comm.Get_size()
+    modes = [m for m in BROADCASTERS if m != "ipc" or one_node] if args.comm == "all" \
+        else [args.comm]
+    usable = []
+    for mode in modes:
+        try:
+            choose_comm(mode, backend)
+            usable.append(mode)
+        except ValueError:
+            if args.comm != "all":
+                raise
+    profile = calibrate(comm, backend, dtypes=args.dtypes, precision=args.precision_mode,
+                        sizes=args.sizes, widths=args.widths, modes=usable,
+                        repeat=args.repeat, optional=("ipc",) if args.comm == "all" else ())
+    if comm.Get_rank() != 0:
+        return 0
+    if args.append and os.path.exists(args.output):
+        profile = Profile.load(args.output).merge(profile)
+    profile.save(args.output)
+    print(f"profile {args.output}: {len(profile.gemm)} GEMM samples, broadcasts "
+          + ", ".join(f"{b['comm']} on {b['ranks']} ranks: alpha {b['alpha'] * 1e6:.1f} us, "
+                      f"beta {b['beta'] / 1e9:.2f} GB/s" for b in profile.bcast), file=out)
+    return 0
+
+
+def run_model(args, comm: MPI.Comm, out) -> int:
+    """Print predictions (and with --sweep strong/weak scaling tables).
+
+    Without --sweep it predicts the setup ``plan`` (and bench and multiply)
+    would take for the same options: its grid, panel width and mode, on
+    the profile's device memory (:func:`planning_machine`), and recommends
+    another only where it is predicted faster."""
+    if comm.Get_rank() != 0:
+        return 0
+    args.profile, line = profile_line(args.profile, getattr(args, "hardware", None))
+    print(f"model: {line}; summa calibrate measures this machine's own", file=out)
+    profile = Profile.load(args.profile)
+    size = args.size or 16384
+    m, n, k = args.m or size, args.n or size, args.k or size
+    kwargs = dict(lookahead=args.lookahead, comm=args.comm_mode, precision=args.precision_mode,
+                  ranks_per_node=args.ranks_per_node)
+    if args.sweep:
+        _print_sweeps(args, profile, size, kwargs, out)
+        return 0
+    ranks = args.ranks or (args.grid[0] * args.grid[1] if args.grid else comm.Get_size())
+    if args.grid and args.grid[0] * args.grid[1] != ranks:
+        raise ValueError(f"grid {args.grid[0]}x{args.grid[1]} does not hold {ranks} ranks")
+    plan = _setup(args, profile, (m, n, k), ranks)
+    grid, nb = plan.grid, plan.panel_width
+    pred = predict(profile, m, n, k, args.dtype, grid, nb, **kwargs)
+    print(f"model ({args.profile}): {m} x {n} x {k} {args.dtype} on {ranks} ranks, grid "
+          f"{grid[0]}x{grid[1]}, nb {nb}, lookahead {args.lookahead}", file=out)
+    print(f"  predicted {pred.seconds:.4f} s, {pred.tflops:.3f} TFLOP/s, efficiency "
+          f"{pred.efficiency:.3f} ({pred.panels} panels: compute {pred.panel_compute * 1e3:.3f} ms,"
+          f" broadcasts {pred.panel_comm * 1e3:.3f} ms each), data in GPU memory "
+          "(summa plan adds the host link and names the bound)", file=out)
+    best = recommend(profile, m, n, k, args.dtype, ranks, **kwargs)
+    if best.seconds >= pred.seconds:  # never recommend what is predicted slower
+        print("  recommended: this setup (no other grid or panel width is predicted faster)",
+              file=out)
+    else:
+        print(f"  recommended: grid {best.grid[0]}x{best.grid[1]}, nb {best.panel_width} "
+              f"({best.seconds:.4f} s)", file=out)
+    if traits(plan.backend).gpu and (args.device_memory or profile.device_memory):
+        print("  " + memory_line(plan, args.device_memory or
+                                 f"{profile.device_memory / 2**30:.1f} GiB (the profile's)"),
+              file=out)
+    return 0
+
+
+def _print_sweeps(args, profile: Profile, size: int, kwargs: dict, out) -> None:
+    """Strong and weak scaling tables over ``args.ranks_list``."""
+    for weak in (False, True):
+        title = (f"weak scaling, N = {size} x P^(1/3)" if weak
+                 else f"strong scaling, N = {size}")
+        print(f"{title} ({args.dtype}, profile {args.profile})", file=out)
+        print(f"{'ranks':>6} {'N':>8} {'grid':>7} {'nb':>6} {'seconds':>10} {'TFLOP/s':>10} "
+              f"{'efficiency':>10}", file=out)
+        for p, nsize, pred in sweep(profile, size, args.dtype, ranks=args.ranks_list,
+                                    weak=weak, **kwargs):
+            print(f"{p:>6} {nsize:>8} {pred.grid[0]}x{pred.grid[1]:<5} {pred.panel_width:>6} "
+                  f"{pred.seconds:>10.4f} {pred.tflops:>10.2f} {pred.efficiency:>10.3f}",
+                  file=out)
+        print(file=out)
+
+
+def _setup(args, profile: Profile, shape, ranks: int):
+    """The Plan ``summa plan`` makes for the same options (its grid, panel
+    width and mode): the setup ``model`` predicts."""
+    from ..planning.planner import make_plan
+    machine, peers = planning_machine(args.profile, profile_backend(profile), ranks)
+    ipc = args.comm_mode == "ipc" or (args.comm_mode is None and traits(machine.backend).gpu
+                                      and peers)
+    return make_plan(shape, args.dtype, machine, grid=args.grid,
+                     device_memory=args.device_memory, panel_width=args.nb,
+                     lookahead=args.lookahead, precision=args.precision_mode,
+                     staged=(ipc, ipc))
+
+
+def memory_line(plan, device_memory: str) -> str:
+    """In memory or out of core within `device_memory` per GPU (as given,
+    or the profile's), with the tiles and the peak bytes per rank of
+    `plan`: the memory side of a prediction, one line."""
+    memory, gib = plan.memory, 2.0**30
+    if not plan.out_of_core:
+        return (f"memory: fits in {device_memory} per GPU ({memory.device_bytes / gib:.2f} "
+                "GiB a rank), in memory")
+    return (f"memory: {device_memory} per GPU: out of core, C tiles of {memory.tile[0]} x "
+            f"{memory.tile[1]} ({memory.tiles[0]} x {memory.tiles[1]} a rank), peak "
+            f"{memory.device_bytes / gib:.2f} GiB on the GPU and {memory.host_bytes / gib:.2f} "
+            "GiB of host memory a rank")
+
+
+def profile_line(profile: str | None, hardware: str | None) -> tuple[str, str]:
+    """The profile a prediction uses, and one line saying which hardware that
+    is: `profile` (a file), the shipped one of `hardware`, else the default."""
+    if profile:
+        return profile, f"hardware: the profile {profile}"
+    name = hardware or DEFAULT_HARDWARE
+    assumed = "" if hardware else " (no --hardware or --profile given; others: " + \
+        ", ".join(h for h in HARDWARE if h != name) + ")"
+    return hardware_profile(name), f"hardware: {name}, {HARDWARE[name]}{assumed}"
+
+
+def planning_machine(profile_path, backend: str, ranks: int) -> tuple:
+    """``(Machine, peers)``: `ranks` ranks of `backend` as the profile at
+    `profile_path` describes them, each GPU with the profile's device memory
+    free where it says (:attr:`summa.planning.model.Profile.device_memory`), and
+    whether a node's GPUs read each other's memory. ``plan`` and ``model``
+    plan on it alike. A profile that does not load describes nothing here
+    (the prediction reports its error)."""
+    from ..planning.planner import Machine
+    try:
+        profile = Profile.load(profile_path)
+    except ValueError:
+        return Machine(backend, ranks), True
+    free = profile.device_memory if traits(backend).gpu else None
+    return Machine(backend, ranks, free_device=free), profile.peer_access
+
+
+def load_results(path) -> list[dict]:
+    """The JSON lines that ``bench --json`` appended to `path`."""
+    try:
+        with open(path) as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such results file") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON lines from bench --json ({exc})") from None
+
+
+def run_plot(args, comm: MPI.Comm, out) -> int:
+    """Strong scaling (time and efficiency vs P) and weak scaling (efficiency vs
+    P) of measured runs, with model curves when a profile is given."""
+    if comm.Get_rank() != 0:
+        return 0
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = []
+    for path in args.results:
+        rows += load_results(path)
+    if not rows:
+        raise ValueError("no results to plot")
+    profile = Profile.load(args.profile) if args.profile else None
+    fig, (ax_t, ax_e, ax_w) = plt.subplots(1, 3, figsize=(15, 4.5))
+    groups = {}
+    for r in rows:
+        key = (r["m"], r["dtype"], r.get("precision", "default"), r.get("comm"))
+        groups.setdefault(key, []).append(r)
+    for (size, dtype, precision, comm_mode), runs in sorted(groups.items()):
+        runs.sort(key=lambda r: r["ranks"])
+        label = f"N={size} {dtype}{'/' + precision if precision else ''} {comm_mode}"
+        ps = [r["ranks"] for r in runs]
+        ax_t.plot(ps, [r["seconds"] for r in runs], "o", label=f"{label} measured")
+        eff = [r["efficiency"] for r in runs if r.get("efficiency") is not None]
+        if eff:
+            ax_e.plot([r["ranks"] for r in runs if r.get("efficiency") is not None], eff, "o",
+                      label=f"{label} measured")
+        if profile is not None:
+            curve_p = sorted(set(ps) | set(args.model_ranks))
+            preds = [recommend(profile, size, size, size, dtype, p,
+                               precision=None if precision == "default" else precision,
+                               comm=comm_mode if comm_mode in profile.comm_modes() else None)
+                     for p in curve_p]
+            ax_t.plot(curve_p, [q.seconds for q in preds], "-", label=f"{label} model")
+            ax_e.plot(curve_p, [q.efficiency for q in preds], "-", label=f"{label} model")
+    weak_runs = [r for path in args.weak for r in load_results(path)
+                 if r.get("efficiency") is not None]
+    if profile is not None:
+        # the model's weak series starts where the measured one does
+        base = min(weak_runs or rows, key=lambda r: (r["ranks"], r["m"]))
+        weak = sweep(profile, base["m"], base["dtype"], ranks=args.model_ranks, weak=True)
+        ax_w.plot([p for p, _, _ in weak], [q.efficiency for _, _, q in weak], "-",
+                  label=f"model, N = {base['m']} x P^(1/3)")
+    if weak_runs:
+        ax_w.plot([r["ranks"] for r in weak_runs], [r["efficiency"] for r in weak_runs], "o",
+                  label="measured")
+    for ax, title, ylabel in ((ax_t, "strong scaling: time", "seconds"),
+                              (ax_e, "strong scaling: efficiency", "efficiency"),
+                              (ax_w, "weak scaling: efficiency", "efficiency")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("ranks (GPUs)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    ax_t.set_yscale("log")
+    ax_e.set_ylim(0, 1.1)
+    ax_w.set_ylim(0, 1.1)
+    fig.tight_layout()
+    fig.savefig(args.output, dpi=120)
+    print(f"wrote {args.output} ({len(rows)} measured runs"
+          + (f", model from {args.profile})" if profile else ")"), file=out)
+    return 0

@@ -1,0 +1,471 @@
+"""The SUMMA loop and the public ``gemm`` entry point.
+
+For each panel of the inner dimension the grid column owning A's panel
+broadcasts it along the grid rows, the grid row owning B's panel broadcasts it
+along the grid columns, and every rank accumulates ``C_local += alpha * A_p @ B_p``.
+With lookahead ``L`` the broadcasts of the next ``L`` panels are in flight while
+the current panel's GEMM runs. Broadcasts start in the same order on every
+rank; a rank multiplies the panels it holds first where that lets all its
+receives start at once, and with direct copies (ipc): :mod:`summa.planning.schedule`
+decides the steps, :class:`summa.execution.pipeline.Pipeline` queues them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import options
+from ..precision import ozaki
+from ..api.checks import check_layouts, check_operands, check_scalars
+from ..distribution.layout import Distribution, Layout, panel_schedule
+from ..distribution.matrix import DistMatrix
+from ..precision.ozaki_gpu import asked_moduli, check_moduli, panel_sums_apply, panel_sums_bytes
+from .pipeline import Pipeline, PipelineReport, Product, in_place_parts, local_parts
+# (summa.execution.outofcore takes wait_for_panel from here)
+from ..planning.memory import ranks_on_device
+from ..planning.schedule import HEAD_PIECES, make_schedule, order_panels, waits_first
+from ..planning.selection import export_blocks, pick_broadcasters
+from .strips import check_schedule, multiply_strips, strip_bounds
+from ..device.traits import traits
+from .transpose import PanelsOfA
+from ..planning.tuning import auto_panel_width, default_panel_width, transposes_a
+from ..runtime.watchdog import watch
+
+__all__ = ["summa", "gemm", "SummaStats", "default_panel_width"]
+
+
+@dataclass
+class SummaStats:
+    """What one SUMMA call spent, on this rank.
+
+    Attributes
+    ----------
+    seconds : float
+        Wall time of the whole loop on this rank.
+    compute : float
+        Time spent in GEMMs (device time on GPUs).
+    wait : float
+        ``seconds - compute``: time not spent computing, i.e. exposed
+        communication and overheads.
+    comm_seconds : float
+        Time the broadcasts took (device time for NCCL; on MPI paths the host
+        time spent in broadcast calls).
+    panels : int
+        Number of SUMMA steps.
+    panel_width : int
+        Requested panel width.
+    """
+
+    seconds: float = 0.0
+    compute: float = 0.0
+    wait: float = 0.0
+    comm_seconds: float = 0.0
+    panels: int = 0
+    panel_width: int = 0
+    comm: str = ""
+    lookahead: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=None,
+          lookahead: int = 1, broadcaster: str = "auto", precision: str | None = None,
+          progress=None, schedule: str = "panels", conj: tuple = (False, False)) -> SummaStats:
+    """``C <- alpha * A @ B + beta * C`` in place, by SUMMA.
+
+    Parameters
+    ----------
+    alpha, beta : scalar
+        Scale factors; ``beta == 0`` ignores C's old values (NaNs included).
+    A, B, C : DistMatrix
+        Operands on one grid, with A's rows laid out like C's rows and B's
+        columns like C's columns. A's columns and B's rows may differ.
+    panel_width : int or "auto", optional
+        Width of the inner-dimension panels (default per backend); ``"auto"``
+        measures the GEMM rate of candidate widths once per problem
+        (:func:`summa.planning.tuning.auto_panel_width`).
+    lookahead : int
+        Panels whose broadcasts run ahead of the GEMM (0 disables overlap).
+    broadcaster : str
+        Broadcaster: ``"auto"``, ``"ipc"``, ``"nccl"``, ``"cuda-aware"`` or ``"mpi"``.
+    precision : {None, "tf32"}
+        ``"tf32"`` lets float32/complex64 GEMMs use TF32 tensor cores (GPU).
+    progress : callable, optional
+        Called as ``progress(steps_done, steps_total)`` after each panel is queued.
+    schedule : {"panels", "strips"}
+        ``"strips"`` (grids of one column): B assembled in column strips of
+        `panel_width` (``"auto"``: the default), each GEMM over all of K
+        (:mod:`summa.execution.strips`).
+    conj : tuple
+        One rank: ``(A's, B's)`` whether its GEMMs conjugate that operand
+        (op H of an operand that lies by rows of its transpose: cuBLAS's op
+        C, no copy). A grid's panels are broadcast as they are: its
+        operands come conjugated.
+
+    Returns
+    -------
+    SummaStats
+        This rank's timings.
+    """
+    if any(conj) and C.grid.size > 1:
+        raise ValueError("conj applies to one rank; a grid's operands come conjugated")
+    check_operands(A, B, C)
+    check_layouts(A, B, C)
+    check_scalars(alpha, beta, C.dtype, precision, C.backend)
+    strips = check_schedule(schedule, C.grid.shape) == "strips" and C.grid.size > 1
+    backend, grid = C.backend, C.grid
+    if strips and isinstance(panel_width, str) and panel_width == "auto":
+        # "auto" times GEMMs of K panels; strips cut columns, which cost nothing
+        # measurable (split_probe.py): the default width serves.
+        panel_width = None
+    panel_width, measured = _panel_width(A, B, C, panel_width, precision)
+    if int(lookahead) < 0:
+        raise ValueError(f"lookahead must be >= 0, got {lookahead}")
+    panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
+    row_bc, col_bc = pick_broadcasters(A, B, C, panels, broadcaster, precision)
+    call = _Call(alpha, A, B, C, precision, progress, int(lookahead), row_bc, col_bc,
+                 export_blocks(grid, backend, row_bc, col_bc, A.local, B.local),
+                 tuple(bool(x) for x in conj))
+    transpose = transposes_a(backend.name, C.dtype, precision,
+                             schedule="strips" if strips else "panels")
+    panels = _steps_of(call, panels, transpose, strips, panel_width)
+    stats = SummaStats(panels=len(panels), panel_width=panel_width,
+                       comm=(col_bc if strips else row_bc).name, lookahead=call.lookahead,
+                       extra={"panel_width_measured": measured,
+                              "schedule": "strips" if strips else "panels",
+                              "transposed_a": transpose})
+
+    t0 = time.perf_counter()
+    first_beta = _first_beta(C, beta, panels)
+    with backend.checked_later() as checks, backend.compute_stream():
+        # Made inside: its copies go on the stream its GEMMs run on.
+        # (K panels where A is read transposed; else column or row strips)
+        operand_a = PanelsOfA(backend, C.local.shape[0], max(
+            (p.width for p in panels), default=0) if transpose else 0, C.dtype, transpose)
+        sums = _panel_sums(A, B, C, precision, strips, panels, call.lookahead)
+        if precision == "fp64-int8":  # (bench's records say which way it went)
+            stats.extra["panel_sums"] = sums is not None
+        if grid.size == 1:
+            marks = _one_rank(call, panels, operand_a, first_beta, transpose)
+        elif strips:
+            marks = []
+            multiply_strips(alpha, A, B, C, panels, call.lookahead, col_bc, call.direct[1],
+                            marks, precision, progress, stats.extra)
+        else:
+            report = _on_grid(call, panels, operand_a, sums)
+            marks = report.marks
+            stats.extra.update(report.extra())
+    with watch("the queued GPU work of the SUMMA loop (broadcasts and GEMMs)"):
+        backend.synchronize()
+    # float64 on INT8: inputs checked for Inf/NaN as the products went, asked once here
+    if not grid.comm.allreduce(checks.finite(), op=MPI.LAND):
+        raise ValueError(ozaki.NOT_FINITE)
+    stats.seconds = time.perf_counter() - t0
+    stats.compute = sum(backend.elapsed(a, b) for a, b in zip(marks[::2], marks[1::2]))
+    stats.wait = max(0.0, stats.seconds - stats.compute)
+    stats.comm_seconds = row_bc.take_seconds() + col_bc.take_seconds()
+    return stats
+
+
+def _first_beta(C: DistMatrix, beta, steps: list):
+    """The beta of the first GEMM: one rank's applies beta itself (beta 0: C
+    is not read), one pass over C fewer: 1-2 % of a one-GPU run at N = 16384
+    (TF32, float16); elsewhere C is scaled here (zeroed for beta 0) and 1."""
+    if C.grid.size == 1 and steps:
+        return beta
+    if beta == 0:
+        C.local.fill(0)
+    elif beta != 1:
+        C.local *= beta
+    return 1
+
+
+@dataclass(frozen=True)
+class _Call:
+    """The prepared pieces of one :func:`summa` call that its loops read."""
+
+    alpha: object
+    A: DistMatrix
+    B: DistMatrix
+    C: DistMatrix
+    precision: str | None
+    progress: object
+    lookahead: int
+    row_bc: object
+    col_bc: object
+    direct: tuple  # (A's, B's) panels copied from the roots' blocks (ipc)
+    conj: tuple = (False, False)  # one rank: (A's, B's) conjugated by the GEMMs
+
+
+def _steps_of(call: _Call, panels: list, transpose: bool, strips: bool, width: int) -> list:
+    """The steps of this call in this rank's order: K panels, or column
+    strips (:func:`summa.execution.strips.strip_bounds`)."""
+    grid, backend = call.C.grid, call.C.backend
+    if grid.size == 1:
+        # One rank: nothing to overlap, so the fewest GEMMs (panel by panel where
+        # A is read transposed: a copy of all of A would take its room).
+        return panels if transpose else one_rank_steps(panels, call.C.local.shape, backend.name,
+                                                       call.A.shape[1])
+    if strips:
+        return strip_bounds(call.C.local.shape[1], width,
+                            HEAD_PIECES if backend.is_gpu else 1)
+    # The head splits on GPUs whatever the lookahead, so that the summation
+    # order, and so the bits, never depend on it; but only where a rank has
+    # no panel of its own to multiply while the first one is on its way.
+    split = backend.is_gpu and _someone_waits_first(call, panels)
+    return order_panels(panels, (grid.row, grid.col), call.direct, split)
+
+
+def _someone_waits_first(call: _Call, panels: list) -> bool:
+    """Collective: does any rank's first GEMM wait for a broadcast
+    (:func:`summa.planning.schedule.waits_first`)?"""
+    grid = call.C.grid
+    held = [a and b for a, b in in_place_parts(panels, grid, call.A, call.B, call.direct)]
+    return grid.comm.allreduce(waits_first(held, call.lookahead), op=MPI.LOR)
+
+
+def _one_rank(call: _Call, steps: list, operand_a, first_beta, transpose: bool) -> list:
+    """One rank's GEMMs (one, a panel each where A is read transposed, or on
+    CPUs a strip of C's rows each, :func:`one_rank_steps`); returns their
+    timing marks."""
+    A, B, C = call.A, call.B, call.C
+    backend, marks = C.backend, []
+    for i, p in enumerate(steps):
+        c, beta = C.local, first_beta if i == 0 else 1
+        if isinstance(p, RowStrip):  # over all of K, straight into its rows of C
+            a, b, c, beta = A.local[p.r0:p.r1], B.local, c[p.r0:p.r1], first_beta
+        elif transpose or len(steps) > 1:
+            a, b = local_parts(A, B, p)
+        else:
+            a, b = A.local, B.local
+        marks.append(backend.timing_mark())
+        backend.gemm(call.alpha, operand_a(a), b, c, beta=beta, precision=call.precision,
+                     conj=call.conj)
+        marks.append(backend.timing_mark())
+        if call.progress is not None:
+            call.progress(i + 1, len(steps))
+    return marks
+
+
+def _on_grid(call: _Call, panels: list, operand_a, sums) -> PipelineReport:
+    """The SUMMA loop over `panels` (in this rank's order), each GEMM reading
+    A as `operand_a` gives it; with `sums` (fp64-int8) the panels' products
+    go to them and C is folded once at the end."""
+    A, B, C = call.A, call.B, call.C
+    grid = C.grid
+    schedule = make_schedule(panels, (grid.row, grid.col), call.direct,
+                             in_place_parts(panels, grid, A, B, call.direct), call.lookahead)
+    product = Product(call.alpha, C.backend, C.local, call.precision, operand_a, sums)
+    report = Pipeline(A, B, C, schedule, (call.row_bc, call.col_bc), product, call.progress).run()
+    if sums is not None:  # the one fold of C, alpha applied (beta already was)
+        report.marks.append(C.backend.timing_mark())
+        sums.finish(call.alpha, C.local, 1.0)
+        report.marks.append(C.backend.timing_mark())
+    return report
+
+
+#: Floating-point operations of one GEMM of a CPU rank that multiplies alone:
+#: Ctrl-C (KeyboardInterrupt) is taken between GEMMs, so this bounds its wait
+#: (0.7 s at 100 GFLOP/s, what two cores ran; one GEMM of 6000^3 made it 4.3 s).
+ONE_RANK_GEMM_FLOPS = 2**36
+#: ... but no fewer rows of C than this: float64 3000^3 on two cores ran
+#: 512-row strips at 91 GFLOP/s, one GEMM at 90, 256-row strips at 86.
+ONE_RANK_MIN_ROWS = 512
+
+
+class RowStrip(NamedTuple):
+    """Rows ``r0:r1`` of C: one GEMM over all of K of a CPU rank alone."""
+
+    r0: int
+    r1: int
+
+
+def one_rank_steps(panels: list, c_shape, backend_name: str, k: int = 0) -> list:
+    """The GEMMs of a rank that multiplies alone (`panels`: the K panels of
+    its product, `k` its inner dimension): on GPUs one over all of K (the
+    first panel stands for it; they queue, so more would not bound a wait);
+    on CPUs strips of C's rows (:class:`RowStrip`), each a GEMM over all of K
+    written straight into its rows (no product-sized temporary, which steps
+    of K adding into C would each need) of about :data:`ONE_RANK_GEMM_FLOPS`
+    (at least :data:`ONE_RANK_MIN_ROWS` rows), so that Ctrl-C is answered
+    within one of them."""
+    if traits(backend_name).gpu or not panels:
+        return panels[:1]
+    m, n = c_shape
+    rows = max(ONE_RANK_MIN_ROWS, ONE_RANK_GEMM_FLOPS // max(1, 2 * n * k))
+    return [RowStrip(r, min(r + rows, m)) for r in range(0, m, rows)] or panels[:1]
+
+
+def prepare(A: DistMatrix, B: DistMatrix, C: DistMatrix, panel_width=None,
+            broadcaster: str = "auto", precision: str | None = None) -> None:
+    """Set up what :func:`summa` on these operands will use, so that it then
+    times only the multiply: the broadcasters (made and self-tested once per
+    grid), an ``"auto"`` panel width (measured once per problem), and with
+    direct copies the peers' blocks opened. Collective.
+    """
+    width, _ = _panel_width(A, B, C, panel_width, precision)
+    row_bc, col_bc = pick_broadcasters(A, B, C,
+                                        panel_schedule(A.layout.cols, B.layout.rows, width),
+                                        broadcaster, precision)
+    # Direct copies (ipc): open the peers' blocks now; those that stay open
+    # (summa/transports/ipc.py) the multiply then reads at once.
+    direct = export_blocks(C.grid, C.backend, row_bc, col_bc, A.local, B.local)
+    readers = [bc for bc, on in zip((row_bc, col_bc), direct) if on]
+    for bc in readers:
+        bc.connect()
+    for bc in readers:
+        bc.release()
+
+
+def _panel_sums(A, B, C, precision, strips, panels, lookahead):
+    """fp64-int8 on a grid of several ranks: a :class:`summa.precision.ozaki_gpu.PanelSums`
+    for this rank's C block with the exponents of all of K
+    (:func:`summa.precision.ozaki_gpu.grid_exponents`), so the panels' INT8 products
+    are summed and C folded once, not once a panel (a fold costs ~35 ms per
+    2**29 elements of C on an H200: at 4096-wide panels a third of each
+    rank's compute: docs/benchmarks.md, "Panel sums on a grid"), and the
+    product is one GPU's whole one; else
+    None: for complex128, strips, K past an int32 sum or of fewer than
+    :data:`summa.precision.ozaki.K_NATIVE` terms (native float64 then), where
+    ``SUMMA_FP64_INT8_SUMS=0``, or where any rank's device lacks the
+    memory for the sums (4 bytes an element of C a modulus). Collective."""
+    grid, k = C.grid, A.layout.shape[1]
+    if precision != "fp64-int8" or strips or not panel_sums_apply(C.dtype, grid.size, k):
+        return None
+    width = max((p.width for p in panels), default=0)
+    m, n = C.local.shape
+    # beside the sums, the panel buffers the pipeline makes next (and their
+    # staging), a margin for the pool's rounding and the GEMMs' workspace
+    buffers = 2 * (lookahead + 1) * (m + n) * width * C.dtype.itemsize
+    need = panel_sums_bytes(m, n, width, k) + buffers
+    free = C.backend.memory_free()
+    sharing = ranks_on_device(C.backend, grid.comm)  # (their sums come out of the same memory)
+    fits = free is not None and free >= sharing * (need + need // 16 + (256 << 20))
+    if not grid.comm.allreduce(fits, op=MPI.LAND):
+        return None
+    from ..precision.ozaki_gpu import PanelSums, grid_exponents
+    exponents = grid_exponents(A.local, B.local, grid.row_comm, grid.col_comm, k)
+    return PanelSums(m, n, k, exponents, C.backend)
+
+
+def _panel_width(A, B, C, panel_width, precision) -> tuple[int, bool]:
+    """The panel width to use (the backend's default for None; measured for
+    ``"auto"``), and whether it was measured in this call."""
+    backend, grid = C.backend, C.grid
+    measured = False
+    if panel_width is None:
+        panel_width = default_panel_width(backend.name, C.dtype, precision)
+    elif isinstance(panel_width, str) and panel_width == "auto":
+        if grid.size == 1:  # one rank runs a single GEMM: nothing to choose
+            panel_width = default_panel_width(backend.name, C.dtype, precision)
+        else:
+            panel_width, measured = auto_panel_width(A, B, C, precision)
+    if not isinstance(panel_width, (int, np.integer)) or panel_width < 1:
+        raise ValueError(f"panel width must be an integer >= 1 or 'auto', got {panel_width!r}")
+    return int(panel_width), measured
+
+
+_OPS = ("N", "T", "H")
+
+
+def _check_op(name: str, op) -> str:
+    op = str(op).upper()
+    if op not in _OPS:
+        raise ValueError(f"{name} must be one of N, T, H; got {op!r}")
+    return op
+
+
+def _operand(X: DistMatrix, op: str, outer: Distribution, inner_block,
+             outer_axis: int) -> DistMatrix:
+    """``op(X)`` with its outer dimension distributed as `outer` (C's rows for A,
+    C's columns for B); a transposed operand is redistributed straight into it.
+    An untransposed operand must already match (checked by :func:`gemm`)."""
+    if op == "N":
+        return X
+    inner = Distribution(X.shape[0] if outer_axis == 0 else X.shape[1],
+                         X.grid.shape[1 - outer_axis], inner_block)
+    dists = (outer, inner) if outer_axis == 0 else (inner, outer)
+    conj = op == "H" and X.dtype.kind == "c"
+    return X.transpose(conj=conj, layout=Layout.from_distributions(*dists))
+
+
+@options.entry_point
+def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, beta=0.0,
+         trans_a: str = "N", trans_b: str = "N", panel_width=None, lookahead: int = 1,
+         broadcaster: str = "auto", precision: str | None = None,
+         stats: SummaStats | None = None, progress=None, schedule: str = "panels",
+         moduli: int | None = None) -> DistMatrix:
+    """``C <- alpha * op(A) @ op(B) + beta * C`` with op in N, T, H.
+
+    Parameters
+    ----------
+    A, B : DistMatrix
+        Operands on one grid. A transposed operand is redistributed first (one
+        exchange of its blocks), straight into the layout the product needs.
+    C : DistMatrix, optional
+        Updated in place and returned. When None, a new matrix is returned whose
+        rows are distributed like op(A)'s and columns like op(B)'s (beta ignored).
+    alpha, beta : scalar
+    trans_a, trans_b : {"N", "T", "H"}
+        ``H`` is the conjugate transpose (the transpose for real dtypes).
+    panel_width, lookahead, broadcaster, precision, progress, schedule
+        See :func:`summa`.
+    stats : SummaStats, optional
+        Filled with this rank's timings.
+    moduli : int, optional
+        With ``precision="fp64-int8"``: INT8 products per float64 product
+        (3-30; default :func:`summa.precision.ozaki.default_moduli`'s, 15 for panels
+        up to 56391 wide); fewer is faster and keeps fewer bits.
+    options : summa.options.Options, optional
+        The settings (default: the current ones, from ``SUMMA_*`` variables
+        read once here; docs/options.md). The backend's GEMM library is its
+        own (:attr:`summa.device.backend.Backend.options`).
+
+    Returns
+    -------
+    DistMatrix
+        C.
+
+    Examples
+    --------
+    >>> C = gemm(A, B, trans_a="T", alpha=2.0)  # doctest: +SKIP
+    """
+    op_a, op_b = _check_op("trans_a", trans_a), _check_op("trans_b", trans_b)
+    # Everything below is checked before the transposes, so bad input never
+    # starts communication.
+    grid = A.grid
+    m, n, _ = check_operands(A, B, C, op_a, op_b)
+    check_scalars(alpha, beta, A.dtype, precision, A.backend)
+    moduli = check_moduli(moduli, precision)
+    check_schedule(schedule, grid.shape)
+    if C is None:
+        rows = A.layout.rows if op_a == "N" else Distribution(m, grid.shape[0], A.layout.cols.block)
+        cols = B.layout.cols if op_b == "N" else Distribution(n, grid.shape[1], B.layout.rows.block)
+    else:
+        rows, cols = C.layout.rows, C.layout.cols
+    for name, X, op, outer, axis in (("A", A, op_a, rows, 0), ("B", B, op_b, cols, 1)):
+        have = X.layout.rows if axis == 0 else X.layout.cols
+        if op == "N" and have != outer:
+            raise ValueError(f"{name} is distributed as {have} along the dimension it "
+                             f"shares with C, but C is distributed as {outer}")
+    opA = _operand(A, op_a, rows, A.layout.rows.block, 0)
+    opB = _operand(B, op_b, cols, B.layout.cols.block, 1)
+    if C is None:
+        layout = Layout.from_distributions(rows, cols)
+        local = A.backend.xp.zeros(layout.local_shape(grid.row, grid.col), dtype=A.dtype)
+        C, beta = DistMatrix(grid, layout, local, A.backend), 0.0
+    with asked_moduli(moduli):
+        result = summa(alpha, opA, opB, beta, C, panel_width=panel_width, lookahead=lookahead,
+                       broadcaster=broadcaster, precision=precision, progress=progress,
+                       schedule=schedule)
+    if stats is not None:
+        for key, value in result.as_dict().items():
+            setattr(stats, key, value)
+    return C

@@ -1,0 +1,761 @@
+"""Out-of-core SUMMA: matrices in host memory, streamed through the device in tiles.
+
+A rank's blocks of A, B and C stay in host memory. The device holds C tiles
+(the same number of row and column tiles on every rank) and a few panel slots.
+For each tile, SUMMA runs as in memory, except that a panel's owner first
+uploads its part of the panel (the tile's rows of its A columns, the tile's
+columns of its B rows) from host memory into a slot, and the device
+broadcaster sends it on from there: within a node the GPUs' copy engines
+(``ipc``, through a staging buffer per slot, which stays allocated with the
+broadcaster for the next call), leaving every multiprocessor to the GEMMs;
+NCCL otherwise. So host data crosses the host-device link once per tile on
+its owner only, and the other ranks get it over the GPU interconnect.
+
+Traffic per rank: its A block once per column of tiles, its B block once per
+row of tiles, and C once each way (in only when ``beta != 0``). The broadcast
+volume is that of in-memory SUMMA times the number of tiles in the other
+direction. The planner (:func:`summa.planning.make_plan`) takes the fewest tiles
+that fit the device budget.
+
+Overlap, on a GPU: uploads run on a stream of their own, `lookahead` steps
+ahead of the GEMMs; a finished tile goes back on another stream while the next
+is computed; the last panel of every tile is multiplied in row strips that
+shrink, each written back as soon as it is final, so the last tile's
+write-back hides behind its own GEMMs but for a short last strip; and the first
+panel goes in pieces that double from a narrow one, so the first GEMM starts
+after a short upload and each next upload hides behind the GEMMs before it. On
+the NumPy backend (tests) the same steps run with plain copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from collections import deque
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import options
+from ..precision import ozaki
+from ..host import remote
+from .algorithm import SummaStats
+from ..device.backend import CUDA_INVALID_VALUE, clear_cuda_error, page_locked
+from ..api.checks import check_layouts, check_operands, check_scalars
+from ..runtime.faults import inject
+from ..distribution.layout import panel_schedule, split_panel_doubling
+from ..distribution.matrix import DistMatrix
+from .pipeline import local_parts, wait_for_panel
+from ..planning.memory import FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SHARE, TAIL_SMALLEST
+from ..planning.planner import Machine, Plan, make_plan, restage
+from ..planning.selection import grid_broadcasters
+from ..device.staging import Transfer, copy_threads, get_stager
+from ..host.storage import as_rows, copyable_rows, pitch, rows_shape
+from .transpose import PanelsOfA
+from ..runtime.watchdog import watch
+
+__all__ = ["summa_out_of_core", "run_out_of_core"]
+
+
+def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, device,
+                      device_budget: int, panel_width: int = 4096, lookahead: int = 1,
+                      precision=None, progress=None, comm: str = "auto",
+                      host_copies: str | None = None, fresh_c: bool = False,
+                      own_copies=None) -> SummaStats:
+    """``C <- alpha * A @ B + beta * C`` with A, B, C in host memory.
+
+    Parameters
+    ----------
+    A, B, C : DistMatrix
+        Host-resident operands (NumPy backend).
+    device : Backend
+        Where the GEMMs run (CuPy; NumPy for tests, where "device" arrays are
+        host arrays and the budget still decides the tiling).
+    device_budget : int
+        Bytes of device memory this rank may use.
+    lookahead : int
+        Panel steps uploaded and broadcast ahead of the GEMMs.
+    comm : str
+        Broadcaster between the devices (``--comm``).
+    host_copies : {"stage", "lock"}, optional
+        How host blocks that are not page-locked reach the GPU (default
+        ``SUMMA_HOST_COPIES``, else ``"stage"``): ``"stage"``
+        through a ring of page-locked chunks filled and drained by host
+        threads (:mod:`summa.device.staging`; nothing to do before the first GEMM),
+        or ``"lock"``: page-lock the whole blocks first, for as long as they
+        live, and copy directly (pays once, for blocks multiplied again and
+        again, as ``bench`` does). Page-locking A and B in the background
+        instead, staging until then, measured slower on the H200 machine
+        (N = 40960: 4.34 s against 3.13 s): locking stalls the other CUDA
+        calls, and unlocking costs at the end. Blocks already page-locked are
+        always copied directly.
+    fresh_c : bool
+        C's memory was never touched and its values do not matter (beta 0):
+        host threads fault its pages in during the GEMMs, so that the
+        product lands at the speed of touched memory.
+    own_copies : (ndarray, ndarray), optional
+        This rank's rows of A with all of K and all of K of B for its
+        columns (views into node-shared arrays, :mod:`summa.host.shared`): then
+        every GPU uploads the panel parts it needs itself, over its own
+        host link, and nothing is broadcast. For GPUs without peer access
+        (PCIe cards), where forwarding a panel from its owner's GPU would
+        pass through host memory again.
+
+    Plans the sweep (:func:`summa.planning.make_plan`, out of core to
+    `device_budget`) and runs it (:func:`run_out_of_core`): for callers that
+    hold no Plan; the entry points plan once and run the Plan.
+
+    Returns
+    -------
+    SummaStats
+        With ``extra`` holding the tile shape and counts, transfer bytes and
+        the Plan run (``extra["plan"]``, :meth:`summa.planning.Plan.as_dict`).
+    """
+    _check_sweep(alpha, A, B, beta, C, device, precision)
+    plan = make_plan((A.shape[0], B.shape[1], A.shape[1]), C.dtype,
+                     Machine(device.name, C.grid.size), grid=C.grid.shape, out_of_core=True,
+                     device_memory=int(device_budget), panel_width=panel_width,
+                     lookahead=lookahead, precision=precision, broadcaster=comm,
+                     host_copies=host_copies)
+    return run_out_of_core(plan, A, B, C, device, alpha=alpha, beta=beta, progress=progress,
+                           fresh_c=fresh_c, own_copies=own_copies)
+
+
+def run_out_of_core(plan: Plan, A: DistMatrix, B: DistMatrix, C: DistMatrix, device, *,
+                    alpha=1.0, beta=0.0, progress=None, fresh_c: bool = False,
+                    own_copies=None) -> SummaStats:
+    """``C <- alpha * A @ B + beta * C`` as `plan` (:func:`summa.planning.make_plan`,
+    out of core) says: its tiles, panel width, slots, lookahead, precision,
+    broadcaster and host copies. The broadcasters are made here; where they
+    stage panels (ipc) and the plan did not count that, the plan is taken
+    for them (:func:`summa.planning.restage`). Arguments as for
+    :func:`summa_out_of_core`."""
+    _check_sweep(alpha, A, B, beta, C, device, plan.precision)
+    _check_plan(plan, A, B, C, device)
+    grid = C.grid
+    k = A.shape[1]
+    if own_copies is not None:
+        a_rows, b_cols = own_copies
+        if a_rows.shape != (C.local.shape[0], k) or b_cols.shape != (k, C.local.shape[1]):
+            raise ValueError(f"own_copies must be this rank's {C.local.shape[0]} rows of A and "
+                             f"{C.local.shape[1]} columns of B with all {k} of K")
+        row_bc = col_bc = _NoBroadcasts()
+    else:  # "host" (every GPU uploads its own parts) needs own copies; else as auto
+        row_bc, col_bc = grid_broadcasters(grid, "auto" if plan.broadcaster == "host"
+                                       else plan.broadcaster, device)
+    # Copy-engine broadcasts pass each slot through a staging buffer: planned too.
+    plan = restage(plan, (row_bc.name == "ipc", col_bc.name == "ipc"))
+    memory, precision = plan.memory, plan.precision
+    ml, nl = C.local.shape
+    tiles = [(i0, i1, j0, j1) for i0, i1 in _bounds(ml, memory.tiles[0])
+             for j0, j1 in _bounds(nl, memory.tiles[1])]
+    host_copies = plan.host_copies or options.current().host_copies
+    if host_copies not in ("stage", "lock"):
+        raise ValueError(f"host_copies must be stage or lock, got {host_copies!r}")
+    if fresh_c and beta != 0:
+        raise ValueError("fresh_c needs beta == 0: C's old values would be lost")
+    mover = (_CudaMover(device, C.dtype, host_copies, copy_threads(grid.local_size))
+             if device.is_gpu else _HostMover(device, C.dtype))
+    panels = panel_schedule(A.layout.cols, B.layout.rows, plan.panel_width)
+    panels = _head_pieces(panels, mover.overlaps, precision)
+    stats = SummaStats(panels=len(panels), panel_width=plan.panel_width,
+                       comm=f"{row_bc.name} (host-resident)", lookahead=plan.lookahead)
+    t0 = time.perf_counter()
+    if beta != 0 and beta != 1:
+        C.local *= beta
+    elif beta == 0 and not panels:
+        C.local.fill(0)  # k == 0; otherwise tiles start from zero on the device
+    t_pin = time.perf_counter()
+    locked = all([mover.pin(M.local) for M in (A, B, C)])
+    if fresh_c:
+        mover.touch(C.local)
+    stats.extra = {"pin_seconds": time.perf_counter() - t_pin, "host_locked": locked}
+    try:
+        with device.checked_later() as checks:  # float64 on INT8: asked once, below
+            _sweep(plan, alpha, A, B, C, beta != 0, tiles, panels, row_bc, col_bc, mover,
+                   progress, own_copies)
+            # GPU streams may wait on peers' broadcasts (NCCL kernels, ipc events)
+            with watch("the queued GPU work of the out-of-core sweep (uploads, broadcasts, "
+                       "GEMMs, write-backs)"):
+                mover.finish()
+    finally:
+        mover.close()
+    if not grid.comm.allreduce(checks.finite(), op=MPI.LAND):
+        raise ValueError(ozaki.NOT_FINITE)
+    stats.seconds = time.perf_counter() - t0
+    _sweep_stats(stats, plan, mover, row_bc, col_bc)
+    return stats
+
+
+def _check_sweep(alpha, A, B, beta, C, device, precision) -> None:
+    """Refuse operands the sweep cannot take (the same on every rank)."""
+    check_operands(A, B, C)
+    check_layouts(A, B, C)
+    check_scalars(alpha, beta, C.dtype, precision, device)
+    if C.backend.is_gpu:
+        raise ValueError("out-of-core operands must be host-resident (NumPy backend)")
+    # A and B may lie any way (the plan's storage says how they are read); C
+    # is written by rows.
+    if any(M.local.ndim != 2 for M in (A, B, C)) or not copyable_rows(C.local):
+        raise ValueError("out-of-core operands must be 2-D host arrays, C with contiguous rows")
+
+
+def _check_plan(plan: Plan, A, B, C, device) -> None:
+    """Refuse a plan made for another product, grid, dtype or device."""
+    have = ((A.shape[0], B.shape[1], A.shape[1]), tuple(C.grid.shape), C.dtype.name,
+            device.name)
+    planned = (tuple(plan.shape), tuple(plan.grid), plan.dtype, plan.backend)
+    if not plan.out_of_core:
+        raise ValueError("the plan runs in memory, not out of core")
+    if have != planned:
+        raise ValueError(f"the plan is for (m, n, k), grid, dtype, device {planned}, "
+                         f"not {have}")
+
+
+def _sweep_stats(stats: SummaStats, plan: Plan, mover, row_bc, col_bc) -> None:
+    """The sweep's timings, transfers and plan into `stats`."""
+    memory = plan.memory
+    head, between, tail = mover.phases()
+    stats.compute = mover.compute_seconds()
+    stats.wait = max(0.0, stats.seconds - stats.compute)
+    stats.comm_seconds = row_bc.take_seconds() + col_bc.take_seconds()
+    # Copy-engine broadcasters stage slots in memory of their own, beside the pool.
+    staging = sum(getattr(bc, "staging_bytes", lambda: 0)() for bc in {row_bc, col_bc})
+    stats.extra.update({"out_of_core": True, "transposed_a": memory.transposed_a,
+                        "tile": list(memory.tile), "tiles": list(memory.tiles),
+                        "chunk": memory.chunk, "device_budget": plan.device_budget,
+                        "device_bytes_planned": memory.device_bytes,
+                        "transfer_bytes": mover.moved, "staged_copies": mover.staged,
+                        "staging_bytes": staging,
+                        "head_seconds": head, "between_seconds": between,
+                        "tail_seconds": tail,
+                        # False: perhaps NaN/Inf (every element finite where True)
+                        "product_finite": mover.product_finite,
+                        "plan": plan.as_dict()})
+
+
+def _sweep(plan: Plan, alpha, A, B, C, load_c, tiles, panels, row_bc, col_bc, mover,
+           progress, own_copies=None) -> None:
+    """Every (tile, panel) step, with `lookahead` steps broadcast ahead of the
+    GEMMs and, where `slots` leaves room, uploads steps further ahead: a
+    broadcast waits for its upload on the owner and for the GEMMs done with its
+    slot on every rank, so with both ready at the same GEMM's end no rank's
+    broadcast waits (NCCL: spins on SMs beside the GEMMs) for the other's.
+    `plan` says the lookahead, slots and precision, how A and B lie (parts of
+    one stored by columns go up as their transposes' rows and stay so, the
+    GEMMs reading them transposed) and whether each GEMM reads its A part
+    from a transposed copy."""
+    grid, xp, dtype = C.grid, mover.xp, C.dtype
+    lookahead, slots, precision = plan.lookahead, plan.memory.slots, plan.precision
+    stored_a, stored_b = plan.storage
+    smallest = FP64_INT8_TAIL_SMALLEST if precision == "fp64-int8" else TAIL_SMALLEST
+    # Tile counts agree on all ranks (the plan); sizes are this rank's own,
+    # and the same along a grid row (rows) or column (columns), as broadcasts need.
+    tm = max((i1 - i0 for i0, i1, _, _ in tiles), default=0)
+    tn = max((j1 - j0 for _, _, j0, j1 in tiles), default=0)
+    width = max((p.width for p in panels), default=0)
+    steps = [(t, i) for t in range(len(tiles)) for i in range(len(panels))]
+    depth = lookahead + 1
+    lead = max(0, slots - depth)  # steps the uploads run ahead of their broadcasts
+    a_slots = [xp.empty(tm * width, dtype=dtype) for _ in range(min(slots, len(steps)))]
+    b_slots = [xp.empty(width * tn, dtype=dtype) for _ in range(min(slots, len(steps)))]
+    c_bufs = [xp.empty(tm * tn, dtype=dtype) for _ in range(min(2, len(tiles)))]
+    operand_a = PanelsOfA(mover.device, tm, width, dtype, plan.memory.transposed_a)
+
+    def gemm(a, b, c):
+        mover.gemm(alpha, a, b, c, precision, operand_a, plan.conj)
+
+    def upload(s):
+        """The owners' parts of step s, from host memory into slot ``s % slots``
+        (once the GEMMs of the step that used it are done)."""
+        t, i = steps[s]
+        i0, i1, j0, j1 = tiles[t]
+        p, slot = panels[i], s % slots
+        a = _slot_part(a_slots[slot], (i1 - i0, p.width), stored_a)
+        b = _slot_part(b_slots[slot], (p.width, j1 - j0), stored_b)
+        parts = _host_parts(A, B, p, tiles[t], grid, own_copies)
+        return (a, b, *(None if part is None else mover.upload(dev, as_rows(part, stored))
+                        for dev, part, stored in zip((a, b), parts, plan.storage)))
+
+    def send(s, uploaded):
+        a, b, up_a, up_b = uploaded
+        p, slot = panels[steps[s][1]], s % slots
+        # A staged upload's event exists once its copies are queued: only a
+        # broadcast to other ranks needs it now (a grid row or column of one
+        # rank waits for it at its GEMM).
+        ready_a = None if _alone(row_bc) else mover.event_of(up_a)
+        ready_b = None if _alone(col_bc) else mover.event_of(up_b)
+        # (the slots as they went up and over; the GEMMs read them as op(A)'s, op(B)'s parts)
+        return (as_rows(a, stored_a), as_rows(b, stored_b),
+                _Arrival(up_a, row_bc.ibcast(a, p.a_root, slot, ready=ready_a), mover),
+                _Arrival(up_b, col_bc.ibcast(b, p.b_root, slot, ready=ready_b), mover))
+
+    # The last tile's write-back overlaps nothing but its own last GEMMs, so
+    # there the last `tail` panels (all resident: tail <= depth) go strip by
+    # strip, each strip home once final; earlier tiles' write-backs overlap the
+    # next tile, and their last panel alone goes in strips.
+    tail = min(depth, len(panels)) if mover.overlaps else 1
+    staged = deque(upload(s) for s in range(min(depth + lead, len(steps))))
+    inflight = deque(send(s, staged.popleft()) for s in range(min(depth, len(steps))))
+    s = 0
+    while s < len(steps):
+        t, i = steps[s]
+        i0, i1, j0, j1 = tiles[t]
+        host_tile = C.local[i0:i1, j0:j1]
+        c = c_bufs[t % len(c_bufs)][: host_tile.size].reshape(host_tile.shape)
+        if i == 0:
+            mover.begin_tile(c, host_tile, t % len(c_bufs), load_c)
+        group = tail if t == len(tiles) - 1 and i == len(panels) - tail else 1
+        arrived = [inflight.popleft() for _ in range(group)]
+        if s <= 1 < s + group:
+            inject("summa")
+        for j, (_, _, ra, rb) in enumerate(arrived):
+            wait_for_panel(i + j, panels[i + j], ra, rb, grid, f" for C tile {t} of {len(tiles)}")
+        if i + group < len(panels):
+            gemm(arrived[0][0], arrived[0][1], c)
+        else:  # the tile's last panels: each row strip goes home once it is final
+            # (float64 on INT8 products make B's residues once for all strips
+            # where there is one panel; with several, a strip each)
+            with mover.device.same_b() if len(arrived) == 1 else contextlib.nullcontext():
+                for r0, r1 in _tail_strips(c.shape[0], mover.overlaps, smallest):
+                    if r0 == r1:
+                        continue
+                    for a, b, _, _ in arrived:
+                        gemm(a[r0:r1], b, c[r0:r1])
+                    mover.write_back(host_tile[r0:r1], c[r0:r1], t % len(c_bufs))
+        if progress is not None:
+            progress(s + group, len(steps))
+        for j in range(s, s + group):  # step j's slot is free once its GEMMs are done
+            if j + depth + lead < len(steps):
+                staged.append(upload(j + depth + lead))
+            if j + depth < len(steps):
+                inflight.append(send(j + depth, staged.popleft()))
+        s += group
+
+
+def _host_parts(A, B, p, tile: tuple, grid, own_copies) -> tuple:
+    """The host parts of op(A) and op(B) this rank uploads for panel `p` of
+    C tile `tile` ``(i0, i1, j0, j1)``: the panel's owners theirs (None on
+    the others), or with `own_copies` (rows of A, columns of B with all of
+    K, :func:`summa_out_of_core`) every rank its own, from host memory."""
+    i0, i1, j0, j1 = tile
+    if own_copies is not None:
+        a_rows, b_cols = own_copies
+        return a_rows[i0:i1, p.k0:p.k1], b_cols[p.k0:p.k1, j0:j1]
+    a_host, b_host = local_parts(A, B, p)
+    return (a_host[i0:i1] if grid.col == p.a_root else None,
+            b_host[:, j0:j1] if grid.row == p.b_root else None)
+
+
+def _slot_part(flat, shape: tuple, storage: str):
+    """The part of a slot (the flat device buffer `flat`) that the host part
+    of op(X) of `shape` is copied into, C-ordered: of its transpose's shape
+    where X is stored by columns (:func:`summa.host.storage.as_rows` of it is
+    then the part itself, column-major)."""
+    return flat[: shape[0] * shape[1]].reshape(rows_shape(shape, storage))
+
+
+class _NoBroadcasts:
+    """Where every rank uploads its own panel parts: nothing to send."""
+
+    name = "own uploads"
+
+    class _Done:
+        def wait(self) -> None:
+            pass
+
+    def ibcast(self, buf, root, slot=0, ready=None, own=False):
+        return self._Done()
+
+    def take_seconds(self) -> float:
+        return 0.0
+
+
+def _alone(broadcaster) -> bool:
+    """Does `broadcaster` send nothing (one rank, or every rank its own parts)?"""
+    if isinstance(broadcaster, _NoBroadcasts):
+        return True
+    comm = getattr(broadcaster, "comm", None)
+    return comm is not None and comm.Get_size() == 1
+
+
+class _Arrival:
+    """A panel part's broadcast, and (on its owner) its upload, to wait for."""
+
+    def __init__(self, uploaded, pending, mover):
+        self.uploaded, self.pending, self.mover = uploaded, pending, mover
+
+    def wait(self) -> None:
+        self.pending.wait()
+        self.mover.wait_event(self.uploaded)
+
+
+def _host_copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` for host arrays, either perhaps another process's
+    (:mod:`summa.host.remote`: read or written there, never through its stand-in)."""
+    owner, target = remote.find(src), remote.find(dst)
+    if target is not None:  # the pool's owner's array (its product)
+        target.write_from(np.ascontiguousarray(src))
+    elif owner is None:
+        dst[...] = src
+    elif dst.flags.c_contiguous:
+        owner.read_into(dst)
+    else:
+        rows = np.empty(src.shape, dtype=src.dtype)
+        owner.read_into(rows)
+        dst[...] = rows
+
+
+class _HostMover:
+    """The NumPy stand-in for a GPU: plain copies, GEMMs on the host."""
+
+    overlaps = False
+
+    def __init__(self, device, dtype):
+        self.device, self.xp, self.moved, self.staged, self._seconds = device, np, 0, 0, 0.0
+        self.product_finite = True  # every tile of C written back so far
+
+    def pin(self, array) -> bool:
+        return True  # nothing to lock: host memory is the "device" memory
+
+    def upload(self, dst, src):
+        _host_copy(dst, src)
+        self.moved += dst.nbytes
+        return None
+
+    def event_of(self, uploaded):
+        return uploaded
+
+    def touch(self, array) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def begin_tile(self, c, host_tile, buf: int, load: bool) -> None:
+        if load:
+            _host_copy(c, host_tile)
+            self.moved += c.nbytes
+        else:
+            c.fill(0)
+
+    def gemm(self, alpha, a, b, c, precision, operand_a, conj=(False, False)) -> None:
+        t0 = time.perf_counter()
+        self.device.gemm(alpha, operand_a(a), b, c, precision=precision, conj=conj)
+        self._seconds += time.perf_counter() - t0
+
+    def write_back(self, host, c, buf: int) -> None:
+        self.product_finite = self.product_finite and self.device.all_finite(c)
+        _host_copy(host, c)
+        self.moved += c.nbytes
+
+    def finish(self) -> None:
+        pass
+
+    def phases(self) -> tuple:
+        return None, None, None  # host copies are synchronous: nothing waits
+
+    def compute_seconds(self) -> float:
+        return self._seconds
+
+    def close(self) -> None:
+        pass
+
+
+class _CudaMover:
+    """Host-device copies on streams of their own, ordered by events.
+
+    Uploads wait for the GEMMs queued before them (which read the slot being
+    refilled); a C buffer is zeroed or loaded only after its previous tile's
+    write-back; write-backs wait for their strip's GEMM. Host blocks that are
+    page-locked are copied directly; the others go through the process's
+    :class:`summa.device.staging.Stager` (`host_copies` ``"stage"``), or are
+    page-locked whole first and stay so while they live (``"lock"``); where
+    locking fails, copies still work, synchronously.
+    """
+
+    overlaps = True
+    _H2D, _D2H = 1, 2  # cudaMemcpyKind
+
+    def __init__(self, device, dtype, host_copies: str = "stage", threads: int = 1):
+        import cupy
+        self.device, self.xp, self.moved, self.staged = device, cupy, 0, 0
+        self.up = cupy.cuda.Stream(non_blocking=True)
+        self.down = cupy.cuda.Stream(non_blocking=True)
+        self.written: dict[int, object] = {}  # C buffer -> its last write-back
+        self.marks: list = []
+        self.begin, self.end = device.timing_mark(), None  # the sweep's two ends
+        self.host_copies, self.threads = host_copies, threads
+        self._locked: list = []  # (start, end) host addresses copied directly
+        self._downloads: list = []  # staged write-backs still to finish
+        self._uploads: list = []  # staged uploads (waited for after an error)
+        self._probes: list = []  # of each C tile's finiteness (Backend.finite_probe)
+        self.product_finite = None  # known once finished
+        self._stager = None
+        self._touched = None  # C's pages being faulted in
+        self._to_touch = None  # C, to fault in once the first GEMM is queued
+
+    def pin(self, array: np.ndarray) -> bool:
+        """Note whether `array` is page-locked (locking it first under
+        ``"lock"``); its copies then go directly. Returns that."""
+        locked = (_register(self.xp, array) if self.host_copies == "lock"
+                  else _is_page_locked(self.xp, array))
+        if locked and array.nbytes:
+            self._locked.append((array.ctypes.data, array.ctypes.data + array.nbytes))
+        return locked
+
+    def _direct(self, host: np.ndarray) -> bool:
+        start = host.ctypes.data
+        return any(a <= start < b for a, b in self._locked)
+
+    def touch(self, array: np.ndarray) -> None:
+        """Fault in C's pages, from the first GEMM on: before it, the host
+        threads are the first uploads' (16 more threads there delayed the
+        first GEMM of N = 16384 by 60 ms)."""
+        if not self._direct(array):
+            self._to_touch = array
+
+    def _stage(self):
+        if self._stager is None:
+            self._stager = get_stager(self.device.device, self.threads)
+        return self._stager
+
+    def event_of(self, uploaded):
+        """The CUDA event of an upload (waits until a staged one is queued)."""
+        return uploaded.event() if isinstance(uploaded, Transfer) else uploaded
+
+    def _h2d(self, dst, src: np.ndarray, stream) -> None:
+        """Copy the host rows `src` into the device array `dst` on `stream`."""
+        self._copy(dst, src, self._H2D, stream)
+
+    def _d2h(self, dst: np.ndarray, src, stream) -> None:
+        """Copy the device array `src` into the host rows `dst` on `stream`."""
+        self._copy(src, dst, self._D2H, stream)
+
+    def _copy(self, dev, host: np.ndarray, kind: int, stream) -> None:
+        if not (host.shape[0] and host.shape[1]):
+            return
+        try:
+            self._memcpy(dev, host, kind, stream)
+        except self.xp.cuda.runtime.CUDARuntimeError as exc:
+            if exc.status != CUDA_INVALID_VALUE:
+                raise
+            self._staged_copy(dev, host, kind, stream)
+        self.moved += host.shape[0] * host.shape[1] * host.itemsize
+
+    def _memcpy(self, dev, host: np.ndarray, kind: int, stream) -> None:
+        """One asynchronous 2-D copy between a device array and host rows."""
+        ends = ((dev.data.ptr, pitch(dev)), (host.ctypes.data, pitch(host)))
+        (dst, dst_pitch), (src, src_pitch) = ends if kind == self._H2D else ends[::-1]
+        self.xp.cuda.runtime.memcpy2DAsync(dst, dst_pitch, src, src_pitch,
+                                           host.shape[1] * host.itemsize, host.shape[0],
+                                           kind, stream.ptr)
+
+    def _staged_copy(self, dev, host: np.ndarray, kind: int, stream) -> None:
+        """The copy through a page-locked buffer of its own, synchronously.
+
+        CUDA refuses a copy whose host range is partly page-locked and partly
+        not, which happens to a small array sharing a page with a locked one
+        (locking works on whole pages).
+        """
+        clear_cuda_error(self.xp)
+        memory = self.xp.cuda.alloc_pinned_memory(host.nbytes)
+        stage = np.frombuffer(memory, host.dtype, host.size).reshape(host.shape)
+        if kind == self._H2D:
+            stage[...] = host
+        self._memcpy(dev, stage, kind, stream)
+        stream.synchronize()  # before `memory` goes back to the pool
+        if kind == self._D2H:
+            host[...] = stage
+        self.staged += 1
+
+    def _event(self, stream):
+        event = self.xp.cuda.Event(disable_timing=True)
+        event.record(stream)
+        return event
+
+    def upload(self, dst, src):
+        after = self.device.record_event()  # GEMMs done with this slot
+        if not (self._direct(src) and copyable_rows(src)):  # strided: the threads gather
+            self.moved += src.nbytes
+            transfer = self._stage().upload(dst, src, after)
+            self._uploads.append(transfer)
+            return transfer
+        self.up.wait_event(after)
+        self._h2d(dst, src, self.up)
+        return self._event(self.up)
+
+    def wait_event(self, event) -> None:
+        event = self.event_of(event)
+        if event is not None:
+            self.xp.cuda.get_current_stream().wait_event(event)
+
+    def begin_tile(self, c, host_tile, buf: int, load: bool) -> None:
+        stream = self.xp.cuda.get_current_stream()
+        self.wait_event(self.written.pop(buf, None))
+        if load and not self._direct(host_tile):
+            self.moved += host_tile.nbytes
+            self.wait_event(self._stage().upload(c, host_tile, self.device.record_event()))
+        elif load:
+            self._h2d(c, host_tile, stream)
+        else:
+            c.fill(0)
+
+    def gemm(self, alpha, a, b, c, precision, operand_a, conj=(False, False)) -> None:
+        """`operand_a(a)` (a transposed copy, or `a`) times `b` into `c`,
+        conjugated where `conj` says, timed (the copy too: it is the GEMM's
+        work)."""
+        self.marks.append(self.device.timing_mark())
+        self.device.gemm(alpha, operand_a(a), b, c, precision=precision, conj=conj)
+        self.marks.append(self.device.timing_mark())
+        if self._to_touch is not None:
+            self._touched, self._to_touch = self._stage().touch(self._to_touch), None
+
+    def write_back(self, host, c, buf: int) -> None:
+        # Whether the product is finite, asked of each tile where it lies (the
+        # inputs are scanned only where it is not: see multiply_files).
+        self._probes.append(self.device.finite_probe(c))
+        if not self._direct(host):
+            self.moved += host.nbytes
+            if self._touched is not None:  # its zeros must land before the product
+                self._touched.wait()
+                self._touched = None
+            transfer = self._stage().download(host, c, self.device.record_event())
+            self._downloads.append(transfer)
+            self.written[buf] = transfer
+            return
+        self.down.wait_event(self.device.record_event())
+        self._d2h(host, c, self.down)
+        self.written[buf] = self._event(self.down)
+
+    def finish(self) -> None:
+        for transfer in self._downloads:  # in host memory, every byte
+            transfer.wait()
+        self._downloads = []
+        self.down.wait_event(self.device.record_event())
+        self.end = self.xp.cuda.Event()
+        self.end.record(self.down)  # after the last GEMM and the last write-back
+        self.device.synchronize()
+        self.up.synchronize()
+        self.down.synchronize()
+        self.product_finite = all(self.device.probed_finite(p) for p in self._probes)
+        self._probes = []
+
+    def phases(self) -> tuple:
+        """Device seconds before the first GEMM (the first panels' uploads and
+        broadcasts), between GEMMs (waiting for later panels) and after the
+        last (the last write-back), where the GPU waits; None where there was
+        no GEMM."""
+        if not self.marks or self.end is None:
+            return None, None, None
+        between = sum(self.device.elapsed(b, a) for b, a in zip(self.marks[1:-1:2],
+                                                                 self.marks[2::2]))
+        return (self.device.elapsed(self.begin, self.marks[0]), between,
+                self.device.elapsed(self.marks[-1], self.end))
+
+    def compute_seconds(self) -> float:
+        marks, self.marks = self.marks, []
+        return sum(self.device.elapsed(a, b) for a, b in zip(marks[::2], marks[1::2]))
+
+    def close(self) -> None:
+        self.up.synchronize()
+        self.down.synchronize()
+        # After an error: nothing may still be copying into or out of the
+        # caller's arrays once the call has returned.
+        for transfer in self._uploads + self._downloads:
+            try:
+                transfer.wait()
+            except BaseException:  # noqa: BLE001 -- the first error is already raised
+                pass
+        self._uploads, self._downloads = [], []
+        if self._touched is not None:
+            try:
+                self._touched.wait()
+            except BaseException:  # noqa: BLE001
+                pass
+        if self._stager is not None:
+            self._stager.up.synchronize()
+            self._stager.down.synchronize()
+
+
+def _is_page_locked(cupy, array: np.ndarray) -> bool:
+    """Is `array`'s memory page-locked already (registered, or allocated so)?"""
+    if not array.nbytes:
+        return True
+    return array.ctypes.data in _registered or page_locked(cupy, array)
+
+
+_registered: dict[int, int] = {}  # host address -> bytes registered with CUDA
+
+
+_PAGE = 4096
+
+
+def _register(cupy, array: np.ndarray) -> bool:
+    """Page-lock `array`'s memory for as long as the array lives (once).
+
+    Returns whether it is locked (an empty array counts as locked); copies from
+    memory that is not run synchronously, through the driver's own buffers.
+    """
+    if not array.nbytes:
+        return True
+    if not array.flags.owndata or not (array.flags.c_contiguous or array.flags.f_contiguous):
+        return False  # a view or memory map: not ours to lock (Fortran order is: whole)
+    start = array.ctypes.data // _PAGE * _PAGE  # whole pages
+    nbytes = -(-(array.ctypes.data + array.nbytes - start) // _PAGE) * _PAGE
+    if _registered.get(start, 0) >= nbytes:
+        return True
+    try:
+        cupy.cuda.runtime.hostRegister(start, nbytes, 0)
+    except cupy.cuda.runtime.CUDARuntimeError:
+        return False  # not allowed here, or a page shared with another locked array
+    _registered[start] = nbytes
+    weakref.finalize(array, _unregister, cupy, start)
+    return True
+
+
+def _unregister(cupy, ptr: int) -> None:
+    if _registered.pop(ptr, None) is not None:
+        try:
+            cupy.cuda.runtime.hostUnregister(ptr)
+        except Exception:  # interpreter shutdown, or the context is gone
+            pass
+
+
+def _head_pieces(panels: list, overlaps: bool, precision=None) -> list:
+    """`panels` with the first cut in pieces that double from HEAD_FIRST
+    where uploads overlap the GEMMs, but for float64 on INT8 products (each
+    piece would pay a whole product's reconstruction: FP64_INT8_TAIL_SMALLEST)."""
+    if not panels or not overlaps or precision == "fp64-int8":
+        return panels
+    return split_panel_doubling(panels[0], HEAD_FIRST) + panels[1:]
+
+
+def _tail_strips(rows: int, overlaps: bool,
+                 smallest: int | None = None) -> list[tuple[int, int]]:
+    """Row ranges a tile's last panels go in, each written back once final.
+
+    The write-backs queue on one stream behind the strips' GEMMs: the first
+    strip is a share of the rows (the write-back stream starts early), each
+    next one that share of the rows left, so each write-back hides behind
+    the next strip's GEMMs, down to a last strip of about `smallest` rows
+    (default TAIL_SMALLEST).
+    """
+    if not overlaps:
+        return [(0, rows)]
+    smallest = TAIL_SMALLEST if smallest is None else smallest
+    cuts = [0]
+    while True:
+        rest = rows - cuts[-1]
+        take = int(rest * TAIL_SHARE)
+        take = max(smallest, take // 64 * 64 if take >= 128 else take)  # GEMM-friendly
+        if rest - take < smallest:
+            return list(zip(cuts, cuts[1:] + [rows]))
+        cuts.append(cuts[-1] + take)
+
+
+def _bounds(size: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` near-equal ranges covering ``[0, size)`` (some empty when size < parts)."""
+    cuts = [size * i // parts for i in range(parts + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))

@@ -1,0 +1,158 @@
+"""Column strips: on a grid of one column, every GEMM runs over all of K.
+
+On a P x 1 grid each rank holds its rows of A with all of K, and B's rows are
+spread over the P ranks. SUMMA's panels cut K, so each GEMM multiplies over a
+panel's width of it; here the ranks instead assemble B strip by strip (all K
+rows, a strip of columns, each rank broadcasting the rows it holds) and
+multiply ``C[:, strip] += alpha * A_local @ B[:, strip]`` over all of K. Each
+rank receives the same data as under SUMMA, and keeps ``lookahead + 1`` strip
+buffers of K x width (SUMMA's panel buffers are width x N: the same for square
+products). Why: on the H200, float32 GEMMs over half of K ran 3 % slower than
+over all of it, while cutting the columns cost nothing (``split_probe.py``).
+
+The strips' order, widths and GEMMs do not depend on the lookahead, so neither
+do the bits; they differ from SUMMA's panels' (another summation order). With
+direct copies (ipc) the first strip is multiplied piece by piece, a rank's own
+rows first, to hide the opening of the peers' blocks.
+
+Measured on 2 H200s at N = 32768 (docs/benchmarks.md, "Measurements behind
+the defaults"): float32
+104.0 TFLOP/s against 102.1 for row-major panels, but 107.2 for panels whose A
+is read column-major (:mod:`summa.execution.transpose`), and in TF32 and float16 strips
+lose (their first GEMMs cannot hide the ipc set-up): so they stay an option.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..runtime.faults import inject
+from ..runtime.watchdog import watch
+
+__all__ = ["SCHEDULES", "check_schedule", "strip_bounds", "multiply_strips"]
+
+#: How the inner dimension is worked through: SUMMA's K panels, or column strips.
+SCHEDULES = ("panels", "strips")
+
+
+def check_schedule(schedule: str, grid_shape, out_of_core: bool = False) -> str:
+    """Raise the same ValueError on every rank if `schedule` cannot run on a
+    grid of `grid_shape` (no communication); return it."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}")
+    if schedule == "strips":
+        if out_of_core:
+            raise ValueError("schedule 'strips' runs in device memory only, not out of core")
+        if isinstance(grid_shape, str):  # "PRxPC", as the API takes it
+            grid_shape = grid_shape.lower().split("x")
+        pr, pc = (int(d) for d in grid_shape)
+        if pc != 1:
+            raise ValueError(f"schedule 'strips' needs a grid of one column (P x 1), "
+                             f"not {pr}x{pc}; give --grid {pr * pc}x1")
+    return schedule
+
+
+def strip_bounds(n: int, width: int, head_pieces: int = 1) -> list[tuple[int, int]]:
+    """Column ranges ``[s0, s1)`` covering ``[0, n)``: strips of `width`, the
+    first one cut in `head_pieces` (its broadcasts are the pipeline's fill)."""
+    width = max(1, int(width))
+    cuts = list(range(0, n, width)) + [n]
+    bounds = list(zip(cuts[:-1], cuts[1:]))
+    if bounds and head_pieces > 1:
+        s0, s1 = bounds[0]
+        inner = [s0 + (s1 - s0) * i // head_pieces for i in range(head_pieces + 1)]
+        head = [(a, b) for a, b in zip(inner[:-1], inner[1:]) if b > a]
+        bounds = head + bounds[1:]
+    return bounds
+
+
+def multiply_strips(alpha, A, B, C, strips, lookahead, col_bc, direct: bool, marks,
+                    precision, progress, extra) -> None:
+    """``C += alpha * A @ B`` strip by strip, `lookahead` strips' broadcasts in
+    flight during each GEMM; GEMM marks go to `marks`. `col_bc` broadcasts
+    along the grid column (every rank of it); `direct`: it copies straight
+    from the owners' exported blocks (ipc)."""
+    grid, backend, xp = C.grid, C.backend, C.backend.xp
+    k = B.shape[0]
+    depth = lookahead + 1
+    width = max((s1 - s0 for s0, s1 in strips), default=0)
+    bufs = [xp.empty(k * width, dtype=C.dtype) for _ in range(min(depth, len(strips)))]
+    # Where each rank's rows of B go in a strip: (root, global rows, its local rows).
+    pieces = [(r, g0, g1, l0) for r in range(grid.shape[0])
+              for g0, g1, l0 in B.layout.rows.segments(r)]
+    slot_free = [None] * len(bufs)
+
+    def multiply(a, b, c):
+        marks.append(backend.timing_mark())
+        backend.gemm(alpha, a, b, c, precision=precision)
+        marks.append(backend.timing_mark())
+
+    # Direct copies: the first strip goes piece by piece, this rank's own rows
+    # first, whose GEMM is queued before the (collective, 10-20 ms for large
+    # blocks) opening of the peers' blocks and so hides it.
+    split_first = direct and bool(strips)
+    if split_first:
+        s0, s1 = strips[0]
+        for root, g0, g1, l0 in pieces:
+            if root == grid.row:
+                multiply(A.local[:, g0:g1], B.local[l0:l0 + g1 - g0, s0:s1], C.local[:, s0:s1])
+    if direct:
+        t0 = time.perf_counter()
+        col_bc.connect()
+        extra["connect_seconds"] = time.perf_counter() - t0
+        extra["opened_blocks"] = col_bc.opened_blocks
+
+    def start(i):
+        s0, s1 = strips[i]
+        slot = i % depth
+        buf = bufs[slot][: k * (s1 - s0)].reshape(k, s1 - s0)
+        pending = []
+        for j, (root, g0, g1, l0) in enumerate(pieces):
+            view = buf[g0:g1]
+            # Its own rows: for its GEMM, and the send buffer of paired broadcasts;
+            # not where the first strip's own rows were multiplied where they lie.
+            if root == grid.row and not (i == 0 and split_first):
+                view[...] = B.local[l0:l0 + g1 - g0, s0:s1]
+            if direct:
+                pending.append(col_bc.iget(view, root, slice(l0, l0 + g1 - g0),
+                                           slice(s0, s1), after=slot_free[slot]))
+            else:
+                # A staging slot of its own for every piece: the pieces of one
+                # strip are in flight together (sharing one gave wrong products
+                # through host-staged MPI).
+                pending.append(col_bc.ibcast(view, root, slot * len(pieces) + j))
+        return buf, pending
+
+    try:
+        inflight = {i: start(i) for i in range(min(depth, len(strips)))}
+        for i, (s0, s1) in enumerate(strips):
+            buf, pending = inflight.pop(i)
+            if i == 1:
+                inject("summa")
+            for (root, g0, g1, _), p in zip(pieces, pending):
+                with watch(f"the broadcast of B's rows {g0}:{g1}, columns {s0}:{s1} from "
+                           f"grid row {root} along grid column {grid.col}"):
+                    p.wait()
+            if i == 0 and split_first:  # the peers' rows (its own went first)
+                for root, g0, g1, _ in pieces:
+                    if root != grid.row:
+                        multiply(A.local[:, g0:g1], buf[g0:g1], C.local[:, s0:s1])
+            else:
+                multiply(A.local, buf, C.local[:, s0:s1])
+            if direct:
+                slot_free[i % depth] = backend.record_event()
+            if progress is not None:
+                progress(i + 1, len(strips))
+            if i + depth < len(strips):
+                # Into the slot just read: on the GPU it waits for that GEMM
+                # (compute stream, or the event above for direct copies).
+                inflight[i + depth] = start(i + depth)
+    except BaseException:
+        if direct:
+            col_bc.release_local()  # the peers may be gone: no barrier
+        raise
+    if direct:
+        t0 = time.perf_counter()
+        col_bc.release()
+        extra["release_seconds"] = time.perf_counter() - t0
+

@@ -1,0 +1,47 @@
+"""A's panels copied transposed before their GEMMs, where the GPU's GEMM reads
+a column-major A faster than a row-major one (:func:`summa.planning.tuning.transposes_a`).
+
+On an H200, cuBLAS multiplied one rank's share of N = 32768 at 56.6 TFLOP/s in
+float64 with A column-major against 52.1 row-major (XLA lays out JAX's operands
+so, which is how JAX's sharded matmul beat P x cupy.matmul). Transposing a
+panel reads and writes it once (512 MiB each way for a 4096-wide float64 panel
+of 16384 rows: a fraction of a millisecond of HBM time), while its GEMM runs
+~80 ms. Whole runs on 2 H200s: float64 111.1 against 105.8 TFLOP/s, float32
+107.2 against 102.1 (docs/benchmarks.md, "Measurements behind the defaults").
+"""
+
+from __future__ import annotations
+
+from ..host.storage import copyable_rows
+
+__all__ = ["PanelsOfA", "column_major"]
+
+
+def column_major(x) -> bool:
+    """Are the columns of the 2-D `x` contiguous (and its rows not)?"""
+    return copyable_rows(x.T) and not copyable_rows(x)
+
+
+class PanelsOfA:
+    """The A operand of each panel GEMM: the panel itself, or (`transpose`) its
+    transposed copy in one scratch buffer of `width` x `rows`, read by the
+    GEMM column-major (``copy.T``).
+
+    The copy is queued on the current (compute) stream right before its GEMM,
+    so one GEMM's read of the buffer comes before the next panel's copy into it.
+    """
+
+    def __init__(self, backend, rows: int, width: int, dtype, transpose: bool):
+        self.backend = backend
+        self.transpose = bool(transpose)
+        self.buffer = backend.xp.empty(rows * width if self.transpose else 0, dtype=dtype)
+
+    def __call__(self, a):
+        """`a` (rows x panel width) as its GEMM should read it: as it is where
+        it is column-major already (A stored by columns, :mod:`summa.host.storage`)."""
+        if not self.transpose or a.size == 0 or column_major(a):
+            return a
+        m, w = a.shape
+        copy = self.buffer[: m * w].reshape(w, m)
+        self.backend.transpose(a, copy)
+        return copy.T

@@ -1,0 +1,465 @@
+""".npy files read and written block by block, with atomic output.
+
+Rank 0 reads a file's header once (with NumPy's own ``numpy.lib.format``) and
+checks it against the file's size; every rank then memory-maps the file and
+copies out only its own block, C or Fortran order alike. Output goes to a
+temporary file in the target's folder: rank 0 writes the header, every rank
+writes its block and flushes it to disk, and only when all ranks report success
+does rank 0 rename the file into place. On any failure the temporary file is
+removed, so a half-written product never appears under the final name.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib import format as npy_format
+from mpi4py import MPI
+
+from . import filemaps
+from .. import options
+from ..runtime.agree import RankFailure
+from ..runtime.cleanup import temporary_files
+from ..runtime.faults import inject
+from ..distribution.layout import span
+from ..device.staging import ranks_on_node, usable_cores
+from ..runtime.watchdog import watch
+
+__all__ = ["NpyHeader", "NpyError", "read_header", "read_block", "map_block", "take_block",
+           "AtomicNpyWriter",
+           "check_output_path", "io_threads"]
+
+class NpyError(ValueError):
+    """A file is missing, unreadable or unsuitable; the message names it."""
+
+
+@dataclass(frozen=True)
+class NpyHeader:
+    """What an .npy header says, plus where the data starts."""
+
+    path: str
+    shape: tuple
+    dtype: np.dtype
+    fortran_order: bool
+    offset: int
+
+
+def _read_header_local(path: str) -> NpyHeader:
+    if not os.path.exists(path):
+        raise NpyError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise NpyError(f"{path}: is a folder, not an .npy file")
+    try:
+        with open(path, "rb") as fh:
+            try:
+                version = npy_format.read_magic(fh)
+            except ValueError:
+                raise NpyError(f"{path}: not an .npy file (bad magic string)") from None
+            try:
+                if version == (1, 0):
+                    shape, fortran, dtype = npy_format.read_array_header_1_0(fh)
+                elif version == (2, 0):
+                    shape, fortran, dtype = npy_format.read_array_header_2_0(fh)
+                else:
+                    raise ValueError(f"unsupported .npy format version {version}")
+            except (ValueError, SyntaxError, EOFError) as exc:
+                raise NpyError(f"{path}: unreadable .npy header ({exc})") from None
+            offset = fh.tell()
+    except OSError as exc:
+        raise NpyError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if dtype.hasobject or dtype.kind in "OUSVMmb" or dtype.fields is not None:
+        kind = "bool" if dtype.kind == "b" else dtype.name
+        raise NpyError(f"{path}: dtype {kind} cannot be multiplied; "
+                       "expected float16/32/64 or complex64/128 (or integers with --dtype)")
+    if len(shape) != 2:
+        raise NpyError(f"{path}: is {len(shape)}-D with shape {shape}; a matrix must be 2-D")
+    expect = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    size = os.path.getsize(path)
+    if size < expect:
+        raise NpyError(f"{path}: truncated: {size} bytes, but its header ({shape} "
+                       f"{dtype.name}) needs {expect}")
+    return NpyHeader(path, tuple(int(x) for x in shape), dtype, bool(fortran), int(offset))
+
+
+def read_header(path: str, comm: MPI.Comm, root: int = 0) -> NpyHeader:
+    """Read and check an .npy header on `root`; every rank gets it, or the same
+    :class:`NpyError` (a ValueError) naming the file."""
+    result = None
+    if comm.Get_rank() == root:
+        try:
+            result = _read_header_local(os.fspath(path))
+        except NpyError as exc:
+            result = str(exc)
+    result = comm.bcast(result, root=root)
+    if isinstance(result, str):
+        raise NpyError(result)
+    return result
+
+
+def _memmap(header: NpyHeader, mode: str = "r") -> np.memmap:
+    return np.memmap(header.path, dtype=header.dtype, mode=mode, offset=header.offset,
+                     shape=header.shape, order="F" if header.fortran_order else "C")
+
+
+def io_threads() -> int:
+    """Threads one rank reads or writes a file with: ``SUMMA_IO_THREADS``, else
+    its cores shared with the node's ranks that may run on them (as the
+    process grid said: :func:`summa.device.staging.ranks_on_node`), at most 16.
+    One thread of page faults through a memory map read a disk at a quarter
+    of what 8-16 threads of pread did on the H200 machine (issue 23)."""
+    asked = options.current().io_threads
+    if asked is not None:
+        return asked
+    # the cores this rank may run on: where the launcher bound it
+    return max(1, min(16, usable_cores() // ranks_on_node()))
+
+
+def _rows_io(fd: int, path: str, offset: int, pitch: int, first: int, width: int,
+             dest: np.ndarray, write: bool) -> None:
+    """Move stored rows between the file and `dest` (rows of `width` bytes at
+    ``offset + r * pitch + first``) on :func:`io_threads` threads: one call
+    per run of whole rows where they are contiguous in the file, else one
+    per row; a short read or any error ends every thread and is raised."""
+    rows = dest.shape[0]
+    if rows == 0 or width == 0:
+        return
+    flat = width == pitch and dest.flags.c_contiguous
+    threads = min(io_threads(), rows)
+    step = -(-rows // (4 * threads)) if flat else -(-rows // threads)
+    view = dest.reshape(rows, -1).view(np.uint8)
+    done = {"failed": None}
+
+    def move(r0: int) -> None:
+        r1 = min(r0 + step, rows)
+        pieces = [view[r0:r1].reshape(-1)] if flat else [view[r] for r in range(r0, r1)]
+        where = offset + r0 * pitch + first
+        for piece in pieces:
+            if done["failed"] is not None:
+                return
+            n = piece.nbytes
+            got = 0
+            while got < n:
+                part = piece[got:]
+                moved = os.pwrite(fd, part, where + got) if write else \
+                    os.preadv(fd, [part], where + got)
+                if moved <= 0:
+                    raise NpyError(f"{path}: ends {n - got} bytes early at byte {where + got}"
+                                   + ("" if write else "; the file is shorter than its header "
+                                      "says (changed while read?)"))
+                got += moved
+            where += n if flat else pitch
+        if write:  # the disk starts on these rows now (summa.host.filemaps.write_out)
+            filemaps.write_out(fd, offset + r0 * pitch + first, (r1 - r0 - 1) * pitch + width)
+
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(threads, thread_name_prefix="summa-io") as pool:
+        futures = [pool.submit(move, r0) for r0 in range(0, rows, step)]
+        for future in futures:
+            try:
+                future.result()
+            except BaseException as exc:  # the others stop at their next piece
+                done["failed"] = done["failed"] or exc
+    if done["failed"] is not None:
+        failed = done["failed"]
+        if isinstance(failed, OSError):
+            raise NpyError(f"{path}: cannot {'write' if write else 'read'} "
+                           f"({failed.strerror or failed})") from None
+        raise failed
+
+
+def _map_rows(path: str, offset: int, shape, dtype, writable: bool, cols, with_map=False):
+    """Rows of a C-ordered matrix stored at `offset` of `path` as a memory map
+    (columns ``cols[0]:cols[1]`` of them), read ahead by the kernel; with
+    `with_map`, also the mmap object (None for an empty block)."""
+    dtype = np.dtype(dtype)
+    rows, width = shape
+    if rows == 0 or width == 0:
+        empty = np.empty((rows, cols[1] - cols[0]), dtype=dtype)
+        return (empty, None) if with_map else empty
+    aligned = offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+    length = rows * width * dtype.itemsize + offset - aligned
+    with open(path, "r+b" if writable else "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), length, offset=aligned,
+                       access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+    data = np.frombuffer(mm, dtype=dtype, count=rows * width, offset=offset - aligned)
+    filemaps.register(data, path, offset, writable)  # copies read and write the file itself
+    block = data.reshape(rows, width)[:, cols[0]:cols[1]]
+    if not writable:
+        filemaps.prefetch(block)  # read ahead, in order, at the disk's pace
+    return (block, mm) if with_map else block
+
+
+def map_block(header: NpyHeader, rows: np.ndarray, cols: np.ndarray) -> np.ndarray | None:
+    """This rank's block of a C-ordered file as a read-only memory map, where
+    it is one range of rows and of columns (balanced blocks); None elsewhere.
+
+    The out-of-core multiply reads such a block as it goes (its copy threads
+    fault the pages in while the kernel reads ahead), instead of reading all
+    of it before the first GEMM.
+    """
+    span_r, span_c = span(rows), span(cols)
+    if header.fortran_order or (rows.size and span_r is None) or (cols.size and span_c is None):
+        return None
+    span_r, span_c = span_r or (0, 0), span_c or (0, 0)
+    pitch = header.shape[1] * header.dtype.itemsize
+    try:
+        return _map_rows(header.path, header.offset + span_r[0] * pitch,
+                         (span_r[1] - span_r[0], header.shape[1]), header.dtype, False, span_c)
+    except OSError as exc:
+        raise NpyError(f"{header.path}: cannot map ({exc.strerror or exc})") from None
+
+
+def read_block(header: NpyHeader, rows: np.ndarray, cols: np.ndarray, transpose: bool = False,
+               conjugate: bool = False) -> np.ndarray:
+    """This rank's block of the file's matrix (or of its (conjugate) transpose),
+    as a C-contiguous array in the file's dtype.
+
+    With `transpose`, rows and columns index the transposed matrix, so a
+    transposed operand is read straight into its layout with no exchange.
+    Blocks of consecutive rows and columns (balanced blocks) are read with
+    ``preadv`` on several threads straight into the result; others (block-
+    cyclic) through a memory map.
+    """
+    if transpose:
+        rows, cols = cols, rows  # indices of the stored matrix
+    # A Fortran-ordered file stores the transpose in C order.
+    stored_rows, stored_cols = (cols, rows) if header.fortran_order else (rows, cols)
+    span_r, span_c = span(stored_rows), span(stored_cols)
+    if span_r is None or span_c is None:
+        data = _memmap(header)
+        block = take_block(data, rows, cols)
+    else:
+        pitch_items = header.shape[0] if header.fortran_order else header.shape[1]
+        item = header.dtype.itemsize
+        stored = np.empty((span_r[1] - span_r[0], span_c[1] - span_c[0]), dtype=header.dtype)
+        fd = os.open(header.path, os.O_RDONLY)
+        try:
+            _rows_io(fd, header.path, header.offset + span_r[0] * pitch_items * item,
+                     pitch_items * item, span_c[0] * item, stored.shape[1] * item, stored,
+                     write=False)
+        finally:
+            os.close(fd)
+        block = stored.T if header.fortran_order else stored
+    if transpose:
+        block = block.T
+    block = np.ascontiguousarray(block)
+    if conjugate and block.dtype.kind == "c":
+        np.conj(block, out=block)
+    return block
+
+
+def take_block(data, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``data[rows][:, cols]`` as a new C-contiguous array, touching only those
+    elements (slices where the indices are contiguous; works on memory maps)."""
+    def as_index(idx):
+        run = span(idx)
+        if run is not None:
+            return slice(*run)
+        return idx if idx.size else slice(0, 0)
+    r, c = as_index(rows), as_index(cols)
+    # Always a private copy: a view into a read-only memory map would be handed
+    # to MPI, whose broadcast algorithms may write into the root's buffer too.
+    if isinstance(r, slice):
+        return np.array(data[r][:, c], order="C", copy=True)
+    if isinstance(c, slice):
+        return np.array(data[:, c][r], order="C", copy=True)
+    return np.array(data[np.ix_(r, c)], order="C", copy=True)
+
+
+def check_output_path(out: str, inputs: list[str], comm: MPI.Comm, root: int = 0) -> str:
+    """Check on `root` that `out` can be written and is none of `inputs`; raise the
+    same ValueError everywhere otherwise. Returns the absolute path."""
+    problem = None
+    path = os.path.abspath(out)
+    if comm.Get_rank() == root:
+        folder = os.path.dirname(path)
+        if os.path.isdir(path):
+            problem = f"{out}: is a folder; give a file name for the output"
+        elif not os.path.isdir(folder):
+            problem = f"{out}: folder {folder} does not exist"
+        elif not os.access(folder, os.W_OK):
+            problem = f"{out}: folder {folder} is not writable"
+        else:
+            for name in inputs:
+                if name and os.path.exists(name) and (
+                        os.path.abspath(name) == path
+                        or (os.path.exists(path) and os.path.samefile(name, path))):
+                    problem = f"{out}: output would overwrite the input {name}"
+                    break
+    problem = comm.bcast(problem, root=root)
+    if problem:
+        raise NpyError(problem)
+    return path
+
+
+class AtomicNpyWriter:
+    """Collective writer of one distributed matrix to an .npy file, atomically.
+
+    Use as a context manager on every rank::
+
+        with AtomicNpyWriter(path, shape, dtype, comm) as out:
+            out.write_block(local, rows, cols)
+
+    Leaving the block normally on every rank renames the file into place;
+    an exception anywhere (agreed collectively) removes the temporary file
+    and raises :class:`RankFailure` (with `keep_errors`, the exception
+    itself goes on, and nothing is exchanged: for blocks whose errors are
+    agreed on, or abort the job, by themselves). :meth:`map_block` and :meth:`flush`
+    let the product be written in place instead of by :meth:`write_block`.
+    """
+
+    def __init__(self, path: str, shape, dtype, comm: MPI.Comm, root: int = 0,
+                 keep_errors: bool = False):
+        self.path, self.comm, self.root = os.path.abspath(path), comm, root
+        self.keep_errors = keep_errors  # an error inside goes on as it is, uncollectively
+        self.shape, self.dtype = tuple(int(x) for x in shape), np.dtype(dtype)
+        self._tmp = None
+        self._header = None
+        self._maps: list = []  # blocks written in place (map_block), and their maps
+        self._mmaps: list = []
+        self._abandoned = False
+
+    def __enter__(self) -> "AtomicNpyWriter":
+        made = None
+        if self.comm.Get_rank() == self.root:
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(self.path)}.",
+                                           suffix=".tmp", dir=os.path.dirname(self.path))
+                os.close(fd)
+                temporary_files.add(tmp)
+                mm = npy_format.open_memmap(tmp, mode="w+", dtype=self.dtype, shape=self.shape)
+                made = (tmp, int(mm.offset))
+                del mm
+                umask = os.umask(0)  # mkstemp made it private; give it the usual mode
+                os.umask(umask)
+                os.chmod(tmp, 0o666 & ~umask)
+            except OSError as exc:
+                made = f"{self.path}: cannot create the output ({exc.strerror or exc})"
+        made = self.comm.bcast(made, root=self.root)
+        if isinstance(made, str):
+            raise NpyError(made)
+        self._tmp, offset = made
+        temporary_files.add(self._tmp)  # any rank's abort removes it
+        self._header = NpyHeader(self._tmp, self.shape, self.dtype, False, offset)
+        return self
+
+    def map_block(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray | None:
+        """A writable memory map of this rank's block of the output (one range
+        of rows and of columns; None otherwise), for the product to be
+        written in place; :meth:`flush` puts it on disk."""
+        span_r, span_c = span(rows), span(cols)
+        if (rows.size and span_r is None) or (cols.size and span_c is None):
+            return None
+        span_r, span_c = span_r or (0, 0), span_c or (0, 0)
+        pitch = self.shape[1] * self.dtype.itemsize
+        try:
+            block, mm = _map_rows(self._tmp, self._header.offset + span_r[0] * pitch,
+                                  (span_r[1] - span_r[0], self.shape[1]), self.dtype, True,
+                                  span_c, with_map=True)
+        except OSError as exc:
+            raise NpyError(f"{self.path}: cannot map the output ({exc.strerror or exc})") \
+                from None
+        self._maps.append(block)
+        if mm is not None:
+            self._mmaps.append(mm)
+        return block
+
+    def flush(self) -> None:
+        """Put the blocks written through :meth:`map_block` on disk."""
+        inject("write")
+        for mm in self._mmaps:
+            mm.flush()
+        self._maps, self._mmaps = [], []
+        fd = os.open(self._tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def abandon(self) -> None:
+        """Give the output up on every rank (collective): the temporary file
+        goes, nothing is renamed, and leaving the ``with`` block raises nothing."""
+        self._maps, self._mmaps = [], []
+        self.comm.Barrier()
+        if self.comm.Get_rank() == self.root and os.path.exists(self._tmp):
+            os.unlink(self._tmp)
+        temporary_files.discard(self._tmp)
+        self._abandoned = True
+
+    def write_block(self, block: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> None:
+        """Write this rank's block (global `rows` x `cols`) and flush it to disk."""
+        inject("write")
+        if block.size == 0:
+            return
+        span_r, span_c = span(rows), span(cols)
+        if span_r is not None and span_c is not None:
+            # Consecutive rows and columns: pwrite on several threads.
+            item = self.dtype.itemsize
+            block = np.ascontiguousarray(block)
+            fd = os.open(self._tmp, os.O_WRONLY)
+            try:
+                _rows_io(fd, self.path, self._header.offset + span_r[0] * self.shape[1] * item,
+                         self.shape[1] * item, span_c[0] * item, block.shape[1] * item, block,
+                         write=True)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return
+        data = _memmap(self._header, mode="r+")
+        data[np.ix_(rows, cols)] = block
+        data.flush()
+        del data
+        fd = os.open(self._tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._abandoned:
+            return False
+        self._maps, self._mmaps = [], []
+        if exc_type is not None and self.keep_errors:
+            # The caller's error goes on as it is, and without a collective here:
+            # the other ranks may be elsewhere (an unexpected error aborts the
+            # job, whose signal handlers remove the temporary file).
+            if self.comm.Get_rank() == self.root:
+                if os.path.exists(self._tmp):
+                    os.unlink(self._tmp)
+                temporary_files.discard(self._tmp)
+            return False  # elsewhere it stays listed, for this rank's abort to remove
+        mine = None if exc_type is None else f"{exc_type.__name__}: {exc}"
+        with watch(f"all ranks to finish writing {self.path}"):
+            failures = self.comm.allgather(mine)
+        ok = all(f is None for f in failures)
+        if self.comm.Get_rank() == self.root:
+            if ok:
+                os.replace(self._tmp, self.path)
+                _fsync_folder(os.path.dirname(self.path))
+            elif os.path.exists(self._tmp):
+                os.unlink(self._tmp)
+        temporary_files.discard(self._tmp)
+        with watch(f"rank {self.root} to rename {self.path} into place"):
+            self.comm.Barrier()
+        if not ok:
+            bad = [r for r, f in enumerate(failures) if f is not None]
+            raise RankFailure(f"rank {bad[0]} failed while writing {self.path} "
+                              f"({failures[bad[0]]}); no output was written") from exc
+        return False
+
+
+def _fsync_folder(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

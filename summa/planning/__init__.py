@@ -1,0 +1,14 @@
+"""Every decision of a multiply, made once before it runs.
+
+:func:`make_plan` (:mod:`summa.planning.planner`) returns a frozen, printable
+:class:`Plan`: grid, memory mode and tiles (:mod:`summa.planning.memory`),
+panel width (:mod:`summa.planning.tuning`), the SUMMA schedule as data
+(:mod:`summa.planning.schedule`), the broadcasters
+(:mod:`summa.planning.selection`) and the predicted time of the performance
+model (:mod:`summa.planning.model`). ``summa plan`` prints what a run takes.
+The planner's public names are re-exported here.
+"""
+
+from .planner import Machine, Plan, make_plan, restage
+
+__all__ = ["Machine", "Plan", "make_plan", "restage"]

@@ -1,0 +1,393 @@
+"""Memory planner: peak bytes per rank on the device and the host, in memory
+or out of core, decided and checked before anything is allocated.
+
+In memory, a rank holds its blocks of A, B and C and its panel buffers on the
+device. Out of core (:mod:`summa.execution.outofcore`) the blocks stay in host memory and
+the device holds C tiles and panel slots cut to a budget. Every run checks its
+plan against the free device memory and each node's host memory and refuses,
+on every rank, with the largest shortfall ("rank 3 needs 41.2 GiB on GPU 1,
+23.5 GiB free; use --device-memory (out of core) or more ranks").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import options
+from ..device.staging import copy_threads, ring_bytes
+from ..distribution.topology import topology_of
+from ..device.traits import traits
+from .tuning import transposes_a
+
+__all__ = ["MemoryPlan", "memory_plan", "resident_plan", "check_memory", "ranks_on_device",
+           "check_host_memory", "parse_bytes"]
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Peak bytes one rank needs, and how the work is cut to fit.
+
+    Attributes
+    ----------
+    mode : str
+        ``"in-memory"`` (A, B, C and panels on the device), ``"out-of-core"``
+        (A, B, C in host memory, C streamed through the device in tiles) or
+        ``"on-device"`` (the caller's A and B already on the one rank's GPU:
+        one GEMM, :func:`resident_plan`).
+    device_bytes, host_bytes : int
+        Peak per rank (the largest rank's share).
+    tile : tuple or None
+        ``(rows, cols)`` of the largest C tile kept on the device (out-of-core).
+    chunk : int or None
+        Panel width, the inner dimension of one upload and GEMM (out-of-core).
+    tiles : tuple or None
+        ``(row tiles, column tiles)`` the same on every rank (out-of-core).
+    slots : int or None
+        Panel slots on the device (out-of-core): ``lookahead + 1``, or one
+        more where it fits the same tiles, so uploads run a step ahead of
+        their broadcasts.
+    transposed_a : bool
+        Whether the GEMMs read A's panels from a transposed copy (its scratch
+        buffer is counted in `device_bytes`).
+    staged : tuple
+        ``(row, column)``: out of core, whether that direction's panels pass
+        through a staging buffer per slot (copy-engine broadcasts, ``ipc``),
+        counted in `device_bytes`.
+    staging_bytes : int
+        Out of core on GPUs: page-locked host chunks the copies between host
+        and GPU pass through (:mod:`summa.device.staging`), beside `host_bytes`.
+    """
+
+    mode: str
+    device_bytes: int
+    host_bytes: int
+    tile: tuple | None = None
+    chunk: int | None = None
+    tiles: tuple | None = None
+    slots: int | None = None
+    transposed_a: bool = False
+    staged: tuple = (False, False)
+    staging_bytes: int = 0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+#: The out-of-core sweep's head and tail (:mod:`summa.execution.outofcore`),
+#: which the planner also counts in the time it predicts.
+#: Width of the first panel's first piece; the pieces after it double, each
+#: upload hiding behind the GEMMs before it (float64, N = 32768, 2 H200s: the
+#: GPU idles 4.2 ms before the first GEMM, against 13.6 ms with 4 equal pieces).
+HEAD_FIRST = 256
+#: Each row strip of a tile's last panels takes this share of the rows left,
+#: down to TAIL_SMALLEST rows: the strips shrink, so that the last write-back,
+#: which nothing hides, is short (1.2 ms against 9.7 ms with 8 equal strips).
+TAIL_SHARE = 0.4
+TAIL_SMALLEST = 256
+#: Float64 on INT8 tensor cores (``fp64-int8``): every product folds and
+#: reconstructs its whole C block whatever its K, and a product of few rows or
+#: of a narrow K keeps the INT8 kernels far from their rate. The first panel
+#: goes whole and the last one's strips keep at least this many rows: a
+#: 64 GiB sweep of N = 32768 ran 40 products (its first panel in 6 pieces of
+#: K from 256, strips down to 256 rows) and `bench` 41.3 TFLOP/s, now 13
+#: products and 58.2, the bare product 58.0 (docs/benchmarks.md, "Measurements
+#: behind the defaults").
+FP64_INT8_TAIL_SMALLEST = 2048
+
+
+def _local_sizes(m, n, k, grid):
+    pr, pc = grid
+    return -(-m // pr), -(-n // pc), -(-k // pc), -(-k // pr)
+
+
+def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
+                lookahead: int = 1, backend: str = "cupy", device_budget: int | None = None,
+                out_of_core: bool = False, schedule: str = "panels",
+                precision=None, staged: tuple = (False, False)) -> MemoryPlan:
+    """Peak memory per rank of ``C = A @ B`` and, out of core, the C tiles that
+    fit `device_budget` bytes.
+
+    In memory, a rank holds its blocks of A (ml x ka), B (kb x nl) and C
+    (ml x nl) plus ``lookahead + 1`` panel buffers for each operand that arrives
+    from other ranks (NumPy on a grid also makes one C-sized product per
+    GEMM; CuPy, and NumPy on one rank, write into C); with ``schedule="strips"`` the buffers hold B's
+    strips of all of K (k x nb). Where A's panels are multiplied from a
+    transposed copy (:func:`summa.planning.tuning.transposes_a`), one more nb x ml
+    scratch buffer (out of core nb x tm). Out of core, the blocks stay in host memory; the
+    device holds C tiles (two when there are several, so one is written back
+    while the next is computed) and ``lookahead + 1`` slots for the A and B
+    parts of a panel that a tile needs: ``c tm tn + slots (tm + tn) nb``
+    elements. Fewest tiles first (each extra row of tiles uploads B's panels
+    again), cut by rows before columns; then one more slot where those tiles
+    leave room for it (uploads then run a step ahead of the broadcasts, so a
+    panel's owner is ready to send when its receivers are), up to
+    :func:`upload_lead` more. Directions that
+    broadcast by copy engines (`staged`, row and column: ``ipc``) pass every
+    slot's part through a staging buffer of its size: ``slots tm nb`` (A) and
+    ``slots nb tn`` (B) more, where that direction has more than one rank.
+    """
+    item = np.dtype(dtype).itemsize
+    kind = traits(backend)
+    pr, pc = grid
+    ml, nl, ka, kb = _local_sizes(m, n, k, grid)
+    nb = max(1, min(panel_width, k))
+    slots = lookahead + 1
+    panels = slots * ((ml * nb if pc > 1 else 0) + (nb * nl if pr > 1 else 0))
+    strips = schedule == "strips" and pr > 1  # one rank runs panels whatever it is asked
+    transposed = transposes_a(backend, dtype, precision, "strips" if strips else "panels")
+    if strips:  # B's strips: all of K, `panel_width` columns
+        panels = slots * k * max(1, min(panel_width, nl))
+    blocks = ml * ka + kb * nl + ml * nl
+    emulated = precision == "fp64-int8"
+    if not out_of_core:
+        # NumPy adds each GEMM's product into C from a temporary of C's size;
+        # a rank alone writes its row strips straight into C (one_rank_steps)
+        extra = ml * nl if kind.cpu_only and pr * pc > 1 else 0
+        if transposed:
+            extra += nb * ml
+        if emulated:  # one product's scratch: a panel's, or under strips a strip's of all K
+            shape = (ml, max(1, min(panel_width, nl)), k) if strips else (ml, nl, nb)
+            extra += -(-_ozaki_scratch(*shape, np.dtype(dtype).kind == "c") // item)
+        on_device = (blocks + panels + extra) * item
+        staging = panels * item if kind.gpu else 0  # pinned host buffers (mpi mode)
+        if kind.cpu_only:
+            return MemoryPlan("in-memory", 0, on_device, transposed_a=transposed)
+        return MemoryPlan("in-memory", on_device, staging, transposed_a=transposed)
+    if device_budget is None:
+        raise ValueError("an out-of-core plan needs a device memory budget")
+    # Staging only where a grid row (A) or column (B) has ranks to send to.
+    staged = (bool(staged[0]) and pc > 1, bool(staged[1]) and pr > 1)
+    emulated = emulated and (2 if np.dtype(dtype).kind == "c" else 1)  # 2: complex
+    asked = _tiles_asked(ml, nl)
+    tiles = asked or _ooc_tiles(max(ml, 1), max(nl, 1), nb, slots, device_budget // item,
+                                transposed, staged, emulated)
+    if tiles is None:
+        raise ValueError(f"a device budget of {_gib(device_budget)} is too small for "
+                         f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
+    tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
+    if asked:  # the planner's own cut fits by construction
+        need = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged,
+                             emulated) * item
+        if need > device_budget:
+            raise ValueError(f"SUMMA_OOC_TILES: {tiles[0]} x {tiles[1]} tiles of {tm} x {tn} "
+                             f"need {_gib(need)} of the device budget of {_gib(device_budget)}")
+    for _ in range(upload_lead()):  # room for uploads steps ahead, same tiles
+        if _ooc_elements(tm, tn, nb, slots + 1, tiles[0] * tiles[1], transposed, staged,
+                         emulated) * item > device_budget:
+            break
+        slots += 1
+    device = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged,
+                           emulated) * item
+    ring = ring_bytes(copy_threads(1)) if kind.gpu else 0
+    return MemoryPlan("out-of-core", device, blocks * item, (int(tm), int(tn)), int(nb),
+                      (int(tiles[0]), int(tiles[1])), slots, transposed, staged, ring)
+
+
+def resident_plan(m: int, n: int, k: int, dtype, precision=None, copies: int = 0,
+                  new_c: bool = True) -> MemoryPlan:
+    """Peak device bytes of one GEMM on operands that already lie on the
+    device (``summa.matmul`` of GPU arrays on one rank), beside them: C
+    where it is `new_c` (not the caller's ``out=``), `copies` bytes of
+    operands uploaded or copied for the GEMM, and for ``precision=
+    "fp64-int8"`` one product's scratch (K taken in pieces of at most
+    :data:`summa.precision.ozaki.K_EXACT`; complex: the operands' real and imaginary
+    parts over all of K besides). No host memory."""
+    from ..precision.ozaki import K_EXACT
+    dtype = np.dtype(dtype)
+    need = (m * n * dtype.itemsize if new_c else 0) + int(copies)
+    if precision == "fp64-int8":
+        from ..precision import ozaki_gpu
+        piece = max(1, min(k, K_EXACT))
+        need += ozaki_gpu.scratch_bytes(m, n, piece, ozaki_gpu.moduli_for(piece))
+        if dtype.kind == "c":
+            need += 16 * (m * k + k * n + m * n)
+    return MemoryPlan("on-device", need, 0)
+
+
+def _tiles_asked(ml: int, nl: int) -> tuple | None:
+    """``SUMMA_OOC_TILES=RxC``: out of core, R x C tiles per rank instead of
+    the planner's fewest (to measure other cuts: fp64-int8's scratch grows
+    with a tile's rows plus columns, so squarer tiles leave room for wider
+    panels); None where unset."""
+    asked = options.current().ooc_tiles
+    if asked is None:
+        return None
+    rows, cols = asked
+    if not (1 <= rows <= max(ml, 1) and 1 <= cols <= max(nl, 1)):
+        raise ValueError(f"SUMMA_OOC_TILES: {rows}x{cols} tiles do not cut a {ml} x {nl} "
+                         "block of C")
+    return rows, cols
+
+
+def upload_lead() -> int:
+    """Most extra slots an out-of-core plan takes, where the budget leaves
+    room: uploads run that many steps ahead of their GEMMs, so that an upload
+    slower than its GEMM for a while (host threads busy) does not stop the
+    GPU. ``SUMMA_UPLOAD_LEAD`` overrides."""
+    return options.current().upload_lead
+
+
+def _ooc_parts(slots: int, transposed: bool, staged: tuple) -> tuple[int, int]:
+    """How many nb-wide A parts (tm x nb) and B parts (nb x tn) the sweep keeps
+    on the device: its slots, their `staged` copies per direction, and the
+    `transposed` copy of an A slot."""
+    return slots * (1 + staged[0]) + transposed, slots * (1 + staged[1])
+
+
+def _ozaki_scratch(tm: int, tn: int, nb: int, complex_: bool = False) -> int:
+    """Device bytes one ``tm x nb`` by ``nb x tn`` product takes on INT8 tensor
+    cores (``precision="fp64-int8"``, :func:`summa.precision.ozaki_gpu.scratch_bytes`);
+    complex: one real product at a time, beside the operands' real and
+    imaginary parts and the two real results."""
+    from ..precision import ozaki_gpu
+    scratch = ozaki_gpu.scratch_bytes(tm, tn, nb, ozaki_gpu.moduli_for(nb))
+    return scratch + (16 * (tm * nb + nb * tn) + 16 * tm * tn if complex_ else 0)
+
+
+def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,
+                  transposed: bool = False, staged: tuple = (False, False),
+                  emulated: int = 0) -> int:
+    """Device elements of the out-of-core sweep: C tiles, the panel parts
+    of :func:`_ooc_parts`, and where `emulated` (1 real, 2 complex) one
+    product's scratch on INT8 tensor cores."""
+    a_parts, b_parts = _ooc_parts(slots, transposed, staged)
+    elements = min(2, ntiles) * tm * tn + a_parts * tm * nb + b_parts * tn * nb
+    if not emulated:
+        return elements
+    item = 16 if emulated == 2 else 8  # elements of the data's size, complex or real
+    return elements + -(-_ozaki_scratch(tm, tn, nb, emulated == 2) // item)
+
+
+#: Most column tiles the search for fp64-int8's cut tries (per rank).
+EMULATED_COLUMN_TILES = 64
+
+
+def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: bool = False,
+               staged: tuple = (False, False), emulated: int = 0):
+    """Fewest ``(row tiles, column tiles)`` whose sweep fits `budget` elements:
+    by columns, the most rows that fit (the sweep's size grows with them).
+    Where `emulated`, the cut that uploads least instead (B's panels once per
+    row of tiles, A's once per column: ``rows nl + columns ml``): fp64-int8's
+    scratch grows with a tile's rows plus columns, so whole rows of C leave
+    thin tiles (N = 65536 under 24 GiB: 47 x 1 tiles, B uploaded 47 times;
+    3 x 5 uploads a sixth of that), and at N = 32768 a 3 x 2 cut with
+    16384-wide panels ran 60.4 TFLOP/s where 4 x 1 with 8192 ran 52.3.
+    Emulated, C is never one tile where it has rows to cut: a tile's first
+    panel goes up whole before its first product (nothing hides it), and one
+    tile of N = 32768 ran 49.4 TFLOP/s where 2 x 1 ran 58.7 (both: `bench`,
+    docs/benchmarks.md, "Measurements behind the defaults")."""
+    def fits(tm, tn, ntiles):
+        return _ooc_elements(tm, tn, nb, slots, ntiles, transposed, staged, emulated) <= budget
+    fewest_rows = 2 if emulated and ml >= 2 else 1
+    if fewest_rows == 1 and fits(ml, nl, 1):
+        return 1, 1
+    best = None
+    for ntn in range(1, nl + 1):
+        tn = -(-nl // ntn)
+        low, high = 0, ml  # the most rows that fit: in [low, high]
+        while low < high:
+            mid = (low + high + 1) // 2
+            if fits(mid, tn, 2):
+                low = mid
+            else:
+                high = mid - 1
+        if low >= 1:
+            ntm = max(fewest_rows, -(-ml // low))
+            if not emulated:
+                return ntm, ntn
+            cut = (ntm * nl + ntn * ml, ntm * ntn, ntn, ntm)  # uploads, tiles, rows first
+            best = min(best or cut, cut)
+        if emulated and ntn >= min(nl, EMULATED_COLUMN_TILES):
+            break
+    return (best[3], best[2]) if best else None
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"
+
+
+def parse_bytes(text: str) -> int:
+    """``"16GiB"``, ``"512MiB"``, ``"2e9"`` -> bytes; ValueError otherwise."""
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    s = str(text).strip().upper().replace(" ", "")
+    number = s.rstrip("KMGTIB")
+    unit = s[len(number):]
+    try:
+        value = float(number) * units[unit]
+    except (ValueError, KeyError):
+        raise ValueError(f"expected a size like 16GiB or 512MB, got {text!r}") from None
+    if value <= 0:
+        raise ValueError(f"a memory size must be positive, got {text!r}")
+    return int(value)
+
+
+def _refuse_largest_shortfall(comm, short) -> None:
+    """Raise, on every rank, the message of the largest ``(bytes, rank, message)``
+    shortfall any rank found (None where it found none); collective."""
+    worst = max((s for s in comm.allgather(short) if s), default=None)
+    if worst:
+        raise ValueError(worst[2])
+
+
+def ranks_on_device(backend, comm, counted: bool = True) -> int:
+    """How many ranks of `comm` that are `counted` share this rank's GPU (1
+    on the CPU backend or where this rank is not counted): they share its
+    free memory, on virtual nodes too (the machine's). Collective."""
+    where = backend.device_id() if backend.is_gpu and counted else "cpu"
+    sharing = topology_of(comm).machine_comm.allgather(where).count(where)
+    return sharing if where != "cpu" else 1
+
+
+def check_memory(plan: MemoryPlan, backend, comm) -> None:
+    """Refuse, on every rank, a plan that does not fit the free device memory.
+
+    Ranks that share a GPU share its free memory. Raises ValueError naming the
+    rank with the largest shortfall, e.g. "rank 3 needs 41.2 GiB on GPU 1, 23.5
+    GiB free; use --device-memory (out of core) or more ranks". Host memory is
+    checked by :func:`check_host_memory`, against the node's total.
+    """
+    need, free = plan.device_bytes, None
+    if backend.is_gpu and need:
+        free = backend.memory_free()
+    sharing = ranks_on_device(backend, comm, bool(need))
+    short = None
+    if free is not None and need * sharing > free:
+        short = (need * sharing - free, comm.Get_rank(),
+                 f"rank {comm.Get_rank()} needs {_gib(need)}"
+                 + (f" ({sharing} ranks share the GPU)" if sharing > 1 else "")
+                 + f" on GPU {backend.device}, {_gib(free)} free; use --device-memory "
+                   "(out of core) or more ranks")
+    _refuse_largest_shortfall(comm, short)
+
+
+def host_memory_total() -> int | None:
+    """This node's physical memory in bytes (None where the OS does not say).
+
+    The total, not the free figure: VMs whose memory grows on use report far
+    less free memory than they can give, so only a plan larger than the whole
+    node is certain not to fit.
+    """
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_host_memory(plan: MemoryPlan, comm) -> None:
+    """Refuse, on every rank, a plan whose ranks on some node need more host
+    memory than that node has in all (collective)."""
+    node = topology_of(comm).node_comm
+    need, ranks = node.allreduce(plan.host_bytes), node.Get_size()
+    total = host_memory_total()
+    short = None
+    if total is not None and need > total:
+        short = (need - total, comm.Get_rank(),
+                 f"the {ranks} rank(s) on rank {comm.Get_rank()}'s node need {_gib(need)} of "
+                 f"host memory, and the node has {_gib(total)} in all; use more nodes"
+                 + (" or --device-memory" if plan.mode == "in-memory" and plan.device_bytes
+                    else ""))
+    _refuse_largest_shortfall(comm, short)

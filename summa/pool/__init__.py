@@ -1,0 +1,437 @@
+"""Every GPU from one plain Python process: a pool of MPI workers it starts.
+
+``summa.matmul(a, b)`` in a script or notebook that no MPI launcher started
+(a world of one rank) runs on every visible GPU: the process starts the
+workers as an ordinary MPI job of the MPI mpi4py was built with (its
+``mpiexec``, or ``MPIEXEC``; :mod:`summa.pool.worker`), one rank per GPU, keeps it
+between calls and stops it at exit. The arrays reach the workers through
+shared memory (:func:`summa.host.shared.named`: copied once on host threads, not at
+all where they were made with :func:`summa.host.empty` without a
+communicator), and the product comes back as one too.
+
+The calling process is no rank and needs no MPI: it sends each command over
+a local socket and then only waits, so it can never be caught in a
+collective that a dead worker will not join. (``MPI.COMM_SELF.Spawn`` was
+tried first: with MPICH a worker that fails takes the spawning process down
+with it.) A worker that raises or dies ends the call with one exception
+naming the rank and the cause; the job is then ended and the next call
+starts a new pool; SUMMA_TIMEOUT seconds without an answer does the same.
+Ctrl-C raises KeyboardInterrupt once the job is ended (a second or so). The
+workers wait for a call asleep, each on its socket (no CPU while idle), and
+end by themselves, removing what their owner left in shared memory, when the
+owner is killed. Under a launcher (a world of several ranks) nothing is
+started.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from ..host import shared as host, remote
+from ..runtime.cleanup import process_alive
+from ..options import current as current_options
+from ..device.traits import traits
+
+__all__ = ["WorkerError", "pool_size", "launched", "matmul", "start", "close"]
+
+
+class WorkerError(RuntimeError):
+    """A worker of the pool failed (raised, died, or did not answer)."""
+
+
+#: Environment variables a launcher sets in every rank it starts.
+_LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
+                       "MPI_LOCALNRANKS", "SLURM_STEP_ID", "HYDI_CONTROL_FD")
+
+
+def launched() -> bool:
+    """Was this process started by an MPI launcher (mpirun, srun, a pool)?"""
+    return any(v in os.environ for v in _LAUNCHER_VARIABLES)
+
+
+def pool_size(gpus=None, workers=None, use_gpus: bool = True) -> int:
+    """Workers a plain process's multiply runs on: `gpus` (``SUMMA_GPUS``),
+    else every visible GPU; on a machine without one (or not `use_gpus`:
+    the NumPy backend asked for) `workers` (``SUMMA_WORKERS``), else one per
+    8 cores (a NumPy rank's BLAS threads scale to about that). 1 means: no
+    pool, multiply in this process."""
+    settings = current_options()
+    for value in (gpus, workers, settings.gpus, settings.workers):
+        if value not in (None, ""):
+            count = int(value)
+            if count < 1:
+                raise ValueError(f"a pool needs at least one worker, not {count}")
+            return count
+    from ..device.backend import cupy_available
+    if use_gpus and cupy_available():
+        import cupy
+        return int(cupy.cuda.runtime.getDeviceCount())
+    return max(1, (os.cpu_count() or 1) // 8)
+
+
+def mpiexec_command() -> list[str]:
+    """The launcher of the MPI that mpi4py uses: ``MPIEXEC``, else the
+    ``mpiexec`` beside this Python (./run's venv with the PyPI MPICH), else
+    the one on PATH; under Open MPI, told not to bind the workers (see
+    :func:`_unbound`)."""
+    asked = current_options().mpiexec
+    if asked:
+        return _unbound(shlex.split(asked))
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    found = here if os.access(here, os.X_OK) else shutil.which("mpiexec") or \
+        shutil.which("mpirun")
+    if not found:
+        raise WorkerError("no mpiexec to start the pool's workers with; set MPIEXEC")
+    return _unbound([found])
+
+
+def _unbound(command: list[str]) -> list[str]:
+    """`command` (a launcher and its options) with ``--bind-to none`` where
+    the MPI is Open MPI and nothing about binding was said: Open MPI binds
+    each rank to one core when it starts two or fewer, and a rank's host
+    copies run on threads (on the H200 machine one core staged at a third of
+    the speed of twelve)."""
+    from mpi4py import MPI
+    if not MPI.Get_library_version().startswith("Open MPI") or \
+            any(a.lstrip("-") in ("bind-to", "bind-to-core", "bind-to-socket") or
+                a.startswith("--bind-to=") for a in command[1:]):
+        return command
+    return command[:1] + ["--bind-to", "none"] + command[1:]
+
+
+class _Pool:
+    """The workers' job, one connection per rank, and how to end it."""
+
+    def __init__(self, size: int, warm: str = "auto"):
+        """Launch `size` workers (they connect later: :meth:`connect`); `warm`
+        is the backend they get ready while they wait (``cupy``: CUDA and
+        CuPy started on each worker's GPU; ``numpy``: nothing)."""
+        from multiprocessing.connection import Listener
+        self.size = size
+        self.remote = None  # can the workers read the caller's memory (summa.host.remote)?
+        self._folder = tempfile.mkdtemp(prefix="summa-pool-")
+        key = secrets.token_bytes(16)
+        self._listener = Listener(os.path.join(self._folder, "socket"), family="AF_UNIX",
+                                  authkey=key)
+        env = dict(os.environ, SUMMA_POOL_KEY=key.hex(), SUMMA_POOL_WARM=warm)
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")  # Open MPI as root (containers)
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        try:
+            self.proc = subprocess.Popen(
+                mpiexec_command() + ["-n", str(size), sys.executable, "-m", "summa.pool.worker",
+                              self._listener.address, str(os.getpid())],
+                env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        except BaseException:  # Ctrl-C or no launcher: no folder left behind
+            self._listener.close()
+            shutil.rmtree(self._folder, ignore_errors=True)
+            raise
+        self.conns: dict[int, object] = {}
+        self.pids: dict[int, int] = {}
+        #: each worker's launcher process (hydra's proxy), MPI's shared memory files
+        self.parents: set[int] = set()
+        self.segments: set[str] = set()
+
+    def connect(self) -> None:
+        """Wait until every worker has connected (at once once they have)."""
+        if len(self.conns) == self.size:
+            return
+        try:
+            self._accept()
+        except BaseException:  # Ctrl-C or a failed start: no job left behind
+            self.kill()
+            raise
+
+    def _accept(self) -> None:
+        """Every rank's connection, or the reason it did not come."""
+        import socket
+        # Accept with a timeout, so that a job that never connects is noticed
+        # (multiprocessing's Listener has no public timeout).
+        self._listener._listener._socket.settimeout(0.2)
+        deadline = time.monotonic() + current_options().pool_start
+        while len(self.conns) < self.size:
+            try:
+                conn = self._listener.accept()
+            except (socket.timeout, TimeoutError):
+                if self.proc.poll() is not None:
+                    raise WorkerError(f"the pool's workers ended (status {self.proc.returncode})"
+                                      " before they all connected") from None
+                if time.monotonic() > deadline:
+                    raise WorkerError("the pool's workers did not all start in time "
+                                      "(SUMMA_POOL_START seconds)") from None
+                continue
+            _, rank, pid, parent, segments = conn.recv()
+            self.conns[rank], self.pids[rank] = conn, pid
+            self.parents.add(parent)
+            self.segments.update(segments)
+
+    def run(self, spec: dict) -> dict:
+        """One multiply on every worker; its record (None: they cannot read
+        this process's arrays, :mod:`summa.host.remote`), or raise."""
+        from multiprocessing.connection import wait
+        from ..runtime.watchdog import timeout_from_env
+        self._send(("matmul", spec))
+        timeout, last = timeout_from_env(), time.monotonic()
+        open_conns = list(self.conns.values())
+        while True:
+            ready = wait(open_conns, timeout=0.05) if open_conns else time.sleep(0.05) or []
+            for conn in ready:
+                try:
+                    answer = conn.recv()
+                except (EOFError, OSError):
+                    open_conns.remove(conn)  # that rank ended: its error, if any, came first
+                    continue
+                if answer[0] == "done":
+                    return answer[1]
+                if answer[0] == "no-remote":  # they cannot read the caller: ask again
+                    return None
+                _, rank, kind, message, detail = answer
+                if kind == "ValueError":
+                    raise ValueError(message)
+                raise WorkerError(f"worker rank {rank} failed: {kind}: {message}\n{detail}")
+            if self.proc.poll() is not None or not open_conns:
+                raise WorkerError(self._death())
+            if timeout and time.monotonic() - last > timeout:
+                raise WorkerError(f"the pool's workers did not answer in {timeout:g} s "
+                                  "(SUMMA_TIMEOUT); the pool is stopped")
+
+    def _send(self, command) -> None:
+        """`command` to every worker: each waits for the next on its own
+        socket, asleep (in an MPI broadcast they would poll, a core each)."""
+        for conn in self.conns.values():
+            conn.send(command)
+
+    def _death(self) -> str:
+        dead = [r for r, pid in self.pids.items() if not process_alive(pid)]
+        who = f"worker rank {dead[0]} (pid {self.pids[dead[0]]})" if dead else "a worker"
+        return f"{who} died; the pool is stopped and starts anew on the next call"
+
+    def kill(self) -> None:
+        """End the workers' job now, and remove what its workers held.
+
+        The launcher is asked first (SIGTERM: it passes the signal on, each
+        worker removes MPI's shared memory and exits, and it reaps its
+        proxies, which a killed launcher leaves as zombies); whatever still
+        runs a second later is killed, and this process removes the files the
+        workers could not."""
+        from ..runtime.cleanup import remove_segments
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=1.0)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        workers = [*self.pids.values(), *self.parents]
+        if self.proc.poll() is None or any(process_alive(pid) for pid in workers):
+            for pid in [-self.proc.pid, *workers]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        self.proc.wait()
+        deadline = time.monotonic() + 5  # killed is not yet gone: wait until they are
+        while any(process_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        remove_segments(self.segments)
+        for pid in self.pids.values():
+            host.remove_files_of(pid)
+        self._cleanup()
+
+    def stop(self) -> None:
+        """Ask the workers to end, and wait for them (briefly)."""
+        try:
+            self._send(("stop",))
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.kill()
+            return
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        for conn in self.conns.values():
+            conn.close()
+        self._listener.close()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+
+_pool: _Pool | None = None
+
+
+def _get(size: int, warm: str = "auto") -> _Pool:
+    """The pool of `size` workers: this process's, or one launched now (not
+    yet connected: its workers start while the caller prepares the arrays)."""
+    global _pool
+    if _pool is not None and _pool.size != size:
+        close()
+    if _pool is None:
+        _pool = _Pool(size, warm)
+    return _pool
+
+
+def start(gpus=None, workers=None, backend: str = "auto") -> int:
+    """Start the pool's workers now, in a plain Python process, so that the
+    first ``summa.matmul`` does not wait for them (Python, MPI and, on GPUs,
+    CuPy and CUDA: ~1.5 s on the H200 machine); returns how many it has (1:
+    none, the multiply runs in this process). The same rule as matmul's
+    (:func:`pool_size`); nothing under a launcher."""
+    if launched():
+        return 1
+    cpu_only = traits(backend).cpu_only
+    size = pool_size(None if cpu_only else gpus, workers, use_gpus=not cpu_only)
+    if size > 1:
+        _get(size, "numpy" if cpu_only else "auto")
+    return size
+
+
+def close() -> None:
+    """Stop the pool's workers (at exit; also after a failure, by killing them)."""
+    global _pool
+    pool, _pool = _pool, None
+    if pool is not None:
+        try:
+            pool.stop()
+        except Exception:  # noqa: BLE001 -- a broken pool is killed instead
+            pool.kill()
+
+
+atexit.register(close)
+
+
+def matmul(a, b, size: int, out=None, **options):
+    """``op(a) @ op(b)`` on a pool of `size` workers (see the module)."""
+    global _pool
+    # As they are: a shared array's view would lose its name.
+    a, b = (x if isinstance(x, np.ndarray) else np.asarray(x) for x in (a, b))
+    from ..api.arrays import check_arrays
+    from ..device.backend import NumpyBackend
+    trans = [str(options.get(f"trans_{x}", "N")).upper() for x in "ab"]
+    meta = check_arrays(a, b, out, *trans, NumpyBackend()
+                        if traits(options.get("backend", "auto")).cpu_only else _AnyDtype())
+    if isinstance(meta, str):
+        raise ValueError(meta)
+    m, n, k, dtype = meta
+    # The workers start (Python, MPI, CUDA) while the arrays are made ready.
+    pool = _get(size, "numpy" if traits(options.get("backend", "auto")).cpu_only else "auto")
+    stats = options.pop("stats", None)
+    began = time.perf_counter()
+    # The workers read the caller's own arrays (summa.host.remote) where the system
+    # lets them and the multiply reads them only through its copies (out of
+    # core, untransposed), else copies in shared memory (the first answer of
+    # a pool that cannot read says so, and the call is made again).
+    reach = pool.remote is not False and options.get("out_of_core") is not False \
+        and options.get("schedule", "panels") == "panels" and min(m, n, k) > 0 \
+        and remote.allowed()
+    if reach:
+        remote.allow_readers(pool.proc.pid)  # the launcher and the workers it started
+    try:
+        while True:
+            # (kept: the shared copies made, alive until the workers are done)
+            parts, result, kept = _operands(a, b, out, (m, n), dtype, reach,
+                                            touch=len(pool.conns) < pool.size)
+            (rows_a, flip_a), (rows_b, flip_b) = _rows_array(a), _rows_array(b)
+            spec = {"a": parts[0], "a_shape": rows_a.shape, "a_transposed": flip_a,
+                    "b": parts[1], "b_shape": rows_b.shape, "b_transposed": flip_b,
+                    "c": parts[2], "c_shape": (m, n), "dtype": np.dtype(dtype).str,
+                    "options": dict(options, **({"out_of_core": True} if reach else {})),
+                    "settings": current_options().to_json()}
+            copied = time.perf_counter()
+            pool.connect()
+            connected = time.perf_counter()
+            record = pool.run(spec)
+            answered = time.perf_counter()
+            if record is not None or not reach:
+                break
+            pool.remote = reach = False  # the workers cannot read this process: copies
+        if reach:
+            pool.remote = True
+    except BaseException:  # a raise, a death, Ctrl-C: no worker is left running
+        _pool = None
+        pool.kill()
+        raise
+    if stats is not None:
+        stats.__dict__.update(record)
+        stats.extra = dict(stats.extra or {}, pool_copy_seconds=copied - began,
+                           pool_start_wait_seconds=connected - copied,
+                           pool_run_seconds=answered - connected, pool_reads_caller=reach)
+    if out is not None and result is not out:
+        host.parallel_copy(out, result)
+        return out
+    if host.shared_name(result) is not None and result is not out:
+        host.unlink_name(result)  # the workers have let go: only this process maps it
+    return result
+
+
+def _rows_array(x: np.ndarray) -> tuple:
+    """``(array, transposed)``: what the workers attach of the operand `x`,
+    `x` itself or, where that is C-ordered and `x` is not (a Fortran-ordered
+    array, a ``.T`` view), ``x.T``, which they transpose back as a view (its
+    rows are copied, never transposed: :mod:`summa.host.storage`)."""
+    if not x.flags.c_contiguous and x.T.flags.c_contiguous:
+        return x.T, True
+    return x, False
+
+
+def _operands(a, b, out, shape, dtype, reach: bool, touch: bool):
+    """What the workers are told of A, B and C (a shared file's name, an
+    .npy file's bytes, or where in this process; of A and B their
+    :func:`_rows_array`), the array C lands in (`out`, a shared array, or
+    with `reach` this process's own: with `touch`, while the workers start,
+    faulted in on threads so that they write into touched pages; a warm
+    pool's call would only wait for it), and the shared copies made, to be
+    kept until the workers are done."""
+    parts, kept = [], []  # kept: the shared copies, alive until the call has ended
+    for x in (a, b):
+        x = _rows_array(x)[0]
+        where = remote.describe(x) if reach and host.shared_name(x) is None \
+            and host.file_map(x) is None else None
+        if where is not None:
+            parts.append({"remote": where})
+        else:
+            kept.append(_shared(x))
+            parts.append(kept[-1][1])
+    if out is not None and host.shared_name(out) is not None:
+        return parts + [host.shared_name(out)], out, kept
+    if reach and (out is None or out.flags.c_contiguous):
+        result = out if out is not None else host.touched(shape, dtype) if touch else \
+            np.empty(shape, dtype)
+        return parts + [{"remote": remote.describe(result)}], result, kept
+    result, name = host.named(shape, dtype)
+    return parts + [name], result, kept
+
+
+def _shared(x: np.ndarray):
+    """`x` in a shared file: itself where it is one (a shared array, or a map
+    of an .npy file, which the workers map too), else a copy (host threads)."""
+    name = host.shared_name(x)
+    if name is not None:
+        return x, name
+    mapped = host.file_map(x)
+    if mapped is not None:
+        return x, {"file": mapped[0], "offset": mapped[1]}
+    try:
+        copy, name = host.named(x.shape, x.dtype)
+    except ValueError as exc:  # no room for the copy: say how to need none
+        raise ValueError(f"{exc}; the workers read A and B without a copy where they are made "
+                         "with summa.host.empty(shape, dtype) and filled in place, or mapped "
+                         "from .npy files (np.load(path, mmap_mode='r'))") from None
+    host.parallel_copy(copy, x)
+    return copy, name
+
+
+class _AnyDtype:
+    """Dtype check of the pool's owner, which loads no GPU library: the
+    workers' backend checks the dtype again."""
+
+    @staticmethod
+    def check_dtype(dtype):
+        from ..device.backend import resolve_dtype
+        return resolve_dtype(dtype)

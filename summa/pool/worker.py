@@ -1,0 +1,198 @@
+"""``python -m summa.pool.worker ADDRESS``: one rank of the pool that a plain
+Python process started (:mod:`summa.pool`).
+
+The workers are an ordinary MPI job (``mpiexec -n P python -m summa.pool.worker
+ADDRESS OWNER``), one rank per GPU as under mpirun. Every rank connects back
+to the pool's owner (process OWNER) at ADDRESS (a local socket; the key comes
+in ``SUMMA_POOL_KEY``) and waits there, asleep, for each command; all run it
+(a multiply of shared arrays, :mod:`summa.host.shared`), and rank 0 answers
+``("done", record)``. A rank that fails answers ``("error", rank, type,
+message, traceback)`` and ends with a non-zero status, which ends the job:
+the others may be inside a collective it will never join. The owner then
+starts a new pool. A signal (the owner stopping the job) or the owner's end
+(killed, even mid-call) ends each worker at once, removing MPI's shared
+memory and the shared files the owner left (:func:`summa.runtime.cleanup.hard_exit`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+import traceback
+
+from ..runtime.cleanup import process_alive
+from ..device.traits import traits
+
+
+def serve(conn, world) -> None:
+    """Run the owner's commands until it says stop (or goes away)."""
+    from mpi4py import MPI
+
+    from ..host import shared as host, remote
+    from ..execution.algorithm import SummaStats
+    from ..api.multiply import matmul_arrays
+    from ..options import Options
+    while True:
+        command = _receive(conn)  # every rank's own: a sleeping wait (no MPI polling)
+        received = time.perf_counter()
+        if command[0] == "stop":
+            return
+        spec = command[1]
+        settings = Options.from_json(spec["settings"])  # the caller's
+        parts = [spec[x] for x in "abc"]
+        owners = [p["remote"] for p in parts if isinstance(p, dict) and "remote" in p]
+        if not world.allreduce(all(remote.allowed(settings) and remote.readable(w)
+                                   for w in owners),
+                               op=MPI.LAND):
+            if world.Get_rank() == 0:  # the system does not let us read the owner
+                _answer(conn, ("no-remote",))
+            continue
+        a = _attach(host, spec["a"], spec["a_shape"], spec["dtype"], spec.get("a_transposed"))
+        b = _attach(host, spec["b"], spec["b_shape"], spec["dtype"], spec.get("b_transposed"))
+        c = _attach(host, spec["c"], spec["c_shape"], spec["dtype"])
+        stats = SummaStats()
+        began = time.perf_counter()
+        matmul_arrays(a, b, comm=world, out=c, stats=stats, options=settings, **spec["options"])
+        ended = time.perf_counter()
+        del a, b, c
+        world.Barrier()  # every block of the product is in place
+        if world.Get_rank() == 0:
+            record = stats.as_dict()
+            # where a call's seconds went on the workers' side (rank 0's)
+            record["extra"] = dict(record.get("extra") or {},
+                                   worker_attach_seconds=began - received,
+                                   worker_matmul_seconds=ended - began,
+                                   worker_after_seconds=time.perf_counter() - ended)
+            _answer(conn, ("done", record))
+
+
+class _OwnerGone(Exception):
+    """The connection to the pool's owner broke: there is no one to answer."""
+
+
+def _receive(conn):
+    try:
+        return conn.recv()
+    except (EOFError, OSError) as exc:
+        raise _OwnerGone from exc
+
+
+def _answer(conn, message) -> None:
+    try:
+        conn.send(message)
+    except OSError as exc:
+        raise _OwnerGone from exc
+
+
+def _attach(host, where, shape, dtype, transposed: bool = False):
+    """An array as the owner shared it: a shared file's name, an .npy file's
+    bytes (``{"file", "offset"}``), or its own memory (``{"remote"}``); its
+    transpose where the owner shared the rows of that (a Fortran-ordered
+    operand, :func:`summa.pool._rows_array`)."""
+    if isinstance(where, dict) and "remote" in where:
+        array = host.attach_remote(where["remote"], shape, dtype)
+    elif isinstance(where, dict):
+        array = host.attach_file(where["file"], where["offset"], shape, dtype)
+    else:
+        array = host.attach(where, shape, dtype)
+    return host.transposed(array) if transposed else array
+
+
+def _warm(world, backend: str) -> None:
+    """Get the backend ready while the owner prepares the first call's arrays:
+    on GPUs, CuPy imported and CUDA started on this worker's GPU (~1 s of a
+    first call otherwise). Whatever fails here fails again, and is reported,
+    in the call itself."""
+    if traits(backend).cpu_only:
+        return
+    try:
+        from ..device.backend import cupy_available, get_backend
+        from ..distribution.grid import node_rank
+        if cupy_available():
+            get_backend("cupy", node_rank(world)[0])
+    except Exception:  # noqa: BLE001 -- see above
+        pass
+
+
+#: MPI's shared memory of the owner (a singleton MPI process of its own), and
+#: the folder of its socket
+_owner_segments: list = []
+_owner_folder: list = []
+
+
+def _owner_gone(owner: int) -> None:
+    """End this worker, removing the shared files and MPI memory its owner
+    left (that process has ended, killed perhaps: no one else will) and
+    MPI's shared memory of the workers; the launcher then ends the others."""
+    from ..runtime.cleanup import hard_exit, remove_segments
+    from ..host.shared import remove_files_of
+    remove_files_of(owner)
+    remove_segments(_owner_segments)
+    for folder in _owner_folder:
+        shutil.rmtree(folder, ignore_errors=True)
+    hard_exit(1)
+
+
+def watch_owner(owner: int) -> None:
+    """A thread that ends this worker when process `owner` ends, also while
+    a call runs (the socket tells only once the worker reads it again)."""
+    import threading
+
+    def wait():
+        try:
+            fd = os.pidfd_open(owner)
+        except (AttributeError, OSError):  # an old kernel: look twice a second
+            while process_alive(owner):
+                time.sleep(0.5)
+        else:
+            import select
+            select.select([fd], [], [])  # readable once the process has ended
+        _owner_gone(owner)
+
+    threading.Thread(target=wait, name="summa-owner", daemon=True).start()
+
+
+def main(argv=None) -> int:
+    from multiprocessing.connection import Client
+
+    from ..options import current
+    args = sys.argv[1:] if argv is None else argv
+    key = current().pool_key
+    if len(args) != 2 or not key or not args[1].isdigit():
+        print("summa.pool.worker: started by summa's pool (summa.matmul in a plain Python "
+              "process), not by hand", file=sys.stderr)
+        return 2
+    from mpi4py import MPI
+
+    from ..runtime.cleanup import mapped_segments
+    from ..runtime.watchdog import handle_signals
+    world = MPI.COMM_WORLD
+    handle_signals(world, announce=False)  # the owner stops the job so: no word
+    owner = int(args[1])
+    _owner_segments.extend(mapped_segments(owner))
+    if os.path.basename(os.path.dirname(args[0])).startswith("summa-pool-"):
+        _owner_folder.append(os.path.dirname(args[0]))
+    watch_owner(owner)
+    conn = Client(args[0], authkey=bytes.fromhex(key))
+    conn.send(("hello", world.Get_rank(), os.getpid(), os.getppid(), mapped_segments()))
+    _warm(world, current().pool_warm)
+    try:
+        serve(conn, world)
+    except _OwnerGone:  # nothing to answer (an OSError of the multiply is told, below)
+        _owner_gone(owner) if not process_alive(owner) else os._exit(1)
+    except BaseException as exc:  # noqa: BLE001 -- told to the owner, then the job ends
+        detail = "".join(traceback.format_exception(exc)[-6:])
+        try:
+            conn.send(("error", world.Get_rank(), type(exc).__name__, str(exc), detail))
+        except OSError:
+            pass
+        from ..runtime.cleanup import hard_exit
+        hard_exit(1)  # no MPI_Finalize: the others may be stuck in a collective
+    conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,609 @@
+"""Ozaki scheme II on the GPU: :mod:`summa.precision.ozaki`'s steps fused into CuPy
+kernels, the residue products on the INT8 tensor cores (cuBLAS, cuBLASLt).
+
+``gemm(alpha, a, b, c, beta)`` computes ``c = alpha a @ b + beta c`` for
+float64 CuPy arrays (complex128 from four real products):
+
+1. the largest magnitude of each row of A and column of B (one reduction
+   each, which also finds Inf/NaN) and their 2-norms (another) give the
+   scaling exponents (:func:`summa.precision.ozaki.exponents`);
+2. one kernel reads A once and writes its residues for every modulus (int8
+   planes, K contiguous and padded to 4); B is transposed first (cuBLAS
+   geam) so its planes are K-contiguous too, as the fast INT8 kernels need;
+3. per modulus one INT8 GEMM ("TN", int32: cuBLASLt's fastest algorithm for
+   large products, else ``cublasGemmEx``; :func:`summa.device.backend.int8_library`),
+   its product folded into two float64 sums per element a few planes at a time;
+4. the last fold turns the sums into the result, scaled and accumulated
+   (a kernel of its own where C's rows are not contiguous).
+
+On a grid SUMMA gives a rank K in panels: :class:`PanelSums` sums their
+INT8 products in int32 with exponents agreed over all of K
+(:func:`grid_exponents`) and folds C once, where memory allows.
+
+Every operation mirrors the NumPy code of :mod:`summa.precision.ozaki` (the same
+float64 formulas), so the two agree (tests/test_gpu.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+
+from .. import options
+from . import ozaki
+
+__all__ = ["gemm", "PanelSums", "grid_exponents", "panel_sums_bytes", "panel_sums_apply",
+           "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli",
+           "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
+
+#: Integer products folded per pass (each pass reads the two sums once; 8
+#: measured no faster in the fold-variants probe, `fold_probe.py` at aaff378).
+PLANES = 4
+
+
+# Rows on the grid's y axis and columns on x: no 64-bit division per element
+# (a flat index cost it twice per element; the residues took 48 ms of a
+# 1.25 s product at N = 32768 in `benchmarks/fp64_int8_speed.py`'s phases).
+# Residues: four columns a thread, one 4-byte store per plane (cols_p is a
+# multiple of 4, the planes 4-aligned).
+_RESIDUES = r"""
+extern "C" __global__ void residues(const double* x, const int* e, long long rows,
+        long long rows_p, long long cols, long long cols_p, long long ld, int count,
+        const double* moduli, const double* inverses, signed char* out) {
+    long long plane = rows_p * cols_p, quads = cols_p / 4;
+    for (long long r = blockIdx.y; r < rows_p; r += gridDim.y) {
+        for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < quads;
+             q += (long long)gridDim.x * blockDim.x) {
+            long long j = 4 * q;
+            double xb[4];
+            for (int t = 0; t < 4; ++t)
+                xb[t] = (r < rows && j + t < cols) ? rint(ldexp(x[r * ld + j + t], e[r])) : 0.0;
+            for (int l = 0; l < count; ++l) {
+                double m = moduli[l], inv = inverses[l];
+                unsigned int packed = 0;  // little-endian: column j in the lowest byte
+                for (int t = 0; t < 4; ++t) {
+                    double v = xb[t] - m * rint(xb[t] * inv);
+                    if (v > 127.0) v -= m;
+                    if (v < -128.0) v += m;
+                    packed |= (unsigned int)(unsigned char)(signed char)v << (8 * t);
+                }
+                *(unsigned int*)(out + l * plane + r * cols_p + j) = packed;
+            }
+        }
+    }
+}
+"""
+
+# The folds: the first of a product starts from zero (no pass to clear the
+# sums, no read of them), the last can end the product itself (fold_finish:
+# the sums never go to memory), so 16 products folded 4 at a time pass over
+# C's sums 3 times instead of 5 (the folds took ~80 ms of the 1.25 s in
+# `benchmarks/fp64_int8_speed.py`'s phases).
+_FOLD_BODY = r"""
+    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+        for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < cols;
+             j += (long long)gridDim.x * blockDim.x) {
+            long long idx = r * cols + j;
+            double hi = first ? 0.0 : s_hi[idx], lo = first ? 0.0 : s_lo[idx];
+            for (int p = 0; p < count; ++p) {
+                double gd = (double)g[p * plane + r * ldg + j];
+                double u = gd - moduli[p] * rint(gd * inverses[p]);
+                hi += u * w_hi[p];
+                lo += u * w_lo[p];
+            }
+            FINISH
+        }
+    }
+}
+"""
+_FOLD_ARGS = ("const int* g, long long rows, long long cols, long long ldg, long long plane, "
+              "int count, const double* moduli, const double* inverses, const double* w_hi, "
+              "const double* w_lo, double* s_hi, double* s_lo, int first")
+_FOLD = ('extern "C" __global__ void fold(' + _FOLD_ARGS + ") {" +
+         _FOLD_BODY.replace("FINISH", "s_hi[idx] = hi;\n            s_lo[idx] = lo;"))
+# The finish's formulas (the "finish" kernel below), on the sums in registers.
+_FOLD_FINISH = ('extern "C" __global__ void fold_finish(' + _FOLD_ARGS +
+                ", const int* e, const int* f, double m_hi, double m_lo, int t, double alpha, "
+                "double beta, double* c, long long ldc) {" + _FOLD_BODY.replace("FINISH", r"""
+            double q = rint((hi + lo) / (m_hi + m_lo));
+            double d = (hi - q * m_hi) + (lo - q * m_lo);
+            double v = alpha * ldexp(d, t - e[r] - f[j]);
+            double* cj = c + r * ldc + j;
+            *cj = beta == 0.0 ? v : v + beta * *cj;"""))
+
+_kernels: dict = {}
+
+
+def _kernel(name: str):
+    import cupy
+    if name not in _kernels:
+        if name == "amax":
+            # Inf/NaN count as infinite: one reduction scales and checks.
+            # (CuPy renames parameters inside the expressions by pattern: no
+            # name that a literal holds, as "x" is in a hexadecimal one)
+            _kernels[name] = cupy.ReductionKernel(
+                "float64 value", "float64 largest",
+                "isfinite(value) ? fabs(value) : __longlong_as_double(0x7ff0000000000000LL)",
+                "max(a, b)", "largest = a", "0", "summa_amax")
+        elif name == "norm":
+            # each row scaled by its largest's 2**-exponent into [0.5, 1)
+            # first (the exponent frexp gives, as :func:`summa.precision.ozaki.norms`):
+            # no square overflows
+            _kernels[name] = cupy.ReductionKernel(
+                "float64 value, float64 top", "float64 length",
+                "summa_scaled(value, top) * summa_scaled(value, top)", "a + b",
+                "length = sqrt(a)", "0", "summa_scaled_norm",
+                preamble="__device__ double summa_scaled(double v, double t) {"
+                         " int e; frexp(t, &e); return ldexp(v, -e); }")
+        elif name == "exponents":
+            # summa.precision.ozaki.exponents' formulas in one kernel (its ~12 CuPy
+            # operations were as many kernels to compile on a fresh machine)
+            _kernels[name] = cupy.ElementwiseKernel(
+                "float64 amax, float64 norm, int32 bits, float64 cap", "int32 shift",
+                "int ex; frexp(amax, &ex);"
+                "double nm = isfinite(norm) ? fmax(norm, 0.5) : 0.5;"
+                "double kept = fmin((double)bits,"
+                "                   floor(cap - log2(nm * (1.0 + ldexp(1.0, -30))) - 1e-9));"
+                "shift = amax > 0 ? (int)(kept - ex) : 0;", "summa_ozaki_exponents")
+        elif name == "finish":
+            _kernels[name] = cupy.ElementwiseKernel(
+                "float64 s_hi, float64 s_lo, int32 e, int32 f, float64 m_hi, float64 m_lo, "
+                "int32 t, float64 alpha, float64 beta", "float64 c",
+                "double q = rint((s_hi + s_lo) / (m_hi + m_lo));"
+                "double d = (s_hi - q * m_hi) + (s_lo - q * m_lo);"
+                "double v = alpha * ldexp(d, t - e - f);"
+                "c = beta == 0.0 ? v : v + beta * c;", "summa_ozaki_finish")
+        else:
+            source = {"residues": _RESIDUES, "fold": _FOLD, "fold_finish": _FOLD_FINISH}[name]
+            _kernels[name] = cupy.RawKernel(source, name)
+    return _kernels[name]
+
+
+def _launch(kernel, rows: int, width: int, args) -> None:
+    """`kernel` over `rows` rows (the grid's y, looped past 65535) of `width`
+    threads' work each (x)."""
+    threads = 256
+    blocks = int(min(max(1, -(-width // threads)), 4096))
+    kernel((blocks, int(min(max(1, rows), 65535))), (threads,), args)
+
+
+NOT_FINITE = ozaki.NOT_FINITE
+class _Scopes:
+    """The state of this process's open :func:`checked_later` and
+    :func:`same_b` contexts (one object, so every product sees the innermost
+    ones without a ``global``; each context restores what it found).
+
+    Attributes
+    ----------
+    pending : list or None
+        Inside :func:`checked_later`: each product's largest input magnitudes
+        (Inf where one held Inf or NaN).
+    held : dict or None
+        Inside :func:`same_b`: B's exponents and residue planes kept for the
+        products.
+    """
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        """No context open (the state at import)."""
+        self.pending: list | None = None
+        self.held: dict | None = None
+
+
+_scopes = _Scopes()
+
+
+def _exponents(x, axis: int, bits: int, cap: float, comm=None):
+    """The scaling exponents of `x`'s rows (axis 1) or columns (axis 0), as
+    int32, each row's scaled 2-norm within ``2**cap``
+    (:func:`summa.precision.ozaki.exponents`); with `comm`, of the whole rows whose
+    parts its ranks hold (collective). Refuses Inf/NaN (at once, or inside
+    :func:`checked_later` at its end)."""
+    amax = _kernel("amax")(x, axis=axis)  # Inf where a row holds Inf or NaN
+    if comm is not None:  # the whole row's largest (Inf where any part held Inf/NaN)
+        amax = _allreduced(amax, comm, "MAX")
+    _refuse([_kernel("amax")(amax, axis=None)] if amax.size else [])
+    norm = _kernel("norm")(x, amax.reshape((-1, 1) if axis == 1 else (1, -1)), axis=axis)
+    if comm is not None:
+        import cupy
+        # each part scaled by the whole row's exponent: the squares add up
+        norm = cupy.sqrt(_allreduced(norm * norm, comm, "SUM"))
+    return _kernel("exponents")(amax, norm, np.int32(bits), np.float64(cap))
+
+
+def _allreduced(x, comm, op: str):
+    """Device array `x` allreduced over `comm` with MPI's `op` (by host)."""
+    import cupy
+    from mpi4py import MPI
+    host = cupy.asnumpy(x)
+    comm.Allreduce(MPI.IN_PLACE, host, op=getattr(MPI, op))
+    return cupy.asarray(host)
+
+
+def _refuse(tops) -> None:
+    """Raise :data:`NOT_FINITE` where any of `tops` (the largest magnitudes
+    of operands, device scalars, Inf where one held Inf or NaN) is Inf, or
+    inside :func:`checked_later` keep them for its end."""
+    if _scopes.pending is not None:
+        _scopes.pending.extend(tops)
+    elif not _finite(tops):
+        raise ValueError(NOT_FINITE)
+
+
+def _finite(tops) -> bool:
+    """Are all of `tops` finite? (Waits for the GPU.)"""
+    return all(math.isfinite(float(top)) for top in tops)
+
+
+def refuse_not_finite(a, b) -> None:
+    """The Inf/NaN refusal of :func:`gemm` for a product made otherwise (a
+    short sum in native float64, :data:`summa.precision.ozaki.K_NATIVE`): the same
+    error, at once or at :func:`checked_later`'s end."""
+    parts = [p for x in (a, b) for p in ((x.real, x.imag) if x.dtype.kind == "c" else (x,))]
+    _refuse([_kernel("amax")(p, axis=None) for p in parts])
+
+
+class _Checks:
+    """The Inf/NaN checks of the products made inside :func:`checked_later`."""
+
+    def __init__(self):
+        self.flags = []
+
+    def finite(self) -> bool:
+        """Were all their inputs finite? (Waits for the GPU: once.)"""
+        return _finite(self.flags)
+
+
+@contextlib.contextmanager
+def checked_later():
+    """Inside, products do not stop the host to check their inputs for
+    Inf/NaN (a synchronisation with the GPU each, so the host could not queue
+    the next panel's copies and GEMMs ahead): the yielded object's
+    ``finite()`` answers for all of them at the end. Their products are then
+    meaningless where it says False; the caller raises (every rank alike)."""
+    outer, checks = _scopes.pending, _Checks()
+    _scopes.pending = checks.flags
+    try:
+        yield checks
+    finally:
+        _scopes.pending = outer
+
+
+def _residues(x, e, count: int, rows_p: int, cols_p: int, constants):
+    """int8 planes (count, rows_p, cols_p) of `x`'s scaled rows mod each of
+    the first `count` moduli, zeros in the padding."""
+    import cupy
+    out = cupy.empty((count, rows_p, cols_p), dtype=cupy.int8)
+    rows, cols = x.shape
+    if x.size and x.strides[1] != x.itemsize:
+        x = cupy.ascontiguousarray(x)
+    ld = x.strides[0] // x.itemsize if x.size else cols
+    _launch(_kernel("residues"), rows_p, cols_p // 4,
+            (x, e, np.int64(rows), np.int64(rows_p), np.int64(cols), np.int64(cols_p),
+             np.int64(ld), np.int32(count), constants["moduli"],
+             constants["inverses"], out))
+    return out
+
+
+def _constants(count: int) -> dict:
+    import cupy
+    key = ("constants", count)
+    if key not in _kernels:
+        chosen = ozaki.MODULI[:count]
+        weights = ozaki.crt_weights(chosen)
+        _kernels[key] = {
+            "weights": weights,
+            "moduli": cupy.asarray(np.array(chosen, dtype=np.float64)),
+            "inverses": cupy.asarray(1.0 / np.array(chosen, dtype=np.float64)),
+            "w_hi": cupy.asarray(np.array(weights["w_hi"])),
+            "w_lo": cupy.asarray(np.array(weights["w_lo"]))}
+    return _kernels[key]
+
+
+@contextlib.contextmanager
+def same_b():
+    """Products inside share B's exponents and residue planes where they are
+    given the same B (the caller promises it does not change meanwhile): the
+    row strips of an out-of-core tile's last panel, which go home one by one
+    as they are final, transpose and reduce B once, not once a strip. One B
+    is kept at a time, so the memory is one product's."""
+    outer, _scopes.held = _scopes.held, {}
+    try:
+        yield
+    finally:
+        _scopes.held = outer
+
+
+def _b_side(b, count: int, bits: int, cap: float, cols_p: int, k_p: int, constants, backend):
+    """B's column exponents and its residue planes (B transposed, so K is
+    contiguous): made here, or inside :func:`same_b` those made for this B."""
+    import cupy
+    data = getattr(b, "data", None)
+    held = _scopes.held
+    key = (getattr(data, "ptr", None) or b.__array_interface__["data"][0], b.shape,
+           b.strides, count, bits)
+    if held is not None and held.get("key") == key:
+        return held["f"], held["b8"]
+    if held is not None:
+        held.clear()  # the last B's planes go before this one's come
+    k, n = b.shape
+    if b.T.flags.c_contiguous:  # column-major already (B stored by columns): read as it lies
+        bt = b.T
+    else:
+        bt = cupy.empty((n, k), dtype=cupy.float64)
+        backend.transpose(b, bt)
+    f = _exponents(bt, 1, bits, cap)
+    b8 = _residues(bt, f, count, cols_p, k_p, constants)
+    if held is not None:
+        held.update(key=key, f=f, b8=b8)
+    return f, b8
+
+
+def scratch_bytes(m: int, n: int, k: int, count: int, planes: int = PLANES) -> int:
+    """Device bytes one product takes beside its operands: the residue planes,
+    B transposed, the integer products and the two sums."""
+    kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
+    return count * (m + np_) * kp + 8 * n * k + 4 * planes * m * np_ + 16 * m * n
+
+
+def panel_sums_bytes(m: int, n: int, width: int, k: int, planes: int = PLANES) -> int:
+    """Device bytes :class:`PanelSums` takes beside its operands for an
+    ``m x n`` C over `k` terms in panels up to `width` wide: the int32 sums
+    (a plane per modulus), one panel's residue planes and B transposed, and
+    the fold's two float64 sums."""
+    count = moduli_for(k)
+    kp, np_ = -(-width // 4) * 4, -(-n // 4) * 4
+    folds = 16 * m * n if count > planes else 0
+    return 4 * count * m * np_ + count * (m + np_) * kp + 8 * n * kp + folds
+
+
+def panel_sums_apply(dtype, ranks: int, k: int) -> bool:
+    """Do fp64-int8 products of `dtype` given in K panels on a grid of
+    `ranks` sum their INT8 products and fold C once (:class:`PanelSums`),
+    where memory allows? float64 on several ranks, K within an int32 sum
+    and of at least :data:`summa.precision.ozaki.K_NATIVE` terms (fewer run native
+    float64), unless ``SUMMA_FP64_INT8_SUMS=0`` (a fold a panel, as one
+    rank's out-of-core tiles make it: the reference a benchmark compares
+    against)."""
+    return (np.dtype(dtype).kind == "f" and ranks > 1 and ozaki.K_NATIVE <= k <= ozaki.K_EXACT
+            and options.current().fp64_int8_sums != 0)
+
+
+def check_moduli(moduli, precision) -> int | None:
+    """`moduli` as an int if a float64-on-INT8 product can take it (3 to 30;
+    fewer cannot rebuild a product over K up to :data:`summa.precision.ozaki.K_EXACT`),
+    else one clear ValueError; None stays None."""
+    if moduli is None:
+        return None
+    if precision != "fp64-int8":
+        raise ValueError("moduli applies to precision fp64-int8")
+    return ozaki.check_moduli(moduli)
+
+
+def asked_moduli(moduli: int | None):
+    """A context inside which products take `moduli` moduli (None: as
+    before), and the plans count their scratch so: the current options
+    (:func:`summa.options.set`) with ``fp64_int8_moduli`` changed."""
+    return options.set(fp64_int8_moduli=moduli)
+
+
+def _asked(moduli: int | None) -> int | None:
+    """`moduli`, else the current options' (``SUMMA_FP64_INT8_MODULI``, or
+    an entry point's `moduli`), else None (the default for the product's K)."""
+    return options.current().fp64_int8_moduli if moduli is None else moduli
+
+
+def moduli_for(k: int, moduli: int | None = None) -> int:
+    """The moduli a product over `k` takes: `moduli`, else
+    ``SUMMA_FP64_INT8_MODULI``, else :func:`summa.precision.ozaki.default_moduli`'s
+    (15 for K = 32768)."""
+    return ozaki.choose(ozaki.BITS, _asked(moduli), min(k, ozaki.K_EXACT))[1]
+
+
+class _Folds:
+    """The folds of a product's `count` integer products (int32 planes of
+    ``m x np_``, their pitch `n` padded to 4) into ``c = alpha a @ b + beta
+    c``, `planes` of them a pass: :attr:`groups` lists each pass's first
+    plane and count; :meth:`fold` passes over group j's planes, the first
+    starting the two float64 sums, the last writing C itself where C's rows
+    are contiguous; :meth:`finish` ends the product otherwise (a transposed
+    view of C goes through the finish kernel)."""
+
+    def __init__(self, m: int, n: int, count: int, planes: int, e, f, constants,
+                 alpha, beta, c):
+        import cupy
+        self.m, self.n, self.np_, self.constants = m, n, -(-n // 4) * 4, constants
+        self.planes = max(1, min(int(planes), count))
+        self.groups = [(l0, min(self.planes, count - l0)) for l0 in range(0, count, self.planes)]
+        self.fused = c.strides[1] == c.itemsize
+        sums = (m, n) if len(self.groups) > 1 or not self.fused else (1, 1)
+        self.s_hi = cupy.empty(sums, dtype=cupy.float64)
+        self.s_lo = cupy.empty(sums, dtype=cupy.float64)
+        weights = constants["weights"]
+        self.ends = (e, f, weights["m_hi"], weights["m_lo"], np.int32(weights["t"]),
+                     np.float64(alpha), np.float64(beta), c,
+                     np.int64(c.strides[0] // c.itemsize))
+
+    def fold(self, j: int, g) -> None:
+        """Fold group j's planes, the first planes of `g` (planes ``m np_`` apart)."""
+        (l0, group), constants = self.groups[j], self.constants
+        last = self.fused and j == len(self.groups) - 1
+        m, n, np_ = self.m, self.n, self.np_
+        _launch(_kernel("fold_finish" if last else "fold"), m, n,
+                (g, np.int64(m), np.int64(n), np.int64(np_), np.int64(m * np_),
+                 np.int32(group), constants["moduli"][l0:], constants["inverses"][l0:],
+                 constants["w_hi"][l0:], constants["w_lo"][l0:], self.s_hi, self.s_lo,
+                 np.int32(j == 0)) + (self.ends if last else ()))
+
+    def finish(self) -> None:
+        """Where C's rows are not contiguous: the sums into C."""
+        if self.fused:
+            return
+        e, f, m_hi, m_lo, t, alpha, beta, c, _ = self.ends
+        _kernel("finish")(self.s_hi, self.s_lo, e.reshape(self.m, 1), f.reshape(1, self.n),
+                          m_hi, m_lo, t, float(alpha), float(beta), c)
+
+
+def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = None,
+         backend=None, planes: int = PLANES, marks: list | None = None) -> None:
+    """``c = alpha a @ b + beta c`` in float64 from INT8 GEMMs (the module's
+    steps). `a`, `b`, `c` float64 CuPy arrays (views with contiguous rows
+    fine); `backend` a :class:`summa.device.backend.CupyBackend` (its INT8 GEMM and
+    transpose); `moduli` (default :func:`moduli_for`'s) trades accuracy for
+    speed (:func:`summa.precision.ozaki.choose`); `marks` collects ``(phase, event)`` pairs
+    for timing.
+    """
+    import cupy
+    m, k = a.shape
+    n = b.shape[1]
+    if a.dtype.kind == "c" or b.dtype.kind == "c":
+        _complex(alpha, a, b, c, beta, bits, moduli, backend, planes)
+        return
+    if k > ozaki.K_EXACT:  # pieces an int32 sum holds, each accumulated
+        for i, k0 in enumerate(range(0, k, ozaki.K_EXACT)):
+            gemm(alpha, a[:, k0:k0 + ozaki.K_EXACT], b[k0:k0 + ozaki.K_EXACT], c,
+                 beta if i == 0 else 1.0, bits, moduli, backend, planes, marks)
+        return
+    bits, count = ozaki.choose(bits, _asked(moduli), k)  # checked as the caller asked
+    constants = _constants(count)
+    cap_a, cap_b = ozaki.budgets(count, k)
+
+    def mark(phase):
+        if marks is not None:
+            event = cupy.cuda.Event()
+            event.record()
+            marks.append((phase, event))
+    mark("start")
+    if k == 0 or m == 0 or n == 0:
+        if beta == 0:
+            c.fill(0)
+        elif beta != 1:
+            c *= beta
+        return
+    e = _exponents(a, 1, bits, cap_a)          # (m,)
+    kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
+    mark("scale")
+    f, b8 = _b_side(b, count, bits, cap_b, np_, kp, constants, backend)  # (n,), B's planes
+    a8 = _residues(a, e, count, m, kp, constants)
+    mark("residues")
+    folds = _Folds(m, n, count, planes, e, f, constants, alpha, beta, c)
+    # One buffer of products: folds on a stream of their own beside the next
+    # group's GEMMs (two buffers) gained nothing (`fold_probe.py` at aaff378:
+    # 1.091x against 1.101x over native).
+    g = cupy.empty((folds.planes, m, np_), dtype=cupy.int32)
+    for j, (l0, group) in enumerate(folds.groups):
+        for p in range(l0, l0 + group):
+            backend.int8_gemm_tn(a8[p], b8[p], g[p - l0])
+        folds.fold(j, g)
+    mark("products")
+    del a8, b8, g
+    folds.finish()
+    mark("finish")
+
+
+class PanelSums:
+    """``c = alpha a @ b + beta c`` for A and B given in K panels, as SUMMA
+    receives them on a grid: each panel's INT8 products summed in int32
+    (one plane a modulus) and C folded once at the end, not once a panel.
+    The scaling exponents are those of all of K (:func:`grid_exponents`),
+    so the result is the one :func:`gemm` makes of the whole product on
+    one GPU, and nothing needs checking panel by panel. Device memory:
+    :func:`panel_sums_bytes`.
+    """
+
+    def __init__(self, m: int, n: int, k: int, exponents, backend, bits: int = ozaki.BITS,
+                 moduli: int | None = None, planes: int = PLANES):
+        import cupy
+        if k > ozaki.K_EXACT:
+            raise ValueError(f"K = {k} exceeds the {ozaki.K_EXACT} an int32 sum holds")
+        _, self.count = ozaki.choose(bits, _asked(moduli), k)  # as grid_exponents chose
+        self.m, self.n, self.k, self.backend, self.planes = m, n, k, backend, planes
+        self.np_ = -(-n // 4) * 4
+        self.constants = _constants(self.count)
+        self.sums = cupy.empty((self.count, m, self.np_), dtype=cupy.int32)
+        self.e, self.f = exponents
+        self.seen = 0
+        self.started = False  # the first panel's products set the sums, the rest add
+
+    def add(self, a, b) -> None:
+        """Add the panel product ``a @ b`` (`a` m x w, `b` w x n, float64)."""
+        import cupy
+        width = a.shape[1]
+        if self.seen + width > self.k:
+            raise ValueError(f"panels past K = {self.k}")
+        self.seen += width
+        if width == 0 or self.m == 0 or self.n == 0:
+            return
+        kp = -(-width // 4) * 4
+        bt = cupy.empty((self.n, width), dtype=cupy.float64)
+        self.backend.transpose(b, bt)
+        a8 = _residues(a, self.e, self.count, self.m, kp, self.constants)
+        b8 = _residues(bt, self.f, self.count, self.np_, kp, self.constants)
+        for p in range(self.count):
+            self.backend.int8_gemm_tn(a8[p], b8[p], self.sums[p], accumulate=self.started)
+        self.started = True
+
+    def finish(self, alpha, c, beta=0.0) -> None:
+        """``c = alpha (the sum of the panel products) + beta c``, once all of
+        K has been added."""
+        if self.seen != self.k:
+            raise ValueError(f"panels of {self.seen} of K = {self.k} terms added")
+        m, n, count = self.m, self.n, self.count
+        if m == 0 or n == 0:
+            return
+        if not self.started:  # K = 0: the product is zero
+            self.sums.fill(0)
+        folds = _Folds(m, n, count, self.planes, self.e, self.f, self.constants, alpha, beta, c)
+        for j, (l0, _) in enumerate(folds.groups):  # the planes lie in the sums already
+            folds.fold(j, self.sums[l0:])
+        folds.finish()
+
+
+def grid_exponents(a, b, row_comm, col_comm, k: int, bits: int = ozaki.BITS,
+                   moduli: int | None = None):
+    """``(e, f)``: the scaling exponents of the rows of A and the columns of
+    B over all of K, where each rank holds a block of them (`a`: its rows of
+    A, its K columns; `b`: its K rows of B, its columns), the same on every
+    rank of a grid row (`row_comm`, A's rows) or column (`col_comm`, B's
+    columns) as one GPU's whole product would take (:func:`gemm`): two
+    allreduces of a number a row each way. Collective; Inf/NaN refused as
+    in :func:`gemm` (inside :func:`checked_later`, at its end)."""
+    _, count = ozaki.choose(bits, _asked(moduli), k)
+    cap_a, cap_b = ozaki.budgets(count, k)
+    return _exponents(a, 1, bits, cap_a, row_comm), _exponents(b, 0, bits, cap_b, col_comm)
+
+
+def phase_seconds(marks: list) -> dict:
+    """Seconds per phase of the ``(phase, event)`` pairs :func:`gemm` collected
+    in `marks` (each phase timed from the mark before it; summed over the
+    products it made), once the GPU has passed the last one."""
+    import cupy
+    seconds: dict = {}
+    for (_, start), (phase, end) in zip(marks, marks[1:]):
+        seconds[phase] = seconds.get(phase, 0.0) + cupy.cuda.get_elapsed_time(start, end) / 1e3
+    return seconds
+
+
+def _complex(alpha, a, b, c, beta, bits, moduli, backend, planes) -> None:
+    """complex128 ``c = alpha a @ b + beta c`` from four real products
+    (:func:`summa.precision.ozaki.complex_product`), accumulated in place."""
+    import cupy
+    m, n = a.shape[0], b.shape[1]
+    ar, ai = cupy.ascontiguousarray(a.real), cupy.ascontiguousarray(a.imag)
+    br, bi = cupy.ascontiguousarray(b.real), cupy.ascontiguousarray(b.imag)
+    real = cupy.empty((m, n), dtype=cupy.float64)
+    imag = cupy.empty((m, n), dtype=cupy.float64)
+    gemm(1.0, ar, br, real, 0.0, bits, moduli, backend, planes)
+    gemm(-1.0, ai, bi, real, 1.0, bits, moduli, backend, planes)
+    gemm(1.0, ar, bi, imag, 0.0, bits, moduli, backend, planes)
+    gemm(1.0, ai, br, imag, 1.0, bits, moduli, backend, planes)
+    product = real + 1j * imag
+    if beta == 0:
+        c[...] = alpha * product
+    else:
+        c *= beta
+        c += alpha * product

@@ -1,0 +1,462 @@
+"""Arrays of every kind given to ``summa.matmul`` (summa/api/operands.py), and
+the planner's answer to operands that lie on a GPU (summa.planning.planner.Placement).
+
+Without a GPU, the kinds are small classes that speak the protocols torch,
+JAX and CuPy arrays speak (``__array__``, DLPack, the CUDA array interface);
+a fake ``torch`` or ``jax`` module stands for the library that wraps the
+product. GPU operands themselves are tested in test_gpu.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import summa
+from helpers import gemm_scaled_error, random_array, spy_out_of_core
+from summa.api import operands
+from summa.api.operands import Operand, Operands, describe
+from summa.planning.planner import Machine, Placement, make_plan
+
+GiB = 1 << 30
+
+
+# -- host arrays of other libraries ------------------------------------------------
+
+class ArrayLike:
+    """A host array NumPy reads through ``__array__`` (a view of `data`)."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def __array__(self, dtype=None, copy=None):
+        return self.data
+
+
+class DLPackHost:
+    """A host array that speaks DLPack only (as some libraries' do)."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def __dlpack__(self, **kwargs):
+        return self.data.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.data.__dlpack_device__()
+
+
+class FakeTensor:
+    """What a torch tensor looks like to summa: ``__array__``, DLPack, and a
+    ``__cuda_array_interface__`` that raises AttributeError off the GPU."""
+
+    __module__ = "torch"
+
+    def __init__(self, data):
+        self.data = data
+
+    def __array__(self, dtype=None, copy=None):
+        return self.data
+
+    def __dlpack__(self, **kwargs):
+        return self.data.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    @property
+    def __cuda_array_interface__(self):
+        raise AttributeError("Can't get __cuda_array_interface__ on non-CUDA tensor")
+
+
+class FakeJaxArray(DLPackHost):
+    __module__ = "jaxlib.xla_extension"
+
+    def __array__(self, dtype=None, copy=None):
+        return self.data
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    """A ``torch`` module whose from_numpy wraps the product (a view)."""
+    module = types.SimpleNamespace(from_numpy=FakeTensor, from_dlpack=None)
+    monkeypatch.setitem(sys.modules, "torch", module)
+    return module
+
+
+@pytest.fixture
+def fake_jax(monkeypatch):
+    dlpack = types.ModuleType("jax.dlpack")
+    dlpack.from_dlpack = lambda x: FakeJaxArray(np.from_dlpack(x))
+    monkeypatch.setitem(sys.modules, "jax", types.SimpleNamespace(dlpack=dlpack))
+    monkeypatch.setitem(sys.modules, "jax.dlpack", dlpack)
+    return dlpack
+
+
+@pytest.mark.parametrize("wrap", [ArrayLike, DLPackHost, memoryview, lambda x: x.tolist()],
+                         ids=["__array__", "dlpack", "memoryview", "list"])
+def test_host_arrays_of_any_kind_multiply_and_come_back_as_numpy(rng, wrap):
+    a, b = random_array(rng, (13, 9), "float64"), random_array(rng, (9, 7), "float64")
+    c = summa.matmul(wrap(a), wrap(b), trans_b="N", alpha=0.5)
+    assert type(c) is np.ndarray
+    assert gemm_scaled_error(c, a, b, alpha=0.5) <= 1
+
+
+@pytest.mark.parametrize("wrap", [ArrayLike, DLPackHost, memoryview, FakeTensor])
+def test_host_arrays_are_read_in_place(rng, monkeypatch, wrap):
+    seen = spy_out_of_core(monkeypatch)
+    a, b = random_array(rng, (20, 12), "float32"), random_array(rng, (12, 8), "float32")
+    c = summa.matmul(wrap(a), wrap(b), comm=MPI.COMM_SELF, out_of_core=True, panel_width=4)
+    assert gemm_scaled_error(np.asarray(c), a, b) <= 1
+    (A, B, _), = seen
+    assert np.shares_memory(A, a) and np.shares_memory(B, b)
+
+
+def test_a_torch_tensor_in_is_a_torch_tensor_out(rng, fake_torch):
+    a, b = random_array(rng, (10, 6), "complex64"), random_array(rng, (10, 5), "complex64")
+    c = summa.matmul(FakeTensor(a), FakeTensor(b), trans_a="H")
+    assert isinstance(c, FakeTensor)
+    assert gemm_scaled_error(c.data, a, b, trans_a="H") <= 1
+
+
+def test_the_product_takes_the_kind_of_a(rng, fake_torch):
+    a, b = random_array(rng, (4, 6), "float64"), random_array(rng, (6, 5), "float64")
+    assert type(summa.matmul(a, FakeTensor(b))) is np.ndarray
+    assert isinstance(summa.matmul(FakeTensor(a), b), FakeTensor)
+
+
+def test_a_foreign_out_is_written_in_place_and_returned_as_passed(rng, fake_torch):
+    a, b = random_array(rng, (8, 3), "float64"), random_array(rng, (3, 9), "float64")
+    out = FakeTensor(np.full((8, 9), np.nan))
+    assert summa.matmul(FakeTensor(a), b, out=out) is out
+    assert gemm_scaled_error(out.data, a, b) <= 1
+
+
+def test_a_jax_array_in_is_a_jax_array_out(rng, fake_jax):
+    a, b = random_array(rng, (7, 7), "float64"), random_array(rng, (7, 7), "float64")
+    c = summa.matmul(FakeJaxArray(a), FakeJaxArray(b), trans_b="T")
+    assert isinstance(c, FakeJaxArray)
+    assert gemm_scaled_error(c.data, a, b, trans_b="T") <= 1
+
+
+def test_a_library_that_cannot_wrap_the_product_leaves_it_numpy_with_a_warning(
+        rng, monkeypatch):
+    def refuse(x):
+        raise TypeError("no")
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(from_numpy=refuse))
+    a = random_array(rng, (5, 5), "float64")
+    with pytest.warns(RuntimeWarning, match="torch could not take the product"):
+        c = summa.matmul(FakeTensor(a), a)
+    assert type(c) is np.ndarray and gemm_scaled_error(c, a, a) <= 1
+
+
+def test_foreign_host_arrays_go_through_the_pool_and_come_back_as_their_kind(
+        rng, fake_torch):
+    a, b = random_array(rng, (40, 30), "float64"), random_array(rng, (30, 20), "float64")
+    c = summa.matmul(FakeTensor(a), FakeTensor(b), workers=2, backend="numpy", panel_width=8)
+    assert isinstance(c, FakeTensor) and gemm_scaled_error(c.data, a, b) <= 1
+
+
+def test_the_stateful_matmul_takes_foreign_arrays(rng, fake_torch):
+    a, b = random_array(rng, (12, 10), "float64"), random_array(rng, (10, 6), "float64")
+    with summa.Matmul(FakeTensor(a), memoryview(b), comm=MPI.COMM_SELF) as m:
+        assert m.plan.placement == Placement()
+        assert isinstance(m.execute(), FakeTensor)
+        a2 = random_array(rng, (12, 10), "float64")
+        c = m.execute(ArrayLike(a2), b)
+        assert type(c) is np.ndarray and gemm_scaled_error(c, a2, b) <= 1
+        with pytest.raises(ValueError, match="not an array"):
+            m.execute(object(), b)
+
+
+# -- refusals: one ValueError naming the argument and why -----------------------------
+
+class CudaInterface:
+    """An array that declares GPU memory by the CUDA array interface (Numba's)."""
+
+    __cuda_array_interface__ = {"shape": (4, 4), "typestr": "<f8", "data": (1 << 40, False),
+                                "version": 3, "strides": None}
+    shape, dtype = (4, 4), np.dtype("float64")
+
+
+class DLPackDevice:
+    """An array whose DLPack device is `kind` (2: CUDA, 10: ROCm)."""
+
+    def __init__(self, kind=2, fails=False):
+        self.kind, self.fails = kind, fails
+
+    def __dlpack__(self, **kwargs):
+        raise BufferError("not here")
+
+    def __dlpack_device__(self):
+        if self.fails:
+            raise RuntimeError("lost its device")
+        return (self.kind, 0)
+
+
+class NeedsGrad(FakeTensor):
+    def __array__(self, dtype=None, copy=None):
+        raise RuntimeError("Can't call numpy() on Tensor that requires grad")
+
+
+class Copied(ArrayLike):
+    """``__array__`` gives a fresh copy: no use as `out`."""
+
+    def __array__(self, dtype=None, copy=None):
+        return self.data.copy()
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: CudaInterface(), "lies on a GPU, but CuPy is not installed"),
+    (lambda: DLPackDevice(2), "lies on a GPU, but CuPy is not installed"),
+    (lambda: DLPackDevice(10), "ROCm device, which summa cannot use"),
+    (lambda: DLPackDevice(99), "DLPack device type 99"),
+    (lambda: DLPackDevice(fails=True), "does not say where its data lie"),
+    (lambda: NeedsGrad(np.ones((4, 4))), "requires grad"),
+    (lambda: object(), "a is not an array"),
+    (lambda: "4x4", "a is not an array"),
+    (lambda: FakeTensor(np.ones((4, 4), dtype=np.int64)), "unsupported dtype"),
+    (lambda: FakeTensor(np.ones((4, 4, 1))), "2-D"),
+])
+def test_unusable_arrays_are_refused_with_one_clear_error(monkeypatch, make, match):
+    monkeypatch.setattr(operands, "cupy_module", lambda: None)  # as on a machine without CuPy
+    x = make()
+    with pytest.raises(ValueError, match=match):
+        summa.matmul(x, x, backend="numpy")
+
+
+def test_an_out_that_is_a_copy_is_refused():
+    a = np.ones((3, 3))
+    with pytest.raises(ValueError, match="out must be a NumPy array, a GPU array, or an array"):
+        summa.matmul(a, a, out=Copied(np.empty((3, 3))))
+    with pytest.raises(ValueError, match="NumPy array"):
+        summa.matmul(a, a, out=[[0.0] * 3] * 3)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_gpu_array_without_cupy_is_refused_on_every_rank(comm, monkeypatch):
+    monkeypatch.setattr(operands, "cupy_module", lambda: None)
+    root = comm.Get_size() - 1
+    mine = comm.rank == root
+    with pytest.raises(ValueError, match="CuPy is not installed"):
+        summa.matmul(CudaInterface() if mine else None, np.ones((4, 4)) if mine else None,
+                     root=root, backend="numpy")
+
+
+# -- operands on GPUs, described (a stand-in CuPy: the checks, not the data) ---------
+
+class GpuArray:
+    """A stand-in CuPy array: NumPy data on "GPU" `index`."""
+
+    def __init__(self, data, index=0):
+        self.data, self.device = data, types.SimpleNamespace(id=index)
+        self.shape, self.dtype, self.ndim = data.shape, data.dtype, data.ndim
+        self.strides, self.size, self.itemsize = data.strides, data.size, data.itemsize
+        self.flags = data.flags
+
+    def __dlpack_device__(self):
+        return (2, self.device.id)
+
+    def set(self, host):
+        self.data[...] = host
+
+
+class StandInCupy(types.ModuleType):
+    """What summa.api.operands asks of CuPy: the current device, its free
+    memory, copies in and out (each noting the device current then)."""
+
+    def __init__(self, free=1 << 30):
+        super().__init__("cupy")
+        import importlib.machinery
+        self.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
+        self.ndarray, self.current, self.free, self.copies = GpuArray, [0], free, []
+        runtime = types.SimpleNamespace(getDevice=lambda: self.current[0],
+                                        setDevice=lambda d: self.current.__setitem__(0, d),
+                                        memGetInfo=lambda: (self.free, 1 << 40))
+        self.cuda = types.SimpleNamespace(Device=self._device, runtime=runtime,
+                                          memory=types.SimpleNamespace(
+                                              OutOfMemoryError=MemoryError))
+
+    def _device(self, index):
+        module = self
+
+        class Device:
+            def __enter__(self):
+                self.before = module.current[0]
+                module.current[0] = index
+
+            def __exit__(self, *exc):
+                module.current[0] = self.before
+        return Device()
+
+    def get_default_memory_pool(self):
+        return types.SimpleNamespace(free_bytes=lambda: 0)
+
+    def asarray(self, host):
+        self.copies.append(("up", self.current[0]))
+        return GpuArray(np.array(host), self.current[0])
+
+    def asnumpy(self, x):
+        self.copies.append(("down", self.current[0]))
+        return x.data.copy()
+
+
+@pytest.fixture
+def stand_in_cupy(monkeypatch):
+    module = StandInCupy()
+    monkeypatch.setattr(operands, "cupy_module", lambda: module)
+    monkeypatch.setitem(sys.modules, "cupy", module)
+    return module
+
+
+def test_operands_on_two_gpus_are_refused(stand_in_cupy):
+    x = np.ones((4, 4))
+    with pytest.raises(ValueError, match="a is on GPU 0 and b on GPU 1"):
+        describe(GpuArray(x, 0), GpuArray(x, 1))
+
+
+@pytest.mark.parametrize("a_gpu,b_gpu,out_gpu,match", [
+    (0, 0, None, "out is in host memory, but .* comes back on GPU 0"),
+    (0, None, None, "out is in host memory, but .* comes back on GPU 0"),
+    (None, None, 0, "out is on GPU 0, but .* comes back in host memory"),
+    (1, 1, 0, "out is on GPU 0, but .* comes back on GPU 1"),
+])
+def test_an_out_elsewhere_than_the_product_comes_back_is_refused(stand_in_cupy, a_gpu, b_gpu,
+                                                                 out_gpu, match):
+    def on(x, gpu):
+        return x if gpu is None else GpuArray(x, gpu)
+    x = np.ones((4, 4))
+    with pytest.raises(ValueError, match=match):
+        describe(on(x, a_gpu), on(x, b_gpu), on(np.empty((4, 4)), out_gpu))
+
+
+def test_the_placement_counts_what_lies_on_the_gpu_and_what_the_gemm_copies(stand_in_cupy):
+    a, b = np.ones((64, 32)), np.ones((32, 16))
+    assert describe(a, b).placement == Placement()
+    both = describe(GpuArray(a, 1), GpuArray(b, 1)).placement
+    assert both == Placement("device", 1, held=a.nbytes + b.nbytes)
+    mixed = describe(a, GpuArray(b, 1), GpuArray(np.empty((64, 16)), 1))
+    assert mixed.placement == Placement("mixed", 1, held=b.nbytes, copies=a.nbytes,
+                                        into_out=True)
+    assert mixed.home is mixed.b  # the product takes the GPU operand's kind
+    wide = np.ones((64, 64))
+    strided = describe(GpuArray(wide[::2, ::2], 0), GpuArray(wide.T, 0)).placement
+    assert strided.copies == wide[::2, ::2].nbytes  # cuBLAS reads the transposed one as it lies
+
+
+def test_host_operands_are_their_own_host_copies():
+    a, b = np.ones((3, 2)), np.ones((2, 4))
+    host = describe(a, ArrayLike(b)).host_arrays()
+    assert host[0] is a and np.shares_memory(host[1], b) and host[2] is None
+
+
+def test_the_caller_passing_numpy_gets_the_very_arrays_described():
+    a = np.ones((3, 3))
+    given = describe(a, a, np.empty((3, 3)))
+    assert isinstance(given, Operands) and isinstance(given.a, Operand)
+    assert (given.a.source, given.a.array, given.a.device, given.a.library) == (a, a, None,
+                                                                                "numpy")
+    assert given.out.array is given.out.source
+
+
+# -- the planner: operands on a GPU are one GEMM there, or go through host memory ------
+
+def _plan(placement, free=80 * GiB, ranks=1, backend="cupy", shape=(16384, 16384, 16384),
+          dtype="float64", **options):
+    return make_plan(shape, dtype, Machine(backend, ranks, free_device=free),
+                     placement=placement, **options)
+
+
+def _held(m, n, k, item=8):
+    return (m * k + k * n) * item
+
+
+def test_operands_on_the_gpu_plan_one_gemm_there_needing_only_the_product():
+    placement = Placement("device", 1, held=_held(16384, 16384, 16384))
+    plan = _plan(placement)
+    assert plan.placement.resident and plan.grid == (1, 1) and not plan.out_of_core
+    assert plan.memory.mode == "on-device" and plan.memory.device_bytes == 16384**2 * 8
+    assert plan.memory.host_bytes == 0 and plan.note is None
+    assert "GPU 1, multiplied there in one GEMM" in str(plan)
+    assert json.loads(json.dumps(plan.as_dict()))["placement"]["device"] == 1
+    into_out = _plan(Placement("device", 1, into_out=True))
+    assert into_out.memory.device_bytes == 0
+
+
+@pytest.mark.parametrize("change,why", [
+    (dict(free=1 * GiB), "the product needs 2.00 GiB there, 1.00 GiB free"),
+    (dict(ranks=2, grid=(2, 1)), "runs on 2 ranks"),
+    (dict(backend="numpy"), "numpy backend multiplies in host memory"),
+    (dict(out_of_core=True), "out_of_core=True"),
+    (dict(device_memory="5GiB"), "they and the product need 6.00 GiB, more than device_memory"),
+])
+def test_operands_go_through_host_memory_where_one_gemm_cannot_run_there(change, why):
+    plan = _plan(Placement("device", 0, held=_held(16384, 16384, 16384)), **change)
+    assert plan.placement.fetched and not plan.placement.resident
+    assert "operands on GPU 0 are copied to host memory" in plan.note and why in plan.note
+    assert "copied to host memory first" in str(plan)
+
+
+def test_a_device_memory_cap_that_holds_everything_keeps_the_gemm_there():
+    plan = _plan(Placement("device", 0, held=_held(16384, 16384, 16384)),
+                 device_memory="6GiB")
+    assert plan.placement.resident
+
+
+def test_what_the_gemm_needs_beside_the_operands_is_counted():
+    m = n = k = 4096
+    base = _plan(Placement("device", 0), shape=(m, n, k)).memory.device_bytes
+    mixed = _plan(Placement("mixed", 0, copies=m * k * 8), shape=(m, n, k)).memory.device_bytes
+    assert mixed == base + m * k * 8
+    conj = _plan(Placement("device", 0), shape=(m, n, k), dtype="complex128", trans_a="H",
+                 trans_b="T").memory.device_bytes
+    assert conj == 2 * base + m * k * 16  # C, and A's conjugate (B is read transposed)
+    emulated = _plan(Placement("device", 0), shape=(m, n, k), precision="fp64-int8")
+    assert emulated.memory.device_bytes > 3 * base and emulated.moduli is not None
+
+
+def test_host_operands_plan_as_before():
+    host = _plan(None, shape=(4096, 4096, 4096), host_held=True)
+    assert host.placement == Placement() and host == _plan(Placement(), shape=(
+        4096, 4096, 4096), host_held=True)
+    assert "GPU" not in str(host)
+
+
+def test_gpu_operands_are_fetched_from_their_gpu_and_the_product_goes_back_there(
+        stand_in_cupy):
+    a, b = np.ones((4, 3)), np.ones((3, 2))
+    given = describe(GpuArray(a, 1), b)
+    host_a, host_b, out = given.host_arrays()
+    assert np.array_equal(host_a, a) and host_b is b and out is None
+    assert stand_in_cupy.copies == [("down", 1)] and stand_in_cupy.current == [0]
+    c = given.give_back(host_a @ host_b)
+    assert isinstance(c, GpuArray) and c.device.id == 1 and np.array_equal(c.data, a @ b)
+    assert stand_in_cupy.copies[-1] == ("up", 1) and stand_in_cupy.current == [0]
+
+
+def test_a_product_that_does_not_fit_its_gpu_stays_in_host_memory_with_a_warning(
+        stand_in_cupy):
+    stand_in_cupy.free = 100
+    given = describe(GpuArray(np.ones((4, 4)), 0), GpuArray(np.ones((4, 4)), 0))
+    with pytest.warns(RuntimeWarning, match="does not fit in the free memory of GPU 0") as seen:
+        c = given.give_back(np.ones((4, 4)))
+    assert type(c) is np.ndarray
+    assert seen[0].filename == __file__  # the warning points at the caller's line
+
+
+def test_a_product_made_in_host_memory_fills_a_gpu_out(stand_in_cupy):
+    out = GpuArray(np.zeros((2, 2)), 0)
+    given = describe(GpuArray(np.ones((2, 3)), 0), GpuArray(np.ones((3, 2)), 0), out)
+    assert given.host_arrays()[2] is None  # the host plan makes its own
+    assert given.give_back(np.full((2, 2), 3.0)) is out and np.all(out.data == 3)
+
+
+def test_the_callers_current_gpu_is_kept(stand_in_cupy):
+    stand_in_cupy.current[0] = 1
+    with operands.kept_device():
+        stand_in_cupy.current[0] = 0  # as a backend binding GPU 0 does
+    assert stand_in_cupy.current == [1]

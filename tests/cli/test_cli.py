@@ -1,0 +1,345 @@
+"""The command line: in-process under MPI, and whole jobs under mpiexec for exit
+statuses and messages."""
+
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from summa.cli import bench
+from summa import cli
+from summa.device.backend import cupy_available
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def mpiexec() -> list[str]:
+    """The launcher ./run chose, else one next to this Python or on PATH."""
+    if os.environ.get("SUMMA_MPIEXEC"):
+        return shlex.split(os.environ["SUMMA_MPIEXEC"])
+    beside = Path(sys.executable).with_name("mpiexec")
+    found = str(beside) if beside.exists() else shutil.which("mpiexec")
+    if not found:
+        pytest.skip("no mpiexec")
+    return [found]
+
+
+def job(nprocs: int, *args: str, env=None, timeout=120, module=True):
+    """Run ``mpiexec -n nprocs python -m summa args`` and return the completed process."""
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    cmd = mpiexec() + ["-n", str(nprocs), sys.executable]
+    cmd += (["-m", "summa"] if module else []) + list(args)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
+                          cwd=ROOT)
+
+
+# -- in-process, under MPI ---------------------------------------------------------------
+
+@pytest.mark.mpi(min_size=1)
+def test_bench_prints_table_and_appends_json(comm):
+    path = comm.bcast(tempfile.mkstemp(suffix=".jsonl")[1] if comm.rank == 0 else None)
+    out = io.StringIO()
+    for _ in range(2):
+        rc = cli.main(["bench", "--m", "37", "--n", "29", "--k", "19", "--dtype", "complex64",
+                       "--check", "--repeat", "2", "--warmup", "0", "--nb", "4",
+                       "--json", path], comm, out)
+        assert rc == 0
+    if comm.rank == 0:
+        text = out.getvalue()
+        assert "37 x 29 x 19" in text and "complex64" in text and " ok" in text
+        records = [json.loads(line) for line in Path(path).read_text().splitlines()]
+        assert len(records) == 2
+        r = records[0]
+        assert (r["m"], r["n"], r["k"], r["dtype"], r["ranks"]) == (37, 29, 19, "complex64",
+                                                                    comm.Get_size())
+        assert len(r["times"]) == 2 and r["tflops"] > 0 and r["check_passed"] is True
+        assert len(r["ranks_detail"]) == comm.Get_size()
+        assert {"compute", "wait", "seconds"} <= set(r["ranks_detail"][0])
+        assert "mpi" in r["versions"] and "numpy" in r["versions"]
+        os.unlink(path)
+    else:
+        assert out.getvalue() == ""
+
+
+@pytest.mark.mpi(min_size=1)
+def test_bench_default_grid_follows_the_product_shape(comm, backend):
+    # C of 96 x 24: blocks as square as the ranks allow (4 ranks: 4x1, not 2x2)
+    from summa.distribution.grid import grid_for
+    path = comm.bcast(tempfile.mkstemp(suffix=".jsonl")[1] if comm.rank == 0 else None)
+    assert cli.main(["bench", "--backend", backend.name, "--m", "96", "--n", "24", "--k", "16",
+                     "--repeat", "1", "--warmup", "0", "--no-ideal", "--json", path], comm,
+                    io.StringIO()) == 0
+    if comm.rank == 0:
+        record = json.loads(Path(path).read_text())
+        p = comm.Get_size()
+        assert tuple(record["grid"]) == grid_for(p, 96, 24, backend.name, "float64")
+        assert p != 4 or record["grid"] == [4, 1]
+        os.unlink(path)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_default_run_verifies(comm, monkeypatch):
+    monkeypatch.setattr(bench, "DEFAULT_SIZE_CPU", 48)
+    monkeypatch.setattr(bench, "DEFAULT_SIZE_GPU", 48)
+    out = io.StringIO()
+    assert cli.main([], comm, out) == 0
+    if comm.rank == 0:
+        assert "48 x 48 x 48" in out.getvalue() and " ok" in out.getvalue()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("free", [None, 10**9, 2_000])
+def test_an_ideal_that_does_not_fit_is_skipped_not_the_run(comm, monkeypatch, free):
+    """Out of core on a small GPU, or in memory near its size, the one-device
+    product the ideal times may not fit: the run reports, the ideal says why."""
+    from summa.device.backend import NumpyBackend
+    monkeypatch.setattr(NumpyBackend, "memory_free", lambda self: free)
+    # 40 x 40 x 40 float64: a rank's ideal needs over 2,000 bytes on any grid up to 6 ranks
+    path = comm.bcast(tempfile.mkstemp(suffix=".jsonl")[1] if comm.rank == 0 else None)
+    out = io.StringIO()
+    # NumPy's backend, whose free memory is patched, also on a machine with a GPU
+    assert cli.main(["bench", "--size", "40", "--repeat", "1", "--warmup", "0", "--nb", "8",
+                     "--backend", "numpy", "--json", path], comm, out) == 0
+    if comm.rank == 0:
+        text = out.getvalue()
+        record = json.loads(Path(path).read_text())
+        os.unlink(path)
+        fits = free is None or free > 10**6
+        assert ("efficiency" in text) == fits and (record["efficiency"] is None) != fits
+        if not fits:
+            need = bench._ideal_bytes((*record["ranks_detail"][0]["local_shape"], 40), "float64")
+            assert need > 0.95 * free
+            assert re.search(r"ideal: not measured: one device's product of the per-rank shape "
+                             r"needs [\d.]+ GiB, more than its free memory", text)
+        assert record["tflops"] > 0
+
+
+@pytest.mark.mpi(min_size=1)
+def test_failed_check_exits_3(comm, monkeypatch):
+    monkeypatch.setattr(bench, "freivalds", lambda *a, **k: 5.0)
+    assert cli.main(["bench", "--size", "16", "--check", "--repeat", "1"], comm,
+                    io.StringIO()) == 3
+
+
+@pytest.mark.mpi(min_size=1)
+def test_info(comm, monkeypatch):
+    monkeypatch.setenv("SUMMA_GEMM", "cublaslt")
+    monkeypatch.setenv("SUMMA_COMPUTE_PRIORITY", "high")
+    monkeypatch.setenv("SUMMA_TRANSPOSE_A", "no")
+    out = io.StringIO()
+    assert cli.main(["info"], comm, out) == 0
+    if comm.rank == 0:
+        text = out.getvalue()
+        assert "MPI library" in text and f"ranks: {comm.Get_size()}" in text
+        assert text.count("  rank ") == comm.Get_size()
+        assert "GPU GEMM: cublaslt (SUMMA_GEMM), compute stream priority: high" in text
+        assert "copied transposed (read column-major): no (SUMMA_TRANSPOSE_A)" in text
+    monkeypatch.setenv("SUMMA_CUBLASLT", __file__)  # a file, but no library
+    out = io.StringIO()
+    if cupy_available():  # the GPU backend loads it: one clear usage error on every rank
+        with pytest.raises(cli.UsageError, match="SUMMA_CUBLASLT=.*cannot be loaded"):
+            cli.main(["info"], comm, out)
+        return
+    assert cli.main(["info"], comm, out) == 0  # NumPy never loads it; info names it
+    if comm.rank == 0:
+        assert f"GPU GEMM: cublaslt from {__file__} (SUMMA_CUBLASLT)" in out.getvalue()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("argv,match", [
+    (["bench", "--grid", "7x9"], "grid 7x9 needs 63 ranks"),
+    (["bench", "--grid", "banana"], "grid must look like"),
+    (["bench", "--nb", "0"], "--nb: must be >= 1"),
+    (["bench", "--size", "-3"], "--size: must be >= 1"),
+    (["bench", "--dtype", "int8"], "invalid choice"),
+    (["bench", "--dtype", "float16", "--backend", "numpy"], "float16 is not supported"),
+    (["bench", "--lookahead", "-1"], "--lookahead: must be >= 0"),
+    (["bench", "--precision", "tf32", "--dtype", "float64"], "tf32 applies to"),
+    (["bench", "--comm", "nccl", "--backend", "numpy"], "needs the cupy backend"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_usage_errors_raise_on_every_rank(comm, argv, match):
+    with pytest.raises(cli.UsageError, match=match):
+        cli.main(argv, comm, io.StringIO())
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("out_of_core", [None, True])
+def test_matmul_warns_of_nonfinite_operands_as_multiply_warns_of_its_files(comm, rng, folder,
+                                                                           out_of_core):
+    """summa.matmul on arrays with NaN/Inf warns (RuntimeWarning, on the
+    root) which operand holds how many, in the words ``summa multiply``
+    uses for its files; finite operands warn of nothing; a product that
+    overflows says so. In memory and host-resident (out of core) alike."""
+    import warnings
+    import summa
+    from helpers import data_warnings
+    from summa.api.multiply import multiply_files
+    a, b = rng.uniform(-1, 1, (37, 20)), rng.uniform(-1, 1, (20, 29))
+    a[2, 1], a[5, 3], b[7, 7] = np.nan, np.inf, -np.inf
+    root = comm.rank == 0
+    kwargs = dict(comm=comm, backend="numpy", out_of_core=out_of_core)
+
+    def caught(x, y):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            summa.matmul(x if root else None, y if root else None, **kwargs)
+        return data_warnings([str(w.message) for w in seen
+                              if issubclass(w.category, RuntimeWarning)])
+    said = caught(a, b)
+    if root:
+        np.save(folder / "A.npy", a)
+        np.save(folder / "B.npy", b)
+    comm.Barrier()
+    files = []
+    multiply_files(str(folder / "A.npy"), str(folder / "B.npy"), str(folder / "C.npy"), comm,
+                   quiet=True, check=False, warn=files.append)
+    finite = caught(np.nan_to_num(a), np.nan_to_num(b, posinf=1, neginf=-1))
+    huge = np.full((16, 16), np.finfo(np.float64).max / 4)
+    overflow = caught(huge, huge)
+    if not root:
+        assert said == finite == overflow == []
+        return
+    assert said == ["a contains 2 NaN/Inf value(s); the product will contain NaN/Inf too",
+                    "b contains 1 NaN/Inf value(s); the product will contain NaN/Inf too"]
+    assert [w.split(" contains ", 1)[1] for w in data_warnings(files)] == \
+        [w.split(" contains ", 1)[1] for w in said]
+    assert finite == []
+    assert len(overflow) == 1 and "overflowed" in overflow[0]
+
+
+def test_help_of_matmul_lists_every_parameter_it_takes():
+    """help(summa.matmul) documents, in its Parameters section, every
+    parameter of the calls it makes (matmul_arrays's, their options, the
+    DistMatrix paths')."""
+    import inspect
+    import summa
+    from summa.api import multiply
+    doc = inspect.getdoc(summa.matmul)
+    params = doc.split("Parameters\n----------\n", 1)[1].split("\n\n")[0]
+    named = set(re.findall(r"^(\w[\w, ]*?)(?: :|$)", params, re.M))
+    listed = {name.strip() for line in named for name in line.split(",")}
+    wanted = {p for p in inspect.signature(multiply.matmul_arrays).parameters
+              if p != "kwargs"} | set(multiply._MATMUL_OPTIONS) | {
+        p for f in (multiply.host_matmul, summa.gemm) for p in inspect.signature(f).parameters}
+    wanted = {"A" if p == "a" else "B" if p == "b" else p for p in wanted} | {"options"}
+    assert wanted <= listed, wanted - listed
+
+
+# -- whole jobs --------------------------------------------------------------------------
+
+def test_help_prints_once_and_exits_0():
+    p = job(2, "bench", "--help")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("usage:") == 1 and "--repeat" in p.stdout
+
+
+@pytest.mark.parametrize("args,match", [
+    (["bench", "--grid", "3x1"], "grid 3x1 needs 3 ranks, but 2 were started"),
+    (["bench", "--nb", "0"], "--nb: must be >= 1"),
+    (["bench", "--dtype", "float16", "--backend", "numpy"], "float16 is not supported"),
+])
+def test_user_error_is_one_line_and_exit_2(args, match):
+    p = job(2, *args)
+    assert p.returncode == 2, p.stderr
+    # Only our own lines count: some launchers (Open MPI) add their own notice.
+    lines = [line for line in p.stderr.splitlines() if "summa" in line or "Traceback" in line]
+    assert len(lines) == 1 and match in lines[0] and lines[0].startswith("summa: error:")
+
+
+def test_one_rank_is_one_rank_in_the_grid_error():
+    p = job(1, "bench", "--grid", "3x3", "--backend", "numpy")
+    assert p.returncode == 2, p.stderr
+    assert "summa: error: grid 3x3 needs 9 ranks, but 1 was started" in p.stderr
+
+
+@pytest.mark.parametrize("entry", ["bench", "multiply"])
+@pytest.mark.parametrize("setting,message", [
+    ("SUMMA_GEMM=cublasxt", "SUMMA_GEMM='cublasxt' is not one of cublas, cublaslt"),
+    ("SUMMA_INT8_GEMM=cublas", "SUMMA_INT8_GEMM must be one of auto, gemmex, cublaslt"),
+    ("SUMMA_FP64_INT8_MODULI=many", "SUMMA_FP64_INT8_MODULI='many': moduli must be an integer"),
+    ("SUMMA_COPY_THREADS=lots", "SUMMA_COPY_THREADS must be an integer, got 'lots'")])
+def test_bad_gemm_library_is_one_line_and_exit_2(entry, tmp_path, setting, message):
+    command = ["bench", "--size", "16"]
+    if entry == "multiply":
+        for name in ("a", "b"):
+            np.save(tmp_path / f"{name}.npy", np.ones((4, 4)))
+        command = ["multiply", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"), "-o",
+                   str(tmp_path / "c.npy")]
+    p = job(2, *command, env=dict([setting.split("=")]))
+    assert p.returncode == 2, p.stderr
+    lines = [line for line in p.stderr.splitlines() if "summa" in line or "Traceback" in line]
+    assert len(lines) == 1 and message in lines[0]
+    assert not (tmp_path / "c.npy").exists()
+
+
+def test_bench_job_passes_check_on_6_ranks_complex():
+    p = job(6, "bench", "--m", "101", "--n", "97", "--k", "53", "--dtype", "complex64",
+            "--check", "--grid", "1x6", "--repeat", "1")
+    assert p.returncode == 0, p.stderr
+    assert "grid 1x6" in p.stdout and " ok" in p.stdout
+
+
+FAULTY = """
+import sys
+from summa import __main__ as entry, cli
+from mpi4py import MPI
+kind = sys.argv[1]
+def broken(argv, comm, out=None):
+    if comm.Get_rank() == 1:
+        raise (RuntimeError if kind == "unexpected" else ValueError)("injected fault")
+    comm.Barrier()  # the healthy rank waits in a collective the faulty one never joins
+    return 0
+cli.main = broken
+sys.exit(entry.main([]))
+"""
+
+
+@pytest.mark.parametrize("kind", ["unexpected", "one-rank-usage"])
+def test_fault_on_one_rank_aborts_the_job(kind, tmp_path):
+    script = tmp_path / "faulty.py"
+    script.write_text(FAULTY)
+    p = job(2, str(script), kind, env={"SUMMA_ERROR_GRACE": "1"}, module=False, timeout=60)
+    assert p.returncode != 0
+    assert "rank 1" in p.stderr and "injected fault" in p.stderr
+    assert "aborting the job" in p.stderr
+
+
+@pytest.mark.mpi(min_size=1)
+def test_bench_sweep_runs_sizes_times_grids(comm):
+    path = comm.bcast(tempfile.mkstemp(suffix=".jsonl")[1] if comm.rank == 0 else None)
+    out = io.StringIO()
+    assert cli.main(["bench", "--sweep", "--sizes", "40,64", "--json", path, "--repeat", "1",
+                     "--warmup", "0", "--no-ideal"], comm, out) == 0
+    p = comm.Get_size()
+    grids = [(r, p // r) for r in range(1, p + 1) if p % r == 0]
+    if comm.rank == 0:
+        records = [json.loads(line) for line in Path(path).read_text().splitlines()]
+        assert [(r["m"], tuple(r["grid"])) for r in records] == \
+            [(s, g) for s in (40, 64) for g in grids]
+        os.unlink(path)
+    with pytest.raises(cli.UsageError, match="needs --json"):
+        cli.main(["bench", "--sweep", "--sizes", "40"], comm, io.StringIO())
+    with pytest.raises(cli.UsageError, match="needs"):
+        cli.main(["bench", "--sweep", "--grids", f"{p + 1}x1", "--json", "x.jsonl"], comm,
+                 io.StringIO())
+
+
+def test_run_help_prints_usage_without_setting_up(tmp_path):
+    """`./run --help` prints its usage and sets nothing up (no venv made)."""
+    env = dict(os.environ, SUMMA_PYTHON=str(tmp_path / "no-such-python"))
+    done = subprocess.run([str(ROOT / "run"), "--help"], capture_output=True, text=True,
+                          env=env, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].startswith("summa's one entry point")
+    assert "./run test ARGS..." in done.stdout and "TEST_RANKS" in done.stdout
+    assert "set -euo" not in done.stdout and "#" not in done.stdout.splitlines()[0]

@@ -1,0 +1,257 @@
+"""The stager's threads, rings and chunking (summa/device/staging.py) on a stand-in
+for CuPy (tests/fake_cupy.py); the GPU runs the same code in test_gpu.py."""
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from fake_cupy import DeviceArray, FakeCupy
+from summa.device.staging import Stager, copy_threads
+
+
+def _stager(threads=4, chunk_bytes=4096, **fake):
+    return Stager(0, threads, chunk_bytes=chunk_bytes, cupy=FakeCupy(**fake))
+
+
+@pytest.mark.parametrize("threads", [1, 3, 8])
+@pytest.mark.parametrize("chunk_bytes", [64, 4096, 1 << 20])
+def test_uploads_and_downloads_move_every_byte_of_strided_rows(rng, threads, chunk_bytes):
+    stager = _stager(threads, chunk_bytes)
+    try:
+        big = rng.uniform(-1, 1, (301, 97))
+        src = big[3:250, 5:90]  # rows with a pitch: a slice of columns
+        dev = DeviceArray(np.full(src.shape, np.nan))
+        stager.upload(dev, src).wait()
+        assert np.array_equal(dev.host, src)
+        back = np.full((400, 120), np.nan)
+        dst = back[10:257, 7:92]
+        transfer = stager.download(dst, dev)
+        transfer.event()
+        transfer.wait()
+        assert np.array_equal(dst, src)
+        assert np.isnan(back[:10]).all() and np.isnan(back[:, :7]).all()  # nothing else written
+    finally:
+        stager.close()
+
+
+def test_many_transfers_in_flight_at_once(rng):
+    stager = _stager(threads=4, chunk_bytes=512)
+    try:
+        srcs = [rng.uniform(-1, 1, (int(rng.integers(1, 60)), int(rng.integers(1, 40))))
+                for _ in range(40)]
+        devs = [DeviceArray(np.zeros_like(s)) for s in srcs]
+        ups = [stager.upload(d, s) for d, s in zip(devs, srcs)]
+        outs = [np.zeros_like(s) for s in srcs]
+        downs = []
+        for u, d, o in zip(ups, devs, outs):
+            u.wait()
+            downs.append(stager.download(o, d, after=u.event()))
+        for t in downs:
+            t.wait()
+        assert all(np.array_equal(o, s) for o, s in zip(outs, srcs))
+    finally:
+        stager.close()
+
+
+def test_a_row_longer_than_a_chunk_grows_its_chunk(rng):
+    stager = _stager(threads=2, chunk_bytes=64)  # 8 float64s, rows of 100
+    try:
+        src = rng.uniform(-1, 1, (7, 100))
+        dev = DeviceArray(np.zeros_like(src))
+        stager.upload(dev, src).wait()
+        assert np.array_equal(dev.host, src)
+    finally:
+        stager.close()
+
+
+def test_empty_transfers_are_done_at_once():
+    stager = _stager()
+    try:
+        t = stager.upload(DeviceArray(np.zeros((0, 5))), np.zeros((0, 5)))
+        t.wait()
+        assert t.event() is None
+    finally:
+        stager.close()
+
+
+def test_bad_shapes_and_strides_are_refused():
+    stager = _stager()
+    try:
+        with pytest.raises(ValueError, match="copy between"):
+            stager.upload(DeviceArray(np.zeros((3, 4))), np.zeros((4, 3)))
+        with pytest.raises(ValueError, match="contiguous rows"):  # on the device side
+            stager.upload(DeviceArray(np.zeros((4, 3)).T), np.zeros((3, 4)))
+    finally:
+        stager.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        stager.upload(DeviceArray(np.zeros((3, 4))), np.zeros((3, 4)))
+
+
+@pytest.mark.parametrize("direction", ["upload", "download"])
+def test_a_failing_copy_fails_its_transfer_where_it_is_waited_for(rng, direction):
+    stager = _stager(threads=3, chunk_bytes=256, fail_after=2)
+    try:
+        host = rng.uniform(-1, 1, (50, 16))
+        dev = DeviceArray(np.zeros_like(host))
+        t = getattr(stager, direction)(dev, host) if direction == "upload" else \
+            stager.download(host, dev)
+        with pytest.raises(RuntimeError, match="fake copy engine failure"):
+            t.wait()
+        with pytest.raises(RuntimeError, match="fake copy engine failure"):
+            t.event()
+    finally:
+        stager.close()
+
+
+def test_close_leaves_no_thread_running(rng):
+    before = {t.name for t in threading.enumerate()}
+    stager = _stager(threads=5)
+    src = rng.uniform(-1, 1, (200, 30))
+    stager.upload(DeviceArray(np.zeros_like(src)), src)  # not waited for: close finishes it
+    stager.close()
+    left = {t.name for t in threading.enumerate()} - before
+    assert not [n for n in left if n.startswith("summa-")], left
+
+
+def test_copy_threads_share_the_cores(monkeypatch):
+    monkeypatch.delenv("SUMMA_COPY_THREADS", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(32)))
+    assert copy_threads(1) == 12 and copy_threads(4) == 6 and copy_threads(64) == 1
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr("os.cpu_count", lambda: 32)  # the machine's, not this process's
+    assert copy_threads(1) == 6 and copy_threads(2) == 3
+    monkeypatch.setenv("SUMMA_COPY_THREADS", "3")
+    assert copy_threads(1) == 3
+
+
+def test_touch_faults_in_every_page(rng):
+    stager = _stager(threads=3)
+    try:
+        x = np.full((1000, 301), 7.0)
+        stager.touch(x).wait()
+        flat = x.reshape(-1).view(np.uint8)
+        assert (flat[::4096] == 0).all()           # one byte a page, every page
+        y = np.full((50, 40), 7.0)[:, :30]          # no contiguous whole: rows
+        stager.touch(y).wait()
+        assert (y == 0).all()
+    finally:
+        stager.close()
+
+
+def test_both_rings_are_made_at_the_first_copy_and_locked_at_once(rng):
+    """Allocating page-locked memory piece by piece is slow: the rings are one
+    array, page-locked in one call at the first copy and unlocked at close;
+    a row longer than a chunk gets a longer chunk of its own."""
+    stager = _stager(threads=2, chunk_bytes=64)  # rings of 2 + RING_EXTRA chunks
+    fake = stager.cupy
+    assert fake.registered == []
+    try:
+        src = rng.uniform(-1, 1, (400, 8))  # 400 chunks of one row
+        stager.upload(DeviceArray(np.zeros_like(src)), src).wait()
+        arena = stager._arena[0]
+        assert fake.registered == [(arena.ctypes.data, 2 * stager._ring * 64)]
+        assert stager._free[2].qsize() == stager._ring  # the download ring, unused so far
+        out = np.zeros_like(src)
+        stager.download(out, DeviceArray(src.copy())).wait()
+        long_rows = rng.uniform(-1, 1, (3, 50))
+        back = np.zeros_like(long_rows)
+        stager.download(back, DeviceArray(long_rows.copy())).wait()
+        assert np.array_equal(out, src) and np.array_equal(back, long_rows)
+        assert len(fake.registered) == 1
+    finally:
+        stager.close()
+    assert fake.registered == []
+
+
+def test_touch_leaves_most_threads_to_the_uploads():
+    from summa.device import staging
+    stager = _stager(threads=8)
+    try:
+        stager.touch(np.empty((64, 64))).wait()
+        assert stager._touch_pool._max_workers == round(8 * staging.TOUCH_SHARE) < 8
+    finally:
+        stager.close()
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_copies_of_mapped_files_read_and_write_the_files(rng, tmp_path, monkeypatch, cached):
+    """Blocks memory-mapped from .npy files (summa.host.npyio) are read with preadv
+    and written with pwrite, rows as they lie (strided too, unless they are
+    all in the page cache: then through the map); the result's touch leaves
+    a mapped output alone; a file cut short fails the copy."""
+    from mpi4py import MPI
+
+    from summa.host import filemaps
+    from summa.host.npyio import AtomicNpyWriter, map_block, read_header
+    a = rng.uniform(-1, 1, (300, 170))
+    np.save(tmp_path / "A.npy", a)
+    header = read_header(str(tmp_path / "A.npy"), MPI.COMM_SELF)
+    block = map_block(header, np.arange(20, 290), np.arange(10, 150))
+    assert filemaps.find(block) is not None and filemaps.find(block, writable=True) is None
+    stager = _stager(threads=3, chunk_bytes=2048)
+    reads = []
+    real = filemaps.FileRows.read_into
+    monkeypatch.setattr(filemaps.FileRows, "read_into",
+                        lambda self, dest: (reads.append(1), real(self, dest)))
+    if not cached:  # as if the pages were on the disk only
+        monkeypatch.setattr(filemaps, "_resident", lambda start, end: None)
+    resident = filemaps._resident(block.ctypes.data, block.ctypes.data + block.nbytes)
+    try:
+        dev = DeviceArray(np.zeros(block.shape))
+        stager.upload(dev, block).wait()
+        assert np.array_equal(dev.host, a[20:290, 10:150])
+        # a system call per row only for rows not all in memory
+        assert bool(reads) == (resident is None or not resident(0, block.nbytes))
+        with AtomicNpyWriter(str(tmp_path / "C.npy"), (300, 170), np.float64,
+                             MPI.COMM_SELF) as out:
+            target = out.map_block(np.arange(300), np.arange(170))
+            assert filemaps.find(target[5:200, 3:100], writable=True) is not None
+            touched = stager.touch(target)
+            assert touched._left == 0  # nothing to fault in: pwrite writes the file
+            src = DeviceArray(a.copy())
+            stager.download(target, src).wait()
+            out.flush()
+        assert np.array_equal(np.load(tmp_path / "C.npy"), a)
+        del target
+        # a file cut short under its map: the copy fails, with the file's words
+        cut = map_block(header, np.arange(300), np.arange(170))
+        os.truncate(tmp_path / "A.npy", header.offset + 1000)
+        with pytest.raises(OSError, match=r"A\.npy: ends .* early"):
+            stager.upload(DeviceArray(np.zeros(cut[250:].shape)), cut[250:]).wait()
+    finally:
+        stager.close()
+
+
+@pytest.mark.parametrize("view", ["strided", "reversed", "transposed", "broadcast"])
+def test_any_strided_host_array_is_gathered_and_scattered_through_the_chunks(rng, view,
+                                                                            monkeypatch):
+    """Strided views go up (and come down) through the page-locked chunks,
+    row blocks gathered by the copy threads: no copy of the whole first."""
+    cupy = FakeCupy()
+    stager = Stager(0, 3, chunk_bytes=512, cupy=cupy)
+    try:
+        big = rng.uniform(-1, 1, (90, 70))
+        src = {"strided": big[1::2, 3::3], "reversed": big[::-1, ::-2],
+               "transposed": big[:40].T, "broadcast": np.broadcast_to(big[0], (30, 70))}[view]
+        made = []
+        for name in ("ascontiguousarray", "array", "copy"):  # a whole copy would show here
+            real = getattr(np, name)
+            monkeypatch.setattr(np, name, lambda x, *a, _real=real, **k: (
+                made.append(np.shape(x)), _real(x, *a, **k))[1])
+        dev = DeviceArray(np.full(src.shape, np.nan))
+        stager.upload(dev, src).wait()
+        assert np.array_equal(dev.host, src) and src.shape not in made
+        rows = max(1, 512 // (src.shape[1] * 8))
+        assert cupy.copies == -(-src.shape[0] // rows)  # chunk by chunk
+        back = np.full((2 * src.shape[0], 3 * src.shape[1]), np.nan)
+        dst = back[::-2, 1::3]  # a strided, reversed target
+        transfer = stager.download(dst, dev)
+        transfer.event()
+        transfer.wait()
+        monkeypatch.undo()
+        assert np.array_equal(dst, src) and np.isnan(back[::2]).all()
+        assert np.isnan(back[:, ::3]).all()  # nothing else written
+    finally:
+        stager.close()

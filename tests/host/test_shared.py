@@ -1,0 +1,198 @@
+"""Node-shared host arrays (summa/host/shared.py) and summa.matmul on them: one copy
+of the data per node, every rank reading its block where it lies."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import summa
+from helpers import gemm_scaled_error, random_array, spy_out_of_core
+from summa.host import shared as host
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_node_shared_array_is_one_memory_on_every_rank(comm):
+    x = host.empty((comm.Get_size() * 3, 5), "float64", comm)
+    assert host.shared_token(x) is not None
+    assert len(set(comm.allgather(host.shared_token(x)))) == 1  # one node here
+    x[3 * comm.rank:3 * comm.rank + 3] = comm.rank + 0.5
+    comm.Barrier()
+    expect = np.repeat(np.arange(comm.Get_size()) + 0.5, 3)[:, None] * np.ones(5)
+    assert np.array_equal(np.asarray(x), expect)
+    assert host.shared_token(np.ones(3)) is None
+
+
+@pytest.mark.mpi(min_size=1)
+def test_matmul_of_node_shared_arrays_copies_nothing(comm, rng, monkeypatch):
+    seen = spy_out_of_core(monkeypatch)
+    a = host.empty((37, 23), "float64", comm)
+    b = host.empty((23, 29), "float64", comm)
+    out = host.empty((37, 29), "float64", comm)
+    if comm.rank == 0:
+        a[...] = random_array(rng, a.shape, "float64")
+        b[...] = random_array(rng, b.shape, "float64")
+    comm.Barrier()
+    c = summa.matmul(a, b, out=out, out_of_core=True, panel_width=4)
+    (A, B, C), = seen
+    assert np.shares_memory(A, a) and np.shares_memory(B, b) and np.shares_memory(C, out)
+    if comm.rank == 0:
+        assert c is out and gemm_scaled_error(c, np.asarray(a), np.asarray(b)) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("in_place", ["1", "0"])
+@pytest.mark.parametrize("trans_a", ["N", "T"])
+def test_arrays_on_the_root_are_read_in_place_or_through_one_node_shared_copy(
+        comm, rng, monkeypatch, trans_a, in_place):
+    from summa.host import remote
+    monkeypatch.setenv("SUMMA_IN_PLACE", in_place)
+    seen = spy_out_of_core(monkeypatch)
+    a = random_array(rng, (31, 26) if trans_a == "N" else (26, 31), "float32")
+    b = random_array(rng, (26, 19), "float32")
+    root = comm.Get_size() - 1
+    mine = comm.rank == root
+    c = summa.matmul(a if mine else None, b if mine else None, root=root, trans_a=trans_a,
+                     out_of_core=True, panel_width=8)
+    (A, B, C), = seen
+    if comm.Get_size() > 1 and _ranks_read_each_other(comm):
+        # where the root's A lies, whatever its op: itself there, a stand-in
+        # for it on the others (op T: its rows, by columns of op(A), as they lie)
+        assert np.shares_memory(A, a) if mine else \
+            remote.find(A if trans_a == "N" else A.T) is not None
+        assert np.shares_memory(C, c) if mine else remote.find(C) is not None
+    elif comm.Get_size() > 1:  # views into shared copies, not the root's arrays
+        assert A.base is not None and not np.shares_memory(A, a) and remote.find(A) is None
+    if mine:
+        assert gemm_scaled_error(c, a, b, trans_a=trans_a) <= 1
+    else:
+        assert c is None
+
+
+@pytest.mark.mpi(min_size=1)
+def test_without_room_to_share_the_blocks_travel_by_mpi(comm, rng, monkeypatch, folder):
+    monkeypatch.setenv("SUMMA_SHM_DIR", str(folder / "no such folder"))
+    a, b = random_array(rng, (20, 11), "float64"), random_array(rng, (11, 13), "float64")
+    c = summa.matmul(a if comm.rank == 0 else None, b if comm.rank == 0 else None,
+                     out_of_core=True, panel_width=4)
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b) <= 1
+    with pytest.raises(ValueError, match="node-shared"):
+        host.empty((4, 4), "float64", comm)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("fortran", [False, True])
+def test_load_reads_a_file_into_a_node_shared_array(comm, rng, folder, fortran):
+    data = random_array(rng, (41, 17), "complex64")
+    path = f"{folder}/x.npy"
+    if comm.rank == 0:
+        np.save(path, np.asfortranarray(data) if fortran else data)
+    comm.Barrier()
+    x = host.load(path, comm)
+    assert host.shared_token(x) is not None and np.array_equal(np.asarray(x), data)
+    with pytest.raises(ValueError):
+        host.load(f"{folder}/missing.npy", comm)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("how", ["no peer access", "asked"])
+def test_every_rank_uploads_its_own_parts_where_gpus_cannot_read_each_other(comm, rng,
+                                                                            monkeypatch, how):
+    # GeForce cards over PCIe: forwarding a panel from its owner's GPU would cross the
+    # host again, so each rank fetches its own parts from the node-shared arrays.
+    kwargs = {}
+    if how == "no peer access":
+        monkeypatch.setenv("SUMMA_PEER_ACCESS", "0")
+    else:
+        kwargs["broadcaster"] = "host"
+    a, b = random_array(rng, (45, 33), "float64"), random_array(rng, (33, 27), "float64")
+    stats = summa.SummaStats()
+    c = summa.matmul(a if comm.rank == 0 else None, b if comm.rank == 0 else None,
+                     out_of_core=True, panel_width=5, stats=stats, **kwargs)
+    if comm.Get_size() > 1:
+        assert "own uploads" in stats.comm
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b) <= 1
+
+
+@pytest.mark.mpi(min_size=2)
+def test_own_uploads_without_node_shared_operands_are_refused_on_every_rank(comm, rng,
+                                                                           monkeypatch, folder):
+    monkeypatch.setenv("SUMMA_SHM_DIR", str(folder / "no such folder"))
+    a = random_array(rng, (8, 8), "float64")
+    if _ranks_read_each_other(comm):  # read in place where the root holds it: no copy needed
+        c = summa.matmul(a if comm.rank == 0 else None, a if comm.rank == 0 else None,
+                         out_of_core=True, broadcaster="host")
+        assert comm.rank != 0 or gemm_scaled_error(c, a, a) <= 1
+    monkeypatch.setenv("SUMMA_IN_PLACE", "0")
+    with pytest.raises(ValueError, match="node-shared"):
+        summa.matmul(a if comm.rank == 0 else None, a if comm.rank == 0 else None,
+                     out_of_core=True, broadcaster="host")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_peer_access_asks_cuda_about_every_gpu_of_the_row_and_column(comm, monkeypatch):
+    import types
+    from summa.planning.selection import peer_access
+    monkeypatch.delenv("SUMMA_PEER_ACCESS", raising=False)
+    asked = []
+
+    def backend(can):
+        def query(me, other):
+            asked.append((me, other))
+            return can
+        runtime = types.SimpleNamespace(deviceCanAccessPeer=query)
+        return types.SimpleNamespace(name="cupy", is_gpu=True, device=comm.rank,
+                                     xp=types.SimpleNamespace(cuda=types.SimpleNamespace(
+                                         runtime=runtime)))
+    with summa.ProcessGrid(comm) as grid:
+        assert peer_access(grid, backend(1)) is True
+        assert asked and all(me == comm.rank and other != me for me, other in asked)
+        assert peer_access(grid, backend(0)) is False
+
+
+@pytest.mark.mpi(min_size=1)
+def test_arrays_whose_product_the_host_cannot_hold_are_refused_on_every_rank(comm, rng,
+                                                                             monkeypatch):
+    from summa.planning import memory as plan
+    monkeypatch.setattr(plan, "host_memory_total", lambda: 1 << 20)  # a 1 MiB node
+    a = random_array(rng, (300, 300), "float64")
+    with pytest.raises(ValueError, match="host memory"):
+        summa.matmul(a if comm.rank == 0 else None, a if comm.rank == 0 else None,
+                     out_of_core=True)
+
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_the_roots_out_is_written_in_place_or_through_a_copy(comm, rng, contiguous):
+    # out C-contiguous: every rank writes its block into the root's out itself;
+    # a slice of columns of a wider array: through a node-shared product, copied.
+    a = random_array(rng, (21, 17), "float64")
+    b = random_array(rng, (17, 13), "float64")
+    mine = comm.rank == 0
+    wide = np.full((21, 20), np.nan)
+    out = (np.full((21, 13), np.nan) if contiguous else wide[:, 3:16]) if mine else None
+    c = summa.matmul(a if mine else None, b if mine else None, out=out, out_of_core=True,
+                     panel_width=4)
+    if mine:
+        assert c is out and gemm_scaled_error(c, a, b) <= 1
+        assert contiguous or (np.isnan(wide[:, :3]).all() and np.isnan(wide[:, 16:]).all())
+    else:
+        assert c is None
+
+
+def _ranks_read_each_other(comm) -> bool:
+    """May every rank read rank 0's memory here (summa.host.remote; a sandbox may
+    refuse)? Collective."""
+    import os
+
+    from summa.host import remote
+    probe = np.zeros(8)
+    if comm.rank == 0:
+        remote.allow_readers(os.getppid())
+    where = comm.bcast(remote.describe(probe) if comm.rank == 0 else None, root=0)
+    ok = remote.allowed() and where is not None and (comm.rank == 0 or remote.readable(where))
+    ok = comm.allreduce(ok, op=MPI.LAND)
+    comm.Barrier()  # rank 0's probe is read before it goes
+    return ok

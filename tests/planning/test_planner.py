@@ -1,0 +1,490 @@
+"""The planner (:mod:`summa.planning.planner`): one Plan with every decision, the
+same decisions the entry points made before it, and ``summa plan`` printing
+the Plan a run takes."""
+
+import io
+import itertools
+import json
+import re
+import types
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from summa import cli
+from summa.device.backend import NumpyBackend
+from summa.distribution.grid import grid_for
+from summa.planning.model import Profile
+from summa.planning.memory import FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SMALLEST
+from summa.planning.memory import memory_plan, parse_bytes
+from summa.planning.planner import (FREE_SHARE, MIN_OOC_WIDTH, NEXT_BOUND_SHARE, TRAFFIC_GAIN,
+                                    Machine, Plan, host_traffic, make_plan, restage)
+from summa.planning.tuning import default_panel_width
+
+SHAPES = [(1000, 1000, 1000), (100_000, 100_000, 100_000), (65536, 4096, 32768),
+          (4096, 65536, 100), (37, 29, 50)]
+DTYPES = ["float64", "float32", "complex128", "float16"]
+
+
+class _FakeGpu:
+    """Just enough of the CuPy backend for a live plan on one rank."""
+    name, device, is_gpu = "cupy", 0, True
+
+    def __init__(self, free):
+        self.free = free
+
+    def memory_free(self):
+        return self.free
+
+    def device_id(self):
+        return "0000:01:00.0"
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 6, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_plans_for_another_machine_decide_as_before(shape, dtype, ranks):
+    """GPUs planned from afar, as ``summa plan`` does: the grid, the width
+    and the memory plan (tiles, slots, staging) those functions give; out of
+    core the default width or a narrower one (:func:`_ooc_widths`) that
+    moves fewer bytes, refused only where none fits."""
+    m, n, k = shape
+    for budget, precision, staged in itertools.product(
+            (None, "2GiB", "22GiB"), (None, "tf32", "fp64-int8"), ((False, False), (True, True))):
+        if precision == "tf32" and dtype != "float32" or \
+                precision == "fp64-int8" and dtype not in ("float64", "complex128"):
+            continue
+        grid = grid_for(ranks, m, n, "cupy", dtype)
+        ooc = budget is not None
+        widths = _ooc_widths(dtype, precision) if ooc else \
+            [default_panel_width("cupy", dtype, precision)]
+        wants = {}
+        for width in widths:
+            try:
+                want = memory_plan(m, n, k, dtype, grid, width, 1, "cupy",
+                                   device_budget=parse_bytes(budget) if ooc else None,
+                                   out_of_core=ooc, precision=precision, staged=staged)
+                wants[want.chunk if ooc else width] = want
+            except ValueError as exc:
+                assert "too small" in str(exc)
+        if not wants:
+            with pytest.raises(ValueError, match="too small"):
+                make_plan(shape, dtype, Machine("cupy", ranks), device_memory=budget,
+                          precision=precision, staged=staged)
+            continue
+        plan = make_plan(shape, dtype, Machine("cupy", ranks), device_memory=budget,
+                         precision=precision, staged=staged)
+        width = plan.memory.chunk if ooc else plan.panel_width
+        assert plan.grid == grid and plan.memory == wants[width]
+        assert plan.panel_width == (width if width < min(widths[0], k) else widths[0])
+        moved = {w: host_traffic(x, shape, grid) for w, x in wants.items()} if ooc else {}
+        assert all(moved[width] <= x for x in moved.values()) or \
+            moved[width] <= min(moved.values()) / TRAFFIC_GAIN
+        assert plan.out_of_core == ooc and plan.device_budget == (parse_bytes(budget) if ooc else None)
+
+
+def _ooc_widths(dtype, precision) -> list:
+    """The default out-of-core width first, then the narrower ones tried."""
+    widest = default_panel_width("cupy", dtype, precision, out_of_core=True)
+    if precision == "fp64-int8":
+        return [widest]
+    return [widest] + [w for w in (widest // 2, widest // 4) if w >= MIN_OOC_WIDTH]
+
+
+def test_a_tight_budget_takes_narrower_panels_where_taller_tiles_move_fewer_bytes():
+    """float64 32768³ under 8 GiB: 2048-wide panels leave room for 3 x 1
+    tiles (B crosses the link 3 times) where 4096 took 4 x 1."""
+    shape = (32768, 32768, 32768)
+    plan = make_plan(shape, "float64", Machine("cupy", 1), device_memory="8GiB")
+    wide = memory_plan(*shape, "float64", (1, 1), 4096, 1, "cupy", device_budget=8 << 30,
+                       out_of_core=True)
+    assert (plan.panel_width, plan.memory.tiles, wide.tiles) == (2048, (3, 1), (4, 1))
+    assert host_traffic(plan.memory, shape, (1, 1)) < 0.9 * host_traffic(wide, shape, (1, 1))
+    whole = make_plan(shape, "float64", Machine("cupy", 1), device_memory="60GiB")
+    assert (whole.panel_width, whole.memory.tiles) == (4096, (1, 1))  # nothing to gain
+
+
+@pytest.mark.parametrize("dtype", ["float64", "complex64"])
+@pytest.mark.parametrize("budget", [None, 4000, 9000, 60_000, 1 << 20])
+@pytest.mark.parametrize("shape", [(90, 70, 50), (300, 200, 100), (1, 500, 3)])
+def test_live_plans_decide_as_before(shape, dtype, budget):
+    """This machine on the NumPy backend, as choose_memory_mode decided
+    before make_plan: out of core where asked for or capped (to the cap, or
+    1 GiB), in memory otherwise; the tiles memory_plan cuts for the budget,
+    or its error where none fits."""
+    m, n, k = shape
+    host = NumpyBackend()
+    for out_of_core, width in itertools.product((None, True, False), (None, 8, 64)):
+        ooc = bool(out_of_core) or budget is not None
+        want_budget = (budget or 1 << 30) if ooc else None
+        nb = width or default_panel_width("numpy", dtype, None, out_of_core=ooc)
+        try:
+            want = memory_plan(m, n, k, dtype, (1, 1), nb, 1, "numpy", device_budget=want_budget,
+                               out_of_core=ooc)
+        except ValueError as exc:
+            with pytest.raises(ValueError) as got:
+                make_plan(shape, dtype, Machine.live(MPI.COMM_SELF, host),
+                          out_of_core=out_of_core, device_memory=budget, panel_width=width)
+            assert str(got.value) == str(exc)
+            continue
+        plan = make_plan(shape, dtype, Machine.live(MPI.COMM_SELF, host),
+                         out_of_core=out_of_core, device_memory=budget, panel_width=width)
+        assert (plan.device_budget, plan.memory, plan.panel_width) == (want_budget, want, nb)
+
+
+def test_host_held_operands_stay_on_the_host_on_gpus_or_under_a_cap():
+    """The rule of summa.matmul on NumPy arrays: out of core on GPUs (or
+    under `device_memory`) with panels; in memory otherwise, the cap then
+    ignored."""
+    gpu, cpu = Machine("cupy", 2, free_device=80 << 30), Machine("numpy", 2)
+    shape = (4096, 4096, 4096)
+    assert make_plan(shape, "float64", gpu, host_held=True).out_of_core
+    assert not make_plan(shape, "float64", cpu, host_held=True).out_of_core
+    assert make_plan(shape, "float64", cpu, host_held=True, device_memory="1MiB").out_of_core
+    strips = make_plan(shape, "float64", gpu, host_held=True, schedule="strips")
+    assert not strips.out_of_core and strips.grid == (2, 1)
+    asked = make_plan(shape, "float64", cpu, host_held=True, out_of_core=False,
+                      device_memory="1MiB")
+    assert not asked.out_of_core and asked.device_budget is None
+
+
+def test_free_memory_of_a_described_machine_decides_the_mode(monkeypatch):
+    """A GPU figure: in memory where it fits, out of core to 90 % of it
+    where not (with the note), and a too-small figure names the shortfall
+    where in memory was asked for."""
+    shape = (60_000, 60_000, 60_000)
+    roomy = make_plan(shape, "float64", Machine("cupy", 1, free_device=200 << 30))
+    assert not roomy.out_of_core and roomy.note is None
+    tight = make_plan(shape, "float64", Machine("cupy", 1, free_device=24 << 30))
+    assert tight.out_of_core and tight.device_budget == int(0.9 * (24 << 30))
+    assert "does not fit" in tight.note and tight.memory.device_bytes <= tight.device_budget
+    with pytest.raises(ValueError, match="use --device-memory"):
+        make_plan(shape, "float64", Machine("cupy", 1, free_device=24 << 30), out_of_core=False)
+    with pytest.raises(ValueError, match="from afar"):
+        make_plan(shape, "float64", Machine("cupy", 1), out_of_core=True)
+    from summa.planning import memory as memory_module
+    monkeypatch.setattr(memory_module, "host_memory_total", lambda: 1 << 40)  # a 1 TiB node
+    live = make_plan(shape, "float64", Machine.live(MPI.COMM_SELF, _FakeGpu(24 << 30)))
+    assert live.memory == tight.memory and live.device_budget == tight.device_budget
+
+
+def test_widths_grid_and_errors():
+    """Widths per mode ("auto" measured in memory on a grid only), a grid
+    given (checked against the ranks), and the schedule's refusals."""
+    cpu = Machine("numpy", 4)
+    assert make_plan((100, 100, 100), "float64", cpu, panel_width="auto").panel_width == "auto"
+    assert make_plan((100, 100, 100), "float64", Machine("numpy", 1),
+                     panel_width="auto").panel_width == 256
+    assert make_plan((100, 100, 100), "float64", cpu, panel_width="auto", schedule="strips",
+                     grid=(4, 1)).panel_width == 256
+    assert make_plan((100, 100, 100), "float64", cpu, panel_width="auto",
+                     device_memory="1MiB").panel_width == 256
+    gpu = Machine("cupy", 2)
+    assert make_plan((100, 100, 100), "float32", gpu).panel_width == 8192
+    assert make_plan((100, 100, 100), "float32", gpu, device_memory="1GiB").panel_width == 4096
+    assert make_plan((100, 100, 100), "float64", cpu, grid="1x4").grid == (1, 4)
+    with pytest.raises(ValueError, match="needs 6 ranks, but 4"):
+        make_plan((100, 100, 100), "float64", cpu, grid=(2, 3))
+    with pytest.raises(ValueError, match="one column"):
+        make_plan((100, 100, 100), "float64", cpu, grid=(2, 2), schedule="strips")
+    with pytest.raises(ValueError, match="device memory only"):
+        make_plan((100, 100, 100), "float64", cpu, schedule="strips", device_memory="1GiB")
+    with pytest.raises(ValueError, match="moduli applies"):
+        make_plan((100, 100, 100), "float64", cpu, moduli=8)
+
+
+def test_small_budgets_cut_more_tiles_and_restage_counts_staging():
+    """Tighter budgets: more tiles, each plan within its budget; staging
+    buffers for copy-engine broadcasts take room the plain plan has."""
+    machine = Machine("cupy", 2)
+    tiles = []
+    for budget in ("40GiB", "8GiB", "2GiB"):
+        plan = make_plan((65536,) * 3, "float64", machine, device_memory=budget)
+        assert plan.memory.device_bytes <= parse_bytes(budget)
+        tiles.append(plan.memory.tiles[0] * plan.memory.tiles[1])
+    assert tiles == sorted(tiles) and tiles[0] < tiles[-1]
+    plain = make_plan((65536,) * 3, "float64", machine, device_memory="8GiB")
+    staged = restage(plain, (True, True))
+    assert staged.memory == make_plan((65536,) * 3, "float64", machine, device_memory="8GiB",
+                                      staged=(True, True)).memory
+    assert staged.memory.device_bytes <= parse_bytes("8GiB") and staged != plain
+    assert restage(plain, (False, False)) is plain
+    assert plain.grid == (1, 2)  # float64 on GPUs: tall blocks
+    assert restage(plain, (False, True)) is plain  # a grid column of one rank stages nothing
+
+
+def test_plan_prints_and_serialises():
+    plan = make_plan((100_000,) * 3, "float64", Machine("cupy", 8), grid=(2, 4),
+                     device_memory="22GiB", predict=True)
+    text = str(plan)
+    assert text.startswith("plan: 100000 x 100000 x 100000 float64 on 8 ranks (grid 2x4)")
+    assert "C tiles of" in text and "predicted by the model" in text
+    assert "device budget 22.00 GiB" in text
+    data = json.loads(json.dumps(plan.as_dict()))
+    assert data["memory"]["tiles"] == list(plan.memory.tiles)
+    assert isinstance(plan, Plan)
+    with pytest.raises(AttributeError):
+        plan.panel_width = 1  # frozen
+
+
+@pytest.mark.parametrize("args", [
+    ["--size", "100000", "--ranks", "2", "--dtype", "float32", "--device-memory", "16GiB"],
+    ["--size", "100000", "--grid", "2x4", "--nb", "4096", "--precision", "fp64-int8"],
+    ["--m", "1000", "--n", "200", "--k", "3000", "--ranks", "2", "--schedule", "strips"],
+    ["--size", "5000", "--ranks", "3", "--backend", "numpy", "--device-memory", "1MiB",
+     "--comm", "mpi"],
+])
+def test_plan_command_prints_make_plan(args):
+    """``summa plan`` prints make_plan's Plan for the same inputs."""
+    out = io.StringIO()
+    assert cli.main(["plan", *args], MPI.COMM_SELF, out) == 0
+    from summa.cli.studies import planning_machine
+    from summa.planning.model import shipped_profile
+    opts = cli.build_parser().parse_args(["plan", *args])
+    ranks = opts.ranks or opts.grid[0] * opts.grid[1]
+    ipc = opts.comm == "ipc" or (opts.comm == "auto" and opts.backend == "cupy")
+    machine, _ = planning_machine(shipped_profile(), opts.backend, ranks)
+    assert machine.free_device == (Profile.load(shipped_profile()).device_memory
+                                   if opts.backend == "cupy" else None)
+    plan = make_plan((opts.m or opts.size, opts.n or opts.size, opts.k or opts.size), opts.dtype,
+                     machine, grid=opts.grid,
+                     device_memory=opts.device_memory, panel_width=opts.nb,
+                     schedule=opts.schedule, broadcaster=opts.comm, staged=(ipc, ipc),
+                     precision=None if opts.precision == "default" else opts.precision,
+                     predict=True)
+    hardware, printed = out.getvalue().split("\n", 1)
+    assert hardware.startswith("hardware: ")  # which profile the prediction assumed
+    assert printed == f"{plan}\n"
+
+
+def _plan(tmp_path, args) -> tuple[str, dict]:
+    """``summa plan ARGS --json FILE``: what it printed, and the plan it wrote."""
+    path, out = tmp_path / "plan.json", io.StringIO()
+    path.unlink(missing_ok=True)
+    assert cli.main(["plan", *args, "--json", str(path)], MPI.COMM_SELF, out) == 0
+    return out.getvalue(), json.loads(path.read_text())
+
+
+def _profile(name: str) -> dict:
+    from summa.planning.model import hardware_profile
+    return json.loads(open(hardware_profile(name)).read())
+
+
+#: Printed names of a time split's parts (``summa plan``).
+PRINTED = {"gemm": "GEMMs", "host_link": "host link", "gpu_links": "GPU links",
+           "exposed": "exposed", "disk": "disk"}
+FIRST_USER = ["--size", "100000", "--grid", "2x4", "--hardware", "rtx3090x8"]
+
+
+@pytest.mark.parametrize("args", [
+    FIRST_USER, FIRST_USER + ["--precision", "fp64-int8"],
+    FIRST_USER + ["--device-memory", "8GiB"],
+    ["--size", "100000", "--grid", "2x4"],                             # H200s, in memory
+    ["--size", "32768", "--ranks", "1", "--device-memory", "8GiB"],     # one H200, out of core
+    ["--size", "65536", "--grid", "2x1", "--dtype", "float32", "--hardware", "rtx3090x8"],
+    ["--m", "4096", "--n", "4096", "--k", "400000", "--grid", "1x2", "--nb", "256"],
+    ["--m", "2048", "--n", "2048", "--k", "1000000", "--grid", "2x4", "--dtype", "float32",
+     "--hardware", "rtx3090x8"],                                       # broadcasts over PCIe
+])
+def test_the_time_split_combines_to_the_time_and_the_bound_is_its_largest_part(tmp_path, args):
+    """The printed time is the split's parts combined as documented: the
+    largest of those that overlap, plus the others counted, plus the
+    exposed rest (the disk beside it, not in it); every part is printed as
+    --json records it, and the bound named is the largest part, with its
+    share of the time and the next largest part beside it."""
+    text, plan = _plan(tmp_path, args)
+    pred = plan["predicted"]
+    split = pred["split"]
+    counted = {p: split[p] for p in ("gemm", "host_link", "gpu_links") if split[p] is not None}
+    at_once = max(v for p, v in counted.items() if p in split["overlapped"])
+    serial = sum(v for p, v in counted.items() if p not in split["overlapped"])
+    assert split["exposed"] >= 0
+    assert at_once + serial + split["exposed"] == pytest.approx(pred["seconds"], rel=1e-12)
+    if not plan["out_of_core"]:  # the SUMMA's part is the model's time (summa model)
+        assert max(split["gemm"], split["gpu_links"]) + split["exposed"] == \
+            pytest.approx(pred["summa_seconds"], rel=1e-12)
+    assert float(re.search(r"predicted by the model: ([\d.]+) s", text).group(1)) == \
+        pytest.approx(pred["seconds"], abs=0.005)
+    for part, name in PRINTED.items():
+        row = re.search(rf"^    {name} +([\d.]+ s|not counted)  ", text, re.M)
+        assert row, (name, text)
+        if split[part] is None:
+            assert row.group(1) == "not counted"
+        else:
+            assert float(row.group(1)[:-2]) == pytest.approx(split[part], abs=0.005)
+    bound = max(counted, key=counted.get)
+    assert pred["bound"] == bound
+    assert pred["bound_share"] == pytest.approx(counted[bound] / pred["seconds"])
+    named = re.search(r"bound by: the ([A-Za-z ]+?)(?: \(.*?\))?, (\d+) % of the time; "
+                      r"the ([A-Za-z ]+) would take ([\d.]+) s", text)
+    assert named, text
+    assert named.group(1) == PRINTED[bound] and int(named.group(2)) == round(
+        100 * pred["bound_share"])
+    runner_up = max((p for p in counted if p != bound), key=counted.get)
+    assert named.group(3) == PRINTED[runner_up]
+    assert float(named.group(4)) == pytest.approx(counted[runner_up], abs=0.05)
+    assert re.search(r"would move it: \S", text)
+    # a part at least NEXT_BOUND_SHARE of the bound's is named next, with its own advice
+    close = counted[runner_up] >= NEXT_BOUND_SHARE * counted[bound]
+    assert pred["next"] == (runner_up if close else None)
+    assert bool(re.search(rf"next bound, the {PRINTED[runner_up]}.* at [\d.]+ s: \S", text)) \
+        == close
+
+
+def test_on_the_first_users_gpus_the_bound_follows_the_profile(tmp_path):
+    """Eight RTX 3090s (24 GB, PCIe, no peer access): the GEMMs take what
+    the profile's rate says, the host link what the plan's tiles move at
+    its host_link rates (each GPU uploads all it needs: nothing between
+    GPUs), so float64 is bound by its GEMMs, the plan says fp64-int8 would
+    move that, and with fp64-int8 the bound moves: a smaller part bounds
+    the run, whichever the profile's figures make it."""
+    profile, data = Profile.load(_hardware("rtx3090x8")), _profile("rtx3090x8")
+    link = data["host_link"]
+    bounds = {}
+    for precision in (None, "fp64-int8"):
+        text, plan = _plan(tmp_path, FIRST_USER + (["--precision", precision] if precision
+                                                   else []))
+        pred, memory = plan["predicted"], plan["memory"]
+        assert plan["out_of_core"]  # the profile's 24 GB per GPU do not hold it
+        (m, n, k), ranks = plan["shape"], plan["ranks"]
+        tile, nb = memory["tile"], plan["panel_width"]
+        gemm = 2 * m * n * k / ranks / profile.gemm_rate(*tile, nb, "float64", precision)
+        assert pred["split"]["gemm"] == pytest.approx(gemm, rel=nb / k)  # whole last panel
+        moved = host_traffic(types.SimpleNamespace(tiles=memory["tiles"]), (m, n, k),
+                             plan["grid"]) * 8
+        block_c = 8 * -(-m // plan["grid"][0]) * -(-n // plan["grid"][1])
+        assert sum(pred["host_bytes"]) == moved and pred["host_bytes"][1] == block_c
+        assert pred["split"]["host_link"] == pytest.approx(
+            (moved - block_c) / (link["h2d_gbs"] * 1e9) + block_c / (link["d2h_gbs"] * 1e9))
+        assert pred["split"]["gpu_links"] == 0 and "without peer access" in text
+        # exposed: what no GEMM hides, the first upload and the last write-back (the
+        # profile has no per-panel overhead)
+        first = nb if precision else HEAD_FIRST
+        last = FP64_INT8_TAIL_SMALLEST if precision else TAIL_SMALLEST
+        assert profile.panel_overhead(ranks) == 0
+        assert pred["split"]["exposed"] == pytest.approx(
+            8 * first * sum(tile) / (link["h2d_gbs"] * 1e9)
+            + 8 * last * tile[1] / (link["d2h_gbs"] * 1e9))
+        expected = max(("gemm", gemm), ("host_link", pred["split"]["host_link"]),
+                       key=lambda part: part[1])
+        assert pred["bound"] == expected[0]
+        bounds[precision] = expected
+        if precision is None:
+            assert "would move it: --precision fp64-int8" in text
+    assert bounds[None][0] == "gemm"
+    assert bounds["fp64-int8"][1] < bounds[None][1]  # the bound moved
+    assert re.search(r"disk +not counted  the profile has no disk rate", text)
+
+
+def _hardware(name: str) -> str:
+    from summa.planning.model import hardware_profile
+    return hardware_profile(name)
+
+
+def test_plans_take_the_profiles_device_memory_and_host_link(tmp_path):
+    """Without --device-memory a plan for named hardware takes its GPUs'
+    memory (FREE_SHARE of it out of core) and says so; --device-memory caps
+    it; CPU ranks have none. In memory from host arrays the operands go up
+    once and C comes down once, before and after the SUMMA; the disk, where
+    the profile has its rates, is timed beside."""
+    data = _profile("rtx3090x8")
+    text, plan = _plan(tmp_path, FIRST_USER)
+    assert plan["device_budget"] == int(data["device_memory"] * FREE_SHARE)
+    assert f"; {data['device_memory'] / 2**30:.1f} GiB a GPU" in text.splitlines()[0]
+    _, capped = _plan(tmp_path, FIRST_USER + ["--device-memory", "12GiB"])
+    assert capped["device_budget"] == parse_bytes("12GiB")
+    _, cpu = _plan(tmp_path, FIRST_USER + ["--backend", "numpy"])
+    assert not cpu["out_of_core"] and cpu["predicted"]["split"]["host_link"] == 0
+    h200 = _profile("h200")
+    text, plan = _plan(tmp_path, ["--size", "100000", "--grid", "2x4"])
+    assert not plan["out_of_core"]  # 34 GiB a rank fit an H200
+    pred, (m, n, k), (pr, pc) = plan["predicted"], plan["shape"], plan["grid"]
+    up = 8 * (-(-m // pr) * -(-k // pc) + -(-k // pr) * -(-n // pc))
+    down = 8 * -(-m // pr) * -(-n // pc)
+    assert pred["host_bytes"] == [up, down]
+    link = h200["host_link"]
+    assert pred["split"]["host_link"] == pytest.approx(up / (link["h2d_gbs"] * 1e9)
+                                                       + down / (link["d2h_gbs"] * 1e9))
+    assert pred["split"]["overlapped"] == ["gemm", "gpu_links"]
+    disk = h200["disk"]
+    assert pred["split"]["disk"] == pytest.approx(16 * m * k / (disk["read_gbs"] * 1e9)
+                                                  + 8 * m * n / (disk["write_gbs"] * 1e9))
+    bare = tmp_path / "no-link.json"
+    bare.write_text(json.dumps({key: value for key, value in data.items()
+                                if key != "host_link"}))
+    text, plan = _plan(tmp_path, ["--size", "100000", "--grid", "2x4", "--profile", str(bare)])
+    assert plan["predicted"]["split"]["host_link"] is None
+    assert re.search(r"host link +not counted  the profile has no host_link rates", text)
+
+
+def _without_prediction(plan: dict) -> dict:
+    return {key: value for key, value in plan.items() if key != "predicted"}
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("device_memory,dtype", [("64KiB", "float64"), ("20KiB", "complex128"),
+                                                 (None, "float32")])
+def test_the_plan_a_run_used_is_the_one_summa_plan_prints(comm, rng, tmp_path, device_memory,
+                                                           dtype):
+    """summa.matmul on NumPy arrays (host-resident under a device cap on
+    CPUs, else in memory) records the Plan it ran; ``summa plan --json``
+    for the same inputs writes the same Plan, and so does make_plan."""
+    from helpers import random_array
+    import summa
+    from summa.execution.algorithm import SummaStats
+    m, n, k = 90, 70, 50
+    a, b = random_array(rng, (m, k), dtype), random_array(rng, (k, n), dtype)
+    stats = SummaStats()
+    c = summa.matmul(a if comm.rank == 0 else None, b if comm.rank == 0 else None, comm=comm,
+                     backend="numpy", device_memory=device_memory, panel_width=8, stats=stats)
+    if comm.rank == 0:
+        np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    ran = stats.extra["plan"]
+    assert ran["out_of_core"] == (device_memory is not None)
+    path = tmp_path / f"plan-{comm.rank}.json"
+    args = ["plan", "--m", str(m), "--n", str(n), "--k", str(k), "--dtype", dtype,
+            "--ranks", str(comm.size), "--backend", "numpy", "--nb", "8", "--json", str(path)]
+    assert cli.main(args + (["--device-memory", device_memory] if device_memory else []),
+                    MPI.COMM_SELF, io.StringIO()) == 0
+    printed = json.loads(path.read_text())
+    assert _without_prediction(printed) == _without_prediction(ran)
+    planned = make_plan((m, n, k), dtype, Machine("numpy", comm.size), host_held=True,
+                        device_memory=device_memory, panel_width=8)
+    assert planned.as_dict() == ran
+    if device_memory:  # the sweep ran the plan's tiles, within its budget
+        assert stats.extra["tiles"] == list(planned.memory.tiles)
+        assert stats.extra["device_bytes_planned"] <= planned.device_budget
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("device_memory", ["20KiB", None])
+def test_matmul_plans_once_and_executes_many(comm, rng, device_memory):
+    """summa.Matmul: the plan printed before any multiply is the one each
+    execute runs; new operands of the planned shape reuse it and the grid;
+    others, and calls after free, are refused on every rank."""
+    from helpers import gemm_scaled_error, random_array
+    import summa
+    a, b = random_array(rng, (60, 40), "float64"), random_array(rng, (40, 30), "float64")
+    a2 = random_array(rng, (60, 40), "float64")
+    mine = (lambda x: x) if comm.rank == 0 else (lambda x: None)
+    with summa.Matmul(mine(a), mine(b), comm=comm, backend="numpy", alpha=2.0,
+                      device_memory=device_memory, panel_width=8) as m:
+        assert m.plan == make_plan((60, 30, 40), "float64", Machine("numpy", comm.size),
+                                   host_held=True, device_memory=device_memory, panel_width=8)
+        assert "plan: 60 x 30 x 40 float64" in str(m.plan)
+        grid = m._grid
+        for x in (a, a2, a):
+            c = m.execute(*((mine(x), mine(b)) if x is not a else ()))
+            assert m._grid is grid and m.stats.extra["plan"] == m.plan.as_dict()
+            if comm.rank == 0:
+                assert gemm_scaled_error(c, x, b, alpha=2.0) <= 1
+        out = np.empty((60, 30)) if comm.rank == 0 else None
+        assert m.execute(out=out) is out or comm.rank != 0
+        with pytest.raises(ValueError, match="planned 60x30x40 float64"):
+            m.execute(mine(b.T.copy()), mine(a.T.copy()))
+        with pytest.raises(ValueError, match="must pass the array b"):
+            m.execute(mine(a))
+    assert "freed" in repr(m)
+    with pytest.raises(RuntimeError, match="freed"):
+        m.execute()

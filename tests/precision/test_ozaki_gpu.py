@@ -1,0 +1,299 @@
+"""summa.precision.ozaki_gpu's orchestration on a NumPy stand-in for CuPy
+(tests/fake_cupy_kernels.py: the kernels as the same formulas in NumPy): the
+same products as summa.precision.ozaki's, whatever the grouping of the folds, with or
+without the overlapped folds, K in pieces, complex operands, alpha and beta."""
+
+import sys
+
+import numpy as np
+import pytest
+
+import fake_cupy_kernels
+from helpers import gemm_scaled_error
+from summa.precision import ozaki
+
+
+@pytest.fixture
+def ozaki_gpu(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())
+    from summa.precision import ozaki_gpu
+    monkeypatch.setattr(ozaki_gpu, "_kernels", {})
+    return ozaki_gpu
+
+
+def _close(got, want):
+    return np.all(np.abs(got - want) <= 2 * np.spacing(np.abs(want)))
+
+
+@pytest.mark.parametrize("planes", ["1", "3", "4", "16"])
+def test_every_grouping_of_the_folds_gives_the_cpu_product(rng, ozaki_gpu, planes):
+    backend = fake_cupy_kernels.Backend()
+    a, b = rng.uniform(-1, 1, (37, 61)), rng.standard_normal((61, 23))  # K, N not multiples of 4
+    c = np.empty((37, 23))
+    ozaki_gpu.gemm(1.0, a, b, c, backend=backend, planes=int(planes))
+    count = ozaki.default_moduli(ozaki.BITS, 61)
+    assert backend.gemms == count and _close(c, ozaki.gemm_int8(a, b))
+    launches = {name: ozaki_gpu._kernels[name].launches if name in ozaki_gpu._kernels else 0
+                for name in ("fold", "fold_finish")}
+    # the last fold ends the product (no finish pass): one of them per product
+    assert launches["fold_finish"] == 1 and "finish" not in ozaki_gpu._kernels
+    assert sum(launches.values()) == -(-count // min(int(planes), count))
+
+
+@pytest.mark.parametrize("planes", ["4", "16"])
+def test_a_product_into_columns_apart_ends_in_the_finish_pass(rng, ozaki_gpu, planes):
+    backend = fake_cupy_kernels.Backend()
+    a, b = rng.uniform(-1, 1, (21, 30)), rng.standard_normal((30, 17))
+    whole = rng.uniform(-1, 1, (17, 21)).T  # C's columns contiguous, not its rows
+    c0 = whole.copy()
+    ozaki_gpu.gemm(2.0, a, b, whole, beta=-1.0, backend=backend, planes=int(planes))
+    assert _close(whole, 2.0 * ozaki.gemm_int8(a, b) - c0)
+    assert "fold_finish" not in ozaki_gpu._kernels and "finish" in ozaki_gpu._kernels
+
+
+def test_alpha_beta_views_and_k_in_pieces(rng, ozaki_gpu, monkeypatch):
+    monkeypatch.setattr(ozaki, "K_EXACT", 16)
+    backend = fake_cupy_kernels.Backend()
+    big = rng.uniform(-1, 1, (40, 80))
+    a = big[3:33, 5:55]  # rows with a pitch
+    b = rng.uniform(-1, 1, (50, 19))
+    c0 = rng.uniform(-1, 1, (30, 19))
+    c = c0.copy()
+    ozaki_gpu.gemm(-1.5, a, b, c, beta=0.25, backend=backend)
+    want = -1.5 * ozaki.gemm_int8(a, b) + 0.25 * c0
+    ref = -1.5 * (a.astype(np.longdouble) @ b.astype(np.longdouble)) + 0.25 * c0
+    assert np.max(np.abs(c - want)) <= 1e-14 and np.all(
+        np.abs(c - ref).astype(float) <= 1.5 * ozaki.error_bound(a, b, ozaki.BITS) + 1e-15)
+
+
+def test_complex_products_moduli_and_refusals(rng, ozaki_gpu):
+    backend = fake_cupy_kernels.Backend()
+    a = rng.uniform(-1, 1, (12, 33)) + 1j * rng.uniform(-1, 1, (12, 33))
+    b = rng.uniform(-1, 1, (33, 9)) + 1j * rng.uniform(-1, 1, (33, 9))
+    c = np.zeros((12, 9), dtype=complex)
+    ozaki_gpu.gemm(2.0, a, b, c, backend=backend)
+    assert np.all(np.abs(c - 2 * ozaki.gemm_int8(a, b)) <= 1e-14)
+    real = rng.uniform(-1, 1, (8, 40))
+    out = np.empty((8, 8))
+    ozaki_gpu.gemm(1.0, real, real.T.copy(), out, moduli=10, backend=backend)
+    assert _close(out, ozaki.gemm_int8(real, real.T.copy(), moduli=10))
+    bad = real.copy()
+    bad[2, 3] = np.nan
+    with pytest.raises(ValueError, match="finite inputs"):
+        ozaki_gpu.gemm(1.0, bad, real.T.copy(), out, backend=backend)
+    empty = np.full((8, 8), 3.0)
+    ozaki_gpu.gemm(1.0, real[:, :0], real.T[:0].copy(), empty, beta=0.5, backend=backend)
+    assert np.all(empty == 1.5)
+
+
+def test_row_strips_inside_same_b_make_b_once_and_give_the_whole_product(rng, ozaki_gpu):
+    # An out-of-core tile's last panel goes home in row strips: B's residues
+    # are made once for all of them, and the strips are the whole product's rows.
+    backend = fake_cupy_kernels.Backend()
+    a, b = rng.uniform(-1, 1, (48, 40)), rng.standard_normal((40, 21))
+    whole = np.empty((48, 21))
+    ozaki_gpu.gemm(1.0, a, b, whole, backend=backend)
+    residues = ozaki_gpu._kernels["residues"]
+    before = residues.launches
+    strips = np.empty((48, 21))
+    with ozaki_gpu.same_b():
+        for r0, r1 in ((0, 20), (20, 36), (36, 48)):
+            ozaki_gpu.gemm(1.0, a[r0:r1], b, strips[r0:r1], backend=backend)
+        assert residues.launches - before == 1 + 3  # B once, each strip's A
+        other = rng.standard_normal((40, 21))  # another B inside: made anew, right
+        c = np.empty((48, 21))
+        ozaki_gpu.gemm(1.0, a, other, c, backend=backend)
+        assert _close(c, ozaki.gemm_int8(a, other))
+    np.testing.assert_array_equal(strips, whole)
+    assert ozaki_gpu._scopes.held is None  # nothing kept after the context
+    ozaki_gpu.gemm(1.0, a[:20], b, strips[:20], backend=backend)
+    assert residues.launches - before == 4 + 2 + 2  # outside: B made again
+
+
+def test_inputs_checked_later_say_so_once_at_the_end(rng, ozaki_gpu):
+    # SUMMA's products do not stop the host for each Inf/NaN check: the
+    # checks are kept and answered at the end (every rank alike, by its caller).
+    backend = fake_cupy_kernels.Backend()
+    a, b = rng.uniform(-1, 1, (12, 10)), rng.uniform(-1, 1, (10, 9))
+    bad = b.copy()
+    bad[3, 4] = np.nan
+    c = np.empty((12, 9))
+    with ozaki_gpu.checked_later() as checks:
+        ozaki_gpu.gemm(1.0, a, b, c, backend=backend)
+        assert checks.finite() and len(checks.flags) == 2  # A's rows, B's columns
+        with np.errstate(invalid="ignore"):  # its residues are meaningless: NaN cast
+            ozaki_gpu.gemm(1.0, a, bad, c, backend=backend)  # no raise here
+    assert not checks.finite() and ozaki_gpu._scopes.pending is None
+    with pytest.raises(ValueError, match="finite inputs"):  # outside: at once
+        ozaki_gpu.gemm(1.0, a, bad, c, backend=backend)
+
+
+def test_short_sums_made_natively_refuse_inf_and_nan_as_the_products_do(rng, ozaki_gpu):
+    """refuse_not_finite: the refusal of a product the backend makes in native
+    float64 (K below K_NATIVE): the same error at once, or kept inside
+    checked_later; finite and empty operands, complex ones too, pass."""
+    a, b = rng.uniform(-1, 1, (6, 5)), rng.uniform(-1, 1, (5, 4))
+    ozaki_gpu.refuse_not_finite(a, b)
+    ozaki_gpu.refuse_not_finite(a[:, :0], b[:0])
+    ozaki_gpu.refuse_not_finite(a + 1j * a, b)
+    for bad in (np.inf, -np.inf, np.nan):
+        for which in range(2):
+            x, y = a.copy(), (b + 1j * b) if which else b.copy()
+            (y if which else x)[2, 3] = bad if not which else complex(0, bad)
+            with pytest.raises(ValueError, match="finite inputs"):
+                ozaki_gpu.refuse_not_finite(x, y)
+            with ozaki_gpu.checked_later() as checks:
+                ozaki_gpu.refuse_not_finite(x, y)
+            assert not checks.finite()
+
+
+def _whole_k_exponents(a, b):
+    """The exponents one GPU takes for the whole product (as
+    grid_exponents gives every rank of a grid)."""
+    k = a.shape[1]
+    cap_a, cap_b = ozaki.budgets(ozaki.default_moduli(ozaki.BITS, k), k)
+    return (ozaki.scale(a, 1, ozaki.BITS, np, cap_a)[1].ravel(),
+            ozaki.scale(b, 0, ozaki.BITS, np, cap_b)[1].ravel())
+
+
+@pytest.mark.parametrize("widths", [[600], [200, 200, 200], [300, 299, 1], [16, 584],
+                                    [1, 1, 598], [300, 0, 300]])
+def test_panel_sums_fold_once_and_are_the_whole_product(rng, ozaki_gpu, widths):
+    """PanelSums given the exponents of all of K: the panels' INT8 products
+    summed in int32 and folded once are gemm's own product of the whole
+    (summa.precision.ozaki.gemm_int8), in any cut of K, alpha and beta applied; one
+    fold pass per plane group for the whole product, not per panel, and
+    one INT8 GEMM per modulus per (non-empty) panel."""
+    backend = fake_cupy_kernels.Backend()
+    a, b = rng.uniform(-1, 1, (37, 600)), rng.standard_normal((600, 23))
+    c0 = rng.uniform(-1, 1, (37, 23))
+    sums = ozaki_gpu.PanelSums(37, 23, 600, _whole_k_exponents(a, b), backend)
+    cuts = np.cumsum([0] + widths)
+    for k0, k1 in zip(cuts, cuts[1:]):
+        sums.add(a[:, k0:k1], b[k0:k1])
+    c = c0.copy()
+    sums.finish(2.0, c, beta=-0.5)
+    want = ozaki.gemm_int8(a, b)
+    assert gemm_scaled_error(want, a, b) <= 1 and _close(c, 2.0 * want - 0.5 * c0)
+    folds = sum(ozaki_gpu._kernels[name].launches for name in ("fold", "fold_finish"))
+    assert folds == -(-sums.count // ozaki_gpu.PLANES)
+    assert backend.gemms == sums.count * sum(1 for w in widths if w)
+
+
+def test_panel_sums_refuse_panels_past_k_or_short_of_it(rng, ozaki_gpu):
+    """More terms than K, a finish before all of K came, or a K past an
+    int32 sum: one clear error each, C untouched."""
+    backend = fake_cupy_kernels.Backend()
+    a, b = rng.uniform(-1, 1, (30, 40)), rng.uniform(-1, 1, (40, 12))
+    sums = ozaki_gpu.PanelSums(30, 12, 40, _whole_k_exponents(a, b), backend)
+    sums.add(a[:, :20], b[:20])
+    c = np.full((30, 12), 7.0)
+    with pytest.raises(ValueError, match="panels of 20 of K = 40"):
+        sums.finish(1.0, c)
+    assert np.all(c == 7.0)
+    with pytest.raises(ValueError, match="panels past K = 40"):
+        sums.add(a, b)
+    with pytest.raises(ValueError, match="an int32 sum holds"):
+        ozaki_gpu.PanelSums(2, 2, ozaki.K_EXACT + 1, (None, None), backend)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_grid_exponents_are_those_of_the_whole_rows_and_columns(comm, rng, ozaki_gpu):
+    """Each rank holding K columns of A's rows and K rows of B's columns:
+    the allreduced exponents are those one GPU takes for the whole of them
+    (summa.precision.ozaki.scale's over all of K), on every rank; Inf on one rank is
+    refused on all (inside checked_later: at its end)."""
+    a, b = rng.uniform(-1, 1, (23, 70)), rng.standard_normal((70, 11))
+    a[3] *= 1e-200  # a row of tiny values keeps its bits
+    cols = np.array_split(np.arange(70), comm.size)[comm.rank]
+    e, f = ozaki_gpu.grid_exponents(a[:, cols], b[cols], comm, comm, 70)
+    count = ozaki.default_moduli(ozaki.BITS, 70)
+    cap_a, cap_b = ozaki.budgets(count, 70)
+    assert np.array_equal(e, ozaki.scale(a, 1, ozaki.BITS, np, cap_a)[1].ravel())
+    assert np.array_equal(f, ozaki.scale(b, 0, ozaki.BITS, np, cap_b)[1].ravel())
+    bad = a.copy()
+    bad[5, 69] = np.nan  # on the last rank's columns only
+    with ozaki_gpu.checked_later() as checks:
+        ozaki_gpu.grid_exponents(bad[:, cols], b[cols], comm, comm, 70)
+    assert not checks.finite()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_panel_sums_are_left_on_every_rank_where_one_lacks_the_memory(comm, monkeypatch):
+    """fp64-int8 on a grid takes panel sums only where every rank's device
+    holds them: one rank short, every rank multiplies panel by panel (the
+    exponents are collective: no rank may start them alone), no hang; a
+    sum of fewer than K_NATIVE terms stays native float64; and
+    SUMMA_FP64_INT8_SUMS=0 turns them off."""
+    from summa.execution import algorithm
+    from summa.device.backend import get_backend
+    from summa.distribution.grid import ProcessGrid
+    from summa.distribution.layout import panel_schedule
+    from summa.distribution.matrix import DistMatrix
+    grid = ProcessGrid(comm)
+    backend = get_backend("numpy")
+    A, B, C = (DistMatrix.zeros(shape, "float64", grid, backend)
+               for shape in ((64, 96), (96, 48), (64, 48)))
+    panels = panel_schedule(A.layout.cols, B.layout.rows, 32)
+    free = 0 if comm.rank == comm.size - 1 else 1 << 50
+    monkeypatch.setattr(type(backend), "memory_free", lambda self: free)
+    assert algorithm._panel_sums(A, B, C, "fp64-int8", False, panels, 1) is None
+    # room for one rank's sums on every GPU, but two ranks share each: none
+    monkeypatch.setattr(algorithm, "ranks_on_device", lambda backend, comm: 2)
+    free = 400 << 20  # one rank's tiny sums and the 256 MiB margin fit, two ranks' do not
+    assert algorithm._panel_sums(A, B, C, "fp64-int8", False, panels, 1) is None
+    free = 1 << 50  # room everywhere, but a sum of fewer than K_NATIVE terms: native
+    short_a, short_b = (DistMatrix.zeros(shape, "float64", grid, backend)
+                        for shape in ((64, ozaki.K_NATIVE - 1), (ozaki.K_NATIVE - 1, 48)))
+    short = panel_schedule(short_a.layout.cols, short_b.layout.rows, 32)
+    assert algorithm._panel_sums(short_a, short_b, C, "fp64-int8", False, short, 1) is None
+    monkeypatch.setenv("SUMMA_FP64_INT8_SUMS", "0")
+    assert algorithm._panel_sums(A, B, C, "fp64-int8", False, panels, 1) is None
+    assert algorithm._panel_sums(A, B, C, None, False, panels, 1) is None
+
+
+def test_moduli_asked_reach_the_products_and_the_plans(rng, ozaki_gpu, monkeypatch):
+    """summa.matmul/gemm(..., moduli=L): inside, every product takes L moduli
+    and plans count their scratch so; before and after, the default; bad
+    counts and counts without fp64-int8 refused with one clear error."""
+    from summa.planning.memory import memory_plan
+    monkeypatch.delenv("SUMMA_FP64_INT8_MODULI", raising=False)
+    backend = fake_cupy_kernels.Backend()
+    a, b = rng.uniform(-1, 1, (20, 300)), rng.uniform(-1, 1, (300, 12))
+    c = np.empty((20, 12))
+
+    def planned():
+        return memory_plan(4096, 4096, 4096, "float64", (1, 1), 4096, 1, "cupy",
+                           precision="fp64-int8").device_bytes
+    default, plan = ozaki_gpu.moduli_for(300), planned()
+    with ozaki_gpu.asked_moduli(20):
+        ozaki_gpu.gemm(1.0, a, b, c, backend=backend)
+        assert backend.gemms == 20 and planned() > plan
+    assert _close(c, ozaki.gemm_int8(a, b, moduli=20))
+    assert ozaki_gpu.moduli_for(300) == default and planned() == plan
+    for moduli, precision, message in ((15, None, "applies to precision fp64-int8"),
+                                       (2, "fp64-int8", "must be 3-30"),
+                                       (31, "fp64-int8", "must be 3-30"),
+                                       (True, "fp64-int8", "an integer")):
+        with pytest.raises(ValueError, match=message):
+            ozaki_gpu.check_moduli(moduli, precision)
+
+
+def test_matmul_and_gemm_refuse_moduli_they_cannot_take(rng):
+    import summa
+    from mpi4py import MPI
+    from summa.device.backend import get_backend
+    from summa.distribution.grid import ProcessGrid
+    from summa.distribution.matrix import DistMatrix
+    a, b = rng.uniform(-1, 1, (8, 6)), rng.uniform(-1, 1, (6, 5))
+    with pytest.raises(ValueError, match="moduli applies to precision fp64-int8"):
+        summa.matmul(a, b, moduli=15)  # refused before any worker starts
+    with pytest.raises(ValueError, match="must be 3-30"):
+        summa.matmul(a, b, precision="fp64-int8", moduli=2, comm=MPI.COMM_SELF)
+    with ProcessGrid(MPI.COMM_SELF) as grid:
+        A = DistMatrix.from_global(a, grid, get_backend("numpy"))
+        B = DistMatrix.from_global(b, grid, get_backend("numpy"))
+        with pytest.raises(ValueError, match="moduli applies to precision fp64-int8"):
+            summa.gemm(A, B, moduli=15)
+        with pytest.raises(ValueError, match="moduli applies to precision fp64-int8"):
+            summa.matmul(A, B, device="numpy", moduli=15)

@@ -1,0 +1,83 @@
+"""What an abruptly ended process leaves behind (summa/runtime/cleanup.py), and the
+test session's own guard against leftovers (tests/leftovers.py)."""
+
+import mmap
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from leftovers import SEGMENT_DIR, stranded
+from summa.runtime import cleanup
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(SEGMENT_DIR), reason="no /dev/shm")
+
+
+def _segment(tag: str) -> Path:
+    """A file named like MPICH's shared memory, unique to this test process."""
+    path = Path(SEGMENT_DIR, f"mpich_shm_test{os.getpid()}{tag}_0")
+    path.write_bytes(b"\0" * mmap.PAGESIZE)
+    return path
+
+
+def test_mapped_segments_names_the_mpi_files_a_process_maps_and_nothing_else():
+    mine, other = _segment("a"), Path(SEGMENT_DIR, f"summa-test{os.getpid()}")
+    other.write_bytes(b"\0" * mmap.PAGESIZE)
+    try:
+        with open(mine, "r+b") as f1, open(other, "r+b") as f2:
+            maps = mmap.mmap(f1.fileno(), 0), mmap.mmap(f2.fileno(), 0)
+            found = cleanup.mapped_segments()
+            assert str(mine) in found and str(other) not in found
+            assert cleanup.mapped_segments(os.getpid()) == found
+            cleanup.remove_segments([str(mine), str(mine)])  # twice: the second is skipped
+            assert not mine.exists()
+            assert str(mine) not in cleanup.mapped_segments()  # now "(deleted)"
+            for m in maps:
+                m.close()
+    finally:
+        mine.unlink(missing_ok=True)
+        other.unlink()
+    assert cleanup.mapped_segments(2**22 + 1) == []  # no such process
+
+
+def test_hard_exit_removes_outputs_and_segments_and_runs_no_exit_handlers(tmp_path):
+    seg, out = _segment("b"), tmp_path / "C.npy.tmp"
+    script = textwrap.dedent(f"""
+        import atexit, mmap
+        from summa import cleanup
+        atexit.register(print, "exit handler ran")
+        open({str(out)!r}, "w").close()
+        cleanup.temporary_files.add({str(out)!r})
+        f = open({str(seg)!r}, "r+b")
+        m = mmap.mmap(f.fileno(), 0)
+        cleanup.hard_exit(143)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    seg.unlink(missing_ok=True)
+    assert p.returncode == 143 and "exit handler ran" not in p.stdout, p.stderr
+    assert not out.exists()
+    assert not p.stderr
+
+
+def test_stranded_segments_are_new_unmapped_and_settled():
+    before = set()
+    old, fresh, held = _segment("c"), _segment("d"), _segment("e")
+    try:
+        past = time.time() - 10
+        for p in (old, held):
+            os.utime(p, (past, past))
+        with open(held, "r+b") as f:
+            m = mmap.mmap(f.fileno(), 0)
+            found = stranded(before)
+            m.close()
+        assert str(old) in found
+        assert str(fresh) not in found and str(held) not in found
+        assert str(old) not in stranded({str(old)})  # there before: someone else's
+    finally:
+        for p in (old, fresh, held):
+            p.unlink(missing_ok=True)
