@@ -1045,7 +1045,7 @@ def test_every_layout_goes_through_the_gpu_as_it_lies(comm, rng, monkeypatch, la
     from summa.device import staging
     from test_layouts import _product
     a, ta, xa, b, tb, xb = _product(rng, la, lb, shape=(300, 200, 500))
-    kwargs = {"out_of_core": False} if how == "in memory" else {"device_memory": "3MiB"}
+    kwargs = {"out_of_core": False} if how == "in memory" else {"device_memory": "512KiB"}
     if how == "lock":
         monkeypatch.setenv("SUMMA_HOST_COPIES", "lock")
     root = comm.Get_size() - 1

@@ -251,7 +251,7 @@ _WAYS = {
 @pytest.mark.parametrize("la,lb", _pairs())
 def test_every_layout_on_every_path_of_every_rank_count(comm, rng, monkeypatch, folder, way,
                                                         la, lb):
-    from test_host import _ranks_read_each_other
+    from test_shared import _ranks_read_each_other
     kwargs, env = _WAYS[way]
     for name, value in env.items():
         monkeypatch.setenv(name, value if value is not None else str(folder / "no such folder"))

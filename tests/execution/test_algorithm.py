@@ -716,7 +716,7 @@ def test_ctrl_c_interrupts_a_one_rank_multiply_between_gemms(tmp_path):
     script = tmp_path / "one_rank.py"
     script.write_text(textwrap.dedent("""
         import time, numpy as np, summa
-        from summa import algorithm
+        from summa.execution import algorithm
         algorithm.ONE_RANK_GEMM_FLOPS = 2**30  # steps of ~0.02-0.2 s on two cores
         a, b = np.ones((1000, 8192)), np.ones((8192, 1000))
         print("calling", flush=True)

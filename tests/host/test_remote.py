@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(remote.describe(np.empty(1)) is None,
 _OWNER = textwrap.dedent("""
     import json, sys
     import numpy as np
-    from summa import remote
+    from summa.host import remote
     a = np.random.default_rng(7).uniform(-1, 1, (1600, 50))
     c = np.zeros((1600, 50))
     print(json.dumps([remote.describe(a), remote.describe(c)]), flush=True)
@@ -106,7 +106,7 @@ def test_find_knows_only_placeholders_and_a_placeholder_cannot_be_touched(owner,
     # a stray read of a stand-in faults at once (never zeros read as data)
     script = textwrap.dedent(f"""
         import numpy as np
-        from summa import remote
+        from summa.host import remote
         a = remote.placeholder({where_a!r}, (1600, 50), "float64")
         print(float(a[0, 0]))
     """)

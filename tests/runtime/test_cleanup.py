@@ -48,7 +48,7 @@ def test_hard_exit_removes_outputs_and_segments_and_runs_no_exit_handlers(tmp_pa
     seg, out = _segment("b"), tmp_path / "C.npy.tmp"
     script = textwrap.dedent(f"""
         import atexit, mmap
-        from summa import cleanup
+        from summa.runtime import cleanup
         atexit.register(print, "exit handler ran")
         open({str(out)!r}, "w").close()
         cleanup.temporary_files.add({str(out)!r})

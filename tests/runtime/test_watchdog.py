@@ -180,7 +180,7 @@ def test_a_second_signal_ends_the_process_even_when_stopping_is_stuck(sig):
     script = textwrap.dedent("""
         import time
         from mpi4py import MPI
-        from summa import cleanup, watchdog
+        from summa.runtime import cleanup, watchdog
         cleanup.remove_temporary_files = lambda: time.sleep(3600)  # a stop that never ends
         watchdog.handle_signals(MPI.COMM_WORLD)
         print("ready", flush=True)
@@ -354,7 +354,8 @@ def test_an_error_the_stop_causes_does_not_change_the_signal_status():
     its own status: the signal's 128 + n does."""
     script = textwrap.dedent("""
         import os, signal, sys, time
-        from summa import __main__ as entry, cleanup, cli
+        from summa import __main__ as entry, cli
+        from summa.runtime import cleanup
         cleanup.remove_temporary_files = lambda: time.sleep(0.5)  # a stop that takes a while
 
         def command(argv, world):
