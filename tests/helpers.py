@@ -78,8 +78,8 @@ def spy_out_of_core(monkeypatch):
     seen = []
     real = multiply.run_out_of_core
 
-    def spy(plan, A, B, C, *args, **kwargs):
-        seen.append((A.local, B.local, C.local))
-        return real(plan, A, B, C, *args, **kwargs)
+    def spy(plan, operands, *args, **kwargs):
+        seen.append((operands.A.local, operands.B.local, operands.C.local))
+        return real(plan, operands, *args, **kwargs)
     monkeypatch.setattr(multiply, "run_out_of_core", spy)
     return seen

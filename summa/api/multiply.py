@@ -41,7 +41,7 @@ from .operands import describe, kept_device
 from ..distribution.matrix import DistMatrix
 from ..runtime.progress import Progress
 from ..device.traits import traits
-from ..execution.outofcore import run_out_of_core
+from ..execution.outofcore import SweepOperands, run_out_of_core
 from ..precision.ozaki_gpu import asked_moduli, check_moduli
 from ..planning.planner import Machine, make_plan
 from ..planning.selection import grid_broadcasters, peer_access
@@ -50,7 +50,7 @@ from .verify import freivalds
 from ..runtime.watchdog import watch
 
 __all__ = ["multiply_files", "FilesJob", "matmul", "matmul_arrays", "host_matmul", "check_is_cheap",
-           "CheckFailed", "plan_arrays", "run_arrays", "run_planned", "run_on_device",
+           "CheckFailed", "PlanRequest", "plan_arrays", "run_arrays", "run_planned", "run_on_device",
            "ArrayOperands"]
 
 #: Assumed rates for deciding whether a check is cheap (bytes/s of memory
@@ -442,7 +442,7 @@ def _multiply_files(run: _FilesRun, operands) -> SummaStats:
                  schedule=job.schedule)
         else:
             stats.__dict__.update(run_out_of_core(
-                plan, A, B, C, be, alpha=job.alpha, beta=job.beta, progress=run.progress.step,
+                plan, SweepOperands(A, B, C), be, alpha=job.alpha, beta=job.beta, progress=run.progress.step,
                 fresh_c=run.writer is not None).__dict__)
         be.synchronize()
     _, run.record["compute_seconds"] = _timed(comm, "multiply", multiply)
@@ -758,24 +758,42 @@ def _matmul_here(operands: ArrayOperands, comm, called: float, kwargs: dict):
     """:func:`matmul_arrays` on the ranks of `comm` (no pool), `kwargs` its
     other arguments: check and plan, run, give the product back."""
     alpha, stats = kwargs.pop("alpha", 1.0), kwargs.pop("stats", None)
-    be, plan, operands = plan_arrays(operands, comm, **kwargs)
+    backend, topology = kwargs.pop("backend", "auto"), kwargs.pop("topology", None)
+    be, plan, operands = plan_arrays(operands, comm, PlanRequest(**kwargs), backend, topology)
     if plan.placement.resident:  # one GEMM where the operands lie: no grid to make
         return run_planned(plan, None, be, operands, alpha, stats, called)
-    with ProcessGrid(comm, plan.grid, topology=kwargs["topology"]) as pgrid:
+    with ProcessGrid(comm, plan.grid, topology=topology) as pgrid:
         if pgrid.core_note and pgrid.rank == 0:
             warnings.warn(pgrid.core_note, RuntimeWarning, stacklevel=2)
         return run_planned(plan, pgrid, be, operands, alpha, stats, called)
 
 
-def plan_arrays(operands: ArrayOperands, comm, grid=None, backend="auto", out_of_core=None,
-                device_memory=None, *, trans_a="N", trans_b="N", panel_width=None,
-                lookahead=1, schedule="panels", precision=None, broadcaster="auto",
-                topology=None):
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a call asked of the plan of an array product: the arguments of
+    the same names of :func:`matmul_arrays` (and :class:`summa.Matmul`) that
+    :func:`summa.planning.make_plan` takes, with their defaults."""
+
+    grid: object = None
+    out_of_core: bool | None = None
+    device_memory: object = None
+    trans_a: str = "N"
+    trans_b: str = "N"
+    panel_width: object = None
+    lookahead: int = 1
+    schedule: str = "panels"
+    precision: object = None
+    broadcaster: str = "auto"
+
+
+def plan_arrays(operands: ArrayOperands, comm, request: PlanRequest = PlanRequest(),
+                backend="auto", topology=None):
     """Describe and check the root's `operands` (:class:`ArrayOperands`) and
     plan their product (:func:`summa.planning.make_plan`, host-held, or
     where they lie on a GPU, :class:`summa.planning.planner.Placement`);
     collective. On one rank the backend binds the GPU the operands lie on.
-    Arguments as for :func:`matmul_arrays`.
+    `request` (:class:`PlanRequest`), `backend` and `topology` as for
+    :func:`matmul_arrays`.
 
     Returns
     -------
@@ -783,7 +801,7 @@ def plan_arrays(operands: ArrayOperands, comm, grid=None, backend="auto", out_of
         The rank's backend, the Plan (the same on every rank), and
         `operands` described on the root (:meth:`ArrayOperands.described`).
     """
-    trans_a, trans_b = str(trans_a).upper(), str(trans_b).upper()
+    trans_a, trans_b = str(request.trans_a).upper(), str(request.trans_b).upper()
     meta, rank = None, comm.Get_rank()
     if rank == operands.root:
         try:
@@ -801,11 +819,12 @@ def plan_arrays(operands: ArrayOperands, comm, grid=None, backend="auto", out_of
     if isinstance(meta, str):
         raise ValueError(meta)
     m, n, k, dtype, placement = meta
-    plan = make_plan((m, n, k), dtype, Machine.live(comm, be), grid=grid, trans_a=trans_a,
-                     trans_b=trans_b, host_held=True, out_of_core=out_of_core,
-                     device_memory=device_memory, panel_width=panel_width,
-                     lookahead=lookahead, schedule=schedule, precision=precision,
-                     broadcaster=broadcaster, placement=placement)
+    plan = make_plan((m, n, k), dtype, Machine.live(comm, be), grid=request.grid,
+                     trans_a=trans_a, trans_b=trans_b, host_held=True,
+                     out_of_core=request.out_of_core, device_memory=request.device_memory,
+                     panel_width=request.panel_width, lookahead=request.lookahead,
+                     schedule=request.schedule, precision=request.precision,
+                     broadcaster=request.broadcaster, placement=placement)
     if plan.placement.where == "host":  # (GPU arrays: stored as they come to host memory)
         given = operands.given  # the arrays described, on the root
         plan = _stored(plan, operands if given is None else
@@ -901,7 +920,7 @@ def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     A, B, C, own, c_node = _host_blocks(a, b, out, plan, pgrid, root, be)
     set_up = time.perf_counter() - (called or time.perf_counter())  # checks, plan, blocks
     # beta 0: out's old values do not matter either
-    result = run_out_of_core(plan, A, B, C, be, alpha=alpha, fresh_c=True, own_copies=own)
+    result = run_out_of_core(plan, SweepOperands(A, B, C, own), be, alpha=alpha, fresh_c=True)
     result.extra["setup_seconds"] = set_up
     # every rank's tiles (the sweep checked each as it came back): matmul warns by it
     result.extra["product_finite"] = pgrid.comm.allreduce(
@@ -1151,7 +1170,8 @@ def host_matmul(A: DistMatrix, B: DistMatrix, device, alpha=1.0, trans_a="N", tr
     C = DistMatrix(grid, layout, np.empty(layout.local_shape(grid.row, grid.col), opA.dtype),
                    NumpyBackend())
     with asked_moduli(moduli):  # the products take them
-        result = run_out_of_core(plan, opA, opB, C, device, alpha=alpha, fresh_c=True)
+        result = run_out_of_core(plan, SweepOperands(opA, opB, C), device, alpha=alpha,
+                                 fresh_c=True)
     if stats is not None:
         stats.__dict__.update(result.__dict__)
     return C

@@ -14,7 +14,7 @@ from mpi4py import MPI
 from ..execution.algorithm import SummaStats
 from .arrays import check_arrays
 from ..distribution.grid import ProcessGrid
-from .multiply import ArrayOperands, plan_arrays, run_planned
+from .multiply import ArrayOperands, PlanRequest, plan_arrays, run_planned
 from .operands import kept_device
 from ..precision.ozaki_gpu import asked_moduli, check_moduli
 
@@ -79,8 +79,8 @@ class Matmul:
         self._alpha = options.pop("alpha", 1.0)
         with asked_moduli(self._moduli), kept_device():  # the plan counts their scratch
             self._backend, self.plan, self._operands = plan_arrays(
-                ArrayOperands(a, b, None, root), self._comm, grid, backend, out_of_core,
-                device_memory, **options)
+                ArrayOperands(a, b, None, root), self._comm,
+                PlanRequest(grid, out_of_core, device_memory, **options), backend)
         self._grid = ProcessGrid(self._comm, self.plan.grid)
         if self._grid.core_note and self._grid.rank == 0:
             warnings.warn(self._grid.core_note, RuntimeWarning, stacklevel=2)

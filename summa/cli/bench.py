@@ -22,7 +22,7 @@ from ..device.backend import NumpyBackend, get_backend
 from ..transports.comm import choose_comm
 from ..distribution.grid import ProcessGrid, check_grid_ranks, grid_shapes, node_rank
 from ..distribution.matrix import DistMatrix
-from ..execution.outofcore import run_out_of_core
+from ..execution.outofcore import SweepOperands, run_out_of_core
 from ..planning.planner import Machine, make_plan
 from ..runtime.progress import Progress
 from ..device.traits import traits
@@ -330,7 +330,8 @@ def _repetitions(job: BenchJob, plan, grid: ProcessGrid, operands, progress: Pro
                  broadcaster=args.comm, precision=job.precision, stats=stats,
                  progress=progress.step, schedule=job.schedule)
         else:
-            stats = run_out_of_core(plan, A, B, C, backend, progress=progress.step)
+            stats = run_out_of_core(plan, SweepOperands(A, B, C), backend,
+                                    progress=progress.step)
         nb = stats.panel_width
         backend.synchronize()
         with watch(f"all ranks to finish repetition {i}"):

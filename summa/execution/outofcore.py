@@ -33,6 +33,7 @@ import contextlib
 import time
 import weakref
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
@@ -55,7 +56,36 @@ from ..host.storage import as_rows, copyable_rows, pitch, rows_shape
 from .transpose import PanelsOfA
 from ..runtime.watchdog import watch
 
-__all__ = ["summa_out_of_core", "run_out_of_core"]
+__all__ = ["summa_out_of_core", "run_out_of_core", "SweepOperands"]
+
+
+@dataclass(frozen=True)
+class SweepOperands:
+    """The host-resident operands of one out-of-core product
+    ``C <- alpha * A @ B + beta * C``.
+
+    Attributes
+    ----------
+    A, B, C : DistMatrix
+    own_copies : (ndarray, ndarray) or None
+        This rank's rows of A with all of K and all of K of B for its
+        columns, where every GPU uploads the parts it needs itself
+        (:func:`summa_out_of_core`).
+    """
+
+    A: DistMatrix
+    B: DistMatrix
+    C: DistMatrix
+    own_copies: tuple | None = None
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """How one rank's sweep cuts the product: its C tiles ``(i0, i1, j0,
+    j1)`` and the panels of K (:func:`summa.distribution.layout.panel_schedule`)."""
+
+    tiles: list
+    panels: list
 
 
 def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, device,
@@ -118,19 +148,20 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
                      device_memory=int(device_budget), panel_width=panel_width,
                      lookahead=lookahead, precision=precision, broadcaster=comm,
                      host_copies=host_copies)
-    return run_out_of_core(plan, A, B, C, device, alpha=alpha, beta=beta, progress=progress,
-                           fresh_c=fresh_c, own_copies=own_copies)
+    return run_out_of_core(plan, SweepOperands(A, B, C, own_copies), device, alpha=alpha,
+                           beta=beta, progress=progress, fresh_c=fresh_c)
 
 
-def run_out_of_core(plan: Plan, A: DistMatrix, B: DistMatrix, C: DistMatrix, device, *,
-                    alpha=1.0, beta=0.0, progress=None, fresh_c: bool = False,
-                    own_copies=None) -> SummaStats:
+def run_out_of_core(plan: Plan, operands: SweepOperands, device, *, alpha=1.0, beta=0.0,
+                    progress=None, fresh_c: bool = False) -> SummaStats:
     """``C <- alpha * A @ B + beta * C`` as `plan` (:func:`summa.planning.make_plan`,
     out of core) says: its tiles, panel width, slots, lookahead, precision,
     broadcaster and host copies. The broadcasters are made here; where they
     stage panels (ipc) and the plan did not count that, the plan is taken
-    for them (:func:`summa.planning.restage`). Arguments as for
-    :func:`summa_out_of_core`."""
+    for them (:func:`summa.planning.restage`). `operands`
+    (:class:`SweepOperands`): A, B, C and where given `own_copies`; the
+    other arguments as for :func:`summa_out_of_core`."""
+    A, B, C, own_copies = operands.A, operands.B, operands.C, operands.own_copies
     _check_sweep(alpha, A, B, beta, C, device, plan.precision)
     _check_plan(plan, A, B, C, device)
     grid = C.grid
@@ -173,8 +204,8 @@ def run_out_of_core(plan: Plan, A: DistMatrix, B: DistMatrix, C: DistMatrix, dev
     stats.extra = {"pin_seconds": time.perf_counter() - t_pin, "host_locked": locked}
     try:
         with device.checked_later() as checks:  # float64 on INT8: asked once, below
-            _sweep(plan, alpha, A, B, C, beta != 0, tiles, panels, row_bc, col_bc, mover,
-                   progress, own_copies)
+            _sweep(plan, (alpha, beta != 0), operands, _Cut(tiles, panels), (row_bc, col_bc),
+                   mover, progress)
             # GPU streams may wait on peers' broadcasts (NCCL kernels, ipc events)
             with watch("the queued GPU work of the out-of-core sweep (uploads, broadcasts, "
                        "GEMMs, write-backs)"):
@@ -235,8 +266,8 @@ def _sweep_stats(stats: SummaStats, plan: Plan, mover, row_bc, col_bc) -> None:
                         "plan": plan.as_dict()})
 
 
-def _sweep(plan: Plan, alpha, A, B, C, load_c, tiles, panels, row_bc, col_bc, mover,
-           progress, own_copies=None) -> None:
+def _sweep(plan: Plan, scalars: tuple, operands: SweepOperands, cut: _Cut,
+           broadcasters: tuple, mover, progress) -> None:
     """Every (tile, panel) step, with `lookahead` steps broadcast ahead of the
     GEMMs and, where `slots` leaves room, uploads steps further ahead: a
     broadcast waits for its upload on the owner and for the GEMMs done with its
@@ -245,7 +276,13 @@ def _sweep(plan: Plan, alpha, A, B, C, load_c, tiles, panels, row_bc, col_bc, mo
     `plan` says the lookahead, slots and precision, how A and B lie (parts of
     one stored by columns go up as their transposes' rows and stay so, the
     GEMMs reading them transposed) and whether each GEMM reads its A part
-    from a transposed copy."""
+    from a transposed copy. `scalars`: ``(alpha, load_c)``, load_c whether
+    C's tiles go up before their first GEMM (beta != 0); `broadcasters`:
+    ``(row_bc, col_bc)``; `cut` this rank's tiles and the panels."""
+    alpha, load_c = scalars
+    A, B, C, own_copies = operands.A, operands.B, operands.C, operands.own_copies
+    tiles, panels = cut.tiles, cut.panels
+    row_bc, col_bc = broadcasters
     grid, xp, dtype = C.grid, mover.xp, C.dtype
     lookahead, slots, precision = plan.lookahead, plan.memory.slots, plan.precision
     stored_a, stored_b = plan.storage

@@ -354,8 +354,9 @@ def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
            + profile.bcast_seconds(nb * nl * itemsize, pr, comm))
     overhead = profile.panel_overhead(p)
     if comm == "ipc" and lookahead > 0:
-        seconds, fetched = _direct_copies_seconds(ml, nl, k, nb, pr, pc, steps, t_c, t_b,
-                                                  itemsize, overhead, profile.device_memory)
+        seconds, fetched = _direct_copies_seconds((ml, nl, k), grid, nb, steps,
+                                                  (t_c, t_b, overhead), itemsize,
+                                                  profile.device_memory)
         return Prediction(seconds, flops / seconds / 1e12, ideal / seconds, t_c, t_b, steps,
                           tuple(grid), nb, comm, fetched)
     from .schedule import OWN_FIRST_RECEIVES
@@ -376,16 +377,22 @@ def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
                       tuple(grid), nb, comm, steps)
 
 
-def _direct_copies_seconds(ml, nl, k, nb, pr, pc, steps, t_c, t_b, itemsize,
-                           overhead, device_memory=None) -> tuple[float, int]:
+def _direct_copies_seconds(local, grid, nb, steps, times, itemsize,
+                           device_memory=None) -> tuple[float, int]:
     """SUMMA with direct copies (``ipc``; summa.planning.selection): a rank multiplies
     the panels it holds first (on a 1-D grid, its share of K; on a 2-D grid the
     slowest rank may hold none) while it opens its peers' blocks, unless they
     are open from the multiply before (blocks that stay open on a device of
     `device_memory` bytes, where the profile says: summa/transports/ipc.py); then each
     fetched panel's copy (copy engines: no SMs taken, so no GEMM slowdown) runs
-    behind the GEMM before it. Returns ``(seconds, panels fetched)``."""
+    behind the GEMM before it. `local`: ``(ml, nl, k)``, a rank's block of C
+    and all of K; `grid`: ``(pr, pc)``; `times`: ``(t_c, t_b, overhead)``,
+    one panel's GEMM, its broadcasts and the per-panel overhead in seconds.
+    Returns ``(seconds, panels fetched)``."""
     from ..transports.ipc import stays_open
+    ml, nl, k = local
+    pr, pc = grid
+    t_c, t_b, overhead = times
     from .selection import connect_seconds
     own = min(-(-(-(-k // max(pr, pc))) // nb), steps) if min(pr, pc) == 1 else 0
     blocks = (ml * -(-k // pc) * itemsize, -(-k // pr) * nl * itemsize)

@@ -302,7 +302,8 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
     check_schedule(schedule, grid, out_of_core=bool(out_of_core) or bool(device_memory))
     with ozaki_gpu.asked_moduli(moduli):  # the plans count their scratch
         memory, budget, note = _memory(machine, (m, n, k), dtype, grid, panel_width, lookahead,
-                                       out_of_core, device_memory, schedule, precision, staged)
+                                       _MemoryAsk(out_of_core, device_memory, schedule,
+                                                  precision, staged))
         ooc = budget is not None
         width = _width(panel_width, machine.backend, dtype, precision, ooc, grid, schedule)
         if ooc and memory.chunk < min(width, k):  # a narrower one moves fewer bytes
@@ -405,11 +406,26 @@ def _width(asked, backend: str, dtype, precision, ooc: bool, grid, schedule: str
     return asked  # "auto", or a bad value the multiply refuses with its own message
 
 
-def _memory(machine, shape, dtype, grid, panel_width, lookahead, out_of_core, device_memory,
-            schedule, precision, staged):
+@dataclass(frozen=True)
+class _MemoryAsk:
+    """What :func:`make_plan` was asked of memory (its arguments of the same
+    names): where the product runs (`out_of_core`, `device_memory`), how K
+    is cut (`schedule`), the GEMMs' `precision` and the broadcasters'
+    `staged` directions."""
+
+    out_of_core: bool | None
+    device_memory: object
+    schedule: str
+    precision: object
+    staged: tuple
+
+
+def _memory(machine, shape, dtype, grid, panel_width, lookahead, asked: _MemoryAsk):
     """``(MemoryPlan, device budget or None, note)``: in memory where it
     fits (or was asked for), else out of core to a budget."""
     m, n, k = shape
+    out_of_core, device_memory, schedule = asked.out_of_core, asked.device_memory, asked.schedule
+    precision, staged = asked.precision, asked.staged
     backend = machine.backend
     note = None
     if out_of_core is not True and not device_memory:
