@@ -156,8 +156,7 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
             marks = _one_rank(call, panels, operand_a, first_beta, transpose)
         elif strips:
             marks = []
-            multiply_strips(alpha, A, B, C, panels, call.lookahead, col_bc, call.direct[1],
-                            marks, precision, progress, stats.extra)
+            multiply_strips(call, panels, marks, stats.extra)
         else:
             report = _on_grid(call, panels, operand_a, sums)
             marks = report.marks

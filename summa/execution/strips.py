@@ -66,12 +66,17 @@ def strip_bounds(n: int, width: int, head_pieces: int = 1) -> list[tuple[int, in
     return bounds
 
 
-def multiply_strips(alpha, A, B, C, strips, lookahead, col_bc, direct: bool, marks,
-                    precision, progress, extra) -> None:
+def multiply_strips(call, strips, marks, extra) -> None:
     """``C += alpha * A @ B`` strip by strip, `lookahead` strips' broadcasts in
-    flight during each GEMM; GEMM marks go to `marks`. `col_bc` broadcasts
-    along the grid column (every rank of it); `direct`: it copies straight
-    from the owners' exported blocks (ipc)."""
+    flight during each GEMM; GEMM marks go to `marks`, the broadcaster's
+    connection to `extra`. `call` (:func:`summa.execution.algorithm.summa`'s
+    prepared call) gives alpha, A, B, C, the lookahead, precision and
+    progress, and `col_bc`, which broadcasts along the grid column (every
+    rank of it); ``call.direct[1]``: it copies straight from the owners'
+    exported blocks (ipc)."""
+    alpha, A, B, C = call.alpha, call.A, call.B, call.C
+    lookahead, precision, progress = call.lookahead, call.precision, call.progress
+    col_bc, direct = call.col_bc, call.direct[1]
     grid, backend, xp = C.grid, C.backend, C.backend.xp
     k = B.shape[0]
     depth = lookahead + 1
