@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from summa.planning.model import Profile, predict  # noqa: E402
+from summa.planning.model import Profile, RunSetting, predict  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--ranks", default="1,2,4")
@@ -62,9 +62,9 @@ for r in records:
            f"{r['nb']:>5} {r['seconds']:>11.4f}")
     try:
         pred = predict(profile, r["m"], r["n"], r["k"], r["dtype"], tuple(r["grid"]), r["nb"],
-                       lookahead=r["lookahead"], comm=r["comm"],
-                       precision=None if r.get("precision", "default") == "default"
-                       else r["precision"])
+                       RunSetting(lookahead=r["lookahead"], comm=r["comm"],
+                                  precision=None if r.get("precision", "default") == "default"
+                                  else r["precision"]))
     except ValueError as exc:  # e.g. auto's direct ipc copies, or a dtype not calibrated
         print(f"{row}  not modelled: {exc}")
         continue

@@ -50,8 +50,8 @@ from .verify import freivalds
 from ..runtime.watchdog import watch
 
 __all__ = ["multiply_files", "FilesJob", "matmul", "matmul_arrays", "host_matmul", "check_is_cheap",
-           "CheckFailed", "PlanRequest", "plan_arrays", "run_arrays", "run_planned", "run_on_device",
-           "ArrayOperands"]
+           "CheckFailed", "PlanRequest", "plan_arrays", "run_arrays", "run_planned",
+           "run_on_device", "ArrayOperands"]
 
 #: Assumed rates for deciding whether a check is cheap (bytes/s of memory
 #: traffic for the matrix-vector products, flop/s for the multiply).
@@ -442,8 +442,8 @@ def _multiply_files(run: _FilesRun, operands) -> SummaStats:
                  schedule=job.schedule)
         else:
             stats.__dict__.update(run_out_of_core(
-                plan, SweepOperands(A, B, C), be, alpha=job.alpha, beta=job.beta, progress=run.progress.step,
-                fresh_c=run.writer is not None).__dict__)
+                plan, SweepOperands(A, B, C), be, alpha=job.alpha, beta=job.beta,
+                progress=run.progress.step, fresh_c=run.writer is not None).__dict__)
         be.synchronize()
     _, run.record["compute_seconds"] = _timed(comm, "multiply", multiply)
     run.timeline.mark("multiply")

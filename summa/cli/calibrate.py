@@ -165,7 +165,7 @@ def _panel_overhead(comm, backend, profile_so_far: Profile, mode: str, repeat: i
     from ..execution.algorithm import summa
     from ..distribution.grid import ProcessGrid
     from ..distribution.matrix import DistMatrix
-    from ..planning.model import predict
+    from ..planning.model import RunSetting, predict
     with ProcessGrid(comm) as grid:
         width, steps = OVERHEAD_WIDTH, OVERHEAD_STEPS
         m, n = OVERHEAD_BLOCK * grid.shape[0], OVERHEAD_BLOCK * grid.shape[1]
@@ -178,7 +178,7 @@ def _panel_overhead(comm, backend, profile_so_far: Profile, mode: str, repeat: i
     if profile_so_far is None:
         return 0.0
     model = predict(profile_so_far, m, n, width * steps, "float64", shape, width,
-                    comm=mode)
+                    RunSetting(comm=mode))
     return max(0.0, (seconds - model.seconds) / model.panels)
 
 

@@ -7,8 +7,8 @@ import os
 
 from mpi4py import MPI
 
-from ..planning.model import (DEFAULT_HARDWARE, HARDWARE, Profile, hardware_profile, predict,
-                              profile_backend, recommend, sweep)
+from ..planning.model import (DEFAULT_HARDWARE, HARDWARE, Profile, RunSetting,
+                              hardware_profile, predict, profile_backend, recommend, sweep)
 from ..device.traits import traits
 
 __all__ = ["run_calibrate", "run_model", "run_plot", "load_results"]
@@ -71,7 +71,7 @@ def run_model(args, comm: MPI.Comm, out) -> int:
         raise ValueError(f"grid {args.grid[0]}x{args.grid[1]} does not hold {ranks} ranks")
     plan = _setup(args, profile, (m, n, k), ranks)
     grid, nb = plan.grid, plan.panel_width
-    pred = predict(profile, m, n, k, args.dtype, grid, nb, **kwargs)
+    pred = predict(profile, m, n, k, args.dtype, grid, nb, RunSetting(**kwargs))
     print(f"model ({args.profile}): {m} x {n} x {k} {args.dtype} on {ranks} ranks, grid "
           f"{grid[0]}x{grid[1]}, nb {nb}, lookahead {args.lookahead}", file=out)
     print(f"  predicted {pred.seconds:.4f} s, {pred.tflops:.3f} TFLOP/s, efficiency "

@@ -46,14 +46,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..distribution.grid import grid_for, grid_shapes
 from .tuning import default_panel_width
 
-__all__ = ["Profile", "Prediction", "TimeSplit", "predict", "sweep", "SWEEP_RANKS",
+__all__ = ["Profile", "Prediction", "TimeSplit", "predict", "RunSetting", "sweep", "SWEEP_RANKS",
            "recommend", "HARDWARE", "DEFAULT_HARDWARE", "hardware_profile", "shipped_profile"]
 
 
@@ -315,17 +315,42 @@ class TimeSplit:
                 "overlapped": list(self.overlapped), "disk": self.disk}
 
 
+@dataclass(frozen=True)
+class RunSetting:
+    """How a predicted run goes beside its shape, grid and panel width.
+
+    Attributes
+    ----------
+    lookahead : int
+        Panels broadcast ahead of the GEMMs.
+    comm : str or None
+        The broadcaster (None: the fastest the profile calibrated).
+    precision : str or None
+        The GEMMs' precision (``tf32``, ``fp64-int8``, ...).
+    ranks_per_node : int or None
+        Ranks sharing a node (None: all of them on one).
+    """
+
+    lookahead: int = 1
+    comm: str | None = None
+    precision: object = None
+    ranks_per_node: int | None = None
+
+
 def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
-            panel_width: int, lookahead: int = 1, comm: str | None = None,
-            precision=None, ranks_per_node: int | None = None) -> Prediction:
-    """Predicted time of ``C = A @ B`` (M x K times K x N) on a `grid` of ranks.
+            panel_width: int, setting: RunSetting = RunSetting()) -> Prediction:
+    """Predicted time of ``C = A @ B`` (M x K times K x N) on a `grid` of ranks,
+    run as `setting` (:class:`RunSetting`) says.
 
     Efficiency is against P times the one-rank rate of the per-rank share done
     as one GEMM, the same "ideal" that ``summa bench`` measures. Without
-    `comm`, the fastest broadcaster in the profile is assumed (as ``--comm
+    ``setting.comm``, the fastest broadcaster in the profile is assumed (as ``--comm
     auto`` picks NCCL over host-staged MPI), ``ipc`` only where all ranks are on
-    one node (`ranks_per_node`, default all) and no more than it was calibrated on.
+    one node (``setting.ranks_per_node``, default all) and no more than it was
+    calibrated on.
     """
+    lookahead, comm, precision = setting.lookahead, setting.comm, setting.precision
+    ranks_per_node = setting.ranks_per_node
     pr, pc = grid
     p = pr * pc
     rpn = ranks_per_node or p
@@ -344,8 +369,8 @@ def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
         ipc_ranks = max((b["ranks"] for b in profile.bcast if b["comm"] == "ipc"), default=0)
         modes = [mode for mode in profile.comm_modes()
                  if mode != "ipc" or (rpn >= p and ipc_ranks >= p)]
-        return min((predict(profile, m, n, k, dtype, grid, panel_width, lookahead, mode,
-                            precision, ranks_per_node)
+        return min((predict(profile, m, n, k, dtype, grid, panel_width,
+                            replace(setting, comm=mode))
                     for mode in modes or ["mpi"]), key=lambda q: q.seconds)
     nb = min(panel_width, k)
     steps = -(-k // nb)
@@ -427,7 +452,7 @@ def recommend(profile: Profile, m: int, n: int, k: int, dtype: str, ranks: int,
     lo, hi = (min(sampled), max(sampled)) if sampled else (0, float("inf"))
     usable = [w for w in widths if lo <= w <= hi and w <= max(k, widths[0])] \
         or [min(widths, key=lambda w: abs(math.log(w / max(lo, 1))))]
-    options = [predict(profile, m, n, k, dtype, g, w, **kwargs)
+    options = [predict(profile, m, n, k, dtype, g, w, RunSetting(**kwargs))
                for g in grid_shapes(ranks) for w in usable]
     default = grid_for(ranks, m, n, backend, dtype)
     return min(options, key=lambda pred: (pred.seconds, pred.grid != default))

@@ -550,14 +550,15 @@ def _predict(plan: Plan, path=None, native: Plan | None = None) -> dict:
     ``bound_share``, ``advice`` (what would move the bound), ``summa_seconds``
     (the SUMMA alone on data in GPU memory, what ``summa model`` predicts),
     and beside fp64-int8 the time of float64's `native` plan; or ``error``."""
-    from .model import Profile, predict, shipped_profile  # the model loads only when asked
+    # the model loads only when asked
+    from .model import Profile, RunSetting, predict, shipped_profile
     path = path or shipped_profile()
     out = {"profile": str(path), "shipped": str(path) == shipped_profile()}
     try:
         profile = Profile.load(path)
         split, details = _split(plan, profile)
         summa = predict(profile, *plan.shape, plan.dtype, plan.grid, _model_width(plan),
-                        lookahead=plan.lookahead, precision=plan.precision)
+                        RunSetting(lookahead=plan.lookahead, precision=plan.precision))
     except (ValueError, KeyError) as exc:
         return {**out, "error": str(exc)}
     m, n, k = plan.shape
@@ -602,7 +603,7 @@ def _split(plan: Plan, profile) -> tuple:
     link moves :func:`_host_bytes`; out of core its copies overlap the
     GEMMs but for the first upload and the last write-back, in memory they
     come before and after the SUMMA. The disk is timed beside, not in it."""
-    from .model import BOUNDS, TimeSplit, predict
+    from .model import BOUNDS, RunSetting, TimeSplit, predict
     (m, n, k), (pr, pc) = plan.shape, plan.grid
     itemsize = np.dtype(plan.dtype).itemsize
     rows, cols = plan.memory.tiles if plan.out_of_core else (1, 1)
@@ -610,7 +611,7 @@ def _split(plan: Plan, profile) -> tuple:
     own = plan.out_of_core and pr * pc > 1 and not profile.peer_access
     width = _model_width(plan)
     one = predict(profile, tile[0] * pr, tile[1] * pc, k, plan.dtype, plan.grid, width,
-                  lookahead=plan.lookahead, precision=plan.precision)
+                  RunSetting(lookahead=plan.lookahead, precision=plan.precision))
     gemm = rows * cols * one.panels * one.panel_compute
     if own:
         links = 0.0

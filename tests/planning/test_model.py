@@ -7,7 +7,7 @@ import pytest
 from mpi4py import MPI
 
 from summa import cli
-from summa.planning.model import Profile, TimeSplit, predict, recommend, sweep
+from summa.planning.model import Profile, RunSetting, TimeSplit, predict, recommend, sweep
 
 GEMM_RATE = 50e12  # flop/s in every sample
 BCAST = dict(alpha=10e-6, beta=300e9)
@@ -30,8 +30,8 @@ def test_one_rank_is_one_gemm():
 def test_lookahead_hides_broadcasts_and_without_it_they_add_up():
     prof = make_profile()
     m = 32768
-    with_la = predict(prof, m, m, m, "float64", (2, 1), 4096, lookahead=1)
-    without = predict(prof, m, m, m, "float64", (2, 1), 4096, lookahead=0)
+    with_la = predict(prof, m, m, m, "float64", (2, 1), 4096, RunSetting(lookahead=1))
+    without = predict(prof, m, m, m, "float64", (2, 1), 4096, RunSetting(lookahead=0))
     t_c = 2 * (m // 2) * m * 4096 / GEMM_RATE
     t_b = BCAST["alpha"] + 4096 * m * 8 / BCAST["beta"]
     assert with_la.panel_compute == pytest.approx(t_c)
@@ -53,7 +53,7 @@ def test_own_panels_first_leave_no_pipeline_fill():
     assert pred.panels == 4
     assert pred.seconds == pytest.approx(max(2 * t_c, 4 * t_b) + 2 * t_c)
     assert pred.seconds < t_b + 4 * max(t_c, t_b)  # the common order's fill is gone
-    assert predict(prof, m, m, m, "float64", (2, 1), 4096, lookahead=0).seconds == \
+    assert predict(prof, m, m, m, "float64", (2, 1), 4096, RunSetting(lookahead=0)).seconds == \
         pytest.approx(4 * (t_c + t_b))
     # a 1 x 2 grid packs its A panels: the common order, with its fill
     row = predict(prof, m, m, m, "float64", (1, 2), 4096)
@@ -69,22 +69,24 @@ def test_direct_copies_take_own_panels_first_and_hide_the_opening():
         b["gemm_slowdown"] = 1.05
     prof.bcast.append(dict(comm="ipc", ranks=2, overlap=True, alpha=20e-6, beta=150e9))
     m = 32768
-    pred = predict(prof, m, m, m, "float64", (2, 1), 4096, comm="ipc")
+    pred = predict(prof, m, m, m, "float64", (2, 1), 4096, RunSetting(comm="ipc"))
     t_c, t_b = pred.panel_compute, pred.panel_comm
     assert t_b == pytest.approx(20e-6 + 4096 * m * 8 / 150e9)
     # 8 panels, 4 its own; one 4 GiB B block to open (the "large" cost)
     assert pred.seconds == pytest.approx(max(4 * t_c, 0.02 + t_b) + 4 * max(t_c, t_b))
-    nccl = predict(prof, m, m, m, "float64", (2, 1), 4096, comm="nccl")
+    nccl = predict(prof, m, m, m, "float64", (2, 1), 4096, RunSetting(comm="nccl"))
     assert pred.seconds < nccl.seconds
     assert predict(prof, m, m, m, "float64", (2, 1), 4096).seconds == pred.seconds  # auto
     # across nodes auto cannot copy directly
-    assert predict(prof, m, m, m, "float64", (2, 1), 4096, ranks_per_node=1).seconds == \
+    assert predict(prof, m, m, m, "float64", (2, 1), 4096,
+                   RunSetting(ranks_per_node=1)).seconds == \
         nccl.seconds
     # more ranks than ipc was calibrated on (one node of 2): NCCL's figures
     four = predict(prof, m, m, m, "float64", (4, 1), 4096)
-    assert four.seconds == predict(prof, m, m, m, "float64", (4, 1), 4096, comm="nccl").seconds
+    assert four.seconds == predict(prof, m, m, m, "float64", (4, 1), 4096,
+                                   RunSetting(comm="nccl")).seconds
     # a 2-D grid: the slowest rank holds no panel and waits for the opening
-    square = predict(prof, m, m, m, "float64", (2, 2), 4096, comm="ipc")
+    square = predict(prof, m, m, m, "float64", (2, 2), 4096, RunSetting(comm="ipc"))
     t_c2, t_b2 = square.panel_compute, square.panel_comm
     assert square.seconds == pytest.approx(0.02 + 0.02 + t_b2 + 8 * max(t_c2, t_b2))
 
@@ -96,14 +98,14 @@ def test_direct_copies_open_nothing_where_the_blocks_stay_open():
     prof = make_profile()
     prof.bcast.append(dict(comm="ipc", ranks=2, overlap=True, alpha=20e-6, beta=150e9))
     m = 8192  # a 2 x 1 grid: one 256 MiB float64 B block to open (the small cost)
-    unknown = predict(prof, m, m, m, "float64", (2, 1), 4096, comm="ipc")
+    unknown = predict(prof, m, m, m, "float64", (2, 1), 4096, RunSetting(comm="ipc"))
     t_c, t_b = unknown.panel_compute, unknown.panel_comm
     assert unknown.seconds == pytest.approx(max(t_c, 0.002 + t_b) + max(t_c, t_b))
     prof.data["device_memory"] = 64 * (m // 2) * m * 8  # the block just stays open
-    kept = predict(prof, m, m, m, "float64", (2, 1), 4096, comm="ipc")
+    kept = predict(prof, m, m, m, "float64", (2, 1), 4096, RunSetting(comm="ipc"))
     assert kept.seconds == pytest.approx(max(t_c, t_b) + max(t_c, t_b))
     prof.data["device_memory"] -= 64  # one byte too small: opened every time
-    assert predict(prof, m, m, m, "float64", (2, 1), 4096, comm="ipc").seconds == \
+    assert predict(prof, m, m, m, "float64", (2, 1), 4096, RunSetting(comm="ipc")).seconds == \
         pytest.approx(unknown.seconds)
 
 
@@ -118,9 +120,9 @@ def test_gemms_slowed_beside_broadcasts_lengthen_each_step():
     assert shared.seconds == pytest.approx(t_b + 8 * max(1.05 * t_c, t_b))
     assert prof.gemm_slowdown("nccl", 64) == 1.05 and prof.gemm_slowdown("mpi", 2) == 1.0
     # without lookahead nothing runs beside the GEMMs
-    assert predict(prof, m, m, m, "float64", (2, 1), 4096, lookahead=0).seconds == \
+    assert predict(prof, m, m, m, "float64", (2, 1), 4096, RunSetting(lookahead=0)).seconds == \
         pytest.approx(predict(make_profile(), m, m, m, "float64", (2, 1), 4096,
-                              lookahead=0).seconds)
+                              RunSetting(lookahead=0)).seconds)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -151,8 +153,8 @@ def test_without_a_comm_the_fastest_calibrated_broadcaster_is_assumed():
     prof.bcast.append(dict(comm="mpi", ranks=2, overlap=True, alpha=60e-6, beta=6e9))
     m = 32768
     auto = predict(prof, m, m, m, "float64", (2, 1), 4096)
-    nccl = predict(prof, m, m, m, "float64", (2, 1), 4096, comm="nccl")
-    mpi = predict(prof, m, m, m, "float64", (2, 1), 4096, comm="mpi")
+    nccl = predict(prof, m, m, m, "float64", (2, 1), 4096, RunSetting(comm="nccl"))
+    mpi = predict(prof, m, m, m, "float64", (2, 1), 4096, RunSetting(comm="mpi"))
     assert mpi.seconds > nccl.seconds and auto.seconds == nccl.seconds
 
 
@@ -206,7 +208,7 @@ def test_profile_errors(tmp_path):
     with pytest.raises(ValueError, match="no GEMM samples for float32"):
         predict(make_profile(), 100, 100, 100, "float32", (1, 1), 64)
     with pytest.raises(ValueError, match="no broadcast samples for comm 'mpi'"):
-        predict(make_profile(), 100, 100, 100, "float64", (2, 1), 64, comm="mpi")
+        predict(make_profile(), 100, 100, 100, "float64", (2, 1), 64, RunSetting(comm="mpi"))
 
 
 @pytest.mark.mpi(min_size=1)
@@ -244,7 +246,8 @@ def test_calibrate_writes_a_usable_profile(comm, tmp_path_factory):
         if comm.Get_size() > 1:
             assert {b["ranks"] for b in prof.bcast} == set(range(2, comm.Get_size() + 1))
             assert all(b["beta"] > 0 and b["overlap"] is False for b in prof.bcast)
-        pred = predict(prof, 256, 256, 256, "float64", (comm.Get_size(), 1), 32, comm="mpi")
+        pred = predict(prof, 256, 256, 256, "float64", (comm.Get_size(), 1), 32,
+                       RunSetting(comm="mpi"))
         assert pred.seconds > 0
 
 
