@@ -150,16 +150,18 @@ def _budget(case, shape, itemsize: int) -> int:
     """A device budget for an out-of-core case on a grid of `shape`:
     `budget_share` of what the in-memory blocks take, but never less than
     the smallest that tiles."""
-    from summa.planning.memory import memory_plan
+    from summa.planning.memory import Execution, memory_plan
     # a default width (None) is summa's choice: the budget is planned at 256
     m, n, k, nb = case["m"], case["n"], case["k"], case["panel_width"] or 256
-    full = memory_plan(m, n, k, case["dtype"], shape, nb, case["lookahead"], "cupy",
-                       device_budget=1 << 40, out_of_core=True, staged=(True, True))
+    full = memory_plan(m, n, k, case["dtype"], shape, nb,
+                       Execution(case["lookahead"], "cupy", device_budget=1 << 40,
+                                 out_of_core=True, staged=(True, True)))
     budget = max(int(full.device_bytes * case["budget_share"]), 1)
     while True:
         try:
-            memory_plan(m, n, k, case["dtype"], shape, nb, case["lookahead"], "cupy",
-                        device_budget=budget, out_of_core=True, staged=(True, True))
+            memory_plan(m, n, k, case["dtype"], shape, nb,
+                        Execution(case["lookahead"], "cupy", device_budget=budget,
+                                  out_of_core=True, staged=(True, True)))
             return budget
         except ValueError:
             budget = budget * 2 + 64 * itemsize

@@ -22,8 +22,8 @@ from ..distribution.topology import topology_of
 from ..device.traits import traits
 from .tuning import transposes_a
 
-__all__ = ["MemoryPlan", "memory_plan", "resident_plan", "check_memory", "ranks_on_device",
-           "check_host_memory", "parse_bytes"]
+__all__ = ["MemoryPlan", "Execution", "memory_plan", "resident_plan", "check_memory",
+           "ranks_on_device", "check_host_memory", "parse_bytes"]
 
 
 @dataclass(frozen=True)
@@ -103,12 +103,43 @@ def _local_sizes(m, n, k, grid):
     return -(-m // pr), -(-n // pc), -(-k // pc), -(-k // pr)
 
 
+@dataclass(frozen=True)
+class Execution:
+    """How a product is run, as :func:`memory_plan` counts it.
+
+    Attributes
+    ----------
+    lookahead : int
+        Panels broadcast ahead of the GEMMs.
+    backend : str
+        ``"cupy"`` or ``"numpy"`` (:func:`summa.device.traits.traits`).
+    device_budget : int or None
+        Out of core: device bytes the C tiles and panel slots are cut to.
+    out_of_core : bool
+        Whether A, B and C stay in host memory, C streamed through the
+        device in tiles (needs `device_budget`).
+    schedule : {"panels", "strips"}
+    precision : str or None
+        The GEMMs' precision (``tf32``, ``fp64-int8``, ...).
+    staged : tuple
+        ``(row, column)``: out of core, whether that direction's broadcasts
+        pass each slot through a staging buffer (copy engines, ``ipc``).
+    """
+
+    lookahead: int = 1
+    backend: str = "cupy"
+    device_budget: int | None = None
+    out_of_core: bool = False
+    schedule: str = "panels"
+    precision: object = None
+    staged: tuple = (False, False)
+
+
 def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
-                lookahead: int = 1, backend: str = "cupy", device_budget: int | None = None,
-                out_of_core: bool = False, schedule: str = "panels",
-                precision=None, staged: tuple = (False, False)) -> MemoryPlan:
-    """Peak memory per rank of ``C = A @ B`` and, out of core, the C tiles that
-    fit `device_budget` bytes.
+                execution: Execution = Execution()) -> MemoryPlan:
+    """Peak memory per rank of ``C = A @ B`` run as `execution`
+    (:class:`Execution`) says and, out of core, the C tiles that fit its
+    `device_budget` bytes.
 
     In memory, a rank holds its blocks of A (ml x ka), B (kb x nl) and C
     (ml x nl) plus ``lookahead + 1`` panel buffers for each operand that arrives
@@ -129,6 +160,10 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     slot's part through a staging buffer of its size: ``slots tm nb`` (A) and
     ``slots nb tn`` (B) more, where that direction has more than one rank.
     """
+    lookahead, backend, device_budget = (execution.lookahead, execution.backend,
+                                         execution.device_budget)
+    out_of_core, schedule = execution.out_of_core, execution.schedule
+    precision, staged = execution.precision, execution.staged
     item = np.dtype(dtype).itemsize
     kind = traits(backend)
     pr, pc = grid

@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from ..precision import ozaki_gpu
 from ..distribution.grid import check_grid_ranks, grid_for, parse_grid
-from .memory import (FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SMALLEST, MemoryPlan,
+from .memory import (FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SMALLEST, Execution, MemoryPlan,
                      check_host_memory, check_memory, memory_plan, parse_bytes, resident_plan)
 from ..host.storage import transposed
 from ..execution.strips import check_schedule
@@ -372,9 +372,10 @@ def restage(plan: Plan, staged: tuple) -> Plan:
         return plan
     m, n, k = plan.shape
     with ozaki_gpu.asked_moduli(plan.moduli):
-        memory = memory_plan(m, n, k, plan.dtype, plan.grid, plan.panel_width, plan.lookahead,
-                             plan.backend, device_budget=plan.device_budget, out_of_core=True,
-                             precision=plan.precision, staged=staged)
+        memory = memory_plan(m, n, k, plan.dtype, plan.grid, plan.panel_width,
+                             Execution(plan.lookahead, plan.backend,
+                                       device_budget=plan.device_budget, out_of_core=True,
+                                       precision=plan.precision, staged=staged))
     return replace(plan, memory=memory)
 
 
@@ -431,8 +432,9 @@ def _memory(machine, shape, dtype, grid, panel_width, lookahead, asked: _MemoryA
     if out_of_core is not True and not device_memory:
         width = int(panel_width) if _is_width(panel_width) else \
             default_panel_width(backend, dtype, precision)
-        memory = memory_plan(m, n, k, dtype, grid, width, lookahead, backend,
-                             schedule=schedule, precision=precision)
+        memory = memory_plan(m, n, k, dtype, grid, width,
+                             Execution(lookahead, backend, schedule=schedule, precision=precision,
+                                       ))
         try:
             _check(machine, memory)
             return memory, None, None
@@ -482,9 +484,9 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
     best, refusal = None, None
     for width in widths:
         try:
-            memory = memory_plan(m, n, k, dtype, grid, width, lookahead, backend,
-                                 device_budget=budget, out_of_core=True, precision=precision,
-                                 staged=staged)
+            memory = memory_plan(m, n, k, dtype, grid, width,
+                                 Execution(lookahead, backend, device_budget=budget,
+                                           out_of_core=True, precision=precision, staged=staged))
         except ValueError as exc:  # too small for this width's tiles: maybe a narrower
             refusal = refusal or exc
             continue

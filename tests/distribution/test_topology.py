@@ -14,7 +14,7 @@ from helpers import gemm_scaled_error, random_array, spy_out_of_core
 from summa.host import shared as host, blocks as hostblocks, remote
 from summa.device.backend import NumpyBackend
 from summa.distribution.grid import ProcessGrid
-from summa.planning.memory import check_host_memory, memory_plan, ranks_on_device
+from summa.planning.memory import Execution, check_host_memory, memory_plan, ranks_on_device
 from summa.distribution.topology import Topology, topology_of
 
 SOURCES = pathlib.Path(summa.__file__).parent
@@ -97,7 +97,7 @@ def test_a_grid_on_virtual_nodes_decides_between_nodes(comm):
             assert grid.within_nodes() == (False, True)  # the row spans both nodes
             assert ranks_on_device(NumpyBackend(), grid.comm) == 1
             assert not hostblocks.node_shares(grid, (4, 4, 4), "float64")
-            plan = memory_plan(8, 8, 8, "float64", grid.shape, 4, 1, "numpy")
+            plan = memory_plan(8, 8, 8, "float64", grid.shape, 4, Execution(1, "numpy"))
             check_host_memory(plan, grid.comm)
         assert topo.node_comm != MPI.COMM_NULL  # the grid frees what it made only
 

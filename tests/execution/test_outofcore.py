@@ -16,7 +16,7 @@ from summa.device.backend import NumpyBackend
 from summa.distribution.grid import ProcessGrid
 from summa.distribution.matrix import DistMatrix
 from summa.execution.outofcore import summa_out_of_core
-from summa.planning.memory import check_memory, memory_plan, parse_bytes
+from summa.planning.memory import Execution, check_memory, memory_plan, parse_bytes
 
 
 @pytest.mark.mpi(min_size=1)
@@ -171,8 +171,8 @@ def test_uploads_run_a_step_ahead_of_their_broadcasts_where_a_slot_is_spare(
     with ProcessGrid(MPI.COMM_SELF) as grid:
         A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
         C = DistMatrix.zeros((m, n), "float64", grid, host)
-        plan = memory_plan(m, n, k, "float64", (1, 1), 8, 1, "numpy", device_budget=budget,
-                           out_of_core=True)
+        plan = memory_plan(m, n, k, "float64", (1, 1), 8,
+                           Execution(1, "numpy", device_budget=budget, out_of_core=True))
         assert plan.slots == 2 + lead
         summa_out_of_core(1.0, A, B, 0.0, C, host, budget, panel_width=8, lookahead=1)
         assert gemm_scaled_error(C.gather(), a, b) <= 1
@@ -239,7 +239,7 @@ def test_planned_host_peak_matches_measured(comm):
         summa_in_memory(1.0, A, B, 0.0, C, panel_width=64, lookahead=1)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        plan = memory_plan(m, n, k, "float64", grid.shape, 64, 1, "numpy")
+        plan = memory_plan(m, n, k, "float64", grid.shape, 64, Execution(1, "numpy"))
     # the largest rank's share is planned; this rank's may be smaller by a row or two
     assert 0.9 * plan.host_bytes <= peak * (plan.host_bytes / max(peak, 1)) <= 1.1 * plan.host_bytes
     assert abs(peak - plan.host_bytes) <= 0.1 * plan.host_bytes, (peak, plan.host_bytes)
@@ -247,14 +247,14 @@ def test_planned_host_peak_matches_measured(comm):
 
 def test_plan_figures(monkeypatch):
     monkeypatch.delenv("SUMMA_TRANSPOSE_A", raising=False)
-    plan = memory_plan(100_000, 100_000, 100_000, "float64", (2, 1), 4096, 1, "cupy")
+    plan = memory_plan(100_000, 100_000, 100_000, "float64", (2, 1), 4096, Execution(1, "cupy"))
     item = 8
     blocks = (50_000 * 100_000 + 50_000 * 100_000 + 50_000 * 100_000) * item
     # + one transposed panel of A (4096 x 50,000): float64 GEMMs read A column-major
     assert plan.mode == "in-memory" and plan.device_bytes == blocks + 2 * 4096 * 100_000 * item \
         + 4096 * 50_000 * item
-    ooc = memory_plan(100_000, 100_000, 100_000, "float32", (2, 1), 4096, 1, "cupy",
-                      device_budget=parse_bytes("16GiB"), out_of_core=True)
+    ooc = memory_plan(100_000, 100_000, 100_000, "float32", (2, 1), 4096,
+                      Execution(1, "cupy", device_budget=parse_bytes("16GiB"), out_of_core=True))
     tm, tn = ooc.tile
     rows, cols = ooc.tiles
     assert ooc.device_bytes <= parse_bytes("16GiB")
@@ -266,14 +266,14 @@ def test_plan_figures(monkeypatch):
     # fewest tiles: whole rows of C (B's panels uploaded once per row of tiles)
     assert cols == 1 and tn == 100_000 and rows == -(-50_000 // tm) and rows > 1
     assert ooc.slots in (2, 3) and planned(ooc.slots + 1) > parse_bytes("16GiB")  # no room
-    one = memory_plan(100_000, 100_000, 100_000, "float32", (2, 1), 4096, 1, "cupy",
-                      device_budget=parse_bytes("64GiB"), out_of_core=True)
+    one = memory_plan(100_000, 100_000, 100_000, "float32", (2, 1), 4096,
+                      Execution(1, "cupy", device_budget=parse_bytes("64GiB"), out_of_core=True))
     assert one.tiles == (1, 1) and one.tile == (50_000, 100_000)
     assert one.slots == 3 and one.device_bytes == (50_000 * 100_000 + 3 * 150_000 * 4096
                                                    + 50_000 * 4096) * 4
     with pytest.raises(ValueError, match="too small"):
-        memory_plan(1000, 1000, 1000, "float64", (1, 1), 256, 1, "cupy", device_budget=1000,
-                    out_of_core=True)
+        memory_plan(1000, 1000, 1000, "float64", (1, 1), 256,
+                    Execution(1, "cupy", device_budget=1000, out_of_core=True))
 
 
 def test_copy_engine_broadcasts_plan_their_staging(monkeypatch):
@@ -283,8 +283,9 @@ def test_copy_engine_broadcasts_plan_their_staging(monkeypatch):
     budget = parse_bytes("16GiB")
 
     def plan(grid, staged):
-        return memory_plan(100_000, 100_000, 100_000, "float32", grid, 4096, 1, "cupy",
-                           device_budget=budget, out_of_core=True, staged=staged)
+        return memory_plan(100_000, 100_000, 100_000, "float32", grid, 4096,
+                           Execution(1, "cupy", device_budget=budget, out_of_core=True,
+                                     staged=staged))
 
     for grid, sends in (((2, 1), (False, True)), ((1, 2), (True, False)),
                         ((2, 2), (True, True)), ((1, 1), (False, False))):
@@ -328,8 +329,9 @@ def test_out_of_core_plans_staging_for_copy_engine_broadcasters(comm, rng, monke
         stats = summa_out_of_core(1.0, A, B, 0.0, C, host, 1 << 20, panel_width=8)
         c = C.gather()
         pr, pc = grid.shape
-    expected = memory_plan(m, n, k, "float64", (pr, pc), 8, 1, "numpy", device_budget=1 << 20,
-                           out_of_core=True, staged=(True, True))
+    expected = memory_plan(m, n, k, "float64", (pr, pc), 8,
+                           Execution(1, "numpy", device_budget=1 << 20, out_of_core=True,
+                                     staged=(True, True)))
     assert expected.staged == (pc > 1, pr > 1)
     assert stats.extra["device_bytes_planned"] == comm.allreduce(expected.device_bytes,
                                                                  op=_max_op())
@@ -414,12 +416,12 @@ class _FakeGpu:
 def test_check_memory_names_the_shortfall(monkeypatch):
     monkeypatch.delenv("SUMMA_TRANSPOSE_A", raising=False)
     from mpi4py import MPI
-    plan = memory_plan(60_000, 60_000, 60_000, "float64", (1, 1), 4096, 1, "cupy")
+    plan = memory_plan(60_000, 60_000, 60_000, "float64", (1, 1), 4096, Execution(1, "cupy"))
     # A, B, C (80.5 GiB) and one transposed 4096-wide panel of A (1.8 GiB)
     with pytest.raises(ValueError, match=r"rank 0 needs 82\.3 GiB on GPU 1, 23\.5 GiB free; "
                                          r"use --device-memory"):
         check_memory(plan, _FakeGpu(), MPI.COMM_SELF)
-    small = memory_plan(1000, 1000, 1000, "float64", (1, 1), 256, 1, "cupy")
+    small = memory_plan(1000, 1000, 1000, "float64", (1, 1), 256, Execution(1, "cupy"))
     check_memory(small, _FakeGpu(), MPI.COMM_SELF)  # fits: no error
 
 
@@ -548,8 +550,9 @@ def test_host_held_distmatrix_streams_through_a_device(comm, rng, trans_a, trans
     with ProcessGrid(comm) as grid:
         A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
         stats = summa.SummaStats()
-        whole = memory_plan(37, 29, 50, "complex64", grid.shape, 4, 1, "numpy",
-                            device_budget=1 << 40, out_of_core=True).device_bytes
+        whole = memory_plan(37, 29, 50, "complex64", grid.shape, 4,
+                            Execution(1, "numpy", device_budget=1 << 40,
+                                      out_of_core=True)).device_bytes
         C = summa.matmul(A, B, device=host, trans_a=trans_a, trans_b=trans_b, alpha=0.5,
                          device_memory=str(whole * 2 // 3), panel_width=4, stats=stats)
         c = C.gather()
@@ -650,8 +653,8 @@ def test_tiles_asked_for_cut_c_so_and_still_multiply(rng, monkeypatch):
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
     host = NumpyBackend()
     monkeypatch.setenv("SUMMA_OOC_TILES", "3x2")
-    plan = memory_plan(m, n, k, "float64", (1, 1), 8, 1, "numpy", device_budget=1 << 30,
-                       out_of_core=True)
+    plan = memory_plan(m, n, k, "float64", (1, 1), 8,
+                       Execution(1, "numpy", device_budget=1 << 30, out_of_core=True))
     assert plan.tiles == (3, 2) and plan.tile == (15, 19)
     with ProcessGrid(MPI.COMM_SELF) as grid:
         A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
@@ -662,12 +665,12 @@ def test_tiles_asked_for_cut_c_so_and_still_multiply(rng, monkeypatch):
     for text, message in (("3", "expected RxC"), ("0x2", "do not cut"), ("3x39", "do not cut")):
         monkeypatch.setenv("SUMMA_OOC_TILES", text)
         with pytest.raises(ValueError, match=message):
-            memory_plan(m, n, k, "float64", (1, 1), 8, 1, "numpy", device_budget=1 << 30,
-                        out_of_core=True)
+            memory_plan(m, n, k, "float64", (1, 1), 8,
+                        Execution(1, "numpy", device_budget=1 << 30, out_of_core=True))
     monkeypatch.setenv("SUMMA_OOC_TILES", "1x1")
     with pytest.raises(ValueError, match="1 x 1 tiles of 45 x 38 need"):
-        memory_plan(m, n, k, "float64", (1, 1), 8, 1, "numpy", device_budget=8 * 2000,
-                    out_of_core=True)
+        memory_plan(m, n, k, "float64", (1, 1), 8,
+                    Execution(1, "numpy", device_budget=8 * 2000, out_of_core=True))
 
 
 @pytest.mark.parametrize("budget_gib", [12, 24])
@@ -689,8 +692,9 @@ def test_fp64_int8_cuts_c_both_ways_to_upload_least(budget_gib):
     assert rows * nl + cols * ml == least
     whole = planner._ooc_tiles(ml, nl, 16384, 2, budget, emulated=0)
     assert whole[1] == 1  # native: whole rows while they fit
-    plan = memory_plan(ml, nl, k, "float64", (1, 1), 16384, 1, "cupy", out_of_core=True,
-                       device_budget=budget * 8, precision="fp64-int8")
+    plan = memory_plan(ml, nl, k, "float64", (1, 1), 16384,
+                       Execution(1, "cupy", out_of_core=True, device_budget=budget * 8,
+                                 precision="fp64-int8"))
     assert plan.tiles == (rows, cols) and plan.device_bytes <= budget * 8
 
 

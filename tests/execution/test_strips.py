@@ -12,7 +12,7 @@ from summa import cli
 from summa.execution.algorithm import SummaStats, gemm
 from summa.distribution.grid import ProcessGrid
 from summa.distribution.matrix import DistMatrix
-from summa.planning.memory import memory_plan
+from summa.planning.memory import Execution, memory_plan
 from summa.execution.strips import check_schedule, strip_bounds
 
 
@@ -42,13 +42,15 @@ def test_strips_plan_their_buffers(monkeypatch):
     # Strips hold all of K by the strip width; panels hold the width by all of N
     # (and here no transposed panel of A: test_transpose.py counts that one).
     monkeypatch.setenv("SUMMA_TRANSPOSE_A", "no")
-    base = memory_plan(400, 100, 300, "float64", (2, 1), 50, lookahead=1)
-    strips = memory_plan(400, 100, 300, "float64", (2, 1), 50, lookahead=1, schedule="strips")
+    base = memory_plan(400, 100, 300, "float64", (2, 1), 50, Execution(lookahead=1))
+    strips = memory_plan(400, 100, 300, "float64", (2, 1), 50,
+                         Execution(lookahead=1, schedule="strips"))
     blocks = (200 * 300 + 150 * 100 + 200 * 100) * 8
     assert base.device_bytes == blocks + 2 * 50 * 100 * 8
     assert strips.device_bytes == blocks + 2 * 300 * 50 * 8
     # a strip never exceeds the columns there are
-    wide = memory_plan(400, 100, 300, "float64", (2, 1), 4096, lookahead=1, schedule="strips")
+    wide = memory_plan(400, 100, 300, "float64", (2, 1), 4096,
+                       Execution(lookahead=1, schedule="strips"))
     assert wide.device_bytes == blocks + 2 * 300 * 100 * 8
 
 
@@ -160,7 +162,7 @@ def test_plan_command_with_strips(comm):
     out = io.StringIO()
     assert cli.main(["plan", "--m", "1000", "--n", "200", "--k", "3000", "--ranks", "2",
                      "--grid", "2x1", "--nb", "100", "--schedule", "strips"], comm, out) == 0
-    want = memory_plan(1000, 200, 3000, "float64", (2, 1), 100, schedule="strips")
+    want = memory_plan(1000, 200, 3000, "float64", (2, 1), 100, Execution(schedule="strips"))
     if comm.rank == 0:
         assert f"device {want.device_bytes / 2**30:.2f} GiB" in out.getvalue()
     # without --grid, strips plan on the one grid they run on

@@ -14,7 +14,7 @@ from summa.execution.algorithm import SummaStats, gemm
 from summa.device.backend import NumpyBackend, _operand, get_backend
 from summa.distribution.grid import ProcessGrid
 from summa.distribution.matrix import DistMatrix
-from summa.planning.memory import memory_plan
+from summa.planning.memory import Execution, memory_plan
 from summa.execution.transpose import PanelsOfA
 from summa.planning.tuning import transposes_a
 
@@ -70,13 +70,16 @@ def test_policy_follows_the_setting_and_the_measurements(monkeypatch):
 def test_the_plan_holds_the_transposed_panel(monkeypatch):
     monkeypatch.setenv("SUMMA_TRANSPOSE_A", "auto")
     blocks = (200 * 300 + 150 * 100 + 200 * 100) * 8
-    base = memory_plan(400, 100, 300, "float64", (2, 1), 50, lookahead=1)
+    base = memory_plan(400, 100, 300, "float64", (2, 1), 50, Execution(lookahead=1))
     assert base.device_bytes == blocks + 2 * 50 * 100 * 8 + 50 * 200 * 8  # + nb x ml
-    tf32 = memory_plan(400, 100, 300, "float32", (2, 1), 50, lookahead=1, precision="tf32")
+    tf32 = memory_plan(400, 100, 300, "float32", (2, 1), 50,
+                       Execution(lookahead=1, precision="tf32"))
     assert tf32.device_bytes == (blocks + 2 * 50 * 100 * 8) // 2
-    strips = memory_plan(400, 100, 300, "float64", (2, 1), 50, lookahead=1, schedule="strips")
+    strips = memory_plan(400, 100, 300, "float64", (2, 1), 50,
+                         Execution(lookahead=1, schedule="strips"))
     assert strips.device_bytes == blocks + 2 * 300 * 50 * 8
-    one = memory_plan(400, 100, 300, "float64", (1, 1), 50, schedule="strips")  # panels there
+    one = memory_plan(400, 100, 300, "float64", (1, 1), 50,
+                      Execution(schedule="strips"))  # panels there
     assert one.device_bytes == (400 * 300 + 300 * 100 + 400 * 100 + 50 * 400) * 8
     monkeypatch.setenv("SUMMA_TRANSPOSE_A", "no")
     assert memory_plan(400, 100, 300, "float64", (2, 1), 50).device_bytes \
@@ -134,14 +137,14 @@ def test_transposed_panels_on_one_rank_go_panel_by_panel(comm, backend, monkeypa
 
 def test_out_of_core_plans_a_transposed_part(monkeypatch):
     monkeypatch.setenv("SUMMA_TRANSPOSE_A", "yes")
-    plan = memory_plan(300, 200, 100, "float64", (1, 1), 10, 1, "numpy", device_budget=20_000,
-                       out_of_core=True)
+    plan = memory_plan(300, 200, 100, "float64", (1, 1), 10,
+                       Execution(1, "numpy", device_budget=20_000, out_of_core=True))
     (tm, tn), slots = plan.tile, plan.slots
     assert plan.device_bytes == (2 * tm * tn + (slots + 1) * tm * 10 + slots * tn * 10) * 8
     assert plan.device_bytes <= 20_000
     monkeypatch.setenv("SUMMA_TRANSPOSE_A", "no")
-    plain = memory_plan(300, 200, 100, "float64", (1, 1), 10, 1, "numpy", device_budget=20_000,
-                        out_of_core=True)
+    plain = memory_plan(300, 200, 100, "float64", (1, 1), 10,
+                        Execution(1, "numpy", device_budget=20_000, out_of_core=True))
     assert plain.tile[0] * plain.tile[1] >= tm * tn  # the copy takes room from the tiles
 
 

@@ -17,7 +17,7 @@ from summa.device.backend import NumpyBackend
 from summa.distribution.grid import grid_for
 from summa.planning.model import Profile
 from summa.planning.memory import FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SMALLEST
-from summa.planning.memory import memory_plan, parse_bytes
+from summa.planning.memory import Execution, memory_plan, parse_bytes
 from summa.planning.planner import (FREE_SHARE, MIN_OOC_WIDTH, NEXT_BOUND_SHARE, TRAFFIC_GAIN,
                                     Machine, Plan, host_traffic, make_plan, restage)
 from summa.planning.tuning import default_panel_width
@@ -62,9 +62,11 @@ def test_plans_for_another_machine_decide_as_before(shape, dtype, ranks):
         wants = {}
         for width in widths:
             try:
-                want = memory_plan(m, n, k, dtype, grid, width, 1, "cupy",
-                                   device_budget=parse_bytes(budget) if ooc else None,
-                                   out_of_core=ooc, precision=precision, staged=staged)
+                want = memory_plan(m, n, k, dtype, grid, width,
+                                   Execution(1, "cupy",
+                                             device_budget=parse_bytes(budget) if ooc else None,
+                                             out_of_core=ooc, precision=precision, staged=staged,
+                                             ))
                 wants[want.chunk if ooc else width] = want
             except ValueError as exc:
                 assert "too small" in str(exc)
@@ -97,8 +99,8 @@ def test_a_tight_budget_takes_narrower_panels_where_taller_tiles_move_fewer_byte
     tiles (B crosses the link 3 times) where 4096 took 4 x 1."""
     shape = (32768, 32768, 32768)
     plan = make_plan(shape, "float64", Machine("cupy", 1), device_memory="8GiB")
-    wide = memory_plan(*shape, "float64", (1, 1), 4096, 1, "cupy", device_budget=8 << 30,
-                       out_of_core=True)
+    wide = memory_plan(*shape, "float64", (1, 1), 4096,
+                       Execution(1, "cupy", device_budget=8 << 30, out_of_core=True))
     assert (plan.panel_width, plan.memory.tiles, wide.tiles) == (2048, (3, 1), (4, 1))
     assert host_traffic(plan.memory, shape, (1, 1)) < 0.9 * host_traffic(wide, shape, (1, 1))
     whole = make_plan(shape, "float64", Machine("cupy", 1), device_memory="60GiB")
@@ -120,8 +122,8 @@ def test_live_plans_decide_as_before(shape, dtype, budget):
         want_budget = (budget or 1 << 30) if ooc else None
         nb = width or default_panel_width("numpy", dtype, None, out_of_core=ooc)
         try:
-            want = memory_plan(m, n, k, dtype, (1, 1), nb, 1, "numpy", device_budget=want_budget,
-                               out_of_core=ooc)
+            want = memory_plan(m, n, k, dtype, (1, 1), nb,
+                               Execution(1, "numpy", device_budget=want_budget, out_of_core=ooc))
         except ValueError as exc:
             with pytest.raises(ValueError) as got:
                 make_plan(shape, dtype, Machine.live(MPI.COMM_SELF, host),

@@ -256,15 +256,15 @@ def test_moduli_asked_reach_the_products_and_the_plans(rng, ozaki_gpu, monkeypat
     """summa.matmul/gemm(..., moduli=L): inside, every product takes L moduli
     and plans count their scratch so; before and after, the default; bad
     counts and counts without fp64-int8 refused with one clear error."""
-    from summa.planning.memory import memory_plan
+    from summa.planning.memory import Execution, memory_plan
     monkeypatch.delenv("SUMMA_FP64_INT8_MODULI", raising=False)
     backend = fake_cupy_kernels.Backend()
     a, b = rng.uniform(-1, 1, (20, 300)), rng.uniform(-1, 1, (300, 12))
     c = np.empty((20, 12))
 
     def planned():
-        return memory_plan(4096, 4096, 4096, "float64", (1, 1), 4096, 1, "cupy",
-                           precision="fp64-int8").device_bytes
+        return memory_plan(4096, 4096, 4096, "float64", (1, 1), 4096,
+                           Execution(1, "cupy", precision="fp64-int8")).device_bytes
     default, plan = ozaki_gpu.moduli_for(300), planned()
     with ozaki_gpu.asked_moduli(20):
         ozaki_gpu.gemm(1.0, a, b, c, backend=backend)
