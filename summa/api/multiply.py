@@ -1049,8 +1049,7 @@ def matmul(A, B, device=None, **kwargs):
         Arrays: None (default) keeps them in host memory on GPUs; False
         copies them into GPU memory first; True: host-resident on CPUs too.
     device_memory : str, optional
-        Cap on each GPU's memory, e.g. ``"16GiB"`` (default 90 % of what is
-        free).
+        Cap on each GPU's memory, e.g. ``"16GiB"`` (default 90 % of free).
     panel_width : int or "auto", optional
         Panel width along K (default: by backend, dtype and mode).
     lookahead : int, default 1
@@ -1061,8 +1060,7 @@ def matmul(A, B, device=None, **kwargs):
         ``"tf32"`` (float32 on tensor cores) or ``"fp64-int8"`` (float64
         from INT8 products).
     moduli : int, optional
-        With ``precision="fp64-int8"``: INT8 products per float64 product
-        (3-30).
+        With ``precision="fp64-int8"``: INT8 products per float64 one (3-30).
     schedule : str, default "panels"
         ``"panels"`` or ``"strips"`` (grids of one column).
     stats : SummaStats, optional
@@ -1070,8 +1068,7 @@ def matmul(A, B, device=None, **kwargs):
     topology : summa.distribution.topology.Topology, optional
         Arrays: the nodes of `comm`'s ranks (tests: virtual nodes).
     options : summa.options.Options, optional
-        The settings (default: the current ones, ``SUMMA_*`` variables;
-        docs/options.md).
+        The settings (default: the current ones; docs/options.md).
     C, beta, progress
         DistMatrix operands: as for :func:`summa.gemm`.
 
@@ -1106,11 +1103,17 @@ def matmul(A, B, device=None, **kwargs):
     if device is not None:
         raise TypeError("device applies to host-held DistMatrix operands; for arrays give "
                         "backend= (GPU arrays are multiplied on the GPU they lie on)")
-    stats = kwargs.get("stats") or SummaStats()  # whether the product is finite comes in it
-    c = matmul_arrays(A, B, **dict(kwargs, stats=stats))
+    return _warned(A, B, kwargs)
+
+
+def _warned(a, b, kwargs: dict):
+    """:func:`matmul_arrays` of `a` and `b`, warning at the caller's caller's
+    line where the product has NaN/Inf (the run says whether it has)."""
+    stats = kwargs.get("stats") or SummaStats()
+    c = matmul_arrays(a, b, **dict(kwargs, stats=stats))
     if c is not None and (stats.extra or {}).get("product_finite") is False:
-        for note in _nonfinite_notes({"a": A, "b": B}, np.dtype(c.dtype)):
-            warnings.warn(note, RuntimeWarning, stacklevel=2)
+        for note in _nonfinite_notes({"a": a, "b": b}, np.dtype(c.dtype)):
+            warnings.warn(note, RuntimeWarning, stacklevel=3)
     return c
 
 

@@ -273,16 +273,14 @@ def _sweep(plan: Plan, scalars: tuple, operands: SweepOperands, cut: _Cut,
     broadcast waits for its upload on the owner and for the GEMMs done with its
     slot on every rank, so with both ready at the same GEMM's end no rank's
     broadcast waits (NCCL: spins on SMs beside the GEMMs) for the other's.
-    `plan` says the lookahead, slots and precision, how A and B lie (parts of
-    one stored by columns go up as their transposes' rows and stay so, the
-    GEMMs reading them transposed) and whether each GEMM reads its A part
-    from a transposed copy. `scalars`: ``(alpha, load_c)``, load_c whether
-    C's tiles go up before their first GEMM (beta != 0); `broadcasters`:
-    ``(row_bc, col_bc)``; `cut` this rank's tiles and the panels."""
-    alpha, load_c = scalars
+    `plan` says the lookahead, slots, precision, how A and B lie (parts stored
+    by columns go up as their transposes' rows, the GEMMs reading them
+    transposed) and whether A's parts are read from a transposed copy.
+    `scalars`: ``(alpha, load_c)``, load_c: C's tiles go up before their
+    first GEMM (beta != 0); `broadcasters`: ``(row_bc, col_bc)``."""
+    (alpha, load_c), (row_bc, col_bc) = scalars, broadcasters
     A, B, C, own_copies = operands.A, operands.B, operands.C, operands.own_copies
     tiles, panels = cut.tiles, cut.panels
-    row_bc, col_bc = broadcasters
     grid, xp, dtype = C.grid, mover.xp, C.dtype
     lookahead, slots, precision = plan.lookahead, plan.memory.slots, plan.precision
     stored_a, stored_b = plan.storage
@@ -293,8 +291,7 @@ def _sweep(plan: Plan, scalars: tuple, operands: SweepOperands, cut: _Cut,
     tn = max((j1 - j0 for _, _, j0, j1 in tiles), default=0)
     width = max((p.width for p in panels), default=0)
     steps = [(t, i) for t in range(len(tiles)) for i in range(len(panels))]
-    depth = lookahead + 1
-    lead = max(0, slots - depth)  # steps the uploads run ahead of their broadcasts
+    depth, lead = lookahead + 1, max(0, slots - lookahead - 1)  # lead: uploads run so far ahead
     a_slots = [xp.empty(tm * width, dtype=dtype) for _ in range(min(slots, len(steps)))]
     b_slots = [xp.empty(width * tn, dtype=dtype) for _ in range(min(slots, len(steps)))]
     c_bufs = [xp.empty(tm * tn, dtype=dtype) for _ in range(min(2, len(tiles)))]

@@ -233,8 +233,7 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
     """Plan ``C = op(A) @ op(B)`` of `shape` ``(m, n, k)`` on `machine`.
 
     Collective over ``machine.comm`` where the machine is live
-    (:meth:`Machine.live`: free device memory and node host memory are
-    asked of every rank); no communication otherwise.
+    (:meth:`Machine.live`); no communication otherwise.
 
     Parameters
     ----------
@@ -263,11 +262,8 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
         (:class:`summa.planning.model.TimeSplit`) and bound; for fp64-int8 also
         the time of float64's own plan of the same inputs.
     placement : Placement, optional
-        Where the operands lie (default: host memory, as `host_held` says).
-        Operands on a GPU are multiplied there in one GEMM where the plan
-        can (one rank of the GPU backend, not `out_of_core`, the product
-        and the GEMM's scratch within the GPU's free memory, or everything
-        within `device_memory`); else they are copied to host memory and
+        Where the operands lie (default: host memory, as `host_held` says);
+        on a GPU: one GEMM there where it fits (:func:`_resident`), else
         planned as host-held operands, the note saying why.
 
     Raises
@@ -277,9 +273,7 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
         does not fit (in memory where out of core cannot be taken), a
         budget too small for any tile, a host too small for the plan.
     """
-    m, n, k = (int(x) for x in shape)
-    dtype = np.dtype(dtype)
-    lookahead = int(lookahead)
+    (m, n, k), dtype, lookahead = (int(x) for x in shape), np.dtype(dtype), int(lookahead)
     moduli = ozaki_gpu.check_moduli(moduli, precision)
     grid = _grid(grid, machine, m, n, dtype, schedule)
     placement, fetched = placement or Placement(), None
@@ -326,8 +320,8 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
                                lookahead=lookahead, schedule=schedule, broadcaster=broadcaster,
                                staged=staged, host_copies=host_copies, predict=True,
                                profile=profile)
-        except ValueError:
-            pass  # no float64 plan to set beside it
+        except ValueError:  # no float64 plan to set beside it
+            pass
     return replace(plan, predicted=_predict(plan, profile, native))
 
 
