@@ -17,8 +17,9 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "summa"
 PRIVATE_IMPORTS_ALLOWED: set = set()
 
 #: Modules where ``global`` stays: options' one explicit cache of the parsed
-#: settings; pool's worker pool and watchdog's active watch, until the
-#: signal-handling work moves them into objects.
+#: settings, and two things a process has one of: its pool of worker ranks
+#: (started by the first call, reused by the next, closed at exit) and the
+#: watchdog of the step it is in (read by ``watch()`` anywhere below).
 GLOBAL_ALLOWED = {"summa.options", "summa.pool", "summa.runtime.watchdog"}
 
 #: Backend names are compared in backend selection only: get_backend's choice
