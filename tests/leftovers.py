@@ -56,11 +56,18 @@ def existing(paths) -> list[str]:
     return sorted(p for p in paths if os.path.exists(p))
 
 
-def interrupt(proc) -> tuple[str, float]:
+def interrupt(proc, seconds: float = 30) -> tuple[str, float]:
     """Ctrl-C (SIGINT) to `proc`, which prints a line when it takes it: that
-    line, stripped, and the seconds until it came; then `proc`'s end."""
+    line, stripped, and the seconds until it came; then `proc`'s end. A
+    signal not taken within `seconds` gives ``("", inf)`` (the test fails,
+    it does not hang)."""
+    import selectors
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout=seconds):
+            return "", float("inf")
     line = proc.stdout.readline()
     took = time.monotonic() - t0
     proc.communicate(timeout=30)
