@@ -26,6 +26,7 @@ started.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import secrets
 import shlex
@@ -34,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -175,15 +177,18 @@ class _Pool:
             self.parents.add(parent)
             self.segments.update(segments)
 
-    def run(self, spec: dict) -> dict:
+    def run(self, spec: dict, interrupted=None) -> dict:
         """One multiply on every worker; its record (None: they cannot read
-        this process's arrays, :mod:`summa.host.remote`), or raise."""
+        this process's arrays, :mod:`summa.host.remote`), or raise
+        (KeyboardInterrupt once `interrupted`, an Event, is set)."""
         from multiprocessing.connection import wait
         from ..runtime.watchdog import timeout_from_env
         self._send(("matmul", spec))
         timeout, last = timeout_from_env(), time.monotonic()
         open_conns = list(self.conns.values())
         while True:
+            if interrupted is not None and interrupted.is_set():
+                raise KeyboardInterrupt
             ready = wait(open_conns, timeout=0.05) if open_conns else time.sleep(0.05) or []
             for conn in ready:
                 try:
@@ -306,6 +311,30 @@ def close() -> None:
 atexit.register(close)
 
 
+@contextlib.contextmanager
+def _ctrl_c_as_flag():
+    """Within: Ctrl-C sets the Event yielded, which the pool's wait raises
+    KeyboardInterrupt from; after, a Ctrl-C that came raises it here. Python
+    raises a signal's exception in whatever code runs next, and in a
+    finalizer it is printed and lost ("Exception ignored in: <finalize
+    object>", a mapped file's in :mod:`summa.host.filemaps`): a caller
+    looping over calls then went on waiting for good (a CI run of
+    test_pool's Ctrl-C test). Only in the main thread with Python's own
+    handler in place (a handler of the caller's is left alone)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield None
+        return
+    hit = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: hit.set())
+    try:
+        yield hit
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hit.is_set():
+        raise KeyboardInterrupt
+
+
 def matmul(a, b, size: int, out=None, **options):
     """``op(a) @ op(b)`` on a pool of `size` workers (see the module)."""
     global _pool
@@ -346,7 +375,8 @@ def matmul(a, b, size: int, out=None, **options):
             copied = time.perf_counter()
             pool.connect()
             connected = time.perf_counter()
-            record = pool.run(spec)
+            with _ctrl_c_as_flag() as interrupted:
+                record = pool.run(spec, interrupted)
             answered = time.perf_counter()
             if record is not None or not reach:
                 break

@@ -390,3 +390,23 @@ def _one_soak_call(rng, monkeypatch) -> str:
     assert event != "kill"
     assert gemm_scaled_error(c, a, b) <= 1
     return "done"
+
+
+def test_ctrl_c_that_lands_in_a_finalizer_is_not_lost():
+    """A pool call takes Ctrl-C as a flag: Python raises a signal's
+    KeyboardInterrupt in whatever code runs next, and in a finalizer (such as
+    a mapped file's) it is printed and dropped, which left a looping caller
+    waiting for good; with the flag it is raised once the call returns."""
+    import weakref
+
+    from summa.pool import _ctrl_c_as_flag
+
+    class Held:
+        pass
+
+    with pytest.raises(KeyboardInterrupt):
+        with _ctrl_c_as_flag() as interrupted:
+            held = Held()
+            weakref.finalize(held, os.kill, os.getpid(), signal.SIGINT)
+            del held  # the finalizer runs, and the signal's handler within it
+            assert interrupted.is_set()
