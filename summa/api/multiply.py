@@ -45,7 +45,7 @@ from ..execution.outofcore import SweepOperands, run_out_of_core
 from ..precision.ozaki_gpu import asked_moduli, check_moduli
 from ..planning.planner import Machine, make_plan
 from ..planning.selection import grid_broadcasters, peer_access
-from ..host.storage import conjugated, storage_of
+from ..host.storage import conjugated, op_view, storage_of
 from .verify import freivalds
 from ..runtime.watchdog import watch
 
@@ -853,8 +853,8 @@ def run_planned(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
 def run_on_device(plan, be, given, alpha=1.0, stats=None):
     """The executor of a resident plan (``plan.placement.resident``):
     ``alpha op(a) @ op(b)`` as one GEMM (:meth:`summa.device.backend.Backend.gemm`:
-    a transposed operand is read as cuBLAS's transposed op, conjugated ones
-    copied) on the GPU where `given` (:class:`summa.api.operands.Operands`) lie,
+    a transposed operand is read as cuBLAS's transposed op, op H of one stored
+    by rows as its op C, no copy) on the GPU where `given` (:class:`summa.api.operands.Operands`) lie,
     a host operand of a mixed pair uploaded first, into `out` there or a new
     CuPy array. Queued on the current stream and not waited for, as
     ``cupy.matmul``, but where `stats` (a SummaStats) are asked for. Returns
@@ -863,13 +863,14 @@ def run_on_device(plan, be, given, alpha=1.0, stats=None):
     check_scalars(alpha, 0.0, dtype, plan.precision, be)
     began = time.perf_counter()
     with be.xp.cuda.Device(plan.placement.device):  # its cuBLAS handle, its memory
-        a, b = (_device_op(x.array if x.device is not None else be.asarray(x.array), t)
+        a, b = (op_view(x.array if x.device is not None else be.asarray(x.array), t)
                 for x, t in zip((given.a, given.b), plan.trans))
         c = given.out.array if given.out is not None else be.xp.empty((m, n), dtype)
         if k == 0:
             c.fill(0)
         else:
-            be.gemm(alpha, a, b, c, beta=0.0, precision=plan.precision)
+            be.gemm(alpha, a, b, c, beta=0.0, precision=plan.precision,
+                    conj=tuple(conjugated(t, dtype) for t in plan.trans))
         if stats is not None:
             be.synchronize()
             seconds = time.perf_counter() - began
@@ -877,13 +878,6 @@ def run_on_device(plan, be, given, alpha=1.0, stats=None):
                                   comm="none")
             stats.extra.update(plan=plan.as_dict(), resident=True)
     return c
-
-
-def _device_op(x, trans: str):
-    """``op(x)`` of a GPU array: a view, but conjugated (one copy)."""
-    if trans == "N":
-        return x
-    return x.conj().T if trans == "H" and x.dtype.kind == "c" else x.T
 
 
 def _stored(plan, operands: ArrayOperands, comm):
