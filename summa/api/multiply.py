@@ -467,8 +467,7 @@ def _scan_product(run: _FilesRun, operands, stats, inputs_finite, scan: float) -
         inputs_finite = _warn_nonfinite(run.job.headers, _inputs(run, operands), run.rank0,
                                         run.warn)
     if inputs_finite and product_finite is False and run.rank0:
-        run.warn("the product has NaN/Inf values (or values near the end of the "
-                 f"{run.job.compute.name} range) though the inputs are finite: it overflowed")
+        run.warn(_overflow_note(run.job.compute, "the inputs are"))
     run.record["scan_seconds"] = comm.allreduce(scan + time.perf_counter() - t0, op=MPI.MAX)
     run.timeline.mark("NaN/Inf scan")
 
@@ -1117,14 +1116,19 @@ def _nonfinite_notes(operands: dict, dtype) -> list[str]:
     product overflowed."""
     counts = {name: int((~np.isfinite(x)).sum()) for name, x in operands.items()}
     notes = [_nonfinite_note(name, bad) for name, bad in counts.items() if bad]
-    return notes or [f"the product has NaN/Inf values (or values near the end of the "
-                     f"{dtype.name} range) though {' and '.join(operands)} are finite: it "
-                     "overflowed"]
+    return notes or [_overflow_note(dtype, f"{' and '.join(operands)} are")]
 
 
 def _nonfinite_note(name: str, count: int) -> str:
     """The warning of `count` NaN/Inf values in the input `name`."""
     return f"{name} contains {count} NaN/Inf value(s); the product will contain NaN/Inf too"
+
+
+def _overflow_note(dtype, finite: str) -> str:
+    """The warning of a product with NaN/Inf values though its inputs
+    (`finite`: "the inputs are") are finite."""
+    return (f"the product has NaN/Inf values (or values near the end of the "
+            f"{np.dtype(dtype).name} range) though {finite} finite: it overflowed")
 
 
 @settings.entry_point
