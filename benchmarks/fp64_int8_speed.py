@@ -124,10 +124,11 @@ def main() -> int:
                 saved = dict(os.environ)
                 os.environ.update(dict(kv.split("=", 1) for kv in setting.split(",") if kv))
                 try:
-                    sec = _best(lambda: ozaki_gpu.gemm(1.0, a, b, c, moduli=count,
-                                                       backend=backend), args.repeat)
+                    scheme = ozaki_gpu.Scheme(moduli=count)
+                    sec = _best(lambda: ozaki_gpu.gemm(1.0, a, b, c, backend=backend,
+                                                       scheme=scheme), args.repeat)
                     marks = []
-                    ozaki_gpu.gemm(1.0, a, b, c, moduli=count, backend=backend, marks=marks)
+                    ozaki_gpu.gemm(1.0, a, b, c, backend=backend, scheme=scheme, marks=marks)
                     cp.cuda.Device().synchronize()
                 except Exception as exc:  # noqa: BLE001 -- e.g. out of memory: say so, go on
                     emit({"what": "summa fp64-int8", "n": n, "data": data, "moduli": moduli,

@@ -673,7 +673,8 @@ def test_fp64_int8_folds_in_groups_of_any_size_give_the_same_product(comm, rng, 
     cp = backend.xp
     a, b = rng.uniform(-1, 1, (257, 300)), rng.standard_normal((300, 130))
     dc = cp.empty((257, 130))
-    ozaki_gpu.gemm(1.0, cp.asarray(a), cp.asarray(b), dc, backend=backend, planes=int(planes))
+    ozaki_gpu.gemm(1.0, cp.asarray(a), cp.asarray(b), dc, backend=backend,
+                   scheme=ozaki_gpu.Scheme(planes=int(planes)))
     want = ozaki.gemm_int8(a, b)
     assert np.all(np.abs(cp.asnumpy(dc) - want) <= 2 * np.spacing(np.abs(want)))
 

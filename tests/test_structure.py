@@ -17,10 +17,10 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "summa"
 PRIVATE_IMPORTS_ALLOWED: set = set()
 
 #: Modules where ``global`` stays: options' one explicit cache of the parsed
-#: settings, and two things a process has one of: its pool of worker ranks
-#: (started by the first call, reused by the next, closed at exit) and the
-#: watchdog of the step it is in (read by ``watch()`` anywhere below).
-GLOBAL_ALLOWED = {"summa.options", "summa.pool", "summa.runtime.watchdog"}
+#: settings. (What a process has one of, its pool of worker ranks and its
+#: running watchdog, sits in an attribute of one module-level object each:
+#: summa.pool's and summa.runtime.watchdog's ``_slot``.)
+GLOBAL_ALLOWED = {"summa.options"}
 
 #: Backend names are compared in backend selection only: get_backend's choice
 #: and summa.device.traits, the one description of a name.

@@ -268,18 +268,33 @@ class _Pool:
         shutil.rmtree(self._folder, ignore_errors=True)
 
 
-_pool: _Pool | None = None
+class _Slot:
+    """Where this process's pool is held: module state, because a process has
+    one pool (started by the first call, reused by the next, closed at exit
+    by :func:`close`), which no caller passes along. One object whose
+    attribute is set, not a name rebound with ``global``.
+
+    Attributes
+    ----------
+    pool : _Pool or None
+        The running pool, if any.
+    """
+
+    def __init__(self):
+        self.pool: _Pool | None = None
+
+
+_slot = _Slot()
 
 
 def _get(size: int, warm: str = "auto") -> _Pool:
     """The pool of `size` workers: this process's, or one launched now (not
     yet connected: its workers start while the caller prepares the arrays)."""
-    global _pool
-    if _pool is not None and _pool.size != size:
+    if _slot.pool is not None and _slot.pool.size != size:
         close()
-    if _pool is None:
-        _pool = _Pool(size, warm)
-    return _pool
+    if _slot.pool is None:
+        _slot.pool = _Pool(size, warm)
+    return _slot.pool
 
 
 def start(gpus=None, workers=None, backend: str = "auto") -> int:
@@ -299,8 +314,7 @@ def start(gpus=None, workers=None, backend: str = "auto") -> int:
 
 def close() -> None:
     """Stop the pool's workers (at exit; also after a failure, by killing them)."""
-    global _pool
-    pool, _pool = _pool, None
+    pool, _slot.pool = _slot.pool, None
     if pool is not None:
         try:
             pool.stop()
@@ -337,7 +351,6 @@ def _ctrl_c_as_flag():
 
 def matmul(a, b, size: int, out=None, **options):
     """``op(a) @ op(b)`` on a pool of `size` workers (see the module)."""
-    global _pool
     # As they are: a shared array's view would lose its name.
     a, b = (x if isinstance(x, np.ndarray) else np.asarray(x) for x in (a, b))
     from ..api.arrays import check_arrays
@@ -384,7 +397,7 @@ def matmul(a, b, size: int, out=None, **options):
         if reach:
             pool.remote = True
     except BaseException:  # a raise, a death, Ctrl-C: no worker is left running
-        _pool = None
+        _slot.pool = None
         pool.kill()
         raise
     if stats is not None:

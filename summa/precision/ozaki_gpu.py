@@ -27,6 +27,7 @@ float64 formulas), so the two agree (tests/test_gpu.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 
 import numpy as np
@@ -34,13 +35,38 @@ import numpy as np
 from .. import options
 from . import ozaki
 
-__all__ = ["gemm", "PanelSums", "grid_exponents", "panel_sums_bytes", "panel_sums_apply",
-           "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli",
+__all__ = ["gemm", "Scheme", "PanelSums", "grid_exponents", "panel_sums_bytes",
+           "panel_sums_apply", "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli",
            "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
 
 #: Integer products folded per pass (each pass reads the two sums once; 8
 #: measured no faster in the fold-variants probe, `fold_probe.py` at aaff378).
 PLANES = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheme:
+    """How a product runs the scheme, beside its operands: what
+    :func:`gemm`, :class:`PanelSums` and :func:`grid_exponents` take (the
+    defaults: the module's).
+
+    Attributes
+    ----------
+    bits : int
+        The most bits any row of A or column of B keeps
+        (:func:`summa.precision.ozaki.choose`; default
+        :data:`summa.precision.ozaki.BITS`).
+    moduli : int or None
+        How many moduli: fewer trade accuracy for speed
+        (:func:`summa.precision.ozaki.choose`); None: :func:`moduli_for`'s (the
+        current options', else the default for the product's K).
+    planes : int
+        Integer products folded a pass (default :data:`PLANES`).
+    """
+
+    bits: int = ozaki.BITS
+    moduli: int | None = None
+    planes: int = PLANES
 
 
 # Rows on the grid's y axis and columns on x: no 64-bit division per element
@@ -404,18 +430,39 @@ def moduli_for(k: int, moduli: int | None = None) -> int:
     return ozaki.choose(ozaki.BITS, _asked(moduli), min(k, ozaki.K_EXACT))[1]
 
 
-class _Folds:
-    """The folds of a product's `count` integer products (int32 planes of
-    ``m x np_``, their pitch `n` padded to 4) into ``c = alpha a @ b + beta
-    c``, `planes` of them a pass: :attr:`groups` lists each pass's first
-    plane and count; :meth:`fold` passes over group j's planes, the first
-    starting the two float64 sums, the last writing C itself where C's rows
-    are contiguous; :meth:`finish` ends the product otherwise (a transposed
-    view of C goes through the finish kernel)."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Encoding:
+    """A product's moduli and scaling exponents: what its folds rebuild C
+    from, beside the integer products.
 
-    def __init__(self, m: int, n: int, count: int, planes: int, e, f, constants,
-                 alpha, beta, c):
+    Attributes
+    ----------
+    count : int
+        How many moduli (the first of :data:`summa.precision.ozaki.MODULI`).
+    constants : dict
+        Their device constants (:func:`_constants` of `count`).
+    e, f : device arrays
+        The int32 scaling exponents of A's rows and of B's columns.
+    """
+
+    count: int
+    constants: dict
+    e: object
+    f: object
+
+
+class _Folds:
+    """The folds of a product's ``encoding.count`` integer products (int32
+    planes of ``m x np_``, their pitch `n` padded to 4) into ``c = alpha a @
+    b + beta c``, `planes` of them a pass: :attr:`groups` lists each pass's
+    first plane and count; :meth:`fold` passes over group j's planes, the
+    first starting the two float64 sums, the last writing C itself where C's
+    rows are contiguous; :meth:`finish` ends the product otherwise (a
+    transposed view of C goes through the finish kernel)."""
+
+    def __init__(self, m: int, n: int, planes: int, encoding: _Encoding, alpha, beta, c):
         import cupy
+        count, constants = encoding.count, encoding.constants
         self.m, self.n, self.np_, self.constants = m, n, -(-n // 4) * 4, constants
         self.planes = max(1, min(int(planes), count))
         self.groups = [(l0, min(self.planes, count - l0)) for l0 in range(0, count, self.planes)]
@@ -424,8 +471,8 @@ class _Folds:
         self.s_hi = cupy.empty(sums, dtype=cupy.float64)
         self.s_lo = cupy.empty(sums, dtype=cupy.float64)
         weights = constants["weights"]
-        self.ends = (e, f, weights["m_hi"], weights["m_lo"], np.int32(weights["t"]),
-                     np.float64(alpha), np.float64(beta), c,
+        self.ends = (encoding.e, encoding.f, weights["m_hi"], weights["m_lo"],
+                     np.int32(weights["t"]), np.float64(alpha), np.float64(beta), c,
                      np.int64(c.strides[0] // c.itemsize))
 
     def fold(self, j: int, g) -> None:
@@ -448,27 +495,39 @@ class _Folds:
                           m_hi, m_lo, t, float(alpha), float(beta), c)
 
 
-def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = None,
-         backend=None, planes: int = PLANES, marks: list | None = None) -> None:
+def gemm(alpha, a, b, c, beta=0.0, *, backend=None, scheme: Scheme = Scheme(),
+         marks: list | None = None) -> None:
     """``c = alpha a @ b + beta c`` in float64 from INT8 GEMMs (the module's
-    steps). `a`, `b`, `c` float64 CuPy arrays (views with contiguous rows
-    fine); `backend` a :class:`summa.device.backend.CupyBackend` (its INT8 GEMM and
-    transpose); `moduli` (default :func:`moduli_for`'s) trades accuracy for
-    speed (:func:`summa.precision.ozaki.choose`); `marks` collects ``(phase, event)`` pairs
-    for timing.
+    steps).
+
+    Parameters
+    ----------
+    alpha, beta : scalar
+    a, b, c : CuPy arrays
+        float64 or complex128 (complex: four real products); views with
+        contiguous rows fine. `c` is updated in place.
+    backend : summa.device.backend.CupyBackend
+        Its INT8 GEMM and transpose.
+    scheme : Scheme
+        Bits, moduli (default :func:`moduli_for`'s: fewer trade accuracy for
+        speed) and products folded a pass.
+    marks : list, optional
+        Collects ``(phase, event)`` pairs for timing (:func:`phase_seconds`);
+        float64 products only.
     """
     import cupy
     m, k = a.shape
     n = b.shape[1]
     if a.dtype.kind == "c" or b.dtype.kind == "c":
-        _complex(alpha, a, b, c, beta, bits, moduli, backend, planes)
+        _complex(alpha, a, b, c, beta, backend, scheme)
         return
     if k > ozaki.K_EXACT:  # pieces an int32 sum holds, each accumulated
         for i, k0 in enumerate(range(0, k, ozaki.K_EXACT)):
             gemm(alpha, a[:, k0:k0 + ozaki.K_EXACT], b[k0:k0 + ozaki.K_EXACT], c,
-                 beta if i == 0 else 1.0, bits, moduli, backend, planes, marks)
+                 beta if i == 0 else 1.0, backend=backend, scheme=scheme, marks=marks)
         return
-    bits, count = ozaki.choose(bits, _asked(moduli), k)  # checked as the caller asked
+    # checked as the caller asked
+    bits, count = ozaki.choose(scheme.bits, _asked(scheme.moduli), k)
     constants = _constants(count)
     cap_a, cap_b = ozaki.budgets(count, k)
 
@@ -490,7 +549,7 @@ def gemm(alpha, a, b, c, beta=0.0, bits: int = ozaki.BITS, moduli: int | None = 
     f, b8 = _b_side(b, count, bits, cap_b, np_, kp, constants, backend)  # (n,), B's planes
     a8 = _residues(a, e, count, m, kp, constants)
     mark("residues")
-    folds = _Folds(m, n, count, planes, e, f, constants, alpha, beta, c)
+    folds = _Folds(m, n, scheme.planes, _Encoding(count, constants, e, f), alpha, beta, c)
     # One buffer of products: folds on a stream of their own beside the next
     # group's GEMMs (two buffers) gained nothing (`fold_probe.py` at aaff378:
     # 1.091x against 1.101x over native).
@@ -513,15 +572,27 @@ class PanelSums:
     so the result is the one :func:`gemm` makes of the whole product on
     one GPU, and nothing needs checking panel by panel. Device memory:
     :func:`panel_sums_bytes`.
+
+    Parameters
+    ----------
+    m, n, k : int
+        C's shape and the terms of its sums (all of K).
+    exponents : tuple
+        ``(e, f)`` of :func:`grid_exponents`.
+    backend : summa.device.backend.CupyBackend
+        Its INT8 GEMM and transpose.
+    scheme : Scheme
+        As :func:`grid_exponents` took it (bits and moduli), and the
+        products folded a pass.
     """
 
-    def __init__(self, m: int, n: int, k: int, exponents, backend, bits: int = ozaki.BITS,
-                 moduli: int | None = None, planes: int = PLANES):
+    def __init__(self, m: int, n: int, k: int, exponents, backend, scheme: Scheme = Scheme()):
         import cupy
         if k > ozaki.K_EXACT:
             raise ValueError(f"K = {k} exceeds the {ozaki.K_EXACT} an int32 sum holds")
-        _, self.count = ozaki.choose(bits, _asked(moduli), k)  # as grid_exponents chose
-        self.m, self.n, self.k, self.backend, self.planes = m, n, k, backend, planes
+        # as grid_exponents chose
+        _, self.count = ozaki.choose(scheme.bits, _asked(scheme.moduli), k)
+        self.m, self.n, self.k, self.backend, self.planes = m, n, k, backend, scheme.planes
         self.np_ = -(-n // 4) * 4
         self.constants = _constants(self.count)
         self.sums = cupy.empty((self.count, m, self.np_), dtype=cupy.int32)
@@ -557,22 +628,25 @@ class PanelSums:
             return
         if not self.started:  # K = 0: the product is zero
             self.sums.fill(0)
-        folds = _Folds(m, n, count, self.planes, self.e, self.f, self.constants, alpha, beta, c)
+        folds = _Folds(m, n, self.planes, _Encoding(count, self.constants, self.e, self.f),
+                       alpha, beta, c)
         for j, (l0, _) in enumerate(folds.groups):  # the planes lie in the sums already
             folds.fold(j, self.sums[l0:])
         folds.finish()
 
 
-def grid_exponents(a, b, row_comm, col_comm, k: int, bits: int = ozaki.BITS,
-                   moduli: int | None = None):
+def grid_exponents(a, b, row_comm, col_comm, k: int, scheme: Scheme = Scheme()):
     """``(e, f)``: the scaling exponents of the rows of A and the columns of
     B over all of K, where each rank holds a block of them (`a`: its rows of
     A, its K columns; `b`: its K rows of B, its columns), the same on every
     rank of a grid row (`row_comm`, A's rows) or column (`col_comm`, B's
     columns) as one GPU's whole product would take (:func:`gemm`): two
-    allreduces of a number a row each way. Collective; Inf/NaN refused as
-    in :func:`gemm` (inside :func:`checked_later`, at its end)."""
-    _, count = ozaki.choose(bits, _asked(moduli), k)
+    allreduces of a number a row each way. `scheme`'s bits and moduli (the
+    :class:`PanelSums` given these exponents takes the same). Collective;
+    Inf/NaN refused as in :func:`gemm` (inside :func:`checked_later`, at its
+    end)."""
+    bits = scheme.bits
+    _, count = ozaki.choose(bits, _asked(scheme.moduli), k)
     cap_a, cap_b = ozaki.budgets(count, k)
     return _exponents(a, 1, bits, cap_a, row_comm), _exponents(b, 0, bits, cap_b, col_comm)
 
@@ -588,19 +662,20 @@ def phase_seconds(marks: list) -> dict:
     return seconds
 
 
-def _complex(alpha, a, b, c, beta, bits, moduli, backend, planes) -> None:
+def _complex(alpha, a, b, c, beta, backend, scheme: Scheme) -> None:
     """complex128 ``c = alpha a @ b + beta c`` from four real products
-    (:func:`summa.precision.ozaki.complex_product`), accumulated in place."""
+    (:func:`summa.precision.ozaki.complex_product`, each :func:`gemm` with
+    `backend` and `scheme`), accumulated in place."""
     import cupy
     m, n = a.shape[0], b.shape[1]
     ar, ai = cupy.ascontiguousarray(a.real), cupy.ascontiguousarray(a.imag)
     br, bi = cupy.ascontiguousarray(b.real), cupy.ascontiguousarray(b.imag)
     real = cupy.empty((m, n), dtype=cupy.float64)
     imag = cupy.empty((m, n), dtype=cupy.float64)
-    gemm(1.0, ar, br, real, 0.0, bits, moduli, backend, planes)
-    gemm(-1.0, ai, bi, real, 1.0, bits, moduli, backend, planes)
-    gemm(1.0, ar, bi, imag, 0.0, bits, moduli, backend, planes)
-    gemm(1.0, ai, br, imag, 1.0, bits, moduli, backend, planes)
+    gemm(1.0, ar, br, real, 0.0, backend=backend, scheme=scheme)
+    gemm(-1.0, ai, bi, real, 1.0, backend=backend, scheme=scheme)
+    gemm(1.0, ar, bi, imag, 0.0, backend=backend, scheme=scheme)
+    gemm(1.0, ai, br, imag, 1.0, backend=backend, scheme=scheme)
     product = real + 1j * imag
     if beta == 0:
         c[...] = alpha * product

@@ -29,13 +29,31 @@ __all__ = ["Watchdog", "watch", "handle_signals", "STOPPING", "wait_if_stopping"
            "timeout_from_env", "EXIT_TIMEOUT"]
 
 EXIT_TIMEOUT = 124
-_active = None  # the running Watchdog, if any
+
+
+class _Slot:
+    """Where the running :class:`Watchdog` is held: module state, because a
+    process runs one at a time and :func:`watch` must find it from any code
+    below it, where nothing passes it along. One object whose attribute is
+    set, not a name rebound with ``global``.
+
+    Attributes
+    ----------
+    active : Watchdog or None
+        The running watchdog, if any.
+    """
+
+    def __init__(self):
+        self.active: Watchdog | None = None
+
+
+_slot = _Slot()
 
 
 @contextmanager
 def watch(description: str):
     """Mark the enclosed code as one step that may wait on other ranks."""
-    dog = _active
+    dog = _slot.active
     if dog is None:
         yield
         return
@@ -77,14 +95,12 @@ class Watchdog:
         self._thread = threading.Thread(target=self._run, name="summa-watchdog", daemon=True)
 
     def __enter__(self) -> "Watchdog":
-        global _active
-        _active = self
+        _slot.active = self
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        global _active
-        _active = None
+        _slot.active = None
         self._stop.set()
         self._thread.join()
 

@@ -348,7 +348,7 @@ def test_the_sweeps_final_wait_is_a_watchdog_step(comm, rng, monkeypatch):
     from summa.execution import outofcore
     steps = []
     monkeypatch.setattr(outofcore._HostMover, "finish",
-                        lambda self: steps.append(wd._active._step[0]))
+                        lambda self: steps.append(wd._slot.active._step[0]))
     host = NumpyBackend()
     with ProcessGrid(comm) as grid, wd.Watchdog(60, comm):
         A, B = (DistMatrix.random(s, "float64", grid, host, seed=i)

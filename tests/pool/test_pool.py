@@ -62,13 +62,13 @@ def test_a_failing_worker_ends_the_call_with_one_error_and_the_pool_starts_anew(
         rng, monkeypatch, action, match):
     a, b = random_array(rng, (50, 40), "float64"), random_array(rng, (40, 30), "float64")
     summa.matmul(a, b, workers=3, backend="numpy")  # a pool to break
-    before = dict(pool._pool.pids)
-    held = held_files([*before.values(), *pool._pool.parents])
+    before = dict(pool._slot.pool.pids)
+    held = held_files([*before.values(), *pool._slot.pool.parents])
     assert held  # MPI's shared memory: a killed worker cannot remove it, the caller does
     monkeypatch.setenv("SUMMA_INJECT_FAULT", f"summa:1:{action}")
     with pytest.raises(pool.WorkerError, match=match):
         summa.matmul(a, b, workers=3, backend="numpy", out_of_core=True, panel_width=4)
-    assert pool._pool is None
+    assert pool._slot.pool is None
     assert not [p for p in before.values() if process_alive(p)]  # no worker left running
     assert existing(held) == []
     monkeypatch.delenv("SUMMA_INJECT_FAULT")
@@ -81,7 +81,7 @@ def test_bad_input_is_a_value_error_before_anything_is_spawned(rng):
     pool.close()
     with pytest.raises(ValueError, match="inner dimensions"):
         summa.matmul(a, a, workers=2, backend="numpy")
-    assert pool._pool is None
+    assert pool._slot.pool is None
     with pytest.raises(ValueError, match="at least one worker"):
         summa.matmul(a, a.T, workers=0, backend="numpy")
 
@@ -94,7 +94,7 @@ def test_a_worker_that_does_not_answer_ends_the_call_after_the_timeout(rng, monk
     # same SUMMA_TIMEOUT) may end the job first: either way one error, nothing hangs
     with pytest.raises(pool.WorkerError, match=r"did not answer in 2 s|died"):
         summa.matmul(a, a, workers=2, backend="numpy", out_of_core=True, panel_width=4)
-    assert pool._pool is None
+    assert pool._slot.pool is None
 
 
 def test_many_calls_leave_no_processes_files_or_memory_behind(rng):
@@ -104,12 +104,12 @@ def test_many_calls_leave_no_processes_files_or_memory_behind(rng):
     a, b = random_array(rng, (64, 64), "float64"), random_array(rng, (64, 64), "float64")
     for _ in range(5):  # allocators and caches settle
         summa.matmul(a, b, workers=2, backend="numpy")
-    pids, files = dict(pool._pool.pids), _shared_files()
+    pids, files = dict(pool._slot.pool.pids), _shared_files()
     before = {pid: _resident(pid) for pid in [os.getpid(), *pids.values()]}
     for _ in range(100):
         c = summa.matmul(a, b, workers=2, backend="numpy")
         del c
-    assert pool._pool.pids == pids and _shared_files() == files
+    assert pool._slot.pool.pids == pids and _shared_files() == files
     grown = {pid: _resident(pid) - rss for pid, rss in before.items()}
     assert all(g < 16 << 20 for g in grown.values()), grown
 
@@ -134,7 +134,7 @@ def test_an_idle_pool_sleeps_and_wakes_at_once(rng):
     a, b = random_array(rng, (64, 64), "float64"), random_array(rng, (64, 64), "float64")
     summa.matmul(a, b, workers=2, backend="numpy")
     warm = min(_timed(summa.matmul, a, b, workers=2, backend="numpy") for _ in range(3))
-    job = [pool._pool.proc.pid, *pool._pool.pids.values(), *pool._pool.parents]
+    job = [pool._slot.pool.proc.pid, *pool._slot.pool.pids.values(), *pool._slot.pool.parents]
     before, t0 = {pid: _cpu_seconds(pid) for pid in job}, time.monotonic()
     time.sleep(3)
     share = {pid: (_cpu_seconds(pid) - used) / (time.monotonic() - t0)
@@ -164,7 +164,7 @@ _CALLER = textwrap.dedent("""
         while True:
             summa.matmul(a, a, workers=2, backend="numpy", out_of_core=True, panel_width=8)
     except KeyboardInterrupt:
-        print("interrupted", pool._pool is None or how == "loop", flush=True)
+        print("interrupted", pool._slot.pool is None or how == "loop", flush=True)
 """)
 
 
@@ -271,7 +271,7 @@ def test_no_room_for_the_copies_says_how_to_need_none(rng, monkeypatch):
         with pytest.raises(ValueError, match=r"has less than .* free for a shared array.*"
                                              r"summa\.host\.empty.*mmap_mode"):
             summa.matmul(a, a.T.copy(), workers=2, backend="numpy")
-    assert pool._pool is None and launched[0].proc.poll() is not None  # no job left
+    assert pool._slot.pool is None and launched[0].proc.poll() is not None  # no job left
     c = summa.matmul(a, a.T.copy(), workers=2, backend="numpy")
     assert gemm_scaled_error(np.asarray(c), a, a.T.copy()) <= 1
 
@@ -315,7 +315,7 @@ def test_workers_that_may_not_read_the_caller_get_copies(rng, monkeypatch):
     stats = summa.SummaStats()
     c = summa.matmul(a, b, workers=2, backend="numpy", stats=stats)
     assert gemm_scaled_error(np.asarray(c), a, b) <= 1
-    assert stats.extra["pool_reads_caller"] is False and pool._pool.remote is False
+    assert stats.extra["pool_reads_caller"] is False and pool._slot.pool.remote is False
     c = summa.matmul(b.T.copy(), a.T.copy(), workers=2, backend="numpy", stats=stats)
     assert gemm_scaled_error(np.asarray(c), b.T, a.T) <= 1
 
@@ -344,17 +344,17 @@ def test_soak_random_calls_interrupts_and_killed_workers_leave_nothing(rng, monk
     processes, rss = len(job_pids(os.getpid())), _resident(os.getpid())
     segments, outcomes = set(), {"done": 0, "interrupted": 0, "worker died": 0}
     for _ in range(calls):
-        if pool._pool is not None:
-            segments |= pool._pool.segments
+        if pool._slot.pool is not None:
+            segments |= pool._slot.pool.segments
         outcomes[_one_soak_call(rng, monkeypatch)] += 1
     summa.matmul(np.ones((8, 8)), np.ones((8, 8)), workers=2, backend="numpy")
-    current = pool._pool.segments
+    current = pool._slot.pool.segments
     assert len(job_pids(os.getpid())) == processes, outcomes
     assert existing(segments - current) == [], outcomes
     assert [f for f in _shared_files() if f.startswith(f"summa-{os.getpid()}-")] == []
-    folders = [f for f in os.listdir(os.path.dirname(pool._pool._folder))
+    folders = [f for f in os.listdir(os.path.dirname(pool._slot.pool._folder))
                if f.startswith("summa-pool-")]
-    assert folders == [os.path.basename(pool._pool._folder)]
+    assert folders == [os.path.basename(pool._slot.pool._folder)]
     assert _resident(os.getpid()) - rss < 64 << 20, outcomes
     assert outcomes["done"] > 0
 

@@ -30,7 +30,7 @@ def test_every_grouping_of_the_folds_gives_the_cpu_product(rng, ozaki_gpu, plane
     backend = fake_cupy_kernels.Backend()
     a, b = rng.uniform(-1, 1, (37, 61)), rng.standard_normal((61, 23))  # K, N not multiples of 4
     c = np.empty((37, 23))
-    ozaki_gpu.gemm(1.0, a, b, c, backend=backend, planes=int(planes))
+    ozaki_gpu.gemm(1.0, a, b, c, backend=backend, scheme=ozaki_gpu.Scheme(planes=int(planes)))
     count = ozaki.default_moduli(ozaki.BITS, 61)
     assert backend.gemms == count and _close(c, ozaki.gemm_int8(a, b))
     launches = {name: ozaki_gpu._kernels[name].launches if name in ozaki_gpu._kernels else 0
@@ -46,7 +46,8 @@ def test_a_product_into_columns_apart_ends_in_the_finish_pass(rng, ozaki_gpu, pl
     a, b = rng.uniform(-1, 1, (21, 30)), rng.standard_normal((30, 17))
     whole = rng.uniform(-1, 1, (17, 21)).T  # C's columns contiguous, not its rows
     c0 = whole.copy()
-    ozaki_gpu.gemm(2.0, a, b, whole, beta=-1.0, backend=backend, planes=int(planes))
+    ozaki_gpu.gemm(2.0, a, b, whole, beta=-1.0, backend=backend,
+                   scheme=ozaki_gpu.Scheme(planes=int(planes)))
     assert _close(whole, 2.0 * ozaki.gemm_int8(a, b) - c0)
     assert "fold_finish" not in ozaki_gpu._kernels and "finish" in ozaki_gpu._kernels
 
@@ -75,7 +76,8 @@ def test_complex_products_moduli_and_refusals(rng, ozaki_gpu):
     assert np.all(np.abs(c - 2 * ozaki.gemm_int8(a, b)) <= 1e-14)
     real = rng.uniform(-1, 1, (8, 40))
     out = np.empty((8, 8))
-    ozaki_gpu.gemm(1.0, real, real.T.copy(), out, moduli=10, backend=backend)
+    ozaki_gpu.gemm(1.0, real, real.T.copy(), out, backend=backend,
+                   scheme=ozaki_gpu.Scheme(moduli=10))
     assert _close(out, ozaki.gemm_int8(real, real.T.copy(), moduli=10))
     bad = real.copy()
     bad[2, 3] = np.nan
@@ -84,6 +86,25 @@ def test_complex_products_moduli_and_refusals(rng, ozaki_gpu):
     empty = np.full((8, 8), 3.0)
     ozaki_gpu.gemm(1.0, real[:, :0], real.T[:0].copy(), empty, beta=0.5, backend=backend)
     assert np.all(empty == 1.5)
+
+
+def test_a_scheme_reaches_each_real_product_of_a_complex_one_in_k_pieces(rng, ozaki_gpu,
+                                                                         monkeypatch):
+    """A Scheme's bits, moduli and planes reach the four real products of a
+    complex one and each piece of K: every piece's 10 INT8 GEMMs folded 3 a
+    pass, and the CPU's product of the same bits and moduli."""
+    monkeypatch.setattr(ozaki, "K_EXACT", 16)
+    backend = fake_cupy_kernels.Backend()
+    a = rng.uniform(-1, 1, (12, 33)) + 1j * rng.uniform(-1, 1, (12, 33))
+    b = rng.uniform(-1, 1, (33, 9)) + 1j * rng.uniform(-1, 1, (33, 9))
+    c = np.zeros((12, 9), dtype=complex)
+    ozaki_gpu.gemm(2.0, a, b, c, backend=backend,
+                   scheme=ozaki_gpu.Scheme(bits=30, moduli=10, planes=3))
+    products = 4 * 3  # four real products, three pieces of K each
+    assert backend.gemms == products * 10
+    launches = sum(ozaki_gpu._kernels[name].launches for name in ("fold", "fold_finish"))
+    assert launches == products * -(-10 // 3)
+    assert np.all(np.abs(c - 2 * ozaki.gemm_int8(a, b, bits=30, moduli=10)) <= 1e-14)
 
 
 def test_row_strips_inside_same_b_make_b_once_and_give_the_whole_product(rng, ozaki_gpu):

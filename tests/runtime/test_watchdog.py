@@ -23,7 +23,7 @@ from test_cli import ROOT, job, mpiexec
 def test_watch_is_a_no_op_without_a_watchdog():
     with wd.watch("anything"):
         pass
-    assert wd._active is None
+    assert wd._slot.active is None
 
 
 def test_watchdog_names_the_step_that_stalled(monkeypatch):
