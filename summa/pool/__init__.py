@@ -14,7 +14,8 @@ a local socket and then only waits, so it can never be caught in a
 collective that a dead worker will not join. (``MPI.COMM_SELF.Spawn`` was
 tried first: with MPICH a worker that fails takes the spawning process down
 with it.) A worker that raises or dies ends the call with one exception
-naming the rank and the cause; the job is then ended and the next call
+naming the rank and the cause (a worker that died, where one did, rather
+than the MPI error its death left the others); the job is then ended and the next call
 starts a new pool; SUMMA_TIMEOUT seconds without an answer does the same.
 Ctrl-C raises KeyboardInterrupt once the job is ended (a second or so). The
 workers wait for a call asleep, each on its socket (no CPU while idle), and
@@ -183,32 +184,55 @@ class _Pool:
         (KeyboardInterrupt once `interrupted`, an Event, is set)."""
         from multiprocessing.connection import wait
         from ..runtime.watchdog import timeout_from_env
-        self._send(("matmul", spec))
+        # with the workers' pids: one that fails names those it finds dead
+        self._send(("matmul", spec, dict(self.pids)))
         timeout, last = timeout_from_env(), time.monotonic()
-        open_conns = list(self.conns.values())
+        ranks = {conn: rank for rank, conn in self.conns.items()}
+        ended: list[int] = []  # ranks whose connection ended, in the order seen
         while True:
             if interrupted is not None and interrupted.is_set():
                 raise KeyboardInterrupt
+            open_conns = [conn for conn, rank in ranks.items() if rank not in ended]
             ready = wait(open_conns, timeout=0.05) if open_conns else time.sleep(0.05) or []
+            reports = []  # the errors read together: which came first is decided on all
             for conn in ready:
                 try:
                     answer = conn.recv()
                 except (EOFError, OSError):
-                    open_conns.remove(conn)  # that rank ended: its error, if any, came first
+                    ended.append(ranks[conn])  # that rank ended: its error, if any, came first
                     continue
                 if answer[0] == "done":
                     return answer[1]
                 if answer[0] == "no-remote":  # they cannot read the caller: ask again
                     return None
-                _, rank, kind, message, detail = answer
-                if kind == "ValueError":
-                    raise ValueError(message)
-                raise WorkerError(f"worker rank {rank} failed: {kind}: {message}\n{detail}")
-            if self.proc.poll() is not None or not open_conns:
-                raise WorkerError(self._death())
+                reports.append(answer)
+            if reports:
+                raise self._failure(reports)
+            if self.proc.poll() is not None or len(ended) == len(ranks):
+                raise WorkerError(self._death(ended))
             if timeout and time.monotonic() - last > timeout:
                 raise WorkerError(f"the pool's workers did not answer in {timeout:g} s "
                                   "(SUMMA_TIMEOUT); the pool is stopped")
+
+    def _failure(self, reports: list) -> Exception:
+        """The exception the workers' error reports `reports` (read together)
+        end the call with.
+
+        Of them the first sent counts: one that found no other reporter dead
+        (a worker reports, then ends). A peer it found dead is named first, as
+        the cause: a worker killed mid-call leaves the others an MPI error,
+        which one of them may report before this process sees the death. The
+        report follows; a ValueError (bad input) with no death is raised as
+        itself."""
+        reporters = {report[1] for report in reports}
+        _, rank, kind, message, detail, dead = next(
+            (report for report in reports if not reporters.intersection(report[5])), reports[0])
+        failed = f"worker rank {rank} failed: {kind}: {message}\n{detail}"
+        if dead:
+            return WorkerError(f"{self._death(dead)}\nthen {failed}")
+        if kind == "ValueError":
+            return ValueError(message)
+        return WorkerError(failed)
 
     def _send(self, command) -> None:
         """`command` to every worker: each waits for the next on its own
@@ -216,8 +240,11 @@ class _Pool:
         for conn in self.conns.values():
             conn.send(command)
 
-    def _death(self) -> str:
-        dead = [r for r, pid in self.pids.items() if not process_alive(pid)]
+    def _death(self, ranks=()) -> str:
+        """Whom the call lost: the first of `ranks` (workers seen to end, or
+        found dead by the one that failed, in that order: the launcher ends
+        the others after the first), else any worker no longer running."""
+        dead = list(ranks) or [r for r, pid in self.pids.items() if not process_alive(pid)]
         who = f"worker rank {dead[0]} (pid {self.pids[dead[0]]})" if dead else "a worker"
         return f"{who} died; the pool is stopped and starts anew on the next call"
 

@@ -7,7 +7,8 @@ to the pool's owner (process OWNER) at ADDRESS (a local socket; the key comes
 in ``SUMMA_POOL_KEY``) and waits there, asleep, for each command; all run it
 (a multiply of shared arrays, :mod:`summa.host.shared`), and rank 0 answers
 ``("done", record)``. A rank that fails answers ``("error", rank, type,
-message, traceback)`` and ends with a non-zero status, which ends the job:
+message, traceback, dead)``, `dead` the ranks it found no longer running
+(:func:`_dead_peers`), and ends with a non-zero status, which ends the job:
 the others may be inside a collective it will never join. The owner then
 starts a new pool. A signal (the owner stopping the job) or the owner's end
 (killed, even mid-call) ends each worker at once, removing MPI's shared
@@ -26,8 +27,9 @@ from ..runtime.cleanup import process_alive
 from ..device.traits import traits
 
 
-def serve(conn, world) -> None:
-    """Run the owner's commands until it says stop (or goes away)."""
+def serve(conn, world, peers: dict) -> None:
+    """Run the owner's commands until it says stop (or goes away); `peers`
+    gets every rank's pid, which the owner sends with each call."""
     from mpi4py import MPI
 
     from ..host import shared as host, remote
@@ -40,6 +42,7 @@ def serve(conn, world) -> None:
         if command[0] == "stop":
             return
         spec = command[1]
+        peers.update(command[2])
         settings = Options.from_json(spec["settings"])  # the caller's
         parts = [spec[x] for x in "abc"]
         owners = [p["remote"] for p in parts if isinstance(p, dict) and "remote" in p]
@@ -84,6 +87,51 @@ def _answer(conn, message) -> None:
         conn.send(message)
     except OSError as exc:
         raise _OwnerGone from exc
+
+
+#: Seconds a worker whose MPI call failed looks for the peer whose end caused
+#: it: the peer's sockets close, which is how this worker learns, a moment
+#: before the peer shows as dead.
+DEATH_GRACE = 1.0
+
+
+def _report(conn, rank: int, peers: dict, exc: BaseException) -> None:
+    """Tell the owner that this worker failed with `exc`, and which of
+    `peers` (``{rank: pid}``) have died.
+
+    They are looked for here, before this worker ends: once it has, the
+    launcher ends the others, and the owner could no longer tell a peer that
+    died first (the likely cause of `exc`) from one the launcher ended."""
+    detail = "".join(traceback.format_exception(exc)[-6:])
+    dead = _dead_peers(peers, rank, DEATH_GRACE if _from_mpi(exc) else 0.0)
+    try:
+        conn.send(("error", rank, type(exc).__name__, str(exc), detail, dead))
+    except OSError:
+        pass
+
+
+def _dead_peers(peers: dict, rank: int, grace: float) -> list[int]:
+    """The ranks of `peers` (``{rank: pid}``) other than `rank` that are no
+    longer running, looked for during up to `grace` seconds until one is."""
+    deadline = time.monotonic() + grace
+    while True:
+        dead = [r for r, pid in sorted(peers.items()) if r != rank and not process_alive(pid)]
+        if dead or time.monotonic() >= deadline:
+            return dead
+        time.sleep(0.01)
+
+
+def _from_mpi(exc: BaseException | None) -> bool:
+    """Is `exc`, or an exception it arose from, an MPI error (what a peer
+    that vanished mid-call leaves the others)?"""
+    from mpi4py import MPI
+    seen = set()
+    while exc is not None and id(exc) not in seen:  # a context chain may loop
+        if isinstance(exc, MPI.Exception):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _attach(host, where, shape, dtype, transposed: bool = False):
@@ -178,16 +226,13 @@ def main(argv=None) -> int:
     conn = Client(args[0], authkey=bytes.fromhex(key))
     conn.send(("hello", world.Get_rank(), os.getpid(), os.getppid(), mapped_segments()))
     _warm(world, current().pool_warm)
+    peers: dict[int, int] = {}
     try:
-        serve(conn, world)
+        serve(conn, world, peers)
     except _OwnerGone:  # nothing to answer (an OSError of the multiply is told, below)
         _owner_gone(owner) if not process_alive(owner) else os._exit(1)
     except BaseException as exc:  # noqa: BLE001 -- told to the owner, then the job ends
-        detail = "".join(traceback.format_exception(exc)[-6:])
-        try:
-            conn.send(("error", world.Get_rank(), type(exc).__name__, str(exc), detail))
-        except OSError:
-            pass
+        _report(conn, world.Get_rank(), peers, exc)
         from ..runtime.cleanup import hard_exit
         hard_exit(1)  # no MPI_Finalize: the others may be stuck in a collective
     conn.close()

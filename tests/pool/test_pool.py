@@ -76,6 +76,80 @@ def test_a_failing_worker_ends_the_call_with_one_error_and_the_pool_starts_anew(
     assert gemm_scaled_error(c, a, b) <= 1
 
 
+def _dead_child():
+    """A child process that has ended and is not yet reaped: its pid stays
+    taken (a signal to it is harmless) and it no longer counts as running."""
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    while process_alive(child.pid):
+        time.sleep(0.01)
+    return child
+
+
+def test_a_worker_found_dead_is_the_cause_even_when_another_reports_first(rng, monkeypatch):
+    """A worker killed mid-call leaves the others an MPI error, which one of
+    them may report before this process has seen the death (the dead one's
+    connection not yet ended, the launcher still running): the call's error
+    names the dead worker as the cause, and the report after it. Here the
+    dead worker is a stand-in the pool is told of, and rank 1 fails at once."""
+    a, b = random_array(rng, (50, 40), "float64"), random_array(rng, (40, 30), "float64")
+    summa.matmul(a, b, workers=2, backend="numpy")
+    dead = _dead_child()
+    try:
+        pool._pool.pids[2] = dead.pid
+        monkeypatch.setenv("SUMMA_INJECT_FAULT", "summa:1:raise")
+        with pytest.raises(pool.WorkerError, match=rf"^worker rank 2 \(pid {dead.pid}\) died; "
+                                                   r".*\nthen worker rank 1 failed: RuntimeError: "
+                                                   r"injected fault"):
+            summa.matmul(a, b, workers=2, backend="numpy", out_of_core=True, panel_width=4)
+    finally:
+        dead.wait()
+    assert pool._pool is None
+
+
+def test_a_worker_whose_mpi_call_failed_waits_briefly_for_the_peer_behind_it(monkeypatch):
+    """A peer's sockets close a moment before it shows as dead: a worker
+    whose MPI call failed looks for a dead peer for a while before it
+    reports; its own errors it reports at once."""
+    from multiprocessing import Pipe
+
+    from mpi4py import MPI
+
+    from summa.pool import worker
+    monkeypatch.setattr(worker, "DEATH_GRACE", 30.0)  # the peer dies well within it
+    try:
+        raise RuntimeError("the multiply failed") from MPI.Exception(MPI.ERR_OTHER)
+    except RuntimeError as exc:
+        from_mpi = exc
+    ours, theirs = Pipe()
+    dying = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    try:
+        peers = {0: os.getpid(), 1: dying.pid}
+        t0 = time.monotonic()
+        worker._report(theirs, 0, peers, RuntimeError("its own fault"))
+        assert ours.recv()[-1] == []  # else it would have waited for the death: [1]
+        worker._report(theirs, 0, peers, from_mpi)
+        assert ours.recv()[-1] == [1] and time.monotonic() - t0 < worker.DEATH_GRACE
+    finally:
+        dying.wait()
+
+
+def test_of_errors_read_together_the_one_sent_first_counts():
+    """A worker that fails reports, then ends; the launcher then ends the
+    others, and one may report an MPI error, finding the first dead, before
+    this process has read the first report: both are read together, and the
+    first one sent is the call's error, not a death."""
+    stand_in = object.__new__(pool._Pool)
+    stand_in.pids = {0: 100, 1: 101}
+    first = ("error", 1, "RuntimeError", "its own fault", "", [])
+    then = ("error", 0, "Exception", "See the MPI_ERROR field", "", [1])
+    for reports in ([then, first], [first, then]):
+        error = stand_in._failure(reports)
+        assert str(error).startswith("worker rank 1 failed: RuntimeError: its own fault"), error
+    death = str(stand_in._failure([then])).split("\n")
+    assert death[0].startswith("worker rank 1 (pid 101) died; ") and \
+        death[1].startswith("then worker rank 0 failed: Exception: See the MPI_ERROR"), death
+
+
 def test_bad_input_is_a_value_error_before_anything_is_spawned(rng):
     a = random_array(rng, (5, 4), "float64")
     pool.close()
