@@ -249,8 +249,9 @@ def references(cell: dict, gpu: bool) -> dict:
         refs["bare_seconds"] = _bare_fp64_int8_seconds(m, n, k)
     import numpy as np
     size = np.dtype(dtype).itemsize
-    up, down = _staged_rates()
-    pinned_up, pinned_down = _link_rates()
+    moved = min(2 * GiB, max(64 << 20, (m * k + k * n + m * n) * size))
+    up, down = _staged_rates(moved)
+    pinned_up, pinned_down = _link_rates(moved)
     refs.update(staged_h2d_bytes_per_second=up, staged_d2h_bytes_per_second=down,
                 h2d_bytes_per_second=pinned_up, d2h_bytes_per_second=pinned_down,
                 transfer_seconds=(m * k + k * n) * size / up + m * n * size / down)
@@ -314,11 +315,11 @@ def _staged_rates(nbytes: int = 2 * GiB) -> tuple[float, float]:
     import numpy as np
     from summa.device.staging import stager_for
     stager = stager_for(cp.cuda.Device().id)
-    host = np.ones(nbytes, np.uint8)
-    device = cp.empty(nbytes, np.uint8)
+    host = np.ones((max(1, nbytes // (1 << 17)), 1 << 14))  # rows of 128 KiB, as a call's
+    device = cp.empty(host.shape)
     up = calls.best_device_seconds(lambda: stager.upload(device, host).wait())
     down = calls.best_device_seconds(lambda: stager.download(host, device).wait())
-    return nbytes / up, nbytes / down
+    return host.nbytes / up, host.nbytes / down
 
 
 def cupy_cell(row: dict) -> dict:

@@ -95,7 +95,7 @@ def test_a_worker_found_dead_is_the_cause_even_when_another_reports_first(rng, m
     summa.matmul(a, b, workers=2, backend="numpy")
     dead = _dead_child()
     try:
-        pool._pool.pids[2] = dead.pid
+        pool._slot.pool.pids[2] = dead.pid
         monkeypatch.setenv("SUMMA_INJECT_FAULT", "summa:1:raise")
         with pytest.raises(pool.WorkerError, match=rf"^worker rank 2 \(pid {dead.pid}\) died; "
                                                    r".*\nthen worker rank 1 failed: RuntimeError: "
@@ -103,7 +103,7 @@ def test_a_worker_found_dead_is_the_cause_even_when_another_reports_first(rng, m
             summa.matmul(a, b, workers=2, backend="numpy", out_of_core=True, panel_width=4)
     finally:
         dead.wait()
-    assert pool._pool is None
+    assert pool._slot.pool is None
 
 
 def test_a_worker_whose_mpi_call_failed_waits_briefly_for_the_peer_behind_it(monkeypatch):
