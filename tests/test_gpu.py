@@ -1122,3 +1122,38 @@ def test_fp64_int8_takes_every_layout(comm, rng, la, lb):
 
 def _int8_capable() -> bool:
     return get_backend("cupy").has_int8_tensor_cores()
+
+
+_FIRST_CALLS = """
+import sys, numpy as np, summa
+from summa.execution.algorithm import SummaStats
+rng = np.random.default_rng()
+a, b = rng.uniform(-1, 1, (300, 200)), rng.uniform(-1, 1, (200, 100))
+seconds = []
+for call in range(2):
+    stats = SummaStats()
+    c = summa.matmul(a, b, precision="fp64-int8", backend="cupy", stats=stats)
+    assert np.abs(c - a @ b).max() <= 1e-12 * 200, "wrong product"
+    seconds.append(stats.extra["compile_seconds"])
+print(*seconds)
+"""
+
+
+def test_fp64_int8_first_call_reports_its_kernels_compiling_apart(tmp_path):
+    """A fresh process with an empty CuPy kernel cache compiles fp64-int8's
+    kernels before its first call's product and says how long it took
+    (stats' ``compile_seconds``); its second call compiles nothing."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    if not _int8_capable():
+        pytest.skip("no INT8 tensor cores")
+    env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / "kernels"), SUMMA_WORKERS="1",
+               PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    done = subprocess.run([sys.executable, "-c", _FIRST_CALLS], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, second = map(float, done.stdout.split()[-2:])
+    assert first > 0 and second == 0, (first, second)
+    assert any((tmp_path / "kernels").iterdir())  # kept on disk for the next process

@@ -837,15 +837,21 @@ def run_planned(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     one GEMM where they lie (:func:`run_on_device`, resident plans: no grid,
     `pgrid` None), or :func:`run_arrays` over the grid `pgrid` on host
     arrays (operands on a GPU copied to host memory first); collective.
+    Kernels compiled on first use (fp64-int8's) are made ready first,
+    their seconds in `stats`' ``extra["compile_seconds"]``.
     Returns the product on the root as the caller's kind of array
     (:meth:`summa.api.operands.Operands.give_back`), None elsewhere."""
     given = operands.given  # None off the root
+    compiled = be.prepare(plan.precision, plan.dtype)  # its own figure, not the product's
     if plan.placement.resident:
-        return given.give_back(run_on_device(plan, be, given, alpha, stats), be)
-    host = operands  # off the root: as passed (the pool's workers hold the arrays on every rank)
-    if given is not None:
-        host = ArrayOperands(*given.host_arrays(be), operands.root)
-    c = run_arrays(plan, pgrid, be, host, alpha, stats, called)
+        c = run_on_device(plan, be, given, alpha, stats)
+    else:
+        host = operands  # off the root: as passed (the pool's workers hold the arrays on every rank)
+        if given is not None:
+            host = ArrayOperands(*given.host_arrays(be), operands.root)
+        c = run_arrays(plan, pgrid, be, host, alpha, stats, called)
+    if stats is not None:
+        stats.extra["compile_seconds"] = compiled
     return c if given is None else given.give_back(c, be)
 
 

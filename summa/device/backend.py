@@ -208,6 +208,11 @@ class Backend:
     def synchronize(self) -> None:
         """Wait for all queued device work (no-op on NumPy)."""
 
+    def prepare(self, precision, dtype) -> float:
+        """Make ready what products of `dtype` in `precision` compile on
+        first use in this process; seconds it took (0: nothing to do)."""
+        return 0.0
+
     def has_int8_tensor_cores(self) -> bool:
         """Can this backend's device multiply int8 on tensor cores?"""
         return False
@@ -708,6 +713,15 @@ class CupyBackend(Backend):
 
     def synchronize(self):
         self.xp.cuda.Device(self.device).synchronize()
+
+    def prepare(self, precision, dtype) -> float:
+        """fp64-int8's kernels compiled (or loaded from CuPy's cache on disk)
+        before a run (:func:`summa.precision.ozaki_gpu.ready`)."""
+        if precision != "fp64-int8" or not self.has_int8_tensor_cores():
+            return 0.0
+        from ..precision import ozaki_gpu
+        with self.xp.cuda.Device(self.device):
+            return ozaki_gpu.ready(dtype, self)
 
     @contextlib.contextmanager
     def compute_stream(self):
