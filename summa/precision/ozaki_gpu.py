@@ -189,7 +189,7 @@ def _kernel(name: str):
 
 def ready(dtype, backend) -> float:
     """Compile (or load from CuPy's kernel cache on disk) every kernel a
-    `dtype` product takes, by one small product, the first time in this
+    `dtype` product takes, by small products, the first time in this
     process; seconds it took (0 after). On a fresh machine the kernels took
     5.5 s of NVRTC in the first call of float64 40960³ under 24 GiB (11.7 s,
     the second 3.8: a cProfile of the call); CuPy keeps them on disk, so a
@@ -202,14 +202,17 @@ def ready(dtype, backend) -> float:
     if key in _kernels:
         return 0.0
     began = time.perf_counter()
-    k = ozaki.K_NATIVE + 4
     rng = cupy.random.default_rng(0)
-    a, b = (rng.uniform(-1, 1, shape) for shape in ((8, k), (k, 16)))
-    if dtype.kind == "c":
-        a, b = a + 1j * a, b - 1j * b
-    wide = cupy.zeros((8, 24), dtype=a.dtype)
-    gemm(1.0, a, b, wide[:, :16], 0.5, backend=backend)  # a view of C, as a tile's strip
-    gemm(1.0, a, b, cupy.zeros((8, 16), dtype=a.dtype), 0.0, backend=backend)
+    # CuPy compiles a reduction again for another block size (by the length
+    # reduced) and an elementwise kernel for another number of dimensions
+    # (contiguous or a view): long rows and a strip of C, as the sweep's are.
+    for (m, k, n), strip in (((8, ozaki.K_NATIVE + 4, 16), True), ((1024, 1028, 1024), False),
+                             ((1024, 1028, 1024), True)):
+        a, b = rng.uniform(-1, 1, (m, k)), rng.uniform(-1, 1, (k, n))
+        if dtype.kind == "c":
+            a, b = a + 1j * a, b - 1j * b
+        c = cupy.zeros((m, n + 8 * strip), dtype=a.dtype)[:, :n]
+        gemm(1.0, a, b, c, 0.5 if strip else 0.0, backend=backend)
     cupy.cuda.get_current_stream().synchronize()
     _kernels[key] = True
     return time.perf_counter() - began
