@@ -16,7 +16,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
-import numpy as np
 from mpi4py import MPI
 
 from .. import options
@@ -33,10 +32,10 @@ from ..planning.selection import export_blocks, pick_broadcasters
 from .strips import check_schedule, multiply_strips, strip_bounds
 from ..device.traits import traits
 from .transpose import PanelsOfA
-from ..planning.tuning import auto_panel_width, default_panel_width, transposes_a
+from ..planning.tuning import panel_width_for, transposes_a
 from ..runtime.watchdog import watch
 
-__all__ = ["summa", "gemm", "SummaStats", "default_panel_width"]
+__all__ = ["summa", "gemm", "SummaStats"]
 
 
 @dataclass
@@ -125,7 +124,7 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
         # "auto" times GEMMs of K panels; strips cut columns, which cost nothing
         # measurable (split_probe.py): the default width serves.
         panel_width = None
-    panel_width, measured = _panel_width(A, B, C, panel_width, precision)
+    panel_width, measured = panel_width_for(A, B, C, panel_width, precision)
     if int(lookahead) < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
@@ -309,7 +308,7 @@ def prepare(A: DistMatrix, B: DistMatrix, C: DistMatrix, panel_width=None,
     grid), an ``"auto"`` panel width (measured once per problem), and with
     direct copies the peers' blocks opened. Collective.
     """
-    width, _ = _panel_width(A, B, C, panel_width, precision)
+    width, _ = panel_width_for(A, B, C, panel_width, precision)
     row_bc, col_bc = pick_broadcasters(A, B, C,
                                         panel_schedule(A.layout.cols, B.layout.rows, width),
                                         broadcaster, precision)
@@ -352,23 +351,6 @@ def _panel_sums(A, B, C, precision, strips, panels, lookahead):
     from ..precision.ozaki_gpu import PanelSums, grid_exponents
     exponents = grid_exponents(A.local, B.local, grid.row_comm, grid.col_comm, k)
     return PanelSums(m, n, k, exponents, C.backend)
-
-
-def _panel_width(A, B, C, panel_width, precision) -> tuple[int, bool]:
-    """The panel width to use (the backend's default for None; measured for
-    ``"auto"``), and whether it was measured in this call."""
-    backend, grid = C.backend, C.grid
-    measured = False
-    if panel_width is None:
-        panel_width = default_panel_width(backend.name, C.dtype, precision)
-    elif isinstance(panel_width, str) and panel_width == "auto":
-        if grid.size == 1:  # one rank runs a single GEMM: nothing to choose
-            panel_width = default_panel_width(backend.name, C.dtype, precision)
-        else:
-            panel_width, measured = auto_panel_width(A, B, C, precision)
-    if not isinstance(panel_width, (int, np.integer)) or panel_width < 1:
-        raise ValueError(f"panel width must be an integer >= 1 or 'auto', got {panel_width!r}")
-    return int(panel_width), measured
 
 
 _OPS = ("N", "T", "H")

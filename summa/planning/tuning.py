@@ -18,7 +18,8 @@ from mpi4py import MPI
 from ..execution.transpose import PanelsOfA
 from ..device.traits import traits
 
-__all__ = ["default_panel_width", "auto_panel_width", "transposes_a", "CANDIDATE_WIDTHS"]
+__all__ = ["default_panel_width", "auto_panel_width", "panel_width_for", "transposes_a",
+           "CANDIDATE_WIDTHS"]
 
 #: Widths ``auto`` considers (those wider than K are dropped).
 CANDIDATE_WIDTHS = (256, 512, 1024, 2048, 4096, 8192)
@@ -149,3 +150,22 @@ def _elementwise_max(x, y, datatype=None):
 
 
 _elementwise_max = MPI.Op.Create(_elementwise_max, commute=True)
+
+
+def panel_width_for(A, B, C, panel_width, precision) -> tuple[int, bool]:
+    """The panel width SUMMA on DistMatrix operands A, B, C uses (the
+    backend's default for None; measured for ``"auto"``, once per problem),
+    and whether it was measured in this call: the DistMatrix entry points'
+    one decision of the planner's (a Plan's width is already an int)."""
+    backend, grid = C.backend, C.grid
+    measured = False
+    if panel_width is None:
+        panel_width = default_panel_width(backend.name, C.dtype, precision)
+    elif isinstance(panel_width, str) and panel_width == "auto":
+        if grid.size == 1:  # one rank runs a single GEMM: nothing to choose
+            panel_width = default_panel_width(backend.name, C.dtype, precision)
+        else:
+            panel_width, measured = auto_panel_width(A, B, C, precision)
+    if not isinstance(panel_width, (int, np.integer)) or panel_width < 1:
+        raise ValueError(f"panel width must be an integer >= 1 or 'auto', got {panel_width!r}")
+    return int(panel_width), measured
