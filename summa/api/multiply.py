@@ -13,6 +13,7 @@ and integer files need ``dtype``.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 import time
 import warnings
@@ -1103,6 +1104,27 @@ def matmul(A, B, device=None, **kwargs):
         raise TypeError("device applies to host-held DistMatrix operands; for arrays give "
                         "backend= (GPU arrays are multiplied on the GPU they lie on)")
     return _warned(A, B, kwargs)
+
+
+def _matmul_signature() -> inspect.Signature:
+    """What :func:`matmul` takes, for ``help()`` and ``inspect``: its
+    keywords pass on to :func:`matmul_arrays`, :func:`summa.gemm` or
+    :func:`host_matmul`, which check them (each takes those that apply)."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    defaults = {"alpha": 1.0, "trans_a": "N", "trans_b": "N", "out": None, "comm": None,
+                "root": 0, "grid": None, "backend": "auto", "gpus": None, "workers": None,
+                "out_of_core": None, "device_memory": None, "panel_width": None,
+                "lookahead": 1, "broadcaster": "auto", "precision": None, "moduli": None,
+                "schedule": "panels", "stats": None, "topology": None, "options": None,
+                "C": None, "beta": 0.0, "progress": None}
+    positional = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                    **({"default": None} if name == "device" else {}))
+                  for name in ("A", "B", "device")]
+    return inspect.Signature(positional + [inspect.Parameter(name, keyword, default=value)
+                                           for name, value in defaults.items()])
+
+
+matmul.__signature__ = _matmul_signature()
 
 
 def _warned(a, b, kwargs: dict):

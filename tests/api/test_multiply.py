@@ -628,3 +628,26 @@ def test_a_host_block_reads_the_callers_array_where_it_lies(dtype):
                 tracemalloc.stop()
             assert np.shares_memory(block, x) and made < x.nbytes // 4, (trans, made)
             np.testing.assert_array_equal(block, want)
+
+
+def test_help_of_summa_matmul_shows_every_keyword_its_paths_take():
+    """``help(summa.matmul)`` shows real parameters (not ``**kwargs``): each
+    one documented and taken by the path it applies to, and every keyword
+    those paths take shown, with the defaults they use."""
+    import inspect
+    import summa
+    from summa.api import multiply
+    from summa.execution.algorithm import gemm
+    shown = inspect.signature(summa.matmul).parameters
+    taken = {}
+    for target in (multiply.matmul_arrays, gemm, multiply.host_matmul):
+        for name, p in inspect.signature(target).parameters.items():
+            if p.kind is not p.VAR_KEYWORD and name not in ("a", "b", "A", "B", "device"):
+                taken.setdefault(name, p.default)
+    taken.update({name: shown[name].default for name in multiply._MATMUL_OPTIONS
+                  if name not in taken}, options=None)
+    assert set(shown) - {"A", "B", "device"} == set(taken)
+    for name, default in taken.items():
+        if default is not inspect.Parameter.empty and name != "stats":
+            assert shown[name].default == default, name
+        assert f"\n    {name}" in summa.matmul.__doc__ or f", {name}" in summa.matmul.__doc__, name
