@@ -819,7 +819,8 @@ def plan_arrays(operands: ArrayOperands, comm, request: PlanRequest = PlanReques
     if isinstance(meta, str):
         raise ValueError(meta)
     m, n, k, dtype, placement = meta
-    plan = make_plan((m, n, k), dtype, Machine.live(comm, be), grid=request.grid,
+    # (the nodes the grid will see: the copy threads share them)
+    plan = make_plan((m, n, k), dtype, Machine.live(comm, be, topology), grid=request.grid,
                      trans_a=trans_a, trans_b=trans_b, host_held=True,
                      out_of_core=request.out_of_core, device_memory=request.device_memory,
                      panel_width=request.panel_width, lookahead=request.lookahead,

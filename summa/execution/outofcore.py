@@ -51,7 +51,7 @@ from .pipeline import local_parts, wait_for_panel
 from ..planning.memory import FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SHARE, TAIL_SMALLEST
 from ..planning.planner import Machine, Plan, make_plan, restage
 from ..planning.selection import grid_broadcasters
-from ..device.staging import Transfer, copy_threads, get_stager
+from ..device.staging import Transfer, get_stager
 from ..host.storage import as_rows, copyable_rows, pitch, rows_shape
 from .transpose import PanelsOfA
 from ..runtime.watchdog import watch
@@ -110,9 +110,10 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
         Broadcaster between the devices (``--comm``).
     host_copies : {"stage", "lock"}, optional
         How host blocks that are not page-locked reach the GPU (default
-        ``SUMMA_HOST_COPIES``, else ``"stage"``): ``"stage"``
+        ``SUMMA_HOST_COPIES``, else ``"stage"``; the plan settles it): ``"stage"``
         through a ring of page-locked chunks filled and drained by host
-        threads (:mod:`summa.device.staging`; nothing to do before the first GEMM),
+        threads (:mod:`summa.device.staging`; as many as the plan's
+        ``copy_threads``; nothing to do before the first GEMM),
         or ``"lock"``: page-lock the whole blocks first, for as long as they
         live, and copy directly (pays once, for blocks multiplied again and
         again, as ``bench`` does). Page-locking A and B in the background
@@ -143,8 +144,10 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
         the Plan run (``extra["plan"]``, :meth:`summa.planning.Plan.as_dict`).
     """
     _check_sweep(alpha, A, B, beta, C, device, precision)
+    # (the grid's node: the copy threads share its cores with its other ranks)
     plan = make_plan((A.shape[0], B.shape[1], A.shape[1]), C.dtype,
-                     Machine(device.name, C.grid.size), grid=C.grid.shape, out_of_core=True,
+                     Machine(device.name, C.grid.size, ranks_on_node=C.grid.local_size),
+                     grid=C.grid.shape, out_of_core=True,
                      device_memory=int(device_budget), panel_width=panel_width,
                      lookahead=lookahead, precision=precision, broadcaster=comm,
                      host_copies=host_copies)
@@ -156,9 +159,10 @@ def run_out_of_core(plan: Plan, operands: SweepOperands, device, *, alpha=1.0, b
                     progress=None, fresh_c: bool = False) -> SummaStats:
     """``C <- alpha * A @ B + beta * C`` as `plan` (:func:`summa.planning.make_plan`,
     out of core) says: its tiles, panel width, slots, lookahead, precision,
-    broadcaster and host copies. The broadcasters are made here; where they
-    stage panels (ipc) and the plan did not count that, the plan is taken
-    for them (:func:`summa.planning.restage`). `operands`
+    broadcaster, and on GPUs its host copies and their threads. The
+    broadcasters are made here; where they stage panels (ipc) and the plan
+    did not count that, the plan is taken for them
+    (:func:`summa.planning.restage`). `operands`
     (:class:`SweepOperands`): A, B, C and where given `own_copies`; the
     other arguments as for :func:`summa_out_of_core`."""
     A, B, C, own_copies = operands.A, operands.B, operands.C, operands.own_copies
@@ -181,12 +185,9 @@ def run_out_of_core(plan: Plan, operands: SweepOperands, device, *, alpha=1.0, b
     ml, nl = C.local.shape
     tiles = [(i0, i1, j0, j1) for i0, i1 in _bounds(ml, memory.tiles[0])
              for j0, j1 in _bounds(nl, memory.tiles[1])]
-    host_copies = plan.host_copies or options.current().host_copies
-    if host_copies not in ("stage", "lock"):
-        raise ValueError(f"host_copies must be stage or lock, got {host_copies!r}")
     if fresh_c and beta != 0:
         raise ValueError("fresh_c needs beta == 0: C's old values would be lost")
-    mover = (_CudaMover(device, C.dtype, host_copies, copy_threads(grid.local_size))
+    mover = (_CudaMover(device, C.dtype, plan.host_copies, plan.copy_threads)
              if device.is_gpu else _HostMover(device, C.dtype))
     panels = panel_schedule(A.layout.cols, B.layout.rows, plan.panel_width)
     panels = _head_pieces(panels, mover.overlaps, precision)
@@ -242,6 +243,12 @@ def _check_plan(plan: Plan, A, B, C, device) -> None:
     if have != planned:
         raise ValueError(f"the plan is for (m, n, k), grid, dtype, device {planned}, "
                          f"not {have}")
+    # make_plan settles both for GPUs; a plan without them was made otherwise
+    if device.is_gpu and (plan.host_copies not in options.HOST_COPIES
+                          or not plan.copy_threads):
+        raise ValueError(f"a GPU's plan says how host copies go and on how many threads "
+                         f"(make_plan), not host_copies={plan.host_copies!r}, "
+                         f"copy_threads={plan.copy_threads!r}")
 
 
 def _sweep_stats(stats: SummaStats, plan: Plan, mover, row_bc, col_bc) -> None:

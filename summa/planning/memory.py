@@ -124,6 +124,12 @@ class Execution:
     staged : tuple
         ``(row, column)``: out of core, whether that direction's broadcasts
         pass each slot through a staging buffer (copy engines, ``ipc``).
+    copy_threads : int or None
+        Out of core on GPUs: the host copy threads per rank
+        (:attr:`summa.planning.Plan.copy_threads`), whose ring of page-locked
+        chunks is counted (:func:`summa.device.staging.ring_bytes`). None:
+        one rank's count on this host, for memory plans made outside
+        :func:`summa.planning.make_plan`, which always says.
     """
 
     lookahead: int = 1
@@ -133,6 +139,7 @@ class Execution:
     schedule: str = "panels"
     precision: object = None
     staged: tuple = (False, False)
+    copy_threads: int | None = None
 
 
 def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
@@ -216,7 +223,7 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
         slots += 1
     device = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged,
                            emulated) * item
-    ring = ring_bytes(copy_threads(1)) if kind.gpu else 0
+    ring = ring_bytes(execution.copy_threads or copy_threads(1)) if kind.gpu else 0
     return MemoryPlan("out-of-core", device, blocks * item, (int(tm), int(tn)), int(nb),
                       (int(tiles[0]), int(tiles[1])), slots, transposed, staged, ring)
 

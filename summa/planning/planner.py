@@ -25,7 +25,10 @@ from .memory import (FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SMALLEST, Executi
 from ..host.storage import transposed
 from ..execution.strips import check_schedule
 from .tuning import default_panel_width
+from ..device import staging
 from ..device.traits import traits
+from ..distribution.topology import topology_of
+from .. import options
 
 __all__ = ["Machine", "Placement", "Plan", "make_plan", "restage", "host_traffic"]
 
@@ -49,6 +52,11 @@ class Machine:
     free_device : int, optional
         Bytes free on each rank's device, where known without asking (a
         machine planned from afar); None: unknown, nothing checked against it.
+    ranks_on_node : int, optional
+        Ranks on this rank's node, which share its cores (the host copy
+        threads divide them: :func:`summa.device.staging.copy_threads`);
+        None: all `ranks` on one node, as a machine planned from afar is
+        taken to be (``summa plan`` plans its broadcasts so too).
     comm, device : MPI.Comm and Backend, optional
         This machine (:meth:`live`): its ranks and their device, asked for
         their free memory and checked against the nodes' host memory.
@@ -57,13 +65,24 @@ class Machine:
     backend: str = "numpy"
     ranks: int = 1
     free_device: int | None = None
+    ranks_on_node: int | None = None
     comm: object = field(default=None, compare=False, repr=False)
     device: object = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def live(cls, comm, device) -> "Machine":
-        """The ranks of `comm` with their `device` (a Backend)."""
-        return cls(device.name, comm.Get_size(), comm=comm, device=device)
+    def live(cls, comm, device, topology=None) -> "Machine":
+        """The ranks of `comm` with their `device` (a Backend), their nodes
+        as `topology` says (:class:`summa.distribution.topology.Topology`;
+        default the one of `comm`, detected on a communicator's first use:
+        collective then), as the process grid of the run will see them."""
+        nodes = topology or topology_of(comm)
+        return cls(device.name, comm.Get_size(), ranks_on_node=nodes.local_size, comm=comm,
+                   device=device)
+
+    @property
+    def node_ranks(self) -> int:
+        """Ranks sharing this rank's node (:attr:`ranks_on_node`, else all)."""
+        return self.ranks_on_node or self.ranks
 
 
 @dataclass(frozen=True)
@@ -152,8 +171,17 @@ class Plan:
     broadcaster : str
         The broadcaster asked for (``auto`` resolves when the grid is made).
     host_copies : str or None
-        Out of core: how unlocked host blocks reach the device (None: the
-        sweep's default, :func:`summa.execution.outofcore.summa_out_of_core`).
+        Out of core on GPUs: how host blocks that are not page-locked reach
+        the device, ``"stage"`` or ``"lock"`` (as asked, else
+        ``SUMMA_HOST_COPIES``: :func:`summa.execution.outofcore.summa_out_of_core`);
+        None where nothing crosses a host link in tiles (CPUs, in memory).
+    copy_threads : int or None
+        Out of core on GPUs: host threads per rank that fill and drain the
+        page-locked chunks of the host copies
+        (:func:`summa.device.staging.copy_threads` of the ranks on a node,
+        ``SUMMA_COPY_THREADS`` where set), whose ring
+        ``memory.staging_bytes`` counts; of this rank, so the same on every
+        rank where the nodes are alike. None where `host_copies` is.
     panel_sums : int or None
         fp64-int8 in memory on a grid: device bytes of the panel sums where
         this product may sum its panels' INT8 products (used where the
@@ -198,6 +226,7 @@ class Plan:
     memory: MemoryPlan
     broadcaster: str = "auto"
     host_copies: str | None = None
+    copy_threads: int | None = None
     panel_sums: int | None = None
     placement: Placement = Placement()
     storage: tuple = ("rows", "rows")
@@ -256,6 +285,12 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
         ``(row, column)``: whether that direction's broadcasts stage panels
         through buffers of their own (copy engines, ``ipc``); see
         :func:`restage` for the run, where the broadcasters are made later.
+    host_copies : {"stage", "lock"}, optional
+        Out of core on GPUs, how host blocks reach the devices
+        (:attr:`Plan.host_copies`); default ``SUMMA_HOST_COPIES``. The plan
+        also takes the threads that copy them (:attr:`Plan.copy_threads`),
+        by the ranks on a node (:attr:`Machine.ranks_on_node`) and
+        ``SUMMA_COPY_THREADS``.
     predict, profile : bool, str
         Fill :attr:`Plan.predicted` by the model profile at `profile`
         (default the one shipped with summa): the time, its split
@@ -269,12 +304,14 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
     Raises
     ------
     ValueError
-        The same on every rank: a bad schedule, grid or moduli, a plan that
-        does not fit (in memory where out of core cannot be taken), a
-        budget too small for any tile, a host too small for the plan.
+        The same on every rank: a bad schedule, grid, moduli or
+        host_copies, a plan that does not fit (in memory where out of core
+        cannot be taken), a budget too small for any tile, a host too small
+        for the plan.
     """
     (m, n, k), dtype, lookahead = (int(x) for x in shape), np.dtype(dtype), int(lookahead)
     moduli = ozaki_gpu.check_moduli(moduli, precision)
+    copies = _host_copies(machine, host_copies)  # kept where the plan runs out of core
     grid = _grid(grid, machine, m, n, dtype, schedule)
     placement, fetched = placement or Placement(), None
     if placement.where != "host":
@@ -297,8 +334,9 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
     with ozaki_gpu.asked_moduli(moduli):  # the plans count their scratch
         memory, budget, note = _memory(machine, (m, n, k), dtype, grid, panel_width, lookahead,
                                        _MemoryAsk(out_of_core, device_memory, schedule,
-                                                  precision, staged))
+                                                  precision, staged, copies[1]))
         ooc = budget is not None
+        copies = copies if ooc else (None, None)
         width = _width(panel_width, machine.backend, dtype, precision, ooc, grid, schedule)
         if ooc and memory.chunk < min(width, k):  # a narrower one moves fewer bytes
             width = memory.chunk
@@ -306,8 +344,10 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
             isinstance(width, int) else None
     plan = Plan((m, n, k), dtype.name, machine.backend, machine.ranks, grid,
                 (str(trans_a).upper(), str(trans_b).upper()), schedule, ooc, width, lookahead,
-                precision, count, budget, memory, broadcaster, host_copies,
-                _panel_sums(memory, dtype, grid, (m, n, k), width, precision, schedule),
+                precision, count, budget, memory, broadcaster, host_copies=copies[0],
+                copy_threads=copies[1],
+                panel_sums=_panel_sums(memory, dtype, grid, (m, n, k), width, precision,
+                                       schedule),
                 placement=placement, note="; ".join(x for x in (fetched, note) if x) or None)
     if not predict:
         return plan
@@ -355,6 +395,23 @@ def _resident(machine: Machine, shape, dtype, trans, placement: Placement, asked
     return memory, None
 
 
+def _host_copies(machine: Machine, asked) -> tuple:
+    """``(host copies, copy threads)`` of an out-of-core plan on `machine`:
+    how host blocks that are not page-locked reach its GPUs (`asked`, else
+    ``SUMMA_HOST_COPIES``) and the host threads per rank that copy them, by
+    the cores of this process shared with the ranks on its node
+    (:func:`summa.device.staging.copy_threads`; for a machine planned from
+    afar, this host's cores: a profile records none). ``(None, None)`` on
+    CPUs, which multiply where the data lie. Raises ValueError for a way
+    that is not ``"stage"`` or ``"lock"``, the same on every rank."""
+    if asked is not None and asked not in options.HOST_COPIES:
+        raise ValueError(f"host_copies must be {' or '.join(options.HOST_COPIES)}, "
+                         f"got {asked!r}")
+    if not traits(machine.backend).gpu:
+        return None, None
+    return asked or options.current().host_copies, staging.copy_threads(machine.node_ranks)
+
+
 def restage(plan: Plan, staged: tuple) -> Plan:
     """`plan` for broadcasters that do (or do not) stage each direction's
     panels (``(row, column)``, ``ipc``): the broadcasters are made and
@@ -369,7 +426,8 @@ def restage(plan: Plan, staged: tuple) -> Plan:
         memory = memory_plan(m, n, k, plan.dtype, plan.grid, plan.panel_width,
                              Execution(plan.lookahead, plan.backend,
                                        device_budget=plan.device_budget, out_of_core=True,
-                                       precision=plan.precision, staged=staged))
+                                       precision=plan.precision, staged=staged,
+                                       copy_threads=plan.copy_threads))
     return replace(plan, memory=memory)
 
 
@@ -406,13 +464,15 @@ class _MemoryAsk:
     """What :func:`make_plan` was asked of memory (its arguments of the same
     names): where the product runs (`out_of_core`, `device_memory`), how K
     is cut (`schedule`), the GEMMs' `precision` and the broadcasters'
-    `staged` directions."""
+    `staged` directions; and the `copy_threads` of its host copies out of
+    core (:attr:`Plan.copy_threads`), whose page-locked ring it counts."""
 
     out_of_core: bool | None
     device_memory: object
     schedule: str
     precision: object
     staged: tuple
+    copy_threads: int | None = None
 
 
 def _memory(machine, shape, dtype, grid, panel_width, lookahead, asked: _MemoryAsk):
@@ -442,7 +502,7 @@ def _memory(machine, shape, dtype, grid, panel_width, lookahead, asked: _MemoryA
             note = f"the in-memory plan does not fit ({exc}); running out of core"
     budget = parse_bytes(device_memory) if device_memory else _free_budget(machine)
     memory = _out_of_core(shape, dtype, grid, panel_width, lookahead, backend,
-                          (budget, precision, staged))
+                          (budget, precision, staged, asked.copy_threads))
     if machine.comm is not None:
         check_host_memory(memory, machine.comm)
     return memory, budget, note
@@ -464,10 +524,10 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
     takes 3 x 1 tiles with 2048-wide panels (42.9 GB moved) where 4096 took
     4 x 1 (51.5 GB), the host link being what bounds it on one H200 (22.7 GB/s,
     ``summa.matmul`` at 0.55 of ``cupy.matmul``). `limits`: ``(device
-    budget, precision, staged)``; fp64-int8 keeps its width (its products
-    lose more to narrow panels than the bytes save)."""
+    budget, precision, staged, copy threads)``; fp64-int8 keeps its width
+    (its products lose more to narrow panels than the bytes save)."""
     m, n, k = shape
-    budget, precision, staged = limits
+    budget, precision, staged, threads = limits
     if _is_width(panel_width):
         widths = [int(panel_width)]
     else:
@@ -480,7 +540,8 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
         try:
             memory = memory_plan(m, n, k, dtype, grid, width,
                                  Execution(lookahead, backend, device_budget=budget,
-                                           out_of_core=True, precision=precision, staged=staged))
+                                           out_of_core=True, precision=precision, staged=staged,
+                                           copy_threads=threads))
         except ValueError as exc:  # too small for this width's tiles: maybe a narrower
             refusal = refusal or exc
             continue
@@ -727,19 +788,22 @@ def _lines(plan: Plan) -> list[str]:
                      f"where its device also holds the sums ({plan.panel_sums / gib:.2f} GiB "
                      "beside its blocks and panels); else a fold a panel, as counted above")
     if memory.staging_bytes:
+        threads = plan.copy_threads
         lines.append(f"  host copies pass through {memory.staging_bytes / 2**20:.0f} MiB of "
-                     "page-locked chunks; summa.matmul on NumPy arrays reads A and B where they "
-                     "lie, so its extra host memory is C "
-                     f"({m * n * np.dtype(plan.dtype).itemsize / gib:.2f} GiB, or none with "
-                     "out=) and those chunks")
+                     f"page-locked chunks, filled and drained by {threads} copy "
+                     f"thread{'s' * (threads != 1)} a rank (SUMMA_COPY_THREADS); summa.matmul "
+                     "on NumPy arrays reads A and B where they lie, so its extra host "
+                     f"memory is C ({m * n * np.dtype(plan.dtype).itemsize / gib:.2f} GiB, or "
+                     "none with out=) and those chunks")
     if plan.predicted:
         lines += _prediction_lines(plan)
     lines += _storage_lines(plan)
     decided = (f"  decided: {plan.schedule}, op(A) {plan.trans[0]}, op(B) {plan.trans[1]}, "
                f"broadcaster {plan.broadcaster}, precision {plan.precision or 'default'}")
     if plan.out_of_core:
-        decided += (f", device budget {plan.device_budget / gib:.2f} GiB, host copies "
-                    f"{plan.host_copies or 'default'}")
+        decided += f", device budget {plan.device_budget / gib:.2f} GiB"
+    if plan.host_copies:
+        decided += f", host copies {plan.host_copies}"
     lines.append(decided)
     if plan.placement.where != "host":
         lines.append(f"  {plan.placement}")

@@ -455,7 +455,8 @@ def test_plan_command(comm):
     assert cli.main(["plan", "--size", "100000", "--ranks", "2", "--dtype", "float32",
                      "--device-memory", "16GiB", "--comm", "nccl"], comm, nccl) == 0
     if comm.rank == 0:
-        assert "stage" not in nccl.getvalue()
+        assert "copy-engine broadcasts (ipc) stage" not in nccl.getvalue()
+        assert "host copies stage" in nccl.getvalue()  # the host's, whatever the broadcasts
         peak = [float(re.search(r"device ([\d.]+) GiB", o.getvalue()).group(1))
                 for o in (out, nccl)]
         assert peak[1] < peak[0] <= 16
@@ -708,3 +709,50 @@ def test_fp64_int8_never_streams_c_as_one_tile_where_it_has_rows_to_cut():
     assert planner._ooc_tiles(32768, 32768, 16384, 3, budget, emulated=0) == (1, 1)
     assert planner._ooc_tiles(32768, 32768, 16384, 3, budget, emulated=1) == (2, 1)
     assert planner._ooc_tiles(1, 32768, 16384, 3, budget, emulated=1) == (1, 1)
+
+
+
+class _HostAsGpu(NumpyBackend):
+    """The NumPy backend under a GPU's name: the sweep takes its GPU branch
+    (a GPU's plan, its mover) while the arrays stay NumPy's (one rank: the
+    broadcasters of several would copy "device" buffers as CuPy's)."""
+    name, is_gpu = "cupy", True
+
+
+def test_the_sweep_copies_on_the_threads_and_in_the_way_its_plan_says(rng, monkeypatch):
+    """The GPU's mover gets the plan's host copies and copy threads, not what
+    the options or the cores say when the sweep runs (the mover here: host
+    copies under a recording stand-in); a GPU's plan without them is refused."""
+    from dataclasses import replace
+    from mpi4py import MPI
+    from summa import options
+    from summa.device import staging
+    from summa.execution import outofcore
+    from summa.planning.planner import Machine, make_plan
+    m, n, k = 40, 36, 24
+    a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
+    host, device = NumpyBackend(), _HostAsGpu()
+    movers = []
+
+    def mover(device, dtype, host_copies, threads):
+        movers.append((host_copies, threads))
+        return outofcore._HostMover(device, dtype)
+    monkeypatch.setattr(outofcore, "_CudaMover", mover)
+    with ProcessGrid(MPI.COMM_SELF) as grid:
+        A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
+        with options.set(copy_threads=3, host_copies="lock"):
+            plan = make_plan((m, n, k), "float64", Machine("cupy", 1, ranks_on_node=1),
+                             out_of_core=True, device_memory=1 << 20, panel_width=8)
+        assert (plan.host_copies, plan.copy_threads) == ("lock", 3)
+        # what the sweep would find if it decided again when it runs
+        monkeypatch.setattr(staging, "usable_cores", lambda: 64)
+        monkeypatch.setattr(staging, "copy_threads", lambda ranks_on_node=1: 97)
+        C = DistMatrix.zeros((m, n), "float64", grid, host)
+        with options.set(copy_threads=5, host_copies="stage"):
+            stats = outofcore.run_out_of_core(plan, outofcore.SweepOperands(A, B, C), device)
+        assert movers == [("lock", 3)] and stats.extra["plan"]["copy_threads"] == 3
+        assert gemm_scaled_error(C.gather(), a, b) <= 1
+        for wrong in (dict(host_copies=None), dict(copy_threads=None)):
+            with pytest.raises(ValueError, match="host copies go and on how many threads"):
+                outofcore.run_out_of_core(replace(plan, **wrong),
+                                          outofcore.SweepOperands(A, B, C), device)

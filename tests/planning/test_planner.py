@@ -14,6 +14,7 @@ from mpi4py import MPI
 
 from summa import cli
 from summa.device.backend import NumpyBackend
+from summa.device.staging import copy_threads, ring_bytes
 from summa.distribution.grid import grid_for
 from summa.planning.model import Profile
 from summa.planning.memory import FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SMALLEST
@@ -48,7 +49,8 @@ def test_plans_for_another_machine_decide_as_before(shape, dtype, ranks):
     """GPUs planned from afar, as ``summa plan`` does: the grid, the width
     and the memory plan (tiles, slots, staging) those functions give; out of
     core the default width or a narrower one (:func:`_ooc_widths`) that
-    moves fewer bytes, refused only where none fits."""
+    moves fewer bytes, refused only where none fits, and the copy threads
+    of all the ranks on one node."""
     m, n, k = shape
     for budget, precision, staged in itertools.product(
             (None, "2GiB", "22GiB"), (None, "tf32", "fp64-int8"), ((False, False), (True, True))):
@@ -66,7 +68,7 @@ def test_plans_for_another_machine_decide_as_before(shape, dtype, ranks):
                                    Execution(1, "cupy",
                                              device_budget=parse_bytes(budget) if ooc else None,
                                              out_of_core=ooc, precision=precision, staged=staged,
-                                             ))
+                                             copy_threads=copy_threads(ranks)))
                 wants[want.chunk if ooc else width] = want
             except ValueError as exc:
                 assert "too small" in str(exc)
@@ -84,6 +86,7 @@ def test_plans_for_another_machine_decide_as_before(shape, dtype, ranks):
         assert all(moved[width] <= x for x in moved.values()) or \
             moved[width] <= min(moved.values()) / TRAFFIC_GAIN
         assert plan.out_of_core == ooc and plan.device_budget == (parse_bytes(budget) if ooc else None)
+        assert plan.copy_threads == (copy_threads(ranks) if ooc else None)
 
 
 def _ooc_widths(dtype, precision) -> list:
@@ -214,6 +217,71 @@ def test_small_budgets_cut_more_tiles_and_restage_counts_staging():
     assert restage(plain, (False, False)) is plain
     assert plain.grid == (1, 2)  # float64 on GPUs: tall blocks
     assert restage(plain, (False, True)) is plain  # a grid column of one rank stages nothing
+
+
+def test_out_of_core_plans_on_gpus_settle_host_copies_and_their_threads(monkeypatch):
+    """Out of core on GPUs the plan says how host blocks go up (as asked,
+    else SUMMA_HOST_COPIES) and on how many threads a rank: copy_threads of
+    the ranks on a node (all of a machine planned from afar), or
+    SUMMA_COPY_THREADS; its page-locked ring is counted for those threads,
+    also where restage plans again, and both are printed. CPUs and
+    in-memory plans say neither."""
+    from summa import options
+    from summa.device import staging
+    monkeypatch.setattr(staging, "usable_cores", lambda: 16)  # 12 threads for one rank
+    monkeypatch.delenv("SUMMA_COPY_THREADS", raising=False)
+    monkeypatch.delenv("SUMMA_HOST_COPIES", raising=False)
+    shape = (65536,) * 3
+
+    def planned(machine, **kwargs):
+        return make_plan(shape, "float64", machine, device_memory="8GiB", **kwargs)
+    for machine, threads in ((Machine("cupy", 8, ranks_on_node=2), 6), (Machine("cupy", 1), 12),
+                             (Machine("cupy", 8), 1), (Machine("cupy", 4, ranks_on_node=4), 3)):
+        plan = planned(machine)
+        assert (plan.host_copies, plan.copy_threads) == ("stage", threads)
+        assert plan.memory.staging_bytes == ring_bytes(threads)
+        assert plan.as_dict()["copy_threads"] == threads
+        assert f"filled and drained by {threads} copy thread" in str(plan)
+        assert "host copies stage" in str(plan)
+    plan = planned(Machine("cupy", 2, ranks_on_node=2))
+    staged = restage(plan, (True, True))
+    assert staged.memory != plan.memory and staged.copy_threads == plan.copy_threads == 6
+    assert staged.memory.staging_bytes == ring_bytes(6)
+    with options.set(copy_threads=5, host_copies="lock"):
+        plan = planned(Machine("cupy", 2, ranks_on_node=2))
+        assert (plan.host_copies, plan.copy_threads) == ("lock", 5)
+        assert plan.memory.staging_bytes == ring_bytes(5)
+        assert planned(Machine("cupy", 2), host_copies="stage").host_copies == "stage"
+    for other in (make_plan(shape, "float64", Machine("cupy", 2, free_device=1 << 40)),
+                  planned(Machine("numpy", 2)), planned(Machine("numpy", 2), host_copies="lock")):
+        assert (other.host_copies, other.copy_threads) == (None, None)
+        assert "host copies" not in str(other)
+    with pytest.raises(ValueError, match="host_copies must be stage or lock, got 'copy'"):
+        planned(Machine("cupy", 2), host_copies="copy")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_live_machines_count_the_ranks_on_their_node_as_the_grid_will(comm, monkeypatch):
+    """A live machine's ranks on a node are its topology's (the one given:
+    virtual nodes too), as the process grid that runs the plan sees them;
+    its out-of-core plan takes their copy threads."""
+    from summa.device import staging
+    from summa.distribution.grid import ProcessGrid
+    from summa.distribution.topology import Topology, topology_of
+    from summa.planning import memory as memory_module
+    monkeypatch.setattr(staging, "usable_cores", lambda: 16)
+    monkeypatch.setattr(memory_module, "host_memory_total", lambda: 1 << 40)  # a 1 TiB node
+    gpu = _FakeGpu(24 << 30)
+    on_node = topology_of(comm).local_size
+    assert Machine.live(comm, gpu).ranks_on_node == on_node
+    plan = make_plan((4096,) * 3, "float64", Machine.live(comm, gpu), device_memory="1GiB")
+    assert plan.copy_threads == staging.copy_threads(on_node)
+    with Topology.virtual(comm, nodes=comm.size) as alone:  # a node a rank
+        machine = Machine.live(comm, gpu, alone)
+        with ProcessGrid(comm, topology=alone) as grid:
+            assert machine.ranks_on_node == grid.local_size == 1
+        assert make_plan((4096,) * 3, "float64", machine,
+                         device_memory="1GiB").copy_threads == 12
 
 
 def test_plan_prints_and_serialises():
