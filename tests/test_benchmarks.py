@@ -45,7 +45,8 @@ def test_cpu_sized_matrix_is_right_in_every_cell(tmp_path, capsys):
                 continue
         assert row["status"] == "done", row
         assert row["first_residual"] <= 1 and row["again_residual"] <= 1, row
-        assert row["ceiling_seconds"] > 0 and row["again_seconds"] > 0
+        assert row["reused_residual"] <= 1, row  # into the again call's product (out=)
+        assert row["ceiling_seconds"] > 0 and row["again_seconds"] > 0 < row["reused_seconds"]
     out = capsys.readouterr().out
     assert f"{len(rows)} cells: 0 FAIL" in out
 
@@ -113,6 +114,8 @@ def test_matrix_verdicts_follow_the_issues_goals():
     assert matrix.verdict(gemm_bound, {})[0] == "FAIL"  # and 0.85 of the ceiling there
     wrong = _gpu_row(again_residual=3.0)
     assert matrix.verdict(wrong, {}) == ("FAIL", "wrong product (residual > 1)")
+    wrong_into_out = _gpu_row(reused_residual=3.0)
+    assert matrix.verdict(wrong_into_out, {}) == ("FAIL", "wrong product (residual > 1)")
     cupy = _gpu_row("cupy", ceiling_seconds=0.97, again_result="numpy")
     assert "not CuPy's" in matrix.verdict(cupy, {})[1]
     assert matrix.verdict(dict(cupy, again_result="cupy"), {})[0] == "PASS"
