@@ -21,11 +21,13 @@ sizes         ``N`` (N³) or ``MxNxK``; default 16384³ (GEMM-bound)
 ============  ==============================================================
 
 Every cell makes fresh pageable NumPy arrays, starts CUDA (timed apart),
-times the first call and again (each checked: Freivalds' residual <= 1),
-then, the memory given back, the same dtype's ``cupy.matmul`` on device
-data (the ceiling); for fp64-int8 also the bare fp64-int8 product on device
-data; for strided views also the transfer bound (the bytes that must cross
-the link at the rate of a page-locked copy measured in the same process).
+times the first call, again, and once more into the again call's product
+(``out=``: no fresh result to fault in), each checked (Freivalds' residual
+<= 1), then, the memory given back, the same dtype's ``cupy.matmul`` on
+device data (the ceiling); for fp64-int8 also the bare fp64-int8 product on
+device data; and the transfer bound: the bytes that must cross the link (A
+and B up, C down) at the rates of summa's own copies from pageable memory,
+measured in the same process.
 Without a GPU (no CuPy) the ceiling is NumPy's matmul, no budget holds
 anything (``8GiB`` still passes ``device_memory``: NumPy's backend then runs
 host-resident in tiles), fp64-int8 and CuPy cells are skipped, and only
@@ -36,8 +38,8 @@ call >= 0.85 of the ceiling (float64/float32 C order >= 0.88), again >=
 0.9; a cell the link bounds (its transfer bound longer than the ceiling,
 or than the bare product for fp64-int8) >= 0.8 of the transfer bound
 instead; F, T and trans within 10 % of the C cell's time; fp64-int8 >= 0.8
-of the bare product's rate; CuPy operands within 5 % of ``cupy.matmul``, the result a
-CuPy array. A wrong product fails whatever its time.
+of the bare product's rate; CuPy operands within 5 % of ``cupy.matmul``,
+the result a CuPy array. A wrong product fails whatever its time.
 
 Usage, on the GPU machine (each call stops starting cells after
 ``--deadline`` seconds; ``--resume`` skips the cells ``--json`` already
