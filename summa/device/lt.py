@@ -37,6 +37,15 @@ INT8_CANDIDATES = 6
 #: against gemmEx's 59.5); 200 ms bursts chose what ran best in memory and
 #: out of core (benchmarks/fp64_int8_speed.py --variants, docs/benchmarks.md).
 INT8_BURST_MS = 200.0
+#: Smallest INT8 product (m n k multiply-adds) whose candidates are timed;
+#: smaller ones (an out-of-core tile's row strips, its edges) take the
+#: heuristic's first. Each shape timed costs ~1.2 s once per machine (6
+#: candidates in 200 ms bursts): float64 40960³ on INT8 under 24 GiB spent
+#: 7.0 s in its products the first time against 2.0 again, its tiles and
+#: strips making many shapes, where timing gains nothing out of core (tiles
+#: by bursts 58.8 TFLOP/s against gemmEx's 58.9; in memory 75.8 against 58.7:
+#: those products are far above this).
+INT8_TUNE_MIN_MACS = 1 << 40
 #: Workspace offered to cuBLASLt (split-K and stream-K algorithms use it).
 WORKSPACE_BYTES = 64 << 20
 
@@ -279,7 +288,7 @@ class LtGemm:
             algo = found[min(index, len(found) - 1)].algo
         elif remembered is not None and remembered < len(found):
             algo = found[remembered].algo
-        elif len(found) > 1:
+        elif len(found) > 1 and p.m * p.n * p.k >= INT8_TUNE_MIN_MACS:
             # Timed on the product's whole shape, into its own output
             # (overwritten by the call below): on slices short runs rank
             # them otherwise (a quarter of N = 32768 chose the first, no
