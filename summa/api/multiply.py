@@ -52,7 +52,7 @@ from ..runtime.watchdog import watch
 
 __all__ = ["multiply_files", "FilesJob", "matmul", "matmul_arrays", "host_matmul", "check_is_cheap",
            "CheckFailed", "PlanRequest", "plan_arrays", "run_arrays", "run_planned",
-           "run_on_device", "ArrayOperands"]
+           "run_on_device", "ArrayOperands", "pooled_size"]
 
 #: Assumed rates for deciding whether a check is cheap (bytes/s of memory
 #: traffic for the matrix-vector products, flop/s for the multiply).
@@ -702,15 +702,28 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
                 device_memory=device_memory)
     # The backend binds its GPU; the caller's current one is current again after.
     with asked_moduli(moduli), kept_device():  # the pool's workers get moduli with the rest
-        if comm is None and MPI.COMM_WORLD.Get_size() == 1 and not pool.launched():
-            operands = operands.described()  # a plain Python process: perhaps a pool
-            size = _pool_size(operands.given.placement, gpus, workers, backend)
-            if size > 1:
-                host_a, host_b, host_out = operands.given.host_arrays()
-                return operands.given.give_back(pool.matmul(host_a, host_b, size,
-                                                            out=host_out, **here))
+        size, operands = pooled_size(operands, comm, gpus, workers, backend)
+        if size > 1:
+            host_a, host_b, host_out = operands.given.host_arrays()
+            return operands.given.give_back(pool.matmul(host_a, host_b, size, out=host_out,
+                                                        **here))
         return _matmul_here(operands, MPI.COMM_WORLD if comm is None else comm, called,
                             dict(here, topology=topology))
+
+
+def pooled_size(operands: "ArrayOperands", comm, gpus=None, workers=None,
+                backend="auto") -> tuple:
+    """``(ranks, operands)``: the pool of worker ranks (:mod:`summa.pool`) a
+    product of `operands` runs on, and `operands` described where that was
+    asked. Only a plain Python process (`comm` None, a world of one rank, no
+    launcher) has a pool: there `operands` are described (their
+    ValueError raised) and the ranks are :func:`_pool_size`'s; elsewhere 1
+    (the ranks of `comm`), and `operands` as they came. `gpus`, `workers`
+    and `backend` as for :func:`matmul_arrays`."""
+    if comm is not None or MPI.COMM_WORLD.Get_size() != 1 or pool.launched():
+        return 1, operands
+    operands = operands.described()
+    return _pool_size(operands.given.placement, gpus, workers, backend), operands
 
 
 def _pool_size(placement, gpus, workers, backend: str) -> int:

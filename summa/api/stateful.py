@@ -1,7 +1,9 @@
 """A multiply planned once and executed many times (:class:`Matmul`), as
 nvmath-python's stateful ``Matmul`` and FFTW's plans do: the checks, the
 Plan and the process grid (with the broadcasters it keeps) are made once;
-each :meth:`Matmul.execute` only moves blocks and multiplies."""
+each :meth:`Matmul.execute` only moves blocks and multiplies. In a plain
+Python process that summa.matmul would run on its pool of workers, the
+Matmul lives in them (:class:`summa.pool.PooledMatmul`)."""
 
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ from mpi4py import MPI
 from ..execution.algorithm import SummaStats
 from .arrays import check_arrays
 from ..distribution.grid import ProcessGrid
-from .multiply import ArrayOperands, PlanRequest, plan_arrays, run_planned
+from .multiply import ArrayOperands, PlanRequest, plan_arrays, pooled_size, run_planned
 from .operands import kept_device
 from ..precision.ozaki_gpu import asked_moduli, check_moduli
+from .. import pool
 
 __all__ = ["Matmul"]
 
@@ -35,20 +38,34 @@ class Matmul:
     grid. :meth:`execute` multiplies the operands given then (or new ones
     of the same shape and dtype) by that Plan: later calls reuse the grid,
     its communicators and broadcasters (NCCL, CUDA IPC: made on the first
-    call), this process's page-locked staging rings and the device memory
+    call), the ranks' page-locked staging rings and the device memory
     pool; the blocks are placed again each call, since the arrays' values
     may have changed. :meth:`free` (or leaving a ``with`` block) releases
-    the grid and what it holds. It runs on the ranks of `comm` (default
-    COMM_WORLD, or this process alone), not through :mod:`summa.pool`.
-    Operands on a GPU on one rank plan one GEMM there
-    (:func:`summa.api.multiply.matmul_arrays`); the operands of each execution
-    must then lie on that GPU too.
+    the grid and what it holds.
+
+    Where :func:`summa.matmul` would run on the pool of worker ranks
+    (:mod:`summa.pool`: a plain Python process, no `comm`, host operands, a
+    pool of more than one from `gpus`/`workers`, ``SUMMA_GPUS``/
+    ``SUMMA_WORKERS`` or the GPUs seen), so does this: the workers make the
+    Matmul (the Plan, the grid and all it holds) and keep it between
+    executions; :attr:`plan` is the Plan they made and run. Each execution
+    ships the operands to them as summa.matmul does and returns the
+    product as it does. :meth:`free` frees it in the workers; one dropped
+    unfreed is freed there before their next command, and all are when the
+    pool stops or this process ends. A pool that stopped since (a worker
+    failed) has the Matmul made again, with the operands given here, on
+    its next execution (where the new pool plans it otherwise, on GPUs with
+    other free memory, it runs the new plan, with a RuntimeWarning).
+    Elsewhere it runs on the ranks of `comm` (default COMM_WORLD, or this
+    process alone). Operands on a GPU
+    on one rank plan one GEMM there (:func:`summa.api.multiply.matmul_arrays`);
+    the operands of each execution must then lie on that GPU too.
 
     Parameters
     ----------
     a, b : array
         On `root`, None elsewhere: any kind :func:`summa.matmul` takes.
-    comm, root, grid, backend, out_of_core, device_memory, **options
+    comm, root, grid, backend, out_of_core, device_memory, gpus, workers, **options
         As for :func:`summa.api.multiply.matmul_arrays` (options: ``alpha``,
         ``trans_a``, ``trans_b``, ``panel_width``, ``lookahead``,
         ``broadcaster``, ``precision``, ``moduli``, ``schedule``).
@@ -58,7 +75,18 @@ class Matmul:
     plan : summa.planning.Plan
         Every decision the executions follow; ``print(m.plan)`` shows it.
     stats : SummaStats or None
-        This rank's timings of the last :meth:`execute`.
+        This rank's timings of the last :meth:`execute` (on the pool: rank
+        0's record, as summa.matmul's ``stats``).
+
+    Raises
+    ------
+    ValueError
+        Operands that cannot be multiplied, as :func:`summa.matmul` says
+        (on the pool: before the workers are asked), or a plan that cannot
+        be made (on the pool: the workers', the pool then stopped); the
+        same on every rank.
+    summa.pool.WorkerError
+        On the pool: a worker that failed (:meth:`execute` too).
 
     Examples
     --------
@@ -69,42 +97,76 @@ class Matmul:
     """
 
     def __init__(self, a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
-                 backend="auto", out_of_core=None, device_memory=None, **options):
+                 backend="auto", out_of_core=None, device_memory=None, gpus=None,
+                 workers=None, **options):
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             raise TypeError(f"Matmul got unexpected keyword argument(s) {', '.join(unknown)}")
         self._comm = MPI.COMM_WORLD if comm is None else comm
-        self._grid = None
-        self._moduli = check_moduli(options.pop("moduli", None), options.get("precision"))
+        self._grid = self._pooled = None
+        self._root = root
+        self.stats = None
+        self._moduli = check_moduli(options.get("moduli"), options.get("precision"))
+        size, operands = pooled_size(ArrayOperands(a, b, None, root), comm, gpus, workers,
+                                     backend)
+        request = dict(grid=grid, out_of_core=out_of_core, device_memory=device_memory)
+        if size > 1:
+            self._open_pooled(operands, size, dict(options, backend=backend, **request))
+            return
+        options.pop("moduli", None)
         self._alpha = options.pop("alpha", 1.0)
         with asked_moduli(self._moduli), kept_device():  # the plan counts their scratch
             self._backend, self.plan, self._operands = plan_arrays(
-                ArrayOperands(a, b, None, root), self._comm,
-                PlanRequest(grid, out_of_core, device_memory, **options), backend)
+                operands, self._comm, PlanRequest(**request, **options), backend)
         self._grid = ProcessGrid(self._comm, self.plan.grid)
         if self._grid.core_note and self._grid.rank == 0:
             warnings.warn(self._grid.core_note, RuntimeWarning, stacklevel=2)
-        self._root = root
-        self.stats = None
+
+    def _open_pooled(self, operands: ArrayOperands, size: int, options: dict) -> None:
+        """Have the pool's `size` workers make this Matmul of the described
+        `operands` with `options` (:class:`summa.pool.PooledMatmul`)."""
+        host_a, host_b, _ = operands.given.host_arrays()
+        self._operands = operands
+        self._backend = pool.dtype_checker(options["backend"])  # the owner's checks of dtypes
+        self._pooled = pool.PooledMatmul(host_a, host_b, size, **options)
+        self.plan = self._pooled.plan
+
+    @property
+    def _freed(self) -> bool:
+        """Was this Matmul freed (no grid here, none kept in the pool)?"""
+        return self._grid is None and self._pooled is None
 
     def execute(self, a=None, b=None, out=None):
         """The product of the operands given at construction, or of `a` and
         `b` (both, on the root: of the planned shapes and dtype), into `out`
         where given (on the root); collective. Returns it on the root, None
-        elsewhere."""
-        if self._grid is None:
+        elsewhere (on the pool: as summa.matmul returns it)."""
+        if self._freed:
             raise RuntimeError("this Matmul was freed")
         called = time.perf_counter()
         if a is None and b is None:
+            if self._operands is None:
+                raise ValueError("this Matmul let go of its operands (drop_operands): "
+                                 "pass a and b")
             a, b = self._operands.a, self._operands.b
         # (one of a and b alone: refused there, on every rank)
         operands = self._checked(ArrayOperands(a, b, out, self._root))
         stats = SummaStats()
+        if self._pooled is not None:
+            return self._execute_pooled(operands, stats)
         with asked_moduli(self._moduli), kept_device():
             c = run_planned(self.plan, self._grid, self._backend, operands, self._alpha, stats,
                             called)
         self.stats = stats
         return c
+
+    def _execute_pooled(self, operands: ArrayOperands, stats: SummaStats):
+        """:meth:`execute` of checked `operands` by the pool's workers."""
+        host_a, host_b, host_out = operands.given.host_arrays()
+        c = self._pooled.execute(host_a, host_b, host_out, stats)
+        # (made again where the pool started anew: the Plan the workers run)
+        self.plan, self.stats = self._pooled.plan, stats
+        return operands.given.give_back(c)
 
     def _checked(self, operands: ArrayOperands) -> ArrayOperands:
         """`operands` described on the root; refused, on every rank, where the
@@ -139,8 +201,18 @@ class Matmul:
                     f"lying {_where(planned)}; these lie {_where(placed)}")
         return None
 
+    def drop_operands(self) -> None:
+        """Let go of the operands given at construction: :meth:`execute`
+        then needs `a` and `b`. The pool's workers do (their owner ships the
+        operands with each execution)."""
+        self._operands = None
+
     def free(self) -> None:
-        """Release the grid, its communicators and broadcasters (safe twice)."""
+        """Release the grid, its communicators and broadcasters (safe
+        twice); on the pool, in the workers, waiting for them."""
+        if self._pooled is not None:
+            pooled, self._pooled = self._pooled, None
+            pooled.free()
         if self._grid is not None:
             self._grid.free()
             self._grid = None
@@ -155,7 +227,7 @@ class Matmul:
         m, n, k = self.plan.shape
         return (f"Matmul({m}x{n}x{k} {self.plan.dtype}, grid {self.plan.grid[0]}x"
                 f"{self.plan.grid[1]}, {'out of core' if self.plan.out_of_core else 'in memory'}"
-                f"{', freed' if self._grid is None else ''})")
+                f"{', freed' if self._freed else ''})")
 
 
 def _where(placement) -> str:

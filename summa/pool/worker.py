@@ -5,8 +5,11 @@ The workers are an ordinary MPI job (``mpiexec -n P python -m summa.pool.worker
 ADDRESS OWNER``), one rank per GPU as under mpirun. Every rank connects back
 to the pool's owner (process OWNER) at ADDRESS (a local socket; the key comes
 in ``SUMMA_POOL_KEY``) and waits there, asleep, for each command; all run it
-(a multiply of shared arrays, :mod:`summa.host.shared`), and rank 0 answers
-``("done", record)``. A rank that fails answers ``("error", rank, type,
+(a multiply of shared arrays, :mod:`summa.host.shared`; or the opening, an
+execution or the freeing of a :class:`summa.Matmul` kept between commands by
+id, :class:`summa.pool.PooledMatmul`), and rank 0 answers
+``("done", record)``. The Matmuls kept are freed at stop; a worker that
+ends otherwise takes them along. A rank that fails answers ``("error", rank, type,
 message, traceback, dead)``, `dead` the ranks it found no longer running
 (:func:`_dead_peers`), and ends with a non-zero status, which ends the job:
 the others may be inside a collective it will never join. The owner then
@@ -22,6 +25,7 @@ import shutil
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 
 from ..runtime.cleanup import process_alive
 from ..device.traits import traits
@@ -29,46 +33,124 @@ from ..device.traits import traits
 
 def serve(conn, world, peers: dict) -> None:
     """Run the owner's commands until it says stop (or goes away); `peers`
-    gets every rank's pid, which the owner sends with each call."""
-    from mpi4py import MPI
-
-    from ..host import shared as host, remote
-    from ..execution.algorithm import SummaStats
-    from ..api.multiply import matmul_arrays
-    from ..options import Options
+    gets every rank's pid, which the owner sends with each command, as it
+    does the ids of the Matmuls to free first. The Matmuls it opens are
+    kept between commands, by id, and all freed at stop."""
+    held: dict = {}  # id: _Held, a Matmul the owner opened (summa.pool.PooledMatmul)
     while True:
         command = _receive(conn)  # every rank's own: a sleeping wait (no MPI polling)
         received = time.perf_counter()
         if command[0] == "stop":
+            _free(held, list(held))
             return
-        spec = command[1]
-        peers.update(command[2])
-        settings = Options.from_json(spec["settings"])  # the caller's
-        parts = [spec[x] for x in "abc"]
-        owners = [p["remote"] for p in parts if isinstance(p, dict) and "remote" in p]
-        if not world.allreduce(all(remote.allowed(settings) and remote.readable(w)
-                                   for w in owners),
-                               op=MPI.LAND):
-            if world.Get_rank() == 0:  # the system does not let us read the owner
-                _answer(conn, ("no-remote",))
-            continue
-        a = _attach(host, spec["a"], spec["a_shape"], spec["dtype"], spec.get("a_transposed"))
-        b = _attach(host, spec["b"], spec["b_shape"], spec["dtype"], spec.get("b_transposed"))
-        c = _attach(host, spec["c"], spec["c_shape"], spec["dtype"])
-        stats = SummaStats()
-        began = time.perf_counter()
-        matmul_arrays(a, b, comm=world, out=c, stats=stats, options=settings, **spec["options"])
-        ended = time.perf_counter()
-        del a, b, c
-        world.Barrier()  # every block of the product is in place
+        kind, spec, pids, released = command
+        peers.update(pids)
+        _free(held, released)
+        record = _run(world, kind, spec, held, received)
         if world.Get_rank() == 0:
-            record = stats.as_dict()
-            # where a call's seconds went on the workers' side (rank 0's)
-            record["extra"] = dict(record.get("extra") or {},
-                                   worker_attach_seconds=began - received,
-                                   worker_matmul_seconds=ended - began,
-                                   worker_after_seconds=time.perf_counter() - ended)
-            _answer(conn, ("done", record))
+            # None: the system does not let us read the owner (it asks again, with copies)
+            _answer(conn, ("no-remote",) if record is None else ("done", record))
+
+
+@dataclass
+class _Held:
+    """A Matmul the owner opened, kept between its executions."""
+
+    matmul: object
+    executions: int = 0
+
+
+def _free(held: dict, ids) -> None:
+    """Free the Matmuls of `ids` in `held` (collective: every rank gets the
+    same ids in the same command); an id no longer held is passed over."""
+    for key in ids:
+        kept = held.pop(key, None)
+        if kept is not None:
+            kept.matmul.free()
+
+
+def _run(world, kind: str, spec: dict, held: dict, received: float) -> dict | None:
+    """The command `kind` on every rank: its arrays attached, run with the
+    owner's settings, and waited for on every rank. Returns this rank's
+    record, with where rank 0's seconds went since `received`; None where
+    the owner's arrays cannot be read here."""
+    from ..options import Options, set as set_options
+    settings = Options.from_json(spec["settings"])  # the caller's
+    arrays = _arrays(world, spec, settings) if "a" in spec else (None, None, None)
+    if arrays is None:
+        return None
+    began = time.perf_counter()
+    with set_options(settings):
+        record = _COMMANDS[kind](world, spec, held, *arrays)
+    ended = time.perf_counter()
+    del arrays
+    world.Barrier()  # every block of the product is in place
+    record["extra"] = dict(record.get("extra") or {}, worker_attach_seconds=began - received,
+                           worker_matmul_seconds=ended - began,
+                           worker_after_seconds=time.perf_counter() - ended,
+                           worker_matmuls_open=len(held))
+    return record
+
+
+def _arrays(world, spec: dict, settings) -> tuple | None:
+    """A, B and C (None where the command makes no product) as the owner
+    shipped them; None, on every rank, where some rank may not read the
+    owner's memory (:mod:`summa.host.remote`)."""
+    from mpi4py import MPI
+
+    from ..host import shared as host, remote
+    parts = [spec[x] for x in "abc"]
+    owners = [p["remote"] for p in parts if isinstance(p, dict) and "remote" in p]
+    if not world.allreduce(all(remote.allowed(settings) and remote.readable(w)
+                               for w in owners), op=MPI.LAND):
+        return None
+    a = _attach(host, spec["a"], spec["a_shape"], spec["dtype"], spec.get("a_transposed"))
+    b = _attach(host, spec["b"], spec["b_shape"], spec["dtype"], spec.get("b_transposed"))
+    c = None if spec["c"] is None else _attach(host, spec["c"], spec["c_shape"], spec["dtype"])
+    return a, b, c
+
+
+def _multiply(world, spec: dict, held: dict, a, b, c) -> dict:
+    """``"matmul"``: one product of the owner's arrays into C; the record."""
+    from ..api.multiply import matmul_arrays
+    from ..execution.algorithm import SummaStats
+    stats = SummaStats()
+    matmul_arrays(a, b, comm=world, out=c, stats=stats, **spec["options"])
+    return stats.as_dict()
+
+
+def _open(world, spec: dict, held: dict, a, b, c) -> dict:
+    """``"open"``: a :class:`summa.Matmul` of the owner's operands over every
+    rank, kept by its id until freed; the record holds its Plan."""
+    from ..api.stateful import Matmul
+    matmul = Matmul(a, b, comm=world, **spec["options"])
+    # the owner ships the operands with each execution: a map of a shared copy
+    # kept here would keep its memory
+    matmul.drop_operands()
+    held[spec["id"]] = _Held(matmul)
+    return {"plan": matmul.plan}
+
+
+def _execute(world, spec: dict, held: dict, a, b, c) -> dict:
+    """``"execute"``: the product of the owner's arrays into C by the Matmul
+    of the spec's id; its record, with the executions of that Matmul."""
+    kept = held.get(spec["id"])
+    if kept is None:  # the owner opens each in the pool it executes in: not to happen
+        raise RuntimeError(f"no Matmul of id {spec['id']} is open in this pool")
+    kept.matmul.execute(a, b, out=c)
+    kept.executions += 1
+    record = kept.matmul.stats.as_dict()
+    record["extra"] = dict(record.get("extra") or {}, worker_executions=kept.executions)
+    return record
+
+
+def _nothing(world, spec: dict, held: dict, a, b, c) -> dict:
+    """``"free"``: the Matmuls it names were freed as it came; nothing more."""
+    return {}
+
+
+#: What each command the owner sends runs (:func:`_run`).
+_COMMANDS = {"matmul": _multiply, "open": _open, "execute": _execute, "free": _nothing}
 
 
 class _OwnerGone(Exception):
