@@ -72,14 +72,17 @@ def check_against_reference(rng, grid, backend, shape, block=None, **options) ->
 
 
 def spy_out_of_core(monkeypatch):
-    """Record the host blocks (A, B, C) summa.api.multiply hands to the
-    out-of-core sweep (run_out_of_core, with its plan)."""
-    from summa.api import multiply
+    """Record the host blocks (A, B, C) summa.api's multiplies (of arrays,
+    host-held DistMatrix operands and files) hand to the out-of-core sweep
+    (run_out_of_core, with its plan)."""
+    from summa.api import files, multiply, planned
+    from summa.execution import outofcore
     seen = []
-    real = multiply.run_out_of_core
+    real = outofcore.run_out_of_core
 
     def spy(plan, operands, *args, **kwargs):
         seen.append((operands.A.local, operands.B.local, operands.C.local))
         return real(plan, operands, *args, **kwargs)
-    monkeypatch.setattr(multiply, "run_out_of_core", spy)
+    for module in (files, multiply, planned):
+        monkeypatch.setattr(module, "run_out_of_core", spy)
     return seen

@@ -16,7 +16,7 @@ from mpi4py import MPI
 from ..execution.algorithm import SummaStats
 from .arrays import check_arrays
 from ..distribution.grid import ProcessGrid
-from .multiply import ArrayOperands, PlanRequest, plan_arrays, pooled_size, run_planned
+from .planned import ArrayOperands, PlanRequest, plan_arrays, pooled_size, run_planned
 from .operands import kept_device
 from ..precision.ozaki_gpu import asked_moduli, check_moduli
 from .. import pool

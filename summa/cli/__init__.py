@@ -447,7 +447,7 @@ _IMPORTED = time.perf_counter()
 
 
 def _run_multiply(args, comm: MPI.Comm, out) -> int:
-    from ..api.multiply import CheckFailed, multiply_files
+    from ..api.files import CheckFailed, multiply_files
     # Python, the imports, MPI's start, until here: the slowest rank's.
     startup = comm.allreduce(process_age(), op=MPI.MAX)
     try:

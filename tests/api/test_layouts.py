@@ -131,11 +131,11 @@ def test_the_plan_records_and_prints_how_each_operand_lies(rng):
 def test_one_rank_multiplies_every_layout_where_it_lies(rng, monkeypatch, la, lb, how):
     from mpi4py import MPI
 
-    from summa.api import multiply
+    from summa.api import planned
     seen = spy_out_of_core(monkeypatch)
     ran = []
-    real = multiply.summa
-    monkeypatch.setattr(multiply, "summa", lambda alpha, A, B, *r, **k: (
+    real = planned.summa
+    monkeypatch.setattr(planned, "summa", lambda alpha, A, B, *r, **k: (
         ran.append((A.local, B.local)), real(alpha, A, B, *r, **k))[1])
     a, ta, xa, b, tb, xb = _product(rng, la, lb)
     before = (a.copy(), b.copy())
@@ -379,7 +379,7 @@ def test_cublas_takes_op_h_of_a_column_major_operand_as_op_c(rng):
 def test_files_with_op_h_are_conjugated_once_out_of_core(comm, rng, folder, fortran):
     """A file read with op H comes conjugated (its reader's work): the plan
     leaves the GEMMs' conjugation off, in memory and out of core."""
-    from summa.api.multiply import multiply_files
+    from summa.api.files import multiply_files
     a = random_array(rng, (29, 37), "complex128")
     b = random_array(rng, (23, 29), "complex128")
     if comm.rank == 0:

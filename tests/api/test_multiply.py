@@ -11,7 +11,7 @@ import pytest
 import summa
 import summa.transports.comm as comm_mod
 from helpers import data_warnings, gemm_scaled_error, random_array, spy_out_of_core
-from summa.api.multiply import CheckFailed, check_is_cheap, multiply_files
+from summa.api.files import CheckFailed, check_is_cheap, multiply_files
 from test_cli import job
 
 
@@ -117,7 +117,7 @@ def test_nan_inputs_compute_but_warn(comm, rng, folder):
 
 @pytest.mark.mpi(min_size=1)
 def test_failed_check_writes_nothing(comm, rng, folder, monkeypatch):
-    import summa.api.multiply as mod
+    import summa.api.files as mod
     monkeypatch.setattr(mod, "freivalds", lambda *a, **k: 7.5)
     pa = save(comm, folder, "A.npy", random_array(rng, (5, 5), "float64"))
     with pytest.raises(CheckFailed, match="scaled residual 7.500e\\+00 > 1"):
@@ -429,7 +429,7 @@ def test_out_of_core_files_stream_from_and_into_the_files(comm, rng, folder, mon
 
 @pytest.mark.mpi(min_size=1)
 def test_a_failed_check_of_a_streamed_product_leaves_no_file(comm, rng, folder, monkeypatch):
-    import summa.api.multiply as mod
+    import summa.api.files as mod
     monkeypatch.setattr(mod, "freivalds", lambda *a, **k: 3.0)
     pa = save(comm, folder, "A.npy", random_array(rng, (9, 9), "float64"))
     with pytest.raises(CheckFailed, match="scaled residual"):
@@ -495,7 +495,7 @@ def test_wall_line_never_shows_a_negative_or_tiny_rest(wall, shown):
 
 def test_multiply_streams_files_through_gpus_by_default_where_it_can():
     from summa.host.npyio import NpyHeader
-    from summa.api.multiply import streams_by_default
+    from summa.api.files import streams_by_default
     f64 = np.dtype("float64")
     c_order = NpyHeader("A.npy", (10, 10), f64, False, 128)
     fortran = NpyHeader("B.npy", (10, 10), f64, True, 128)
@@ -532,13 +532,13 @@ def test_an_overflowing_product_of_finite_inputs_is_reported(comm, rng, folder, 
 def test_a_finite_streamed_product_reads_its_inputs_once(comm, rng, folder, monkeypatch):
     # The product's finiteness stands for the inputs': their scan (a second
     # read of the files) is never made.
-    from summa.api import multiply as multiply_module
+    from summa.api import files as files_module
     pa = save(comm, folder, "A.npy", random_array(rng, (8, 6), "float64"))
     pb = save(comm, folder, "B.npy", random_array(rng, (6, 7), "float64"))
 
     def scanned(*args, **kwargs):
         raise AssertionError("the inputs were scanned")
-    monkeypatch.setattr(multiply_module, "_warn_nonfinite", scanned)
+    monkeypatch.setattr(files_module, "_warn_nonfinite", scanned)
     record = multiply_files(pa, pb, str(folder / "C.npy"), comm, quiet=True, check=False,
                             out_of_core=True, backend="numpy")
     assert record["streamed"]
@@ -569,13 +569,13 @@ def test_the_inputs_are_read_ahead_and_no_reader_outlives_the_call(comm, rng, fo
     import time
 
     from summa.host import filemaps
-    from summa.api import multiply as multiply_module
+    from summa.api import files as files_module
     from summa.distribution.grid import node_rank
     pa = save(comm, folder, "A.npy", random_array(rng, (300, 200), "float64"))
     pb = save(comm, folder, "B.npy", random_array(rng, (200, 100), "float64"))
     asked = []
     real = filemaps.read_ahead
-    monkeypatch.setattr(multiply_module, "read_ahead",
+    monkeypatch.setattr(files_module, "read_ahead",
                         lambda path, first, last: asked.append((path, first, last)) or
                         real(path, first, last))
     monkeypatch.setattr(filemaps, "PREFETCH_CHUNK", 4096)

@@ -183,7 +183,7 @@ def test_matmul_warns_of_nonfinite_operands_as_multiply_warns_of_its_files(comm,
     import warnings
     import summa
     from helpers import data_warnings
-    from summa.api.multiply import multiply_files
+    from summa.api.files import multiply_files
     a, b = rng.uniform(-1, 1, (37, 20)), rng.uniform(-1, 1, (20, 29))
     a[2, 1], a[5, 3], b[7, 7] = np.nan, np.inf, -np.inf
     root = comm.rank == 0

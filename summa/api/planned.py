@@ -1,0 +1,334 @@
+"""One product of arrays held on one rank, planned and run: the operands as
+the caller passed them (:class:`ArrayOperands`), the pool of ranks they run
+on (:func:`pooled_size`), their check and Plan (:func:`plan_arrays`), and
+the executors of that Plan (:func:`run_planned`: one GEMM where they lie on
+a GPU, :func:`run_on_device`, or over a grid of ranks from host memory,
+:func:`run_arrays`). :func:`summa.api.multiply.matmul_arrays` plans and runs
+each call; :class:`summa.Matmul` plans once and runs many times."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+from mpi4py import MPI
+
+from ..runtime.agree import collectively
+from ..execution.algorithm import summa
+from ..device.backend import NumpyBackend, get_backend
+from ..distribution.grid import node_rank
+from ..host.blocks import (host_block, node_shares, operand_block, own_range, result_block,
+                           root_block, root_result_block, stored_operand)
+from ..host import shared as host_arrays
+from .. import options as settings
+from .. import pool
+from .arrays import check_arrays
+from .checks import check_scalars
+from ..host.shared import parallel_copy
+from ..distribution.layout import Layout
+from .operands import describe
+from ..distribution.matrix import DistMatrix
+from ..device.traits import traits
+from ..execution.outofcore import SweepOperands, run_out_of_core
+from ..planning.planner import Machine, make_plan
+from ..planning.selection import peer_access
+from ..host.storage import conjugated, op_view, storage_of
+from ..runtime.watchdog import watch
+
+__all__ = ["ArrayOperands", "PlanRequest", "plan_arrays", "run_planned", "run_on_device",
+           "run_arrays", "pooled_size"]
+
+
+def pooled_size(operands: "ArrayOperands", comm, gpus=None, workers=None,
+                backend="auto") -> tuple:
+    """``(ranks, operands)``: the pool of worker ranks (:mod:`summa.pool`) a
+    product of `operands` runs on, and `operands` described where that was
+    asked. Only a plain Python process (`comm` None, a world of one rank, no
+    launcher) has a pool: there `operands` are described (their
+    ValueError raised) and the ranks are :func:`_pool_size`'s; elsewhere 1
+    (the ranks of `comm`), and `operands` as they came. `gpus`, `workers`
+    and `backend` as for :func:`summa.api.multiply.matmul_arrays`."""
+    if comm is not None or MPI.COMM_WORLD.Get_size() != 1 or pool.launched():
+        return 1, operands
+    operands = operands.described()
+    return _pool_size(operands.given.placement, gpus, workers, backend), operands
+
+
+def _pool_size(placement, gpus, workers, backend: str) -> int:
+    """Ranks a plain process's multiply runs on (:func:`summa.pool.pool_size`):
+    operands on a GPU stay on theirs (one rank) unless more GPUs are asked
+    for (`gpus`, ``SUMMA_GPUS``): on one GPU the product is one GEMM there,
+    where a pool would take them through host memory."""
+    cpu_only = traits(backend).cpu_only
+    if placement.where != "host" and not cpu_only and gpus in (None, "") and \
+            settings.current().gpus in (None, ""):
+        return 1
+    return pool.pool_size(gpus if not cpu_only else None, workers, use_gpus=not cpu_only)
+
+
+@dataclass(frozen=True)
+class ArrayOperands:
+    """The operands of one product as the caller passed them, held on rank
+    `root` (None elsewhere), and where given the array the product goes
+    into (:func:`summa.api.multiply.matmul_arrays`).
+
+    Attributes
+    ----------
+    a, b : array or None
+    out : array or None
+    root : int
+    given : summa.api.operands.Operands or None
+        On the root once described (:meth:`described`): NumPy or CuPy
+        arrays over the caller's, where they lie.
+    """
+
+    a: object
+    b: object
+    out: object = None
+    root: int = 0
+    given: object = None
+
+    def described(self) -> "ArrayOperands":
+        """These operands with :attr:`given` (:func:`summa.api.operands.describe`,
+        raising its ValueError); call it on the root."""
+        return self if self.given is not None else replace(
+            self, given=describe(self.a, self.b, self.out))
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a call asked of the plan of an array product: the arguments of
+    the same names of :func:`summa.api.multiply.matmul_arrays` (and :class:`summa.Matmul`) that
+    :func:`summa.planning.make_plan` takes, with their defaults."""
+
+    grid: object = None
+    out_of_core: bool | None = None
+    device_memory: object = None
+    trans_a: str = "N"
+    trans_b: str = "N"
+    panel_width: object = None
+    lookahead: int = 1
+    schedule: str = "panels"
+    precision: object = None
+    broadcaster: str = "auto"
+
+
+def plan_arrays(operands: ArrayOperands, comm, request: PlanRequest = PlanRequest(),
+                backend="auto", topology=None):
+    """Describe and check the root's `operands` (:class:`ArrayOperands`) and
+    plan their product (:func:`summa.planning.make_plan`, host-held, or
+    where they lie on a GPU, :class:`summa.planning.planner.Placement`);
+    collective. On one rank the backend binds the GPU the operands lie on.
+    `request` (:class:`PlanRequest`), `backend` and `topology` as for
+    :func:`summa.api.multiply.matmul_arrays`.
+
+    Returns
+    -------
+    (Backend, Plan, ArrayOperands)
+        The rank's backend, the Plan (the same on every rank), and
+        `operands` described on the root (:meth:`ArrayOperands.described`).
+    """
+    trans_a, trans_b = str(request.trans_a).upper(), str(request.trans_b).upper()
+    meta, rank = None, comm.Get_rank()
+    if rank == operands.root:
+        try:
+            operands = operands.described()
+        except ValueError as exc:  # said on every rank below
+            meta = str(exc)
+    placed = operands.given.placement if operands.given is not None else None
+    local = placed.device if comm.Get_size() == 1 and placed is not None and \
+        placed.device is not None else node_rank(comm, topology)[0]
+    be = collectively(comm, get_backend, backend, local)
+    if rank == operands.root and meta is None:
+        meta = check_arrays(*operands.given.arrays, trans_a, trans_b, be)
+        meta = meta if isinstance(meta, str) else (*meta, placed)
+    meta = comm.bcast(meta, root=operands.root)
+    if isinstance(meta, str):
+        raise ValueError(meta)
+    m, n, k, dtype, placement = meta
+    # (the nodes the grid will see: the copy threads share them)
+    plan = make_plan((m, n, k), dtype, Machine.live(comm, be, topology), grid=request.grid,
+                     trans_a=trans_a, trans_b=trans_b, host_held=True,
+                     out_of_core=request.out_of_core, device_memory=request.device_memory,
+                     panel_width=request.panel_width, lookahead=request.lookahead,
+                     schedule=request.schedule, precision=request.precision,
+                     broadcaster=request.broadcaster, placement=placement)
+    if plan.placement.where == "host":  # (GPU arrays: stored as they come to host memory)
+        given = operands.given  # the arrays described, on the root
+        plan = _stored(plan, operands if given is None else
+                       ArrayOperands(*given.host_arrays(be), operands.root), comm)
+    return be, plan, operands
+
+
+def run_planned(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
+                called: float | None = None):
+    """Run `plan` on `operands` described on the root (:func:`plan_arrays`):
+    one GEMM where they lie (:func:`run_on_device`, resident plans: no grid,
+    `pgrid` None), or :func:`run_arrays` over the grid `pgrid` on host
+    arrays (operands on a GPU copied to host memory first); collective.
+    Kernels compiled on first use (fp64-int8's) are made ready first,
+    their seconds in `stats`' ``extra["compile_seconds"]``.
+    Returns the product on the root as the caller's kind of array
+    (:meth:`summa.api.operands.Operands.give_back`), None elsewhere."""
+    given = operands.given  # None off the root
+    compiled = be.prepare(plan.precision, plan.dtype)  # its own figure, not the product's
+    if plan.placement.resident:
+        c = run_on_device(plan, be, given, alpha, stats)
+    else:
+        host = operands  # off the root: as passed (the pool's workers hold the arrays on every rank)
+        if given is not None:
+            host = ArrayOperands(*given.host_arrays(be), operands.root)
+        c = run_arrays(plan, pgrid, be, host, alpha, stats, called)
+    if stats is not None:
+        stats.extra["compile_seconds"] = compiled
+    return c if given is None else given.give_back(c, be)
+
+
+def run_on_device(plan, be, given, alpha=1.0, stats=None):
+    """The executor of a resident plan (``plan.placement.resident``):
+    ``alpha op(a) @ op(b)`` as one GEMM (:meth:`summa.device.backend.Backend.gemm`:
+    a transposed operand is read as cuBLAS's transposed op, op H of one stored
+    by rows as its op C, no copy) on the GPU where `given` (:class:`summa.api.operands.Operands`) lie,
+    a host operand of a mixed pair uploaded first, into `out` there or a new
+    CuPy array. Queued on the current stream and not waited for, as
+    ``cupy.matmul``, but where `stats` (a SummaStats) are asked for. Returns
+    the product (CuPy)."""
+    (m, n, k), dtype = plan.shape, np.dtype(plan.dtype)
+    check_scalars(alpha, 0.0, dtype, plan.precision, be)
+    began = time.perf_counter()
+    with be.xp.cuda.Device(plan.placement.device):  # its cuBLAS handle, its memory
+        a, b = (op_view(x.array if x.device is not None else be.asarray(x.array), t)
+                for x, t in zip((given.a, given.b), plan.trans))
+        c = given.out.array if given.out is not None else be.xp.empty((m, n), dtype)
+        if k == 0:
+            c.fill(0)
+        else:
+            be.gemm(alpha, a, b, c, beta=0.0, precision=plan.precision,
+                    conj=tuple(conjugated(t, dtype) for t in plan.trans))
+        if stats is not None:
+            be.synchronize()
+            seconds = time.perf_counter() - began
+            stats.__dict__.update(seconds=seconds, compute=seconds, panels=1, panel_width=k,
+                                  comm="none")
+            stats.extra.update(plan=plan.as_dict(), resident=True)
+    return c
+
+
+def _stored(plan, operands: ArrayOperands, comm):
+    """`plan` with the storage of `operands` (:func:`summa.host.storage.storage_of`,
+    found on the root), their op H conjugated by the GEMMs: a plan made for
+    arrays that lay otherwise runs these as they lie. Collective."""
+    storage = None
+    if comm.Get_rank() == operands.root:
+        storage = tuple(storage_of(np.asarray(x), t)
+                        for x, t in zip((operands.a, operands.b), plan.trans))
+    storage = comm.bcast(storage, root=operands.root)
+    conj = tuple(conjugated(t, plan.dtype) for t in plan.trans)
+    if (tuple(plan.storage), tuple(plan.conj)) == (storage, conj):
+        return plan
+    return replace(plan, storage=storage, conj=conj)
+
+
+def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
+               called: float | None = None):
+    """Run `plan` (:func:`plan_arrays`) on NumPy `operands` over the grid
+    `pgrid` it names: in memory (scattered onto the devices, gathered back),
+    or host-resident (:func:`_host_blocks`, the out-of-core sweep);
+    collective. `stats` (a SummaStats) receives this rank's timings and
+    ``extra["plan"]``; `called`: when the call began (``perf_counter``),
+    for its set-up time. Returns the product on the root (`out` where
+    given), None elsewhere."""
+    # (array-likes as NumPy sees them; arrays, node-shared ones too, as they are)
+    operands = replace(operands, **{name: np.asarray(x) for name, x in (
+        ("a", operands.a), ("b", operands.b)) if x is not None and not isinstance(x, np.ndarray)})
+    a, b, out, root = operands.a, operands.b, operands.out, operands.root
+    plan = _stored(plan, operands, pgrid.comm)
+    if not plan.out_of_core:
+        return _in_memory(plan, pgrid, be, operands, alpha, stats)
+    A, B, C, own, c_node = _host_blocks(a, b, out, plan, pgrid, root, be)
+    set_up = time.perf_counter() - (called or time.perf_counter())  # checks, plan, blocks
+    # beta 0: out's old values do not matter either
+    result = run_out_of_core(plan, SweepOperands(A, B, C, own), be, alpha=alpha, fresh_c=True)
+    result.extra["setup_seconds"] = set_up
+    # every rank's tiles (the sweep checked each as it came back): matmul warns by it
+    result.extra["product_finite"] = pgrid.comm.allreduce(
+        result.extra.get("product_finite") is not False, op=MPI.LAND)
+    if stats is not None:
+        stats.__dict__.update(result.__dict__)
+    if pgrid.size == 1:
+        return C.local
+    if c_node is None:
+        return C.gather(root=root, out=out)
+    with watch("the other ranks to finish writing their blocks of the product"):
+        pgrid.comm.Barrier()
+    if pgrid.comm.Get_rank() != root:
+        return None
+    if out is not None and out is not c_node:
+        parallel_copy(out, c_node)
+        return out
+    return c_node
+
+
+def _in_memory(plan, pgrid, be, operands: ArrayOperands, alpha, stats):
+    """The in-memory multiply of :func:`run_arrays`: each operand as the
+    plan's storage says (:func:`summa.host.blocks.stored_operand`: on one rank
+    where it lies, read transposed and conjugated by the GEMMs; on a grid
+    scattered and settled on the devices), the product on one CPU rank
+    written straight into `out` (or a new array: NumPy's GEMMs read A and B
+    as they lie, so that is the only memory the call takes), elsewhere
+    gathered. Collective."""
+    (m, n, _), dtype, root = plan.shape, np.dtype(plan.dtype), operands.root
+    one = pgrid.size == 1
+    (A, conj_a), (B, conj_b) = (stored_operand(x, t, s, pgrid, be, root) for x, t, s in
+                                zip((operands.a, operands.b), plan.trans, plan.storage))
+    layout = Layout((m, n), pgrid.shape)
+    if one and not be.is_gpu:
+        c = np.empty((m, n), dtype) if operands.out is None else operands.out
+    else:
+        c = be.xp.empty(layout.local_shape(pgrid.row, pgrid.col), dtype)
+    C = DistMatrix(pgrid, layout, c, be)
+    result = summa(alpha, A, B, 0.0, C, panel_width=plan.panel_width, lookahead=plan.lookahead,
+                   broadcaster=plan.broadcaster, precision=plan.precision,
+                   schedule=plan.schedule, conj=(conj_a, conj_b))
+    if stats is not None:  # a pass over C where it lies: matmul warns of NaN/Inf by it
+        finite = pgrid.comm.allreduce(be.all_finite(c), op=MPI.LAND)
+        stats.__dict__.update(result.__dict__)
+        stats.extra.update(plan=plan.as_dict(), product_finite=finite)
+    if one and not be.is_gpu:
+        return c
+    return C.gather(root=root, out=operands.out)
+
+
+def _host_blocks(a, b, out, plan, pgrid, root: int, be):
+    """``(A, B, C, own copies or None, C's node-shared whole or None)``: this
+    rank's host blocks of a host-resident multiply. One rank: views of the
+    caller's arrays, the result written in place. Several: read where the
+    root holds them, node-shared, or scattered (:mod:`summa.host.blocks`);
+    every GPU uploads its own panel parts (own copies) under
+    ``broadcaster="host"``, or ``"auto"`` where the GPUs cannot read each
+    other's memory. Collective."""
+    (m, n, k), dtype = plan.shape, np.dtype(plan.dtype)
+    (trans_a, trans_b), (stored_a, stored_b) = plan.trans, plan.storage
+    if pgrid.size == 1:
+        A, B = host_block(a, trans_a, pgrid), host_block(b, trans_b, pgrid)
+        c = np.empty((m, n), dtype) if out is None else out
+        return A, B, DistMatrix(pgrid, Layout((m, n), pgrid.shape), c, NumpyBackend()), \
+            None, None
+    shares = node_shares(pgrid, (m, n, k), dtype)
+    A, a_node = root_block(a, trans_a, stored_a, (m, k), dtype, pgrid, root) or \
+        operand_block(a, trans_a, stored_a, (m, k), dtype, pgrid, root, shares)
+    B, b_node = root_block(b, trans_b, stored_b, (k, n), dtype, pgrid, root) or \
+        operand_block(b, trans_b, stored_b, (k, n), dtype, pgrid, root, shares)
+    C, c_node = root_result_block(out, (m, n), dtype, pgrid, root) or \
+        result_block(out, (m, n), dtype, pgrid, shares)
+    broadcaster, own = plan.broadcaster, None
+    if broadcaster == "host" and (a_node is None or b_node is None):
+        raise ValueError("broadcaster='host' needs node-shared operands: all ranks on "
+                         f"one node with room in {host_arrays.shm_dir()}")
+    if a_node is not None and b_node is not None and (
+            broadcaster == "host" or (broadcaster == "auto" and not peer_access(pgrid, be))):
+        # this rank's rows of A and columns of B, all of K
+        own = (a_node[own_range(C.layout.rows, pgrid.row)],
+               b_node[:, own_range(C.layout.cols, pgrid.col)])
+    return A, B, C, own, c_node
