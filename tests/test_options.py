@@ -178,10 +178,10 @@ def test_docs_table_is_up_to_date():
 
 
 #: Modules that may read the environment, and why: options.py (every
-#: setting), pool/__init__.py (whether a launcher started this process, and the
+#: setting), pool/launch.py (whether a launcher started this process, and the
 #: launcher's own environment for the workers), __main__.py (the
 #: environment a relaunch under mpiexec starts with).
-ENVIRONMENT_READERS = {"options.py", "pool/__init__.py", "__main__.py"}
+ENVIRONMENT_READERS = {"options.py", "pool/launch.py", "__main__.py"}
 
 
 def _source_lines():

@@ -19,7 +19,7 @@ PRIVATE_IMPORTS_ALLOWED: set = set()
 #: Modules where ``global`` stays: options' one explicit cache of the parsed
 #: settings. (What a process has one of, its pool of worker ranks and its
 #: running watchdog, sits in an attribute of one module-level object each:
-#: summa.pool's and summa.runtime.watchdog's ``_slot``.)
+#: summa.pool.launch's ``slot`` and summa.runtime.watchdog's ``_slot``.)
 GLOBAL_ALLOWED = {"summa.options"}
 
 #: Backend names are compared in backend selection only: get_backend's choice

@@ -220,7 +220,7 @@ def _attach(host, where, shape, dtype, transposed: bool = False):
     """An array as the owner shared it: a shared file's name, an .npy file's
     bytes (``{"file", "offset"}``), or its own memory (``{"remote"}``); its
     transpose where the owner shared the rows of that (a Fortran-ordered
-    operand, :func:`summa.pool._rows_array`)."""
+    operand, :func:`summa.pool.calls._rows_array`)."""
     if isinstance(where, dict) and "remote" in where:
         array = host.attach_remote(where["remote"], shape, dtype)
     elif isinstance(where, dict):

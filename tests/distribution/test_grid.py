@@ -172,12 +172,12 @@ def test_a_rank_bound_to_one_core_of_several_is_warned_and_copies_on_one_thread(
 def test_pool_launcher_unbinds_open_mpi_ranks_only_where_nothing_was_said(monkeypatch):
     from mpi4py import MPI
 
-    from summa import pool
+    from summa.pool import launch
     monkeypatch.setattr(MPI, "Get_library_version", lambda: "Open MPI v4.1.6")
-    assert pool._unbound(["mpirun", "-n", "2"]) == ["mpirun", "--bind-to", "none", "-n", "2"]
-    assert pool._unbound(["mpirun", "--bind-to", "socket"]) == ["mpirun", "--bind-to", "socket"]
+    assert launch._unbound(["mpirun", "-n", "2"]) == ["mpirun", "--bind-to", "none", "-n", "2"]
+    assert launch._unbound(["mpirun", "--bind-to", "socket"]) == ["mpirun", "--bind-to", "socket"]
     monkeypatch.setattr(MPI, "Get_library_version", lambda: "MPICH Version: 4.2")
-    assert pool._unbound(["mpiexec"]) == ["mpiexec"]
+    assert launch._unbound(["mpiexec"]) == ["mpiexec"]
 
 
 def test_grid_ranks_message_agrees_in_number():

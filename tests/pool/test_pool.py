@@ -1,6 +1,6 @@
 """One plain Python process, several ranks: summa.matmul spawns a pool of
-workers (summa/pool/__init__.py, summa/pool/worker.py). Serial tests only: under a launcher
-nothing is spawned (test_multiply covers that path)."""
+workers (summa/pool/launch.py, summa/pool/calls.py, summa/pool/worker.py). Serial tests only:
+under a launcher nothing is spawned (test_multiply covers that path)."""
 
 import os
 import signal
@@ -18,6 +18,7 @@ from helpers import gemm_scaled_error, random_array
 from leftovers import existing, held_files, interrupt, job_pids, wait_gone
 from summa.host import shared as host, remote
 from summa import pool
+from summa.pool import launch
 from summa.runtime.cleanup import process_alive
 
 pytestmark = pytest.mark.skipif(pool.launched(), reason="under a launcher nothing is spawned")
@@ -62,13 +63,13 @@ def test_a_failing_worker_ends_the_call_with_one_error_and_the_pool_starts_anew(
         rng, monkeypatch, action, match):
     a, b = random_array(rng, (50, 40), "float64"), random_array(rng, (40, 30), "float64")
     summa.matmul(a, b, workers=3, backend="numpy")  # a pool to break
-    before = dict(pool._slot.pool.pids)
-    held = held_files([*before.values(), *pool._slot.pool.parents])
+    before = dict(launch.slot.pool.pids)
+    held = held_files([*before.values(), *launch.slot.pool.parents])
     assert held  # MPI's shared memory: a killed worker cannot remove it, the caller does
     monkeypatch.setenv("SUMMA_INJECT_FAULT", f"summa:1:{action}")
     with pytest.raises(pool.WorkerError, match=match):
         summa.matmul(a, b, workers=3, backend="numpy", out_of_core=True, panel_width=4)
-    assert pool._slot.pool is None
+    assert launch.slot.pool is None
     assert not [p for p in before.values() if process_alive(p)]  # no worker left running
     assert existing(held) == []
     monkeypatch.delenv("SUMMA_INJECT_FAULT")
@@ -95,7 +96,7 @@ def test_a_worker_found_dead_is_the_cause_even_when_another_reports_first(rng, m
     summa.matmul(a, b, workers=2, backend="numpy")
     dead = _dead_child()
     try:
-        pool._slot.pool.pids[2] = dead.pid
+        launch.slot.pool.pids[2] = dead.pid
         monkeypatch.setenv("SUMMA_INJECT_FAULT", "summa:1:raise")
         with pytest.raises(pool.WorkerError, match=rf"^worker rank 2 \(pid {dead.pid}\) died; "
                                                    r".*\nthen worker rank 1 failed: RuntimeError: "
@@ -103,7 +104,7 @@ def test_a_worker_found_dead_is_the_cause_even_when_another_reports_first(rng, m
             summa.matmul(a, b, workers=2, backend="numpy", out_of_core=True, panel_width=4)
     finally:
         dead.wait()
-    assert pool._slot.pool is None
+    assert launch.slot.pool is None
 
 
 def test_a_worker_whose_mpi_call_failed_waits_briefly_for_the_peer_behind_it(monkeypatch):
@@ -138,7 +139,7 @@ def test_of_errors_read_together_the_one_sent_first_counts():
     others, and one may report an MPI error, finding the first dead, before
     this process has read the first report: both are read together, and the
     first one sent is the call's error, not a death."""
-    stand_in = object.__new__(pool._Pool)
+    stand_in = object.__new__(launch.Pool)
     stand_in.pids = {0: 100, 1: 101}
     first = ("error", 1, "RuntimeError", "its own fault", "", [])
     then = ("error", 0, "Exception", "See the MPI_ERROR field", "", [1])
@@ -155,7 +156,7 @@ def test_bad_input_is_a_value_error_before_anything_is_spawned(rng):
     pool.close()
     with pytest.raises(ValueError, match="inner dimensions"):
         summa.matmul(a, a, workers=2, backend="numpy")
-    assert pool._slot.pool is None
+    assert launch.slot.pool is None
     with pytest.raises(ValueError, match="at least one worker"):
         summa.matmul(a, a.T, workers=0, backend="numpy")
 
@@ -168,7 +169,7 @@ def test_a_worker_that_does_not_answer_ends_the_call_after_the_timeout(rng, monk
     # same SUMMA_TIMEOUT) may end the job first: either way one error, nothing hangs
     with pytest.raises(pool.WorkerError, match=r"did not answer in 2 s|died"):
         summa.matmul(a, a, workers=2, backend="numpy", out_of_core=True, panel_width=4)
-    assert pool._slot.pool is None
+    assert launch.slot.pool is None
 
 
 def test_many_calls_leave_no_processes_files_or_memory_behind(rng):
@@ -178,12 +179,12 @@ def test_many_calls_leave_no_processes_files_or_memory_behind(rng):
     a, b = random_array(rng, (64, 64), "float64"), random_array(rng, (64, 64), "float64")
     for _ in range(5):  # allocators and caches settle
         summa.matmul(a, b, workers=2, backend="numpy")
-    pids, files = dict(pool._slot.pool.pids), _shared_files()
+    pids, files = dict(launch.slot.pool.pids), _shared_files()
     before = {pid: _resident(pid) for pid in [os.getpid(), *pids.values()]}
     for _ in range(100):
         c = summa.matmul(a, b, workers=2, backend="numpy")
         del c
-    assert pool._slot.pool.pids == pids and _shared_files() == files
+    assert launch.slot.pool.pids == pids and _shared_files() == files
     grown = {pid: _resident(pid) - rss for pid, rss in before.items()}
     assert all(g < 16 << 20 for g in grown.values()), grown
 
@@ -208,7 +209,7 @@ def test_an_idle_pool_sleeps_and_wakes_at_once(rng):
     a, b = random_array(rng, (64, 64), "float64"), random_array(rng, (64, 64), "float64")
     summa.matmul(a, b, workers=2, backend="numpy")
     warm = min(_timed(summa.matmul, a, b, workers=2, backend="numpy") for _ in range(3))
-    job = [pool._slot.pool.proc.pid, *pool._slot.pool.pids.values(), *pool._slot.pool.parents]
+    job = [launch.slot.pool.proc.pid, *launch.slot.pool.pids.values(), *launch.slot.pool.parents]
     before, t0 = {pid: _cpu_seconds(pid) for pid in job}, time.monotonic()
     time.sleep(3)
     share = {pid: (_cpu_seconds(pid) - used) / (time.monotonic() - t0)
@@ -226,7 +227,7 @@ def _timed(f, *args, **kwargs) -> float:
 
 _CALLER = textwrap.dedent("""
     import os, sys, numpy as np, summa
-    from summa import pool
+    from summa.pool import launch
     how = sys.argv[1]
     a = np.ones((90, 90))
     summa.matmul(a, a, workers=2, backend="numpy")
@@ -238,7 +239,7 @@ _CALLER = textwrap.dedent("""
         while True:
             summa.matmul(a, a, workers=2, backend="numpy", out_of_core=True, panel_width=8)
     except KeyboardInterrupt:
-        print("interrupted", pool._slot.pool is None or how == "loop", flush=True)
+        print("interrupted", launch.slot.pool is None or how == "loop", flush=True)
 """)
 
 
@@ -337,15 +338,15 @@ def test_no_room_for_the_copies_says_how_to_need_none(rng, monkeypatch):
     a = random_array(rng, (30, 20), "float64")
     pool.close()
     launched = []
-    real = pool._Pool
-    monkeypatch.setattr(pool, "_Pool", lambda *x: launched.append(real(*x)) or launched[-1])
+    real = launch.Pool
+    monkeypatch.setattr(launch, "Pool", lambda *x: launched.append(real(*x)) or launched[-1])
     with monkeypatch.context() as m:
         m.setattr(host, "_room", lambda nbytes: False)
         m.setenv("SUMMA_IN_PLACE", "0")  # copies, not reads of this process
         with pytest.raises(ValueError, match=r"has less than .* free for a shared array.*"
                                              r"summa\.host\.empty.*mmap_mode"):
             summa.matmul(a, a.T.copy(), workers=2, backend="numpy")
-    assert pool._slot.pool is None and launched[0].proc.poll() is not None  # no job left
+    assert launch.slot.pool is None and launched[0].proc.poll() is not None  # no job left
     c = summa.matmul(a, a.T.copy(), workers=2, backend="numpy")
     assert gemm_scaled_error(np.asarray(c), a, a.T.copy()) <= 1
 
@@ -389,7 +390,7 @@ def test_workers_that_may_not_read_the_caller_get_copies(rng, monkeypatch):
     stats = summa.SummaStats()
     c = summa.matmul(a, b, workers=2, backend="numpy", stats=stats)
     assert gemm_scaled_error(np.asarray(c), a, b) <= 1
-    assert stats.extra["pool_reads_caller"] is False and pool._slot.pool.remote is False
+    assert stats.extra["pool_reads_caller"] is False and launch.slot.pool.remote is False
     c = summa.matmul(b.T.copy(), a.T.copy(), workers=2, backend="numpy", stats=stats)
     assert gemm_scaled_error(np.asarray(c), b.T, a.T) <= 1
 
@@ -397,8 +398,8 @@ def test_workers_that_may_not_read_the_caller_get_copies(rng, monkeypatch):
 def test_a_pool_started_ahead_is_the_one_the_first_call_uses(rng, monkeypatch):
     pool.close()
     launched = []
-    real = pool._Pool
-    monkeypatch.setattr(pool, "_Pool", lambda *x: launched.append(real(*x)) or launched[-1])
+    real = launch.Pool
+    monkeypatch.setattr(launch, "Pool", lambda *x: launched.append(real(*x)) or launched[-1])
     assert pool.start(workers=2, backend="numpy") == 2 and len(launched) == 1
     a, b = random_array(rng, (30, 20), "float64"), random_array(rng, (20, 25), "float64")
     c = summa.matmul(a, b, workers=2, backend="numpy")
@@ -418,17 +419,17 @@ def test_soak_random_calls_interrupts_and_killed_workers_leave_nothing(rng, monk
     processes, rss = len(job_pids(os.getpid())), _resident(os.getpid())
     segments, outcomes = set(), {"done": 0, "interrupted": 0, "worker died": 0}
     for _ in range(calls):
-        if pool._slot.pool is not None:
-            segments |= pool._slot.pool.segments
+        if launch.slot.pool is not None:
+            segments |= launch.slot.pool.segments
         outcomes[_one_soak_call(rng, monkeypatch)] += 1
     summa.matmul(np.ones((8, 8)), np.ones((8, 8)), workers=2, backend="numpy")
-    current = pool._slot.pool.segments
+    current = launch.slot.pool.segments
     assert len(job_pids(os.getpid())) == processes, outcomes
     assert existing(segments - current) == [], outcomes
     assert [f for f in _shared_files() if f.startswith(f"summa-{os.getpid()}-")] == []
-    folders = [f for f in os.listdir(os.path.dirname(pool._slot.pool._folder))
+    folders = [f for f in os.listdir(os.path.dirname(launch.slot.pool._folder))
                if f.startswith("summa-pool-")]
-    assert folders == [os.path.basename(pool._slot.pool._folder)]
+    assert folders == [os.path.basename(launch.slot.pool._folder)]
     assert _resident(os.getpid()) - rss < 64 << 20, outcomes
     assert outcomes["done"] > 0
 
@@ -473,7 +474,7 @@ def test_ctrl_c_that_lands_in_a_finalizer_is_not_lost():
     waiting for good; with the flag it is raised once the call returns."""
     import weakref
 
-    from summa.pool import _ctrl_c_as_flag
+    from summa.pool.calls import _ctrl_c_as_flag
 
     class Held:
         pass

@@ -1,8 +1,9 @@
 """summa.Matmul in a plain Python process: where summa.matmul would run on the
 pool of workers, the Matmul lives in them (summa.pool.PooledMatmul, the
-"open", "execute" and "free" commands of summa/pool/worker.py), planned once
-and kept between executions. Serial tests only: under a launcher nothing is
-spawned (tests/planning/test_planner.py covers Matmul on the ranks of comm)."""
+"open", "execute" and "free" commands of summa/pool/worker.py; the owner's
+side in summa/pool/calls.py), planned once and kept between executions.
+Serial tests only: under a launcher nothing is spawned
+(tests/planning/test_planner.py covers Matmul on the ranks of comm)."""
 
 import gc
 import warnings
@@ -15,6 +16,7 @@ from mpi4py import MPI
 import summa
 from helpers import gemm_scaled_error, random_array
 from summa import pool
+from summa.pool import calls, launch
 
 pytestmark = pytest.mark.skipif(pool.launched(), reason="under a launcher nothing is spawned")
 
@@ -27,12 +29,12 @@ POOLED = dict(workers=2, backend="numpy", panel_width=4)
 def commands(monkeypatch):
     """The kinds of the commands this process sends its pools, in order."""
     sent = []
-    real = pool._Pool.run
+    real = launch.Pool.run
 
     def run(self, kind, spec, interrupted=None):
         sent.append(kind)
         return real(self, kind, spec, interrupted)
-    monkeypatch.setattr(pool._Pool, "run", run)
+    monkeypatch.setattr(launch.Pool, "run", run)
     return sent
 
 
@@ -78,16 +80,16 @@ def test_bad_input_is_refused_as_without_the_pool_before_it_is_asked(rng, comman
         summa.Matmul(a[0], b, **POOLED)
     with pytest.raises(TypeError, match="unexpected keyword argument"):
         summa.Matmul(a, b, stats=None, **POOLED)
-    assert pool._slot.pool is None and commands == []  # nothing launched
+    assert launch.slot.pool is None and commands == []  # nothing launched
     with summa.Matmul(a, b, **POOLED) as m:
-        running = pool._slot.pool
+        running = launch.slot.pool
         with pytest.raises(ValueError, match="planned 60x30x40 float64"):
             m.execute(b.T.copy(), a.T.copy())
         with pytest.raises(ValueError, match="must pass the array b"):
             m.execute(a)
         with pytest.raises(ValueError, match=r"out is \(30, 60\) float64"):
             m.execute(out=np.empty((30, 60)))
-        assert pool._slot.pool is running and commands == ["open"]  # none reached it
+        assert launch.slot.pool is running and commands == ["open"]  # none reached it
         assert gemm_scaled_error(m.execute(), a, b) <= 1
 
 
@@ -127,15 +129,15 @@ def test_a_pool_started_anew_opens_the_matmul_again(rng, monkeypatch, commands, 
     with summa.Matmul(a, b, **POOLED) as m:
         planned = m.plan
         m.execute()
-        broken = pool._slot.pool
+        broken = launch.slot.pool
         monkeypatch.setenv("SUMMA_INJECT_FAULT", f"summa:1:{action}")
         with pytest.raises(pool.WorkerError, match=match):
             m.execute()
-        assert pool._slot.pool is None and broken.proc.poll() is not None
+        assert launch.slot.pool is None and broken.proc.poll() is not None
         monkeypatch.delenv("SUMMA_INJECT_FAULT")
         c = m.execute()
         assert gemm_scaled_error(c, a, b) <= 1 and m.plan == planned
-        assert pool._slot.pool not in (None, broken)
+        assert launch.slot.pool not in (None, broken)
         assert m.stats.extra["worker_executions"] == 1  # a new Matmul in the new pool
         assert commands == ["open", "execute", "execute", "open", "execute"]
         m.execute()
@@ -149,11 +151,11 @@ def test_a_pool_stopped_ends_cleanly_and_the_next_execution_opens_the_matmul_aga
     below); the next execution opens the Matmul again in this process's pool."""
     a, b = _operands(rng)
     m = summa.Matmul(a, b, **POOLED)
-    stopped = pool._slot.pool
+    stopped = launch.slot.pool
     summa.matmul(a, b, workers=3, backend="numpy")  # another size: the pool of 2 stops
     assert stopped.proc.returncode == 0
     assert gemm_scaled_error(m.execute(), a, b) <= 1
-    assert pool._slot.pool.size == 2 and commands == ["open", "matmul", "open", "execute"]
+    assert launch.slot.pool.size == 2 and commands == ["open", "matmul", "open", "execute"]
     m.free()
 
 
@@ -180,7 +182,7 @@ def test_workers_that_may_not_read_the_caller_plan_and_execute_on_copies(rng, mo
     monkeypatch.setenv("SUMMA_IN_PLACE", "0")  # ... but the workers are told no
     with summa.Matmul(a, b, **POOLED) as m:
         planned = m.plan
-        assert not planned.out_of_core and pool._slot.pool.remote is False
+        assert not planned.out_of_core and launch.slot.pool.remote is False
         for x in (a, random_array(rng, a.shape, "float64")):
             assert gemm_scaled_error(m.execute(x, b), x, b) <= 1
             assert m.stats.extra["pool_reads_caller"] is False
@@ -220,10 +222,10 @@ def test_a_worker_keeps_no_operands_and_frees_its_matmuls_at_stop(rng, monkeypat
     freed = []
     real = Matmul.free
     monkeypatch.setattr(Matmul, "free", lambda self: freed.append(self) or real(self))
-    call = pool._Call("open", a, b, None, None, a.dtype, dict(backend="numpy"), {"id": 7})
+    call = calls._Call("open", a, b, None, None, a.dtype, dict(backend="numpy"), {"id": 7})
     # (kept: the shared copies, alive until the worker is done)
-    parts, _, kept = pool._operands(a, b, None, None, a.dtype, False, touch=False)
-    owner = _Owner([("open", pool._spec(call, parts, False), {}, []), ("stop",)])
+    parts, _, kept = calls._operands(a, b, None, None, a.dtype, False, touch=False)
+    owner = _Owner([("open", calls._spec(call, parts, False), {}, []), ("stop",)])
     worker.serve(owner, MPI.COMM_SELF, {})
     assert [answer[0] for answer in owner.answers] == ["done"]
     assert owner.answers[0][1]["plan"] == expected
@@ -236,14 +238,14 @@ def test_a_pool_started_anew_that_plans_otherwise_runs_its_plan_and_says_so(rng,
     again; where that plan differs (on GPUs: other free memory), m.plan is
     the new one, which the workers run, with a RuntimeWarning."""
     a, b = _operands(rng)
-    real = pool._Pool.run
+    real = launch.Pool.run
 
     def run(self, kind, spec, interrupted=None):  # the workers' answer, as another pool's
         record = real(self, kind, spec, interrupted)
         if kind == "open" and reopened:
             record["plan"] = replace(record["plan"], lookahead=2)
         return record
-    monkeypatch.setattr(pool._Pool, "run", run)
+    monkeypatch.setattr(launch.Pool, "run", run)
     reopened = False
     pool.close()
     with summa.Matmul(a, b, **POOLED) as m:
