@@ -5,8 +5,9 @@
 panel width (:mod:`summa.planning.tuning`), the SUMMA schedule as data
 (:mod:`summa.planning.schedule`), the broadcasters
 (:mod:`summa.planning.selection`) and the predicted time of the performance
-model (:mod:`summa.planning.model`). ``summa plan`` prints what a run takes.
-The planner's public names are re-exported here.
+model (:mod:`summa.planning.model`, for a Plan :mod:`summa.planning.prediction`).
+``summa plan`` prints what a run takes (:mod:`summa.planning.report`). The
+planner's public names are re-exported here.
 """
 
 from .planner import Machine, Plan, make_plan, restage

@@ -22,8 +22,8 @@ from ..distribution.topology import topology_of
 from ..device.traits import traits
 from .tuning import transposes_a
 
-__all__ = ["MemoryPlan", "Execution", "memory_plan", "resident_plan", "check_memory",
-           "ranks_on_device", "check_host_memory", "parse_bytes"]
+__all__ = ["MemoryPlan", "Execution", "memory_plan", "resident_plan", "host_traffic",
+           "check_memory", "ranks_on_device", "check_host_memory", "parse_bytes"]
 
 
 @dataclass(frozen=True)
@@ -345,6 +345,16 @@ def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: b
         if emulated and ntn >= min(nl, EMULATED_COLUMN_TILES):
             break
     return (best[3], best[2]) if best else None
+
+
+def host_traffic(memory: MemoryPlan, shape, grid) -> int:
+    """Elements one rank moves between host and GPU out of core: its A
+    block once per column of C tiles, its B block once per row of them, its
+    C block once."""
+    m, n, k = shape
+    ml, nl, kl = -(-m // grid[0]), -(-n // grid[1]), k
+    rows, cols = memory.tiles
+    return ml * kl * cols + kl * nl * rows + ml * nl
 
 
 def _gib(nbytes: float) -> str:

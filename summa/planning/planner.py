@@ -9,6 +9,10 @@ prints the Plan a run on that machine would take. Where the machine is this
 one (:meth:`Machine.live`) the plan asks the devices for their free memory and
 checks the nodes' host memory (collective); where it is described by figures
 (``summa plan`` planning for another machine) nothing is asked.
+
+What the model predicts of a plan's time is :mod:`summa.planning.prediction`'s
+(``make_plan(predict=True)``); the plan as text (``str(plan)``, what ``summa
+plan`` prints) is :mod:`summa.planning.report`'s.
 """
 
 from __future__ import annotations
@@ -20,17 +24,18 @@ from mpi4py import MPI
 
 from ..precision import ozaki_gpu
 from ..distribution.grid import check_grid_ranks, grid_for, parse_grid
-from .memory import (FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SMALLEST, Execution, MemoryPlan,
-                     check_host_memory, check_memory, memory_plan, parse_bytes, resident_plan)
-from ..host.storage import transposed
+from .memory import (Execution, MemoryPlan, check_host_memory, check_memory, host_traffic,
+                     memory_plan, parse_bytes, resident_plan)
+from .prediction import predict_plan
+from .report import plan_lines
 from ..execution.strips import check_schedule
-from .tuning import default_panel_width
+from .tuning import default_panel_width, is_width
 from ..device import staging
 from ..device.traits import traits
 from ..distribution.topology import topology_of
 from .. import options
 
-__all__ = ["Machine", "Placement", "Plan", "make_plan", "restage", "host_traffic"]
+__all__ = ["Machine", "Placement", "Plan", "make_plan", "restage"]
 
 #: Share of the free device memory an out-of-core plan takes where no
 #: budget is given (the rest: the memory pool's rounding, library workspaces).
@@ -240,7 +245,7 @@ class Plan:
         return _plain(asdict(self))
 
     def __str__(self) -> str:
-        return "\n".join(_lines(self))
+        return "\n".join(plan_lines(self))
 
 
 def _plain(value):
@@ -362,7 +367,7 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
                                profile=profile)
         except ValueError:  # no float64 plan to set beside it
             pass
-    return replace(plan, predicted=_predict(plan, profile, native))
+    return replace(plan, predicted=predict_plan(plan, profile, native))
 
 
 def _resident(machine: Machine, shape, dtype, trans, placement: Placement, asked) -> tuple:
@@ -442,15 +447,11 @@ def _grid(grid, machine: Machine, m: int, n: int, dtype, schedule: str) -> tuple
     return dims
 
 
-def _is_width(width) -> bool:
-    return isinstance(width, (int, np.integer)) and not isinstance(width, bool)
-
-
 def _width(asked, backend: str, dtype, precision, ooc: bool, grid, schedule: str):
     """The panel width the run takes: `asked` where an integer; the default
     for the mode for None (and out of core for anything else); ``"auto"``
     in memory where there is something to measure (several ranks, panels)."""
-    if _is_width(asked):
+    if is_width(asked):
         return int(asked)
     auto = isinstance(asked, str) and asked == "auto"
     if ooc or asked is None or (auto and (grid[0] * grid[1] == 1 or (
@@ -484,7 +485,7 @@ def _memory(machine, shape, dtype, grid, panel_width, lookahead, asked: _MemoryA
     backend = machine.backend
     note = None
     if out_of_core is not True and not device_memory:
-        width = int(panel_width) if _is_width(panel_width) else \
+        width = int(panel_width) if is_width(panel_width) else \
             default_panel_width(backend, dtype, precision)
         memory = memory_plan(m, n, k, dtype, grid, width,
                              Execution(lookahead, backend, schedule=schedule, precision=precision,
@@ -528,7 +529,7 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
     (its products lose more to narrow panels than the bytes save)."""
     m, n, k = shape
     budget, precision, staged, threads = limits
-    if _is_width(panel_width):
+    if is_width(panel_width):
         widths = [int(panel_width)]
     else:
         widest = default_panel_width(backend, dtype, precision, out_of_core=True)
@@ -551,16 +552,6 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
     if best is None:
         raise refusal
     return best[1]
-
-
-def host_traffic(memory: MemoryPlan, shape, grid) -> int:
-    """Elements one rank moves between host and GPU out of core: its A
-    block once per column of C tiles, its B block once per row of them, its
-    C block once."""
-    m, n, k = shape
-    ml, nl, kl = -(-m // grid[0]), -(-n // grid[1]), k
-    rows, cols = memory.tiles
-    return ml * kl * cols + kl * nl * rows + ml * nl
 
 
 def _check(machine: Machine, memory: MemoryPlan) -> None:
@@ -598,332 +589,3 @@ def _panel_sums(memory, dtype, grid, shape, width, precision, schedule) -> int |
             or not ozaki_gpu.panel_sums_apply(dtype, grid[0] * grid[1], k)):
         return None
     return ozaki_gpu.panel_sums_bytes(-(-m // grid[0]), -(-n // grid[1]), width, k)
-
-
-def _predict(plan: Plan, path=None, native: Plan | None = None) -> dict:
-    """The model's time for `plan` by the profile at `path` (None: shipped):
-    ``seconds`` and ``tflops`` as the split combines them, the ``split``
-    (:meth:`summa.planning.model.TimeSplit.as_dict`), its ``bound`` and
-    ``bound_share``, ``advice`` (what would move the bound), ``summa_seconds``
-    (the SUMMA alone on data in GPU memory, what ``summa model`` predicts),
-    and beside fp64-int8 the time of float64's `native` plan; or ``error``."""
-    # the model loads only when asked
-    from .model import Profile, RunSetting, predict, shipped_profile
-    path = path or shipped_profile()
-    out = {"profile": str(path), "shipped": str(path) == shipped_profile()}
-    try:
-        profile = Profile.load(path)
-        split, details = _split(plan, profile)
-        summa = predict(profile, *plan.shape, plan.dtype, plan.grid, _model_width(plan),
-                        RunSetting(lookahead=plan.lookahead, precision=plan.precision))
-    except (ValueError, KeyError) as exc:
-        return {**out, "error": str(exc)}
-    m, n, k = plan.shape
-    flops = (8 if np.dtype(plan.dtype).kind == "c" else 2) * m * n * k
-    bound, worst = split.bound()
-    parts = split.parts()
-    runner = max((p for p in parts if p != bound), key=parts.get, default=None)
-    following = runner if runner and parts[runner] >= NEXT_BOUND_SHARE * worst else None
-    out.update(seconds=split.seconds, tflops=flops / split.seconds / 1e12,
-               split=split.as_dict(), bound=bound, bound_share=worst / split.seconds,
-               summa_seconds=summa.seconds, **details,
-               advice=_advice(plan, profile, bound, details["host_link"]), next=following,
-               next_advice=_advice(plan, profile, following, details["host_link"])
-               if following else [])
-    if native is not None and "seconds" in (native.predicted or {}):
-        out.update(native_seconds=native.predicted["seconds"],
-                   native_tflops=native.predicted["tflops"])
-    return out
-
-
-#: A part of the time split at least this share of the bound's is named
-#: beside it with what would move it too: it bounds the run once the bound
-#: is halved.
-NEXT_BOUND_SHARE = 0.5
-
-
-def _model_width(plan: Plan) -> int:
-    """The panel width the model predicts for (``"auto"``: the default)."""
-    return plan.panel_width if _is_width(plan.panel_width) else \
-        default_panel_width(plan.backend, plan.dtype, plan.precision)
-
-
-def _split(plan: Plan, profile) -> tuple:
-    """``(TimeSplit, details)`` of `plan` by `profile`, per rank.
-
-    The model (:func:`summa.planning.model.predict`) times one C tile's SUMMA (in
-    memory: the whole block), times the number of tiles: its GEMMs, its
-    broadcasts, and what of its time is neither (the exposed rest). Out of
-    core without peer access each GPU uploads its own panel parts, so
-    nothing goes between GPUs (``broadcaster="auto"`` of
-    :func:`summa.api.multiply.matmul_arrays`). The host
-    link moves :func:`_host_bytes`; out of core its copies overlap the
-    GEMMs but for the first upload and the last write-back, in memory they
-    come before and after the SUMMA. The disk is timed beside, not in it."""
-    from .model import BOUNDS, RunSetting, TimeSplit, predict
-    (m, n, k), (pr, pc) = plan.shape, plan.grid
-    itemsize = np.dtype(plan.dtype).itemsize
-    rows, cols = plan.memory.tiles if plan.out_of_core else (1, 1)
-    tile = plan.memory.tile if plan.out_of_core else (-(-m // pr), -(-n // pc))
-    own = plan.out_of_core and pr * pc > 1 and not profile.peer_access
-    width = _model_width(plan)
-    one = predict(profile, tile[0] * pr, tile[1] * pc, k, plan.dtype, plan.grid, width,
-                  RunSetting(lookahead=plan.lookahead, precision=plan.precision))
-    gemm = rows * cols * one.panels * one.panel_compute
-    if own:
-        links = 0.0
-        summa = rows * cols * one.panels * (one.panel_compute + profile.panel_overhead(pr * pc))
-    else:
-        links, summa = rows * cols * one.received * one.panel_comm, rows * cols * one.seconds
-    exposed = max(0.0, summa - max(gemm, links))
-    # CPU ranks multiply where the data lie: nothing crosses a host link
-    up, down = _host_bytes(plan, own) if traits(plan.backend).gpu else (0, 0)
-    host = profile.host_seconds(up, down) if up else 0.0
-    if up and host is not None and plan.out_of_core:
-        exposed += profile.host_seconds(*_head_tail(plan, width, tile))
-    split = TimeSplit(gemm, host, links, exposed, BOUNDS if plan.out_of_core else
-                      ("gemm", "gpu_links"),
-                      profile.disk_seconds((m * k + k * n) * itemsize, m * n * itemsize))
-    return split, {"host_bytes": [up, down], "own_uploads": own, "comm": one.comm,
-                   "host_link": profile.host_link()}
-
-
-def _host_bytes(plan: Plan, own: bool) -> tuple[int, int]:
-    """``(up, down)``: bytes one rank moves from host memory to its GPU and
-    back, A and B starting in host memory and C ending there (beta 0). In
-    memory: its blocks of A and B once up, of C once down. Out of core its
-    C block comes down once; where every GPU uploads its own panel parts
-    (`own`), all it needs (:func:`host_traffic`), else the parts it owns:
-    its A block once per column of C tiles, its B block once per row."""
-    (m, n, k), (pr, pc) = plan.shape, plan.grid
-    itemsize = np.dtype(plan.dtype).itemsize
-    ml, nl = -(-m // pr), -(-n // pc)
-    if own:
-        return (host_traffic(plan.memory, plan.shape, plan.grid) - ml * nl) * itemsize, \
-            ml * nl * itemsize
-    rows, cols = plan.memory.tiles if plan.out_of_core else (1, 1)
-    return (ml * -(-k // pc) * cols + -(-k // pr) * nl * rows) * itemsize, ml * nl * itemsize
-
-
-def _head_tail(plan: Plan, width: int, tile) -> tuple[int, int]:
-    """``(up, down)``: the bytes out of core that nothing hides: the first
-    panel's first piece goes up before the first GEMM, and the last tile's
-    last row strip comes down after its GEMM (:mod:`summa.execution.outofcore`)."""
-    itemsize = np.dtype(plan.dtype).itemsize
-    int8 = plan.precision == "fp64-int8"  # its first panel goes whole
-    first = min(width if int8 else HEAD_FIRST, plan.shape[2])
-    last = min(FP64_INT8_TAIL_SMALLEST if int8 else TAIL_SMALLEST, tile[0])
-    return first * (tile[0] + tile[1]) * itemsize, last * tile[1] * itemsize
-
-
-def _advice(plan: Plan, profile, bound: str, link) -> list[str]:
-    """What would move the bound `bound` of `plan` (a part's name)."""
-    if bound == "gpu_links":
-        return ["GPUs that read each other's memory (NVLink, peer access), fewer ranks in a "
-                "grid row or column, or wider panels (--nb) where the broadcasts' latency weighs"]
-    if bound == "gemm":
-        advice = []
-        native = plan.precision is None
-        if native and plan.dtype in ("float64", "complex128") and _rates(profile, plan,
-                                                                         "fp64-int8"):
-            advice.append("--precision fp64-int8 (float64 from exact INT8 tensor-core products, "
-                          f"{_rates(profile, plan, 'fp64-int8'):.1f}x this profile's float64 "
-                          "GEMM rate here; summa.freivalds checks the product)")
-        if native and plan.dtype == "float32" and _rates(profile, plan, "tf32"):
-            advice.append("--precision tf32 (float32 on tensor cores, "
-                          f"{_rates(profile, plan, 'tf32'):.1f}x this profile's rate here)")
-        return advice + ["more GPUs (each takes its share of the GEMMs)"]
-    rows, cols = plan.memory.tiles if plan.out_of_core else (1, 1)
-    advice = [] if plan.out_of_core else [
-        "out of core (--device-memory; summa.matmul on NumPy arrays runs so by itself): the "
-        "copies then overlap the GEMMs"]
-    if rows * cols > 1:
-        advice.append(f"more device memory per GPU: fewer C tiles than {rows} x {cols} (B "
-                      f"crosses the link once per row of tiles, A once per column)")
-    if link and link.get("pinned_h2d_gbs"):
-        advice.append("operands in page-locked memory (copied directly, "
-                      f"{link['pinned_h2d_gbs']:g} GB/s against {link['h2d_gbs']:g} staged "
-                      "from pageable memory)")
-    if plan.out_of_core:  # a new result's pages are faulted in beside the copies
-        advice.append("a result array used before (summa.matmul(..., out=c)): float64 16384³ "
-                      "on an H200 took 0.20 s into one against 0.29-0.97 s into a new one")
-    return advice + ["more GPUs, each on a link of its own (each moves its share)"]
-
-
-def _rates(profile, plan: Plan, precision: str) -> float | None:
-    """How many times faster the profile rates `precision`'s GEMMs than the
-    plan's at its block shape, each at its default width (None: no samples)."""
-    (m, n, _), (pr, pc) = plan.shape, plan.grid
-    ml, nl = -(-m // pr), -(-n // pc)
-    try:
-        faster = profile.gemm_rate(ml, nl, default_panel_width(plan.backend, plan.dtype,
-                                                               precision), plan.dtype, precision)
-        now = profile.gemm_rate(ml, nl, _model_width(plan), plan.dtype, plan.precision)
-    except ValueError:
-        return None
-    return faster / now if faster > now else None
-
-
-def _lines(plan: Plan) -> list[str]:
-    """What ``summa plan`` prints: the memory per rank, then each decision."""
-    gib = 2.0**30
-    memory, (m, n, k), grid = plan.memory, plan.shape, plan.grid
-    lines = [f"plan: {m} x {n} x {k} {plan.dtype} on {plan.ranks} ranks (grid {grid[0]}x"
-             f"{grid[1]}), nb {plan.panel_width}, lookahead {plan.lookahead}, {plan.backend} "
-             f"backend: {memory.mode}",
-             f"  peak per rank: device {memory.device_bytes / gib:.2f} GiB, host "
-             f"{memory.host_bytes / gib:.2f} GiB"]
-    if memory.tile:
-        lines.append(f"  C tiles of {memory.tile[0]} x {memory.tile[1]} ({memory.tiles[0]} x "
-                     f"{memory.tiles[1]} per rank), panels of {memory.chunk} columns in "
-                     f"{memory.slots} slots")
-    if any(memory.staged):
-        lines.append("  copy-engine broadcasts (ipc) stage each slot's panel once more "
-                     "(counted above; --comm nccl plans without)")
-    if memory.transposed_a:
-        lines.append("  A's panels are copied transposed for the GEMMs (one scratch panel "
-                     "counted above; SUMMA_TRANSPOSE_A)")
-    if plan.moduli is not None:
-        lines.append(f"  fp64-int8: each panel product's int8 residues ({plan.moduli} moduli), "
-                     "integer products and float64 sums counted above")
-    if plan.panel_sums is not None:
-        lines.append(f"  on this grid each rank sums its panels' INT8 products and folds C once "
-                     f"where its device also holds the sums ({plan.panel_sums / gib:.2f} GiB "
-                     "beside its blocks and panels); else a fold a panel, as counted above")
-    if memory.staging_bytes:
-        threads = plan.copy_threads
-        lines.append(f"  host copies pass through {memory.staging_bytes / 2**20:.0f} MiB of "
-                     f"page-locked chunks, filled and drained by {threads} copy "
-                     f"thread{'s' * (threads != 1)} a rank (SUMMA_COPY_THREADS); summa.matmul "
-                     "on NumPy arrays reads A and B where they lie, so its extra host "
-                     f"memory is C ({m * n * np.dtype(plan.dtype).itemsize / gib:.2f} GiB, or "
-                     "none with out=) and those chunks")
-    if plan.predicted:
-        lines += _prediction_lines(plan)
-    lines += _storage_lines(plan)
-    decided = (f"  decided: {plan.schedule}, op(A) {plan.trans[0]}, op(B) {plan.trans[1]}, "
-               f"broadcaster {plan.broadcaster}, precision {plan.precision or 'default'}")
-    if plan.out_of_core:
-        decided += f", device budget {plan.device_budget / gib:.2f} GiB"
-    if plan.host_copies:
-        decided += f", host copies {plan.host_copies}"
-    lines.append(decided)
-    if plan.placement.where != "host":
-        lines.append(f"  {plan.placement}")
-    if plan.note:
-        lines.append(f"  {plan.note}")
-    return lines
-
-
-def _storage_lines(plan: Plan) -> list[str]:
-    """How A and B are read where they lie, never by a transposing copy
-    (nothing where both lie by rows)."""
-    if tuple(plan.storage) == ("rows", "rows") and not any(plan.conj):
-        return []
-    lines = []
-    for name, storage, conj in zip("AB", plan.storage, plan.conj):
-        text = {"rows": "by rows, as it lies",
-                "cols": "by columns: its transpose's rows, the GEMM's transposed operand",
-                "strided rows": "strided: gathered by rows by the host copy threads",
-                "strided cols": "strided: gathered by columns by the host copy threads, the "
-                                "GEMM's transposed operand"}[storage]
-        if conj:
-            text += (", conjugated by the GEMM" if transposed(storage) else
-                     ", conjugated before its GEMM (a copy on the device)")
-        lines.append(f"  op({name}) {text}")
-    return lines
-
-
-def _prediction_lines(plan: Plan) -> list[str]:
-    """The model's time for the plan, where it goes, what bounds it and
-    what would move that, with what it assumes."""
-    pred = plan.predicted
-    if "error" in pred:
-        return [f"  no prediction from {pred['profile']}: {pred['error']}"]
-    where = " (the profile shipped with summa: 2 H200s; calibrate yours)" if pred["shipped"] \
-        else ""
-    lines = [f"  predicted by the model: {pred['seconds']:.2f} s, {pred['tflops']:.1f} "
-             f"TFLOP/s{where}",
-             f"  where the time goes, a {'GPU' if traits(plan.backend).gpu else 'rank'} (A and "
-             "B start in host memory, C ends there):"]
-    lines += _split_lines(plan)
-    split, names = pred["split"], _PART_NAMES
-    if plan.out_of_core:
-        combined = "max(GEMMs, host link, GPU links) + exposed: out of core they overlap"
-        if plan.precision == "fp64-int8":
-            # its tiles fold C once per panel and make their own residues (docs/benchmarks.md,
-            # "float64 on INT8: speed", out of core: 59 against 77 TFLOP/s in memory)
-            combined += ("; not in the model: fp64-int8 measured 0.77 of in-memory on one H200 "
-                         "(each panel folds the tile again, each tile makes its residues)")
-        else:
-            combined += (" (measured 0.86-0.99 of in-memory on one H200 where the host link "
-                         "keeps up with the GEMMs)")
-    else:
-        combined = ("host link + max(GEMMs, GPU links) + exposed: in memory the copies come "
-                    "before and after the SUMMA (none for data made on the GPUs, as bench's)")
-    others = sorted((value, name) for name, value in split.items()
-                    if name in names and name != pred["bound"] and value is not None)
-    lines += [f"  combined: {combined}",
-              f"  bound by: {_bound_name(pred['bound'], pred)}, {pred['bound_share'] * 100:.0f} % "
-              f"of the time" + (f"; {names[others[-1][1]]} would take {others[-1][0]:.1f} s"
-                             if others else ""),
-              "  would move it: " + "; ".join(pred["advice"])]
-    if pred.get("next"):
-        lines.append(f"  next bound, {_bound_name(pred['next'], pred)} at "
-                     f"{split[pred['next']]:.1f} s: " + "; ".join(pred["next_advice"]))
-    if "native_seconds" in pred:
-        native = pred["native_seconds"]
-        lines.append(f"  native {plan.dtype} by the same profile: {native:.2f} s, "
-                     f"{pred['native_tflops']:.1f} TFLOP/s ({native / pred['seconds']:.2f}x "
-                     "fp64-int8's time)")
-    return lines
-
-
-#: The parts of a time split as ``summa plan`` names them.
-_PART_NAMES = {"gemm": "the GEMMs", "host_link": "the host link", "gpu_links": "the GPU links"}
-
-
-def _bound_name(bound: str, pred: dict) -> str:
-    """The bound named for a person: the host link with its kind (PCIe)."""
-    link = pred.get("host_link") or {}
-    if bound == "host_link" and link.get("name"):
-        return f"the host link ({link['name']})"
-    return _PART_NAMES[bound]
-
-
-def _split_lines(plan: Plan) -> list[str]:
-    """One line a part of the plan's time split, with what it counts."""
-    pred = plan.predicted
-    split, link = pred["split"], pred.get("host_link")
-    (m, n, k), ranks = plan.shape, plan.ranks
-    gb = 1e9
-    up, down = (b / gb for b in pred["host_bytes"])
-    flops = (8 if np.dtype(plan.dtype).kind == "c" else 2) * m * n * k / ranks
-    kind = plan.dtype + (" from INT8 products" if plan.precision == "fp64-int8" else "")
-    rows = [("GEMMs", split["gemm"], f"{kind} at {flops / split['gemm'] / 1e12:.2f} TFLOP/s a "
-             + ("GPU" if traits(plan.backend).gpu else "rank"))]
-    moved = f"{up:.1f} GB up, {down:.1f} GB down"
-    if not traits(plan.backend).gpu:
-        moved = "none: CPU ranks multiply in host memory"
-    elif link:
-        moved = (f"{link.get('name', 'host <-> GPU')}: {moved} at {link['h2d_gbs']:g} / "
-                 f"{link['d2h_gbs']:g} GB/s, staged from pageable memory")
-    else:
-        moved = f"the profile has no host_link rates ({moved})"
-    rows.append(("host link", split["host_link"], moved))
-    if ranks == 1:
-        between = "one GPU"
-    elif pred["own_uploads"]:
-        between = "none: without peer access each GPU uploads its own panel parts"
-    else:
-        between = f"the panels each GPU receives, by {pred['comm']}"
-    rows.append(("GPU links", split["gpu_links"], between))
-    rows.append(("exposed", split["exposed"], "pipeline fill, per-panel overhead"
-                 + (", the first upload and the last write-back" if plan.out_of_core else "")))
-    files = f"{(m * k + k * n) * np.dtype(plan.dtype).itemsize / gb:.1f} GB and writes " \
-        f"{m * n * np.dtype(plan.dtype).itemsize / gb:.1f} GB"
-    rows.append(("disk", split["disk"], f"only summa multiply on .npy files, beside the time "
-                 f"above: reads {files}" if split["disk"] is not None else
-                 f"the profile has no disk rate (summa multiply on .npy files reads {files})"))
-    return [f"    {name:<10}{f'{value:10.2f} s' if value is not None else 'not counted':>12}  "
-            f"{what}" for name, value, what in rows]

@@ -19,7 +19,7 @@ from ..execution.transpose import PanelsOfA
 from ..device.traits import traits
 
 __all__ = ["default_panel_width", "auto_panel_width", "panel_width_for", "transposes_a",
-           "CANDIDATE_WIDTHS"]
+           "is_width", "CANDIDATE_WIDTHS"]
 
 #: Widths ``auto`` considers (those wider than K are dropped).
 CANDIDATE_WIDTHS = (256, 512, 1024, 2048, 4096, 8192)
@@ -97,6 +97,12 @@ def transposes_a(backend_name: str, dtype, precision=None, schedule: str = "pane
         return True
     return (traits(backend_name).gpu and precision not in ("tf32", "fp64-int8")
             and np.dtype(dtype).char in TRANSPOSED_A_FASTER)
+
+
+def is_width(width) -> bool:
+    """Is `width` a panel width as such (an integer, not a bool), not
+    ``"auto"`` or None, which the planner settles?"""
+    return isinstance(width, (int, np.integer)) and not isinstance(width, bool)
 
 
 def auto_panel_width(A, B, C, precision=None) -> tuple[int, bool]:

@@ -1,0 +1,183 @@
+"""What the performance model predicts of a plan: the time of a
+:class:`summa.planning.planner.Plan` (the `plan` every function here takes)
+by a calibration profile (:mod:`summa.planning.model`), where it goes (GEMMs,
+host link, GPU links, exposed, disk), what bounds it and what would move
+that. :func:`summa.planning.planner.make_plan` fills ``Plan.predicted`` with
+:func:`predict_plan` where asked (``predict=True``); the model itself loads
+only then. Decides nothing: a plan is timed as it was made.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .memory import FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SMALLEST, host_traffic
+from .tuning import default_panel_width, is_width
+from ..device.traits import traits
+
+__all__ = ["predict_plan", "NEXT_BOUND_SHARE"]
+
+
+def predict_plan(plan, path=None, native=None) -> dict:
+    """The model's time for `plan` by the profile at `path` (None: shipped):
+    ``seconds`` and ``tflops`` as the split combines them, the ``split``
+    (:meth:`summa.planning.model.TimeSplit.as_dict`), its ``bound`` and
+    ``bound_share``, ``advice`` (what would move the bound), ``summa_seconds``
+    (the SUMMA alone on data in GPU memory, what ``summa model`` predicts),
+    and beside fp64-int8 the time of float64's `native` plan; or ``error``."""
+    # the model loads only when asked
+    from .model import Profile, RunSetting, predict, shipped_profile
+    path = path or shipped_profile()
+    out = {"profile": str(path), "shipped": str(path) == shipped_profile()}
+    try:
+        profile = Profile.load(path)
+        split, details = _split(plan, profile)
+        summa = predict(profile, *plan.shape, plan.dtype, plan.grid, _model_width(plan),
+                        RunSetting(lookahead=plan.lookahead, precision=plan.precision))
+    except (ValueError, KeyError) as exc:
+        return {**out, "error": str(exc)}
+    m, n, k = plan.shape
+    flops = (8 if np.dtype(plan.dtype).kind == "c" else 2) * m * n * k
+    bound, worst = split.bound()
+    parts = split.parts()
+    runner = max((p for p in parts if p != bound), key=parts.get, default=None)
+    following = runner if runner and parts[runner] >= NEXT_BOUND_SHARE * worst else None
+    out.update(seconds=split.seconds, tflops=flops / split.seconds / 1e12,
+               split=split.as_dict(), bound=bound, bound_share=worst / split.seconds,
+               summa_seconds=summa.seconds, **details,
+               advice=_advice(plan, profile, bound, details["host_link"]), next=following,
+               next_advice=_advice(plan, profile, following, details["host_link"])
+               if following else [])
+    if native is not None and "seconds" in (native.predicted or {}):
+        out.update(native_seconds=native.predicted["seconds"],
+                   native_tflops=native.predicted["tflops"])
+    return out
+
+
+#: A part of the time split at least this share of the bound's is named
+#: beside it with what would move it too: it bounds the run once the bound
+#: is halved.
+NEXT_BOUND_SHARE = 0.5
+
+
+def _model_width(plan) -> int:
+    """The panel width the model predicts for (``"auto"``: the default)."""
+    return plan.panel_width if is_width(plan.panel_width) else \
+        default_panel_width(plan.backend, plan.dtype, plan.precision)
+
+
+def _split(plan, profile) -> tuple:
+    """``(TimeSplit, details)`` of `plan` by `profile`, per rank.
+
+    The model (:func:`summa.planning.model.predict`) times one C tile's SUMMA (in
+    memory: the whole block), times the number of tiles: its GEMMs, its
+    broadcasts, and what of its time is neither (the exposed rest). Out of
+    core without peer access each GPU uploads its own panel parts, so
+    nothing goes between GPUs (``broadcaster="auto"`` of
+    :func:`summa.api.multiply.matmul_arrays`). The host
+    link moves :func:`_host_bytes`; out of core its copies overlap the
+    GEMMs but for the first upload and the last write-back, in memory they
+    come before and after the SUMMA. The disk is timed beside, not in it."""
+    from .model import BOUNDS, RunSetting, TimeSplit, predict
+    (m, n, k), (pr, pc) = plan.shape, plan.grid
+    itemsize = np.dtype(plan.dtype).itemsize
+    rows, cols = plan.memory.tiles if plan.out_of_core else (1, 1)
+    tile = plan.memory.tile if plan.out_of_core else (-(-m // pr), -(-n // pc))
+    own = plan.out_of_core and pr * pc > 1 and not profile.peer_access
+    width = _model_width(plan)
+    one = predict(profile, tile[0] * pr, tile[1] * pc, k, plan.dtype, plan.grid, width,
+                  RunSetting(lookahead=plan.lookahead, precision=plan.precision))
+    gemm = rows * cols * one.panels * one.panel_compute
+    if own:
+        links = 0.0
+        summa = rows * cols * one.panels * (one.panel_compute + profile.panel_overhead(pr * pc))
+    else:
+        links, summa = rows * cols * one.received * one.panel_comm, rows * cols * one.seconds
+    exposed = max(0.0, summa - max(gemm, links))
+    # CPU ranks multiply where the data lie: nothing crosses a host link
+    up, down = _host_bytes(plan, own) if traits(plan.backend).gpu else (0, 0)
+    host = profile.host_seconds(up, down) if up else 0.0
+    if up and host is not None and plan.out_of_core:
+        exposed += profile.host_seconds(*_head_tail(plan, width, tile))
+    split = TimeSplit(gemm, host, links, exposed, BOUNDS if plan.out_of_core else
+                      ("gemm", "gpu_links"),
+                      profile.disk_seconds((m * k + k * n) * itemsize, m * n * itemsize))
+    return split, {"host_bytes": [up, down], "own_uploads": own, "comm": one.comm,
+                   "host_link": profile.host_link()}
+
+
+def _host_bytes(plan, own: bool) -> tuple[int, int]:
+    """``(up, down)``: bytes one rank moves from host memory to its GPU and
+    back, A and B starting in host memory and C ending there (beta 0). In
+    memory: its blocks of A and B once up, of C once down. Out of core its
+    C block comes down once; where every GPU uploads its own panel parts
+    (`own`), all it needs (:func:`summa.planning.memory.host_traffic`),
+    else the parts it owns: its A block once per column of C tiles, its B
+    block once per row."""
+    (m, n, k), (pr, pc) = plan.shape, plan.grid
+    itemsize = np.dtype(plan.dtype).itemsize
+    ml, nl = -(-m // pr), -(-n // pc)
+    if own:
+        return (host_traffic(plan.memory, plan.shape, plan.grid) - ml * nl) * itemsize, \
+            ml * nl * itemsize
+    rows, cols = plan.memory.tiles if plan.out_of_core else (1, 1)
+    return (ml * -(-k // pc) * cols + -(-k // pr) * nl * rows) * itemsize, ml * nl * itemsize
+
+
+def _head_tail(plan, width: int, tile) -> tuple[int, int]:
+    """``(up, down)``: the bytes out of core that nothing hides: the first
+    panel's first piece goes up before the first GEMM, and the last tile's
+    last row strip comes down after its GEMM (:mod:`summa.execution.outofcore`)."""
+    itemsize = np.dtype(plan.dtype).itemsize
+    int8 = plan.precision == "fp64-int8"  # its first panel goes whole
+    first = min(width if int8 else HEAD_FIRST, plan.shape[2])
+    last = min(FP64_INT8_TAIL_SMALLEST if int8 else TAIL_SMALLEST, tile[0])
+    return first * (tile[0] + tile[1]) * itemsize, last * tile[1] * itemsize
+
+
+def _advice(plan, profile, bound: str, link) -> list[str]:
+    """What would move the bound `bound` of `plan` (a part's name)."""
+    if bound == "gpu_links":
+        return ["GPUs that read each other's memory (NVLink, peer access), fewer ranks in a "
+                "grid row or column, or wider panels (--nb) where the broadcasts' latency weighs"]
+    if bound == "gemm":
+        advice = []
+        native = plan.precision is None
+        if native and plan.dtype in ("float64", "complex128") and _rates(profile, plan,
+                                                                         "fp64-int8"):
+            advice.append("--precision fp64-int8 (float64 from exact INT8 tensor-core products, "
+                          f"{_rates(profile, plan, 'fp64-int8'):.1f}x this profile's float64 "
+                          "GEMM rate here; summa.freivalds checks the product)")
+        if native and plan.dtype == "float32" and _rates(profile, plan, "tf32"):
+            advice.append("--precision tf32 (float32 on tensor cores, "
+                          f"{_rates(profile, plan, 'tf32'):.1f}x this profile's rate here)")
+        return advice + ["more GPUs (each takes its share of the GEMMs)"]
+    rows, cols = plan.memory.tiles if plan.out_of_core else (1, 1)
+    advice = [] if plan.out_of_core else [
+        "out of core (--device-memory; summa.matmul on NumPy arrays runs so by itself): the "
+        "copies then overlap the GEMMs"]
+    if rows * cols > 1:
+        advice.append(f"more device memory per GPU: fewer C tiles than {rows} x {cols} (B "
+                      f"crosses the link once per row of tiles, A once per column)")
+    if link and link.get("pinned_h2d_gbs"):
+        advice.append("operands in page-locked memory (copied directly, "
+                      f"{link['pinned_h2d_gbs']:g} GB/s against {link['h2d_gbs']:g} staged "
+                      "from pageable memory)")
+    if plan.out_of_core:  # a new result's pages are faulted in beside the copies
+        advice.append("a result array used before (summa.matmul(..., out=c)): float64 16384³ "
+                      "on an H200 took 0.20 s into one against 0.29-0.97 s into a new one")
+    return advice + ["more GPUs, each on a link of its own (each moves its share)"]
+
+
+def _rates(profile, plan, precision: str) -> float | None:
+    """How many times faster the profile rates `precision`'s GEMMs than the
+    plan's at its block shape, each at its default width (None: no samples)."""
+    (m, n, _), (pr, pc) = plan.shape, plan.grid
+    ml, nl = -(-m // pr), -(-n // pc)
+    try:
+        faster = profile.gemm_rate(ml, nl, default_panel_width(plan.backend, plan.dtype,
+                                                               precision), plan.dtype, precision)
+        now = profile.gemm_rate(ml, nl, _model_width(plan), plan.dtype, plan.precision)
+    except ValueError:
+        return None
+    return faster / now if faster > now else None

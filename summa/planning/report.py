@@ -1,0 +1,180 @@
+"""A plan as text: what ``str(plan)`` and ``summa plan`` print of a
+:class:`summa.planning.planner.Plan` (the `plan` every function here takes):
+the memory per rank, each decision, and where the plan carries one, the
+model's prediction (:mod:`summa.planning.prediction`) with where its time
+goes, what bounds it and what would move that. Decides and predicts nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..host.storage import transposed
+from ..device.traits import traits
+
+__all__ = ["plan_lines"]
+
+
+def plan_lines(plan) -> list[str]:
+    """What ``summa plan`` prints: the memory per rank, then each decision."""
+    gib = 2.0**30
+    memory, (m, n, k), grid = plan.memory, plan.shape, plan.grid
+    lines = [f"plan: {m} x {n} x {k} {plan.dtype} on {plan.ranks} ranks (grid {grid[0]}x"
+             f"{grid[1]}), nb {plan.panel_width}, lookahead {plan.lookahead}, {plan.backend} "
+             f"backend: {memory.mode}",
+             f"  peak per rank: device {memory.device_bytes / gib:.2f} GiB, host "
+             f"{memory.host_bytes / gib:.2f} GiB"]
+    if memory.tile:
+        lines.append(f"  C tiles of {memory.tile[0]} x {memory.tile[1]} ({memory.tiles[0]} x "
+                     f"{memory.tiles[1]} per rank), panels of {memory.chunk} columns in "
+                     f"{memory.slots} slots")
+    if any(memory.staged):
+        lines.append("  copy-engine broadcasts (ipc) stage each slot's panel once more "
+                     "(counted above; --comm nccl plans without)")
+    if memory.transposed_a:
+        lines.append("  A's panels are copied transposed for the GEMMs (one scratch panel "
+                     "counted above; SUMMA_TRANSPOSE_A)")
+    if plan.moduli is not None:
+        lines.append(f"  fp64-int8: each panel product's int8 residues ({plan.moduli} moduli), "
+                     "integer products and float64 sums counted above")
+    if plan.panel_sums is not None:
+        lines.append(f"  on this grid each rank sums its panels' INT8 products and folds C once "
+                     f"where its device also holds the sums ({plan.panel_sums / gib:.2f} GiB "
+                     "beside its blocks and panels); else a fold a panel, as counted above")
+    if memory.staging_bytes:
+        threads = plan.copy_threads
+        lines.append(f"  host copies pass through {memory.staging_bytes / 2**20:.0f} MiB of "
+                     f"page-locked chunks, filled and drained by {threads} copy "
+                     f"thread{'s' * (threads != 1)} a rank (SUMMA_COPY_THREADS); summa.matmul "
+                     "on NumPy arrays reads A and B where they lie, so its extra host "
+                     f"memory is C ({m * n * np.dtype(plan.dtype).itemsize / gib:.2f} GiB, or "
+                     "none with out=) and those chunks")
+    if plan.predicted:
+        lines += _prediction_lines(plan)
+    lines += _storage_lines(plan)
+    decided = (f"  decided: {plan.schedule}, op(A) {plan.trans[0]}, op(B) {plan.trans[1]}, "
+               f"broadcaster {plan.broadcaster}, precision {plan.precision or 'default'}")
+    if plan.out_of_core:
+        decided += f", device budget {plan.device_budget / gib:.2f} GiB"
+    if plan.host_copies:
+        decided += f", host copies {plan.host_copies}"
+    lines.append(decided)
+    if plan.placement.where != "host":
+        lines.append(f"  {plan.placement}")
+    if plan.note:
+        lines.append(f"  {plan.note}")
+    return lines
+
+
+def _storage_lines(plan) -> list[str]:
+    """How A and B are read where they lie, never by a transposing copy
+    (nothing where both lie by rows)."""
+    if tuple(plan.storage) == ("rows", "rows") and not any(plan.conj):
+        return []
+    lines = []
+    for name, storage, conj in zip("AB", plan.storage, plan.conj):
+        text = {"rows": "by rows, as it lies",
+                "cols": "by columns: its transpose's rows, the GEMM's transposed operand",
+                "strided rows": "strided: gathered by rows by the host copy threads",
+                "strided cols": "strided: gathered by columns by the host copy threads, the "
+                                "GEMM's transposed operand"}[storage]
+        if conj:
+            text += (", conjugated by the GEMM" if transposed(storage) else
+                     ", conjugated before its GEMM (a copy on the device)")
+        lines.append(f"  op({name}) {text}")
+    return lines
+
+
+def _prediction_lines(plan) -> list[str]:
+    """The model's time for the plan, where it goes, what bounds it and
+    what would move that, with what it assumes."""
+    pred = plan.predicted
+    if "error" in pred:
+        return [f"  no prediction from {pred['profile']}: {pred['error']}"]
+    where = " (the profile shipped with summa: 2 H200s; calibrate yours)" if pred["shipped"] \
+        else ""
+    lines = [f"  predicted by the model: {pred['seconds']:.2f} s, {pred['tflops']:.1f} "
+             f"TFLOP/s{where}",
+             f"  where the time goes, a {'GPU' if traits(plan.backend).gpu else 'rank'} (A and "
+             "B start in host memory, C ends there):"]
+    lines += _split_lines(plan)
+    split, names = pred["split"], _PART_NAMES
+    if plan.out_of_core:
+        combined = "max(GEMMs, host link, GPU links) + exposed: out of core they overlap"
+        if plan.precision == "fp64-int8":
+            # its tiles fold C once per panel and make their own residues (docs/benchmarks.md,
+            # "float64 on INT8: speed", out of core: 59 against 77 TFLOP/s in memory)
+            combined += ("; not in the model: fp64-int8 measured 0.77 of in-memory on one H200 "
+                         "(each panel folds the tile again, each tile makes its residues)")
+        else:
+            combined += (" (measured 0.86-0.99 of in-memory on one H200 where the host link "
+                         "keeps up with the GEMMs)")
+    else:
+        combined = ("host link + max(GEMMs, GPU links) + exposed: in memory the copies come "
+                    "before and after the SUMMA (none for data made on the GPUs, as bench's)")
+    others = sorted((value, name) for name, value in split.items()
+                    if name in names and name != pred["bound"] and value is not None)
+    lines += [f"  combined: {combined}",
+              f"  bound by: {_bound_name(pred['bound'], pred)}, {pred['bound_share'] * 100:.0f} % "
+              f"of the time" + (f"; {names[others[-1][1]]} would take {others[-1][0]:.1f} s"
+                             if others else ""),
+              "  would move it: " + "; ".join(pred["advice"])]
+    if pred.get("next"):
+        lines.append(f"  next bound, {_bound_name(pred['next'], pred)} at "
+                     f"{split[pred['next']]:.1f} s: " + "; ".join(pred["next_advice"]))
+    if "native_seconds" in pred:
+        native = pred["native_seconds"]
+        lines.append(f"  native {plan.dtype} by the same profile: {native:.2f} s, "
+                     f"{pred['native_tflops']:.1f} TFLOP/s ({native / pred['seconds']:.2f}x "
+                     "fp64-int8's time)")
+    return lines
+
+
+#: The parts of a time split as ``summa plan`` names them.
+_PART_NAMES = {"gemm": "the GEMMs", "host_link": "the host link", "gpu_links": "the GPU links"}
+
+
+def _bound_name(bound: str, pred: dict) -> str:
+    """The bound named for a person: the host link with its kind (PCIe)."""
+    link = pred.get("host_link") or {}
+    if bound == "host_link" and link.get("name"):
+        return f"the host link ({link['name']})"
+    return _PART_NAMES[bound]
+
+
+def _split_lines(plan) -> list[str]:
+    """One line a part of the plan's time split, with what it counts."""
+    pred = plan.predicted
+    split, link = pred["split"], pred.get("host_link")
+    (m, n, k), ranks = plan.shape, plan.ranks
+    gb = 1e9
+    up, down = (b / gb for b in pred["host_bytes"])
+    flops = (8 if np.dtype(plan.dtype).kind == "c" else 2) * m * n * k / ranks
+    kind = plan.dtype + (" from INT8 products" if plan.precision == "fp64-int8" else "")
+    rows = [("GEMMs", split["gemm"], f"{kind} at {flops / split['gemm'] / 1e12:.2f} TFLOP/s a "
+             + ("GPU" if traits(plan.backend).gpu else "rank"))]
+    moved = f"{up:.1f} GB up, {down:.1f} GB down"
+    if not traits(plan.backend).gpu:
+        moved = "none: CPU ranks multiply in host memory"
+    elif link:
+        moved = (f"{link.get('name', 'host <-> GPU')}: {moved} at {link['h2d_gbs']:g} / "
+                 f"{link['d2h_gbs']:g} GB/s, staged from pageable memory")
+    else:
+        moved = f"the profile has no host_link rates ({moved})"
+    rows.append(("host link", split["host_link"], moved))
+    if ranks == 1:
+        between = "one GPU"
+    elif pred["own_uploads"]:
+        between = "none: without peer access each GPU uploads its own panel parts"
+    else:
+        between = f"the panels each GPU receives, by {pred['comm']}"
+    rows.append(("GPU links", split["gpu_links"], between))
+    rows.append(("exposed", split["exposed"], "pipeline fill, per-panel overhead"
+                 + (", the first upload and the last write-back" if plan.out_of_core else "")))
+    files = f"{(m * k + k * n) * np.dtype(plan.dtype).itemsize / gb:.1f} GB and writes " \
+        f"{m * n * np.dtype(plan.dtype).itemsize / gb:.1f} GB"
+    rows.append(("disk", split["disk"], f"only summa multiply on .npy files, beside the time "
+                 f"above: reads {files}" if split["disk"] is not None else
+                 f"the profile has no disk rate (summa multiply on .npy files reads {files})"))
+    return [f"    {name:<10}{f'{value:10.2f} s' if value is not None else 'not counted':>12}  "
+            f"{what}" for name, value, what in rows]

@@ -1,0 +1,179 @@
+"""The model's time of a plan (:mod:`summa.planning.prediction`), as ``summa
+plan`` prints it and ``--json`` records it: the time split into its parts,
+combined as documented, the bound and what would move it, on the profiles
+shipped with summa."""
+
+import io
+import json
+import re
+import types
+
+import pytest
+from mpi4py import MPI
+
+from summa import cli
+from summa.planning.memory import (FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SMALLEST,
+                                   host_traffic, parse_bytes)
+from summa.planning.model import Profile
+from summa.planning.planner import FREE_SHARE
+from summa.planning.prediction import NEXT_BOUND_SHARE
+
+
+def _plan(tmp_path, args) -> tuple[str, dict]:
+    """``summa plan ARGS --json FILE``: what it printed, and the plan it wrote."""
+    path, out = tmp_path / "plan.json", io.StringIO()
+    path.unlink(missing_ok=True)
+    assert cli.main(["plan", *args, "--json", str(path)], MPI.COMM_SELF, out) == 0
+    return out.getvalue(), json.loads(path.read_text())
+
+
+def _profile(name: str) -> dict:
+    from summa.planning.model import hardware_profile
+    return json.loads(open(hardware_profile(name)).read())
+
+
+#: Printed names of a time split's parts (``summa plan``).
+PRINTED = {"gemm": "GEMMs", "host_link": "host link", "gpu_links": "GPU links",
+           "exposed": "exposed", "disk": "disk"}
+FIRST_USER = ["--size", "100000", "--grid", "2x4", "--hardware", "rtx3090x8"]
+
+
+@pytest.mark.parametrize("args", [
+    FIRST_USER, FIRST_USER + ["--precision", "fp64-int8"],
+    FIRST_USER + ["--device-memory", "8GiB"],
+    ["--size", "100000", "--grid", "2x4"],                             # H200s, in memory
+    ["--size", "32768", "--ranks", "1", "--device-memory", "8GiB"],     # one H200, out of core
+    ["--size", "65536", "--grid", "2x1", "--dtype", "float32", "--hardware", "rtx3090x8"],
+    ["--m", "4096", "--n", "4096", "--k", "400000", "--grid", "1x2", "--nb", "256"],
+    ["--m", "2048", "--n", "2048", "--k", "1000000", "--grid", "2x4", "--dtype", "float32",
+     "--hardware", "rtx3090x8"],                                       # broadcasts over PCIe
+])
+def test_the_time_split_combines_to_the_time_and_the_bound_is_its_largest_part(tmp_path, args):
+    """The printed time is the split's parts combined as documented: the
+    largest of those that overlap, plus the others counted, plus the
+    exposed rest (the disk beside it, not in it); every part is printed as
+    --json records it, and the bound named is the largest part, with its
+    share of the time and the next largest part beside it."""
+    text, plan = _plan(tmp_path, args)
+    pred = plan["predicted"]
+    split = pred["split"]
+    counted = {p: split[p] for p in ("gemm", "host_link", "gpu_links") if split[p] is not None}
+    at_once = max(v for p, v in counted.items() if p in split["overlapped"])
+    serial = sum(v for p, v in counted.items() if p not in split["overlapped"])
+    assert split["exposed"] >= 0
+    assert at_once + serial + split["exposed"] == pytest.approx(pred["seconds"], rel=1e-12)
+    if not plan["out_of_core"]:  # the SUMMA's part is the model's time (summa model)
+        assert max(split["gemm"], split["gpu_links"]) + split["exposed"] == \
+            pytest.approx(pred["summa_seconds"], rel=1e-12)
+    assert float(re.search(r"predicted by the model: ([\d.]+) s", text).group(1)) == \
+        pytest.approx(pred["seconds"], abs=0.005)
+    for part, name in PRINTED.items():
+        row = re.search(rf"^    {name} +([\d.]+ s|not counted)  ", text, re.M)
+        assert row, (name, text)
+        if split[part] is None:
+            assert row.group(1) == "not counted"
+        else:
+            assert float(row.group(1)[:-2]) == pytest.approx(split[part], abs=0.005)
+    bound = max(counted, key=counted.get)
+    assert pred["bound"] == bound
+    assert pred["bound_share"] == pytest.approx(counted[bound] / pred["seconds"])
+    named = re.search(r"bound by: the ([A-Za-z ]+?)(?: \(.*?\))?, (\d+) % of the time; "
+                      r"the ([A-Za-z ]+) would take ([\d.]+) s", text)
+    assert named, text
+    assert named.group(1) == PRINTED[bound] and int(named.group(2)) == round(
+        100 * pred["bound_share"])
+    runner_up = max((p for p in counted if p != bound), key=counted.get)
+    assert named.group(3) == PRINTED[runner_up]
+    assert float(named.group(4)) == pytest.approx(counted[runner_up], abs=0.05)
+    assert re.search(r"would move it: \S", text)
+    # a part at least NEXT_BOUND_SHARE of the bound's is named next, with its own advice
+    close = counted[runner_up] >= NEXT_BOUND_SHARE * counted[bound]
+    assert pred["next"] == (runner_up if close else None)
+    assert bool(re.search(rf"next bound, the {PRINTED[runner_up]}.* at [\d.]+ s: \S", text)) \
+        == close
+
+
+def test_on_the_first_users_gpus_the_bound_follows_the_profile(tmp_path):
+    """Eight RTX 3090s (24 GB, PCIe, no peer access): the GEMMs take what
+    the profile's rate says, the host link what the plan's tiles move at
+    its host_link rates (each GPU uploads all it needs: nothing between
+    GPUs), so float64 is bound by its GEMMs, the plan says fp64-int8 would
+    move that, and with fp64-int8 the bound moves: a smaller part bounds
+    the run, whichever the profile's figures make it."""
+    profile, data = Profile.load(_hardware("rtx3090x8")), _profile("rtx3090x8")
+    link = data["host_link"]
+    bounds = {}
+    for precision in (None, "fp64-int8"):
+        text, plan = _plan(tmp_path, FIRST_USER + (["--precision", precision] if precision
+                                                   else []))
+        pred, memory = plan["predicted"], plan["memory"]
+        assert plan["out_of_core"]  # the profile's 24 GB per GPU do not hold it
+        (m, n, k), ranks = plan["shape"], plan["ranks"]
+        tile, nb = memory["tile"], plan["panel_width"]
+        gemm = 2 * m * n * k / ranks / profile.gemm_rate(*tile, nb, "float64", precision)
+        assert pred["split"]["gemm"] == pytest.approx(gemm, rel=nb / k)  # whole last panel
+        moved = host_traffic(types.SimpleNamespace(tiles=memory["tiles"]), (m, n, k),
+                             plan["grid"]) * 8
+        block_c = 8 * -(-m // plan["grid"][0]) * -(-n // plan["grid"][1])
+        assert sum(pred["host_bytes"]) == moved and pred["host_bytes"][1] == block_c
+        assert pred["split"]["host_link"] == pytest.approx(
+            (moved - block_c) / (link["h2d_gbs"] * 1e9) + block_c / (link["d2h_gbs"] * 1e9))
+        assert pred["split"]["gpu_links"] == 0 and "without peer access" in text
+        # exposed: what no GEMM hides, the first upload and the last write-back (the
+        # profile has no per-panel overhead)
+        first = nb if precision else HEAD_FIRST
+        last = FP64_INT8_TAIL_SMALLEST if precision else TAIL_SMALLEST
+        assert profile.panel_overhead(ranks) == 0
+        assert pred["split"]["exposed"] == pytest.approx(
+            8 * first * sum(tile) / (link["h2d_gbs"] * 1e9)
+            + 8 * last * tile[1] / (link["d2h_gbs"] * 1e9))
+        expected = max(("gemm", gemm), ("host_link", pred["split"]["host_link"]),
+                       key=lambda part: part[1])
+        assert pred["bound"] == expected[0]
+        bounds[precision] = expected
+        if precision is None:
+            assert "would move it: --precision fp64-int8" in text
+    assert bounds[None][0] == "gemm"
+    assert bounds["fp64-int8"][1] < bounds[None][1]  # the bound moved
+    assert re.search(r"disk +not counted  the profile has no disk rate", text)
+
+
+def _hardware(name: str) -> str:
+    from summa.planning.model import hardware_profile
+    return hardware_profile(name)
+
+
+def test_plans_take_the_profiles_device_memory_and_host_link(tmp_path):
+    """Without --device-memory a plan for named hardware takes its GPUs'
+    memory (FREE_SHARE of it out of core) and says so; --device-memory caps
+    it; CPU ranks have none. In memory from host arrays the operands go up
+    once and C comes down once, before and after the SUMMA; the disk, where
+    the profile has its rates, is timed beside."""
+    data = _profile("rtx3090x8")
+    text, plan = _plan(tmp_path, FIRST_USER)
+    assert plan["device_budget"] == int(data["device_memory"] * FREE_SHARE)
+    assert f"; {data['device_memory'] / 2**30:.1f} GiB a GPU" in text.splitlines()[0]
+    _, capped = _plan(tmp_path, FIRST_USER + ["--device-memory", "12GiB"])
+    assert capped["device_budget"] == parse_bytes("12GiB")
+    _, cpu = _plan(tmp_path, FIRST_USER + ["--backend", "numpy"])
+    assert not cpu["out_of_core"] and cpu["predicted"]["split"]["host_link"] == 0
+    h200 = _profile("h200")
+    text, plan = _plan(tmp_path, ["--size", "100000", "--grid", "2x4"])
+    assert not plan["out_of_core"]  # 34 GiB a rank fit an H200
+    pred, (m, n, k), (pr, pc) = plan["predicted"], plan["shape"], plan["grid"]
+    up = 8 * (-(-m // pr) * -(-k // pc) + -(-k // pr) * -(-n // pc))
+    down = 8 * -(-m // pr) * -(-n // pc)
+    assert pred["host_bytes"] == [up, down]
+    link = h200["host_link"]
+    assert pred["split"]["host_link"] == pytest.approx(up / (link["h2d_gbs"] * 1e9)
+                                                       + down / (link["d2h_gbs"] * 1e9))
+    assert pred["split"]["overlapped"] == ["gemm", "gpu_links"]
+    disk = h200["disk"]
+    assert pred["split"]["disk"] == pytest.approx(16 * m * k / (disk["read_gbs"] * 1e9)
+                                                  + 8 * m * n / (disk["write_gbs"] * 1e9))
+    bare = tmp_path / "no-link.json"
+    bare.write_text(json.dumps({key: value for key, value in data.items()
+                                if key != "host_link"}))
+    text, plan = _plan(tmp_path, ["--size", "100000", "--grid", "2x4", "--profile", str(bare)])
+    assert plan["predicted"]["split"]["host_link"] is None
+    assert re.search(r"host link +not counted  the profile has no host_link rates", text)
