@@ -22,7 +22,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def one_process(n: int, free: str | None) -> list[dict]:
+def one_process(n: int, free: str | None, references: bool = True) -> list[dict]:
     """The calls, timed, in this process."""
     sys.path.insert(0, ROOT)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -54,13 +54,22 @@ def one_process(n: int, free: str | None) -> list[dict]:
         c = _loop(a, b, room)
         cp.get_default_memory_pool().free_all_blocks()
         return c
-    c = timed("fp64-int8 first call", lambda: summa.matmul(a, b, precision="fp64-int8"))
+    def int8(what):
+        """The fp64-int8 call, with what its stats say of it: the kernels'
+        compiling (before the product) and the products' own time."""
+        stats = summa.SummaStats()
+        c = timed(what, lambda: summa.matmul(a, b, precision="fp64-int8", stats=stats))
+        rows[-1].update(compile_seconds=stats.extra.get("compile_seconds"),
+                        products_seconds=stats.compute)
+        return c
+    c = int8("fp64-int8 first call")
     rows[-1]["check"] = float(summa.freivalds(a, b, c))
     del c
-    timed("fp64-int8 second call", lambda: summa.matmul(a, b, precision="fp64-int8"))
-    timed("float64 (summa)", lambda: summa.matmul(a, b))
-    timed("float64 by hand (cupy)", by_hand)
-    timed("float64 by hand again", by_hand)
+    int8("fp64-int8 second call")
+    if references:  # beside it in the same process (a minute at N = 40960)
+        timed("float64 (summa)", lambda: summa.matmul(a, b))
+        timed("float64 by hand (cupy)", by_hand)
+        timed("float64 by hand again", by_hand)
     return rows
 
 
@@ -69,17 +78,20 @@ def main() -> int:
     p.add_argument("--size", type=int, default=32768)
     p.add_argument("--free", help="GPU memory left free, e.g. 24GiB (default: all of it)")
     p.add_argument("--json")
+    p.add_argument("--no-references", action="store_true",
+                   help="time summa's fp64-int8 calls only (not native float64, not the loop)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.inner:
-        print(json.dumps(one_process(args.size, args.free)))
+        print(json.dumps(one_process(args.size, args.free, not args.no_references)))
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, SUMMA_CACHE_DIR=cache)
         for process in ("empty cache", "cache kept"):
             out = subprocess.run([sys.executable, __file__, "--size", str(args.size), "--inner"]
-                                 + (["--free", args.free] if args.free else []),
+                                 + (["--free", args.free] if args.free else [])
+                                 + (["--no-references"] if args.no_references else []),
                                  env=env, capture_output=True, text=True)
             if out.returncode:
                 print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
@@ -91,7 +103,9 @@ def main() -> int:
             f.writelines(json.dumps(r) + "\n" for r in rows)
     for r in rows:
         print(f"{r['process']:>12}  {r['what']:<24} N={r['n']}  {r['seconds']:7.3f} s "
-              f"{r['tflops']:7.1f} TFLOP/s" + (f"  check {r['check']:.2e}" if "check" in r else ""))
+              f"{r['tflops']:7.1f} TFLOP/s" + (f"  check {r['check']:.2e}" if "check" in r else "")
+              + (f"  compiling {r['compile_seconds']:.2f} s, products {r['products_seconds']:.2f} s"
+                 if r.get("compile_seconds") is not None else ""))
     return 0
 
 
