@@ -343,3 +343,23 @@ def test_run_help_prints_usage_without_setting_up(tmp_path):
     assert done.stdout.splitlines()[0].startswith("summa's one entry point")
     assert "./run test ARGS..." in done.stdout and "TEST_RANKS" in done.stdout
     assert "set -euo" not in done.stdout and "#" not in done.stdout.splitlines()[0]
+
+
+def test_run_test_goes_in_parts():
+    """`./run test` with TEST_RANKS=none runs the serial run only, and with
+    TEST_SERIAL=0 as well nothing: it says so (pytest's status 5), as a
+    selection that matches nothing does."""
+    # (an MPI run would need MPIEXEC: none runs here)
+    env = dict(os.environ, SUMMA_PYTHON=sys.executable, TEST_RANKS="none", MPIEXEC="mpiexec")
+    env.pop("PYTEST_ADDOPTS", None)
+    args = [str(ROOT / "run"), "test", "tests/test_structure.py", "-k", "concern", "-p",
+            "no:cacheprovider"]
+    serial = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300,
+                            cwd=ROOT)
+    assert serial.returncode == 0, serial.stderr[-2000:]
+    assert "== serial tests" in serial.stderr and "== MPI tests" not in serial.stderr
+    assert "passed" in serial.stdout
+    neither = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                             env=dict(env, TEST_SERIAL="0"))
+    assert neither.returncode == 5, neither.stderr[-2000:]
+    assert "== serial tests" not in neither.stderr and "no test selected" in neither.stderr
