@@ -292,10 +292,8 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
         :func:`restage` for the run, where the broadcasters are made later.
     host_copies : {"stage", "lock"}, optional
         Out of core on GPUs, how host blocks reach the devices
-        (:attr:`Plan.host_copies`); default ``SUMMA_HOST_COPIES``. The plan
-        also takes the threads that copy them (:attr:`Plan.copy_threads`),
-        by the ranks on a node (:attr:`Machine.ranks_on_node`) and
-        ``SUMMA_COPY_THREADS``.
+        (:attr:`Plan.host_copies`, with its :attr:`Plan.copy_threads`);
+        default ``SUMMA_HOST_COPIES``.
     predict, profile : bool, str
         Fill :attr:`Plan.predicted` by the model profile at `profile`
         (default the one shipped with summa): the time, its split
