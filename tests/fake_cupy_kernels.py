@@ -4,8 +4,9 @@ Device arrays are NumPy arrays; the kernels are NumPy versions of the CUDA
 sources in summa/precision/ozaki_gpu.py (same formulas, element for element), run at
 once when launched; streams and events only record the order of calls. What
 this checks is ozaki_gpu's own work: the residue planes and their padding,
-the grouping of products per fold, K in pieces, complex products, alpha and
-beta, the Inf/NaN checks. The CUDA kernels
+the grouping of products per fold, K in pieces, chunks of rows, complex
+products, alpha and beta, the Inf/NaN checks, and that the pitches a kernel
+is given are where its arrays' elements lie. The CUDA kernels
 themselves are checked against the CPU on the GPU (tests/test_gpu.py).
 """
 
@@ -45,7 +46,18 @@ class _Stream:
 _Stream.current = _Stream()
 
 
+def _laid_out(x, pitch, plane=None) -> None:
+    """A kernel reads `x` from its first element, rows `pitch` elements apart
+    (and planes `plane` apart) with contiguous rows: that must be where its
+    NumPy view's elements lie (along axes of more than one element)."""
+    steps = (1, int(pitch)) if plane is None else (1, int(pitch), int(plane))
+    for length, stride, step in zip(x.shape[::-1], x.strides[::-1], steps):
+        assert x.size == 0 or length == 1 or stride == step * x.itemsize
+
+
 def _residues(x, e, rows, rows_p, cols, cols_p, ld, count, moduli, inverses, out):
+    _laid_out(x, ld)
+    _laid_out(out.reshape(int(count), int(rows_p), int(cols_p)), cols_p)
     xb = np.zeros((int(rows_p), int(cols_p)))
     rows, cols = int(rows), int(cols)
     xb[:rows, :cols] = np.rint(np.ldexp(x[:rows, :cols], e[:rows, None]))
@@ -71,6 +83,7 @@ def _sums(g, rows, cols, count, moduli, inverses, w_hi, w_lo, s_hi, s_lo, first)
 
 
 def _fold(g, rows, cols, ldg, plane, count, moduli, inverses, w_hi, w_lo, s_hi, s_lo, first):
+    _laid_out(g, ldg, plane)
     s_hi[...], s_lo[...] = _sums(g, rows, cols, count, moduli, inverses, w_hi, w_lo, s_hi,
                                  s_lo, first)
 
@@ -84,7 +97,8 @@ def _finish(s_hi, s_lo, e, f, m_hi, m_lo, t, alpha, beta, c):
 
 def _fold_finish(g, rows, cols, ldg, plane, count, moduli, inverses, w_hi, w_lo, s_hi, s_lo,
                  first, e, f, m_hi, m_lo, t, alpha, beta, c, ldc):
-    assert c.strides[1] == c.itemsize and c.strides[0] == int(ldc) * c.itemsize
+    _laid_out(c, ldc)
+    _laid_out(g, ldg, plane)
     hi, lo = _sums(g, rows, cols, count, moduli, inverses, w_hi, w_lo, s_hi, s_lo, first)
     _finish(hi, lo, e.reshape(-1, 1), f.reshape(1, -1), m_hi, m_lo, t, alpha, beta, c)
 

@@ -680,6 +680,62 @@ def test_fp64_int8_folds_in_groups_of_any_size_give_the_same_product(comm, rng, 
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("rows", ["64", "100", "257", "1000"])
+def test_fp64_int8_rows_in_chunks_are_the_whole_product_on_the_gpu(comm, rng, gpu, monkeypatch,
+                                                                   rows):
+    """Scheme(rows=r): A's and C's rows r at a time (a ragged last chunk, one
+    chunk, r past m) give the whole product's bits, into a C with a pitch
+    and into one whose rows are not contiguous (the finish pass); the
+    backend's fp64-int8 GEMM hands its scheme on."""
+    from summa.precision import ozaki_gpu
+    _, backend = gpu
+    cp = backend.xp
+    scheme = ozaki_gpu.Scheme(rows=int(rows))
+    a, b = rng.uniform(-1, 1, (257, 300)), rng.standard_normal((300, 130))
+    c0 = rng.uniform(-1, 1, (257, 130))
+    da, db = cp.asarray(a), cp.asarray(b)
+    whole = cp.asarray(c0)
+    ozaki_gpu.gemm(1.5, da, db, whole, beta=-0.5, backend=backend)
+    pitched = cp.zeros((257, 136))[:, :130]
+    pitched[...] = cp.asarray(c0)
+    ozaki_gpu.gemm(1.5, da, db, pitched, beta=-0.5, backend=backend, scheme=scheme)
+    columns = cp.asfortranarray(cp.asarray(c0))
+    ozaki_gpu.gemm(1.5, da, db, columns, beta=-0.5, backend=backend, scheme=scheme)
+    assert cp.array_equal(pitched, whole) and cp.array_equal(columns, whole)
+    assert gemm_scaled_error(cp.asnumpy(whole), a, b, c0, 1.5, -0.5) <= 1
+    seen, real = [], ozaki_gpu.gemm
+    monkeypatch.setattr(ozaki_gpu, "gemm", lambda *args, **kwargs: (
+        seen.append(kwargs["scheme"]), real(*args, **kwargs)))
+    dc = cp.empty((257, 130))
+    backend.gemm(1.0, da, db, dc, beta=0.0, precision="fp64-int8", scheme=scheme)
+    assert seen == [scheme] and gemm_scaled_error(cp.asnumpy(dc), a, b) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+def test_fp64_int8_out_of_core_in_chunks_of_rows(comm, rng, gpu, monkeypatch):
+    """An out-of-core fp64-int8 sweep whose tiles' products fit only in
+    chunks of rows (FP64_INT8_ROWS made small): the plan's rows, the
+    product within the gauge."""
+    from summa.device.backend import NumpyBackend
+    from summa.execution.outofcore import summa_out_of_core
+    from summa.planning import memory
+    grid, backend = gpu
+    monkeypatch.setattr(memory, "FP64_INT8_ROWS", 64)
+    m, k, n = 900, 512, 400
+    a, b = rng.uniform(-1, 1, (m, k)), rng.standard_normal((k, n))
+    host = NumpyBackend()
+    A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
+    C = DistMatrix.zeros((m, n), "float64", grid, host)
+    stats = summa_out_of_core(1.0, A, B, 0.0, C, backend, 1_400_000, panel_width=128,
+                              precision="fp64-int8")
+    # (on 1 to 4 ranks; 6 ranks' staged slots, ipc, leave room for no tile's rows)
+    assert stats.extra["plan"]["memory"]["int8_rows"] or grid.size > 4
+    c = C.gather()
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
 def test_large_npy_blocks_go_straight_between_the_file_and_the_gpu(comm, rng, gpu, tmp_path_factory,
                                                                    monkeypatch):
     """A GPU's block of a large .npy file is read by the copy threads from the

@@ -205,7 +205,7 @@ def run_on_device(plan, be, given, alpha=1.0, stats=None):
             c.fill(0)
         else:
             be.gemm(alpha, a, b, c, beta=0.0, precision=plan.precision,
-                    conj=tuple(conjugated(t, dtype) for t in plan.trans))
+                    conj=tuple(conjugated(t, dtype) for t in plan.trans), scheme=plan.scheme)
         if stats is not None:
             be.synchronize()
             seconds = time.perf_counter() - began

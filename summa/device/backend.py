@@ -182,7 +182,7 @@ class Backend:
         raise NotImplementedError
 
     def gemm(self, alpha, a, b, c, beta=1.0, precision: str | None = None,
-             conj: tuple = (False, False)) -> None:
+             conj: tuple = (False, False), scheme=None) -> None:
         """``c = alpha * (op(a) @ op(b)) + beta * c`` in place (accumulates by
         default), op conjugating where `conj` (A's, B's) says.
 
@@ -190,7 +190,11 @@ class Backend:
         axis), so panels can be multiplied where they lie, or column-major
         (``t.T`` of a C-ordered `t`: read transposed, no copy); `c` has unit
         stride along its rows.
-        `precision` ``"tf32"`` lets float32 products use TF32 tensor cores.
+        `precision` ``"tf32"`` lets float32 products use TF32 tensor cores;
+        ``"fp64-int8"`` makes float64 from INT8 products as `scheme` says
+        (:class:`summa.precision.ozaki_gpu.Scheme`, a plan's
+        :attr:`summa.planning.Plan.scheme`: the rows a product takes at a
+        time; None: the defaults).
         """
         raise NotImplementedError
 
@@ -428,7 +432,7 @@ class NumpyBackend(Backend):
         out[...] = arr
         return out
 
-    def gemm(self, alpha, a, b, c, beta=1.0, precision=None, conj=(False, False)):
+    def gemm(self, alpha, a, b, c, beta=1.0, precision=None, conj=(False, False), scheme=None):
         if 0 in a.shape or 0 in b.shape:
             if beta == 0:
                 c.fill(0)
@@ -552,7 +556,7 @@ class CupyBackend(Backend):
         import cupyx
         return cupyx.empty_pinned(shape, dtype=dtype)
 
-    def gemm(self, alpha, a, b, c, beta=1.0, precision=None, conj=(False, False)):
+    def gemm(self, alpha, a, b, c, beta=1.0, precision=None, conj=(False, False), scheme=None):
         from cupy_backends.cuda.libs import cublas
         m, k = a.shape
         n = b.shape[1]
@@ -563,7 +567,8 @@ class CupyBackend(Backend):
             a, b = (self.xp.conj(x) if c_ else x for x, c_ in zip((a, b), conj))
             conj = (False, False)
             if k >= ozaki.K_NATIVE:
-                ozaki_gpu.gemm(alpha, a, b, c, beta, backend=self)
+                ozaki_gpu.gemm(alpha, a, b, c, beta, backend=self,
+                               scheme=scheme or ozaki_gpu.Scheme())
                 return
             # a short sum (an edge panel): native float64 is faster and
             # within the gauge, where the scaling's rounding is not

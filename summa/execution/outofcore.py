@@ -305,7 +305,7 @@ def _sweep(plan: Plan, scalars: tuple, operands: SweepOperands, cut: _Cut,
     operand_a = PanelsOfA(mover.device, tm, width, dtype, plan.memory.transposed_a)
 
     def gemm(a, b, c):
-        mover.gemm(alpha, a, b, c, precision, operand_a, plan.conj)
+        mover.gemm(alpha, a, b, c, precision, operand_a, plan.conj, plan.scheme)
 
     def upload(s):
         """The owners' parts of step s, from host memory into slot ``s % slots``
@@ -481,9 +481,11 @@ class _HostMover:
         else:
             c.fill(0)
 
-    def gemm(self, alpha, a, b, c, precision, operand_a, conj=(False, False)) -> None:
+    def gemm(self, alpha, a, b, c, precision, operand_a, conj=(False, False),
+             scheme=None) -> None:
         t0 = time.perf_counter()
-        self.device.gemm(alpha, operand_a(a), b, c, precision=precision, conj=conj)
+        self.device.gemm(alpha, operand_a(a), b, c, precision=precision, conj=conj,
+                         scheme=scheme)
         self._seconds += time.perf_counter() - t0
 
     def write_back(self, host, c, buf: int) -> None:
@@ -643,12 +645,15 @@ class _CudaMover:
         else:
             c.fill(0)
 
-    def gemm(self, alpha, a, b, c, precision, operand_a, conj=(False, False)) -> None:
+    def gemm(self, alpha, a, b, c, precision, operand_a, conj=(False, False),
+             scheme=None) -> None:
         """`operand_a(a)` (a transposed copy, or `a`) times `b` into `c`,
-        conjugated where `conj` says, timed (the copy too: it is the GEMM's
-        work)."""
+        conjugated where `conj` says, fp64-int8 as the plan's `scheme` says
+        (:attr:`summa.planning.Plan.scheme`), timed (the copy too: it is the
+        GEMM's work)."""
         self.marks.append(self.device.timing_mark())
-        self.device.gemm(alpha, operand_a(a), b, c, precision=precision, conj=conj)
+        self.device.gemm(alpha, operand_a(a), b, c, precision=precision, conj=conj,
+                         scheme=scheme)
         self.marks.append(self.device.timing_mark())
         if self._to_touch is not None:
             self._touched, self._to_touch = self._stage().touch(self._to_touch), None

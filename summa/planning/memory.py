@@ -12,7 +12,7 @@ on every rank, with the largest shortfall ("rank 3 needs 41.2 GiB on GPU 1,
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -59,6 +59,11 @@ class MemoryPlan:
     staging_bytes : int
         Out of core on GPUs: page-locked host chunks the copies between host
         and GPU pass through (:mod:`summa.device.staging`), beside `host_bytes`.
+    int8_rows : int or None
+        fp64-int8 out of core or on the device: the rows of A and C each
+        product takes at a time (:attr:`summa.precision.ozaki_gpu.Scheme.rows`),
+        where its scratch for all of a tile's (or C's) rows does not fit;
+        None: all at once.
     """
 
     mode: str
@@ -71,6 +76,7 @@ class MemoryPlan:
     transposed_a: bool = False
     staged: tuple = (False, False)
     staging_bytes: int = 0
+    int8_rows: int | None = None
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -96,6 +102,16 @@ TAIL_SMALLEST = 256
 #: products and 58.2, the bare product 58.0 (docs/benchmarks.md, "Measurements
 #: behind the defaults").
 FP64_INT8_TAIL_SMALLEST = 2048
+#: fp64-int8's scratch grows with the rows of C a product takes (its int32
+#: products and the fold's two float64 sums: 32 bytes an element of C, where
+#: the sweep's two C tiles take 16; and A's residues): where a tile's whole
+#: rows do not fit, its products take them in chunks
+#: (:attr:`MemoryPlan.int8_rows`) of at least this many, so that the scratch
+#: no longer decides the tiles. Out of core, products of row strips of at
+#: least 2048 rows ran at the bare product's rate (the measurement behind
+#: FP64_INT8_TAIL_SMALLEST, `ozaki_ooc_probe.py`): twice that keeps each
+#: INT8 GEMM large.
+FP64_INT8_ROWS = 4096
 
 
 def _local_sizes(m, n, k, grid):
@@ -166,11 +182,15 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     broadcast by copy engines (`staged`, row and column: ``ipc``) pass every
     slot's part through a staging buffer of its size: ``slots tm nb`` (A) and
     ``slots nb tn`` (B) more, where that direction has more than one rank.
+    fp64-int8 adds one product's scratch: in memory for all of C's rows;
+    out of core the tiles and slots are cut for products taking a tile's
+    rows :data:`FP64_INT8_ROWS` at a time, then those chunks grow into the
+    room left, to all of a tile's rows where they fit (``int8_rows``).
     """
     lookahead, backend, device_budget = (execution.lookahead, execution.backend,
                                          execution.device_budget)
-    out_of_core, schedule = execution.out_of_core, execution.schedule
-    precision, staged = execution.precision, execution.staged
+    out_of_core, schedule, precision = (execution.out_of_core, execution.schedule,
+                                        execution.precision)
     item = np.dtype(dtype).itemsize
     kind = traits(backend)
     pr, pc = grid
@@ -200,9 +220,24 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
         return MemoryPlan("in-memory", on_device, staging, transposed_a=transposed)
     if device_budget is None:
         raise ValueError("an out-of-core plan needs a device memory budget")
+    return _ooc_memory((ml, nl, nb, blocks), dtype, grid, transposed, execution)
+
+
+def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
+                execution: Execution) -> MemoryPlan:
+    """:func:`memory_plan` out of core: `sizes` ``(ml, nl, nb, blocks)``, a
+    rank's rows and columns of C, the panel width and its blocks' elements;
+    `transposed`: A's panels read from a transposed copy."""
+    (ml, nl, nb, blocks), (pr, pc) = sizes, grid
+    item, device_budget = np.dtype(dtype).itemsize, execution.device_budget
+    slots = execution.lookahead + 1
     # Staging only where a grid row (A) or column (B) has ranks to send to.
-    staged = (bool(staged[0]) and pc > 1, bool(staged[1]) and pr > 1)
-    emulated = emulated and (2 if np.dtype(dtype).kind == "c" else 1)  # 2: complex
+    staged = (bool(execution.staged[0]) and pc > 1, bool(execution.staged[1]) and pr > 1)
+    # fp64-int8's products in chunks of rows where a tile's do not fit whole:
+    # the cut and the slots are made for the smallest chunks, which then
+    # grow into the room left (:func:`_int8_rows`)
+    emulated = _Int8(np.dtype(dtype).kind == "c", FP64_INT8_ROWS) \
+        if execution.precision == "fp64-int8" else None
     asked = _tiles_asked(ml, nl)
     tiles = asked or _ooc_tiles(max(ml, 1), max(nl, 1), nb, slots, device_budget // item,
                                 transposed, staged, emulated)
@@ -210,43 +245,78 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
         raise ValueError(f"a device budget of {_gib(device_budget)} is too small for "
                          f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
     tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
-    if asked:  # the planner's own cut fits by construction
-        need = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged,
-                             emulated) * item
-        if need > device_budget:
-            raise ValueError(f"SUMMA_OOC_TILES: {tiles[0]} x {tiles[1]} tiles of {tm} x {tn} "
-                             f"need {_gib(need)} of the device budget of {_gib(device_budget)}")
+
+    def need(slots: int, rows: int | None = FP64_INT8_ROWS) -> int:
+        return _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged,
+                             emulated and replace(emulated, rows=rows)) * item
+    if asked and need(slots) > device_budget:  # the planner's own cut fits by construction
+        raise ValueError(f"SUMMA_OOC_TILES: {tiles[0]} x {tiles[1]} tiles of {tm} x {tn} "
+                         f"need {_gib(need(slots))} of the device budget of "
+                         f"{_gib(device_budget)}")
     for _ in range(upload_lead()):  # room for uploads steps ahead, same tiles
-        if _ooc_elements(tm, tn, nb, slots + 1, tiles[0] * tiles[1], transposed, staged,
-                         emulated) * item > device_budget:
+        if need(slots + 1) > device_budget:
             break
         slots += 1
-    device = _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged,
-                           emulated) * item
-    ring = ring_bytes(execution.copy_threads or copy_threads(1)) if kind.gpu else 0
-    return MemoryPlan("out-of-core", device, blocks * item, (int(tm), int(tn)), int(nb),
-                      (int(tiles[0]), int(tiles[1])), slots, transposed, staged, ring)
+    rows = _int8_rows(tm, lambda r: need(slots, r) <= device_budget) if emulated else None
+    ring = ring_bytes(execution.copy_threads or copy_threads(1)) \
+        if traits(execution.backend).gpu else 0
+    return MemoryPlan("out-of-core", need(slots, rows), blocks * item, (int(tm), int(tn)),
+                      int(nb), (int(tiles[0]), int(tiles[1])), slots, transposed, staged, ring,
+                      rows)
 
 
 def resident_plan(m: int, n: int, k: int, dtype, precision=None, copies: int = 0,
-                  new_c: bool = True) -> MemoryPlan:
+                  new_c: bool = True, budget: int | None = None) -> MemoryPlan:
     """Peak device bytes of one GEMM on operands that already lie on the
     device (``summa.matmul`` of GPU arrays on one rank), beside them: C
     where it is `new_c` (not the caller's ``out=``), `copies` bytes of
     operands uploaded or copied for the GEMM, and for ``precision=
     "fp64-int8"`` one product's scratch (K taken in pieces of at most
     :data:`summa.precision.ozaki.K_EXACT`; complex: the operands' real and imaginary
-    parts over all of K besides). No host memory."""
+    parts over all of K besides), for all of C's rows at once, or where
+    that passes `budget` (the device bytes free beside the operands) in
+    chunks of rows (``int8_rows``, :func:`_int8_rows`; the smallest where
+    none fits, the least this GEMM can need). No host memory."""
     from ..precision.ozaki import K_EXACT
     dtype = np.dtype(dtype)
     need = (m * n * dtype.itemsize if new_c else 0) + int(copies)
-    if precision == "fp64-int8":
-        from ..precision import ozaki_gpu
-        piece = max(1, min(k, K_EXACT))
-        need += ozaki_gpu.scratch_bytes(m, n, piece, ozaki_gpu.moduli_for(piece))
-        if dtype.kind == "c":
-            need += 16 * (m * k + k * n + m * n)
-    return MemoryPlan("on-device", need, 0)
+    if precision != "fp64-int8":
+        return MemoryPlan("on-device", need, 0)
+    from ..precision import ozaki_gpu
+    piece = max(1, min(k, K_EXACT))
+    if dtype.kind == "c":
+        need += 16 * (m * k + k * n + m * n)
+
+    def with_scratch(rows: int | None) -> int:
+        return need + ozaki_gpu.scratch_bytes(m, n, piece, ozaki_gpu.moduli_for(piece),
+                                              rows=rows)
+    rows = None if budget is None else _int8_rows(m, lambda r: with_scratch(r) <= budget)
+    return MemoryPlan("on-device", with_scratch(rows), 0, int8_rows=rows)
+
+
+def _int8_rows(rows: int, fits) -> int | None:
+    """The rows of A and C one fp64-int8 product of `rows` rows takes at a
+    time: all (None) where ``fits(rows)``, else the most that `fits` (a
+    predicate of the rows of a chunk: is its memory within the budget?),
+    evened out over as many chunks where that leaves each at least
+    :data:`FP64_INT8_ROWS` (the least, taken even where it does not fit: the
+    caller's cut made room for it, or refuses)."""
+    if fits(rows):
+        return None
+    low = min(rows, FP64_INT8_ROWS)
+    if low >= rows:
+        return None
+    if not fits(low):
+        return low
+    high = rows - 1  # the most rows that fit: in [low, high]
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(mid):
+            low = mid
+        else:
+            high = mid - 1
+    even = -(-rows // -(-rows // low))  # as many chunks, of even size: none over `low`
+    return max(even, FP64_INT8_ROWS)  # (fits: FP64_INT8_ROWS <= low < rows here)
 
 
 def _tiles_asked(ml: int, nl: int) -> tuple | None:
@@ -279,28 +349,47 @@ def _ooc_parts(slots: int, transposed: bool, staged: tuple) -> tuple[int, int]:
     return slots * (1 + staged[0]) + transposed, slots * (1 + staged[1])
 
 
-def _ozaki_scratch(tm: int, tn: int, nb: int, complex_: bool = False) -> int:
+@dataclass(frozen=True)
+class _Int8:
+    """fp64-int8's products as the out-of-core sweep's memory counts them.
+
+    Attributes
+    ----------
+    complex_ : bool
+        complex128: four real products, beside the operands' real and
+        imaginary parts and two real results.
+    rows : int or None
+        Rows of A and C a product takes at a time (None: all).
+    """
+
+    complex_: bool = False
+    rows: int | None = None
+
+
+def _ozaki_scratch(tm: int, tn: int, nb: int, complex_: bool = False,
+                   rows: int | None = None) -> int:
     """Device bytes one ``tm x nb`` by ``nb x tn`` product takes on INT8 tensor
-    cores (``precision="fp64-int8"``, :func:`summa.precision.ozaki_gpu.scratch_bytes`);
-    complex: one real product at a time, beside the operands' real and
-    imaginary parts and the two real results."""
+    cores (``precision="fp64-int8"``, :func:`summa.precision.ozaki_gpu.scratch_bytes`),
+    `rows` of A and C at a time (None: all); complex: one real product at a
+    time, beside the operands' real and imaginary parts and the two real
+    results."""
     from ..precision import ozaki_gpu
-    scratch = ozaki_gpu.scratch_bytes(tm, tn, nb, ozaki_gpu.moduli_for(nb))
+    scratch = ozaki_gpu.scratch_bytes(tm, tn, nb, ozaki_gpu.moduli_for(nb), rows=rows)
     return scratch + (16 * (tm * nb + nb * tn) + 16 * tm * tn if complex_ else 0)
 
 
 def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,
                   transposed: bool = False, staged: tuple = (False, False),
-                  emulated: int = 0) -> int:
+                  emulated: _Int8 | None = None) -> int:
     """Device elements of the out-of-core sweep: C tiles, the panel parts
-    of :func:`_ooc_parts`, and where `emulated` (1 real, 2 complex) one
+    of :func:`_ooc_parts`, and where `emulated` (:class:`_Int8`) one
     product's scratch on INT8 tensor cores."""
     a_parts, b_parts = _ooc_parts(slots, transposed, staged)
     elements = min(2, ntiles) * tm * tn + a_parts * tm * nb + b_parts * tn * nb
-    if not emulated:
+    if emulated is None:
         return elements
-    item = 16 if emulated == 2 else 8  # elements of the data's size, complex or real
-    return elements + -(-_ozaki_scratch(tm, tn, nb, emulated == 2) // item)
+    item = 16 if emulated.complex_ else 8  # elements of the data's size, complex or real
+    return elements + -(-_ozaki_scratch(tm, tn, nb, emulated.complex_, emulated.rows) // item)
 
 
 #: Most column tiles the search for fp64-int8's cut tries (per rank).
@@ -308,15 +397,18 @@ EMULATED_COLUMN_TILES = 64
 
 
 def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: bool = False,
-               staged: tuple = (False, False), emulated: int = 0):
+               staged: tuple = (False, False), emulated: _Int8 | None = None):
     """Fewest ``(row tiles, column tiles)`` whose sweep fits `budget` elements:
     by columns, the most rows that fit (the sweep's size grows with them).
-    Where `emulated`, the cut that uploads least instead (B's panels once per
-    row of tiles, A's once per column: ``rows nl + columns ml``): fp64-int8's
-    scratch grows with a tile's rows plus columns, so whole rows of C leave
-    thin tiles (N = 65536 under 24 GiB: 47 x 1 tiles, B uploaded 47 times;
-    3 x 5 uploads a sixth of that), and at N = 32768 a 3 x 2 cut with
-    16384-wide panels ran 60.4 TFLOP/s where 4 x 1 with 8192 ran 52.3.
+    Where `emulated` (:class:`_Int8`, its products `rows` of C at a time),
+    the cut that uploads least instead (B's panels once per row of tiles,
+    A's once per column: ``rows nl + columns ml``): fp64-int8's scratch
+    grows with a tile's columns (B's residues, and each chunk of rows'
+    integer products and sums), so whole rows of C leave thin tiles, and at
+    N = 32768 under 24 GiB a 3 x 2 cut with 16384-wide panels ran 60.4
+    TFLOP/s where 4 x 1 with 8192 ran 52.3 (the products' scratch then
+    grew with the whole tile's rows; in chunks of 4096 rows the same budget
+    takes 2 x 2, and N = 65536 3 x 4 where whole tiles took 6 x 4).
     Emulated, C is never one tile where it has rows to cut: a tile's first
     panel goes up whole before its first product (nothing hides it), and one
     tile of N = 32768 ran 49.4 TFLOP/s where 2 x 1 ran 58.7 (both: `bench`,

@@ -244,6 +244,16 @@ class Plan:
         gives back, so a recorded plan compares with a printed one."""
         return _plain(asdict(self))
 
+    @property
+    def scheme(self) -> ozaki_gpu.Scheme | None:
+        """fp64-int8: how its products run (:class:`summa.precision.ozaki_gpu.Scheme`),
+        what the executors hand the GEMMs: the rows of A and C each takes at
+        a time (``memory.int8_rows``, the memory plan's); None for other
+        precisions."""
+        if self.precision != "fp64-int8":
+            return None
+        return ozaki_gpu.Scheme(rows=self.memory.int8_rows)
+
     def __str__(self) -> str:
         return "\n".join(plan_lines(self))
 
@@ -384,14 +394,19 @@ def _resident(machine: Machine, shape, dtype, trans, placement: Placement, asked
         return None, fetched + "out_of_core=True streams host-held operands"
     conjugated = sum(size for t, size in zip(trans, (m * k, k * n))
                      if str(t).upper() == "H" and dtype.kind == "c") * dtype.itemsize
+    free = machine.device.memory_free() if machine.device is not None else machine.free_device
+    budget = parse_bytes(device_memory) if device_memory else None
+    # room for fp64-int8's scratch, which takes C's rows in chunks where all
+    # of them would pass the free memory or the cap beside the operands
+    room = [x for x in (free, None if budget is None else budget - placement.held)
+            if x is not None]
     memory = resident_plan(m, n, k, dtype, precision, placement.copies + conjugated,
-                           new_c=not placement.into_out)
-    if device_memory:
-        budget, need = parse_bytes(device_memory), memory.device_bytes + placement.held
+                           new_c=not placement.into_out, budget=min(room, default=None))
+    if budget is not None:
+        need = memory.device_bytes + placement.held
         if need > budget:
             return None, fetched + (f"they and the product need {need / 2**30:.2f} GiB, more "
                                     f"than device_memory ({budget / 2**30:.2f} GiB)")
-    free = machine.device.memory_free() if machine.device is not None else machine.free_device
     if free is not None and memory.device_bytes > free:
         return None, fetched + (f"the product needs {memory.device_bytes / 2**30:.2f} GiB "
                                 f"there, {free / 2**30:.2f} GiB free")

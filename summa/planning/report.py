@@ -37,6 +37,10 @@ def plan_lines(plan) -> list[str]:
     if plan.moduli is not None:
         lines.append(f"  fp64-int8: each panel product's int8 residues ({plan.moduli} moduli), "
                      "integer products and float64 sums counted above")
+    if memory.int8_rows is not None:
+        whole = "of a tile's" if memory.tile else "of C's"
+        lines.append(f"  fp64-int8's products take C's rows {memory.int8_rows} at a time (B's "
+                     f"residues made once): the scratch of all {whole} rows does not fit")
     if plan.panel_sums is not None:
         lines.append(f"  on this grid each rank sums its panels' INT8 products and folds C once "
                      f"where its device also holds the sums ({plan.panel_sums / gib:.2f} GiB "

@@ -16,6 +16,12 @@ float64 CuPy arrays (complex128 from four real products):
 4. the last fold turns the sums into the result, scaled and accumulated
    (a kernel of its own where C's rows are not contiguous).
 
+Steps 2-4 of A and C may run a chunk of rows at a time (:attr:`Scheme.rows`,
+chosen by the plan): B's exponents and planes are made once, A's exponents
+once for all rows; each chunk's residues, integer products and sums take
+the place of the last one's, so the scratch grows with the chunk, not with
+C (:func:`scratch_bytes`), and every element is the same as without chunks.
+
 On a grid SUMMA gives a rank K in panels: :class:`PanelSums` sums their
 INT8 products in int32 with exponents agreed over all of K
 (:func:`grid_exponents`) and folds C once, where memory allows.
@@ -62,11 +68,19 @@ class Scheme:
         current options', else the default for the product's K).
     planes : int
         Integer products folded a pass (default :data:`PLANES`).
+    rows : int or None
+        Rows of A and C a product takes at a time: B's exponents and planes
+        are made once, then each chunk of rows makes its residues, INT8
+        products and folds, so the scratch grows with the chunk, not with
+        C (:func:`scratch_bytes`). None: all rows at once. Chosen by the
+        plan (:attr:`summa.planning.memory.MemoryPlan.int8_rows`), never
+        here.
     """
 
     bits: int = ozaki.BITS
     moduli: int | None = None
     planes: int = PLANES
+    rows: int | None = None
 
 
 # Rows on the grid's y axis and columns on x: no 64-bit division per element
@@ -400,11 +414,15 @@ def _b_side(b, count: int, bits: int, cap: float, cols_p: int, k_p: int, constan
     return f, b8
 
 
-def scratch_bytes(m: int, n: int, k: int, count: int, planes: int = PLANES) -> int:
-    """Device bytes one product takes beside its operands: the residue planes,
-    B transposed, the integer products and the two sums."""
+def scratch_bytes(m: int, n: int, k: int, count: int, planes: int = PLANES,
+                  rows: int | None = None) -> int:
+    """Device bytes one product takes beside its operands: B's residue
+    planes and B transposed, and for one chunk of `rows` rows (None: all
+    `m`; :attr:`Scheme.rows`) A's residue planes, the integer products and
+    the two sums."""
     kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
-    return count * (m + np_) * kp + 8 * n * k + 4 * planes * m * np_ + 16 * m * n
+    r = m if rows is None else max(1, min(m, int(rows)))
+    return count * (r + np_) * kp + 8 * n * k + 4 * planes * r * np_ + 16 * r * n
 
 
 def panel_sums_bytes(m: int, n: int, width: int, k: int, planes: int = PLANES) -> int:
@@ -541,7 +559,8 @@ def gemm(alpha, a, b, c, beta=0.0, *, backend=None, scheme: Scheme = Scheme(),
         Its INT8 GEMM and transpose.
     scheme : Scheme
         Bits, moduli (default :func:`moduli_for`'s: fewer trade accuracy for
-        speed) and products folded a pass.
+        speed), products folded a pass and rows of A and C taken at a time
+        (the same product, bit for bit, in less memory).
     marks : list, optional
         Collects ``(phase, event)`` pairs for timing (:func:`phase_seconds`);
         float64 products only.
@@ -574,23 +593,43 @@ def gemm(alpha, a, b, c, beta=0.0, *, backend=None, scheme: Scheme = Scheme(),
         elif beta != 1:
             c *= beta
         return
-    e = _exponents(a, 1, bits, cap_a)          # (m,)
+    e = _exponents(a, 1, bits, cap_a)          # (m,): all rows at once, sliced per chunk
     kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
     mark("scale")
     f, b8 = _b_side(b, count, bits, cap_b, np_, kp, constants, backend)  # (n,), B's planes
-    a8 = _residues(a, e, count, m, kp, constants)
+    rows = m if scheme.rows is None else max(1, min(m, int(scheme.rows)))
+    # One buffer of products, for every chunk: folds on a stream of their own
+    # beside the next group's GEMMs (two buffers) gained nothing
+    # (`fold_probe.py` at aaff378: 1.091x against 1.101x over native).
+    g = cupy.empty(max(1, min(int(scheme.planes), count)) * rows * np_, dtype=cupy.int32)
+    for r0 in range(0, m, rows):
+        r1 = min(m, r0 + rows)
+        _rows_product((alpha, beta), a[r0:r1], c[r0:r1],
+                      _Encoding(count, constants, e[r0:r1], f), (b8, g, kp),
+                      (backend, scheme.planes, mark))
+
+
+def _rows_product(scalars, a, c, encoding: _Encoding, held, run) -> None:
+    """One chunk of rows of :func:`gemm`'s product: ``c = alpha a @ b + beta
+    c`` for these rows of A and C (`encoding`: their exponents and all of
+    B's), its A residues, INT8 products and folds, freed when it returns
+    (the next chunk's take their place). `scalars`: ``(alpha, beta)``;
+    `held`: ``(B's planes, the flat int32 buffer of products, K padded)``;
+    `run`: ``(backend, planes folded a pass, gemm's phase marker)``."""
+    (alpha, beta), (b8, g, kp), (backend, planes, mark) = scalars, held, run
+    m, n = c.shape
+    np_ = b8.shape[1]
+    a8 = _residues(a, encoding.e, encoding.count, m, kp, encoding.constants)
     mark("residues")
-    folds = _Folds(m, n, scheme.planes, _Encoding(count, constants, e, f), alpha, beta, c)
-    # One buffer of products: folds on a stream of their own beside the next
-    # group's GEMMs (two buffers) gained nothing (`fold_probe.py` at aaff378:
-    # 1.091x against 1.101x over native).
-    g = cupy.empty((folds.planes, m, np_), dtype=cupy.int32)
+    folds = _Folds(m, n, planes, encoding, alpha, beta, c)
+    # the chunk's planes m np_ apart, each C-contiguous (a ragged last chunk too)
+    g = g[: folds.planes * m * np_].reshape(folds.planes, m, np_)
     for j, (l0, group) in enumerate(folds.groups):
         for p in range(l0, l0 + group):
             backend.int8_gemm_tn(a8[p], b8[p], g[p - l0])
         folds.fold(j, g)
     mark("products")
-    del a8, b8, g
+    del a8
     folds.finish()
     mark("finish")
 

@@ -460,3 +460,31 @@ def test_the_callers_current_gpu_is_kept(stand_in_cupy):
     with operands.kept_device():
         stand_in_cupy.current[0] = 0  # as a backend binding GPU 0 does
     assert stand_in_cupy.current == [1]
+
+
+def test_a_resident_fp64_int8_gemm_takes_the_plans_rows(monkeypatch):
+    """Operands on the GPU whose fp64-int8 product fits there only in chunks
+    of rows: the plan's rows (Plan.scheme) reach the one GEMM where they lie
+    (summa.api.planned.run_on_device; a stand-in backend notes its call)."""
+    import contextlib
+    from summa.api.planned import run_on_device
+    from summa.planning import memory
+    from summa.precision import ozaki_gpu
+    monkeypatch.setattr(memory, "FP64_INT8_ROWS", 8)
+    n = 64
+    free = 8 * n * n + ozaki_gpu.scratch_bytes(n, n, n, ozaki_gpu.moduli_for(n), rows=16)
+    plan = _plan(Placement("device", 0, held=_held(n, n, n)), free=free, shape=(n, n, n),
+                 precision="fp64-int8")
+    assert plan.placement.resident and plan.memory.int8_rows == 16
+    calls = []
+    be = types.SimpleNamespace(
+        is_gpu=True, has_int8_tensor_cores=lambda: True, name="cupy",
+        xp=types.SimpleNamespace(cuda=types.SimpleNamespace(
+            Device=lambda index: contextlib.nullcontext()), empty=np.empty),
+        gemm=lambda *args, **kwargs: calls.append(kwargs))
+    a = np.ones((n, n))
+    given = types.SimpleNamespace(a=types.SimpleNamespace(array=a, device=0),
+                                  b=types.SimpleNamespace(array=a, device=0), out=None)
+    run_on_device(plan, be, given)
+    assert [(c["precision"], c["scheme"]) for c in calls] == [
+        ("fp64-int8", ozaki_gpu.Scheme(rows=16))]

@@ -683,15 +683,17 @@ def test_fp64_int8_cuts_c_both_ways_to_upload_least(budget_gib):
     ml = nl = k = 32768
     budget = parse_bytes(f"{budget_gib}GiB") // 8
     args = dict(nb=16384, slots=2, budget=budget)
+    int8 = planner._Int8(rows=planner.FP64_INT8_ROWS)  # as memory_plan searches
 
     def fits(r, c, emulated):
         tm, tn = -(-ml // r), -(-nl // c)
         return planner._ooc_elements(tm, tn, args["nb"], 2, r * c, emulated=emulated) <= budget
-    rows, cols = planner._ooc_tiles(ml, nl, **args, emulated=1)
-    assert fits(rows, cols, 1)
-    least = min(r * nl + c * ml for r in range(1, 65) for c in range(1, 65) if fits(r, c, 1))
+    rows, cols = planner._ooc_tiles(ml, nl, **args, emulated=int8)
+    assert fits(rows, cols, int8)
+    least = min(r * nl + c * ml for r in range(1, 65) for c in range(1, 65)
+                if fits(r, c, int8))
     assert rows * nl + cols * ml == least
-    whole = planner._ooc_tiles(ml, nl, 16384, 2, budget, emulated=0)
+    whole = planner._ooc_tiles(ml, nl, 16384, 2, budget, emulated=None)
     assert whole[1] == 1  # native: whole rows while they fit
     plan = memory_plan(ml, nl, k, "float64", (1, 1), 16384,
                        Execution(1, "cupy", out_of_core=True, device_budget=budget * 8,
@@ -706,9 +708,10 @@ def test_fp64_int8_never_streams_c_as_one_tile_where_it_has_rows_to_cut():
     a C of one row stays one tile."""
     from summa.planning import memory as planner
     budget = parse_bytes("200GiB") // 8
-    assert planner._ooc_tiles(32768, 32768, 16384, 3, budget, emulated=0) == (1, 1)
-    assert planner._ooc_tiles(32768, 32768, 16384, 3, budget, emulated=1) == (2, 1)
-    assert planner._ooc_tiles(1, 32768, 16384, 3, budget, emulated=1) == (1, 1)
+    int8 = planner._Int8()
+    assert planner._ooc_tiles(32768, 32768, 16384, 3, budget, emulated=None) == (1, 1)
+    assert planner._ooc_tiles(32768, 32768, 16384, 3, budget, emulated=int8) == (2, 1)
+    assert planner._ooc_tiles(1, 32768, 16384, 3, budget, emulated=int8) == (1, 1)
 
 
 
@@ -756,3 +759,57 @@ def test_the_sweep_copies_on_the_threads_and_in_the_way_its_plan_says(rng, monke
             with pytest.raises(ValueError, match="host copies go and on how many threads"):
                 outofcore.run_out_of_core(replace(plan, **wrong),
                                           outofcore.SweepOperands(A, B, C), device)
+
+
+class _Int8AsGpu(_HostAsGpu):
+    """:class:`_HostAsGpu` whose fp64-int8 products are summa.precision.ozaki_gpu's
+    on the CPU stand-in for CuPy (tests/fake_cupy_kernels.py), each GEMM's
+    scheme noted."""
+
+    def __init__(self):
+        super().__init__()
+        import fake_cupy_kernels
+        self.int8, self.schemes = fake_cupy_kernels.Backend(), []
+
+    def has_int8_tensor_cores(self) -> bool:
+        return True
+
+    def gemm(self, alpha, a, b, c, beta=1.0, precision=None, conj=(False, False), scheme=None):
+        from summa.precision import ozaki_gpu
+        assert precision == "fp64-int8" and not any(conj)
+        self.schemes.append(scheme)
+        ozaki_gpu.gemm(alpha, a, b, c, beta, backend=self.int8, scheme=scheme)
+
+
+def test_the_sweep_hands_its_fp64_int8_products_the_plans_rows(rng, monkeypatch):
+    """Where a tile's products do not fit whole, the plan's chunks of rows
+    (Plan.scheme) reach every GEMM of the sweep, which then makes its
+    product within the gauge in chunks of that many rows of each tile or
+    strip (FP64_INT8_ROWS made small so that small tiles take chunks)."""
+    import sys
+    import fake_cupy_kernels
+    from mpi4py import MPI
+    from summa.execution import outofcore
+    from summa.planning import memory
+    from summa.planning.planner import Machine, make_plan
+    from summa.precision import ozaki_gpu
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())
+    monkeypatch.setattr(ozaki_gpu, "_kernels", {})
+    monkeypatch.setattr(memory, "FP64_INT8_ROWS", 16)
+    monkeypatch.setattr(outofcore, "_CudaMover",
+                        lambda device, dtype, copies, threads: outofcore._HostMover(device, dtype))
+    m, n, k = 120, 40, 96
+    a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
+    plan = make_plan((m, n, k), "float64", Machine("cupy", 1, ranks_on_node=1),
+                     out_of_core=True, device_memory=260_000, panel_width=48,
+                     precision="fp64-int8")
+    assert (plan.memory.tile, plan.memory.int8_rows) == ((60, 40), 30)  # 2 chunks a tile
+    host, device = NumpyBackend(), _Int8AsGpu()
+    with ProcessGrid(MPI.COMM_SELF) as grid:
+        A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
+        C = DistMatrix.zeros((m, n), "float64", grid, host)
+        outofcore.run_out_of_core(plan, outofcore.SweepOperands(A, B, C), device)
+        assert gemm_scaled_error(C.gather(), a, b) <= 1
+    assert device.schemes and all(s == plan.scheme for s in device.schemes)
+    # each GEMM (a tile's panel, whole: its rows make one strip) in 2 chunks
+    assert device.int8.gemms == 2 * len(device.schemes) * ozaki_gpu.moduli_for(48)

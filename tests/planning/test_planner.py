@@ -395,3 +395,90 @@ def test_matmul_plans_once_and_executes_many(comm, rng, device_memory):
     assert "freed" in repr(m)
     with pytest.raises(RuntimeError, match="freed"):
         m.execute()
+
+
+# -- fp64-int8's products in chunks of rows -------------------------------------------
+
+def _int8_plan(n: int, budget, dtype="float64") -> Plan:
+    return make_plan((n, n, n), dtype, Machine("cupy", 1), device_memory=budget,
+                     precision="fp64-int8")
+
+
+def test_fp64_int8_products_in_chunks_of_rows_let_fewer_larger_tiles_fit():
+    """float64 40960³ with 24 GiB free (a live plan takes FREE_SHARE of it):
+    the scratch of whole tiles' products cut C in 4 x 3 tiles; with the
+    products taking C's rows in chunks (at least FP64_INT8_ROWS, fewer than
+    a tile's) it takes 2 x 3, a third fewer bytes over the host link. The
+    device bytes are the sweep's own count with those rows, within the
+    budget; the plan hands its GEMMs the rows (Plan.scheme) and says them."""
+    from summa.planning import memory
+    from summa.planning.planner import FREE_SHARE
+    from summa.precision.ozaki_gpu import Scheme
+    n = 40960
+    budget = int(24 * 2**30 * FREE_SHARE)
+    plan = _int8_plan(n, budget)
+    mem = plan.memory
+    (tm, tn), (rows, cols) = mem.tile, mem.tiles
+    assert memory.FP64_INT8_ROWS <= mem.int8_rows < tm
+    assert plan.scheme == Scheme(rows=mem.int8_rows)
+    counted = memory._ooc_elements(tm, tn, mem.chunk, mem.slots, rows * cols,
+                                   emulated=memory._Int8(rows=mem.int8_rows))
+    assert mem.device_bytes == 8 * counted <= budget
+    whole = memory._ooc_tiles(n, n, mem.chunk, 2, budget // 8, emulated=memory._Int8())
+    assert whole == (4, 3) and (rows, cols) == (2, 3)
+    assert host_traffic(mem, (n, n, n), (1, 1)) == (rows + cols + 1) * n * n < \
+        0.8 * (sum(whole) + 1) * n * n
+    assert f"take C's rows {mem.int8_rows} at a time" in str(plan)
+    roomy = _int8_plan(n, "139GiB")  # whole rows fit: none said
+    assert roomy.memory.int8_rows is None and roomy.scheme == Scheme()
+    assert "at a time" not in str(roomy)
+    assert make_plan((n, n, n), "float64", Machine("cupy", 1), device_memory=budget).scheme is None
+
+
+@pytest.mark.parametrize("dtype", ["float64", "complex128"])
+@pytest.mark.parametrize("n", [32768, 40960])
+def test_more_device_memory_never_gives_fp64_int8_more_tiles_or_uploads(n, dtype):
+    """From 8 GiB to a whole H200: each budget's fp64-int8 plan moves no more
+    bytes over the host link and cuts C in no more tiles than a smaller
+    one's, its chunks of rows at least FP64_INT8_ROWS (or a tile's all)."""
+    from summa.planning import memory
+    last = None
+    for gib in (8, 12, 16, 21.6, 24, 32, 48, 64, 80, 100, 125, 139):
+        mem = _int8_plan(n, f"{gib}GiB", dtype).memory
+        assert mem.device_bytes <= gib * 2**30
+        assert mem.int8_rows is None or memory.FP64_INT8_ROWS <= mem.int8_rows < mem.tile[0]
+        now = (host_traffic(mem, (n, n, n), (1, 1)), mem.tiles[0] * mem.tiles[1])
+        assert last is None or (now[0] <= last[0] and now[1] <= last[1]), (gib, now, last)
+        last = now
+
+
+def test_fp64_int8_operands_on_the_gpu_take_rows_in_chunks_where_all_do_not_fit():
+    """summa.matmul of GPU operands with fp64-int8: where the product's
+    scratch for all of C's rows does not fit the free memory (or the cap
+    beside the operands) its rows go in chunks and the GEMM stays where the
+    operands lie, instead of their going through host memory; its memory is
+    C and scratch_bytes' count for those rows."""
+    from summa.planning import memory
+    from summa.planning.planner import Placement
+    from summa.precision import ozaki_gpu
+    n = 40960
+    held = 2 * n * n * 8
+
+    def plan(free, **options):
+        return make_plan((n, n, n), "float64", Machine("cupy", 1, free_device=free),
+                         precision="fp64-int8", placement=Placement("device", 0, held=held),
+                         **options)
+    whole = ozaki_gpu.scratch_bytes(n, n, n, ozaki_gpu.moduli_for(n)) + 8 * n * n
+    roomy = plan(whole)
+    assert roomy.placement.resident and roomy.memory.int8_rows is None
+    assert roomy.memory.device_bytes == whole
+    for free, cap in ((80 * 2**30, None), (whole, held + 64 * 2**30)):
+        tight = plan(free, device_memory=cap)
+        rows = tight.memory.int8_rows
+        assert tight.placement.resident and memory.FP64_INT8_ROWS <= rows < n
+        room = free if cap is None else min(free, cap - held)
+        assert tight.memory.device_bytes == 8 * n * n + ozaki_gpu.scratch_bytes(
+            n, n, n, ozaki_gpu.moduli_for(n), rows=rows) <= room
+        assert tight.scheme.rows == rows and f"take C's rows {rows} at a time" in str(tight)
+    fetched = plan(20 * 2**30)  # not even the least chunks fit: through host memory
+    assert fetched.placement.fetched and "copied to host memory" in fetched.note

@@ -1,9 +1,11 @@
 """summa.precision.ozaki_gpu's orchestration on a NumPy stand-in for CuPy
 (tests/fake_cupy_kernels.py: the kernels as the same formulas in NumPy): the
 same products as summa.precision.ozaki's, whatever the grouping of the folds, with or
-without the overlapped folds, K in pieces, complex operands, alpha and beta."""
+without the overlapped folds, K in pieces, A's and C's rows in chunks, complex operands,
+alpha and beta; and the scratch a product holds, as the plans count it."""
 
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -318,3 +320,100 @@ def test_matmul_and_gemm_refuse_moduli_they_cannot_take(rng):
             summa.gemm(A, B, moduli=15)
         with pytest.raises(ValueError, match="moduli applies to precision fp64-int8"):
             summa.matmul(A, B, device="numpy", moduli=15)
+
+
+@pytest.mark.parametrize("rows", [10, 13, 37, 100])
+def test_rows_in_chunks_are_the_whole_product_bit_for_bit(rng, ozaki_gpu, rows):
+    """Scheme(rows=r): B's residues once, then A's and C's rows r at a time
+    (a ragged last chunk, one chunk of all rows, r past m): every element
+    the whole product's, into C with a pitch, alpha and beta applied, within
+    the gauge; per chunk its residues, its INT8 products and one fold that
+    ends it (the fused fold into a row slice of C)."""
+    backend = fake_cupy_kernels.Backend()
+    m, k, n = 37, 61, 23
+    a, b = rng.uniform(-1, 1, (m, k)), rng.standard_normal((k, n))
+    c0 = rng.uniform(-1, 1, (m, n))
+    whole = rng.uniform(-1, 1, (m, n + 5))[:, :n]  # rows with a pitch
+    whole[...] = c0
+    ozaki_gpu.gemm(1.5, a, b, whole, beta=-0.5, backend=backend)
+    before = {name: kernel.launches for name, kernel in ozaki_gpu._kernels.items()
+              if hasattr(kernel, "launches")}
+    gemms = backend.gemms
+    c = np.zeros((m, n + 7))[:, :n]
+    c[...] = c0
+    ozaki_gpu.gemm(1.5, a, b, c, beta=-0.5, backend=backend,
+                   scheme=ozaki_gpu.Scheme(planes=16, rows=rows))
+    np.testing.assert_array_equal(c, whole)
+    assert gemm_scaled_error(c, a, b, c0, alpha=1.5, beta=-0.5) <= 1
+    chunks = -(-m // min(rows, m))
+    assert backend.gemms - gemms == chunks * ozaki.default_moduli(ozaki.BITS, k)
+    launched = {name: kernel.launches - before.get(name, 0)
+                for name, kernel in ozaki_gpu._kernels.items() if hasattr(kernel, "launches")}
+    assert launched["residues"] == 1 + chunks and launched["fold_finish"] == chunks
+
+
+def test_rows_in_chunks_of_a_c_with_columns_apart_and_of_complex_products(rng, ozaki_gpu):
+    """Chunks of rows where C's rows are not contiguous (each chunk's sums
+    through the finish pass) and in each real product of a complex one:
+    the whole product's elements."""
+    backend = fake_cupy_kernels.Backend()
+    a, b = rng.uniform(-1, 1, (21, 30)), rng.standard_normal((30, 17))
+    want = rng.uniform(-1, 1, (17, 21)).T  # C's columns contiguous, not its rows
+    got = want.copy(order="F")
+    ozaki_gpu.gemm(2.0, a, b, want, beta=-1.0, backend=backend)
+    ozaki_gpu.gemm(2.0, a, b, got, beta=-1.0, backend=backend,
+                   scheme=ozaki_gpu.Scheme(rows=8))
+    np.testing.assert_array_equal(got, want)
+    za = rng.uniform(-1, 1, (12, 33)) + 1j * rng.uniform(-1, 1, (12, 33))
+    zb = rng.uniform(-1, 1, (33, 9)) + 1j * rng.uniform(-1, 1, (33, 9))
+    whole, chunked = np.zeros((12, 9), dtype=complex), np.zeros((12, 9), dtype=complex)
+    ozaki_gpu.gemm(2.0, za, zb, whole, backend=backend)
+    gemms = backend.gemms
+    ozaki_gpu.gemm(2.0, za, zb, chunked, backend=backend, scheme=ozaki_gpu.Scheme(rows=5))
+    np.testing.assert_array_equal(chunked, whole)
+    assert gemm_scaled_error(chunked, za, zb, alpha=2.0) <= 1
+    assert backend.gemms - gemms == 4 * 3 * ozaki.default_moduli(ozaki.BITS, 33)  # 3 chunks
+
+
+class _Allocations:
+    """cupy.empty/zeros of the stand-in, counting the bytes they hold at
+    once (an array's bytes are free when the last view of it goes)."""
+
+    def __init__(self):
+        self.live = self.peak = 0
+
+    def _held(self, array):
+        self.live += array.nbytes
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(array, self._free, array.nbytes)
+        return array
+
+    def _free(self, nbytes):
+        self.live -= nbytes
+
+    def empty(self, shape, dtype=float):
+        return self._held(np.empty(shape, dtype))
+
+    def zeros(self, shape, dtype=float):
+        return self._held(np.zeros(shape, dtype))
+
+
+@pytest.mark.parametrize("rows", [None, 40, 64, 100])
+def test_a_products_scratch_is_what_scratch_bytes_counts_for_its_rows(rng, ozaki_gpu, monkeypatch,
+                                                                      rows):
+    """What gemm holds at once beside its operands is scratch_bytes' count for
+    the scheme's rows (less B transposed, which goes once B's residues are
+    made): a chunk's residues, products and sums, never all of C's."""
+    backend = fake_cupy_kernels.Backend()
+    m, k, n = 150, 64, 48  # 15 moduli, folded 4 a pass: the two sums are made
+    a, b, c = rng.uniform(-1, 1, (m, k)), rng.uniform(-1, 1, (k, n)), np.empty((m, n))
+    held = _Allocations()
+    monkeypatch.setattr(sys.modules["cupy"], "empty", held.empty)
+    monkeypatch.setattr(sys.modules["cupy"], "zeros", held.zeros)
+    ozaki_gpu.gemm(1.0, a, b, c, backend=backend, scheme=ozaki_gpu.Scheme(rows=rows))
+    count = ozaki.default_moduli(ozaki.BITS, k)
+    counted = ozaki_gpu.scratch_bytes(m, n, k, count, rows=rows)
+    assert counted - 8 * n * k <= held.peak <= counted and held.live == 0
+    if rows is not None and rows < m:
+        assert counted < ozaki_gpu.scratch_bytes(m, n, k, count)
+    assert gemm_scaled_error(c, a, b) <= 1
