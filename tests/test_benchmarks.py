@@ -119,6 +119,9 @@ def test_matrix_verdicts_follow_the_issues_goals():
     cupy = _gpu_row("cupy", ceiling_seconds=0.97, again_result="numpy")
     assert "not CuPy's" in matrix.verdict(cupy, {})[1]
     assert matrix.verdict(dict(cupy, again_result="cupy"), {})[0] == "PASS"
+    tiny = dict(_gpu_row("F", first=9.0, again=9.0, transfer_seconds=1.0), m=96, n=80, k=112)
+    assert matrix.verdict(tiny, {})[0] == "PASS"
+    assert matrix.verdict(dict(tiny, first_residual=2.0), {})[0] == "FAIL"
     skipped = dict(_gpu_row("cupy"), status="skipped", reason="summa refuses CuPy arrays today")
     assert matrix.verdict(skipped, {}) == ("skip", "summa refuses CuPy arrays today")
 
