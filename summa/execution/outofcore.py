@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import weakref
 from collections import deque
 from dataclasses import dataclass
 
@@ -55,6 +54,7 @@ from ..device.staging import Transfer, get_stager
 from ..host.storage import as_rows, copyable_rows, pitch, rows_shape
 from .transpose import PanelsOfA
 from ..runtime.watchdog import watch
+from ..runtime.cleanup import finalize
 
 __all__ = ["summa_out_of_core", "run_out_of_core", "SweepOperands"]
 
@@ -757,7 +757,7 @@ def _register(cupy, array: np.ndarray) -> bool:
     except cupy.cuda.runtime.CUDARuntimeError:
         return False  # not allowed here, or a page shared with another locked array
     _registered[start] = nbytes
-    weakref.finalize(array, _unregister, cupy, start)
+    finalize(array, _unregister, cupy, start)
     return True
 
 

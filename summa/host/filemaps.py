@@ -19,11 +19,11 @@ import functools
 import mmap
 import os
 import threading
-import weakref
 
 import numpy as np
 
 from .storage import copyable_rows
+from ..runtime.cleanup import finalize
 
 __all__ = ["register", "find", "view_span", "FileRows", "prefetch", "read_ahead", "write_out",
            "libc_call"]
@@ -43,7 +43,7 @@ def register(data: np.ndarray, path: str, offset: int, writable: bool) -> None:
     start = data.ctypes.data
     with _lock:
         _maps[start] = (start + data.nbytes, fd, int(offset), bool(writable), path)
-    weakref.finalize(data, _forget, start, fd)
+    finalize(data, _forget, start, fd)
 
 
 def _forget(start: int, fd: int) -> None:

@@ -28,12 +28,12 @@ import mmap
 import os
 import threading
 import types
-import weakref
 
 import numpy as np
 
 from .. import options
 from .filemaps import libc_call, view_span
+from ..runtime.cleanup import finalize
 
 __all__ = ["allowed", "allow_readers", "describe", "placeholder", "find", "readable",
            "RemoteRows"]
@@ -119,7 +119,7 @@ def placeholder(where: dict, shape, dtype) -> np.ndarray:
         raise OSError("mprotect refused to make a placeholder inaccessible")
     with _lock:
         _maps[start] = (start + nbytes, int(where["pid"]), int(where["address"]))
-    weakref.finalize(flat, _forget, start, mm)
+    finalize(flat, _forget, start, mm)
     return flat.reshape(shape)
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -25,6 +24,7 @@ from mpi4py import MPI
 from . import filemaps, remote
 from .. import options
 from ..distribution.topology import Topology, topology_of
+from ..runtime.cleanup import finalize
 
 __all__ = ["empty", "load", "file_map", "attach_file", "attach_remote", "shared_token",
            "node_shared", "shm_dir", "parallel_copy", "touched", "named", "attach", "shared_name",
@@ -111,7 +111,7 @@ def empty(shape, dtype, comm: MPI.Intracomm | None = None,
     array = mapped if shape else mapped.reshape(())
     token = (topology.leader, os.path.basename(name))
     _tokens[id(array)] = token
-    weakref.finalize(array, _tokens.pop, id(array), None)
+    finalize(array, _tokens.pop, id(array), None)
     return array
 
 
@@ -151,7 +151,7 @@ def named(shape, dtype) -> tuple[np.ndarray, str]:
         raise
     _tokens[id(array)] = ("named", os.path.basename(name))
     _names[id(array)] = name
-    weakref.finalize(array, _forget, id(array), name)
+    finalize(array, _forget, id(array), name)
     _register(array, name)
     return array, name
 
@@ -178,7 +178,7 @@ def attach(name: str, shape, dtype) -> np.ndarray:
     shape = tuple(int(x) for x in shape)
     array = np.memmap(name, dtype=np.dtype(dtype), mode="r+", shape=shape if shape else (1,))
     _tokens[id(array)] = ("named", os.path.basename(name))
-    weakref.finalize(array, _tokens.pop, id(array), None)
+    finalize(array, _tokens.pop, id(array), None)
     _register(array, name)
     return array
 
@@ -213,7 +213,7 @@ def attach_remote(where: dict, shape, dtype) -> np.ndarray:
     written only by such copies (:mod:`summa.host.remote`)."""
     array = remote.placeholder(where, tuple(int(x) for x in shape), dtype)
     _tokens[id(array)] = ("remote", int(where["pid"]), int(where["address"]))
-    weakref.finalize(array, _tokens.pop, id(array), None)
+    finalize(array, _tokens.pop, id(array), None)
     return array
 
 
@@ -225,18 +225,18 @@ def attach_file(path: str, offset: int, shape, dtype) -> np.ndarray:
     array = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=int(offset),
                       shape=shape if shape else (1,))
     _tokens[id(array)] = ("file", os.path.realpath(path), int(offset))
-    weakref.finalize(array, _tokens.pop, id(array), None)
+    finalize(array, _tokens.pop, id(array), None)
     filemaps.register(array, path, int(offset), writable=False)
     return array
 
 
 def _forget(key: int, name: str) -> None:
-    _tokens.pop(key, None)
-    _names.pop(key, None)
-    try:
+    try:  # first: nothing may be left in /dev/shm (see cleanup.finalize)
         os.unlink(name)
     except OSError:
         pass
+    _tokens.pop(key, None)
+    _names.pop(key, None)
 
 
 def shared_token(x) -> tuple | None:
@@ -253,7 +253,7 @@ def transposed(x: np.ndarray) -> np.ndarray:
     token = _tokens.get(id(x))
     if token is not None:
         _tokens[id(view)] = token + ("T",)
-        weakref.finalize(view, _tokens.pop, id(view), None)
+        finalize(view, _tokens.pop, id(view), None)
     return view
 
 

@@ -12,7 +12,6 @@ import signal
 import threading
 import time
 import warnings
-import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +20,7 @@ from ..host import shared as host, remote
 from ..options import current as current_options
 from ..device.traits import traits
 from .launch import Pool, get_pool, slot
+from ..runtime.cleanup import finalize
 
 
 @contextlib.contextmanager
@@ -111,7 +111,7 @@ class PooledMatmul:
         # this process: out of core), or copies where the workers may not read
         self._pool, self._reach = pool, timing["pool_reads_caller"]
         # dropped unfreed: the workers free it before their next command
-        self._finalizer = weakref.finalize(self, pool.released.append, self._id)
+        self._finalizer = finalize(self, pool.released.append, self._id)
         return record["plan"]
 
     def execute(self, a=None, b=None, out=None, stats=None):

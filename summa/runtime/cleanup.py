@@ -11,10 +11,13 @@ I/O, the watchdog, the pool and the entry point all reach it.
 
 from __future__ import annotations
 
+import _thread
 import os
+import threading
+import weakref
 
 __all__ = ["temporary_files", "remove_temporary_files", "MPI_SEGMENT_PREFIXES", "mapped_segments",
-           "remove_segments", "hard_exit", "process_alive"]
+           "remove_segments", "hard_exit", "process_alive", "finalize"]
 
 #: Paths of unfinished outputs (a set: safe to change from any thread).
 temporary_files: set = set()
@@ -81,3 +84,30 @@ def process_alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+def finalize(obj, func, *args) -> weakref.finalize:
+    """``weakref.finalize(obj, func, *args)``, keeping a Ctrl-C that lands in
+    `func`. Python prints an exception raised in a finalizer and drops it
+    ("Exception ignored in: <finalize object>"), so a Ctrl-C that arrived
+    while a shared copy's file was being removed was lost, and a caller
+    looping over calls went on for good (test_pool's Ctrl-C test, ``loop``).
+    Here it is raised again in the main thread once the finalizer returns.
+    `func` should do its essential step first: the rest of it is skipped."""
+    return weakref.finalize(obj, _keeping_ctrl_c, func, *args)
+
+
+def _keeping_ctrl_c(func, *args) -> None:
+    try:
+        func(*args)
+    except KeyboardInterrupt:
+        # As if Ctrl-C came again, from a thread a moment later: raised here
+        # (interrupt_main from this thread) it would be lost with the rest.
+        again = threading.Timer(AGAIN_AFTER, _thread.interrupt_main)
+        again.daemon = True
+        again.start()
+
+
+#: Seconds after a finalizer caught a Ctrl-C that it is raised again (the
+#: finalizer returns within microseconds: it removes a file, closes a map).
+AGAIN_AFTER = 0.01

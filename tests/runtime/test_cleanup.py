@@ -81,3 +81,24 @@ def test_stranded_segments_are_new_unmapped_and_settled():
     finally:
         for p in (old, fresh, held):
             p.unlink(missing_ok=True)
+
+
+def test_a_ctrl_c_landing_in_a_finalizer_is_raised_after_it():
+    """Python prints and drops an exception raised in a finalizer: a Ctrl-C
+    that lands there (a shared copy's file being removed) must come back
+    once the finalizer has returned, and what the finalizer did stays done."""
+    done = []
+
+    def removing():
+        done.append("removed")
+        raise KeyboardInterrupt  # as Python raises Ctrl-C in whatever code runs
+
+    class Held:
+        pass
+    held = Held()
+    cleanup.finalize(held, removing)
+    with pytest.raises(KeyboardInterrupt):
+        del held
+        for _ in range(100):  # the interrupt comes at Python's next check
+            time.sleep(0.001)
+    assert done == ["removed"]
