@@ -750,7 +750,8 @@ def test_large_npy_blocks_go_straight_between_the_file_and_the_gpu(comm, rng, gp
     from summa.host import filemaps
     grid, backend = gpu
     folder = comm.bcast(str(tmp_path_factory.mktemp("npy")) if comm.rank == 0 else None)
-    x = rng.uniform(-1, 1, (6000, 3000))
+    # each rank's block 72 MB, past the staged copies' least (backend.STAGED_MIN)
+    x = rng.uniform(-1, 1, (3000 * grid.size, 3000))
     x = comm.bcast(x)
     if comm.rank == 0:
         np.save(f"{folder}/X.npy", x)
