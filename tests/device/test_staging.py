@@ -129,7 +129,7 @@ def test_copy_threads_share_the_cores(monkeypatch):
 def test_touch_faults_in_every_page(rng):
     stager = _stager(threads=3)
     try:
-        x = np.full((1000, 301), 7.0)
+        x = np.full((1000, 301), 7.1)  # (no zero byte: 7.0's first is one)
         stager.touch(x).wait()
         flat = x.reshape(-1).view(np.uint8)
         assert (flat[::4096] == 0).all()           # one byte a page, every page
@@ -163,6 +163,28 @@ def test_both_rings_are_made_at_the_first_copy_and_locked_at_once(rng):
     finally:
         stager.close()
     assert fake.registered == []
+
+
+def test_a_touch_hurried_is_finished_by_the_copy_threads():
+    """Where the touch's own threads are busy, hurry() lets the free copy
+    threads fault in the rest (before the first download into the array),
+    each part once."""
+    stager = _stager(threads=4)  # one touch thread
+    held = threading.Event()
+    try:
+        stager.touch(np.empty((8, 8))).wait()  # (makes the touch's pool)
+        stager._touch_pool.submit(held.wait)  # its one thread taken
+        x = np.full((2000, 300), 7.1)
+        touch = stager.touch(x)
+        assert not touch._done.wait(0.2)  # waiting behind the taken thread
+        touch.hurry()
+        assert touch._done.wait(10) and touch.error is None
+        assert (x.reshape(-1).view(np.uint8)[::4096] == 0).all()  # a byte a page
+        held.set()
+    finally:
+        held.set()
+        stager.close()
+    assert touch._left == 0  # every part counted once, though offered twice
 
 
 def test_touch_leaves_most_threads_to_the_uploads():
