@@ -326,35 +326,30 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
     moduli = ozaki_gpu.check_moduli(moduli, precision)
     copies = _host_copies(machine, host_copies)  # kept where the plan runs out of core
     grid = _grid(grid, machine, m, n, dtype, schedule)
-    placement, fetched = placement or Placement(), None
+    placement, fetched, memory = placement or Placement(), None, None
     if placement.where != "host":
         check_schedule(schedule, grid)
         memory, fetched = _resident(machine, (m, n, k), dtype, (trans_a, trans_b), placement,
                                     (out_of_core, device_memory, precision))
-        if memory is not None:
-            return Plan((m, n, k), dtype.name, machine.backend, machine.ranks, grid,
-                        (str(trans_a).upper(), str(trans_b).upper()), schedule, False,
-                        max(k, 1), lookahead, precision, ozaki_gpu.moduli_for(max(k, 1), moduli)
-                        if precision == "fp64-int8" else None, None, memory, broadcaster,
-                        placement=placement)
-        placement, host_held = replace(placement, fetched=True), True
-    if host_held and out_of_core is None:
-        out_of_core = schedule == "panels" and (traits(machine.backend).gpu
-                                                or device_memory is not None)
-    if host_held and out_of_core is False:
-        device_memory = None  # arrays copied onto the devices take them whole
-    check_schedule(schedule, grid, out_of_core=bool(out_of_core) or bool(device_memory))
-    with ozaki_gpu.asked_moduli(moduli):  # the plans count their scratch
-        memory, budget, note = _memory(machine, (m, n, k), dtype, grid, panel_width, lookahead,
-                                       _MemoryAsk(out_of_core, device_memory, schedule,
-                                                  precision, staged, copies[1]))
-        ooc = budget is not None
-        copies = copies if ooc else (None, None)
-        width = _width(panel_width, machine.backend, dtype, precision, ooc, grid, schedule)
-        if ooc and memory.chunk < min(width, k):  # a narrower one moves fewer bytes
+        if memory is None:  # copied to host memory: planned as host-held operands
+            placement, host_held = replace(placement, fetched=True), True
+    if memory is not None:  # one GEMM where the operands lie
+        budget, note, width = None, None, max(k, 1)
+    else:
+        ask = _memory_ask(machine, host_held, out_of_core, device_memory,
+                          (schedule, precision, staged, copies[1]))
+        check_schedule(schedule, grid, out_of_core=bool(ask.out_of_core) or bool(ask.device_memory))
+        with ozaki_gpu.asked_moduli(moduli):  # the plans count their scratch
+            memory, budget, note = _memory(machine, (m, n, k), dtype, grid, panel_width,
+                                           lookahead, ask)
+            width = _width(panel_width, machine.backend, dtype, precision, budget is not None,
+                           grid, schedule)
+        if budget is not None and memory.chunk < min(width, k):  # narrower: fewer bytes moved
             width = memory.chunk
-        count = ozaki_gpu.moduli_for(width) if precision == "fp64-int8" and \
-            isinstance(width, int) else None
+    ooc = budget is not None
+    copies = copies if ooc else (None, None)
+    count = ozaki_gpu.moduli_for(width, moduli) if precision == "fp64-int8" and \
+        isinstance(width, int) else None
     plan = Plan((m, n, k), dtype.name, machine.backend, machine.ranks, grid,
                 (str(trans_a).upper(), str(trans_b).upper()), schedule, ooc, width, lookahead,
                 precision, count, budget, memory, broadcaster, host_copies=copies[0],
@@ -376,6 +371,22 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
         except ValueError:  # no float64 plan to set beside it
             pass
     return replace(plan, predicted=predict_plan(plan, profile, native))
+
+
+def _memory_ask(machine: Machine, host_held: bool, out_of_core, device_memory,
+                rest: tuple) -> "_MemoryAsk":
+    """What :func:`make_plan` asks of memory for operands in host memory:
+    with `out_of_core` None, host-held operands stay there on GPUs (or
+    wherever `device_memory` caps the device, panels only); in memory they
+    ignore `device_memory`. `rest`: ``(schedule, precision, staged, copy
+    threads)``."""
+    schedule = rest[0]
+    if host_held and out_of_core is None:
+        out_of_core = schedule == "panels" and (traits(machine.backend).gpu
+                                                or device_memory is not None)
+    if host_held and out_of_core is False:
+        device_memory = None  # arrays copied onto the devices take them whole
+    return _MemoryAsk(out_of_core, device_memory, *rest)
 
 
 def _resident(machine: Machine, shape, dtype, trans, placement: Placement, asked) -> tuple:
