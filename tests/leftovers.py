@@ -125,10 +125,15 @@ def _segments() -> list[str]:
 def stranded(before, settle: float = 2.0) -> list[str]:
     """MPI segments made since `before` (a set of paths) that no live process
     maps and that are `settle` seconds old (one just made may not be mapped
-    yet): left by jobs whose ranks were killed."""
+    yet): left by jobs whose ranks were killed. Younger ones unmapped are
+    waited for (a short run's, test_remote's owners killed at its end, were
+    left in /dev/shm)."""
     new = [p for p in _segments() if p not in before]
     if not new:
         return []
+    youngest = max((_mtime(p) for p in new), default=0.0)
+    if time.time() - youngest < settle:
+        time.sleep(settle - (time.time() - youngest) + 0.1)
     mapped = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -142,6 +147,13 @@ def stranded(before, settle: float = 2.0) -> list[str]:
         except OSError:
             pass
     return out
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
 
 
 def finish(folders: private_folders) -> list[str]:
