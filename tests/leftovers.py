@@ -122,18 +122,18 @@ def _segments() -> list[str]:
     return [os.path.join(SEGMENT_DIR, n) for n in names if n.startswith(MPI_SEGMENT_PREFIXES)]
 
 
-def stranded(before, settle: float = 2.0) -> list[str]:
+#: Seconds an MPI segment must have lived to be called stranded (one just
+#: made may not be mapped yet).
+SETTLE_SECONDS = 2.0
+
+
+def stranded(before, settle: float = SETTLE_SECONDS) -> list[str]:
     """MPI segments made since `before` (a set of paths) that no live process
     maps and that are `settle` seconds old (one just made may not be mapped
-    yet): left by jobs whose ranks were killed. Younger ones unmapped are
-    waited for (a short run's, test_remote's owners killed at its end, were
-    left in /dev/shm)."""
+    yet): left by jobs whose ranks were killed."""
     new = [p for p in _segments() if p not in before]
     if not new:
         return []
-    youngest = max((_mtime(p) for p in new), default=0.0)
-    if time.time() - youngest < settle:
-        time.sleep(settle - (time.time() - youngest) + 0.1)
     mapped = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -163,7 +163,11 @@ def finish(folders: private_folders) -> list[str]:
     from summa.runtime.cleanup import remove_segments
     pool.close()  # a test's pool is stopped at exit otherwise: after this check
     time.sleep(0.5)  # a job ended just now may still be removing its files
-    remove_segments(stranded(folders.segments))
+    # segments made in the last seconds settle first (a short run's, test_remote's
+    # owners killed at its end, were left in /dev/shm)
+    youngest = max((_mtime(p) for p in _segments() if p not in folders.segments), default=0.0)
+    time.sleep(max(0.0, SETTLE_SECONDS + 0.1 - (time.time() - youngest)))
+    remove_segments(stranded(folders.segments, SETTLE_SECONDS))
     left = folders.left()
     folders.remove()
     return left
