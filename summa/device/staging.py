@@ -31,8 +31,8 @@ from .. import options
 from ..host.storage import copyable_rows, pitch
 from ..runtime.watchdog import watch
 
-__all__ = ["Stager", "Transfer", "Touch", "get_stager", "stager_for", "set_ranks_on_node", "ranks_on_node",
-           "copy_threads", "ring_bytes", "CHUNK_BYTES"]
+__all__ = ["Stager", "Transfer", "Touch", "get_stager", "stager_for", "set_ranks_on_node",
+           "ranks_on_node", "copy_threads", "ring_bytes", "CHUNK_BYTES"]
 
 #: Bytes of one page-locked chunk: large enough that a copy engine streams it
 #: at full rate, small enough that a ring of a few per thread stays small
@@ -180,19 +180,22 @@ class Touch(Transfer):
     """The first touch of a fresh array's pages (:meth:`Stager.touch`): its
     parts, each filled with zeros once by whichever thread claims it first.
 
-    Its own few threads start it beside the uploads; :meth:`hurry` lets
-    the copy threads take what is left once they are free (before the
+    Its own few threads start it beside the uploads; :meth:`Stager.hurry`
+    lets the copy threads take what is left once they are free (before the
     first download into the array), rather than the download waiting for
     the few: with a quarter of 12 threads a 2 GiB result takes ~0.3 s to
     fault in (2.4 GB/s a thread), longer than float64 16384³'s GEMMs.
     """
 
-    def __init__(self, parts: list, stager):
+    def __init__(self, parts: list):
         super().__init__(len(parts))
-        self._stager = stager
         self._parts = queue.SimpleQueue()
         for part in parts:
             self._parts.put(part)
+
+    def unclaimed(self) -> int:
+        """Parts no thread has claimed yet."""
+        return self._parts.qsize()
 
     def fill_one(self) -> None:
         """Fill the next part no thread has claimed (none left: nothing)."""
@@ -205,13 +208,6 @@ class Touch(Transfer):
             self._chunk_done()
         except BaseException as exc:  # noqa: BLE001
             self._fail(exc)
-
-    def hurry(self) -> None:
-        """Let the stager's copy threads take the parts still unclaimed."""
-        left = self._parts.qsize()
-        if left and not self._stager._closed:
-            for _ in range(left):
-                self._stager._pool.submit(self.fill_one)
 
 
 class Stager:
@@ -276,16 +272,16 @@ class Stager:
         strides), once the GPU has reached `after`."""
         return self._submit(_D2H, src, dst, after)
 
-    def touch(self, x: np.ndarray) -> "Touch":
+    def touch(self, x: np.ndarray) -> Touch:
         """Fault in the pages of a fresh array whose values do not matter (a
         result about to be overwritten) on threads of their own, so that the
         copies into it later run at the speed of touched memory (37 against
         16.5 GB/s on 16 threads; first touch itself 32 GB/s there). It
         writes zeros: wait for it before anything else writes `x`
-        (:meth:`Touch.hurry` first, where the copy threads are free)."""
+        (:meth:`hurry` first, where the copy threads are free)."""
         if not x.size or TOUCH_SHARE <= 0 or filemaps.find(x, writable=True) is not None \
                 or remote.find(x) is not None:
-            return Touch([], None)  # (written by pwrite, or in another process: nothing here)
+            return Touch([])  # (written by pwrite, or in another process: nothing here)
         if self._touch_pool is None:
             self._touch_pool = ThreadPoolExecutor(max(1, round(self.threads * TOUCH_SHARE)),
                                                   thread_name_prefix="summa-touch")
@@ -294,10 +290,17 @@ class Stager:
         else:
             rows = max(1, x.shape[0] // (4 * self.threads))
             parts = [x[r:r + rows] for r in range(0, x.shape[0], rows)]
-        touch = Touch(parts, self)
+        touch = Touch(parts)
         for _ in parts:
             self._touch_pool.submit(touch.fill_one)
         return touch
+
+    def hurry(self, touch: Touch) -> None:
+        """Let the copy threads take the parts of `touch` still unclaimed
+        (each is filled once, by whichever thread claims it first)."""
+        if not self._closed:
+            for _ in range(touch.unclaimed()):
+                self._pool.submit(touch.fill_one)
 
     def _submit(self, kind, dev, host: np.ndarray, after) -> Transfer:
         if self._closed:

@@ -665,7 +665,7 @@ class _CudaMover:
         if not self._direct(host):
             self.moved += host.nbytes
             if self._touched is not None:  # its zeros must land before the product
-                self._touched.hurry()  # the copy threads help: this tile's uploads are done
+                self._stage().hurry(self._touched)  # the copy threads help: tile's uploads done
                 self._touched.wait()
                 self._touched = None
             transfer = self._stage().download(host, c, self.device.record_event())

@@ -308,15 +308,22 @@ def _int8_rows(rows: int, fits) -> int | None:
         return None
     if not fits(low):
         return low
-    high = rows - 1  # the most rows that fit: in [low, high]
+    low = _most_that_fit(low, rows - 1, fits)
+    even = -(-rows // -(-rows // low))  # as many chunks, of even size: none over `low`
+    return max(even, FP64_INT8_ROWS)  # (fits: FP64_INT8_ROWS <= low < rows here)
+
+
+def _most_that_fit(low: int, high: int, fits) -> int:
+    """The largest count in ``[low, high]`` that `fits` (a predicate true for
+    every count up to some bound), by bisection; `low` where none above it
+    does."""
     while low < high:
         mid = (low + high + 1) // 2
         if fits(mid):
             low = mid
         else:
             high = mid - 1
-    even = -(-rows // -(-rows // low))  # as many chunks, of even size: none over `low`
-    return max(even, FP64_INT8_ROWS)  # (fits: FP64_INT8_ROWS <= low < rows here)
+    return low
 
 
 def _tiles_asked(ml: int, nl: int) -> tuple | None:
@@ -421,13 +428,7 @@ def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: b
     best = None
     for ntn in range(1, nl + 1):
         tn = -(-nl // ntn)
-        low, high = 0, ml  # the most rows that fit: in [low, high]
-        while low < high:
-            mid = (low + high + 1) // 2
-            if fits(mid, tn, 2):
-                low = mid
-            else:
-                high = mid - 1
+        low = _most_that_fit(0, ml, lambda rows: fits(rows, tn, 2))
         if low >= 1:
             ntm = max(fewest_rows, -(-ml // low))
             if not emulated:

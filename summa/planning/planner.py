@@ -336,8 +336,8 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
     if memory is not None:  # one GEMM where the operands lie
         budget, note, width = None, None, max(k, 1)
     else:
-        ask = _memory_ask(machine, host_held, out_of_core, device_memory,
-                          (schedule, precision, staged, copies[1]))
+        ask = _MemoryAsk(out_of_core, device_memory, schedule, precision, staged, copies[1])
+        ask = _held_in_host(ask, machine.backend) if host_held else ask
         check_schedule(schedule, grid, out_of_core=bool(ask.out_of_core) or bool(ask.device_memory))
         with ozaki_gpu.asked_moduli(moduli):  # the plans count their scratch
             memory, budget, note = _memory(machine, (m, n, k), dtype, grid, panel_width,
@@ -349,7 +349,7 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
     ooc = budget is not None
     copies = copies if ooc else (None, None)
     count = ozaki_gpu.moduli_for(width, moduli) if precision == "fp64-int8" and \
-        isinstance(width, int) else None
+        is_width(width) else None
     plan = Plan((m, n, k), dtype.name, machine.backend, machine.ranks, grid,
                 (str(trans_a).upper(), str(trans_b).upper()), schedule, ooc, width, lookahead,
                 precision, count, budget, memory, broadcaster, host_copies=copies[0],
@@ -373,20 +373,17 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
     return replace(plan, predicted=predict_plan(plan, profile, native))
 
 
-def _memory_ask(machine: Machine, host_held: bool, out_of_core, device_memory,
-                rest: tuple) -> "_MemoryAsk":
-    """What :func:`make_plan` asks of memory for operands in host memory:
-    with `out_of_core` None, host-held operands stay there on GPUs (or
-    wherever `device_memory` caps the device, panels only); in memory they
-    ignore `device_memory`. `rest`: ``(schedule, precision, staged, copy
-    threads)``."""
-    schedule = rest[0]
-    if host_held and out_of_core is None:
-        out_of_core = schedule == "panels" and (traits(machine.backend).gpu
-                                                or device_memory is not None)
-    if host_held and out_of_core is False:
+def _held_in_host(ask: _MemoryAsk, backend: str) -> _MemoryAsk:
+    """`ask` for operands in host memory: with `out_of_core` None they stay
+    there on GPUs (or wherever `device_memory` caps the device, panels
+    only); in memory they ignore `device_memory`."""
+    out_of_core, device_memory = ask.out_of_core, ask.device_memory
+    if out_of_core is None:
+        out_of_core = ask.schedule == "panels" and (traits(backend).gpu
+                                                    or device_memory is not None)
+    if out_of_core is False:
         device_memory = None  # arrays copied onto the devices take them whole
-    return _MemoryAsk(out_of_core, device_memory, *rest)
+    return replace(ask, out_of_core=out_of_core, device_memory=device_memory)
 
 
 def _resident(machine: Machine, shape, dtype, trans, placement: Placement, asked) -> tuple:
@@ -609,7 +606,7 @@ def _panel_sums(memory, dtype, grid, shape, width, precision, schedule) -> int |
     them (in memory, panels, on a grid): :func:`summa.precision.ozaki_gpu.panel_sums_apply`."""
     m, n, k = shape
     if (precision != "fp64-int8" or memory.mode != "in-memory" or schedule == "strips"
-            or not isinstance(width, int)
+            or not is_width(width)
             or not ozaki_gpu.panel_sums_apply(dtype, grid[0] * grid[1], k)):
         return None
     return ozaki_gpu.panel_sums_bytes(-(-m // grid[0]), -(-n // grid[1]), width, k)

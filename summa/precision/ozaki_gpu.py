@@ -421,8 +421,21 @@ def scratch_bytes(m: int, n: int, k: int, count: int, planes: int = PLANES,
     `m`; :attr:`Scheme.rows`) A's residue planes, the integer products and
     the two sums."""
     kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
-    r = m if rows is None else max(1, min(m, int(rows)))
+    r = _chunk_rows(m, rows)
     return count * (r + np_) * kp + 8 * n * k + 4 * planes * r * np_ + 16 * r * n
+
+
+def _chunk_rows(m: int, rows: int | None) -> int:
+    """Rows of A and C one chunk of a product of `m` rows takes
+    (:attr:`Scheme.rows`; None: all): what :func:`gemm` allocates for and
+    :func:`scratch_bytes` counts."""
+    return m if rows is None else max(1, min(m, int(rows)))
+
+
+def _planes_a_pass(planes: int, count: int) -> int:
+    """Integer products folded a pass: `planes` asked, within 1 and the
+    `count` of moduli (:class:`_Folds`, and :func:`gemm`'s buffer for them)."""
+    return max(1, min(int(planes), count))
 
 
 def panel_sums_bytes(m: int, n: int, width: int, k: int, planes: int = PLANES) -> int:
@@ -513,7 +526,7 @@ class _Folds:
         import cupy
         count, constants = encoding.count, encoding.constants
         self.m, self.n, self.np_, self.constants = m, n, -(-n // 4) * 4, constants
-        self.planes = max(1, min(int(planes), count))
+        self.planes = _planes_a_pass(planes, count)
         self.groups = [(l0, min(self.planes, count - l0)) for l0 in range(0, count, self.planes)]
         self.fused = c.strides[1] == c.itemsize
         sums = (m, n) if len(self.groups) > 1 or not self.fused else (1, 1)
@@ -597,11 +610,11 @@ def gemm(alpha, a, b, c, beta=0.0, *, backend=None, scheme: Scheme = Scheme(),
     kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
     mark("scale")
     f, b8 = _b_side(b, count, bits, cap_b, np_, kp, constants, backend)  # (n,), B's planes
-    rows = m if scheme.rows is None else max(1, min(m, int(scheme.rows)))
+    rows = _chunk_rows(m, scheme.rows)
     # One buffer of products, for every chunk: folds on a stream of their own
     # beside the next group's GEMMs (two buffers) gained nothing
     # (`fold_probe.py` at aaff378: 1.091x against 1.101x over native).
-    g = cupy.empty(max(1, min(int(scheme.planes), count)) * rows * np_, dtype=cupy.int32)
+    g = cupy.empty(_planes_a_pass(scheme.planes, count) * rows * np_, dtype=cupy.int32)
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
         _rows_product((alpha, beta), a[r0:r1], c[r0:r1],

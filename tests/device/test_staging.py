@@ -166,7 +166,7 @@ def test_both_rings_are_made_at_the_first_copy_and_locked_at_once(rng):
 
 
 def test_a_touch_hurried_is_finished_by_the_copy_threads():
-    """Where the touch's own threads are busy, hurry() lets the free copy
+    """Where the touch's own threads are busy, Stager.hurry lets the free copy
     threads fault in the rest (before the first download into the array),
     each part once."""
     stager = _stager(threads=4)  # one touch thread
@@ -177,7 +177,7 @@ def test_a_touch_hurried_is_finished_by_the_copy_threads():
         x = np.full((2000, 300), 7.1)
         touch = stager.touch(x)
         assert not touch._done.wait(0.2)  # waiting behind the taken thread
-        touch.hurry()
+        stager.hurry(touch)
         assert touch._done.wait(10) and touch.error is None
         assert (x.reshape(-1).view(np.uint8)[::4096] == 0).all()  # a byte a page
         held.set()
