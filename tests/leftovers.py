@@ -122,6 +122,9 @@ def _segments() -> list[str]:
     return [os.path.join(SEGMENT_DIR, n) for n in names if n.startswith(MPI_SEGMENT_PREFIXES)]
 
 
+#: How Open MPI's session folders in TMPDIR begin.
+OPEN_MPI_SESSIONS = ("ompi.", "prte.")
+
 #: Seconds an MPI segment must have lived to be called stranded (one just
 #: made may not be mapped yet).
 SETTLE_SECONDS = 2.0
@@ -168,6 +171,11 @@ def finish(folders: private_folders) -> list[str]:
     youngest = max((_mtime(p) for p in _segments() if p not in folders.segments), default=0.0)
     time.sleep(max(0.0, SETTLE_SECONDS + 0.1 - (time.time() - youngest)))
     remove_segments(stranded(folders.segments, SETTLE_SECONDS))
+    for name in os.listdir(folders.tmp):
+        # Open MPI's launcher keeps a session folder in TMPDIR (ompi.HOST.UID) and
+        # removes it at its end; one a test killed (SIGKILL) could not
+        if name.startswith(OPEN_MPI_SESSIONS):
+            shutil.rmtree(os.path.join(folders.tmp, name), ignore_errors=True)
     left = folders.left()
     folders.remove()
     return left

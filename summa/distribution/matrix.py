@@ -139,7 +139,7 @@ class DistMatrix:
 
     @classmethod
     def from_global(cls, array, grid, backend=None, root: int = 0, block=None,
-                    transposed: bool = False) -> "DistMatrix":
+                    transposed: bool = False, held_only: bool = False) -> "DistMatrix":
         """Scatter a NumPy array held on rank `root` (pass None elsewhere).
 
         Shape and dtype travel from the root, so other ranks need nothing; an
@@ -147,7 +147,10 @@ class DistMatrix:
         `transposed`, `array` is the matrix's transpose (its rows the
         matrix's columns, as an operand stored by columns lies,
         :mod:`summa.host.storage`): each block is copied from those rows and kept
-        so, the rank's block being the transposed view of it.
+        so, the rank's block being the transposed view of it. With
+        `held_only`, `backend` only holds the blocks (a GPU multiply's host
+        blocks: the GPU's backend checked the dtype), so any dtype it can
+        hold is taken (float16 on the host for a GPU's GEMMs).
         """
         backend = backend or NumpyBackend()
         comm = grid.comm
@@ -159,7 +162,8 @@ class DistMatrix:
                 array = np.asarray(array)
                 if array.ndim != 2:
                     raise ValueError(f"expected a 2-D array, got {array.ndim}-D")
-                backend.check_dtype(array.dtype)
+                if not held_only:
+                    backend.check_dtype(array.dtype)
                 meta = (array.shape, array.dtype.str)
             except ValueError as exc:
                 meta = str(exc)

@@ -158,10 +158,11 @@ def scattered(x, trans: str, storage: str, grid, backend, root: int) -> DistMatr
     """``op(x)`` held on `root` (None elsewhere), scattered by MPI into
     blocks on `backend`: each block copied from `x`'s rows in its `storage`
     (no transposing copy), and kept so: a block stored by columns is the
-    transposed view of the rows it came as. Collective."""
+    transposed view of the rows it came as. The entry point checked the
+    dtype against the backend that multiplies. Collective."""
     rows = as_rows(op_view(x, trans), storage) if grid.comm.Get_rank() == root else None
     return DistMatrix.from_global(rows, grid, backend, root=root,
-                                  transposed=transposed(storage))
+                                  transposed=transposed(storage), held_only=True)
 
 
 def stored_operand(x, trans: str, storage: str, grid, backend, root: int) -> tuple:

@@ -103,7 +103,10 @@ class Pool:
         key = secrets.token_bytes(16)
         self._listener = Listener(os.path.join(self._folder, "socket"), family="AF_UNIX",
                                   authkey=key)
-        env = dict(os.environ, SUMMA_POOL_KEY=key.hex(), SUMMA_POOL_WARM=warm)
+        # TMPDIR: Open MPI's launcher keeps a session folder there, which one
+        # killed by kill() cannot remove; in the pool's folder, _cleanup does
+        env = dict(os.environ, SUMMA_POOL_KEY=key.hex(), SUMMA_POOL_WARM=warm,
+                   TMPDIR=self._folder)
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")  # Open MPI as root (containers)
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         try:

@@ -205,6 +205,25 @@ def test_a_host_block_reads_the_callers_array_where_it_lies(dtype):
             np.testing.assert_array_equal(block, want)
 
 
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("trans", ["N", "T"])
+def test_host_blocks_scattered_for_a_gpu_hold_float16(comm, rng, trans):
+    """Where a node cannot share the operand, MPI scatters the host blocks of
+    a GPU's out-of-core multiply: NumPy only holds them, so float16 (which
+    the GPU multiplies and NumPy's backend does not) is taken as it is."""
+    from summa.device.backend import NumpyBackend
+    from summa.distribution.layout import Layout
+    from summa.host.blocks import block_of, scattered
+    from summa.host.storage import op_view, storage_of
+    x = comm.bcast(random_array(rng, (70, 50), "float16"))
+    with summa.ProcessGrid(comm) as grid:
+        X = scattered(x if comm.rank == 0 else None, trans, storage_of(x, trans), grid,
+                      NumpyBackend(), root=0)
+        layout = Layout(op_view(x, trans).shape, grid.shape)
+        assert X.local.dtype == np.float16
+        np.testing.assert_array_equal(X.local, block_of(op_view(x, trans), layout, grid))
+
+
 def test_help_of_summa_matmul_shows_every_keyword_its_paths_take():
     """``help(summa.matmul)`` shows real parameters (not ``**kwargs``): each
     one documented and taken by the path it applies to, and every keyword
