@@ -6,7 +6,7 @@ first and second call in a fresh process, against ``summa.matmul(a, b)``
 empty cache of cuBLASLt's choices and again in a second process that finds
 them; with ``--free`` only that much of the GPU left free (a 24 GB card).
 
-    python3 benchmarks/fp64_int8_user_case.py --size 32768 [--free 24GiB]
+    python3 benchmarks/fp64_int8_user_case.py --size 32768 [--free 24GiB] [--panel-width 8192]
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def one_process(n: int, free: str | None, references: bool = True) -> list[dict]:
+def one_process(n: int, free: str | None, references: bool = True,
+                panel_width: int | None = None) -> list[dict]:
     """The calls, timed, in this process."""
     sys.path.insert(0, ROOT)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -58,7 +59,8 @@ def one_process(n: int, free: str | None, references: bool = True) -> list[dict]
         """The fp64-int8 call, with what its stats say of it: the kernels'
         compiling (before the product) and the products' own time."""
         stats = summa.SummaStats()
-        c = timed(what, lambda: summa.matmul(a, b, precision="fp64-int8", stats=stats))
+        c = timed(what, lambda: summa.matmul(a, b, precision="fp64-int8", stats=stats,
+                                             panel_width=panel_width))
         rows[-1].update(compile_seconds=stats.extra.get("compile_seconds"),
                         products_seconds=stats.compute)
         return c
@@ -80,10 +82,13 @@ def main() -> int:
     p.add_argument("--json")
     p.add_argument("--no-references", action="store_true",
                    help="time summa's fp64-int8 calls only (not native float64, not the loop)")
+    p.add_argument("--panel-width", type=int,
+                   help="the fp64-int8 calls' panel width (default: the planner's)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.inner:
-        print(json.dumps(one_process(args.size, args.free, not args.no_references)))
+        print(json.dumps(one_process(args.size, args.free, not args.no_references,
+                                     args.panel_width)))
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as cache:
@@ -91,7 +96,9 @@ def main() -> int:
         for process in ("empty cache", "cache kept"):
             out = subprocess.run([sys.executable, __file__, "--size", str(args.size), "--inner"]
                                  + (["--free", args.free] if args.free else [])
-                                 + (["--no-references"] if args.no_references else []),
+                                 + (["--no-references"] if args.no_references else [])
+                                 + (["--panel-width", str(args.panel_width)]
+                                    if args.panel_width else []),
                                  env=env, capture_output=True, text=True)
             if out.returncode:
                 print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)

@@ -533,6 +533,14 @@ def _memory(machine, shape, dtype, grid, panel_width, lookahead, asked: _MemoryA
 #: Narrowest panel an out-of-core plan takes on GPUs to move fewer bytes:
 #: GEMMs over 2048 terms still run near the GPU's peak.
 MIN_OOC_WIDTH = 2048
+#: ... and fp64-int8's: each panel's products fold the C tile again, so narrow
+#: panels cost it more. ``summa.matmul(a, b, out=c, precision="fp64-int8")`` of
+#: pageable 40960² arrays on one H200 with 24 GiB free (its products in row
+#: chunks), two calls at each width in one process: 8192-wide panels 2.46-2.64 s
+#: (2 x 2 tiles, 67 GB moved), 16384 2.71-2.86 s (3 x 2 tiles, 80.5 GB), 4096
+#: 3.12-3.19 s (3 x 1 tiles, 67 GB; its products 2.9 s against 8192's 2.3)
+#: (docs/benchmarks.md; ``benchmarks/fp64_int8_user_case.py --panel-width``).
+MIN_OOC_WIDTH_INT8 = 8192
 #: A narrower panel is taken where its tiles move this share fewer bytes.
 TRAFFIC_GAIN = 0.95
 
@@ -546,16 +554,18 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
     takes 3 x 1 tiles with 2048-wide panels (42.9 GB moved) where 4096 took
     4 x 1 (51.5 GB), the host link being what bounds it on one H200 (22.7 GB/s,
     ``summa.matmul`` at 0.55 of ``cupy.matmul``). `limits`: ``(device
-    budget, precision, staged, copy threads)``; fp64-int8 keeps its width
-    (its products lose more to narrow panels than the bytes save)."""
+    budget, precision, staged, copy threads)``; fp64-int8 goes no narrower
+    than :data:`MIN_OOC_WIDTH_INT8` (its products lose more to narrower
+    panels than the bytes save)."""
     m, n, k = shape
     budget, precision, staged, threads = limits
     if is_width(panel_width):
         widths = [int(panel_width)]
     else:
         widest = default_panel_width(backend, dtype, precision, out_of_core=True)
-        narrower = [] if precision == "fp64-int8" or not traits(backend).gpu else \
-            [w for w in (widest // 2, widest // 4) if w >= MIN_OOC_WIDTH]
+        least = MIN_OOC_WIDTH_INT8 if precision == "fp64-int8" else MIN_OOC_WIDTH
+        narrower = [w for w in (widest // 2, widest // 4) if w >= least] \
+            if traits(backend).gpu else []
         widths = [widest] + narrower
     best, refusal = None, None
     for width in widths:

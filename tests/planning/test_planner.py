@@ -16,8 +16,8 @@ from summa.device.staging import copy_threads, ring_bytes
 from summa.distribution.grid import grid_for
 from summa.planning.model import Profile
 from summa.planning.memory import Execution, host_traffic, memory_plan, parse_bytes
-from summa.planning.planner import (MIN_OOC_WIDTH, TRAFFIC_GAIN, Machine, Plan, make_plan,
-                                    restage)
+from summa.planning.planner import (MIN_OOC_WIDTH, MIN_OOC_WIDTH_INT8, TRAFFIC_GAIN, Machine,
+                                    Plan, make_plan, restage)
 from summa.planning.tuning import default_panel_width
 
 SHAPES = [(1000, 1000, 1000), (100_000, 100_000, 100_000), (65536, 4096, 32768),
@@ -89,9 +89,8 @@ def test_plans_for_another_machine_decide_as_before(shape, dtype, ranks):
 def _ooc_widths(dtype, precision) -> list:
     """The default out-of-core width first, then the narrower ones tried."""
     widest = default_panel_width("cupy", dtype, precision, out_of_core=True)
-    if precision == "fp64-int8":
-        return [widest]
-    return [widest] + [w for w in (widest // 2, widest // 4) if w >= MIN_OOC_WIDTH]
+    least = MIN_OOC_WIDTH_INT8 if precision == "fp64-int8" else MIN_OOC_WIDTH
+    return [widest] + [w for w in (widest // 2, widest // 4) if w >= least]
 
 
 def test_a_tight_budget_takes_narrower_panels_where_taller_tiles_move_fewer_bytes():
@@ -105,6 +104,18 @@ def test_a_tight_budget_takes_narrower_panels_where_taller_tiles_move_fewer_byte
     assert host_traffic(plan.memory, shape, (1, 1)) < 0.9 * host_traffic(wide, shape, (1, 1))
     whole = make_plan(shape, "float64", Machine("cupy", 1), device_memory="60GiB")
     assert (whole.panel_width, whole.memory.tiles) == (4096, (1, 1))  # nothing to gain
+
+
+def test_fp64_int8_under_a_tight_budget_takes_half_width_panels_where_they_move_fewer_bytes():
+    """fp64-int8 40960³ under 24 GiB: 8192-wide panels leave room for 2 x 2
+    tiles where 16384 took 3 x 2; never 4096 (its products lose more than
+    the bytes save); 32768³ moves no fewer bytes at 8192, so keeps 16384."""
+    def plan(n):
+        return make_plan((n, n, n), "float64", Machine("cupy", 1), device_memory="24GiB",
+                         precision="fp64-int8")
+    big, small = plan(40960), plan(32768)
+    assert (big.panel_width, big.memory.tiles) == (8192, (2, 2))
+    assert (small.panel_width, small.memory.tiles) == (16384, (2, 2))
 
 
 @pytest.mark.parametrize("dtype", ["float64", "complex64"])
@@ -399,16 +410,17 @@ def test_matmul_plans_once_and_executes_many(comm, rng, device_memory):
 
 # -- fp64-int8's products in chunks of rows -------------------------------------------
 
-def _int8_plan(n: int, budget, dtype="float64") -> Plan:
+def _int8_plan(n: int, budget, dtype="float64", panel_width=None) -> Plan:
     return make_plan((n, n, n), dtype, Machine("cupy", 1), device_memory=budget,
-                     precision="fp64-int8")
+                     precision="fp64-int8", panel_width=panel_width)
 
 
 def test_fp64_int8_products_in_chunks_of_rows_let_fewer_larger_tiles_fit():
-    """float64 40960³ with 24 GiB free (a live plan takes FREE_SHARE of it):
-    the scratch of whole tiles' products cut C in 4 x 3 tiles; with the
-    products taking C's rows in chunks (at least FP64_INT8_ROWS, fewer than
-    a tile's) it takes 2 x 3, a third fewer bytes over the host link. The
+    """float64 40960³ with 24 GiB free (a live plan takes FREE_SHARE of it),
+    16384-wide panels: the scratch of whole tiles' products cut C in 4 x 3
+    tiles; with the products taking C's rows in chunks (at least
+    FP64_INT8_ROWS, fewer than a tile's) it takes 2 x 3, a third fewer bytes
+    over the host link. The
     device bytes are the sweep's own count with those rows, within the
     budget; the plan hands its GEMMs the rows (Plan.scheme) and says them."""
     from summa.planning import memory
@@ -416,7 +428,7 @@ def test_fp64_int8_products_in_chunks_of_rows_let_fewer_larger_tiles_fit():
     from summa.precision.ozaki_gpu import Scheme
     n = 40960
     budget = int(24 * 2**30 * FREE_SHARE)
-    plan = _int8_plan(n, budget)
+    plan = _int8_plan(n, budget, panel_width=16384)
     mem = plan.memory
     (tm, tn), (rows, cols) = mem.tile, mem.tiles
     assert memory.FP64_INT8_ROWS <= mem.int8_rows < tm
