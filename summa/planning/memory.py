@@ -167,8 +167,8 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     In memory, a rank holds its blocks of A (ml x ka), B (kb x nl) and C
     (ml x nl) plus ``lookahead + 1`` panel buffers for each operand that arrives
     from other ranks (NumPy on a grid also makes one C-sized product per
-    GEMM; CuPy, and NumPy on one rank, write into C); with ``schedule="strips"`` the buffers hold B's
-    strips of all of K (k x nb). Where A's panels are multiplied from a
+    GEMM; CuPy, and NumPy on one rank, write into C); with
+    ``schedule="strips"`` the buffers hold B's strips of all of K (k x nb). Where A's panels are multiplied from a
     transposed copy (:func:`summa.planning.tuning.transposes_a`), one more nb x ml
     scratch buffer (out of core nb x tm). Out of core, the blocks stay in host memory; the
     device holds C tiles (two when there are several, so one is written back

@@ -422,7 +422,8 @@ def scratch_bytes(m: int, n: int, k: int, count: int, planes: int = PLANES,
     the two sums."""
     kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
     r = _chunk_rows(m, rows)
-    return count * (r + np_) * kp + 8 * n * k + 4 * planes * r * np_ + 16 * r * n
+    return count * (r + np_) * kp + 8 * n * k + 4 * _planes_a_pass(planes, count) * r * np_ \
+        + 16 * r * n
 
 
 def _chunk_rows(m: int, rows: int | None) -> int:
