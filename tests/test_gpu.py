@@ -306,7 +306,7 @@ def test_host_copies_work_on_partly_locked_memory(comm, gpu):
     # sharing a page with a locked one is such a range, so the mover and the
     # backend stage it.
     import cupy
-    from summa.execution.outofcore import _CudaMover
+    from summa.execution.movers import CudaMover
     _, backend = gpu
     page = 4096
     raw = np.zeros(6 * page, dtype=np.uint8)
@@ -315,7 +315,7 @@ def test_host_copies_work_on_partly_locked_memory(comm, gpu):
     try:
         host = raw[first + page: first + 4 * page].view(np.float64).reshape(-1, 64)
         host[...] = np.arange(host.size).reshape(host.shape)  # rows 0-7 locked, 8-23 not
-        mover = _CudaMover(backend, np.float64)
+        mover = CudaMover(backend, np.float64)
         dev = cupy.empty(host.shape)
         mover._h2d(dev, host, mover.up)
         mover.up.synchronize()

@@ -15,6 +15,7 @@ from summa.execution.algorithm import summa as summa_in_memory
 from summa.device.backend import NumpyBackend
 from summa.distribution.grid import ProcessGrid
 from summa.distribution.matrix import DistMatrix
+from summa.execution import movers
 from summa.execution.outofcore import summa_out_of_core
 from summa.planning.memory import Execution, check_memory, memory_plan, parse_bytes
 
@@ -53,7 +54,7 @@ def test_out_of_core_split_first_panel_and_strips_of_the_last(comm, rng, monkeyp
     # with A's parts transposed, the strips are rows of a column-major copy.
     from summa.execution import outofcore
     monkeypatch.setenv("SUMMA_TRANSPOSE_A", transpose_a)
-    monkeypatch.setattr(outofcore._HostMover, "overlaps", True)
+    monkeypatch.setattr(movers.HostMover, "overlaps", True)
     monkeypatch.setattr(outofcore, "HEAD_FIRST", 2)  # pieces of 2, 2, 4 columns
     m, n, k = 77, 61, 45
     a, b, c0 = (random_array(rng, s, "float64") for s in ((m, k), (k, n), (m, n)))
@@ -98,14 +99,14 @@ def test_last_tile_goes_home_strip_by_strip_over_its_last_panels(comm, rng, monk
     as soon as all of them are in it, the strips shrinking so that the last
     write-back is short; earlier tiles strip only their last panel."""
     from summa.execution import outofcore
-    monkeypatch.setattr(outofcore._HostMover, "overlaps", True)
+    monkeypatch.setattr(movers.HostMover, "overlaps", True)
     monkeypatch.setattr(outofcore, "TAIL_SMALLEST", 3)
     events = []
-    real_gemm, real_write = outofcore._HostMover.gemm, outofcore._HostMover.write_back
-    monkeypatch.setattr(outofcore._HostMover, "gemm", lambda self, alpha, a, b, c, *rest: (
+    real_gemm, real_write = movers.HostMover.gemm, movers.HostMover.write_back
+    monkeypatch.setattr(movers.HostMover, "gemm", lambda self, alpha, a, b, c, *rest: (
         events.append(("gemm", b.shape[0], c.shape[0])),
         real_gemm(self, alpha, a, b, c, *rest))[1])
-    monkeypatch.setattr(outofcore._HostMover, "write_back", lambda self, host, c, buf: (
+    monkeypatch.setattr(movers.HostMover, "write_back", lambda self, host, c, buf: (
         events.append(("write", c.shape[0])), real_write(self, host, c, buf))[1])
     m, n, k = 60, 20, 48
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
@@ -148,8 +149,8 @@ def test_uploads_run_a_step_ahead_of_their_broadcasts_where_a_slot_is_spare(
 
     from summa.execution import outofcore
     events = []
-    real_upload = outofcore._HostMover.upload
-    monkeypatch.setattr(outofcore._HostMover, "upload", lambda self, dst, src: (
+    real_upload = movers.HostMover.upload
+    monkeypatch.setattr(movers.HostMover, "upload", lambda self, dst, src: (
         events.append("u"), real_upload(self, dst, src))[1])
 
     class Logged:
@@ -345,9 +346,8 @@ def test_the_sweeps_final_wait_is_a_watchdog_step(comm, rng, monkeypatch):
     """On a GPU the last synchronize waits for streams that wait on peers'
     broadcasts: the watchdog must be able to name it."""
     import summa.runtime.watchdog as wd
-    from summa.execution import outofcore
     steps = []
-    monkeypatch.setattr(outofcore._HostMover, "finish",
+    monkeypatch.setattr(movers.HostMover, "finish",
                         lambda self: steps.append(wd._slot.active._step[0]))
     host = NumpyBackend()
     with ProcessGrid(comm) as grid, wd.Watchdog(60, comm):
@@ -735,12 +735,12 @@ def test_the_sweep_copies_on_the_threads_and_in_the_way_its_plan_says(rng, monke
     m, n, k = 40, 36, 24
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
     host, device = NumpyBackend(), _HostAsGpu()
-    movers = []
+    made = []
 
     def mover(device, dtype, host_copies, threads):
-        movers.append((host_copies, threads))
-        return outofcore._HostMover(device, dtype)
-    monkeypatch.setattr(outofcore, "_CudaMover", mover)
+        made.append((host_copies, threads))
+        return movers.HostMover(device, dtype)
+    monkeypatch.setattr(outofcore, "CudaMover", mover)
     with ProcessGrid(MPI.COMM_SELF) as grid:
         A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
         with options.set(copy_threads=3, host_copies="lock"):
@@ -753,7 +753,7 @@ def test_the_sweep_copies_on_the_threads_and_in_the_way_its_plan_says(rng, monke
         C = DistMatrix.zeros((m, n), "float64", grid, host)
         with options.set(copy_threads=5, host_copies="stage"):
             stats = outofcore.run_out_of_core(plan, outofcore.SweepOperands(A, B, C), device)
-        assert movers == [("lock", 3)] and stats.extra["plan"]["copy_threads"] == 3
+        assert made == [("lock", 3)] and stats.extra["plan"]["copy_threads"] == 3
         assert gemm_scaled_error(C.gather(), a, b) <= 1
         for wrong in (dict(host_copies=None), dict(copy_threads=None)):
             with pytest.raises(ValueError, match="host copies go and on how many threads"):
@@ -796,8 +796,8 @@ def test_the_sweep_hands_its_fp64_int8_products_the_plans_rows(rng, monkeypatch)
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())
     monkeypatch.setattr(ozaki_gpu, "_kernels", {})
     monkeypatch.setattr(memory, "FP64_INT8_ROWS", 16)
-    monkeypatch.setattr(outofcore, "_CudaMover",
-                        lambda device, dtype, copies, threads: outofcore._HostMover(device, dtype))
+    monkeypatch.setattr(outofcore, "CudaMover",
+                        lambda device, dtype, copies, threads: movers.HostMover(device, dtype))
     m, n, k = 120, 40, 96
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
     plan = make_plan((m, n, k), "float64", Machine("cupy", 1, ranks_on_node=1),
