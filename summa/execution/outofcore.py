@@ -201,8 +201,8 @@ def run_out_of_core(plan: Plan, operands: SweepOperands, device, *, alpha=1.0, b
     stats.extra = {"pin_seconds": time.perf_counter() - t_pin, "host_locked": locked}
     try:
         with device.checked_later() as checks:  # float64 on INT8: asked once, below
-            _sweep(plan, (alpha, beta != 0), operands, _Cut(tiles, panels), (row_bc, col_bc),
-                   mover, progress)
+            _Sweep(plan, (alpha, beta != 0), operands, _Cut(tiles, panels), (row_bc, col_bc),
+                   mover).run(progress)
             # GPU streams may wait on peers' broadcasts (NCCL kernels, ipc events)
             with watch("the queued GPU work of the out-of-core sweep (uploads, broadcasts, "
                        "GEMMs, write-backs)"):
@@ -269,106 +269,144 @@ def _sweep_stats(stats: SummaStats, plan: Plan, mover, row_bc, col_bc) -> None:
                         "plan": plan.as_dict()})
 
 
-def _sweep(plan: Plan, scalars: tuple, operands: SweepOperands, cut: _Cut,
-           broadcasters: tuple, mover, progress) -> None:
-    """Every (tile, panel) step, with `lookahead` steps broadcast ahead of the
-    GEMMs and, where `slots` leaves room, uploads steps further ahead: a
-    broadcast waits for its upload on the owner and for the GEMMs done with its
-    slot on every rank, so with both ready at the same GEMM's end no rank's
-    broadcast waits (NCCL: spins on SMs beside the GEMMs) for the other's.
-    `plan` says the lookahead, slots, precision, how A and B lie (parts stored
-    by columns go up as their transposes' rows, the GEMMs reading them
-    transposed) and whether A's parts are read from a transposed copy.
-    `scalars`: ``(alpha, load_c)``, load_c: C's tiles go up before their
-    first GEMM (beta != 0); `broadcasters`: ``(row_bc, col_bc)``."""
-    (alpha, load_c), (row_bc, col_bc) = scalars, broadcasters
-    A, B, C, own_copies = operands.A, operands.B, operands.C, operands.own_copies
-    tiles, panels = cut.tiles, cut.panels
-    grid, xp, dtype = C.grid, mover.xp, C.dtype
-    lookahead, slots, precision = plan.lookahead, plan.memory.slots, plan.precision
-    stored_a, stored_b = plan.storage
-    smallest = FP64_INT8_TAIL_SMALLEST if precision == "fp64-int8" else TAIL_SMALLEST
-    # Tile counts agree on all ranks (the plan); sizes are this rank's own,
-    # and the same along a grid row (rows) or column (columns), as broadcasts need.
-    tm = max((i1 - i0 for i0, i1, _, _ in tiles), default=0)
-    tn = max((j1 - j0 for _, _, j0, j1 in tiles), default=0)
-    width = max((p.width for p in panels), default=0)
-    steps = [(t, i) for t in range(len(tiles)) for i in range(len(panels))]
-    depth, lead = lookahead + 1, max(0, slots - lookahead - 1)  # lead: uploads run so far ahead
-    a_slots = [xp.empty(tm * width, dtype=dtype) for _ in range(min(slots, len(steps)))]
-    b_slots = [xp.empty(width * tn, dtype=dtype) for _ in range(min(slots, len(steps)))]
-    c_bufs = [xp.empty(tm * tn, dtype=dtype) for _ in range(min(2, len(tiles)))]
-    operand_a = PanelsOfA(mover.device, tm, width, dtype, plan.memory.transposed_a)
+class _Sweep:
+    """Every (tile, panel) step of this rank's out-of-core multiply, with
+    `lookahead` steps broadcast ahead of the GEMMs and, where `slots` leaves
+    room, uploads steps further ahead: a broadcast waits for its upload on
+    the owner and for the GEMMs done with its slot on every rank, so with
+    both ready at the same GEMM's end no rank's broadcast waits (NCCL: spins
+    on SMs beside the GEMMs) for the other's.
 
-    def gemm(a, b, c):
-        mover.gemm(alpha, a, b, c, precision, operand_a, plan.conj, plan.scheme)
+    Parameters
+    ----------
+    plan : Plan
+        The lookahead, slots, precision, how A and B lie (parts stored by
+        columns go up as their transposes' rows, the GEMMs reading them
+        transposed) and whether A's parts are read from a transposed copy.
+    scalars : tuple
+        ``(alpha, load_c)``; load_c: C's tiles go up before their first GEMM
+        (beta != 0).
+    operands : SweepOperands
+    cut : _Cut
+        The tiles and panels.
+    broadcasters : tuple
+        ``(row_bc, col_bc)``.
+    mover : CudaMover or HostMover
+    """
 
-    def upload(s):
+    def __init__(self, plan: Plan, scalars: tuple, operands: SweepOperands, cut: _Cut,
+                 broadcasters: tuple, mover):
+        (self.alpha, self.load_c), (self.row_bc, self.col_bc) = scalars, broadcasters
+        self.plan, self.operands, self.mover = plan, operands, mover
+        self.tiles, self.panels = cut.tiles, cut.panels
+        self.slots, C = plan.memory.slots, operands.C
+        self.smallest = (FP64_INT8_TAIL_SMALLEST if plan.precision == "fp64-int8"
+                         else TAIL_SMALLEST)
+        # Tile counts agree on all ranks (the plan); sizes are this rank's own,
+        # and the same along a grid row (rows) or column (columns), as broadcasts need.
+        tm = max((i1 - i0 for i0, i1, _, _ in self.tiles), default=0)
+        tn = max((j1 - j0 for _, _, j0, j1 in self.tiles), default=0)
+        width = max((p.width for p in self.panels), default=0)
+        self.steps = [(t, i) for t in range(len(self.tiles)) for i in range(len(self.panels))]
+        # lead: uploads run so far ahead of the broadcasts
+        self.depth, self.lead = plan.lookahead + 1, max(0, self.slots - plan.lookahead - 1)
+        xp, held = mover.xp, min(self.slots, len(self.steps))
+        self.a_slots = [xp.empty(tm * width, dtype=C.dtype) for _ in range(held)]
+        self.b_slots = [xp.empty(width * tn, dtype=C.dtype) for _ in range(held)]
+        self.c_bufs = [xp.empty(tm * tn, dtype=C.dtype) for _ in range(min(2, len(self.tiles)))]
+        self.operand_a = PanelsOfA(mover.device, tm, width, C.dtype, plan.memory.transposed_a)
+        # The last tile's write-back overlaps nothing but its own last GEMMs, so
+        # there the last `tail` panels (all resident: tail <= depth) go strip by
+        # strip, each strip home once final; earlier tiles' write-backs overlap the
+        # next tile, and their last panel alone goes in strips.
+        self.tail = min(self.depth, len(self.panels)) if mover.overlaps else 1
+
+    def run(self, progress=None) -> None:
+        """Every step; `progress(done, steps)` after each."""
+        steps, ahead = len(self.steps), self.depth + self.lead
+        staged = deque(self._upload(s) for s in range(min(ahead, steps)))
+        inflight = deque(self._send(s, staged.popleft()) for s in range(min(self.depth, steps)))
+        s = 0
+        while s < steps:
+            group = self._step(s, inflight)
+            if progress is not None:
+                progress(s + group, steps)
+            for j in range(s, s + group):  # step j's slot is free once its GEMMs are done
+                if j + ahead < steps:
+                    staged.append(self._upload(j + ahead))
+                if j + self.depth < steps:
+                    inflight.append(self._send(j + self.depth, staged.popleft()))
+            s += group
+
+    def _gemm(self, a, b, c) -> None:
+        self.mover.gemm(self.alpha, a, b, c, self.plan.precision, self.operand_a,
+                        self.plan.conj, self.plan.scheme)
+
+    def _upload(self, s: int) -> tuple:
         """The owners' parts of step s, from host memory into slot ``s % slots``
         (once the GEMMs of the step that used it are done)."""
-        t, i = steps[s]
-        i0, i1, j0, j1 = tiles[t]
-        p, slot = panels[i], s % slots
-        a = _slot_part(a_slots[slot], (i1 - i0, p.width), stored_a)
-        b = _slot_part(b_slots[slot], (p.width, j1 - j0), stored_b)
-        parts = _host_parts(A, B, p, tiles[t], grid, own_copies)
-        return (a, b, *(None if part is None else mover.upload(dev, as_rows(part, stored))
-                        for dev, part, stored in zip((a, b), parts, plan.storage)))
+        t, i = self.steps[s]
+        i0, i1, j0, j1 = self.tiles[t]
+        p, slot, (stored_a, stored_b) = self.panels[i], s % self.slots, self.plan.storage
+        a = _slot_part(self.a_slots[slot], (i1 - i0, p.width), stored_a)
+        b = _slot_part(self.b_slots[slot], (p.width, j1 - j0), stored_b)
+        ops = self.operands
+        parts = _host_parts(ops.A, ops.B, p, self.tiles[t], ops.C.grid, ops.own_copies)
+        return (a, b, *(None if part is None else self.mover.upload(dev, as_rows(part, stored))
+                        for dev, part, stored in zip((a, b), parts, self.plan.storage)))
 
-    def send(s, uploaded):
+    def _send(self, s: int, uploaded: tuple) -> tuple:
+        """Step s's broadcasts of its uploaded parts: ``(op(A)'s part, op(B)'s
+        part, their arrivals)``."""
         a, b, up_a, up_b = uploaded
-        p, slot = panels[steps[s][1]], s % slots
+        p = self.panels[self.steps[s][1]]
+        slot, (stored_a, stored_b) = s % self.slots, self.plan.storage
         # A staged upload's event exists once its copies are queued: only a
         # broadcast to other ranks needs it now (a grid row or column of one
         # rank waits for it at its GEMM).
-        ready_a = None if _alone(row_bc) else mover.event_of(up_a)
-        ready_b = None if _alone(col_bc) else mover.event_of(up_b)
+        ready_a = None if _alone(self.row_bc) else self.mover.event_of(up_a)
+        ready_b = None if _alone(self.col_bc) else self.mover.event_of(up_b)
         # (the slots as they went up and over; the GEMMs read them as op(A)'s, op(B)'s parts)
         return (as_rows(a, stored_a), as_rows(b, stored_b),
-                _Arrival(up_a, row_bc.ibcast(a, p.a_root, slot, ready=ready_a), mover),
-                _Arrival(up_b, col_bc.ibcast(b, p.b_root, slot, ready=ready_b), mover))
+                _Arrival(up_a, self.row_bc.ibcast(a, p.a_root, slot, ready=ready_a), self.mover),
+                _Arrival(up_b, self.col_bc.ibcast(b, p.b_root, slot, ready=ready_b), self.mover))
 
-    # The last tile's write-back overlaps nothing but its own last GEMMs, so
-    # there the last `tail` panels (all resident: tail <= depth) go strip by
-    # strip, each strip home once final; earlier tiles' write-backs overlap the
-    # next tile, and their last panel alone goes in strips.
-    tail = min(depth, len(panels)) if mover.overlaps else 1
-    staged = deque(upload(s) for s in range(min(depth + lead, len(steps))))
-    inflight = deque(send(s, staged.popleft()) for s in range(min(depth, len(steps))))
-    s = 0
-    while s < len(steps):
-        t, i = steps[s]
-        i0, i1, j0, j1 = tiles[t]
-        host_tile = C.local[i0:i1, j0:j1]
-        c = c_bufs[t % len(c_bufs)][: host_tile.size].reshape(host_tile.shape)
+    def _step(self, s: int, inflight: deque) -> int:
+        """Step s's GEMMs, once its panel has arrived: with the last tile's
+        last `tail` panels, those steps too. Returns how many steps it took."""
+        t, i = self.steps[s]
+        i0, i1, j0, j1 = self.tiles[t]
+        host_tile = self.operands.C.local[i0:i1, j0:j1]
+        buf = t % len(self.c_bufs)
+        c = self.c_bufs[buf][: host_tile.size].reshape(host_tile.shape)
         if i == 0:
-            mover.begin_tile(c, host_tile, t % len(c_bufs), load_c)
-        group = tail if t == len(tiles) - 1 and i == len(panels) - tail else 1
+            self.mover.begin_tile(c, host_tile, buf, self.load_c)
+        last_tile = t == len(self.tiles) - 1
+        group = self.tail if last_tile and i == len(self.panels) - self.tail else 1
         arrived = [inflight.popleft() for _ in range(group)]
         if s <= 1 < s + group:
             inject("summa")
         for j, (_, _, ra, rb) in enumerate(arrived):
-            wait_for_panel(i + j, panels[i + j], ra, rb, grid, f" for C tile {t} of {len(tiles)}")
-        if i + group < len(panels):
-            gemm(arrived[0][0], arrived[0][1], c)
-        else:  # the tile's last panels: each row strip goes home once it is final
-            # (float64 on INT8 products make B's residues once for all strips
-            # where there is one panel; with several, a strip each)
-            with mover.device.same_b() if len(arrived) == 1 else contextlib.nullcontext():
-                for r0, r1 in _tail_strips(c.shape[0], mover.overlaps, smallest):
-                    if r0 == r1:
-                        continue
-                    for a, b, _, _ in arrived:
-                        gemm(a[r0:r1], b, c[r0:r1])
-                    mover.write_back(host_tile[r0:r1], c[r0:r1], t % len(c_bufs))
-        if progress is not None:
-            progress(s + group, len(steps))
-        for j in range(s, s + group):  # step j's slot is free once its GEMMs are done
-            if j + depth + lead < len(steps):
-                staged.append(upload(j + depth + lead))
-            if j + depth < len(steps):
-                inflight.append(send(j + depth, staged.popleft()))
-        s += group
+            wait_for_panel(i + j, self.panels[i + j], ra, rb, self.operands.C.grid,
+                           f" for C tile {t} of {len(self.tiles)}")
+        if i + group < len(self.panels):
+            self._gemm(arrived[0][0], arrived[0][1], c)
+        else:
+            self._last_panels(arrived, c, host_tile, buf)
+        return group
+
+    def _last_panels(self, arrived: list, c, host_tile, buf: int) -> None:
+        """A tile's last panels, `arrived`, in row strips, each strip going
+        home once final (float64 on INT8 products make B's residues once for
+        all strips where there is one panel; with several, a strip each)."""
+        mover = self.mover
+        with mover.device.same_b() if len(arrived) == 1 else contextlib.nullcontext():
+            for r0, r1 in _tail_strips(c.shape[0], mover.overlaps, self.smallest):
+                if r0 == r1:
+                    continue
+                for a, b, _, _ in arrived:
+                    self._gemm(a[r0:r1], b, c[r0:r1])
+                mover.write_back(host_tile[r0:r1], c[r0:r1], buf)
 
 
 def _host_parts(A, B, p, tile: tuple, grid, own_copies) -> tuple:
