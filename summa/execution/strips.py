@@ -74,90 +74,112 @@ def multiply_strips(call, strips, marks, extra) -> None:
     progress, and `col_bc`, which broadcasts along the grid column (every
     rank of it); ``call.direct[1]``: it copies straight from the owners'
     exported blocks (ipc)."""
-    alpha, A, B, C = call.alpha, call.A, call.B, call.C
-    lookahead, precision, progress = call.lookahead, call.precision, call.progress
-    col_bc, direct = call.col_bc, call.direct[1]
-    grid, backend, xp = C.grid, C.backend, C.backend.xp
-    k = B.shape[0]
-    depth = lookahead + 1
-    width = max((s1 - s0 for s0, s1 in strips), default=0)
-    bufs = [xp.empty(k * width, dtype=C.dtype) for _ in range(min(depth, len(strips)))]
-    # Where each rank's rows of B go in a strip: (root, global rows, its local rows).
-    pieces = [(r, g0, g1, l0) for r in range(grid.shape[0])
-              for g0, g1, l0 in B.layout.rows.segments(r)]
-    slot_free = [None] * len(bufs)
+    _Strips(call, strips, marks).run(extra)
 
-    def multiply(a, b, c):
-        marks.append(backend.timing_mark())
-        backend.gemm(alpha, a, b, c, precision=precision)
-        marks.append(backend.timing_mark())
 
-    # Direct copies: the first strip goes piece by piece, this rank's own rows
-    # first, whose GEMM is queued before the (collective, 10-20 ms for large
-    # blocks) opening of the peers' blocks and so hides it.
-    split_first = direct and bool(strips)
-    if split_first:
-        s0, s1 = strips[0]
-        for root, g0, g1, l0 in pieces:
-            if root == grid.row:
-                multiply(A.local[:, g0:g1], B.local[l0:l0 + g1 - g0, s0:s1], C.local[:, s0:s1])
-    if direct:
-        t0 = time.perf_counter()
-        col_bc.connect()
-        extra["connect_seconds"] = time.perf_counter() - t0
-        extra["opened_blocks"] = col_bc.opened_blocks
+class _Strips:
+    """One multiply's strips: their buffers, B's pieces and the GEMMs
+    (see :func:`multiply_strips`)."""
 
-    def start(i):
-        s0, s1 = strips[i]
-        slot = i % depth
-        buf = bufs[slot][: k * (s1 - s0)].reshape(k, s1 - s0)
+    def __init__(self, call, strips, marks):
+        self.call, self.strips, self.marks = call, strips, marks
+        self.direct, C, B = call.direct[1], call.C, call.B
+        self.grid, self.backend = C.grid, C.backend
+        self.k, self.depth = B.shape[0], call.lookahead + 1
+        width = max((s1 - s0 for s0, s1 in strips), default=0)
+        self.bufs = [C.backend.xp.empty(self.k * width, dtype=C.dtype)
+                     for _ in range(min(self.depth, len(strips)))]
+        # Where each rank's rows of B go in a strip: (root, global rows, its local rows).
+        self.pieces = [(r, g0, g1, l0) for r in range(self.grid.shape[0])
+                       for g0, g1, l0 in B.layout.rows.segments(r)]
+        self.slot_free = [None] * len(self.bufs)
+        # Direct copies: the first strip goes piece by piece, this rank's own rows
+        # first, whose GEMM is queued before the (collective, 10-20 ms for large
+        # blocks) opening of the peers' blocks and so hides it.
+        self.split_first = self.direct and bool(strips)
+
+    def run(self, extra) -> None:
+        col_bc, direct = self.call.col_bc, self.direct
+        if self.split_first:
+            self._first_own_rows()
+        if direct:
+            t0 = time.perf_counter()
+            col_bc.connect()
+            extra["connect_seconds"] = time.perf_counter() - t0
+            extra["opened_blocks"] = col_bc.opened_blocks
+        try:
+            self._strips()
+        except BaseException:
+            if direct:
+                col_bc.release_local()  # the peers may be gone: no barrier
+            raise
+        if direct:
+            t0 = time.perf_counter()
+            col_bc.release()
+            extra["release_seconds"] = time.perf_counter() - t0
+
+    def _multiply(self, a, b, c) -> None:
+        self.marks.append(self.backend.timing_mark())
+        self.backend.gemm(self.call.alpha, a, b, c, precision=self.call.precision)
+        self.marks.append(self.backend.timing_mark())
+
+    def _first_own_rows(self) -> None:
+        """The first strip's GEMMs of this rank's own rows of B, where they lie."""
+        (s0, s1), A, B, C = self.strips[0], self.call.A, self.call.B, self.call.C
+        for root, g0, g1, l0 in self.pieces:
+            if root == self.grid.row:
+                self._multiply(A.local[:, g0:g1], B.local[l0:l0 + g1 - g0, s0:s1],
+                               C.local[:, s0:s1])
+
+    def _start(self, i: int) -> tuple:
+        """Strip i's pieces on their way into its slot: ``(buffer, pending)``."""
+        (s0, s1), slot, k = self.strips[i], i % self.depth, self.k
+        buf = self.bufs[slot][: k * (s1 - s0)].reshape(k, s1 - s0)
         pending = []
-        for j, (root, g0, g1, l0) in enumerate(pieces):
+        for j, (root, g0, g1, l0) in enumerate(self.pieces):
             view = buf[g0:g1]
             # Its own rows: for its GEMM, and the send buffer of paired broadcasts;
             # not where the first strip's own rows were multiplied where they lie.
-            if root == grid.row and not (i == 0 and split_first):
-                view[...] = B.local[l0:l0 + g1 - g0, s0:s1]
-            if direct:
-                pending.append(col_bc.iget(view, root, slice(l0, l0 + g1 - g0),
-                                           slice(s0, s1), after=slot_free[slot]))
+            if root == self.grid.row and not (i == 0 and self.split_first):
+                view[...] = self.call.B.local[l0:l0 + g1 - g0, s0:s1]
+            if self.direct:
+                pending.append(self.call.col_bc.iget(view, root, slice(l0, l0 + g1 - g0),
+                                                     slice(s0, s1), after=self.slot_free[slot]))
             else:
                 # A staging slot of its own for every piece: the pieces of one
                 # strip are in flight together (sharing one gave wrong products
                 # through host-staged MPI).
-                pending.append(col_bc.ibcast(view, root, slot * len(pieces) + j))
+                pending.append(self.call.col_bc.ibcast(view, root,
+                                                       slot * len(self.pieces) + j))
         return buf, pending
 
-    try:
-        inflight = {i: start(i) for i in range(min(depth, len(strips)))}
+    def _strips(self) -> None:
+        strips, depth, progress = self.strips, self.depth, self.call.progress
+        A, C = self.call.A, self.call.C
+        inflight = {i: self._start(i) for i in range(min(depth, len(strips)))}
         for i, (s0, s1) in enumerate(strips):
             buf, pending = inflight.pop(i)
             if i == 1:
                 inject("summa")
-            for (root, g0, g1, _), p in zip(pieces, pending):
-                with watch(f"the broadcast of B's rows {g0}:{g1}, columns {s0}:{s1} from "
-                           f"grid row {root} along grid column {grid.col}"):
-                    p.wait()
-            if i == 0 and split_first:  # the peers' rows (its own went first)
-                for root, g0, g1, _ in pieces:
-                    if root != grid.row:
-                        multiply(A.local[:, g0:g1], buf[g0:g1], C.local[:, s0:s1])
+            self._wait(i, pending)
+            if i == 0 and self.split_first:  # the peers' rows (its own went first)
+                for root, g0, g1, _ in self.pieces:
+                    if root != self.grid.row:
+                        self._multiply(A.local[:, g0:g1], buf[g0:g1], C.local[:, s0:s1])
             else:
-                multiply(A.local, buf, C.local[:, s0:s1])
-            if direct:
-                slot_free[i % depth] = backend.record_event()
+                self._multiply(A.local, buf, C.local[:, s0:s1])
+            if self.direct:
+                self.slot_free[i % depth] = self.backend.record_event()
             if progress is not None:
                 progress(i + 1, len(strips))
             if i + depth < len(strips):
                 # Into the slot just read: on the GPU it waits for that GEMM
                 # (compute stream, or the event above for direct copies).
-                inflight[i + depth] = start(i + depth)
-    except BaseException:
-        if direct:
-            col_bc.release_local()  # the peers may be gone: no barrier
-        raise
-    if direct:
-        t0 = time.perf_counter()
-        col_bc.release()
-        extra["release_seconds"] = time.perf_counter() - t0
+                inflight[i + depth] = self._start(i + depth)
 
+    def _wait(self, i: int, pending: list) -> None:
+        s0, s1 = self.strips[i]
+        for (root, g0, g1, _), p in zip(self.pieces, pending):
+            with watch(f"the broadcast of B's rows {g0}:{g1}, columns {s0}:{s1} from "
+                       f"grid row {root} along grid column {self.grid.col}"):
+                p.wait()
