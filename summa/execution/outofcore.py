@@ -23,8 +23,9 @@ is computed; the last panel of every tile is multiplied in row strips that
 shrink, each written back as soon as it is final, so the last tile's
 write-back hides behind its own GEMMs but for a short last strip; and the first
 panel goes in pieces that double from a narrow one, so the first GEMM starts
-after a short upload and each next upload hides behind the GEMMs before it. On
-the NumPy backend (tests) the same steps run with plain copies.
+after a short upload and each next upload hides behind the GEMMs before it. The
+copies and GEMMs go through a mover (:mod:`summa.execution.movers`): on the NumPy
+backend (tests) the same steps run with plain copies.
 """
 
 from __future__ import annotations

@@ -168,9 +168,10 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     (ml x nl) plus ``lookahead + 1`` panel buffers for each operand that arrives
     from other ranks (NumPy on a grid also makes one C-sized product per
     GEMM; CuPy, and NumPy on one rank, write into C); with
-    ``schedule="strips"`` the buffers hold B's strips of all of K (k x nb). Where A's panels are multiplied from a
-    transposed copy (:func:`summa.planning.tuning.transposes_a`), one more nb x ml
-    scratch buffer (out of core nb x tm). Out of core, the blocks stay in host memory; the
+    ``schedule="strips"`` the buffers hold B's strips of all of K (k x nb).
+    Where A's panels are multiplied from a transposed copy
+    (:func:`summa.planning.tuning.transposes_a`), one more nb x ml scratch
+    buffer (out of core nb x tm). Out of core, the blocks stay in host memory; the
     device holds C tiles (two when there are several, so one is written back
     while the next is computed) and ``lookahead + 1`` slots for the A and B
     parts of a panel that a tile needs: ``c tm tn + slots (tm + tn) nb``
