@@ -42,6 +42,9 @@ _private = private_folders()
 #: Seconds a failing rank waits for its peers before aborting on its own.
 FAILURE_GRACE_SECONDS = 20.0
 _ctl = None
+#: Every rank's private folders (under --with-mpi): the rank that aborts the
+#: job removes them, as the others are killed before their session's end.
+_job_folders: list = []
 
 
 def _mpi_mode(config) -> bool:
@@ -76,6 +79,7 @@ def pytest_configure(config):
         from summa.distribution.grid import node_rank
         _ctl = MPI.COMM_WORLD.Dup()
         share_cpu_cores(node_rank(MPI.COMM_WORLD)[1])
+        _job_folders.extend(_ctl.allgather((_private.shm, _private.tmp)))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -99,7 +103,7 @@ def pytest_runtest_makereport(item, call):
     if first[0] == rank:
         _report_and_abort(report, rank, "")
     time.sleep(10)  # let the lowest failing rank print before it aborts the job
-    _ctl.Abort(1)
+    _abort()
 
 
 def _report_and_abort(report, rank: int, why: str) -> None:
@@ -107,6 +111,19 @@ def _report_and_abort(report, rank: int, why: str) -> None:
              + (f": {why}" if why else ""), report.longreprtext, ""]
     sys.stderr.write("\n".join(lines))
     sys.stderr.flush()
+    _abort()
+
+
+def _abort() -> None:
+    """Abort the job, first removing what its ranks hold in shared memory
+    and temporary folders on this node (every rank's private folders, MPI's
+    segments): an aborted rank ends without its session's clean-up, and
+    each failed run left them in /dev/shm."""
+    import shutil
+    from summa.runtime.cleanup import mapped_segments, remove_segments
+    for folder in (f for pair in _job_folders for f in pair):
+        shutil.rmtree(folder, ignore_errors=True)
+    remove_segments(mapped_segments())
     _ctl.Abort(1)
 
 

@@ -96,7 +96,7 @@ class private_folders:
         self.tmp = tempfile.mkdtemp(prefix="summa-tests-")
         os.environ["SUMMA_SHM_DIR"], os.environ["TMPDIR"] = self.shm, self.tmp
         tempfile.tempdir = None  # asked again: TMPDIR
-        self.segments = set(_segments())
+        self.segments = set(mpi_segments())
 
     def left(self) -> list[str]:
         """What is in the two folders now (pytest's own folders aside)."""
@@ -113,7 +113,7 @@ def _shm_root() -> str:
     return SEGMENT_DIR if os.path.isdir(SEGMENT_DIR) else tempfile.gettempdir()
 
 
-def _segments() -> list[str]:
+def mpi_segments() -> list[str]:
     """MPI's named shared-memory files on this machine, whoever's."""
     try:
         names = os.listdir(SEGMENT_DIR)
@@ -134,7 +134,7 @@ def stranded(before, settle: float = SETTLE_SECONDS) -> list[str]:
     """MPI segments made since `before` (a set of paths) that no live process
     maps and that are `settle` seconds old (one just made may not be mapped
     yet): left by jobs whose ranks were killed."""
-    new = [p for p in _segments() if p not in before]
+    new = [p for p in mpi_segments() if p not in before]
     if not new:
         return []
     mapped = set()
@@ -168,7 +168,7 @@ def finish(folders: private_folders) -> list[str]:
     time.sleep(0.5)  # a job ended just now may still be removing its files
     # segments made in the last seconds settle first (a short run's, test_remote's
     # owners killed at its end, were left in /dev/shm)
-    youngest = max((_mtime(p) for p in _segments() if p not in folders.segments), default=0.0)
+    youngest = max((_mtime(p) for p in mpi_segments() if p not in folders.segments), default=0.0)
     time.sleep(max(0.0, SETTLE_SECONDS + 0.1 - (time.time() - youngest)))
     remove_segments(stranded(folders.segments, SETTLE_SECONDS))
     for name in os.listdir(folders.tmp):
