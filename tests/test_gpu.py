@@ -1229,3 +1229,51 @@ def test_fp64_int8_first_call_reports_its_kernels_compiling_apart(tmp_path):
     first, second = map(float, done.stdout.split()[-2:])
     assert first > 0 and second == 0, (first, second)
     assert any((tmp_path / "kernels").iterdir())  # kept on disk for the next process
+
+
+_IPC_JOB = """
+import os, sys
+from mpi4py import MPI
+from summa.device.backend import get_backend
+from summa.distribution.grid import ProcessGrid
+from summa.distribution.matrix import DistMatrix
+from summa.execution.algorithm import gemm
+comm = MPI.COMM_WORLD
+grid = ProcessGrid(comm, (1, comm.Get_size()))
+backend = get_backend("cupy", grid.local_rank)
+A = DistMatrix.random((64, 48), "float64", grid, backend, seed=1)
+B = DistMatrix.random((48, 80), "float64", grid, backend, seed=2)
+C = DistMatrix.zeros((64, 80), "float64", grid, backend)
+gemm(A, B, C, panel_width=16, broadcaster="ipc")
+backend.synchronize()
+if sys.argv[1] == "freed":
+    del A, B, C
+    grid.free()
+open(os.path.join(sys.argv[2], f"pid.{os.getpid()}"), "w").close()
+"""
+
+
+@pytest.mark.parametrize("grid_at_exit", ["freed", "kept"])
+def test_ipc_broadcasts_leave_nothing_in_dev_shm(tmp_path, grid_at_exit):
+    """A job whose ranks broadcast through CUDA IPC (buffers and
+    interprocess events) leaves none of CUDA's files in /dev/shm, its grid
+    freed before the ranks exit or kept to the end (a four-rank test run
+    left a ``cuda.shm.*`` file per rank)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    from test_cli import mpiexec
+    script = tmp_path / "job.py"
+    script.write_text(_IPC_JOB)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    done = subprocess.run(mpiexec() + ["-n", "2", sys.executable, str(script), grid_at_exit,
+                                       str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    pids = [int(p.suffix[1:]) for p in tmp_path.glob("pid.*")]
+    assert len(pids) == 2, pids
+    marks = [f".{pid:x}." for pid in pids]
+    left = [n for n in os.listdir("/dev/shm")
+            if n.startswith("cuda.shm.") and any(m in n for m in marks)]
+    assert left == [], left
