@@ -28,7 +28,11 @@ from ..runtime.cleanup import finalize
 __all__ = ["register", "find", "view_span", "FileRows", "prefetch", "read_ahead", "write_out",
            "libc_call"]
 
-_lock = threading.Lock()
+# Reentrant, and the maps looked through as a copy: a map's finalizer
+# (:func:`_forget`) runs wherever the garbage collector happens to, also in
+# a thread inside :func:`find` holding the lock (with a plain lock the copy
+# threads deadlocked there: test_a_map_forgotten_inside_find_...).
+_lock = threading.RLock()
 #: start address -> (end address, file descriptor, file offset of start, writable, path)
 _maps: dict[int, tuple] = {}
 
@@ -167,7 +171,7 @@ def find(view: np.ndarray, writable: bool = False) -> FileRows | None:
         return None
     (start, end), width = span, view.shape[1] * view.itemsize
     with _lock:
-        for base, (stop, fd, offset, can_write, path) in _maps.items():
+        for base, (stop, fd, offset, can_write, path) in _maps.copy().items():
             if base <= start and end <= stop and (can_write or not writable):
                 return FileRows(fd, offset + start - base, view.strides[0], width,
                                 view.shape[0], path, start)
@@ -196,7 +200,7 @@ def prefetch(view: np.ndarray, threads: int = PREFETCH_THREADS) -> threading.Thr
         return None
     start, end = span
     with _lock:
-        hit = next(((base, info) for base, info in _maps.items()
+        hit = next(((base, info) for base, info in _maps.copy().items()
                     if base <= start and end <= info[0]), None)
     if hit is None:
         return None

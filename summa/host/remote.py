@@ -46,7 +46,8 @@ class _Iovec(ctypes.Structure):
     _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
 
 
-_lock = threading.Lock()
+# Reentrant, the maps looked through as a copy: see summa.host.filemaps's lock.
+_lock = threading.RLock()
 #: placeholder start address -> (end address, pid, the owner's start address)
 _maps: dict[int, tuple] = {}
 _VM_ARGS = (ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.POINTER(_Iovec),
@@ -188,7 +189,7 @@ def find(view: np.ndarray) -> RemoteRows | None:
         return None
     (start, end), width = span, view.shape[1] * view.itemsize
     with _lock:
-        for base, (stop, pid, owner) in _maps.items():
+        for base, (stop, pid, owner) in _maps.copy().items():
             if base <= start and end <= stop:
                 return RemoteRows(pid, owner + start - base, view.strides[0], width,
                                   view.shape[0])
