@@ -33,7 +33,10 @@ def test_a_failing_mpi_test_aborts_the_job_and_leaves_nothing(tmp_path):
     them themselves."""
     (tmp_path / "test_failing.py").write_text(FAILING)
     before = set(mpi_segments())
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
+    # (the caller's path kept: on a machine without a package index pytest-mpi
+    # may be there only, as on the GPU node)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT / "tests"), str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     t0 = time.monotonic()
     proc = subprocess.run(mpiexec() + ["-n", "2", sys.executable, "-m", "pytest", "-q",
                                        "-p", "conftest", "--with-mpi", "-m", "mpi",
