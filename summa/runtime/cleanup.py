@@ -12,12 +12,15 @@ I/O, the watchdog, the pool and the entry point all reach it.
 from __future__ import annotations
 
 import _thread
+import atexit
+import functools
 import os
 import threading
 import weakref
 
 __all__ = ["temporary_files", "remove_temporary_files", "MPI_SEGMENT_PREFIXES", "mapped_segments",
-           "remove_segments", "hard_exit", "process_alive", "finalize"]
+           "remove_segments", "cuda_ipc_files", "remove_cuda_ipc_files_at_exit", "hard_exit",
+           "process_alive", "finalize"]
 
 #: Paths of unfinished outputs (a set: safe to change from any thread).
 temporary_files: set = set()
@@ -66,6 +69,30 @@ def remove_segments(paths) -> None:
             pass
 
 
+def cuda_ipc_files(pid: int | None = None) -> list[str]:
+    """Paths of the files the CUDA driver made in /dev/shm for process
+    `pid`'s (default: this one's) interprocess events,
+    ``cuda.shm.<n>.<pid in hex>.<n>``. The driver removes them neither when
+    the events are destroyed nor when the process ends (on the H200
+    machine's driver: a two-rank job of ipc broadcasts left one per rank,
+    test_ipc_broadcasts_leave_nothing_in_dev_shm)."""
+    mark = f"{os.getpid() if pid is None else pid:x}"
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return []
+    return [os.path.join("/dev/shm", name) for name in names
+            if name.startswith("cuda.shm.") and name.split(".")[3:4] == [mark]]
+
+
+@functools.lru_cache(maxsize=None)
+def remove_cuda_ipc_files_at_exit() -> None:
+    """Remove this process's :func:`cuda_ipc_files` when it exits (once
+    asked, however often). The peers that opened its events keep their
+    maps of the files; none opens one later, after its owner is gone."""
+    atexit.register(lambda: remove_segments(cuda_ipc_files()))
+
+
 def hard_exit(status: int) -> None:
     """Remove what this process would leave behind, then end it with `status`
     at once: no exit handlers, no ``MPI_Finalize`` or ``MPI_Abort`` (whose
@@ -74,6 +101,7 @@ def hard_exit(status: int) -> None:
     ended by it, as for any rank that exits non-zero without finalizing."""
     remove_temporary_files()
     remove_segments(mapped_segments())
+    remove_segments(cuda_ipc_files())
     os._exit(status)
 
 

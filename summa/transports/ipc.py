@@ -52,6 +52,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .comm import DevicePending, DeviceTimed, Pending
+from ..runtime.cleanup import remove_cuda_ipc_files_at_exit
 from ..runtime.watchdog import watch
 
 __all__ = ["IpcBroadcaster"]
@@ -160,6 +161,7 @@ class _Slot:
             # Straight from cudaMalloc, not the pool: an IPC handle opens at the
             # start of its allocation, and a pool block can lie inside a larger one.
             self.buf = cupy.cuda.Memory(max(nbytes, 1))
+            remove_cuda_ipc_files_at_exit()  # the driver's file for the events
             self.ready = cupy.cuda.Event(disable_timing=True, interprocess=True)
             self.done = cupy.cuda.Event(disable_timing=True, interprocess=True)
             mine = (rt.ipcGetMemHandle(self.buf.ptr), rt.ipcGetEventHandle(self.ready.ptr),

@@ -64,6 +64,38 @@ def test_hard_exit_removes_outputs_and_segments_and_runs_no_exit_handlers(tmp_pa
     assert not p.stderr
 
 
+@pytest.mark.parametrize("end", ["exit", "hard_exit"])
+def test_a_process_removes_cuda_s_files_for_its_interprocess_events_when_it_ends(end):
+    """The CUDA driver leaves ``cuda.shm.<n>.<pid hex>.<n>`` behind for every
+    process that made an interprocess event; a process of ours removes its
+    own as it ends (only its own: not one whose pid merely begins alike)."""
+    script = textwrap.dedent(f"""
+        import os, sys
+        from summa.runtime import cleanup
+        pid = f"{{os.getpid():x}}"
+        for name in (f"cuda.shm.0.{{pid}}.1", f"cuda.shm.0.{{pid}}0.1", f"cuda.shm.1.{{pid}}.2"):
+            open(os.path.join({SEGMENT_DIR!r}, name), "w").close()
+        print(pid, flush=True)
+        cleanup.remove_cuda_ipc_files_at_exit()
+        cleanup.remove_cuda_ipc_files_at_exit()  # (asked again: one handler)
+        if {end!r} == "hard_exit":
+            cleanup.hard_exit(0)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    pid = p.stdout.strip()
+    other = Path(SEGMENT_DIR, f"cuda.shm.0.{pid}0.1")
+    try:
+        assert p.returncode == 0 and not p.stderr, p.stderr
+        assert other.exists()
+        assert not Path(SEGMENT_DIR, f"cuda.shm.0.{pid}.1").exists()
+        assert not Path(SEGMENT_DIR, f"cuda.shm.1.{pid}.2").exists()
+    finally:
+        for name in (f"cuda.shm.0.{pid}.1", f"cuda.shm.1.{pid}.2"):
+            Path(SEGMENT_DIR, name).unlink(missing_ok=True)
+        other.unlink(missing_ok=True)
+
+
 def test_stranded_segments_are_new_unmapped_and_settled():
     before = set()
     old, fresh, held = _segment("c"), _segment("d"), _segment("e")
