@@ -4,7 +4,8 @@ Temporary outputs of this process not yet renamed into place, so that a
 signal, the watchdog or an aborting rank can remove them before the process
 ends; the named shared memory of the MPI library, which the library removes
 only in ``MPI_Finalize`` (a job that ends otherwise strands it in /dev/shm
-until reboot); and :func:`hard_exit`, which ends the process without running
+until reboot); the CUDA driver's files for interprocess events, which it
+never removes; and :func:`hard_exit`, which ends the process without running
 exit handlers that wait on library threads. No imports of summa's own: the
 I/O, the watchdog, the pool and the entry point all reach it.
 """
