@@ -986,6 +986,25 @@ def test_cupy_operands_beyond_the_device_budget_go_through_host_memory(rng, into
     assert gemm_scaled_error(cupy.asnumpy(c), a, b) <= 1
 
 
+@pytest.mark.parametrize("dtype", ["float64", "complex128"])
+def test_one_c_tile_at_a_time_waits_for_each_write_back(rng, monkeypatch, dtype):
+    """A cut asked for that fits one C tile on the device at a time: each
+    tile's first GEMM waits for the last tile's write-back out of the same
+    buffer (zeroing it early would send zeros or a mix home)."""
+    import summa
+    from summa.execution.algorithm import SummaStats
+    monkeypatch.setenv("SUMMA_OOC_TILES", "3x1")
+    a, b = random_array(rng, (1536, 256), dtype), random_array(rng, (256, 1200), dtype)
+    item = np.dtype(dtype).itemsize
+    tile = 512 * 1200 * item  # two of them do not fit the budget, one does
+    stats = SummaStats()
+    c = summa.matmul(a, b, device_memory=tile + (tile * 3) // 4, panel_width=32,
+                     backend="cupy", stats=stats)
+    memory = stats.extra["plan"]["memory"]
+    assert memory["tiles"] == [3, 1] and memory["c_buffers"] == 1, memory
+    assert gemm_scaled_error(c, a, b) <= 1
+
+
 def test_a_product_made_in_host_memory_that_cannot_go_back_stays_there(rng, monkeypatch):
     import cupy
     import summa

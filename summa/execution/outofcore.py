@@ -314,7 +314,10 @@ class _Sweep:
         xp, held = mover.xp, min(self.slots, len(self.steps))
         self.a_slots = [xp.empty(tm * width, dtype=C.dtype) for _ in range(held)]
         self.b_slots = [xp.empty(width * tn, dtype=C.dtype) for _ in range(held)]
-        self.c_bufs = [xp.empty(tm * tn, dtype=C.dtype) for _ in range(min(2, len(self.tiles)))]
+        # One C buffer: each tile's GEMMs wait for the last one's write-back
+        # (the mover's begin_tile waits for the buffer's last download).
+        self.c_bufs = [xp.empty(tm * tn, dtype=C.dtype)
+                       for _ in range(min(plan.memory.c_buffers, len(self.tiles)))]
         self.operand_a = PanelsOfA(mover.device, tm, width, C.dtype, plan.memory.transposed_a)
         # The last tile's write-back overlaps nothing but its own last GEMMs, so
         # there the last `tail` panels (all resident: tail <= depth) go strip by

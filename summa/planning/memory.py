@@ -64,6 +64,11 @@ class MemoryPlan:
         product takes at a time (:attr:`summa.precision.ozaki_gpu.Scheme.rows`),
         where its scratch for all of a tile's (or C's) rows does not fit;
         None: all at once.
+    c_buffers : int or None
+        Out of core: C tiles on the device at once. Two where there are
+        several tiles (a tile's write-back overlaps the next tile's GEMMs);
+        one where there is one, or where a cut asked for (``SUMMA_OOC_TILES``)
+        fits only so: each tile then starts once the last one is home.
     """
 
     mode: str
@@ -77,6 +82,7 @@ class MemoryPlan:
     staged: tuple = (False, False)
     staging_bytes: int = 0
     int8_rows: int | None = None
+    c_buffers: int | None = None
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -246,14 +252,17 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
         raise ValueError(f"a device budget of {_gib(device_budget)} is too small for "
                          f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
     tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
+    buffers = min(2, tiles[0] * tiles[1])
 
     def need(slots: int, rows: int | None = FP64_INT8_ROWS) -> int:
         return _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged,
-                             emulated and replace(emulated, rows=rows)) * item
+                             emulated and replace(emulated, rows=rows), buffers) * item
     if asked and need(slots) > device_budget:  # the planner's own cut fits by construction
-        raise ValueError(f"SUMMA_OOC_TILES: {tiles[0]} x {tiles[1]} tiles of {tm} x {tn} "
-                         f"need {_gib(need(slots))} of the device budget of "
-                         f"{_gib(device_budget)}")
+        buffers = 1  # an asked cut may fit with one C tile at a time
+        if need(slots) > device_budget:
+            raise ValueError(f"SUMMA_OOC_TILES: {tiles[0]} x {tiles[1]} tiles of {tm} x {tn} "
+                             f"need {_gib(need(slots))} of the device budget of "
+                             f"{_gib(device_budget)}")
     for _ in range(upload_lead()):  # room for uploads steps ahead, same tiles
         if need(slots + 1) > device_budget:
             break
@@ -263,7 +272,7 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
         if traits(execution.backend).gpu else 0
     return MemoryPlan("out-of-core", need(slots, rows), blocks * item, (int(tm), int(tn)),
                       int(nb), (int(tiles[0]), int(tiles[1])), slots, transposed, staged, ring,
-                      rows)
+                      rows, buffers)
 
 
 def resident_plan(m: int, n: int, k: int, dtype, precision=None, copies: int = 0,
@@ -388,12 +397,14 @@ def _ozaki_scratch(tm: int, tn: int, nb: int, complex_: bool = False,
 
 def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,
                   transposed: bool = False, staged: tuple = (False, False),
-                  emulated: _Int8 | None = None) -> int:
-    """Device elements of the out-of-core sweep: C tiles, the panel parts
-    of :func:`_ooc_parts`, and where `emulated` (:class:`_Int8`) one
-    product's scratch on INT8 tensor cores."""
+                  emulated: _Int8 | None = None, c_buffers: int | None = None) -> int:
+    """Device elements of the out-of-core sweep: C tiles (`c_buffers` of
+    them, default two where there are several), the panel parts of
+    :func:`_ooc_parts`, and where `emulated` (:class:`_Int8`) one product's
+    scratch on INT8 tensor cores."""
     a_parts, b_parts = _ooc_parts(slots, transposed, staged)
-    elements = min(2, ntiles) * tm * tn + a_parts * tm * nb + b_parts * tn * nb
+    buffers = min(2, ntiles) if c_buffers is None else c_buffers
+    elements = buffers * tm * tn + a_parts * tm * nb + b_parts * tn * nb
     if emulated is None:
         return elements
     item = 16 if emulated.complex_ else 8  # elements of the data's size, complex or real

@@ -578,7 +578,10 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
             refusal = refusal or exc
             continue
         moved = host_traffic(memory, shape, grid)
-        if best is None or moved < TRAFFIC_GAIN * best[0]:
+        # (a cut asked for that some width fits with two C tiles takes that
+        # width: one tile at a time leaves its write-backs exposed)
+        if best is None or moved < TRAFFIC_GAIN * best[0] or \
+                (moved <= best[0] and memory.c_buffers > best[1].c_buffers):
             best = (moved, memory)
     if best is None:
         raise refusal

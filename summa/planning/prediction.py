@@ -127,12 +127,18 @@ def _host_bytes(plan, own: bool) -> tuple[int, int]:
 def _head_tail(plan, width: int, tile) -> tuple[int, int]:
     """``(up, down)``: the bytes out of core that nothing hides: the first
     panel's first piece goes up before the first GEMM, and the last tile's
-    last row strip comes down after its GEMM (:mod:`summa.execution.outofcore`)."""
+    last row strip comes down after its GEMM (:mod:`summa.execution.outofcore`);
+    with one C tile on the device at a time, every other tile's write-back
+    too (the next tile waits for it; counted whole, though its first strips
+    go while the last strips multiply)."""
     itemsize = np.dtype(plan.dtype).itemsize
     int8 = plan.precision == "fp64-int8"  # its first panel goes whole
     first = min(width if int8 else HEAD_FIRST, plan.shape[2])
     last = min(FP64_INT8_TAIL_SMALLEST if int8 else TAIL_SMALLEST, tile[0])
-    return first * (tile[0] + tile[1]) * itemsize, last * tile[1] * itemsize
+    waited = 0
+    if plan.memory.c_buffers == 1:
+        waited = (plan.memory.tiles[0] * plan.memory.tiles[1] - 1) * tile[0] * tile[1]
+    return first * (tile[0] + tile[1]) * itemsize, (last * tile[1] + waited) * itemsize
 
 
 def _advice(plan, profile, bound: str, link) -> list[str]:

@@ -28,6 +28,9 @@ def plan_lines(plan) -> list[str]:
         lines.append(f"  C tiles of {memory.tile[0]} x {memory.tile[1]} ({memory.tiles[0]} x "
                      f"{memory.tiles[1]} per rank), panels of {memory.chunk} columns in "
                      f"{memory.slots} slots")
+        if memory.c_buffers == 1 and memory.tiles[0] * memory.tiles[1] > 1:
+            lines.append("  one C tile on the device at a time (the cut asked for fits only "
+                         "so): each tile starts once the last one's write-back is done")
     if any(memory.staged):
         lines.append("  copy-engine broadcasts (ipc) stage each slot's panel once more "
                      "(counted above; --comm nccl plans without)")

@@ -674,6 +674,63 @@ def test_tiles_asked_for_cut_c_so_and_still_multiply(rng, monkeypatch):
                     Execution(1, "numpy", device_budget=8 * 2000, out_of_core=True))
 
 
+def test_an_asked_cut_that_fits_one_c_tile_at_a_time_runs_so(rng, monkeypatch):
+    """A cut asked for (SUMMA_OOC_TILES) whose two C tiles (one multiplied,
+    one going home) do not fit the budget, but one does: the plan keeps one
+    on the device (each tile waits for the last one's write-back), the sweep
+    makes one buffer, and the product is right; with room for two, two."""
+    from mpi4py import MPI
+    from summa.execution import outofcore
+    from summa.planning import memory as memory_mod
+    m, n, k, nb = 45, 38, 64, 8
+    a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
+    monkeypatch.setenv("SUMMA_OOC_TILES", "3x2")
+    monkeypatch.setenv("SUMMA_UPLOAD_LEAD", "0")
+    one = 8 * memory_mod._ooc_elements(15, 19, nb, 2, 6, c_buffers=1)
+    made = []
+    real_init = outofcore._Sweep.__init__
+
+    def spy(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        made.append(len(self.c_bufs))
+    monkeypatch.setattr(outofcore._Sweep, "__init__", spy)
+    host = NumpyBackend()
+    for budget, buffers in ((one, 1), (one + 8 * 15 * 19, 2)):
+        plan = memory_plan(m, n, k, "float64", (1, 1), nb,
+                           Execution(1, "numpy", device_budget=budget, out_of_core=True))
+        assert (plan.tiles, plan.c_buffers) == ((3, 2), buffers)
+        assert plan.device_bytes <= budget
+        with ProcessGrid(MPI.COMM_SELF) as grid:
+            A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
+            C = DistMatrix.zeros((m, n), "float64", grid, host)
+            summa_out_of_core(1.0, A, B, 0.0, C, host, budget, panel_width=nb)
+            assert gemm_scaled_error(C.gather(), a, b) <= 1
+        assert made[-1] == buffers
+
+
+def test_summa_plan_says_one_c_tile_at_a_time_and_counts_its_write_backs(monkeypatch):
+    """`summa plan` of a cut asked for that fits one C tile at a time says so,
+    and its model counts each earlier tile's write-back as exposed (the next
+    tile waits for it); the planner's own cut keeps two tiles."""
+    from mpi4py import MPI
+
+    def plan_text():
+        out = io.StringIO()
+        assert cli.main(["plan", "--size", "32768", "--ranks", "1", "--backend", "cupy",
+                         "--device-memory", "8GiB"], MPI.COMM_SELF, out) == 0
+        return out.getvalue()
+    own = plan_text()
+    monkeypatch.setenv("SUMMA_OOC_TILES", "2x1")
+    asked = plan_text()
+    assert "one C tile on the device at a time" in asked and "one C tile" not in own
+    exposed = [float(re.search(r"exposed\s+([\d.]+) s", t).group(1)) for t in (own, asked)]
+    rate = float(re.search(r"down at [\d.]+ / ([\d.]+) GB/s", asked).group(1))
+    one_tile = 16384 * 32768 * 8 / 1e9  # GB: the first of two tiles, waited for
+    assert exposed[1] >= exposed[0] + 0.95 * one_tile / rate, (exposed, rate)
+    monkeypatch.setenv("SUMMA_OOC_TILES", "3x1")  # two tiles fit with narrower panels
+    assert "one C tile" not in plan_text()
+
+
 @pytest.mark.parametrize("budget_gib", [12, 24])
 def test_fp64_int8_cuts_c_both_ways_to_upload_least(budget_gib):
     """fp64-int8's scratch grows with a tile's rows plus columns: its cut is
