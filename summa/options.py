@@ -292,7 +292,10 @@ class Options:
                                 "(stage) or lock the arrays' pages (lock).")
     ooc_tiles: tuple | None = _setting("SUMMA_OOC_TILES", _Tiles(), None,
                                        "Out of core: R x C tiles of C per rank instead of the "
-                                       "planner's fewest.")
+                                       "planner's fewest; a cut whose two C tiles (one "
+                                       "multiplied, one going home) do not fit the budget runs "
+                                       "with one, each tile waiting for the last one's "
+                                       "write-back (summa plan says so).")
     upload_lead: int = _setting("SUMMA_UPLOAD_LEAD", _Number(int, 0), 1,
                                 "Out of core: extra slots uploads may run ahead of their GEMMs.")
     copy_threads: int | None = _setting("SUMMA_COPY_THREADS", _Number(int, 1), None,
