@@ -36,7 +36,7 @@ def test_a_failing_mpi_test_aborts_the_job_and_leaves_nothing(tmp_path):
     # (the caller's path kept: on a machine without a package index pytest-mpi
     # may be there only, as on the GPU node)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT / "tests"), str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        filter(None, [str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH")])))
     t0 = time.monotonic()
     proc = subprocess.run(mpiexec() + ["-n", "2", sys.executable, "-m", "pytest", "-q",
                                        "-p", "conftest", "--with-mpi", "-m", "mpi",

@@ -252,7 +252,7 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
         raise ValueError(f"a device budget of {_gib(device_budget)} is too small for "
                          f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
     tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
-    buffers = min(2, tiles[0] * tiles[1])
+    buffers = _c_buffers(tiles[0] * tiles[1])
 
     def need(slots: int, rows: int | None = FP64_INT8_ROWS) -> int:
         return _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged,
@@ -395,6 +395,13 @@ def _ozaki_scratch(tm: int, tn: int, nb: int, complex_: bool = False,
     return scratch + (16 * (tm * nb + nb * tn) + 16 * tm * tn if complex_ else 0)
 
 
+def _c_buffers(ntiles: int) -> int:
+    """C tiles the sweep holds on the device where the cut leaves room: two
+    where there are several (a tile's write-back overlaps the next tile's
+    GEMMs), else one."""
+    return min(2, ntiles)
+
+
 def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,
                   transposed: bool = False, staged: tuple = (False, False),
                   emulated: _Int8 | None = None, c_buffers: int | None = None) -> int:
@@ -403,7 +410,7 @@ def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,
     :func:`_ooc_parts`, and where `emulated` (:class:`_Int8`) one product's
     scratch on INT8 tensor cores."""
     a_parts, b_parts = _ooc_parts(slots, transposed, staged)
-    buffers = min(2, ntiles) if c_buffers is None else c_buffers
+    buffers = _c_buffers(ntiles) if c_buffers is None else c_buffers
     elements = buffers * tm * tn + a_parts * tm * nb + b_parts * tn * nb
     if emulated is None:
         return elements

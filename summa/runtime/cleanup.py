@@ -70,6 +70,11 @@ def remove_segments(paths) -> None:
             pass
 
 
+#: Where the CUDA driver puts its files for interprocess events (its own
+#: choice: not ``SUMMA_SHM_DIR``, where summa's node-shared arrays go).
+CUDA_SHM_DIR = "/dev/shm"
+
+
 def cuda_ipc_files(pid: int | None = None) -> list[str]:
     """Paths of the files the CUDA driver made in /dev/shm for process
     `pid`'s (default: this one's) interprocess events,
@@ -79,10 +84,10 @@ def cuda_ipc_files(pid: int | None = None) -> list[str]:
     test_ipc_broadcasts_leave_nothing_in_dev_shm)."""
     mark = f"{os.getpid() if pid is None else pid:x}"
     try:
-        names = os.listdir("/dev/shm")
+        names = os.listdir(CUDA_SHM_DIR)
     except OSError:
         return []
-    return [os.path.join("/dev/shm", name) for name in names
+    return [os.path.join(CUDA_SHM_DIR, name) for name in names
             if name.startswith("cuda.shm.") and name.split(".")[3:4] == [mark]]
 
 
