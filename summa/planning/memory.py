@@ -23,7 +23,7 @@ from ..device.traits import traits
 from .tuning import transposes_a
 
 __all__ = ["MemoryPlan", "Execution", "memory_plan", "resident_plan", "host_traffic",
-           "check_memory", "ranks_on_device", "check_host_memory", "parse_bytes"]
+           "waited_write_backs", "check_memory", "ranks_on_device", "check_host_memory", "parse_bytes"]
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,11 @@ class MemoryPlan:
     c_buffers : int or None
         Out of core: C tiles on the device at once. Two where there are
         several tiles (a tile's write-back overlaps the next tile's GEMMs);
-        one where there is one, or where a cut asked for (``SUMMA_OOC_TILES``)
-        fits only so: each tile then starts once the last one is home.
+        one where there is one, where the host link bounds the sweep and one
+        at a time lets taller tiles move fewer bytes (:func:`_one_at_a_time`),
+        or where a cut asked for (``SUMMA_OOC_TILES``) fits only so: each
+        tile then starts once the last one is home
+        (:func:`waited_write_backs`).
     """
 
     mode: str
@@ -182,7 +185,9 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     while the next is computed) and ``lookahead + 1`` slots for the A and B
     parts of a panel that a tile needs: ``c tm tn + slots (tm + tn) nb``
     elements. Fewest tiles first (each extra row of tiles uploads B's panels
-    again), cut by rows before columns; then one more slot where those tiles
+    again), cut by rows before columns; where the host link bounds that cut,
+    one C tile at a time where it fits fewer tiles (:func:`_one_at_a_time`);
+    then one more slot where those tiles
     leave room for it (uploads then run a step ahead of the broadcasts, so a
     panel's owner is ready to send when its receivers are), up to
     :func:`upload_lead` more. Directions that
@@ -227,15 +232,15 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
         return MemoryPlan("in-memory", on_device, staging, transposed_a=transposed)
     if device_budget is None:
         raise ValueError("an out-of-core plan needs a device memory budget")
-    return _ooc_memory((ml, nl, nb, blocks), dtype, grid, transposed, execution)
+    return _ooc_memory((ml, nl, k, nb, blocks), dtype, grid, transposed, execution)
 
 
 def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
                 execution: Execution) -> MemoryPlan:
-    """:func:`memory_plan` out of core: `sizes` ``(ml, nl, nb, blocks)``, a
-    rank's rows and columns of C, the panel width and its blocks' elements;
-    `transposed`: A's panels read from a transposed copy."""
-    (ml, nl, nb, blocks), (pr, pc) = sizes, grid
+    """:func:`memory_plan` out of core: `sizes` ``(ml, nl, k, nb, blocks)``, a
+    rank's rows and columns of C, K, the panel width and its blocks'
+    elements; `transposed`: A's panels read from a transposed copy."""
+    (ml, nl, k, nb, blocks), (pr, pc) = sizes, grid
     item, device_budget = np.dtype(dtype).itemsize, execution.device_budget
     slots = execution.lookahead + 1
     # Staging only where a grid row (A) or column (B) has ranks to send to.
@@ -251,8 +256,13 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
     if tiles is None:
         raise ValueError(f"a device budget of {_gib(device_budget)} is too small for "
                          f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
-    tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
     buffers = _c_buffers(tiles[0] * tiles[1])
+    if not (asked or emulated) and buffers == 2:
+        tiles, buffers = _one_at_a_time((max(ml, 1), max(nl, 1), k), tiles, np.dtype(dtype),
+                                        lambda tm, tn: _ooc_elements(
+                                            tm, tn, nb, slots, 2, transposed, staged,
+                                            c_buffers=1) <= device_budget // item)
+    tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
 
     def need(slots: int, rows: int | None = FP64_INT8_ROWS) -> int:
         return _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged,
@@ -395,6 +405,56 @@ def _ozaki_scratch(tm: int, tn: int, nb: int, complex_: bool = False,
     return scratch + (16 * (tm * nb + nb * tn) + 16 * tm * tn if complex_ else 0)
 
 
+#: Flops per byte crossing the host link under which the link, not the
+#: GEMMs, bounds an out-of-core sweep: an H200's float64 GEMM rate (51.7
+#: TFLOP/s, ``cupy.matmul`` of 32768³) over its host link's from pageable
+#: memory, both directions together (26 GB/s: float64 32768³ under 8 GiB
+#: moved 43 GB in 1.66 s; `benchmarks/matrix.py`, docs/benchmarks.md). A
+#: slower GPU's balance is lower, so it takes the cut below only where the
+#: link bounds it further still (and loses little where it does not: the
+#: waited write-backs are short beside its GEMMs).
+HOST_LINK_BALANCE = 2000
+
+
+def _one_at_a_time(sizes: tuple, tiles: tuple, dtype: np.dtype, fits) -> tuple:
+    """``(tiles, c_buffers)``: the fewest tiles that `fit` (a predicate of a
+    tile's rows and columns, one C tile on the device) where the two-tile
+    cut `tiles` of a rank's ``(ml, nl, k)`` is bound by the host link (fewer
+    flops per byte moved than :data:`HOST_LINK_BALANCE`) and the taller
+    tiles move fewer bytes, each earlier tile's write-back counted as moved
+    twice (the next tile waits for it); else `tiles` with two buffers.
+    float64 32768³ under 8 GiB: 2 x 1 tiles one at a time ran 1.47 s
+    (0.93 of ``cupy.matmul``) where 3 x 1 two at a time ran 1.75 s (34.4
+    GB up against 25.8; `benchmarks/matrix.py` with ``SUMMA_OOC_TILES``)."""
+    ml, nl, k = sizes
+    flops = (8 if dtype.kind == "c" else 2) * ml * nl * k
+    if flops >= HOST_LINK_BALANCE * _moved(sizes, tiles, 2) * dtype.itemsize:
+        return tiles, 2
+    for cols in range(1, tiles[1] + 1):
+        tn = -(-nl // cols)
+        rows = _most_that_fit(0, ml, lambda r: fits(r, tn))
+        if rows >= 1:
+            one = (-(-ml // rows), cols)
+            if _moved(sizes, one, 1) < TRAFFIC_GAIN * _moved(sizes, tiles, 2):
+                return one, 1
+            break
+    return tiles, 2
+
+
+def _moved(sizes: tuple, tiles: tuple, buffers: int) -> int:
+    """Elements a rank's ``(ml, nl, k)`` sweep cut in `tiles` moves over the
+    host link, as :func:`host_traffic` and :func:`waited_write_backs` count
+    them."""
+    (ml, nl, k), (rows, cols) = sizes, tiles
+    waited = (rows * cols - 1) * -(-ml // rows) * -(-nl // cols) if buffers == 1 else 0
+    return ml * k * cols + k * nl * rows + ml * nl + waited
+
+
+#: A cut (or a narrower panel) is taken over another where it moves this
+#: share fewer bytes.
+TRAFFIC_GAIN = 0.95
+
+
 def _c_buffers(ntiles: int) -> int:
     """C tiles the sweep holds on the device where the cut leaves room: two
     where there are several (a tile's write-back overlaps the next tile's
@@ -464,9 +524,17 @@ def host_traffic(memory: MemoryPlan, shape, grid) -> int:
     block once per column of C tiles, its B block once per row of them, its
     C block once."""
     m, n, k = shape
-    ml, nl, kl = -(-m // grid[0]), -(-n // grid[1]), k
+    return _moved((-(-m // grid[0]), -(-n // grid[1]), k), memory.tiles, 2)
+
+
+def waited_write_backs(memory: MemoryPlan) -> int:
+    """Elements of C out of core whose write-back the next tile waits for:
+    with one C tile on the device (``c_buffers`` 1), every tile's but the
+    last; none with two."""
+    if memory.c_buffers != 1:
+        return 0
     rows, cols = memory.tiles
-    return ml * kl * cols + kl * nl * rows + ml * nl
+    return (rows * cols - 1) * memory.tile[0] * memory.tile[1]
 
 
 def _gib(nbytes: float) -> str:

@@ -24,8 +24,8 @@ from mpi4py import MPI
 
 from ..precision import ozaki_gpu
 from ..distribution.grid import check_grid_ranks, grid_for, parse_grid
-from .memory import (Execution, MemoryPlan, check_host_memory, check_memory, host_traffic,
-                     memory_plan, parse_bytes, resident_plan)
+from .memory import (TRAFFIC_GAIN, Execution, MemoryPlan, check_host_memory, check_memory,
+                     host_traffic, memory_plan, parse_bytes, resident_plan, waited_write_backs)
 from .prediction import predict_plan
 from .report import plan_lines
 from ..execution.strips import check_schedule
@@ -541,19 +541,16 @@ MIN_OOC_WIDTH = 2048
 #: 3.12-3.19 s (3 x 1 tiles, 67 GB; its products 2.9 s against 8192's 2.3)
 #: (docs/benchmarks.md; ``benchmarks/fp64_int8_user_case.py --panel-width``).
 MIN_OOC_WIDTH_INT8 = 8192
-#: A narrower panel is taken where its tiles move this share fewer bytes.
-TRAFFIC_GAIN = 0.95
 
 
 def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) -> MemoryPlan:
     """The out-of-core MemoryPlan: at the width asked, else at the mode's
     default or a half or quarter of it (not under :data:`MIN_OOC_WIDTH`),
-    whichever tiles move fewest bytes between host and GPU, the widest of
-    equals. Under a tight budget narrower panels leave room for taller C
-    tiles, so B crosses the link fewer times: float64 32768³ under 8 GiB
-    takes 3 x 1 tiles with 2048-wide panels (42.9 GB moved) where 4096 took
-    4 x 1 (51.5 GB), the host link being what bounds it on one H200 (22.7 GB/s,
-    ``summa.matmul`` at 0.55 of ``cupy.matmul``). `limits`: ``(device
+    whichever tiles move fewest bytes between host and GPU (write-backs a
+    tile waits for counted twice), the widest of equals. Under a tight
+    budget narrower panels leave room for taller C tiles, so B crosses the
+    link fewer times: float64 65536 x 8192 x 65536 under 8 GiB takes one tile
+    with 2048-wide panels where 4096 takes 2 x 1. `limits`: ``(device
     budget, precision, staged, copy threads)``; fp64-int8 goes no narrower
     than :data:`MIN_OOC_WIDTH_INT8` (its products lose more to narrower
     panels than the bytes save)."""
@@ -577,9 +574,9 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
         except ValueError as exc:  # too small for this width's tiles: maybe a narrower
             refusal = refusal or exc
             continue
-        moved = host_traffic(memory, shape, grid)
-        # (a cut asked for that some width fits with two C tiles takes that
-        # width: one tile at a time leaves its write-backs exposed)
+        # (the write-backs a tile waits for count as moved twice: at equal
+        # traffic, a width that fits two C tiles wins)
+        moved = host_traffic(memory, shape, grid) + waited_write_backs(memory)
         if best is None or moved < TRAFFIC_GAIN * best[0] or \
                 (moved <= best[0] and memory.c_buffers > best[1].c_buffers):
             best = (moved, memory)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .memory import FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SMALLEST, host_traffic
+from .memory import (FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SMALLEST, host_traffic,
+                     waited_write_backs)
 from .tuning import default_panel_width, is_width
 from ..device.traits import traits
 
@@ -135,9 +136,7 @@ def _head_tail(plan, width: int, tile) -> tuple[int, int]:
     int8 = plan.precision == "fp64-int8"  # its first panel goes whole
     first = min(width if int8 else HEAD_FIRST, plan.shape[2])
     last = min(FP64_INT8_TAIL_SMALLEST if int8 else TAIL_SMALLEST, tile[0])
-    waited = 0
-    if plan.memory.c_buffers == 1:
-        waited = (plan.memory.tiles[0] * plan.memory.tiles[1] - 1) * tile[0] * tile[1]
+    waited = waited_write_backs(plan.memory)
     return first * (tile[0] + tile[1]) * itemsize, (last * tile[1] + waited) * itemsize
 
 

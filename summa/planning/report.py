@@ -11,6 +11,7 @@ import numpy as np
 
 from ..host.storage import transposed
 from ..device.traits import traits
+from .memory import waited_write_backs
 
 __all__ = ["plan_lines"]
 
@@ -29,8 +30,9 @@ def plan_lines(plan) -> list[str]:
                      f"{memory.tiles[1]} per rank), panels of {memory.chunk} columns in "
                      f"{memory.slots} slots")
         if memory.c_buffers == 1 and memory.tiles[0] * memory.tiles[1] > 1:
-            lines.append("  one C tile on the device at a time (the cut asked for fits only "
-                         "so): each tile starts once the last one's write-back is done")
+            lines.append("  one C tile on the device at a time (taller tiles: B crosses the "
+                         "host link fewer times): each tile starts once the last one's "
+                         "write-back is done")
     if any(memory.staged):
         lines.append("  copy-engine broadcasts (ipc) stage each slot's panel once more "
                      "(counted above; --comm nccl plans without)")
@@ -176,8 +178,10 @@ def _split_lines(plan) -> list[str]:
     else:
         between = f"the panels each GPU receives, by {pred['comm']}"
     rows.append(("GPU links", split["gpu_links"], between))
+    last = "the write-backs the next tile waits for" if waited_write_backs(plan.memory) \
+        else "the last write-back"
     rows.append(("exposed", split["exposed"], "pipeline fill, per-panel overhead"
-                 + (", the first upload and the last write-back" if plan.out_of_core else "")))
+                 + (f", the first upload and {last}" if plan.out_of_core else "")))
     files = f"{(m * k + k * n) * np.dtype(plan.dtype).itemsize / gb:.1f} GB and writes " \
         f"{m * n * np.dtype(plan.dtype).itemsize / gb:.1f} GB"
     rows.append(("disk", split["disk"], f"only summa multiply on .npy files, beside the time "

@@ -709,26 +709,26 @@ def test_an_asked_cut_that_fits_one_c_tile_at_a_time_runs_so(rng, monkeypatch):
 
 
 def test_summa_plan_says_one_c_tile_at_a_time_and_counts_its_write_backs(monkeypatch):
-    """`summa plan` of a cut asked for that fits one C tile at a time says so,
-    and its model counts each earlier tile's write-back as exposed (the next
-    tile waits for it); the planner's own cut keeps two tiles."""
+    """`summa plan` of a cut that fits one C tile at a time says so, and its
+    model counts each earlier tile's write-back as exposed (the next tile
+    waits for it); a cut that fits two tiles (with narrower panels) does
+    neither."""
     from mpi4py import MPI
 
-    def plan_text():
+    def plan_text(tiles):
+        monkeypatch.setenv("SUMMA_OOC_TILES", tiles)
         out = io.StringIO()
         assert cli.main(["plan", "--size", "32768", "--ranks", "1", "--backend", "cupy",
                          "--device-memory", "8GiB"], MPI.COMM_SELF, out) == 0
         return out.getvalue()
-    own = plan_text()
-    monkeypatch.setenv("SUMMA_OOC_TILES", "2x1")
-    asked = plan_text()
-    assert "one C tile on the device at a time" in asked and "one C tile" not in own
-    exposed = [float(re.search(r"exposed\s+([\d.]+) s", t).group(1)) for t in (own, asked)]
-    rate = float(re.search(r"down at [\d.]+ / ([\d.]+) GB/s", asked).group(1))
+    two, one = plan_text("3x1"), plan_text("2x1")
+    assert "one C tile on the device at a time" in one and "one C tile" not in two
+    assert "the write-backs the next tile waits for" in one
+    assert "the last write-back" in two and "waits for" not in two
+    exposed = [float(re.search(r"exposed\s+([\d.]+) s", t).group(1)) for t in (two, one)]
+    rate = float(re.search(r"down at [\d.]+ / ([\d.]+) GB/s", one).group(1))
     one_tile = 16384 * 32768 * 8 / 1e9  # GB: the first of two tiles, waited for
     assert exposed[1] >= exposed[0] + 0.95 * one_tile / rate, (exposed, rate)
-    monkeypatch.setenv("SUMMA_OOC_TILES", "3x1")  # two tiles fit with narrower panels
-    assert "one C tile" not in plan_text()
 
 
 @pytest.mark.parametrize("budget_gib", [12, 24])

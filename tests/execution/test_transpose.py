@@ -140,7 +140,8 @@ def test_out_of_core_plans_a_transposed_part(monkeypatch):
     plan = memory_plan(300, 200, 100, "float64", (1, 1), 10,
                        Execution(1, "numpy", device_budget=20_000, out_of_core=True))
     (tm, tn), slots = plan.tile, plan.slots
-    assert plan.device_bytes == (2 * tm * tn + (slots + 1) * tm * 10 + slots * tn * 10) * 8
+    assert plan.device_bytes == (plan.c_buffers * tm * tn + (slots + 1) * tm * 10
+                                 + slots * tn * 10) * 8
     assert plan.device_bytes <= 20_000
     monkeypatch.setenv("SUMMA_TRANSPOSE_A", "no")
     plain = memory_plan(300, 200, 100, "float64", (1, 1), 10,

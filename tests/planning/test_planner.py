@@ -94,16 +94,69 @@ def _ooc_widths(dtype, precision) -> list:
 
 
 def test_a_tight_budget_takes_narrower_panels_where_taller_tiles_move_fewer_bytes():
-    """float64 32768³ under 8 GiB: 2048-wide panels leave room for 3 x 1
-    tiles (B crosses the link 3 times) where 4096 took 4 x 1."""
-    shape = (32768, 32768, 32768)
+    """float64 65536 x 8192 x 65536 under 8 GiB: 2048-wide panels leave room
+    for C whole (B crosses the link once) where 4096 took 2 x 1."""
+    shape = (65536, 8192, 65536)
     plan = make_plan(shape, "float64", Machine("cupy", 1), device_memory="8GiB")
     wide = memory_plan(*shape, "float64", (1, 1), 4096,
                        Execution(1, "cupy", device_budget=8 << 30, out_of_core=True))
-    assert (plan.panel_width, plan.memory.tiles, wide.tiles) == (2048, (3, 1), (4, 1))
-    assert host_traffic(plan.memory, shape, (1, 1)) < 0.9 * host_traffic(wide, shape, (1, 1))
+    assert (plan.panel_width, plan.memory.tiles, wide.tiles) == (2048, (1, 1), (2, 1))
+    assert host_traffic(plan.memory, shape, (1, 1)) < TRAFFIC_GAIN * host_traffic(wide, shape, (1, 1))
     whole = make_plan(shape, "float64", Machine("cupy", 1), device_memory="60GiB")
     assert (whole.panel_width, whole.memory.tiles) == (4096, (1, 1))  # nothing to gain
+
+
+def _two_at_a_time(shape, dtype, budget, width):
+    """The fewest tiles whose sweep fits `budget` with two C tiles."""
+    from summa.planning import memory
+    ml, nl, k = shape
+    item = np.dtype(dtype).itemsize
+    return memory._ooc_tiles(ml, nl, min(width, k), 2, parse_bytes(budget) // item,
+                             transposed=True)
+
+
+def test_where_the_host_link_bounds_one_c_tile_at_a_time_moves_fewer_bytes():
+    """float64 32768³ under 8 GiB is bound by the host link: one C tile at
+    a time leaves room for 2 x 1 tiles (B up twice) where two at a time
+    take 3 x 1 or more; what it moves, its waited write-back counted twice,
+    is less than any two-buffered width's."""
+    from summa.planning.memory import waited_write_backs
+    shape = (32768, 32768, 32768)
+    plan = make_plan(shape, "float64", Machine("cupy", 1), device_memory="8GiB")
+    assert (plan.memory.tiles, plan.memory.c_buffers) == ((2, 1), 1)
+    assert plan.memory.device_bytes <= 8 << 30
+    cost = host_traffic(plan.memory, shape, (1, 1)) + waited_write_backs(plan.memory)
+    assert waited_write_backs(plan.memory) == 16384 * 32768
+    for width in (4096, 2048):
+        rows, cols = _two_at_a_time(shape, "float64", "8GiB", width)
+        assert rows * cols > 2
+        assert cost < TRAFFIC_GAIN * (32768 ** 2 * (cols + rows + 1))
+    assert "one C tile on the device at a time" in str(plan)
+
+
+@pytest.mark.parametrize("shape, dtype, budget", [
+    ((65536, 65536, 65536), "float64", "24GiB"),  # GEMM-bound: tall tiles
+    ((32768, 32768, 32768), "complex128", "8GiB"),  # 4 flops an element more
+    ((32768, 32768, 4096), "float64", "2GiB"),  # short K: no taller tile fits
+])
+def test_two_c_tiles_stay_where_the_gemms_bound_or_one_saves_nothing(shape, dtype, budget):
+    """Where the GEMMs do enough work per byte moved (at least
+    HOST_LINK_BALANCE flops), a waited write-back would only expose time;
+    where one C tile at a time fits no fewer tiles, it saves nothing:
+    both keep two C tiles."""
+    from summa.planning.memory import HOST_LINK_BALANCE
+    plan = make_plan(shape, dtype, Machine("cupy", 1), device_memory=budget)
+    rows, cols = plan.memory.tiles
+    assert rows * cols > 1 and plan.memory.c_buffers == 2
+    m, n, k = shape
+    flops = (8 if dtype.startswith("complex") else 2) * m * n * k
+    moved = host_traffic(plan.memory, shape, (1, 1)) * np.dtype(dtype).itemsize
+    if flops < HOST_LINK_BALANCE * moved:  # link-bound: one at a time fits no fewer tiles
+        from summa.planning import memory
+        budget_elements = parse_bytes(budget) // np.dtype(dtype).itemsize
+        one = memory._ooc_elements(-(-m // (rows * cols - 1)), n, plan.memory.chunk,
+                                   plan.memory.slots, 2, True, c_buffers=1)
+        assert one > budget_elements
 
 
 def test_fp64_int8_under_a_tight_budget_takes_half_width_panels_where_they_move_fewer_bytes():
