@@ -258,10 +258,11 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
                          f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
     buffers = _c_buffers(tiles[0] * tiles[1])
     if not (asked or emulated) and buffers == 2:
+        def fits_one(tm: int, tn: int) -> bool:  # one C tile of tm x tn, and the slots
+            return _ooc_elements(tm, tn, nb, slots, 2, transposed, staged,
+                                 c_buffers=1) * item <= device_budget
         tiles, buffers = _one_at_a_time((max(ml, 1), max(nl, 1), k), tiles, np.dtype(dtype),
-                                        lambda tm, tn: _ooc_elements(
-                                            tm, tn, nb, slots, 2, transposed, staged,
-                                            c_buffers=1) <= device_budget // item)
+                                        fits_one)
     tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
 
     def need(slots: int, rows: int | None = FP64_INT8_ROWS) -> int:
