@@ -45,7 +45,7 @@ from ..runtime.faults import inject
 from ..distribution.layout import panel_schedule, split_panel_doubling
 from ..distribution.matrix import DistMatrix
 from .pipeline import local_parts, wait_for_panel
-from ..planning.memory import FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SHARE, TAIL_SMALLEST
+from ..planning.memory import TAIL_SHARE
 from ..planning.planner import Machine, Plan, make_plan, restage
 from ..planning.selection import grid_broadcasters
 from ..host.storage import as_rows, copyable_rows, rows_shape
@@ -178,7 +178,7 @@ def run_out_of_core(plan: Plan, operands: SweepOperands, device, *, alpha=1.0, b
                                        else plan.broadcaster, device)
     # Copy-engine broadcasts pass each slot through a staging buffer: planned too.
     plan = restage(plan, (row_bc.name == "ipc", col_bc.name == "ipc"))
-    memory, precision = plan.memory, plan.precision
+    memory = plan.memory
     ml, nl = C.local.shape
     tiles = [(i0, i1, j0, j1) for i0, i1 in _bounds(ml, memory.tiles[0])
              for j0, j1 in _bounds(nl, memory.tiles[1])]
@@ -187,7 +187,7 @@ def run_out_of_core(plan: Plan, operands: SweepOperands, device, *, alpha=1.0, b
     mover = (CudaMover(device, C.dtype, plan.host_copies, plan.copy_threads)
              if device.is_gpu else HostMover(device, C.dtype))
     panels = panel_schedule(A.layout.cols, B.layout.rows, plan.panel_width)
-    panels = _head_pieces(panels, mover.overlaps, precision)
+    panels = _head_pieces(panels, mover.overlaps, memory.head_first)
     stats = SummaStats(panels=len(panels), panel_width=plan.panel_width,
                        comm=f"{row_bc.name} (host-resident)", lookahead=plan.lookahead)
     t0 = time.perf_counter()
@@ -301,8 +301,7 @@ class _Sweep:
         self.plan, self.operands, self.mover = plan, operands, mover
         self.tiles, self.panels = cut.tiles, cut.panels
         self.slots, C = plan.memory.slots, operands.C
-        self.smallest = (FP64_INT8_TAIL_SMALLEST if plan.precision == "fp64-int8"
-                         else TAIL_SMALLEST)
+        self.smallest = plan.memory.tail_smallest
         # Tile counts agree on all ranks (the plan); sizes are this rank's own,
         # and the same along a grid row (rows) or column (columns), as broadcasts need.
         tm = max((i1 - i0 for i0, i1, _, _ in self.tiles), default=0)
@@ -470,28 +469,26 @@ class _Arrival:
         self.mover.wait_event(self.uploaded)
 
 
-def _head_pieces(panels: list, overlaps: bool, precision=None) -> list:
-    """`panels` with the first cut in pieces that double from HEAD_FIRST
-    where uploads overlap the GEMMs, but for float64 on INT8 products (each
-    piece would pay a whole product's reconstruction: FP64_INT8_TAIL_SMALLEST)."""
-    if not panels or not overlaps or precision == "fp64-int8":
+def _head_pieces(panels: list, overlaps: bool, first: int | None) -> list:
+    """`panels` with the first cut in pieces that double from `first`
+    columns (the plan's ``head_first``; None: whole) where uploads overlap
+    the GEMMs."""
+    if not panels or not overlaps or first is None:
         return panels
-    return split_panel_doubling(panels[0], HEAD_FIRST) + panels[1:]
+    return split_panel_doubling(panels[0], first) + panels[1:]
 
 
-def _tail_strips(rows: int, overlaps: bool,
-                 smallest: int | None = None) -> list[tuple[int, int]]:
+def _tail_strips(rows: int, overlaps: bool, smallest: int) -> list[tuple[int, int]]:
     """Row ranges a tile's last panels go in, each written back once final.
 
     The write-backs queue on one stream behind the strips' GEMMs: the first
     strip is a share of the rows (the write-back stream starts early), each
     next one that share of the rows left, so each write-back hides behind
     the next strip's GEMMs, down to a last strip of about `smallest` rows
-    (default TAIL_SMALLEST).
+    (the plan's ``tail_smallest``).
     """
     if not overlaps:
         return [(0, rows)]
-    smallest = TAIL_SMALLEST if smallest is None else smallest
     cuts = [0]
     while True:
         rest = rows - cuts[-1]

@@ -72,6 +72,15 @@ class MemoryPlan:
         or where a cut asked for (``SUMMA_OOC_TILES``) fits only so: each
         tile then starts once the last one is home
         (:func:`waited_write_backs`).
+    head_first : int or None
+        Out of core: columns of the first panel's first piece, each piece
+        after it twice as wide (:data:`HEAD_FIRST`), so that the GPU's first
+        GEMM waits for little; None: the first panel goes whole (fp64-int8,
+        whose every product reconstructs the whole tile).
+    tail_smallest : int or None
+        Out of core: the fewest rows of a tile's last row strip, written back
+        once final (:data:`TAIL_SMALLEST`, fp64-int8
+        :data:`FP64_INT8_TAIL_SMALLEST`).
     """
 
     mode: str
@@ -86,6 +95,8 @@ class MemoryPlan:
     staging_bytes: int = 0
     int8_rows: int | None = None
     c_buffers: int | None = None
+    head_first: int | None = None
+    tail_smallest: int | None = None
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -283,7 +294,8 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
         if traits(execution.backend).gpu else 0
     return MemoryPlan("out-of-core", need(slots, rows), blocks * item, (int(tm), int(tn)),
                       int(nb), (int(tiles[0]), int(tiles[1])), slots, transposed, staged, ring,
-                      rows, buffers)
+                      rows, buffers, head_first=None if emulated else HEAD_FIRST,
+                      tail_smallest=FP64_INT8_TAIL_SMALLEST if emulated else TAIL_SMALLEST)
 
 
 def resident_plan(m: int, n: int, k: int, dtype, precision=None, copies: int = 0,

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .memory import (FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SMALLEST, host_traffic,
-                     waited_write_backs)
+from .memory import host_traffic, waited_write_backs
 from .tuning import default_panel_width, is_width
 from ..device.traits import traits
 
@@ -132,10 +131,9 @@ def _head_tail(plan, width: int, tile) -> tuple[int, int]:
     with one C tile on the device at a time, every other tile's write-back
     too (the next tile waits for it; counted whole, though its first strips
     go while the last strips multiply)."""
-    itemsize = np.dtype(plan.dtype).itemsize
-    int8 = plan.precision == "fp64-int8"  # its first panel goes whole
-    first = min(width if int8 else HEAD_FIRST, plan.shape[2])
-    last = min(FP64_INT8_TAIL_SMALLEST if int8 else TAIL_SMALLEST, tile[0])
+    itemsize, memory = np.dtype(plan.dtype).itemsize, plan.memory
+    first = min(memory.head_first or width, plan.shape[2])  # None: the first panel whole
+    last = min(memory.tail_smallest, tile[0])
     waited = waited_write_backs(plan.memory)
     return first * (tile[0] + tile[1]) * itemsize, (last * tile[1] + waited) * itemsize
 

@@ -52,10 +52,10 @@ def test_out_of_core_split_first_panel_and_strips_of_the_last(comm, rng, monkeyp
     # The GPU's schedule (first panel in pieces, last panel in row strips, each
     # written back at once) run with host copies: the same steps, checkable here;
     # with A's parts transposed, the strips are rows of a column-major copy.
-    from summa.execution import outofcore
+    from summa.planning import memory
     monkeypatch.setenv("SUMMA_TRANSPOSE_A", transpose_a)
     monkeypatch.setattr(movers.HostMover, "overlaps", True)
-    monkeypatch.setattr(outofcore, "HEAD_FIRST", 2)  # pieces of 2, 2, 4 columns
+    monkeypatch.setattr(memory, "HEAD_FIRST", 2)  # the plan's pieces of 2, 2, 4 columns
     m, n, k = 77, 61, 45
     a, b, c0 = (random_array(rng, s, "float64") for s in ((m, k), (k, n), (m, n)))
     host = NumpyBackend()
@@ -77,19 +77,27 @@ def test_float64_on_int8_keeps_its_first_panel_whole_and_its_strips_wide():
     # docs/benchmarks.md, "Measurements behind the defaults")
     from summa.execution import outofcore
     from summa.distribution.layout import Layout, panel_schedule
+    from summa.planning.memory import FP64_INT8_TAIL_SMALLEST
+    plans = {p: memory_plan(40000, 40000, 40000, "float64", (1, 1), 16384,
+                            Execution(1, "cupy", device_budget=24 << 30, out_of_core=True,
+                                      precision=p)) for p in (None, "fp64-int8")}
+    assert plans["fp64-int8"].head_first is None and plans[None].head_first >= 1
+    assert plans["fp64-int8"].tail_smallest == FP64_INT8_TAIL_SMALLEST
+    assert plans[None].tail_smallest < FP64_INT8_TAIL_SMALLEST
     panels = panel_schedule(Layout((64, 40000), (1, 1)).cols, Layout((40000, 64), (1, 1)).rows,
                             16384)
-    assert len(outofcore._head_pieces(panels, True)) > len(panels)
-    assert outofcore._head_pieces(panels, True, "fp64-int8") == panels
-    assert outofcore._head_pieces(panels, False) == panels
+    pieces = outofcore._head_pieces(panels, True, plans[None].head_first)
+    assert len(pieces) > len(panels) and pieces[0].width == plans[None].head_first
+    assert outofcore._head_pieces(panels, True, plans["fp64-int8"].head_first) == panels
+    assert outofcore._head_pieces(panels, False, plans[None].head_first) == panels
     for rows in (2048, 5000, 16384, 40000):
-        default = outofcore._tail_strips(rows, True)
-        wide = outofcore._tail_strips(rows, True, outofcore.FP64_INT8_TAIL_SMALLEST)
+        default = outofcore._tail_strips(rows, True, plans[None].tail_smallest)
+        wide = outofcore._tail_strips(rows, True, plans["fp64-int8"].tail_smallest)
         for strips in (default, wide):  # the rows, in order, once
             assert strips[0][0] == 0 and strips[-1][1] == rows
             assert all(a[1] == b[0] for a, b in zip(strips, strips[1:]))
-        assert min(r1 - r0 for r0, r1 in wide) >= min(rows, outofcore.FP64_INT8_TAIL_SMALLEST)
-        assert len(wide) < len(default) or rows <= outofcore.FP64_INT8_TAIL_SMALLEST
+        assert min(r1 - r0 for r0, r1 in wide) >= min(rows, FP64_INT8_TAIL_SMALLEST)
+        assert len(wide) < len(default) or rows <= FP64_INT8_TAIL_SMALLEST
 
 
 @pytest.mark.mpi(min_size=1)
@@ -99,8 +107,9 @@ def test_last_tile_goes_home_strip_by_strip_over_its_last_panels(comm, rng, monk
     as soon as all of them are in it, the strips shrinking so that the last
     write-back is short; earlier tiles strip only their last panel."""
     from summa.execution import outofcore
+    from summa.planning import memory
     monkeypatch.setattr(movers.HostMover, "overlaps", True)
-    monkeypatch.setattr(outofcore, "TAIL_SMALLEST", 3)
+    monkeypatch.setattr(memory, "TAIL_SMALLEST", 3)  # the plan's
     events = []
     real_gemm, real_write = movers.HostMover.gemm, movers.HostMover.write_back
     monkeypatch.setattr(movers.HostMover, "gemm", lambda self, alpha, a, b, c, *rest: (
@@ -125,7 +134,7 @@ def test_last_tile_goes_home_strip_by_strip_over_its_last_panels(comm, rng, monk
     kinds = "".join("w" if e[0] == "write" else "g" for e in events)
     rows = [i1 - i0 for i0, i1 in outofcore._bounds(C.local.shape[0], stats.extra["tiles"][0])
             for _ in range(stats.extra["tiles"][1])]
-    strips = [[r1 - r0 for r0, r1 in outofcore._tail_strips(r, True)] for r in rows]
+    strips = [[r1 - r0 for r0, r1 in outofcore._tail_strips(r, True, 3)] for r in rows]
     assert all(len(s) >= 3 and s[0] > s[-2] for s in strips)  # it does shrink here
     assert kinds.count("w") == sum(map(len, strips))
     # the last tile: two panels per strip, then that strip's write-back
