@@ -49,6 +49,12 @@ holds, so the same command, repeated, finishes the matrix)::
     python3 benchmarks/matrix.py --report matrix.jsonl      # the table again
     python3 benchmarks/matrix.py --cpu-sized --in-process   # no GPU: values only
 
+Before the first cell, a fresh process warms the machine (small calls of
+each dtype chosen, whole and in tiles): a first call is a fresh process's on
+a machine whose libraries and kernel caches are warm. A fresh machine's very
+first call (compiling fp64-int8's kernels: seconds, once per machine) is
+measured by ``benchmarks/fp64_int8_user_case.py`` instead.
+
 It prints a progress line per cell and one table last.
 """
 
@@ -89,6 +95,9 @@ GEMM_BOUND = 16384
 TIMED_SIDE = 4096
 #: Seconds below which a call's deadline starts no further cell.
 LEAST_CELL_SECONDS = 20
+#: Side of the warm-up's products (:func:`warm_up`), and the device memory its
+#: second product of each dtype is cut to (so that it runs in tiles too).
+WARM_SIDE, WARM_BUDGET = 2048, "64MiB"
 
 
 def parse_size(text: str) -> tuple[int, int, int]:
@@ -353,6 +362,30 @@ def cupy_cell(row: dict) -> dict:
     return row
 
 
+def warm_up(dtypes: list[str]) -> dict:
+    """Small ``summa.matmul`` calls of each of `dtypes` in this (fresh)
+    process, whole and in tiles, before any cell: a machine's once-only
+    costs (CUDA's libraries read from disk, CuPy's kernels compiled into its
+    cache) would otherwise fall on the first cell's first call (a fresh
+    H200 machine's first cell, float64 32768³ under 8 GiB: 2.32 s, the same
+    cell in the next process 1.49 s). Their seconds, per dtype."""
+    import numpy as np
+    import summa
+    from summa.device.backend import cupy_available
+    rng, row = np.random.default_rng(0), {"warm_up": True}
+    for name in dtypes:
+        dtype, precision = DTYPES[name]
+        if precision and not cupy_available():
+            continue
+        a = rng.standard_normal((WARM_SIDE, WARM_SIDE)).astype(dtype)
+        options = {"precision": precision} if precision else {}
+        t0 = time.perf_counter()
+        for budget in (None, WARM_BUDGET):
+            summa.matmul(a, a, **options, **({"device_memory": budget} if budget else {}))
+        row[name] = time.perf_counter() - t0
+    return row
+
+
 # -- the run: cells in fresh processes, on trees in turns ---------------------------------
 
 def measure(cell: dict, folder: str, timeout: float, in_process: bool = False) -> dict:
@@ -393,6 +426,8 @@ def run_matrix(chosen: list[dict], trees: dict, args) -> tuple[list[dict], list[
             for round_, cell, tree, folder in calls.in_turns(chosen, trees, args.rounds)
             if (cell_name(cell), tree, round_) not in done]
     start = time.monotonic()
+    if todo and not args.in_process:
+        _warm_machine(chosen, trees, args.timeout)
     for i, (round_, cell, tree, folder) in enumerate(todo):
         left = args.deadline - (time.monotonic() - start) if args.deadline else float("inf")
         if left < LEAST_CELL_SECONDS:
@@ -407,6 +442,18 @@ def run_matrix(chosen: list[dict], trees: dict, args) -> tuple[list[dict], list[
         print(f"[{time.monotonic() - start:6.0f} s] {i + 1}/{len(todo)} {progress(row)}",
               flush=True)
     return records, []
+
+
+def _warm_machine(chosen: list[dict], trees: dict, timeout: float) -> None:
+    """:func:`warm_up` in a fresh process on each tree, for the dtypes of
+    `chosen`; its seconds printed, nothing recorded (no cell's row)."""
+    dtypes = ",".join(dict.fromkeys(c["dtype"] for c in chosen))
+    for tree, folder in trees.items():
+        t0 = time.monotonic()
+        rows = calls.in_fresh_process(__file__, ["--warm-up", dtypes], folder, timeout)
+        said = ", ".join(f"{k} {v:.1f} s" for k, v in rows[-1].items() if k != "warm_up") \
+            if "warm_up" in rows[-1] else rows[-1].get("error", "")
+        print(f"[warm-up {tree}] {time.monotonic() - t0:.1f} s: {said}", flush=True)
 
 
 def progress(row: dict) -> str:
@@ -570,9 +617,13 @@ def main(argv=None) -> int:
                    help="every cell in this process (tests; first calls are not first)")
     p.add_argument("--report", metavar="FILE", help="print the table of FILE's rows, run nothing")
     p.add_argument("--cell", help=argparse.SUPPRESS)  # one cell, in this (fresh) process
+    p.add_argument("--warm-up", help=argparse.SUPPRESS)  # the machine's, in a fresh process
     args = p.parse_args(argv)
     if args.cell:
         calls.emit(run_cell(json.loads(args.cell)))
+        return 0
+    if args.warm_up:
+        calls.emit(warm_up(args.warm_up.split(",")))
         return 0
     if args.report:
         return 1 if table(load(args.report), []) else 0

@@ -4,6 +4,7 @@ cells through the same code as on a GPU, its values checked (not its times).
 """
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,11 +52,13 @@ def test_cpu_sized_matrix_is_right_in_every_cell(tmp_path, capsys):
     assert f"{len(rows)} cells: 0 FAIL" in out
 
 
-def test_matrix_cell_runs_in_a_fresh_process_on_a_tree(tmp_path):
+def test_matrix_cell_runs_in_a_fresh_process_on_a_tree(tmp_path, capsys):
     record = tmp_path / "matrix.jsonl"
     root = str(BENCHMARKS.parent)
     matrix.main(["--cpu-sized", "--dtypes", "complex64", "--layouts", "strided",
                  "--budgets", "8GiB", "--tree", f"this={root}", "--json", str(record)])
+    # the machine warmed first, in a process of its own, its row not recorded
+    assert re.search(r"\[warm-up this\] [\d.]+ s: complex64 [\d.]+ s", capsys.readouterr().out)
     (row,) = _rows(record)
     assert row["status"] == "done" and row["tree"] == "this", row
     assert max(row["first_residual"], row["again_residual"]) <= 1
@@ -65,6 +68,23 @@ def test_matrix_cell_runs_in_a_fresh_process_on_a_tree(tmp_path):
                  "--budgets", "8GiB", "--tree", f"this={root}", "--json", str(record),
                  "--resume"])
     assert len(_rows(record)) == 1
+
+
+def test_matrix_warm_up_calls_each_dtype_whole_and_in_tiles(monkeypatch):
+    """The warm-up runs summa.matmul of each dtype asked for, once whole and
+    once under its device budget; fp64-int8 only where there is a GPU."""
+    import summa
+    made = []
+    real = summa.matmul
+    monkeypatch.setattr(summa, "matmul", lambda a, b, **kw: (
+        made.append((a.dtype.name, kw.get("device_memory"), kw.get("precision"))),
+        real(a[:64, :64], b[:64, :64], **kw))[1])
+    monkeypatch.setattr("summa.device.backend.cupy_available", lambda: False)
+    row = matrix.warm_up(["float32", "complex128", "fp64-int8"])
+    assert made == [(d, budget, None) for d in ("float32", "complex128")
+                    for budget in (None, matrix.WARM_BUDGET)]
+    assert row["warm_up"] and set(row) == {"warm_up", "float32", "complex128"}
+    assert all(row[d] > 0 for d in ("float32", "complex128"))
 
 
 @pytest.mark.parametrize("layout", ["C", "F", "T", "strided", "trans"])
