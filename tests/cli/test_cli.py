@@ -7,9 +7,11 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,7 @@ import pytest
 from summa.cli import bench
 from summa import cli
 from summa.device.backend import cupy_available
+from leftovers import job_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,13 +36,66 @@ def mpiexec() -> list[str]:
     return [found]
 
 
+#: On every launched job's PYTHONPATH: SIGUSR2 dumps a rank's stacks (a hang's trace).
+HANG_TRACES = Path(__file__).resolve().parents[1] / "hang_traces"
+
+
 def job(nprocs: int, *args: str, env=None, timeout=120, module=True):
-    """Run ``mpiexec -n nprocs python -m summa args`` and return the completed process."""
-    full_env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    """Run ``mpiexec -n nprocs python -m summa args`` and return the completed
+    process. A job still running after `timeout` seconds fails the test with
+    where each rank waits (:func:`hang_trace`), and leaves no process."""
+    full_env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(ROOT), str(HANG_TRACES))),
+                    **(env or {}))
     cmd = mpiexec() + ["-n", str(nprocs), sys.executable]
     cmd += (["-m", "summa"] if module else []) + list(args)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
-                          cwd=ROOT)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=full_env, cwd=ROOT)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running after {timeout} s: {' '.join(cmd)}\n{hang_trace(proc)}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def hang_trace(proc: subprocess.Popen) -> str:
+    """Every Python process of `proc`'s job dumps its threads' stacks (SIGUSR2,
+    :data:`HANG_TRACES`); then the job is killed; what it printed, last."""
+    pids, python = job_pids(proc.pid), os.path.realpath(sys.executable)
+    for pid in pids:  # the ranks (not the launcher, which SIGUSR2 would end)
+        try:
+            if os.path.realpath(f"/proc/{pid}/exe") == python:
+                os.kill(pid, signal.SIGUSR2)
+        except OSError:
+            pass
+    time.sleep(2)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    out, err = proc.communicate()
+    return f"stdout:\n{out[-2000:]}\nstderr:\n{err[-12000:]}"
+
+
+def test_a_job_past_its_timeout_fails_with_where_each_rank_waits():
+    """A hung job's test fails with every rank's Python stack and leaves no
+    process (a CI hang otherwise says only "timed out")."""
+    hang = "import time\ndef waits_here():\n    time.sleep(120)\nwaits_here()"
+    t0 = time.monotonic()
+    with pytest.raises(pytest.fail.Exception) as failed:
+        job(2, "-c", hang, module=False, timeout=5)
+    text = str(failed.value)
+    assert "still running after 5 s" in text and time.monotonic() - t0 < 30
+    assert text.count("in waits_here") == 2, text  # both ranks' stacks
+    me = os.getpid()
+    assert not [p for p in job_pids(me) if p != me and "waits_here" in _cmdline(p)]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return ""
 
 
 # -- in-process, under MPI ---------------------------------------------------------------
