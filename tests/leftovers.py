@@ -5,6 +5,7 @@ own processes mapped (MPI's segments) or named after their pids (summa's)."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -97,6 +98,13 @@ class private_folders:
         os.environ["SUMMA_SHM_DIR"], os.environ["TMPDIR"] = self.shm, self.tmp
         tempfile.tempdir = None  # asked again: TMPDIR
         self.segments = set(mpi_segments())
+        # a run that ends before its session does (a usage error) removes them
+        # at exit; the session's end checks them first (a forked child: not its own)
+        atexit.register(self._remove_in, os.getpid())
+
+    def _remove_in(self, pid: int) -> None:
+        if os.getpid() == pid:
+            self.remove()
 
     def left(self) -> list[str]:
         """What is in the two folders now (pytest's own folders aside)."""
