@@ -23,7 +23,8 @@ from ..device.traits import traits
 from .tuning import transposes_a
 
 __all__ = ["MemoryPlan", "Execution", "memory_plan", "resident_plan", "host_traffic",
-           "waited_write_backs", "check_memory", "ranks_on_device", "check_host_memory", "parse_bytes"]
+           "waited_write_backs", "check_memory", "ranks_on_device", "check_host_memory",
+           "parse_bytes"]
 
 
 @dataclass(frozen=True)
@@ -422,10 +423,10 @@ def _ozaki_scratch(tm: int, tn: int, nb: int, complex_: bool = False,
 #: GEMMs, bounds an out-of-core sweep: an H200's float64 GEMM rate (51.7
 #: TFLOP/s, ``cupy.matmul`` of 32768³) over its host link's from pageable
 #: memory, both directions together (26 GB/s: float64 32768³ under 8 GiB
-#: moved 43 GB in 1.66 s; `benchmarks/matrix.py`, docs/benchmarks.md). A
-#: slower GPU's balance is lower, so it takes the cut below only where the
-#: link bounds it further still (and loses little where it does not: the
-#: waited write-backs are short beside its GEMMs).
+#: moved 43 GB in 1.66 s; `benchmarks/matrix.py`, docs/benchmarks.md).
+#: Where a machine's own balance is lower (slower GEMMs, a faster link),
+#: some sweeps called link-bound here are not; one C tile at a time then
+#: costs them only its waited write-backs, short beside such GEMMs.
 HOST_LINK_BALANCE = 2000
 
 

@@ -30,9 +30,9 @@ def plan_lines(plan) -> list[str]:
                      f"{memory.tiles[1]} per rank), panels of {memory.chunk} columns in "
                      f"{memory.slots} slots")
         if memory.c_buffers == 1 and memory.tiles[0] * memory.tiles[1] > 1:
-            lines.append("  one C tile on the device at a time (taller tiles: B crosses the "
-                         "host link fewer times): each tile starts once the last one's "
-                         "write-back is done")
+            lines.append("  one C tile on the device at a time (these tiles, taller so that "
+                         "B crosses the host link fewer times or asked for by SUMMA_OOC_TILES, "
+                         "fit only so): each tile starts once the last one's write-back is done")
     if any(memory.staged):
         lines.append("  copy-engine broadcasts (ipc) stage each slot's panel once more "
                      "(counted above; --comm nccl plans without)")
