@@ -7,6 +7,10 @@ empty cache of cuBLASLt's choices and again in a second process that finds
 them; with ``--free`` only that much of the GPU left free (a 24 GB card).
 
     python3 benchmarks/fp64_int8_user_case.py --size 32768 [--free 24GiB] [--panel-width 8192]
+
+``--head-first N`` cuts each C tile's first panel in pieces from N columns
+(``summa.planning.memory.FP64_INT8_HEAD_FIRST``; default: whole), to weigh
+a shorter wait for the first upload against more products.
 """
 
 from __future__ import annotations
@@ -23,15 +27,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def one_process(n: int, free: str | None, references: bool = True,
-                panel_width: int | None = None) -> list[dict]:
-    """The calls, timed, in this process."""
+                panel_width: int | None = None, head_first: int | None = None) -> list[dict]:
+    """The calls, timed, in this process (one GPU: summa.matmul plans and
+    runs here, so `head_first` set here is the one its plans take)."""
     sys.path.insert(0, ROOT)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import cupy as cp
     import numpy as np
     from user_case import _loop, hold_all_but
     import summa
+    from summa.planning import memory
     from summa.planning.memory import parse_bytes
+    if head_first:
+        memory.FP64_INT8_HEAD_FIRST = head_first
 
     def host(seed):  # pageable, as the user holds it (made on the GPU: fast)
         x = np.empty((n, n))
@@ -62,7 +70,8 @@ def one_process(n: int, free: str | None, references: bool = True,
         c = timed(what, lambda: summa.matmul(a, b, precision="fp64-int8", stats=stats,
                                              panel_width=panel_width))
         rows[-1].update(compile_seconds=stats.extra.get("compile_seconds"),
-                        products_seconds=stats.compute)
+                        products_seconds=stats.compute, panels=stats.panels,
+                        head_first=stats.extra["plan"]["memory"]["head_first"])
         return c
     c = int8("fp64-int8 first call")
     rows[-1]["check"] = float(summa.freivalds(a, b, c))
@@ -84,11 +93,14 @@ def main() -> int:
                    help="time summa's fp64-int8 calls only (not native float64, not the loop)")
     p.add_argument("--panel-width", type=int,
                    help="the fp64-int8 calls' panel width (default: the planner's)")
+    p.add_argument("--head-first", type=int,
+                   help="fp64-int8's first panel in pieces from this many columns "
+                        "(default: whole)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.inner:
         print(json.dumps(one_process(args.size, args.free, not args.no_references,
-                                     args.panel_width)))
+                                     args.panel_width, args.head_first)))
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as cache:
@@ -98,7 +110,9 @@ def main() -> int:
                                  + (["--free", args.free] if args.free else [])
                                  + (["--no-references"] if args.no_references else [])
                                  + (["--panel-width", str(args.panel_width)]
-                                    if args.panel_width else []),
+                                    if args.panel_width else [])
+                                 + (["--head-first", str(args.head_first)]
+                                    if args.head_first else []),
                                  env=env, capture_output=True, text=True)
             if out.returncode:
                 print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
@@ -112,7 +126,9 @@ def main() -> int:
         print(f"{r['process']:>12}  {r['what']:<24} N={r['n']}  {r['seconds']:7.3f} s "
               f"{r['tflops']:7.1f} TFLOP/s" + (f"  check {r['check']:.2e}" if "check" in r else "")
               + (f"  compiling {r['compile_seconds']:.2f} s, products {r['products_seconds']:.2f} s"
-                 if r.get("compile_seconds") is not None else ""))
+                 if r.get("compile_seconds") is not None else "")
+              + (f"  {r['panels']} products a tile, first piece {r['head_first'] or 'whole'}"
+                 if "panels" in r else ""))
     return 0
 
 

@@ -123,6 +123,13 @@ TAIL_SMALLEST = 256
 #: products and 58.2, the bare product 58.0 (docs/benchmarks.md, "Measurements
 #: behind the defaults").
 FP64_INT8_TAIL_SMALLEST = 2048
+#: ... and the width of its first panel's first piece (None: the panel whole).
+#: Whole, each C tile's first panel goes up before its first product: 0.2-0.3
+#: s a tile from pageable memory on one H200 (`head_seconds`, `between_seconds`
+#: of `benchmarks/matrix.py`'s fp64-int8 cells at 32768³ and 40960³); pieces
+#: of 8192 columns or more keep its products at their rate. Which is faster
+#: end to end: ``benchmarks/fp64_int8_user_case.py --head-first N``.
+FP64_INT8_HEAD_FIRST = None
 #: fp64-int8's scratch grows with the rows of C a product takes (its int32
 #: products and the fold's two float64 sums: 32 bytes an element of C, where
 #: the sweep's two C tiles take 16; and A's residues): where a tile's whole
@@ -295,7 +302,7 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
         if traits(execution.backend).gpu else 0
     return MemoryPlan("out-of-core", need(slots, rows), blocks * item, (int(tm), int(tn)),
                       int(nb), (int(tiles[0]), int(tiles[1])), slots, transposed, staged, ring,
-                      rows, buffers, head_first=None if emulated else HEAD_FIRST,
+                      rows, buffers, head_first=FP64_INT8_HEAD_FIRST if emulated else HEAD_FIRST,
                       tail_smallest=FP64_INT8_TAIL_SMALLEST if emulated else TAIL_SMALLEST)
 
 

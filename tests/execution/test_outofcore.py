@@ -100,6 +100,31 @@ def test_float64_on_int8_keeps_its_first_panel_whole_and_its_strips_wide():
         assert len(wide) < len(default) or rows <= FP64_INT8_TAIL_SMALLEST
 
 
+def test_fp64_int8_first_panel_in_pieces_where_the_plan_says(monkeypatch):
+    """FP64_INT8_HEAD_FIRST (what fp64_int8_user_case.py --head-first sets)
+    reaches the plan, the sweep's pieces and the model's exposed upload."""
+    from summa.execution import outofcore
+    from summa.distribution.layout import Layout, panel_schedule
+    from summa.planning import memory, prediction
+    from summa.planning.planner import Machine, make_plan
+
+    def plan():
+        return make_plan((40000,) * 3, "float64", Machine("cupy", 1), device_memory="24GiB",
+                         precision="fp64-int8")
+    whole = plan()
+    monkeypatch.setattr(memory, "FP64_INT8_HEAD_FIRST", 4096)
+    cut = plan()
+    assert (whole.memory.head_first, cut.memory.head_first) == (None, 4096)
+    width = cut.memory.chunk
+    panels = panel_schedule(Layout((64, 40000), (1, 1)).cols, Layout((40000, 64), (1, 1)).rows,
+                            width)
+    pieces = outofcore._head_pieces(panels, True, cut.memory.head_first)
+    assert [p.width for p in pieces[:2]] == [4096, 4096] and sum(
+        p.width for p in pieces) == 40000
+    up = [prediction._head_tail(p, width, p.memory.tile)[0] for p in (whole, cut)]
+    assert up[1] * width == up[0] * 4096
+
+
 @pytest.mark.mpi(min_size=1)
 def test_last_tile_goes_home_strip_by_strip_over_its_last_panels(comm, rng, monkeypatch):
     """The last tile's write-back has nothing but its own GEMMs to hide behind:
