@@ -137,8 +137,18 @@ def _die(message: str, comm: MPI.Comm, status: int, settle=(0.5, 1.0),
         time.sleep(settle[0] if comm.Get_rank() == 0 else settle[1])
         if abort and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
             remove_segments(mapped_segments())
+            # Should MPI_Abort itself block (from this thread, beside a main
+            # thread inside MPI), faulthandler's own thread, which needs no
+            # GIL, prints where every thread is and exits this process: the
+            # launcher then ends the rest; a watchdog that hangs would be none.
+            import faulthandler
+            faulthandler.dump_traceback_later(ABORT_GRACE, exit=True)
             comm.Abort(status)
     hard_exit(status)
+
+
+#: Seconds MPI_Abort may take before the process ends itself (:func:`_die`).
+ABORT_GRACE = 10.0
 
 
 #: Set once a SIGINT/SIGTERM is being handled: the process is ending with its

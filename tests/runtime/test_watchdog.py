@@ -79,6 +79,32 @@ def test_copy_engine_broadcasts_wait_on_the_host_under_the_watchdog(monkeypatch)
     ipc._await_readers(slot)  # nothing outstanding: returns at once
 
 
+def test_an_abort_that_blocks_still_ends_the_process():
+    """Should MPI_Abort block (called from the watchdog's thread beside a
+    main thread inside MPI), the process ends itself ABORT_GRACE seconds
+    later, saying where its threads were: the launcher then ends the rest."""
+    script = textwrap.dedent("""
+        import time
+        from mpi4py import MPI
+        import summa.runtime.watchdog as wd
+
+        class Comm:  # a job of two whose MPI_Abort never returns
+            def Get_size(self): return 2
+            def Get_rank(self): return 1
+            def Abort(self, status): time.sleep(60)
+
+        MPI.Query_thread = lambda: MPI.THREAD_MULTIPLE
+        wd.ABORT_GRACE = 1.0
+        wd._die("summa: rank 1 waited 3 s for a test", Comm(), wd.EXIT_TIMEOUT, settle=(0, 0))
+    """)
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=30, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert time.monotonic() - t0 < 15, done.stderr
+    assert done.returncode != 0 and "waited 3 s for a test" in done.stderr
+    assert "in Abort" in done.stderr, done.stderr  # where it was
+
+
 @pytest.mark.parametrize("text,expect", [("", 5.0), ("0", None), ("12.5", 12.5)])
 def test_timeout_from_env(monkeypatch, text, expect):
     monkeypatch.setenv("SUMMA_TIMEOUT", text)
