@@ -467,8 +467,14 @@ def _moved(sizes: tuple, tiles: tuple, buffers: int) -> int:
     host link, as :func:`host_traffic` and :func:`waited_write_backs` count
     them."""
     (ml, nl, k), (rows, cols) = sizes, tiles
-    waited = (rows * cols - 1) * -(-ml // rows) * -(-nl // cols) if buffers == 1 else 0
+    waited = _waited(tiles, (-(-ml // rows), -(-nl // cols))) if buffers == 1 else 0
     return ml * k * cols + k * nl * rows + ml * nl + waited
+
+
+def _waited(tiles: tuple, tile: tuple) -> int:
+    """Elements of C a sweep of `tiles` tiles of `tile`, one on the device
+    at a time, waits to write back: every tile's but the last."""
+    return (tiles[0] * tiles[1] - 1) * tile[0] * tile[1]
 
 
 #: A cut (or a narrower panel) is taken over another where it moves this
@@ -552,10 +558,7 @@ def waited_write_backs(memory: MemoryPlan) -> int:
     """Elements of C out of core whose write-back the next tile waits for:
     with one C tile on the device (``c_buffers`` 1), every tile's but the
     last; none with two."""
-    if memory.c_buffers != 1:
-        return 0
-    rows, cols = memory.tiles
-    return (rows * cols - 1) * memory.tile[0] * memory.tile[1]
+    return _waited(memory.tiles, memory.tile) if memory.c_buffers == 1 else 0
 
 
 def _gib(nbytes: float) -> str:

@@ -29,7 +29,7 @@ def plan_lines(plan) -> list[str]:
         lines.append(f"  C tiles of {memory.tile[0]} x {memory.tile[1]} ({memory.tiles[0]} x "
                      f"{memory.tiles[1]} per rank), panels of {memory.chunk} columns in "
                      f"{memory.slots} slots")
-        if memory.c_buffers == 1 and memory.tiles[0] * memory.tiles[1] > 1:
+        if waited_write_backs(memory):
             lines.append("  one C tile on the device at a time (these tiles, taller so that "
                          "B crosses the host link fewer times or asked for by SUMMA_OOC_TILES, "
                          "fit only so): each tile starts once the last one's write-back is done")
