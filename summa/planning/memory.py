@@ -124,11 +124,12 @@ TAIL_SMALLEST = 256
 #: behind the defaults").
 FP64_INT8_TAIL_SMALLEST = 2048
 #: ... and the width of its first panel's first piece (None: the panel whole).
-#: Whole, each C tile's first panel goes up before its first product: 0.2-0.3
-#: s a tile from pageable memory on one H200 (`head_seconds`, `between_seconds`
-#: of `benchmarks/matrix.py`'s fp64-int8 cells at 32768³ and 40960³); pieces
-#: of 8192 columns or more keep its products at their rate. Which is faster
-#: end to end: ``benchmarks/fp64_int8_user_case.py --head-first N``.
+#: Whole, each C tile's first panel goes up before its first product (0.2-0.3
+#: s a tile from pageable memory on one H200); in pieces, each piece folds the
+#: tile's sums once more, which costs more than it hides:
+#: ``benchmarks/fp64_int8_user_case.py --size 40960 --head-first N`` ran 2.30 s
+#: whole, 2.35 s in pieces of 8192 and 2.44 s of 4096 with the whole GPU, and
+#: 2.48-2.52 s either way under 24 GiB (docs/benchmarks.md, "The matrix").
 FP64_INT8_HEAD_FIRST = None
 #: fp64-int8's scratch grows with the rows of C a product takes (its int32
 #: products and the fold's two float64 sums: 32 bytes an element of C, where
