@@ -153,15 +153,14 @@ def _budget(case, shape, itemsize: int) -> int:
     from summa.planning.memory import Execution, memory_plan
     # a default width (None) is summa's choice: the budget is planned at 256
     m, n, k, nb = case["m"], case["n"], case["k"], case["panel_width"] or 256
-    full = memory_plan(m, n, k, case["dtype"], shape, nb,
-                       Execution(case["lookahead"], "cupy", device_budget=1 << 40,
-                                 out_of_core=True, staged=(True, True)))
+    def execution(budget: int) -> Execution:  # fp64-int8's scratch counts on the GPU
+        return Execution(case["lookahead"], "cupy", device_budget=budget, out_of_core=True,
+                         staged=(True, True), precision=case.get("precision"))
+    full = memory_plan(m, n, k, case["dtype"], shape, nb, execution(1 << 40))
     budget = max(int(full.device_bytes * case["budget_share"]), 1)
     while True:
         try:
-            memory_plan(m, n, k, case["dtype"], shape, nb,
-                        Execution(case["lookahead"], "cupy", device_budget=budget,
-                                  out_of_core=True, staged=(True, True)))
+            memory_plan(m, n, k, case["dtype"], shape, nb, execution(budget))
             return budget
         except ValueError:
             budget = budget * 2 + 64 * itemsize

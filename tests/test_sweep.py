@@ -17,13 +17,15 @@ import pytest
 from sweep import KNOWN_FAILURES, Grids, draw_case, known_failure, run_case
 
 
-def checked(case: dict, grids: Grids, backend) -> float:
+def checked(case: dict, grids: Grids, backend, replay: str = "") -> float:
     """:func:`sweep.run_case`, its exception (raised alike on every rank:
-    summa refuses collectively) naming the case as run_case takes it back."""
+    summa refuses collectively) naming the case as run_case takes it back
+    and `replay`, how to draw it again."""
     try:
         return run_case(case, grids, backend)
     except Exception as exc:
-        raise AssertionError(f"{type(exc).__name__}: {exc} -- on the case {case}") from exc
+        raise AssertionError(f"{type(exc).__name__}: {exc} -- on the case {case}"
+                             + (f" ({replay})" if replay else "")) from exc
 
 
 def _settings(comm, backend) -> tuple[int, int, int]:
@@ -50,7 +52,7 @@ def test_randomized_sweep_has_no_wrong_product(comm, backend):
             if known_failure(case, backend):
                 known += 1  # tested by test_known_failures_still_fail
                 continue
-            error = checked(case, grids, backend)
+            error = checked(case, grids, backend, f"SUMMA_SWEEP_SEED={seed}, case {i}")
             if comm.rank == 0 and not error <= 1:
                 wrong.append((error, case))
     finally:
@@ -93,7 +95,7 @@ def test_randomized_sweep_on_virtual_nodes_has_no_wrong_product(comm, backend, n
                              entry=entry)
             if known_failure(case, backend):
                 continue
-            error = checked(case, grids, backend)
+            error = checked(case, grids, backend, f"SUMMA_SWEEP_SEED={seed}, case {i}")
             if comm.rank == 0 and not error <= 1:
                 wrong.append((error, case))
     finally:

@@ -541,6 +541,11 @@ MIN_OOC_WIDTH = 2048
 #: 3.12-3.19 s (3 x 1 tiles, 67 GB; its products 2.9 s against 8192's 2.3)
 #: (docs/benchmarks.md; ``benchmarks/fp64_int8_user_case.py --panel-width``).
 MIN_OOC_WIDTH_INT8 = 8192
+#: Narrowest panel any out-of-core plan takes (the NumPy backend's default
+#: width): a budget too small for the tiles of panels this wide is refused,
+#: not planned into thousands of tiny GEMMs (``summa bench --size 96
+#: --device-memory 100B`` on a GPU ran one-element tiles for minutes).
+LEAST_OOC_WIDTH = 256
 
 
 def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) -> MemoryPlan:
@@ -553,7 +558,9 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
     with 2048-wide panels where 4096 takes 2 x 1. `limits`: ``(device
     budget, precision, staged, copy threads)``; fp64-int8 goes no narrower
     than :data:`MIN_OOC_WIDTH_INT8` (its products lose more to narrower
-    panels than the bytes save)."""
+    panels than the bytes save). A budget too small for all of these takes
+    the widest narrower width that fits, down to :data:`LEAST_OOC_WIDTH`
+    (:func:`_narrowest_that_fits`)."""
     m, n, k = shape
     budget, precision, staged, threads = limits
     if is_width(panel_width):
@@ -581,8 +588,33 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
                 (moved <= best[0] and memory.c_buffers > best[1].c_buffers):
             best = (moved, memory)
     if best is None:
-        raise refusal
+        if is_width(panel_width):
+            raise refusal
+        return _narrowest_that_fits(shape, dtype, grid, min(widths), lookahead, backend,
+                                    limits, refusal)
     return best[1]
+
+
+def _narrowest_that_fits(shape, dtype, grid, width, lookahead, backend, limits,
+                         refusal) -> MemoryPlan:
+    """The out-of-core MemoryPlan at the widest of `width` halved, down to
+    :data:`LEAST_OOC_WIDTH`, whose tiles fit a budget too small for the
+    preferred widths: a slower plan, but the product where `refusal` would
+    refuse a valid call. Raise `refusal` where none fits."""
+    budget, precision, staged, threads = limits
+    m, n, k = shape
+    least = min(LEAST_OOC_WIDTH, k)
+    width = min(width, k)
+    while width > least:
+        width = max(width // 2, least)
+        try:
+            return memory_plan(m, n, k, dtype, grid, width,
+                               Execution(lookahead, backend, device_budget=budget,
+                                         out_of_core=True, precision=precision,
+                                         staged=staged, copy_threads=threads))
+        except ValueError:
+            continue
+    raise refusal
 
 
 def _check(machine: Machine, memory: MemoryPlan) -> None:

@@ -16,8 +16,8 @@ from summa.device.staging import copy_threads, ring_bytes
 from summa.distribution.grid import grid_for
 from summa.planning.model import Profile
 from summa.planning.memory import Execution, host_traffic, memory_plan, parse_bytes
-from summa.planning.planner import (MIN_OOC_WIDTH, MIN_OOC_WIDTH_INT8, TRAFFIC_GAIN, Machine,
-                                    Plan, make_plan, restage)
+from summa.planning.planner import (LEAST_OOC_WIDTH, MIN_OOC_WIDTH, MIN_OOC_WIDTH_INT8,
+                                    TRAFFIC_GAIN, Machine, Plan, make_plan, restage)
 from summa.planning.tuning import default_panel_width
 
 SHAPES = [(1000, 1000, 1000), (100_000, 100_000, 100_000), (65536, 4096, 32768),
@@ -104,6 +104,35 @@ def test_a_tight_budget_takes_narrower_panels_where_taller_tiles_move_fewer_byte
     assert host_traffic(plan.memory, shape, (1, 1)) < TRAFFIC_GAIN * host_traffic(wide, shape, (1, 1))
     whole = make_plan(shape, "float64", Machine("cupy", 1), device_memory="60GiB")
     assert (whole.panel_width, whole.memory.tiles) == (4096, (1, 1))  # nothing to gain
+
+
+@pytest.mark.parametrize("dtype, precision", [("float16", None), ("complex128", "fp64-int8")])
+def test_a_budget_too_small_for_the_preferred_widths_takes_a_narrower_one(dtype, precision):
+    """A budget that fits 256-wide panels' tiles but not the preferred
+    widths' (all of K here): the plan takes the widest of K halved that
+    fits, down to LEAST_OOC_WIDTH, not a refusal (the randomized sweep's tiny budgets on a GPU);
+    a width the caller asked for is kept, and refused."""
+    shape = (12, 13, 1348)
+
+    def fits(width, budget):
+        try:
+            return memory_plan(*shape, dtype, (1, 1), width,
+                               Execution(1, "cupy", device_budget=budget, out_of_core=True,
+                                         precision=precision))
+        except ValueError:
+            return None
+    budget = next(b for b in range(1 << 10, 1 << 30, 1 << 10) if fits(256, b))
+    assert fits(shape[2], budget) is None
+    plan = make_plan(shape, dtype, Machine("cupy", 1), device_memory=budget, precision=precision)
+    halved = (shape[2] // 2, shape[2] // 4, LEAST_OOC_WIDTH)  # as the planner goes
+    assert plan.panel_width == next(w for w in halved if fits(w, budget))
+    assert plan.memory == fits(plan.panel_width, budget)
+    with pytest.raises(ValueError, match="too small"):  # not even the least width's tiles
+        make_plan(shape, dtype, Machine("cupy", 1), device_memory=budget - (1 << 10),
+                  precision=precision)
+    with pytest.raises(ValueError, match="too small"):
+        make_plan(shape, dtype, Machine("cupy", 1), device_memory=budget, precision=precision,
+                  panel_width=shape[2])
 
 
 def _two_at_a_time(shape, dtype, budget, width):
