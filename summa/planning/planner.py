@@ -563,6 +563,11 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
     (:func:`_narrowest_that_fits`)."""
     m, n, k = shape
     budget, precision, staged, threads = limits
+
+    def plan_at(width: int) -> MemoryPlan:
+        return memory_plan(m, n, k, dtype, grid, width,
+                           Execution(lookahead, backend, device_budget=budget, out_of_core=True,
+                                     precision=precision, staged=staged, copy_threads=threads))
     if is_width(panel_width):
         widths = [int(panel_width)]
     else:
@@ -574,10 +579,7 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
     best, refusal = None, None
     for width in widths:
         try:
-            memory = memory_plan(m, n, k, dtype, grid, width,
-                                 Execution(lookahead, backend, device_budget=budget,
-                                           out_of_core=True, precision=precision, staged=staged,
-                                           copy_threads=threads))
+            memory = plan_at(width)
         except ValueError as exc:  # too small for this width's tiles: maybe a narrower
             refusal = refusal or exc
             continue
@@ -590,28 +592,21 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
     if best is None:
         if is_width(panel_width):
             raise refusal
-        return _narrowest_that_fits(shape, dtype, grid, min(widths), lookahead, backend,
-                                    limits, refusal)
+        return _narrowest_that_fits(plan_at, min(widths + [k]), min(LEAST_OOC_WIDTH, k),
+                                    refusal)
     return best[1]
 
 
-def _narrowest_that_fits(shape, dtype, grid, width, lookahead, backend, limits,
-                         refusal) -> MemoryPlan:
-    """The out-of-core MemoryPlan at the widest of `width` halved, down to
-    :data:`LEAST_OOC_WIDTH`, whose tiles fit a budget too small for the
-    preferred widths: a slower plan, but the product where `refusal` would
-    refuse a valid call. Raise `refusal` where none fits."""
-    budget, precision, staged, threads = limits
-    m, n, k = shape
-    least = min(LEAST_OOC_WIDTH, k)
-    width = min(width, k)
+def _narrowest_that_fits(plan_at, width: int, least: int, refusal) -> MemoryPlan:
+    """``plan_at(w)``, the out-of-core MemoryPlan at width w, for the widest
+    of `width` halved, down to `least` (:data:`LEAST_OOC_WIDTH`), whose
+    tiles fit a budget too small for the preferred widths: a slower plan,
+    but the product where `refusal` would refuse a valid call. Raise
+    `refusal` where none fits."""
     while width > least:
         width = max(width // 2, least)
         try:
-            return memory_plan(m, n, k, dtype, grid, width,
-                               Execution(lookahead, backend, device_budget=budget,
-                                         out_of_core=True, precision=precision,
-                                         staged=staged, copy_threads=threads))
+            return plan_at(width)
         except ValueError:
             continue
     raise refusal
