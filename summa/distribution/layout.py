@@ -259,6 +259,28 @@ def split_panel(p: Panel, pieces: int) -> list[Panel]:
     return _cut_panel(p, [p.width * i // pieces for i in range(pieces + 1)])
 
 
+def narrowest_first(panels: list[Panel]) -> list[Panel]:
+    """`panels` with the narrowest (the first of equals) moved to the front,
+    the rest in order: the same terms of the sum, in another order.
+
+    Where the first panel's upload is what the first GEMM waits for and the
+    panel goes whole, K's remainder (K = 40960 in 16384-wide panels: 8192)
+    goes up in half the time of a full panel, at no extra GEMM.
+    """
+    if not panels:
+        return list(panels)
+    i = min(range(len(panels)), key=lambda j: panels[j].width)
+    return [panels[i]] + panels[:i] + panels[i + 1:]
+
+
+def first_panel_width(k: int, width: int) -> int:
+    """The width of :func:`narrowest_first`'s first panel where K's `k`
+    terms are cut into panels of `width` on one rank: K's remainder, or a
+    whole panel where there is none."""
+    width = max(1, min(int(width), int(k))) if k else 0
+    return (k % width or width) if width else 0
+
+
 def split_panel_doubling(p: Panel, first: int) -> list[Panel]:
     """Panel `p` cut into pieces that double in width from `first` columns.
 

@@ -42,7 +42,7 @@ from ..precision import ozaki
 from .algorithm import SummaStats
 from ..api.checks import check_layouts, check_operands, check_scalars
 from ..runtime.faults import inject
-from ..distribution.layout import panel_schedule, split_panel_doubling
+from ..distribution.layout import narrowest_first, panel_schedule, split_panel_doubling
 from ..distribution.matrix import DistMatrix
 from .pipeline import local_parts, wait_for_panel
 from ..planning.memory import TAIL_SHARE
@@ -470,11 +470,17 @@ class _Arrival:
 
 
 def _head_pieces(panels: list, overlaps: bool, first: int | None) -> list:
-    """`panels` with the first cut in pieces that double from `first`
-    columns (the plan's ``head_first``; None: whole) where uploads overlap
-    the GEMMs."""
-    if not panels or not overlaps or first is None:
+    """`panels` ordered and cut so that the first GEMM waits for a short
+    upload, where uploads overlap the GEMMs: the first cut in pieces that
+    double from `first` columns (the plan's ``head_first``); where it goes
+    whole (None: fp64-int8, whose every product folds the whole tile), the
+    narrowest panel first (:func:`narrowest_first`): a sweep whose GEMMs are
+    faster than their uploads would wait between panels behind a narrow
+    first one, but pieces of K cost fp64-int8 a fold each, the order none."""
+    if not panels or not overlaps:
         return panels
+    if first is None:
+        return narrowest_first(panels)
     return split_panel_doubling(panels[0], first) + panels[1:]
 
 

@@ -76,8 +76,9 @@ class MemoryPlan:
     head_first : int or None
         Out of core: columns of the first panel's first piece, each piece
         after it twice as wide (:data:`HEAD_FIRST`), so that the GPU's first
-        GEMM waits for little; None: the first panel goes whole (fp64-int8,
-        whose every product reconstructs the whole tile).
+        GEMM waits for little; None: the first panel goes whole, the
+        narrowest first (fp64-int8, whose every product reconstructs the
+        whole tile).
     tail_smallest : int or None
         Out of core: the fewest rows of a tile's last row strip, written back
         once final (:data:`TAIL_SMALLEST`, fp64-int8

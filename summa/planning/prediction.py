@@ -14,6 +14,7 @@ import numpy as np
 from .memory import host_traffic, waited_write_backs
 from .tuning import default_panel_width, is_width
 from ..device.traits import traits
+from ..distribution.layout import first_panel_width
 
 __all__ = ["predict_plan", "NEXT_BOUND_SHARE"]
 
@@ -98,7 +99,8 @@ def _split(plan, profile) -> tuple:
     up, down = _host_bytes(plan, own) if traits(plan.backend).gpu else (0, 0)
     host = profile.host_seconds(up, down) if up else 0.0
     if up and host is not None and plan.out_of_core:
-        exposed += profile.host_seconds(*_head_tail(plan, width, tile))
+        exposed += profile.host_seconds(*_head_tail(plan, width, tile)) + \
+            _behind_a_narrow_head(plan, profile, width, tile, gemm / (rows * cols))
     split = TimeSplit(gemm, host, links, exposed, BOUNDS if plan.out_of_core else
                       ("gemm", "gpu_links"),
                       profile.disk_seconds((m * k + k * n) * itemsize, m * n * itemsize))
@@ -126,16 +128,31 @@ def _host_bytes(plan, own: bool) -> tuple[int, int]:
 
 def _head_tail(plan, width: int, tile) -> tuple[int, int]:
     """``(up, down)``: the bytes out of core that nothing hides: the first
-    panel's first piece goes up before the first GEMM, and the last tile's
+    panel's first piece (a panel whole: the narrowest) goes up before the
+    first GEMM, and the last tile's
     last row strip comes down after its GEMM (:mod:`summa.execution.outofcore`);
     with one C tile on the device at a time, every other tile's write-back
     too (the next tile waits for it; counted whole, though its first strips
     go while the last strips multiply)."""
     itemsize, memory = np.dtype(plan.dtype).itemsize, plan.memory
-    first = min(memory.head_first or width, plan.shape[2])  # None: the first panel whole
+    # None: the first panel whole, the narrowest first (K's remainder, if any)
+    first = min(memory.head_first, plan.shape[2]) if memory.head_first else \
+        first_panel_width(plan.shape[2], width)
     last = min(memory.tail_smallest, tile[0])
     waited = waited_write_backs(plan.memory)
     return first * (tile[0] + tile[1]) * itemsize, (last * tile[1] + waited) * itemsize
+
+
+def _behind_a_narrow_head(plan, profile, width: int, tile, tile_gemm: float) -> float:
+    """Seconds the GPU waits for the second panel where the first goes whole
+    and is the narrowest (K's remainder, :func:`_head_tail`): the first
+    GEMM, `tile_gemm` seconds' share of the first panel's terms, hides only
+    that much of a full panel's upload."""
+    k = plan.shape[2]
+    if plan.memory.head_first or k <= width or k % width == 0:
+        return 0.0
+    full = profile.host_seconds(width * sum(tile) * np.dtype(plan.dtype).itemsize, 0)
+    return max(0.0, full - tile_gemm * first_panel_width(k, width) / k)
 
 
 def _advice(plan, profile, bound: str, link) -> list[str]:

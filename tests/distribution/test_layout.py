@@ -136,3 +136,19 @@ def test_split_panel_doubling_covers_the_panel_in_widening_pieces(width, first):
     # each piece but the last is as wide as all before it (the first two: `first`)
     assert all(w == sum(widths[:i]) for i, w in enumerate(widths[1:-1], 1))
     assert 0 < widths[-1] <= max(first, sum(widths[:-1]))
+
+
+@pytest.mark.parametrize("k, width, parts", [(40, 16, 1), (40, 16, 2), (48, 16, 1), (7, 16, 1),
+                                             (45, 8, 3), (0, 8, 1)])
+def test_narrowest_first_moves_one_panel_to_the_front(k, width, parts):
+    """The narrowest panel (the first of equals) first, the rest in K's
+    order: every panel once; on one rank its width is first_panel_width's."""
+    from summa.distribution.layout import first_panel_width, narrowest_first
+    panels = panel_schedule(Distribution(k, parts), Distribution(k, parts), width)
+    moved = narrowest_first(panels)
+    assert sorted(moved, key=lambda p: p.k0) == panels
+    if panels:
+        assert moved[0].width == min(p.width for p in panels)
+        assert moved[1:] == [p for p in panels if p is not moved[0]]
+    if parts == 1:
+        assert first_panel_width(k, width) == (moved[0].width if panels else 0)

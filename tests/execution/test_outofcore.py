@@ -47,15 +47,17 @@ def test_out_of_core_matches_reference_with_many_tiles(comm, rng, budget_tiles, 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("lookahead", [0, 2])
 @pytest.mark.parametrize("transpose_a", ["no", "yes"])
+@pytest.mark.parametrize("head", [2, None])
 def test_out_of_core_split_first_panel_and_strips_of_the_last(comm, rng, monkeypatch,
-                                                               lookahead, transpose_a):
-    # The GPU's schedule (first panel in pieces, last panel in row strips, each
-    # written back at once) run with host copies: the same steps, checkable here;
-    # with A's parts transposed, the strips are rows of a column-major copy.
+                                                               lookahead, transpose_a, head):
+    # The GPU's schedule (first panel in pieces, or whole with K's remainder
+    # first; last panel in row strips, each written back at once) run with
+    # host copies: the same steps, checkable here; with A's parts transposed,
+    # the strips are rows of a column-major copy.
     from summa.planning import memory
     monkeypatch.setenv("SUMMA_TRANSPOSE_A", transpose_a)
     monkeypatch.setattr(movers.HostMover, "overlaps", True)
-    monkeypatch.setattr(memory, "HEAD_FIRST", 2)  # the plan's pieces of 2, 2, 4 columns
+    monkeypatch.setattr(memory, "HEAD_FIRST", head)  # the plan's pieces of 2, 2, 4 columns
     m, n, k = 77, 61, 45
     a, b, c0 = (random_array(rng, s, "float64") for s in ((m, k), (k, n), (m, n)))
     host = NumpyBackend()
@@ -64,7 +66,7 @@ def test_out_of_core_split_first_panel_and_strips_of_the_last(comm, rng, monkeyp
         stats = summa_out_of_core(1.0, A, B, 2.0, C, host, 6000, panel_width=8,
                                   lookahead=lookahead)
         c = C.gather()
-    assert stats.panels == len(range(0, k, 8)) + 2 or grid.size > 1
+    assert stats.panels == len(range(0, k, 8)) + (2 if head else 0) or grid.size > 1
     assert stats.extra["tiles"][0] > 1
     assert stats.extra["transposed_a"] == (transpose_a == "yes")
     if comm.rank == 0:
@@ -88,7 +90,10 @@ def test_float64_on_int8_keeps_its_first_panel_whole_and_its_strips_wide():
                             16384)
     pieces = outofcore._head_pieces(panels, True, plans[None].head_first)
     assert len(pieces) > len(panels) and pieces[0].width == plans[None].head_first
-    assert outofcore._head_pieces(panels, True, plans["fp64-int8"].head_first) == panels
+    # whole, K's remainder (40000 - 2 x 16384) first: the same panels, the first upload shortest
+    whole = outofcore._head_pieces(panels, True, plans["fp64-int8"].head_first)
+    assert [p.width for p in whole] == [40000 - 2 * 16384, 16384, 16384]
+    assert sorted(whole, key=lambda p: p.k0) == panels
     assert outofcore._head_pieces(panels, False, plans[None].head_first) == panels
     for rows in (2048, 5000, 16384, 40000):
         default = outofcore._tail_strips(rows, True, plans[None].tail_smallest)
@@ -104,7 +109,7 @@ def test_fp64_int8_first_panel_in_pieces_where_the_plan_says(monkeypatch):
     """FP64_INT8_HEAD_FIRST (what fp64_int8_user_case.py --head-first sets)
     reaches the plan, the sweep's pieces and the model's exposed upload."""
     from summa.execution import outofcore
-    from summa.distribution.layout import Layout, panel_schedule
+    from summa.distribution.layout import Layout, first_panel_width, panel_schedule
     from summa.planning import memory, prediction
     from summa.planning.planner import Machine, make_plan
 
@@ -122,7 +127,7 @@ def test_fp64_int8_first_panel_in_pieces_where_the_plan_says(monkeypatch):
     assert [p.width for p in pieces[:2]] == [4096, 4096] and sum(
         p.width for p in pieces) == 40000
     up = [prediction._head_tail(p, width, p.memory.tile)[0] for p in (whole, cut)]
-    assert up[1] * width == up[0] * 4096
+    assert up[1] * first_panel_width(40000, width) == up[0] * 4096  # whole: the narrowest first
 
 
 @pytest.mark.mpi(min_size=1)
