@@ -124,10 +124,11 @@ TAIL_SMALLEST = 256
 #: products and 58.2, the bare product 58.0 (docs/benchmarks.md, "Measurements
 #: behind the defaults").
 FP64_INT8_TAIL_SMALLEST = 2048
-#: ... and the width of its first panel's first piece (None: the panel whole).
-#: Whole, each C tile's first panel goes up before its first product (0.2-0.3
-#: s a tile from pageable memory on one H200); in pieces, each piece folds the
-#: tile's sums once more, which costs more than it hides:
+#: ... and the width of its first panel's first piece (None: the panel whole,
+#: the narrowest first). Whole, each C tile's first panel goes up before its
+#: first product (0.2-0.3 s a tile from pageable memory on one H200); in
+#: pieces, each piece folds the tile's sums once more, which costs more than
+#: it hides:
 #: ``benchmarks/fp64_int8_user_case.py --size 40960 --head-first N`` ran 2.30 s
 #: whole, 2.35 s in pieces of 8192 and 2.44 s of 4096 with the whole GPU, and
 #: 2.48-2.52 s either way under 24 GiB (docs/benchmarks.md, "The matrix").
