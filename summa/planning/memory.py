@@ -24,7 +24,7 @@ from .tuning import transposes_a
 
 __all__ = ["MemoryPlan", "Execution", "memory_plan", "resident_plan", "host_traffic",
            "waited_write_backs", "check_memory", "ranks_on_device", "check_host_memory",
-           "parse_bytes"]
+           "parse_bytes", "format_bytes"]
 
 
 @dataclass(frozen=True)
@@ -276,7 +276,7 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
     tiles = asked or _ooc_tiles(max(ml, 1), max(nl, 1), nb, slots, device_budget // item,
                                 transposed, staged, emulated)
     if tiles is None:
-        raise ValueError(f"a device budget of {_gib(device_budget)} is too small for "
+        raise ValueError(f"a device budget of {format_bytes(device_budget)} is too small for "
                          f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
     buffers = _c_buffers(tiles[0] * tiles[1])
     if not (asked or emulated) and buffers == 2:
@@ -294,8 +294,8 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
         buffers = 1  # an asked cut may fit with one C tile at a time
         if need(slots) > device_budget:
             raise ValueError(f"SUMMA_OOC_TILES: {tiles[0]} x {tiles[1]} tiles of {tm} x {tn} "
-                             f"need {_gib(need(slots))} of the device budget of "
-                             f"{_gib(device_budget)}")
+                             f"need {format_bytes(need(slots))} of the device budget of "
+                             f"{format_bytes(device_budget)}")
     for _ in range(upload_lead()):  # room for uploads steps ahead, same tiles
         if need(slots + 1) > device_budget:
             break
@@ -564,8 +564,14 @@ def waited_write_backs(memory: MemoryPlan) -> int:
     return _waited(memory.tiles, memory.tile) if memory.c_buffers == 1 else 0
 
 
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.1f} GiB"
+def format_bytes(nbytes: float) -> str:
+    """`nbytes` for a message: in GiB (one decimal) from 1 GiB, else in
+    the largest of MiB and KiB it reaches, else in bytes (a budget of a few
+    KiB is not "0.0 GiB")."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{int(nbytes)} bytes"
 
 
 def parse_bytes(text: str) -> int:
@@ -616,9 +622,9 @@ def check_memory(plan: MemoryPlan, backend, comm) -> None:
     short = None
     if free is not None and need * sharing > free:
         short = (need * sharing - free, comm.Get_rank(),
-                 f"rank {comm.Get_rank()} needs {_gib(need)}"
+                 f"rank {comm.Get_rank()} needs {format_bytes(need)}"
                  + (f" ({sharing} ranks share the GPU)" if sharing > 1 else "")
-                 + f" on GPU {backend.device}, {_gib(free)} free; use --device-memory "
+                 + f" on GPU {backend.device}, {format_bytes(free)} free; use --device-memory "
                    "(out of core) or more ranks")
     _refuse_largest_shortfall(comm, short)
 
@@ -645,8 +651,8 @@ def check_host_memory(plan: MemoryPlan, comm) -> None:
     short = None
     if total is not None and need > total:
         short = (need - total, comm.Get_rank(),
-                 f"the {ranks} rank(s) on rank {comm.Get_rank()}'s node need {_gib(need)} of "
-                 f"host memory, and the node has {_gib(total)} in all; use more nodes"
+                 f"the {ranks} rank(s) on rank {comm.Get_rank()}'s node need {format_bytes(need)} of "
+                 f"host memory, and the node has {format_bytes(total)} in all; use more nodes"
                  + (" or --device-memory" if plan.mode == "in-memory" and plan.device_bytes
                     else ""))
     _refuse_largest_shortfall(comm, short)

@@ -25,7 +25,8 @@ from mpi4py import MPI
 from ..precision import ozaki_gpu
 from ..distribution.grid import check_grid_ranks, grid_for, parse_grid
 from .memory import (TRAFFIC_GAIN, Execution, MemoryPlan, check_host_memory, check_memory,
-                     host_traffic, memory_plan, parse_bytes, resident_plan, waited_write_backs)
+                     format_bytes, host_traffic, memory_plan, parse_bytes, resident_plan,
+                     waited_write_backs)
 from .prediction import predict_plan
 from .report import plan_lines
 from ..execution.strips import check_schedule
@@ -523,11 +524,11 @@ def _memory(machine, shape, dtype, grid, panel_width, lookahead, asked: _MemoryA
                 raise
             note = f"the in-memory plan does not fit ({exc}); running out of core"
     budget = parse_bytes(device_memory) if device_memory else _free_budget(machine)
-    memory = _out_of_core(shape, dtype, grid, panel_width, lookahead, backend,
-                          (budget, precision, staged, asked.copy_threads))
+    memory, narrowed = _out_of_core(shape, dtype, grid, panel_width, lookahead, backend,
+                                    (budget, precision, staged, asked.copy_threads))
     if machine.comm is not None:
         check_host_memory(memory, machine.comm)
-    return memory, budget, note
+    return memory, budget, "; ".join(x for x in (note, narrowed) if x) or None
 
 
 #: Narrowest panel an out-of-core plan takes on GPUs to move fewer bytes:
@@ -546,10 +547,15 @@ MIN_OOC_WIDTH_INT8 = 8192
 #: not planned into thousands of tiny GEMMs (``summa bench --size 96
 #: --device-memory 100B`` on a GPU ran one-element tiles for minutes).
 LEAST_OOC_WIDTH = 256
+#: Most GEMMs (C tiles x panels) an out-of-core sweep is planned with: a
+#: budget that cuts C finer is refused, with the least budget that does not
+#: (about 10 s of launches alone at 10 us each; ``summa plan --size 8192
+#: --device-memory 100KiB`` cut C into 8192 x 8192 one-element tiles).
+MAX_SWEEP_GEMMS = 1 << 20
 
 
-def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) -> MemoryPlan:
-    """The out-of-core MemoryPlan: at the width asked, else at the mode's
+def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) -> tuple:
+    """``(MemoryPlan, note or None)``: the out-of-core MemoryPlan at the width asked, else at the mode's
     default or a half or quarter of it (not under :data:`MIN_OOC_WIDTH`),
     whichever tiles move fewest bytes between host and GPU (write-backs a
     tile waits for counted twice), the widest of equals. Under a tight
@@ -560,11 +566,11 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
     than :data:`MIN_OOC_WIDTH_INT8` (its products lose more to narrower
     panels than the bytes save). A budget too small for all of these takes
     the widest narrower width that fits, down to :data:`LEAST_OOC_WIDTH`
-    (:func:`_narrowest_that_fits`)."""
+    (:func:`_narrowest_that_fits`), the note saying so."""
     m, n, k = shape
     budget, precision, staged, threads = limits
 
-    def plan_at(width: int) -> MemoryPlan:
+    def plan_at(width: int, budget: int = budget) -> MemoryPlan:
         return memory_plan(m, n, k, dtype, grid, width,
                            Execution(lookahead, backend, device_budget=budget, out_of_core=True,
                                      precision=precision, staged=staged, copy_threads=threads))
@@ -592,9 +598,42 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
     if best is None:
         if is_width(panel_width):
             raise refusal
-        return _narrowest_that_fits(plan_at, min(widths + [k]), min(LEAST_OOC_WIDTH, k),
-                                    refusal)
-    return best[1]
+        narrowest = min(widths + [k])
+        memory = _narrowest_that_fits(plan_at, narrowest, min(LEAST_OOC_WIDTH, k), refusal)
+        _check_sweep(memory, k, budget, plan_at, widths + [memory.chunk])
+        return memory, (f"a device budget of {format_bytes(budget)} holds no tiles with panels "
+                        f"{narrowest} wide: {memory.chunk}-wide panels (narrower GEMMs, "
+                        "slower; more device memory restores them)")
+    _check_sweep(best[1], k, budget, plan_at, widths)
+    return best[1], None
+
+
+def _sweep_gemms(memory: MemoryPlan, k: int) -> int:
+    """GEMMs an out-of-core sweep runs: C tiles times panels of K."""
+    return memory.tiles[0] * memory.tiles[1] * -(-k // max(memory.chunk, 1))
+
+
+def _check_sweep(memory: MemoryPlan, k: int, budget: int, plan_at, widths: list) -> None:
+    """Refuse a sweep of more than :data:`MAX_SWEEP_GEMMS` GEMMs, naming
+    the least power of two of bytes from `budget` up at which none of the
+    `widths` the planner may take (``plan_at(width, budget)``) cuts C finer."""
+    gemms = _sweep_gemms(memory, k)
+    if gemms <= MAX_SWEEP_GEMMS:
+        return
+
+    def too_fine(width: int, budget: int) -> bool:
+        try:
+            return _sweep_gemms(plan_at(width, budget), k) > MAX_SWEEP_GEMMS
+        except ValueError:  # no tiles at this width: the planner takes another
+            return False
+    enough = 1 << (budget - 1).bit_length()
+    while any(too_fine(w, enough) for w in widths):
+        enough *= 2
+    (rows, cols), (tm, tn) = memory.tiles, memory.tile
+    raise ValueError(f"a device budget of {format_bytes(budget)} cuts C into {rows} x {cols} "
+                     f"tiles of {tm} x {tn} ({gemms} GEMMs with {memory.chunk}-wide panels): "
+                     f"too small to finish; give each GPU at least {format_bytes(enough)} "
+                     "(--device-memory)")
 
 
 def _narrowest_that_fits(plan_at, width: int, least: int, refusal) -> MemoryPlan:

@@ -127,12 +127,29 @@ def test_a_budget_too_small_for_the_preferred_widths_takes_a_narrower_one(dtype,
     halved = (shape[2] // 2, shape[2] // 4, LEAST_OOC_WIDTH)  # as the planner goes
     assert plan.panel_width == next(w for w in halved if fits(w, budget))
     assert plan.memory == fits(plan.panel_width, budget)
+    assert f"{plan.panel_width}-wide panels" in plan.note and "KiB" in plan.note
+    assert f"{plan.panel_width}-wide panels" in str(plan)  # what summa plan prints
     with pytest.raises(ValueError, match="too small"):  # not even the least width's tiles
         make_plan(shape, dtype, Machine("cupy", 1), device_memory=budget - (1 << 10),
                   precision=precision)
     with pytest.raises(ValueError, match="too small"):
         make_plan(shape, dtype, Machine("cupy", 1), device_memory=budget, precision=precision,
                   panel_width=shape[2])
+
+
+def test_a_budget_that_cuts_c_into_too_many_tiles_is_refused_with_one_that_does_not():
+    """float64 8192³ under 100 KiB would take one-element tiles (2**28
+    GEMMs): refused, naming a budget that plans at most MAX_SWEEP_GEMMS;
+    that budget is taken."""
+    import re
+    from summa.planning.planner import MAX_SWEEP_GEMMS
+    with pytest.raises(ValueError, match="too small to finish") as refused:
+        make_plan((8192,) * 3, "float64", Machine("cupy", 1), device_memory="100KiB")
+    assert "100.0 KiB" in str(refused.value) and "8192 x 8192 tiles" in str(refused.value)
+    enough = re.search(r"at least ([\d.]+ \w+)", str(refused.value)).group(1).replace(" ", "")
+    plan = make_plan((8192,) * 3, "float64", Machine("cupy", 1), device_memory=enough)
+    rows, cols = plan.memory.tiles
+    assert 1 < rows * cols * -(-8192 // plan.panel_width) <= MAX_SWEEP_GEMMS
 
 
 def _two_at_a_time(shape, dtype, budget, width):
