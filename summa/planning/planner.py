@@ -548,10 +548,12 @@ MIN_OOC_WIDTH_INT8 = 8192
 #: --device-memory 100B`` on a GPU ran one-element tiles for minutes).
 LEAST_OOC_WIDTH = 256
 #: Most GEMMs (C tiles x panels) an out-of-core sweep is planned with: a
-#: budget that cuts C finer is refused, with the least budget that does not
-#: (about 10 s of launches alone at 10 us each; ``summa plan --size 8192
-#: --device-memory 100KiB`` cut C into 8192 x 8192 one-element tiles).
-MAX_SWEEP_GEMMS = 1 << 20
+#: budget that cuts C finer is refused, with the least budget that does not.
+#: Each step costs ~90 us whatever its size (2000 x 2000 x 300 under 40 KiB,
+#: a million steps of 1 x 8 tiles, took 91 s on one CPU rank), so this many
+#: are a few seconds; ``summa plan --size 8192 --device-memory 100KiB`` had
+#: cut C into 8192 x 8192 one-element tiles.
+MAX_SWEEP_GEMMS = 1 << 16
 
 
 def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) -> tuple:
@@ -632,8 +634,8 @@ def _check_sweep(memory: MemoryPlan, k: int, budget: int, plan_at, widths: list)
     (rows, cols), (tm, tn) = memory.tiles, memory.tile
     raise ValueError(f"a device budget of {format_bytes(budget)} cuts C into {rows} x {cols} "
                      f"tiles of {tm} x {tn} ({gemms} GEMMs with {memory.chunk}-wide panels): "
-                     f"too small to finish; give each GPU at least {format_bytes(enough)} "
-                     "(--device-memory)")
+                     f"too small to finish; give each rank at least {format_bytes(enough)} "
+                     "(--device-memory, device_memory=)")
 
 
 def _narrowest_that_fits(plan_at, width: int, least: int, refusal) -> MemoryPlan:
