@@ -618,10 +618,14 @@ def _sweep_gemms(memory: MemoryPlan, k: int) -> int:
 def _check_sweep(memory: MemoryPlan, k: int, budget: int, plan_at, widths: list) -> None:
     """Refuse a sweep of more than :data:`MAX_SWEEP_GEMMS` GEMMs, naming
     the least power of two of bytes from `budget` up at which none of the
-    `widths` the planner may take (``plan_at(width, budget)``) cuts C finer."""
+    `widths` the planner may take (``plan_at(width, budget)``) cuts C finer,
+    or, where panels that narrow are too many even for one tile, the width."""
     gemms = _sweep_gemms(memory, k)
     if gemms <= MAX_SWEEP_GEMMS:
         return
+    (rows, cols), (tm, tn), width = memory.tiles, memory.tile, memory.chunk
+    cut = (f"cuts C into {rows} x {cols} tiles of {tm} x {tn} ({gemms} GEMMs with "
+           f"{width}-wide panels)")
 
     def too_fine(width: int, budget: int) -> bool:
         try:
@@ -629,13 +633,15 @@ def _check_sweep(memory: MemoryPlan, k: int, budget: int, plan_at, widths: list)
         except ValueError:  # no tiles at this width: the planner takes another
             return False
     enough = 1 << (budget - 1).bit_length()
-    while any(too_fine(w, enough) for w in widths):
+    for _ in range(64):  # more memory: fewer tiles, down to one (or the cut asked for)
+        if not any(too_fine(w, enough) for w in widths):
+            raise ValueError(f"a device budget of {format_bytes(budget)} {cut}: too small to "
+                             f"finish; give each rank at least {format_bytes(enough)} "
+                             "(--device-memory, device_memory=)")
         enough *= 2
-    (rows, cols), (tm, tn) = memory.tiles, memory.tile
-    raise ValueError(f"a device budget of {format_bytes(budget)} cuts C into {rows} x {cols} "
-                     f"tiles of {tm} x {tn} ({gemms} GEMMs with {memory.chunk}-wide panels): "
-                     f"too small to finish; give each rank at least {format_bytes(enough)} "
-                     "(--device-memory, device_memory=)")
+    # panels this narrow are too many whatever the budget: the width's fault
+    raise ValueError(f"this plan {cut}: too many to finish; take wider panels (--nb; at least "
+                     f"{-(-k * rows * cols // MAX_SWEEP_GEMMS)} columns with these tiles)")
 
 
 def _narrowest_that_fits(plan_at, width: int, least: int, refusal) -> MemoryPlan:

@@ -152,15 +152,15 @@ def test_an_unusable_out_is_refused_on_every_rank(comm, rng, bad, match):
 
 @pytest.mark.mpi(min_size=1)
 def test_a_budget_that_cuts_c_too_finely_is_refused_on_every_rank(comm, rng):
-    """1200 x 1200 x 300 under 40 KiB would be ~10**5 tiles of a few rows on
-    any grid of up to 4 ranks: refused at once on every rank with the budget
+    """1200 x 1200 x 300 under 20 KiB would be ~10**5 or more one-element tiles on
+    any grid of up to 6 ranks: refused at once on every rank with the budget
     that would do, nothing written to `out`; that budget multiplies (one
     rank)."""
     a = random_array(rng, (1200, 300), "float64")
     out = np.full((1200, 1200), np.nan) if comm.rank == 0 else None
     args = (a if comm.rank == 0 else None, a.T if comm.rank == 0 else None)
     with pytest.raises(ValueError, match="too small to finish; give each rank at least") as no:
-        summa.matmul(*args, out=out, device_memory="40KiB")
+        summa.matmul(*args, out=out, device_memory="20KiB")
     if comm.rank == 0:
         assert np.isnan(out).all()
     if comm.Get_size() > 1:  # (its ~10**4 steps take broadcasts each: 15-30 s on a grid)

@@ -65,9 +65,13 @@ def hang_trace(proc: subprocess.Popen) -> str:
         try:
             if os.path.realpath(f"/proc/{pid}/exe") == python:
                 os.kill(pid, signal.SIGUSR2)
+                # one rank at a time: faulthandler writes in many small pieces,
+                # and two ranks dumping at once interleaved them ("Current
+                # thread 0xCurrent thread 0x...") in a fresh-clone CI run
+                time.sleep(0.5)
         except OSError:
             pass
-    time.sleep(2)
+    time.sleep(1)
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
