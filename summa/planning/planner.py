@@ -557,10 +557,12 @@ MAX_SWEEP_GEMMS = 1 << 16
 
 
 def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) -> tuple:
-    """``(MemoryPlan, note or None)``: the out-of-core MemoryPlan at the width asked, else at the mode's
-    default or a half or quarter of it (not under :data:`MIN_OOC_WIDTH`),
-    whichever tiles move fewest bytes between host and GPU (write-backs a
-    tile waits for counted twice), the widest of equals. Under a tight
+    """``(MemoryPlan, note or None)``: the out-of-core MemoryPlan at the
+    width asked, else at the mode's default or a half or quarter of it (not
+    under :data:`MIN_OOC_WIDTH`), whichever tiles move fewest bytes between
+    host and GPU (write-backs a tile waits for counted twice), the widest of
+    equals; a sweep of more than :data:`MAX_SWEEP_GEMMS` steps refused
+    (:func:`_check_sweep`). Under a tight
     budget narrower panels leave room for taller C tiles, so B crosses the
     link fewer times: float64 65536 x 8192 x 65536 under 8 GiB takes one tile
     with 2048-wide panels where 4096 takes 2 x 1. `limits`: ``(device
