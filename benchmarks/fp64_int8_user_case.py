@@ -71,7 +71,10 @@ def one_process(n: int, free: str | None, references: bool = True,
                                              panel_width=panel_width))
         rows[-1].update(compile_seconds=stats.extra.get("compile_seconds"),
                         products_seconds=stats.compute, panels=stats.panels,
-                        head_first=stats.extra["plan"]["memory"]["head_first"])
+                        head_first=stats.extra["plan"]["memory"]["head_first"],
+                        # the GPU waiting before its first product and between them
+                        head_seconds=stats.extra.get("head_seconds"),
+                        between_seconds=stats.extra.get("between_seconds"))
         return c
     c = int8("fp64-int8 first call")
     rows[-1]["check"] = float(summa.freivalds(a, b, c))
@@ -128,7 +131,10 @@ def main() -> int:
               + (f"  compiling {r['compile_seconds']:.2f} s, products {r['products_seconds']:.2f} s"
                  if r.get("compile_seconds") is not None else "")
               + (f"  {r['panels']} products a tile, first piece {r['head_first'] or 'whole'}"
-                 if "panels" in r else ""))
+                 if "panels" in r else "")
+              + (f", waits {r['head_seconds']:.3f} s before the first, "
+                 f"{r['between_seconds']:.3f} s between" if r.get("head_seconds") is not None
+                 else ""))
     return 0
 
 
