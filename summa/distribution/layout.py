@@ -277,8 +277,10 @@ def first_panel_width(k: int, width: int) -> int:
     """The width of :func:`narrowest_first`'s first panel where K's `k`
     terms are cut into panels of `width` on one rank: K's remainder, or a
     whole panel where there is none."""
-    width = max(1, min(int(width), int(k))) if k else 0
-    return (k % width or width) if width else 0
+    if k <= 0:
+        return 0
+    width = max(1, min(int(width), int(k)))
+    return k % width or width
 
 
 def split_panel_doubling(p: Panel, first: int) -> list[Panel]:

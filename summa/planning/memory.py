@@ -651,8 +651,9 @@ def check_host_memory(plan: MemoryPlan, comm) -> None:
     short = None
     if total is not None and need > total:
         short = (need - total, comm.Get_rank(),
-                 f"the {ranks} rank(s) on rank {comm.Get_rank()}'s node need {format_bytes(need)} of "
-                 f"host memory, and the node has {format_bytes(total)} in all; use more nodes"
+                 f"the {ranks} rank(s) on rank {comm.Get_rank()}'s node need "
+                 f"{format_bytes(need)} of host memory, and the node has "
+                 f"{format_bytes(total)} in all; use more nodes"
                  + (" or --device-memory" if plan.mode == "in-memory" and plan.device_bytes
                     else ""))
     _refuse_largest_shortfall(comm, short)

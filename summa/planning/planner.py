@@ -629,9 +629,9 @@ def _check_sweep(memory: MemoryPlan, k: int, budget: int, plan_at, widths: list)
     cut = (f"cuts C into {rows} x {cols} tiles of {tm} x {tn} ({gemms} GEMMs with "
            f"{width}-wide panels)")
 
-    def too_fine(width: int, budget: int) -> bool:
+    def too_fine(w: int, given: int) -> bool:  # at width w under `given` bytes
         try:
-            return _sweep_gemms(plan_at(width, budget), k) > MAX_SWEEP_GEMMS
+            return _sweep_gemms(plan_at(w, given), k) > MAX_SWEEP_GEMMS
         except ValueError:  # no tiles at this width: the planner takes another
             return False
     enough = 1 << (budget - 1).bit_length()

@@ -149,10 +149,11 @@ def _behind_a_narrow_head(plan, profile, width: int, tile, tile_gemm: float) -> 
     GEMM, `tile_gemm` seconds' share of the first panel's terms, hides only
     that much of a full panel's upload."""
     k = plan.shape[2]
-    if plan.memory.head_first or k <= width or k % width == 0:
+    first = first_panel_width(k, width)
+    if plan.memory.head_first or first == min(width, k):  # pieces, or no narrower panel
         return 0.0
     full = profile.host_seconds(width * sum(tile) * np.dtype(plan.dtype).itemsize, 0)
-    return max(0.0, full - tile_gemm * first_panel_width(k, width) / k)
+    return max(0.0, full - tile_gemm * first / k)
 
 
 def _advice(plan, profile, bound: str, link) -> list[str]:
