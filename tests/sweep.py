@@ -149,8 +149,11 @@ class Grids:
 def _budget(case, shape, itemsize: int) -> int:
     """A device budget for an out-of-core case on a grid of `shape`:
     `budget_share` of what the in-memory blocks take, but never less than
-    the smallest that tiles."""
+    the smallest that tiles into few enough steps (the planner refuses more
+    than MAX_SWEEP_GEMMS tiny ones: 218 bytes for float32 13 x 127 x 2187
+    in 1-wide panels on 4 ranks cut C into 85293)."""
     from summa.planning.memory import Execution, memory_plan
+    from summa.planning.planner import _too_fine
     # a default width (None) is summa's choice: the budget is planned at 256
     m, n, k, nb = case["m"], case["n"], case["k"], case["panel_width"] or 256
     def execution(budget: int) -> Execution:  # fp64-int8's scratch counts on the GPU
@@ -160,8 +163,10 @@ def _budget(case, shape, itemsize: int) -> int:
     budget = max(int(full.device_bytes * case["budget_share"]), 1)
     while True:
         try:
-            memory_plan(m, n, k, case["dtype"], shape, nb, execution(budget))
-            return budget
+            plan = memory_plan(m, n, k, case["dtype"], shape, nb, execution(budget))
+            if not _too_fine(plan, k, True, 2 * m * n * k):
+                return budget
+            budget *= 2
         except ValueError:
             budget = budget * 2 + 64 * itemsize
 

@@ -547,13 +547,18 @@ MIN_OOC_WIDTH_INT8 = 8192
 #: not planned into thousands of tiny GEMMs (``summa bench --size 96
 #: --device-memory 100B`` on a GPU ran one-element tiles for minutes).
 LEAST_OOC_WIDTH = 256
-#: Most GEMMs (C tiles x panels) an out-of-core sweep is planned with: a
-#: budget that cuts C finer is refused, with the least budget that does not.
-#: Each step costs ~90 us whatever its size (2000 x 2000 x 300 under 40 KiB,
-#: a million steps of 1 x 8 tiles, took 91 s on one CPU rank), so this many
-#: are a few seconds; ``summa plan --size 8192 --device-memory 100KiB`` had
-#: cut C into 8192 x 8192 one-element tiles.
+#: Most GEMMs (C tiles x panels) an out-of-core sweep is planned with where
+#: each is too small to hide a step's own cost (less than
+#: :data:`STEP_FLOPS`): a budget that cuts C finer is refused, with the least
+#: budget that does not. A step of tiny tiles costs ~90 us on one CPU rank
+#: (2000 x 2000 x 300 under 40 KiB, a million steps of 1 x 8 tiles, took
+#: 91 s) and ~2 ms on an H200 (pageable float64 8192³ under 16 MiB, 482 x
+#: 17 tiles x 4 panels, took 76 s; under 64 MiB, 780 steps, 2.1 s), so this
+#: many are seconds on a CPU and about two minutes on a GPU: slow, but a
+#: budget or width the caller chose; ``summa plan --size 8192
+#: --device-memory 100KiB`` had cut C into 8192 x 8192 one-element tiles.
 MAX_SWEEP_GEMMS = 1 << 16
+STEP_FLOPS = {"cpu": 1 << 22, "gpu": 1 << 36}
 
 
 def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) -> tuple:
@@ -586,6 +591,28 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
         narrower = [w for w in (widest // 2, widest // 4) if w >= least] \
             if traits(backend).gpu else []
         widths = [widest] + narrower
+
+    def moved(memory: MemoryPlan) -> int:
+        # (the write-backs a tile waits for count as moved twice: at equal
+        # traffic, a width that fits two C tiles wins)
+        return host_traffic(memory, shape, grid) + waited_write_backs(memory)
+
+    def choose(given: int) -> tuple:  # the plan and note under `given` bytes
+        return _choose(lambda w: plan_at(w, given), widths, moved, is_width(panel_width),
+                       (given, k))
+    memory, note = choose(budget)
+    flops = 2 * m * n * k * (4 if np.dtype(dtype).kind == "c" else 1)
+    _check_sweep(memory, k, (budget, traits(backend).gpu, flops), choose)
+    return memory, note
+
+
+def _choose(plan_at, widths: list, moved, asked: bool, limits: tuple) -> tuple:
+    """:func:`_out_of_core`'s choice, unchecked: ``(MemoryPlan, note or
+    None)``, the plan (``plan_at(width)``) of `widths` that moves fewest
+    bytes (``moved(plan)``), else a narrower one that fits. `asked`: the
+    width was the caller's (refused where its tiles do not fit); `limits`:
+    ``(device budget, K)``."""
+    budget, k = limits
     best, refusal = None, None
     for width in widths:
         try:
@@ -593,23 +620,19 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
         except ValueError as exc:  # too small for this width's tiles: maybe a narrower
             refusal = refusal or exc
             continue
-        # (the write-backs a tile waits for count as moved twice: at equal
-        # traffic, a width that fits two C tiles wins)
-        moved = host_traffic(memory, shape, grid) + waited_write_backs(memory)
-        if best is None or moved < TRAFFIC_GAIN * best[0] or \
-                (moved <= best[0] and memory.c_buffers > best[1].c_buffers):
-            best = (moved, memory)
-    if best is None:
-        if is_width(panel_width):
-            raise refusal
-        narrowest = min(widths + [k])
-        memory = _narrowest_that_fits(plan_at, narrowest, min(LEAST_OOC_WIDTH, k), refusal)
-        _check_sweep(memory, k, budget, plan_at, widths + [memory.chunk])
-        return memory, (f"a device budget of {format_bytes(budget)} holds no tiles with panels "
-                        f"{narrowest} wide: {memory.chunk}-wide panels (narrower GEMMs, "
-                        "slower; more device memory restores them)")
-    _check_sweep(best[1], k, budget, plan_at, widths)
-    return best[1], None
+        bytes_moved = moved(memory)
+        if best is None or bytes_moved < TRAFFIC_GAIN * best[0] or \
+                (bytes_moved <= best[0] and memory.c_buffers > best[1].c_buffers):
+            best = (bytes_moved, memory)
+    if best is not None:
+        return best[1], None
+    if asked:
+        raise refusal
+    narrowest = min(widths + [k])
+    memory = _narrowest_that_fits(plan_at, narrowest, min(LEAST_OOC_WIDTH, k), refusal)
+    return memory, (f"a device budget of {format_bytes(budget)} holds no tiles with panels "
+                    f"{narrowest} wide: {memory.chunk}-wide panels (narrower GEMMs, "
+                    "slower; more device memory restores them)")
 
 
 def _sweep_gemms(memory: MemoryPlan, k: int) -> int:
@@ -617,26 +640,29 @@ def _sweep_gemms(memory: MemoryPlan, k: int) -> int:
     return memory.tiles[0] * memory.tiles[1] * -(-k // max(memory.chunk, 1))
 
 
-def _check_sweep(memory: MemoryPlan, k: int, budget: int, plan_at, widths: list) -> None:
-    """Refuse a sweep of more than :data:`MAX_SWEEP_GEMMS` GEMMs, naming
-    the least power of two of bytes from `budget` up at which none of the
-    `widths` the planner may take (``plan_at(width, budget)``) cuts C finer,
-    or, where panels that narrow are too many even for one tile, the width."""
+def _too_fine(memory: MemoryPlan, k: int, gpu: bool, flops: int) -> bool:
+    """Whether `memory`'s sweep of K takes more than :data:`MAX_SWEEP_GEMMS`
+    steps, each fewer than :data:`STEP_FLOPS` (a GPU's or a CPU's) of the
+    product's real `flops`."""
     gemms = _sweep_gemms(memory, k)
-    if gemms <= MAX_SWEEP_GEMMS:
+    return gemms > MAX_SWEEP_GEMMS and flops < STEP_FLOPS["gpu" if gpu else "cpu"] * gemms
+
+
+def _check_sweep(memory: MemoryPlan, k: int, limits: tuple, choose) -> None:
+    """Refuse a sweep of too many small steps (:func:`_too_fine`; `limits`:
+    ``(device budget, on a GPU, the product's real flops)``), naming the
+    least power of two of bytes from the budget up under which the
+    planner's own choice (``choose(bytes)[0]``) is not, or, where panels
+    that narrow are too many even for one tile, the width."""
+    budget, gpu, flops = limits
+    if not _too_fine(memory, k, gpu, flops):
         return
     (rows, cols), (tm, tn), width = memory.tiles, memory.tile, memory.chunk
-    cut = (f"cuts C into {rows} x {cols} tiles of {tm} x {tn} ({gemms} GEMMs with "
-           f"{width}-wide panels)")
-
-    def too_fine(w: int, given: int) -> bool:  # at width w under `given` bytes
-        try:
-            return _sweep_gemms(plan_at(w, given), k) > MAX_SWEEP_GEMMS
-        except ValueError:  # no tiles at this width: the planner takes another
-            return False
+    cut = (f"cuts C into {rows} x {cols} tiles of {tm} x {tn} ({_sweep_gemms(memory, k)} "
+           f"GEMMs with {width}-wide panels)")
     enough = 1 << (budget - 1).bit_length()
     for _ in range(64):  # more memory: fewer tiles, down to one (or the cut asked for)
-        if not any(too_fine(w, enough) for w in widths):
+        if not _too_fine(choose(enough)[0], k, gpu, flops):
             raise ValueError(f"a device budget of {format_bytes(budget)} {cut}: too small to "
                              f"finish; give each rank at least {format_bytes(enough)} "
                              "(--device-memory, device_memory=)")

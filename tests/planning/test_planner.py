@@ -139,9 +139,11 @@ def test_a_budget_too_small_for_the_preferred_widths_takes_a_narrower_one(dtype,
 
 def test_a_budget_that_cuts_c_into_too_many_tiles_is_refused_with_one_that_does_not():
     """float64 8192³ under 100 KiB would take one-element tiles (2**28
-    GEMMs): refused, naming a budget that plans at most MAX_SWEEP_GEMMS;
-    that budget is taken. 1-wide panels of K = 70000 are too many on any
-    budget: refused, naming a width."""
+    GEMMs): refused, naming the least power-of-two budget that plans at
+    most MAX_SWEEP_GEMMS: that budget is taken, half of it refused.
+    Steps of large GEMMs are planned however many (K = 1.2e6 under 2 GiB). 1-wide
+    panels of K = 70000 are too many on any budget: refused, naming a
+    width."""
     import re
     from summa.planning.planner import MAX_SWEEP_GEMMS
     with pytest.raises(ValueError, match="too small to finish") as refused:
@@ -151,6 +153,13 @@ def test_a_budget_that_cuts_c_into_too_many_tiles_is_refused_with_one_that_does_
     plan = make_plan((8192,) * 3, "float64", Machine("cupy", 1), device_memory=enough)
     rows, cols = plan.memory.tiles
     assert 1 < rows * cols * -(-8192 // plan.panel_width) <= MAX_SWEEP_GEMMS
+    half = f"{parse_bytes(enough) // 2}B"
+    with pytest.raises(ValueError, match="too small to finish"):
+        make_plan((8192,) * 3, "float64", Machine("cupy", 1), device_memory=half)
+    big = make_plan((100000, 100000, 1200000), "float64", Machine("cupy", 1),
+                    device_memory="2GiB")
+    (rows, cols), width = big.memory.tiles, big.panel_width
+    assert rows * cols * -(-1200000 // width) > MAX_SWEEP_GEMMS
     # panels so narrow that no budget would do: the width named, not a budget
     with pytest.raises(ValueError, match=r"take wider panels \(--nb; at least \d+ columns"):
         make_plan((70000,) * 3, "float64", Machine("cupy", 1), device_memory="1GiB",
