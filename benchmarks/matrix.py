@@ -241,7 +241,8 @@ def _host_calls(cell: dict, gpu: bool) -> dict:
     are gone on return, before the references."""
     t0 = time.perf_counter()
     a, b, trans, A, B = operands(cell)
-    row = {"make_seconds": time.perf_counter() - t0, "cuda_init_seconds": calls.start_cuda()}
+    row = {"make_seconds": time.perf_counter() - t0, "cuda_init_seconds":
+           calls.start_cuda(DTYPES[cell["dtype"]][0])}
     holds = calls.hold_all_but(BUDGETS[cell["budget"]][0]) if gpu else []
     if gpu:
         import cupy as cp

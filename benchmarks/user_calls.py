@@ -66,7 +66,7 @@ def run_call(name: str) -> list[dict]:
     held = calls.hold_all_but(free)
     # CUDA's start (a context, ~0.2-1 s) is the process's, not the call's: the
     # documented first-call figures leave it out, and so does this one.
-    cuda_init = calls.start_cuda()
+    cuda_init = calls.start_cuda(dtype)
     rows = []
     for call in ("first", "again"):
         t0 = time.perf_counter()
