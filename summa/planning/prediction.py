@@ -16,7 +16,7 @@ from .tuning import default_panel_width, is_width
 from ..device.traits import traits
 from ..distribution.layout import first_panel_width
 
-__all__ = ["predict_plan", "NEXT_BOUND_SHARE"]
+__all__ = ["predict_plan", "NEXT_BOUND_SHARE", "SWEEP_STEP_SECONDS"]
 
 
 def predict_plan(plan, path=None, native=None) -> dict:
@@ -55,6 +55,13 @@ def predict_plan(plan, path=None, native=None) -> dict:
     return out
 
 
+#: Seconds the host takes to issue one out-of-core step (a C tile's panel:
+#: its uploads, events and GEMM) on a GPU, hidden behind the GPU's work
+#: unless the steps are tiny: pageable float64 8192³ on one H200 under
+#: 16 MiB (32776 steps) took 76.5 s, under 64 MiB (780 steps) 2.1 s, both
+#: ~2.5 ms a step where the host link alone would take 11.6 and 1.0 s
+#: (docs/benchmarks.md, "Measurements behind the defaults").
+SWEEP_STEP_SECONDS = 2.5e-3
 #: A part of the time split at least this share of the bound's is named
 #: beside it with what would move it too: it bounds the run once the bound
 #: is halved.
@@ -101,11 +108,16 @@ def _split(plan, profile) -> tuple:
     if up and host is not None and plan.out_of_core:
         exposed += profile.host_seconds(*_head_tail(plan, width, tile)) + \
             _behind_a_narrow_head(plan, profile, width, tile, gemm / (rows * cols))
+    steps = rows * cols * -(-k // max(min(width, k), 1)) \
+        if plan.out_of_core and traits(plan.backend).gpu else 0
+    # a sweep takes at least its steps' issuing
+    exposed += max(0.0, steps * SWEEP_STEP_SECONDS - max(gemm, links, host or 0.0) - exposed)
     split = TimeSplit(gemm, host, links, exposed, BOUNDS if plan.out_of_core else
                       ("gemm", "gpu_links"),
                       profile.disk_seconds((m * k + k * n) * itemsize, m * n * itemsize))
     return split, {"host_bytes": [up, down], "own_uploads": own, "comm": one.comm,
-                   "host_link": profile.host_link()}
+                   "host_link": profile.host_link(), "steps": steps,
+                   "steps_seconds": steps * SWEEP_STEP_SECONDS}
 
 
 def _host_bytes(plan, own: bool) -> tuple[int, int]:

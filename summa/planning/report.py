@@ -128,6 +128,10 @@ def _prediction_lines(plan) -> list[str]:
               f"of the time" + (f"; {names[others[-1][1]]} would take {others[-1][0]:.1f} s"
                              if others else ""),
               "  would move it: " + "; ".join(pred["advice"])]
+    if pred.get("steps_seconds", 0.0) > split[pred["bound"]]:
+        lines.append(f"  most of the time is the sweep's {pred['steps']} steps (C tiles x "
+                     "panels), each issued by the host, ~2.5 ms on an H200 however small: "
+                     "more device memory cuts fewer, larger tiles")
     if pred.get("next"):
         lines.append(f"  next bound, {_bound_name(pred['next'], pred)} at "
                      f"{split[pred['next']]:.1f} s: " + "; ".join(pred["next_advice"]))
@@ -180,7 +184,8 @@ def _split_lines(plan) -> list[str]:
     rows.append(("GPU links", split["gpu_links"], between))
     last = "the write-backs the next tile waits for" if waited_write_backs(plan.memory) \
         else "the last write-back"
-    rows.append(("exposed", split["exposed"], "pipeline fill, per-panel overhead"
+    rows.append(("exposed", split["exposed"], "pipeline fill, per-panel (out of core: per-step) "
+                 "overhead"
                  + (f", the first upload and {last}" if plan.out_of_core else "")))
     files = f"{(m * k + k * n) * np.dtype(plan.dtype).itemsize / gb:.1f} GB and writes " \
         f"{m * n * np.dtype(plan.dtype).itemsize / gb:.1f} GB"

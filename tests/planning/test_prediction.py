@@ -184,3 +184,22 @@ def test_plans_take_the_profiles_device_memory_and_host_link(tmp_path):
     text, plan = _plan(tmp_path, ["--size", "100000", "--grid", "2x4", "--profile", str(bare)])
     assert plan["predicted"]["split"]["host_link"] is None
     assert re.search(r"host link +not counted  the profile has no host_link rates", text)
+
+
+def test_a_sweep_of_tiny_steps_is_predicted_at_its_steps_cost(tmp_path):
+    """Out of core on a GPU the host issues every step (C tile x panel):
+    8192³ under 16 MiB, tens of thousands of tiny steps, is predicted at
+    no less than their cost (SWEEP_STEP_SECONDS each; an H200 took 76.5 s)
+    and the plan says so; 32768³ under 8 GiB, a few large steps, is not
+    moved by it."""
+    from summa.planning.prediction import SWEEP_STEP_SECONDS
+    text, plan = _plan(tmp_path, ["--size", "8192", "--ranks", "1", "--device-memory", "16MiB"])
+    rows, cols = plan["memory"]["tiles"]
+    steps = rows * cols * -(-8192 // plan["memory"]["chunk"])
+    assert plan["predicted"]["steps"] == steps > 10000
+    assert plan["predicted"]["seconds"] >= steps * SWEEP_STEP_SECONDS
+    assert f"the sweep's {steps} steps" in text
+    text, plan = _plan(tmp_path, ["--size", "32768", "--ranks", "1", "--device-memory", "8GiB"])
+    split = plan["predicted"]["split"]
+    assert plan["predicted"]["steps"] * SWEEP_STEP_SECONDS < 0.1 * split["gemm"]
+    assert "steps (C tiles" not in text
