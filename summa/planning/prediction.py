@@ -60,7 +60,10 @@ def predict_plan(plan, path=None, native=None) -> dict:
 #: unless the steps are tiny: pageable float64 8192³ on one H200 under
 #: 16 MiB (32776 steps) took 76.5 s, under 64 MiB (780 steps) 2.1 s, both
 #: ~2.5 ms a step where the host link alone would take 11.6 and 1.0 s
-#: (docs/benchmarks.md, "Measurements behind the defaults").
+#: (docs/benchmarks.md, "Measurements behind the defaults"). Both cut C into
+#: tiles of 4 panels each, one tile on the device at a time, so ~10 ms a
+#: tile (its write-back waited for) fits them as well: which it is, a run
+#: with more panels a tile tells.
 SWEEP_STEP_SECONDS = 2.5e-3
 #: A part of the time split at least this share of the bound's is named
 #: beside it with what would move it too: it bounds the run once the bound
