@@ -558,6 +558,11 @@ LEAST_OOC_WIDTH = 256
 #: budget or width the caller chose; ``summa plan --size 8192
 #: --device-memory 100KiB`` had cut C into 8192 x 8192 one-element tiles.
 MAX_SWEEP_GEMMS = 1 << 16
+#: Real flops of a step's GEMM (complex: four real products) that hide the
+#: step's own cost: ~90 us at 50 GFLOP/s on a CPU rank, ~1 ms at 70 TFLOP/s
+#: on an H200. A sweep of steps this large is planned however many (float64
+#: 100000 x 100000 x 1.2e6 under 2 GiB: 69148 steps of 1695 x 25000 x 4096,
+#: 3.5e11 flops each).
 STEP_FLOPS = {"cpu": 1 << 22, "gpu": 1 << 36}
 
 
@@ -566,8 +571,8 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
     width asked, else at the mode's default or a half or quarter of it (not
     under :data:`MIN_OOC_WIDTH`), whichever tiles move fewest bytes between
     host and GPU (write-backs a tile waits for counted twice), the widest of
-    equals; a sweep of more than :data:`MAX_SWEEP_GEMMS` steps refused
-    (:func:`_check_sweep`). Under a tight
+    equals; a sweep of too many tiny steps refused (:func:`_check_sweep`).
+    Under a tight
     budget narrower panels leave room for taller C tiles, so B crosses the
     link fewer times: float64 65536 x 8192 x 65536 under 8 GiB takes one tile
     with 2048-wide panels where 4096 takes 2 x 1. `limits`: ``(device
