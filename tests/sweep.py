@@ -150,8 +150,8 @@ def _budget(case, shape, itemsize: int) -> int:
     """A device budget for an out-of-core case on a grid of `shape`:
     `budget_share` of what the in-memory blocks take, but never less than
     the smallest that tiles into few enough steps (the planner refuses more
-    than MAX_SWEEP_GEMMS tiny ones: 218 bytes for float32 13 x 127 x 2187
-    in 1-wide panels on 4 ranks cut C into 85293)."""
+    than MAX_SWEEP_GEMMS tiny ones, and a narrow drawn width on a large K
+    can come near that)."""
     from summa.planning.memory import Execution, memory_plan
     from summa.planning.planner import _too_fine
     # a default width (None) is summa's choice: the budget is planned at 256

@@ -552,7 +552,7 @@ LEAST_OOC_WIDTH = 256
 #: :data:`STEP_FLOPS`): a budget that cuts C finer is refused, with the least
 #: budget that does not. A step of tiny tiles costs ~90 us on one CPU rank
 #: (2000 x 2000 x 300 under 40 KiB, a million steps of 1 x 8 tiles, took
-#: 91 s) and ~2 ms on an H200 (pageable float64 8192³ under 16 MiB, 482 x
+#: 91 s) and ~2.5 ms on an H200 (pageable float64 8192³ under 16 MiB, 482 x
 #: 17 tiles x 4 panels, took 76 s; under 64 MiB, 780 steps, 2.1 s), so this
 #: many are seconds on a CPU and about two minutes on a GPU: slow, but a
 #: budget or width the caller chose; ``summa plan --size 8192

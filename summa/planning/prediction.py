@@ -58,8 +58,8 @@ def predict_plan(plan, path=None, native=None) -> dict:
 #: Seconds the host takes to issue one out-of-core step (a C tile's panel:
 #: its uploads, events and GEMM) on a GPU, hidden behind the GPU's work
 #: unless the steps are tiny: pageable float64 8192³ on one H200 under
-#: 16 MiB (32776 steps) took 76.5 s, under 64 MiB (780 steps) 2.1 s, both
-#: ~2.5 ms a step where the host link alone would take 11.6 and 1.0 s
+#: 16 MiB (32776 steps) took 76.5 s, under 64 MiB (780 steps) 2.1 s: 2.3
+#: and 2.7 ms a step, where the host link alone would take 11.6 and 1.0 s
 #: (docs/benchmarks.md, "Measurements behind the defaults"). Both cut C into
 #: tiles of 4 panels each, one tile on the device at a time, so ~10 ms a
 #: tile (its write-back waited for) fits them as well: which it is, a run

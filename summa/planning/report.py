@@ -12,6 +12,7 @@ import numpy as np
 from ..host.storage import transposed
 from ..device.traits import traits
 from .memory import waited_write_backs
+from .prediction import SWEEP_STEP_SECONDS
 
 __all__ = ["plan_lines"]
 
@@ -130,8 +131,8 @@ def _prediction_lines(plan) -> list[str]:
               "  would move it: " + "; ".join(pred["advice"])]
     if pred.get("steps_seconds", 0.0) > split[pred["bound"]]:
         lines.append(f"  most of the time is the sweep's {pred['steps']} steps (C tiles x "
-                     "panels), each issued by the host, ~2.5 ms on an H200 however small: "
-                     "more device memory cuts fewer, larger tiles")
+                     f"panels), each issued by the host, ~{SWEEP_STEP_SECONDS * 1e3:.1f} ms on "
+                     "an H200 however small: more device memory cuts fewer, larger tiles")
     if pred.get("next"):
         lines.append(f"  next bound, {_bound_name(pred['next'], pred)} at "
                      f"{split[pred['next']]:.1f} s: " + "; ".join(pred["next_advice"]))
