@@ -51,7 +51,10 @@ holds, so the same command, repeated, finishes the matrix)::
 
 Before the first cell, a fresh process warms the machine (small calls of
 each dtype chosen, whole and in tiles): a first call is a fresh process's on
-a machine whose libraries and kernel caches are warm. A fresh machine's very
+a machine whose libraries and kernel caches are warm, timed after CUDA's
+start and a first small product of the cell's dtype (``calls.start_cuda``:
+cuBLAS loads a dtype's kernels at its first GEMM, ~0.2 s, which
+``cupy.matmul``'s first product pays too). A fresh machine's very
 first call (compiling fp64-int8's kernels: seconds, once per machine) is
 measured by ``benchmarks/fp64_int8_user_case.py`` instead.
 
