@@ -23,8 +23,8 @@ from ..device.traits import traits
 from .tuning import transposes_a
 
 __all__ = ["MemoryPlan", "Execution", "memory_plan", "resident_plan", "host_traffic",
-           "waited_write_backs", "check_memory", "ranks_on_device", "check_host_memory",
-           "parse_bytes", "format_bytes"]
+           "sweep_steps", "waited_write_backs", "check_memory", "ranks_on_device",
+           "check_host_memory", "parse_bytes", "format_bytes"]
 
 
 @dataclass(frozen=True)
@@ -555,6 +555,11 @@ def host_traffic(memory: MemoryPlan, shape, grid) -> int:
     C block once."""
     m, n, k = shape
     return _moved((-(-m // grid[0]), -(-n // grid[1]), k), memory.tiles, 2)
+
+
+def sweep_steps(memory: MemoryPlan, k: int) -> int:
+    """Steps (GEMMs) of an out-of-core sweep of K: C tiles times panels."""
+    return memory.tiles[0] * memory.tiles[1] * -(-k // max(memory.chunk, 1))
 
 
 def waited_write_backs(memory: MemoryPlan) -> int:

@@ -26,7 +26,7 @@ from ..precision import ozaki_gpu
 from ..distribution.grid import check_grid_ranks, grid_for, parse_grid
 from .memory import (TRAFFIC_GAIN, Execution, MemoryPlan, check_host_memory, check_memory,
                      format_bytes, host_traffic, memory_plan, parse_bytes, resident_plan,
-                     waited_write_backs)
+                     sweep_steps, waited_write_backs)
 from .prediction import predict_plan
 from .report import plan_lines
 from ..execution.strips import check_schedule
@@ -640,16 +640,11 @@ def _choose(plan_at, widths: list, moved, asked: bool, limits: tuple) -> tuple:
                     "slower; more device memory restores them)")
 
 
-def _sweep_gemms(memory: MemoryPlan, k: int) -> int:
-    """GEMMs an out-of-core sweep runs: C tiles times panels of K."""
-    return memory.tiles[0] * memory.tiles[1] * -(-k // max(memory.chunk, 1))
-
-
 def _too_fine(memory: MemoryPlan, k: int, gpu: bool, flops: int) -> bool:
     """Whether `memory`'s sweep of K takes more than :data:`MAX_SWEEP_GEMMS`
     steps, each fewer than :data:`STEP_FLOPS` (a GPU's or a CPU's) of the
     product's real `flops`."""
-    gemms = _sweep_gemms(memory, k)
+    gemms = sweep_steps(memory, k)
     return gemms > MAX_SWEEP_GEMMS and flops < STEP_FLOPS["gpu" if gpu else "cpu"] * gemms
 
 
@@ -663,7 +658,7 @@ def _check_sweep(memory: MemoryPlan, k: int, limits: tuple, choose) -> None:
     if not _too_fine(memory, k, gpu, flops):
         return
     (rows, cols), (tm, tn), width = memory.tiles, memory.tile, memory.chunk
-    cut = (f"cuts C into {rows} x {cols} tiles of {tm} x {tn} ({_sweep_gemms(memory, k)} "
+    cut = (f"cuts C into {rows} x {cols} tiles of {tm} x {tn} ({sweep_steps(memory, k)} "
            f"GEMMs with {width}-wide panels)")
     enough = 1 << (budget - 1).bit_length()
     for _ in range(64):  # more memory: fewer tiles, down to one (or the cut asked for)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .memory import host_traffic, waited_write_backs
+from .memory import host_traffic, sweep_steps, waited_write_backs
 from .tuning import default_panel_width, is_width
 from ..device.traits import traits
 from ..distribution.layout import first_panel_width
@@ -111,8 +111,7 @@ def _split(plan, profile) -> tuple:
     if up and host is not None and plan.out_of_core:
         exposed += profile.host_seconds(*_head_tail(plan, width, tile)) + \
             _behind_a_narrow_head(plan, profile, width, tile, gemm / (rows * cols))
-    steps = rows * cols * -(-k // max(min(width, k), 1)) \
-        if plan.out_of_core and traits(plan.backend).gpu else 0
+    steps = sweep_steps(plan.memory, k) if plan.out_of_core and traits(plan.backend).gpu else 0
     # a sweep takes at least its steps' issuing
     exposed += max(0.0, steps * SWEEP_STEP_SECONDS - max(gemm, links, host or 0.0) - exposed)
     split = TimeSplit(gemm, host, links, exposed, BOUNDS if plan.out_of_core else
