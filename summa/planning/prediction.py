@@ -16,7 +16,8 @@ from .tuning import default_panel_width, is_width
 from ..device.traits import traits
 from ..distribution.layout import first_panel_width
 
-__all__ = ["predict_plan", "NEXT_BOUND_SHARE", "SWEEP_STEP_SECONDS"]
+__all__ = ["predict_plan", "NEXT_BOUND_SHARE", "SWEEP_STEP_SECONDS",
+           "SWEEP_TILE_SECONDS"]
 
 
 def predict_plan(plan, path=None, native=None) -> dict:
@@ -56,15 +57,17 @@ def predict_plan(plan, path=None, native=None) -> dict:
 
 
 #: Seconds the host takes to issue one out-of-core step (a C tile's panel:
-#: its uploads, events and GEMM) on a GPU, hidden behind the GPU's work
-#: unless the steps are tiny: pageable float64 8192³ on one H200 under
-#: 16 MiB (32776 steps) took 76.5 s, under 64 MiB (780 steps) 2.1 s: 2.3
-#: and 2.7 ms a step, where the host link alone would take 11.6 and 1.0 s
-#: (docs/benchmarks.md, "Measurements behind the defaults"). Both cut C into
-#: tiles of 4 panels each, one tile on the device at a time, so ~10 ms a
-#: tile (its write-back waited for) fits them as well: which it is, a run
-#: with more panels a tile tells.
-SWEEP_STEP_SECONDS = 2.5e-3
+#: its uploads, events and GEMM) and one C tile (its start, its write-back
+#: waited for) on a GPU, hidden behind the GPU's work and the host link
+#: unless the steps are tiny. Fitted to pageable float64 sweeps on one H200
+#: (docs/benchmarks.md, "Measurements behind the defaults"): 2048² x 262144
+#: under 64 MiB (8 tiles of 128 panels) 1.61 s, 16384² x 2048 (1278 tiles
+#: of one panel) 5.90 s, 8192³ (195 tiles of 4) 1.84 s and under 16 MiB
+#: (8194 tiles of 4) 76.5 s; 1.6 ms a step and 3.1 ms a tile give 1.64,
+#: 6.0, 1.85 and 78 s. A cost a step alone (2.5 ms) fitted the last two
+#: and missed the first two by 60 % and 46 %.
+SWEEP_STEP_SECONDS = 1.6e-3
+SWEEP_TILE_SECONDS = 3.1e-3
 #: A part of the time split at least this share of the bound's is named
 #: beside it with what would move it too: it bounds the run once the bound
 #: is halved.
@@ -111,15 +114,26 @@ def _split(plan, profile) -> tuple:
     if up and host is not None and plan.out_of_core:
         exposed += profile.host_seconds(*_head_tail(plan, width, tile)) + \
             _behind_a_narrow_head(plan, profile, width, tile, gemm / (rows * cols))
-    steps = sweep_steps(plan.memory, k) if plan.out_of_core and traits(plan.backend).gpu else 0
-    # a sweep takes at least its steps' issuing
-    exposed += max(0.0, steps * SWEEP_STEP_SECONDS - max(gemm, links, host or 0.0) - exposed)
+    floor, steps = _sweep_floor(plan, k)
+    exposed += max(0.0, floor - max(gemm, links, host or 0.0) - exposed)
     split = TimeSplit(gemm, host, links, exposed, BOUNDS if plan.out_of_core else
                       ("gemm", "gpu_links"),
                       profile.disk_seconds((m * k + k * n) * itemsize, m * n * itemsize))
     return split, {"host_bytes": [up, down], "own_uploads": own, "comm": one.comm,
                    "host_link": profile.host_link(), "steps": steps,
-                   "steps_seconds": steps * SWEEP_STEP_SECONDS}
+                   "steps_seconds": floor}
+
+
+def _sweep_floor(plan, k: int) -> tuple[float, int]:
+    """``(seconds, steps)``: the least an out-of-core sweep on a GPU takes,
+    its steps' and tiles' issuing (:data:`SWEEP_STEP_SECONDS`,
+    :data:`SWEEP_TILE_SECONDS`), and its steps; ``(0.0, 0)`` in memory or
+    on CPUs."""
+    if not (plan.out_of_core and traits(plan.backend).gpu):
+        return 0.0, 0
+    steps = sweep_steps(plan.memory, k)
+    tiles = plan.memory.tiles[0] * plan.memory.tiles[1]
+    return steps * SWEEP_STEP_SECONDS + tiles * SWEEP_TILE_SECONDS, steps
 
 
 def _host_bytes(plan, own: bool) -> tuple[int, int]:

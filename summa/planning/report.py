@@ -12,7 +12,7 @@ import numpy as np
 from ..host.storage import transposed
 from ..device.traits import traits
 from .memory import waited_write_backs
-from .prediction import SWEEP_STEP_SECONDS
+from .prediction import SWEEP_STEP_SECONDS, SWEEP_TILE_SECONDS
 
 __all__ = ["plan_lines"]
 
@@ -130,9 +130,11 @@ def _prediction_lines(plan) -> list[str]:
                              if others else ""),
               "  would move it: " + "; ".join(pred["advice"])]
     if pred.get("steps_seconds", 0.0) > split[pred["bound"]]:
-        lines.append(f"  most of the time is the sweep's {pred['steps']} steps (C tiles x "
-                     f"panels), each issued by the host, ~{SWEEP_STEP_SECONDS * 1e3:.1f} ms on "
-                     "an H200 however small: more device memory cuts fewer, larger tiles")
+        tiles = plan.memory.tiles[0] * plan.memory.tiles[1]
+        lines.append(f"  most of the time is the sweep's {pred['steps']} steps over {tiles} C "
+                     f"tiles, each issued by the host, ~{SWEEP_STEP_SECONDS * 1e3:.1f} ms a step "
+                     f"and ~{SWEEP_TILE_SECONDS * 1e3:.1f} ms a tile on an H200 however small: "
+                     "more device memory cuts fewer, larger tiles")
     if pred.get("next"):
         lines.append(f"  next bound, {_bound_name(pred['next'], pred)} at "
                      f"{split[pred['next']]:.1f} s: " + "; ".join(pred["next_advice"]))

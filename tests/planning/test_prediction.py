@@ -187,19 +187,32 @@ def test_plans_take_the_profiles_device_memory_and_host_link(tmp_path):
 
 
 def test_a_sweep_of_tiny_steps_is_predicted_at_its_steps_cost(tmp_path):
-    """Out of core on a GPU the host issues every step (C tile x panel):
-    8192³ under 16 MiB, tens of thousands of tiny steps, is predicted at
-    no less than their cost (SWEEP_STEP_SECONDS each; an H200 took 76.5 s)
-    and the plan says so; 32768³ under 8 GiB, a few large steps, is not
-    moved by it."""
-    from summa.planning.prediction import SWEEP_STEP_SECONDS
+    """Out of core on a GPU the host issues every step (C tile x panel) and
+    every tile: 8192³ under 16 MiB, thousands of tiny tiles, is predicted at
+    no less than their cost (an H200 took 76.5 s) and the plan says so;
+    32768³ under 8 GiB, a few large steps, is not moved by it."""
+    from summa.planning.prediction import SWEEP_STEP_SECONDS, SWEEP_TILE_SECONDS
     text, plan = _plan(tmp_path, ["--size", "8192", "--ranks", "1", "--device-memory", "16MiB"])
     rows, cols = plan["memory"]["tiles"]
     steps = rows * cols * -(-8192 // plan["memory"]["chunk"])
     assert plan["predicted"]["steps"] == steps > 10000
-    assert plan["predicted"]["seconds"] >= steps * SWEEP_STEP_SECONDS
-    assert f"the sweep's {steps} steps" in text
+    floor = steps * SWEEP_STEP_SECONDS + rows * cols * SWEEP_TILE_SECONDS
+    assert plan["predicted"]["steps_seconds"] == pytest.approx(floor)
+    assert plan["predicted"]["seconds"] >= floor * (1 - 1e-9)
+    assert f"the sweep's {steps} steps over {rows * cols} C tiles" in text
     text, plan = _plan(tmp_path, ["--size", "32768", "--ranks", "1", "--device-memory", "8GiB"])
     split = plan["predicted"]["split"]
-    assert plan["predicted"]["steps"] * SWEEP_STEP_SECONDS < 0.1 * split["gemm"]
-    assert "steps (C tiles" not in text
+    assert plan["predicted"]["steps_seconds"] < 0.1 * split["gemm"]
+    assert "steps over" not in text
+
+
+def test_a_sweep_of_one_panel_tiles_is_predicted_at_its_tiles_cost(tmp_path):
+    """A tile costs the host more than a step: 16384² x 2048 under 64 MiB
+    cuts 1278 tiles of one panel each (an H200 took 5.9 s, where the host
+    link alone takes ~1.9 s and the steps alone at their cost ~2 s); the
+    prediction holds the tiles' cost, within the measured run's."""
+    text, plan = _plan(tmp_path, ["--m", "16384", "--n", "16384", "--k", "2048",
+                                  "--ranks", "1", "--device-memory", "64MiB"])
+    rows, cols = plan["memory"]["tiles"]
+    assert plan["predicted"]["steps"] == rows * cols > 1000
+    assert 4.5 < plan["predicted"]["seconds"] < 7.5
