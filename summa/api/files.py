@@ -34,6 +34,7 @@ from ..distribution.matrix import DistMatrix
 from ..runtime.progress import Progress
 from ..device.traits import traits
 from ..execution.outofcore import SweepOperands, run_out_of_core
+from ..planning.model import gemm_flops
 from ..planning.planner import Machine, make_plan
 from ..planning.selection import grid_broadcasters
 from .verify import freivalds
@@ -472,8 +473,7 @@ def _record_stats(run: _FilesRun, stats: SummaStats) -> None:
     record.update(panel_width=stats.panel_width, comm=stats.comm, panels=stats.panels,
                   schedule=stats.extra.get("schedule", "panels"),
                   transposed_a=bool(stats.extra.get("transposed_a", False)))
-    record["tflops"] = ((8 if run.job.compute.kind == "c" else 2) * m * n * k
-                        / record["compute_seconds"] / 1e12)
+    record["tflops"] = gemm_flops(run.job.compute, m, n, k) / record["compute_seconds"] / 1e12
     record["check_residual"] = None
 
 

@@ -23,6 +23,7 @@ from ..transports.comm import choose_comm
 from ..distribution.grid import ProcessGrid, check_grid_ranks, grid_shapes, node_rank
 from ..distribution.matrix import DistMatrix
 from ..execution.outofcore import SweepOperands, run_out_of_core
+from ..planning.model import gemm_flops
 from ..planning.planner import Machine, make_plan
 from ..runtime.progress import Progress
 from ..device.traits import traits
@@ -183,7 +184,7 @@ class BenchJob:
     @property
     def flops(self) -> int:
         m, n, k = self.shape
-        return (8 if self.dtype.kind == "c" else 2) * m * n * k
+        return gemm_flops(self.dtype, m, n, k)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from .. import options
 from ..device.staging import copy_threads, ring_bytes
 from ..distribution.topology import topology_of
 from ..device.traits import traits
+from .model import gemm_flops
 from .tuning import transposes_a
 
 __all__ = ["MemoryPlan", "Execution", "memory_plan", "resident_plan", "host_traffic",
@@ -451,7 +452,7 @@ def _one_at_a_time(sizes: tuple, tiles: tuple, dtype: np.dtype, fits) -> tuple:
     (0.93 of ``cupy.matmul``) where 3 x 1 two at a time ran 1.75 s (34.4
     GB up against 25.8; `benchmarks/matrix.py` with ``SUMMA_OOC_TILES``)."""
     ml, nl, k = sizes
-    flops = (8 if dtype.kind == "c" else 2) * ml * nl * k
+    flops = gemm_flops(dtype, ml, nl, k)
     if flops >= HOST_LINK_BALANCE * _moved(sizes, tiles, 2) * dtype.itemsize:
         return tiles, 2
     for cols in range(1, tiles[1] + 1):

@@ -54,7 +54,16 @@ from ..distribution.grid import grid_for, grid_shapes
 from .tuning import default_panel_width
 
 __all__ = ["Profile", "Prediction", "TimeSplit", "predict", "RunSetting", "sweep", "SWEEP_RANKS",
-           "recommend", "HARDWARE", "DEFAULT_HARDWARE", "hardware_profile", "shipped_profile"]
+           "recommend", "HARDWARE", "DEFAULT_HARDWARE", "hardware_profile", "shipped_profile",
+           "gemm_flops"]
+
+
+def gemm_flops(dtype, m: int, n: int, k: int) -> int:
+    """Real floating-point operations of an ``m x k`` by ``k x n`` product
+    of `dtype`: 2 m n k, four times that for complex (a complex
+    multiply-add is four real multiplies and four adds). The figure every
+    TFLOP/s of summa's is a rate of."""
+    return (8 if np.dtype(dtype).kind == "c" else 2) * m * n * k
 
 
 #: The hardware whose profiles ship with summa (``--hardware NAME``): what each describes.
@@ -355,7 +364,7 @@ def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
     p = pr * pc
     rpn = ranks_per_node or p
     itemsize = np.dtype(dtype).itemsize
-    flops = (8 if np.dtype(dtype).kind == "c" else 2) * m * n * k
+    flops = gemm_flops(dtype, m, n, k)
     ml, nl = -(-m // pr), -(-n // pc)
     # Rates are 2 m n k / seconds of samples in the same dtype, so complex
     # costs are already in them.

@@ -27,6 +27,7 @@ from ..distribution.grid import check_grid_ranks, grid_for, parse_grid
 from .memory import (TRAFFIC_GAIN, Execution, MemoryPlan, check_host_memory, check_memory,
                      format_bytes, host_traffic, memory_plan, parse_bytes, resident_plan,
                      sweep_steps, waited_write_backs)
+from .model import gemm_flops
 from .prediction import predict_plan
 from .report import plan_lines
 from ..execution.strips import check_schedule
@@ -606,7 +607,7 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
         return _choose(lambda w: plan_at(w, given), widths, moved, is_width(panel_width),
                        (given, k))
     memory, note = choose(budget)
-    flops = 2 * m * n * k * (4 if np.dtype(dtype).kind == "c" else 1)
+    flops = gemm_flops(dtype, m, n, k)
     _check_sweep(memory, k, (budget, traits(backend).gpu, flops), choose)
     return memory, note
 

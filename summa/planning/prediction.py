@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .memory import host_traffic, sweep_steps, waited_write_backs
+from .model import gemm_flops
 from .tuning import default_panel_width, is_width
 from ..device.traits import traits
 from ..distribution.layout import first_panel_width
@@ -39,7 +40,7 @@ def predict_plan(plan, path=None, native=None) -> dict:
     except (ValueError, KeyError) as exc:
         return {**out, "error": str(exc)}
     m, n, k = plan.shape
-    flops = (8 if np.dtype(plan.dtype).kind == "c" else 2) * m * n * k
+    flops = gemm_flops(plan.dtype, m, n, k)
     bound, worst = split.bound()
     parts = split.parts()
     runner = max((p for p in parts if p != bound), key=parts.get, default=None)

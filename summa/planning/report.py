@@ -12,6 +12,7 @@ import numpy as np
 from ..host.storage import transposed
 from ..device.traits import traits
 from .memory import waited_write_backs
+from .model import gemm_flops
 from .prediction import SWEEP_STEP_SECONDS, SWEEP_TILE_SECONDS
 
 __all__ = ["plan_lines"]
@@ -165,7 +166,7 @@ def _split_lines(plan) -> list[str]:
     (m, n, k), ranks = plan.shape, plan.ranks
     gb = 1e9
     up, down = (b / gb for b in pred["host_bytes"])
-    flops = (8 if np.dtype(plan.dtype).kind == "c" else 2) * m * n * k / ranks
+    flops = gemm_flops(plan.dtype, m, n, k) / ranks
     kind = plan.dtype + (" from INT8 products" if plan.precision == "fp64-int8" else "")
     rows = [("GEMMs", split["gemm"], f"{kind} at {flops / split['gemm'] / 1e12:.2f} TFLOP/s a "
              + ("GPU" if traits(plan.backend).gpu else "rank"))]
