@@ -1095,6 +1095,64 @@ def test_torch_cuda_tensors_in_are_torch_cuda_tensors_out(rng, monkeypatch, tran
         summa.matmul(ta.clone().requires_grad_(), tb)
 
 
+class _LazyCudaTensor:
+    """A torch CUDA tensor as summa meets it, without torch: DLPack on the
+    GPU, and the conjugate bit (``t.conj()``), under which DLPack refuses."""
+
+    __module__ = "torch_stand_in"
+    ndim = 2
+
+    def __init__(self, data, conjugated=False):
+        self.data, self.conjugated = data, conjugated
+
+    def __dlpack__(self, **kwargs):
+        if self.conjugated:
+            raise BufferError("Can't export tensors with the conjugate bit set")
+        return self.data.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.data.__dlpack_device__()
+
+    def is_conj(self) -> bool:
+        return self.conjugated
+
+    def conj(self):
+        return _LazyCudaTensor(self.data, not self.conjugated)
+
+    @property
+    def mT(self):
+        return _LazyCudaTensor(self.data.T, self.conjugated)
+
+
+@pytest.mark.parametrize("trans", ["N", "T", "H"])
+def test_a_lazy_conjugate_on_the_gpu_is_multiplied_where_it_lies(rng, monkeypatch, trans):
+    """torch's ``t.conj()`` / ``t.mH`` on a GPU: its conjugation is the
+    GEMM's op, its data read in place (no trip through host memory)."""
+    import cupy
+    import summa
+    _no_host_path(monkeypatch)
+    a, b = random_array(rng, (40, 40), "complex64"), random_array(rng, (40, 24), "complex64")
+    c = summa.matmul(_LazyCudaTensor(cupy.asarray(a), True), cupy.asarray(b), trans_a=trans)
+    assert isinstance(c, cupy.ndarray)
+    assert gemm_scaled_error(cupy.asnumpy(c), np.conj(a), b, trans_a=trans) <= 1
+
+
+def test_torch_lazy_conjugates_multiply_as_torch_does(rng):
+    import summa
+    torch = pytest.importorskip("torch")
+    x = random_array(rng, (30, 20), "complex128")
+    t = torch.from_numpy(x)
+    for got, want in ((summa.matmul(t.mH, t), x.conj().T @ x),
+                      (summa.matmul(t.conj(), t.mT), x.conj() @ x.T)):
+        assert isinstance(got, torch.Tensor)
+        assert np.allclose(got.numpy(), want, rtol=0, atol=1e-12 * np.abs(want).max())
+    if torch.cuda.is_available():
+        got = summa.matmul(t.cuda().mH, t.cuda())
+        assert got.device.type == "cuda"
+        assert np.allclose(got.cpu().numpy(), x.conj().T @ x, rtol=0,
+                           atol=1e-12 * np.abs(x.conj().T @ x).max())
+
+
 def test_torch_cpu_tensors_in_are_torch_cpu_tensors_out(rng):
     import summa
     torch = pytest.importorskip("torch")

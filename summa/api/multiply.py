@@ -124,9 +124,10 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     if unknown:
         raise TypeError(f"matmul got unexpected keyword argument(s) {', '.join(unknown)}")
     moduli = check_moduli(kwargs.pop("moduli", None), kwargs.get("precision"))
-    operands = ArrayOperands(a, b, out, root)
-    here = dict(kwargs, grid=grid, backend=backend, out_of_core=out_of_core,
-                device_memory=device_memory)
+    operands, (trans_a, trans_b) = ArrayOperands(a, b, out, root).unconjugated(
+        (kwargs.pop("trans_a", "N"), kwargs.pop("trans_b", "N")))
+    here = dict(kwargs, trans_a=trans_a, trans_b=trans_b, grid=grid, backend=backend,
+                out_of_core=out_of_core, device_memory=device_memory)
     # The backend binds its GPU; the caller's current one is current again after.
     with asked_moduli(moduli), kept_device():  # the pool's workers get moduli with the rest
         size, operands = pooled_size(operands, comm, gpus, workers, backend)

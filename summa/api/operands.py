@@ -40,8 +40,8 @@ import numpy as np
 
 from ..planning.planner import Placement
 
-__all__ = ["Operand", "Operands", "operand", "describe", "cupy_module", "kept_device",
-           "DLPACK_CPU", "DLPACK_CUDA"]
+__all__ = ["Operand", "Operands", "operand", "describe", "unconjugated", "cupy_module",
+           "kept_device", "DLPACK_CPU", "DLPACK_CUDA"]
 
 #: DLPack's device types (dlpack.h, ``DLDeviceType``) summa reads: host
 #: memory (plain, and CUDA's page-locked), and CUDA GPU memory (plain, managed).
@@ -109,6 +109,44 @@ class Operand:
             return cupy.asnumpy(self.array)
 
 
+#: An op of a lazy conjugate conj(X) as an op of X itself, as
+#: ``(transpose X first, op)``: conj(X) is (X^T)^H, conj(X)^T is X^H and
+#: conj(X)^H is X^T.
+_UNCONJUGATED = {"N": (True, "H"), "T": (False, "H"), "H": (False, "T")}
+
+
+def unconjugated(x, trans: str) -> tuple:
+    """``(x', trans')`` with ``op'(x') = op(x)``, `x'` the data as they lie,
+    where `x` is a lazy conjugate: a torch tensor with its conjugate bit set
+    (``t.conj()``, ``t.mH``, ``t.adjoint()``), which NumPy, CuPy and DLPack
+    do not read. The conjugation becomes the GEMM's op, as a Fortran order
+    or a transposed view does: no copy. Anything else: ``(x, trans)``.
+
+    Parameters
+    ----------
+    x : array or None
+    trans : {"N", "T", "H"}
+        The op asked of `x` (any other is left for the checks to refuse).
+    """
+    if trans not in _UNCONJUGATED or getattr(x, "ndim", 2) != 2 or not _lazy_conjugate(x):
+        return x, trans
+    try:
+        plain = x.conj()  # the same memory, the bit cleared
+    except Exception:  # noqa: BLE001 -- not torch's: the checks say what it is
+        return x, trans
+    transpose, code = _UNCONJUGATED[trans]
+    return (plain.mT if transpose else plain), code
+
+
+def _lazy_conjugate(x) -> bool:
+    """Is `x` a lazy conjugate (``x.is_conj()``: torch's conjugate bit)?"""
+    is_conj = getattr(x, "is_conj", None)
+    try:
+        return callable(is_conj) and bool(is_conj())
+    except Exception:  # noqa: BLE001 -- another library's is_conj: not torch's bit
+        return False
+
+
 def _library(x) -> str:
     root = type(x).__module__.partition(".")[0]
     return _ALIASES.get(root, root)
@@ -125,13 +163,17 @@ def operand(x, name: str) -> Operand:
     ------
     ValueError
         One sentence naming `name` and why: not an array; on a GPU while
-        CuPy is not installed; on a device that is not a CUDA GPU; or data
-        its library would not let NumPy or CuPy read.
+        CuPy is not installed; on a device that is not a CUDA GPU; data
+        its library would not let NumPy or CuPy read; or a lazy conjugate
+        (operands' are read by :func:`unconjugated` first: an `out` one).
     """
     if x is None:
         raise ValueError(f"the root rank must pass the array {name}")
     if isinstance(x, np.ndarray):
         return Operand(x, x, None, "numpy")
+    if _lazy_conjugate(x):  # (operands' bits were moved into their ops: out's cannot be)
+        raise ValueError(f"{name} has its conjugate bit set (torch's lazy conj()): summa "
+                         "cannot write into it in place; pass a tensor without it")
     place = _dlpack_device(x, name)
     if place is not None and place[0] not in _HOST_TYPES:
         if place[0] not in _CUDA_TYPES:

@@ -27,7 +27,7 @@ from .arrays import check_arrays
 from .checks import check_scalars
 from ..host.shared import parallel_copy
 from ..distribution.layout import Layout
-from .operands import describe
+from .operands import describe, unconjugated
 from ..distribution.matrix import DistMatrix
 from ..device.traits import traits
 from ..execution.outofcore import SweepOperands, run_out_of_core
@@ -95,6 +95,17 @@ class ArrayOperands:
         return self if self.given is not None else replace(
             self, given=describe(self.a, self.b, self.out))
 
+    def unconjugated(self, trans: tuple) -> tuple:
+        """``(operands, (trans_a, trans_b))``: these, a lazy conjugate among
+        `a` and `b` (torch's conjugate bit) read as its data lie and its
+        conjugation moved into `trans`, the ops asked
+        (:func:`summa.api.operands.unconjugated`); the ops as given,
+        upper-case, where there is none (off the root: the root's are
+        taken)."""
+        (a, trans_a), (b, trans_b) = (unconjugated(x, str(t).upper())
+                                      for x, t in zip((self.a, self.b), trans))
+        return replace(self, a=a, b=b, given=None), (trans_a, trans_b)
+
 
 @dataclass(frozen=True)
 class PlanRequest:
@@ -142,11 +153,12 @@ def plan_arrays(operands: ArrayOperands, comm, request: PlanRequest = PlanReques
     be = collectively(comm, get_backend, backend, local)
     if rank == operands.root and meta is None:
         meta = check_arrays(*operands.given.arrays, trans_a, trans_b, be)
-        meta = meta if isinstance(meta, str) else (*meta, placed)
+        meta = meta if isinstance(meta, str) else (*meta, placed, (trans_a, trans_b))
     meta = comm.bcast(meta, root=operands.root)
     if isinstance(meta, str):
         raise ValueError(meta)
-    m, n, k, dtype, placement = meta
+    # the root's ops: a lazy conjugate it holds moved its conjugation there
+    m, n, k, dtype, placement, (trans_a, trans_b) = meta
     # (the nodes the grid will see: the copy threads share them)
     plan = make_plan((m, n, k), dtype, Machine.live(comm, be, topology), grid=request.grid,
                      trans_a=trans_a, trans_b=trans_b, host_held=True,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import replace
 
 import numpy as np
 from mpi4py import MPI
@@ -107,8 +108,11 @@ class Matmul:
         self._root = root
         self.stats = None
         self._moduli = check_moduli(options.get("moduli"), options.get("precision"))
-        size, operands = pooled_size(ArrayOperands(a, b, None, root), comm, gpus, workers,
-                                     backend)
+        # the ops asked, before a lazy conjugate's conjugation joins them
+        self._asked = (options.pop("trans_a", "N"), options.pop("trans_b", "N"))
+        operands, (options["trans_a"], options["trans_b"]) = \
+            ArrayOperands(a, b, None, root).unconjugated(self._asked)
+        size, operands = pooled_size(operands, comm, gpus, workers, backend)
         request = dict(grid=grid, out_of_core=out_of_core, device_memory=device_memory)
         if size > 1:
             self._open_pooled(operands, size, dict(options, backend=backend, **request))
@@ -148,9 +152,10 @@ class Matmul:
             if self._operands is None:
                 raise ValueError("this Matmul let go of its operands (drop_operands): "
                                  "pass a and b")
-            a, b = self._operands.a, self._operands.b
-        # (one of a and b alone: refused there, on every rank)
-        operands = self._checked(ArrayOperands(a, b, out, self._root))
+            operands, trans = replace(self._operands, out=out, given=None), self.plan.trans
+        else:  # (one of a and b alone: refused there, on every rank)
+            operands, trans = ArrayOperands(a, b, out, self._root).unconjugated(self._asked)
+        operands = self._checked(operands, tuple(trans))
         stats = SummaStats()
         if self._pooled is not None:
             return self._execute_pooled(operands, stats)
@@ -168,15 +173,16 @@ class Matmul:
         self.plan, self.stats = self._pooled.plan, stats
         return operands.given.give_back(c)
 
-    def _checked(self, operands: ArrayOperands) -> ArrayOperands:
+    def _checked(self, operands: ArrayOperands, trans: tuple) -> ArrayOperands:
         """`operands` described on the root; refused, on every rank, where the
-        plan does not fit them or their `out` (or where it is one GEMM on a
-        GPU, they lie elsewhere)."""
+        plan does not fit them, their ops `trans` (a lazy conjugate's
+        conjugation among them) or their `out` (or where it is one GEMM on
+        a GPU, they lie elsewhere)."""
         comm, meta = self._comm, None
         if comm.Get_rank() == self._root:
             try:
                 operands = operands.described()
-                meta = self._fits(operands.given)
+                meta = self._fits(operands.given, trans)
             except ValueError as exc:
                 meta = str(exc)
         meta = comm.bcast(meta, root=self._root)
@@ -184,12 +190,18 @@ class Matmul:
             raise ValueError(meta)
         return operands
 
-    def _fits(self, given) -> str | None:
-        """Why the plan does not fit the described operands `given` (None: it does)."""
+    def _fits(self, given, trans: tuple) -> str | None:
+        """Why the plan does not fit the described operands `given`, their
+        ops `trans`, (None: it does)."""
         plan = self.plan
         meta = check_arrays(*given.arrays, *plan.trans, self._backend)
         if isinstance(meta, str):
             return meta
+        if trans != tuple(plan.trans):
+            return ("a lazily conjugated operand (a torch tensor with its conjugate bit set) "
+                    "stands where this Matmul planned a plain one, or the reverse: the ops "
+                    f"differ ({'/'.join(trans)} against {'/'.join(plan.trans)}); make a "
+                    "Matmul for these operands")
         if (tuple(meta[:3]), np.dtype(meta[3]).name) != (tuple(plan.shape), plan.dtype):
             return (f"the operands make a {meta[0]}x{meta[1]}x{meta[2]} "
                     f"{np.dtype(meta[3]).name} product, but this Matmul planned "

@@ -72,6 +72,34 @@ class FakeTensor:
     def __cuda_array_interface__(self):
         raise AttributeError("Can't get __cuda_array_interface__ on non-CUDA tensor")
 
+    # torch's lazy conjugation: conj() sets a bit on a view of the same memory
+    def is_conj(self) -> bool:
+        return False
+
+    def conj(self):
+        return LazyConj(self.data)
+
+    @property
+    def mT(self):
+        return type(self)(self.data.T) if not self.is_conj() else LazyConj(self.data.T)
+
+
+class LazyConj(FakeTensor):
+    """A torch tensor with its conjugate bit set: the conjugate of `data`,
+    which it holds unconjugated, and which NumPy and DLPack cannot read."""
+
+    def is_conj(self) -> bool:
+        return True
+
+    def conj(self):
+        return FakeTensor(self.data)
+
+    def __array__(self, dtype=None, copy=None):
+        raise RuntimeError("Can't call numpy() on Tensor that has conjugate bit set")
+
+    def __dlpack__(self, **kwargs):
+        raise BufferError("Can't export tensors with the conjugate bit set")
+
 
 class FakeJaxArray(DLPackHost):
     __module__ = "jaxlib.xla_extension"
@@ -171,6 +199,80 @@ def test_the_stateful_matmul_takes_foreign_arrays(rng, fake_torch):
         assert type(c) is np.ndarray and gemm_scaled_error(c, a2, b) <= 1
         with pytest.raises(ValueError, match="not an array"):
             m.execute(object(), b)
+
+
+# -- torch's lazy conjugates (t.conj(), t.mH): the conjugation becomes the op ----------
+
+@pytest.mark.parametrize("trans_a", ["N", "T", "H"])
+@pytest.mark.parametrize("mode", ["in memory", "out of core"])
+def test_a_lazy_conjugate_is_read_where_it_lies_and_conjugated_by_the_op(
+        rng, monkeypatch, fake_torch, trans_a, mode):
+    x = random_array(rng, (9, 9), "complex128")  # square: every op of it is 9 x 9
+    b = random_array(rng, (9, 6), "complex64").astype(np.complex128)
+    seen = spy_out_of_core(monkeypatch)
+    c = summa.matmul(FakeTensor(x).conj(), FakeTensor(b).conj(), trans_a=trans_a,
+                     comm=MPI.COMM_SELF, out_of_core=mode == "out of core", panel_width=4)
+    assert isinstance(c, FakeTensor)
+    assert gemm_scaled_error(c.data, np.conj(x), np.conj(b), trans_a=trans_a) <= 1
+    if seen:  # read as they lie: no conjugated copy
+        (A, B, _), = seen
+        assert np.shares_memory(A, x) and np.shares_memory(B, b)
+
+
+def test_a_hermitian_transpose_view_multiplies_as_torch_would(rng, fake_torch):
+    """``t.mH @ t`` (a Gram matrix of complex data), written as torch users do."""
+    x = random_array(rng, (11, 7), "complex64")
+    c = summa.matmul(FakeTensor(x).conj().mT, FakeTensor(x))
+    assert gemm_scaled_error(c.data, x, x, trans_a="H") <= 1
+
+
+def test_lazy_conjugates_go_through_the_pool(rng, fake_torch):
+    a, b = random_array(rng, (30, 20), "complex128"), random_array(rng, (20, 10), "complex128")
+    c = summa.matmul(FakeTensor(a).conj(), FakeTensor(b), workers=2, backend="numpy",
+                     panel_width=8)
+    assert gemm_scaled_error(c.data, np.conj(a), b) <= 1
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_lazy_conjugate_on_the_root_sets_the_ops_of_every_rank(comm, rng, fake_torch):
+    root = comm.Get_size() - 1
+    a, b = random_array(rng, (12, 10), "complex128"), random_array(rng, (12, 5), "complex128")
+    mine = comm.rank == root
+    c = summa.matmul(FakeTensor(a).conj() if mine else None, FakeTensor(b) if mine else None,
+                     trans_a="T", comm=comm, root=root, backend="numpy")
+    if mine:
+        assert gemm_scaled_error(c.data, np.conj(a), b, trans_a="T") <= 1
+    else:
+        assert c is None
+
+
+def test_the_stateful_matmul_keeps_a_lazy_conjugates_ops(rng, fake_torch):
+    a, b = random_array(rng, (8, 8), "complex128"), random_array(rng, (8, 3), "complex128")
+    with summa.Matmul(FakeTensor(a).conj(), FakeTensor(b), comm=MPI.COMM_SELF) as m:
+        assert gemm_scaled_error(m.execute().data, np.conj(a), b) <= 1
+        a2 = random_array(rng, (8, 8), "complex128")
+        assert gemm_scaled_error(m.execute(FakeTensor(a2).conj(), b).data, np.conj(a2),
+                                 b) <= 1
+        with pytest.raises(ValueError, match="lazily conjugated operand"):
+            m.execute(FakeTensor(a2), b)
+
+
+def test_torch_lazy_conjugates_multiply_as_torch_does(rng):
+    """The same with torch itself, where it is installed."""
+    torch = pytest.importorskip("torch")
+    x = random_array(rng, (14, 9), "complex64")
+    t = torch.from_numpy(x)
+    for trans in ("N", "T", "H"):
+        c = summa.matmul(t.conj(), t.conj().mT if trans == "N" else t, trans_a=trans)
+        want = np.conj(x) if trans == "N" else x.T if trans == "H" else x.conj().T
+        assert isinstance(c, torch.Tensor)
+        assert gemm_scaled_error(c.numpy(), want, np.conj(x).T if trans == "N" else x) <= 1
+
+
+def test_a_lazily_conjugated_out_is_refused(rng, fake_torch):
+    a = random_array(rng, (4, 4), "complex128")
+    with pytest.raises(ValueError, match="out has its conjugate bit set"):
+        summa.matmul(a, a, out=FakeTensor(np.empty((4, 4), complex)).conj())
 
 
 # -- refusals: one ValueError naming the argument and why -----------------------------
