@@ -308,10 +308,19 @@ def _bare_fp64_int8_seconds(m: int, n: int, k: int) -> float:
 
 
 def _bare_best(m, n, k, backend, ozaki_gpu) -> float:
+    """The faster of the fused product with its default scheme and as summa
+    plans it on device data (``summa.matmul`` of CuPy arrays: the rows and
+    the folds' integer products a pass that the free memory allows; float64
+    40960³ on an H200 1.68 s against the default's 1.79)."""
     import cupy as cp
+    import summa
     da, db = calls.device_random((m, k), "float64"), calls.device_random((k, n), "float64")
     dc = cp.empty((m, n))
-    return calls.best_device_seconds(lambda: ozaki_gpu.gemm(1.0, da, db, dc, backend=backend))
+    default = calls.best_device_seconds(
+        lambda: ozaki_gpu.gemm(1.0, da, db, dc, backend=backend))
+    planned = calls.best_device_seconds(
+        lambda: summa.matmul(da, db, precision="fp64-int8", out=dc))
+    return min(default, planned)
 
 
 def _link_rates(nbytes: int = GiB) -> tuple[float, float]:

@@ -66,6 +66,12 @@ class MemoryPlan:
         product takes at a time (:attr:`summa.precision.ozaki_gpu.Scheme.rows`),
         where its scratch for all of a tile's (or C's) rows does not fit;
         None: all at once.
+    int8_planes : int or None
+        fp64-int8 out of core or on the device: the integer products each
+        fold takes a pass over C's sums (:attr:`summa.precision.ozaki_gpu.Scheme.planes`),
+        more than :data:`summa.precision.ozaki_gpu.PLANES` where the room
+        left beside the chosen tiles and rows holds them (:func:`_int8_planes`);
+        None: the default.
     c_buffers : int or None
         Out of core: C tiles on the device at once. Two where there are
         several tiles (a tile's write-back overlaps the next tile's GEMMs);
@@ -97,6 +103,7 @@ class MemoryPlan:
     staged: tuple = (False, False)
     staging_bytes: int = 0
     int8_rows: int | None = None
+    int8_planes: int | None = None
     c_buffers: int | None = None
     head_first: int | None = None
     tail_smallest: int | None = None
@@ -288,9 +295,10 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
                                         fits_one)
     tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
 
-    def need(slots: int, rows: int | None = FP64_INT8_ROWS) -> int:
+    def need(slots: int, rows: int | None = FP64_INT8_ROWS, planes: int | None = None) -> int:
         return _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged,
-                             emulated and replace(emulated, rows=rows), buffers) * item
+                             emulated and replace(emulated, rows=rows, planes=planes),
+                             buffers) * item
     if asked and need(slots) > device_budget:  # the planner's own cut fits by construction
         buffers = 1  # an asked cut may fit with one C tile at a time
         if need(slots) > device_budget:
@@ -302,11 +310,13 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
             break
         slots += 1
     rows = _int8_rows(tm, lambda r: need(slots, r) <= device_budget) if emulated else None
+    planes = _int8_planes(nb, lambda p: need(slots, rows, p) <= device_budget) \
+        if emulated else None
     ring = ring_bytes(execution.copy_threads or copy_threads(1)) \
         if traits(execution.backend).gpu else 0
-    return MemoryPlan("out-of-core", need(slots, rows), blocks * item, (int(tm), int(tn)),
-                      int(nb), (int(tiles[0]), int(tiles[1])), slots, transposed, staged, ring,
-                      rows, buffers, head_first=FP64_INT8_HEAD_FIRST if emulated else HEAD_FIRST,
+    return MemoryPlan("out-of-core", need(slots, rows, planes), blocks * item,
+                      (int(tm), int(tn)), int(nb), (int(tiles[0]), int(tiles[1])), slots,
+                      transposed, staged, ring, rows, planes, buffers, head_first=FP64_INT8_HEAD_FIRST if emulated else HEAD_FIRST,
                       tail_smallest=FP64_INT8_TAIL_SMALLEST if emulated else TAIL_SMALLEST)
 
 
@@ -332,11 +342,15 @@ def resident_plan(m: int, n: int, k: int, dtype, precision=None, copies: int = 0
     if dtype.kind == "c":
         need += 16 * (m * k + k * n + m * n)
 
-    def with_scratch(rows: int | None) -> int:
+    def with_scratch(rows: int | None, planes: int | None = None) -> int:
         return need + ozaki_gpu.scratch_bytes(m, n, piece, ozaki_gpu.moduli_for(piece),
-                                              rows=rows)
-    rows = None if budget is None else _int8_rows(m, lambda r: with_scratch(r) <= budget)
-    return MemoryPlan("on-device", with_scratch(rows), 0, int8_rows=rows)
+                                              planes=planes or ozaki_gpu.PLANES, rows=rows)
+    if budget is None:
+        return MemoryPlan("on-device", with_scratch(None), 0)
+    rows = _int8_rows(m, lambda r: with_scratch(r) <= budget)
+    planes = _int8_planes(piece, lambda p: with_scratch(rows, p) <= budget)
+    return MemoryPlan("on-device", with_scratch(rows, planes), 0, int8_rows=rows,
+                      int8_planes=planes)
 
 
 def _int8_rows(rows: int, fits) -> int | None:
@@ -356,6 +370,23 @@ def _int8_rows(rows: int, fits) -> int | None:
     low = _most_that_fit(low, rows - 1, fits)
     even = -(-rows // -(-rows // low))  # as many chunks, of even size: none over `low`
     return max(even, FP64_INT8_ROWS)  # (fits: FP64_INT8_ROWS <= low < rows here)
+
+
+def _int8_planes(k: int, fits) -> int | None:
+    """The integer products each fold of an fp64-int8 product over `k`
+    terms takes a pass: all of its moduli (one pass over C's sums) where
+    ``fits(planes)`` (a predicate of the planes' memory within the budget)
+    holds for them, else the most that fit; None where no more than
+    :data:`summa.precision.ozaki_gpu.PLANES` do. All 15 in one pass ran a
+    20480 x 40960 x 16384 panel product in 0.356 s against 0.375 with 4,
+    40960³ in 1.628 against 1.678 (`ozaki_gpu.gemm` on one H200, 2026-12-04,
+    docs/benchmarks.md "Measurements behind the defaults"): each pass reads
+    and writes the sums again."""
+    from ..precision import ozaki_gpu
+    count, least = ozaki_gpu.moduli_for(k), ozaki_gpu.PLANES
+    if count <= least or not fits(least + 1):
+        return None
+    return _most_that_fit(least + 1, count, fits)
 
 
 def _most_that_fit(low: int, high: int, fits) -> int:
@@ -412,21 +443,25 @@ class _Int8:
         imaginary parts and two real results.
     rows : int or None
         Rows of A and C a product takes at a time (None: all).
+    planes : int or None
+        Integer products a fold takes a pass (None: the default).
     """
 
     complex_: bool = False
     rows: int | None = None
+    planes: int | None = None
 
 
 def _ozaki_scratch(tm: int, tn: int, nb: int, complex_: bool = False,
-                   rows: int | None = None) -> int:
+                   rows: int | None = None, planes: int | None = None) -> int:
     """Device bytes one ``tm x nb`` by ``nb x tn`` product takes on INT8 tensor
     cores (``precision="fp64-int8"``, :func:`summa.precision.ozaki_gpu.scratch_bytes`),
-    `rows` of A and C at a time (None: all); complex: one real product at a
-    time, beside the operands' real and imaginary parts and the two real
-    results."""
+    `rows` of A and C at a time (None: all), `planes` integer products a
+    fold (None: the default); complex: one real product at a time, beside
+    the operands' real and imaginary parts and the two real results."""
     from ..precision import ozaki_gpu
-    scratch = ozaki_gpu.scratch_bytes(tm, tn, nb, ozaki_gpu.moduli_for(nb), rows=rows)
+    scratch = ozaki_gpu.scratch_bytes(tm, tn, nb, ozaki_gpu.moduli_for(nb),
+                                      planes or ozaki_gpu.PLANES, rows=rows)
     return scratch + (16 * (tm * nb + nb * tn) + 16 * tm * tn if complex_ else 0)
 
 
@@ -506,7 +541,8 @@ def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,
     if emulated is None:
         return elements
     item = 16 if emulated.complex_ else 8  # elements of the data's size, complex or real
-    return elements + -(-_ozaki_scratch(tm, tn, nb, emulated.complex_, emulated.rows) // item)
+    return elements + -(-_ozaki_scratch(tm, tn, nb, emulated.complex_, emulated.rows,
+                                        emulated.planes) // item)
 
 
 #: Most column tiles the search for fp64-int8's cut tries (per rank).

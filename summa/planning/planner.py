@@ -250,11 +250,13 @@ class Plan:
     def scheme(self) -> ozaki_gpu.Scheme | None:
         """fp64-int8: how its products run (:class:`summa.precision.ozaki_gpu.Scheme`),
         what the executors hand the GEMMs: the rows of A and C each takes at
-        a time (``memory.int8_rows``, the memory plan's); None for other
+        a time and the integer products a fold takes (``memory.int8_rows``,
+        ``memory.int8_planes``, the memory plan's); None for other
         precisions."""
         if self.precision != "fp64-int8":
             return None
-        return ozaki_gpu.Scheme(rows=self.memory.int8_rows)
+        return ozaki_gpu.Scheme(rows=self.memory.int8_rows,
+                                planes=self.memory.int8_planes or ozaki_gpu.PLANES)
 
     def __str__(self) -> str:
         return "\n".join(plan_lines(self))

@@ -48,6 +48,9 @@ def plan_lines(plan) -> list[str]:
         whole = "of a tile's" if memory.tile else "of C's"
         lines.append(f"  fp64-int8's products take C's rows {memory.int8_rows} at a time (B's "
                      f"residues made once): the scratch of all {whole} rows does not fit")
+    if memory.int8_planes is not None:
+        lines.append(f"  fp64-int8's folds take {memory.int8_planes} integer products a pass "
+                     "over C's sums (the room left holds them; counted above)")
     if plan.panel_sums is not None:
         lines.append(f"  on this grid each rank sums its panels' INT8 products and folds C once "
                      f"where its device also holds the sums ({plan.panel_sums / gib:.2f} GiB "

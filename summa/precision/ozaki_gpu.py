@@ -45,8 +45,11 @@ __all__ = ["gemm", "Scheme", "PanelSums", "grid_exponents", "panel_sums_bytes",
            "panel_sums_apply", "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli",
            "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
 
-#: Integer products folded per pass (each pass reads the two sums once; 8
-#: measured no faster in the fold-variants probe, `fold_probe.py` at aaff378).
+#: Integer products folded per pass by default (each pass reads and writes
+#: the two sums once): the least a plan takes. A plan gives the folds more
+#: where its memory leaves room (:attr:`summa.planning.memory.MemoryPlan.int8_planes`:
+#: all 15 a pass ran a 40960³ product 3 % faster, a sweep's panel products
+#: 5-9 %).
 PLANES = 4
 
 

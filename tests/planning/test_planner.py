@@ -5,6 +5,7 @@ the Plan a run takes."""
 import io
 import itertools
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -538,16 +539,17 @@ def test_fp64_int8_products_in_chunks_of_rows_let_fewer_larger_tiles_fit():
     budget; the plan hands its GEMMs the rows (Plan.scheme) and says them."""
     from summa.planning import memory
     from summa.planning.planner import FREE_SHARE
-    from summa.precision.ozaki_gpu import Scheme
+    from summa.precision.ozaki_gpu import PLANES, Scheme
     n = 40960
     budget = int(24 * 2**30 * FREE_SHARE)
     plan = _int8_plan(n, budget, panel_width=16384)
     mem = plan.memory
     (tm, tn), (rows, cols) = mem.tile, mem.tiles
     assert memory.FP64_INT8_ROWS <= mem.int8_rows < tm
-    assert plan.scheme == Scheme(rows=mem.int8_rows)
+    assert plan.scheme == Scheme(rows=mem.int8_rows, planes=mem.int8_planes or PLANES)
     counted = memory._ooc_elements(tm, tn, mem.chunk, mem.slots, rows * cols,
-                                   emulated=memory._Int8(rows=mem.int8_rows))
+                                   emulated=memory._Int8(rows=mem.int8_rows,
+                                                         planes=mem.int8_planes))
     assert mem.device_bytes == 8 * counted <= budget
     whole = memory._ooc_tiles(n, n, mem.chunk, 2, budget // 8, emulated=memory._Int8())
     assert whole == (4, 3) and (rows, cols) == (2, 3)
@@ -555,9 +557,41 @@ def test_fp64_int8_products_in_chunks_of_rows_let_fewer_larger_tiles_fit():
         0.8 * (sum(whole) + 1) * n * n
     assert f"take C's rows {mem.int8_rows} at a time" in str(plan)
     roomy = _int8_plan(n, "139GiB")  # whole rows fit: none said
-    assert roomy.memory.int8_rows is None and roomy.scheme == Scheme()
+    assert roomy.memory.int8_rows is None and roomy.scheme.rows is None
     assert "at a time" not in str(roomy)
     assert make_plan((n, n, n), "float64", Machine("cupy", 1), device_memory=budget).scheme is None
+
+
+def test_fp64_int8_folds_take_more_integer_products_a_pass_where_room_is_left():
+    """The room a budget leaves beside fp64-int8's tiles and rows goes to
+    its folds: with the whole H200 all 15 integer products a pass (one pass
+    over C's sums), under a budget between them the most that fit, under
+    a tight one the default; always within the budget, the sweep's own
+    count, and handed to the GEMMs (Plan.scheme)."""
+    from summa.planning import memory
+    from summa.precision import ozaki_gpu
+    n, count = 40960, ozaki_gpu.moduli_for(16384)
+
+    def counted(mem):
+        rows, cols = mem.tiles
+        return 8 * memory._ooc_elements(*mem.tile, mem.chunk, mem.slots, rows * cols,
+                                        emulated=memory._Int8(rows=mem.int8_rows,
+                                                              planes=mem.int8_planes),
+                                        c_buffers=mem.c_buffers)
+    whole = _int8_plan(n, "127GiB")
+    assert whole.memory.int8_planes == count and whole.scheme.planes == count
+    assert counted(whole.memory) == whole.memory.device_bytes <= 127 * 2**30
+    assert f"take {count} integer products a pass" in str(whole)
+    short = whole.memory.device_bytes - 1  # one byte short of them: fewer, the tiles kept
+    between = _int8_plan(n, short).memory
+    assert between.tiles == whole.memory.tiles and between.int8_rows == whole.memory.int8_rows
+    assert ozaki_gpu.PLANES < between.int8_planes < count
+    assert counted(between) <= short
+    more = replace(between, int8_planes=between.int8_planes + 1)
+    assert counted(more) > short
+    tight = _int8_plan(n, "8GiB")
+    assert tight.memory.int8_planes is None and tight.scheme.planes == ozaki_gpu.PLANES
+    assert "integer products a pass" not in str(tight)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "complex128"])
@@ -602,8 +636,9 @@ def test_fp64_int8_operands_on_the_gpu_take_rows_in_chunks_where_all_do_not_fit(
         rows = tight.memory.int8_rows
         assert tight.placement.resident and memory.FP64_INT8_ROWS <= rows < n
         room = free if cap is None else min(free, cap - held)
+        planes = tight.memory.int8_planes or ozaki_gpu.PLANES
         assert tight.memory.device_bytes == 8 * n * n + ozaki_gpu.scratch_bytes(
-            n, n, n, ozaki_gpu.moduli_for(n), rows=rows) <= room
+            n, n, n, ozaki_gpu.moduli_for(n), planes, rows=rows) <= room
         assert tight.scheme.rows == rows and f"take C's rows {rows} at a time" in str(tight)
     fetched = plan(20 * 2**30)  # not even the least chunks fit: through host memory
     assert fetched.placement.fetched and "copied to host memory" in fetched.note
