@@ -316,7 +316,8 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
         if traits(execution.backend).gpu else 0
     return MemoryPlan("out-of-core", need(slots, rows, planes), blocks * item,
                       (int(tm), int(tn)), int(nb), (int(tiles[0]), int(tiles[1])), slots,
-                      transposed, staged, ring, rows, planes, buffers, head_first=FP64_INT8_HEAD_FIRST if emulated else HEAD_FIRST,
+                      transposed, staged, ring, rows, planes, buffers,
+                      head_first=FP64_INT8_HEAD_FIRST if emulated else HEAD_FIRST,
                       tail_smallest=FP64_INT8_TAIL_SMALLEST if emulated else TAIL_SMALLEST)
 
 
