@@ -27,6 +27,16 @@ def plan_lines(plan) -> list[str]:
              f"backend: {memory.mode}",
              f"  peak per rank: device {memory.device_bytes / gib:.2f} GiB, host "
              f"{memory.host_bytes / gib:.2f} GiB"]
+    lines += _memory_lines(plan) + _fp64_int8_lines(plan) + _staging_lines(plan)
+    if plan.predicted:
+        lines += _prediction_lines(plan)
+    return lines + _storage_lines(plan) + _decision_lines(plan)
+
+
+def _memory_lines(plan) -> list[str]:
+    """How the device memory counted in the peak is laid out: out of core
+    its C tiles and panel slots, the staged and transposed panels."""
+    memory, lines = plan.memory, []
     if memory.tile:
         lines.append(f"  C tiles of {memory.tile[0]} x {memory.tile[1]} ({memory.tiles[0]} x "
                      f"{memory.tiles[1]} per rank), panels of {memory.chunk} columns in "
@@ -41,6 +51,13 @@ def plan_lines(plan) -> list[str]:
     if memory.transposed_a:
         lines.append("  A's panels are copied transposed for the GEMMs (one scratch panel "
                      "counted above; SUMMA_TRANSPOSE_A)")
+    return lines
+
+
+def _fp64_int8_lines(plan) -> list[str]:
+    """fp64-int8's scratch: its moduli, the rows its products take at a
+    time, the integer products its folds take a pass, a grid's panel sums."""
+    memory, lines = plan.memory, []
     if plan.moduli is not None:
         lines.append(f"  fp64-int8: each panel product's int8 residues ({plan.moduli} moduli), "
                      "integer products and float64 sums counted above")
@@ -53,26 +70,35 @@ def plan_lines(plan) -> list[str]:
                      "over C's sums (the room left holds them; counted above)")
     if plan.panel_sums is not None:
         lines.append(f"  on this grid each rank sums its panels' INT8 products and folds C once "
-                     f"where its device also holds the sums ({plan.panel_sums / gib:.2f} GiB "
+                     f"where its device also holds the sums ({plan.panel_sums / 2**30:.2f} GiB "
                      "beside its blocks and panels); else a fold a panel, as counted above")
-    if memory.staging_bytes:
-        threads = plan.copy_threads
-        lines.append(f"  host copies pass through {memory.staging_bytes / 2**20:.0f} MiB of "
-                     f"page-locked chunks, filled and drained by {threads} copy "
-                     f"thread{'s' * (threads != 1)} a rank (SUMMA_COPY_THREADS); summa.matmul "
-                     "on NumPy arrays reads A and B where they lie, so its extra host "
-                     f"memory is C ({m * n * np.dtype(plan.dtype).itemsize / gib:.2f} GiB, or "
-                     "none with out=) and those chunks")
-    if plan.predicted:
-        lines += _prediction_lines(plan)
-    lines += _storage_lines(plan)
+    return lines
+
+
+def _staging_lines(plan) -> list[str]:
+    """The page-locked chunks host copies pass through, and what host
+    memory a call adds beside them."""
+    if not plan.memory.staging_bytes:
+        return []
+    (m, n, _), threads = plan.shape, plan.copy_threads
+    return [f"  host copies pass through {plan.memory.staging_bytes / 2**20:.0f} MiB of "
+            f"page-locked chunks, filled and drained by {threads} copy "
+            f"thread{'s' * (threads != 1)} a rank (SUMMA_COPY_THREADS); summa.matmul "
+            "on NumPy arrays reads A and B where they lie, so its extra host "
+            f"memory is C ({m * n * np.dtype(plan.dtype).itemsize / 2**30:.2f} GiB, or "
+            "none with out=) and those chunks"]
+
+
+def _decision_lines(plan) -> list[str]:
+    """The decisions the lines above do not show, where the operands lie,
+    and the plan's note."""
     decided = (f"  decided: {plan.schedule}, op(A) {plan.trans[0]}, op(B) {plan.trans[1]}, "
                f"broadcaster {plan.broadcaster}, precision {plan.precision or 'default'}")
     if plan.out_of_core:
-        decided += f", device budget {plan.device_budget / gib:.2f} GiB"
+        decided += f", device budget {plan.device_budget / 2**30:.2f} GiB"
     if plan.host_copies:
         decided += f", host copies {plan.host_copies}"
-    lines.append(decided)
+    lines = [decided]
     if plan.placement.where != "host":
         lines.append(f"  {plan.placement}")
     if plan.note:
