@@ -188,38 +188,9 @@ def run_plot(args, comm: MPI.Comm, out) -> int:
         raise ValueError("no results to plot")
     profile = Profile.load(args.profile) if args.profile else None
     fig, (ax_t, ax_e, ax_w) = plt.subplots(1, 3, figsize=(15, 4.5))
-    groups = {}
-    for r in rows:
-        key = (r["m"], r["dtype"], r.get("precision", "default"), r.get("comm"))
-        groups.setdefault(key, []).append(r)
-    for (size, dtype, precision, comm_mode), runs in sorted(groups.items()):
-        runs.sort(key=lambda r: r["ranks"])
-        label = f"N={size} {dtype}{'/' + precision if precision else ''} {comm_mode}"
-        ps = [r["ranks"] for r in runs]
-        ax_t.plot(ps, [r["seconds"] for r in runs], "o", label=f"{label} measured")
-        eff = [r["efficiency"] for r in runs if r.get("efficiency") is not None]
-        if eff:
-            ax_e.plot([r["ranks"] for r in runs if r.get("efficiency") is not None], eff, "o",
-                      label=f"{label} measured")
-        if profile is not None:
-            curve_p = sorted(set(ps) | set(args.model_ranks))
-            preds = [recommend(profile, size, size, size, dtype, p,
-                               precision=None if precision == "default" else precision,
-                               comm=comm_mode if comm_mode in profile.comm_modes() else None)
-                     for p in curve_p]
-            ax_t.plot(curve_p, [q.seconds for q in preds], "-", label=f"{label} model")
-            ax_e.plot(curve_p, [q.efficiency for q in preds], "-", label=f"{label} model")
-    weak_runs = [r for path in args.weak for r in load_results(path)
-                 if r.get("efficiency") is not None]
-    if profile is not None:
-        # the model's weak series starts where the measured one does
-        base = min(weak_runs or rows, key=lambda r: (r["ranks"], r["m"]))
-        weak = sweep(profile, base["m"], base["dtype"], ranks=args.model_ranks, weak=True)
-        ax_w.plot([p for p, _, _ in weak], [q.efficiency for _, _, q in weak], "-",
-                  label=f"model, N = {base['m']} x P^(1/3)")
-    if weak_runs:
-        ax_w.plot([r["ranks"] for r in weak_runs], [r["efficiency"] for r in weak_runs], "o",
-                  label="measured")
+    _plot_strong((ax_t, ax_e), rows, profile, args.model_ranks)
+    _plot_weak(ax_w, rows, [r for path in args.weak for r in load_results(path)
+                            if r.get("efficiency") is not None], profile, args.model_ranks)
     for ax, title, ylabel in ((ax_t, "strong scaling: time", "seconds"),
                               (ax_e, "strong scaling: efficiency", "efficiency"),
                               (ax_w, "weak scaling: efficiency", "efficiency")):
@@ -237,3 +208,46 @@ def run_plot(args, comm: MPI.Comm, out) -> int:
     print(f"wrote {args.output} ({len(rows)} measured runs"
           + (f", model from {args.profile})" if profile else ")"), file=out)
     return 0
+
+
+def _plot_strong(axes, rows: list, profile, model_ranks) -> None:
+    """Time and efficiency against ranks on `axes`, a series per size,
+    dtype, precision and comm of the measured `rows`, with the model's
+    curves over their ranks and `model_ranks` where `profile` is given."""
+    ax_t, ax_e = axes
+    groups = {}
+    for r in rows:
+        key = (r["m"], r["dtype"], r.get("precision", "default"), r.get("comm"))
+        groups.setdefault(key, []).append(r)
+    for (size, dtype, precision, comm_mode), runs in sorted(groups.items()):
+        runs.sort(key=lambda r: r["ranks"])
+        label = f"N={size} {dtype}{'/' + precision if precision else ''} {comm_mode}"
+        ps = [r["ranks"] for r in runs]
+        ax_t.plot(ps, [r["seconds"] for r in runs], "o", label=f"{label} measured")
+        eff = [r["efficiency"] for r in runs if r.get("efficiency") is not None]
+        if eff:
+            ax_e.plot([r["ranks"] for r in runs if r.get("efficiency") is not None], eff, "o",
+                      label=f"{label} measured")
+        if profile is None:
+            continue
+        curve_p = sorted(set(ps) | set(model_ranks))
+        preds = [recommend(profile, size, size, size, dtype, p,
+                           precision=None if precision == "default" else precision,
+                           comm=comm_mode if comm_mode in profile.comm_modes() else None)
+                 for p in curve_p]
+        ax_t.plot(curve_p, [q.seconds for q in preds], "-", label=f"{label} model")
+        ax_e.plot(curve_p, [q.efficiency for q in preds], "-", label=f"{label} model")
+
+
+def _plot_weak(ax, rows: list, weak_runs: list, profile, model_ranks) -> None:
+    """Weak scaling's efficiency against ranks on `ax`: the measured
+    `weak_runs`, and where `profile` is given the model's series from the
+    smallest run (of `weak_runs`, else of the strong `rows`)."""
+    if profile is not None:
+        base = min(weak_runs or rows, key=lambda r: (r["ranks"], r["m"]))
+        weak = sweep(profile, base["m"], base["dtype"], ranks=model_ranks, weak=True)
+        ax.plot([p for p, _, _ in weak], [q.efficiency for _, _, q in weak], "-",
+                label=f"model, N = {base['m']} x P^(1/3)")
+    if weak_runs:
+        ax.plot([r["ranks"] for r in weak_runs], [r["efficiency"] for r in weak_runs], "o",
+                label="measured")
