@@ -468,8 +468,21 @@ def _run_multiply(args, comm: MPI.Comm, out) -> int:
     record["wall_seconds"] = comm.allreduce(process_age(), op=MPI.MAX)
     if comm.Get_rank() != 0:
         return 0
+    _print_multiply(args, record, comm.Get_size(), out)
+    if args.json:
+        record.update(ranks=comm.Get_size(), versions=versions(),
+                      alpha=str(record["alpha"]), beta=str(record["beta"]),
+                      date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        with open(args.json, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+    return 0
+
+
+def _print_multiply(args, record: dict, ranks: int, out) -> None:
+    """``summa multiply``'s report of its `record` on `ranks` ranks: what
+    was multiplied, how long each phase took, the wall time."""
     residual = record["check_residual"]
-    print(f"summa multiply: {comm.Get_size()} ranks, grid {record['grid'][0]}x"
+    print(f"summa multiply: {ranks} ranks, grid {record['grid'][0]}x"
           f"{record['grid'][1]}, backend {record['backend']}, comm {record['comm']}", file=out)
     mark = {"N": "", "T": "ᵀ", "H": "ᴴ"}
     print(f"  C = {record['alpha']:g} · {args.a}{mark[record['trans_a']]} @ "
@@ -483,7 +496,7 @@ def _run_multiply(args, comm: MPI.Comm, out) -> int:
     if record.get("streamed"):
         print("  blocks mapped from the files and read as the multiply goes; the product "
               "written in place", file=out)
-    print(f"  start-up {startup:.3f} s (Python, imports, MPI), prepare "
+    print(f"  start-up {record['startup_seconds']:.3f} s (Python, imports, MPI), prepare "
           f"{record['prepare_seconds']:.3f} s (headers, devices, grid, plan), "
           f"read {record['read_seconds']:.3f} s, setup {record['setup_seconds']:.3f} s, "
           f"multiply {record['compute_seconds']:.3f} s "
@@ -493,13 +506,6 @@ def _run_multiply(args, comm: MPI.Comm, out) -> int:
           + f"write {record['write_seconds']:.3f} s, NaN/Inf scan {record['scan_seconds']:.3f} s",
           file=out)
     print(_wall_line(record), file=out)
-    if args.json:
-        record.update(ranks=comm.Get_size(), versions=versions(),
-                      alpha=str(record["alpha"]), beta=str(record["beta"]),
-                      date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-        with open(args.json, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
-    return 0
 
 
 def _wall_line(record: dict) -> str:
