@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..device.backend import DTYPES
 from ..planning.planner import Placement
 
 __all__ = ["Operand", "Operands", "operand", "describe", "unconjugated", "cupy_module",
@@ -227,7 +228,8 @@ def _on_gpu(x, name: str) -> Operand:
             array = cupy.asarray(x)
         device = int(array.device.id)
     except Exception as exc:  # noqa: BLE001 -- the library's or CUDA's own error, said once
-        raise ValueError(f"{name} ({_kind(x)}) lies on a GPU this process cannot read through "
+        raise ValueError(_foreign_dtype(x, name) or
+                         f"{name} ({_kind(x)}) lies on a GPU this process cannot read through "
                          f"CuPy ({type(exc).__name__}: {exc})") from None
     return Operand(x, array, device, _library(x))
 
@@ -252,11 +254,27 @@ def _host_array(x, name: str, dlpack: bool) -> np.ndarray:
     try:
         array = np.from_dlpack(x) if dlpack and not _array_like(x) else np.asarray(x)
     except Exception as exc:  # noqa: BLE001 -- any library's refusal, said once
-        raise ValueError(f"{name} is not an array NumPy can read ({_kind(x)}: "
+        raise ValueError(_foreign_dtype(x, name) or
+                         f"{name} is not an array NumPy can read ({_kind(x)}: "
                          f"{type(exc).__name__}: {exc})") from None
     if array.dtype.hasobject:
         raise ValueError(f"{name} is not an array of numbers ({_kind(x)})")
     return array
+
+
+def _foreign_dtype(x, name: str) -> str | None:
+    """Why `x` is refused where its library's dtype is one NumPy has no type
+    for (torch's bfloat16 and float8 types): the dtype and the choices;
+    None where its dtype is not why NumPy or CuPy would not read it."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        return None
+    try:
+        np.dtype(str(dtype).rpartition(".")[2])  # torch.float32 -> float32
+        return None
+    except TypeError:
+        return (f"{name} has dtype {dtype}, which summa does not multiply: choose one of "
+                f"{', '.join(DTYPES)} (float16 on GPUs only) and convert it first")
 
 
 @dataclass(frozen=True)

@@ -305,6 +305,15 @@ class NeedsGrad(FakeTensor):
         raise RuntimeError("Can't call numpy() on Tensor that requires grad")
 
 
+class BFloat16(FakeTensor):
+    """A dtype NumPy has no type for: torch's bfloat16."""
+
+    dtype = "torch.bfloat16"
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("Got unsupported ScalarType BFloat16")
+
+
 class Copied(ArrayLike):
     """``__array__`` gives a fresh copy: no use as `out`."""
 
@@ -319,6 +328,8 @@ class Copied(ArrayLike):
     (lambda: DLPackDevice(99), "DLPack device type 99"),
     (lambda: DLPackDevice(fails=True), "does not say where its data lie"),
     (lambda: NeedsGrad(np.ones((4, 4))), "requires grad"),
+    (lambda: BFloat16(np.ones((4, 4))), "dtype torch.bfloat16, which summa does not multiply: "
+                                        "choose one of float64"),
     (lambda: object(), "a is not an array"),
     (lambda: "4x4", "a is not an array"),
     (lambda: FakeTensor(np.ones((4, 4), dtype=np.int64)), "unsupported dtype"),
