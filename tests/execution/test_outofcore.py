@@ -909,3 +909,34 @@ def test_the_sweep_hands_its_fp64_int8_products_the_plans_rows(rng, monkeypatch)
     assert device.schemes and all(s == plan.scheme for s in device.schemes)
     # each GEMM (a tile's panel, whole: its rows make one strip) in 2 chunks
     assert device.int8.gemms == 2 * len(device.schemes) * ozaki_gpu.moduli_for(48)
+
+
+def test_the_sweep_folds_every_integer_product_in_one_pass_where_room_is_left(
+        rng, monkeypatch):
+    """With room beside its tiles (MemoryPlan.int8_planes), every GEMM of
+    the sweep folds all its integer products in one pass over the sums
+    (Plan.scheme) and the product stays within the gauge."""
+    import sys
+    import fake_cupy_kernels
+    from mpi4py import MPI
+    from summa.execution import outofcore
+    from summa.planning.planner import Machine, make_plan
+    from summa.precision import ozaki_gpu
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())
+    monkeypatch.setattr(ozaki_gpu, "_kernels", {})
+    monkeypatch.setattr(outofcore, "CudaMover",
+                        lambda device, dtype, copies, threads: movers.HostMover(device, dtype))
+    m, n, k = 120, 40, 96
+    a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
+    plan = make_plan((m, n, k), "float64", Machine("cupy", 1, ranks_on_node=1),
+                     out_of_core=True, device_memory=2_000_000, panel_width=48,
+                     precision="fp64-int8")
+    count = ozaki_gpu.moduli_for(48)
+    assert plan.memory.int8_planes == count > ozaki_gpu.PLANES
+    host, device = NumpyBackend(), _Int8AsGpu()
+    with ProcessGrid(MPI.COMM_SELF) as grid:
+        A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
+        C = DistMatrix.zeros((m, n), "float64", grid, host)
+        outofcore.run_out_of_core(plan, outofcore.SweepOperands(A, B, C), device)
+        assert gemm_scaled_error(C.gather(), a, b) <= 1
+    assert device.schemes and all(s.planes == count for s in device.schemes)
