@@ -393,22 +393,33 @@ def predict(profile: Profile, m: int, n: int, k: int, dtype: str, grid: tuple,
                                                   profile.device_memory)
         return Prediction(seconds, flops / seconds / 1e12, ideal / seconds, t_c, t_b, steps,
                           tuple(grid), nb, comm, fetched)
+    seconds = _broadcast_loop_seconds(profile, grid, (k, nb), (t_c, t_b, overhead), comm,
+                                      lookahead)
+    return Prediction(seconds, flops / seconds / 1e12, ideal / seconds, t_c, t_b, steps,
+                      tuple(grid), nb, comm, steps)
+
+
+def _broadcast_loop_seconds(profile: Profile, grid: tuple, widths: tuple, times: tuple,
+                            comm: str, lookahead: int) -> float:
+    """Seconds of the SUMMA loop whose panels are broadcast (every
+    broadcaster but ``ipc``'s direct copies): `widths` ``(K, panel width)``,
+    `times` ``(GEMM, broadcasts, overhead)`` a panel; with `lookahead` and a
+    broadcaster that overlaps the GEMMs, the slower of the two a panel (the
+    GEMMs slowed beside the broadcasts), else their sum."""
     from .schedule import OWN_FIRST_RECEIVES
+    (pr, pc), (k, nb), (t_c, t_b, overhead) = grid, widths, times
+    steps = -(-k // nb)
     # Own panels first (summa.planning.schedule.own_first): on 2 x 1, each rank's
     # received panels are adjacent; with more ranks a middle one's are not.
     own = -(-(-(-k // pr)) // nb) if (pr, pc) == (2, 1) else 0  # panels of its own B rows
     if lookahead > 0 and profile.overlaps(comm) and 0 < steps - own <= OWN_FIRST_RECEIVES:
         # Each rank multiplies its own panels first while every broadcast runs.
         shared = profile.gemm_slowdown(comm, max(pr, pc))
-        seconds = max(own * shared * t_c, steps * t_b) + (steps - own) * t_c \
-            + steps * overhead
-    elif lookahead > 0 and profile.overlaps(comm):
+        return max(own * shared * t_c, steps * t_b) + (steps - own) * t_c + steps * overhead
+    if lookahead > 0 and profile.overlaps(comm):
         shared = profile.gemm_slowdown(comm, max(pr, pc))
-        seconds = t_b + steps * (max(shared * t_c, t_b) + overhead)
-    else:
-        seconds = steps * (t_c + t_b + overhead)
-    return Prediction(seconds, flops / seconds / 1e12, ideal / seconds, t_c, t_b, steps,
-                      tuple(grid), nb, comm, steps)
+        return t_b + steps * (max(shared * t_c, t_b) + overhead)
+    return steps * (t_c + t_b + overhead)
 
 
 def _direct_copies_seconds(local, grid, nb, steps, times, itemsize,
