@@ -25,7 +25,8 @@ times the first call, again, and once more into the again call's product
 (``out=``: no fresh result to fault in), each checked (Freivalds' residual
 <= 1), then, the memory given back, the same dtype's ``cupy.matmul`` on
 device data (the ceiling); for fp64-int8 also the bare fp64-int8 product on
-device data; and the transfer bound: the bytes that must cross the link (A
+device data (the faster of its default scheme and the one summa plans for
+device data); and the transfer bound: the bytes that must cross the link (A
 and B up, C down) at the rates of summa's own copies from pageable memory,
 measured in the same process.
 Without a GPU (no CuPy) the ceiling is NumPy's matmul, no budget holds
