@@ -162,20 +162,11 @@ def run_out_of_core(plan: Plan, operands: SweepOperands, device, *, alpha=1.0, b
     (:func:`summa.planning.restage`). `operands`
     (:class:`SweepOperands`): A, B, C and where given `own_copies`; the
     other arguments as for :func:`summa_out_of_core`."""
-    A, B, C, own_copies = operands.A, operands.B, operands.C, operands.own_copies
+    A, B, C = operands.A, operands.B, operands.C
     _check_sweep(alpha, A, B, beta, C, device, plan.precision)
     _check_plan(plan, A, B, C, device)
     grid = C.grid
-    k = A.shape[1]
-    if own_copies is not None:
-        a_rows, b_cols = own_copies
-        if a_rows.shape != (C.local.shape[0], k) or b_cols.shape != (k, C.local.shape[1]):
-            raise ValueError(f"own_copies must be this rank's {C.local.shape[0]} rows of A and "
-                             f"{C.local.shape[1]} columns of B with all {k} of K")
-        row_bc = col_bc = _NoBroadcasts()
-    else:  # "host" (every GPU uploads its own parts) needs own copies; else as auto
-        row_bc, col_bc = grid_broadcasters(grid, "auto" if plan.broadcaster == "host"
-                                       else plan.broadcaster, device)
+    row_bc, col_bc = _sweep_broadcasters(plan, operands, device)
     # Copy-engine broadcasts pass each slot through a staging buffer: planned too.
     plan = restage(plan, (row_bc.name == "ipc", col_bc.name == "ipc"))
     memory = plan.memory
@@ -215,6 +206,23 @@ def run_out_of_core(plan: Plan, operands: SweepOperands, device, *, alpha=1.0, b
     stats.seconds = time.perf_counter() - t0
     _sweep_stats(stats, plan, mover, row_bc, col_bc)
     return stats
+
+
+def _sweep_broadcasters(plan: Plan, operands: SweepOperands, device) -> tuple:
+    """``(row, column)`` broadcasters of the sweep: none where every rank
+    holds its own copies of the rows of A and columns of B it needs
+    (`operands.own_copies`, checked here), else the plan's (``"host"``,
+    which needs own copies, as ``"auto"``)."""
+    C, k = operands.C, operands.A.shape[1]
+    if operands.own_copies is None:
+        return grid_broadcasters(C.grid, "auto" if plan.broadcaster == "host"
+                                 else plan.broadcaster, device)
+    a_rows, b_cols = operands.own_copies
+    if a_rows.shape != (C.local.shape[0], k) or b_cols.shape != (k, C.local.shape[1]):
+        raise ValueError(f"own_copies must be this rank's {C.local.shape[0]} rows of A and "
+                         f"{C.local.shape[1]} columns of B with all {k} of K")
+    none = _NoBroadcasts()
+    return none, none
 
 
 def _check_sweep(alpha, A, B, beta, C, device, precision) -> None:
