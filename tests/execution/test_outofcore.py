@@ -20,6 +20,27 @@ from summa.execution.outofcore import summa_out_of_core
 from summa.planning.memory import Execution, check_memory, memory_plan, parse_bytes
 
 
+def test_own_copies_multiply_without_broadcasts_and_of_the_wrong_shape_are_refused(rng):
+    """Where every rank holds its own rows of A and columns of B with all of
+    K (`own_copies`: the ``"host"`` broadcaster's node-shared operands) the
+    sweep reads them instead of broadcasting; copies of another shape are
+    refused in one sentence."""
+    from mpi4py import MPI
+    m, n, k = 30, 20, 24
+    a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
+    host = NumpyBackend()
+    with ProcessGrid(MPI.COMM_SELF) as grid:
+        A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
+        C = DistMatrix.zeros((m, n), "float64", grid, host)
+        stats = summa_out_of_core(1.0, A, B, 0.0, C, host, 4000, panel_width=8,
+                                  own_copies=(a, b))
+        assert gemm_scaled_error(C.gather(), a, b) <= 1
+        assert stats.comm == "own uploads (host-resident)"
+        with pytest.raises(ValueError, match="own_copies must be this rank's 30 rows of A"):
+            summa_out_of_core(1.0, A, B, 0.0, C, host, 4000, panel_width=8,
+                              own_copies=(a[:, :8], b))
+
+
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("budget_tiles", [1, 3, 10])
 @pytest.mark.parametrize("dtype", ["float64", "complex64"])
