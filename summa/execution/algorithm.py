@@ -119,6 +119,33 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     check_layouts(A, B, C)
     check_scalars(alpha, beta, C.dtype, precision, C.backend)
     strips = check_schedule(schedule, C.grid.shape) == "strips" and C.grid.size > 1
+    call, panels, stats = _prepared(alpha, (A, B, C), strips, (panel_width, lookahead,
+                                                             broadcaster, precision),
+                                    (progress, conj))
+    backend, grid = C.backend, C.grid
+    t0 = time.perf_counter()
+    first_beta = _first_beta(C, beta, panels)
+    with backend.checked_later() as checks, backend.compute_stream():
+        marks = _run_steps(call, panels, first_beta, strips, stats)
+    with watch("the queued GPU work of the SUMMA loop (broadcasts and GEMMs)"):
+        backend.synchronize()
+    # float64 on INT8: inputs checked for Inf/NaN as the products went, asked once here
+    if not grid.comm.allreduce(checks.finite(), op=MPI.LAND):
+        raise ValueError(ozaki.NOT_FINITE)
+    stats.seconds = time.perf_counter() - t0
+    stats.compute = sum(backend.elapsed(a, b) for a, b in zip(marks[::2], marks[1::2]))
+    stats.wait = max(0.0, stats.seconds - stats.compute)
+    stats.comm_seconds = call.row_bc.take_seconds() + call.col_bc.take_seconds()
+    return stats
+
+
+def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple) -> tuple:
+    """``(call, steps, stats)`` of a checked :func:`summa` call: its panel
+    width (measured for ``"auto"``), broadcasters and exported blocks in
+    a :class:`_Call`, its steps in this rank's order, and the stats they
+    start. `operands`: ``(A, B, C)``; `asked`: ``(panel_width, lookahead,
+    broadcaster, precision)``; `extras`: ``(progress, conj)``."""
+    (A, B, C), (panel_width, lookahead, broadcaster, precision) = operands, asked
     backend, grid = C.backend, C.grid
     if strips and isinstance(panel_width, str) and panel_width == "auto":
         # "auto" times GEMMs of K panels; strips cut columns, which cost nothing
@@ -129,47 +156,44 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
     row_bc, col_bc = pick_broadcasters(A, B, C, panels, broadcaster, precision)
-    call = _Call(alpha, A, B, C, precision, progress, int(lookahead), row_bc, col_bc,
+    call = _Call(alpha, A, B, C, precision, extras[0], int(lookahead), row_bc, col_bc,
                  export_blocks(grid, backend, row_bc, col_bc, A.local, B.local),
-                 tuple(bool(x) for x in conj))
+                 tuple(bool(x) for x in extras[1]))
     transpose = transposes_a(backend.name, C.dtype, precision,
                              schedule="strips" if strips else "panels")
-    panels = _steps_of(call, panels, transpose, strips, panel_width)
-    stats = SummaStats(panels=len(panels), panel_width=panel_width,
+    steps = _steps_of(call, panels, transpose, strips, panel_width)
+    stats = SummaStats(panels=len(steps), panel_width=panel_width,
                        comm=(col_bc if strips else row_bc).name, lookahead=call.lookahead,
                        extra={"panel_width_measured": measured,
                               "schedule": "strips" if strips else "panels",
                               "transposed_a": transpose})
+    return call, steps, stats
 
-    t0 = time.perf_counter()
-    first_beta = _first_beta(C, beta, panels)
-    with backend.checked_later() as checks, backend.compute_stream():
-        # Made inside: its copies go on the stream its GEMMs run on.
-        # (K panels where A is read transposed; else column or row strips)
-        operand_a = PanelsOfA(backend, C.local.shape[0], max(
-            (p.width for p in panels), default=0) if transpose else 0, C.dtype, transpose)
-        sums = _panel_sums(A, B, C, precision, strips, panels, call.lookahead)
-        if precision == "fp64-int8":  # (bench's records say which way it went)
-            stats.extra["panel_sums"] = sums is not None
-        if grid.size == 1:
-            marks = _one_rank(call, panels, operand_a, first_beta, transpose)
-        elif strips:
-            marks = []
-            multiply_strips(call, panels, marks, stats.extra)
-        else:
-            report = _on_grid(call, panels, operand_a, sums)
-            marks = report.marks
-            stats.extra.update(report.extra())
-    with watch("the queued GPU work of the SUMMA loop (broadcasts and GEMMs)"):
-        backend.synchronize()
-    # float64 on INT8: inputs checked for Inf/NaN as the products went, asked once here
-    if not grid.comm.allreduce(checks.finite(), op=MPI.LAND):
-        raise ValueError(ozaki.NOT_FINITE)
-    stats.seconds = time.perf_counter() - t0
-    stats.compute = sum(backend.elapsed(a, b) for a, b in zip(marks[::2], marks[1::2]))
-    stats.wait = max(0.0, stats.seconds - stats.compute)
-    stats.comm_seconds = row_bc.take_seconds() + col_bc.take_seconds()
-    return stats
+
+def _run_steps(call: _Call, panels: list, first_beta, strips: bool, stats: SummaStats) -> list:
+    """Queue the SUMMA loop of `call`'s `panels` (steps) on this rank: one
+    rank's GEMMs, column strips, or the grid's broadcasts and GEMMs; its
+    reports go into `stats`. Returns the GEMMs' event marks (start, end
+    pairs)."""
+    A, B, C, precision = call.A, call.B, call.C, call.precision
+    backend, grid = C.backend, C.grid
+    transpose = stats.extra["transposed_a"]
+    # Made inside the caller's compute stream: its copies go on the stream its
+    # GEMMs run on. (K panels where A is read transposed; else column or row strips)
+    operand_a = PanelsOfA(backend, C.local.shape[0], max(
+        (p.width for p in panels), default=0) if transpose else 0, C.dtype, transpose)
+    sums = _panel_sums(A, B, C, precision, strips, panels, call.lookahead)
+    if precision == "fp64-int8":  # (bench's records say which way it went)
+        stats.extra["panel_sums"] = sums is not None
+    if grid.size == 1:
+        return _one_rank(call, panels, operand_a, first_beta, transpose)
+    if strips:
+        marks = []
+        multiply_strips(call, panels, marks, stats.extra)
+        return marks
+    report = _on_grid(call, panels, operand_a, sums)
+    stats.extra.update(report.extra())
+    return report.marks
 
 
 def _first_beta(C: DistMatrix, beta, steps: list):
