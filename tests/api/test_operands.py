@@ -269,6 +269,19 @@ def test_torch_lazy_conjugates_multiply_as_torch_does(rng):
         assert gemm_scaled_error(c.numpy(), want, np.conj(x).T if trans == "N" else x) <= 1
 
 
+def test_jax_host_arrays_multiply_and_come_back_as_jax_arrays(rng):
+    """With JAX itself, where it is installed: its arrays (immutable) are
+    read in place and the product comes back as one; as `out` refused."""
+    jax = pytest.importorskip("jax")
+    x = random_array(rng, (12, 9), "float32")
+    j = jax.numpy.asarray(x)
+    c = summa.matmul(j.T, j)
+    assert isinstance(c, jax.Array)
+    assert gemm_scaled_error(np.asarray(c), x, x, trans_a="T") <= 1
+    with pytest.raises(ValueError, match="out is read-only"):
+        summa.matmul(j, j.T, out=jax.numpy.zeros((12, 12), "float32"))
+
+
 def test_a_lazily_conjugated_out_is_refused(rng, fake_torch):
     a = random_array(rng, (4, 4), "complex128")
     with pytest.raises(ValueError, match="out has its conjugate bit set"):
