@@ -898,35 +898,45 @@ class _Int8AsGpu(_HostAsGpu):
         ozaki_gpu.gemm(alpha, a, b, c, beta, backend=self.int8, scheme=scheme)
 
 
-def test_the_sweep_hands_its_fp64_int8_products_the_plans_rows(rng, monkeypatch):
-    """Where a tile's products do not fit whole, the plan's chunks of rows
-    (Plan.scheme) reach every GEMM of the sweep, which then makes its
-    product within the gauge in chunks of that many rows of each tile or
-    strip (FP64_INT8_ROWS made small so that small tiles take chunks)."""
+def _fp64_int8_sweep(rng, monkeypatch, device_memory: int) -> tuple:
+    """float64 120 x 40 x 96 out of core in 48-wide panels under
+    `device_memory`, its fp64-int8 products made on the CPU stand-in for
+    CuPy's kernels: ``(plan, the device that ran them, the product's scaled
+    error)``."""
     import sys
     import fake_cupy_kernels
     from mpi4py import MPI
     from summa.execution import outofcore
-    from summa.planning import memory
     from summa.planning.planner import Machine, make_plan
     from summa.precision import ozaki_gpu
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())
     monkeypatch.setattr(ozaki_gpu, "_kernels", {})
-    monkeypatch.setattr(memory, "FP64_INT8_ROWS", 16)
     monkeypatch.setattr(outofcore, "CudaMover",
                         lambda device, dtype, copies, threads: movers.HostMover(device, dtype))
     m, n, k = 120, 40, 96
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
     plan = make_plan((m, n, k), "float64", Machine("cupy", 1, ranks_on_node=1),
-                     out_of_core=True, device_memory=260_000, panel_width=48,
+                     out_of_core=True, device_memory=device_memory, panel_width=48,
                      precision="fp64-int8")
-    assert (plan.memory.tile, plan.memory.int8_rows) == ((60, 40), 30)  # 2 chunks a tile
     host, device = NumpyBackend(), _Int8AsGpu()
     with ProcessGrid(MPI.COMM_SELF) as grid:
         A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
         C = DistMatrix.zeros((m, n), "float64", grid, host)
         outofcore.run_out_of_core(plan, outofcore.SweepOperands(A, B, C), device)
-        assert gemm_scaled_error(C.gather(), a, b) <= 1
+        return plan, device, gemm_scaled_error(C.gather(), a, b)
+
+
+def test_the_sweep_hands_its_fp64_int8_products_the_plans_rows(rng, monkeypatch):
+    """Where a tile's products do not fit whole, the plan's chunks of rows
+    (Plan.scheme) reach every GEMM of the sweep, which then makes its
+    product within the gauge in chunks of that many rows of each tile or
+    strip (FP64_INT8_ROWS made small so that small tiles take chunks)."""
+    from summa.planning import memory
+    from summa.precision import ozaki_gpu
+    monkeypatch.setattr(memory, "FP64_INT8_ROWS", 16)
+    plan, device, error = _fp64_int8_sweep(rng, monkeypatch, 260_000)
+    assert (plan.memory.tile, plan.memory.int8_rows) == ((60, 40), 30)  # 2 chunks a tile
+    assert error <= 1
     assert device.schemes and all(s == plan.scheme for s in device.schemes)
     # each GEMM (a tile's panel, whole: its rows make one strip) in 2 chunks
     assert device.int8.gemms == 2 * len(device.schemes) * ozaki_gpu.moduli_for(48)
@@ -937,27 +947,9 @@ def test_the_sweep_folds_every_integer_product_in_one_pass_where_room_is_left(
     """With room beside its tiles (MemoryPlan.int8_planes), every GEMM of
     the sweep folds all its integer products in one pass over the sums
     (Plan.scheme) and the product stays within the gauge."""
-    import sys
-    import fake_cupy_kernels
-    from mpi4py import MPI
-    from summa.execution import outofcore
-    from summa.planning.planner import Machine, make_plan
     from summa.precision import ozaki_gpu
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())
-    monkeypatch.setattr(ozaki_gpu, "_kernels", {})
-    monkeypatch.setattr(outofcore, "CudaMover",
-                        lambda device, dtype, copies, threads: movers.HostMover(device, dtype))
-    m, n, k = 120, 40, 96
-    a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
-    plan = make_plan((m, n, k), "float64", Machine("cupy", 1, ranks_on_node=1),
-                     out_of_core=True, device_memory=2_000_000, panel_width=48,
-                     precision="fp64-int8")
+    plan, device, error = _fp64_int8_sweep(rng, monkeypatch, 2_000_000)
     count = ozaki_gpu.moduli_for(48)
     assert plan.memory.int8_planes == count > ozaki_gpu.PLANES
-    host, device = NumpyBackend(), _Int8AsGpu()
-    with ProcessGrid(MPI.COMM_SELF) as grid:
-        A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
-        C = DistMatrix.zeros((m, n), "float64", grid, host)
-        outofcore.run_out_of_core(plan, outofcore.SweepOperands(A, B, C), device)
-        assert gemm_scaled_error(C.gather(), a, b) <= 1
+    assert error <= 1
     assert device.schemes and all(s.planes == count for s in device.schemes)
