@@ -555,9 +555,10 @@ LEAST_OOC_WIDTH = 256
 #: :data:`STEP_FLOPS`): a budget that cuts C finer is refused, with the least
 #: budget that does not. A step of tiny tiles costs ~90 us on one CPU rank
 #: (2000 x 2000 x 300 under 40 KiB, a million steps of 1 x 8 tiles, took
-#: 91 s) and ~2.5 ms on an H200 (pageable float64 8192³ under 16 MiB, 482 x
-#: 17 tiles x 4 panels, took 76 s; under 64 MiB, 780 steps, 2.1 s), so this
-#: many are seconds on a CPU and about two minutes on a GPU: slow, but a
+#: 91 s) and on an H200 ~1.6 ms a step and ~3.1 ms a C tile
+#: (:data:`summa.planning.prediction.SWEEP_STEP_SECONDS`; pageable float64
+#: 8192³ under 16 MiB, 482 x 17 tiles x 4 panels, took 76 s), so this many
+#: are seconds on a CPU and a few minutes on a GPU: slow, but a
 #: budget or width the caller chose; ``summa plan --size 8192
 #: --device-memory 100KiB`` had cut C into 8192 x 8192 one-element tiles.
 MAX_SWEEP_GEMMS = 1 << 16
