@@ -103,6 +103,11 @@ def _fold_finish(g, rows, cols, ldg, plane, count, moduli, inverses, w_hi, w_lo,
     _finish(hi, lo, e.reshape(-1, 1), f.reshape(1, -1), m_hi, m_lo, t, alpha, beta, c)
 
 
+def _combine(re, im, alpha, beta, c):
+    v = alpha * (re + 1j * im)
+    c[...] = v if beta == 0 else v + beta * c
+
+
 class _RawKernel:
     def __init__(self, source, name):
         assert f"void {name}(" in source  # the source holds the kernel it names
@@ -116,7 +121,7 @@ class _RawKernel:
 
 class _ElementwiseKernel:
     def __init__(self, in_params, out_params, operation, name):
-        assert name in ("summa_ozaki_finish", "summa_ozaki_exponents")
+        assert name in ("summa_ozaki_finish", "summa_ozaki_exponents", "summa_ozaki_combine")
         self.name = name
 
     def __call__(self, *args):
@@ -124,7 +129,7 @@ class _ElementwiseKernel:
             from summa.precision import ozaki
             amax, norm, bits, cap = args
             return ozaki.exponents(amax, int(bits), np, norm, float(cap))
-        _finish(*args)
+        (_combine if self.name == "summa_ozaki_combine" else _finish)(*args)
 
 
 class _ReductionKernel:

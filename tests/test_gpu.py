@@ -641,6 +641,40 @@ def test_complex128_on_int8_tensor_cores(comm, rng, gpu):
 
 
 @pytest.mark.mpi(min_size=1)
+def test_a_complex_fp64_int8_product_holds_what_the_plans_count(comm, rng, gpu):
+    """A complex128 product on INT8 tensor cores, rows in chunks, holds at
+    its peak no more than the plans count beside its operands (the parts,
+    two real results and one real product's scratch): its four real
+    products join C in place, no C-size temporaries; a C of NaN with beta
+    0 is overwritten."""
+    from summa.planning.memory import _ozaki_scratch
+    from summa.precision import ozaki_gpu
+    _, backend = gpu
+    cp = backend.xp
+    m, k, n, rows = 2048, 256, 1024, 64
+    a = cp.asarray(rng.uniform(-1, 1, (m, k)) + 1j * rng.uniform(-1, 1, (m, k)))
+    b = cp.asarray(rng.uniform(-1, 1, (k, n)) + 1j * rng.uniform(-1, 1, (k, n)))
+    c = cp.full((m, n), np.nan, dtype=cp.complex128)
+    pool = cp.get_default_memory_pool()
+    cp.cuda.Device().synchronize()
+    base, peak = pool.used_bytes(), [0]
+
+    def malloc(size):
+        memory = pool.malloc(size)
+        peak[0] = max(peak[0], pool.used_bytes() - base)
+        return memory
+    cp.cuda.set_allocator(malloc)
+    try:
+        ozaki_gpu.gemm(0.5 - 1j, a, b, c, beta=0.0, backend=backend,
+                       scheme=ozaki_gpu.Scheme(rows=rows))
+    finally:
+        cp.cuda.set_allocator(pool.malloc)
+    counted = _ozaki_scratch(m, n, k, True, rows)
+    assert 0 < peak[0] <= counted + (1 << 20)  # vectors of exponents and norms besides
+    assert gemm_scaled_error(cp.asnumpy(c), cp.asnumpy(a), cp.asnumpy(b), alpha=0.5 - 1j) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("k", [1, 13, 31, 32])
 def test_fp64_int8_short_sums_run_native_within_the_gauge_and_refuse_inf(comm, rng, gpu, k):
     """Below K_NATIVE terms the backend's fp64-int8 product is native

@@ -311,7 +311,7 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
         slots += 1
     rows = _int8_rows(tm, lambda r: need(slots, r) <= device_budget) if emulated else None
     planes = _int8_planes(nb, lambda p: need(slots, rows, p) <= device_budget) \
-        if emulated and not emulated.complex_ else None
+        if emulated else None
     ring = ring_bytes(execution.copy_threads or copy_threads(1)) \
         if traits(execution.backend).gpu else 0
     return MemoryPlan("out-of-core", need(slots, rows, planes), blocks * item,
@@ -349,8 +349,7 @@ def resident_plan(m: int, n: int, k: int, dtype, precision=None, copies: int = 0
     if budget is None:
         return MemoryPlan("on-device", with_scratch(None), 0)
     rows = _int8_rows(m, lambda r: with_scratch(r) <= budget)
-    planes = None if dtype.kind == "c" else \
-        _int8_planes(piece, lambda p: with_scratch(rows, p) <= budget)
+    planes = _int8_planes(piece, lambda p: with_scratch(rows, p) <= budget)
     return MemoryPlan("on-device", with_scratch(rows, planes), 0, int8_rows=rows,
                       int8_planes=planes)
 
@@ -383,10 +382,8 @@ def _int8_planes(k: int, fits) -> int | None:
     20480 x 40960 x 16384 panel product in 0.356 s against 0.375 with 4,
     40960³ in 1.628 against 1.678 (`ozaki_gpu.gemm` on one H200, 2026-12-04,
     docs/benchmarks.md "Measurements behind the defaults"): each pass reads
-    and writes the sums again. Real products only: a complex product joins
-    its four real ones into C through temporaries of C's size
-    (`ozaki_gpu._complex`) that the scratch count leaves out, so complex
-    plans keep the room that holds them."""
+    and writes the sums again. A complex product's four real ones take
+    them each (`ozaki_gpu._complex` joins them into C in place)."""
     from ..precision import ozaki_gpu
     count, least = ozaki_gpu.moduli_for(k), ozaki_gpu.PLANES
     if count <= least or not fits(least + 1):

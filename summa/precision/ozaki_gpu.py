@@ -198,6 +198,15 @@ def _kernel(name: str):
                 "double d = (s_hi - q * m_hi) + (s_lo - q * m_lo);"
                 "double v = alpha * ldexp(d, t - e - f);"
                 "c = beta == 0.0 ? v : v + beta * c;", "summa_ozaki_finish")
+        elif name == "combine":
+            # a complex product's two real ones into C in place: no C-size
+            # temporary beyond them (``real + 1j * imag`` and ``alpha *`` it
+            # were two, 32 bytes an element of C, that no plan counted)
+            _kernels[name] = cupy.ElementwiseKernel(
+                "float64 re, float64 im, complex128 alpha, complex128 beta", "complex128 c",
+                "complex<double> v = alpha * complex<double>(re, im);"
+                "c = (beta.real() == 0.0 && beta.imag() == 0.0) ? v : v + beta * c;",
+                "summa_ozaki_combine")
         else:
             source = {"residues": _RESIDUES, "fold": _FOLD, "fold_finish": _FOLD_FINISH}[name]
             _kernels[name] = cupy.RawKernel(source, name)
@@ -752,7 +761,9 @@ def phase_seconds(marks: list) -> dict:
 def _complex(alpha, a, b, c, beta, backend, scheme: Scheme) -> None:
     """complex128 ``c = alpha a @ b + beta c`` from four real products
     (:func:`summa.precision.ozaki.complex_product`, each :func:`gemm` with
-    `backend` and `scheme`), accumulated in place."""
+    `backend` and `scheme`), joined into `c` in place: beside the operands'
+    real and imaginary parts, the two real results and one real product's
+    scratch, no more (what the plans count, ``memory._ozaki_scratch``)."""
     import cupy
     m, n = a.shape[0], b.shape[1]
     ar, ai = cupy.ascontiguousarray(a.real), cupy.ascontiguousarray(a.imag)
@@ -763,9 +774,4 @@ def _complex(alpha, a, b, c, beta, backend, scheme: Scheme) -> None:
     gemm(-1.0, ai, bi, real, 1.0, backend=backend, scheme=scheme)
     gemm(1.0, ar, bi, imag, 0.0, backend=backend, scheme=scheme)
     gemm(1.0, ai, br, imag, 1.0, backend=backend, scheme=scheme)
-    product = real + 1j * imag
-    if beta == 0:
-        c[...] = alpha * product
-    else:
-        c *= beta
-        c += alpha * product
+    _kernel("combine")(real, imag, complex(alpha), complex(beta), c)

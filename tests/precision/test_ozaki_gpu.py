@@ -90,6 +90,21 @@ def test_complex_products_moduli_and_refusals(rng, ozaki_gpu):
     assert np.all(empty == 1.5)
 
 
+def test_complex_alpha_and_beta_and_a_c_of_nan_with_beta_zero(rng, ozaki_gpu):
+    """The four real products join C as ``alpha (re + i im) + beta C``, for
+    complex alpha and beta; with beta 0 whatever C held (NaN) is gone."""
+    backend = fake_cupy_kernels.Backend()
+    a = rng.uniform(-1, 1, (12, 33)) + 1j * rng.uniform(-1, 1, (12, 33))
+    b = rng.uniform(-1, 1, (33, 9)) + 1j * rng.uniform(-1, 1, (33, 9))
+    c0 = rng.uniform(-1, 1, (12, 9)) + 1j * rng.uniform(-1, 1, (12, 9))
+    c = c0.copy()
+    ozaki_gpu.gemm(0.5 - 1j, a, b, c, beta=2.0 + 0.5j, backend=backend)
+    assert gemm_scaled_error(c, a, b, c0, alpha=0.5 - 1j, beta=2.0 + 0.5j) <= 1
+    fresh = np.full((12, 9), np.nan, dtype=complex)
+    ozaki_gpu.gemm(0.5 - 1j, a, b, fresh, backend=backend)
+    assert gemm_scaled_error(fresh, a, b, alpha=0.5 - 1j) <= 1
+
+
 def test_a_scheme_reaches_each_real_product_of_a_complex_one_in_k_pieces(rng, ozaki_gpu,
                                                                          monkeypatch):
     """A Scheme's bits, moduli and planes reach the four real products of a
