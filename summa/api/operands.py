@@ -270,11 +270,14 @@ def _foreign_dtype(x, name: str) -> str | None:
     if dtype is None:
         return None
     try:
-        np.dtype(str(dtype).rpartition(".")[2])  # torch.float32 -> float32
-        return None
+        known = np.dtype(str(dtype).rpartition(".")[2])  # torch.float32 -> float32
     except TypeError:
-        return (f"{name} has dtype {dtype}, which summa does not multiply: choose one of "
-                f"{', '.join(DTYPES)} (float16 on GPUs only) and convert it first")
+        known = None
+    # ml_dtypes (JAX's) gives NumPy bfloat16 and the float8 types, as kind "V"
+    if known is not None and known.kind != "V":
+        return None
+    return (f"{name} has dtype {dtype}, which summa does not multiply: choose one of "
+            f"{', '.join(DTYPES)} (float16 on GPUs only) and convert it first")
 
 
 @dataclass(frozen=True)
@@ -372,6 +375,9 @@ def describe(a, b, out=None) -> Operands:
 def _check_out(out: Operand, device: int | None) -> None:
     """Refuse an `out` the product cannot be written into in place, or that
     lies elsewhere than the product comes back (`device`; None: host)."""
+    if out.library == "jax":  # on a GPU CuPy would write into it all the same
+        raise ValueError("out is read-only (JAX's arrays are immutable): leave out out, "
+                         "and summa returns a JAX array")
     # A view gives the same memory each time it is asked for; a copy, new memory.
     if out.array is not out.source and out.device is None and not np.may_share_memory(
             out.array, _host_array(out.source, "out", not _array_like(out.source))):

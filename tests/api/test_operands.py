@@ -269,17 +269,23 @@ def test_torch_lazy_conjugates_multiply_as_torch_does(rng):
         assert gemm_scaled_error(c.numpy(), want, np.conj(x).T if trans == "N" else x) <= 1
 
 
-def test_jax_host_arrays_multiply_and_come_back_as_jax_arrays(rng):
-    """With JAX itself, where it is installed: its arrays (immutable) are
-    read in place and the product comes back as one; as `out` refused."""
+@pytest.mark.parametrize("where", ["cpu", "default"])
+def test_jax_arrays_multiply_and_come_back_as_jax_arrays(rng, where):
+    """With JAX itself, where it is installed: its arrays (immutable), on
+    the CPU and on JAX's default device (a GPU where it has one), are read
+    in place and the product comes back as one there; as `out` refused
+    (on a GPU CuPy would have written into it)."""
     jax = pytest.importorskip("jax")
+    device = jax.devices("cpu")[0] if where == "cpu" else jax.devices()[0]
     x = random_array(rng, (12, 9), "float32")
-    j = jax.numpy.asarray(x)
+    j = jax.device_put(x, device)
     c = summa.matmul(j.T, j)
-    assert isinstance(c, jax.Array)
+    assert isinstance(c, jax.Array) and c.devices() == {device}
     assert gemm_scaled_error(np.asarray(c), x, x, trans_a="T") <= 1
+    out = jax.device_put(np.zeros((12, 12), "float32"), device)
     with pytest.raises(ValueError, match="out is read-only"):
-        summa.matmul(j, j.T, out=jax.numpy.zeros((12, 12), "float32"))
+        summa.matmul(j, j.T, out=out)
+    assert not np.asarray(out).any()
 
 
 def test_a_lazily_conjugated_out_is_refused(rng, fake_torch):
@@ -353,6 +359,15 @@ def test_unusable_arrays_are_refused_with_one_clear_error(monkeypatch, make, mat
     x = make()
     with pytest.raises(ValueError, match=match):
         summa.matmul(x, x, backend="numpy")
+
+
+def test_a_dtype_numpy_knows_only_through_ml_dtypes_is_refused_by_name():
+    """ml_dtypes (JAX's) gives NumPy a bfloat16 of its own: a bfloat16
+    tensor is still refused naming its dtype, not in its library's words."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    assert np.dtype("bfloat16") == ml_dtypes.bfloat16
+    with pytest.raises(ValueError, match="dtype torch.bfloat16, which summa does not multiply"):
+        summa.matmul(BFloat16(np.ones((4, 4))), np.ones((4, 4)), backend="numpy")
 
 
 def test_an_out_that_is_a_copy_is_refused():
