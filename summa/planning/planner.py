@@ -365,16 +365,21 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
         return plan
     native = None
     if precision == "fp64-int8":  # is it worth it here? float64's own plan of the same inputs
-        try:
-            native = make_plan((m, n, k), dtype, machine, grid=grid, trans_a=trans_a,
-                               trans_b=trans_b, host_held=host_held, out_of_core=out_of_core,
-                               device_memory=device_memory, panel_width=panel_width,
-                               lookahead=lookahead, schedule=schedule, broadcaster=broadcaster,
-                               staged=staged, host_copies=host_copies, predict=True,
-                               profile=profile)
-        except ValueError:  # no float64 plan to set beside it
-            pass
+        native = _native_plan(machine, (m, n, k), dtype, dict(
+            grid=grid, trans_a=trans_a, trans_b=trans_b, host_held=host_held,
+            out_of_core=out_of_core, device_memory=device_memory, panel_width=panel_width,
+            lookahead=lookahead, schedule=schedule, broadcaster=broadcaster, staged=staged,
+            host_copies=host_copies, profile=profile))
     return replace(plan, predicted=predict_plan(plan, profile, native))
+
+
+def _native_plan(machine: Machine, shape: tuple, dtype, asked: dict) -> Plan | None:
+    """The predicted plan of the same product in the dtype's own precision,
+    as `asked` (:func:`make_plan`'s other arguments); None where there is none."""
+    try:
+        return make_plan(shape, dtype, machine, predict=True, **asked)
+    except ValueError:  # no plan of its own to set beside it
+        return None
 
 
 def _held_in_host(ask: _MemoryAsk, backend: str) -> _MemoryAsk:

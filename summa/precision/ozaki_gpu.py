@@ -159,54 +159,59 @@ _FOLD_FINISH = ('extern "C" __global__ void fold_finish(' + _FOLD_ARGS +
 _kernels: dict = {}
 
 
-def _kernel(name: str):
-    import cupy
-    if name not in _kernels:
-        if name == "amax":
-            # Inf/NaN count as infinite: one reduction scales and checks.
-            # (CuPy renames parameters inside the expressions by pattern: no
-            # name that a literal holds, as "x" is in a hexadecimal one)
-            _kernels[name] = cupy.ReductionKernel(
-                "float64 value", "float64 largest",
-                "isfinite(value) ? fabs(value) : __longlong_as_double(0x7ff0000000000000LL)",
-                "max(a, b)", "largest = a", "0", "summa_amax")
-        elif name == "norm":
-            # each row scaled by its largest's 2**-exponent into [0.5, 1)
-            # first (the exponent frexp gives, as :func:`summa.precision.ozaki.norms`):
-            # no square overflows
-            _kernels[name] = cupy.ReductionKernel(
-                "float64 value, float64 top", "float64 length",
-                "summa_scaled(value, top) * summa_scaled(value, top)", "a + b",
-                "length = sqrt(a)", "0", "summa_scaled_norm",
-                preamble="__device__ double summa_scaled(double v, double t) {"
-                         " int e; frexp(t, &e); return ldexp(v, -e); }")
-        elif name == "exponents":
-            # summa.precision.ozaki.exponents' formulas in one kernel (its ~12 CuPy
-            # operations were as many kernels to compile on a fresh machine)
-            _kernels[name] = cupy.ElementwiseKernel(
-                "float64 amax, float64 norm, int32 bits, float64 cap", "int32 shift",
-                "int ex; frexp(amax, &ex);"
-                "double nm = isfinite(norm) ? fmax(norm, 0.5) : 0.5;"
-                "double kept = fmin((double)bits,"
-                "                   floor(cap - log2(nm * (1.0 + ldexp(1.0, -30))) - 1e-9));"
-                "shift = amax > 0 ? (int)(kept - ex) : 0;", "summa_ozaki_exponents")
-        elif name == "finish":
-            _kernels[name] = cupy.ElementwiseKernel(
-                "float64 s_hi, float64 s_lo, int32 e, int32 f, float64 m_hi, float64 m_lo, "
-                "int32 t, float64 alpha, float64 beta", "float64 c",
-                "double q = rint((s_hi + s_lo) / (m_hi + m_lo));"
-                "double d = (s_hi - q * m_hi) + (s_lo - q * m_lo);"
-                "double v = alpha * ldexp(d, t - e - f);"
-                "c = beta == 0.0 ? v : v + beta * c;", "summa_ozaki_finish")
-        elif name == "combine":
-            # a complex product's two real ones into C in place: no C-size
-            # temporary beyond them (``real + 1j * imag`` and ``alpha *`` it
-            # were two, 32 bytes an element of C, that no plan counted)
-            _kernels[name] = cupy.ElementwiseKernel(
-                "float64 re, float64 im, complex128 alpha, complex128 beta", "complex128 c",
+#: CuPy's reduction kernels by name: ReductionKernel's arguments, and its preamble.
+_REDUCTIONS = {
+    # Inf/NaN count as infinite: one reduction scales and checks. (CuPy
+    # renames parameters inside the expressions by pattern: no name that a
+    # literal holds, as "x" is in a hexadecimal one)
+    "amax": (("float64 value", "float64 largest",
+              "isfinite(value) ? fabs(value) : __longlong_as_double(0x7ff0000000000000LL)",
+              "max(a, b)", "largest = a", "0", "summa_amax"), ""),
+    # each row scaled by its largest's 2**-exponent into [0.5, 1) first (the
+    # exponent frexp gives, as :func:`summa.precision.ozaki.norms`): no square overflows
+    "norm": (("float64 value, float64 top", "float64 length",
+              "summa_scaled(value, top) * summa_scaled(value, top)", "a + b",
+              "length = sqrt(a)", "0", "summa_scaled_norm"),
+             "__device__ double summa_scaled(double v, double t) {"
+             " int e; frexp(t, &e); return ldexp(v, -e); }"),
+}
+
+#: CuPy's elementwise kernels by name: ElementwiseKernel's arguments.
+_ELEMENTWISE = {
+    # summa.precision.ozaki.exponents' formulas in one kernel (its ~12 CuPy
+    # operations were as many kernels to compile on a fresh machine)
+    "exponents": ("float64 amax, float64 norm, int32 bits, float64 cap", "int32 shift",
+                  "int ex; frexp(amax, &ex);"
+                  "double nm = isfinite(norm) ? fmax(norm, 0.5) : 0.5;"
+                  "double kept = fmin((double)bits,"
+                  "                   floor(cap - log2(nm * (1.0 + ldexp(1.0, -30))) - 1e-9));"
+                  "shift = amax > 0 ? (int)(kept - ex) : 0;", "summa_ozaki_exponents"),
+    "finish": ("float64 s_hi, float64 s_lo, int32 e, int32 f, float64 m_hi, float64 m_lo, "
+               "int32 t, float64 alpha, float64 beta", "float64 c",
+               "double q = rint((s_hi + s_lo) / (m_hi + m_lo));"
+               "double d = (s_hi - q * m_hi) + (s_lo - q * m_lo);"
+               "double v = alpha * ldexp(d, t - e - f);"
+               "c = beta == 0.0 ? v : v + beta * c;", "summa_ozaki_finish"),
+    # a complex product's two real ones into C in place: no C-size temporary
+    # beyond them (``real + 1j * imag`` and ``alpha *`` it were two, 32 bytes
+    # an element of C, that no plan counted)
+    "combine": ("float64 re, float64 im, complex128 alpha, complex128 beta", "complex128 c",
                 "complex<double> v = alpha * complex<double>(re, im);"
                 "c = (beta.real() == 0.0 && beta.imag() == 0.0) ? v : v + beta * c;",
-                "summa_ozaki_combine")
+                "summa_ozaki_combine"),
+}
+
+
+def _kernel(name: str):
+    """The kernel `name` (:data:`_REDUCTIONS`, :data:`_ELEMENTWISE`, or the
+    CUDA sources' ``residues``, ``fold``, ``fold_finish``), made once a process."""
+    import cupy
+    if name not in _kernels:
+        if name in _REDUCTIONS:
+            arguments, preamble = _REDUCTIONS[name]
+            _kernels[name] = cupy.ReductionKernel(*arguments, preamble=preamble)
+        elif name in _ELEMENTWISE:
+            _kernels[name] = cupy.ElementwiseKernel(*_ELEMENTWISE[name])
         else:
             source = {"residues": _RESIDUES, "fold": _FOLD, "fold_finish": _FOLD_FINISH}[name]
             _kernels[name] = cupy.RawKernel(source, name)
