@@ -4,7 +4,8 @@ library's own product on the same arrays in the same process.
 Goal (one H200): float64 16384³ CuPy operands within 5 % of ``cupy.matmul``
 (ratio = library's seconds / summa's seconds >= 0.95), the product a CuPy
 array on the operands' GPU; torch CUDA tensors likewise against
-``torch.matmul`` (where torch imports and sees the GPU).
+``torch.matmul``, and JAX's arrays against ``jax.numpy.matmul`` (each
+where it imports and sees the GPU: both reach summa through DLPack).
 
 Each peer is timed from a synchronized GPU to a synchronized GPU: its first
 call on these operands (after CUDA, cuBLAS and the dtype's kernels are up:
@@ -61,6 +62,13 @@ def _operands(library: str, n: int, dtype: str):
     sync = cupy.cuda.Device().synchronize
     if library == "cupy":
         return da, db, cupy.matmul, sync
+    if library == "jax":
+        import jax
+        jax.config.update("jax_enable_x64", True)  # float64 stays float64
+        ja, jb = jax.dlpack.from_dlpack(da), jax.dlpack.from_dlpack(db)
+        # (JAX dispatches on threads of its own: its product is waited for by
+        # itself, then the device for anything else queued)
+        return ja, jb, lambda x, y: jax.numpy.matmul(x, y).block_until_ready(), sync
     import torch
     ta, tb = torch.from_dlpack(da), torch.from_dlpack(db)
     return ta, tb, torch.matmul, lambda: torch.cuda.synchronize()
@@ -68,8 +76,8 @@ def _operands(library: str, n: int, dtype: str):
 
 def compare(n: int = 16384, dtype: str = "float64", repeats: int = 5,
             library: str = "cupy") -> dict:
-    """``summa.matmul(a, b)`` against `library`'s own product (``cupy`` or
-    ``torch``) on the same n x n device operands, in this process.
+    """``summa.matmul(a, b)`` against `library`'s own product (``cupy``,
+    ``torch`` or ``jax``) on the same n x n device operands, in this process.
 
     Returns
     -------
@@ -112,12 +120,18 @@ def compare(n: int = 16384, dtype: str = "float64", repeats: int = 5,
     return row
 
 
-def _torch_on_gpu() -> bool:
+def _on_gpu(library: str) -> bool:
+    """Does `library` import here and see a GPU? (CuPy is taken as given.)"""
     try:
-        import torch
-    except ImportError:
+        if library == "torch":
+            import torch
+            return bool(torch.cuda.is_available())
+        if library == "jax":
+            import jax
+            return any(d.platform == "gpu" for d in jax.devices())
+    except Exception:  # noqa: BLE001 -- not importable, or no backend for a GPU
         return False
-    return bool(torch.cuda.is_available())
+    return True
 
 
 def main(argv=None) -> int:
@@ -125,14 +139,18 @@ def main(argv=None) -> int:
     p.add_argument("--size", type=int, default=16384)
     p.add_argument("--dtype", default="float64")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--libraries", default="cupy,torch",
-                   help="cupy and/or torch (torch is left out where it does not import)")
+    p.add_argument("--libraries", default="cupy,torch,jax",
+                   help="of cupy, torch and jax (torch and jax left out where they do not "
+                        "import or see no GPU)")
     p.add_argument("--json", help="append the rows to this JSONL file")
     args = p.parse_args(argv)
+    # JAX takes 75 % of the GPU's memory when it starts unless told not to:
+    # summa and CuPy would then plan and run in what is left
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     rows = []
     for library in args.libraries.split(","):
-        if library == "torch" and not _torch_on_gpu():
-            print("torch: not importable here, or sees no GPU: left out")
+        if not _on_gpu(library):
+            print(f"{library}: not importable here, or sees no GPU: left out")
             continue
         row = compare(args.size, args.dtype, args.repeats, library)
         rows.append(row)
