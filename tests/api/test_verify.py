@@ -33,6 +33,23 @@ def test_reference_check_catches_one_wrong_element(rng=np.random.default_rng()):
     assert gemm_scaled_error(c, a, b) > 1
 
 
+def test_both_checks_take_correctly_rounded_subnormal_products_and_flag_wrong_ones():
+    """float16 products of values near 1e-4 over one term fall in the
+    subnormal range (below 6.1e-5), where a correctly rounded result is off
+    by more than eps times itself: both gauges take it (their underflow
+    term), and both still flag a product of normal size that is wrong."""
+    rng = np.random.default_rng()
+    a = (rng.uniform(-1, 1, (60, 1)) * 1e-4).astype(np.float16)
+    b = (rng.uniform(-1, 1, (1, 70)) * 1e-4).astype(np.float16)
+    c = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float16)
+    assert np.abs(c).max() < np.finfo(np.float16).smallest_normal
+    assert freivalds(a, b, c) <= 1 and gemm_scaled_error(c, a, b) <= 1
+    big_a, big_b = a * np.float16(1e3), b * np.float16(1e3)
+    wrong = (big_a.astype(np.float64) @ big_b.astype(np.float64)).astype(np.float16)
+    wrong[5] *= np.float16(2)  # a row wrong: within reach of either gauge
+    assert freivalds(big_a, big_b, wrong) > 1 and gemm_scaled_error(wrong, big_a, big_b) > 1
+
+
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("dtype", ["float64", "float32", "complex64", "complex128"])
 def test_freivalds_passes_right_and_fails_wrong(comm, backend, rng, dtype):
