@@ -20,6 +20,14 @@ from summa.execution.outofcore import summa_out_of_core
 from summa.planning.memory import Execution, check_memory, memory_plan, parse_bytes
 
 
+def _held(grid, a, b) -> tuple:
+    """``(A, B, C)``: `a` and `b` and a zero C of their product's shape and
+    dtype as DistMatrix blocks of `grid` on the NumPy backend (host-held)."""
+    host = NumpyBackend()
+    A, B = (DistMatrix.from_global(x, grid, host) for x in (a, b))
+    return A, B, DistMatrix.zeros((a.shape[0], b.shape[1]), a.dtype, grid, host)
+
+
 def test_own_copies_multiply_without_broadcasts_and_of_the_wrong_shape_are_refused(rng):
     """Where every rank holds its own rows of A and columns of B with all of
     K (`own_copies`: the ``"host"`` broadcaster's node-shared operands) the
@@ -30,8 +38,7 @@ def test_own_copies_multiply_without_broadcasts_and_of_the_wrong_shape_are_refus
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
     host = NumpyBackend()
     with ProcessGrid(MPI.COMM_SELF) as grid:
-        A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
-        C = DistMatrix.zeros((m, n), "float64", grid, host)
+        A, B, C = _held(grid, a, b)
         stats = summa_out_of_core(1.0, A, B, 0.0, C, host, 4000, panel_width=8,
                                   own_copies=(a, b))
         assert gemm_scaled_error(C.gather(), a, b) <= 1
@@ -172,8 +179,7 @@ def test_last_tile_goes_home_strip_by_strip_over_its_last_panels(comm, rng, monk
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
     host = NumpyBackend()
     with ProcessGrid(comm, (1, comm.Get_size())) as grid:
-        A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
-        C = DistMatrix.zeros((m, n), "float64", grid, host)
+        A, B, C = _held(grid, a, b)
         # a budget for about two tiles of rows
         stats = summa_out_of_core(1.0, A, B, 0.0, C, host, 9000, panel_width=8, lookahead=1)
         c = C.gather()
@@ -230,8 +236,7 @@ def test_uploads_run_a_step_ahead_of_their_broadcasts_where_a_slot_is_spare(
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
     host = NumpyBackend()
     with ProcessGrid(MPI.COMM_SELF) as grid:
-        A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
-        C = DistMatrix.zeros((m, n), "float64", grid, host)
+        A, B, C = _held(grid, a, b)
         plan = memory_plan(m, n, k, "float64", (1, 1), 8,
                            Execution(1, "numpy", device_budget=budget, out_of_core=True))
         assert plan.slots == 2 + lead
@@ -385,8 +390,7 @@ def test_out_of_core_plans_staging_for_copy_engine_broadcasters(comm, rng, monke
     a, b = (random_array(rng, s, "float64") for s in ((m, k), (k, n)))
     host = NumpyBackend()
     with ProcessGrid(comm) as grid:
-        A, B = (DistMatrix.from_global(x, grid, host) for x in (a, b))
-        C = DistMatrix.zeros((m, n), "float64", grid, host)
+        A, B, C = _held(grid, a, b)
         stats = summa_out_of_core(1.0, A, B, 0.0, C, host, 1 << 20, panel_width=8)
         c = C.gather()
         pr, pc = grid.shape
@@ -718,8 +722,7 @@ def test_tiles_asked_for_cut_c_so_and_still_multiply(rng, monkeypatch):
                        Execution(1, "numpy", device_budget=1 << 30, out_of_core=True))
     assert plan.tiles == (3, 2) and plan.tile == (15, 19)
     with ProcessGrid(MPI.COMM_SELF) as grid:
-        A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
-        C = DistMatrix.zeros((m, n), "float64", grid, host)
+        A, B, C = _held(grid, a, b)
         stats = summa_out_of_core(1.0, A, B, 0.0, C, host, 1 << 30, panel_width=8)
         assert stats.extra["tiles"] == [3, 2]
         assert gemm_scaled_error(C.gather(), a, b) <= 1
@@ -761,8 +764,7 @@ def test_an_asked_cut_that_fits_one_c_tile_at_a_time_runs_so(rng, monkeypatch):
         assert (plan.tiles, plan.c_buffers) == ((3, 2), buffers)
         assert plan.device_bytes <= budget
         with ProcessGrid(MPI.COMM_SELF) as grid:
-            A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
-            C = DistMatrix.zeros((m, n), "float64", grid, host)
+            A, B, C = _held(grid, a, b)
             summa_out_of_core(1.0, A, B, 0.0, C, host, budget, panel_width=nb)
             assert gemm_scaled_error(C.gather(), a, b) <= 1
         assert made[-1] == buffers
@@ -918,10 +920,9 @@ def _fp64_int8_sweep(rng, monkeypatch, device_memory: int) -> tuple:
     plan = make_plan((m, n, k), "float64", Machine("cupy", 1, ranks_on_node=1),
                      out_of_core=True, device_memory=device_memory, panel_width=48,
                      precision="fp64-int8")
-    host, device = NumpyBackend(), _Int8AsGpu()
+    device = _Int8AsGpu()
     with ProcessGrid(MPI.COMM_SELF) as grid:
-        A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
-        C = DistMatrix.zeros((m, n), "float64", grid, host)
+        A, B, C = _held(grid, a, b)
         outofcore.run_out_of_core(plan, outofcore.SweepOperands(A, B, C), device)
         return plan, device, gemm_scaled_error(C.gather(), a, b)
 
