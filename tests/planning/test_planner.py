@@ -524,6 +524,17 @@ def test_matmul_plans_once_and_executes_many(comm, rng, device_memory):
 
 # -- fp64-int8's products in chunks of rows -------------------------------------------
 
+def _int8_sweep_bytes(mem) -> int:
+    """Device bytes the out-of-core sweep's own count gives float64
+    fp64-int8 memory plan `mem`: its tiles, slots, C buffers, rows and folds."""
+    from summa.planning import memory
+    rows, cols = mem.tiles
+    return 8 * memory._ooc_elements(*mem.tile, mem.chunk, mem.slots, rows * cols,
+                                    emulated=memory._Int8(rows=mem.int8_rows,
+                                                          planes=mem.int8_planes),
+                                    c_buffers=mem.c_buffers)
+
+
 def _int8_plan(n: int, budget, dtype="float64", panel_width=None) -> Plan:
     return make_plan((n, n, n), dtype, Machine("cupy", 1), device_memory=budget,
                      precision="fp64-int8", panel_width=panel_width)
@@ -544,13 +555,10 @@ def test_fp64_int8_products_in_chunks_of_rows_let_fewer_larger_tiles_fit():
     budget = int(24 * 2**30 * FREE_SHARE)
     plan = _int8_plan(n, budget, panel_width=16384)
     mem = plan.memory
-    (tm, tn), (rows, cols) = mem.tile, mem.tiles
+    tm, (rows, cols) = mem.tile[0], mem.tiles
     assert memory.FP64_INT8_ROWS <= mem.int8_rows < tm
     assert plan.scheme == Scheme(rows=mem.int8_rows, planes=mem.int8_planes or PLANES)
-    counted = memory._ooc_elements(tm, tn, mem.chunk, mem.slots, rows * cols,
-                                   emulated=memory._Int8(rows=mem.int8_rows,
-                                                         planes=mem.int8_planes))
-    assert mem.device_bytes == 8 * counted <= budget
+    assert mem.device_bytes == _int8_sweep_bytes(mem) <= budget
     whole = memory._ooc_tiles(n, n, mem.chunk, 2, budget // 8, emulated=memory._Int8())
     assert whole == (4, 3) and (rows, cols) == (2, 3)
     assert host_traffic(mem, (n, n, n), (1, 1)) == (rows + cols + 1) * n * n < \
@@ -568,27 +576,19 @@ def test_fp64_int8_folds_take_more_integer_products_a_pass_where_room_is_left():
     over C's sums), under a budget between them the most that fit, under
     a tight one the default; always within the budget, the sweep's own
     count, and handed to the GEMMs (Plan.scheme)."""
-    from summa.planning import memory
     from summa.precision import ozaki_gpu
     n, count = 40960, ozaki_gpu.moduli_for(16384)
-
-    def counted(mem):
-        rows, cols = mem.tiles
-        return 8 * memory._ooc_elements(*mem.tile, mem.chunk, mem.slots, rows * cols,
-                                        emulated=memory._Int8(rows=mem.int8_rows,
-                                                              planes=mem.int8_planes),
-                                        c_buffers=mem.c_buffers)
     whole = _int8_plan(n, "127GiB")
     assert whole.memory.int8_planes == count and whole.scheme.planes == count
-    assert counted(whole.memory) == whole.memory.device_bytes <= 127 * 2**30
+    assert _int8_sweep_bytes(whole.memory) == whole.memory.device_bytes <= 127 * 2**30
     assert f"take {count} integer products a pass" in str(whole)
     short = whole.memory.device_bytes - 1  # one byte short of them: fewer, the tiles kept
     between = _int8_plan(n, short).memory
     assert between.tiles == whole.memory.tiles and between.int8_rows == whole.memory.int8_rows
     assert ozaki_gpu.PLANES < between.int8_planes < count
-    assert counted(between) <= short
+    assert _int8_sweep_bytes(between) <= short
     more = replace(between, int8_planes=between.int8_planes + 1)
-    assert counted(more) > short
+    assert _int8_sweep_bytes(more) > short
     tight = _int8_plan(n, "8GiB")
     assert tight.memory.int8_planes is None and tight.scheme.planes == ozaki_gpu.PLANES
     assert "integer products a pass" not in str(tight)
