@@ -17,16 +17,17 @@ from .prediction import SWEEP_STEP_SECONDS, SWEEP_TILE_SECONDS
 
 __all__ = ["plan_lines"]
 
+_GIB = 2.0**30  # bytes in the GiB the report counts in
+
 
 def plan_lines(plan) -> list[str]:
     """What ``summa plan`` prints: the memory per rank, then each decision."""
-    gib = 2.0**30
     memory, (m, n, k), grid = plan.memory, plan.shape, plan.grid
     lines = [f"plan: {m} x {n} x {k} {plan.dtype} on {plan.ranks} ranks (grid {grid[0]}x"
              f"{grid[1]}), nb {plan.panel_width}, lookahead {plan.lookahead}, {plan.backend} "
              f"backend: {memory.mode}",
-             f"  peak per rank: device {memory.device_bytes / gib:.2f} GiB, host "
-             f"{memory.host_bytes / gib:.2f} GiB"]
+             f"  peak per rank: device {memory.device_bytes / _GIB:.2f} GiB, host "
+             f"{memory.host_bytes / _GIB:.2f} GiB"]
     lines += _memory_lines(plan) + _fp64_int8_lines(plan) + _staging_lines(plan)
     if plan.predicted:
         lines += _prediction_lines(plan)
@@ -70,7 +71,7 @@ def _fp64_int8_lines(plan) -> list[str]:
                      "over C's sums (the room left holds them; counted above)")
     if plan.panel_sums is not None:
         lines.append(f"  on this grid each rank sums its panels' INT8 products and folds C once "
-                     f"where its device also holds the sums ({plan.panel_sums / 2**30:.2f} GiB "
+                     f"where its device also holds the sums ({plan.panel_sums / _GIB:.2f} GiB "
                      "beside its blocks and panels); else a fold a panel, as counted above")
     return lines
 
@@ -85,7 +86,7 @@ def _staging_lines(plan) -> list[str]:
             f"page-locked chunks, filled and drained by {threads} copy "
             f"thread{'s' * (threads != 1)} a rank (SUMMA_COPY_THREADS); summa.matmul "
             "on NumPy arrays reads A and B where they lie, so its extra host "
-            f"memory is C ({m * n * np.dtype(plan.dtype).itemsize / 2**30:.2f} GiB, or "
+            f"memory is C ({m * n * np.dtype(plan.dtype).itemsize / _GIB:.2f} GiB, or "
             "none with out=) and those chunks"]
 
 
@@ -95,7 +96,7 @@ def _decision_lines(plan) -> list[str]:
     decided = (f"  decided: {plan.schedule}, op(A) {plan.trans[0]}, op(B) {plan.trans[1]}, "
                f"broadcaster {plan.broadcaster}, precision {plan.precision or 'default'}")
     if plan.out_of_core:
-        decided += f", device budget {plan.device_budget / 2**30:.2f} GiB"
+        decided += f", device budget {plan.device_budget / _GIB:.2f} GiB"
     if plan.host_copies:
         decided += f", host copies {plan.host_copies}"
     lines = [decided]
