@@ -1171,20 +1171,19 @@ def test_a_lazy_conjugate_on_the_gpu_is_multiplied_where_it_lies(rng, monkeypatc
     assert gemm_scaled_error(cupy.asnumpy(c), np.conj(a), b, trans_a=trans) <= 1
 
 
-def test_torch_lazy_conjugates_multiply_as_torch_does(rng):
+def test_torch_lazy_conjugates_on_each_device_multiply_as_torch_does(rng):
+    """``t.mH @ t`` and ``t.conj() @ t.mT`` with torch itself, where it is
+    installed: on the CPU, and on the GPU where torch sees it (the product
+    a tensor on the operands' device)."""
     import summa
     torch = pytest.importorskip("torch")
     x = random_array(rng, (30, 20), "complex128")
-    t = torch.from_numpy(x)
-    for got, want in ((summa.matmul(t.mH, t), x.conj().T @ x),
-                      (summa.matmul(t.conj(), t.mT), x.conj() @ x.T)):
-        assert isinstance(got, torch.Tensor)
-        assert np.allclose(got.numpy(), want, rtol=0, atol=1e-12 * np.abs(want).max())
-    if torch.cuda.is_available():
-        got = summa.matmul(t.cuda().mH, t.cuda())
-        assert got.device.type == "cuda"
-        assert np.allclose(got.cpu().numpy(), x.conj().T @ x, rtol=0,
-                           atol=1e-12 * np.abs(x.conj().T @ x).max())
+    for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
+        t = torch.from_numpy(x).to(device)
+        for got, (a, ta, tb) in ((summa.matmul(t.mH, t), (x, "H", "N")),
+                                 (summa.matmul(t.conj(), t.mT), (np.conj(x), "N", "T"))):
+            assert isinstance(got, torch.Tensor) and got.device.type == device
+            assert gemm_scaled_error(got.cpu().numpy(), a, x, trans_a=ta, trans_b=tb) <= 1
 
 
 def test_torch_cpu_tensors_in_are_torch_cpu_tensors_out(rng):
