@@ -146,6 +146,7 @@ def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple)
     start. `operands`: ``(A, B, C)``; `asked`: ``(panel_width, lookahead,
     broadcaster, precision)``; `extras`: ``(progress, conj)``."""
     (A, B, C), (panel_width, lookahead, broadcaster, precision) = operands, asked
+    progress, conj = extras
     backend, grid = C.backend, C.grid
     if strips and isinstance(panel_width, str) and panel_width == "auto":
         # "auto" times GEMMs of K panels; strips cut columns, which cost nothing
@@ -156,9 +157,9 @@ def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple)
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
     row_bc, col_bc = pick_broadcasters(A, B, C, panels, broadcaster, precision)
-    call = _Call(alpha, A, B, C, precision, extras[0], int(lookahead), row_bc, col_bc,
+    call = _Call(alpha, A, B, C, precision, progress, int(lookahead), row_bc, col_bc,
                  export_blocks(grid, backend, row_bc, col_bc, A.local, B.local),
-                 tuple(bool(x) for x in extras[1]))
+                 tuple(bool(x) for x in conj))
     transpose = transposes_a(backend.name, C.dtype, precision,
                              schedule="strips" if strips else "panels")
     steps = _steps_of(call, panels, transpose, strips, panel_width)
