@@ -451,19 +451,33 @@ def restage(plan: Plan, staged: tuple) -> Plan:
     """`plan` for broadcasters that do (or do not) stage each direction's
     panels (``(row, column)``, ``ipc``): the broadcasters are made and
     self-tested after planning, so an out-of-core run learns this last;
-    `plan` itself where it planned for the same (always on CPUs)."""
+    `plan` itself where it planned for the same (always on CPUs). Where the
+    staging buffers leave no room for tiles of the plan's panels, narrower
+    panels, as the planner takes under a budget too small
+    (:func:`_narrowest_that_fits`), the note saying so."""
     pr, pc = plan.grid
     staged = (bool(staged[0]) and pc > 1, bool(staged[1]) and pr > 1)
     if not plan.out_of_core or tuple(plan.memory.staged) == staged:
         return plan
     m, n, k = plan.shape
-    with ozaki_gpu.asked_moduli(plan.moduli):
-        memory = memory_plan(m, n, k, plan.dtype, plan.grid, plan.panel_width,
-                             Execution(plan.lookahead, plan.backend,
-                                       device_budget=plan.device_budget, out_of_core=True,
-                                       precision=plan.precision, staged=staged,
-                                       copy_threads=plan.copy_threads))
-    return replace(plan, memory=memory)
+
+    def plan_at(width: int) -> MemoryPlan:
+        with ozaki_gpu.asked_moduli(plan.moduli):
+            return memory_plan(m, n, k, plan.dtype, plan.grid, width,
+                               Execution(plan.lookahead, plan.backend,
+                                         device_budget=plan.device_budget, out_of_core=True,
+                                         precision=plan.precision, staged=staged,
+                                         copy_threads=plan.copy_threads))
+    try:
+        return replace(plan, memory=plan_at(plan.panel_width))
+    except ValueError as exc:  # (a sweep's tiny budget: its staging takes the room)
+        width = min(plan.panel_width, k)
+        memory = _narrowest_that_fits(plan_at, width, min(LEAST_OOC_WIDTH, k), exc)
+    note = (f"the broadcasts' staging buffers leave a device budget of "
+            f"{format_bytes(plan.device_budget)} no tiles with panels {width} wide: "
+            f"{memory.chunk}-wide panels")
+    return replace(plan, memory=memory, panel_width=memory.chunk,
+                   note="; ".join(x for x in (plan.note, note) if x))
 
 
 def _grid(grid, machine: Machine, m: int, n: int, dtype, schedule: str) -> tuple:

@@ -341,6 +341,25 @@ def test_small_budgets_cut_more_tiles_and_restage_counts_staging():
     assert restage(plain, (False, True)) is plain  # a grid column of one rank stages nothing
 
 
+def test_restage_narrows_panels_the_staging_leaves_no_room_for():
+    """A budget whose tiles fit the plain plan's panels but not once the
+    broadcasts stage them (a 2-rank GPU sweep's float16 case, 13 x 120 x
+    1063 under 17.4 KiB): restage takes narrower panels, as the planner
+    does for a budget too small, and says so, rather than refusing a call
+    it planned."""
+    shape, budget = (13, 120, 1063), 17768
+    plain = make_plan(shape, "float16", Machine("cupy", 2), grid=(1, 2), host_held=True,
+                      device_memory=budget, lookahead=2)
+    assert plain.memory.chunk == 1063
+    staged = restage(plain, (True, True))
+    assert staged.panel_width == staged.memory.chunk < 1063
+    assert staged.memory.device_bytes <= budget and staged.memory.staged == (True, False)
+    assert "staging buffers" in staged.note and f"{staged.panel_width}-wide" in staged.note
+    assert staged.memory == make_plan(shape, "float16", Machine("cupy", 2), grid=(1, 2),
+                                      host_held=True, device_memory=budget, lookahead=2,
+                                      panel_width=staged.panel_width, staged=(True, True)).memory
+
+
 def test_out_of_core_plans_on_gpus_settle_host_copies_and_their_threads(monkeypatch):
     """Out of core on GPUs the plan says how host blocks go up (as asked,
     else SUMMA_HOST_COPIES) and on how many threads a rank: copy_threads of
