@@ -345,7 +345,7 @@ def resident_plan(m: int, n: int, k: int, dtype, precision=None, copies: int = 0
 
     def with_scratch(rows: int | None, planes: int | None = None) -> int:
         return need + ozaki_gpu.scratch_bytes(m, n, piece, ozaki_gpu.moduli_for(piece),
-                                              planes=planes or ozaki_gpu.PLANES, rows=rows)
+                                              planes=planes, rows=rows)
     if budget is None:
         return MemoryPlan("on-device", with_scratch(None), 0)
     rows = _int8_rows(m, lambda r: with_scratch(r) <= budget)
@@ -463,7 +463,7 @@ def _ozaki_scratch(tm: int, tn: int, nb: int, complex_: bool = False,
     the operands' real and imaginary parts and the two real results."""
     from ..precision import ozaki_gpu
     scratch = ozaki_gpu.scratch_bytes(tm, tn, nb, ozaki_gpu.moduli_for(nb),
-                                      planes or ozaki_gpu.PLANES, rows=rows)
+                                      planes, rows=rows)
     return scratch + (16 * (tm * nb + nb * tn) + 16 * tm * tn if complex_ else 0)
 
 

@@ -431,12 +431,12 @@ def _b_side(b, count: int, bits: int, cap: float, cols_p: int, k_p: int, constan
     return f, b8
 
 
-def scratch_bytes(m: int, n: int, k: int, count: int, planes: int = PLANES,
+def scratch_bytes(m: int, n: int, k: int, count: int, planes: int | None = None,
                   rows: int | None = None) -> int:
     """Device bytes one product takes beside its operands: B's residue
     planes and B transposed, and for one chunk of `rows` rows (None: all
-    `m`; :attr:`Scheme.rows`) A's residue planes, the integer products and
-    the two sums."""
+    `m`; :attr:`Scheme.rows`) A's residue planes, the integer products
+    folded a pass (`planes`; None: :data:`PLANES`) and the two sums."""
     kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
     r = _chunk_rows(m, rows)
     return count * (r + np_) * kp + 8 * n * k + 4 * _planes_a_pass(planes, count) * r * np_ \
@@ -450,10 +450,11 @@ def _chunk_rows(m: int, rows: int | None) -> int:
     return m if rows is None else max(1, min(m, int(rows)))
 
 
-def _planes_a_pass(planes: int, count: int) -> int:
-    """Integer products folded a pass: `planes` asked, within 1 and the
-    `count` of moduli (:class:`_Folds`, and :func:`gemm`'s buffer for them)."""
-    return max(1, min(int(planes), count))
+def _planes_a_pass(planes: int | None, count: int) -> int:
+    """Integer products folded a pass: `planes` asked (None: :data:`PLANES`),
+    within 1 and the `count` of moduli (:class:`_Folds`, and :func:`gemm`'s
+    buffer for them)."""
+    return max(1, min(int(PLANES if planes is None else planes), count))
 
 
 def panel_sums_bytes(m: int, n: int, width: int, k: int, planes: int = PLANES) -> int:
