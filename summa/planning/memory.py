@@ -111,6 +111,11 @@ class MemoryPlan:
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
+    @property
+    def tile_count(self) -> int:
+        """C tiles a rank's sweep takes out of core (one in memory)."""
+        return self.tiles[0] * self.tiles[1] if self.tiles else 1
+
 
 #: The out-of-core sweep's head and tail (:mod:`summa.execution.outofcore`),
 #: which the planner also counts in the time it predicts.
@@ -598,7 +603,7 @@ def host_traffic(memory: MemoryPlan, shape, grid) -> int:
 
 def sweep_steps(memory: MemoryPlan, k: int) -> int:
     """Steps (GEMMs) of an out-of-core sweep of K: C tiles times panels."""
-    return memory.tiles[0] * memory.tiles[1] * -(-k // max(memory.chunk, 1))
+    return memory.tile_count * -(-k // max(memory.chunk, 1))
 
 
 def waited_write_backs(memory: MemoryPlan) -> int:

@@ -133,7 +133,7 @@ def _sweep_floor(plan, k: int) -> tuple[float, int]:
     if not (plan.out_of_core and traits(plan.backend).gpu):
         return 0.0, 0
     steps = sweep_steps(plan.memory, k)
-    tiles = plan.memory.tiles[0] * plan.memory.tiles[1]
+    tiles = plan.memory.tile_count
     return steps * SWEEP_STEP_SECONDS + tiles * SWEEP_TILE_SECONDS, steps
 
 

@@ -161,7 +161,7 @@ def _prediction_lines(plan) -> list[str]:
                              if others else ""),
               "  would move it: " + "; ".join(pred["advice"])]
     if pred.get("steps_seconds", 0.0) > split[pred["bound"]]:
-        tiles = plan.memory.tiles[0] * plan.memory.tiles[1]
+        tiles = plan.memory.tile_count
         lines.append(f"  most of the time is the sweep's {pred['steps']} steps over {tiles} C "
                      f"tiles, each issued by the host, ~{SWEEP_STEP_SECONDS * 1e3:.1f} ms a step "
                      f"and ~{SWEEP_TILE_SECONDS * 1e3:.1f} ms a tile on an H200 however small: "
