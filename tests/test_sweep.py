@@ -38,6 +38,22 @@ def _settings(comm, backend) -> tuple[int, int, int]:
     return cases, largest, seed
 
 
+def _run_cases(grids: Grids, backend, seed: int, cases) -> tuple[list, int]:
+    """Run the drawn `cases` (in the order drawn, case i drawn from `seed`),
+    leaving out the known failures (tested by test_known_failures_still_fail):
+    ``(wrong, known)``, the ``(error, case)`` of each wrong product (rank 0)
+    and how many were left out."""
+    wrong, known = [], 0
+    for i, case in enumerate(cases):
+        if known_failure(case, backend):
+            known += 1
+            continue
+        error = checked(case, grids, backend, f"SUMMA_SWEEP_SEED={seed}, case {i}")
+        if grids.comm.rank == 0 and not error <= 1:
+            wrong.append((error, case))
+    return wrong, known
+
+
 @pytest.mark.mpi(min_size=1)
 def test_randomized_sweep_has_no_wrong_product(comm, backend):
     from test_comm import modes
@@ -45,16 +61,10 @@ def test_randomized_sweep_has_no_wrong_product(comm, backend):
     rng = np.random.default_rng(seed)
     available = modes(backend)
     grids = Grids(comm)
-    wrong, known = [], 0
     try:
-        for i in range(cases):
-            case = draw_case(rng, comm.Get_size(), backend, available, largest, seed + i)
-            if known_failure(case, backend):
-                known += 1  # tested by test_known_failures_still_fail
-                continue
-            error = checked(case, grids, backend, f"SUMMA_SWEEP_SEED={seed}, case {i}")
-            if comm.rank == 0 and not error <= 1:
-                wrong.append((error, case))
+        wrong, known = _run_cases(grids, backend, seed, (
+            draw_case(rng, comm.Get_size(), backend, available, largest, seed + i)
+            for i in range(cases)))
     finally:
         grids.free()
     if comm.rank == 0:
@@ -87,17 +97,11 @@ def test_randomized_sweep_on_virtual_nodes_has_no_wrong_product(comm, backend, n
     available = [m for m in modes(backend) if nodes == 1 or m != "ipc"]
     topology = Topology.virtual(comm, nodes) if nodes > 1 else None
     grids = Grids(comm, topology)
-    wrong = []
     try:
-        for i in range(cases):
-            entry = "arrays" if i % 2 or nodes == 1 else "dist"
-            case = draw_case(rng, comm.Get_size(), backend, available, largest, seed + i,
-                             entry=entry)
-            if known_failure(case, backend):
-                continue
-            error = checked(case, grids, backend, f"SUMMA_SWEEP_SEED={seed}, case {i}")
-            if comm.rank == 0 and not error <= 1:
-                wrong.append((error, case))
+        wrong, _ = _run_cases(grids, backend, seed, (
+            draw_case(rng, comm.Get_size(), backend, available, largest, seed + i,
+                      entry="arrays" if i % 2 or nodes == 1 else "dist")
+            for i in range(cases)))
     finally:
         grids.free()
         if topology is not None:
