@@ -302,8 +302,9 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
         None: :func:`summa.planning.tuning.default_panel_width` for the mode.
     staged : tuple
         ``(row, column)``: whether that direction's broadcasts stage panels
-        through buffers of their own (copy engines, ``ipc``); see
-        :func:`restage` for the run, where the broadcasters are made later.
+        through buffers of their own (copy engines, ``ipc``); both where
+        `broadcaster` is ``ipc`` on GPUs; see :func:`restage` for the run,
+        where the broadcasters are made later.
     host_copies : {"stage", "lock"}, optional
         Out of core on GPUs, how host blocks reach the devices
         (:attr:`Plan.host_copies`, with its :attr:`Plan.copy_threads`);
@@ -340,6 +341,8 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
     if memory is not None:  # one GEMM where the operands lie
         budget, note, width = None, None, max(k, 1)
     else:
+        if broadcaster == "ipc" and traits(machine.backend).gpu:
+            staged = (True, True)  # asked for: planned, not learned at the run (restage)
         ask = _MemoryAsk(out_of_core, device_memory, schedule, precision, staged, copies[1])
         ask = _held_in_host(ask, machine.backend) if host_held else ask
         check_schedule(schedule, grid, out_of_core=bool(ask.out_of_core) or bool(ask.device_memory))

@@ -360,6 +360,22 @@ def test_restage_narrows_panels_the_staging_leaves_no_room_for():
                                       panel_width=staged.panel_width, staged=(True, True)).memory
 
 
+def test_ipc_asked_for_is_planned_with_its_staging():
+    """broadcaster="ipc" on GPUs: its staging buffers counted when planning
+    (the width chosen for them), so the run's restage has nothing to change;
+    auto learns it at the run."""
+    shape, budget = (13, 120, 1063), 17768
+    asked = dict(grid=(1, 2), host_held=True, device_memory=budget, lookahead=2)
+    ipc = make_plan(shape, "float16", Machine("cupy", 2), broadcaster="ipc", **asked)
+    assert ipc.memory == make_plan(shape, "float16", Machine("cupy", 2), staged=(True, True),
+                                   **asked).memory
+    assert ipc.memory.staged == (True, False) and restage(ipc, (True, True)) is ipc
+    auto = make_plan(shape, "float16", Machine("cupy", 2), **asked)
+    assert auto.memory.staged == (False, False)
+    assert make_plan(shape, "float64", Machine("numpy", 2), broadcaster="ipc",
+                     **asked).memory.staged == (False, False)  # no copy engines on CPUs
+
+
 def test_out_of_core_plans_on_gpus_settle_host_copies_and_their_threads(monkeypatch):
     """Out of core on GPUs the plan says how host blocks go up (as asked,
     else SUMMA_HOST_COPIES) and on how many threads a rank: copy_threads of
