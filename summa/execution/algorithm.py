@@ -157,12 +157,12 @@ def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple)
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
     row_bc, col_bc = pick_broadcasters(A, B, C, panels, broadcaster, precision)
-    call = _Call(alpha, A, B, C, precision, progress, int(lookahead), row_bc, col_bc,
-                 export_blocks(grid, backend, row_bc, col_bc, A.local, B.local),
-                 tuple(bool(x) for x in conj))
     transpose = transposes_a(backend.name, C.dtype, precision,
                              schedule="strips" if strips else "panels")
-    steps = _steps_of(call, panels, transpose, strips, panel_width)
+    call = _Call(alpha, A, B, C, precision, progress, int(lookahead), row_bc, col_bc,
+                 export_blocks(grid, backend, row_bc, col_bc, A.local, B.local),
+                 tuple(bool(x) for x in conj), transpose)
+    steps = _steps_of(call, panels, strips, panel_width)
     stats = SummaStats(panels=len(steps), panel_width=panel_width,
                        comm=(col_bc if strips else row_bc).name, lookahead=call.lookahead,
                        extra={"panel_width_measured": measured,
@@ -178,7 +178,7 @@ def _run_steps(call: _Call, panels: list, first_beta, strips: bool, stats: Summa
     pairs)."""
     A, B, C, precision = call.A, call.B, call.C, call.precision
     backend, grid = C.backend, C.grid
-    transpose = stats.extra["transposed_a"]
+    transpose = call.transposed_a
     # Made inside the caller's compute stream: its copies go on the stream its
     # GEMMs run on. (K panels where A is read transposed; else column or row strips)
     operand_a = PanelsOfA(backend, C.local.shape[0], max(
@@ -187,7 +187,7 @@ def _run_steps(call: _Call, panels: list, first_beta, strips: bool, stats: Summa
     if precision == "fp64-int8":  # (bench's records say which way it went)
         stats.extra["panel_sums"] = sums is not None
     if grid.size == 1:
-        return _one_rank(call, panels, operand_a, first_beta, transpose)
+        return _one_rank(call, panels, operand_a, first_beta)
     if strips:
         marks = []
         multiply_strips(call, panels, marks, stats.extra)
@@ -225,16 +225,17 @@ class _Call:
     col_bc: object
     direct: tuple  # (A's, B's) panels copied from the roots' blocks (ipc)
     conj: tuple = (False, False)  # one rank: (A's, B's) conjugated by the GEMMs
+    transposed_a: bool = False  # A's panels read through a transposed copy (PanelsOfA)
 
 
-def _steps_of(call: _Call, panels: list, transpose: bool, strips: bool, width: int) -> list:
+def _steps_of(call: _Call, panels: list, strips: bool, width: int) -> list:
     """The steps of this call in this rank's order: K panels, or column
     strips (:func:`summa.execution.strips.strip_bounds`)."""
     grid, backend = call.C.grid, call.C.backend
     if grid.size == 1:
         # One rank: nothing to overlap, so the fewest GEMMs (panel by panel where
         # A is read transposed: a copy of all of A would take its room).
-        return panels if transpose else one_rank_steps(panels, call.C.local.shape, backend.name,
+        return panels if call.transposed_a else one_rank_steps(panels, call.C.local.shape, backend.name,
                                                        call.A.shape[1])
     if strips:
         return strip_bounds(call.C.local.shape[1], width,
@@ -254,7 +255,7 @@ def _someone_waits_first(call: _Call, panels: list) -> bool:
     return grid.comm.allreduce(waits_first(held, call.lookahead), op=MPI.LOR)
 
 
-def _one_rank(call: _Call, steps: list, operand_a, first_beta, transpose: bool) -> list:
+def _one_rank(call: _Call, steps: list, operand_a, first_beta) -> list:
     """One rank's GEMMs (one, a panel each where A is read transposed, or on
     CPUs a strip of C's rows each, :func:`one_rank_steps`); returns their
     timing marks."""
@@ -264,7 +265,7 @@ def _one_rank(call: _Call, steps: list, operand_a, first_beta, transpose: bool) 
         c, beta = C.local, first_beta if i == 0 else 1
         if isinstance(p, RowStrip):  # over all of K, straight into its rows of C
             a, b, c, beta = A.local[p.r0:p.r1], B.local, c[p.r0:p.r1], first_beta
-        elif transpose or len(steps) > 1:
+        elif call.transposed_a or len(steps) > 1:
             a, b = local_parts(A, B, p)
         else:
             a, b = A.local, B.local
