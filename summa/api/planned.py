@@ -159,17 +159,23 @@ def plan_arrays(operands: ArrayOperands, comm, request: PlanRequest = PlanReques
         raise ValueError(meta)
     # the root's ops: a lazy conjugate it holds moved its conjugation there
     m, n, k, dtype, placement, (trans_a, trans_b) = meta
+
+    def in_host() -> ArrayOperands:  # the arrays described, as host arrays on the root
+        given = operands.given
+        return operands if given is None else ArrayOperands(*given.host_arrays(be),
+                                                             operands.root)
+    # host arrays are cut as they lie; GPU arrays fetched lie as they come to host memory
+    held = placement is None or placement.where == "host"
+    storage = _storage(in_host(), (trans_a, trans_b), comm) if held else ("rows", "rows")
     # (the nodes the grid will see: the copy threads share them)
     plan = make_plan((m, n, k), dtype, Machine.live(comm, be, topology), grid=request.grid,
                      trans_a=trans_a, trans_b=trans_b, host_held=True,
                      out_of_core=request.out_of_core, device_memory=request.device_memory,
                      panel_width=request.panel_width, lookahead=request.lookahead,
                      schedule=request.schedule, precision=request.precision,
-                     broadcaster=request.broadcaster, placement=placement)
-    if plan.placement.where == "host":  # (GPU arrays: stored as they come to host memory)
-        given = operands.given  # the arrays described, on the root
-        plan = _stored(plan, operands if given is None else
-                       ArrayOperands(*given.host_arrays(be), operands.root), comm)
+                     broadcaster=request.broadcaster, placement=placement, storage=storage)
+    if plan.placement.where == "host":
+        plan = _stored(plan, in_host(), comm)
     return be, plan, operands
 
 
@@ -231,15 +237,21 @@ def _stored(plan, operands: ArrayOperands, comm):
     """`plan` with the storage of `operands` (:func:`summa.host.storage.storage_of`,
     found on the root), their op H conjugated by the GEMMs: a plan made for
     arrays that lay otherwise runs these as they lie. Collective."""
-    storage = None
-    if comm.Get_rank() == operands.root:
-        storage = tuple(storage_of(np.asarray(x), t)
-                        for x, t in zip((operands.a, operands.b), plan.trans))
-    storage = comm.bcast(storage, root=operands.root)
+    storage = _storage(operands, plan.trans, comm)
     conj = tuple(conjugated(t, plan.dtype) for t in plan.trans)
     if (tuple(plan.storage), tuple(plan.conj)) == (storage, conj):
         return plan
     return replace(plan, storage=storage, conj=conj)
+
+
+def _storage(operands: ArrayOperands, trans: tuple, comm) -> tuple:
+    """How op(A) and op(B) of the root's `operands` lie
+    (:func:`summa.host.storage.storage_of`), on every rank; collective."""
+    storage = None
+    if comm.Get_rank() == operands.root:
+        storage = tuple(storage_of(np.asarray(x), t)
+                        for x, t in zip((operands.a, operands.b), trans))
+    return comm.bcast(storage, root=operands.root)
 
 
 def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,

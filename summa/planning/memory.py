@@ -190,6 +190,10 @@ class Execution:
         chunks is counted (:func:`summa.device.staging.ring_bytes`). None:
         one rank's count on this host, for memory plans made outside
         :func:`summa.planning.make_plan`, which always says.
+    storage : tuple
+        How op(A) and op(B) lie in host memory (:attr:`summa.planning.Plan.storage`):
+        out of core, operands lying by columns cut C by columns
+        (:func:`columns_first`).
     """
 
     lookahead: int = 1
@@ -200,6 +204,7 @@ class Execution:
     precision: object = None
     staged: tuple = (False, False)
     copy_threads: int | None = None
+    storage: tuple = ("rows", "rows")
 
 
 def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
@@ -286,8 +291,9 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
     emulated = _Int8(np.dtype(dtype).kind == "c", FP64_INT8_ROWS) \
         if execution.precision == "fp64-int8" else None
     asked = _tiles_asked(ml, nl)
+    by_columns = columns_first(execution.storage)
     tiles = asked or _ooc_tiles(max(ml, 1), max(nl, 1), nb, slots, device_budget // item,
-                                transposed, staged, emulated)
+                                transposed, staged, emulated, by_columns)
     if tiles is None:
         raise ValueError(f"a device budget of {format_bytes(device_budget)} is too small for "
                          f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
@@ -297,7 +303,7 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
             return _ooc_elements(tm, tn, nb, slots, 2, transposed, staged,
                                  c_buffers=1) * item <= device_budget
         tiles, buffers = _one_at_a_time((max(ml, 1), max(nl, 1), k), tiles, np.dtype(dtype),
-                                        fits_one)
+                                        fits_one, by_columns)
     tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
 
     def need(slots: int, rows: int | None = FP64_INT8_ROWS, planes: int | None = None) -> int:
@@ -483,13 +489,15 @@ def _ozaki_scratch(tm: int, tn: int, nb: int, complex_: bool = False,
 HOST_LINK_BALANCE = 2000
 
 
-def _one_at_a_time(sizes: tuple, tiles: tuple, dtype: np.dtype, fits) -> tuple:
+def _one_at_a_time(sizes: tuple, tiles: tuple, dtype: np.dtype, fits,
+                   by_columns: bool = False) -> tuple:
     """``(tiles, c_buffers)``: the fewest tiles that `fit` (a predicate of a
     tile's rows and columns, one C tile on the device) where the two-tile
     cut `tiles` of a rank's ``(ml, nl, k)`` is bound by the host link (fewer
     flops per byte moved than :data:`HOST_LINK_BALANCE`) and the taller
-    tiles move fewer bytes, each earlier tile's write-back counted as moved
-    twice (the next tile waits for it); else `tiles` with two buffers.
+    (`by_columns`: wider) tiles move fewer bytes, each earlier tile's
+    write-back counted as moved twice (the next tile waits for it); else
+    `tiles` with two buffers.
     float64 32768³ under 8 GiB: 2 x 1 tiles one at a time ran 1.47 s
     (0.93 of ``cupy.matmul``) where 3 x 1 two at a time ran 1.75 s (34.4
     GB up against 25.8; `benchmarks/matrix.py` with ``SUMMA_OOC_TILES``)."""
@@ -497,6 +505,10 @@ def _one_at_a_time(sizes: tuple, tiles: tuple, dtype: np.dtype, fits) -> tuple:
     flops = gemm_flops(dtype, ml, nl, k)
     if flops >= HOST_LINK_BALANCE * _moved(sizes, tiles, 2) * dtype.itemsize:
         return tiles, 2
+    if by_columns:  # the same choice for the transposed block (_moved is symmetric)
+        cut, buffers = _one_at_a_time((nl, ml, k), tiles[::-1], dtype,
+                                      lambda tn, tm: fits(tm, tn))
+        return cut[::-1], buffers
     for cols in range(1, tiles[1] + 1):
         tn = -(-nl // cols)
         rows = _most_that_fit(0, ml, lambda r: fits(r, tn))
@@ -557,9 +569,12 @@ EMULATED_COLUMN_TILES = 64
 
 
 def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: bool = False,
-               staged: tuple = (False, False), emulated: _Int8 | None = None):
+               staged: tuple = (False, False), emulated: _Int8 | None = None,
+               by_columns: bool = False):
     """Fewest ``(row tiles, column tiles)`` whose sweep fits `budget` elements:
-    by columns, the most rows that fit (the sweep's size grows with them).
+    by columns, the most rows that fit (the sweep's size grows with them);
+    `by_columns` (:func:`columns_first`), the transpose of that: by rows,
+    the most columns that fit.
     Where `emulated` (:class:`_Int8`, its products `rows` of C at a time),
     the cut that uploads least instead (B's panels once per row of tiles,
     A's once per column: ``rows nl + columns ml``): fp64-int8's scratch
@@ -575,7 +590,12 @@ def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: b
     docs/benchmarks.md, "Measurements behind the defaults")."""
     def fits(tm, tn, ntiles):
         return _ooc_elements(tm, tn, nb, slots, ntiles, transposed, staged, emulated) <= budget
-    fewest_rows = 2 if emulated and ml >= 2 else 1
+    if by_columns and not emulated:
+        cut = _fewest_whole_rows(nl, ml, lambda tn, tm, ntiles: fits(tm, tn, ntiles))
+        return cut and cut[::-1]
+    if not emulated:
+        return _fewest_whole_rows(ml, nl, fits)
+    fewest_rows = 2 if ml >= 2 else 1
     if fewest_rows == 1 and fits(ml, nl, 1):
         return 1, 1
     best = None
@@ -584,13 +604,37 @@ def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: b
         low = _most_that_fit(0, ml, lambda rows: fits(rows, tn, 2))
         if low >= 1:
             ntm = max(fewest_rows, -(-ml // low))
-            if not emulated:
-                return ntm, ntn
             cut = (ntm * nl + ntn * ml, ntm * ntn, ntn, ntm)  # uploads, tiles, rows first
             best = min(best or cut, cut)
-        if emulated and ntn >= min(nl, EMULATED_COLUMN_TILES):
+        if ntn >= min(nl, EMULATED_COLUMN_TILES):
             break
     return (best[3], best[2]) if best else None
+
+
+def _fewest_whole_rows(ml: int, nl: int, fits) -> tuple | None:
+    """:func:`_ooc_tiles`' cut of an ``ml x nl`` block (not emulated): one
+    tile where it fits, else by columns, the most rows that fit
+    (``fits(rows, columns, tiles)``); None where not one row fits."""
+    if fits(ml, nl, 1):
+        return 1, 1
+    for ntn in range(1, nl + 1):
+        tn = -(-nl // ntn)
+        low = _most_that_fit(0, ml, lambda rows: fits(rows, tn, 2))
+        if low >= 1:
+            return -(-ml // low), ntn
+    return None
+
+
+def columns_first(storage: tuple) -> bool:
+    """Is C cut into tiles of whole columns rather than whole rows for
+    operands lying as `storage` says (:attr:`summa.planning.Plan.storage`)?
+    A cut of whole rows reads B again for each row of tiles: by rows of
+    its own where B lies by rows (a block a panel), but where op(B) lies by
+    columns (Fortran order, ``b.T`` of a C array) in pieces of one panel's
+    width, 32 KB for complex128 2048-wide panels. Where op(A) lies by
+    columns too, whole columns of C read A again as blocks a panel, as
+    C-ordered operands read B: the same sweep, transposed."""
+    return tuple(storage) == ("cols", "cols")
 
 
 def host_traffic(memory: MemoryPlan, shape, grid) -> int:

@@ -277,7 +277,7 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
               schedule: str = "panels", precision=None, moduli=None,
               broadcaster: str = "auto", staged: tuple = (False, False),
               host_copies=None, predict: bool = False, profile=None,
-              placement: Placement | None = None) -> Plan:
+              placement: Placement | None = None, storage: tuple = ("rows", "rows")) -> Plan:
     """Plan ``C = op(A) @ op(B)`` of `shape` ``(m, n, k)`` on `machine`.
 
     Collective over ``machine.comm`` where the machine is live
@@ -318,6 +318,11 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
         Where the operands lie (default: host memory, as `host_held` says);
         on a GPU: one GEMM there where it fits (:func:`_resident`), else
         planned as host-held operands, the note saying why.
+    storage : tuple
+        How op(A) and op(B) lie in host memory (:attr:`Plan.storage`; host
+        operands' :func:`summa.host.storage.storage_of`): out of core, C is
+        cut the way that reads them in the larger pieces
+        (:func:`summa.planning.memory.columns_first`).
 
     Raises
     ------
@@ -343,7 +348,8 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
     else:
         if broadcaster == "ipc" and traits(machine.backend).gpu:
             staged = (True, True)  # asked for: planned, not learned at the run (restage)
-        ask = _MemoryAsk(out_of_core, device_memory, schedule, precision, staged, copies[1])
+        ask = _MemoryAsk(out_of_core, device_memory, schedule, precision, staged, copies[1],
+                         tuple(storage))
         ask = _held_in_host(ask, machine.backend) if host_held else ask
         check_schedule(schedule, grid, out_of_core=bool(ask.out_of_core) or bool(ask.device_memory))
         with ozaki_gpu.asked_moduli(moduli):  # the plans count their scratch
@@ -363,7 +369,8 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
                 copy_threads=copies[1],
                 panel_sums=_panel_sums(memory, dtype, grid, (m, n, k), width, precision,
                                        schedule),
-                placement=placement, note="; ".join(x for x in (fetched, note) if x) or None)
+                placement=placement, storage=tuple(storage),
+                note="; ".join(x for x in (fetched, note) if x) or None)
     if not predict:
         return plan
     native = None
@@ -372,7 +379,7 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
             grid=grid, trans_a=trans_a, trans_b=trans_b, host_held=host_held,
             out_of_core=out_of_core, device_memory=device_memory, panel_width=panel_width,
             lookahead=lookahead, schedule=schedule, broadcaster=broadcaster, staged=staged,
-            host_copies=host_copies, profile=profile))
+            host_copies=host_copies, profile=profile, storage=storage))
     return replace(plan, predicted=predict_plan(plan, profile, native))
 
 
@@ -470,7 +477,7 @@ def restage(plan: Plan, staged: tuple) -> Plan:
                                Execution(plan.lookahead, plan.backend,
                                          device_budget=plan.device_budget, out_of_core=True,
                                          precision=plan.precision, staged=staged,
-                                         copy_threads=plan.copy_threads))
+                                         copy_threads=plan.copy_threads, storage=plan.storage))
     try:
         return replace(plan, memory=plan_at(plan.panel_width))
     except ValueError as exc:  # (a sweep's tiny budget: its staging takes the room)
@@ -512,8 +519,9 @@ class _MemoryAsk:
     """What :func:`make_plan` was asked of memory (its arguments of the same
     names): where the product runs (`out_of_core`, `device_memory`), how K
     is cut (`schedule`), the GEMMs' `precision` and the broadcasters'
-    `staged` directions; and the `copy_threads` of its host copies out of
-    core (:attr:`Plan.copy_threads`), whose page-locked ring it counts."""
+    `staged` directions; the `copy_threads` of its host copies out of
+    core (:attr:`Plan.copy_threads`), whose page-locked ring it counts, and
+    the operands' `storage` (:attr:`Plan.storage`), which the cut follows."""
 
     out_of_core: bool | None
     device_memory: object
@@ -521,6 +529,7 @@ class _MemoryAsk:
     precision: object
     staged: tuple
     copy_threads: int | None = None
+    storage: tuple = ("rows", "rows")
 
 
 def _memory(machine, shape, dtype, grid, panel_width, lookahead, asked: _MemoryAsk):
@@ -549,8 +558,9 @@ def _memory(machine, shape, dtype, grid, panel_width, lookahead, asked: _MemoryA
                 raise
             note = f"the in-memory plan does not fit ({exc}); running out of core"
     budget = parse_bytes(device_memory) if device_memory else _free_budget(machine)
-    memory, narrowed = _out_of_core(shape, dtype, grid, panel_width, lookahead, backend,
-                                    (budget, precision, staged, asked.copy_threads))
+    memory, narrowed = _out_of_core(shape, dtype, grid, panel_width, Execution(
+        lookahead, backend, device_budget=budget, out_of_core=True, precision=precision,
+        staged=staged, copy_threads=asked.copy_threads, storage=asked.storage))
     if machine.comm is not None:
         check_host_memory(memory, machine.comm)
     return memory, budget, "; ".join(x for x in (note, narrowed) if x) or None
@@ -592,7 +602,7 @@ MAX_SWEEP_GEMMS = 1 << 16
 STEP_FLOPS = {"cpu": 1 << 22, "gpu": 1 << 36}
 
 
-def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) -> tuple:
+def _out_of_core(shape, dtype, grid, panel_width, execution: Execution) -> tuple:
     """``(MemoryPlan, note or None)``: the out-of-core MemoryPlan at the
     width asked, else at the mode's default or a half or quarter of it (not
     under :data:`MIN_OOC_WIDTH`), whichever tiles move fewest bytes between
@@ -601,19 +611,18 @@ def _out_of_core(shape, dtype, grid, panel_width, lookahead, backend, limits) ->
     Under a tight
     budget narrower panels leave room for taller C tiles, so B crosses the
     link fewer times: float64 65536 x 8192 x 65536 under 8 GiB takes one tile
-    with 2048-wide panels where 4096 takes 2 x 1. `limits`: ``(device
-    budget, precision, staged, copy threads)``; fp64-int8 goes no narrower
+    with 2048-wide panels where 4096 takes 2 x 1. `execution`: the sweep
+    as :func:`summa.planning.memory.memory_plan` counts it, to its device
+    budget (out of core); fp64-int8 goes no narrower
     than :data:`MIN_OOC_WIDTH_INT8` (its products lose more to narrower
     panels than the bytes save). A budget too small for all of these takes
     the widest narrower width that fits, down to :data:`LEAST_OOC_WIDTH`
     (:func:`_narrowest_that_fits`), the note saying so."""
     m, n, k = shape
-    budget, precision, staged, threads = limits
+    budget, precision, backend = execution.device_budget, execution.precision, execution.backend
 
     def plan_at(width: int, budget: int = budget) -> MemoryPlan:
-        return memory_plan(m, n, k, dtype, grid, width,
-                           Execution(lookahead, backend, device_budget=budget, out_of_core=True,
-                                     precision=precision, staged=staged, copy_threads=threads))
+        return memory_plan(m, n, k, dtype, grid, width, replace(execution, device_budget=budget))
     if is_width(panel_width):
         widths = [int(panel_width)]
     else:

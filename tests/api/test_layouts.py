@@ -124,6 +124,26 @@ def test_the_plan_records_and_prints_how_each_operand_lies(rng):
     assert gemm_scaled_error(c, xa, xb) <= 1
 
 
+def test_operands_lying_by_columns_are_cut_by_columns_out_of_core(rng):
+    """Fortran-ordered operands out of core: C in whole columns (its
+    operands then read in blocks, as C order's are in whole rows), the cut
+    the C-ordered transposed product takes, transposed; the product right."""
+    from mpi4py import MPI
+    a, _, xa = operand(rng, (120, 100), "float64", "F")
+    b, _, xb = operand(rng, (100, 90), "float64", "F")
+
+    def planned(x, y):
+        return summa.Matmul(x, y, comm=MPI.COMM_SELF, backend="numpy", device_memory="40KiB",
+                            panel_width=8)
+    m = planned(a, b)
+    transposed = planned(np.ascontiguousarray(b.T), np.ascontiguousarray(a.T))
+    assert m.plan.storage == ("cols", "cols")
+    assert m.plan.memory.tiles == transposed.plan.memory.tiles[::-1]
+    assert m.plan.memory.tiles[0] == 1 < m.plan.memory.tiles[1]
+    assert planned(xa, xb).plan.memory.tiles[1] == 1  # C order: whole rows
+    assert gemm_scaled_error(m.execute(a, b), xa, xb) <= 1
+
+
 # -- one rank ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("la,lb", _pairs())

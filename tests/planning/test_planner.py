@@ -376,6 +376,43 @@ def test_ipc_asked_for_is_planned_with_its_staging():
                      **asked).memory.staged == (False, False)  # no copy engines on CPUs
 
 
+@pytest.mark.parametrize("dtype, shape, budget", [
+    ("complex128", (32768, 32768, 32768), "8GiB"),   # two C tiles on the device
+    ("float64", (32768, 32768, 32768), "8GiB"),      # one at a time (_one_at_a_time)
+    ("complex128", (65536, 16384, 32768), "8GiB"),
+    ("float32", (20000, 50000, 30000), "2GiB")])
+def test_operands_lying_by_columns_cut_c_as_the_transposed_product(dtype, shape, budget):
+    """Out of core, op(A) and op(B) lying by columns (Fortran order) cut C
+    into whole columns: the cut C-ordered operands of the transposed
+    product take, transposed (whole rows there: B, read again for each row
+    of tiles, comes up in blocks; by columns it would come in pieces of a
+    panel's width). Mixed storage keeps the cut by rows."""
+    m, n, k = shape
+    machine = Machine("cupy", 1)
+
+    def planned(shape, storage):
+        return make_plan(shape, dtype, machine, device_memory=budget, host_held=True,
+                         storage=storage)
+    by_cols = planned((m, n, k), ("cols", "cols"))
+    transposed = planned((n, m, k), ("rows", "rows"))
+    assert by_cols.storage == ("cols", "cols")
+    assert by_cols.memory.tiles == transposed.memory.tiles[::-1] != (1, 1)
+    assert by_cols.memory.tile == transposed.memory.tile[::-1]
+    assert by_cols.memory.c_buffers == transposed.memory.c_buffers
+    assert by_cols.panel_width == transposed.panel_width
+    assert by_cols.memory.device_bytes <= parse_bytes(budget)
+    by_rows = planned((m, n, k), ("rows", "rows")).memory.tiles
+    assert by_rows != by_cols.memory.tiles
+    for mixed in (("rows", "cols"), ("cols", "rows")):
+        assert planned((m, n, k), mixed).memory.tiles == by_rows
+    # a run whose broadcasters stage its panels plans again for the same storage
+    two = dict(device_memory=budget, host_held=True, grid=(1, 2), storage=("cols", "cols"))
+    plain = make_plan(shape, dtype, Machine("cupy", 2), **two)
+    staged = make_plan(shape, dtype, Machine("cupy", 2), staged=(True, True),
+                       panel_width=plain.panel_width, **two)
+    assert restage(plain, (True, True)).memory == staged.memory
+
+
 def test_out_of_core_plans_on_gpus_settle_host_copies_and_their_threads(monkeypatch):
     """Out of core on GPUs the plan says how host blocks go up (as asked,
     else SUMMA_HOST_COPIES) and on how many threads a rank: copy_threads of
