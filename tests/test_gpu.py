@@ -53,6 +53,44 @@ def test_cupy_and_numpy_backends_agree(comm, gpu):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("comm_kind", ["auto", "nccl", "mpi"])
+def test_a_rank_runs_on_its_gpu_whatever_gpu_is_current(comm, rng, gpu, comm_kind):
+    """A process may hold backends of several GPUs (each made current as it is
+    made): in memory and out of core, the work of a rank's backend runs on
+    that backend's GPU, and the caller's current GPU is left as it was. On two
+    GPUs a backend made later for GPU 0 left rank 1's GEMMs queued there (its
+    timing events unready at the end) and its NCCL communicator made on GPU 0
+    (NCCL refused two ranks on one GPU)."""
+    import cupy
+    from summa.device.backend import NumpyBackend
+    from summa.execution.outofcore import summa_out_of_core
+    grid, backend = gpu
+    count = cupy.cuda.runtime.getDeviceCount()
+    if count < 2:
+        pytest.skip("needs two GPUs")
+    if comm_kind == "nccl" and comm.size > count:
+        pytest.skip("NCCL needs a GPU per rank")
+    other = (backend.device + 1) % count
+    a, b, c0 = (random_array(rng, shape, "float64") for shape in ((96, 70), (70, 50), (96, 50)))
+    host = NumpyBackend()
+    try:
+        cupy.cuda.Device(other).use()
+        A, B, C = (DistMatrix.from_global(x, grid, backend) for x in (a, b, c0))
+        gemm(A, B, C, alpha=0.5, beta=2.0, panel_width=16, broadcaster=comm_kind)
+        assert C.local.device.id == backend.device
+        Ah, Bh, Ch = (DistMatrix.from_global(x, grid, host) for x in (a, b, c0))
+        summa_out_of_core(0.5, Ah, Bh, 2.0, Ch, backend, 64 << 10, panel_width=16,
+                          comm=comm_kind)
+        assert cupy.cuda.runtime.getDevice() == other
+        in_memory, out_of_core = C.gather(), Ch.gather()
+    finally:
+        cupy.cuda.Device(backend.device).use()
+    if comm.rank == 0:
+        for c in (in_memory, out_of_core):
+            assert gemm_scaled_error(c, a, b, c0, 0.5, 2.0) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
 def test_memory_pool_does_not_grow(comm, gpu):
     grid, backend = gpu
     A = DistMatrix.random((256, 256), "float32", grid, backend, seed=1)

@@ -7,7 +7,9 @@ never need it (as mpi4py registers its CuPy support only when CuPy imports).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
+import inspect
 import os
 import time
 
@@ -208,6 +210,11 @@ class Backend:
     def conjugate(self, x) -> None:
         """``x[...] = x.conj()`` in place (where it lies: on the device)."""
         self.xp.conjugate(x, out=x)
+
+    def on_device(self):
+        """A context in which the work queued runs on this backend's GPU, the
+        caller's current device given back on leaving (nothing on NumPy)."""
+        return contextlib.nullcontext()
 
     def synchronize(self) -> None:
         """Wait for all queued device work (no-op on NumPy)."""
@@ -462,6 +469,31 @@ class NumpyBackend(Backend):
                 c += prod
 
 
+def _on_its_device(cls):
+    """Every public method of `cls` (its own and inherited) runs on the
+    backend's GPU (:meth:`Backend.on_device`), whatever device is current in
+    the calling thread: a process may hold backends of several GPUs (a test
+    session, calls on sub-communicators), and each construction makes its
+    own GPU current. On a machine of two GPUs, a rank's GEMMs queued on the
+    other rank's GPU made its timing events unready at the end, and its NCCL
+    communicator was made on that GPU: NCCL refused two ranks on one GPU."""
+    for name in dir(cls):
+        method = inspect.getattr_static(cls, name)
+        if name.startswith("_") or name == "on_device" or not inspect.isfunction(method):
+            continue
+        setattr(cls, name, _device_bound(method))
+    return cls
+
+
+def _device_bound(method):
+    @functools.wraps(method)
+    def bound(self, *args, **kwargs):
+        with self.xp.cuda.Device(self.device):
+            return method(self, *args, **kwargs)
+    return bound
+
+
+@_on_its_device
 class CupyBackend(Backend):
     """CuPy arrays on one GPU, chosen by the node-local rank.
 
@@ -715,6 +747,9 @@ class CupyBackend(Backend):
         geam(self.xp.cuda.device.get_cublas_handle(), _OP_C if conj else _OP_T, _OP_N, m, n,
              one.ctypes.data, x.data.ptr, ld, zero.ctypes.data, out.data.ptr, m,
              out.data.ptr, m)
+
+    def on_device(self):
+        return self.xp.cuda.Device(self.device)
 
     def synchronize(self):
         self.xp.cuda.Device(self.device).synchronize()

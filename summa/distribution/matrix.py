@@ -98,7 +98,8 @@ class DistMatrix:
         backend = backend or NumpyBackend()
         dtype = backend.check_dtype(dtype)
         layout = Layout(shape, grid.shape, block)
-        local = backend.xp.zeros(layout.local_shape(grid.row, grid.col), dtype=dtype)
+        with backend.on_device():
+            local = backend.xp.zeros(layout.local_shape(grid.row, grid.col), dtype=dtype)
         return cls(grid, layout, local, backend)
 
     @classmethod
@@ -117,6 +118,14 @@ class DistMatrix:
         # The computing backend decides the dtype: host storage holds any (float16 too).
         dtype = compute.check_dtype(dtype)
         layout = Layout(shape, grid.shape, block)
+        with compute.on_device(), backend.on_device():
+            local = cls._random(layout, grid, (backend, compute), seed, dtype)
+        return cls(grid, layout, local, backend)
+
+    @staticmethod
+    def _random(layout, grid, backends: tuple, seed: int, dtype):
+        """This rank's block of :meth:`random`."""
+        backend, compute = backends
         xp = compute.xp
         rows = xp.asarray(layout.rows.global_indices(grid.row).astype(np.uint64))
         cols = xp.asarray(layout.cols.global_indices(grid.col).astype(np.uint64))
@@ -135,7 +144,7 @@ class DistMatrix:
                 local[r0:r0 + step] = values
             else:  # straight into the block: no host temporary
                 compute.to_host(values, out=local[r0:r0 + step])
-        return cls(grid, layout, local, backend)
+        return local
 
     @classmethod
     def from_global(cls, array, grid, backend=None, root: int = 0, block=None,

@@ -119,9 +119,15 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     check_layouts(A, B, C)
     check_scalars(alpha, beta, C.dtype, precision, C.backend)
     strips = check_schedule(schedule, C.grid.shape) == "strips" and C.grid.size > 1
-    call, panels, stats = _prepared(alpha, (A, B, C), strips, (panel_width, lookahead,
-                                                             broadcaster, precision),
-                                    (progress, conj))
+    with C.backend.on_device():  # its GPU, whatever the caller's current one
+        return _run(alpha, (A, B, C), beta, strips, (panel_width, lookahead, broadcaster,
+                                                  precision), (progress, conj))
+
+
+def _run(alpha, operands: tuple, beta, strips: bool, asked: tuple, extras: tuple):
+    """The checked :func:`summa` call run on its backend's GPU: its stats."""
+    call, panels, stats = _prepared(alpha, operands, strips, asked, extras)
+    C = operands[2]
     backend, grid = C.backend, C.grid
     t0 = time.perf_counter()
     first_beta = _first_beta(C, beta, panels)

@@ -162,7 +162,14 @@ def run_out_of_core(plan: Plan, operands: SweepOperands, device, *, alpha=1.0, b
     (:func:`summa.planning.restage`). `operands`
     (:class:`SweepOperands`): A, B, C and where given `own_copies`; the
     other arguments as for :func:`summa_out_of_core`."""
-    A, B, C = operands.A, operands.B, operands.C
+    with device.on_device():  # its GPU, whatever the caller's current one
+        return _run(plan, operands, device, (alpha, beta), progress, fresh_c)
+
+
+def _run(plan: Plan, operands: SweepOperands, device, scalars: tuple, progress,
+         fresh_c: bool) -> SummaStats:
+    """:func:`run_out_of_core` on the device's GPU."""
+    (alpha, beta), (A, B, C) = scalars, (operands.A, operands.B, operands.C)
     _check_sweep(alpha, A, B, beta, C, device, plan.precision)
     _check_plan(plan, A, B, C, device)
     grid = C.grid
