@@ -10,6 +10,7 @@ and aborts the job itself.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -145,6 +146,28 @@ def backend():
     from mpi4py import MPI
     from summa.distribution.grid import node_rank
     return get_backend(name, node_rank(MPI.COMM_WORLD)[0])
+
+
+@pytest.fixture(autouse=True)
+def _rank_gpu_current():
+    """Each test starts on its rank's GPU: a test that made a backend of
+    another GPU (a sub-communicator's local rank, ``get_backend("cupy")``)
+    made that one current, and tests that queue work themselves (a
+    broadcaster's ibcast) queue it on the current GPU."""
+    if os.environ.get("SUMMA_TEST_BACKEND") == "cupy":
+        import cupy
+        cupy.cuda.Device(_rank_gpu()).use()
+    yield
+
+
+@functools.cache
+def _rank_gpu() -> int:
+    """This rank's GPU, as the backend fixture binds it (asked once: a
+    collective, made in the first test, which every rank runs)."""
+    import cupy
+    from mpi4py import MPI
+    from summa.distribution.grid import node_rank
+    return node_rank(MPI.COMM_WORLD)[0] % cupy.cuda.runtime.getDeviceCount()
 
 
 @pytest.fixture

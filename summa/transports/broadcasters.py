@@ -41,13 +41,19 @@ def self_test(broadcaster, backend) -> None:
 
 
 def make_broadcaster(kind: str, comm: MPI.Intracomm, backend, check: bool = False):
-    """Return the broadcaster `kind` over `comm`, self-tested when `check` is set."""
+    """Return the broadcaster `kind` over `comm`, self-tested when `check` is set.
+
+    It is made on `backend`'s GPU (NCCL's communicator, CUDA's IPC handles),
+    whatever GPU is current; its broadcasts are queued on the current stream,
+    so callers run them on that GPU too (``with backend.on_device():``, as the
+    executors do)."""
     name = choose_comm(kind, backend)
-    broadcaster = BROADCASTERS[name](comm, backend)
-    if check:
-        try:
-            self_test(broadcaster, backend)
-        except RuntimeError:  # raised on every rank of `comm`: free it everywhere
-            broadcaster.free()
-            raise
+    with backend.on_device():
+        broadcaster = BROADCASTERS[name](comm, backend)
+        if check:
+            try:
+                self_test(broadcaster, backend)
+            except RuntimeError:  # raised on every rank of `comm`: free it everywhere
+                broadcaster.free()
+                raise
     return broadcaster
