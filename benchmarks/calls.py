@@ -62,6 +62,11 @@ def in_fresh_process(script: str, args: list[str], tree: str, timeout: float) ->
     too)."""
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree) + os.pathsep
                + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1")
+    # One GPU, as the references are (one GPU's cupy.matmul): on a machine of
+    # several, summa.matmul's pool takes them all (on two H200s the matrix's
+    # cells read 1.07-1.23 x the one-GPU ceiling). CUDA_VISIBLE_DEVICES set
+    # by the caller is kept.
+    env.setdefault("CUDA_VISIBLE_DEVICES", "0")
     # Out of the checkout: `import summa` must find the tree's, not the folder's.
     child = subprocess.Popen([sys.executable, os.path.abspath(script), *args], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
