@@ -291,9 +291,12 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
     emulated = _Int8(np.dtype(dtype).kind == "c", FP64_INT8_ROWS) \
         if execution.precision == "fp64-int8" else None
     asked = _tiles_asked(ml, nl)
-    by_columns = columns_first(execution.storage)
-    tiles = asked or _ooc_tiles(max(ml, 1), max(nl, 1), nb, slots, device_budget // item,
-                                transposed, staged, emulated, by_columns)
+    tiles, by_columns = asked, False
+    if not asked:
+        tiles, by_columns = _cut(max(ml, 1), max(nl, 1), columns_first(execution.storage),
+                                 lambda columns: _ooc_tiles(
+                                     max(ml, 1), max(nl, 1), nb, slots, device_budget // item,
+                                     transposed, staged, emulated, columns))
     if tiles is None:
         raise ValueError(f"a device budget of {format_bytes(device_budget)} is too small for "
                          f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
@@ -609,6 +612,32 @@ def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: b
         if ntn >= min(nl, EMULATED_COLUMN_TILES):
             break
     return (best[3], best[2]) if best else None
+
+
+def _cut(ml: int, nl: int, columns: bool, cut_by) -> tuple:
+    """``(tiles, by_columns)``: the cut of a rank's ``ml x nl`` block of C,
+    ``cut_by(by_columns)`` (:func:`_ooc_tiles`), by whole columns where
+    `columns` (:func:`columns_first`) and that cut uploads no more than the
+    cut by rows (:func:`_uploads`). On a block taller than wide, columns
+    read the taller A again for each tile: float64 32768³ Fortran under
+    8 GiB on a 1 x 2 grid of two H200s (a rank's block 32768 x 16384, 1 x 2
+    tiles against 2 x 1: a quarter more uploaded) ran 1.73 s where rows ran
+    1.44 (`benchmarks/matrix.py`, docs/benchmarks.md)."""
+    rows = cut_by(False)
+    if not columns:
+        return rows, False
+    by_columns = cut_by(True)
+    if by_columns is not None and (rows is None or
+                                   _uploads(ml, nl, by_columns) <= _uploads(ml, nl, rows)):
+        return by_columns, True
+    return rows, False
+
+
+def _uploads(ml: int, nl: int, tiles: tuple) -> int:
+    """Elements of A and B an ``ml x nl`` block cut in `tiles` uploads for
+    each column of K: A's rows once for each column of tiles, B's columns
+    once for each row of them."""
+    return ml * tiles[1] + nl * tiles[0]
 
 
 def _fewest_whole_rows(ml: int, nl: int, fits) -> tuple | None:

@@ -127,10 +127,11 @@ def test_the_plan_records_and_prints_how_each_operand_lies(rng):
 def test_operands_lying_by_columns_are_cut_by_columns_out_of_core(rng):
     """Fortran-ordered operands out of core: C in whole columns (its
     operands then read in blocks, as C order's are in whole rows), the cut
-    the C-ordered transposed product takes, transposed; the product right."""
+    the C-ordered transposed product takes, transposed, where C is no taller
+    than wide (else columns would upload more); the product right."""
     from mpi4py import MPI
-    a, _, xa = operand(rng, (120, 100), "float64", "F")
-    b, _, xb = operand(rng, (100, 90), "float64", "F")
+    a, _, xa = operand(rng, (90, 100), "float64", "F")
+    b, _, xb = operand(rng, (100, 120), "float64", "F")
 
     def planned(x, y):
         return summa.Matmul(x, y, comm=MPI.COMM_SELF, backend="numpy", device_memory="40KiB",
@@ -142,6 +143,11 @@ def test_operands_lying_by_columns_are_cut_by_columns_out_of_core(rng):
     assert m.plan.memory.tiles[0] == 1 < m.plan.memory.tiles[1]
     assert planned(xa, xb).plan.memory.tiles[1] == 1  # C order: whole rows
     assert gemm_scaled_error(m.execute(a, b), xa, xb) <= 1
+    # taller than wide: whole columns would read A again for each tile, rows kept
+    tall = planned(np.asfortranarray(xb.T), np.asfortranarray(xa.T))
+    assert tall.plan.memory.tiles[1] == 1 < tall.plan.memory.tiles[0]
+    assert gemm_scaled_error(tall.execute(np.asfortranarray(xb.T), np.asfortranarray(xa.T)),
+                             xb.T, xa.T) <= 1
 
 
 # -- one rank ---------------------------------------------------------------------------
