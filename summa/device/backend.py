@@ -486,6 +486,7 @@ def _on_its_device(cls):
 
 
 def _device_bound(method):
+    """`method` run on its backend's GPU (:func:`_on_its_device`)."""
     @functools.wraps(method)
     def bound(self, *args, **kwargs):
         with self.xp.cuda.Device(self.device):
