@@ -472,7 +472,8 @@ def gemm(A: DistMatrix, B: DistMatrix, C: DistMatrix | None = None, alpha=1.0, b
     opB = _operand(B, op_b, cols, B.layout.cols.block, 1)
     if C is None:
         layout = Layout.from_distributions(rows, cols)
-        local = A.backend.xp.zeros(layout.local_shape(grid.row, grid.col), dtype=A.dtype)
+        with A.backend.on_device():  # on its GPU, as the run that fills it
+            local = A.backend.xp.zeros(layout.local_shape(grid.row, grid.col), dtype=A.dtype)
         C, beta = DistMatrix(grid, layout, local, A.backend), 0.0
     with asked_moduli(moduli):
         result = summa(alpha, opA, opB, beta, C, panel_width=panel_width, lookahead=lookahead,
