@@ -77,7 +77,7 @@ def test_a_rank_runs_on_its_gpu_whatever_gpu_is_current(comm, rng, gpu, comm_kin
         cupy.cuda.Device(other).use()
         A, B, C = (DistMatrix.from_global(x, grid, backend) for x in (a, b, c0))
         gemm(A, B, C, alpha=0.5, beta=2.0, panel_width=16, broadcaster=comm_kind)
-        fresh = gemm(A, B, trans_b="N", panel_width=16, broadcaster=comm_kind)  # C made there
+        fresh = gemm(A, B, panel_width=16, broadcaster=comm_kind)  # its C made there
         assert C.local.device.id == fresh.local.device.id == backend.device
         Ah, Bh, Ch = (DistMatrix.from_global(x, grid, host) for x in (a, b, c0))
         summa_out_of_core(0.5, Ah, Bh, 2.0, Ch, backend, 64 << 10, panel_width=16,
