@@ -529,7 +529,7 @@ def _moved(sizes: tuple, tiles: tuple, buffers: int) -> int:
     them."""
     (ml, nl, k), (rows, cols) = sizes, tiles
     waited = _waited(tiles, (-(-ml // rows), -(-nl // cols))) if buffers == 1 else 0
-    return ml * k * cols + k * nl * rows + ml * nl + waited
+    return k * _uploads(ml, nl, tiles) + ml * nl + waited
 
 
 def _waited(tiles: tuple, tile: tuple) -> int:
@@ -607,7 +607,7 @@ def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: b
         low = _most_that_fit(0, ml, lambda rows: fits(rows, tn, 2))
         if low >= 1:
             ntm = max(fewest_rows, -(-ml // low))
-            cut = (ntm * nl + ntn * ml, ntm * ntn, ntn, ntm)  # uploads, tiles, rows first
+            cut = (_uploads(ml, nl, (ntm, ntn)), ntm * ntn, ntn, ntm)  # uploads, tiles, rows first
             best = min(best or cut, cut)
         if ntn >= min(nl, EMULATED_COLUMN_TILES):
             break
