@@ -166,16 +166,17 @@ def plan_arrays(operands: ArrayOperands, comm, request: PlanRequest = PlanReques
                                                              operands.root)
     # host arrays are cut as they lie; GPU arrays fetched lie as they come to host memory
     held = placement is None or placement.where == "host"
-    storage = _storage(in_host(), (trans_a, trans_b), comm) if held else ("rows", "rows")
+    storage = _storage(in_host(), (trans_a, trans_b), comm) if held else None
     # (the nodes the grid will see: the copy threads share them)
     plan = make_plan((m, n, k), dtype, Machine.live(comm, be, topology), grid=request.grid,
                      trans_a=trans_a, trans_b=trans_b, host_held=True,
                      out_of_core=request.out_of_core, device_memory=request.device_memory,
                      panel_width=request.panel_width, lookahead=request.lookahead,
                      schedule=request.schedule, precision=request.precision,
-                     broadcaster=request.broadcaster, placement=placement, storage=storage)
-    if plan.placement.where == "host":
-        plan = _stored(plan, in_host(), comm)
+                     broadcaster=request.broadcaster, placement=placement,
+                     storage=storage or ("rows", "rows"))
+    if plan.placement.where == "host":  # (GPU arrays that do not fit there: as fetched)
+        plan = _stored(plan, storage or _storage(in_host(), plan.trans, comm))
     return be, plan, operands
 
 
@@ -233,11 +234,10 @@ def run_on_device(plan, be, given, alpha=1.0, stats=None):
     return c
 
 
-def _stored(plan, operands: ArrayOperands, comm):
-    """`plan` with the storage of `operands` (:func:`summa.host.storage.storage_of`,
-    found on the root), their op H conjugated by the GEMMs: a plan made for
-    arrays that lay otherwise runs these as they lie. Collective."""
-    storage = _storage(operands, plan.trans, comm)
+def _stored(plan, storage: tuple):
+    """`plan` for operands lying as `storage` says (:func:`_storage`), their
+    op H conjugated by the GEMMs: a plan made for arrays that lay otherwise
+    runs these as they lie."""
     conj = tuple(conjugated(t, plan.dtype) for t in plan.trans)
     if (tuple(plan.storage), tuple(plan.conj)) == (storage, conj):
         return plan
@@ -267,7 +267,7 @@ def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     operands = replace(operands, **{name: np.asarray(x) for name, x in (
         ("a", operands.a), ("b", operands.b)) if x is not None and not isinstance(x, np.ndarray)})
     a, b, out, root = operands.a, operands.b, operands.out, operands.root
-    plan = _stored(plan, operands, pgrid.comm)
+    plan = _stored(plan, _storage(operands, plan.trans, pgrid.comm))
     if not plan.out_of_core:
         return _in_memory(plan, pgrid, be, operands, alpha, stats)
     A, B, C, own, c_node = _host_blocks(a, b, out, plan, pgrid, root, be)
