@@ -498,12 +498,16 @@ def _one_at_a_time(sizes: tuple, tiles: tuple, dtype: np.dtype, fits,
     tile's rows and columns, one C tile on the device) where the two-tile
     cut `tiles` of a rank's ``(ml, nl, k)`` is bound by the host link (fewer
     flops per byte moved than :data:`HOST_LINK_BALANCE`) and the taller
-    (`by_columns`: wider) tiles move fewer bytes, each earlier tile's
+    (`by_columns`: wider) tiles move no more bytes, each earlier tile's
     write-back counted as moved twice (the next tile waits for it); else
-    `tiles` with two buffers.
+    `tiles` with two buffers. At equal bytes the fewer tiles win: their
+    sweep takes fewer, wider steps.
     float64 32768³ under 8 GiB: 2 x 1 tiles one at a time ran 1.47 s
     (0.93 of ``cupy.matmul``) where 3 x 1 two at a time ran 1.75 s (34.4
-    GB up against 25.8; `benchmarks/matrix.py` with ``SUMMA_OOC_TILES``)."""
+    GB up against 25.8; `benchmarks/matrix.py` with ``SUMMA_OOC_TILES``);
+    float64 16384 x 65536 x 32768, 1 x 2 tiles one at a time 1.39-1.42 s
+    where 1 x 3 two at a time, the same bytes counted so, ran 1.59-1.61
+    (in turns in one process, docs/benchmarks.md, "Wide blocks")."""
     ml, nl, k = sizes
     flops = gemm_flops(dtype, ml, nl, k)
     if flops >= HOST_LINK_BALANCE * _moved(sizes, tiles, 2) * dtype.itemsize:
@@ -517,7 +521,7 @@ def _one_at_a_time(sizes: tuple, tiles: tuple, dtype: np.dtype, fits,
         rows = _most_that_fit(0, ml, lambda r: fits(r, tn))
         if rows >= 1:
             one = (-(-ml // rows), cols)
-            if _moved(sizes, one, 1) < TRAFFIC_GAIN * _moved(sizes, tiles, 2):
+            if _moved(sizes, one, 1) <= _moved(sizes, tiles, 2):
                 return one, 1
             break
     return tiles, 2

@@ -43,9 +43,10 @@ def _memory_lines(plan) -> list[str]:
                      f"{memory.tiles[1]} per rank), panels of {memory.chunk} columns in "
                      f"{memory.slots} slots")
         if waited_write_backs(memory):
-            lines.append("  one C tile on the device at a time (these tiles, taller so that "
-                         "B crosses the host link fewer times or asked for by SUMMA_OOC_TILES, "
-                         "fit only so): each tile starts once the last one's write-back is done")
+            lines.append("  one C tile on the device at a time (these tiles, fewer and larger "
+                         "so that an operand crosses the host link fewer times, or asked for "
+                         "by SUMMA_OOC_TILES, fit only so): each tile starts once the last "
+                         "one's write-back is done")
     if any(memory.staged):
         lines.append("  copy-engine broadcasts (ipc) stage each slot's panel once more "
                      "(counted above; --comm nccl plans without)")
