@@ -380,6 +380,29 @@ def test_restage_narrows_panels_the_staging_leaves_no_room_for():
                                       panel_width=staged.panel_width, staged=(True, True)).memory
 
 
+def test_restage_refuses_a_sweep_its_staging_cuts_too_fine_naming_a_budget_that_is_not():
+    """float64 4096³ under 4 MiB on a 1 x 2 grid plans 34816 steps; staged
+    for ipc broadcasts its tiles halve (69632 tiny steps, minutes on a GPU):
+    restage refuses it as the planner refuses such a sweep, naming the
+    least budget whose staged sweep is not too fine, which restage then
+    takes."""
+    import re
+    from summa.planning.memory import sweep_steps
+    from summa.planning.planner import MAX_SWEEP_GEMMS
+
+    def planned(budget):
+        return make_plan((4096,) * 3, "float64", Machine("cupy", 2), grid=(1, 2),
+                         host_held=True, device_memory=budget)
+    plain = planned("4MiB")
+    assert sweep_steps(plain.memory, 4096) <= MAX_SWEEP_GEMMS
+    with pytest.raises(ValueError, match="too small to finish") as refused:
+        restage(plain, (True, True))
+    enough = re.search(r"at least ([\d.]+ \w+)", str(refused.value)).group(1).replace(" ", "")
+    staged = restage(planned(enough), (True, True))
+    assert staged.memory.staged == (True, False)
+    assert sweep_steps(staged.memory, 4096) <= MAX_SWEEP_GEMMS
+
+
 def test_ipc_asked_for_is_planned_with_its_staging():
     """broadcaster="ipc" on GPUs: its staging buffers counted when planning
     (the width chosen for them), so the run's restage has nothing to change;
