@@ -20,7 +20,7 @@ from ..host import shared as host, remote
 from ..options import current as current_options
 from ..device.traits import traits
 from .launch import Pool, get_pool, slot
-from ..runtime.cleanup import finalize
+from ..runtime.cleanup import finalize, raises_ctrl_c
 
 
 @contextlib.contextmanager
@@ -32,9 +32,10 @@ def _ctrl_c_as_flag():
     object>", a mapped file's in :mod:`summa.host.filemaps`): a caller
     looping over calls then went on waiting for good (a CI run of
     test_pool's Ctrl-C test). Only in the main thread with Python's own
-    handler in place (a handler of the caller's is left alone)."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    handler in place, or summa's (:func:`summa.runtime.cleanup.raises_ctrl_c`;
+    a handler of the caller's is left alone), which is put back after."""
+    handler = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not raises_ctrl_c(handler):
         yield None
         return
     hit = threading.Event()
@@ -42,7 +43,7 @@ def _ctrl_c_as_flag():
     try:
         yield hit
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, handler)
     if hit.is_set():
         raise KeyboardInterrupt
 

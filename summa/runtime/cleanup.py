@@ -16,12 +16,13 @@ import _thread
 import atexit
 import functools
 import os
+import signal
 import threading
 import weakref
 
 __all__ = ["temporary_files", "remove_temporary_files", "MPI_SEGMENT_PREFIXES", "mapped_segments",
            "remove_segments", "cuda_ipc_files", "remove_cuda_ipc_files_at_exit", "hard_exit",
-           "process_alive", "finalize"]
+           "process_alive", "finalize", "raises_ctrl_c"]
 
 #: Paths of unfinished outputs (a set: safe to change from any thread).
 temporary_files: set = set()
@@ -126,8 +127,12 @@ def finalize(obj, func, *args) -> weakref.finalize:
     ("Exception ignored in: <finalize object>"), so a Ctrl-C that arrived
     while a shared copy's file was being removed was lost, and a caller
     looping over calls went on for good (test_pool's Ctrl-C test, ``loop``).
-    Here it is raised again in the main thread once the finalizer returns.
+    Here it is raised again in the main thread once the finalizer returns;
+    and where Python's own handler is in place, a Ctrl-C landing in
+    ``weakref.finalize`` itself, before `func` starts (that test failed so
+    in CI), is put off alike (:func:`_ctrl_c_outside_finalizers`).
     `func` should do its essential step first: the rest of it is skipped."""
+    _keep_ctrl_c_out_of_finalizers()
     return weakref.finalize(obj, _keeping_ctrl_c, func, *args)
 
 
@@ -135,11 +140,47 @@ def _keeping_ctrl_c(func, *args) -> None:
     try:
         func(*args)
     except KeyboardInterrupt:
-        # As if Ctrl-C came again, from a thread a moment later: raised here
-        # (interrupt_main from this thread) it would be lost with the rest.
-        again = threading.Timer(AGAIN_AFTER, _thread.interrupt_main)
-        again.daemon = True
-        again.start()
+        _interrupt_again()
+
+
+def _interrupt_again() -> None:
+    """Ctrl-C again, from a thread a moment later: raised in a finalizer
+    (interrupt_main from its own thread too) it would be lost."""
+    again = threading.Timer(AGAIN_AFTER, _thread.interrupt_main)
+    again.daemon = True
+    again.start()
+
+
+def _keep_ctrl_c_out_of_finalizers() -> None:
+    """In the main thread, where Python's own SIGINT handler is in place,
+    put :func:`_ctrl_c_outside_finalizers` instead (a handler of the
+    caller's is left alone; elsewhere no handler can be set)."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _ctrl_c_outside_finalizers)
+
+
+def _ctrl_c_outside_finalizers(signum, frame) -> None:
+    """Python's SIGINT handler (KeyboardInterrupt where the signal finds
+    the main thread), except in a finalizer (a ``weakref.finalize``
+    callback or a ``__del__``), where the exception would be printed and
+    lost: there Ctrl-C comes again a moment later."""
+    while frame is not None:
+        if frame.f_code in _FINALIZER_CODES or frame.f_code.co_name == "__del__":
+            _interrupt_again()
+            return
+        frame = frame.f_back
+    raise KeyboardInterrupt
+
+
+_FINALIZER_CODES = frozenset({weakref.finalize.__call__.__code__, _keeping_ctrl_c.__code__})
+
+
+def raises_ctrl_c(handler) -> bool:
+    """Is `handler` (``signal.getsignal(signal.SIGINT)``) Python's own or
+    the one summa puts in its place (:func:`finalize`): a Ctrl-C raises
+    KeyboardInterrupt in the main thread?"""
+    return handler is signal.default_int_handler or handler is _ctrl_c_outside_finalizers
 
 
 #: Seconds after a finalizer caught a Ctrl-C that it is raised again (the

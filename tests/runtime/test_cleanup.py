@@ -134,3 +134,61 @@ def test_a_ctrl_c_landing_in_a_finalizer_is_raised_after_it():
         for _ in range(100):  # the interrupt comes at Python's next check
             time.sleep(0.001)
     assert done == ["removed"]
+
+
+@pytest.fixture
+def python_ctrl_c():
+    """Python's own SIGINT handler in place for the test, the one before put back."""
+    import signal
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_a_ctrl_c_landing_in_weakref_finalize_before_the_callback_is_raised_after(python_ctrl_c):
+    """A Ctrl-C can land in ``weakref.finalize.__call__`` itself, before the
+    callback's own guard (test_pool's Ctrl-C test lost one so in CI): the
+    handler summa puts in place of Python's (where Python's is in place)
+    puts it off there, and raises it once the finalizer is done; outside
+    finalizers it raises at once, as Python's does."""
+    import signal
+    import weakref
+
+    class Held:
+        pass
+    held = Held()
+    cleanup.finalize(held, lambda: None)
+    handler = signal.getsignal(signal.SIGINT)
+    assert handler is not signal.default_int_handler and cleanup.raises_ctrl_c(handler)
+    outcome = []
+
+    def hook(frame, event, arg):  # the moment __call__ starts, before the callback
+        if event == "call" and frame.f_code is weakref.finalize.__call__.__code__:
+            try:
+                handler(signal.SIGINT, frame)
+                outcome.append("put off")
+            except KeyboardInterrupt:
+                outcome.append("raised in the finalizer")
+    with pytest.raises(KeyboardInterrupt):
+        sys.setprofile(hook)
+        try:
+            del held
+        finally:
+            sys.setprofile(None)
+        for _ in range(100):  # it comes again at Python's next check
+            time.sleep(0.001)
+    assert outcome == ["put off"]
+    with pytest.raises(KeyboardInterrupt):
+        handler(signal.SIGINT, sys._getframe())
+
+
+def test_a_handler_of_the_callers_is_left_alone():
+    """Where the caller put its own SIGINT handler, making a finalizer keeps it."""
+    import signal
+    mine = lambda *_: None  # noqa: E731
+    before = signal.signal(signal.SIGINT, mine)
+    try:
+        cleanup.finalize(object.__new__(type("Held", (), {})), lambda: None)
+        assert signal.getsignal(signal.SIGINT) is mine and not cleanup.raises_ctrl_c(mine)
+    finally:
+        signal.signal(signal.SIGINT, before)
