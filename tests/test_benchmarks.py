@@ -163,3 +163,16 @@ def test_matrix_refuses_unknown_names(capsys):
     assert "unknown layouts: diagonal" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         matrix.main(["--sizes", "12x3"])
+
+
+def test_cuts_times_the_planners_cut_and_those_asked_for_each_product_right(tmp_path):
+    """benchmarks/cuts.py on the NumPy backend: one row per cut, each the cut
+    it asked for (the planner's for "plan"), every product checked."""
+    import cuts
+    record = tmp_path / "cuts.jsonl"
+    assert cuts.main(["--cpu", "--size", "96x320x128", "--budget", "1MiB", "--cuts",
+                      "plan,1x2,3x1", "--rounds", "2", "--json", str(record)]) == 0
+    rows = {row["cut"]: row for row in _rows(record)}
+    assert set(rows) == {"plan", "1x2", "3x1"}
+    assert rows["1x2"]["tiles"] == [1, 2] and rows["3x1"]["tiles"] == [3, 1]
+    assert all(len(row["calls"]) == 2 and row["residual"] <= 1 for row in rows.values())

@@ -507,7 +507,7 @@ def _one_at_a_time(sizes: tuple, tiles: tuple, dtype: np.dtype, fits,
     GB up against 25.8; `benchmarks/matrix.py` with ``SUMMA_OOC_TILES``);
     float64 16384 x 65536 x 32768, 1 x 2 tiles one at a time 1.39-1.42 s
     where 1 x 3 two at a time, the same bytes counted so, ran 1.59-1.61
-    (in turns in one process, docs/benchmarks.md, "Wide blocks")."""
+    (`benchmarks/cuts.py`, docs/benchmarks.md, "Wide blocks")."""
     ml, nl, k = sizes
     flops = gemm_flops(dtype, ml, nl, k)
     if flops >= HOST_LINK_BALANCE * _moved(sizes, tiles, 2) * dtype.itemsize:
