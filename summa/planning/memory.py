@@ -293,7 +293,9 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
     asked = _tiles_asked(ml, nl)
     tiles, by_columns = asked, False
     if not asked:
-        tiles, by_columns = _cut(max(ml, 1), max(nl, 1), columns_first(execution.storage),
+        # (fp64-int8's cut is its own, by its scratch, whatever the storage)
+        tiles, by_columns = _cut(max(ml, 1), max(nl, 1),
+                                 columns_first(execution.storage) and emulated is None,
                                  lambda columns: _ooc_tiles(
                                      max(ml, 1), max(nl, 1), nb, slots, device_budget // item,
                                      transposed, staged, emulated, columns))
