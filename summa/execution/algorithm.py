@@ -241,8 +241,9 @@ def _steps_of(call: _Call, panels: list, strips: bool, width: int) -> list:
     if grid.size == 1:
         # One rank: nothing to overlap, so the fewest GEMMs (panel by panel where
         # A is read transposed: a copy of all of A would take its room).
-        return panels if call.transposed_a else one_rank_steps(panels, call.C.local.shape, backend.name,
-                                                       call.A.shape[1])
+        if call.transposed_a:
+            return panels
+        return one_rank_steps(panels, call.C.local.shape, backend.name, call.A.shape[1])
     if strips:
         return strip_bounds(call.C.local.shape[1], width,
                             HEAD_PIECES if backend.is_gpu else 1)
