@@ -298,7 +298,8 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
                                  columns_first(execution.storage) and emulated is None,
                                  lambda columns: _ooc_tiles(
                                      max(ml, 1), max(nl, 1), nb, slots, device_budget // item,
-                                     transposed, staged, emulated, columns))
+                                     transposed, staged, emulated, columns),
+                                 either=emulated is None)
     if tiles is None:
         raise ValueError(f"a device budget of {format_bytes(device_budget)} is too small for "
                          f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
@@ -620,23 +621,30 @@ def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: b
     return (best[3], best[2]) if best else None
 
 
-def _cut(ml: int, nl: int, columns: bool, cut_by) -> tuple:
+def _cut(ml: int, nl: int, columns: bool, cut_by, either: bool = True) -> tuple:
     """``(tiles, by_columns)``: the cut of a rank's ``ml x nl`` block of C,
-    ``cut_by(by_columns)`` (:func:`_ooc_tiles`), by whole columns where
-    `columns` (:func:`columns_first`) and that cut uploads no more than the
-    cut by rows (:func:`_uploads`). On a block taller than wide, columns
-    read the taller A again for each tile: float64 32768³ Fortran under
-    8 GiB on a 1 x 2 grid of two H200s (a rank's block 32768 x 16384, 1 x 2
-    tiles against 2 x 1: a quarter more uploaded) ran 1.73 s where rows ran
-    1.44 (`benchmarks/matrix.py`, docs/benchmarks.md)."""
-    rows = cut_by(False)
-    if not columns:
-        return rows, False
-    by_columns = cut_by(True)
-    if by_columns is not None and (rows is None or
-                                   _uploads(ml, nl, by_columns) <= _uploads(ml, nl, rows)):
-        return by_columns, True
-    return rows, False
+    ``cut_by(by_columns)`` (:func:`_ooc_tiles`), by whole rows or whole
+    columns: the way the operands lie (by columns where `columns`,
+    :func:`columns_first`) unless the other way uploads a
+    :data:`TRAFFIC_GAIN` share less (:func:`_uploads`: the operand read
+    again for each tile is B by rows, A by columns). On a block taller than
+    wide, columns read the taller A again for each tile: float64 32768³
+    Fortran under 8 GiB on a 1 x 2 grid of two H200s (a rank's block 32768
+    x 16384, 1 x 2 tiles against 2 x 1: a quarter more uploaded) ran 1.73 s
+    where rows ran 1.44 (`benchmarks/matrix.py`, docs/benchmarks.md); on a
+    block wider than tall rows read (and on a grid broadcast) the wider B
+    again for each tile: float64 49152³ C-ordered under 2 GiB on one H200,
+    28 x 2 tiles by rows (B read 28 times) ran 15.1 s where 2 x 12 by columns
+    ran 8.0 (`benchmarks/cuts.py`, docs/benchmarks.md). Only the way the
+    operands lie where not `either`."""
+    prefer = (cut_by(columns), columns)
+    if not either:
+        return prefer
+    other = (cut_by(not columns), not columns)
+    if other[0] is not None and (prefer[0] is None or _uploads(ml, nl, other[0])
+                                 < TRAFFIC_GAIN * _uploads(ml, nl, prefer[0])):
+        return other
+    return prefer
 
 
 def _uploads(ml: int, nl: int, tiles: tuple) -> int:

@@ -124,30 +124,35 @@ def test_the_plan_records_and_prints_how_each_operand_lies(rng):
     assert gemm_scaled_error(c, xa, xb) <= 1
 
 
-def test_operands_lying_by_columns_are_cut_by_columns_out_of_core(rng):
-    """Fortran-ordered operands out of core: C in whole columns (its
-    operands then read in blocks, as C order's are in whole rows), the cut
-    the C-ordered transposed product takes, transposed, where C is no taller
-    than wide (else columns would upload more); the product right."""
+def test_out_of_core_cuts_follow_the_operands_and_the_bytes_they_move(rng):
+    """Out of core C is cut in whole rows or whole columns, the way its
+    operands lie (Fortran: columns, each read in blocks as C order's are by
+    rows; the cut the C-ordered transposed product takes, transposed),
+    unless the other way uploads less: a C taller than wide keeps rows, a C
+    wider than tall takes columns, whatever the order. Products right."""
     from mpi4py import MPI
-    a, _, xa = operand(rng, (90, 100), "float64", "F")
-    b, _, xb = operand(rng, (100, 120), "float64", "F")
 
     def planned(x, y):
         return summa.Matmul(x, y, comm=MPI.COMM_SELF, backend="numpy", device_memory="40KiB",
                             panel_width=8)
+    a, _, xa = operand(rng, (100, 100), "float64", "F")
+    b, _, xb = operand(rng, (100, 100), "float64", "F")
     m = planned(a, b)
     transposed = planned(np.ascontiguousarray(b.T), np.ascontiguousarray(a.T))
     assert m.plan.storage == ("cols", "cols")
     assert m.plan.memory.tiles == transposed.plan.memory.tiles[::-1]
     assert m.plan.memory.tiles[0] == 1 < m.plan.memory.tiles[1]
-    assert planned(xa, xb).plan.memory.tiles[1] == 1  # C order: whole rows
+    assert planned(xa, xb).plan.memory.tiles[1] == 1 < planned(xa, xb).plan.memory.tiles[0]
     assert gemm_scaled_error(m.execute(a, b), xa, xb) <= 1
-    # taller than wide: whole columns would read A again for each tile, rows kept
-    tall = planned(np.asfortranarray(xb.T), np.asfortranarray(xa.T))
-    assert tall.plan.memory.tiles[1] == 1 < tall.plan.memory.tiles[0]
-    assert gemm_scaled_error(tall.execute(np.asfortranarray(xb.T), np.asfortranarray(xa.T)),
-                             xb.T, xa.T) <= 1
+    wide = random_array(rng, (100, 240), "float64")
+    for order in ("C", "F"):
+        x = np.asarray(xa, order=order)
+        tall, flat = planned(np.asarray(wide.T, order=order), x), planned(x, wide)
+        assert tall.plan.memory.tiles[1] == 1 < tall.plan.memory.tiles[0]
+        assert flat.plan.memory.tiles[0] == 1 < flat.plan.memory.tiles[1]
+        assert gemm_scaled_error(tall.execute(np.asarray(wide.T, order=order), x),
+                                 wide.T, xa) <= 1
+        assert gemm_scaled_error(flat.execute(x, wide), xa, wide) <= 1
 
 
 # -- one rank ---------------------------------------------------------------------------
