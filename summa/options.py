@@ -50,7 +50,8 @@ __all__ = ["Options", "current", "set", "entry_point", "table", "document", "bla
 GEMM_LIBRARIES = ("cublas", "cublaslt")
 #: ``SUMMA_INT8_GEMM``'s values (:func:`summa.device.backend.int8_library`).
 INT8_LIBRARIES = ("auto", "gemmex", "cublaslt", "cublaslt:I")
-#: ``SUMMA_TRANSPOSE_A``'s values (:func:`summa.planning.tuning.transposes_a`).
+#: ``SUMMA_TRANSPOSE_A``'s and ``SUMMA_TRANSPOSE_B``'s values
+#: (:func:`summa.planning.tuning.transposes_a`, :func:`~summa.planning.tuning.transposes_b`).
 TRANSPOSE_A_SETTINGS = ("auto", "yes", "no")
 #: ``SUMMA_COMPUTE_PRIORITY``'s values.
 PRIORITIES = ("default", "high")
@@ -281,6 +282,9 @@ class Options:
     transpose_a: str = _setting("SUMMA_TRANSPOSE_A", _Choice(*TRANSPOSE_A_SETTINGS), "auto",
                                 "Whether panel GEMMs read A from a transposed copy of each "
                                 "panel (auto: where measured faster).")
+    transpose_b: str = _setting("SUMMA_TRANSPOSE_B", _Choice(*TRANSPOSE_A_SETTINGS), "auto",
+                                "Whether panel GEMMs read B's panels that lie by columns from "
+                                "a row-major copy of each (auto: where measured faster).")
     fp64_int8_moduli: int | None = _setting("SUMMA_FP64_INT8_MODULI", _Moduli(), None,
                                             "Moduli of fp64-int8 products (fewer: faster, less "
                                             "accurate); default: by K.")

@@ -94,6 +94,8 @@ def draw_case(rng, nranks: int, backend, modes, largest: int, seed: int = 0,
     case["entry"] = entry or ("arrays" if rng.uniform() < ARRAYS_SHARE else "dist")
     if case["entry"] == "arrays":
         case.update(_draw_arrays(rng, case))
+    # (drawn last: the draws before it, and so the cases of a seed, stay as they were)
+    case["transpose_b"] = str(rng.choice(["auto", "yes", "no"]))
     return case
 
 
@@ -190,7 +192,8 @@ def run_case(case: dict, grids: Grids, backend, seed: int | None = None) -> floa
     b = random_array(rng, (k, n) if tb == "N" else (n, k), dtype)
     c0 = random_array(rng, (m, n), dtype)
     block = tuple(case["block"]) if case["block"] else None
-    with options.set(transpose_a=case["transpose_a"]):
+    with options.set(transpose_a=case["transpose_a"],
+                     transpose_b=case.get("transpose_b", "auto")):
         if case["out_of_core"]:
             host = NumpyBackend()
             A, B, C = (DistMatrix.from_global(x, grid, host) for x in (a, b, c0))
@@ -233,7 +236,8 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
     given = {side: laid_out(x, case[f"layout_{side}"], case[f"steps_{side}"],
                             case[f"read_only_{side}"]) for side, x in (("a", a), ("b", b))}
     out, whole = out_array(case["out"], (m, n), dtype, rng) if root else (None, None)
-    with options.set(transpose_a=case["transpose_a"]):
+    with options.set(transpose_a=case["transpose_a"],
+                     transpose_b=case.get("transpose_b", "auto")):
         c = summa.matmul(given["a"] if root else None, given["b"] if root else None, comm=comm,
                          grid=tuple(case["grid"]), backend=backend.name, out=out,
                          out_of_core=case["out_of_core"],

@@ -291,6 +291,31 @@ def test_transposed_panels_on_the_gpu(comm, rng, gpu, monkeypatch, mode, dtype, 
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("layout", ["F", "op T", "op H", "op H of F", "strided op T"])
+@pytest.mark.parametrize("how", ["in memory", "out of core"])
+def test_complex128_b_by_columns_is_read_from_row_major_copies(comm, rng, layout, how):
+    """complex128 B lying by columns (Fortran, op T, op H) goes through
+    PanelsOfB on the GPU by default (SUMMA_TRANSPOSE_B=auto): row-major
+    copies, op H conjugated there; the reference's product, on every grid."""
+    from summa import SummaStats
+    from test_layouts import operand
+    p = comm.Get_size()
+    m, n, k = 70, 93, 41 * p + 3
+    a, ta, xa = operand(rng, (m, k), "complex128", "F")
+    b, tb, xb = operand(rng, (k, n), "complex128", layout)
+    stats = SummaStats()
+    kwargs = {"device_memory": "256KiB"} if how == "out of core" else {}
+    c = matmul(a if comm.rank == 0 else None, b if comm.rank == 0 else None, comm=comm,
+               trans_a=ta, trans_b=tb, panel_width=16, backend="cupy", stats=stats, **kwargs)
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, xa, xb) <= 1
+    # in memory a grid's blocks are made C-ordered on their devices: nothing to copy
+    by_columns = stats.extra["plan"]["storage"][1].endswith("cols")
+    assert by_columns == (layout != "op H of F")
+    assert stats.extra["transposed_b"] == (by_columns and (how == "out of core" or p == 1))
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("mode,size", [("auto", 300), ("ipc", 300), ("ipc", 2000)])
 def test_out_of_core_on_the_gpu(comm, rng, gpu, dtype, mode, size):

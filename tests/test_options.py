@@ -23,6 +23,7 @@ CASES = {
     "SUMMA_INT8_GEMM": ("cublaslt:3", "cublaslt:3", ["cublas", "cublaslt:", "auto:1"]),
     "SUMMA_COMPUTE_PRIORITY": ("HIGH", "high", ["urgent"]),
     "SUMMA_TRANSPOSE_A": ("Yes", "yes", ["sometimes"]),
+    "SUMMA_TRANSPOSE_B": ("NO", "no", ["maybe"]),
     "SUMMA_FP64_INT8_MODULI": (" 16 ", 16, ["abc", "16.5", "2", "31"]),
     "SUMMA_FP64_INT8_SUMS": ("0", 0, ["lots", "2.5", "-1"]),
     "SUMMA_HOST_COPIES": ("lock", "lock", ["copy"]),

@@ -604,7 +604,8 @@ def _run_info(args, comm: MPI.Comm, out) -> int:
                   f"GPU per rank (self-tested; in memory where the GEMMs hide its set-up, "
                   f"and out of core), else {chosen}")
     print(f"broadcaster: {chosen} (--comm {args.comm})", file=out)
-    from ..device.backend import compute_priority, cublaslt_path, gemm_library, transpose_a_setting
+    from ..device.backend import (compute_priority, cublaslt_path, gemm_library,
+                                  transpose_a_setting, transpose_b_setting)
     library = gemm_library()
     if library == "cublaslt" and cublaslt_path():
         library += f" from {cublaslt_path()} (SUMMA_CUBLASLT)"
@@ -615,6 +616,9 @@ def _run_info(args, comm: MPI.Comm, out) -> int:
     print(f"A's panels copied transposed (read column-major): {setting} (SUMMA_TRANSPOSE_A"
           + ("; auto: float64 and float32 without TF32, on GPUs)" if setting == "auto" else ")"),
           file=out)
+    setting = transpose_b_setting()
+    print(f"B's panels that lie by columns copied row-major: {setting} (SUMMA_TRANSPOSE_B"
+          + ("; auto: complex128 on GPUs)" if setting == "auto" else ")"), file=out)
     for r in rows:
         print(f"  rank {r['rank']:>3} on {r['host']} (local rank {r['local_rank']}): "
               f"{r['backend']}", file=out)

@@ -21,7 +21,7 @@ from ..host.storage import copyable_rows
 
 __all__ = ["Backend", "NumpyBackend", "CupyBackend", "get_backend", "cupy_available",
            "DTYPES", "resolve_dtype", "gemm_library", "GEMM_LIBRARIES", "compute_priority",
-           "transpose_a_setting", "cublaslt_path", "TRANSPOSE_A_SETTINGS",
+           "transpose_a_setting", "transpose_b_setting", "cublaslt_path", "TRANSPOSE_A_SETTINGS",
            "int8_library", "INT8_LIBRARIES", "CUDA_INVALID_VALUE", "clear_cuda_error",
            "page_locked"]
 
@@ -85,6 +85,13 @@ def transpose_a_setting(opts: Options | None = None) -> str:
     from a transposed (column-major) copy of each panel: ``auto`` (where
     measured faster, :func:`summa.planning.tuning.transposes_a`), ``yes`` or ``no``."""
     return _given(opts).transpose_a
+
+
+def transpose_b_setting(opts: Options | None = None) -> str:
+    """``SUMMA_TRANSPOSE_B`` of `opts`: whether panel GEMMs read B's panels
+    that lie by columns from a row-major copy of each: ``auto`` (where
+    measured faster, :func:`summa.planning.tuning.transposes_b`), ``yes`` or ``no``."""
+    return _given(opts).transpose_b
 
 
 #: dtypes summa computes in, by the names the CLI accepts.

@@ -31,8 +31,8 @@ from ..planning.schedule import HEAD_PIECES, make_schedule, order_panels, waits_
 from ..planning.selection import export_blocks, pick_broadcasters
 from .strips import check_schedule, multiply_strips, strip_bounds
 from ..device.traits import traits
-from .transpose import PanelsOfA
-from ..planning.tuning import panel_width_for, transposes_a
+from .transpose import PanelForms, PanelsOfA, PanelsOfB, column_major
+from ..planning.tuning import panel_width_for, transposes_a, transposes_b
 from ..runtime.watchdog import watch
 
 __all__ = ["summa", "gemm", "SummaStats"]
@@ -163,17 +163,20 @@ def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple)
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
     row_bc, col_bc = pick_broadcasters(A, B, C, panels, broadcaster, precision)
-    transpose = transposes_a(backend.name, C.dtype, precision,
-                             schedule="strips" if strips else "panels")
+    schedule = "strips" if strips else "panels"
+    # (a grid's blocks lie by rows on the devices: only one rank's B may not)
+    copies = (transposes_a(backend.name, C.dtype, precision, schedule),
+              transposes_b(backend.name, C.dtype, precision, schedule,
+                           grid.size == 1 and column_major(B.local)))
     call = _Call(alpha, A, B, C, precision, progress, int(lookahead), row_bc, col_bc,
                  export_blocks(grid, backend, row_bc, col_bc, A.local, B.local),
-                 tuple(bool(x) for x in conj), transpose)
+                 tuple(bool(x) for x in conj), *copies)
     steps = _steps_of(call, panels, strips, panel_width)
     stats = SummaStats(panels=len(steps), panel_width=panel_width,
                        comm=(col_bc if strips else row_bc).name, lookahead=call.lookahead,
                        extra={"panel_width_measured": measured,
                               "schedule": "strips" if strips else "panels",
-                              "transposed_a": transpose})
+                              "transposed_a": copies[0], "transposed_b": copies[1]})
     return call, steps, stats
 
 
@@ -184,21 +187,23 @@ def _run_steps(call: _Call, panels: list, first_beta, strips: bool, stats: Summa
     pairs)."""
     A, B, C, precision = call.A, call.B, call.C, call.precision
     backend, grid = C.backend, C.grid
-    transpose = call.transposed_a
     # Made inside the caller's compute stream: its copies go on the stream its
-    # GEMMs run on. (K panels where A is read transposed; else column or row strips)
-    operand_a = PanelsOfA(backend, C.local.shape[0], max(
-        (p.width for p in panels), default=0) if transpose else 0, C.dtype, transpose)
+    # GEMMs run on. (K panels where an operand is read transposed; else column
+    # or row strips)
+    copied = call.transposed_a or call.transposed_b
+    width = max((p.width for p in panels), default=0) if copied else 0
+    forms = PanelForms(PanelsOfA(backend, C.local.shape[0], width, C.dtype, call.transposed_a),
+                       PanelsOfB(backend, width, C.local.shape[1], C.dtype, call.transposed_b))
     sums = _panel_sums(A, B, C, precision, strips, panels, call.lookahead)
     if precision == "fp64-int8":  # (bench's records say which way it went)
         stats.extra["panel_sums"] = sums is not None
     if grid.size == 1:
-        return _one_rank(call, panels, operand_a, first_beta)
+        return _one_rank(call, panels, forms, first_beta)
     if strips:
         marks = []
         multiply_strips(call, panels, marks, stats.extra)
         return marks
-    report = _on_grid(call, panels, operand_a, sums)
+    report = _on_grid(call, panels, forms, sums)
     stats.extra.update(report.extra())
     return report.marks
 
@@ -232,6 +237,7 @@ class _Call:
     direct: tuple  # (A's, B's) panels copied from the roots' blocks (ipc)
     conj: tuple = (False, False)  # one rank: (A's, B's) conjugated by the GEMMs
     transposed_a: bool = False  # A's panels read through a transposed copy (PanelsOfA)
+    transposed_b: bool = False  # B's, lying by columns, through a row-major one (PanelsOfB)
 
 
 def _steps_of(call: _Call, panels: list, strips: bool, width: int) -> list:
@@ -240,8 +246,8 @@ def _steps_of(call: _Call, panels: list, strips: bool, width: int) -> list:
     grid, backend = call.C.grid, call.C.backend
     if grid.size == 1:
         # One rank: nothing to overlap, so the fewest GEMMs (panel by panel where
-        # A is read transposed: a copy of all of A would take its room).
-        if call.transposed_a:
+        # an operand is read transposed: a copy of all of it would take its room).
+        if call.transposed_a or call.transposed_b:
             return panels
         return one_rank_steps(panels, call.C.local.shape, backend.name, call.A.shape[1])
     if strips:
@@ -262,38 +268,38 @@ def _someone_waits_first(call: _Call, panels: list) -> bool:
     return grid.comm.allreduce(waits_first(held, call.lookahead), op=MPI.LOR)
 
 
-def _one_rank(call: _Call, steps: list, operand_a, first_beta) -> list:
-    """One rank's GEMMs (one, a panel each where A is read transposed, or on
-    CPUs a strip of C's rows each, :func:`one_rank_steps`); returns their
-    timing marks."""
+def _one_rank(call: _Call, steps: list, forms, first_beta) -> list:
+    """One rank's GEMMs (one, a panel each where an operand is read
+    transposed, `forms`, or on CPUs a strip of C's rows each,
+    :func:`one_rank_steps`); returns their timing marks."""
     A, B, C = call.A, call.B, call.C
     backend, marks = C.backend, []
     for i, p in enumerate(steps):
         c, beta = C.local, first_beta if i == 0 else 1
         if isinstance(p, RowStrip):  # over all of K, straight into its rows of C
             a, b, c, beta = A.local[p.r0:p.r1], B.local, c[p.r0:p.r1], first_beta
-        elif call.transposed_a or len(steps) > 1:
+        elif len(steps) > 1 or call.transposed_a or call.transposed_b:
             a, b = local_parts(A, B, p)
         else:
             a, b = A.local, B.local
         marks.append(backend.timing_mark())
-        backend.gemm(call.alpha, operand_a(a), b, c, beta=beta, precision=call.precision,
-                     conj=call.conj)
+        a, b, conj = forms(a, b, call.conj)
+        backend.gemm(call.alpha, a, b, c, beta=beta, precision=call.precision, conj=conj)
         marks.append(backend.timing_mark())
         if call.progress is not None:
             call.progress(i + 1, len(steps))
     return marks
 
 
-def _on_grid(call: _Call, panels: list, operand_a, sums) -> PipelineReport:
+def _on_grid(call: _Call, panels: list, forms, sums) -> PipelineReport:
     """The SUMMA loop over `panels` (in this rank's order), each GEMM reading
-    A as `operand_a` gives it; with `sums` (fp64-int8) the panels' products
+    its operands as `forms` give them; with `sums` (fp64-int8) the panels' products
     go to them and C is folded once at the end."""
     A, B, C = call.A, call.B, call.C
     grid = C.grid
     schedule = make_schedule(panels, (grid.row, grid.col), call.direct,
                              in_place_parts(panels, grid, A, B, call.direct), call.lookahead)
-    product = Product(call.alpha, C.backend, C.local, call.precision, operand_a, sums)
+    product = Product(call.alpha, C.backend, C.local, call.precision, forms, sums)
     report = Pipeline(A, B, C, schedule, (call.row_bc, call.col_bc), product, call.progress).run()
     if sums is not None:  # the one fold of C, alpha applied (beta already was)
         report.marks.append(C.backend.timing_mark())

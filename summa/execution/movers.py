@@ -71,11 +71,11 @@ class HostMover:
         else:
             c.fill(0)
 
-    def gemm(self, alpha, a, b, c, precision, operand_a, conj=(False, False),
+    def gemm(self, alpha, a, b, c, precision, forms, conj=(False, False),
              scheme=None) -> None:
         t0 = time.perf_counter()
-        self.device.gemm(alpha, operand_a(a), b, c, precision=precision, conj=conj,
-                         scheme=scheme)
+        a, b, conj = forms(a, b, conj)
+        self.device.gemm(alpha, a, b, c, precision=precision, conj=conj, scheme=scheme)
         self._seconds += time.perf_counter() - t0
 
     def write_back(self, host, c, buf: int) -> None:
@@ -235,15 +235,16 @@ class CudaMover:
         else:
             c.fill(0)
 
-    def gemm(self, alpha, a, b, c, precision, operand_a, conj=(False, False),
+    def gemm(self, alpha, a, b, c, precision, forms, conj=(False, False),
              scheme=None) -> None:
-        """`operand_a(a)` (a transposed copy, or `a`) times `b` into `c`,
-        conjugated where `conj` says, fp64-int8 as the plan's `scheme` says
-        (:attr:`summa.planning.Plan.scheme`), timed (the copy too: it is the
-        GEMM's work)."""
+        """`a` times `b` as `forms` (:class:`summa.execution.transpose.PanelForms`:
+        each as it is, or a transposed copy) give them into `c`, conjugated
+        where `conj` says, fp64-int8 as the plan's `scheme` says
+        (:attr:`summa.planning.Plan.scheme`), timed (the copies too: they are
+        the GEMM's work)."""
         self.marks.append(self.device.timing_mark())
-        self.device.gemm(alpha, operand_a(a), b, c, precision=precision, conj=conj,
-                         scheme=scheme)
+        a, b, conj = forms(a, b, conj)
+        self.device.gemm(alpha, a, b, c, precision=precision, conj=conj, scheme=scheme)
         self.marks.append(self.device.timing_mark())
         if self._to_touch is not None:
             self._touched, self._to_touch = self._stage().touch(self._to_touch), None

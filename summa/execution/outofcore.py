@@ -50,7 +50,7 @@ from ..planning.planner import Machine, Plan, make_plan, restage
 from ..planning.selection import grid_broadcasters
 from ..host.storage import as_rows, copyable_rows, rows_shape
 from .movers import CudaMover, HostMover
-from .transpose import PanelsOfA
+from .transpose import PanelForms, PanelsOfA, PanelsOfB
 from ..runtime.watchdog import watch
 
 __all__ = ["summa_out_of_core", "run_out_of_core", "SweepOperands"]
@@ -273,6 +273,7 @@ def _sweep_stats(stats: SummaStats, plan: Plan, mover, row_bc, col_bc) -> None:
     # Copy-engine broadcasters stage slots in memory of their own, beside the pool.
     staging = sum(getattr(bc, "staging_bytes", lambda: 0)() for bc in {row_bc, col_bc})
     stats.extra.update({"out_of_core": True, "transposed_a": memory.transposed_a,
+                        "transposed_b": memory.transposed_b,
                         "tile": list(memory.tile), "tiles": list(memory.tiles),
                         "chunk": memory.chunk, "device_budget": plan.device_budget,
                         "device_bytes_planned": memory.device_bytes,
@@ -298,7 +299,8 @@ class _Sweep:
     plan : Plan
         The lookahead, slots, precision, how A and B lie (parts stored by
         columns go up as their transposes' rows, the GEMMs reading them
-        transposed) and whether A's parts are read from a transposed copy.
+        transposed) and whether A's parts, and B's that lie by columns, are
+        read from a transposed copy.
     scalars : tuple
         ``(alpha, load_c)``; load_c: C's tiles go up before their first GEMM
         (beta != 0).
@@ -332,7 +334,9 @@ class _Sweep:
         # (the mover's begin_tile waits for the buffer's last download).
         self.c_bufs = [xp.empty(tm * tn, dtype=C.dtype)
                        for _ in range(min(plan.memory.c_buffers, len(self.tiles)))]
-        self.operand_a = PanelsOfA(mover.device, tm, width, C.dtype, plan.memory.transposed_a)
+        self.forms = PanelForms(
+            PanelsOfA(mover.device, tm, width, C.dtype, plan.memory.transposed_a),
+            PanelsOfB(mover.device, width, tn, C.dtype, plan.memory.transposed_b))
         # The last tile's write-back overlaps nothing but its own last GEMMs, so
         # there the last `tail` panels (all resident: tail <= depth) go strip by
         # strip, each strip home once final; earlier tiles' write-backs overlap the
@@ -357,7 +361,7 @@ class _Sweep:
             s += group
 
     def _gemm(self, a, b, c) -> None:
-        self.mover.gemm(self.alpha, a, b, c, self.plan.precision, self.operand_a,
+        self.mover.gemm(self.alpha, a, b, c, self.plan.precision, self.forms,
                         self.plan.conj, self.plan.scheme)
 
     def _upload(self, s: int) -> tuple:

@@ -67,19 +67,19 @@ def _settle(*sends) -> None:
 @dataclass(frozen=True)
 class Product:
     """One panel's product, ``C_local += alpha * a @ b``, as the loop queues it:
-    A read as `operand_a` (a :class:`summa.execution.transpose.PanelsOfA`) gives it,
-    and with `sums` (fp64-int8 panel sums) the product added to them instead
+    its operands read as `forms` (a :class:`summa.execution.transpose.PanelForms`)
+    give them, and with `sums` (fp64-int8 panel sums) the product added to them instead
     of to C."""
 
     alpha: object
     backend: object
     c: object
     precision: str | None
-    operand_a: object
+    forms: object
     sums: object = None
 
     def __call__(self, a, b) -> None:
-        a = self.operand_a(a)
+        a, b, _ = self.forms(a, b)  # (a grid's panels come conjugated)
         if self.sums is None:
             self.backend.gemm(self.alpha, a, b, self.c, precision=self.precision)
         else:

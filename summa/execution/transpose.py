@@ -1,5 +1,6 @@
-"""A's panels copied transposed before their GEMMs, where the GPU's GEMM reads
-a column-major A faster than a row-major one (:func:`summa.planning.tuning.transposes_a`).
+"""Panels copied transposed before their GEMMs, where the GPU's GEMM reads
+them faster so: A's column-major (:func:`summa.planning.tuning.transposes_a`),
+B's that lie by columns row-major (:func:`summa.planning.tuning.transposes_b`).
 
 On an H200, cuBLAS multiplied one rank's share of N = 32768 at 56.6 TFLOP/s in
 float64 with A column-major against 52.1 row-major (XLA lays out JAX's operands
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from ..host.storage import copyable_rows
 
-__all__ = ["PanelsOfA", "column_major"]
+__all__ = ["PanelsOfA", "PanelsOfB", "PanelForms", "column_major"]
 
 
 def column_major(x) -> bool:
@@ -45,3 +46,45 @@ class PanelsOfA:
         copy = self.buffer[: m * w].reshape(w, m)
         self.backend.transpose(a, copy)
         return copy.T
+
+
+class PanelsOfB:
+    """The B operand of each panel GEMM: the panel itself, or (`transpose`)
+    where it is column-major, its row-major copy in one scratch buffer of
+    `width` x `cols`, conjugated there where its GEMM was to conjugate it
+    (cuBLAS conjugates only what it reads transposed).
+
+    Like :class:`PanelsOfA`, the copy is queued on the current (compute)
+    stream right before its GEMM.
+    """
+
+    def __init__(self, backend, width: int, cols: int, dtype, transpose: bool):
+        self.backend = backend
+        self.transpose = bool(transpose)
+        self.buffer = backend.xp.empty(width * cols if self.transpose else 0, dtype=dtype)
+
+    def __call__(self, b, conj: bool = False) -> tuple:
+        """``(operand, conj)``: `b` (panel width x cols) as its GEMM should
+        read it, and whether that GEMM still conjugates it."""
+        if not self.transpose or b.size == 0 or not column_major(b):
+            return b, conj
+        w, n = b.shape
+        copy = self.buffer[: w * n].reshape(w, n)
+        self.backend.transpose(b.T, copy, conj)
+        return copy, False
+
+
+class PanelForms:
+    """How each panel GEMM reads its operands: A as `a` (:class:`PanelsOfA`)
+    gives it, B as `b` (:class:`PanelsOfB`; None: as it comes)."""
+
+    def __init__(self, a: PanelsOfA, b: PanelsOfB | None = None):
+        self.a, self.b = a, b
+
+    def __call__(self, a, b, conj: tuple = (False, False)) -> tuple:
+        """``(a, b, conj)`` for the GEMM of panels `a` and `b`, `conj` (A's,
+        B's) what it still conjugates."""
+        conj_b = conj[1]
+        if self.b is not None:
+            b, conj_b = self.b(b, conj_b)
+        return self.a(a), b, (conj[0], conj_b)

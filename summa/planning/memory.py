@@ -21,7 +21,8 @@ from ..device.staging import copy_threads, ring_bytes
 from ..distribution.topology import topology_of
 from ..device.traits import traits
 from .model import gemm_flops
-from .tuning import transposes_a
+from .tuning import transposes_a, transposes_b
+from ..host.storage import transposed as by_columns_stored
 
 __all__ = ["MemoryPlan", "Execution", "memory_plan", "resident_plan", "host_traffic",
            "sweep_steps", "waited_write_backs", "check_memory", "ranks_on_device",
@@ -90,6 +91,9 @@ class MemoryPlan:
         Out of core: the fewest rows of a tile's last row strip, written back
         once final (:data:`TAIL_SMALLEST`, fp64-int8
         :data:`FP64_INT8_TAIL_SMALLEST`).
+    transposed_b : bool
+        Whether the GEMMs read B's panels, which lie by columns, from a
+        row-major copy (its scratch buffer is counted in `device_bytes`).
     """
 
     mode: str
@@ -107,6 +111,7 @@ class MemoryPlan:
     c_buffers: int | None = None
     head_first: int | None = None
     tail_smallest: int | None = None
+    transposed_b: bool = False
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -220,7 +225,9 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     ``schedule="strips"`` the buffers hold B's strips of all of K (k x nb).
     Where A's panels are multiplied from a transposed copy
     (:func:`summa.planning.tuning.transposes_a`), one more nb x ml scratch
-    buffer (out of core nb x tm). Out of core, the blocks stay in host memory; the
+    buffer (out of core nb x tm); where B's, one rank's or out of core
+    (:func:`summa.planning.tuning.transposes_b`; a grid's in-memory blocks lie
+    by rows), nb x nl (nb x tn). Out of core, the blocks stay in host memory; the
     device holds C tiles (two when there are several, so one is written back
     while the next is computed) and ``lookahead + 1`` slots for the A and B
     parts of a panel that a tile needs: ``c tm tn + slots (tm + tn) nb``
@@ -251,7 +258,10 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     slots = lookahead + 1
     panels = slots * ((ml * nb if pc > 1 else 0) + (nb * nl if pr > 1 else 0))
     strips = schedule == "strips" and pr > 1  # one rank runs panels whatever it is asked
-    transposed = transposes_a(backend, dtype, precision, "strips" if strips else "panels")
+    schedule = "strips" if strips else "panels"
+    columns_b = by_columns_stored(execution.storage[1]) and (out_of_core or pr * pc == 1)
+    copies = (transposes_a(backend, dtype, precision, schedule),
+              transposes_b(backend, dtype, precision, schedule, columns_b))
     if strips:  # B's strips: all of K, `panel_width` columns
         panels = slots * k * max(1, min(panel_width, nl))
     blocks = ml * ka + kb * nl + ml * nl
@@ -260,26 +270,27 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
         # NumPy adds each GEMM's product into C from a temporary of C's size;
         # a rank alone writes its row strips straight into C (one_rank_steps)
         extra = ml * nl if kind.cpu_only and pr * pc > 1 else 0
-        if transposed:
-            extra += nb * ml
+        extra += nb * ml * copies[0] + nb * nl * copies[1]
         if emulated:  # one product's scratch: a panel's, or under strips a strip's of all K
             shape = (ml, max(1, min(panel_width, nl)), k) if strips else (ml, nl, nb)
             extra += -(-_ozaki_scratch(*shape, np.dtype(dtype).kind == "c") // item)
         on_device = (blocks + panels + extra) * item
         staging = panels * item if kind.gpu else 0  # pinned host buffers (mpi mode)
         if kind.cpu_only:
-            return MemoryPlan("in-memory", 0, on_device, transposed_a=transposed)
-        return MemoryPlan("in-memory", on_device, staging, transposed_a=transposed)
+            return MemoryPlan("in-memory", 0, on_device, transposed_a=copies[0],
+                              transposed_b=copies[1])
+        return MemoryPlan("in-memory", on_device, staging, transposed_a=copies[0],
+                          transposed_b=copies[1])
     if device_budget is None:
         raise ValueError("an out-of-core plan needs a device memory budget")
-    return _ooc_memory((ml, nl, k, nb, blocks), dtype, grid, transposed, execution)
+    return _ooc_memory((ml, nl, k, nb, blocks), dtype, grid, copies, execution)
 
 
-def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
+def _ooc_memory(sizes: tuple, dtype, grid: tuple, copies: tuple,
                 execution: Execution) -> MemoryPlan:
     """:func:`memory_plan` out of core: `sizes` ``(ml, nl, k, nb, blocks)``, a
     rank's rows and columns of C, K, the panel width and its blocks'
-    elements; `transposed`: A's panels read from a transposed copy."""
+    elements; `copies`: (A's, B's) panels read from a transposed copy."""
     (ml, nl, k, nb, blocks), (pr, pc) = sizes, grid
     item, device_budget = np.dtype(dtype).itemsize, execution.device_budget
     slots = execution.lookahead + 1
@@ -298,7 +309,7 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
                                  columns_first(execution.storage) and emulated is None,
                                  lambda columns: _ooc_tiles(
                                      max(ml, 1), max(nl, 1), nb, slots, device_budget // item,
-                                     transposed, staged, emulated, columns),
+                                     copies, staged, emulated, columns),
                                  either=emulated is None)
     if tiles is None:
         raise ValueError(f"a device budget of {format_bytes(device_budget)} is too small for "
@@ -306,14 +317,14 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
     buffers = _c_buffers(tiles[0] * tiles[1])
     if not (asked or emulated) and buffers == 2:
         def fits_one(tm: int, tn: int) -> bool:  # one C tile of tm x tn, and the slots
-            return _ooc_elements(tm, tn, nb, slots, 2, transposed, staged,
+            return _ooc_elements(tm, tn, nb, slots, 2, copies, staged,
                                  c_buffers=1) * item <= device_budget
         tiles, buffers = _one_at_a_time((max(ml, 1), max(nl, 1), k), tiles, np.dtype(dtype),
                                         fits_one, by_columns)
     tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
 
     def need(slots: int, rows: int | None = FP64_INT8_ROWS, planes: int | None = None) -> int:
-        return _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], transposed, staged,
+        return _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], copies, staged,
                              emulated and replace(emulated, rows=rows, planes=planes),
                              buffers) * item
     if asked and need(slots) > device_budget:  # the planner's own cut fits by construction
@@ -333,9 +344,10 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, transposed: bool,
         if traits(execution.backend).gpu else 0
     return MemoryPlan("out-of-core", need(slots, rows, planes), blocks * item,
                       (int(tm), int(tn)), int(nb), (int(tiles[0]), int(tiles[1])), slots,
-                      transposed, staged, ring, rows, planes, buffers,
+                      copies[0], staged, ring, rows, planes, buffers,
                       head_first=FP64_INT8_HEAD_FIRST if emulated else HEAD_FIRST,
-                      tail_smallest=FP64_INT8_TAIL_SMALLEST if emulated else TAIL_SMALLEST)
+                      tail_smallest=FP64_INT8_TAIL_SMALLEST if emulated else TAIL_SMALLEST,
+                      transposed_b=copies[1])
 
 
 def resident_plan(m: int, n: int, k: int, dtype, precision=None, copies: int = 0,
@@ -444,11 +456,11 @@ def upload_lead() -> int:
     return options.current().upload_lead
 
 
-def _ooc_parts(slots: int, transposed: bool, staged: tuple) -> tuple[int, int]:
+def _ooc_parts(slots: int, copies: tuple, staged: tuple) -> tuple[int, int]:
     """How many nb-wide A parts (tm x nb) and B parts (nb x tn) the sweep keeps
     on the device: its slots, their `staged` copies per direction, and the
-    `transposed` copy of an A slot."""
-    return slots * (1 + staged[0]) + transposed, slots * (1 + staged[1])
+    transposed `copies` (A's, B's) of a slot."""
+    return slots * (1 + staged[0]) + copies[0], slots * (1 + staged[1]) + copies[1]
 
 
 @dataclass(frozen=True)
@@ -558,13 +570,13 @@ def _c_buffers(ntiles: int) -> int:
 
 
 def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,
-                  transposed: bool = False, staged: tuple = (False, False),
+                  copies: tuple = (False, False), staged: tuple = (False, False),
                   emulated: _Int8 | None = None, c_buffers: int | None = None) -> int:
     """Device elements of the out-of-core sweep: C tiles (`c_buffers` of
     them, default two where there are several), the panel parts of
     :func:`_ooc_parts`, and where `emulated` (:class:`_Int8`) one product's
     scratch on INT8 tensor cores."""
-    a_parts, b_parts = _ooc_parts(slots, transposed, staged)
+    a_parts, b_parts = _ooc_parts(slots, copies, staged)
     buffers = _c_buffers(ntiles) if c_buffers is None else c_buffers
     elements = buffers * tm * tn + a_parts * tm * nb + b_parts * tn * nb
     if emulated is None:
@@ -578,7 +590,8 @@ def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,
 EMULATED_COLUMN_TILES = 64
 
 
-def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: bool = False,
+def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int,
+               copies: tuple = (False, False),
                staged: tuple = (False, False), emulated: _Int8 | None = None,
                by_columns: bool = False):
     """Fewest ``(row tiles, column tiles)`` whose sweep fits `budget` elements:
@@ -599,7 +612,7 @@ def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int, transposed: b
     tile of N = 32768 ran 49.4 TFLOP/s where 2 x 1 ran 58.7 (both: `bench`,
     docs/benchmarks.md, "Measurements behind the defaults")."""
     def fits(tm, tn, ntiles):
-        return _ooc_elements(tm, tn, nb, slots, ntiles, transposed, staged, emulated) <= budget
+        return _ooc_elements(tm, tn, nb, slots, ntiles, copies, staged, emulated) <= budget
     if by_columns and not emulated:
         cut = _fewest_whole_rows(nl, ml, lambda tn, tm, ntiles: fits(tm, tn, ntiles))
         return cut and cut[::-1]

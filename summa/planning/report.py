@@ -53,6 +53,9 @@ def _memory_lines(plan) -> list[str]:
     if memory.transposed_a:
         lines.append("  A's panels are copied transposed for the GEMMs (one scratch panel "
                      "counted above; SUMMA_TRANSPOSE_A)")
+    if memory.transposed_b:
+        lines.append("  B's panels, which lie by columns, are copied row-major for the GEMMs "
+                     "(one scratch panel counted above; SUMMA_TRANSPOSE_B)")
     return lines
 
 

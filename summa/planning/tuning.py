@@ -19,7 +19,7 @@ from ..execution.transpose import PanelsOfA
 from ..device.traits import traits
 
 __all__ = ["default_panel_width", "auto_panel_width", "panel_width_for", "transposes_a",
-           "is_width", "CANDIDATE_WIDTHS"]
+           "transposes_b", "is_width", "CANDIDATE_WIDTHS"]
 
 #: Widths ``auto`` considers (those wider than K are dropped).
 CANDIDATE_WIDTHS = (256, 512, 1024, 2048, 4096, 8192)
@@ -99,6 +99,38 @@ def transposes_a(backend_name: str, dtype, precision=None, schedule: str = "pane
         return True
     return (traits(backend_name).gpu and precision not in ("tf32", "fp64-int8")
             and np.dtype(dtype).char in TRANSPOSED_A_FASTER)
+
+
+#: GPU GEMMs that run slower reading B column-major (cuBLAS's transposed
+#: first operand, C being row-major) than row-major, by dtype char: on an
+#: H200, a complex128 panel product of 32768 x 32768 x 2048 ran 46.8 TFLOP/s
+#: with both operands column-major (Fortran order) against 49.8 with B
+#: row-major and 50.4 with both; 32768 x 5462 x 2048, an out-of-core tile,
+#: 47.5 against 48.4 and 50.0. float64, float32 and complex64 lose at most
+#: 3 % either way (docs/benchmarks.md, "Measurements behind the defaults").
+TRANSPOSED_B_FASTER = frozenset("D")
+
+
+def transposes_b(backend_name: str, dtype, precision=None, schedule: str = "panels",
+                 columns: bool = False) -> bool:
+    """Do the panel GEMMs copy each panel of B that lies by columns
+    (`columns`: its transpose's rows, :mod:`summa.host.storage`) into a
+    row-major scratch buffer (panel width x columns of C) and read that?
+
+    ``SUMMA_TRANSPOSE_B`` decides: ``yes`` (any backend, for tests), ``no``, or
+    ``auto``: on GPUs, for the dtypes of :data:`TRANSPOSED_B_FASTER`. Never
+    where B lies by rows, under column strips, through cuBLASLt (whose plans
+    copy column-major operands anyway) or for fp64-int8 (its products lay
+    out their own operands).
+    """
+    from ..device.backend import gemm_library, transpose_b_setting
+    setting = transpose_b_setting()
+    if not columns or schedule != "panels" or setting == "no" or precision == "fp64-int8":
+        return False
+    if traits(backend_name).gpu and gemm_library() == "cublaslt":
+        return False
+    return setting == "yes" or (traits(backend_name).gpu
+                                and np.dtype(dtype).char in TRANSPOSED_B_FASTER)
 
 
 def is_width(width) -> bool:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from summa import cli
+from summa import cli, options
 from summa.device.backend import NumpyBackend
 from summa.device.staging import copy_threads, ring_bytes
 from summa.distribution.grid import grid_for
@@ -173,7 +173,7 @@ def _two_at_a_time(shape, dtype, budget, width):
     ml, nl, k = shape
     item = np.dtype(dtype).itemsize
     return memory._ooc_tiles(ml, nl, min(width, k), 2, parse_bytes(budget) // item,
-                             transposed=True)
+                             copies=(True, False))
 
 
 def test_where_the_host_link_bounds_one_c_tile_at_a_time_moves_fewer_bytes():
@@ -236,7 +236,7 @@ def test_two_c_tiles_stay_where_the_gemms_bound_or_one_saves_nothing(shape, dtyp
         from summa.planning import memory
         budget_elements = parse_bytes(budget) // np.dtype(dtype).itemsize
         one = memory._ooc_elements(-(-m // (rows * cols - 1)), n, plan.memory.chunk,
-                                   plan.memory.slots, 2, True, c_buffers=1)
+                                   plan.memory.slots, 2, (True, False), c_buffers=1)
         assert one > budget_elements
 
 
@@ -430,7 +430,13 @@ def test_operands_lying_by_columns_cut_c_as_the_transposed_product(dtype, shape,
     the C-ordered operands of the transposed product do, transposed: whole
     columns where the block is square (whole rows there: B, read again for
     each row of tiles, comes up in blocks; by columns it would come in
-    pieces of a panel's width), else the way that uploads less."""
+    pieces of a panel's width), else the way that uploads less. (B's
+    row-major copy, SUMMA_TRANSPOSE_B, takes room of its own: left out.)"""
+    with options.set(transpose_b="no"):
+        _cut_as_the_transposed_product(dtype, shape, budget)
+
+
+def _cut_as_the_transposed_product(dtype, shape, budget):
     m, n, k = shape
     machine = Machine("cupy", 1)
 
@@ -474,8 +480,9 @@ def test_ranks_blocks_are_cut_the_way_that_uploads_less(storage, grid, tiles):
     each tile."""
     from summa.planning.memory import _uploads
     dtype = "float64" if grid == (1, 2) else "complex128"
-    plan = restage(make_plan((32768,) * 3, dtype, Machine("cupy", 2), device_memory="8GiB",
-                             host_held=True, grid=grid, storage=storage), (True, True))
+    with options.set(transpose_b="no"):  # (its copy of B's panels takes room of its own)
+        plan = restage(make_plan((32768,) * 3, dtype, Machine("cupy", 2), device_memory="8GiB",
+                                 host_held=True, grid=grid, storage=storage), (True, True))
     assert plan.memory.tiles == tiles
     ml, nl = 32768 // grid[0], 32768 // grid[1]
     assert _uploads(ml, nl, tiles) < _uploads(ml, nl, tiles[::-1])
@@ -488,7 +495,6 @@ def test_out_of_core_plans_on_gpus_settle_host_copies_and_their_threads(monkeypa
     SUMMA_COPY_THREADS; its page-locked ring is counted for those threads,
     also where restage plans again, and both are printed. CPUs and
     in-memory plans say neither."""
-    from summa import options
     from summa.device import staging
     monkeypatch.setattr(staging, "usable_cores", lambda: 16)  # 12 threads for one rank
     monkeypatch.delenv("SUMMA_COPY_THREADS", raising=False)
