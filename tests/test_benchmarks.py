@@ -176,3 +176,20 @@ def test_cuts_times_the_planners_cut_and_those_asked_for_each_product_right(tmp_
     assert set(rows) == {"plan", "1x2", "3x1"}
     assert rows["1x2"]["tiles"] == [1, 2] and rows["3x1"]["tiles"] == [3, 1]
     assert all(len(row["calls"]) == 2 and row["residual"] <= 1 for row in rows.values())
+
+
+def test_gemm_forms_times_each_way_the_operands_lie(capsys):
+    """benchmarks/gemm_forms.py on the NumPy backend: operands row- or
+    column-major as asked, one line per dtype and shape with four rates."""
+    import gemm_forms
+    a = gemm_forms.operand(np, (5, 3), "complex128", "F")
+    assert a.shape == (5, 3) and a.flags.f_contiguous and not a.flags.c_contiguous
+    assert np.iscomplexobj(a) and np.abs(a.imag).max() > 0
+    assert gemm_forms.operand(np, (5, 3), "float32", "C").flags.c_contiguous
+    assert gemm_forms.main(["--cpu", "--dtypes", "complex128,float32", "--shapes",
+                            "40x30x20", "--repeat", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(line.count("TFLOP/s") == 1 for line in lines)
+    for line in lines:
+        rates = [float(x) for x in line.split()[3:-1:2]]
+        assert len(rates) == 4 and min(rates) > 0, line

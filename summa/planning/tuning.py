@@ -107,7 +107,8 @@ def transposes_a(backend_name: str, dtype, precision=None, schedule: str = "pane
 #: with both operands column-major (Fortran order) against 49.8 with B
 #: row-major and 50.4 with both; 32768 x 5462 x 2048, an out-of-core tile,
 #: 47.5 against 48.4 and 50.0. float64, float32 and complex64 lose at most
-#: 3 % either way (docs/benchmarks.md, "Measurements behind the defaults").
+#: 3 % either way (`benchmarks/gemm_forms.py`; docs/benchmarks.md, "Measurements
+#: behind the defaults").
 TRANSPOSED_B_FASTER = frozenset("D")
 
 
