@@ -24,7 +24,7 @@ from mpi4py import MPI
 from . import filemaps, remote
 from .. import options
 from ..distribution.topology import Topology, topology_of
-from ..runtime.cleanup import finalize
+from ..runtime.cleanup import finalize, temporary_files
 
 __all__ = ["empty", "load", "file_map", "attach_file", "attach_remote", "shared_token",
            "node_shared", "shm_dir", "parallel_copy", "touched", "named", "attach", "shared_name",
@@ -54,14 +54,30 @@ def _new_file(nbytes: int) -> str:
     """A new file of `nbytes` (a hole: pages come as they are touched) in
     :func:`shm_dir`; its path. The name carries this process's id, so that
     whoever outlives a killed process (a pool's workers, a test) can tell
-    which files were its (:func:`remove_files_of`)."""
+    which files were its (:func:`remove_files_of`). Until it is unlinked
+    (:func:`_unlink`) a hard exit removes it too
+    (:data:`summa.runtime.cleanup.temporary_files`): a signal or the watchdog
+    ending the process while it lives leaves nothing in /dev/shm."""
     fd, name = tempfile.mkstemp(prefix=f"summa-{os.getpid()}-", suffix=".shared",
                                 dir=shm_dir())
+    temporary_files.add(name)
     try:
         os.ftruncate(fd, nbytes)
+    except BaseException:
+        _unlink(name)
+        raise
     finally:
         os.close(fd)
     return name
+
+
+def _unlink(name: str) -> None:
+    """Remove a file :func:`_new_file` made (gone already: nothing to do)."""
+    try:
+        os.unlink(name)
+    except OSError:
+        pass
+    temporary_files.discard(name)
 
 
 def node_shared(nbytes: int, comm: MPI.Intracomm, topology: Topology | None = None) -> bool:
@@ -107,7 +123,7 @@ def empty(shape, dtype, comm: MPI.Intracomm | None = None,
     finally:
         node.Barrier()  # every rank has it mapped (or failed): the name can go
         if node.Get_rank() == 0:
-            os.unlink(name)
+            _unlink(name)
     array = mapped if shape else mapped.reshape(())
     token = (topology.leader, os.path.basename(name))
     _tokens[id(array)] = token
@@ -147,7 +163,7 @@ def named(shape, dtype) -> tuple[np.ndarray, str]:
     try:
         array = np.memmap(name, dtype=dtype, mode="r+", shape=shape if shape else (1,))
     except BaseException:
-        os.unlink(name)
+        _unlink(name)
         raise
     _tokens[id(array)] = ("named", os.path.basename(name))
     _names[id(array)] = name
@@ -166,10 +182,7 @@ def unlink_name(x) -> None:
     maps it (its memory stays with the array)."""
     name = _names.pop(id(x), None)
     if name is not None:
-        try:
-            os.unlink(name)
-        except OSError:
-            pass
+        _unlink(name)
 
 
 def attach(name: str, shape, dtype) -> np.ndarray:
@@ -231,10 +244,7 @@ def attach_file(path: str, offset: int, shape, dtype) -> np.ndarray:
 
 
 def _forget(key: int, name: str) -> None:
-    try:  # first: nothing may be left in /dev/shm (see cleanup.finalize)
-        os.unlink(name)
-    except OSError:
-        pass
+    _unlink(name)  # first: nothing may be left in /dev/shm (see cleanup.finalize)
     _tokens.pop(key, None)
     _names.pop(key, None)
 

@@ -24,7 +24,9 @@ __all__ = ["temporary_files", "remove_temporary_files", "MPI_SEGMENT_PREFIXES", 
            "remove_segments", "cuda_ipc_files", "remove_cuda_ipc_files_at_exit", "hard_exit",
            "process_alive", "finalize", "raises_ctrl_c"]
 
-#: Paths of unfinished outputs (a set: safe to change from any thread).
+#: Paths this process removes where it ends abruptly (:func:`hard_exit`):
+#: unfinished outputs, shared-memory files not yet unlinked (a set: safe to
+#: change from any thread).
 temporary_files: set = set()
 
 #: How the shared-memory files of the MPIs we run on begin (MPICH 4-5:
@@ -34,7 +36,7 @@ MPI_SEGMENT_PREFIXES = ("mpich_shm_", "mpich_vci_", "vader_segment.", "sm_segmen
 
 
 def remove_temporary_files() -> None:
-    """Delete this process's unfinished temporary outputs (safe from any thread)."""
+    """Delete this process's :data:`temporary_files` (safe from any thread)."""
     for path in list(temporary_files):
         try:
             os.unlink(path)

@@ -1,6 +1,8 @@
 """Node-shared host arrays (summa/host/shared.py) and summa.matmul on them: one copy
 of the data per node, every rank reading its block where it lies."""
 
+import os
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -196,3 +198,36 @@ def _ranks_read_each_other(comm) -> bool:
     ok = comm.allreduce(ok, op=MPI.LAND)
     comm.Barrier()  # rank 0's probe is read before it goes
     return ok
+
+
+@pytest.mark.parametrize("kind", ["named", "node-shared"])
+def test_a_hard_exit_leaves_no_shared_file(tmp_path, kind):
+    """A process ended abruptly (a signal, the watchdog: cleanup.hard_exit)
+    while a shared file of its own lives leaves nothing in SUMMA_SHM_DIR: a
+    named array's file (removed when collected), or a node-shared array's
+    caught before all ranks have mapped it (here: at its barrier)."""
+    import subprocess
+    import sys
+    script = f"""
+import os
+import summa.host.shared as shared
+from mpi4py import MPI
+from summa.runtime.cleanup import hard_exit
+if {kind!r} == "named":
+    keep = shared.named((1000,), "float64")
+    assert len(os.listdir({str(tmp_path)!r})) == 1
+    hard_exit(3)
+class Node:  # its barrier is where the process ends
+    def Get_rank(self): return 0
+    def bcast(self, x, root=0): return x
+    def Barrier(self):
+        assert len(os.listdir({str(tmp_path)!r})) == 1
+        hard_exit(3)
+class Topology:
+    node_comm, leader, local_rank = Node(), 0, 0
+shared.empty((1000,), "float64", MPI.COMM_SELF, Topology())
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**os.environ, "SUMMA_SHM_DIR": str(tmp_path)}, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert os.listdir(tmp_path) == []
