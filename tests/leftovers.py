@@ -118,6 +118,12 @@ class private_folders:
 
 
 def _shm_root() -> str:
+    """Where a session's shared-memory folder goes: TESTS_SHM_ROOT (a test of
+    the harness, which must tell its child's folder from other runs'), else
+    /dev/shm where there is one, else the temporary folder."""
+    asked = os.environ.get("TESTS_SHM_ROOT")
+    if asked:
+        return asked
     return SEGMENT_DIR if os.path.isdir(SEGMENT_DIR) else tempfile.gettempdir()
 
 
