@@ -6,6 +6,7 @@ own processes mapped (MPI's segments) or named after their pids (summa's)."""
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import shutil
 import signal
@@ -179,6 +180,10 @@ def finish(folders: private_folders) -> list[str]:
     from summa import pool
     from summa.runtime.cleanup import remove_segments
     pool.close()  # a test's pool is stopped at exit otherwise: after this check
+    # A named shared array that is garbage in a reference cycle (an exception's
+    # traceback holds its frames) takes its file with it when collected, here or
+    # at exit: collected first, so that what is left is what outlives its array.
+    gc.collect()
     time.sleep(0.5)  # a job ended just now may still be removing its files
     # segments made in the last seconds settle first (a short run's, test_remote's
     # owners killed at its end, were left in /dev/shm)
