@@ -312,9 +312,12 @@ def _in_memory(plan, pgrid, be, operands: ArrayOperands, alpha, stats):
     else:
         c = be.xp.empty(layout.local_shape(pgrid.row, pgrid.col), dtype)
     C = DistMatrix(pgrid, layout, c, be)
-    result = summa(alpha, A, B, 0.0, C, panel_width=plan.panel_width, lookahead=plan.lookahead,
-                   broadcaster=plan.broadcaster, precision=plan.precision,
-                   schedule=plan.schedule, conj=(conj_a, conj_b))
+    # B's panels copied row-major as the plan counted them, whatever these
+    # arrays' layout (a Matmul planned for others): no scratch beyond its memory
+    with settings.set(transpose_b="yes" if plan.memory.transposed_b else "no"):
+        result = summa(alpha, A, B, 0.0, C, panel_width=plan.panel_width,
+                       lookahead=plan.lookahead, broadcaster=plan.broadcaster,
+                       precision=plan.precision, schedule=plan.schedule, conj=(conj_a, conj_b))
     if stats is not None:  # a pass over C where it lies: matmul warns of NaN/Inf by it
         finite = pgrid.comm.allreduce(be.all_finite(c), op=MPI.LAND)
         stats.__dict__.update(result.__dict__)

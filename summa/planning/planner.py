@@ -556,7 +556,7 @@ def _memory(machine, shape, dtype, grid, panel_width, lookahead, asked: _MemoryA
             default_panel_width(backend, dtype, precision)
         memory = memory_plan(m, n, k, dtype, grid, width,
                              Execution(lookahead, backend, schedule=schedule, precision=precision,
-                                       ))
+                                       storage=asked.storage))
         try:
             _check(machine, memory)
             return memory, None, None

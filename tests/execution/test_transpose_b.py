@@ -129,3 +129,22 @@ def test_every_layout_of_b_multiplies_through_the_copies(rng, layout, how):
     # (in memory one NumPy rank reads a strided B where it lies, by neither)
     copied = storage == "cols" or (storage == "strided cols" and how == "out of core")
     assert stats.extra["transposed_b"] == copied, storage
+
+
+@pytest.mark.parametrize("planned_on, run_on", [("F", "C"), ("C", "F")])
+def test_a_matmul_planned_for_other_arrays_copies_as_its_plan_counted(rng, planned_on, run_on):
+    """In memory on one rank, a Matmul planned for B of one layout and run on
+    B of another copies B's panels as its plan counted them (none where it
+    counted none: no scratch beyond the plan's memory); products right."""
+    from mpi4py import MPI
+
+    import summa
+    a = operand(rng, (37, 29), "complex128", "C")[0]
+    with options.set(transpose_b="yes"):
+        m = summa.Matmul(a, operand(rng, (29, 23), "complex128", planned_on)[0],
+                         comm=MPI.COMM_SELF, backend="numpy", panel_width=5)
+        assert m.plan.memory.transposed_b == (planned_on == "F")
+        b, _, xb = operand(rng, (29, 23), "complex128", run_on)
+        c = m.execute(a, b)
+    assert gemm_scaled_error(c, a, xb) <= 1
+    assert m.stats.extra["transposed_b"] is False  # B by rows, or a plan without the copy
