@@ -106,9 +106,11 @@ def transposes_a(backend_name: str, dtype, precision=None, schedule: str = "pane
 #: H200, a complex128 panel product of 32768 x 32768 x 2048 ran 46.8 TFLOP/s
 #: with both operands column-major (Fortran order) against 49.8 with B
 #: row-major and 50.4 with both; 32768 x 5462 x 2048, an out-of-core tile,
-#: 47.5 against 48.4 and 50.0. float64, float32 and complex64 lose at most
-#: 3 % either way (`benchmarks/gemm_forms.py`; docs/benchmarks.md, "Measurements
-#: behind the defaults").
+#: 47.5 against 48.4 and 50.0. With A as it is read (column-major for
+#: :data:`TRANSPOSED_A_FASTER`), B column-major ran float64 1-4 % faster and
+#: complex64 within 1 %; float32 3-5 % slower (51.2 against 52.8 at 32768 x
+#: 32768 x 2048), not yet measured end to end (`benchmarks/gemm_forms.py`;
+#: docs/benchmarks.md, "Measurements behind the defaults").
 TRANSPOSED_B_FASTER = frozenset("D")
 
 
