@@ -372,6 +372,11 @@ def _add_plan(sub) -> None:
                            "copied transposed); fp64-int8: float64 from INT8 products "
                            "(their residues and sums counted)")
     plan.add_argument("--backend", choices=("numpy", "cupy"), default="cupy")
+    plan.add_argument("--order", choices=("C", "F"), default="C",
+                      help="how A and B lie in host memory: C (row-major, NumPy's default) or "
+                           "F (Fortran order, or a .T view): out of core C is cut the way "
+                           "they are read in blocks, and complex128's panels of B are copied "
+                           "row-major for the GEMMs (default C)")
     plan.add_argument("--device-memory", metavar="SIZE", default=None,
                       help="GPU memory cap per rank: plan out of core within it (default: "
                            "the profile's GPU memory, out of core where the product does not "
@@ -540,7 +545,8 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
                          lookahead=args.lookahead, schedule=args.schedule,
                          precision=None if args.precision == "default" else args.precision,
                          broadcaster=args.comm, staged=(ipc, ipc),
-                         predict=True, profile=profile)
+                         predict=True, profile=profile,
+                         storage=("cols", "cols") if args.order == "F" else ("rows", "rows"))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if comm.Get_rank() == 0:

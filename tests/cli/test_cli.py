@@ -425,3 +425,20 @@ def test_run_test_goes_in_parts():
                              env=dict(env, TEST_SERIAL="0"))
     assert neither.returncode == 5, neither.stderr[-2000:]
     assert "== serial tests" not in neither.stderr and "no test selected" in neither.stderr
+
+
+def test_plan_takes_the_operands_order():
+    """``summa plan --order F`` plans Fortran-ordered operands as summa.matmul
+    plans them: C cut by columns out of core, complex128's B panels copied
+    row-major (said); C order (the default) by rows, nothing copied."""
+    def planned(*extra):
+        out = io.StringIO()
+        assert cli.main(["plan", "--size", "32768", "--dtype", "complex128", "--ranks", "1",
+                         "--device-memory", "8GiB", *extra], out=out) == 0
+        return out.getvalue()
+    fortran, c_order = planned("--order", "F"), planned()
+    assert "(1 x 6 per rank)" in fortran and "(6 x 1 per rank)" in c_order
+    assert "B's panels, which lie by columns, are copied row-major" in fortran
+    assert "copied row-major" not in c_order and c_order == planned("--order", "C")
+    with pytest.raises(cli.UsageError, match="argument --order: invalid choice: 'K'"):
+        planned("--order", "K")
