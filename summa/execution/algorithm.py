@@ -175,7 +175,7 @@ def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple)
     stats = SummaStats(panels=len(steps), panel_width=panel_width,
                        comm=(col_bc if strips else row_bc).name, lookahead=call.lookahead,
                        extra={"panel_width_measured": measured,
-                              "schedule": "strips" if strips else "panels",
+                              "schedule": schedule,
                               "transposed_a": copies[0], "transposed_b": copies[1]})
     return call, steps, stats
 

@@ -76,15 +76,13 @@ class PanelsOfB:
 
 class PanelForms:
     """How each panel GEMM reads its operands: A as `a` (:class:`PanelsOfA`)
-    gives it, B as `b` (:class:`PanelsOfB`; None: as it comes)."""
+    gives it, B as `b` (:class:`PanelsOfB`)."""
 
-    def __init__(self, a: PanelsOfA, b: PanelsOfB | None = None):
+    def __init__(self, a: PanelsOfA, b: PanelsOfB):
         self.a, self.b = a, b
 
     def __call__(self, a, b, conj: tuple = (False, False)) -> tuple:
         """``(a, b, conj)`` for the GEMM of panels `a` and `b`, `conj` (A's,
         B's) what it still conjugates."""
-        conj_b = conj[1]
-        if self.b is not None:
-            b, conj_b = self.b(b, conj_b)
+        b, conj_b = self.b(b, conj[1])
         return self.a(a), b, (conj[0], conj_b)

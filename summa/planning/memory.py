@@ -258,10 +258,10 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     slots = lookahead + 1
     panels = slots * ((ml * nb if pc > 1 else 0) + (nb * nl if pr > 1 else 0))
     strips = schedule == "strips" and pr > 1  # one rank runs panels whatever it is asked
-    schedule = "strips" if strips else "panels"
+    runs = "strips" if strips else "panels"
     columns_b = by_columns_stored(execution.storage[1]) and (out_of_core or pr * pc == 1)
-    copies = (transposes_a(backend, dtype, precision, schedule),
-              transposes_b(backend, dtype, precision, schedule, columns_b))
+    copies = (transposes_a(backend, dtype, precision, runs),
+              transposes_b(backend, dtype, precision, runs, columns_b))
     if strips:  # B's strips: all of K, `panel_width` columns
         panels = slots * k * max(1, min(panel_width, nl))
     blocks = ml * ka + kb * nl + ml * nl

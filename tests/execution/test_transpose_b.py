@@ -47,7 +47,8 @@ def test_panel_forms_give_each_gemm_its_operands_and_what_it_still_conjugates(rn
     assert fa.flags.f_contiguous  # A column-major: the GEMM conjugates it (op C)
     np.testing.assert_array_equal(fb, b.conj())
     assert conj == (True, False)
-    assert PanelForms(PanelsOfA(be, 7, 5, np.complex128, False))(a, b, (False, True)) \
+    assert PanelForms(PanelsOfA(be, 7, 5, np.complex128, False),
+                      PanelsOfB(be, 5, 6, np.complex128, False))(a, b, (False, True)) \
         == (a, b, (False, True))
 
 
