@@ -90,6 +90,16 @@ def _rows(out: str) -> list[dict]:
     return [json.loads(line[len(ROW):]) for line in out.splitlines() if line.startswith(ROW)]
 
 
+def parse_size(text: str) -> tuple[int, int, int]:
+    """``(m, n, k)`` from ``"N"`` or ``"MxNxK"``."""
+    parts = [int(x) for x in text.lower().split("x")]
+    if len(parts) == 1:
+        parts *= 3
+    if len(parts) != 3 or min(parts) < 1:
+        raise ValueError(f"a size is N or MxNxK, got {text!r}")
+    return tuple(parts)
+
+
 def append_json(path: str | None, row: dict) -> None:
     """Append `row` to the JSON-lines file `path` (nothing for None)."""
     if path:

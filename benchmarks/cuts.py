@@ -98,8 +98,7 @@ def main(argv=None) -> int:
     p.add_argument("--cpu", action="store_true", help="the NumPy backend")
     p.add_argument("--json", help="append the rows to this JSONL file")
     args = p.parse_args(argv)
-    sizes = [int(x) for x in args.size.lower().split("x")]
-    shape = tuple(sizes * 3 if len(sizes) == 1 else sizes)
+    shape = calls.parse_size(args.size)
     options = {"device_memory": args.budget, "backend": "numpy" if args.cpu else None}
     options = {key: value for key, value in options.items() if value is not None}
     rows = compare(shape, args.dtype, args.layout, [parse_cut(x) for x in args.cuts.split(",")],

@@ -16,9 +16,14 @@ and F F (``--cpu``: NumPy, for trying the script; its rates say nothing of a GPU
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import calls  # noqa: E402  (benchmarks/calls.py: sizes)
 
 #: (m, n, panel width): a whole tile, and the tall and wide tiles of a cut.
 SHAPES = ((32768, 32768, 2048), (32768, 5462, 2048), (5462, 32768, 2048))
@@ -55,14 +60,14 @@ def rate(backend, shape: tuple, dtype, form: str, repeat: int) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dtypes", default="complex128,float64,complex64,float32")
-    p.add_argument("--shapes", help="comma-separated MxNxK (default: three out-of-core tiles)")
+    p.add_argument("--shapes", help="comma-separated N or MxNxK (default: three out-of-core "
+                                    "tiles)")
     p.add_argument("--repeat", type=int, default=4)
     p.add_argument("--cpu", action="store_true", help="NumPy (to try the script)")
     args = p.parse_args(argv)
     from summa.device.backend import get_backend
     backend = get_backend("numpy" if args.cpu else "cupy")
-    shapes = SHAPES if not args.shapes else [
-        tuple(int(x) for x in s.lower().split("x")) for s in args.shapes.split(",")]
+    shapes = SHAPES if not args.shapes else [calls.parse_size(s) for s in args.shapes.split(",")]
     for dtype in args.dtypes.split(","):
         for shape in shapes:
             rates = {form: rate(backend, shape, dtype, form, args.repeat) for form in FORMS}

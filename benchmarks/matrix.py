@@ -104,16 +104,6 @@ LEAST_CELL_SECONDS = 20
 WARM_SIDE, WARM_BUDGET = 2048, "64MiB"
 
 
-def parse_size(text: str) -> tuple[int, int, int]:
-    """``(m, n, k)`` from ``"N"`` or ``"MxNxK"``."""
-    parts = [int(x) for x in text.lower().split("x")]
-    if len(parts) == 1:
-        parts *= 3
-    if len(parts) != 3 or min(parts) < 1:
-        raise ValueError(f"a size is N or MxNxK, got {text!r}")
-    return tuple(parts)
-
-
 def size_name(m: int, n: int, k: int) -> str:
     """``"N³"`` or ``"MxNxK"``."""
     return f"{m}³" if m == n == k else f"{m}x{n}x{k}"
@@ -674,7 +664,7 @@ def selection(parser, args) -> tuple[list[dict], dict]:
             parser.error(f"unknown {option}: {', '.join(unknown)}")
         picked[option] = names
     try:
-        sizes = [parse_size(x) for x in (args.sizes or preset["sizes"]).split(",") if x]
+        sizes = [calls.parse_size(x) for x in (args.sizes or preset["sizes"]).split(",") if x]
         trees = calls.parse_trees(args.tree)
     except ValueError as exc:
         parser.error(str(exc))
