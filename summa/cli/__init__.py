@@ -375,8 +375,8 @@ def _add_plan(sub) -> None:
     plan.add_argument("--order", choices=("C", "F"), default="C",
                       help="how A and B lie in host memory: C (row-major, NumPy's default) or "
                            "F (Fortran order, or a .T view): out of core C is cut the way "
-                           "they are read in blocks, and complex128's panels of B are copied "
-                           "row-major for the GEMMs (default C)")
+                           "they are read in blocks, and complex128's and float32's panels of B "
+                           "are copied row-major for the GEMMs (default C)")
     plan.add_argument("--device-memory", metavar="SIZE", default=None,
                       help="GPU memory cap per rank: plan out of core within it (default: "
                            "the profile's GPU memory, out of core where the product does not "
@@ -624,7 +624,8 @@ def _run_info(args, comm: MPI.Comm, out) -> int:
           file=out)
     setting = transpose_b_setting()
     print(f"B's panels that lie by columns copied row-major: {setting} (SUMMA_TRANSPOSE_B"
-          + ("; auto: complex128 on GPUs)" if setting == "auto" else ")"), file=out)
+          + ("; auto: complex128 and float32 without TF32, on GPUs)" if setting == "auto"
+             else ")"), file=out)
     for r in rows:
         print(f"  rank {r['rank']:>3} on {r['host']} (local rank {r['local_rank']}): "
               f"{r['backend']}", file=out)

@@ -106,12 +106,15 @@ def transposes_a(backend_name: str, dtype, precision=None, schedule: str = "pane
 #: H200, a complex128 panel product of 32768 x 32768 x 2048 ran 46.8 TFLOP/s
 #: with both operands column-major (Fortran order) against 49.8 with B
 #: row-major and 50.4 with both; 32768 x 5462 x 2048, an out-of-core tile,
-#: 47.5 against 48.4 and 50.0. With A as it is read (column-major for
-#: :data:`TRANSPOSED_A_FASTER`), B column-major ran float64 1-4 % faster and
-#: complex64 within 1 %; float32 3-5 % slower (51.2 against 52.8 at 32768 x
-#: 32768 x 2048), not yet measured end to end (`benchmarks/gemm_forms.py`;
-#: docs/benchmarks.md, "Measurements behind the defaults").
-TRANSPOSED_B_FASTER = frozenset("D")
+#: 47.5 against 48.4 and 50.0; float32 with A column-major (as
+#: :data:`TRANSPOSED_A_FASTER` reads it) 51.2 against 52.8
+#: (`benchmarks/gemm_forms.py`). End to end (`benchmarks/matrix.py`, float32
+#: Fortran-ordered 32768³ under 24 GiB, 8 GiB and the whole GPU), the call
+#: again ran 0.890 / 0.900 / 0.914 of ``cupy.matmul`` reading B as it lies
+#: and 0.954 / 0.953 / 0.952 reading copies. float64 read B column-major 1-4 %
+#: faster and complex64 within 1 %: not here. docs/benchmarks.md,
+#: "Measurements behind the defaults".
+TRANSPOSED_B_FASTER = frozenset("Df")
 
 
 def transposes_b(backend_name: str, dtype, precision=None, schedule: str = "panels",
@@ -121,7 +124,8 @@ def transposes_b(backend_name: str, dtype, precision=None, schedule: str = "pane
     row-major scratch buffer (panel width x columns of C) and read that?
 
     ``SUMMA_TRANSPOSE_B`` decides: ``yes`` (any backend, for tests), ``no``, or
-    ``auto``: on GPUs, for the dtypes of :data:`TRANSPOSED_B_FASTER`. Never
+    ``auto``: on GPUs, for the dtypes of :data:`TRANSPOSED_B_FASTER` (not under
+    ``tf32``, whose rate by layout is unmeasured). Never
     where B lies by rows, under column strips, through cuBLASLt (whose plans
     copy column-major operands anyway) or for fp64-int8 (its products lay
     out their own operands).
@@ -132,7 +136,7 @@ def transposes_b(backend_name: str, dtype, precision=None, schedule: str = "pane
         return False
     if traits(backend_name).gpu and gemm_library() == "cublaslt":
         return False
-    return setting == "yes" or (traits(backend_name).gpu
+    return setting == "yes" or (traits(backend_name).gpu and precision != "tf32"
                                 and np.dtype(dtype).char in TRANSPOSED_B_FASTER)
 
 

@@ -203,7 +203,7 @@ def test_info(comm, monkeypatch):
         assert text.count("  rank ") == comm.Get_size()
         assert "GPU GEMM: cublaslt (SUMMA_GEMM), compute stream priority: high" in text
         assert "copied transposed (read column-major): no (SUMMA_TRANSPOSE_A)" in text
-        assert "lie by columns copied row-major: auto (SUMMA_TRANSPOSE_B; auto: complex128" \
+        assert "lie by columns copied row-major: auto (SUMMA_TRANSPOSE_B; auto: complex128 and float32" \
             in text
     monkeypatch.setenv("SUMMA_CUBLASLT", __file__)  # a file, but no library
     out = io.StringIO()
