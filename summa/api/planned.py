@@ -31,7 +31,7 @@ from .operands import describe, unconjugated
 from ..distribution.matrix import DistMatrix
 from ..device.traits import traits
 from ..execution.outofcore import SweepOperands, run_out_of_core
-from ..planning.planner import Machine, make_plan
+from ..planning.planner import Machine, make_plan, restore
 from ..planning.selection import peer_access
 from ..host.storage import conjugated, op_view, storage_of
 from ..runtime.watchdog import watch
@@ -234,14 +234,18 @@ def run_on_device(plan, be, given, alpha=1.0, stats=None):
     return c
 
 
-def _stored(plan, storage: tuple):
+def _stored(plan, storage: tuple, comm=None, be=None):
     """`plan` for operands lying as `storage` says (:func:`_storage`), their
-    op H conjugated by the GEMMs: a plan made for arrays that lay otherwise
-    runs these as they lie."""
+    op H conjugated by the GEMMs. A plan made for arrays that lay otherwise
+    has its memory planned again for these on the ranks of `comm` with
+    their backend `be` (:func:`summa.planning.planner.restore`; collective,
+    as the storage is the same on every rank), else runs them as they lie."""
     conj = tuple(conjugated(t, plan.dtype) for t in plan.trans)
     if (tuple(plan.storage), tuple(plan.conj)) == (storage, conj):
         return plan
-    return replace(plan, storage=storage, conj=conj)
+    machine = Machine.live(comm, be) if comm is not None and storage != tuple(plan.storage) \
+        else None
+    return replace(restore(plan, storage, machine), conj=conj)
 
 
 def _storage(operands: ArrayOperands, trans: tuple, comm) -> tuple:
@@ -267,7 +271,7 @@ def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     operands = replace(operands, **{name: np.asarray(x) for name, x in (
         ("a", operands.a), ("b", operands.b)) if x is not None and not isinstance(x, np.ndarray)})
     a, b, out, root = operands.a, operands.b, operands.out, operands.root
-    plan = _stored(plan, _storage(operands, plan.trans, pgrid.comm))
+    plan = _stored(plan, _storage(operands, plan.trans, pgrid.comm), pgrid.comm, be)
     if not plan.out_of_core:
         return _in_memory(plan, pgrid, be, operands, alpha, stats)
     A, B, C, own, c_node = _host_blocks(a, b, out, plan, pgrid, root, be)
@@ -312,12 +316,12 @@ def _in_memory(plan, pgrid, be, operands: ArrayOperands, alpha, stats):
     else:
         c = be.xp.empty(layout.local_shape(pgrid.row, pgrid.col), dtype)
     C = DistMatrix(pgrid, layout, c, be)
-    # B's panels copied row-major as the plan counted them, whatever these
-    # arrays' layout (a Matmul planned for others): no scratch beyond its memory
-    with settings.set(transpose_b="yes" if plan.memory.transposed_b else "no"):
-        result = summa(alpha, A, B, 0.0, C, panel_width=plan.panel_width,
-                       lookahead=plan.lookahead, broadcaster=plan.broadcaster,
-                       precision=plan.precision, schedule=plan.schedule, conj=(conj_a, conj_b))
+    # panels copied as the plan counted them, whatever these arrays' layout
+    # (a Matmul planned for others): no scratch beyond its memory
+    result = summa(alpha, A, B, 0.0, C, panel_width=plan.panel_width,
+                   lookahead=plan.lookahead, broadcaster=plan.broadcaster,
+                   precision=plan.precision, schedule=plan.schedule, conj=(conj_a, conj_b),
+                   copies=(plan.memory.transposed_a, plan.memory.transposed_b))
     if stats is not None:  # a pass over C where it lies: matmul warns of NaN/Inf by it
         finite = pgrid.comm.allreduce(be.all_finite(c), op=MPI.LAND)
         stats.__dict__.update(result.__dict__)

@@ -76,7 +76,8 @@ class SummaStats:
 
 def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=None,
           lookahead: int = 1, broadcaster: str = "auto", precision: str | None = None,
-          progress=None, schedule: str = "panels", conj: tuple = (False, False)) -> SummaStats:
+          progress=None, schedule: str = "panels", conj: tuple = (False, False),
+          copies: tuple | None = None) -> SummaStats:
     """``C <- alpha * A @ B + beta * C`` in place, by SUMMA.
 
     Parameters
@@ -115,13 +116,15 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     """
     if any(conj) and C.grid.size > 1:
         raise ValueError("conj applies to one rank; a grid's operands come conjugated")
+    if copies is not None and len(copies) != 2:
+        raise ValueError(f"copies must be (A's, B's) or None, got {copies!r}")
     check_operands(A, B, C)
     check_layouts(A, B, C)
     check_scalars(alpha, beta, C.dtype, precision, C.backend)
     strips = check_schedule(schedule, C.grid.shape) == "strips" and C.grid.size > 1
     with C.backend.on_device():  # its GPU, whatever the caller's current one
         return _run(alpha, (A, B, C), beta, strips, (panel_width, lookahead, broadcaster,
-                                                  precision), (progress, conj))
+                                                  precision), (progress, conj, copies))
 
 
 def _run(alpha, operands: tuple, beta, strips: bool, asked: tuple, extras: tuple):
@@ -150,9 +153,9 @@ def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple)
     width (measured for ``"auto"``), broadcasters and exported blocks in
     a :class:`_Call`, its steps in this rank's order, and the stats they
     start. `operands`: ``(A, B, C)``; `asked`: ``(panel_width, lookahead,
-    broadcaster, precision)``; `extras`: ``(progress, conj)``."""
+    broadcaster, precision)``; `extras`: ``(progress, conj, copies)``."""
     (A, B, C), (panel_width, lookahead, broadcaster, precision) = operands, asked
-    progress, conj = extras
+    progress, conj, copies = extras
     backend, grid = C.backend, C.grid
     if strips and isinstance(panel_width, str) and panel_width == "auto":
         # "auto" times GEMMs of K panels; strips cut columns, which cost nothing
@@ -164,10 +167,13 @@ def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple)
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
     row_bc, col_bc = pick_broadcasters(A, B, C, panels, broadcaster, precision)
     schedule = "strips" if strips else "panels"
-    # (a grid's blocks lie by rows on the devices: only one rank's B may not)
-    copies = (transposes_a(backend.name, C.dtype, precision, schedule),
-              transposes_b(backend.name, C.dtype, precision, schedule,
-                           grid.size == 1 and column_major(B.local)))
+    # (a grid's blocks lie by rows on the devices: only one rank's B may not;
+    # a plan's copy of B is made only where B does, as its PanelsOfB would)
+    columns = grid.size == 1 and column_major(B.local)
+    if copies is None:
+        copies = (transposes_a(backend.name, C.dtype, precision, schedule),
+                  transposes_b(backend.name, C.dtype, precision, schedule, columns))
+    copies = (bool(copies[0]), bool(copies[1]) and columns)
     call = _Call(alpha, A, B, C, precision, progress, int(lookahead), row_bc, col_bc,
                  export_blocks(grid, backend, row_bc, col_bc, A.local, B.local),
                  tuple(bool(x) for x in conj), *copies)

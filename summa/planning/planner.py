@@ -37,7 +37,7 @@ from ..device.traits import traits
 from ..distribution.topology import topology_of
 from .. import options
 
-__all__ = ["Machine", "Placement", "Plan", "make_plan", "restage"]
+__all__ = ["Machine", "Placement", "Plan", "make_plan", "restage", "restore"]
 
 #: Share of the free device memory an out-of-core plan takes where no
 #: budget is given (the rest: the memory pool's rounding, library workspaces).
@@ -499,6 +499,38 @@ def restage(plan: Plan, staged: tuple) -> Plan:
             f"{memory.chunk}-wide panels")
     return replace(plan, memory=memory, panel_width=memory.chunk,
                    note="; ".join(x for x in (plan.note, note) if x))
+
+
+def restore(plan: Plan, storage: tuple, machine: Machine | None = None) -> Plan:
+    """`plan` for host operands that lie as `storage` says (a
+    :class:`summa.Matmul` planned for arrays of one layout and run on
+    another's): its memory planned again at its own width, mode and budget,
+    so out of core C is cut the way these operands read in larger pieces and
+    B's panels that lie by columns are copied where that is faster
+    (:func:`summa.planning.memory.memory_plan`). In memory on `machine`
+    (live: collective) the new plan must fit its devices; where it does not,
+    or no `machine` is given, `plan` with the storage alone, which the
+    executors run as the operands lie within its memory. `plan` itself
+    where it planned for `storage`."""
+    storage = tuple(storage)
+    if tuple(plan.storage) == storage:
+        return plan
+    stored = replace(plan, storage=storage)
+    if plan.placement.resident or (not plan.out_of_core and machine is None):
+        return stored
+    m, n, k = plan.shape
+    try:
+        with ozaki_gpu.asked_moduli(plan.moduli):
+            memory = memory_plan(m, n, k, plan.dtype, plan.grid, plan.panel_width, Execution(
+                plan.lookahead, plan.backend, device_budget=plan.device_budget,
+                out_of_core=plan.out_of_core, schedule=plan.schedule, precision=plan.precision,
+                staged=tuple(plan.memory.staged), copy_threads=plan.copy_threads,
+                storage=storage))
+        if not plan.out_of_core:
+            _check(machine, memory)
+    except ValueError:  # (the same on every rank)
+        return stored
+    return replace(stored, memory=memory)
 
 
 def _grid(grid, machine: Machine, m: int, n: int, dtype, schedule: str) -> tuple:

@@ -455,3 +455,29 @@ def test_one_device_conjugates_its_own_upload_of_an_operand_by_rows(rng):
             assert conj == left
             assert np.array_equal(np.conj(X.local) if conj else X.local, x)
     assert np.array_equal(by_rows, before)
+
+
+def test_a_matmul_run_on_arrays_of_another_layout_cuts_c_as_planned_for_them(rng):
+    """Out of core, a Matmul planned for C-ordered operands and run on
+    Fortran-ordered ones cuts C as a Matmul planned for those does (their
+    memory planned again: planning.planner.restore), and the reverse; its
+    own plan kept; products right."""
+    from mpi4py import MPI
+
+    import summa
+    shape, kwargs = (600, 600, 300), dict(comm=MPI.COMM_SELF, backend="numpy",
+                                           device_memory="1MiB", panel_width=64)
+    (m, n, k), tiles, runs = shape, {}, {}
+    for layout in ("C", "F"):
+        a, _, xa = operand(rng, (m, k), "float64", layout)
+        b, _, xb = operand(rng, (k, n), "float64", layout)
+        runs[layout] = (a, b, xa, xb)
+        tiles[layout] = summa.Matmul(a, b, **kwargs).plan.memory.tiles
+    assert tiles["C"] != tiles["F"]  # (else this shows nothing)
+    for planned, run in (("C", "F"), ("F", "C")):
+        mm = summa.Matmul(*runs[planned][:2], **kwargs)
+        a, b, xa, xb = runs[run]
+        c = mm.execute(a, b)
+        assert gemm_scaled_error(c, xa, xb) <= 1
+        assert tuple(mm.stats.extra["tiles"]) == tuple(tiles[run])
+        assert tuple(mm.plan.memory.tiles) == tuple(tiles[planned])

@@ -135,10 +135,11 @@ def test_every_layout_of_b_multiplies_through_the_copies(rng, layout, how):
 
 
 @pytest.mark.parametrize("planned_on, run_on", [("F", "C"), ("C", "F")])
-def test_a_matmul_planned_for_other_arrays_copies_as_its_plan_counted(rng, planned_on, run_on):
+def test_a_matmul_run_on_arrays_of_another_layout_plans_their_copies(rng, planned_on, run_on):
     """In memory on one rank, a Matmul planned for B of one layout and run on
-    B of another copies B's panels as its plan counted them (none where it
-    counted none: no scratch beyond the plan's memory); products right."""
+    B of another copies B's panels as a plan for the arrays it runs on
+    counts them (planning.planner.restore): none for B by rows, the copy
+    for B by columns; products right."""
     from mpi4py import MPI
 
     import summa
@@ -150,4 +151,59 @@ def test_a_matmul_planned_for_other_arrays_copies_as_its_plan_counted(rng, plann
         b, _, xb = operand(rng, (29, 23), "complex128", run_on)
         c = m.execute(a, b)
     assert gemm_scaled_error(c, a, xb) <= 1
-    assert m.stats.extra["transposed_b"] is False  # B by rows, or a plan without the copy
+    copied = run_on == "F"
+    assert m.stats.extra["transposed_b"] is copied
+    assert m.stats.extra["plan"]["memory"]["transposed_b"] is copied
+    assert m.stats.extra["plan"]["storage"][1] == ("cols" if copied else "rows")
+    assert m.plan.memory.transposed_b == (planned_on == "F")  # the Matmul's own plan kept
+
+
+def test_a_plan_restored_for_another_layout_copies_only_where_it_fits():
+    """restore: in memory the plan for the new layout where the devices
+    hold it, else the old memory with the storage (run as it lies); out of
+    core the cut and copies of a fresh plan for that layout at the same
+    width and budget; the plan itself for its own layout."""
+    from summa.planning.planner import restore
+    with options.set(transpose_b="yes"):
+        planned = make_plan((64, 48, 40), "complex128", Machine("cupy"), panel_width=8)
+        room = planned.memory.device_bytes
+        assert restore(planned, planned.storage) is planned
+        roomy = restore(planned, ("rows", "cols"), Machine("cupy", free_device=2 * room))
+        assert roomy.memory.transposed_b and roomy.memory.device_bytes > room
+        tight = restore(planned, ("rows", "cols"), Machine("cupy", free_device=room))
+        assert tight.memory == planned.memory and tight.storage == ("rows", "cols")
+        assert restore(planned, ("rows", "cols")).memory == planned.memory  # nothing to ask
+        ooc = make_plan((3000, 200, 400), "float64", Machine("numpy"), out_of_core=True,
+                        device_memory="1MiB", panel_width=64)
+        fresh = make_plan((3000, 200, 400), "float64", Machine("numpy"), out_of_core=True,
+                          device_memory="1MiB", panel_width=64, storage=("cols", "cols"))
+        assert fresh.memory.tiles != ooc.memory.tiles  # (else this shows nothing)
+        assert restore(ooc, ("cols", "cols")).memory == fresh.memory
+
+
+def test_the_low_level_call_copies_as_it_is_told(rng):
+    """summa()'s `copies` (a plan's decision) overrides the setting both ways;
+    B's copy is made only where B lies by columns; a malformed one is refused."""
+    from mpi4py import MPI
+
+    from summa.distribution.grid import ProcessGrid
+    from summa.distribution.layout import Layout
+    from summa.distribution.matrix import DistMatrix
+    from summa.execution.algorithm import summa
+    be = NumpyBackend()
+    a = rng.standard_normal((13, 17))
+    with ProcessGrid(MPI.COMM_SELF) as grid:
+        for b, told, setting, made in ((rng.standard_normal((11, 17)).T, None, "yes", True),
+                                       (rng.standard_normal((11, 17)).T, (0, 0), "yes", False),
+                                       (rng.standard_normal((11, 17)).T, (0, 1), "no", True),
+                                       (rng.standard_normal((17, 11)), (1, 1), "yes", False)):
+            C = DistMatrix(grid, Layout((13, 11), (1, 1)), np.empty((13, 11)), be)
+            A = DistMatrix(grid, Layout((13, 17), (1, 1)), a, be)
+            B = DistMatrix(grid, Layout((17, 11), (1, 1)), b, be)
+            with options.set(transpose_b=setting):
+                stats = summa(1.0, A, B, 0.0, C, panel_width=5, copies=told)
+            assert stats.extra["transposed_b"] is made, (told, setting)
+            assert stats.extra["transposed_a"] is (told is not None and bool(told[0]))
+            assert gemm_scaled_error(C.local, a, b) <= 1
+        with pytest.raises(ValueError, match="copies must be"):
+            summa(1.0, A, B, 0.0, C, copies=(True,))
