@@ -477,10 +477,7 @@ def restage(plan: Plan, staged: tuple) -> Plan:
     def plan_at(width: int, budget: int) -> MemoryPlan:
         with ozaki_gpu.asked_moduli(plan.moduli):
             return memory_plan(m, n, k, plan.dtype, plan.grid, width,
-                               Execution(plan.lookahead, plan.backend,
-                                         device_budget=budget, out_of_core=True,
-                                         precision=plan.precision, staged=staged,
-                                         copy_threads=plan.copy_threads, storage=plan.storage))
+                               _execution(plan, device_budget=budget, staged=staged))
 
     def fitted(budget: int) -> MemoryPlan:  # the plan's width, else the widest narrower
         try:
@@ -521,16 +518,23 @@ def restore(plan: Plan, storage: tuple, machine: Machine | None = None) -> Plan:
     m, n, k = plan.shape
     try:
         with ozaki_gpu.asked_moduli(plan.moduli):
-            memory = memory_plan(m, n, k, plan.dtype, plan.grid, plan.panel_width, Execution(
-                plan.lookahead, plan.backend, device_budget=plan.device_budget,
-                out_of_core=plan.out_of_core, schedule=plan.schedule, precision=plan.precision,
-                staged=tuple(plan.memory.staged), copy_threads=plan.copy_threads,
-                storage=storage))
+            memory = memory_plan(m, n, k, plan.dtype, plan.grid, plan.panel_width,
+                                 _execution(plan, storage=storage))
         if not plan.out_of_core:
             _check(machine, memory)
     except ValueError:  # (the same on every rank)
         return stored
     return replace(stored, memory=memory)
+
+
+def _execution(plan: Plan, **changed) -> Execution:
+    """How `plan` runs, as its memory plan counted it, with the `changed`
+    fields (:class:`summa.planning.memory.Execution`'s)."""
+    return replace(Execution(plan.lookahead, plan.backend, device_budget=plan.device_budget,
+                             out_of_core=plan.out_of_core, schedule=plan.schedule,
+                             precision=plan.precision, staged=tuple(plan.memory.staged),
+                             copy_threads=plan.copy_threads, storage=tuple(plan.storage)),
+                   **changed)
 
 
 def _grid(grid, machine: Machine, m: int, n: int, dtype, schedule: str) -> tuple:
