@@ -516,9 +516,11 @@ def restore(plan: Plan, storage: tuple, machine: Machine | None = None) -> Plan:
     if plan.placement.resident or (not plan.out_of_core and machine is None):
         return stored
     m, n, k = plan.shape
+    width = plan.panel_width if is_width(plan.panel_width) else \
+        default_panel_width(plan.backend, plan.dtype, plan.precision)  # "auto": as planned
     try:
         with ozaki_gpu.asked_moduli(plan.moduli):
-            memory = memory_plan(m, n, k, plan.dtype, plan.grid, plan.panel_width,
+            memory = memory_plan(m, n, k, plan.dtype, plan.grid, width,
                                  _execution(plan, storage=storage))
         if not plan.out_of_core:
             _check(machine, memory)

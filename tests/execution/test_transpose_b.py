@@ -173,6 +173,11 @@ def test_a_plan_restored_for_another_layout_copies_only_where_it_fits():
         tight = restore(planned, ("rows", "cols"), Machine("cupy", free_device=room))
         assert tight.memory == planned.memory and tight.storage == ("rows", "cols")
         assert restore(planned, ("rows", "cols")).memory == planned.memory  # nothing to ask
+        # ("auto" on a grid, measured when the run starts: the memory at the default width)
+        grid = Machine("cupy", ranks=2)
+        auto = make_plan((64, 48, 40), "complex128", grid, panel_width="auto")
+        assert auto.panel_width == "auto"
+        assert restore(auto, ("rows", "cols"), grid).memory == auto.memory  # blocks by rows
         ooc = make_plan((3000, 200, 400), "float64", Machine("numpy"), out_of_core=True,
                         device_memory="1MiB", panel_width=64)
         fresh = make_plan((3000, 200, 400), "float64", Machine("numpy"), out_of_core=True,
