@@ -227,30 +227,36 @@ def residual(c, a, b, rows: int = 512) -> float:
     return freivalds(a, b, rows)(c)
 
 
-def best_device_seconds(fn, repeat: int = 3) -> float:
-    """Best of `repeat` timed calls of `fn` (GPU work, synchronized), after
-    one untimed call that loads its kernels."""
-    import cupy as cp
+def best_device_seconds(fn, repeat: int = 3, synchronize=None) -> float:
+    """Best of `repeat` timed calls of `fn` (device work, waited for by
+    `synchronize`, default the current CuPy device's), after one untimed
+    call that loads its kernels."""
+    if synchronize is None:
+        import cupy as cp
+        synchronize = cp.cuda.Device().synchronize
     fn()
     times = []
     for _ in range(repeat):
-        cp.cuda.Device().synchronize()
+        synchronize()
         t0 = time.perf_counter()
         fn()
-        cp.cuda.Device().synchronize()
+        synchronize()
         times.append(time.perf_counter() - t0)
     return min(times)
 
 
-def device_random(shape, dtype):
-    """A CuPy array of uniform [-1, 1) values (both parts, for complex)."""
-    import cupy as cp
+def device_random(shape, dtype, xp=None):
+    """An array of `xp` (CuPy, or NumPy: a backend's ``xp``; default CuPy)
+    of uniform [-1, 1) values (both parts, for complex)."""
     import numpy as np
+    if xp is None:
+        import cupy as xp
     dtype = np.dtype(dtype)
     real = np.empty(0, dtype).real.dtype
-    x = cp.random.random(shape, dtype=real) * 2 - 1
+    rng = xp.random.default_rng()
+    x = rng.random(shape, dtype=real) * 2 - 1
     if dtype.kind == "c":
-        x = x + 1j * (cp.random.random(shape, dtype=real) * 2 - 1)
+        x = x + 1j * (rng.random(shape, dtype=real) * 2 - 1)
     return x.astype(dtype, copy=False)
 
 

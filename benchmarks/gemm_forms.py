@@ -18,12 +18,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import calls  # noqa: E402  (benchmarks/calls.py: sizes)
+import calls  # noqa: E402  (benchmarks/calls.py: sizes, operands, timing)
 
 #: (m, n, panel width): a whole tile, and the tall and wide tiles of a cut.
 SHAPES = ((32768, 32768, 2048), (32768, 5462, 2048), (5462, 32768, 2048))
@@ -32,10 +31,7 @@ FORMS = ("CC", "CF", "FC", "FF")
 
 def operand(xp, shape: tuple, dtype, form: str):
     """A fresh random `shape` operand lying row-major ("C") or column-major ("F")."""
-    rows, cols = shape if form == "C" else shape[::-1]
-    x = xp.random.standard_normal((rows, cols)).astype(dtype)
-    if np.dtype(dtype).kind == "c":
-        x += 1j * xp.random.standard_normal((rows, cols))
+    x = calls.device_random(shape if form == "C" else shape[::-1], dtype, xp)
     return x if form == "C" else x.T
 
 
@@ -45,16 +41,10 @@ def rate(backend, shape: tuple, dtype, form: str, repeat: int) -> float:
     m, n, k = shape
     a, b = operand(xp, (m, k), dtype, form[0]), operand(xp, (k, n), dtype, form[1])
     c = xp.zeros((m, n), dtype)
-    backend.gemm(1.0, a, b, c)  # warm-up
-    best = float("inf")
-    for _ in range(repeat):
-        backend.synchronize()
-        t0 = time.perf_counter()
-        backend.gemm(1.0, a, b, c)
-        backend.synchronize()
-        best = min(best, time.perf_counter() - t0)
+    seconds = calls.best_device_seconds(lambda: backend.gemm(1.0, a, b, c), repeat,
+                                        backend.synchronize)
     flops = (8 if np.dtype(dtype).kind == "c" else 2) * m * n * k
-    return flops / best / 1e12
+    return flops / seconds / 1e12
 
 
 def main(argv=None) -> int:
