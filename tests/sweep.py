@@ -96,6 +96,8 @@ def draw_case(rng, nranks: int, backend, modes, largest: int, seed: int = 0,
         case.update(_draw_arrays(rng, case))
     # (drawn last: the draws before it, and so the cases of a seed, stay as they were)
     case["transpose_b"] = str(rng.choice(["auto", "yes", "no"]))
+    if case["entry"] == "arrays":  # a Matmul planned for operands lying otherwise (drawn last)
+        case["planned_on"] = str(rng.choice(["C", "F", "T"])) if rng.uniform() < 0.3 else None
     return case
 
 
@@ -236,16 +238,23 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
     given = {side: laid_out(x, case[f"layout_{side}"], case[f"steps_{side}"],
                             case[f"read_only_{side}"]) for side, x in (("a", a), ("b", b))}
     out, whole = out_array(case["out"], (m, n), dtype, rng) if root else (None, None)
+    asked = dict(comm=comm, grid=tuple(case["grid"]), backend=backend.name,
+                 out_of_core=case["out_of_core"],
+                 device_memory=array_budget(case, np.dtype(dtype).itemsize),
+                 alpha=case["alpha"], trans_a=ta, trans_b=tb, panel_width=case["panel_width"],
+                 lookahead=case["lookahead"], broadcaster=case["broadcaster"],
+                 precision=case["precision"], schedule=case["schedule"])
     with options.set(transpose_a=case["transpose_a"],
                      transpose_b=case.get("transpose_b", "auto")):
-        c = summa.matmul(given["a"] if root else None, given["b"] if root else None, comm=comm,
-                         grid=tuple(case["grid"]), backend=backend.name, out=out,
-                         out_of_core=case["out_of_core"],
-                         device_memory=array_budget(case, np.dtype(dtype).itemsize),
-                         topology=topology, alpha=case["alpha"], trans_a=ta, trans_b=tb,
-                         panel_width=case["panel_width"], lookahead=case["lookahead"],
-                         broadcaster=case["broadcaster"], precision=case["precision"],
-                         schedule=case["schedule"])
+        if case.get("planned_on") and topology is None:  # (a Matmul takes no topology)
+            planned = [laid_out(x, case["planned_on"], None, False) if root else None
+                       for x in (a, b)]
+            with summa.Matmul(*planned, **asked) as product:
+                c = product.execute(given["a"] if root else None,
+                                    given["b"] if root else None, out=out)
+        else:
+            c = summa.matmul(given["a"] if root else None, given["b"] if root else None,
+                             out=out, topology=topology, **asked)
     if not root:
         return float("nan")
     if out is not None and c is not out:
@@ -261,10 +270,12 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
 def laid_out(x: np.ndarray, layout: str, steps, read_only: bool) -> np.ndarray:
     """`x`'s values in `layout` (:data:`LAYOUTS`; `steps` the view's row and
     column steps for "strided" and "reversed"), read-only where asked."""
+    # (always a copy: a vector is C- and F-ordered at once, where NumPy would
+    # hand back `x` itself, made read-only here for every later use)
     if layout == "F":
-        y = np.asfortranarray(x)
+        y = np.array(x, order="F")
     elif layout == "T":
-        y = np.ascontiguousarray(x.T).T
+        y = np.array(x.T, order="C").T
     elif layout in ("strided", "reversed"):
         rows, cols = steps
         # NaN between the view's elements: a read outside the view shows
