@@ -74,10 +74,12 @@ def _compute_dtype(headers: dict, dtype) -> np.dtype:
             raise NpyError(f"{header.path}: integer dtype {header.dtype.name}; pass --dtype "
                            "(e.g. float64) to convert it")
     a, b = headers["A"], headers["B"]
-    if a.dtype != b.dtype:
+    # (files stored big-endian are read into native order, as --dtype converts)
+    kinds = [header.dtype.newbyteorder("=") for header in (a, b)]
+    if kinds[0] != kinds[1]:
         raise NpyError(f"{a.path} is {a.dtype.name} but {b.path} is {b.dtype.name}; pass "
                        f"--dtype to compute in one type (both are converted to it)")
-    return resolve_dtype(a.dtype)
+    return resolve_dtype(kinds[0])
 
 
 def _nonfinite(M: DistMatrix) -> int:

@@ -165,13 +165,15 @@ def operand(x, name: str) -> Operand:
     ValueError
         One sentence naming `name` and why: not an array; on a GPU while
         CuPy is not installed; on a device that is not a CUDA GPU; data
-        its library would not let NumPy or CuPy read; or a lazy conjugate
-        (operands' are read by :func:`unconjugated` first: an `out` one).
+        its library would not let NumPy or CuPy read; a lazy conjugate
+        (operands' are read by :func:`unconjugated` first: an `out` one);
+        an `out` in non-native byte order (operands in it are copied to
+        native order, :func:`_native`).
     """
     if x is None:
         raise ValueError(f"the root rank must pass the array {name}")
     if isinstance(x, np.ndarray):
-        return Operand(x, x, None, "numpy")
+        return Operand(x, _native(x, name), None, "numpy")
     if _lazy_conjugate(x):  # (operands' bits were moved into their ops: out's cannot be)
         raise ValueError(f"{name} has its conjugate bit set (torch's lazy conj()): summa "
                          "cannot write into it in place; pass a tensor without it")
@@ -184,7 +186,21 @@ def operand(x, name: str) -> Operand:
         return _on_gpu(x, name)
     if place is None and _has_cuda_interface(x):
         return _on_gpu(x, name)
-    return Operand(x, _host_array(x, name, place is not None), None, _library(x))
+    return Operand(x, _native(_host_array(x, name, place is not None), name), None, _library(x))
+
+
+def _native(x: np.ndarray, name: str) -> np.ndarray:
+    """`x` in native byte order: an operand stored the other way (a big-endian
+    file's array) copied once, as NumPy's own matmul converts it; refused as
+    `out`, which the product is written into in place."""
+    if x.dtype.isnative:
+        return x
+    native = x.dtype.newbyteorder("=")
+    if name == "out":
+        raise ValueError(f"out is {native.name} in non-native byte order ({x.dtype.str}): "
+                         f"summa writes the product in native byte order; pass out of dtype "
+                         f"'{native.str}'")
+    return x.astype(native)
 
 
 def _dlpack_device(x, name: str):

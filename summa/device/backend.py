@@ -109,6 +109,11 @@ def resolve_dtype(dtype) -> np.dtype:
         dt = None
     if dt is None or dt.type not in DTYPES.values():
         raise ValueError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if not dt.isnative:  # (a big-endian file's, say): NumPy's name would hide why
+        native = dt.newbyteorder("=")
+        raise ValueError(f"dtype {dt.str} is {native.name} in non-native byte order; summa "
+                         f"multiplies native {native.name} ({native.str}): convert it, "
+                         f"e.g. x.astype('{native.str}')")
     return dt
 
 

@@ -148,6 +148,23 @@ def test_multiply_job_integer_file_is_named(tmp_path):
     assert not Path(c).exists()
 
 
+def test_multiply_job_reads_big_endian_files_into_native_order(tmp_path):
+    """.npy files stored big-endian (another machine's) multiply in their
+    type, read into native order; the product is written native."""
+    rng = np.random.default_rng()
+    x, y, z = (rng.uniform(-1, 1, s) for s in ((37, 21), (21, 29), (37, 29)))
+    for name, v in (("A", x), ("B", y), ("C0", z)):
+        np.save(tmp_path / f"{name}.npy", v.astype(">f8"))
+    c = tmp_path / "C.npy"
+    p = job(2, "multiply", str(tmp_path / "A.npy"), str(tmp_path / "B.npy"), "-o", str(c),
+            "--beta", "0.5", "--c", str(tmp_path / "C0.npy"), "--device-memory", "8KiB",
+            "--backend", "numpy")
+    assert p.returncode == 0, p.stderr
+    product = np.load(c)
+    assert product.dtype == np.dtype("=f8")
+    assert gemm_scaled_error(product, x, y, z, 1.0, 0.5) <= 1
+
+
 def test_multiply_job_with_check(tmp_path):
     import json
     a, b, c = _files(tmp_path)

@@ -20,6 +20,7 @@ import summa
 from helpers import gemm_scaled_error, random_array, spy_out_of_core
 from summa.api import operands
 from summa.api.operands import Operand, Operands, describe
+from summa.device.backend import resolve_dtype
 from summa.planning.planner import Machine, Placement, make_plan
 
 GiB = 1 << 30
@@ -629,3 +630,38 @@ def test_a_resident_fp64_int8_gemm_takes_the_plans_rows(monkeypatch):
     run_on_device(plan, be, given)
     assert [(c["precision"], c["scheme"]) for c in calls] == [
         ("fp64-int8", ozaki_gpu.Scheme(rows=16))]
+
+
+@pytest.mark.parametrize("layout", ["C", "F", "T view"])
+@pytest.mark.parametrize("dtype", ["float64", "complex128"])
+@pytest.mark.parametrize("how", ["in memory", "out of core"])
+def test_operands_in_non_native_byte_order_multiply_in_their_type(rng, layout, dtype, how):
+    """Operands stored big-endian (another machine's file, a FITS array) are
+    read into native order (NumPy's matmul converts them too) and multiply
+    in their type, by a Matmul too; the product is native; theirs unchanged."""
+    from test_layouts import operand
+    x, y = (operand(rng, shape, dtype, layout)[0] for shape in ((37, 21), (21, 29)))
+    swapped = [v.astype(v.dtype.newbyteorder(">" if v.dtype.isnative else "<")) for v in (x, y)]
+    kept = [v.copy() for v in swapped]
+    assert not any(v.dtype.isnative for v in swapped)
+    kwargs = dict(comm=MPI.COMM_SELF, backend="numpy")
+    kwargs.update({"device_memory": "4KiB"} if how == "out of core" else {})
+    c = summa.matmul(*swapped, **kwargs)
+    assert c.dtype == np.dtype(dtype) and c.dtype.isnative
+    assert gemm_scaled_error(c, x, y) <= 1
+    with summa.Matmul(x, y, **kwargs) as m:
+        assert gemm_scaled_error(m.execute(*swapped), x, y) <= 1
+    assert all(np.array_equal(v, w) and v.dtype == w.dtype for v, w in zip(swapped, kept))
+
+
+def test_an_out_in_non_native_byte_order_is_refused_by_name(rng):
+    a, b = random_array(rng, (7, 5), "float64"), random_array(rng, (5, 3), "float64")
+    out = np.zeros((7, 3), dtype=np.dtype("float64").newbyteorder("S"))
+    with pytest.raises(ValueError, match=r"out is float64 in non-native byte order .*pass out "
+                                         r"of dtype"):
+        summa.matmul(a, b, out=out, comm=MPI.COMM_SELF, backend="numpy")
+    assert not out.any()
+    swapped = np.dtype("complex64").newbyteorder("S")
+    with pytest.raises(ValueError, match=r"complex64 in non-native byte order; summa multiplies "
+                                         r"native complex64"):
+        resolve_dtype(swapped)
