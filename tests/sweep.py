@@ -98,6 +98,8 @@ def draw_case(rng, nranks: int, backend, modes, largest: int, seed: int = 0,
     case["transpose_b"] = str(rng.choice(["auto", "yes", "no"]))
     if case["entry"] == "arrays":  # a Matmul planned for operands lying otherwise (drawn last)
         case["planned_on"] = str(rng.choice(["C", "F", "T"])) if rng.uniform() < 0.3 else None
+        if case["out"] is not None and rng.uniform() < 0.3:  # filled from a product of its own
+            case["out"] = "F"
     return case
 
 
@@ -290,12 +292,13 @@ def laid_out(x: np.ndarray, layout: str, steps, read_only: bool) -> np.ndarray:
 
 def out_array(kind, shape, dtype, rng):
     """``(out, the array it is a slice of)``: None; "C", a C-ordered array;
+    "F", a Fortran-ordered one (its rows not contiguous: filled at the end);
     "columns", columns 1 to n of a wider C-ordered array (contiguous rows,
     strided as a whole); NaN everywhere, so stale values show."""
     if kind is None:
         return None, None
-    if kind == "C":
-        return np.full(shape, np.nan, dtype), None
+    if kind in ("C", "F"):
+        return np.full(shape, np.nan, dtype, order=kind), None
     whole = np.full((shape[0], shape[1] + 1 + int(rng.integers(0, 3))), np.nan, dtype)
     return whole[:, 1:1 + shape[1]], whole
 

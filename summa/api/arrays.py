@@ -17,12 +17,15 @@ def op_shape(shape, trans: str) -> tuple:
     return tuple(shape) if trans == "N" else tuple(shape[::-1])
 
 
-def check_arrays(a, b, out, trans_a: str, trans_b: str, backend):
+def check_arrays(a, b, out, trans_a: str, trans_b: str, backend, out_in_place: bool = True):
     """``(m, n, k, dtype string)`` of ``op(a) @ op(b)`` into `out` (None: a
     new array), or the message saying why they cannot be used; `backend`
     checks the dtype. `a`, `b` and `out` are NumPy arrays (others are
-    converted), or CuPy arrays where they lie on a GPU. Local: the caller
-    makes the answer collective."""
+    converted), or CuPy arrays where they lie on a GPU. `out_in_place`
+    False: `out` is filled from a product of its own at the end
+    (:attr:`summa.api.operands.Operands.out_in_place`), so its layout and
+    what it shares do not matter. Local: the caller makes the answer
+    collective."""
     for name, t in (("trans_a", trans_a), ("trans_b", trans_b)):
         if t not in ("N", "T", "H"):
             return f"{name} must be N, T or H, got {t!r}"
@@ -57,6 +60,8 @@ def check_arrays(a, b, out, trans_a: str, trans_b: str, backend):
                     f"({m}, {n}) {dtype.name}")
         if not getattr(out.flags, "writeable", True):  # (CuPy's arrays are all writeable)
             return "out is read-only"
+        if not out_in_place:
+            return m, n, k, dtype.str
         if out.size and out.strides[1] != out.itemsize:
             return "out must have contiguous rows (C order, or a slice of columns of one)"
         for name, x in (("a", a), ("b", b)):

@@ -34,11 +34,12 @@ import importlib.util
 import os
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..device.backend import DTYPES
+from ..host.shared import parallel_copy
 from ..planning.planner import Placement
 
 __all__ = ["Operand", "Operands", "operand", "describe", "unconjugated", "cupy_module",
@@ -305,11 +306,19 @@ class Operands:
     ----------
     a, b : Operand
     out : Operand or None
+    out_in_place : bool
+        Whether the product is written into `out` where it lies: not where
+        its rows are not contiguous (Fortran order, a ``.T`` or strided
+        view) or it shares memory with `a` or `b` (C's blocks would
+        overwrite panels still to be read). Such an `out` in host memory is
+        filled from a product of its own at the end (:meth:`give_back`), as
+        NumPy's matmul fills an overlapping one; on a GPU it is refused.
     """
 
     a: Operand
     b: Operand
     out: Operand | None = None
+    out_in_place: bool = True
 
     @property
     def arrays(self) -> tuple:
@@ -333,13 +342,15 @@ class Operands:
         return Placement("mixed" if in_host else "device", on_gpu[0].device,
                          held=sum(x.nbytes for x in on_gpu),
                          copies=sum(x.nbytes for x in in_host + relaid),
-                         into_out=self.out is not None)
+                         into_out=self.out is not None and self.out_in_place)
 
     def host_arrays(self, backend=None) -> tuple:
         """``(a, b, out)`` in host memory for the host plan: operands on a GPU
         copied (:meth:`Operand.to_host`), `out` only where it lies in host
-        memory (None where it is on a GPU: :meth:`give_back` fills it)."""
-        out = self.out.array if self.out is not None and self.out.device is None else None
+        memory and is written in place (None where it is on a GPU or
+        :attr:`out_in_place` is False: :meth:`give_back` fills it)."""
+        out = self.out.array if self.out is not None and self.out.device is None \
+            and self.out_in_place else None
         return self.a.to_host(backend), self.b.to_host(backend), out
 
     def give_back(self, c, backend=None):
@@ -385,7 +396,20 @@ def describe(a, b, out=None) -> Operands:
                          "multiplies operands that lie on one GPU or in host memory; move one")
     if given.out is not None:
         _check_out(given.out, given.home.device)
+        # (a GPU out is written in place or refused, by the checks)
+        given = replace(given, out_in_place=given.out.device is not None or _in_place(
+            given.out.array, given.a.array, given.b.array))
     return given
+
+
+def _in_place(out: np.ndarray, a, b) -> bool:
+    """Can the product be written into the host array `out` where it lies
+    while `a` and `b` are read (:attr:`Operands.out_in_place`)?"""
+    if out.ndim != 2:  # (refused by the checks, by name)
+        return True
+    if out.size and out.strides[1] != out.itemsize:
+        return False
+    return not any(isinstance(x, np.ndarray) and np.may_share_memory(out, x) for x in (a, b))
 
 
 def _check_out(out: Operand, device: int | None) -> None:
@@ -434,9 +458,10 @@ def _to_device(c: np.ndarray, device: int, backend=None):
 
 def _copy_into(out: Operand, c) -> None:
     """Write the product `c` into `out` (a product made in host memory into
-    a GPU `out`: straight where `out` is contiguous)."""
+    a GPU `out`: straight where `out` is contiguous; into a host `out` on
+    host threads, whatever its layout)."""
     if out.device is None:
-        np.copyto(out.array, c)
+        parallel_copy(out.array, c)
         return
     cupy = sys.modules["cupy"]
     with cupy.cuda.Device(out.device):

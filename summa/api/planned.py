@@ -152,7 +152,8 @@ def plan_arrays(operands: ArrayOperands, comm, request: PlanRequest = PlanReques
         placed.device is not None else node_rank(comm, topology)[0]
     be = collectively(comm, get_backend, backend, local)
     if rank == operands.root and meta is None:
-        meta = check_arrays(*operands.given.arrays, trans_a, trans_b, be)
+        meta = check_arrays(*operands.given.arrays, trans_a, trans_b, be,
+                            operands.given.out_in_place)
         meta = meta if isinstance(meta, str) else (*meta, placed, (trans_a, trans_b))
     meta = comm.bcast(meta, root=operands.root)
     if isinstance(meta, str):

@@ -194,7 +194,7 @@ class Matmul:
         """Why the plan does not fit the described operands `given`, their
         ops `trans`, (None: it does)."""
         plan = self.plan
-        meta = check_arrays(*given.arrays, *plan.trans, self._backend)
+        meta = check_arrays(*given.arrays, *plan.trans, self._backend, given.out_in_place)
         if isinstance(meta, str):
             return meta
         if trans != tuple(plan.trans):

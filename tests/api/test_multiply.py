@@ -139,7 +139,6 @@ def test_numpy_arrays_into_out_on_every_rank_count(comm, rng, out_of_core):
 @pytest.mark.parametrize("bad,match", [
     (lambda: np.empty((5, 5)), "out is"),
     (lambda: np.empty((12, 7), dtype=np.float32), "out is"),
-    (lambda: np.empty((12, 7)).T.copy().T, "contiguous rows"),
     (lambda: _read_only(np.empty((12, 7))), "read-only"),
     (lambda: [[0.0] * 7] * 12, "NumPy array"),
 ])
@@ -188,18 +187,40 @@ def test_arrays_that_cannot_be_multiplied_are_refused_on_every_rank(comm, rng):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_an_out_that_overlaps_an_operand_is_refused_on_every_rank(comm, rng):
-    # The product's blocks would overwrite panels still to be read.
-    square = random_array(rng, (8, 8), "float64")
+@pytest.mark.parametrize("out_of_core", [False, True])
+def test_an_out_that_overlaps_an_operand_or_lies_otherwise_is_filled(comm, rng, out_of_core):
+    """An `out` the product cannot be written into where it lies (it is an
+    operand, shares memory with one, or its rows are not contiguous:
+    Fortran order, a .T or strided view) gets the product all the same,
+    filled from one of its own at the end, as NumPy's matmul fills it; on
+    every rank count, in memory and out of core."""
     mine = comm.rank == 0
-    for out, name in ((square, "a"), (square[:, :], "a")):
-        with pytest.raises(ValueError, match=f"out overlaps {name}"):
-            summa.matmul(square if mine else None, square.copy() if mine else None,
-                         out=out if mine else None, out_of_core=True)
-    with pytest.raises(ValueError, match="out overlaps b"):
-        b = random_array(rng, (8, 8), "float64")
-        summa.matmul(square.copy() if mine else None, b if mine else None,
-                     out=b if mine else None)
+    kwargs = dict(out_of_core=out_of_core, panel_width=4,
+                  device_memory="4KiB" if out_of_core else None)
+    x, y = random_array(rng, (12, 12), "float64"), random_array(rng, (12, 12), "float64")
+    wide = random_array(rng, (12, 25), "float64")
+    cases = {"out is a": lambda a, b: a, "out is b": lambda a, b: b,
+             "out is a.T": lambda a, b: a.T, "Fortran": lambda a, b: np.zeros((12, 12), order="F"),
+             "strided": lambda a, b: np.zeros((12, 24))[:, ::2],
+             "reversed": lambda a, b: np.zeros((12, 12))[::-1, ::-1]}
+    for name, make in cases.items():
+        a, b = x.copy(), y.copy()
+        out = make(a, b) if mine else None
+        c = summa.matmul(a if mine else None, b if mine else None, out=out, **kwargs)
+        if mine:
+            assert c is out, name
+            assert gemm_scaled_error(c, x, y) <= 1, name
+    # a view sharing a's memory: a's values read before any of out is written
+    a = np.concatenate([x, wide[:, :12]], axis=1)
+    out = a[:, 12:] if mine else None
+    c = summa.matmul(a[:, :12] if mine else None, y if mine else None, out=out, **kwargs)
+    if mine:
+        assert c is out and gemm_scaled_error(c, x, y) <= 1
+    with summa.Matmul(x if mine else None, y if mine else None, **kwargs) as m:
+        out = np.zeros((12, 12), order="F") if mine else None
+        c = m.execute(x if mine else None, y if mine else None, out=out)
+        if mine:
+            assert c is out and gemm_scaled_error(c, x, y) <= 1
 
 
 @pytest.mark.parametrize("dtype", ["float64", "complex128"])
