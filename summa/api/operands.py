@@ -168,8 +168,8 @@ def operand(x, name: str) -> Operand:
         CuPy is not installed; on a device that is not a CUDA GPU; data
         its library would not let NumPy or CuPy read; a lazy conjugate
         (operands' are read by :func:`unconjugated` first: an `out` one);
-        an `out` in non-native byte order (operands in it are copied to
-        native order, :func:`_native`).
+        an `out` in non-native byte order (operands so stored are copied
+        into native order, :func:`_native`).
     """
     if x is None:
         raise ValueError(f"the root rank must pass the array {name}")
