@@ -23,6 +23,7 @@ import numpy as np
 
 from helpers import gemm_scaled_error, op, random_array
 from summa import options
+from summa.host.storage import storage_of
 
 #: Dimensions the draws favour: one, two, small primes, and sizes around a
 #: rank count (below it too: ranks with empty blocks).
@@ -152,19 +153,21 @@ class Grids:
         self._grids.clear()
 
 
-def _budget(case, shape, itemsize: int) -> int:
+def _budget(case, shape, itemsize: int, storage: tuple = ("rows", "rows")) -> int:
     """A device budget for an out-of-core case on a grid of `shape`:
     `budget_share` of what the in-memory blocks take, but never less than
     the smallest that tiles into few enough steps (the planner refuses more
     than MAX_SWEEP_GEMMS tiny ones, and a narrow drawn width on a large K
-    can come near that)."""
+    can come near that), for operands lying as `storage` says (B's
+    row-major copies, where the settings make them, take room too)."""
     from summa.planning.memory import Execution, memory_plan
     from summa.planning.planner import _too_fine
     # a default width (None) is summa's choice: the budget is planned at 256
     m, n, k, nb = case["m"], case["n"], case["k"], case["panel_width"] or 256
     def execution(budget: int) -> Execution:  # fp64-int8's scratch counts on the GPU
         return Execution(case["lookahead"], "cupy", device_budget=budget, out_of_core=True,
-                         staged=(True, True), precision=case.get("precision"))
+                         staged=(True, True), precision=case.get("precision"),
+                         storage=storage)
     full = memory_plan(m, n, k, case["dtype"], shape, nb, execution(1 << 40))
     budget = max(int(full.device_bytes * case["budget_share"]), 1)
     while True:
@@ -240,18 +243,23 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
     given = {side: laid_out(x, case[f"layout_{side}"], case[f"steps_{side}"],
                             case[f"read_only_{side}"]) for side, x in (("a", a), ("b", b))}
     out, whole = out_array(case["out"], (m, n), dtype, rng) if root else (None, None)
-    asked = dict(comm=comm, grid=tuple(case["grid"]), backend=backend.name,
-                 out_of_core=case["out_of_core"],
-                 device_memory=array_budget(case, np.dtype(dtype).itemsize),
-                 alpha=case["alpha"], trans_a=ta, trans_b=tb, panel_width=case["panel_width"],
-                 lookahead=case["lookahead"], broadcaster=case["broadcaster"],
-                 precision=case["precision"], schedule=case["schedule"])
+    planned = [laid_out(x, case["planned_on"], None, False) if case.get("planned_on") else None
+               for x in (a, b)]
+    # a budget for the operands as they lie, and as the Matmul's were planned
+    storages = {tuple(storage_of(x[side], t) for side, t in zip("ab", (ta, tb)))
+                for x in (given, dict(zip("ab", planned))) if x["a"] is not None}
     with options.set(transpose_a=case["transpose_a"],
                      transpose_b=case.get("transpose_b", "auto")):
+        budgets = [array_budget(case, np.dtype(dtype).itemsize, s) for s in storages]
+        asked = dict(comm=comm, grid=tuple(case["grid"]), backend=backend.name,
+                     out_of_core=case["out_of_core"],
+                     device_memory=None if None in budgets else max(budgets),
+                     alpha=case["alpha"], trans_a=ta, trans_b=tb,
+                     panel_width=case["panel_width"], lookahead=case["lookahead"],
+                     broadcaster=case["broadcaster"], precision=case["precision"],
+                     schedule=case["schedule"])
         if case.get("planned_on") and topology is None:  # (a Matmul takes no topology)
-            planned = [laid_out(x, case["planned_on"], None, False) if root else None
-                       for x in (a, b)]
-            with summa.Matmul(*planned, **asked) as product:
+            with summa.Matmul(*(x if root else None for x in planned), **asked) as product:
                 c = product.execute(given["a"] if root else None,
                                     given["b"] if root else None, out=out)
         else:
@@ -303,15 +311,17 @@ def out_array(kind, shape, dtype, rng):
     return whole[:, 1:1 + shape[1]], whole
 
 
-def array_budget(case: dict, itemsize: int):
-    """`device_memory` for an array-entry case: None, :data:`TINY_SHARE`
-    ("tiny") or `budget_share` ("share") of what the blocks take in memory."""
+def array_budget(case: dict, itemsize: int, storage: tuple = ("rows", "rows")):
+    """`device_memory` for an array-entry case of operands lying as
+    `storage` says: None, :data:`TINY_SHARE` ("tiny") or `budget_share`
+    ("share") of what the blocks take in memory. Under the case's settings
+    (its transposed copies take room)."""
     if case["budget"] is None:
         return None
     if case["budget"] == "tiny":
         # not the least that tiles: its thousands of one-row tiles took 20 s a case
         case = dict(case, budget_share=TINY_SHARE)
-    return _budget(case, tuple(case["grid"]), itemsize)
+    return _budget(case, tuple(case["grid"]), itemsize, storage)
 
 
 # -- valid cases summa gets wrong or refuses today ----------------------------------------

@@ -69,11 +69,16 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         Default: the one ``bench`` takes for the product's shape
         (:func:`summa.distribution.grid.grid_for`).
     out : array, optional
-        On `root`: where the product goes, of its shape and dtype with
-        contiguous rows, overlapping neither operand, where the product
-        comes back (the operands' GPU; host memory where both lie there),
-        written in place and returned as passed. Where the call raises, its
-        values are undefined.
+        On `root`: where the product goes, of its shape and dtype, where the
+        product comes back (the operands' GPU; host memory where both lie
+        there), returned as passed. Written in place where its rows are
+        contiguous and it overlaps neither operand; a Fortran-ordered NumPy
+        `out` of NumPy operands gets ``op(b)^T @ op(a)^T`` in its transpose
+        (the same values, in place; not for op H of complex operands); any
+        other host `out` is filled from a product of its own at the end
+        (:attr:`summa.api.operands.Operands.out_in_place`); on a GPU it
+        must have contiguous rows and overlap neither operand. Where the
+        call raises, its values are undefined.
     out_of_core : bool, optional
         None (default): host-resident on GPUs as above; False: copy the
         operands into GPU memory first (the in-memory SUMMA); True:
@@ -124,8 +129,10 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     if unknown:
         raise TypeError(f"matmul got unexpected keyword argument(s) {', '.join(unknown)}")
     moduli = check_moduli(kwargs.pop("moduli", None), kwargs.get("precision"))
-    operands, (trans_a, trans_b) = ArrayOperands(a, b, out, root).unconjugated(
+    operands, trans = ArrayOperands(a, b, out, root).unconjugated(
         (kwargs.pop("trans_a", "N"), kwargs.pop("trans_b", "N")))
+    # (a Fortran-ordered out: the transposed product into out.T; the root's ops rule)
+    operands, (trans_a, trans_b), transposed = operands.into_transposed_out(trans)
     here = dict(kwargs, trans_a=trans_a, trans_b=trans_b, grid=grid, backend=backend,
                 out_of_core=out_of_core, device_memory=device_memory)
     # The backend binds its GPU; the caller's current one is current again after.
@@ -133,10 +140,12 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         size, operands = pooled_size(operands, comm, gpus, workers, backend)
         if size > 1:
             host_a, host_b, host_out = operands.given.host_arrays()
-            return operands.given.give_back(pool.matmul(host_a, host_b, size, out=host_out,
-                                                        **here))
-        return _matmul_here(operands, MPI.COMM_WORLD if comm is None else comm, called,
-                            dict(here, topology=topology))
+            c = operands.given.give_back(pool.matmul(host_a, host_b, size, out=host_out,
+                                                     **here))
+        else:
+            c = _matmul_here(operands, MPI.COMM_WORLD if comm is None else comm, called,
+                             dict(here, topology=topology))
+    return out if transposed else c
 
 
 def _matmul_here(operands: ArrayOperands, comm, called: float, kwargs: dict):

@@ -107,6 +107,27 @@ class ArrayOperands:
         return replace(self, a=a, b=b, given=None), (trans_a, trans_b)
 
 
+    def into_transposed_out(self, trans: tuple) -> tuple:
+        """``(operands, trans, transposed)``: where `out` is a Fortran-ordered
+        NumPy array for the product of NumPy operands `a` and `b` (on the
+        root), ``op(b)^T @ op(a)^T`` into ``out.T`` (C-ordered: written in
+        place), so `out` holds ``op(a) @ op(b)`` with no copy of it, and
+        `transposed` True; else these and `trans` as they are (also for
+        op H of complex operands: its transpose is a conjugate, no op)."""
+        a, b, out = self.a, self.b, self.out
+        if not all(isinstance(x, np.ndarray) and x.ndim == 2 for x in (a, b, out)) or \
+                not (out.strides[0] == out.itemsize != out.strides[1]) or \
+                (out.dtype.kind == "c" and "H" in trans) or \
+                not a.dtype == b.dtype == out.dtype:
+            return self, trans, False
+        (m, _), (_, n) = (x.shape if t == "N" else x.shape[::-1] for x, t in zip((a, b), trans))
+        if out.shape != (m, n):  # (the checks say so, of the product asked for)
+            return self, trans, False
+        flipped = {"N": "T", "T": "N", "H": "N"}  # (op H of a real array is op T)
+        return (replace(self, a=b, b=a, out=out.T, given=None),
+                (flipped[trans[1]], flipped[trans[0]]), True)
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """What a call asked of the plan of an array product: the arguments of

@@ -223,6 +223,33 @@ def test_an_out_that_overlaps_an_operand_or_lies_otherwise_is_filled(comm, rng, 
             assert c is out and gemm_scaled_error(c, x, y) <= 1
 
 
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", ["float64", "complex64"])
+@pytest.mark.parametrize("out_of_core", [False, True])
+def test_a_fortran_ordered_out_takes_the_transposed_product_in_place(comm, rng, dtype,
+                                                                    out_of_core):
+    """A Fortran-ordered `out` gets op(b)^T op(a)^T in its transpose (the
+    plan is of the n x m product: no product of its own, no copy), for
+    every op pair but op H of complex operands (filled from a product of
+    its own), on every rank count; the values are op(a) op(b)."""
+    from test_layouts import operand
+    mine, (m, n, k) = comm.rank == 0, (13, 9, 11)
+    kwargs = dict(out_of_core=out_of_core, panel_width=4,
+                  device_memory="4KiB" if out_of_core else None)
+    for ta, tb in [(x, y) for x in ("N", "T", "H") for y in ("N", "T", "H")]:
+        a, _, xa = operand(rng, (m, k), dtype, {"N": "C", "T": "op T", "H": "op H"}[ta])
+        b, _, xb = operand(rng, (k, n), dtype, {"N": "C", "T": "op T", "H": "op H"}[tb])
+        out = np.full((m, n), np.nan, dtype=dtype, order="F") if mine else None
+        stats = summa.SummaStats()
+        c = summa.matmul(a if mine else None, b if mine else None, out=out, trans_a=ta,
+                         trans_b=tb, stats=stats, **kwargs)
+        if not mine:
+            continue
+        assert c is out and gemm_scaled_error(c, xa, xb) <= 1, (ta, tb)
+        transposed = "H" not in (ta, tb) or dtype == "float64"
+        assert stats.extra["plan"]["shape"] == ([n, m, k] if transposed else [m, n, k]), (ta, tb)
+
+
 @pytest.mark.parametrize("dtype", ["float64", "complex128"])
 def test_a_host_block_reads_the_callers_array_where_it_lies(dtype):
     """One rank's host block of op(x) is a view of the caller's array for
