@@ -385,8 +385,10 @@ def describe(a, b, out=None) -> Operands:
     ValueError
         Either operand unusable (:func:`operand`); the two on different
         GPUs; `out` not where the product comes back (the operands' GPU,
-        or host memory where both lie there), or not an array the product
-        can be written into in place.
+        or host memory where both lie there), or not memory the product can
+        be written into (a copy NumPy makes of it). An `out` it cannot be
+        written into where it lies is filled at the end
+        (:attr:`Operands.out_in_place`).
     """
     given = Operands(operand(a, "a"), operand(b, "b"), None if out is None else operand(out,
                                                                                           "out"))
