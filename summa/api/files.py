@@ -28,14 +28,15 @@ from ..host.filemaps import read_ahead
 from .. import options as settings
 from .arrays import op_shape
 from ..runtime.faults import inject
-from ..host.npyio import AtomicNpyWriter, NpyError, check_output_path, map_block, read_header
+from ..host.npyio import (AtomicNpyWriter, NpyError, check_output_path, map_block,
+                          mapped_by_columns, read_header)
 from ..distribution.layout import Layout
 from ..distribution.matrix import DistMatrix
 from ..runtime.progress import Progress
 from ..device.traits import traits
 from ..execution.outofcore import SweepOperands, run_out_of_core
 from ..planning.model import gemm_flops
-from ..planning.planner import Machine, make_plan
+from ..planning.planner import Machine, make_plan, restore
 from ..planning.selection import grid_broadcasters
 from .verify import freivalds
 from ..runtime.watchdog import watch
@@ -180,8 +181,9 @@ class _FilesRun:
 
     @property
     def streaming(self) -> bool:
-        """Out of core, blocks of C-ordered files are memory-mapped and read
-        as the multiply goes (no read phase before it), and the product is
+        """Out of core, blocks of files in the compute dtype are memory-mapped
+        (:func:`_mapped`) and read as the multiply goes (no read phase
+        before it), and the product is
         written into the output file in place: the wall time tends to the
         longest of reading, multiplying and writing, not their sum."""
         return self.plan.device_budget is not None and self.job.block is None
@@ -256,7 +258,9 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
             run = _start_files(_FilesRun(job, plan, be, comm, pgrid, Progress(
                 comm.Get_rank() == 0 and not quiet), warn or _warn_stderr, record, timeline),
                 stack, ahead)
-            operands = _read_files(run)
+            operands, mapped = _read_files(run)
+            # (the plan as the blocks were read: mapped by columns, or by rows)
+            run = replace(run, plan=restore(run.plan, _mapped_storage(job, job.compute, mapped)))
             inputs_finite, C0, scan = _scan_inputs(run, operands)
             stats = _multiply_files(run, operands)
             _scan_product(run, operands, stats, inputs_finite, scan)
@@ -325,6 +329,8 @@ def _plan_files(job: FilesJob, comm, local: int, timeline: _Timeline) -> tuple:
                      panel_width=job.panel_width, lookahead=job.lookahead,
                      schedule=job.schedule, precision=job.precision,
                      broadcaster=job.broadcaster)
+    if plan.device_budget is not None:  # streamed: cut as the mapped blocks lie
+        plan = restore(plan, _mapped_storage(job, compute, {"A": True, "B": True}))
     record["plan"] = plan.as_dict()
     return replace(job, compute=compute, check=check, out_of_core=out_of_core), be, plan, record
 
@@ -359,16 +365,20 @@ def _start_files(run: _FilesRun, stack, ahead: list) -> _FilesRun:
 
 def _read_files(run: _FilesRun) -> tuple:
     """The read phase: this rank's blocks of A, B and C (C0, the output
-    file's block, or zeros), timed per operand; collective."""
+    file's block, or zeros), timed per operand, and by name whether A's and
+    B's are memory maps (:func:`_mapped`); collective."""
     job, pgrid, home, progress = run.job, run.grid, run.home, run.progress
     steps = 3 if job.c_path else 2
     progress.phase("read", steps)
     parts = run.record["read_parts"] = {}  # this rank's seconds per operand
 
+    mapped = {}
+
     def read_operand(name, path, trans):
         t0 = time.perf_counter()
-        X = (_mapped(job.headers[name], trans, job.compute, pgrid) if run.streaming
-             else None) or DistMatrix.from_npy(path, pgrid, home, job.block, trans, job.compute)
+        X = _mapped(job.headers[name], trans, job.compute, pgrid) if run.streaming else None
+        mapped[name] = X is not None
+        X = X or DistMatrix.from_npy(path, pgrid, home, job.block, trans, job.compute)
         parts[name] = time.perf_counter() - t0
         return X
 
@@ -390,7 +400,7 @@ def _read_files(run: _FilesRun) -> tuple:
         return A, B, C
     operands, run.record["read_seconds"] = _timed(run.comm, "read", read_all)
     run.timeline.mark("read")
-    return operands
+    return operands, mapped
 
 
 def _inputs(run: _FilesRun, operands) -> tuple:
@@ -558,20 +568,36 @@ def streams_by_default(backend_name: str, headers: dict, trans_a: str, trans_b: 
 
 
 def _streamable(header, trans: str, compute) -> bool:
-    """Can the out-of-core multiply read this file as it goes (:func:`_mapped`)?"""
-    return trans == "N" and not header.fortran_order and header.dtype == compute
+    """Can the out-of-core multiply read this file as it goes (:func:`_mapped`)?
+    In the compute dtype, read as it is or transposed (C or Fortran order:
+    blocks lying by columns are the GEMMs' transposed operands); not op H of
+    a complex file (its conjugation would need a copy)."""
+    return header.dtype == compute and (trans in ("N", "T") or compute.kind != "c")
+
+
+def _mapped_storage(job: FilesJob, compute, mapped: dict) -> tuple:
+    """How op(A) and op(B) lie (:data:`summa.host.storage.STORAGES`) where
+    `mapped` (by name) says they are memory-mapped as streamable files
+    (:func:`_mapped`; balanced blocks): by columns for a Fortran-ordered
+    file read as it is or a C-ordered one transposed; else by rows (read
+    into C order)."""
+    return tuple("cols" if mapped[name] and job.block is None
+                 and _streamable(job.headers[name], t, compute)
+                 and mapped_by_columns(job.headers[name], t != "N") else "rows"
+                 for name, t in zip("AB", job.trans))
 
 
 def _mapped(header, trans: str, compute, grid) -> DistMatrix | None:
-    """The rank's block of a file as a memory map (:func:`summa.host.npyio.map_block`)
-    where it can be used as it lies: untransposed, C-ordered, in the compute
-    dtype; None elsewhere (the same on every rank). Collective."""
+    """The rank's block of op(X) of a file as a memory map
+    (:func:`summa.host.npyio.map_block`) where it can be used as it lies
+    (:func:`_streamable`); None elsewhere (the same on every rank).
+    Collective."""
     if not _streamable(header, trans, compute):
         return None
-    layout = Layout(header.shape, grid.shape)
+    layout = Layout(header.shape if trans == "N" else header.shape[::-1], grid.shape)
     local = collectively(grid.comm, map_block, header,
                          layout.rows.global_indices(grid.row),
-                         layout.cols.global_indices(grid.col))
+                         layout.cols.global_indices(grid.col), trans != "N")
     ok = grid.comm.allreduce(local is not None, op=MPI.LAND)
     return DistMatrix(grid, layout, local, NumpyBackend()) if ok else None
 

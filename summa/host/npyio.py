@@ -29,7 +29,8 @@ from ..distribution.layout import span
 from ..device.staging import ranks_on_node, usable_cores
 from ..runtime.watchdog import watch
 
-__all__ = ["NpyHeader", "NpyError", "read_header", "read_block", "map_block", "take_block",
+__all__ = ["NpyHeader", "NpyError", "read_header", "read_block", "map_block",
+           "mapped_by_columns", "take_block",
            "AtomicNpyWriter",
            "check_output_path", "io_threads"]
 
@@ -193,24 +194,42 @@ def _map_rows(path: str, offset: int, shape, dtype, writable: bool, cols, with_m
     return (block, mm) if with_map else block
 
 
-def map_block(header: NpyHeader, rows: np.ndarray, cols: np.ndarray) -> np.ndarray | None:
-    """This rank's block of a C-ordered file as a read-only memory map, where
+def mapped_by_columns(header: NpyHeader, transpose: bool = False) -> bool:
+    """Does :func:`map_block` of this file (transposed or not) give blocks
+    lying by columns?"""
+    return header.fortran_order != bool(transpose)
+
+
+def map_block(header: NpyHeader, rows: np.ndarray, cols: np.ndarray,
+              transpose: bool = False) -> np.ndarray | None:
+    """This rank's block of the file's matrix (with `transpose`, of its
+    transpose: `rows` and `cols` index that) as a read-only memory map, where
     it is one range of rows and of columns (balanced blocks); None elsewhere.
+    Where the block's rows are rows of the file (a C-ordered file read as it
+    is, a Fortran-ordered one transposed) it is those rows; else it is the
+    transpose of the file rows holding its columns: a view lying by columns
+    (:mod:`summa.host.storage`), which the GEMMs read as their transposed
+    operand, no copy.
 
     The out-of-core multiply reads such a block as it goes (its copy threads
     fault the pages in while the kernel reads ahead), instead of reading all
     of it before the first GEMM.
     """
-    span_r, span_c = span(rows), span(cols)
-    if header.fortran_order or (rows.size and span_r is None) or (cols.size and span_c is None):
+    by_columns = mapped_by_columns(header, transpose)
+    stored_rows, stored_cols = (cols, rows) if by_columns else (rows, cols)
+    span_r, span_c = span(stored_rows), span(stored_cols)
+    if (stored_rows.size and span_r is None) or (stored_cols.size and span_c is None):
         return None
     span_r, span_c = span_r or (0, 0), span_c or (0, 0)
-    pitch = header.shape[1] * header.dtype.itemsize
+    # a Fortran-ordered file stores the transpose in C order
+    width = header.shape[0] if header.fortran_order else header.shape[1]
+    pitch = width * header.dtype.itemsize
     try:
-        return _map_rows(header.path, header.offset + span_r[0] * pitch,
-                         (span_r[1] - span_r[0], header.shape[1]), header.dtype, False, span_c)
+        block = _map_rows(header.path, header.offset + span_r[0] * pitch,
+                          (span_r[1] - span_r[0], width), header.dtype, False, span_c)
     except OSError as exc:
         raise NpyError(f"{header.path}: cannot map ({exc.strerror or exc})") from None
+    return block.T if by_columns else block
 
 
 def read_block(header: NpyHeader, rows: np.ndarray, cols: np.ndarray, transpose: bool = False,

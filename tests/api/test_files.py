@@ -33,6 +33,34 @@ def test_odd_shapes_equal_numpy_within_gauge(comm, rng, folder, dtype):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", ["float64", "complex64"])
+def test_fortran_ordered_and_transposed_files_stream_as_they_lie(comm, rng, folder, dtype):
+    """Out of core, files read as they lie by columns (Fortran order, a C
+    file transposed) are memory-mapped and streamed like C-ordered ones:
+    their blocks are the GEMMs' transposed operands (the plan's storage
+    says so), nothing read into C order first; op H of complex files is
+    read (its conjugate would be a copy); every product right."""
+    m, n, k = 37, 29, 31
+    for (fa, ta), (fb, tb) in [((True, "N"), (False, "T")), ((False, "T"), (True, "N")),
+                               ((True, "T"), (True, "H")), ((True, "H"), (False, "N"))]:
+        a = random_array(rng, (m, k) if ta == "N" else (k, m), dtype)
+        b = random_array(rng, (k, n) if tb == "N" else (n, k), dtype)
+        pa, pb = save(comm, folder, "A.npy", a, fortran=fa), save(comm, folder, "B.npy", b,
+                                                                   fortran=fb)
+        record = multiply_files(pa, pb, str(folder / "C.npy"), comm, trans_a=ta, trans_b=tb,
+                                device_memory="16KiB", backend="numpy", quiet=True,
+                                panel_width=8)
+        assert record["streamed"]
+        mapped = [t != "H" or dtype == "float64" for t in (ta, tb)]
+        cols = [x and (f != (t != "N")) for x, f, t in zip(mapped, (fa, fb), (ta, tb))]
+        assert record["plan"]["storage"] == ["cols" if c else "rows" for c in cols], (ta, tb)
+        if comm.rank == 0:
+            c = np.load(folder / "C.npy")
+            assert gemm_scaled_error(c, a, b, trans_a=ta, trans_b=tb) <= 1, (fa, ta, fb, tb)
+        comm.Barrier()
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("ta,tb", [("T", "N"), ("N", "H"), ("H", "T")])
 def test_transposes_alpha_beta_and_c0(comm, rng, folder, ta, tb):
     m, n, k = 23, 17, 11
@@ -278,8 +306,11 @@ def test_out_of_core_files_stream_from_and_into_the_files(comm, rng, folder, mon
     assert record["streamed"] and record["check_residual"] <= 1
     assert isinstance(A.base, memoryview) or A.base is not None  # a view of the file's map
     assert not A.flags.writeable and C.flags.writeable
-    # B is mapped only as it lies in the file: C order, untransposed
-    assert (not B.flags.writeable) == (not fortran_b and trans_b == "N")
+    # B is mapped however it lies: by columns (the GEMMs' transposed operand)
+    # where the file is Fortran-ordered or read transposed, not both
+    from summa.host.storage import storage_of
+    assert not B.flags.writeable
+    assert storage_of(B) == ("cols" if fortran_b != (trans_b != "N") else "rows")
     if comm.rank == 0:
         got = np.load(folder / "C.npy")
         assert gemm_scaled_error(got, a, b, trans_b=trans_b) <= 1
@@ -361,8 +392,13 @@ def test_multiply_streams_files_through_gpus_by_default_where_it_can():
     files = {"A": c_order, "B": c_order, "C0": None}
     assert streams_by_default("cupy", files, "N", "N", f64)
     assert not streams_by_default("numpy", files, "N", "N", f64)      # CPUs: in memory
-    assert not streams_by_default("cupy", files, "T", "N", f64)       # a transposed read
-    assert not streams_by_default("cupy", dict(files, B=fortran), "N", "N", f64)
+    # transposed reads and Fortran order: blocks lying by columns, mapped too
+    assert streams_by_default("cupy", files, "T", "H", f64)
+    assert streams_by_default("cupy", dict(files, B=fortran), "N", "T", f64)
+    c128 = np.dtype("complex128")  # op H of complex: its conjugate would be a copy
+    complex_files = {name: NpyHeader("A.npy", (10, 10), c128, False, 128) for name in "AB"}
+    assert streams_by_default("cupy", dict(complex_files, C0=None), "T", "N", c128)
+    assert not streams_by_default("cupy", dict(complex_files, C0=None), "H", "N", c128)
     assert not streams_by_default("cupy", files, "N", "N", np.dtype("float32"))  # converted
     assert not streams_by_default("cupy", dict(files, C0=c_order), "N", "N", f64)
     assert not streams_by_default("cupy", files, "N", "N", f64, block=(4, 4))
