@@ -83,15 +83,18 @@ def write_rate(path: str, size: int, threads: int, fsync: bool = True) -> float:
     return size / seconds / 1e9
 
 
-def make(path: str, n: int, dtype, seed: int) -> None:
-    """An n x n .npy file of uniform [-1, 1) values, written in row blocks."""
+def make(path: str, n: int, dtype, seed: int, fortran: bool = False) -> None:
+    """An n x n .npy file of uniform [-1, 1) values (Fortran-ordered where
+    asked), written in blocks of the rows (columns) it stores."""
     from numpy.lib import format as npy_format
-    out = npy_format.open_memmap(path, mode="w+", dtype=dtype, shape=(n, n))
+    out = npy_format.open_memmap(path, mode="w+", dtype=dtype, shape=(n, n),
+                                 fortran_order=fortran)
+    stored = out.T if fortran else out  # C-ordered either way
     rng = np.random.default_rng(seed)
     for r in range(0, n, 2048):
-        out[r:r + 2048] = rng.uniform(-1, 1, (min(2048, n - r), n))
+        stored[r:r + 2048] = rng.uniform(-1, 1, (min(2048, n - r), n))
     out.flush()
-    del out
+    del out, stored
 
 
 def multiply(args, extra: list[str], label: str, cold: bool, rates: dict) -> dict:
@@ -132,11 +135,15 @@ def main() -> int:
     p.add_argument("--device-memory", default="8GiB", help="the out-of-core runs' cap")
     p.add_argument("--only", help="these runs only (comma-separated: default, in memory, "
                    "out of core)")
+    p.add_argument("--order", choices=("C", "F"), default="C",
+                   help="how the input files store their matrices (F: as np.save of a "
+                        "Fortran-ordered array writes them)")
     p.add_argument("--json")
     args = p.parse_args()
     os.makedirs(args.dir, exist_ok=True)
     for name, seed in (("A", 1), ("B", 2)):
-        make(os.path.join(args.dir, f"{name}.npy"), args.size, args.dtype, seed)
+        make(os.path.join(args.dir, f"{name}.npy"), args.size, args.dtype, seed,
+             fortran=args.order == "F")
     size_c = args.size**2 * np.dtype(args.dtype).itemsize
     probe = os.path.join(args.dir, "probe.bin")
     rates = {"read": read_rate(os.path.join(args.dir, "A.npy"), args.threads),
