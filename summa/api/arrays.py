@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["check_arrays", "op_shape"]
+__all__ = ["check_arrays", "not_in_place", "op_shape"]
 
 
 def op_shape(shape, trans: str) -> tuple:
@@ -60,14 +60,21 @@ def check_arrays(a, b, out, trans_a: str, trans_b: str, backend, out_in_place: b
                     f"({m}, {n}) {dtype.name}")
         if not getattr(out.flags, "writeable", True):  # (CuPy's arrays are all writeable)
             return "out is read-only"
-        if not out_in_place:
-            return m, n, k, dtype.str
-        if out.size and out.strides[1] != out.itemsize:
-            return "out must have contiguous rows (C order, or a slice of columns of one)"
-        for name, x in (("a", a), ("b", b)):
-            if _overlap(out, x):  # C's blocks would overwrite panels still to come
-                return f"out overlaps {name}: the product needs memory of its own"
+        refusal = not_in_place(out, a, b) if out_in_place else None
+        if refusal:
+            return refusal
     return m, n, k, dtype.str
+
+
+def not_in_place(out, a, b) -> str | None:
+    """Why the product cannot be written into `out` where it lies while `a`
+    and `b` are read (NumPy or CuPy arrays), or None where it can."""
+    if out.size and out.strides[1] != out.itemsize:
+        return "out must have contiguous rows (C order, or a slice of columns of one)"
+    for name, x in (("a", a), ("b", b)):
+        if _overlap(out, x):  # C's blocks would overwrite panels still to come
+            return f"out overlaps {name}: the product needs memory of its own"
+    return None
 
 
 def _is_array(x) -> bool:

@@ -258,9 +258,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
             run = _start_files(_FilesRun(job, plan, be, comm, pgrid, Progress(
                 comm.Get_rank() == 0 and not quiet), warn or _warn_stderr, record, timeline),
                 stack, ahead)
-            operands, mapped = _read_files(run)
-            # (the plan as the blocks were read: mapped by columns, or by rows)
-            run = replace(run, plan=restore(run.plan, _mapped_storage(job, job.compute, mapped)))
+            operands = _read_files(run)
             inputs_finite, C0, scan = _scan_inputs(run, operands)
             stats = _multiply_files(run, operands)
             _scan_product(run, operands, stats, inputs_finite, scan)
@@ -330,7 +328,7 @@ def _plan_files(job: FilesJob, comm, local: int, timeline: _Timeline) -> tuple:
                      schedule=job.schedule, precision=job.precision,
                      broadcaster=job.broadcaster)
     if plan.device_budget is not None:  # streamed: cut as the mapped blocks lie
-        plan = restore(plan, _mapped_storage(job, compute, {"A": True, "B": True}))
+        plan = restore(plan, _mapped_storage(job, compute))
     record["plan"] = plan.as_dict()
     return replace(job, compute=compute, check=check, out_of_core=out_of_core), be, plan, record
 
@@ -365,20 +363,16 @@ def _start_files(run: _FilesRun, stack, ahead: list) -> _FilesRun:
 
 def _read_files(run: _FilesRun) -> tuple:
     """The read phase: this rank's blocks of A, B and C (C0, the output
-    file's block, or zeros), timed per operand, and by name whether A's and
-    B's are memory maps (:func:`_mapped`); collective."""
+    file's block, or zeros), timed per operand; collective."""
     job, pgrid, home, progress = run.job, run.grid, run.home, run.progress
     steps = 3 if job.c_path else 2
     progress.phase("read", steps)
     parts = run.record["read_parts"] = {}  # this rank's seconds per operand
 
-    mapped = {}
-
     def read_operand(name, path, trans):
         t0 = time.perf_counter()
-        X = _mapped(job.headers[name], trans, job.compute, pgrid) if run.streaming else None
-        mapped[name] = X is not None
-        X = X or DistMatrix.from_npy(path, pgrid, home, job.block, trans, job.compute)
+        X = (_mapped(job.headers[name], trans, job.compute, pgrid) if run.streaming
+             else None) or DistMatrix.from_npy(path, pgrid, home, job.block, trans, job.compute)
         parts[name] = time.perf_counter() - t0
         return X
 
@@ -400,7 +394,7 @@ def _read_files(run: _FilesRun) -> tuple:
         return A, B, C
     operands, run.record["read_seconds"] = _timed(run.comm, "read", read_all)
     run.timeline.mark("read")
-    return operands, mapped
+    return operands
 
 
 def _inputs(run: _FilesRun, operands) -> tuple:
@@ -575,14 +569,13 @@ def _streamable(header, trans: str, compute) -> bool:
     return header.dtype == compute and (trans in ("N", "T") or compute.kind != "c")
 
 
-def _mapped_storage(job: FilesJob, compute, mapped: dict) -> tuple:
-    """How op(A) and op(B) lie (:data:`summa.host.storage.STORAGES`) where
-    `mapped` (by name) says they are memory-mapped as streamable files
-    (:func:`_mapped`; balanced blocks): by columns for a Fortran-ordered
-    file read as it is or a C-ordered one transposed; else by rows (read
-    into C order)."""
-    return tuple("cols" if mapped[name] and job.block is None
-                 and _streamable(job.headers[name], t, compute)
+def _mapped_storage(job: FilesJob, compute) -> tuple:
+    """How op(A) and op(B) lie (:data:`summa.host.storage.STORAGES`) as a
+    streamed multiply reads them: memory-mapped where streamable
+    (:func:`_mapped`; balanced blocks, which always map), by columns for a
+    Fortran-ordered file read as it is or a C-ordered one transposed; else
+    by rows (read into C order)."""
+    return tuple("cols" if job.block is None and _streamable(job.headers[name], t, compute)
                  and mapped_by_columns(job.headers[name], t != "N") else "rows"
                  for name, t in zip("AB", job.trans))
 

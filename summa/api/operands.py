@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .arrays import not_in_place
 from ..device.backend import DTYPES
 from ..host.shared import parallel_copy
 from ..planning.planner import Placement
@@ -407,11 +408,7 @@ def describe(a, b, out=None) -> Operands:
 def _in_place(out: np.ndarray, a, b) -> bool:
     """Can the product be written into the host array `out` where it lies
     while `a` and `b` are read (:attr:`Operands.out_in_place`)?"""
-    if out.ndim != 2:  # (refused by the checks, by name)
-        return True
-    if out.size and out.strides[1] != out.itemsize:
-        return False
-    return not any(isinstance(x, np.ndarray) and np.may_share_memory(out, x) for x in (a, b))
+    return out.ndim != 2 or not not_in_place(out, a, b)  # (not 2-D: refused by name)
 
 
 def _check_out(out: Operand, device: int | None) -> None:

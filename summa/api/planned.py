@@ -106,7 +106,6 @@ class ArrayOperands:
                                       for x, t in zip((self.a, self.b), trans))
         return replace(self, a=a, b=b, given=None), (trans_a, trans_b)
 
-
     def into_transposed_out(self, trans: tuple) -> tuple:
         """``(operands, trans, transposed)``: where `out` is a Fortran-ordered
         NumPy array for the product of NumPy operands `a` and `b` (on the
