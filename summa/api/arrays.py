@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["check_arrays", "not_in_place", "op_shape"]
+__all__ = ["check_arrays", "is_array", "not_in_place", "op_shape"]
 
 
 def op_shape(shape, trans: str) -> tuple:
@@ -33,7 +33,7 @@ def check_arrays(a, b, out, trans_a: str, trans_b: str, backend, out_in_place: b
     for name, x in (("a", a), ("b", b)):
         if x is None:
             return f"the root rank must pass the array {name}"
-        if not _is_array(x):
+        if not is_array(x):
             try:
                 x = np.asarray(x)
             except Exception as exc:  # noqa: BLE001 -- anything not array-like
@@ -53,7 +53,7 @@ def check_arrays(a, b, out, trans_a: str, trans_b: str, backend, out_in_place: b
     if k != k2:
         return f"inner dimensions differ: op(a) is {m}x{k}, op(b) is {k2}x{n}"
     if out is not None:
-        if not _is_array(out):
+        if not is_array(out):
             return f"out must be a NumPy array, not {type(out).__name__}"
         if out.shape != (m, n) or out.dtype != dtype:
             return (f"out is {out.shape} {out.dtype.name}, but the product is "
@@ -77,7 +77,7 @@ def not_in_place(out, a, b) -> str | None:
     return None
 
 
-def _is_array(x) -> bool:
+def is_array(x) -> bool:
     """A NumPy array, or a CuPy one (an array on a GPU, :mod:`summa.api.operands`;
     CuPy is imported already where there is one)."""
     cupy = sys.modules.get("cupy")

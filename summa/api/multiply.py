@@ -73,12 +73,12 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         product comes back (the operands' GPU; host memory where both lie
         there), returned as passed. Written in place where its rows are
         contiguous and it overlaps neither operand; a Fortran-ordered NumPy
-        `out` of NumPy operands gets ``op(b)^T @ op(a)^T`` in its transpose
-        (the same values, in place; not for op H of complex operands); any
-        other host `out` is filled from a product of its own at the end
-        (:attr:`summa.api.operands.Operands.out_in_place`); on a GPU it
-        must have contiguous rows and overlap neither operand. Where the
-        call raises, its values are undefined.
+        or CuPy `out` of such operands gets ``op(b)^T @ op(a)^T`` in its
+        transpose (the same values, in place; not for op H of complex
+        operands); any other `out` is filled from a product of its own at
+        the end, in host memory or on its GPU
+        (:attr:`summa.api.operands.Operands.out_in_place`). Where the call
+        raises, its values are undefined.
     out_of_core : bool, optional
         None (default): host-resident on GPUs as above; False: copy the
         operands into GPU memory first (the in-memory SUMMA); True:

@@ -313,7 +313,8 @@ class Operands:
         view) or it shares memory with `a` or `b` (C's blocks would
         overwrite panels still to be read). Such an `out` in host memory is
         filled from a product of its own at the end (:meth:`give_back`), as
-        NumPy's matmul fills an overlapping one; on a GPU it is refused.
+        NumPy's matmul fills an overlapping one; on a GPU too, by a copy
+        there.
     """
 
     a: Operand
@@ -399,14 +400,13 @@ def describe(a, b, out=None) -> Operands:
                          "multiplies operands that lie on one GPU or in host memory; move one")
     if given.out is not None:
         _check_out(given.out, given.home.device)
-        # (a GPU out is written in place or refused, by the checks)
-        given = replace(given, out_in_place=given.out.device is not None or _in_place(
-            given.out.array, given.a.array, given.b.array))
+        given = replace(given, out_in_place=_in_place(given.out.array, given.a.array,
+                                                      given.b.array))
     return given
 
 
-def _in_place(out: np.ndarray, a, b) -> bool:
-    """Can the product be written into the host array `out` where it lies
+def _in_place(out, a, b) -> bool:
+    """Can the product be written into `out` (NumPy or CuPy) where it lies
     while `a` and `b` are read (:attr:`Operands.out_in_place`)?"""
     return out.ndim != 2 or not not_in_place(out, a, b)  # (not 2-D: refused by name)
 

@@ -23,7 +23,7 @@ from ..host.blocks import (host_block, node_shares, operand_block, own_range, re
 from ..host import shared as host_arrays
 from .. import options as settings
 from .. import pool
-from .arrays import check_arrays
+from .arrays import check_arrays, is_array
 from .checks import check_scalars
 from ..host.shared import parallel_copy
 from ..distribution.layout import Layout
@@ -108,13 +108,13 @@ class ArrayOperands:
 
     def into_transposed_out(self, trans: tuple) -> tuple:
         """``(operands, trans, transposed)``: where `out` is a Fortran-ordered
-        NumPy array for the product of NumPy operands `a` and `b` (on the
-        root), ``op(b)^T @ op(a)^T`` into ``out.T`` (C-ordered: written in
-        place), so `out` holds ``op(a) @ op(b)`` with no copy of it, and
+        NumPy or CuPy array for the product of such operands `a` and `b` (on
+        the root), ``op(b)^T @ op(a)^T`` into ``out.T`` (C-ordered: written
+        in place), so `out` holds ``op(a) @ op(b)`` with no copy of it, and
         `transposed` True; else these and `trans` as they are (also for
         op H of complex operands: its transpose is a conjugate, no op)."""
         a, b, out = self.a, self.b, self.out
-        if not all(isinstance(x, np.ndarray) and x.ndim == 2 for x in (a, b, out)) or \
+        if not all(is_array(x) and x.ndim == 2 for x in (a, b, out)) or \
                 not (out.strides[0] == out.itemsize != out.strides[1]) or \
                 (out.dtype.kind == "c" and "H" in trans) or \
                 not a.dtype == b.dtype == out.dtype:
@@ -240,7 +240,9 @@ def run_on_device(plan, be, given, alpha=1.0, stats=None):
     with be.xp.cuda.Device(plan.placement.device):  # its cuBLAS handle, its memory
         a, b = (op_view(x.array if x.device is not None else be.asarray(x.array), t)
                 for x, t in zip((given.a, given.b), plan.trans))
-        c = given.out.array if given.out is not None else be.xp.empty((m, n), dtype)
+        # (an out it cannot write into where it lies is filled after: Operands.give_back)
+        c = given.out.array if given.out is not None and given.out_in_place else \
+            be.xp.empty((m, n), dtype)
         if k == 0:
             c.fill(0)
         else:

@@ -406,6 +406,9 @@ class GpuArray:
     def set(self, host):
         self.data[...] = host
 
+    def __setitem__(self, key, value):
+        self.data[key] = value.data if isinstance(value, GpuArray) else value
+
 
 class StandInCupy(types.ModuleType):
     """What summa.api.operands asks of CuPy: the current device, its free
@@ -445,6 +448,9 @@ class StandInCupy(types.ModuleType):
     def asnumpy(self, x):
         self.copies.append(("down", self.current[0]))
         return x.data.copy()
+
+    def may_share_memory(self, x, y):
+        return np.may_share_memory(x.data, y.data)
 
 
 @pytest.fixture
@@ -595,6 +601,22 @@ def test_a_product_made_in_host_memory_fills_a_gpu_out(stand_in_cupy):
     given = describe(GpuArray(np.ones((2, 3)), 0), GpuArray(np.ones((3, 2)), 0), out)
     assert given.host_arrays()[2] is None  # the host plan makes its own
     assert given.give_back(np.full((2, 2), 3.0)) is out and np.all(out.data == 3)
+
+
+@pytest.mark.parametrize("make", [lambda a: a, lambda a: GpuArray(np.zeros((4, 4), order="F")),
+                                  lambda a: GpuArray(np.zeros((4, 8))[:, ::2]),
+                                  lambda a: GpuArray(a.data[::-1])], ids=[
+    "out is a", "Fortran", "strided", "a's memory reversed"])
+def test_a_gpu_out_that_cannot_be_written_where_it_lies_is_filled(stand_in_cupy, make):
+    """A GPU `out` sharing memory with an operand or whose rows are not
+    contiguous is not written in place: the plan counts a product of its
+    own on the GPU (Placement.into_out False), and give_back fills `out`."""
+    a, b = GpuArray(np.ones((4, 4))), GpuArray(np.ones((4, 4)))
+    out = make(a)
+    given = describe(a, b, out)
+    assert not given.out_in_place and not given.placement.into_out
+    assert given.give_back(np.full((4, 4), 3.0)) is out and np.all(out.data == 3)
+    assert describe(a, b, GpuArray(np.zeros((4, 4)))).out_in_place
 
 
 def test_the_callers_current_gpu_is_kept(stand_in_cupy):
