@@ -880,6 +880,59 @@ def test_large_npy_blocks_go_straight_between_the_file_and_the_gpu(comm, rng, gp
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", ["float64", "complex128"])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_npy_blocks_lying_by_columns_go_up_as_file_rows(comm, rng, gpu, tmp_path_factory,
+                                                       monkeypatch, dtype, order):
+    """A GPU's block that lies by columns in its file (a Fortran-ordered file
+    read as it is, a C-ordered one transposed) goes up as the file's rows
+    and is transposed on the device, a strip at a time (no transposing
+    gather on the host: the copy threads read rows of the file); every op,
+    values as NumPy reads them."""
+    from summa.device import backend as backends
+    from summa.distribution import matrix
+    from summa.host import filemaps
+    grid, backend = gpu
+    monkeypatch.setattr(backends, "STAGED_MIN", 1 << 12)  # small blocks staged too
+    monkeypatch.setattr(matrix, "TRANSPOSE_STRIP", 96)  # several strips and a remainder
+    folder = comm.bcast(str(tmp_path_factory.mktemp("npyf")) if comm.rank == 0 else None)
+    x = comm.bcast(random_array(rng, (430, 370), dtype))
+    if comm.rank == 0:
+        np.save(f"{folder}/X.npy", np.asfortranarray(x) if order == "F" else x)
+    comm.Barrier()
+    rows_read = []
+    real = filemaps.find
+
+    def find(view, writable=False):
+        rows_read.append(view.strides[1] == view.itemsize)
+        return real(view, writable)
+    monkeypatch.setattr(filemaps, "find", find)
+    for trans, want in (("N", x), ("T", x.T), ("H", x.conj().T)):
+        rows_read.clear()
+        M = DistMatrix.from_npy(f"{folder}/X.npy", grid, backend, trans=trans)
+        assert M.local.flags.c_contiguous
+        assert rows_read and all(rows_read), trans  # only rows of the file went up
+        got = M.gather()
+        if comm.rank == 0:
+            assert np.array_equal(got, want), trans
+
+
+@pytest.mark.parametrize("dtype", ["float64", "complex64", "float16"])
+def test_a_device_transpose_writes_a_strip_of_columns(rng, dtype):
+    """The device transpose into columns of a wider array (its rows apart)
+    leaves the other columns as they were."""
+    gpu_backend = get_backend("cupy")
+    cp = gpu_backend.xp
+    x = cp.asarray(random_array(rng, (5, 7), dtype))
+    wide = cp.full((7, 12), 3, dtype=dtype)
+    for conj in (False, True):
+        gpu_backend.transpose(x, wide[:, 4:9], conj)
+        want = x.T.conj() if conj else x.T
+        assert bool((wide[:, 4:9] == want).all()) and bool((wide[:, :4] == 3).all())
+        assert bool((wide[:, 9:] == 3).all())
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "complex64", "complex128"])
 def test_finite_probe_finds_every_nan_and_inf_and_only_them(comm, gpu, dtype):
     _, backend = gpu

@@ -743,23 +743,25 @@ class CupyBackend(Backend):
 
     def transpose(self, x, out, conj: bool = False) -> None:
         """``out[...] = x.T`` (conjugated where `conj`) on the current stream;
-        `out` C-contiguous, `x` row-strided (cuBLAS geam, a tiled transpose,
-        op C where conjugated; float16 by CuPy)."""
+        `out` with contiguous rows (C-contiguous, or a strip of columns of
+        such an array), `x` row-strided (cuBLAS geam, a tiled transpose, op C
+        where conjugated; float16 by CuPy)."""
         from cupy_backends.cuda.libs import cublas
         m, n = x.shape
         geam = {"f": cublas.sgeam, "d": cublas.dgeam, "F": cublas.cgeam,
                 "D": cublas.zgeam}.get(x.dtype.char)
-        if geam is None or 0 in (m, n):
+        if geam is None or 0 in (m, n) or (m > 1 and out.strides[1] != out.itemsize):
             super().transpose(x, out, conj)
             return
+        ld_out = out.strides[0] // out.itemsize if n > 1 else m
         x, ld, _ = _operand(self.xp, x, transposable=False)
         scalar = _GEMM_TYPES[x.dtype.char][2]
         one, zero = np.array(1, dtype=scalar), np.array(0, dtype=scalar)
-        # Column-major: out^T (m x n, ld m) = op_T(x viewed as n x m, ld `ld`);
-        # beta 0 with B = C (in place, allowed) reads nothing.
+        # Column-major: out^T (m x n, ld `ld_out`) = op_T(x viewed as n x m, ld
+        # `ld`); beta 0 with B = C (in place, allowed) reads nothing.
         geam(self.xp.cuda.device.get_cublas_handle(), _OP_C if conj else _OP_T, _OP_N, m, n,
-             one.ctypes.data, x.data.ptr, ld, zero.ctypes.data, out.data.ptr, m,
-             out.data.ptr, m)
+             one.ctypes.data, x.data.ptr, ld, zero.ctypes.data, out.data.ptr, ld_out,
+             out.data.ptr, ld_out)
 
     def on_device(self):
         return self.xp.cuda.Device(self.device)

@@ -9,8 +9,8 @@ from mpi4py import MPI
 from ..device.backend import Backend, NumpyBackend
 from ..runtime.agree import collectively
 from ..transports.comm import recv_array, send_array
-from ..host.npyio import (AtomicNpyWriter, check_output_path, map_block, read_block, read_header,
-                          take_block)
+from ..host.npyio import (AtomicNpyWriter, check_output_path, map_block, mapped_by_columns,
+                          read_block, read_header, take_block)
 from .layout import Layout, span
 from ..runtime.watchdog import watch
 
@@ -231,15 +231,18 @@ class DistMatrix:
         layout = Layout(shape, grid.shape, block)
         rows = layout.rows.global_indices(grid.row)
         cols = layout.cols.global_indices(grid.col)
-        if backend.is_gpu and trans == "N" and header.dtype == target:
+        if backend.is_gpu and header.dtype == target:
             # Straight from the file into the GPU: the block's map is read by
             # the copy threads into page-locked chunks (summa.host.filemaps), disk
             # reads and uploads overlapping, no host copy of the block.
-            mapped = collectively(grid.comm, map_block, header, rows, cols)
-            direct = mapped is not None and (not mapped.size or backend.stages(mapped))
+            mapped = collectively(grid.comm, map_block, header, rows, cols, trans != "N")
+            stored = None if mapped is None else (
+                mapped.T if mapped_by_columns(header, trans != "N") else mapped)
+            direct = stored is not None and (not stored.size or backend.stages(stored))
             if grid.comm.allreduce(direct, op=MPI.LAND):
-                return cls(grid, layout, collectively(grid.comm, backend.asarray, mapped),
-                           backend)
+                local = collectively(grid.comm, _uploaded, stored, stored is not mapped,
+                                     trans == "H", backend)
+                return cls(grid, layout, local, backend)
         local = collectively(grid.comm, read_block, header, rows, cols,
                              transpose=trans != "N", conjugate=trans == "H")
         return cls(grid, layout, backend.asarray(local.astype(target, copy=False)), backend)
@@ -359,3 +362,32 @@ def _block_index(rows: np.ndarray, cols: np.ndarray):
     if r is not None and c is not None:
         return slice(*r), slice(*c)
     return np.ix_(rows, cols)
+
+
+#: Columns of a block lying by columns in a file that go up at a time to be
+#: transposed on the device (:func:`_uploaded`): the transient beside the
+#: block is this many of its rows' worth, not a second block.
+TRANSPOSE_STRIP = 4096
+
+
+def _uploaded(stored, transpose: bool, conjugate: bool, backend):
+    """The file rows `stored` (a C-ordered memory map) on `backend`'s device as
+    a C-ordered block: with `transpose` their transpose (a block lying by
+    columns in the file: a Fortran-ordered file read as it is, a C-ordered
+    one transposed), made on the device a strip of :data:`TRANSPOSE_STRIP`
+    file rows at a time, so the host reads and uploads only rows, at the
+    disk's and the link's rates (a transposing gather on host threads ran a
+    24576² Fortran file at 0.3 GB/s, `benchmarks/files.py --order F
+    --only "in memory"`); conjugated where `conjugate` (complex)."""
+    conjugate = conjugate and stored.dtype.kind == "c"
+    if not transpose:
+        local = backend.asarray(stored)
+        if conjugate:
+            backend.conjugate(local)
+        return local
+    local = backend.xp.empty(stored.shape[::-1], stored.dtype)
+    for j0 in range(0, stored.shape[0], TRANSPOSE_STRIP):
+        strip = stored[j0:j0 + TRANSPOSE_STRIP]
+        backend.transpose(backend.asarray(strip), local[:, j0:j0 + strip.shape[0]], conjugate)
+    return local
+

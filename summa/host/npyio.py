@@ -21,6 +21,7 @@ from numpy.lib import format as npy_format
 from mpi4py import MPI
 
 from . import filemaps
+from .copies import parallel_copy
 from .. import options
 from ..runtime.agree import RankFailure
 from ..runtime.cleanup import temporary_files
@@ -265,7 +266,9 @@ def read_block(header: NpyHeader, rows: np.ndarray, cols: np.ndarray, transpose:
         block = stored.T if header.fortran_order else stored
     if transpose:
         block = block.T
-    block = np.ascontiguousarray(block)
+    if not block.flags.c_contiguous:  # a transposing copy: in tiles, on host threads
+        block, lying = np.empty(block.shape, block.dtype), block
+        parallel_copy(block, lying)
     if conjugate and block.dtype.kind == "c":
         np.conj(block, out=block)
     return block

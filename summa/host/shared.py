@@ -16,12 +16,12 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from mpi4py import MPI
 
 from . import filemaps, remote
+from .copies import parallel_copy, touched
 from .. import options
 from ..distribution.topology import Topology, topology_of
 from ..runtime.cleanup import finalize, temporary_files
@@ -265,33 +265,6 @@ def transposed(x: np.ndarray) -> np.ndarray:
         _tokens[id(view)] = token + ("T",)
         finalize(view, _tokens.pop, id(view), None)
     return view
-
-
-def touched(shape, dtype, threads: int | None = None) -> np.ndarray:
-    """A new C-ordered array whose pages are faulted in (zeros) on host
-    threads: first touch runs at 2.4 GB/s on one thread of the H200 machine,
-    32 on sixteen."""
-    x = np.empty(shape, dtype)
-    _by_rows(x, lambda rows: x[rows].fill(0), threads)
-    return x
-
-
-def parallel_copy(dst: np.ndarray, src: np.ndarray, threads: int | None = None) -> None:
-    """``dst[...] = src`` by rows on `threads` host threads (NumPy copies
-    without the GIL: 9 GB/s on one thread, 45 on 16 on the H200 machine)."""
-    _by_rows(dst, lambda rows: np.copyto(dst[rows], src[rows]), threads)
-
-
-def _by_rows(x: np.ndarray, move, threads: int | None) -> None:
-    """``move(rows)`` for slices of `x`'s rows on `threads` host threads
-    (default up to 16), or once for all of it (``...``) where it is small."""
-    threads = threads or min(16, os.cpu_count() or 1)
-    if x.ndim < 1 or x.shape[0] < 2 * threads or x.nbytes < (64 << 20):
-        move(...)
-        return
-    step = -(-x.shape[0] // (4 * threads))
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda r: move(slice(r, r + step)), range(0, x.shape[0], step)))
 
 
 def load(path, comm: MPI.Intracomm, topology: Topology | None = None) -> np.ndarray:

@@ -1,0 +1,50 @@
+"""Copies on host threads (summa.host.copies): every pair of layouts, in
+tiles where one lies by rows and the other by columns, on several threads."""
+
+import numpy as np
+import pytest
+
+from summa.host import copies
+
+
+def _layouts(rng, shape, dtype):
+    """The same values lying every way a caller's array may: C, Fortran, a
+    .T view, strided and reversed views."""
+    x = rng.uniform(-1, 1, shape).astype(dtype)
+    wide = np.zeros((shape[0], 2 * shape[1]), dtype)
+    wide[:, ::2] = x
+    return {"C": x.copy(), "F": np.asfortranarray(x), ".T": np.ascontiguousarray(x.T).T,
+            "strided": wide[:, ::2], "reversed": x[::-1, ::-1].copy()[::-1, ::-1]}
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_copy_between_any_two_layouts_is_exact(monkeypatch, threads):
+    monkeypatch.setattr(copies, "THREADED_MIN", 0)  # small arrays on threads too
+    monkeypatch.setattr(copies, "TRANSPOSE_TILE", 7)  # tiles and remainders
+    rng = np.random.default_rng(5)
+    shape = (61, 45)
+    sources = _layouts(rng, shape, np.float64)
+    want = sources["C"]
+    for s_name, src in sources.items():
+        for d_name in sources:
+            dst = {"C": np.empty(shape), "F": np.empty(shape, order="F"),
+                   ".T": np.empty(shape[::-1]).T, "strided": np.empty((61, 90))[:, ::2],
+                   "reversed": np.empty(shape)[::-1, ::-1]}[d_name]
+            copies.parallel_copy(dst, src, threads)
+            assert np.array_equal(dst, want), (s_name, d_name)
+
+
+def test_a_transposing_copy_goes_in_tiles(monkeypatch):
+    """From a Fortran-ordered array into a C-ordered one, every NumPy copy
+    is of one tile (not of whole rows, each read a column apart)."""
+    monkeypatch.setattr(copies, "TRANSPOSE_TILE", 16)
+    seen = []
+    real = np.copyto
+    monkeypatch.setattr(copies.np, "copyto", lambda d, s: (seen.append(d.shape), real(d, s)))
+    x = np.asfortranarray(np.arange(40 * 50, dtype=np.float64).reshape(40, 50))
+    out = np.empty((40, 50))
+    copies.parallel_copy(out, x, 1)
+    assert np.array_equal(out, x) and max(max(s) for s in seen) <= 16
+    seen.clear()
+    copies.parallel_copy(out, np.ascontiguousarray(x), 1)  # rows to rows: one copy
+    assert seen == [(40, 50)]
