@@ -9,6 +9,8 @@ import sys
 
 import numpy as np
 
+from ..host.storage import copyable_rows
+
 __all__ = ["check_arrays", "is_array", "not_in_place", "op_shape"]
 
 
@@ -39,7 +41,9 @@ def check_arrays(a, b, out, trans_a: str, trans_b: str, backend, out_in_place: b
             except Exception as exc:  # noqa: BLE001 -- anything not array-like
                 return f"{name} is not an array ({type(x).__name__}: {exc})"
         if x.ndim != 2:
-            return f"{name} must be a 2-D array, got {x.ndim}-D"
+            return (f"{name} must be a 2-D array (or 1-D, a vector), got {x.ndim}-D"
+                    + (": multiply each matrix of a stack in a call of its own"
+                       if x.ndim > 2 else ""))
         arrays[name] = x
     a, b = arrays["a"], arrays["b"]
     if a.dtype != b.dtype:
@@ -69,7 +73,7 @@ def check_arrays(a, b, out, trans_a: str, trans_b: str, backend, out_in_place: b
 def not_in_place(out, a, b) -> str | None:
     """Why the product cannot be written into `out` where it lies while `a`
     and `b` are read (NumPy or CuPy arrays), or None where it can."""
-    if out.size and out.strides[1] != out.itemsize:
+    if not copyable_rows(out):  # (written a row at a time, one positive pitch apart)
         return "out must have contiguous rows (C order, or a slice of columns of one)"
     for name, x in (("a", a), ("b", b)):
         if _overlap(out, x):  # C's blocks would overwrite panels still to come

@@ -30,7 +30,8 @@ from ..execution.outofcore import SweepOperands, run_out_of_core
 from ..precision.ozaki_gpu import asked_moduli, check_moduli
 from ..planning.planner import Machine, make_plan
 from .nonfinite import nonfinite_notes
-from .planned import ArrayOperands, PlanRequest, plan_arrays, pooled_size, run_planned
+from .planned import (ArrayOperands, PlanRequest, plan_arrays, pooled_size, run_planned,
+                      vector_result)
 
 __all__ = ["matmul", "matmul_arrays", "host_matmul"]
 
@@ -65,6 +66,8 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         DLPack on the CPU: torch CPU tensors, memoryviews) and lists; arrays
         on one CUDA GPU: CuPy's, and DLPack or CUDA-array-interface
         producers (torch CUDA tensors, JAX arrays), viewed through CuPy.
+        2-D, or 1-D as NumPy's matmul takes a vector (a row on the left, a
+        column on the right; the product drops that dimension).
     grid : str or tuple, optional
         Default: the one ``bench`` takes for the product's shape
         (:func:`summa.distribution.grid.grid_for`).
@@ -119,7 +122,7 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     ------
     ValueError
         The same on every rank, before any data moves: arrays that cannot be
-        multiplied (not arrays, not 2-D, dtypes differing or unsupported,
+        multiplied (not arrays, not 1-D or 2-D, dtypes differing or unsupported,
         inner dimensions differing), operands on two GPUs or not on a CUDA
         GPU, GPU arrays without CuPy, an unusable `out`, a device budget too
         small for any tile, a host too small for the plan.
@@ -129,8 +132,9 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     if unknown:
         raise TypeError(f"matmul got unexpected keyword argument(s) {', '.join(unknown)}")
     moduli = check_moduli(kwargs.pop("moduli", None), kwargs.get("precision"))
-    operands, trans = ArrayOperands(a, b, out, root).unconjugated(
-        (kwargs.pop("trans_a", "N"), kwargs.pop("trans_b", "N")))
+    trans = tuple(str(kwargs.pop(f"trans_{x}", "N")).upper() for x in "ab")
+    operands, vectors = ArrayOperands(a, b, out, root).as_matrices(trans)  # 1-D as NumPy's
+    operands, trans = operands.unconjugated(trans)
     # (a Fortran-ordered out: the transposed product into out.T; the root's ops rule)
     operands, (trans_a, trans_b), transposed = operands.into_transposed_out(trans)
     here = dict(kwargs, trans_a=trans_a, trans_b=trans_b, grid=grid, backend=backend,
@@ -145,7 +149,8 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         else:
             c = _matmul_here(operands, MPI.COMM_WORLD if comm is None else comm, called,
                              dict(here, topology=topology))
-    return out if transposed else c
+    return out if transposed or (out is not None and any(vectors)) else \
+        vector_result(c, vectors)
 
 
 def _matmul_here(operands: ArrayOperands, comm, called: float, kwargs: dict):

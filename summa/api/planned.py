@@ -106,6 +106,27 @@ class ArrayOperands:
                                       for x, t in zip((self.a, self.b), trans))
         return replace(self, a=a, b=b, given=None), (trans_a, trans_b)
 
+    def as_matrices(self, trans: tuple, vectors: tuple | None = None) -> tuple:
+        """``(operands, vectors)``: a 1-D `a` or `b` (on the root) taken as
+        NumPy's matmul takes it, op(a) a row (1 x k) and op(b) a column (k x
+        1), as views (`out` too: a row, a column or 1 x 1); `vectors` says
+        which were (:func:`vector_result` drops their dimensions from the
+        product). The ops `trans` are upper-case. Given `vectors` (a Matmul's
+        stored operands, already matrices), `out` is taken for them."""
+        a, b, out = self.a, self.b, self.out
+        found = tuple(x is not None and _ndim(x) == 1 for x in (a, b))
+        vectors = found if vectors is None else vectors
+        if not any(vectors):
+            return self, vectors
+        row, column, one = (None, slice(None)), (slice(None), None), (None, None)
+        if found[0]:
+            a = _matrix(a, column if trans[0] != "N" else row)
+        if found[1]:
+            b = _matrix(b, column if trans[1] == "N" else row)
+        if out is not None and _ndim(out) == 2 - sum(vectors):  # else: refused by its shape
+            out = _matrix(out, one if all(vectors) else column if vectors[1] else row)
+        return replace(self, a=a, b=b, out=out, given=None), vectors
+
     def into_transposed_out(self, trans: tuple) -> tuple:
         """``(operands, trans, transposed)``: where `out` is a Fortran-ordered
         NumPy or CuPy array for the product of such operands `a` and `b` (on
@@ -125,6 +146,42 @@ class ArrayOperands:
         flipped = {"N": "T", "T": "N", "H": "N"}  # (op H of a real array is op T)
         return (replace(self, a=b, b=a, out=out.T, given=None),
                 (flipped[trans[1]], flipped[trans[0]]), True)
+
+
+def vector_result(c, vectors: tuple):
+    """The product `c` of :meth:`ArrayOperands.as_matrices`' operands with
+    the dimensions of 1-D operands dropped, as NumPy's matmul returns it: a
+    1-D `a` drops the row, a 1-D `b` the column (both: one element, a NumPy
+    scalar or a 0-d GPU array); `c` as it is where neither was 1-D (or off
+    the root: None)."""
+    if c is None or not any(vectors):
+        return c
+    return c[0, 0] if all(vectors) else c[0] if vectors[0] else c[:, 0]
+
+
+def _ndim(x) -> int:
+    """How many dimensions `x` has (any array-like), by its own word where it
+    has one (no conversion: a torch tensor with its conjugate bit refuses
+    it); -1 where it says none and NumPy cannot tell (:func:`describe`
+    refuses it by name)."""
+    ndim = getattr(x, "ndim", None)
+    if isinstance(ndim, int):
+        return ndim
+    try:
+        return len(x.shape) if hasattr(x, "shape") else np.ndim(x)
+    except Exception:  # noqa: BLE001 -- not an array: refused where it is described
+        return -1
+
+
+def _matrix(x, index: tuple):
+    """`x` (1-D, or 0-d) indexed by `index`, a row, a column (or one element)
+    view of it: of its own kind where it indexes as NumPy does (NumPy, CuPy,
+    torch, JAX), else of the NumPy array viewing it (a memoryview, an
+    ``__array__`` object)."""
+    try:
+        return x[index]
+    except (TypeError, IndexError):
+        return np.asarray(x)[index]
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from mpi4py import MPI
 from ..execution.algorithm import SummaStats
 from .arrays import check_arrays
 from ..distribution.grid import ProcessGrid
-from .planned import ArrayOperands, PlanRequest, plan_arrays, pooled_size, run_planned
+from .planned import (ArrayOperands, PlanRequest, plan_arrays, pooled_size, run_planned,
+                      vector_result)
 from .operands import kept_device
 from ..precision.ozaki_gpu import asked_moduli, check_moduli
 from .. import pool
@@ -109,9 +110,10 @@ class Matmul:
         self.stats = None
         self._moduli = check_moduli(options.get("moduli"), options.get("precision"))
         # the ops asked, before a lazy conjugate's conjugation joins them
-        self._asked = (options.pop("trans_a", "N"), options.pop("trans_b", "N"))
-        operands, (options["trans_a"], options["trans_b"]) = \
-            ArrayOperands(a, b, None, root).unconjugated(self._asked)
+        self._asked = tuple(str(options.pop(f"trans_{x}", "N")).upper() for x in "ab")
+        # (1-D operands as NumPy's matmul takes them: their products drop a dimension)
+        operands, self._vectors = ArrayOperands(a, b, None, root).as_matrices(self._asked)
+        operands, (options["trans_a"], options["trans_b"]) = operands.unconjugated(self._asked)
         size, operands = pooled_size(operands, comm, gpus, workers, backend)
         request = dict(grid=grid, out_of_core=out_of_core, device_memory=device_memory)
         if size > 1:
@@ -152,18 +154,22 @@ class Matmul:
             if self._operands is None:
                 raise ValueError("this Matmul let go of its operands (drop_operands): "
                                  "pass a and b")
-            operands, trans = replace(self._operands, out=out, given=None), self.plan.trans
+            operands, vectors = replace(self._operands, out=out, given=None).as_matrices(
+                self.plan.trans, self._vectors)
+            trans = self.plan.trans
         else:  # (one of a and b alone: refused there, on every rank)
-            operands, trans = ArrayOperands(a, b, out, self._root).unconjugated(self._asked)
+            operands, vectors = ArrayOperands(a, b, out, self._root).as_matrices(self._asked)
+            operands, trans = operands.unconjugated(self._asked)
         operands = self._checked(operands, tuple(trans))
         stats = SummaStats()
         if self._pooled is not None:
-            return self._execute_pooled(operands, stats)
-        with asked_moduli(self._moduli), kept_device():
-            c = run_planned(self.plan, self._grid, self._backend, operands, self._alpha, stats,
-                            called)
-        self.stats = stats
-        return c
+            c = self._execute_pooled(operands, stats)
+        else:
+            with asked_moduli(self._moduli), kept_device():
+                c = run_planned(self.plan, self._grid, self._backend, operands, self._alpha,
+                                stats, called)
+            self.stats = stats
+        return out if out is not None and any(vectors) else vector_result(c, vectors)
 
     def _execute_pooled(self, operands: ArrayOperands, stats: SummaStats):
         """:meth:`execute` of checked `operands` by the pool's workers."""

@@ -179,7 +179,8 @@ def test_arrays_that_cannot_be_multiplied_are_refused_on_every_rank(comm, rng):
     a = random_array(rng, (12, 9), "float64")
     mine = comm.rank == 0
     for args, match in (((a, a), "inner dimensions"), ((a, a.astype(np.float32).T), "convert"),
-                        ((a, None), "must pass"), ((a[0], a), "2-D")):
+                        ((a, None), "must pass"), ((a[None], a), "2-D"),
+                        ((a[0], a), "inner dimensions")):
         with pytest.raises(ValueError, match=match):
             summa.matmul(args[0] if mine else None, args[1] if mine else None, out_of_core=True)
     with pytest.raises(TypeError, match="beta"):
@@ -313,3 +314,43 @@ def test_help_of_summa_matmul_shows_every_keyword_its_paths_take():
         if default is not inspect.Parameter.empty and name != "stats":
             assert shown[name].default == default, name
         assert f"\n    {name}" in summa.matmul.__doc__ or f", {name}" in summa.matmul.__doc__, name
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("out_of_core", [False, True])
+def test_vectors_multiply_as_numpy_does(comm, rng, out_of_core):
+    """A 1-D operand is taken as NumPy's matmul takes it (a row on the left,
+    a column on the right, under every op) and the product drops its
+    dimension: the same shape and kind as NumPy's, into a 1-D or 0-d `out`
+    of any stride, through summa.matmul and a Matmul; on every rank count."""
+    mine = comm.rank == 0
+    kwargs = dict(out_of_core=out_of_core, panel_width=3,
+                  device_memory="2KiB" if out_of_core else None)
+    x = random_array(rng, (7, 9), "complex128")
+    v, w = random_array(rng, (9,), "complex128"), random_array(rng, (7,), "complex128")
+    cases = [((x, v), {}, x @ v), ((w, x), {}, w @ x), ((v, v), {}, v @ v),
+             ((x, w), {"trans_a": "T"}, x.T @ w), ((v, x), {"trans_b": "H"}, v @ x.conj().T),
+             ((w, x), {"trans_a": "H"}, w.conj() @ x)]
+    for (a, b), ops, want in cases:
+        c = summa.matmul(a if mine else None, b if mine else None, **ops, **kwargs)
+        if mine:
+            assert type(c) is type(want) and np.shape(c) == np.shape(want), ops
+            assert np.allclose(c, want, rtol=1e-12, atol=1e-12), ops
+    outs = {"contiguous": np.empty(7, complex), "strided": np.empty(14, complex)[::-2]}
+    for name, out in outs.items():
+        c = summa.matmul(x if mine else None, v if mine else None,
+                         out=out if mine else None, **kwargs)
+        if mine:
+            assert c is out and np.allclose(out, x @ v, rtol=1e-12, atol=1e-12), name
+    one = np.empty((), complex)
+    c = summa.matmul(v if mine else None, v if mine else None, out=one if mine else None)
+    if mine:
+        assert c is one and np.isclose(one, v @ v, rtol=1e-12, atol=1e-12)
+    with summa.Matmul(x if mine else None, v if mine else None, **kwargs) as m:
+        v2 = random_array(rng, (9,), "complex128")
+        for c, want in ((m.execute(), x @ v), (m.execute(x if mine else None,
+                                                         v2 if mine else None), x @ v2)):
+            if mine:
+                assert c.shape == (7,) and np.allclose(c, want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="got 3-D: multiply each matrix of a stack"):
+        summa.matmul(np.ones((2, 3, 4)) if mine else None, x if mine else None)

@@ -77,7 +77,7 @@ def test_bad_input_is_refused_as_without_the_pool_before_it_is_asked(rng, comman
     with pytest.raises(ValueError, match="inner dimensions differ"):
         summa.Matmul(a, a, **POOLED)
     with pytest.raises(ValueError, match="2-D"):
-        summa.Matmul(a[0], b, **POOLED)
+        summa.Matmul(a[None], b, **POOLED)
     with pytest.raises(TypeError, match="unexpected keyword argument"):
         summa.Matmul(a, b, stats=None, **POOLED)
     assert launch.slot.pool is None and commands == []  # nothing launched
