@@ -203,7 +203,8 @@ def test_an_out_that_overlaps_an_operand_or_lies_otherwise_is_filled(comm, rng, 
     cases = {"out is a": lambda a, b: a, "out is b": lambda a, b: b,
              "out is a.T": lambda a, b: a.T, "Fortran": lambda a, b: np.zeros((12, 12), order="F"),
              "strided": lambda a, b: np.zeros((12, 24))[:, ::2],
-             "reversed": lambda a, b: np.zeros((12, 12))[::-1, ::-1]}
+             "reversed": lambda a, b: np.zeros((12, 12))[::-1, ::-1],
+             "rows reversed": lambda a, b: np.zeros((12, 12))[::-1]}
     for name, make in cases.items():
         a, b = x.copy(), y.copy()
         out = make(a, b) if mine else None
