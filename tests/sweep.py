@@ -101,6 +101,9 @@ def draw_case(rng, nranks: int, backend, modes, largest: int, seed: int = 0,
         case["planned_on"] = str(rng.choice(["C", "F", "T"])) if rng.uniform() < 0.3 else None
         if case["out"] is not None and rng.uniform() < 0.3:  # filled from a product of its own
             case["out"] = "F"
+        # a row of op(A) or a column of op(B) passed as a 1-D array, as NumPy takes vectors
+        case["vectors"] = [bool(size == 1 and rng.uniform() < 0.5)
+                           for size in (case["m"], case["n"])]
     return case
 
 
@@ -248,6 +251,11 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
     # a budget for the operands as they lie, and as the Matmul's were planned
     storages = {tuple(storage_of(x[side], t) for side, t in zip("ab", (ta, tb)))
                 for x in (given, dict(zip("ab", planned))) if x["a"] is not None}
+    vectors = case.get("vectors") or (False, False)
+    given = {side: vector(x, t, side) if is_vector else x for (side, x), t, is_vector in
+             zip(given.items(), (ta, tb), vectors)}
+    if out is not None and any(vectors):  # the product's shape: 1-D, or 0-d
+        out = out[(0 if vectors[0] else slice(None), 0 if vectors[1] else slice(None))]
     with options.set(transpose_a=case["transpose_a"],
                      transpose_b=case.get("transpose_b", "auto")):
         budgets = [array_budget(case, np.dtype(dtype).itemsize, s) for s in storages]
@@ -269,12 +277,23 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
         return float("nan")
     if out is not None and c is not out:
         return float("inf")  # the product must come back in the caller's array
-    if not (np.array_equal(given["a"], a) and np.array_equal(given["b"], b)):
+    if not (np.array_equal(given["a"], vector(a, ta, "a") if vectors[0] else a)
+            and np.array_equal(given["b"], vector(b, tb, "b") if vectors[1] else b)):
         return float("inf")  # the operands are the caller's: never written
+    if np.shape(c) != tuple(size for size, v in zip((m, n), vectors) if not v):
+        return float("inf")  # a vector's dimension dropped from the product, as NumPy's
+    c = np.reshape(c, (m, n))
     if whole is not None and not np.isnan(np.delete(whole, np.s_[1:1 + n], axis=1)).all():
         return float("inf")  # written outside out's columns
     return gemm_scaled_error(c, op(a, ta), op(b, tb), None, case["alpha"], 0.0,
                              precision=case["precision"])
+
+
+def vector(x: np.ndarray, trans: str, side: str) -> np.ndarray:
+    """The one row of op(x) (`side` "a") or column of op(x) ("b") of the
+    stored `x`, as the 1-D array NumPy's matmul takes there (a view)."""
+    row_of_x = (side == "a") == (trans == "N")
+    return x[0] if row_of_x else x[:, 0]
 
 
 def laid_out(x: np.ndarray, layout: str, steps, read_only: bool) -> np.ndarray:
