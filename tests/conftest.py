@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 import time
 
@@ -126,6 +127,22 @@ def _abort() -> None:
         shutil.rmtree(folder, ignore_errors=True)
     remove_segments(mapped_segments())
     _ctl.Abort(1)
+
+
+def pytest_collection_finish(session):
+    """End on SIGTERM (./run forwarding one, a batch system's) without
+    leaving anything behind: this rank's private folders, the MPI library's
+    shared memory it maps and the CUDA driver's files of its events go first
+    (the signal's default action stranded them in /dev/shm). Set after
+    collection: importing the test modules starts MPI, whose start may set a
+    handler of its own."""
+    signal.signal(signal.SIGTERM, _end_on_sigterm)
+
+
+def _end_on_sigterm(signum, frame) -> None:
+    from summa.runtime.cleanup import hard_exit
+    _private.remove()
+    hard_exit(128 + signum)
 
 
 # -- fixtures ----------------------------------------------------------------------------

@@ -71,3 +71,58 @@ def test_a_run_that_ends_before_its_session_leaves_no_folder(tmp_path):
     assert proc.returncode == 4, (proc.stdout, proc.stderr)  # pytest's usage error
     assert os.listdir(shm) == []
     assert [n for n in os.listdir(tmp_path) if n.startswith("summa-tests-")] == []
+
+
+WAITING = '''
+import os
+import time
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_waits_for_a_signal(comm):
+    with open(os.path.join(HERE, f"folders.{comm.rank}"), "w") as fh:
+        fh.write(os.environ["SUMMA_SHM_DIR"] + "\\n" + os.environ["TMPDIR"])
+    comm.Barrier()  # (MPI's shared memory mapped by now)
+    open(os.path.join(HERE, f"ready.{comm.rank}"), "w").close()
+    if comm.rank == 0:
+        time.sleep(120)  # in Python
+    comm.Barrier()  # the others inside MPI
+'''
+
+
+def test_a_signal_to_run_test_stops_its_tests_and_leaves_nothing(tmp_path):
+    """SIGTERM to ./run alone (timeout(1), a batch system) reaches the test
+    job it runs, which ends at once, one rank asleep in Python and one
+    inside MPI; ./run ends by the signal, and no process of the job, no
+    private folder, no folder of ./run's own and no MPI segment is left."""
+    from leftovers import job_pids, wait_gone
+    (tmp_path / "test_waiting.py").write_text(WAITING)
+    before = set(mpi_segments())
+    env = dict(os.environ, SUMMA_PYTHON=sys.executable, TEST_SERIAL="0", TEST_RANKS="2",
+               MPIEXEC=" ".join(mpiexec()), TMPDIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "tests"),
+                                                        os.environ.get("PYTHONPATH")])))
+    env.pop("TESTS_SHM_ROOT", None)
+    proc = subprocess.Popen([str(ROOT / "run"), "test", "-p", "conftest", "-p",
+                             "no:cacheprovider", "--rootdir", str(tmp_path),
+                             str(tmp_path / "test_waiting.py")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while len(list(tmp_path.glob("ready.*"))) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    pids = job_pids(proc.pid)
+    t0 = time.monotonic()
+    proc.terminate()
+    out, err = proc.communicate(timeout=60)
+    took = time.monotonic() - t0
+    assert proc.returncode == -15 and "stopped by SIGTERM" in err, (proc.returncode, out, err)
+    assert took < 20 and wait_gone(pids, 5) == [], (took, pids)
+    folders = [f for path in tmp_path.glob("folders.*") for f in path.read_text().split()]
+    assert len(folders) == 4 and [f for f in folders if os.path.exists(f)] == []
+    assert [n for n in os.listdir(tmp_path) if n.startswith("summa-")] == []
+    time.sleep(SETTLE_SECONDS + 0.2)
+    assert stranded(before) == []
