@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +23,7 @@ from . import filemaps
 from .copies import parallel_copy
 from .. import options
 from ..runtime.agree import RankFailure
-from ..runtime.cleanup import temporary_files
+from ..runtime.cleanup import new_temporary_file, temporary_files
 from ..runtime.faults import inject
 from ..distribution.layout import span
 from ..device.staging import ranks_on_node, usable_cores
@@ -349,14 +348,13 @@ class AtomicNpyWriter:
         made = None
         if self.comm.Get_rank() == self.root:
             try:
-                fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(self.path)}.",
-                                           suffix=".tmp", dir=os.path.dirname(self.path))
+                fd, tmp = new_temporary_file(os.path.dirname(self.path),
+                                             f".{os.path.basename(self.path)}.", ".tmp")
                 os.close(fd)
-                temporary_files.add(tmp)
                 mm = npy_format.open_memmap(tmp, mode="w+", dtype=self.dtype, shape=self.shape)
                 made = (tmp, int(mm.offset))
                 del mm
-                umask = os.umask(0)  # mkstemp made it private; give it the usual mode
+                umask = os.umask(0)  # made private; give it the usual mode
                 os.umask(umask)
                 os.chmod(tmp, 0o666 & ~umask)
             except OSError as exc:

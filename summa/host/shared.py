@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import tempfile
 
 import numpy as np
 from mpi4py import MPI
@@ -24,7 +23,7 @@ from . import filemaps, remote
 from .copies import parallel_copy, touched
 from .. import options
 from ..distribution.topology import Topology, topology_of
-from ..runtime.cleanup import finalize, temporary_files
+from ..runtime.cleanup import finalize, new_temporary_file, temporary_files
 
 __all__ = ["empty", "load", "file_map", "attach_file", "attach_remote", "shared_token",
            "node_shared", "shm_dir", "parallel_copy", "touched", "named", "attach", "shared_name",
@@ -58,9 +57,7 @@ def _new_file(nbytes: int) -> str:
     (:func:`_unlink`) a hard exit removes it too
     (:data:`summa.runtime.cleanup.temporary_files`): a signal or the watchdog
     ending the process while it lives leaves nothing in /dev/shm."""
-    fd, name = tempfile.mkstemp(prefix=f"summa-{os.getpid()}-", suffix=".shared",
-                                dir=shm_dir())
-    temporary_files.add(name)
+    fd, name = new_temporary_file(shm_dir(), f"summa-{os.getpid()}-", ".shared")
     try:
         os.ftruncate(fd, nbytes)
     except BaseException:

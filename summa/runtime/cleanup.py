@@ -16,11 +16,12 @@ import _thread
 import atexit
 import functools
 import os
+import secrets
 import signal
 import threading
 import weakref
 
-__all__ = ["temporary_files", "remove_temporary_files", "MPI_SEGMENT_PREFIXES", "mapped_segments",
+__all__ = ["temporary_files", "new_temporary_file", "remove_temporary_files", "MPI_SEGMENT_PREFIXES", "mapped_segments",
            "remove_segments", "cuda_ipc_files", "remove_cuda_ipc_files_at_exit", "hard_exit",
            "process_alive", "finalize", "raises_ctrl_c"]
 
@@ -33,6 +34,36 @@ temporary_files: set = set()
 #: ``mpich_shm_<world>_<node>``, ``mpich_vci_...``; Open MPI 4: ``vader_segment.``;
 #: Open MPI 5: ``sm_segment.``).
 MPI_SEGMENT_PREFIXES = ("mpich_shm_", "mpich_vci_", "vader_segment.", "sm_segment.")
+
+
+#: Set once this process is ending by :func:`hard_exit`: a file made after
+#: its clean-up began removes itself (:func:`new_temporary_file`).
+_ending = threading.Event()
+
+
+def new_temporary_file(folder: str, prefix: str, suffix: str) -> tuple[int, str]:
+    """``(fd, path)`` of a new empty file in `folder` (private, opened for
+    reading and writing), in :data:`temporary_files` from before it exists:
+    a signal's clean-up on another thread (:func:`hard_exit`) finds it
+    whenever it comes. (``tempfile.mkstemp`` first, then the set, left a
+    window in which the process ended with the file unnamed: an output
+    stranded beside the test of a signal at a random time.)"""
+    while True:
+        path = os.path.join(folder, f"{prefix}{secrets.token_hex(6)}{suffix}")
+        temporary_files.add(path)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            temporary_files.discard(path)
+            continue
+        except BaseException:
+            temporary_files.discard(path)
+            raise
+        if _ending.is_set():  # the clean-up may have passed before the file was there
+            os.close(fd)
+            os.unlink(path)
+            threading.Event().wait()  # the ending thread exits the process
+        return fd, path
 
 
 def remove_temporary_files() -> None:
@@ -107,10 +138,13 @@ def hard_exit(status: int) -> None:
     at once: no exit handlers, no ``MPI_Finalize`` or ``MPI_Abort`` (whose
     ``exit()`` joins BLAS threads that may be busy in the main thread's GEMM,
     and hung a one-rank job for good). Under a launcher the other ranks are
-    ended by it, as for any rank that exits non-zero without finalizing."""
-    remove_temporary_files()
+    ended by it, as for any rank that exits non-zero without finalizing.
+    Temporary files go last, just before the end: one another thread makes
+    meanwhile is named by then, or removes itself (:func:`new_temporary_file`)."""
+    _ending.set()
     remove_segments(mapped_segments())
     remove_segments(cuda_ipc_files())
+    remove_temporary_files()
     os._exit(status)
 
 

@@ -94,7 +94,7 @@ def test_atomic_writer_renames_only_on_success(tmp_path):
     assert np.array_equal(np.load(target), x)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.npy"]
     mode = target.stat().st_mode & 0o777
-    assert mode & 0o044, "the output gets the usual permissions, not mkstemp's 0600"
+    assert mode & 0o044, "the output gets the usual permissions, not a private 0600"
 
     with pytest.raises(RuntimeError, match="rank 0 failed while writing .*RuntimeError: boom"):
         with AtomicNpyWriter(str(tmp_path / "failed.npy"), (3, 4), np.float64, SELF) as out:

@@ -192,3 +192,31 @@ def test_a_handler_of_the_callers_is_left_alone():
         assert signal.getsignal(signal.SIGINT) is mine and not cleanup.raises_ctrl_c(mine)
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_a_temporary_file_is_named_for_the_clean_up_before_it_exists(tmp_path, monkeypatch):
+    """The clean-up of a signal on another thread finds a new temporary file
+    whenever it comes: the name is in temporary_files before the file is
+    made; one made once the process is ending removes itself and waits for
+    the end (no file outlives the process unnamed)."""
+    import threading
+    seen = []
+    real_open = os.open
+
+    def watched_open(path, *args, **kwargs):
+        seen.append(str(path) in cleanup.temporary_files)
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr(cleanup.os, "open", watched_open)
+    fd, path = cleanup.new_temporary_file(str(tmp_path), ".out.", ".tmp")
+    os.close(fd)
+    assert seen == [True] and path in cleanup.temporary_files and os.path.exists(path)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    cleanup.remove_temporary_files()
+    assert not os.path.exists(path) and path not in cleanup.temporary_files
+    monkeypatch.setattr(cleanup, "_ending", threading.Event())
+    cleanup._ending.set()  # as hard_exit sets it, its clean-up under way
+    made = threading.Thread(target=cleanup.new_temporary_file,
+                            args=(str(tmp_path), ".late.", ".tmp"), daemon=True)
+    made.start()
+    made.join(1.0)
+    assert made.is_alive() and os.listdir(tmp_path) == []  # removed itself, waits for the end
