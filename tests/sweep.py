@@ -104,7 +104,17 @@ def draw_case(rng, nranks: int, backend, modes, largest: int, seed: int = 0,
         # a row of op(A) or a column of op(B) passed as a 1-D array, as NumPy takes vectors
         case["vectors"] = [bool(size == 1 and rng.uniform() < 0.5)
                            for size in (case["m"], case["n"])]
+        # B of a narrower type, promoted to the case's as NumPy's matmul does
+        narrower = NARROWER.get(case["dtype"], [])
+        case["b_dtype"] = str(rng.choice(narrower)) if narrower and rng.uniform() < 0.2 \
+            else None
     return case
+
+
+#: dtypes whose common type with the key's is the key's (a B of one is promoted).
+NARROWER = {"float64": ["float32", "float16"], "float32": ["float16"],
+            "complex128": ["float64", "complex64", "float32"],
+            "complex64": ["float32", "float16"]}
 
 
 def _draw_arrays(rng, case: dict) -> dict:
@@ -241,7 +251,7 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
     m, n, k = case["m"], case["n"], case["k"]
     dtype, ta, tb = case["dtype"], case["trans_a"], case["trans_b"]
     a = random_array(rng, (m, k) if ta == "N" else (k, m), dtype)
-    b = random_array(rng, (k, n) if tb == "N" else (n, k), dtype)
+    b = random_array(rng, (k, n) if tb == "N" else (n, k), case.get("b_dtype") or dtype)
     root = comm.Get_rank() == 0
     given = {side: laid_out(x, case[f"layout_{side}"], case[f"steps_{side}"],
                             case[f"read_only_{side}"]) for side, x in (("a", a), ("b", b))}
@@ -285,7 +295,9 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
     c = np.reshape(c, (m, n))
     if whole is not None and not np.isnan(np.delete(whole, np.s_[1:1 + n], axis=1)).all():
         return float("inf")  # written outside out's columns
-    return gemm_scaled_error(c, op(a, ta), op(b, tb), None, case["alpha"], 0.0,
+    if c.dtype != dtype:
+        return float("inf")  # B's narrower type promoted to A's, as NumPy's matmul does
+    return gemm_scaled_error(c, op(a, ta), op(b.astype(dtype), tb), None, case["alpha"], 0.0,
                              precision=case["precision"])
 
 

@@ -1172,7 +1172,8 @@ def test_a_product_made_in_host_memory_that_cannot_go_back_stays_there(rng, monk
 
 @pytest.mark.parametrize("make,match", [
     (lambda cp: (cp.ones((4, 4), dtype=cp.int32),) * 2, "unsupported dtype"),
-    (lambda cp: (cp.ones((4, 4)), cp.ones((4, 4), dtype=cp.float32)), "convert one"),
+    (lambda cp: (cp.ones((4, 4), dtype=cp.int64), cp.ones((4, 4), dtype=cp.int32)),
+     "convert them"),
     (lambda cp: (cp.ones((4, 5)), cp.ones((4, 5))), "inner dimensions"),
     (lambda cp: (cp.ones((4, 4)), cp.ones((4, 4)), np.empty((4, 4))), "out is in host memory"),
     (lambda cp: (cp.ones((4, 4)), cp.ones((4, 4)), cp.empty((4, 5))), "out is"),

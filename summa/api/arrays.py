@@ -46,9 +46,10 @@ def check_arrays(a, b, out, trans_a: str, trans_b: str, backend, out_in_place: b
                        if x.ndim > 2 else ""))
         arrays[name] = x
     a, b = arrays["a"], arrays["b"]
-    if a.dtype != b.dtype:
-        return (f"a is {a.dtype.name} but b is {b.dtype.name}; convert one "
-                "(summa does not promote silently)")
+    if a.dtype != b.dtype:  # (pairs of a common type summa computes in are promoted first)
+        return (f"a is {a.dtype.name} but b is {b.dtype.name}, and NumPy's type for their "
+                "product is not one summa multiplies (float64, float32, complex128, "
+                "complex64; float16 on GPUs): convert them")
     try:
         dtype = backend.check_dtype(a.dtype)
     except ValueError as exc:

@@ -61,7 +61,9 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     ----------
     a, b : array
         On `root`, of one dtype (float64, float32, complex128, complex64;
-        float16 on GPUs); never modified. NumPy arrays; host arrays of other
+        float16 on GPUs), or of two whose common type (NumPy's
+        ``result_type``) is one of these: the other operand is copied once
+        into it (:mod:`summa.api.promotion`); never modified. NumPy arrays; host arrays of other
         libraries NumPy views in place (``__array__``, the buffer protocol,
         DLPack on the CPU: torch CPU tensors, memoryviews) and lists; arrays
         on one CUDA GPU: CuPy's, and DLPack or CUDA-array-interface
@@ -122,7 +124,8 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     ------
     ValueError
         The same on every rank, before any data moves: arrays that cannot be
-        multiplied (not arrays, not 1-D or 2-D, dtypes differing or unsupported,
+        multiplied (not arrays, not 1-D or 2-D, dtypes unsupported or of no
+        common type summa multiplies, a promoted copy beyond the memory,
         inner dimensions differing), operands on two GPUs or not on a CUDA
         GPU, GPU arrays without CuPy, an unusable `out`, a device budget too
         small for any tile, a host too small for the plan.

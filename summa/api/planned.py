@@ -28,6 +28,7 @@ from .checks import check_scalars
 from ..host.shared import parallel_copy
 from ..distribution.layout import Layout
 from .operands import describe, unconjugated
+from .promotion import common_type, promoted
 from ..distribution.matrix import DistMatrix
 from ..device.traits import traits
 from ..execution.outofcore import SweepOperands, run_out_of_core
@@ -91,9 +92,11 @@ class ArrayOperands:
 
     def described(self) -> "ArrayOperands":
         """These operands with :attr:`given` (:func:`summa.api.operands.describe`,
-        raising its ValueError); call it on the root."""
+        operands of two dtypes in their common one,
+        :func:`summa.api.promotion.promoted`; raising their ValueError); call
+        it on the root."""
         return self if self.given is not None else replace(
-            self, given=describe(self.a, self.b, self.out))
+            self, given=promoted(describe(self.a, self.b, self.out)))
 
     def unconjugated(self, trans: tuple) -> tuple:
         """``(operands, (trans_a, trans_b))``: these, a lazy conjugate among
@@ -138,7 +141,7 @@ class ArrayOperands:
         if not all(is_array(x) and x.ndim == 2 for x in (a, b, out)) or \
                 not (out.strides[0] == out.itemsize != out.strides[1]) or \
                 (out.dtype.kind == "c" and "H" in trans) or \
-                not a.dtype == b.dtype == out.dtype:
+                common_type(a.dtype, b.dtype) != out.dtype:
             return self, trans, False
         (m, _), (_, n) = (x.shape if t == "N" else x.shape[::-1] for x, t in zip((a, b), trans))
         if out.shape != (m, n):  # (the checks say so, of the product asked for)

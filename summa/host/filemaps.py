@@ -26,7 +26,7 @@ from .storage import copyable_rows
 from ..runtime.cleanup import finalize
 
 __all__ = ["register", "find", "view_span", "FileRows", "prefetch", "read_ahead", "write_out",
-           "libc_call"]
+           "libc_call", "available_memory"]
 
 # Reentrant, and the maps looked through as a copy: a map's finalizer
 # (:func:`_forget`) runs wherever the garbage collector happens to, also in
@@ -206,7 +206,7 @@ def prefetch(view: np.ndarray, threads: int = PREFETCH_THREADS) -> threading.Thr
         return None
     base, (_, _, offset, _, path) = hit
     first, last = offset + start - base, offset + end - base
-    if last - first > _available() // 2:
+    if last - first > available_memory() // 2:
         return None  # it would push out what it read before it is used
     stop = threading.Event()
     with _lock:
@@ -223,7 +223,7 @@ def read_ahead(path: str, first: int, last: int,
     not there yet and there is room; set the returned event to stop it (None
     where nothing is read). A multiply of files starts its inputs' reading so
     before it starts CUDA and plans, then maps its blocks."""
-    if last <= first or last - first > _available() // 2:
+    if last <= first or last - first > available_memory() // 2:
         return None
     stop = threading.Event()
     _start(path, first, last, _file_resident(path, first, last), threads, stop)
@@ -309,7 +309,7 @@ def _read_ahead(path: str, first: int, last: int, resident, threads: int,
     os.close(fd)
 
 
-def _available() -> int:
+def available_memory() -> int:
     """The memory the system can give without swapping (MemAvailable)."""
     try:
         with open("/proc/meminfo") as fh:

@@ -178,7 +178,8 @@ def _read_only(x):
 def test_arrays_that_cannot_be_multiplied_are_refused_on_every_rank(comm, rng):
     a = random_array(rng, (12, 9), "float64")
     mine = comm.rank == 0
-    for args, match in (((a, a), "inner dimensions"), ((a, a.astype(np.float32).T), "convert"),
+    ints = a.astype(np.int64), a.T.astype(np.int32)  # (no common type summa multiplies)
+    for args, match in (((a, a), "inner dimensions"), (ints, "convert them"),
                         ((a, None), "must pass"), ((a[None], a), "2-D"),
                         ((a[0], a), "inner dimensions")):
         with pytest.raises(ValueError, match=match):
@@ -355,3 +356,51 @@ def test_vectors_multiply_as_numpy_does(comm, rng, out_of_core):
                 assert c.shape == (7,) and np.allclose(c, want, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="got 3-D: multiply each matrix of a stack"):
         summa.matmul(np.ones((2, 3, 4)) if mine else None, x if mine else None)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("out_of_core", [False, True])
+def test_two_dtypes_multiply_in_their_common_type_as_numpy_does(comm, rng, out_of_core):
+    """Operands of two dtypes multiply in NumPy's common type of the two (the
+    other operand copied once, the caller's arrays untouched), the product of
+    that type, into an `out` of it (one of the narrower type is refused);
+    every layout, summa.matmul and a Matmul, on every rank count."""
+    from test_layouts import operand
+    mine = comm.rank == 0
+    kwargs = dict(out_of_core=out_of_core, panel_width=4,
+                  device_memory="4KiB" if out_of_core else None)
+    pairs = [("float32", "float64", "C", "F"), ("float64", "complex64", "op T", "C"),
+             ("int32", "float64", "C", "strided"), ("bool", "complex128", "C", "op H")]
+    for da, db, la, lb in pairs:
+        a, ta, xa = operand(rng, (13, 11), "float64", la)
+        b, tb, xb = operand(rng, (11, 9), db, lb)
+        a, xa = ((a > 0), (xa > 0)) if da == "bool" else (a.astype(da), xa.astype(da))
+        kept = a.copy(), b.copy()
+        want = np.result_type(a.dtype, b.dtype)
+        c = summa.matmul(a if mine else None, b if mine else None, trans_a=ta, trans_b=tb,
+                         **kwargs)
+        if mine:
+            assert c.dtype == want, (da, db)
+            assert gemm_scaled_error(c, xa.astype(want), xb) <= 1, (da, db)
+            assert np.array_equal(a, kept[0]) and np.array_equal(b, kept[1])
+    a, b = random_array(rng, (13, 11), "float32"), random_array(rng, (11, 9), "float64")
+    out = np.empty((13, 9)) if mine else None
+    c = summa.matmul(a if mine else None, b if mine else None, out=out, **kwargs)
+    if mine:
+        assert c is out and gemm_scaled_error(out, a.astype(np.float64), b) <= 1
+    with pytest.raises(ValueError, match="out is .* float32, but the product is .* float64"):
+        summa.matmul(a if mine else None, b if mine else None,
+                     out=np.empty((13, 9), np.float32) if mine else None, **kwargs)
+    with summa.Matmul(a if mine else None, b if mine else None, **kwargs) as m:
+        c = m.execute()
+        if mine:
+            assert c.dtype == np.float64 and gemm_scaled_error(c, a.astype(np.float64), b) <= 1
+
+
+def test_a_promoted_copy_beyond_the_hosts_memory_is_refused(rng, monkeypatch):
+    from summa.api import promotion
+    monkeypatch.setattr(promotion, "available_memory", lambda: 1000)
+    a, b = random_array(rng, (20, 20), "float32"), random_array(rng, (20, 20), "float64")
+    with pytest.raises(ValueError, match="a is float32 and the product float64: its copy in "
+                                         "float64 takes .* GiB of host memory"):
+        summa.matmul(a, b, backend="numpy")

@@ -175,7 +175,7 @@ def test_a_mapped_block_is_read_ahead_whole_and_unchanged(tmp_path, monkeypatch)
     assert resident is None or resident(0, block.shape[1] * 8)
     # nothing to read ahead: not a file's map, or more than half the free memory
     assert filemaps.prefetch(np.ones((4, 4))) is None
-    monkeypatch.setattr(filemaps, "_available", lambda: 1000)
+    monkeypatch.setattr(filemaps, "available_memory", lambda: 1000)
     assert real(block) is None
 
 
