@@ -1236,6 +1236,22 @@ def test_a_gpu_out_of_any_layout_gets_the_product(rng, monkeypatch, where):
         assert mm.execute(out=out) is out and gemm_scaled_error(cupy.asnumpy(out), a, b) <= 1
 
 
+def test_gpu_operands_of_two_dtypes_multiply_there_in_their_common_type(rng, monkeypatch):
+    """CuPy operands of two dtypes: the narrower one converted on its GPU,
+    one GEMM there, the product of NumPy's common type; a host operand of
+    the narrower type beside a GPU one is converted before it goes up."""
+    import cupy
+    import summa
+    _no_host_path(monkeypatch)
+    a, b = random_array(rng, (40, 30), "float32"), random_array(rng, (30, 20), "complex128")
+    c = summa.matmul(cupy.asarray(a), cupy.asarray(b))
+    assert isinstance(c, cupy.ndarray) and c.dtype == np.complex128
+    assert gemm_scaled_error(cupy.asnumpy(c), a.astype(np.complex128), b) <= 1
+    c = summa.matmul(a, cupy.asarray(b))  # mixed: a converted in host memory, then uploaded
+    assert isinstance(c, cupy.ndarray) and c.dtype == np.complex128
+    assert gemm_scaled_error(cupy.asnumpy(c), a.astype(np.complex128), b) <= 1
+
+
 def test_a_stateful_matmul_of_cupy_operands_is_one_gemm_each_time(rng, monkeypatch):
     import cupy
     import summa
