@@ -27,6 +27,7 @@ from ..distribution.grid import ProcessGrid, node_rank
 from ..host.filemaps import read_ahead
 from .. import options as settings
 from .arrays import op_shape
+from .promotion import common_type
 from ..runtime.faults import inject
 from ..host.npyio import (AtomicNpyWriter, NpyError, check_output_path, map_block,
                           mapped_by_columns, read_header)
@@ -77,10 +78,13 @@ def _compute_dtype(headers: dict, dtype) -> np.dtype:
     a, b = headers["A"], headers["B"]
     # (files stored big-endian are read into native order, as --dtype converts)
     kinds = [header.dtype.newbyteorder("=") for header in (a, b)]
-    if kinds[0] != kinds[1]:
+    if kinds[0] == kinds[1]:
+        return resolve_dtype(kinds[0])
+    common = common_type(*kinds)  # two types: their common one, as NumPy's matmul takes them
+    if common is None:
         raise NpyError(f"{a.path} is {a.dtype.name} but {b.path} is {b.dtype.name}; pass "
                        f"--dtype to compute in one type (both are converted to it)")
-    return resolve_dtype(kinds[0])
+    return common
 
 
 def _nonfinite(M: DistMatrix) -> int:

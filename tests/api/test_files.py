@@ -91,15 +91,29 @@ def test_dtype_conversion_and_integers(comm, rng, folder):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("streamed", [False, True])
+def test_files_of_two_dtypes_multiply_in_their_common_type(comm, rng, folder, streamed):
+    """A float32 file and a complex128 one multiply as NumPy's matmul
+    multiplies them: in complex128, the product's file of that type."""
+    a, b = random_array(rng, (9, 8), "float32"), random_array(rng, (8, 6), "complex128")
+    pa, pb = save(comm, folder, "A.npy", a), save(comm, folder, "B.npy", b)
+    multiply_files(pa, pb, str(folder / "C.npy"), comm, quiet=True, panel_width=3,
+                   out_of_core=streamed, device_memory="2KiB" if streamed else None)
+    if comm.rank == 0:
+        c = np.load(folder / "C.npy")
+        assert c.dtype == np.complex128 and gemm_scaled_error(c, a.astype(complex), b) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
 def test_bad_input_raises_everywhere_and_writes_nothing(comm, rng, folder):
     a, b = random_array(rng, (6, 5), "float64"), random_array(rng, (4, 3), "float64")
     pa, pb = save(comm, folder, "A.npy", a), save(comm, folder, "B.npy", b)
-    pb32 = save(comm, folder, "B32.npy", random_array(rng, (5, 3), "float32"))
+    pb32 = save(comm, folder, "B32.npy", random_array(rng, (4, 3), "float32"))
     pb5 = save(comm, folder, "B5.npy", random_array(rng, (5, 3), "float64"))
     out = str(folder / "C.npy")
     cases = [
         ((pa, pb, out), {}, "inner dimensions differ: op\\(.*A.npy\\) is 6x5 but op\\(.*B.npy\\) is 4x3"),
-        ((pa, pb32, out), {}, "is float64 but .*B32.npy is float32; pass --dtype"),
+        ((pa, pb32, out), {}, "inner dimensions differ"),
         ((pa, str(folder / "nope.npy"), out), {}, "nope.npy: no such file"),
         ((pa, pb5, str(folder / "missing" / "C.npy")), {}, "does not exist"),
         ((pa, pb5, pa), {}, "would overwrite the input"),
@@ -251,11 +265,14 @@ def test_multiply_job_records_transposed_panels(tmp_path):
 
 
 def test_multiply_job_dtype_mismatch_names_both_files(tmp_path):
+    """Two types whose common one summa does not compute in (float64 and
+    long double): refused, naming both files (float32 and float64 multiply
+    in float64, test_files_of_two_dtypes_multiply_in_their_common_type)."""
     a, b, c = _files(tmp_path)
-    np.save(b, np.ones((21, 29), dtype=np.float32))
+    np.save(b, np.ones((21, 29), dtype=np.longdouble))
     p = job(2, "multiply", a, b, "-o", c)
     assert p.returncode == 2
-    assert f"{a} is float64 but {b} is float32" in p.stderr
+    assert f"{a} is float64 but {b} is {np.dtype(np.longdouble).name}" in p.stderr
 
 
 @pytest.mark.parametrize("phase", ["read", "multiply", "write"])
