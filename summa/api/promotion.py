@@ -65,7 +65,7 @@ def _converted(operand, dtype: np.dtype, name: str):
                              f"in {dtype.name} takes {need / 2**30:.2f} GiB of host memory, "
                              f"{free / 2**30:.2f} GiB are available; convert it yourself "
                              "(or the other operand) to one dtype")
-        y = np.empty_like(x, dtype=dtype)  # (the same order: its layout as it lies)
+        y = np.empty_like(x, dtype=dtype, subok=False)  # (its order: laid out as it lies)
         parallel_copy(y, x)
         return replace(operand, array=y)
     cupy = sys.modules["cupy"]
