@@ -130,16 +130,19 @@ def _abort() -> None:
 
 
 def pytest_collection_finish(session):
-    """End on SIGTERM (./run forwarding one, a batch system's) without
+    """End on SIGTERM (./run forwarding one, a batch system's), and under
+    MPI on SIGINT too (a Ctrl-C: pytest's own ending waited in a collective
+    for ranks already gone, until timeout(1) killed the job), without
     leaving anything behind: this rank's private folders, the MPI library's
     shared memory it maps and the CUDA driver's files of its events go first
     (the signal's default action stranded them in /dev/shm). Set after
     collection: importing the test modules starts MPI, whose start may set a
     handler of its own."""
-    signal.signal(signal.SIGTERM, _end_on_sigterm)
+    for signum in (signal.SIGTERM, signal.SIGINT) if _ctl is not None else (signal.SIGTERM,):
+        signal.signal(signum, _end_on_signal)
 
 
-def _end_on_sigterm(signum, frame) -> None:
+def _end_on_signal(signum, frame) -> None:
     from summa.runtime.cleanup import hard_exit
     _private.remove()
     hard_exit(128 + signum)

@@ -2,9 +2,12 @@
 their own: a failing test aborts the whole job, and leaves nothing behind."""
 
 import os
+import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from leftovers import SETTLE_SECONDS, mpi_segments, stranded
 from test_cli import ROOT, mpiexec
@@ -93,11 +96,14 @@ def test_waits_for_a_signal(comm):
 '''
 
 
-def test_a_signal_to_run_test_stops_its_tests_and_leaves_nothing(tmp_path):
-    """SIGTERM to ./run alone (timeout(1), a batch system) reaches the test
-    job it runs, which ends at once, one rank asleep in Python and one
-    inside MPI; ./run ends by the signal, and no process of the job, no
-    private folder, no folder of ./run's own and no MPI segment is left."""
+@pytest.mark.parametrize("sig,group", [(signal.SIGTERM, False), (signal.SIGINT, True)],
+                         ids=["SIGTERM to ./run", "Ctrl-C to its group"])
+def test_a_signal_to_run_test_stops_its_tests_and_leaves_nothing(tmp_path, sig, group):
+    """SIGTERM to ./run alone (timeout(1), a batch system), or SIGINT to its
+    whole process group (a terminal's Ctrl-C), reaches the test job it
+    runs, which ends at once, one rank asleep in Python and one inside MPI;
+    ./run ends by the signal, and no process of the job, no private folder,
+    no folder of ./run's own and no MPI segment is left."""
     from leftovers import job_pids, wait_gone
     (tmp_path / "test_waiting.py").write_text(WAITING)
     before = set(mpi_segments())
@@ -109,17 +115,19 @@ def test_a_signal_to_run_test_stops_its_tests_and_leaves_nothing(tmp_path):
     proc = subprocess.Popen([str(ROOT / "run"), "test", "-p", "conftest", "-p",
                              "no:cacheprovider", "--rootdir", str(tmp_path),
                              str(tmp_path / "test_waiting.py")],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     deadline = time.monotonic() + 90
     while len(list(tmp_path.glob("ready.*"))) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.1)
     pids = job_pids(proc.pid)
     t0 = time.monotonic()
-    proc.terminate()
+    os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     took = time.monotonic() - t0
-    assert proc.returncode == -15 and "stopped by SIGTERM" in err, (proc.returncode, out, err)
+    name = signal.Signals(sig).name
+    assert proc.returncode == -sig and f"stopped by {name}" in err, (proc.returncode, out, err)
     assert took < 20 and wait_gone(pids, 5) == [], (took, pids)
     folders = [f for path in tmp_path.glob("folders.*") for f in path.read_text().split()]
     assert len(folders) == 4 and [f for f in folders if os.path.exists(f)] == []
