@@ -63,8 +63,8 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         On `root`, of one dtype (float64, float32, complex128, complex64;
         float16 on GPUs), or of two whose common type (NumPy's
         ``result_type``) is one of these: the other operand is copied once
-        into it (:mod:`summa.api.promotion`); never modified. NumPy arrays; host arrays of other
-        libraries NumPy views in place (``__array__``, the buffer protocol,
+        into it (:mod:`summa.api.promotion`); never modified. NumPy arrays;
+        host arrays of other libraries NumPy views in place (``__array__``, the buffer protocol,
         DLPack on the CPU: torch CPU tensors, memoryviews) and lists; arrays
         on one CUDA GPU: CuPy's, and DLPack or CUDA-array-interface
         producers (torch CUDA tensors, JAX arrays), viewed through CuPy.
@@ -136,10 +136,9 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         raise TypeError(f"matmul got unexpected keyword argument(s) {', '.join(unknown)}")
     moduli = check_moduli(kwargs.pop("moduli", None), kwargs.get("precision"))
     trans = tuple(str(kwargs.pop(f"trans_{x}", "N")).upper() for x in "ab")
-    operands, vectors = ArrayOperands(a, b, out, root).as_matrices(trans)  # 1-D as NumPy's
-    operands, trans = operands.unconjugated(trans)
+    operands, trans, vectors = ArrayOperands(a, b, out, root).taken(trans)
     # (a Fortran-ordered out: the transposed product into out.T; the root's ops rule)
-    operands, (trans_a, trans_b), transposed = operands.into_transposed_out(trans)
+    operands, (trans_a, trans_b) = operands.into_transposed_out(trans)
     here = dict(kwargs, trans_a=trans_a, trans_b=trans_b, grid=grid, backend=backend,
                 out_of_core=out_of_core, device_memory=device_memory)
     # The backend binds its GPU; the caller's current one is current again after.
@@ -152,8 +151,7 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         else:
             c = _matmul_here(operands, MPI.COMM_WORLD if comm is None else comm, called,
                              dict(here, topology=topology))
-    return out if transposed or (out is not None and any(vectors)) else \
-        vector_result(c, vectors)
+    return vector_result(c, vectors, out)
 
 
 def _matmul_here(operands: ArrayOperands, comm, called: float, kwargs: dict):

@@ -109,6 +109,15 @@ class ArrayOperands:
                                       for x, t in zip((self.a, self.b), trans))
         return replace(self, a=a, b=b, given=None), (trans_a, trans_b)
 
+    def taken(self, trans: tuple, vectors: tuple | None = None) -> tuple:
+        """``(operands, trans, vectors)``: these as summa takes them, 1-D ones
+        as matrices (:meth:`as_matrices`, `vectors` as it takes it) and a
+        lazy conjugate's conjugation moved into the ops `trans`
+        (:meth:`unconjugated`)."""
+        operands, vectors = self.as_matrices(trans, vectors)
+        operands, trans = operands.unconjugated(trans)
+        return operands, trans, vectors
+
     def as_matrices(self, trans: tuple, vectors: tuple | None = None) -> tuple:
         """``(operands, vectors)``: a 1-D `a` or `b` (on the root) taken as
         NumPy's matmul takes it, op(a) a row (1 x k) and op(b) a column (k x
@@ -131,33 +140,39 @@ class ArrayOperands:
         return replace(self, a=a, b=b, out=out, given=None), vectors
 
     def into_transposed_out(self, trans: tuple) -> tuple:
-        """``(operands, trans, transposed)``: where `out` is a Fortran-ordered
-        NumPy or CuPy array for the product of such operands `a` and `b` (on
-        the root), ``op(b)^T @ op(a)^T`` into ``out.T`` (C-ordered: written
-        in place), so `out` holds ``op(a) @ op(b)`` with no copy of it, and
-        `transposed` True; else these and `trans` as they are (also for
-        op H of complex operands: its transpose is a conjugate, no op)."""
+        """``(operands, trans)``: where `out` is a Fortran-ordered NumPy or
+        CuPy array for the product of such operands `a` and `b` (on the
+        root), ``op(b)^T @ op(a)^T`` into ``out.T`` (C-ordered: written in
+        place), so `out` holds ``op(a) @ op(b)`` with no copy of it; else
+        these and `trans` as they are (also for op H of complex operands:
+        its transpose is a conjugate, no op)."""
         a, b, out = self.a, self.b, self.out
         if not all(is_array(x) and x.ndim == 2 for x in (a, b, out)) or \
                 not (out.strides[0] == out.itemsize != out.strides[1]) or \
                 (out.dtype.kind == "c" and "H" in trans) or \
                 common_type(a.dtype, b.dtype) != out.dtype:
-            return self, trans, False
+            return self, trans
         (m, _), (_, n) = (x.shape if t == "N" else x.shape[::-1] for x, t in zip((a, b), trans))
         if out.shape != (m, n):  # (the checks say so, of the product asked for)
-            return self, trans, False
+            return self, trans
         flipped = {"N": "T", "T": "N", "H": "N"}  # (op H of a real array is op T)
         return (replace(self, a=b, b=a, out=out.T, given=None),
-                (flipped[trans[1]], flipped[trans[0]]), True)
+                (flipped[trans[1]], flipped[trans[0]]))
 
 
-def vector_result(c, vectors: tuple):
-    """The product `c` of :meth:`ArrayOperands.as_matrices`' operands with
-    the dimensions of 1-D operands dropped, as NumPy's matmul returns it: a
-    1-D `a` drops the row, a 1-D `b` the column (both: one element, a NumPy
-    scalar or a 0-d GPU array); `c` as it is where neither was 1-D (or off
-    the root: None)."""
-    if c is None or not any(vectors):
+def vector_result(c, vectors: tuple, out=None):
+    """What the caller gets of the product `c` of the operands
+    :meth:`ArrayOperands.taken` took: the `out` it passed where it passed
+    one (written however summa took it: a view, its transpose); else `c`
+    with the dimensions of 1-D operands dropped, as NumPy's matmul returns
+    it: a 1-D `a` drops the row, a 1-D `b` the column (both: one element,
+    a NumPy scalar or a 0-d GPU array); `c` as it is where neither was 1-D
+    (off the root: None)."""
+    if c is None:
+        return None
+    if out is not None:
+        return out
+    if not any(vectors):
         return c
     return c[0, 0] if all(vectors) else c[0] if vectors[0] else c[:, 0]
 

@@ -112,8 +112,8 @@ class Matmul:
         # the ops asked, before a lazy conjugate's conjugation joins them
         self._asked = tuple(str(options.pop(f"trans_{x}", "N")).upper() for x in "ab")
         # (1-D operands as NumPy's matmul takes them: their products drop a dimension)
-        operands, self._vectors = ArrayOperands(a, b, None, root).as_matrices(self._asked)
-        operands, (options["trans_a"], options["trans_b"]) = operands.unconjugated(self._asked)
+        operands, (options["trans_a"], options["trans_b"]), self._vectors = \
+            ArrayOperands(a, b, None, root).taken(self._asked)
         size, operands = pooled_size(operands, comm, gpus, workers, backend)
         request = dict(grid=grid, out_of_core=out_of_core, device_memory=device_memory)
         if size > 1:
@@ -154,12 +154,10 @@ class Matmul:
             if self._operands is None:
                 raise ValueError("this Matmul let go of its operands (drop_operands): "
                                  "pass a and b")
-            operands, vectors = replace(self._operands, out=out, given=None).as_matrices(
+            operands, trans, vectors = replace(self._operands, out=out, given=None).taken(
                 self.plan.trans, self._vectors)
-            trans = self.plan.trans
         else:  # (one of a and b alone: refused there, on every rank)
-            operands, vectors = ArrayOperands(a, b, out, self._root).as_matrices(self._asked)
-            operands, trans = operands.unconjugated(self._asked)
+            operands, trans, vectors = ArrayOperands(a, b, out, self._root).taken(self._asked)
         operands = self._checked(operands, tuple(trans))
         stats = SummaStats()
         if self._pooled is not None:
@@ -169,7 +167,7 @@ class Matmul:
                 c = run_planned(self.plan, self._grid, self._backend, operands, self._alpha,
                                 stats, called)
             self.stats = stats
-        return out if out is not None and any(vectors) else vector_result(c, vectors)
+        return vector_result(c, vectors, out)
 
     def _execute_pooled(self, operands: ArrayOperands, stats: SummaStats):
         """:meth:`execute` of checked `operands` by the pool's workers."""
