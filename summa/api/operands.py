@@ -40,7 +40,7 @@ import numpy as np
 
 from .arrays import not_in_place
 from ..device.backend import DTYPES
-from ..host.shared import parallel_copy
+from ..host.copies import converted, parallel_copy
 from ..planning.planner import Placement
 
 __all__ = ["Operand", "Operands", "operand", "describe", "unconjugated", "cupy_module",
@@ -202,7 +202,7 @@ def _native(x: np.ndarray, name: str) -> np.ndarray:
         raise ValueError(f"out is {native.name} in non-native byte order ({x.dtype.str}): "
                          f"summa writes the product in native byte order; pass out of dtype "
                          f"'{native.str}'")
-    return x.astype(native)
+    return converted(x, native)
 
 
 def _dlpack_device(x, name: str):

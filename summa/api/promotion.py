@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..device.backend import DTYPES
-from ..host.copies import parallel_copy
+from ..host.copies import converted
 from ..host.filemaps import available_memory
 
 __all__ = ["promoted", "common_type"]
@@ -65,9 +65,7 @@ def _converted(operand, dtype: np.dtype, name: str):
                              f"in {dtype.name} takes {need / 2**30:.2f} GiB of host memory, "
                              f"{free / 2**30:.2f} GiB are available; convert it yourself "
                              "(or the other operand) to one dtype")
-        y = np.empty_like(x, dtype=dtype, subok=False)  # (its order: laid out as it lies)
-        parallel_copy(y, x)
-        return replace(operand, array=y)
+        return replace(operand, array=converted(x, dtype))
     cupy = sys.modules["cupy"]
     with cupy.cuda.Device(operand.device):
         try:

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["parallel_copy", "touched", "TRANSPOSE_TILE", "THREADED_MIN"]
+__all__ = ["parallel_copy", "converted", "touched", "TRANSPOSE_TILE", "THREADED_MIN"]
 
 #: Arrays from this size on are moved on several threads (smaller: one call).
 THREADED_MIN = 64 << 20
@@ -42,6 +42,14 @@ def parallel_copy(dst: np.ndarray, src: np.ndarray, threads: int | None = None) 
         _by_rows(dst, lambda rows: _tiles(dst, src, rows), threads)
         return
     _by_rows(dst, lambda rows: np.copyto(dst[rows], src[rows]), threads)
+
+
+def converted(x: np.ndarray, dtype) -> np.ndarray:
+    """`x`'s values in `dtype` (another type, another byte order), laid out
+    as `x` lies (its order), copied on host threads (:func:`parallel_copy`)."""
+    y = np.empty_like(x, dtype=dtype, subok=False)
+    parallel_copy(y, x)
+    return y
 
 
 def _by_columns(x: np.ndarray) -> bool:

@@ -48,3 +48,11 @@ def test_a_transposing_copy_goes_in_tiles(monkeypatch):
     seen.clear()
     copies.parallel_copy(out, np.ascontiguousarray(x), 1)  # rows to rows: one copy
     assert seen == [(40, 50)]
+
+
+def test_a_converted_copy_keeps_the_values_and_the_order():
+    x = np.asfortranarray(np.arange(20.0).reshape(4, 5)).astype(">f8")  # big-endian, Fortran
+    for dtype in (np.dtype("=f8"), np.dtype(np.complex128)):
+        y = copies.converted(x, dtype)
+        assert y.dtype == dtype and y.flags.f_contiguous and type(y) is np.ndarray
+        assert np.array_equal(y, x)
