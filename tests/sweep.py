@@ -262,7 +262,7 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
     storages = {tuple(storage_of(x[side], t) for side, t in zip("ab", (ta, tb)))
                 for x in (given, dict(zip("ab", planned))) if x["a"] is not None}
     vectors = case.get("vectors") or (False, False)
-    given = {side: vector(x, t, side) if is_vector else x for (side, x), t, is_vector in
+    given = {side: as_passed(x, t, side, v) for (side, x), t, v in
              zip(given.items(), (ta, tb), vectors)}
     if out is not None and any(vectors):  # the product's shape: 1-D, or 0-d
         out = out[(0 if vectors[0] else slice(None), 0 if vectors[1] else slice(None))]
@@ -287,8 +287,8 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
         return float("nan")
     if out is not None and c is not out:
         return float("inf")  # the product must come back in the caller's array
-    if not (np.array_equal(given["a"], vector(a, ta, "a") if vectors[0] else a)
-            and np.array_equal(given["b"], vector(b, tb, "b") if vectors[1] else b)):
+    if not all(np.array_equal(given[side], as_passed(x, t, side, v))
+               for side, x, t, v in zip("ab", (a, b), (ta, tb), vectors)):
         return float("inf")  # the operands are the caller's: never written
     if np.shape(c) != tuple(size for size, v in zip((m, n), vectors) if not v):
         return float("inf")  # a vector's dimension dropped from the product, as NumPy's
@@ -301,9 +301,12 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
                              precision=case["precision"])
 
 
-def vector(x: np.ndarray, trans: str, side: str) -> np.ndarray:
-    """The one row of op(x) (`side` "a") or column of op(x) ("b") of the
-    stored `x`, as the 1-D array NumPy's matmul takes there (a view)."""
+def as_passed(x: np.ndarray, trans: str, side: str, vector: bool) -> np.ndarray:
+    """The stored operand `x` as the case passes it: `x`, or with `vector`
+    the one row of op(x) (`side` "a") or column of op(x) ("b") as the 1-D
+    array NumPy's matmul takes there (a view)."""
+    if not vector:
+        return x
     row_of_x = (side == "a") == (trans == "N")
     return x[0] if row_of_x else x[:, 0]
 

@@ -12,21 +12,36 @@ import pytest
 from leftovers import SETTLE_SECONDS, mpi_segments, stranded
 from test_cli import ROOT, mpiexec
 
-FAILING = '''
+#: The start of a test file the jobs below run: each rank records its
+#: private folders in a file beside it (in files: an abort or a signal may
+#: end a rank before the launcher forwards its output), read back by
+#: :func:`_recorded_folders`.
+RECORDING = '''
 import os
+import time
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.mark.mpi(min_size=2)
-def test_fails_on_the_last_rank(comm):
-    # (in files: the abort may kill a rank before the launcher forwards its output)
+def record_folders(comm):
     with open(os.path.join(HERE, f"folders.{comm.rank}"), "w") as fh:
         fh.write(os.environ["SUMMA_SHM_DIR"] + "\\n" + os.environ["TMPDIR"])
+'''
+
+FAILING = RECORDING + '''
+
+@pytest.mark.mpi(min_size=2)
+def test_fails_on_the_last_rank(comm):
+    record_folders(comm)
     comm.Barrier()
     assert comm.rank != comm.size - 1, "the last rank fails"
 '''
+
+
+def _recorded_folders(folder) -> list[str]:
+    """Every rank's private folders, as :data:`RECORDING` wrote them."""
+    return [f for path in folder.glob("folders.*") for f in path.read_text().split()]
 
 
 def test_a_failing_mpi_test_aborts_the_job_and_leaves_nothing(tmp_path):
@@ -47,7 +62,7 @@ def test_a_failing_mpi_test_aborts_the_job_and_leaves_nothing(tmp_path):
                                        str(tmp_path / "test_failing.py")],
                           env=env, capture_output=True, text=True, timeout=120)
     took = time.monotonic() - t0
-    folders = [f for path in tmp_path.glob("folders.*") for f in path.read_text().split()]
+    folders = _recorded_folders(tmp_path)
     # (its "[rank 1] FAILED" report is not asserted: a launcher that kills the
     # job may drop what a rank wrote just before)
     assert proc.returncode != 0, (proc.stdout, proc.stderr)
@@ -76,18 +91,11 @@ def test_a_run_that_ends_before_its_session_leaves_no_folder(tmp_path):
     assert [n for n in os.listdir(tmp_path) if n.startswith("summa-tests-")] == []
 
 
-WAITING = '''
-import os
-import time
-import pytest
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
+WAITING = RECORDING + '''
 
 @pytest.mark.mpi(min_size=2)
 def test_waits_for_a_signal(comm):
-    with open(os.path.join(HERE, f"folders.{comm.rank}"), "w") as fh:
-        fh.write(os.environ["SUMMA_SHM_DIR"] + "\\n" + os.environ["TMPDIR"])
+    record_folders(comm)
     comm.Barrier()  # (MPI's shared memory mapped by now)
     open(os.path.join(HERE, f"ready.{comm.rank}"), "w").close()
     if comm.rank == 0:
@@ -129,7 +137,7 @@ def test_a_signal_to_run_test_stops_its_tests_and_leaves_nothing(tmp_path, sig, 
     name = signal.Signals(sig).name
     assert proc.returncode == -sig and f"stopped by {name}" in err, (proc.returncode, out, err)
     assert took < 20 and wait_gone(pids, 5) == [], (took, pids)
-    folders = [f for path in tmp_path.glob("folders.*") for f in path.read_text().split()]
+    folders = _recorded_folders(tmp_path)
     assert len(folders) == 4 and [f for f in folders if os.path.exists(f)] == []
     assert [n for n in os.listdir(tmp_path) if n.startswith("summa-")] == []
     time.sleep(SETTLE_SECONDS + 0.2)

@@ -390,4 +390,3 @@ def _uploaded(stored, transpose: bool, conjugate: bool, backend):
         strip = stored[j0:j0 + TRANSPOSE_STRIP]
         backend.transpose(backend.asarray(strip), local[:, j0:j0 + strip.shape[0]], conjugate)
     return local
-

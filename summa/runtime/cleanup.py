@@ -21,9 +21,10 @@ import signal
 import threading
 import weakref
 
-__all__ = ["temporary_files", "new_temporary_file", "remove_temporary_files", "MPI_SEGMENT_PREFIXES", "mapped_segments",
-           "remove_segments", "cuda_ipc_files", "remove_cuda_ipc_files_at_exit", "hard_exit",
-           "process_alive", "finalize", "raises_ctrl_c"]
+__all__ = ["temporary_files", "new_temporary_file", "remove_temporary_files",
+           "MPI_SEGMENT_PREFIXES", "mapped_segments", "remove_segments", "cuda_ipc_files",
+           "remove_cuda_ipc_files_at_exit", "hard_exit", "process_alive", "finalize",
+           "raises_ctrl_c"]
 
 #: Paths this process removes where it ends abruptly (:func:`hard_exit`):
 #: unfinished outputs, shared-memory files not yet unlinked (a set: safe to
