@@ -108,6 +108,9 @@ def draw_case(rng, nranks: int, backend, modes, largest: int, seed: int = 0,
         narrower = NARROWER.get(case["dtype"], [])
         case["b_dtype"] = str(rng.choice(narrower)) if narrower and rng.uniform() < 0.2 \
             else None
+        # a stack of two: one operand's matrix twice, as a view of it (its layout kept)
+        case["stacked"] = bool(case["out"] is None and not case["planned_on"]
+                               and not all(case["vectors"]) and rng.uniform() < 0.15)
     return case
 
 
@@ -266,6 +269,10 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
              zip(given.items(), (ta, tb), vectors)}
     if out is not None and any(vectors):  # the product's shape: 1-D, or 0-d
         out = out[(0 if vectors[0] else slice(None), 0 if vectors[1] else slice(None))]
+    passed = dict(given)  # (given: the matrices, which the stack views)
+    if case.get("stacked"):  # (a vector stays one: the other operand is the stack)
+        side = "b" if vectors[0] else "a"
+        passed[side] = np.broadcast_to(given[side], (2,) + given[side].shape)
     with options.set(transpose_a=case["transpose_a"],
                      transpose_b=case.get("transpose_b", "auto")):
         budgets = [array_budget(case, np.dtype(dtype).itemsize, s) for s in storages]
@@ -281,7 +288,7 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
                 c = product.execute(given["a"] if root else None,
                                     given["b"] if root else None, out=out)
         else:
-            c = summa.matmul(given["a"] if root else None, given["b"] if root else None,
+            c = summa.matmul(passed["a"] if root else None, passed["b"] if root else None,
                              out=out, topology=topology, **asked)
     if not root:
         return float("nan")
@@ -290,9 +297,12 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
     if not all(np.array_equal(given[side], as_passed(x, t, side, v))
                for side, x, t, v in zip("ab", (a, b), (ta, tb), vectors)):
         return float("inf")  # the operands are the caller's: never written
-    if np.shape(c) != tuple(size for size, v in zip((m, n), vectors) if not v):
+    stack = (2,) if case.get("stacked") else ()
+    if np.shape(c) != stack + tuple(size for size, v in zip((m, n), vectors) if not v):
         return float("inf")  # a vector's dimension dropped from the product, as NumPy's
-    c = np.reshape(c, (m, n))
+    if stack and not np.array_equal(c[0], c[1]):
+        return float("inf")  # the stack's two products are of the same matrices
+    c = np.reshape(c[0] if stack else c, (m, n))
     if whole is not None and not np.isnan(np.delete(whole, np.s_[1:1 + n], axis=1)).all():
         return float("inf")  # written outside out's columns
     if c.dtype != dtype:

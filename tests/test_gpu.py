@@ -1314,6 +1314,31 @@ def test_torch_cuda_tensors_in_are_torch_cuda_tensors_out(rng, monkeypatch, tran
         summa.matmul(ta.clone().requires_grad_(), tb)
 
 
+def test_gpu_stacks_are_one_gemm_a_pair_and_come_back_as_the_callers_kind(rng, monkeypatch):
+    """Stacks of CuPy arrays multiply on their GPU (never through host
+    memory), the result a CuPy array there; a host stack beside a GPU matrix
+    comes back on the GPU; torch CUDA stacks come back as a torch tensor
+    (where torch sees the GPU)."""
+    import cupy
+    import summa
+    _no_host_path(monkeypatch)
+    a, b = random_array(rng, (3, 40, 24), "float64"), random_array(rng, (24, 16), "float64")
+    c = summa.matmul(cupy.asarray(a), cupy.asarray(b))
+    assert isinstance(c, cupy.ndarray) and c.shape == (3, 40, 16)
+    assert max(gemm_scaled_error(cupy.asnumpy(c[i]), a[i], b) for i in range(3)) <= 1
+    out = cupy.empty((3, 16, 40), order="C").transpose(0, 2, 1)  # each matrix Fortran-ordered
+    assert summa.matmul(cupy.asarray(a), cupy.asarray(b), out=out) is out
+    assert max(gemm_scaled_error(cupy.asnumpy(out[i]), a[i], b) for i in range(3)) <= 1
+    c = summa.matmul(a, cupy.asarray(b))  # mixed: the product on b's GPU
+    assert isinstance(c, cupy.ndarray)
+    assert max(gemm_scaled_error(cupy.asnumpy(c[i]), a[i], b) for i in range(3)) <= 1
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        c = summa.matmul(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda())
+        assert isinstance(c, torch.Tensor) and c.is_cuda and tuple(c.shape) == (3, 40, 16)
+        assert max(gemm_scaled_error(c[i].cpu().numpy(), a[i], b) for i in range(3)) <= 1
+
+
 class _LazyCudaTensor:
     """A torch CUDA tensor as summa meets it, without torch: DLPack on the
     GPU, and the conjugate bit (``t.conj()``), under which DLPack refuses."""

@@ -42,8 +42,8 @@ def check_arrays(a, b, out, trans_a: str, trans_b: str, backend, out_in_place: b
                 return f"{name} is not an array ({type(x).__name__}: {exc})"
         if x.ndim != 2:
             return (f"{name} must be a 2-D array (or 1-D, a vector), got {x.ndim}-D"
-                    + (": multiply each matrix of a stack in a call of its own"
-                       if x.ndim > 2 else ""))
+                    + (": summa.matmul multiplies stacks of matrices; a Matmul is planned "
+                       "for one pair (execute it for each)" if x.ndim > 2 else ""))
         arrays[name] = x
     a, b = arrays["a"], arrays["b"]
     if a.dtype != b.dtype:  # (pairs of a common type summa computes in are promoted first)

@@ -30,6 +30,8 @@ from ..execution.outofcore import SweepOperands, run_out_of_core
 from ..precision.ozaki_gpu import asked_moduli, check_moduli
 from ..planning.planner import Machine, make_plan
 from .nonfinite import nonfinite_notes
+from .stacks import Stack, multiply_stack, stacked
+from .stateful import Matmul
 from .planned import (ArrayOperands, PlanRequest, plan_arrays, pooled_size, run_planned,
                       vector_result)
 
@@ -69,7 +71,10 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         on one CUDA GPU: CuPy's, and DLPack or CUDA-array-interface
         producers (torch CUDA tensors, JAX arrays), viewed through CuPy.
         2-D, or 1-D as NumPy's matmul takes a vector (a row on the left, a
-        column on the right; the product drops that dimension).
+        column on the right; the product drops that dimension), or stacks
+        of matrices in their last two dimensions, the leading ones
+        broadcast as NumPy's matmul does: one Matmul planned for a pair and
+        executed for each (:mod:`summa.api.stacks`).
     grid : str or tuple, optional
         Default: the one ``bench`` takes for the product's shape
         (:func:`summa.distribution.grid.grid_for`).
@@ -124,7 +129,8 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     ------
     ValueError
         The same on every rank, before any data moves: arrays that cannot be
-        multiplied (not arrays, not 1-D or 2-D, dtypes unsupported or of no
+        multiplied (not arrays, stacks whose leading dimensions do not
+        broadcast, dtypes unsupported or of no
         common type summa multiplies, a promoted copy beyond the memory,
         inner dimensions differing), operands on two GPUs or not on a CUDA
         GPU, GPU arrays without CuPy, an unusable `out`, a device budget too
@@ -136,6 +142,13 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         raise TypeError(f"matmul got unexpected keyword argument(s) {', '.join(unknown)}")
     moduli = check_moduli(kwargs.pop("moduli", None), kwargs.get("precision"))
     trans = tuple(str(kwargs.pop(f"trans_{x}", "N")).upper() for x in "ab")
+    stack, a, b, empty = stacked(a, b, out, trans, MPI.COMM_WORLD if comm is None else comm,
+                                 root)
+    if stack is not None:
+        here = dict(kwargs, trans_a=trans[0], trans_b=trans[1], moduli=moduli, comm=comm,
+                    root=root, grid=grid, backend=backend, out_of_core=out_of_core,
+                    device_memory=device_memory, gpus=gpus, workers=workers, topology=topology)
+        return _matmul_stack(stack, a, b, out, here) if stack.count else empty
     operands, trans, vectors = ArrayOperands(a, b, out, root).taken(trans)
     # (a Fortran-ordered out: the transposed product into out.T; the root's ops rule)
     operands, (trans_a, trans_b) = operands.into_transposed_out(trans)
@@ -152,6 +165,19 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
             c = _matmul_here(operands, MPI.COMM_WORLD if comm is None else comm, called,
                              dict(here, topology=topology))
     return vector_result(c, vectors, out)
+
+
+def _matmul_stack(stack: Stack, a, b, out, kwargs: dict):
+    """:func:`matmul_arrays` of stacks of matrices (:mod:`summa.api.stacks`):
+    one Matmul of a pair, planned once, executed for each; `kwargs` its
+    other arguments. `stats` gets the last product's record."""
+    stats = kwargs.pop("stats", None)
+    comm = MPI.COMM_WORLD if kwargs["comm"] is None else kwargs["comm"]
+    c, last = multiply_stack(stack, a, b, out, comm, kwargs["root"],
+                             lambda x, y: Matmul(x, y, **kwargs))
+    if stats is not None and last is not None:
+        stats.__dict__.update(last.__dict__)
+    return c
 
 
 def _matmul_here(operands: ArrayOperands, comm, called: float, kwargs: dict):

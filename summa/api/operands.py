@@ -44,7 +44,7 @@ from ..host.copies import converted, parallel_copy
 from ..planning.planner import Placement
 
 __all__ = ["Operand", "Operands", "operand", "describe", "unconjugated", "cupy_module",
-           "kept_device", "DLPACK_CPU", "DLPACK_CUDA"]
+           "kept_device", "as_kind", "library_of", "lies_on_gpu", "DLPACK_CPU", "DLPACK_CUDA"]
 
 #: DLPack's device types (dlpack.h, ``DLDeviceType``) summa reads: host
 #: memory (plain, and CUDA's page-locked), and CUDA GPU memory (plain, managed).
@@ -150,7 +150,7 @@ def _lazy_conjugate(x) -> bool:
         return False
 
 
-def _library(x) -> str:
+def library_of(x) -> str:
     root = type(x).__module__.partition(".")[0]
     return _ALIASES.get(root, root)
 
@@ -188,7 +188,8 @@ def operand(x, name: str) -> Operand:
         return _on_gpu(x, name)
     if place is None and _has_cuda_interface(x):
         return _on_gpu(x, name)
-    return Operand(x, _native(_host_array(x, name, place is not None), name), None, _library(x))
+    return Operand(x, _native(_host_array(x, name, place is not None), name), None,
+                   library_of(x))
 
 
 def _native(x: np.ndarray, name: str) -> np.ndarray:
@@ -217,6 +218,13 @@ def _dlpack_device(x, name: str):
     except Exception as exc:  # noqa: BLE001 -- any library's own error, said once
         raise ValueError(f"{name} ({_kind(x)}) does not say where its data lie "
                          f"(__dlpack_device__: {type(exc).__name__}: {exc})") from None
+
+
+def lies_on_gpu(x, name: str = "the operand") -> bool:
+    """Does `x` (any array-like the caller passes) lie on a CUDA GPU, by
+    DLPack's word or the CUDA array interface?"""
+    place = _dlpack_device(x, name)
+    return place[0] in _CUDA_TYPES if place is not None else _has_cuda_interface(x)
 
 
 def _has_cuda_interface(x) -> bool:
@@ -249,7 +257,7 @@ def _on_gpu(x, name: str) -> Operand:
         raise ValueError(_foreign_dtype(x, name) or
                          f"{name} ({_kind(x)}) lies on a GPU this process cannot read through "
                          f"CuPy ({type(exc).__name__}: {exc})") from None
-    return Operand(x, array, device, _library(x))
+    return Operand(x, array, device, library_of(x))
 
 
 def _array_like(x) -> bool:
@@ -373,9 +381,9 @@ class Operands:
                               f"free memory of GPU {home.device}, where the operands lie; it "
                               "is returned in host memory", RuntimeWarning,
                               stacklevel=_callers_level())
-                return _as_kind(home.library, c) if home.library == "torch" else c
+                return as_kind(home.library, c) if home.library == "torch" else c
             c = moved
-        return _as_kind(home.library, c)
+        return as_kind(home.library, c)
 
 
 def describe(a, b, out=None) -> Operands:
@@ -470,7 +478,7 @@ def _copy_into(out: Operand, c) -> None:
             out.array[...] = cupy.asarray(c)
 
 
-def _as_kind(library: str, c):
+def as_kind(library: str, c):
     """`c` (NumPy or CuPy) as `library`'s array where it wraps one without a
     copy (torch, JAX); else `c` itself. A library that refuses leaves `c`
     as it is, with a RuntimeWarning (the product is not lost)."""

@@ -38,7 +38,7 @@ from ..host.storage import conjugated, op_view, storage_of
 from ..runtime.watchdog import watch
 
 __all__ = ["ArrayOperands", "PlanRequest", "plan_arrays", "run_planned", "run_on_device",
-           "run_arrays", "pooled_size"]
+           "run_arrays", "pooled_size", "ndim_of"]
 
 
 def pooled_size(operands: "ArrayOperands", comm, gpus=None, workers=None,
@@ -126,7 +126,7 @@ class ArrayOperands:
         product). The ops `trans` are upper-case. Given `vectors` (a Matmul's
         stored operands, already matrices), `out` is taken for them."""
         a, b, out = self.a, self.b, self.out
-        found = tuple(x is not None and _ndim(x) == 1 for x in (a, b))
+        found = tuple(x is not None and ndim_of(x) == 1 for x in (a, b))
         vectors = found if vectors is None else vectors
         if not any(vectors):
             return self, vectors
@@ -135,7 +135,7 @@ class ArrayOperands:
             a = _matrix(a, column if trans[0] != "N" else row)
         if found[1]:
             b = _matrix(b, column if trans[1] == "N" else row)
-        if out is not None and _ndim(out) == 2 - sum(vectors):  # else: refused by its shape
+        if out is not None and ndim_of(out) == 2 - sum(vectors):  # else: refused by its shape
             out = _matrix(out, one if all(vectors) else column if vectors[1] else row)
         return replace(self, a=a, b=b, out=out, given=None), vectors
 
@@ -177,7 +177,7 @@ def vector_result(c, vectors: tuple, out=None):
     return c[0, 0] if all(vectors) else c[0] if vectors[0] else c[:, 0]
 
 
-def _ndim(x) -> int:
+def ndim_of(x) -> int:
     """How many dimensions `x` has (any array-like), by its own word where it
     has one (no conversion: a torch tensor with its conjugate bit refuses
     it); -1 where it says none and NumPy cannot tell (:func:`describe`

@@ -67,7 +67,7 @@ class Matmul:
     ----------
     a, b : array
         On `root`, None elsewhere: any kind :func:`summa.matmul` takes.
-    comm, root, grid, backend, out_of_core, device_memory, gpus, workers, **options
+    comm, root, grid, backend, out_of_core, device_memory, gpus, workers, topology, **options
         As for :func:`summa.api.multiply.matmul_arrays` (options: ``alpha``,
         ``trans_a``, ``trans_b``, ``panel_width``, ``lookahead``,
         ``broadcaster``, ``precision``, ``moduli``, ``schedule``).
@@ -100,7 +100,7 @@ class Matmul:
 
     def __init__(self, a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
                  backend="auto", out_of_core=None, device_memory=None, gpus=None,
-                 workers=None, **options):
+                 workers=None, topology=None, **options):
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             raise TypeError(f"Matmul got unexpected keyword argument(s) {', '.join(unknown)}")
@@ -123,8 +123,8 @@ class Matmul:
         self._alpha = options.pop("alpha", 1.0)
         with asked_moduli(self._moduli), kept_device():  # the plan counts their scratch
             self._backend, self.plan, self._operands = plan_arrays(
-                operands, self._comm, PlanRequest(**request, **options), backend)
-        self._grid = ProcessGrid(self._comm, self.plan.grid)
+                operands, self._comm, PlanRequest(**request, **options), backend, topology)
+        self._grid = ProcessGrid(self._comm, self.plan.grid, topology=topology)
         if self._grid.core_note and self._grid.rank == 0:
             warnings.warn(self._grid.core_note, RuntimeWarning, stacklevel=2)
 

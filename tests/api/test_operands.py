@@ -353,7 +353,7 @@ class Copied(ArrayLike):
     (lambda: object(), "a is not an array"),
     (lambda: "4x4", "a is not an array"),
     (lambda: FakeTensor(np.ones((4, 4), dtype=np.int64)), "unsupported dtype"),
-    (lambda: FakeTensor(np.ones((4, 4, 1))), "2-D"),
+    (lambda: FakeTensor(np.ones((4, 4, 1))), "inner dimensions differ"),  # a stack of 4 x 1
 ])
 def test_unusable_arrays_are_refused_with_one_clear_error(monkeypatch, make, match):
     monkeypatch.setattr(operands, "cupy_module", lambda: None)  # as on a machine without CuPy

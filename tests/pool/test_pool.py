@@ -41,6 +41,15 @@ def test_a_pool_multiplies_within_the_gauge_and_leaves_the_arrays_alone(rng, wor
     assert gemm_scaled_error(out, b, a, trans_a="T", trans_b="T") <= 1
 
 
+def test_a_pool_multiplies_a_stack_by_one_matmul_it_keeps(rng):
+    """A stack's products run on the pool's workers, one Matmul planned there
+    for every pair, each product into its place."""
+    a, b = random_array(rng, (3, 29, 17), "float64"), random_array(rng, (17, 23), "float64")
+    c = summa.matmul(a, b, workers=2, backend="numpy", panel_width=4)
+    assert c.shape == (3, 29, 23)
+    assert max(gemm_scaled_error(c[i], a[i], b) for i in range(3)) <= 1
+
+
 def test_arrays_made_shared_are_not_copied(rng, monkeypatch):
     a = host.empty((40, 30), "float32")
     b = host.empty((30, 20), "float32")
