@@ -1171,9 +1171,7 @@ def test_a_product_made_in_host_memory_that_cannot_go_back_stays_there(rng, monk
 
 
 @pytest.mark.parametrize("make,match", [
-    (lambda cp: (cp.ones((4, 4), dtype=cp.int32),) * 2, "unsupported dtype"),
-    (lambda cp: (cp.ones((4, 4), dtype=cp.int64), cp.ones((4, 4), dtype=cp.int32)),
-     "convert them"),
+    (lambda cp: (cp.full((4, 4), 2**30, dtype=cp.int64),) * 2, "may reach 2\\*\\*62.0"),
     (lambda cp: (cp.ones((4, 5)), cp.ones((4, 5))), "inner dimensions"),
     (lambda cp: (cp.ones((4, 4)), cp.ones((4, 4)), np.empty((4, 4))), "out is in host memory"),
     (lambda cp: (cp.ones((4, 4)), cp.ones((4, 4)), cp.empty((4, 5))), "out is"),
@@ -1186,6 +1184,25 @@ def test_unusable_gpu_operands_are_refused_with_one_clear_error(make, match):
     a, b, *out = make(cupy)
     with pytest.raises(ValueError, match=match):
         summa.matmul(a, b, out=out[0] if out else None)
+
+
+def test_gpu_integers_multiply_exactly_there_as_numpy_does(rng, monkeypatch):
+    """CuPy integer and boolean operands: NumPy's product exactly, in NumPy's
+    type, a CuPy array on their GPU (never through host memory); a tf32
+    precision is refused for them."""
+    import cupy
+    import summa
+    _no_host_path(monkeypatch)
+    cases = [(rng.integers(-2**20, 2**20, (40, 33)), rng.integers(-99, 99, (33, 21)), "int32"),
+             (rng.integers(0, 256, (40, 33)), rng.integers(0, 256, (33, 21)), "uint8"),
+             (rng.uniform(size=(40, 33)) < 0.2, rng.uniform(size=(33, 21)) < 0.2, "bool")]
+    for x, y, db in cases:
+        x, y = x.astype(np.int64) if x.dtype != bool else x, y.astype(db)
+        c = summa.matmul(cupy.asarray(x), cupy.asarray(y))
+        assert isinstance(c, cupy.ndarray) and c.dtype == (x @ y).dtype, db
+        assert np.array_equal(cupy.asnumpy(c), x @ y), db
+    with pytest.raises(ValueError, match="precision='tf32' does not apply"):
+        summa.matmul(cupy.asarray(x), cupy.asarray(y), precision="tf32")
 
 
 @pytest.mark.parametrize("where", ["device", "mixed", "through host memory"])

@@ -19,15 +19,17 @@ def op_shape(shape, trans: str) -> tuple:
     return tuple(shape) if trans == "N" else tuple(shape[::-1])
 
 
-def check_arrays(a, b, out, trans_a: str, trans_b: str, backend, out_in_place: bool = True):
+def check_arrays(a, b, out, trans_a: str, trans_b: str, backend, out_in_place: bool = True,
+                 out_dtype=None):
     """``(m, n, k, dtype string)`` of ``op(a) @ op(b)`` into `out` (None: a
     new array), or the message saying why they cannot be used; `backend`
     checks the dtype. `a`, `b` and `out` are NumPy arrays (others are
     converted), or CuPy arrays where they lie on a GPU. `out_in_place`
     False: `out` is filled from a product of its own at the end
     (:attr:`summa.api.operands.Operands.out_in_place`), so its layout and
-    what it shares do not matter. Local: the caller makes the answer
-    collective."""
+    what it shares do not matter; `out_dtype`, the type it must have where
+    the product is given back in another (integers computed in float64).
+    Local: the caller makes the answer collective."""
     for name, t in (("trans_a", trans_a), ("trans_b", trans_b)):
         if t not in ("N", "T", "H"):
             return f"{name} must be N, T or H, got {t!r}"
@@ -60,9 +62,10 @@ def check_arrays(a, b, out, trans_a: str, trans_b: str, backend, out_in_place: b
     if out is not None:
         if not is_array(out):
             return f"out must be a NumPy array, not {type(out).__name__}"
-        if out.shape != (m, n) or out.dtype != dtype:
+        want = dtype if out_dtype is None else np.dtype(out_dtype)
+        if out.shape != (m, n) or out.dtype != want:
             return (f"out is {out.shape} {out.dtype.name}, but the product is "
-                    f"({m}, {n}) {dtype.name}")
+                    f"({m}, {n}) {want.name}")
         if not getattr(out.flags, "writeable", True):  # (CuPy's arrays are all writeable)
             return "out is read-only"
         refusal = not_in_place(out, a, b) if out_in_place else None

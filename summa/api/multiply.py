@@ -65,7 +65,9 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         On `root`, of one dtype (float64, float32, complex128, complex64;
         float16 on GPUs), or of two whose common type (NumPy's
         ``result_type``) is one of these: the other operand is copied once
-        into it (:mod:`summa.api.promotion`); never modified. NumPy arrays;
+        into it (:mod:`summa.api.promotion`); or both integer or boolean,
+        multiplied exactly (in float64, below 2**53) and given back in
+        NumPy's result type; never modified. NumPy arrays;
         host arrays of other libraries NumPy views in place (``__array__``, the buffer protocol,
         DLPack on the CPU: torch CPU tensors, memoryviews) and lists; arrays
         on one CUDA GPU: CuPy's, and DLPack or CUDA-array-interface

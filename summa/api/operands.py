@@ -323,12 +323,17 @@ class Operands:
         filled from a product of its own at the end (:meth:`give_back`), as
         NumPy's matmul fills an overlapping one; on a GPU too, by a copy
         there.
+    result_dtype : numpy.dtype or None
+        The type the product is given back in where it is not the one it
+        is computed in: integer operands, multiplied exactly in float64
+        (:func:`summa.api.promotion.exact_integers`).
     """
 
     a: Operand
     b: Operand
     out: Operand | None = None
     out_in_place: bool = True
+    result_dtype: np.dtype | None = None
 
     @property
     def arrays(self) -> tuple:
@@ -368,7 +373,10 @@ class Operands:
         caller passed it (filled where `c` is not it); else the kind of
         :attr:`home` where its library wraps it without a copy, on its GPU
         (a product made in host memory goes there where it fits, else stays
-        in host memory with a RuntimeWarning), or NumPy/CuPy."""
+        in host memory with a RuntimeWarning), or NumPy/CuPy; in
+        :attr:`result_dtype` where it has one."""
+        if self.result_dtype is not None:
+            c = _exactly(c, self.result_dtype)
         if self.out is not None:
             if c is not self.out.array:
                 _copy_into(self.out, c)
@@ -384,6 +392,16 @@ class Operands:
                 return as_kind(home.library, c) if home.library == "torch" else c
             c = moved
         return as_kind(home.library, c)
+
+
+def _exactly(c, dtype: np.dtype):
+    """The float64 product `c` (NumPy or CuPy) of integers, exact, in the
+    integer or boolean `dtype`: through int64, so that a narrower type keeps
+    the low bits as NumPy's integer matmul does (bool: nonzero)."""
+    if dtype.kind == "b":
+        return c != 0
+    whole = c.astype(np.int64)
+    return whole if dtype == whole.dtype else whole.astype(dtype)
 
 
 def describe(a, b, out=None) -> Operands:

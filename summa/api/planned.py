@@ -248,8 +248,10 @@ def plan_arrays(operands: ArrayOperands, comm, request: PlanRequest = PlanReques
     be = collectively(comm, get_backend, backend, local)
     if rank == operands.root and meta is None:
         meta = check_arrays(*operands.given.arrays, trans_a, trans_b, be,
-                            operands.given.out_in_place)
-        meta = meta if isinstance(meta, str) else (*meta, placed, (trans_a, trans_b))
+                            operands.given.out_in_place, operands.given.result_dtype)
+        if not isinstance(meta, str):
+            meta = _inexact(operands.given, request.precision) or \
+                (*meta, placed, (trans_a, trans_b))
     meta = comm.bcast(meta, root=operands.root)
     if isinstance(meta, str):
         raise ValueError(meta)
@@ -274,6 +276,15 @@ def plan_arrays(operands: ArrayOperands, comm, request: PlanRequest = PlanReques
     if plan.placement.where == "host":  # (GPU arrays that do not fit there: as fetched)
         plan = _stored(plan, storage or _storage(in_host(), plan.trans, comm))
     return be, plan, operands
+
+
+def _inexact(given, precision) -> str | None:
+    """Why `precision` cannot be asked of the described operands `given`
+    (integers, multiplied exactly in float64), or None."""
+    if given.result_dtype is None or precision in (None, "default"):
+        return None
+    return (f"precision={precision!r} does not apply to integer operands: summa "
+            "multiplies them exactly in float64")
 
 
 def run_planned(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,

@@ -2,7 +2,14 @@
 their common type (``np.result_type``: float32 and float64 in float64, a
 real and a complex type in the complex one, an integer and a float in the
 float), the operand of another type copied once into it, where that type is
-one summa computes in."""
+one summa computes in.
+
+Integer and boolean operands (of any two such types) multiply exactly: both
+are copied into float64, whose GEMM sums integers exactly while every sum
+stays below 2**53 (checked first: the largest magnitudes' product times K),
+and the float64 product is converted into NumPy's result type, wrapping as
+NumPy's integer matmul wraps (a narrower type keeps the low bits; bool: any
+term true)."""
 
 from __future__ import annotations
 
@@ -15,10 +22,27 @@ from ..device.backend import DTYPES
 from ..host.copies import converted
 from ..host.filemaps import available_memory
 
-__all__ = ["promoted", "common_type"]
+__all__ = ["promoted", "common_type", "product_type", "exact_integers"]
 
 #: The types summa computes in.
 _TYPES = frozenset(np.dtype(t) for t in DTYPES.values())
+
+#: The largest integer below which float64 holds every integer: sums of
+#: integer products below it are exact in a float64 GEMM.
+EXACT = 2 ** 53
+
+
+def product_type(a: np.dtype, b: np.dtype) -> np.dtype | None:
+    """The dtype of summa's product of operands of dtypes `a` and `b`:
+    NumPy's matmul's, where summa computes it (:func:`common_type`, or both
+    integer or boolean); else None."""
+    if _integral(a) and _integral(b):
+        return np.result_type(a, b)
+    return common_type(a, b)
+
+
+def _integral(dtype: np.dtype) -> bool:
+    return np.dtype(dtype).kind in "biu"
 
 
 def common_type(a: np.dtype, b: np.dtype) -> np.dtype | None:
@@ -44,11 +68,49 @@ def promoted(given):
         The copy does not fit in the host's available memory, or the GPU's.
     """
     a, b = given.a.array, given.b.array
+    if a.ndim != 2 or b.ndim != 2:
+        return given
+    if _integral(a.dtype) and _integral(b.dtype):
+        return exact_integers(given)
     common = common_type(a.dtype, b.dtype) if a.dtype != b.dtype else None
-    if common is None or a.ndim != 2 or b.ndim != 2:
+    if common is None:
         return given
     return replace(given, a=_converted(given.a, common, "a"),
                    b=_converted(given.b, common, "b"))
+
+
+def exact_integers(given):
+    """`given` (2-D integer or boolean operands) copied into float64, their
+    product's type (:func:`product_type`) its ``result_dtype``: the float64
+    product, exact, is converted into it
+    (:meth:`summa.api.operands.Operands.give_back`), and an `out` filled
+    from it (never written in place).
+
+    Raises
+    ------
+    ValueError
+        A sum of their products may reach 2**53 (float64 would round it),
+        or a copy does not fit in memory (:func:`promoted`)."""
+    a, b = given.a.array, given.b.array
+    bound = _largest(a) * _largest(b) * max(a.shape)  # (K is one of a's sides)
+    if bound >= EXACT:
+        raise ValueError(
+            f"a is {a.dtype.name} and b {b.dtype.name}: summa multiplies integers exactly in "
+            f"float64, whose sums are exact below 2**53, and these values' products summed "
+            f"over K may reach 2**{np.log2(float(bound)):.1f} (the largest magnitudes "
+            f"{_largest(a)} and {_largest(b)}, K up to {max(a.shape)}): convert them to "
+            "float64 yourself (rounded sums), or multiply smaller values")
+    f64 = np.dtype(np.float64)
+    return replace(given, a=_converted(given.a, f64, "a"), b=_converted(given.b, f64, "b"),
+                   result_dtype=np.result_type(a.dtype, b.dtype), out_in_place=False)
+
+
+def _largest(x) -> int:
+    """The largest magnitude among the integers of `x` (NumPy or CuPy), as a
+    Python int (``abs`` of the most negative one overflows its type)."""
+    if x.size == 0:
+        return 0
+    return max(abs(int(x.max())), abs(int(x.min())))
 
 
 def _converted(operand, dtype: np.dtype, name: str):

@@ -15,7 +15,7 @@ import numpy as np
 from .arrays import op_shape
 from .operands import as_kind, library_of, lies_on_gpu, operand
 from .planned import ndim_of
-from .promotion import common_type
+from .promotion import product_type
 
 __all__ = ["Stack", "stacked", "multiply_stack"]
 
@@ -191,7 +191,7 @@ def _new(stack: Stack, a, b, plan) -> tuple:
     ------
     ValueError
         It does not fit in that GPU's free memory."""
-    shape, dtype = stack.shape, np.dtype(plan.dtype)
+    shape, dtype = stack.shape, product_type(_dtype(a), _dtype(b)) or np.dtype(plan.dtype)
     placement = plan.placement
     home = b if placement.where == "mixed" and not lies_on_gpu(a) else a
     if placement.where == "host":
@@ -212,6 +212,11 @@ def _kept(result, home) -> tuple:
     return result, as_kind(library_of(home), result)
 
 
+def _dtype(x) -> np.dtype:
+    """The NumPy dtype of the array `x` of any library (torch's by name)."""
+    return np.dtype(str(x.dtype).rpartition(".")[2])
+
+
 def _empty(stack: Stack, a, b):
     """The result of a stack of no products: an empty array of NumPy's result
     type, in host memory or on the GPU an operand lies on.
@@ -220,9 +225,8 @@ def _empty(stack: Stack, a, b):
     ------
     ValueError
         The dtypes have no common type summa multiplies."""
-    dtypes = [np.dtype(getattr(x.dtype, "name", str(x.dtype)).rpartition(".")[2])
-              for x in (a, b)]
-    dtype = common_type(*dtypes)
+    dtypes = [_dtype(x) for x in (a, b)]
+    dtype = product_type(*dtypes)
     if dtype is None:
         raise ValueError(f"a is {dtypes[0].name} and b {dtypes[1].name}: NumPy's type for "
                          "their product is not one summa multiplies")

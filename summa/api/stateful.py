@@ -198,9 +198,14 @@ class Matmul:
         """Why the plan does not fit the described operands `given`, their
         ops `trans`, (None: it does)."""
         plan = self.plan
-        meta = check_arrays(*given.arrays, *plan.trans, self._backend, given.out_in_place)
+        meta = check_arrays(*given.arrays, *plan.trans, self._backend, given.out_in_place,
+                            given.result_dtype)
         if isinstance(meta, str):
             return meta
+        if given.result_dtype is not None and plan.precision not in (None, "default"):
+            return (f"this Matmul planned precision={plan.precision!r}, which does not "
+                    "apply to integer operands (multiplied exactly in float64); make a "
+                    "Matmul for these operands")
         if trans != tuple(plan.trans):
             return ("a lazily conjugated operand (a torch tensor with its conjugate bit set) "
                     "stands where this Matmul planned a plain one, or the reverse: the ops "

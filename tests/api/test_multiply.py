@@ -178,8 +178,8 @@ def _read_only(x):
 def test_arrays_that_cannot_be_multiplied_are_refused_on_every_rank(comm, rng):
     a = random_array(rng, (12, 9), "float64")
     mine = comm.rank == 0
-    ints = a.astype(np.int64), a.T.astype(np.int32)  # (no common type summa multiplies)
-    for args, match in (((a, a), "inner dimensions"), (ints, "convert them"),
+    long = a.astype(np.longdouble), a.T.copy()  # (no common type summa multiplies)
+    for args, match in (((a, a), "inner dimensions"), (long, "convert them"),
                         ((a, None), "must pass"), ((a[None], a), "matrices have 9 columns"),
                         ((a[0], a), "inner dimensions")):
         with pytest.raises(ValueError, match=match):
@@ -393,6 +393,68 @@ def test_two_dtypes_multiply_in_their_common_type_as_numpy_does(comm, rng, out_o
         c = m.execute()
         if mine:
             assert c.dtype == np.float64 and gemm_scaled_error(c, a.astype(np.float64), b) <= 1
+
+
+def _integers(rng, shape, dtype, top: int) -> np.ndarray:
+    """Random values of the integer or boolean `dtype`, magnitudes below `top`."""
+    if np.dtype(dtype).kind == "b":
+        return rng.uniform(size=shape) < 0.3
+    low = 0 if np.dtype(dtype).kind == "u" else -top + 1
+    return rng.integers(low, top, shape).astype(dtype)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("out_of_core", [False, True])
+def test_integer_and_boolean_operands_multiply_exactly_as_numpy_does(comm, rng, out_of_core):
+    """Integers and booleans of any two types give NumPy's product exactly,
+    in NumPy's type (a narrower one wrapping as NumPy's matmul wraps, bool
+    any term true): every layout and op, into an `out` of any layout, a
+    Matmul, vectors; 1-3 ranks, in memory and out of core."""
+    from test_layouts import operand
+    mine = comm.rank == 0
+    kwargs = dict(out_of_core=out_of_core, panel_width=4,
+                  device_memory="4KiB" if out_of_core else None)
+    pairs = [("int64", "int64", 2**20, "C", "F"), ("int32", "int16", 300, "op T", "strided"),
+             ("uint8", "uint8", 256, "reversed", "C"), ("int8", "uint16", 100, "F", "op T"),
+             ("bool", "bool", 2, "T view", "C"), ("bool", "int32", 1000, "C", "op H")]
+    for da, db, top, la, lb in pairs:
+        x, y = _integers(rng, (13, 11), da, top), _integers(rng, (11, 9), db, top)
+        a, ta, _ = operand(rng, (13, 11), "float64", la)
+        b, tb, _ = operand(rng, (11, 9), "float64", lb)
+        a, b = a.astype(da), b.astype(db)  # (the layouts' shapes, then the values)
+        a[...], b[...] = (x if ta == "N" else x.T), (y if tb == "N" else y.T)
+        want = x @ y
+        c = summa.matmul(a if mine else None, b if mine else None, trans_a=ta, trans_b=tb,
+                         **kwargs)
+        if mine:
+            assert c.dtype == want.dtype and np.array_equal(c, want), (da, db, la, lb)
+        out = np.empty((9, 13), want.dtype).T if mine else None  # Fortran-ordered
+        assert summa.matmul(a if mine else None, b if mine else None, trans_a=ta, trans_b=tb,
+                            out=out, **kwargs) is out
+        if mine:
+            assert np.array_equal(out, want), (da, db, "out")
+    x, y = _integers(rng, (13, 11), "int64", 50), _integers(rng, (11,), "int32", 50)
+    with summa.Matmul(x if mine else None, y if mine else None, **kwargs) as m:
+        for c, want in ((m.execute(), x @ y), (m.execute(x[::-1] if mine else None,
+                                                         y if mine else None), x[::-1] @ y)):
+            if mine:
+                assert c.dtype == np.int64 and np.array_equal(c, want)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("case, match", [
+    ("beyond 2**53", r"may reach 2\*\*62.0 .*convert them to float64 yourself"),
+    ("precision", "precision='tf32' does not apply to integer operands"),
+    ("float out", "out is .* float64, but the product is .* int64"),
+])
+def test_integer_products_float64_cannot_hold_exactly_are_refused(comm, case, match):
+    mine = comm.rank == 0
+    a = np.full((4, 4), 2**30, np.int64)
+    kwargs = {"precision": dict(precision="tf32"),
+              "float out": dict(out=np.empty((4, 4)) if mine else None)}.get(case, {})
+    a = a if case == "beyond 2**53" else a // 2**20
+    with pytest.raises(ValueError, match=match):
+        summa.matmul(a if mine else None, a if mine else None, **kwargs)
 
 
 def test_a_promoted_copy_beyond_the_hosts_memory_is_refused(rng, monkeypatch):

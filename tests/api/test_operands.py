@@ -352,7 +352,7 @@ class Copied(ArrayLike):
                                         "choose one of float64"),
     (lambda: object(), "a is not an array"),
     (lambda: "4x4", "a is not an array"),
-    (lambda: FakeTensor(np.ones((4, 4), dtype=np.int64)), "unsupported dtype"),
+    (lambda: FakeTensor(np.ones((4, 4), dtype=np.longdouble)), "unsupported dtype"),
     (lambda: FakeTensor(np.ones((4, 4, 1))), "inner dimensions differ"),  # a stack of 4 x 1
 ])
 def test_unusable_arrays_are_refused_with_one_clear_error(monkeypatch, make, match):

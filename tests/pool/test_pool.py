@@ -50,6 +50,14 @@ def test_a_pool_multiplies_a_stack_by_one_matmul_it_keeps(rng):
     assert max(gemm_scaled_error(c[i], a[i], b) for i in range(3)) <= 1
 
 
+def test_a_pool_multiplies_integers_exactly_into_an_out_of_theirs(rng):
+    a = rng.integers(-99, 99, (61, 47))
+    b = rng.integers(-99, 99, (47, 38)).astype(np.int16)
+    out = np.empty((61, 38), np.int64)
+    assert summa.matmul(a, b, workers=2, backend="numpy", out=out) is out
+    assert np.array_equal(out, a @ b)
+
+
 def test_arrays_made_shared_are_not_copied(rng, monkeypatch):
     a = host.empty((40, 30), "float32")
     b = host.empty((30, 20), "float32")
