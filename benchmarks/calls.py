@@ -135,7 +135,8 @@ def release(holds: list) -> None:
 
 def fill(x, seed: int, threads: int = 16) -> None:
     """Fill the 2-D NumPy array `x` (any strides; both parts of complex
-    values) with uniform [-1, 1) values, 1024 rows at a time on `threads`
+    values) with uniform [-1, 1) values (integers: below 2**10 in
+    magnitude), 1024 rows at a time on `threads`
     threads: a fresh array's first touch runs at 2.4 GB/s on one thread, 32
     on 16 (docs/benchmarks.md, "Host↔GPU copies")."""
     from concurrent.futures import ThreadPoolExecutor
@@ -147,6 +148,9 @@ def fill(x, seed: int, threads: int = 16) -> None:
         r0, r1 = rows[i]
         rng = np.random.default_rng([seed, i])
         part = x[r0:r1]
+        if x.dtype.kind in "iu":  # integers below 2**10: exact float64 sums to K = 2**33
+            part[...] = rng.integers(0 if x.dtype.kind == "u" else -1023, 1024, part.shape)
+            return
         if part.flags.c_contiguous:  # straight into the array, no temporary
             flat = part.view(real) if x.dtype.kind == "c" else part
             rng.random(out=flat, dtype=real)
@@ -196,7 +200,9 @@ def freivalds(a, b, rows: int = 512):
     and ``|b| |x|``), so checking a second product costs a few rows of `a`
     and `c`; whole-array passes cost more than the multiply (a check of
     every row of a 40960² product took a minute on one thread). Any memory
-    layout; NumPy arrays."""
+    layout; NumPy arrays; `c` may be a stack of parts of the product (a C
+    array whose rows, in order, are its rows); integers judged at float64's
+    rounding of the check itself."""
     import numpy as np
     rng = np.random.default_rng()
     x = rng.uniform(-1, 1, b.shape[1])
@@ -214,10 +220,12 @@ def freivalds(a, b, rows: int = 512):
         if not products:
             products.extend(b_times_x())
         bx, bx_abs = products
+        c = c.reshape(-1, c.shape[-1])  # (a stack's products: the rows of one product)
         wide = np.result_type(c.dtype, np.float64)
         pick = np.sort(rng.choice(c.shape[0], min(rows, c.shape[0]), replace=False))
         sa, sc = a[pick].astype(wide), c[pick].astype(wide)
-        gauge = (a.shape[1] + 2) * np.finfo(c.dtype).eps * (np.abs(sa) @ bx_abs) + 1e-300
+        eps = np.finfo(c.dtype if c.dtype.kind in "fc" else wide).eps  # (integers: exact)
+        gauge = (a.shape[1] + 2) * eps * (np.abs(sa) @ bx_abs) + 1e-300
         return float(np.max(np.abs(sc @ x - sa @ bx) / gauge, initial=0.0))
     return check
 

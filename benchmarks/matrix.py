@@ -4,14 +4,18 @@ cell in a fresh process, against the GPU's own rate for that dtype.
 Cells are dtype x layout x budget x size:
 
 ============  ==============================================================
-dtypes        float64, float32, complex128, complex64, and fp64-int8
-              (float64 with ``precision="fp64-int8"``)
+dtypes        float64, float32, complex128, complex64, fp64-int8
+              (float64 with ``precision="fp64-int8"``), and int32
+              (integers below 2**10, multiplied exactly in float64:
+              float64's ``cupy.matmul`` is their ceiling)
 layouts       ``C``: C-ordered; ``F``: both operands Fortran-ordered (what
               ``np.asfortranarray`` gives, what Fortran codes hand over);
               ``T``: ``a.T @ b``, A a transposed view of a C-ordered array;
               ``strided``: both views ``big[::2, ::2]`` of twice-larger
               arrays (the same logical shape); ``trans`` (not in the
               default): C-ordered arrays with ``trans_a="T", trans_b="T"``;
+              ``stack``: A as a stack of two matrices of half its rows (a
+              3-D array), one product each with B;
               ``cupy``: CuPy operands already on the GPU (float64, whole
               GPU only), "skipped" where summa refuses them
 budgets       ``24GiB``: all but 24 GiB of the GPU taken first (an RTX
@@ -76,16 +80,18 @@ GiB = calls.GiB
 #: dtype name: (NumPy dtype, precision)
 DTYPES = {"float64": ("float64", None), "float32": ("float32", None),
           "complex128": ("complex128", None), "complex64": ("complex64", None),
-          "fp64-int8": ("float64", "fp64-int8")}
-LAYOUTS = ("C", "F", "T", "strided", "trans", "cupy")
+          "fp64-int8": ("float64", "fp64-int8"), "int32": ("int32", None)}
+#: "stack": A as a stack of two matrices of half its rows (a 3-D array), B one
+#: matrix beside it: the products of summa.matmul's stacks, the C cell's flops.
+LAYOUTS = ("C", "F", "T", "strided", "trans", "stack", "cupy")
 #: budget: (bytes left free on the GPU or None, device_memory)
 BUDGETS = {"24GiB": (24 * GiB, None), "8GiB": (24 * GiB, "8GiB"), "whole": (None, None)}
 #: The options each preset sets where the command line does not.
 PRESETS = {
-    "default": {"dtypes": ",".join(DTYPES), "layouts": "C,F,T,strided,cupy",
+    "default": {"dtypes": ",".join(DTYPES), "layouts": "C,F,T,strided,stack,cupy",
                 "budgets": ",".join(BUDGETS), "sizes": "16384"},
     # a smoke run on a GPU: every dtype and layout, one budget, 8192³ (about 2 minutes)
-    "quick": {"dtypes": ",".join(DTYPES), "layouts": "C,F,T,strided,cupy",
+    "quick": {"dtypes": ",".join(DTYPES), "layouts": "C,F,T,strided,stack,cupy",
               "budgets": "24GiB", "sizes": "8192"},
     # the whole matrix at sizes a CPU multiplies at once (the test suite's)
     "cpu-sized": {"dtypes": ",".join(DTYPES), "layouts": ",".join(LAYOUTS),
@@ -153,6 +159,9 @@ def operands(cell: dict, seed: int = 1):
         a, b = made((k, m), seed).T, made((k, n), seed + 1)
     elif layout == "strided":
         a, b = _strided((m, k), dtype, seed), _strided((k, n), dtype, seed + 1)
+    elif layout == "stack":
+        a, b = made((m, k), seed), made((k, n), seed + 1)
+        return a.reshape(2, m // 2, k), b, {}, a, b  # (C order: a view)
     elif layout == "trans":
         at, bt = made((k, m), seed), made((n, k), seed + 1)
         return at, bt, {"trans_a": "T", "trans_b": "T"}, at.T, bt.T
@@ -182,6 +191,14 @@ def _strided(shape, dtype, seed: int):
     view = big[::2, ::2]
     calls.fill(view, seed)
     return view
+
+
+def compute_dtype(name: str) -> str:
+    """The dtype summa computes the cell's dtype `name` in: integers in
+    float64 (exact), the rest in their own."""
+    import numpy as np
+    dtype = DTYPES[name][0]
+    return "float64" if np.dtype(dtype).kind in "biu" else dtype
 
 
 def call_options(cell: dict) -> dict:
@@ -249,7 +266,7 @@ def _host_calls(cell: dict, gpu: bool) -> dict:
     t0 = time.perf_counter()
     a, b, trans, A, B = operands(cell)
     row = {"make_seconds": time.perf_counter() - t0, "cuda_init_seconds":
-           calls.start_cuda(DTYPES[cell["dtype"]][0])}
+           calls.start_cuda(compute_dtype(cell["dtype"]))}
     holds = calls.hold_all_but(BUDGETS[cell["budget"]][0]) if gpu else []
     if gpu:
         import cupy as cp
@@ -269,7 +286,7 @@ def references(cell: dict, gpu: bool) -> dict:
     rates of summa's own staged copies from pageable memory, measured here
     (the link's page-locked rates beside them, for the record)."""
     m, n, k = cell["m"], cell["n"], cell["k"]
-    dtype = DTYPES[cell["dtype"]][0]
+    dtype = compute_dtype(cell["dtype"])  # (integers: float64's GEMM is their ceiling)
     if not gpu:
         return {"ceiling_seconds": _numpy_matmul_seconds(m, n, k, dtype)}
     refs = {"ceiling_seconds": calls.matmul_seconds(m, n, k, dtype)}
