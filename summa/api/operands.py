@@ -399,9 +399,12 @@ def _exactly(c, dtype: np.dtype):
     integer or boolean `dtype`: through int64, so that a narrower type keeps
     the low bits as NumPy's integer matmul does (bool: nonzero)."""
     if dtype.kind == "b":
-        return c != 0
-    whole = c.astype(np.int64)
-    return whole if dtype == whole.dtype else whole.astype(dtype)
+        return converted(c, dtype) if isinstance(c, np.ndarray) else c != 0
+    if not isinstance(c, np.ndarray):
+        whole = c.astype(np.int64)
+        return whole if dtype == whole.dtype else whole.astype(dtype)
+    whole = converted(c, np.int64)  # (on host threads: NumPy's astype takes one)
+    return whole if dtype == whole.dtype else converted(whole, dtype)
 
 
 def describe(a, b, out=None) -> Operands:

@@ -19,7 +19,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..device.backend import DTYPES
-from ..host.copies import converted
+from ..host.copies import converted, extremes
 from ..host.filemaps import available_memory
 
 __all__ = ["promoted", "common_type", "product_type", "exact_integers"]
@@ -110,7 +110,8 @@ def _largest(x) -> int:
     Python int (``abs`` of the most negative one overflows its type)."""
     if x.size == 0:
         return 0
-    return max(abs(int(x.max())), abs(int(x.min())))
+    low, high = extremes(x) if isinstance(x, np.ndarray) else (x.min(), x.max())
+    return max(abs(int(low)), abs(int(high)))
 
 
 def _converted(operand, dtype: np.dtype, name: str):

@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["parallel_copy", "converted", "touched", "TRANSPOSE_TILE", "THREADED_MIN"]
+__all__ = ["parallel_copy", "converted", "touched", "extremes", "TRANSPOSE_TILE",
+           "THREADED_MIN"]
 
 #: Arrays from this size on are moved on several threads (smaller: one call).
 THREADED_MIN = 64 << 20
@@ -41,7 +42,7 @@ def parallel_copy(dst: np.ndarray, src: np.ndarray, threads: int | None = None) 
             _by_columns(dst) != _by_columns(src):
         _by_rows(dst, lambda rows: _tiles(dst, src, rows), threads)
         return
-    _by_rows(dst, lambda rows: np.copyto(dst[rows], src[rows]), threads)
+    _by_rows(dst, lambda rows: np.copyto(dst[rows], src[rows], casting="unsafe"), threads)
 
 
 def converted(x: np.ndarray, dtype) -> np.ndarray:
@@ -50,6 +51,14 @@ def converted(x: np.ndarray, dtype) -> np.ndarray:
     y = np.empty_like(x, dtype=dtype, subok=False)
     parallel_copy(y, x)
     return y
+
+
+def extremes(x: np.ndarray, threads: int | None = None) -> tuple:
+    """``(x.min(), x.max())`` of a non-empty array, as Python numbers, by
+    rows on host threads (NumPy's reductions run without the GIL)."""
+    found = []
+    _by_rows(x, lambda rows: found.append((x[rows].min(), x[rows].max())), threads)
+    return min(f[0] for f in found).item(), max(f[1] for f in found).item()
 
 
 def _by_columns(x: np.ndarray) -> bool:
@@ -64,7 +73,7 @@ def _tiles(dst: np.ndarray, src: np.ndarray, rows) -> None:
     for i in range(r0, r1, t):
         i1 = min(i + t, r1)
         for j in range(0, dst.shape[1], t):
-            np.copyto(dst[i:i1, j:j + t], src[i:i1, j:j + t])
+            np.copyto(dst[i:i1, j:j + t], src[i:i1, j:j + t], casting="unsafe")
 
 
 def _by_rows(x: np.ndarray, move, threads: int | None) -> None:

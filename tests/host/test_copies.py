@@ -40,7 +40,8 @@ def test_a_transposing_copy_goes_in_tiles(monkeypatch):
     monkeypatch.setattr(copies, "TRANSPOSE_TILE", 16)
     seen = []
     real = np.copyto
-    monkeypatch.setattr(copies.np, "copyto", lambda d, s: (seen.append(d.shape), real(d, s)))
+    monkeypatch.setattr(copies.np, "copyto",
+                        lambda d, s, **kw: (seen.append(d.shape), real(d, s, **kw)))
     x = np.asfortranarray(np.arange(40 * 50, dtype=np.float64).reshape(40, 50))
     out = np.empty((40, 50))
     copies.parallel_copy(out, x, 1)
@@ -56,3 +57,22 @@ def test_a_converted_copy_keeps_the_values_and_the_order():
         y = copies.converted(x, dtype)
         assert y.dtype == dtype and y.flags.f_contiguous and type(y) is np.ndarray
         assert np.array_equal(y, x)
+
+
+def test_a_converted_copy_casts_as_assignment_does():
+    """Floats into integers truncate, integers into a narrower type keep the
+    low bits, floats into bool are nonzero: as ``dst[...] = src`` casts."""
+    x = np.array([[2.0**40 + 3, -7.9], [0.0, 0.5]])
+    assert np.array_equal(copies.converted(x, np.int64), x.astype(np.int64))
+    wide = np.array([[2**40 + 3, -7], [300, -129]], np.int64)
+    assert np.array_equal(copies.converted(wide, np.int8), wide.astype(np.int8))
+    assert np.array_equal(copies.converted(x, bool), x != 0)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_extremes_are_numpys_on_any_layout(monkeypatch, threads):
+    monkeypatch.setattr(copies, "THREADED_MIN", 0)
+    rng = np.random.default_rng(2)
+    for name, x in _layouts(rng, (61, 45), np.float64).items():
+        x = (x * 2**40).astype(np.int64)
+        assert copies.extremes(x, threads) == (int(x.min()), int(x.max())), name
