@@ -142,9 +142,10 @@ def _matrix_shape(a, b, trans: tuple) -> tuple:
 
 
 def multiply_stack(stack: Stack, a, b, out, comm, root: int, make_matmul):
-    """The products of `stack`'s pairs (one or more) of `a` and `b`, each into its place in
-    `out` or a new result; collective over `comm`. Returns ``(the result on
-    the root (None elsewhere), the SummaStats of the last product)``.
+    """The products of `stack`'s pairs (one or more) of `a` and `b`, each
+    into its place in `out` or a new result; collective over `comm`.
+    Returns ``(the result on the root (None elsewhere), the SummaStats of
+    the last product)``, its ``product_finite`` False where any was not.
 
     Parameters
     ----------
