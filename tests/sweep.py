@@ -14,7 +14,10 @@ over: C- and Fortran-ordered, transposed, strided and reversed views (NaN
 between their elements: a read outside the view shows), read-only, into an
 ``out=`` array (a whole C-ordered one or a slice of columns of a wider one,
 NaN where nothing may be written) or not, under every device budget, in
-memory and host-resident.
+memory and host-resident; 1-D operands (vectors), stacks of two matrices, a
+B of a narrower type, and integers or booleans of two types (checked bit
+for bit against NumPy's own product; an end of their type's range stands
+for NaN).
 """
 
 from __future__ import annotations
@@ -111,7 +114,23 @@ def draw_case(rng, nranks: int, backend, modes, largest: int, seed: int = 0,
         # a stack of two: one operand's matrix twice, as a view of it (its layout kept)
         case["stacked"] = bool(case["out"] is None and not case["planned_on"]
                                and not all(case["vectors"]) and rng.uniform() < 0.15)
+        # integers or booleans of two types, multiplied exactly (NumPy's product, bit for bit)
+        case["integers"] = [str(x) for x in rng.choice(INTEGERS, 2)] \
+            if case["precision"] is None and rng.uniform() < 0.12 else None
     return case
+
+
+#: The integer and boolean types array cases draw (each operand its own).
+INTEGERS = ["int64", "int32", "int16", "uint8", "bool"]
+
+
+def _integers(rng, shape, dtype) -> np.ndarray:
+    """Random values of the integer or boolean `dtype`, below 2**10 in
+    magnitude (float64 sums them exactly at every K the sweep draws)."""
+    if dtype == "bool":
+        return rng.uniform(size=shape) < 0.4
+    low = 0 if np.dtype(dtype).kind == "u" else -1023
+    return rng.integers(low, 1024, shape).astype(dtype)
 
 
 #: dtypes whose common type with the key's is the key's (a B of one is promoted).
@@ -253,8 +272,13 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
     rng = np.random.default_rng(seed)
     m, n, k = case["m"], case["n"], case["k"]
     dtype, ta, tb = case["dtype"], case["trans_a"], case["trans_b"]
-    a = random_array(rng, (m, k) if ta == "N" else (k, m), dtype)
-    b = random_array(rng, (k, n) if tb == "N" else (n, k), case.get("b_dtype") or dtype)
+    shapes = (m, k) if ta == "N" else (k, m), (k, n) if tb == "N" else (n, k)
+    if case.get("integers"):  # (their product's type; computed in float64, alpha 1)
+        a, b = (_integers(rng, s, t) for s, t in zip(shapes, case["integers"]))
+        dtype, case = np.result_type(a, b), dict(case, alpha=1.0)
+    else:
+        a = random_array(rng, shapes[0], dtype)
+        b = random_array(rng, shapes[1], case.get("b_dtype") or dtype)
     root = comm.Get_rank() == 0
     given = {side: laid_out(x, case[f"layout_{side}"], case[f"steps_{side}"],
                             case[f"read_only_{side}"]) for side, x in (("a", a), ("b", b))}
@@ -275,7 +299,8 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
         passed[side] = np.broadcast_to(given[side], (2,) + given[side].shape)
     with options.set(transpose_a=case["transpose_a"],
                      transpose_b=case.get("transpose_b", "auto")):
-        budgets = [array_budget(case, np.dtype(dtype).itemsize, s) for s in storages]
+        computed = np.dtype(np.float64 if case.get("integers") else dtype)
+        budgets = [array_budget(case, computed.itemsize, s) for s in storages]
         asked = dict(comm=comm, grid=tuple(case["grid"]), backend=backend.name,
                      out_of_core=case["out_of_core"],
                      device_memory=None if None in budgets else max(budgets),
@@ -303,10 +328,12 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
     if stack and not np.array_equal(c[0], c[1]):
         return float("inf")  # the stack's two products are of the same matrices
     c = np.reshape(c[0] if stack else c, (m, n))
-    if whole is not None and not np.isnan(np.delete(whole, np.s_[1:1 + n], axis=1)).all():
+    if whole is not None and not _unwritten(np.delete(whole, np.s_[1:1 + n], axis=1)):
         return float("inf")  # written outside out's columns
     if c.dtype != dtype:
         return float("inf")  # B's narrower type promoted to A's, as NumPy's matmul does
+    if case.get("integers"):  # exact, wrapping as NumPy's integer matmul wraps
+        return 0.0 if np.array_equal(c, op(a, ta) @ op(b, tb)) else float("inf")
     return gemm_scaled_error(c, op(a, ta), op(b.astype(dtype), tb), None, case["alpha"], 0.0,
                              precision=case["precision"])
 
@@ -332,8 +359,10 @@ def laid_out(x: np.ndarray, layout: str, steps, read_only: bool) -> np.ndarray:
         y = np.array(x.T, order="C").T
     elif layout in ("strided", "reversed"):
         rows, cols = steps
-        # NaN between the view's elements: a read outside the view shows
-        big = np.full((abs(rows) * x.shape[0], abs(cols) * x.shape[1]), np.nan, x.dtype)
+        # NaN (or an end of an integer type) between the view's elements: a read
+        # outside the view shows
+        big = np.full((abs(rows) * x.shape[0], abs(cols) * x.shape[1]), _stale(x.dtype),
+                      x.dtype)
         y = big[::rows, ::cols]
         y[...] = x
     else:
@@ -350,9 +379,24 @@ def out_array(kind, shape, dtype, rng):
     if kind is None:
         return None, None
     if kind in ("C", "F"):
-        return np.full(shape, np.nan, dtype, order=kind), None
-    whole = np.full((shape[0], shape[1] + 1 + int(rng.integers(0, 3))), np.nan, dtype)
+        return np.full(shape, _stale(dtype), dtype, order=kind), None
+    whole = np.full((shape[0], shape[1] + 1 + int(rng.integers(0, 3))), _stale(dtype), dtype)
     return whole[:, 1:1 + shape[1]], whole
+
+
+def _stale(dtype):
+    """What an `out` of `dtype` holds before the call: NaN, or for integers
+    an end of their type's range (booleans: True)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "fc":
+        return np.nan
+    return True if dtype.kind == "b" else np.iinfo(dtype).max if dtype.kind == "u" else \
+        np.iinfo(dtype).min
+
+
+def _unwritten(x: np.ndarray) -> bool:
+    """Does `x` (part of an `out`) still hold only :func:`_stale` values?"""
+    return bool(np.isnan(x).all() if x.dtype.kind in "fc" else (x == _stale(x.dtype)).all())
 
 
 def array_budget(case: dict, itemsize: int, storage: tuple = ("rows", "rows")):
