@@ -132,9 +132,9 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
     ValueError
         The same on every rank, before any data moves: arrays that cannot be
         multiplied (not arrays, stacks whose leading dimensions do not
-        broadcast, dtypes unsupported or of no
-        common type summa multiplies, a promoted copy beyond the memory,
-        inner dimensions differing), operands on two GPUs or not on a CUDA
+        broadcast, dtypes unsupported or of no common type summa
+        multiplies, integers whose sums float64 would round, a promoted
+        copy beyond the memory, inner dimensions differing), operands on two GPUs or not on a CUDA
         GPU, GPU arrays without CuPy, an unusable `out`, a device budget too
         small for any tile, a host too small for the plan.
     """

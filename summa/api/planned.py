@@ -38,7 +38,7 @@ from ..host.storage import conjugated, op_view, storage_of
 from ..runtime.watchdog import watch
 
 __all__ = ["ArrayOperands", "PlanRequest", "plan_arrays", "run_planned", "run_on_device",
-           "run_arrays", "pooled_size", "ndim_of"]
+           "run_arrays", "pooled_size", "ndim_of", "precision_refusal"]
 
 
 def pooled_size(operands: "ArrayOperands", comm, gpus=None, workers=None,
@@ -250,7 +250,7 @@ def plan_arrays(operands: ArrayOperands, comm, request: PlanRequest = PlanReques
         meta = check_arrays(*operands.given.arrays, trans_a, trans_b, be,
                             operands.given.out_in_place, operands.given.result_dtype)
         if not isinstance(meta, str):
-            meta = _inexact(operands.given, request.precision) or \
+            meta = precision_refusal(operands.given, request.precision) or \
                 (*meta, placed, (trans_a, trans_b))
     meta = comm.bcast(meta, root=operands.root)
     if isinstance(meta, str):
@@ -278,7 +278,7 @@ def plan_arrays(operands: ArrayOperands, comm, request: PlanRequest = PlanReques
     return be, plan, operands
 
 
-def _inexact(given, precision) -> str | None:
+def precision_refusal(given, precision) -> str | None:
     """Why `precision` cannot be asked of the described operands `given`
     (integers, multiplied exactly in float64), or None."""
     if given.result_dtype is None or precision in (None, "default"):

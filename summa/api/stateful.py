@@ -17,8 +17,8 @@ from mpi4py import MPI
 from ..execution.algorithm import SummaStats
 from .arrays import check_arrays
 from ..distribution.grid import ProcessGrid
-from .planned import (ArrayOperands, PlanRequest, plan_arrays, pooled_size, run_planned,
-                      vector_result)
+from .planned import (ArrayOperands, PlanRequest, plan_arrays, pooled_size,
+                      precision_refusal, run_planned, vector_result)
 from .operands import kept_device
 from ..precision.ozaki_gpu import asked_moduli, check_moduli
 from .. import pool
@@ -202,10 +202,9 @@ class Matmul:
                             given.result_dtype)
         if isinstance(meta, str):
             return meta
-        if given.result_dtype is not None and plan.precision not in (None, "default"):
-            return (f"this Matmul planned precision={plan.precision!r}, which does not "
-                    "apply to integer operands (multiplied exactly in float64); make a "
-                    "Matmul for these operands")
+        refusal = precision_refusal(given, plan.precision)
+        if refusal:
+            return f"{refusal}; this Matmul was planned with it: make one for these operands"
         if trans != tuple(plan.trans):
             return ("a lazily conjugated operand (a torch tensor with its conjugate bit set) "
                     "stands where this Matmul planned a plain one, or the reverse: the ops "
