@@ -44,7 +44,8 @@ from ..host.copies import converted, parallel_copy
 from ..planning.planner import Placement
 
 __all__ = ["Operand", "Operands", "operand", "describe", "unconjugated", "cupy_module",
-           "kept_device", "as_kind", "library_of", "lies_on_gpu", "DLPACK_CPU", "DLPACK_CUDA"]
+           "kept_device", "as_kind", "library_of", "lies_on_gpu", "lazy_conjugate", "exactly",
+           "DLPACK_CPU", "DLPACK_CUDA"]
 
 #: DLPack's device types (dlpack.h, ``DLDeviceType``) summa reads: host
 #: memory (plain, and CUDA's page-locked), and CUDA GPU memory (plain, managed).
@@ -131,7 +132,7 @@ def unconjugated(x, trans: str) -> tuple:
     trans : {"N", "T", "H"}
         The op asked of `x` (any other is left for the checks to refuse).
     """
-    if trans not in _UNCONJUGATED or getattr(x, "ndim", 2) != 2 or not _lazy_conjugate(x):
+    if trans not in _UNCONJUGATED or getattr(x, "ndim", 2) != 2 or not lazy_conjugate(x):
         return x, trans
     try:
         plain = x.conj()  # the same memory, the bit cleared
@@ -141,7 +142,7 @@ def unconjugated(x, trans: str) -> tuple:
     return (plain.mT if transpose else plain), code
 
 
-def _lazy_conjugate(x) -> bool:
+def lazy_conjugate(x) -> bool:
     """Is `x` a lazy conjugate (``x.is_conj()``: torch's conjugate bit)?"""
     is_conj = getattr(x, "is_conj", None)
     try:
@@ -176,7 +177,7 @@ def operand(x, name: str) -> Operand:
         raise ValueError(f"the root rank must pass the array {name}")
     if isinstance(x, np.ndarray):
         return Operand(x, _native(x, name), None, "numpy")
-    if _lazy_conjugate(x):  # (operands' bits were moved into their ops: out's cannot be)
+    if lazy_conjugate(x):  # (operands' bits were moved into their ops: out's cannot be)
         raise ValueError(f"{name} has its conjugate bit set (torch's lazy conj()): summa "
                          "cannot write into it in place; pass a tensor without it")
     place = _dlpack_device(x, name)
@@ -376,7 +377,7 @@ class Operands:
         in host memory with a RuntimeWarning), or NumPy/CuPy; in
         :attr:`result_dtype` where it has one."""
         if self.result_dtype is not None:
-            c = _exactly(c, self.result_dtype)
+            c = exactly(c, self.result_dtype)
         if self.out is not None:
             if c is not self.out.array:
                 _copy_into(self.out, c)
@@ -394,7 +395,7 @@ class Operands:
         return as_kind(home.library, c)
 
 
-def _exactly(c, dtype: np.dtype):
+def exactly(c, dtype: np.dtype):
     """The float64 product `c` (NumPy or CuPy) of integers, exact, in the
     integer or boolean `dtype`: through int64, so that a narrower type keeps
     the low bits as NumPy's integer matmul does (bool: nonzero)."""

@@ -56,8 +56,9 @@ def common_type(a: np.dtype, b: np.dtype) -> np.dtype | None:
 
 
 def promoted(given):
-    """`given` (:class:`summa.api.operands.Operands`, 2-D operands of two
-    dtypes with a :func:`common_type`) with the operand of another type
+    """`given` (:class:`summa.api.operands.Operands`, operands of two
+    dtypes with a :func:`common_type`: matrices, or stacks of them) with the
+    operand of another type
     copied once into it: in host memory on host threads, where the memory
     the system has free holds it; on a GPU there. Others as they are (the
     checks refuse them, naming both types).
@@ -68,7 +69,7 @@ def promoted(given):
         The copy does not fit in the host's available memory, or the GPU's.
     """
     a, b = given.a.array, given.b.array
-    if a.ndim != 2 or b.ndim != 2:
+    if a.ndim == 0 or b.ndim == 0:  # (refused by name: not matrices)
         return given
     if _integral(a.dtype) and _integral(b.dtype):
         return exact_integers(given)
@@ -80,7 +81,8 @@ def promoted(given):
 
 
 def exact_integers(given):
-    """`given` (2-D integer or boolean operands) copied into float64, their
+    """`given` (integer or boolean operands: matrices, or stacks of them)
+    copied into float64, their
     product's type (:func:`product_type`) its ``result_dtype``: the float64
     product, exact, is converted into it
     (:meth:`summa.api.operands.Operands.give_back`), and an `out` filled
@@ -92,13 +94,14 @@ def exact_integers(given):
         A sum of their products may reach 2**53 (float64 would round it),
         or a copy does not fit in memory (:func:`promoted`)."""
     a, b = given.a.array, given.b.array
-    bound = _largest(a) * _largest(b) * max(a.shape)  # (K is one of a's sides)
+    k = max(a.shape[-2:])  # (K is one of the sides of a's matrices)
+    bound = _largest(a) * _largest(b) * k
     if bound >= EXACT:
         raise ValueError(
             f"a is {a.dtype.name} and b {b.dtype.name}: summa multiplies integers exactly in "
             f"float64, whose sums are exact below 2**53, and these values' products summed "
             f"over K may reach 2**{np.log2(float(bound)):.1f} (the largest magnitudes "
-            f"{_largest(a)} and {_largest(b)}, K up to {max(a.shape)}): convert them to "
+            f"{_largest(a)} and {_largest(b)}, K up to {k}): convert them to "
             "float64 yourself (rounded sums), or multiply smaller values")
     f64 = np.dtype(np.float64)
     return replace(given, a=_converted(given.a, f64, "a"), b=_converted(given.b, f64, "b"),

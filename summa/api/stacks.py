@@ -8,14 +8,16 @@ its place in one result (the caller's kind of array, or `out`)."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .arrays import op_shape
-from .operands import as_kind, library_of, lies_on_gpu, operand
+from ..host.copies import parallel_copy
+from .operands import (as_kind, describe, exactly, lazy_conjugate, library_of, lies_on_gpu,
+                       operand)
 from .planned import ndim_of
-from .promotion import product_type
+from .promotion import product_type, promoted
 
 __all__ = ["Stack", "stacked", "multiply_stack"]
 
@@ -33,12 +35,20 @@ class Stack:
     shape : tuple of int
         The result's: `batch`, then one product's (NumPy's: a 1-D operand's
         dimension dropped).
+    library : str or None
+        On the root, where the stacks were converted once into the type the
+        products are computed in (:func:`computed`): the library whose kind
+        of array the result is given back as.
+    result_dtype : numpy.dtype or None
+        Where that type is float64 for integers: the result's type.
     """
 
     batch: tuple
     a_batch: tuple
     b_batch: tuple
     shape: tuple
+    library: str | None = None
+    result_dtype: np.dtype | None = None
 
     @property
     def count(self) -> int:
@@ -90,12 +100,37 @@ def stacked(a, b, out, trans: tuple, comm, root: int) -> tuple:
             stack = stack_of(a, b, out, trans)
             if not stack.count:
                 result = out if out is not None else _empty(stack, a, b)
+            else:
+                stack, a, b = computed(stack, a, b)
         except ValueError as exc:
             message = str(exc)
     stack, message = comm.bcast((stack, message), root=root)
     if message is not None:
         raise ValueError(message)
     return stack, a, b, result
+
+
+def computed(stack: Stack, a, b) -> tuple:
+    """``(stack, a, b)``: where the stacks' types differ or are integers,
+    both converted once into the type the products are computed in
+    (:func:`summa.api.promotion.promoted`: NumPy or CuPy arrays where they
+    lie; `stack` then says whose kind and which type the result is given
+    back as), not again for each pair; else as they are (a lazy conjugate
+    too: each pair is converted then).
+
+    Raises
+    ------
+    ValueError
+        The conversion does not fit in memory, or integers float64 cannot
+        sum exactly."""
+    kinds = (_dtype(a), _dtype(b))
+    if (kinds[0] == kinds[1] and kinds[0].kind not in "biu") or \
+            lazy_conjugate(a) or lazy_conjugate(b):
+        return stack, a, b
+    given = promoted(describe(a, b))
+    home = b if lies_on_gpu(b) and not lies_on_gpu(a) else a
+    stack = replace(stack, library=library_of(home), result_dtype=given.result_dtype)
+    return stack, given.a.array, given.b.array
 
 
 def stack_of(a, b, out, trans: tuple) -> Stack | None:
@@ -164,9 +199,9 @@ def multiply_stack(stack: Stack, a, b, out, comm, root: int, make_matmul):
     with make_matmul(*((a[ia], b[ib]) if on_root else (None, None))) as matmul:
         result = returned = message = None
         if on_root:
-            try:
-                result, returned = (out, out) if out is not None else _new(stack, a, b,
-                                                                            matmul.plan)
+            try:  # (integers' products go into float64, converted at the end)
+                result, returned = (out, out) if out is not None and \
+                    stack.result_dtype is None else _new(stack, a, b, matmul.plan)
             except ValueError as exc:
                 message = str(exc)
         message = comm.bcast(message, root=root)
@@ -179,7 +214,23 @@ def multiply_stack(stack: Stack, a, b, out, comm, root: int, make_matmul):
         stats = matmul.stats
     if not finite:
         stats.extra = dict(stats.extra or {}, product_finite=False)
+    if on_root and stack.result_dtype is not None:
+        returned = _exact(result, stack, out)
     return returned, stats
+
+
+def _exact(result, stack: Stack, out):
+    """The float64 `result` of integer stacks in their result type, into
+    `out` where given, else as the caller's kind."""
+    final = exactly(result, stack.result_dtype)
+    if out is None:
+        return as_kind(stack.library, final)
+    place = operand(out, "out").array
+    if isinstance(place, np.ndarray):
+        parallel_copy(place, final)
+    else:
+        place[...] = final
+    return out
 
 
 def _new(stack: Stack, a, b, plan) -> tuple:
@@ -195,12 +246,13 @@ def _new(stack: Stack, a, b, plan) -> tuple:
     shape, dtype = stack.shape, product_type(_dtype(a), _dtype(b)) or np.dtype(plan.dtype)
     placement = plan.placement
     home = b if placement.where == "mixed" and not lies_on_gpu(a) else a
+    library = stack.library or library_of(home)
     if placement.where == "host":
-        return _kept(np.empty(shape, dtype), home)
+        return _kept(np.empty(shape, dtype), library)
     cupy = sys.modules["cupy"]
     with cupy.cuda.Device(placement.device):
         try:
-            return _kept(cupy.empty(shape, dtype), home)
+            return _kept(cupy.empty(shape, dtype), library)
         except cupy.cuda.memory.OutOfMemoryError:
             raise ValueError(f"the stack's product ({np.prod(shape) * dtype.itemsize / 2**30:.2f}"
                              f" GiB) does not fit in the free memory of GPU "
@@ -209,8 +261,8 @@ def _new(stack: Stack, a, b, plan) -> tuple:
                              "own") from None
 
 
-def _kept(result, home) -> tuple:
-    return result, as_kind(library_of(home), result)
+def _kept(result, library: str) -> tuple:
+    return result, as_kind(library, result)
 
 
 def _dtype(x) -> np.dtype:

@@ -98,6 +98,39 @@ def test_a_stack_is_planned_once_and_leaves_its_operands_alone(comm, rng, monkey
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("out_of_core", [False, True])
+def test_stacks_of_integers_or_two_dtypes_are_converted_once(comm, rng, monkeypatch,
+                                                              out_of_core):
+    """A stack of integers (or of two dtypes) is converted into the type its
+    products are computed in once, not again for each pair (each operand one
+    copy), and gives NumPy's product: integers bit for bit, in NumPy's type
+    (a narrower one wrapping), into an `out` of theirs too."""
+    import summa.api.promotion as promotion
+    copies = []
+    real = promotion._converted
+    monkeypatch.setattr(promotion, "_converted",
+                        lambda x, *args: copies.append(x) or real(x, *args))
+    mine = comm.rank == 0
+    kwargs = dict(out_of_core=out_of_core, panel_width=3,
+                  device_memory="2KiB" if out_of_core else None)
+    a = rng.integers(-300, 300, (3, 2, 9, 7)).astype(np.int16)
+    b = rng.integers(0, 256, (7, 5)).astype(np.uint8)
+    for out in (None, np.empty((3, 2, 9, 5), np.int16)):
+        copies.clear()
+        c = summa.matmul(a if mine else None, b if mine else None,
+                         out=out if mine else None, **kwargs)
+        if mine:
+            assert len(copies) == 2 and (out is None or c is out)
+            assert c.dtype == np.int16 and np.array_equal(c, a @ b)
+    x, y = random_array(rng, (4, 6, 5), "float32"), random_array(rng, (5, 3), "float64")
+    copies.clear()
+    c = summa.matmul(x if mine else None, y if mine else None, **kwargs)
+    if mine:
+        assert len(copies) == 2 and c.dtype == np.float64
+        assert _stack_error(c, x.astype(np.float64), y) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
 def test_an_empty_stack_gives_numpys_empty_product(comm):
     mine = comm.rank == 0
     a, b = np.empty((0, 4, 5), np.float32), np.empty((3, 1, 5, 6))
