@@ -1203,6 +1203,10 @@ def test_gpu_integers_multiply_exactly_there_as_numpy_does(rng, monkeypatch):
         assert np.array_equal(cupy.asnumpy(c), x @ y), db
     with pytest.raises(ValueError, match="precision='tf32' does not apply"):
         summa.matmul(cupy.asarray(x), cupy.asarray(y), precision="tf32")
+    s, t = rng.integers(-99, 99, (3, 40, 33)), rng.integers(-99, 99, (33, 21)).astype(np.int16)
+    c = summa.matmul(cupy.asarray(s), cupy.asarray(t))  # a stack, converted once on the GPU
+    assert isinstance(c, cupy.ndarray) and c.dtype == np.int64
+    assert np.array_equal(cupy.asnumpy(c), s @ t)
     floats = [cupy.asarray(v.astype(np.float64)) for v in (x, y)]
     with summa.Matmul(*floats, precision="fp64-int8") as m:
         with pytest.raises(ValueError, match="does not apply to integer operands; this Matmul"):
