@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from mpi4py import MPI
 
-from ..runtime.agree import collectively
+from ..runtime.agree import Failure, collectively
 from ..execution.algorithm import summa
 from ..device.backend import NumpyBackend, get_backend
 from ..distribution.grid import node_rank
@@ -240,8 +240,8 @@ def plan_arrays(operands: ArrayOperands, comm, request: PlanRequest = PlanReques
     if rank == operands.root:
         try:
             operands = operands.described()
-        except ValueError as exc:  # said on every rank below
-            meta = str(exc)
+        except Exception as exc:  # noqa: BLE001 -- raised on every rank below
+            meta = Failure.of(exc)
     placed = operands.given.placement if operands.given is not None else None
     local = placed.device if comm.Get_size() == 1 and placed is not None and \
         placed.device is not None else node_rank(comm, topology)[0]
@@ -253,6 +253,8 @@ def plan_arrays(operands: ArrayOperands, comm, request: PlanRequest = PlanReques
             meta = precision_refusal(operands.given, request.precision) or \
                 (*meta, placed, (trans_a, trans_b))
     meta = comm.bcast(meta, root=operands.root)
+    if isinstance(meta, Failure):
+        meta.raise_here(f"rank {operands.root}")
     if isinstance(meta, str):
         raise ValueError(meta)
     # the root's ops: a lazy conjugate it holds moved its conjugation there

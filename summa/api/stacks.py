@@ -14,6 +14,7 @@ import numpy as np
 
 from .arrays import op_shape
 from ..host.copies import parallel_copy
+from ..runtime.agree import Failure
 from .operands import (as_kind, describe, exactly, lazy_conjugate, library_of, lies_on_gpu,
                        operand)
 from .planned import ndim_of
@@ -93,7 +94,7 @@ def stacked(a, b, out, trans: tuple, comm, root: int) -> tuple:
     product (:attr:`Stack.count` 0) its empty result. Operands of two
     dimensions or fewer are not converted (their checks are the product's).
     Raises the root's ValueError on every rank."""
-    stack = result = message = None
+    stack = result = failure = None
     if comm.Get_rank() == root and max(ndim_of(a), ndim_of(b)) > 2:
         try:
             a, b = stackable(a, "a"), stackable(b, "b")
@@ -102,11 +103,11 @@ def stacked(a, b, out, trans: tuple, comm, root: int) -> tuple:
                 result = out if out is not None else _empty(stack, a, b)
             else:
                 stack, a, b = computed(stack, a, b)
-        except ValueError as exc:
-            message = str(exc)
-    stack, message = comm.bcast((stack, message), root=root)
-    if message is not None:
-        raise ValueError(message)
+        except Exception as exc:  # noqa: BLE001 -- raised on every rank below
+            failure = Failure.of(exc)
+    stack, failure = comm.bcast((stack, failure), root=root)
+    if failure is not None:
+        failure.raise_here(f"rank {root}")
     return stack, a, b, result
 
 
@@ -197,16 +198,16 @@ def multiply_stack(stack: Stack, a, b, out, comm, root: int, make_matmul):
     pairs = stack.indices()
     _, ia, ib = pairs[0]
     with make_matmul(*((a[ia], b[ib]) if on_root else (None, None))) as matmul:
-        result = returned = message = None
+        result = returned = failure = None
         if on_root:
             try:  # (integers' products go into float64, converted at the end)
                 result, returned = (out, out) if out is not None and \
                     stack.result_dtype is None else _new(stack, a, b, matmul.plan)
-            except ValueError as exc:
-                message = str(exc)
-        message = comm.bcast(message, root=root)
-        if message is not None:
-            raise ValueError(message)
+            except Exception as exc:  # noqa: BLE001 -- raised on every rank below
+                failure = Failure.of(exc)
+        failure = comm.bcast(failure, root=root)
+        if failure is not None:
+            failure.raise_here(f"rank {root}")
         finite = True
         for at, ia, ib in pairs:
             matmul.execute(*((a[ia], b[ib], result[at]) if on_root else (None, None, None)))

@@ -15,6 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..execution.algorithm import SummaStats
+from ..runtime.agree import Failure
 from .arrays import check_arrays
 from ..distribution.grid import ProcessGrid
 from .planned import (ArrayOperands, PlanRequest, plan_arrays, pooled_size,
@@ -187,9 +188,11 @@ class Matmul:
             try:
                 operands = operands.described()
                 meta = self._fits(operands.given, trans)
-            except ValueError as exc:
-                meta = str(exc)
+            except Exception as exc:  # noqa: BLE001 -- raised on every rank below
+                meta = Failure.of(exc)
         meta = comm.bcast(meta, root=self._root)
+        if isinstance(meta, Failure):
+            meta.raise_here(f"rank {self._root}")
         if isinstance(meta, str):
             raise ValueError(meta)
         return operands

@@ -8,15 +8,39 @@ the message of the lowest failing rank and naming the ranks that failed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mpi4py import MPI
 
 from .watchdog import watch
 
-__all__ = ["collectively", "RankFailure"]
+__all__ = ["collectively", "RankFailure", "Failure"]
 
 
 class RankFailure(RuntimeError):
     """A step failed on some ranks for a reason other than bad input."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A step that failed on a rank, as it travels to the others (pickled
+    in a broadcast or a gather) for every rank to raise the same."""
+
+    name: str
+    message: str
+    bad_input: bool  # a ValueError: the call's input, said as it is
+
+    @classmethod
+    def of(cls, exc: Exception) -> "Failure":
+        return cls(type(exc).__name__, str(exc), isinstance(exc, ValueError))
+
+    def raise_here(self, ranks: str, everywhere: bool = True) -> None:
+        """Raise it on this rank: bad input as the ValueError it was (prefixed
+        with `ranks`, the ranks it failed on, unless it failed `everywhere`
+        or one rank decided for all), anything else as RankFailure."""
+        if self.bad_input:
+            raise ValueError(self.message if everywhere else f"{ranks}: {self.message}")
+        raise RankFailure(f"{ranks}: {self.name}: {self.message}")
 
 
 def collectively(comm: MPI.Comm, step, *args, **kwargs):
@@ -36,14 +60,11 @@ def collectively(comm: MPI.Comm, step, *args, **kwargs):
     try:
         result, failure = step(*args, **kwargs), None
     except Exception as exc:  # reported collectively below
-        result, failure = None, (type(exc).__name__, str(exc), isinstance(exc, ValueError))
+        result, failure = None, Failure.of(exc)
     with watch(f"the other ranks to finish {getattr(step, '__name__', 'a step')}"):
         failures = comm.allgather(failure)
     bad = [rank for rank, f in enumerate(failures) if f is not None]
     if not bad:
         return result
-    name, message, is_value_error = failures[bad[0]]
     ranks = f"rank {bad[0]}" if len(bad) == 1 else f"ranks {', '.join(map(str, bad))}"
-    if is_value_error:
-        raise ValueError(message if len(bad) == comm.Get_size() else f"{ranks}: {message}")
-    raise RankFailure(f"{ranks}: {name}: {message}")
+    failures[bad[0]].raise_here(ranks, everywhere=len(bad) == comm.Get_size())

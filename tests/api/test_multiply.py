@@ -395,6 +395,36 @@ def test_two_dtypes_multiply_in_their_common_type_as_numpy_does(comm, rng, out_o
             assert c.dtype == np.float64 and gemm_scaled_error(c, a.astype(np.float64), b) <= 1
 
 
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("where", ["describing", "a stack", "a stack's result", "a Matmul"])
+def test_a_failure_on_the_root_alone_is_raised_on_every_rank(comm, rng, monkeypatch, where):
+    """An error other than bad input in a step the root takes alone (its
+    operands described, a stack checked, a stack's result made, a Matmul's
+    operands checked) is raised on every rank as RankFailure naming the
+    root, not left to the root while the others wait in a collective."""
+    import summa.api.planned as planned
+    import summa.api.stacks as stacks
+    from summa.runtime.agree import RankFailure
+
+    def fail(*args, **kwargs):
+        raise MemoryError("injected")
+    mine = comm.rank == 0
+    a = random_array(rng, (6, 5), "float64")
+    x = a[None] if where.startswith("a stack") else a
+    patched = {"describing": (planned, "promoted"), "a stack": (stacks, "stack_of"),
+               "a stack's result": (stacks, "_new")}
+    with summa.Matmul(a if mine else None, a.T if mine else None) as m:
+        if where in patched:
+            monkeypatch.setattr(*patched[where], fail)
+        else:
+            monkeypatch.setattr(planned, "promoted", fail)
+        with pytest.raises(RankFailure, match="rank 0: MemoryError: injected"):
+            if where == "a Matmul":
+                m.execute(a if mine else None, a.T.copy() if mine else None)
+            else:
+                summa.matmul(x if mine else None, a.T if mine else None)
+
+
 def _integers(rng, shape, dtype, top: int) -> np.ndarray:
     """Random values of the integer or boolean `dtype`, magnitudes below `top`."""
     if np.dtype(dtype).kind == "b":
