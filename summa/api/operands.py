@@ -399,13 +399,12 @@ def exactly(c, dtype: np.dtype):
     """The float64 product `c` (NumPy or CuPy) of integers, exact, in the
     integer or boolean `dtype`: through int64, so that a narrower type keeps
     the low bits as NumPy's integer matmul does (bool: nonzero)."""
+    # (host arrays on host threads: NumPy's astype takes one)
+    cast = converted if isinstance(c, np.ndarray) else (lambda x, to: x.astype(to))
     if dtype.kind == "b":
-        return converted(c, dtype) if isinstance(c, np.ndarray) else c != 0
-    if not isinstance(c, np.ndarray):
-        whole = c.astype(np.int64)
-        return whole if dtype == whole.dtype else whole.astype(dtype)
-    whole = converted(c, np.int64)  # (on host threads: NumPy's astype takes one)
-    return whole if dtype == whole.dtype else converted(whole, dtype)
+        return cast(c, dtype)
+    whole = cast(c, np.int64)
+    return whole if dtype == whole.dtype else cast(whole, dtype)
 
 
 def describe(a, b, out=None) -> Operands:

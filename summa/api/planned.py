@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from mpi4py import MPI
 
-from ..runtime.agree import Failure, collectively
+from ..runtime.agree import Failure, collectively, from_root
 from ..execution.algorithm import summa
 from ..device.backend import NumpyBackend, get_backend
 from ..distribution.grid import node_rank
@@ -252,9 +252,7 @@ def plan_arrays(operands: ArrayOperands, comm, request: PlanRequest = PlanReques
         if not isinstance(meta, str):
             meta = precision_refusal(operands.given, request.precision) or \
                 (*meta, placed, (trans_a, trans_b))
-    meta = comm.bcast(meta, root=operands.root)
-    if isinstance(meta, Failure):
-        meta.raise_here(f"rank {operands.root}")
+    meta = from_root(comm, operands.root, meta)
     if isinstance(meta, str):
         raise ValueError(meta)
     # the root's ops: a lazy conjugate it holds moved its conjugation there

@@ -95,13 +95,14 @@ def exact_integers(given):
         or a copy does not fit in memory (:func:`promoted`)."""
     a, b = given.a.array, given.b.array
     k = max(a.shape[-2:])  # (K is one of the sides of a's matrices)
-    bound = _largest(a) * _largest(b) * k
+    largest = _largest(a), _largest(b)  # (each a pass over the operand)
+    bound = largest[0] * largest[1] * k
     if bound >= EXACT:
         raise ValueError(
             f"a is {a.dtype.name} and b {b.dtype.name}: summa multiplies integers exactly in "
             f"float64, whose sums are exact below 2**53, and these values' products summed "
             f"over K may reach 2**{np.log2(float(bound)):.1f} (the largest magnitudes "
-            f"{_largest(a)} and {_largest(b)}, K up to {k}): convert them to "
+            f"{largest[0]} and {largest[1]}, K up to {k}): convert them to "
             "float64 yourself (rounded sums), or multiply smaller values")
     f64 = np.dtype(np.float64)
     return replace(given, a=_converted(given.a, f64, "a"), b=_converted(given.b, f64, "b"),

@@ -14,7 +14,7 @@ import numpy as np
 
 from .arrays import op_shape
 from ..host.copies import parallel_copy
-from ..runtime.agree import Failure
+from ..runtime.agree import Failure, from_root
 from .operands import (as_kind, describe, exactly, lazy_conjugate, library_of, lies_on_gpu,
                        operand)
 from .planned import ndim_of
@@ -94,7 +94,7 @@ def stacked(a, b, out, trans: tuple, comm, root: int) -> tuple:
     product (:attr:`Stack.count` 0) its empty result. Operands of two
     dimensions or fewer are not converted (their checks are the product's).
     Raises the root's ValueError on every rank."""
-    stack = result = failure = None
+    stack = result = None
     if comm.Get_rank() == root and max(ndim_of(a), ndim_of(b)) > 2:
         try:
             a, b = stackable(a, "a"), stackable(b, "b")
@@ -104,11 +104,8 @@ def stacked(a, b, out, trans: tuple, comm, root: int) -> tuple:
             else:
                 stack, a, b = computed(stack, a, b)
         except Exception as exc:  # noqa: BLE001 -- raised on every rank below
-            failure = Failure.of(exc)
-    stack, failure = comm.bcast((stack, failure), root=root)
-    if failure is not None:
-        failure.raise_here(f"rank {root}")
-    return stack, a, b, result
+            stack = Failure.of(exc)  # (what the root decided: a stack, or its failure)
+    return from_root(comm, root, stack), a, b, result
 
 
 def computed(stack: Stack, a, b) -> tuple:
@@ -205,9 +202,7 @@ def multiply_stack(stack: Stack, a, b, out, comm, root: int, make_matmul):
                     stack.result_dtype is None else _new(stack, a, b, matmul.plan)
             except Exception as exc:  # noqa: BLE001 -- raised on every rank below
                 failure = Failure.of(exc)
-        failure = comm.bcast(failure, root=root)
-        if failure is not None:
-            failure.raise_here(f"rank {root}")
+        from_root(comm, root, failure)
         finite = True
         for at, ia, ib in pairs:
             matmul.execute(*((a[ia], b[ib], result[at]) if on_root else (None, None, None)))

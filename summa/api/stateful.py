@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..execution.algorithm import SummaStats
-from ..runtime.agree import Failure
+from ..runtime.agree import Failure, from_root
 from .arrays import check_arrays
 from ..distribution.grid import ProcessGrid
 from .planned import (ArrayOperands, PlanRequest, plan_arrays, pooled_size,
@@ -190,9 +190,7 @@ class Matmul:
                 meta = self._fits(operands.given, trans)
             except Exception as exc:  # noqa: BLE001 -- raised on every rank below
                 meta = Failure.of(exc)
-        meta = comm.bcast(meta, root=self._root)
-        if isinstance(meta, Failure):
-            meta.raise_here(f"rank {self._root}")
+        meta = from_root(comm, self._root, meta)
         if isinstance(meta, str):
             raise ValueError(meta)
         return operands

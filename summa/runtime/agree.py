@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from .watchdog import watch
 
-__all__ = ["collectively", "RankFailure", "Failure"]
+__all__ = ["collectively", "from_root", "RankFailure", "Failure"]
 
 
 class RankFailure(RuntimeError):
@@ -41,6 +41,16 @@ class Failure:
         if self.bad_input:
             raise ValueError(self.message if everywhere else f"{ranks}: {self.message}")
         raise RankFailure(f"{ranks}: {self.name}: {self.message}")
+
+
+def from_root(comm: MPI.Comm, root: int, decided):
+    """What rank `root` `decided` for every rank of `comm` (one broadcast; the
+    others pass anything): where it is a :class:`Failure` (the root's step
+    raised), every rank raises it, naming the root."""
+    decided = comm.bcast(decided, root=root)
+    if isinstance(decided, Failure):
+        decided.raise_here(f"rank {root}")
+    return decided
 
 
 def collectively(comm: MPI.Comm, step, *args, **kwargs):

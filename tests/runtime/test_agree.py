@@ -4,7 +4,7 @@ RankFailure naming the ranks it failed on."""
 
 import pytest
 
-from summa.runtime.agree import Failure, RankFailure, collectively
+from summa.runtime.agree import Failure, RankFailure, collectively, from_root
 
 
 def _fails_on(ranks, error):
@@ -41,3 +41,11 @@ def test_a_failure_travels_as_it_is_raised():
         Failure.of(ValueError("x")).raise_here("rank 3", everywhere=False)
     with pytest.raises(RankFailure, match="^rank 3: OSError: y$"):
         Failure.of(OSError("y")).raise_here("rank 3")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_what_the_root_decides_or_its_failure_reaches_every_rank(comm):
+    assert from_root(comm, 0, "plan" if comm.rank == 0 else None) == "plan"
+    failed = Failure.of(MemoryError("no room")) if comm.rank == 0 else None
+    with pytest.raises(RankFailure, match="^rank 0: MemoryError: no room$"):
+        from_root(comm, 0, failed)
