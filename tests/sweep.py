@@ -275,7 +275,7 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
     shapes = (m, k) if ta == "N" else (k, m), (k, n) if tb == "N" else (n, k)
     if case.get("integers"):  # (their product's type; computed in float64, alpha 1)
         a, b = (_integers(rng, s, t) for s, t in zip(shapes, case["integers"]))
-        dtype, case = np.result_type(a, b), dict(case, alpha=1.0)
+        dtype, case = np.result_type(a, b), dict(case, alpha=1.0, dtype="float64")
     else:
         a = random_array(rng, shapes[0], dtype)
         b = random_array(rng, shapes[1], case.get("b_dtype") or dtype)
@@ -285,22 +285,25 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
     out, whole = out_array(case["out"], (m, n), dtype, rng) if root else (None, None)
     planned = [laid_out(x, case["planned_on"], None, False) if case.get("planned_on") else None
                for x in (a, b)]
-    # a budget for the operands as they lie, and as the Matmul's were planned
-    storages = {tuple(storage_of(x[side], t) for side, t in zip("ab", (ta, tb)))
+    # a budget for the operands as they lie, and as the Matmul's were planned (integers:
+    # as their float64 copies lie, summa.host.copies.converted's layout)
+    as_computed = (lambda x: np.empty_like(x, np.float64, subok=False)) \
+        if case.get("integers") else (lambda x: x)
+    storages = {tuple(storage_of(as_computed(x[side]), t) for side, t in zip("ab", (ta, tb)))
                 for x in (given, dict(zip("ab", planned))) if x["a"] is not None}
     vectors = case.get("vectors") or (False, False)
     given = {side: as_passed(x, t, side, v) for (side, x), t, v in
              zip(given.items(), (ta, tb), vectors)}
-    if out is not None and any(vectors):  # the product's shape: 1-D, or 0-d
-        out = out[(0 if vectors[0] else slice(None), 0 if vectors[1] else slice(None))]
+    if out is not None and any(vectors):  # the product's shape: 1-D, or 0-d (a view: the
+        # Ellipsis keeps both vectors' out an array, not a NumPy scalar copied out of it)
+        out = out[0 if vectors[0] else slice(None), 0 if vectors[1] else slice(None), ...]
     passed = dict(given)  # (given: the matrices, which the stack views)
     if case.get("stacked"):  # (a vector stays one: the other operand is the stack)
         side = "b" if vectors[0] else "a"
         passed[side] = np.broadcast_to(given[side], (2,) + given[side].shape)
     with options.set(transpose_a=case["transpose_a"],
                      transpose_b=case.get("transpose_b", "auto")):
-        computed = np.dtype(np.float64 if case.get("integers") else dtype)
-        budgets = [array_budget(case, computed.itemsize, s) for s in storages]
+        budgets = [array_budget(case, np.dtype(case["dtype"]).itemsize, s) for s in storages]
         asked = dict(comm=comm, grid=tuple(case["grid"]), backend=backend.name,
                      out_of_core=case["out_of_core"],
                      device_memory=None if None in budgets else max(budgets),
