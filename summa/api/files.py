@@ -29,8 +29,8 @@ from .. import options as settings
 from .arrays import op_shape
 from .promotion import common_type
 from ..runtime.faults import inject
-from ..host.npyio import (AtomicNpyWriter, NpyError, check_output_path, map_block,
-                          mapped_by_columns, read_header)
+from ..host.npyio import (AtomicNpyWriter, NpyError, check_output_path, check_output_room,
+                          map_block, mapped_by_columns, read_header)
 from ..distribution.layout import Layout
 from ..distribution.matrix import DistMatrix
 from ..runtime.progress import Progress
@@ -280,7 +280,8 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
 def _check_files(job: FilesJob, comm) -> FilesJob:
     """Everything about the files that can be checked before a byte of data
     is read, the same on every rank: the ops, C0 where beta needs it, the
-    headers' shapes and dtypes, the output path. Returns `job` with its ops
+    headers' shapes and dtypes, the output path and the free disk space
+    its file needs. Returns `job` with its ops
     upper-case, its headers, ``(m, n, k)``, compute dtype and output path;
     collective."""
     a_path, b_path, c_path = job.a_path, job.b_path, job.c_path
@@ -302,6 +303,8 @@ def _check_files(job: FilesJob, comm) -> FilesJob:
                        f"but the product is {m}x{n}")
     compute = _compute_dtype(headers, job.dtype)
     out = check_output_path(job.out_path, [a_path, b_path, c_path], comm)
+    # a full disk found now, not after the whole multiply
+    check_output_room(out, (m, n), compute, comm)
     return replace(job, trans=(trans_a, trans_b), headers=headers, shape=(m, n, k),
                    compute=compute, out=out)
 

@@ -11,8 +11,10 @@ removed, so a half-written product never appears under the final name.
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
+import shutil
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +24,7 @@ from mpi4py import MPI
 from . import filemaps
 from .copies import parallel_copy
 from .. import options
-from ..runtime.agree import RankFailure
+from ..runtime.agree import Failure, RankFailure, from_root
 from ..runtime.cleanup import new_temporary_file, temporary_files
 from ..runtime.faults import inject
 from ..distribution.layout import span
@@ -32,7 +34,7 @@ from ..runtime.watchdog import watch
 __all__ = ["NpyHeader", "NpyError", "read_header", "read_block", "map_block",
            "mapped_by_columns", "take_block",
            "AtomicNpyWriter",
-           "check_output_path", "io_threads"]
+           "check_output_path", "check_output_room", "free_space", "npy_bytes", "io_threads"]
 
 class NpyError(ValueError):
     """A file is missing, unreadable or unsuitable; the message names it."""
@@ -317,6 +319,72 @@ def check_output_path(out: str, inputs: list[str], comm: MPI.Comm, root: int = 0
     return path
 
 
+def free_space(folder: str) -> int:
+    """Bytes a user (not root, whose reserve this leaves out) can still
+    write in the file system holding `folder`."""
+    return shutil.disk_usage(folder).free
+
+
+def npy_bytes(shape, dtype) -> int:
+    """Size of the .npy file of a C-ordered matrix of `shape` and `dtype`:
+    its header (as NumPy writes it) and its data."""
+    dtype = np.dtype(dtype)
+    header = {"descr": npy_format.dtype_to_descr(dtype), "fortran_order": False,
+              "shape": tuple(int(x) for x in shape)}
+    buffer = io.BytesIO()
+    try:
+        npy_format.write_array_header_1_0(buffer, header)
+    except ValueError:  # a header over 64 KiB takes format 2.0, as NumPy writes it
+        buffer = io.BytesIO()
+        npy_format.write_array_header_2_0(buffer, header)
+    return buffer.tell() + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+
+def _size(nbytes: int) -> str:
+    """`nbytes` for a message, in the largest binary unit it reaches."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{int(nbytes)} bytes"
+
+
+def _room_problem(path: str, shape, dtype) -> str | None:
+    """Why the .npy file of `shape` and `dtype` cannot be written as
+    `path` (its temporary name lies in the same folder), or None. An
+    existing `path` is freed only when the new file replaces it, so its
+    bytes do not count as room."""
+    folder = os.path.dirname(path)
+    try:
+        free = free_space(folder)
+    except OSError:
+        return None  # a file system that does not say: the write itself will
+    need = npy_bytes(shape, dtype)
+    if need <= free:
+        return None
+    replaced = os.path.getsize(path) if os.path.isfile(path) else 0
+    kept = (f" (the existing {os.path.basename(path)}'s {_size(replaced)} are freed only "
+            "once the new file replaces it)") if replaced else ""
+    return (f"{path}: the output needs {_size(need)} of disk space, and {folder} has "
+            f"{_size(free)} free{kept}; free some space or write the output elsewhere")
+
+
+def check_output_room(out: str, shape, dtype, comm: MPI.Comm, root: int = 0) -> None:
+    """Refuse, on every rank, an output of `shape` and `dtype` that the free
+    disk space of its folder cannot hold (decided on `root`; collective).
+
+    Raises
+    ------
+    ValueError
+        One line saying what the output needs and what is free, the same
+        on every rank, before anything is read or written.
+    """
+    decided = None
+    if comm.Get_rank() == root:
+        problem = _room_problem(os.path.abspath(out), shape, dtype)
+        decided = Failure.of(NpyError(problem)) if problem else None
+    from_root(comm, root, decided)
+
+
 class AtomicNpyWriter:
     """Collective writer of one distributed matrix to an .npy file, atomically.
 
@@ -347,6 +415,9 @@ class AtomicNpyWriter:
     def __enter__(self) -> "AtomicNpyWriter":
         made = None
         if self.comm.Get_rank() == self.root:
+            # a clear refusal where the disk cannot hold it, not a write that fails part way
+            made = _room_problem(self.path, self.shape, self.dtype)
+        if self.comm.Get_rank() == self.root and made is None:
             try:
                 fd, tmp = new_temporary_file(os.path.dirname(self.path),
                                              f".{os.path.basename(self.path)}.", ".tmp")

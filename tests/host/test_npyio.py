@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from summa.host.npyio import (AtomicNpyWriter, NpyError, check_output_path, map_block, read_block,
-                              read_header)
+from summa.host import npyio
+from summa.host.npyio import (AtomicNpyWriter, NpyError, check_output_path, check_output_room,
+                              map_block, npy_bytes, read_block, read_header)
 
 SELF = MPI.COMM_SELF
 
@@ -101,6 +102,61 @@ def test_atomic_writer_renames_only_on_success(tmp_path):
             out.write_block(x[:1], np.arange(1), np.arange(4))
             raise RuntimeError("boom")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.npy"], "temp file removed"
+
+
+@pytest.mark.parametrize("shape,dtype", [((3, 4), "float64"), ((1000, 7), "complex128"),
+                                         ((0, 5), "float32"), ((17, 1), ">f8")])
+def test_npy_bytes_is_the_size_of_the_file_numpy_writes(tmp_path, shape, dtype):
+    np.save(tmp_path / "x.npy", np.zeros(shape, dtype=dtype))
+    assert npy_bytes(shape, dtype) == os.path.getsize(tmp_path / "x.npy")
+
+
+def test_an_output_the_disk_cannot_hold_is_refused_saying_need_and_free(tmp_path, monkeypatch):
+    out = str(tmp_path / "C.npy")
+    need = npy_bytes((3000, 2000), "float64")
+    free = need // 3
+    monkeypatch.setattr(npyio, "free_space", lambda folder: free)
+    with pytest.raises(ValueError) as e:
+        check_output_room(out, (3000, 2000), "float64", SELF)
+    assert str(e.value) == (f"{out}: the output needs {need / 2**20:.1f} MiB of disk space, and "
+                            f"{tmp_path} has {free / 2**20:.1f} MiB free; free some space or "
+                            "write the output elsewhere")
+    monkeypatch.setattr(npyio, "free_space", lambda folder: need - 1)
+    with pytest.raises(ValueError, match="needs"):
+        check_output_room(out, (3000, 2000), "float64", SELF)
+    monkeypatch.setattr(npyio, "free_space", lambda folder: need)
+    check_output_room(out, (3000, 2000), "float64", SELF)  # exactly enough
+
+
+def test_an_output_it_replaces_is_not_counted_as_room(tmp_path, monkeypatch):
+    # the temporary file is written beside the old output, which goes only
+    # once the new one is renamed over it
+    out = tmp_path / "C.npy"
+    np.save(out, np.zeros((100, 100)))
+    old = out.read_bytes()
+    monkeypatch.setattr(npyio, "free_space", lambda folder: npy_bytes((100, 100), "f8") - 1)
+    with pytest.raises(ValueError, match=rf"the existing C.npy's {len(old) / 2**10:.1f} KiB are "
+                                         r"freed only once the new file replaces it"):
+        check_output_room(str(out), (100, 100), "float64", SELF)
+    assert out.read_bytes() == old
+
+
+def test_a_file_system_that_does_not_say_its_free_space_is_not_refused(tmp_path, monkeypatch):
+    def unknown(folder):
+        raise OSError(38, "Function not implemented")
+    monkeypatch.setattr(npyio, "free_space", unknown)
+    check_output_room(str(tmp_path / "C.npy"), (10, 10), "float64", SELF)
+
+
+def test_the_writer_refuses_an_output_the_disk_cannot_hold_and_makes_no_file(tmp_path,
+                                                                              monkeypatch):
+    monkeypatch.setattr(npyio, "free_space", lambda folder: 1000)
+    need = npy_bytes((12, 12), "float64")
+    with pytest.raises(NpyError, match=f"the output needs {need / 2**10:.1f} KiB of disk space, "
+                                       ".* 1000 bytes free"):
+        with AtomicNpyWriter(str(tmp_path / "out.npy"), (12, 12), np.float64, SELF):
+            pytest.fail("the block runs only where the output fits")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_writer_scattered_rows(tmp_path):
