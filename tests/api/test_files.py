@@ -5,13 +5,21 @@ atomic output and killed ranks."""
 
 import os
 import re
+import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from helpers import data_warnings, gemm_scaled_error, random_array, spy_out_of_core
+from summa.api import files as files_module
 from summa.api.files import CheckFailed, check_is_cheap, multiply_files
+from summa.host import npyio
+from summa.host.npyio import npy_bytes
+from summa.planning import memory as memory_module
 from test_cli import job
 from test_multiply import save
 
@@ -501,3 +509,107 @@ def test_the_inputs_are_read_ahead_and_no_reader_outlives_the_call(comm, rng, fo
             time.monotonic() < deadline:
         time.sleep(0.02)
     assert not any(t.name == "summa-prefetch" for t in threading.enumerate())
+
+
+def _no_work(monkeypatch) -> list:
+    """Steps of a multiply of files after its checks (the read-ahead, the
+    backend's start, the read phase, the output's writer), each noted in
+    the list returned where reached, none of them run."""
+    done = []
+
+    def step(name):
+        def noted(*args, **kwargs):
+            done.append(name)
+            raise AssertionError(f"{name} reached")
+        return noted
+    for name in ("read_ahead", "get_backend", "_read_files", "AtomicNpyWriter"):
+        monkeypatch.setattr(files_module, name, step(name))
+    return done
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("replaces", [False, True])
+def test_an_output_the_disk_cannot_hold_is_refused_before_anything_is_read(
+        comm, rng, folder, monkeypatch, replaces):
+    # an existing output is freed only by the rename: it is no room for the new one
+    pa = save(comm, folder, "A.npy", random_array(rng, (40, 30), "float64"))
+    pb = save(comm, folder, "B.npy", random_array(rng, (30, 20), "float32"))
+    old = save(comm, folder, "C.npy", np.ones((40, 20))) if replaces else None
+    need = npy_bytes((40, 20), "float64")  # float64 and float32 multiply in float64
+    monkeypatch.setattr(npyio, "free_space", lambda where: need - 1)
+    done = _no_work(monkeypatch)
+    before = sorted(os.listdir(folder))
+    with pytest.raises(ValueError) as refused:
+        multiply_files(pa, pb, str(folder / "C.npy"), comm, quiet=True)
+    message = str(refused.value)
+    assert message.startswith(f"{folder / 'C.npy'}: the output needs {need / 1024:.1f} KiB "
+                              f"of disk space, and {folder} has {(need - 1) / 1024:.1f} KiB free")
+    assert ("freed only once the new file replaces it" in message) == replaces
+    assert "\n" not in message and done == []
+    comm.Barrier()
+    assert sorted(os.listdir(folder)) == before
+    if replaces:
+        assert np.array_equal(np.load(old), np.ones((40, 20)))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_an_output_that_just_fits_the_disk_is_written(comm, rng, folder, monkeypatch):
+    a, b = random_array(rng, (40, 30), "float64"), random_array(rng, (30, 20), "float64")
+    pa, pb = save(comm, folder, "A.npy", a), save(comm, folder, "B.npy", b)
+    monkeypatch.setattr(npyio, "free_space", lambda where: npy_bytes((40, 20), "float64"))
+    multiply_files(pa, pb, str(folder / "C.npy"), comm, quiet=True, backend="numpy")
+    if comm.rank == 0:
+        assert gemm_scaled_error(np.load(folder / "C.npy"), a, b) <= 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("out_of_core", [False, True])
+def test_a_plan_the_nodes_memory_cannot_hold_is_refused_before_the_read(
+        comm, rng, folder, monkeypatch, out_of_core):
+    pa = save(comm, folder, "A.npy", random_array(rng, (40, 30), "float64"))
+    pb = save(comm, folder, "B.npy", random_array(rng, (30, 20), "float64"))
+    total = 4096  # a node too small for the ranks' blocks of A, B and C
+    monkeypatch.setattr(memory_module, "host_memory_total", lambda: total)
+    reached = []
+    for name in ("_read_files", "AtomicNpyWriter"):
+        monkeypatch.setattr(files_module, name, lambda *args, name=name, **kwargs:
+                            reached.append(name))
+    before = sorted(os.listdir(folder))
+    with pytest.raises(ValueError, match=rf"rank\(s\) on rank \d+'s node need [\d.]+ KiB of "
+                                         rf"host memory, and the node has {total / 1024:.1f} "
+                                         "KiB in all; use more nodes"):
+        multiply_files(pa, pb, str(folder / "C.npy"), comm, quiet=True, backend="numpy",
+                       out_of_core=out_of_core, device_memory="40KiB" if out_of_core else None,
+                       panel_width=4)
+    assert reached == []
+    comm.Barrier()
+    assert sorted(os.listdir(folder)) == before
+
+
+@pytest.mark.parametrize("launch", ["mpiexec", "workers"])
+def test_the_multiply_command_refuses_an_output_larger_than_the_free_disk(tmp_path, launch):
+    """No hook: a product of two thin files whose output is twice the disk's
+    free space, refused in one line with status 2 at once, on 2 ranks under
+    mpiexec or in the pool the command starts by itself."""
+    free = shutil.disk_usage(tmp_path).free
+    if free > 2**45:
+        pytest.skip("a file system with over 32 TiB free")
+    side = int((2 * free / 8) ** 0.5) + 1  # side x side float64: twice what is free
+    np.save(tmp_path / "A.npy", np.ones((side, 1)))
+    np.save(tmp_path / "B.npy", np.ones((1, side)))
+    args = ("multiply", str(tmp_path / "A.npy"), str(tmp_path / "B.npy"), "-o",
+            str(tmp_path / "C.npy"), "--backend", "numpy")
+    t0 = time.monotonic()
+    if launch == "mpiexec":
+        p = job(2, *args, timeout=90)
+    else:  # without a launcher: the command starts its own two ranks
+        p = subprocess.run([sys.executable, "-m", "summa", *args], capture_output=True,
+                           text=True, timeout=90, env=dict(
+                               os.environ, SUMMA_WORKERS="2",
+                               PYTHONPATH=str(Path(files_module.__file__).parents[2])))
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith(
+        f"summa: error: {tmp_path / 'C.npy'}: the output needs "), p.stderr
+    assert f"of disk space, and {tmp_path} has " in p.stderr and " free; " in p.stderr
+    assert time.monotonic() - t0 < 60
+    assert sorted(os.listdir(tmp_path)) == ["A.npy", "B.npy"]
