@@ -15,6 +15,7 @@ Examples
 
 from . import host, options
 from .execution.algorithm import SummaStats, gemm, summa
+from .device.account import DeviceMemoryError
 from .device.backend import get_backend
 from .distribution.grid import ProcessGrid
 from .distribution.layout import Distribution, Layout
@@ -28,4 +29,4 @@ __version__ = "0.1.0"
 
 __all__ = ["ProcessGrid", "Distribution", "Layout", "DistMatrix", "gemm", "matmul", "Matmul",
            "summa", "SummaStats", "get_backend", "freivalds", "host", "options", "Options",
-           "__version__"]
+           "DeviceMemoryError", "__version__"]

@@ -105,6 +105,7 @@ def main(argv=None) -> int:
 def _failed(world, ctl, exc: Exception) -> int:
     """Say once why the command failed with `exc`, and return the exit status
     (or end the job where other ranks may be left waiting)."""
+    from .device.account import DeviceMemoryError
     from .runtime.agree import RankFailure
     if isinstance(exc, BrokenPipeError):  # output piped into head & co.: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -119,8 +120,10 @@ def _failed(world, ctl, exc: Exception) -> int:
                 print(f"summa: error: {exc}", file=sys.stderr, flush=True)
             return EXIT_USAGE
         _abort(world, f"error: {exc} (other ranks did not stop; aborting the job)", EXIT_USAGE)
-    elif isinstance(exc, OSError):  # a disk full, a file gone: one line, then end every rank
-        _abort(world, f"error: {exc} (aborting the job)", 1)
+    elif isinstance(exc, DeviceMemoryError) and world.Get_size() == 1:
+        print(f"summa: error: {exc}", file=sys.stderr, flush=True)  # the GPU was taken
+    elif isinstance(exc, (OSError, DeviceMemoryError)):  # a disk full, a file gone, a GPU
+        _abort(world, f"error: {exc} (aborting the job)", 1)  # taken: one line, end every rank
     else:  # anything unexpected: say where, then end every rank
         tb = "".join(traceback.format_exception(exc))
         _abort(world, f"unexpected {type(exc).__name__}: {exc}\n{tb}summa: aborting the job", 1)

@@ -314,6 +314,9 @@ class Options:
     peer_access: bool | None = _setting("SUMMA_PEER_ACCESS", _Switch(), None,
                                         "Can the GPUs of a grid row and column read each "
                                         "other's memory? Default: asked of CUDA.")
+    memory_check: bool = _setting("SUMMA_MEMORY_CHECK", _Switch(), False,
+                                  "Raise where a run draws more device memory than its plan's "
+                                  "peak (summa's miscount; the test suites set it).")
     in_place: bool = _setting("SUMMA_IN_PLACE", _Switch(), True,
                               "0: pool workers get copies in shared memory instead of reading "
                               "the caller's arrays in place.")

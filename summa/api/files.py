@@ -21,7 +21,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..runtime.agree import collectively
-from ..execution.algorithm import SummaStats, gemm, prepare
+from ..device.account import Account
+from ..execution.algorithm import SummaStats, prepare, run_in_memory
 from ..device.backend import NumpyBackend, get_backend, resolve_dtype
 from ..distribution.grid import ProcessGrid, node_rank
 from ..host.filemaps import read_ahead
@@ -438,17 +439,21 @@ def _multiply_files(run: _FilesRun, operands) -> SummaStats:
     run.progress.phase("multiply", 1)
     inject("multiply")
 
+    # (blocks read onto the devices before it are the plan's too: held)
+    holding = sum(x.local.nbytes for x in operands) if plan.device_budget is None else 0
+
     def multiply():
-        if plan.device_budget is None:
-            gemm(A, B, C, alpha=job.alpha, beta=job.beta, panel_width=plan.panel_width,
-                 lookahead=job.lookahead, broadcaster=job.broadcaster,
-                 precision=job.precision, stats=stats, progress=run.progress.step,
-                 schedule=job.schedule)
-        else:
-            stats.__dict__.update(run_out_of_core(
-                plan, SweepOperands(A, B, C), be, alpha=job.alpha, beta=job.beta,
-                progress=run.progress.step, fresh_c=run.writer is not None).__dict__)
-        be.synchronize()
+        with Account.of(plan, be, "the multiply", holding).drawing() as account:
+            if plan.device_budget is None:
+                result = run_in_memory(plan, A, B, C, alpha=job.alpha, beta=job.beta,
+                                       progress=run.progress.step)
+            else:
+                result = run_out_of_core(
+                    plan, SweepOperands(A, B, C), be, alpha=job.alpha, beta=job.beta,
+                    progress=run.progress.step, fresh_c=run.writer is not None)
+            be.synchronize()
+        stats.__dict__.update(result.__dict__)
+        stats.extra.update(account.report())
     _, run.record["compute_seconds"] = _timed(comm, "multiply", multiply)
     run.timeline.mark("multiply")
     return stats

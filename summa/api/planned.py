@@ -15,7 +15,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..runtime.agree import Failure, collectively, from_root
-from ..execution.algorithm import summa
+from ..execution.algorithm import run_in_memory
+from ..device.account import Account
 from ..device.backend import NumpyBackend, get_backend
 from ..distribution.grid import node_rank
 from ..host.blocks import (host_block, node_shares, operand_block, own_range, result_block,
@@ -299,15 +300,17 @@ def run_planned(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     (:meth:`summa.api.operands.Operands.give_back`), None elsewhere."""
     given = operands.given  # None off the root
     compiled = be.prepare(plan.precision, plan.dtype)  # its own figure, not the product's
-    if plan.placement.resident:
-        c = run_on_device(plan, be, given, alpha, stats)
-    else:
-        host = operands  # off the root: as passed (the pool's workers hold the arrays on every rank)
-        if given is not None:
-            host = ArrayOperands(*given.host_arrays(be), operands.root)
-        c = run_arrays(plan, pgrid, be, host, alpha, stats, called)
+    host = operands  # off the root: as passed (the pool's workers hold the arrays on every rank)
+    if given is not None and not plan.placement.resident:
+        host = ArrayOperands(*given.host_arrays(be), operands.root)
+    with Account.of(plan, be).drawing() as account:
+        if plan.placement.resident:
+            c = run_on_device(plan, be, given, alpha, stats)
+        else:
+            c = run_arrays(plan, pgrid, be, host, alpha, stats, called)
     if stats is not None:
         stats.extra["compile_seconds"] = compiled
+        stats.extra.update(account.report())
     return c if given is None else given.give_back(c, be)
 
 
@@ -427,10 +430,7 @@ def _in_memory(plan, pgrid, be, operands: ArrayOperands, alpha, stats):
     C = DistMatrix(pgrid, layout, c, be)
     # panels copied as the plan counted them, whatever these arrays' layout
     # (a Matmul planned for others): no scratch beyond its memory
-    result = summa(alpha, A, B, 0.0, C, panel_width=plan.panel_width,
-                   lookahead=plan.lookahead, broadcaster=plan.broadcaster,
-                   precision=plan.precision, schedule=plan.schedule, conj=(conj_a, conj_b),
-                   copies=(plan.memory.transposed_a, plan.memory.transposed_b))
+    result = run_in_memory(plan, A, B, C, alpha=alpha, conj=(conj_a, conj_b))
     if stats is not None:  # a pass over C where it lies: matmul warns of NaN/Inf by it
         finite = pgrid.comm.allreduce(be.all_finite(c), op=MPI.LAND)
         stats.__dict__.update(result.__dict__)

@@ -18,6 +18,7 @@ from ..execution.algorithm import SummaStats
 from ..runtime.agree import Failure, from_root
 from .arrays import check_arrays
 from ..distribution.grid import ProcessGrid
+from ..planning.memory import check_memory, format_bytes
 from .planned import (ArrayOperands, PlanRequest, plan_arrays, pooled_size,
                       precision_refusal, run_planned, vector_result)
 from .operands import kept_device
@@ -122,9 +123,11 @@ class Matmul:
             return
         options.pop("moduli", None)
         self._alpha = options.pop("alpha", 1.0)
+        # what planning again takes, where the GPUs' free memory changes (execute)
+        self._asked_plan = (PlanRequest(**request, **options), backend, topology)
         with asked_moduli(self._moduli), kept_device():  # the plan counts their scratch
             self._backend, self.plan, self._operands = plan_arrays(
-                operands, self._comm, PlanRequest(**request, **options), backend, topology)
+                operands, self._comm, self._asked_plan[0], backend, topology)
         self._grid = ProcessGrid(self._comm, self.plan.grid, topology=topology)
         if self._grid.core_note and self._grid.rank == 0:
             warnings.warn(self._grid.core_note, RuntimeWarning, stacklevel=2)
@@ -165,6 +168,7 @@ class Matmul:
             c = self._execute_pooled(operands, stats)
         else:
             with asked_moduli(self._moduli), kept_device():
+                self._fitted(operands)
                 c = run_planned(self.plan, self._grid, self._backend, operands, self._alpha,
                                 stats, called)
             self.stats = stats
@@ -177,6 +181,31 @@ class Matmul:
         # (made again where the pool started anew: the Plan the workers run)
         self.plan, self.stats = self._pooled.plan, stats
         return operands.given.give_back(c)
+
+    def _fitted(self, operands: ArrayOperands) -> None:
+        """Plan again, with a RuntimeWarning, where the GPUs' free memory no
+        longer holds the plan (other work took memory since it was made;
+        memory freed since lets it stay): the memory free is read at each
+        execution, never assumed from the construction's. Where nothing
+        fits, planning's own one-line ValueError. Collective."""
+        if not self._backend.is_gpu:
+            return
+        try:
+            check_memory(self.plan.memory, self._backend, self._comm)
+            return
+        except ValueError as exc:
+            short = str(exc)
+        request, backend, topology = self._asked_plan
+        _, plan, _ = plan_arrays(operands, self._comm, request, backend, topology)
+        if tuple(plan.grid) != tuple(self.plan.grid):
+            self._grid.free()
+            self._grid = ProcessGrid(self._comm, plan.grid, topology=topology)
+        if self._comm.Get_rank() == self._root:
+            warnings.warn(f"summa.Matmul planned again: {short.split('; use')[0]}; now "
+                          f"{'out of core' if plan.out_of_core else 'in memory'}, "
+                          f"{format_bytes(plan.memory.device_bytes)} a GPU",
+                          RuntimeWarning, stacklevel=3)
+        self.plan = plan
 
     def _checked(self, operands: ArrayOperands, trans: tuple) -> ArrayOperands:
         """`operands` described on the root; refused, on every rank, where the

@@ -16,7 +16,8 @@ from mpi4py import MPI
 from .. import __version__
 from .. import options as settings
 from ..precision import ozaki_gpu
-from ..execution.algorithm import SummaStats, gemm
+from ..device.account import Account
+from ..execution.algorithm import SummaStats, run_in_memory
 from ..api.checks import check_scalars
 from ..device.backend import NumpyBackend, get_backend
 from ..transports.comm import choose_comm
@@ -318,21 +319,23 @@ def _repetitions(job: BenchJob, plan, grid: ProcessGrid, operands, progress: Pro
     and the first call's pool, page-locking time and whether it locked.
     Collective."""
     A, B, C = operands
-    backend, args, total = job.backend, job.args, job.warmup + job.repeat
+    backend, total = job.backend, job.warmup + job.repeat
     times, stats = [], SummaStats()
     for i in range(total):
         with watch(f"all ranks to start repetition {i}"):
             grid.comm.Barrier()
         progress.phase(f"run {i + 1}/{total}", 1)
         t0 = time.perf_counter()
-        if plan.device_budget is None:
-            # "auto" is measured in the first call and cached for the rest.
-            gemm(A, B, C, panel_width=plan.panel_width, lookahead=args.lookahead,
-                 broadcaster=args.comm, precision=job.precision, stats=stats,
-                 progress=progress.step, schedule=job.schedule)
-        else:
-            stats = run_out_of_core(plan, SweepOperands(A, B, C), backend,
-                                    progress=progress.step)
+        # (the blocks made before it are the plan's too, and counted as held)
+        holding = sum(x.local.nbytes for x in operands) if plan.device_budget is None else 0
+        with Account.of(plan, backend, "the benchmark", holding).drawing() as account:
+            if plan.device_budget is None:
+                # "auto" is measured in the first call and cached for the rest.
+                stats = run_in_memory(plan, A, B, C, progress=progress.step)
+            else:
+                stats = run_out_of_core(plan, SweepOperands(A, B, C), backend,
+                                        progress=progress.step)
+        stats.extra.update(account.report())
         nb = stats.panel_width
         backend.synchronize()
         with watch(f"all ranks to finish repetition {i}"):

@@ -23,7 +23,8 @@ from ..precision import ozaki
 from ..api.checks import check_layouts, check_operands, check_scalars
 from ..distribution.layout import Distribution, Layout, panel_schedule
 from ..distribution.matrix import DistMatrix
-from ..precision.ozaki_gpu import asked_moduli, check_moduli, panel_sums_apply, panel_sums_bytes
+from ..precision.ozaki_gpu import (PanelSums, Scheme, asked_moduli, check_moduli,
+                                   grid_exponents, panel_sums_apply, panel_sums_bytes)
 from .pipeline import Pipeline, PipelineReport, Product, in_place_parts, local_parts
 # (summa.execution.outofcore takes wait_for_panel from here)
 from ..planning.memory import ranks_on_device
@@ -35,7 +36,7 @@ from .transpose import PanelForms, PanelsOfA, PanelsOfB, column_major
 from ..planning.tuning import panel_width_for, transposes_a, transposes_b
 from ..runtime.watchdog import watch
 
-__all__ = ["summa", "gemm", "SummaStats"]
+__all__ = ["summa", "gemm", "run_in_memory", "SummaStats"]
 
 
 @dataclass
@@ -124,10 +125,60 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     strips = check_schedule(schedule, C.grid.shape) == "strips" and C.grid.size > 1
     with C.backend.on_device():  # its GPU, whatever the caller's current one
         return _run(alpha, (A, B, C), beta, strips, (panel_width, lookahead, broadcaster,
-                                                  precision), (progress, conj, copies))
+                                                  precision), _Extras(progress, conj, copies))
 
 
-def _run(alpha, operands: tuple, beta, strips: bool, asked: tuple, extras: tuple):
+def run_in_memory(plan, A: DistMatrix, B: DistMatrix, C: DistMatrix, *, alpha=1.0, beta=0.0,
+                  conj: tuple = (False, False), progress=None) -> SummaStats:
+    """The in-memory executor: ``C <- alpha A @ B + beta C`` by SUMMA as
+    `plan` (a :class:`summa.planning.Plan`) decided it, on its operands'
+    blocks on the devices: its panel width, lookahead, broadcaster,
+    precision, schedule, transposed copies, fp64-int8's scheme (rows and
+    planes) and panel sums. Decides nothing, reads no free memory (the
+    plan's memory is what the run may draw: :class:`summa.device.account.Account`).
+
+    Parameters
+    ----------
+    plan : summa.planning.Plan
+        An in-memory plan of this product.
+    A, B, C : DistMatrix
+        The operands as :func:`summa` takes them.
+    alpha, beta : scalar
+    conj : tuple
+        One rank: whether its GEMMs conjugate (A's, B's) panels.
+    progress : callable, optional
+        ``progress(steps_done, steps_total)``.
+
+    Returns
+    -------
+    SummaStats
+        This rank's timings.
+    """
+    check_scalars(alpha, beta, C.dtype, plan.precision, C.backend)
+    strips = plan.schedule == "strips" and C.grid.size > 1
+    copies = (plan.memory.transposed_a, plan.memory.transposed_b)
+    extras = _Extras(progress, conj, copies, plan.scheme, plan.panel_sums is not None)
+    with C.backend.on_device(), asked_moduli(plan.moduli):
+        return _run(alpha, (A, B, C), beta, strips, (plan.panel_width, plan.lookahead,
+                                                  plan.broadcaster, plan.precision), extras)
+
+
+@dataclass(frozen=True)
+class _Extras:
+    """What a :func:`summa` call takes beside its operands and asked
+    settings: `progress`; one rank's `conj`; the transposed `copies`
+    (A's, B's; None: decided here); fp64-int8's `scheme` (None: the
+    default) and whether it sums a grid's panels (`sums`: None, decided
+    here by the free memory; a plan's run says)."""
+
+    progress: object = None
+    conj: tuple = (False, False)
+    copies: tuple | None = None
+    scheme: object = None
+    sums: bool | None = None
+
+
+def _run(alpha, operands: tuple, beta, strips: bool, asked: tuple, extras: "_Extras"):
     """The checked :func:`summa` call run on its backend's GPU: its stats."""
     call, panels, stats = _prepared(alpha, operands, strips, asked, extras)
     C = operands[2]
@@ -153,9 +204,9 @@ def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple)
     width (measured for ``"auto"``), broadcasters and exported blocks in
     a :class:`_Call`, its steps in this rank's order, and the stats they
     start. `operands`: ``(A, B, C)``; `asked`: ``(panel_width, lookahead,
-    broadcaster, precision)``; `extras`: ``(progress, conj, copies)``."""
+    broadcaster, precision)``; `extras`: an :class:`_Extras`."""
     (A, B, C), (panel_width, lookahead, broadcaster, precision) = operands, asked
-    progress, conj, copies = extras
+    progress, conj, copies = extras.progress, extras.conj, extras.copies
     backend, grid = C.backend, C.grid
     if strips and isinstance(panel_width, str) and panel_width == "auto":
         # "auto" times GEMMs of K panels; strips cut columns, which cost nothing
@@ -176,7 +227,7 @@ def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple)
     copies = (bool(copies[0]), bool(copies[1]) and columns)
     call = _Call(alpha, A, B, C, precision, progress, int(lookahead), row_bc, col_bc,
                  export_blocks(grid, backend, row_bc, col_bc, A.local, B.local),
-                 tuple(bool(x) for x in conj), *copies)
+                 tuple(bool(x) for x in conj), *copies, extras.scheme, extras.sums)
     steps = _steps_of(call, panels, strips, panel_width)
     stats = SummaStats(panels=len(steps), panel_width=panel_width,
                        comm=(col_bc if strips else row_bc).name, lookahead=call.lookahead,
@@ -191,7 +242,7 @@ def _run_steps(call: _Call, panels: list, first_beta, strips: bool, stats: Summa
     rank's GEMMs, column strips, or the grid's broadcasts and GEMMs; its
     reports go into `stats`. Returns the GEMMs' event marks (start, end
     pairs)."""
-    A, B, C, precision = call.A, call.B, call.C, call.precision
+    C, precision = call.C, call.precision
     backend, grid = C.backend, C.grid
     # Made inside the caller's compute stream: its copies go on the stream its
     # GEMMs run on. (K panels where an operand is read transposed; else column
@@ -200,7 +251,7 @@ def _run_steps(call: _Call, panels: list, first_beta, strips: bool, stats: Summa
     width = max((p.width for p in panels), default=0) if copied else 0
     forms = PanelForms(PanelsOfA(backend, C.local.shape[0], width, C.dtype, call.transposed_a),
                        PanelsOfB(backend, width, C.local.shape[1], C.dtype, call.transposed_b))
-    sums = _panel_sums(A, B, C, precision, strips, panels, call.lookahead)
+    sums = _panel_sums(call, strips, panels)
     if precision == "fp64-int8":  # (bench's records say which way it went)
         stats.extra["panel_sums"] = sums is not None
     if grid.size == 1:
@@ -244,6 +295,8 @@ class _Call:
     conj: tuple = (False, False)  # one rank: (A's, B's) conjugated by the GEMMs
     transposed_a: bool = False  # A's panels read through a transposed copy (PanelsOfA)
     transposed_b: bool = False  # B's, lying by columns, through a row-major one (PanelsOfB)
+    scheme: object = None  # fp64-int8: how its products run (the plan's; None: the default)
+    sums: bool | None = None  # fp64-int8 on a grid: panel sums (None: decided by free memory)
 
 
 def _steps_of(call: _Call, panels: list, strips: bool, width: int) -> list:
@@ -290,7 +343,8 @@ def _one_rank(call: _Call, steps: list, forms, first_beta) -> list:
             a, b = A.local, B.local
         marks.append(backend.timing_mark())
         a, b, conj = forms(a, b, call.conj)
-        backend.gemm(call.alpha, a, b, c, beta=beta, precision=call.precision, conj=conj)
+        backend.gemm(call.alpha, a, b, c, beta=beta, precision=call.precision, conj=conj,
+                     scheme=call.scheme)
         marks.append(backend.timing_mark())
         if call.progress is not None:
             call.progress(i + 1, len(steps))
@@ -305,7 +359,7 @@ def _on_grid(call: _Call, panels: list, forms, sums) -> PipelineReport:
     grid = C.grid
     schedule = make_schedule(panels, (grid.row, grid.col), call.direct,
                              in_place_parts(panels, grid, A, B, call.direct), call.lookahead)
-    product = Product(call.alpha, C.backend, C.local, call.precision, forms, sums)
+    product = Product(call.alpha, C.backend, C.local, call.precision, forms, sums, call.scheme)
     report = Pipeline(A, B, C, schedule, (call.row_bc, call.col_bc), product, call.progress).run()
     if sums is not None:  # the one fold of C, alpha applied (beta already was)
         report.marks.append(C.backend.timing_mark())
@@ -367,7 +421,7 @@ def prepare(A: DistMatrix, B: DistMatrix, C: DistMatrix, panel_width=None,
         bc.release()
 
 
-def _panel_sums(A, B, C, precision, strips, panels, lookahead):
+def _panel_sums(call: _Call, strips: bool, panels: list):
     """fp64-int8 on a grid of several ranks: a :class:`summa.precision.ozaki_gpu.PanelSums`
     for this rank's C block with the exponents of all of K
     (:func:`summa.precision.ozaki_gpu.grid_exponents`), so the panels' INT8 products
@@ -377,11 +431,16 @@ def _panel_sums(A, B, C, precision, strips, panels, lookahead):
     product is one GPU's whole one; else
     None: for complex128, strips, K past an int32 sum or of fewer than
     :data:`summa.precision.ozaki.K_NATIVE` terms (native float64 then), where
-    ``SUMMA_FP64_INT8_SUMS=0``, or where any rank's device lacks the
+    ``SUMMA_FP64_INT8_SUMS=0``, or where the plan said no (a plan's run:
+    ``call.sums``); called without a plan, where any rank's device lacks the
     memory for the sums (4 bytes an element of C a modulus). Collective."""
+    A, C, precision, lookahead = call.A, call.C, call.precision, call.lookahead
     grid, k = C.grid, A.layout.shape[1]
-    if precision != "fp64-int8" or strips or not panel_sums_apply(C.dtype, grid.size, k):
+    if precision != "fp64-int8" or strips or not panel_sums_apply(C.dtype, grid.size, k) \
+            or call.sums is False:
         return None
+    if call.sums:  # the plan counted them
+        return _made_sums(call)
     width = max((p.width for p in panels), default=0)
     m, n = C.local.shape
     # beside the sums, the panel buffers the pipeline makes next (and their
@@ -393,9 +452,17 @@ def _panel_sums(A, B, C, precision, strips, panels, lookahead):
     fits = free is not None and free >= sharing * (need + need // 16 + (256 << 20))
     if not grid.comm.allreduce(fits, op=MPI.LAND):
         return None
-    from ..precision.ozaki_gpu import PanelSums, grid_exponents
-    exponents = grid_exponents(A.local, B.local, grid.row_comm, grid.col_comm, k)
-    return PanelSums(m, n, k, exponents, C.backend)
+    return _made_sums(call)
+
+
+def _made_sums(call: _Call):
+    """The :class:`summa.precision.ozaki_gpu.PanelSums` of `call`'s C block
+    with the exponents of all of K (collective)."""
+    A, B, C = call.A, call.B, call.C
+    grid, k = C.grid, A.layout.shape[1]
+    scheme = call.scheme or Scheme()
+    exponents = grid_exponents(A.local, B.local, grid.row_comm, grid.col_comm, k, scheme)
+    return PanelSums(*C.local.shape, k, exponents, C.backend, scheme)
 
 
 _OPS = ("N", "T", "H")

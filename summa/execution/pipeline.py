@@ -77,11 +77,13 @@ class Product:
     precision: str | None
     forms: object
     sums: object = None
+    scheme: object = None  # fp64-int8: how its products run (the plan's)
 
     def __call__(self, a, b) -> None:
         a, b, _ = self.forms(a, b)  # (a grid's panels come conjugated)
         if self.sums is None:
-            self.backend.gemm(self.alpha, a, b, self.c, precision=self.precision)
+            self.backend.gemm(self.alpha, a, b, self.c, precision=self.precision,
+                              scheme=self.scheme)
         else:
             self.sums.add(a, b)
 

@@ -120,7 +120,8 @@ class _Strips:
 
     def _multiply(self, a, b, c) -> None:
         self.marks.append(self.backend.timing_mark())
-        self.backend.gemm(self.call.alpha, a, b, c, precision=self.call.precision)
+        self.backend.gemm(self.call.alpha, a, b, c, precision=self.call.precision,
+                          scheme=self.call.scheme)
         self.marks.append(self.backend.timing_mark())
 
     def _first_own_rows(self) -> None:

@@ -6,6 +6,7 @@ alpha and beta; and the scratch a product holds, as the plans count it."""
 
 import sys
 import weakref
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -262,7 +263,8 @@ def test_panel_sums_are_left_on_every_rank_where_one_lacks_the_memory(comm, monk
     holds them: one rank short, every rank multiplies panel by panel (the
     exponents are collective: no rank may start them alone), no hang; a
     sum of fewer than K_NATIVE terms stays native float64; and
-    SUMMA_FP64_INT8_SUMS=0 turns them off."""
+    SUMMA_FP64_INT8_SUMS=0 turns them off. A plan's "no" (call.sums
+    False) is no whatever the room."""
     from summa.execution import algorithm
     from summa.device.backend import get_backend
     from summa.distribution.grid import ProcessGrid
@@ -275,19 +277,27 @@ def test_panel_sums_are_left_on_every_rank_where_one_lacks_the_memory(comm, monk
     panels = panel_schedule(A.layout.cols, B.layout.rows, 32)
     free = 0 if comm.rank == comm.size - 1 else 1 << 50
     monkeypatch.setattr(type(backend), "memory_free", lambda self: free)
-    assert algorithm._panel_sums(A, B, C, "fp64-int8", False, panels, 1) is None
+    assert algorithm._panel_sums(_call(A, B, C, "fp64-int8"), False, panels) is None
     # room for one rank's sums on every GPU, but two ranks share each: none
     monkeypatch.setattr(algorithm, "ranks_on_device", lambda backend, comm: 2)
     free = 400 << 20  # one rank's tiny sums and the 256 MiB margin fit, two ranks' do not
-    assert algorithm._panel_sums(A, B, C, "fp64-int8", False, panels, 1) is None
+    assert algorithm._panel_sums(_call(A, B, C, "fp64-int8"), False, panels) is None
     free = 1 << 50  # room everywhere, but a sum of fewer than K_NATIVE terms: native
     short_a, short_b = (DistMatrix.zeros(shape, "float64", grid, backend)
                         for shape in ((64, ozaki.K_NATIVE - 1), (ozaki.K_NATIVE - 1, 48)))
     short = panel_schedule(short_a.layout.cols, short_b.layout.rows, 32)
-    assert algorithm._panel_sums(short_a, short_b, C, "fp64-int8", False, short, 1) is None
+    assert algorithm._panel_sums(_call(short_a, short_b, C, "fp64-int8"), False, short) is None
     monkeypatch.setenv("SUMMA_FP64_INT8_SUMS", "0")
-    assert algorithm._panel_sums(A, B, C, "fp64-int8", False, panels, 1) is None
-    assert algorithm._panel_sums(A, B, C, None, False, panels, 1) is None
+    assert algorithm._panel_sums(_call(A, B, C, "fp64-int8"), False, panels) is None
+    assert algorithm._panel_sums(_call(A, B, C, None), False, panels) is None
+    assert algorithm._panel_sums(_call(A, B, C, "fp64-int8", sums=False), False, panels) is None
+
+
+def _call(A, B, C, precision, sums=None):
+    """What :func:`summa.execution.algorithm._panel_sums` reads of a call."""
+    return SimpleNamespace(A=A, B=B, C=C, precision=precision, lookahead=1, sums=sums,
+                           scheme=None)
+
 
 
 def test_moduli_asked_reach_the_products_and_the_plans(rng, ozaki_gpu, monkeypatch):

@@ -1,0 +1,232 @@
+"""The device memory account of one execution: what its Plan said it would
+hold on the GPU, and what it holds.
+
+An executor runs inside :meth:`Account.drawing`. On a GPU every allocation
+CuPy makes in that time, on the executing thread, passes through the
+account's allocator (:func:`cupy.cuda.using_allocator`): the operand blocks,
+panels, C tiles, staging buffers, INT8 residues and sums, cuBLASLt
+workspaces and CuPy's own temporaries alike, so nothing an executor takes is
+left out of the count. Each draw is counted and given back when CuPy frees
+it; the account keeps the high-water mark (:attr:`Account.peak`), which the
+run reports beside the plan's peak (``stats.extra["device_peak"]``).
+
+Two failures differ:
+
+* :class:`Overdrawn`: the execution asked for more than its plan's peak.
+  That is summa's miscount, a bug: with ``SUMMA_MEMORY_CHECK=1`` (the test
+  suites) the draw raises at once, so a test catches it; otherwise the
+  draw goes on where the GPU has the room, and the peak says by how much.
+* :class:`DeviceMemoryError`: the GPU itself had no room (another process
+  took memory after the call was planned). One clear :class:`MemoryError`
+  naming the GPU, what was asked, held and free, in place of CuPy's.
+
+The draws come from summa's own CuPy pool (:func:`pool`), not the
+caller's: an execution whose plan differs from the last one starts from an
+empty pool, so its allocations are the ones a fresh process makes, never
+parts of blocks an earlier call split (a 40960² fp64-int8 product that
+runs in a fresh process ran out of memory after a dozen other calls in one
+process, its 12.5 GiB draw finding no free block whole among the pool's
+split ones); a plan executed again (a :class:`summa.Matmul`) finds its own
+blocks cached. Where the GPU's unused memory is short of the plan's peak,
+the caller's pool gives back its cached, unused blocks first.
+
+Memory the libraries take outside CuPy's allocator (the CUDA context,
+cuBLAS's own workspace, NCCL's buffers) is not drawn here: the backend
+readies them before the call is planned (:meth:`summa.device.backend.Backend.prepare`),
+so the free memory the planner reads is what is left after them.
+
+The NumPy backend's "device" is host memory: there the account counts what
+Python's allocator traces (:mod:`tracemalloc`, NumPy's arrays included),
+when the account is strict, so the CPU tests hold the plan's device and host
+peaks together to what a run takes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import tracemalloc
+
+__all__ = ["Account", "Overdrawn", "DeviceMemoryError", "pool", "GIB"]
+
+GIB = 2 ** 30
+
+_pools: dict = {}  # summa's CuPy pool (one a process; CuPy's pools serve every device)
+_last_key: dict = {}  # device -> the key of the last plan whose blocks the pool caches
+
+
+def pool(cupy):
+    """summa's own CuPy memory pool, where executions draw their device
+    memory (made on first use)."""
+    if "pool" not in _pools:
+        _pools["pool"] = cupy.cuda.MemoryPool()
+    return _pools["pool"]
+
+
+class Overdrawn(MemoryError):
+    """An execution drew more device memory than its plan's peak: summa
+    counted short (a bug, raised where the account is strict)."""
+
+
+class DeviceMemoryError(MemoryError):
+    """The GPU had no room for a draw within the plan: another process (or
+    the caller) took memory after the call was planned."""
+
+
+def _gib(nbytes: int) -> str:
+    """`nbytes` for a message: GiB from 1 GiB up, else MiB."""
+    if abs(nbytes) >= GIB:
+        return f"{nbytes / GIB:.2f} GiB"
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
+class _Held:
+    """What one draw holds: CuPy's pointer, given back to the account (and
+    CuPy's pool) when the array that drew it is freed."""
+
+    __slots__ = ("pointer", "account", "nbytes")
+
+    def __init__(self, pointer, account: "Account", nbytes: int):
+        self.pointer, self.account, self.nbytes = pointer, account, nbytes
+
+    def __del__(self):
+        self.account._given_back(self.nbytes)
+
+
+class Account:
+    """Device bytes one execution may hold (its plan's peak) and holds.
+
+    Parameters
+    ----------
+    budget : int
+        The plan's peak on this device (bytes).
+    backend : summa.device.backend.Backend
+        Where the execution runs; its GPU draws go through the account.
+    strict : bool
+        Raise :class:`Overdrawn` on a draw past `budget` (the tests); else
+        let it go where the device has room and report it in :attr:`peak`.
+    what : str
+        What runs, for messages (``"the multiply"``).
+    key : hashable, optional
+        What the execution is (its plan's memory and shape): executed again
+        with the same key, the pool's cached blocks serve it as they are;
+        else the pool starts empty.
+
+    Attributes
+    ----------
+    held, peak : int
+        Bytes held now, and the most held at once since the account opened.
+    """
+
+    def __init__(self, budget: int, backend, strict: bool = False, what: str = "the multiply",
+                 key=None):
+        self.budget, self.backend, self.strict, self.what = int(budget), backend, strict, what
+        self.key = key
+        self.held = self.peak = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, plan, backend, what: str = "the multiply", holding: int = 0) -> "Account":
+        """The account of `plan` (a :class:`summa.planning.Plan`) executed on
+        `backend`: its device peak on a GPU; on the NumPy backend, whose
+        device is host memory, its device and host peaks together. Strict
+        where `backend`'s options say (``SUMMA_MEMORY_CHECK``). `holding`:
+        bytes of the plan's already on the device when the account opens
+        (operand blocks made before it), counted as held."""
+        memory = plan.memory
+        budget = memory.device_bytes if backend.is_gpu else \
+            memory.device_bytes + memory.host_bytes
+        account = cls(budget, backend, strict=backend.options.memory_check, what=what,
+                      key=(tuple(plan.shape), str(plan.dtype), memory))
+        account.held = account.peak = int(holding)
+        return account
+
+    def _drawn(self, nbytes: int) -> None:
+        with self._lock:
+            held = self.held + nbytes
+            if self.strict and held > self.budget:
+                raise Overdrawn(
+                    f"{self.what} drew {_gib(held)} of device memory, more than its plan's "
+                    f"peak of {_gib(self.budget)} (a draw of {_gib(nbytes)}): summa's memory "
+                    "plan counted short")
+            self.held, self.peak = held, max(self.peak, held)
+
+    def _given_back(self, nbytes: int) -> None:
+        with self._lock:
+            self.held -= nbytes
+
+    def _short(self, nbytes: int, free: int | None) -> DeviceMemoryError:
+        device = getattr(self.backend, "device", None)
+        where = f"GPU {device}" if device is not None else "the device"
+        has = f", {_gib(free)} free there" if free is not None else ""
+        return DeviceMemoryError(
+            f"{where} has no room for {_gib(nbytes)} more: {self.what} held {_gib(self.held)} "
+            f"of the {_gib(self.budget)} it planned{has}; another process may have taken "
+            "memory since it was planned (set device_memory lower, or free the GPU)")
+
+    @contextlib.contextmanager
+    def drawing(self):
+        """Run the block with its device allocations drawn from this account
+        (CuPy: on the calling thread; NumPy: traced where strict)."""
+        if getattr(self.backend, "is_gpu", False):
+            with self._cupy_allocator():
+                yield self
+        elif self.strict:
+            with self._traced():
+                yield self
+        else:
+            yield self
+
+    def _cleared(self, cupy):
+        """summa's pool, emptied of cached blocks unless they are this
+        execution's own (same key), and the caller's unused blocks given
+        back where the GPU's unused memory is short of the plan."""
+        ours, device = pool(cupy), self.backend.device
+        if self.key is None or _last_key.get(device) != self.key:
+            ours.free_all_blocks()
+        _last_key[device] = self.key
+        if cupy.cuda.runtime.memGetInfo()[0] + ours.free_bytes() < self.budget:
+            cupy.get_default_memory_pool().free_all_blocks()
+        return ours
+
+    @contextlib.contextmanager
+    def _cupy_allocator(self):
+        import cupy  # (the GPU backend's own module: CuPy is optional)
+        ours, memory = self._cleared(cupy), cupy.cuda.memory
+
+        def malloc(nbytes: int):
+            self._drawn(nbytes)
+            try:
+                pointer = ours.malloc(nbytes)
+            except memory.OutOfMemoryError:
+                self._given_back(nbytes)
+                raise self._short(nbytes, self.backend.memory_free()) from None
+            owner = _Held(pointer, self, nbytes)
+            drawn = memory.UnownedMemory(pointer.ptr, nbytes, owner, pointer.device_id)
+            return memory.MemoryPointer(drawn, 0)
+
+        with cupy.cuda.using_allocator(malloc):
+            yield
+
+    @contextlib.contextmanager
+    def _traced(self):
+        started = not tracemalloc.is_tracing()
+        if started:
+            tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0] - self.held  # (what it holds already)
+        tracemalloc.reset_peak()
+        try:
+            yield
+        finally:
+            self.peak = max(self.peak, tracemalloc.get_traced_memory()[1] - base)
+            if started:
+                tracemalloc.stop()
+        if self.peak > self.budget:
+            raise Overdrawn(f"{self.what} took {_gib(self.peak)} of memory, more than its "
+                            f"plan's peak of {_gib(self.budget)}: summa's memory plan "
+                            "counted short")
+
+    def report(self) -> dict:
+        """What the run reports in its stats: the plan's peak and the
+        account's high-water mark, in bytes."""
+        return {"device_planned": self.budget, "device_peak": self.peak}
