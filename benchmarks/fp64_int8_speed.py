@@ -230,7 +230,9 @@ def main() -> int:
         if "phases" in r:
             line += " [" + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in r["phases"].items()) + "]"
         print(line)
-    return 0
+    # a product that raised (out of memory, a cuBLAS without emulation) is reported
+    # and the others still run, but the run fails
+    return 1 if any("error" in r for r in rows) else 0
 
 
 if __name__ == "__main__":

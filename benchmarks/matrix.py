@@ -666,7 +666,8 @@ def main(argv=None) -> int:
         sys.path.insert(0, calls.ROOT)  # this checkout's summa, as a fresh process's tree
     records, not_run = run_matrix(chosen, trees, args)
     table(records, not_run)
-    return 0
+    # a cell that raised or timed out is a measurement missing (a goal missed is not)
+    return 1 if any(r.get("status") in ("error", "timeout") for r in records) else 0
 
 
 def selection(parser, args) -> tuple[list[dict], dict]:

@@ -2,7 +2,7 @@
 
 Every entry runs in its own process, so each has the GPUs to itself:
 
-* summa      ``mpirun -np GPUS python3 -m summa bench`` (its defaults: ``--comm auto``, the
+* summa      ``MPIEXEC -np GPUS python3 -m summa bench`` (its defaults: ``--comm auto``, the
              default grid; with --placement host: out of core)
 * cupy       ``cupy.matmul`` on one GPU: the per-GPU ceiling; ideal = GPUS x this rate
 * nvmathlt   nvmath-python's cuBLASLt matmul on one GPU, autotuned (another per-GPU figure)
@@ -17,6 +17,11 @@ values in [-1, 1)): a GPU's clocks, and so a GEMM's speed, depend on the values
 it multiplies (fewer toggling bits draw less power), so peers are only compared
 on like data. Peers that are not installed, or that do not apply to the
 placement, are listed with the reason. TFLOP/s count 2 N^3 (8 N^3 complex) over the best of --repeat.
+A peer that ran and failed (an error, a non-zero exit, no answer in --peer-timeout) is
+listed as failed, and the script then exits 1.
+
+The MPI launcher (--mpirun) is $SUMMA_MPIEXEC (what ./run exports), else $MPIEXEC,
+else the mpiexec beside this Python (./run's venv), else mpiexec or mpirun on PATH.
 
     python3 benchmarks/peers.py --size 32768 --dtype float64 --gpus 2
     python3 benchmarks/peers.py --size 32768 --dtype float32 --precision tf32
@@ -29,6 +34,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,6 +43,22 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PEERS = ("summa", "cupy", "nvmathlt", "jax", "cublasxt", "dask", "nvmath")
+
+
+def default_launcher(environ=None) -> str:
+    """The MPI launcher peers start under: ``SUMMA_MPIEXEC`` (./run exports
+    it, with its MPIEXEC_ARGS), else ``MPIEXEC``, else the ``mpiexec`` beside
+    this Python (the venv's MPICH), else ``mpiexec`` or ``mpirun`` on PATH.
+    No options are added: Open MPI's ``--oversubscribe`` is refused by MPICH's
+    mpiexec, so a launcher that needs one says so in the variable."""
+    environ = os.environ if environ is None else environ
+    for name in ("SUMMA_MPIEXEC", "MPIEXEC"):
+        if environ.get(name, "").strip():
+            return environ[name].strip()
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.access(here, os.X_OK):
+        return here
+    return shutil.which("mpiexec") or shutil.which("mpirun") or "mpiexec"
 
 
 def _timed(run, repeat):
@@ -253,7 +275,7 @@ def peer_nvmath(args):
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"failed: {tail}")
+        raise RuntimeError(f"exit status {proc.returncode}: {tail}")
     return json.loads(lines[-1])
 
 
@@ -344,14 +366,17 @@ def peer_summa(args):
 
 
 def _run_peer(peer, args) -> dict:
-    """One peer's result (``seconds`` and notes), or ``{"skipped": why}``."""
+    """One peer's result (``seconds`` and notes), ``{"skipped": why}`` where
+    it does not apply here, or ``{"failed": why}`` where it ran and failed."""
     if peer == "summa":
         try:
             return peer_summa(args)
-        except (subprocess.CalledProcessError, OSError) as exc:
-            return {"skipped": f"failed: {exc}"}
+        except RuntimeError as exc:  # only "skipped: ..." is raised as such
+            return {"skipped": str(exc).removeprefix("skipped: ")}
+        except (subprocess.CalledProcessError, OSError, ValueError, LookupError) as exc:
+            return {"failed": str(exc)}
         except subprocess.TimeoutExpired:
-            return {"skipped": f"did not finish in {args.peer_timeout:g} s"}
+            return {"failed": f"did not finish in {args.peer_timeout:g} s"}
     child = [sys.executable, __file__, "--peer", peer, "--size", str(args.size),
              "--dtype", args.dtype, "--precision", args.precision, "--placement",
              args.placement, "--gpus", str(args.gpus), "--repeat", str(args.repeat),
@@ -360,11 +385,11 @@ def _run_peer(peer, args) -> dict:
     try:
         proc = subprocess.run(child, capture_output=True, text=True, timeout=args.peer_timeout)
     except subprocess.TimeoutExpired:
-        return {"skipped": f"did not finish in {args.peer_timeout:g} s"}
+        return {"failed": f"did not finish in {args.peer_timeout:g} s"}
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"skipped": f"failed: {tail}"}
+        return {"failed": f"exit status {proc.returncode}: {tail}"}
     return json.loads(lines[-1])
 
 
@@ -384,7 +409,10 @@ def main():
                         help="run the peers this many times, in alternating order, and keep "
                              "each one's fastest (a warm GPU at its power cap is slower)")
     parser.add_argument("--peers", default=",".join(PEERS))
-    parser.add_argument("--mpirun", default="mpirun --oversubscribe")
+    parser.add_argument("--mpirun", default=default_launcher(),
+                        help="the MPI launcher and its options (default: $SUMMA_MPIEXEC, "
+                             "else $MPIEXEC, else the mpiexec beside this Python or on PATH; "
+                             "now %(default)s)")
     parser.add_argument("--summa-args", default="",
                         help="more options for summa's bench, e.g. \"--schedule strips\"")
     parser.add_argument("--json", default=None, help="append the table as JSON lines here")
@@ -399,19 +427,24 @@ def main():
     if args.peer:  # child process: run one peer, print one JSON line
         try:
             result = globals()[f"peer_{args.peer}"](args)
-        except RuntimeError as exc:
-            result = {"skipped": str(exc)}
+        except RuntimeError as exc:  # "skipped: why" where it does not apply; else it failed
+            text = str(exc)
+            result = {"skipped": text.removeprefix("skipped: ")} \
+                if text.startswith("skipped:") else {"failed": text}
         print(json.dumps(result))
-        return
+        return 0
     flops = (8 if args.dtype.startswith("complex") else 2) * args.size ** 3
     peers = args.peers.split(",")
     results = {peer: None for peer in peers}
     rounds = {peer: [] for peer in peers}  # each round's seconds: the spread is recorded
     # GPUs at their power cap run slower when warm: each round takes the peers in
     # the other order, and each peer keeps its fastest round.
+    failures = {}  # a round that failed fails the run, whatever the other rounds did
     for turn in range(args.rounds):
         for peer in peers if turn % 2 == 0 else peers[::-1]:
             result = _run_peer(peer, args)
+            if "failed" in result:
+                failures.setdefault(peer, result["failed"])
             if "seconds" in result:
                 rounds[peer].append(result["seconds"])
             best = results[peer]
@@ -435,7 +468,8 @@ def main():
     print(f"{'peer':>9} {'TFLOP/s':>9} {'vs summa':>9} {'vs ideal':>9}  notes")
     for peer, r in results.items():
         if "tflops" not in r:
-            print(f"{peer:>9} {'-':>9} {'-':>9} {'-':>9}  {r.get('skipped', '')}")
+            why = f"FAILED: {r['failed']}" if "failed" in r else r.get("skipped", "")
+            print(f"{peer:>9} {'-':>9} {'-':>9} {'-':>9}  {why}")
             continue
         vs_summa = f"{r['tflops'] / ours:.3f}" if ours else "-"
         vs_ideal = f"{r['tflops'] / ideal:.3f}" if ideal and r.get("gpus") == args.gpus else "-"
@@ -448,7 +482,12 @@ def main():
                            precision=args.precision, placement=args.placement, gpus=args.gpus,
                            data=args.data)
                 fh.write(json.dumps({**row, **r}) + "\n")
+    if failures:
+        print("failed: " + "; ".join(f"{peer}: {why}" for peer, why in failures.items()),
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -193,7 +193,8 @@ def main(argv=None) -> int:
             print(json.dumps(row), flush=True)
             calls.append_json(args.json, row)
     table(records, list(trees), ceilings)
-    return 0
+    # a case that failed or timed out is a measurement missing: the run fails
+    return 1 if any(r["call"] == "error" for r in records) else 0
 
 
 if __name__ == "__main__":

@@ -233,7 +233,7 @@ def main(argv=None) -> int:
                 for r in rows:
                     fh.write(json.dumps(r) + "\n")
         return 0
-    lines = []
+    lines, failed = [], []
     for n in (int(x) for x in args.sizes.split(",")):
         for i, mode in enumerate(args.modes.split(",")):
             cmd = [sys.executable, os.path.abspath(__file__), "--size", str(n), "--dtype",
@@ -244,6 +244,9 @@ def main(argv=None) -> int:
             env = dict(os.environ, SUMMA_HOST_COPIES=mode)
             out = subprocess.run(cmd, capture_output=True, text=True, env=env)
             sys.stderr.write(out.stderr[-3000:])
+            if out.returncode != 0:  # summa's call (or the ceiling) raised: not measured
+                failed.append(f"N = {n} with SUMMA_HOST_COPIES={mode}: exit status "
+                              f"{out.returncode}")
             for x in out.stdout.splitlines():
                 if x.startswith("{"):
                     r = json.loads(x)
@@ -282,6 +285,9 @@ def main(argv=None) -> int:
             print(f"{r['n']:>6} {r['dtype']:>8} {r['peer']:>12} {r['call']:>6} "
                   f"{r['seconds']:8.3f} {r['tflops']:8.2f} {r['tflops'] / ceiling['tflops']:8.3f}"
                   f"  {note}")
+    if failed:
+        print("failed: " + "; ".join(failed), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -483,19 +483,29 @@ def table(internal: bool = False) -> str:
 
 _DOCUMENT = """# Settings
 
-Every setting of summa, in one place (`summa/options.py`). Each is a keyword of
-`summa.options.Options` and a `SUMMA_*` environment variable; a keyword argument
-(`summa.matmul(a, b, options=Options.from_env(copy_threads=4))`, or a command's own
-option such as `--moduli`) wins over the variable, the variable over the default. Every
-value is checked once, where a call or a command begins: a bad one is one error naming
-the variable. `python -m summa options` prints the settings not at their defaults.
-Settings marked internal serve tests and the pool's own protocol.
+Every setting summa reads, with its default. The defaults are chosen for you (most by
+measuring your machine or the product): you need none of these to run summa. They are
+there to fit summa to a machine or a job: how many workers a plain Python process starts
+(`SUMMA_GPUS`, `SUMMA_WORKERS`), which MPI launcher starts them (`MPIEXEC`), how many host
+threads copy and read files (`SUMMA_COPY_THREADS`, `SUMMA_IO_THREADS`), where shared memory
+and measured choices live (`SUMMA_SHM_DIR`, `SUMMA_CACHE_DIR`), how long a rank may wait on
+the others (`SUMMA_TIMEOUT`). The rest override a choice summa makes by measurement (how
+the GEMMs read their operands, how C is cut out of core, fp64-int8's moduli), to compare
+with it on your machine.
 
-This file is generated: after changing a setting, regenerate it with
+Set one as an environment variable, for a whole job:
 
-    python -m summa options --markdown > docs/options.md
+    SUMMA_COPY_THREADS=8 mpiexec -n 8 python -m summa multiply A.npy B.npy -o C.npy
 
-(tests/test_options.py fails while it is out of date).
+or, in Python, for one call (a call's keyword wins over the variable):
+
+    from summa.options import Options
+    c = summa.matmul(a, b, options=Options.from_env(copy_threads=8))
+
+Every value is checked where a call or a command begins; a bad one is an error naming the
+variable. `python -m summa options` prints the settings that are not at their defaults, as summa
+reads them here. Those marked (internal) serve summa's own tests and its pool's workers: leave
+them unset.
 
 """
 

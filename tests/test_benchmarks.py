@@ -4,7 +4,9 @@ cells through the same code as on a GPU, its values checked (not its times).
 """
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -194,3 +196,45 @@ def test_gemm_forms_times_each_way_the_operands_lie(capsys):
     for line in lines:
         rates = [float(x) for x in line.split()[3:-1:2]]
         assert len(rates) == 4 and min(rates) > 0, line
+
+
+def _peers(args, tmp_path, **environ):
+    """benchmarks/peers.py with `args`, summa alone on the CPU (its bench
+    told --backend numpy), from outside the tree."""
+    env = dict(os.environ, **environ)
+    return subprocess.run([sys.executable, str(BENCHMARKS / "peers.py"), "--size", "64",
+                           "--gpus", "1", "--repeat", "1", "--peers", "summa",
+                           "--summa-args", "--backend numpy", *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _mpiexec() -> str:
+    beside = Path(sys.executable).with_name("mpiexec")
+    found = os.environ.get("SUMMA_MPIEXEC") or (str(beside) if beside.exists() else
+                                                shutil.which("mpiexec"))
+    if not found:
+        pytest.skip("no mpiexec")
+    return found
+
+
+def test_peers_start_summa_under_the_launcher_run_exports(tmp_path):
+    done = _peers([], tmp_path, SUMMA_MPIEXEC=_mpiexec())
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    (row,) = [line for line in done.stdout.splitlines() if line.split()[:1] == ["summa"]]
+    assert "FAILED" not in row and "grid=1x1" in row, row
+
+
+def test_peers_exit_non_zero_when_a_peer_failed(tmp_path):
+    # a launcher that refuses to start anything, as MPICH's mpiexec refuses
+    # Open MPI's --oversubscribe: the peer failed, and so does the run
+    done = _peers(["--mpirun", "false"], tmp_path, SUMMA_MPIEXEC=_mpiexec())
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert "FAILED" in done.stdout and "failed: summa" in done.stderr
+
+
+def test_peers_launcher_is_summa_mpiexec_then_mpiexec():
+    import peers
+    assert peers.default_launcher({"SUMMA_MPIEXEC": "srun -K", "MPIEXEC": "mpirun"}) == "srun -K"
+    assert peers.default_launcher({"MPIEXEC": "mpirun --bind-to none"}) == \
+        "mpirun --bind-to none"
+    assert "oversubscribe" not in peers.default_launcher({})

@@ -210,7 +210,7 @@ def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple)
     backend, grid = C.backend, C.grid
     if strips and isinstance(panel_width, str) and panel_width == "auto":
         # "auto" times GEMMs of K panels; strips cut columns, which cost nothing
-        # measurable (split_probe.py): the default width serves.
+        # measurable on an H200: the default width serves.
         panel_width = None
     panel_width, measured = panel_width_for(A, B, C, panel_width, precision)
     if int(lookahead) < 0:

@@ -8,7 +8,7 @@ multiply ``C[:, strip] += alpha * A_local @ B[:, strip]`` over all of K. Each
 rank receives the same data as under SUMMA, and keeps ``lookahead + 1`` strip
 buffers of K x width (SUMMA's panel buffers are width x N: the same for square
 products). Why: on the H200, float32 GEMMs over half of K ran 3 % slower than
-over all of it, while cutting the columns cost nothing (``split_probe.py``).
+over all of it, while cutting the columns cost nothing (docs/benchmarks.md).
 
 The strips' order, widths and GEMMs do not depend on the lookahead, so neither
 do the bits; they differ from SUMMA's panels' (another summation order). With

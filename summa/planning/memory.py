@@ -158,7 +158,7 @@ FP64_INT8_HEAD_FIRST = None
 #: (:attr:`MemoryPlan.int8_rows`) of at least this many, so that the scratch
 #: no longer decides the tiles. Out of core, products of row strips of at
 #: least 2048 rows ran at the bare product's rate (the measurement behind
-#: FP64_INT8_TAIL_SMALLEST, `ozaki_ooc_probe.py`): twice that keeps each
+#: FP64_INT8_TAIL_SMALLEST in docs/benchmarks.md): twice that keeps each
 #: INT8 GEMM large.
 FP64_INT8_ROWS = 4096
 

@@ -632,7 +632,7 @@ def gemm(alpha, a, b, c, beta=0.0, *, backend=None, scheme: Scheme = Scheme(),
     rows = _chunk_rows(m, scheme.rows)
     # One buffer of products, for every chunk: folds on a stream of their own
     # beside the next group's GEMMs (two buffers) gained nothing
-    # (`fold_probe.py` at aaff378: 1.091x against 1.101x over native).
+    # (on one H200: 1.091x native DGEMM's rate with two, 1.101x with one).
     g = cupy.empty(_planes_a_pass(scheme.planes, count) * rows * np_, dtype=cupy.int32)
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
