@@ -368,6 +368,7 @@ class JobProgress:
         tally freed."""
         if not self.shown:
             return
+        self.tally.comm.Barrier()  # every rank's last amount is in: the last line is whole
         if self._phase is not None:
             self._forward(force=True)
         self.stop()
