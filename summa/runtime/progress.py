@@ -264,6 +264,8 @@ class Tally:
                                         self.own.itemsize, comm=comm)
             if self.rank == 0:
                 np.frombuffer(self.win.tomemory(), dtype=self.own.dtype)[:] = 0
+        self._unified = self.win is not None and \
+            self.win.Get_attr(MPI.WIN_MODEL) == MPI.WIN_UNIFIED
 
     def add(self, phase: str, amount: float) -> None:
         """Add `amount` to `phase`'s count."""
@@ -280,6 +282,11 @@ class Tally:
         """Rank 0: every rank's counts so far, per phase."""
         if self.win is None:
             return self.own.copy()
+        if self._unified:
+            # read where the accumulates land, no MPI call: this runs on the
+            # drawing thread, and an MPI without MPI_THREAD_MULTIPLE must not
+            # be called from two threads (aligned doubles are read whole)
+            return np.frombuffer(self.win.tomemory(), dtype=self.own.dtype) + self.own
         theirs = np.zeros(len(PHASES))
         self.win.Lock(0, MPI.LOCK_SHARED)
         self.win.Get_accumulate(np.zeros(len(PHASES)), theirs, 0, op=MPI.NO_OP)
