@@ -339,6 +339,14 @@ class Options:
     mpiexec: str | None = _setting("MPIEXEC", _Text(), None,
                                    "The launcher pools start workers with; default: the "
                                    "mpiexec beside Python, else on PATH.")
+    progress: str = _setting("SUMMA_PROGRESS", _Choice("auto", "bar", "lines", "off"), "auto",
+                             "The job's progress line on rank 0's stderr (a pool's: its "
+                             "caller's): auto (a line redrawn in place on a terminal, else a "
+                             "plain line each SUMMA_PROGRESS_INTERVAL seconds once a phase has "
+                             "run a second), bar, lines or off.")
+    progress_interval: float = _setting("SUMMA_PROGRESS_INTERVAL", _Number(float, 0.01), 60.0,
+                                        "Seconds between the plain progress lines written "
+                                        "where stderr is not a terminal (batch logs).")
     inject_fault: str | None = _setting("SUMMA_INJECT_FAULT", _Text(), None,
                                         "Tests: PHASE:RANK:ACTION[,...] faults to inject.",
                                         internal=True)

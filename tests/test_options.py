@@ -37,6 +37,8 @@ CASES = {
     "SUMMA_TIMEOUT": ("12.5", 12.5, ["soon", "-1"]),
     "SUMMA_ERROR_GRACE": ("0.5", 0.5, ["soon", "1e400", "-1", "nan"]),
     "SUMMA_POOL_START": ("3", 3.0, ["soon", "-1"]),
+    "SUMMA_PROGRESS": (" Lines ", "lines", ["bars", "1"]),
+    "SUMMA_PROGRESS_INTERVAL": ("0.5", 0.5, ["often", "0", "-1", "nan"]),
     "SUMMA_GPUS": ("2", 2, ["two", "0"]),
     "SUMMA_WORKERS": ("3", 3, ["three", "0"]),
     "SUMMA_SHM_DIR": ("/tmp", "/tmp", []),

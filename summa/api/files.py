@@ -13,6 +13,7 @@ and integer files need ``dtype``."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -34,13 +35,14 @@ from ..host.npyio import (AtomicNpyWriter, NpyError, check_output_path, check_ou
                           map_block, mapped_by_columns, read_header)
 from ..distribution.layout import Layout
 from ..distribution.matrix import DistMatrix
-from ..runtime.progress import Progress
+from ..runtime.progress import JobProgress
 from ..device.traits import traits
 from ..execution.outofcore import SweepOperands, run_out_of_core
 from ..planning.model import gemm_flops
 from ..planning.planner import Machine, make_plan, restore
 from ..planning.selection import grid_broadcasters
 from .verify import freivalds
+from .jobprogress import block_share, job_progress, multiply_phase, phase_predictions
 from ..runtime.watchdog import watch
 from .nonfinite import nonfinite_note, overflow_note
 
@@ -173,7 +175,7 @@ class _FilesRun:
     backend: object
     comm: MPI.Comm
     grid: ProcessGrid
-    progress: Progress
+    progress: JobProgress
     warn: object
     record: dict
     timeline: _Timeline
@@ -183,6 +185,12 @@ class _FilesRun:
     @property
     def rank0(self) -> bool:
         return self.comm.Get_rank() == 0
+
+    @functools.cached_property
+    def predicted(self) -> dict:
+        """The plan's seconds of each phase, for the progress line's time
+        left (rank 0's: the others show nothing)."""
+        return phase_predictions(self.plan, self.streaming) if self.rank0 else {}
 
     @property
     def streaming(self) -> bool:
@@ -260,9 +268,9 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
     try:
         job, be, plan, record = _plan_files(job, comm, local, timeline)
         with ProcessGrid(comm, plan.grid) as pgrid, contextlib.ExitStack() as stack:
-            run = _start_files(_FilesRun(job, plan, be, comm, pgrid, Progress(
-                comm.Get_rank() == 0 and not quiet), warn or _warn_stderr, record, timeline),
-                stack, ahead)
+            run = _start_files(_FilesRun(job, plan, be, comm, pgrid, job_progress(comm, quiet),
+                                         warn or _warn_stderr, record, timeline), stack, ahead)
+            stack.callback(run.progress.stop)  # a failure: the line ends all the same
             operands = _read_files(run)
             inputs_finite, C0, scan = _scan_inputs(run, operands)
             stats = _multiply_files(run, operands)
@@ -373,8 +381,11 @@ def _read_files(run: _FilesRun) -> tuple:
     """The read phase: this rank's blocks of A, B and C (C0, the output
     file's block, or zeros), timed per operand; collective."""
     job, pgrid, home, progress = run.job, run.grid, run.home, run.progress
-    steps = 3 if job.c_path else 2
-    progress.phase("read", steps)
+    (m, n, k), itemsize = job.shape, job.compute.itemsize
+    shapes = {"A": (m, k), "B": (k, n), "C": (m, n) if job.c_path else (0, 0)}
+    mine = {x: block_share(s, pgrid) * s[0] * s[1] * itemsize for x, s in shapes.items()}
+    progress.phase("read", sum(mine.values()), sum(s[0] * s[1] for s in shapes.values())
+                   * itemsize, "B", run.predicted.get("read"))
     parts = run.record["read_parts"] = {}  # this rank's seconds per operand
 
     def read_operand(name, path, trans):
@@ -387,9 +398,9 @@ def _read_files(run: _FilesRun) -> tuple:
     def read_all():
         inject("read")
         A = read_operand("A", job.a_path, job.trans[0])
-        progress.step(1, steps)
+        progress.add(mine["A"])
         B = read_operand("B", job.b_path, job.trans[1])
-        progress.step(2, steps)
+        progress.add(mine["B"])
         t0 = time.perf_counter()
         if job.c_path:
             C = DistMatrix.from_npy(job.c_path, pgrid, home, job.block, "N", job.compute)
@@ -399,6 +410,7 @@ def _read_files(run: _FilesRun) -> tuple:
             C = DistMatrix.zeros(job.shape[:2], job.compute, pgrid, home, job.block)
         home.synchronize()
         parts["C"] = time.perf_counter() - t0
+        progress.add(mine["C"])
         return A, B, C
     operands, run.record["read_seconds"] = _timed(run.comm, "read", read_all)
     run.timeline.mark("read")
@@ -436,7 +448,7 @@ def _multiply_files(run: _FilesRun, operands) -> SummaStats:
     _, run.record["setup_seconds"] = _timed(comm, "setup", _warm_up, run, operands)
     run.timeline.mark("setup")
     stats = SummaStats()
-    run.progress.phase("multiply", 1)
+    multiply_phase(run.progress, plan, run.grid, run.predicted)
     inject("multiply")
 
     # (blocks read onto the devices before it are the plan's too: held)
@@ -501,7 +513,7 @@ def _check_product(run: _FilesRun, operands, C0) -> None:
     job = run.job
     if not job.check:
         return
-    run.progress.phase("check", 1)
+    run.progress.phase("check", 0)
     inject("check")
     residual, run.record["check_seconds"] = _timed(
         run.comm, "check", freivalds, *operands, alpha=job.alpha, beta=job.beta, C0=C0,
@@ -519,13 +531,16 @@ def _check_product(run: _FilesRun, operands, C0) -> None:
 def _write_product(run: _FilesRun, C: DistMatrix) -> None:
     """The write phase: the product to a temporary file renamed into place
     once every rank succeeded; collective."""
-    comm = run.comm
-    run.progress.phase("write", 1)
+    comm, (m, n, _) = run.comm, run.job.shape
+    size = m * n * run.job.compute.itemsize
+    run.progress.phase("write", block_share((m, n), run.grid) * size, size, "B",
+                       run.predicted.get("write"))
     if run.writer is not None:  # the product is in the file: on disk, then renamed
         _, run.record["write_seconds"] = _timed(comm, "write", collectively, comm,
                                                 run.writer.flush)
     else:
         _, run.record["write_seconds"] = _timed(comm, "write", C.to_npy, run.job.out)
+    run.progress.add(block_share((m, n), run.grid) * size)
     run.timeline.mark("write")
 
 

@@ -37,6 +37,8 @@ from ..planning.planner import Machine, make_plan, restore
 from ..planning.selection import peer_access
 from ..host.storage import conjugated, op_view, storage_of
 from ..runtime.watchdog import watch
+from ..runtime.progress import active
+from .jobprogress import multiply_phase, phase_predictions
 
 __all__ = ["ArrayOperands", "PlanRequest", "plan_arrays", "run_planned", "run_on_device",
            "run_arrays", "pooled_size", "ndim_of", "precision_refusal"]
@@ -389,7 +391,9 @@ def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     A, B, C, own, c_node = _host_blocks(a, b, out, plan, pgrid, root, be)
     set_up = time.perf_counter() - (called or time.perf_counter())  # checks, plan, blocks
     # beta 0: out's old values do not matter either
-    result = run_out_of_core(plan, SweepOperands(A, B, C, own), be, alpha=alpha, fresh_c=True)
+    job = _multiply_phase(plan, pgrid)
+    result = run_out_of_core(plan, SweepOperands(A, B, C, own), be, alpha=alpha, fresh_c=True,
+                             progress=job and job.step)
     result.extra["setup_seconds"] = set_up
     # every rank's tiles (the sweep checked each as it came back): matmul warns by it
     result.extra["product_finite"] = pgrid.comm.allreduce(
@@ -430,7 +434,9 @@ def _in_memory(plan, pgrid, be, operands: ArrayOperands, alpha, stats):
     C = DistMatrix(pgrid, layout, c, be)
     # panels copied as the plan counted them, whatever these arrays' layout
     # (a Matmul planned for others): no scratch beyond its memory
-    result = run_in_memory(plan, A, B, C, alpha=alpha, conj=(conj_a, conj_b))
+    job = _multiply_phase(plan, pgrid)
+    result = run_in_memory(plan, A, B, C, alpha=alpha, conj=(conj_a, conj_b),
+                           progress=job and job.step)
     if stats is not None:  # a pass over C where it lies: matmul warns of NaN/Inf by it
         finite = pgrid.comm.allreduce(be.all_finite(c), op=MPI.LAND)
         stats.__dict__.update(result.__dict__)
@@ -438,6 +444,16 @@ def _in_memory(plan, pgrid, be, operands: ArrayOperands, alpha, stats):
     if one and not be.is_gpu:
         return c
     return C.gather(root=root, out=operands.out)
+
+
+def _multiply_phase(plan, pgrid):
+    """The JobProgress a caller set around this multiply (a pool's worker:
+    :func:`summa.runtime.progress.reporting`), its multiply phase started;
+    None where there is none."""
+    job = active()
+    if job is not None:
+        multiply_phase(job, plan, pgrid, phase_predictions(plan) if pgrid.rank == 0 else None)
+    return job
 
 
 def _host_blocks(a, b, out, plan, pgrid, root: int, be):

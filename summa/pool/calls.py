@@ -21,6 +21,7 @@ from ..options import current as current_options
 from ..device.traits import traits
 from .launch import Pool, get_pool, slot
 from ..runtime.cleanup import finalize, raises_ctrl_c
+from ..runtime.progress import relay_for
 
 
 @contextlib.contextmanager
@@ -249,8 +250,14 @@ def _ask(pool: Pool, call: _Call, reach: bool) -> tuple:
             copied = time.perf_counter()
             pool.connect()
             connected = time.perf_counter()
-            with _ctrl_c_as_flag() as interrupted:
-                record = pool.run(call.kind, _spec(call, parts, reach), interrupted)
+            relay = relay_for(current_options())  # the workers' line, drawn here
+            try:
+                with _ctrl_c_as_flag() as interrupted:
+                    record = pool.run(call.kind, _spec(call, parts, reach, relay), interrupted,
+                                      relay)
+            finally:
+                if relay is not None:
+                    relay.close()
             if record is not None or not reach:
                 break
             pool.remote = reach = False  # the workers cannot read this process: copies
@@ -266,17 +273,19 @@ def _ask(pool: Pool, call: _Call, reach: bool) -> tuple:
                                 pool_reads_caller=reach)
 
 
-def _spec(call: _Call, parts: list, reach: bool) -> dict:
+def _spec(call: _Call, parts: list, reach: bool, relay=None) -> dict:
     """What the workers are told of `call`, its arrays shipped as `parts`
     (:func:`_operands`; of A and B their :func:`_rows_array`): with
     `reach`, the multiply told to go out of core (it reads this process's
-    arrays only through its copies); this process's settings."""
+    arrays only through its copies); this process's settings; whether to
+    send their progress (where a `relay` draws it)."""
     (rows_a, flip_a), (rows_b, flip_b) = _rows_array(call.a), _rows_array(call.b)
     return dict(call.fields, a=parts[0], a_shape=rows_a.shape, a_transposed=flip_a,
                 b=parts[1], b_shape=rows_b.shape, b_transposed=flip_b, c=parts[2],
                 c_shape=call.shape, dtype=np.dtype(call.dtype).str,
                 options=dict(call.options, **({"out_of_core": True} if reach else {})),
-                settings=current_options().to_json())
+                settings=current_options().to_json(),
+                progress="send" if relay is not None else None)
 
 
 def _command(pool: Pool, kind: str) -> dict:

@@ -161,12 +161,13 @@ class Pool:
             self.parents.add(parent)
             self.segments.update(segments)
 
-    def run(self, kind: str, spec: dict, interrupted=None) -> dict:
+    def run(self, kind: str, spec: dict, interrupted=None, progress=None) -> dict:
         """One command on every worker (`kind`: ``"matmul"``, ``"open"``,
         ``"execute"``, ``"free"``; :mod:`summa.pool.worker`); rank 0's
         record (None: they cannot read this process's arrays,
         :mod:`summa.host.remote`), or raise (KeyboardInterrupt once
-        `interrupted`, an Event, is set)."""
+        `interrupted`, an Event, is set). `progress` gets the states of
+        the job's progress rank 0 sends meanwhile."""
         from multiprocessing.connection import wait
         from ..runtime.watchdog import timeout_from_env
         # with the workers' pids (one that fails names those it finds dead)
@@ -191,6 +192,10 @@ class Pool:
                     return answer[1]
                 if answer[0] == "no-remote":  # they cannot read the caller: ask again
                     return None
+                if answer[0] == "progress":
+                    if progress is not None:
+                        progress(answer[1])
+                    continue
                 reports.append(answer)
             if reports:
                 raise self._failure(reports)

@@ -46,7 +46,10 @@ def serve(conn, world, peers: dict) -> None:
         kind, spec, pids, released = command
         peers.update(pids)
         _free(held, released)
-        record = _run(world, kind, spec, held, received)
+        from ..api.jobprogress import pool_reporting  # with the command: the CLI starts fast
+        with pool_reporting(world, spec.get("progress"),
+                            lambda state: _answer(conn, ("progress", state))):
+            record = _run(world, kind, spec, held, received)
         if world.Get_rank() == 0:
             # None: the system does not let us read the owner (it asks again, with copies)
             _answer(conn, ("no-remote",) if record is None else ("done", record))

@@ -31,9 +31,9 @@ def commands(monkeypatch):
     sent = []
     real = launch.Pool.run
 
-    def run(self, kind, spec, interrupted=None):
+    def run(self, kind, spec, *args, **kwargs):
         sent.append(kind)
-        return real(self, kind, spec, interrupted)
+        return real(self, kind, spec, *args, **kwargs)
     monkeypatch.setattr(launch.Pool, "run", run)
     return sent
 
@@ -240,8 +240,8 @@ def test_a_pool_started_anew_that_plans_otherwise_runs_its_plan_and_says_so(rng,
     a, b = _operands(rng)
     real = launch.Pool.run
 
-    def run(self, kind, spec, interrupted=None):  # the workers' answer, as another pool's
-        record = real(self, kind, spec, interrupted)
+    def run(self, kind, spec, *args, **kwargs):  # the workers' answer, as another pool's
+        record = real(self, kind, spec, *args, **kwargs)
         if kind == "open" and reopened:
             record["plan"] = replace(record["plan"], lookahead=2)
         return record

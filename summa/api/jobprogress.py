@@ -1,0 +1,90 @@
+"""The entry points' side of a job's progress line
+(:class:`summa.runtime.progress.JobProgress`): whether it is shown and how,
+each rank's share of a phase, and what the plan predicts of each phase."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from .. import options as settings
+from ..device.traits import traits
+from ..distribution.layout import Layout
+from ..planning.model import gemm_flops
+from ..planning.prediction import predict_plan
+from ..runtime.progress import Display, JobProgress, display_mode, reporting
+
+__all__ = ["job_progress", "block_share", "phase_predictions", "multiply_phase",
+           "pool_reporting"]
+
+
+def job_progress(comm, quiet: bool = False, send=None, mode: str | None = None) -> JobProgress:
+    """The JobProgress of a job on `comm` (collective): shown unless `quiet`
+    or the ``progress`` setting is off, the same on every rank; rank 0
+    draws it on its stderr as `mode` (default: the setting's for that
+    stream) says, or, given `send`, hands it to that (a pool's worker)."""
+    options = settings.current()
+    shown = not quiet and options.progress != "off"
+    display = None
+    if shown and comm.Get_rank() == 0 and send is None:
+        display = Display(mode or display_mode(options.progress), options.progress_interval)
+    return JobProgress(comm, shown, display, send)
+
+
+def block_share(shape, grid) -> float:
+    """The share of a ``(rows, cols)`` matrix in this rank's block of
+    `grid` (a ProcessGrid) as 2-D blocks split it: the shares of all the
+    ranks sum to one."""
+    rows, cols = Layout(tuple(shape), grid.shape).local_shape(grid.row, grid.col)
+    return rows * cols / max(1, shape[0] * shape[1])
+
+
+def phase_predictions(plan, streamed: bool = False) -> dict:
+    """Seconds the model predicts of each phase of `plan` (``read``,
+    ``multiply``, ``write``), by the profile shipped with summa; none on
+    CPUs (its rates are GPUs') or where the model has no figure. Streamed
+    (files read and written as the multiply goes), the multiply takes the
+    longest of its GEMMs and the disk's."""
+    if not traits(plan.backend).gpu:
+        return {}
+    try:
+        predicted = predict_plan(plan)
+    except Exception:  # noqa: BLE001 -- a line without an ETA, never a failed job
+        return {}
+    if "seconds" not in predicted:
+        return {}
+    (m, n, k), disk = plan.shape, predicted["split"].get("disk") or 0.0
+    inputs = m * k + k * n
+    read = disk * inputs / max(1, inputs + m * n)
+    if streamed:
+        return {"multiply": max(predicted["seconds"], disk)}
+    return {"read": read, "multiply": predicted["seconds"], "write": disk - read}
+
+
+def multiply_phase(job: JobProgress, plan, grid, predicted: dict | None = None) -> None:
+    """Start `job`'s multiply phase of `plan` on `grid`: this rank's flops
+    are its block of C's share of them."""
+    flops = gemm_flops(np.dtype(plan.dtype), *plan.shape)
+    job.phase("multiply", flops * block_share(tuple(plan.shape[:2]), grid), flops, "flop",
+              (predicted or {}).get("multiply"))
+
+
+@contextlib.contextmanager
+def pool_reporting(world, mode: str | None, send):
+    """Around a pool's command on every worker (collective): where the
+    caller draws a line (`mode` not None), the array entry points report to
+    a JobProgress whose rank 0 hands its state to `send` (the answer
+    channel); closed with the command, only stopped where it fails."""
+    if mode is None:
+        yield None
+        return
+    job = job_progress(world, send=send if world.Get_rank() == 0 else None)
+    try:
+        with reporting(job):
+            yield job
+    except BaseException:
+        job.stop()
+        raise
+    job.close()
+
