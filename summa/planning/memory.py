@@ -22,6 +22,7 @@ from ..distribution.topology import topology_of
 from ..device.traits import traits
 from .model import gemm_flops
 from .tuning import transposes_a, transposes_b
+from ..precision.ozaki import K_EXACT
 from ..host.storage import transposed as by_columns_stored
 
 __all__ = ["MemoryPlan", "Execution", "memory_plan", "resident_plan", "host_traffic",
@@ -94,6 +95,11 @@ class MemoryPlan:
     transposed_b : bool
         Whether the GEMMs read B's panels, which lie by columns, from a
         row-major copy (its scratch buffer is counted in `device_bytes`).
+    panel_sums : bool
+        fp64-int8 in memory on a grid: whether the panels' INT8 products
+        are summed and C folded once (:class:`summa.precision.ozaki_gpu.PanelSums`,
+        counted in `device_bytes` in place of a panel product's scratch),
+        where they fit the device room.
     """
 
     mode: str
@@ -112,6 +118,7 @@ class MemoryPlan:
     head_first: int | None = None
     tail_smallest: int | None = None
     transposed_b: bool = False
+    panel_sums: bool = False
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -199,6 +206,11 @@ class Execution:
         How op(A) and op(B) lie in host memory (:attr:`summa.planning.Plan.storage`):
         out of core, operands lying by columns cut C by columns
         (:func:`columns_first`).
+    device_room : int or None
+        In memory on GPUs: the device bytes a rank may hold (the free
+        memory, shared among the ranks on its GPU), within which fp64-int8
+        takes panel sums or its products' rows in chunks; None: unknown
+        (sums where they apply, all rows at once).
     """
 
     lookahead: int = 1
@@ -210,6 +222,7 @@ class Execution:
     staged: tuple = (False, False)
     copy_threads: int | None = None
     storage: tuple = ("rows", "rows")
+    device_room: int | None = None
 
 
 def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
@@ -271,19 +284,68 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
         # a rank alone writes its row strips straight into C (one_rank_steps)
         extra = ml * nl if kind.cpu_only and pr * pc > 1 else 0
         extra += nb * ml * copies[0] + nb * nl * copies[1]
+        int8 = _Int8InMemory()
         if emulated:  # one product's scratch: a panel's, or under strips a strip's of all K
             shape = (ml, max(1, min(panel_width, nl)), k) if strips else (ml, nl, nb)
-            extra += -(-_ozaki_scratch(*shape, np.dtype(dtype).kind == "c") // item)
+            if pr * pc == 1 and kind.gpu and not any(copies):
+                # one GPU alone runs one product over all of K
+                # (summa.execution.algorithm.one_rank_steps), in pieces of
+                # at most K_EXACT terms
+                shape = (ml, nl, max(1, min(k, K_EXACT)))
+            int8 = _int8_in_memory(shape, dtype, (blocks + panels + extra) * item, k,
+                                   pr * pc > 1 and not strips and kind.gpu, execution.device_room)
+            extra += -(-int8.scratch // item)
         on_device = (blocks + panels + extra) * item
         staging = panels * item if kind.gpu else 0  # pinned host buffers (mpi mode)
         if kind.cpu_only:
             return MemoryPlan("in-memory", 0, on_device, transposed_a=copies[0],
                               transposed_b=copies[1])
         return MemoryPlan("in-memory", on_device, staging, transposed_a=copies[0],
-                          transposed_b=copies[1])
+                          transposed_b=copies[1], int8_rows=int8.rows, int8_planes=int8.planes,
+                          panel_sums=int8.sums)
     if device_budget is None:
         raise ValueError("an out-of-core plan needs a device memory budget")
     return _ooc_memory((ml, nl, k, nb, blocks), dtype, grid, copies, execution)
+
+
+@dataclass(frozen=True)
+class _Int8InMemory:
+    """fp64-int8's share of an in-memory plan: its scratch bytes, and how
+    its products run (:class:`MemoryPlan`'s `int8_rows`, `int8_planes`,
+    `panel_sums`)."""
+
+    scratch: int = 0
+    rows: int | None = None
+    planes: int | None = None
+    sums: bool = False
+
+
+def _int8_in_memory(shape: tuple, dtype, held: int, k: int, grid: bool,
+                    room: int | None) -> _Int8InMemory:
+    """fp64-int8 in memory: a ``(rows, columns, K)`` product's scratch
+    (a panel's, or a strip's of all K) beside the `held` bytes of blocks and
+    panels, within the device `room` (None: unknown). On a `grid` of GPUs
+    where they apply (:func:`summa.precision.ozaki_gpu.panel_sums_apply`),
+    the panel sums of all of `k` where they fit; else one product's
+    scratch, its rows in chunks and more planes a fold where the room says
+    (:func:`_int8_rows`, :func:`_int8_planes`), as one GEMM on the device
+    (:func:`resident_plan`) takes them."""
+    from ..precision import ozaki_gpu
+    tm, tn, nb = shape
+    complex_ = np.dtype(dtype).kind == "c"
+    left = None if room is None else room - held
+    if grid and ozaki_gpu.panel_sums_apply(dtype, 2, k):
+        sums = ozaki_gpu.panel_sums_bytes(tm, tn, nb, k)
+        if left is None or sums <= left:
+            return _Int8InMemory(sums, sums=True)
+
+    def scratch(rows: int | None, planes: int | None = None) -> int:
+        return _ozaki_scratch(tm, tn, nb, complex_, rows, planes)
+    if left is None:
+        return _Int8InMemory(scratch(None))
+    rows = _int8_rows(tm, lambda r: scratch(r) <= left)
+    planes = _int8_planes(nb, lambda p: scratch(rows, p) <= left)
+    return _Int8InMemory(scratch(rows, planes), rows, planes)
 
 
 def _ooc_memory(sizes: tuple, dtype, grid: tuple, copies: tuple,
@@ -362,7 +424,6 @@ def resident_plan(m: int, n: int, k: int, dtype, precision=None, copies: int = 0
     that passes `budget` (the device bytes free beside the operands) in
     chunks of rows (``int8_rows``, :func:`_int8_rows`; the smallest where
     none fits, the least this GEMM can need). No host memory."""
-    from ..precision.ozaki import K_EXACT
     dtype = np.dtype(dtype)
     need = (m * n * dtype.itemsize if new_c else 0) + int(copies)
     if precision != "fp64-int8":

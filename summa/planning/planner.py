@@ -26,7 +26,7 @@ from ..precision import ozaki_gpu
 from ..distribution.grid import check_grid_ranks, grid_for, parse_grid
 from .memory import (TRAFFIC_GAIN, Execution, MemoryPlan, check_host_memory, check_memory,
                      format_bytes, host_traffic, memory_plan, parse_bytes, resident_plan,
-                     sweep_steps, waited_write_backs)
+                     ranks_on_device, sweep_steps, waited_write_backs)
 from .model import gemm_flops
 from .prediction import predict_plan
 from .report import plan_lines
@@ -592,9 +592,10 @@ def _memory(machine, shape, dtype, grid, panel_width, lookahead, asked: _MemoryA
     if out_of_core is not True and not device_memory:
         width = int(panel_width) if is_width(panel_width) else \
             default_panel_width(backend, dtype, precision)
+        room = _device_room(machine) if precision == "fp64-int8" else None
         memory = memory_plan(m, n, k, dtype, grid, width,
                              Execution(lookahead, backend, schedule=schedule, precision=precision,
-                                       storage=asked.storage))
+                                       storage=asked.storage, device_room=room))
         try:
             _check(machine, memory)
             return memory, None, None
@@ -798,11 +799,25 @@ def _free_budget(machine: Machine) -> int:
 
 
 def _panel_sums(memory, dtype, grid, shape, width, precision, schedule) -> int | None:
-    """Device bytes of fp64-int8's panel sums where this product may take
-    them (in memory, panels, on a grid): :func:`summa.precision.ozaki_gpu.panel_sums_apply`."""
+    """Device bytes of fp64-int8's panel sums where this product takes them
+    (in memory, panels, on a grid, where they fit: ``memory.panel_sums``,
+    :func:`summa.precision.ozaki_gpu.panel_sums_apply`); the executor takes
+    them as planned."""
     m, n, k = shape
     if (precision != "fp64-int8" or memory.mode != "in-memory" or schedule == "strips"
-            or not is_width(width)
+            or not is_width(width) or not memory.panel_sums
             or not ozaki_gpu.panel_sums_apply(dtype, grid[0] * grid[1], k)):
         return None
     return ozaki_gpu.panel_sums_bytes(-(-m // grid[0]), -(-n // grid[1]), width, k)
+
+
+def _device_room(machine: Machine) -> int | None:
+    """The device bytes one rank may hold in memory: the least free memory
+    of any rank's GPU shared among the ranks on it (live, collective), or
+    the machine's `free_device`; None on CPUs or where unknown."""
+    if not traits(machine.backend).gpu:
+        return None
+    if machine.comm is not None:
+        sharing = ranks_on_device(machine.device, machine.comm)
+        return machine.comm.allreduce(machine.device.memory_free() // sharing, op=MPI.MIN)
+    return machine.free_device
