@@ -24,7 +24,7 @@ from .bench import (DEFAULT_SIZE_CPU, DEFAULT_SIZE_GPU, UsageError, agree_backen
                     run_sweep, versions)
 from ..transports.comm import choose_comm
 from ..distribution.grid import node_rank, parse_grid
-from ..planning.model import SWEEP_RANKS
+from ..planning.model import SWEEP_RANKS, Profile
 from ..precision.ozaki_gpu import check_moduli
 from ..planning.planner import make_plan
 from ..execution.strips import SCHEDULES
@@ -302,9 +302,10 @@ def _add_model(sub) -> None:
         model.add_argument(f"--{dim}", type=_positive_int, default=None)
     model.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
     model.add_argument("--ranks", type=_positive_int, default=None,
-                       help="ranks (GPUs) to predict for (default: the ranks running this)")
+                       help="ranks (GPUs) to predict for (default: the profile's GPUs)")
     model.add_argument("--ranks-per-node", type=_positive_int, default=None,
-                       help="ranks per node (default: all on one node)")
+                       help="ranks per node (default: the profile's GPUs a node; all on one "
+                            "where it says nothing)")
     model.add_argument("--grid", type=_grid, default=None, metavar="PRxPC",
                        help="grid (default: the best predicted)")
     model.add_argument("--nb", type=_positive_int, default=None, help="panel width")
@@ -358,7 +359,8 @@ def _add_plan(sub) -> None:
                           help=f"{dim.upper()}: {what} (default --size)")
     plan.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
     plan.add_argument("--ranks", type=_positive_int, default=None,
-                      help="ranks (default: the ranks running this)")
+                      help="ranks, one a GPU (default: every GPU of the hardware; at most "
+                           "that many)")
     plan.add_argument("--grid", type=_grid, default=None, metavar="PRxPC",
                       help="process grid (default: the one bench and multiply would choose)")
     plan.add_argument("--nb", type=_positive_int, default=None,
@@ -380,7 +382,7 @@ def _add_plan(sub) -> None:
     plan.add_argument("--device-memory", metavar="SIZE", default=None,
                       help="GPU memory cap per rank: plan out of core within it (default: "
                            "the profile's GPU memory, out of core where the product does not "
-                           "fit)")
+                           "fit; at most that memory)")
     _add_hardware(plan)
     plan.add_argument("--json", metavar="FILE", default=None,
                       help="append the plan as one JSON object to FILE (the fields a run "
@@ -526,14 +528,16 @@ def _wall_line(record: dict) -> str:
 
 
 def _run_plan(args, comm: MPI.Comm, out) -> int:
-    # A grid names its rank count: planning comes before the machine does.
-    ranks = args.ranks or (args.grid[0] * args.grid[1] if args.grid else comm.Get_size())
+    from .studies import hardware_ranks, planning_machine, profile_line
     m, n, k = args.m or args.size, args.n or args.size, args.k or args.size
-    if args.grid and args.grid[0] * args.grid[1] != ranks:
-        raise UsageError(f"grid {args.grid[0]}x{args.grid[1]} does not hold {ranks} ranks")
-    from .studies import planning_machine, profile_line
     profile, line = profile_line(args.profile, args.hardware)
-    machine, peers = planning_machine(profile, args.backend, ranks)
+    try:
+        # the hardware's GPUs and their memory: the defaults and the limits
+        ranks = hardware_ranks(args, Profile.load(profile), args.backend,
+                               1 if comm is None else comm.Get_size())
+        machine, peers = planning_machine(profile, args.backend, ranks)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if machine.free_device and not args.device_memory:
         line += f"; {machine.free_device / 2**30:.1f} GiB a GPU (--device-memory caps it)"
     # auto on GPUs that read each other's memory plans for one node (ipc), the larger of

@@ -442,3 +442,64 @@ def test_plan_takes_the_operands_order():
     assert "copied row-major" not in c_order and c_order == planned("--order", "C")
     with pytest.raises(cli.UsageError, match="argument --order: invalid choice: 'K'"):
         planned("--order", "K")
+
+
+@pytest.mark.parametrize("hardware,gpus", [("rtx3090x8", 8), ("h200", 2)])
+def test_plan_takes_every_gpu_of_the_hardware_and_no_more(hardware, gpus):
+    """``summa plan`` on a profile plans for all its GPUs by default; more
+    ranks than it has GPUs, or a budget over a GPU's memory, is one line
+    naming the hardware; its GPU memory and fewer ranks are let through."""
+    from summa.planning.model import Profile, hardware_profile
+    profile = Profile.load(hardware_profile(hardware))
+    assert profile.gpus == gpus
+
+    def planned(*extra):
+        out = io.StringIO()
+        assert cli.main(["plan", "--size", "20000", "--hardware", hardware, *extra],
+                        out=out) == 0
+        return out.getvalue()
+    assert f"on {gpus} ranks" in planned()
+    assert "on 1 rank " in planned("--ranks", "1")
+    assert f"on {gpus} ranks" in planned("--device-memory", f"{profile.device_memory}B")
+    for extra, said in ((["--ranks", str(gpus + 1)], f"--ranks {gpus + 1} asks for {gpus + 1}"),
+                        (["--grid", f"{gpus + 1}x1"], f"--grid {gpus + 1}x1 asks for"),
+                        (["--device-memory", "1000TiB"], "--device-memory 1000TiB is more than "
+                                                         "a GPU of")):
+        with pytest.raises(cli.UsageError) as caught:
+            planned(*extra)
+        assert str(caught.value).startswith(said) and f"--hardware {hardware} has" in \
+            str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_plan_and_model_refuse_a_missing_profile(tmp_path):
+    """A profile that is not there is an error, before anything is printed,
+    for plan as for model."""
+    for command in ("plan", "model"):
+        out = io.StringIO()
+        with pytest.raises(ValueError, match="none.json: no such profile"):
+            cli.main([command, "--profile", str(tmp_path / "none.json")], out=out)
+        assert out.getvalue() == ""
+
+
+def test_a_profile_of_several_nodes_puts_its_gpus_on_them(tmp_path):
+    """A profile's nodes share out its GPUs: the plan's ranks a node and
+    model's default ranks per node; a profile's calibrated ranks count as
+    its GPUs where it names none."""
+    from summa.cli.studies import gpus_a_node, planning_machine
+    from summa.planning.model import Profile, hardware_profile
+    data = json.loads(Path(hardware_profile("rtx3090x8")).read_text())
+    data.update(gpus=16, nodes=2)
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps(data))
+    assert gpus_a_node(Profile.load(path)) == 8
+    machine, _ = planning_machine(path, "cupy", 16)
+    assert machine.ranks == 16 and machine.ranks_on_node == 8
+    assert planning_machine(hardware_profile("rtx3090x8"), "cupy", 8)[0].ranks_on_node is None
+    out = io.StringIO()
+    assert cli.main(["plan", "--profile", str(path), "--size", "40000"], out=out) == 0
+    assert "on 16 ranks" in out.getvalue()
+    del data["gpus"], data["nodes"]
+    data["ranks"] = 4  # what summa calibrate records
+    path.write_text(json.dumps(data))
+    with pytest.raises(cli.UsageError, match="has 4 GPUs \\(the ranks it was calibrated on"):
+        cli.main(["plan", "--profile", str(path), "--ranks", "8"], out=io.StringIO())
