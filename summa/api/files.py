@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, replace
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from ..runtime.agree import collectively
 from ..execution.algorithm import SummaStats, gemm, prepare
 from ..device.backend import NumpyBackend, get_backend, resolve_dtype

@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, replace
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from ..runtime.agree import Failure, collectively, from_root
 from ..execution.algorithm import summa
 from ..device.backend import NumpyBackend, get_backend

@@ -8,14 +8,14 @@ on every rank; ``__main__`` turns them into one line and exit status 2.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import socket
 import sys
 import time
 
-from mpi4py import MPI
-
+from ..runtime.mpi import MPI, launcher_rank
 from .. import __version__
 from .. import options as settings
 from ..device.backend import DTYPES, cupy_available, share_cpu_cores
@@ -30,6 +30,7 @@ from ..planning.planner import make_plan
 from ..execution.strips import SCHEDULES
 from ..device.traits import traits
 from ..runtime.watchdog import Watchdog, timeout_from_env
+from .studies import hardware_ranks, is_root, planning_machine, profile_line
 
 #: What --comm accepts.
 COMM_MODES = ("auto", "nccl", "cuda-aware", "mpi", "ipc")
@@ -528,7 +529,6 @@ def _wall_line(record: dict) -> str:
 
 
 def _run_plan(args, comm: MPI.Comm, out) -> int:
-    from .studies import hardware_ranks, planning_machine, profile_line
     m, n, k = args.m or args.size, args.n or args.size, args.k or args.size
     profile, line = profile_line(args.profile, args.hardware)
     try:
@@ -553,7 +553,7 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
                          storage=("cols", "cols") if args.order == "F" else ("rows", "rows"))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if comm.Get_rank() == 0:
+    if is_root(comm):
         print(line, file=out)
         print(plan, file=out)
         if args.json:
@@ -636,21 +636,42 @@ def _run_info(args, comm: MPI.Comm, out) -> int:
     return 0
 
 
+#: Commands that plan or describe and run nothing: no MPI, no ranks to agree with
+#: (with --help and --version, what runs on a laptop without an MPI).
+ALONE = ("plan", "model", "options")
+
+
+def runs_alone(argv=None) -> bool:
+    """Does ``python -m summa ARGV`` need no MPI: help, the version, or a
+    command of :data:`ALONE`? (Read from the words, before anything starts.)"""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return bool(argv) and (argv[0] in ALONE or
+                           any(a in ("-h", "--help", "--version") for a in argv))
+
+
 def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
     """Run the command line on `comm` (default COMM_WORLD); return the exit status.
 
-    The settings (:class:`summa.options.Options`: the command's options over
-    ``SUMMA_*`` variables over defaults) are read and checked once here, the
-    same on every rank, and are the current ones for the whole command."""
-    comm = MPI.COMM_WORLD if comm is None else comm
+    The commands of :data:`ALONE` (and help) run without a `comm` and never
+    start MPI; under a launcher only its rank 0 prints them. The settings
+    (:class:`summa.options.Options`: the command's options over ``SUMMA_*``
+    variables over defaults) are read and checked once here, the same on
+    every rank, and are the current ones for the whole command."""
     out = sys.stdout if out is None else out
-    _Parser.quiet = comm.Get_rank() != 0
-    share_cpu_cores(node_rank(comm)[1])
+    alone = comm is None and runs_alone(argv)
+    if not alone and comm is None:
+        comm = MPI.COMM_WORLD
+    rank = launcher_rank() if comm is None else comm.Get_rank()
+    _Parser.quiet = rank != 0
+    if rank != 0:
+        out = io.StringIO()  # one copy of what the command prints: rank 0's
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["run"] + argv
     args = parser.parse_args(argv)
+    if comm is not None:
+        share_cpu_cores(node_rank(comm)[1])
     if getattr(args, "moduli", None) is not None:
         if args.precision != "fp64-int8":
             raise UsageError("--moduli applies to --precision fp64-int8")

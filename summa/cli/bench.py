@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from .. import __version__
 from .. import options as settings
 from ..precision import ozaki_gpu

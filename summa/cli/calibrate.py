@@ -10,8 +10,8 @@ import socket
 import time
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from ..transports.broadcasters import make_broadcaster
 from ..api.checks import check_scalars
 from ..distribution.grid import node_rank

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from mpi4py import MPI
-
+from ..runtime.mpi import MPI, launcher_rank
 from ..planning.memory import format_bytes, parse_bytes
 from ..planning.model import (DEFAULT_HARDWARE, HARDWARE, Profile, RunSetting,
                               hardware_profile, predict, profile_backend, recommend, sweep)
@@ -65,7 +64,7 @@ def run_model(args, comm: MPI.Comm, out) -> int:
     ranks = None if args.sweep else hardware_ranks(args, profile, profile_backend(profile),
                                                    _running(comm), bounded=False)
     args.profile = path
-    if comm is not None and comm.Get_rank() != 0:
+    if not is_root(comm):
         return 0
     print(f"model: {line}; summa calibrate measures this machine's own", file=out)
     if args.sweep:
@@ -92,6 +91,12 @@ def run_model(args, comm: MPI.Comm, out) -> int:
                                  f"{profile.device_memory / 2**30:.1f} GiB (the profile's)"),
               file=out)
     return 0
+
+
+def is_root(comm) -> bool:
+    """Does this process print: rank 0 of `comm`, or where `comm` is None
+    (a command run without MPI) of its launcher?"""
+    return (launcher_rank() if comm is None else comm.Get_rank()) == 0
 
 
 def _running(comm) -> int:

@@ -503,3 +503,77 @@ def test_a_profile_of_several_nodes_puts_its_gpus_on_them(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(cli.UsageError, match="has 4 GPUs \\(the ranks it was calibrated on"):
         cli.main(["plan", "--profile", str(path), "--ranks", "8"], out=io.StringIO())
+
+
+#: Launchers' variables: a command run as if started by hand (the job-less tests run so).
+LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK",
+                      "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "HYDI_CONTROL_FD", "MPI_LOCALNRANKS")
+
+
+def without_mpi(tmp_path, *args: str, code: str | None = None):
+    """``python -m summa ARGS`` (or ``python -c CODE``) where mpi4py cannot be
+    imported, as where summa was installed without an MPI, and where
+    importing CuPy ends the process with status 97."""
+    blocked = tmp_path / "blocked"
+    (blocked / "mpi4py").mkdir(parents=True, exist_ok=True)
+    (blocked / "mpi4py" / "__init__.py").write_text(
+        "raise ImportError('libmpi.so.12: cannot open shared object file')\n")
+    (blocked / "cupy").mkdir(exist_ok=True)
+    (blocked / "cupy" / "__init__.py").write_text(
+        "import os, sys\nsys.stderr.write('cupy was imported\\n')\nos._exit(97)\n")
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join((str(blocked), str(ROOT)))
+    command = [sys.executable] + (["-c", code] if code else ["-m", "summa", *args])
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120,
+                          cwd=tmp_path)
+
+
+@pytest.mark.parametrize("args,said", [
+    (["--help"], "usage: python -m summa"),
+    (["--version"], "summa "),
+    (["plan", "--help"], "--hardware"),
+    (["plan", "--size", "20000", "--hardware", "rtx3090x8"], "on 8 ranks (grid"),
+    (["model", "--hardware", "rtx3090x8", "--size", "20000"], "predicted"),
+    (["model", "--sweep", "--ranks-list", "1,2"], "strong scaling"),
+    (["options", "--markdown"], "| `SUMMA_GEMM` |"),
+])
+def test_help_plan_model_and_options_need_no_mpi_nor_cupy(tmp_path, args, said):
+    done = without_mpi(tmp_path, *args)
+    assert done.returncode == 0, done.stderr
+    assert said in done.stdout and done.stderr == ""
+
+
+@pytest.mark.parametrize("args,said", [
+    (["bench", "--size", "64"], 'no MPI to run on (libmpi.so.12: cannot open shared object '
+                                'file); install one: pip install "summa-gemm[mpich]"'),
+    (["--size", "64"], 'pip install "summa-gemm[mpich]"'),
+    (["plan", "--profile", "none.json"], "none.json: no such profile"),
+    (["plan", "--hardware", "rtx3090x8", "--grid", "3x3"], "--grid 3x3 asks for 9 ranks"),
+])
+def test_without_mpi_a_run_says_what_to_install_in_one_line(tmp_path, args, said):
+    """A command that needs MPI, where there is none, names the extra to
+    install; bad input to one that needs none is one line as ever."""
+    done = without_mpi(tmp_path, *args)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("summa: error: ") and said in done.stderr
+    assert len(done.stderr.splitlines()) == 1 and done.stdout == ""
+
+
+def test_without_mpi_the_library_imports_and_a_multiply_says_what_to_install(tmp_path):
+    code = ("import numpy, summa\n"
+            "try:\n"
+            "    summa.matmul(numpy.ones((4, 4)), numpy.ones((4, 4)), backend='numpy')\n"
+            "except ImportError as exc:\n"
+            "    print(type(exc).__name__, exc)\n")
+    done = without_mpi(tmp_path, code=code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("MPIUnavailable no MPI to run on")
+    assert 'pip install "summa-gemm[mpich]"' in done.stdout
+
+
+def test_a_command_without_mpi_under_a_launcher_prints_from_its_rank_0(monkeypatch):
+    out = io.StringIO()
+    for rank in ("1", "0"):
+        monkeypatch.setenv("PMI_RANK", rank)
+        assert cli.main(["plan", "--size", "2000", "--hardware", "h200"], out=out) == 0
+        assert (out.getvalue() != "") == (rank == "0")
