@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 
 from .precision import ozaki
 
-__all__ = ["Options", "current", "set", "entry_point", "table", "document", "blas_threads_set"]
+__all__ = ["Options", "current", "set", "entry_point", "defaults", "table", "document",
+           "blas_threads_set"]
 
 #: The GPU GEMM libraries ``SUMMA_GEMM`` names (:func:`summa.device.backend.gemm_library`).
 GEMM_LIBRARIES = ("cublas", "cublaslt")
@@ -462,6 +463,13 @@ def entry_point(function):
     return call
 
 
+def defaults(internal: bool = False) -> dict:
+    """Every setting's variable and its default as text (None: chosen at
+    run time), the internal ones too where `internal`."""
+    return {f.metadata["variable"]: None if f.default is None else _text(f.default)
+            for f in dataclasses.fields(Options) if internal or not f.metadata["internal"]}
+
+
 def table(internal: bool = False) -> str:
     """Every setting as a Markdown table: its variable, field, values,
     default and description (the internal ones too where `internal`)."""
@@ -485,7 +493,8 @@ Every setting of summa, in one place (`summa/options.py`). Each is a keyword of
 (`summa.matmul(a, b, options=Options.from_env(copy_threads=4))`, or a command's own
 option such as `--moduli`) wins over the variable, the variable over the default. Every
 value is checked once, where a call or a command begins: a bad one is one error naming
-the variable. `python -m summa options` prints the settings not at their defaults.
+the variable. `python -m summa options` prints the settings in effect, those at their defaults
+marked.
 Settings marked internal serve tests and the pool's own protocol.
 
 This file is generated: after changing a setting, regenerate it with

@@ -30,7 +30,7 @@ from ..planning.planner import make_plan
 from ..execution.strips import SCHEDULES
 from ..device.traits import traits
 from ..runtime.watchdog import Watchdog, timeout_from_env
-from .studies import hardware_ranks, is_root, planning_machine, profile_line
+from .studies import hardware_ranks, is_root, planning_machine, plural, profile_line
 
 #: What --comm accepts.
 COMM_MODES = ("auto", "nccl", "cuda-aware", "mpi", "ipc")
@@ -408,9 +408,10 @@ def _add_info(sub) -> None:
 def _add_options(sub) -> None:
     """``options``: the settings in effect."""
     opts = sub.add_parser("options", help="the settings (SUMMA_* variables) in effect",
-                          description="Print the settings not at their defaults as "
-                                      "VARIABLE=value, or with --markdown the table of "
-                                      "every setting (docs/options.md).")
+                          description="Print the settings given as VARIABLE=value, "
+                                      "then those at their defaults (marked), or with "
+                                      "--markdown the table of every setting "
+                                      "(docs/options.md).")
     opts.add_argument("--markdown", action="store_true",
                       help="docs/options.md: the table of every setting")
     opts.add_argument("--internal", action="store_true",
@@ -490,7 +491,7 @@ def _print_multiply(args, record: dict, ranks: int, out) -> None:
     """``summa multiply``'s report of its `record` on `ranks` ranks: what
     was multiplied, how long each phase took, the wall time."""
     residual = record["check_residual"]
-    print(f"summa multiply: {ranks} ranks, grid {record['grid'][0]}x"
+    print(f"summa multiply: {plural(ranks, 'rank')}, grid {record['grid'][0]}x"
           f"{record['grid'][1]}, backend {record['backend']}, comm {record['comm']}", file=out)
     mark = {"N": "", "T": "ᵀ", "H": "ᴴ"}
     print(f"  C = {record['alpha']:g} · {args.a}{mark[record['trans_a']]} @ "
@@ -510,10 +511,18 @@ def _print_multiply(args, record: dict, ranks: int, out) -> None:
           f"multiply {record['compute_seconds']:.3f} s "
           f"({record['tflops']:.3f} TFLOP/s), "
           + (f"check {record['check_seconds']:.3f} s (scaled residual {residual:.2e}), "
-             if residual is not None else "check skipped, ")
+             if residual is not None else f"check skipped ({_why_unchecked(args)}), ")
           + f"write {record['write_seconds']:.3f} s, NaN/Inf scan {record['scan_seconds']:.3f} s",
           file=out)
     print(_wall_line(record), file=out)
+
+
+def _why_unchecked(args) -> str:
+    """Why ``multiply`` did not check its product: told not to, or by
+    default, where the check would cost more than a small share of it."""
+    if args.check is False:
+        return "--no-check"
+    return "it would cost over 2 % of this multiply; --check makes it"
 
 
 def _wall_line(record: dict) -> str:
@@ -687,12 +696,21 @@ def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
         return _run_command(args, comm, out)
 
 
+def _settings_text(internal: bool) -> str:
+    """``summa options``: the settings given, as VARIABLE=value, then those at
+    their defaults, marked so (all of them where none was given)."""
+    chosen = settings.current().variables(internal=internal)
+    lines = [f"{k}={v}" for k, v in chosen.items()]
+    lines.append("# at their defaults (docs/options.md says what each sets):")
+    lines += [f"# {k}={v}" if v is not None else f"# {k} (chosen at run time)"
+              for k, v in settings.defaults(internal).items() if k not in chosen]
+    return "\n".join(lines) + "\n"
+
+
 def _run_command(args, comm: MPI.Comm, out) -> int:
     """The command `args` names, under the watchdog where it waits on other ranks."""
     if args.command == "options":
-        chosen = settings.current().variables(internal=args.internal)
-        out.write(settings.document() if args.markdown else
-                  "".join(f"{k}={v}\n" for k, v in chosen.items()))
+        out.write(settings.document() if args.markdown else _settings_text(args.internal))
         return 0
     if args.command == "info":
         return _run_info(args, comm, out)
@@ -707,6 +725,10 @@ def _run_command(args, comm: MPI.Comm, out) -> int:
         command = _run_study
     elif args.command == "multiply":
         command = _run_multiply
+    elif getattr(args, "sizes", None) and args.command == "bench" and not args.sweep or \
+            getattr(args, "grids", None) and not args.sweep:
+        raise UsageError(f"--{'sizes' if args.sizes else 'grids'} lists a series: it needs "
+                         "--sweep (one size: --size)")
     elif getattr(args, "sweep", False):
         def command(args, comm, out):
             return run_sweep(args, comm, out)

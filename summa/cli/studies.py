@@ -73,7 +73,7 @@ def run_model(args, comm: MPI.Comm, out) -> int:
     plan = _setup(args, profile, (m, n, k), ranks)
     grid, nb = plan.grid, plan.panel_width
     pred = predict(profile, m, n, k, args.dtype, grid, nb, RunSetting(**kwargs))
-    print(f"model ({args.profile}): {m} x {n} x {k} {args.dtype} on {ranks} ranks, grid "
+    print(f"model ({args.profile}): {m} x {n} x {k} {args.dtype} on {plural(ranks, 'rank')}, grid "
           f"{grid[0]}x{grid[1]}, nb {nb}, lookahead {args.lookahead}", file=out)
     print(f"  predicted {pred.seconds:.4f} s, {pred.tflops:.3f} TFLOP/s, efficiency "
           f"{pred.efficiency:.3f} ({pred.panels} panels: compute {pred.panel_compute * 1e3:.3f} ms,"

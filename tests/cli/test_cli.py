@@ -228,6 +228,11 @@ def test_info(comm, monkeypatch):
     (["bench", "--precision", "tf32", "--dtype", "float64"], "tf32 applies to"),
     (["bench", "--comm", "nccl", "--backend", "numpy"], "needs the cupy backend"),
     (["frobnicate"], "invalid choice"),
+    (["bench", "--sizes", "1024,2048"], "--sizes lists a series: it needs --sweep"),
+    (["bench", "--grids", "1x1"], "--grids lists a series: it needs --sweep"),
+    (["bench", "--size", "64", "--device-memory", "nanGiB"], "a finite number of bytes"),
+    (["bench", "--size", "64", "--device-memory", "infGiB"], "a finite number of bytes"),
+    (["bench", "--size", "64", "--device-memory", "1B"], "a device budget of 1 byte is too"),
 ])
 def test_usage_errors_raise_on_every_rank(comm, argv, match):
     with pytest.raises(cli.UsageError, match=match):
@@ -577,3 +582,61 @@ def test_a_command_without_mpi_under_a_launcher_prints_from_its_rank_0(monkeypat
         monkeypatch.setenv("PMI_RANK", rank)
         assert cli.main(["plan", "--size", "2000", "--hardware", "h200"], out=out) == 0
         assert (out.getvalue() != "") == (rank == "0")
+
+
+@pytest.mark.parametrize("kwargs,said", [
+    (dict(device_memory="nanGiB"), "a memory size must be a finite number of bytes, got 'nanGiB'"),
+    (dict(device_memory="infGiB"), "a memory size must be a finite number of bytes, got 'infGiB'"),
+    (dict(workers="two"), "workers must be a whole number, got 'two'"),
+    (dict(workers=2.5), "workers must be a whole number, got 2.5"),
+    (dict(workers="-3"), "workers must be a whole number, got '-3'"),
+])
+def test_bad_keywords_of_matmul_are_one_clear_line(kwargs, said):
+    import summa
+    with pytest.raises(ValueError) as caught:
+        summa.matmul(np.ones((8, 8)), np.ones((8, 8)), backend="numpy", **kwargs)
+    assert str(caught.value) == said
+
+
+def test_sizes_are_said_in_the_singular_for_one():
+    from summa.cli.studies import plural
+    from summa.planning.memory import format_bytes
+    assert [format_bytes(n) for n in (1, 2, 1023)] == ["1 byte", "2 bytes", "1023 bytes"]
+    assert [plural(n, "rank") for n in (1, 3)] == ["1 rank", "3 ranks"]
+
+
+def test_options_lists_every_setting_the_given_ones_first(monkeypatch):
+    """``summa options`` says what each setting is: the given ones as
+    VARIABLE=value, the rest marked as at their defaults (it printed nothing
+    where none was given)."""
+    from summa import options
+    for variable in options.defaults(internal=True):
+        monkeypatch.delenv(variable, raising=False)
+
+    def listed():
+        out = io.StringIO()
+        assert cli.main(["options"], out=out) == 0
+        return out.getvalue().splitlines()
+    at_defaults = listed()
+    assert at_defaults[0].startswith("# at their defaults")
+    assert "# SUMMA_GEMM=cublas" in at_defaults
+    assert "# SUMMA_COPY_THREADS (chosen at run time)" in at_defaults
+    assert len(at_defaults) == 1 + len(options.defaults())
+    monkeypatch.setenv("SUMMA_COPY_THREADS", "3")
+    given = listed()
+    assert given[0] == "SUMMA_COPY_THREADS=3" and len(given) == len(at_defaults)
+    assert not any(line.startswith("# SUMMA_COPY_THREADS") for line in given)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_multiply_says_why_it_skipped_the_check(comm, tmp_path_factory):
+    folder = comm.bcast(str(tmp_path_factory.mktemp("unchecked")) if comm.rank == 0 else None)
+    if comm.rank == 0:
+        np.save(f"{folder}/a.npy", np.ones((24, 24)))
+    comm.Barrier()
+    files = [f"{folder}/a.npy", f"{folder}/a.npy", "-o", f"{folder}/c.npy", "--quiet"]
+    for extra, why in (["--no-check"], "check skipped (--no-check)"), \
+            ([], "check skipped (it would cost over 2 % of this multiply; --check makes it)"):
+        out = io.StringIO()
+        assert cli.main(["multiply", *files, *extra], comm, out) == 0
+        assert comm.rank != 0 or why in out.getvalue(), out.getvalue()
