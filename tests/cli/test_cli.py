@@ -640,3 +640,22 @@ def test_multiply_says_why_it_skipped_the_check(comm, tmp_path_factory):
         out = io.StringIO()
         assert cli.main(["multiply", *files, *extra], comm, out) == 0
         assert comm.rank != 0 or why in out.getvalue(), out.getvalue()
+
+
+def test_run_test_skips_the_mpi_runs_where_no_mpi_test_is_selected():
+    """`./run test FILE` runs no MPI job (each printed the MPI library's
+    banner) where FILE's selection holds no MPI test, and says so; where it
+    holds one, the MPI runs go on."""
+    env = dict(os.environ, SUMMA_PYTHON=sys.executable, TEST_RANKS="1",
+               MPIEXEC=" ".join(mpiexec()))
+    env.pop("PYTEST_ADDOPTS", None)
+
+    def tested(*args):
+        return subprocess.run([str(ROOT / "run"), "test", *args, "-p", "no:cacheprovider"],
+                              capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    serial = tested("tests/test_structure.py", "-k", "concern")
+    assert serial.returncode == 0, serial.stderr[-2000:]
+    assert "the MPI runs skipped" in serial.stderr and "== MPI tests" not in serial.stderr
+    both = tested("tests/runtime/test_agree.py", "-k", "root_decides")
+    assert both.returncode == 0, both.stderr[-2000:]
+    assert "== MPI tests on 1 rank(s)" in both.stderr and "skipped" not in both.stderr
