@@ -9,10 +9,13 @@
 * Any other exception prints the rank and the traceback, then aborts the job.
 * SIGINT/SIGTERM stop every rank promptly, even inside MPI calls, removing
   temporary output files (status 128 + signal number); see summa.runtime.watchdog.
+* Help, ``plan``, ``model`` and ``options`` start no MPI (they run where none is
+  installed); a command that needs one says, where it is missing, what to install.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
@@ -59,7 +62,9 @@ def _relaunch(argv) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] not in _RELAUNCHED:
         return
-    from .pool import launched, mpiexec_command, pool_size
+    if importlib.util.find_spec("mpi4py") is None:  # no MPI to launch: main says so
+        return
+    from .pool import WorkerError, launched, mpiexec_command, pool_size
     from .device.traits import traits
     if launched():
         return
@@ -70,7 +75,10 @@ def _relaunch(argv) -> None:
         return
     if size <= 1:
         return
-    command = mpiexec_command() + ["-n", str(size), sys.executable, "-m", "summa", *args]
+    try:
+        command = mpiexec_command() + ["-n", str(size), sys.executable, "-m", "summa", *args]
+    except WorkerError:  # no launcher: no MPI either, which main says in one line
+        return
     sys.stdout.flush()
     # The environment as the process began, not as MPI's start in this process
     # left it: Open MPI's singleton start sets variables (PMIX_*, OMPI_*) that
@@ -82,8 +90,16 @@ def _relaunch(argv) -> None:
 
 
 def main(argv=None) -> int:
+    from .cli import runs_alone
+    if runs_alone(argv):  # help, plan, model, options: no MPI started, none needed
+        return _alone(argv)
     _relaunch(argv)
-    from mpi4py import MPI
+    from .runtime.mpi import MPIUnavailable, load
+    try:
+        MPI = load()
+    except MPIUnavailable as exc:  # installed without an MPI: say which to install
+        print(f"summa: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
 
     from .runtime.watchdog import handle_signals, wait_if_stopping
 
@@ -100,6 +116,24 @@ def main(argv=None) -> int:
         return _failed(world, ctl, exc)
     wait_if_stopping()  # a stopping process ends with the signal's status, not this one
     return status
+
+
+def _alone(argv) -> int:
+    """Run a command that needs no MPI (:func:`summa.cli.runs_alone`) in this
+    process alone: bad input one line from the launcher's rank 0, status 2."""
+    from . import cli
+    from .runtime.mpi import launcher_rank
+    try:
+        return cli.main(argv)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # output piped into head & co.: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except ValueError as exc:
+        if launcher_rank() == 0:
+            print(f"summa: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
 
 
 def _failed(world, ctl, exc: Exception) -> int:

@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 
 from .precision import ozaki
 
-__all__ = ["Options", "current", "set", "entry_point", "table", "document", "blas_threads_set"]
+__all__ = ["Options", "current", "set", "entry_point", "defaults", "table", "document",
+           "blas_threads_set"]
 
 #: The GPU GEMM libraries ``SUMMA_GEMM`` names (:func:`summa.device.backend.gemm_library`).
 GEMM_LIBRARIES = ("cublas", "cublaslt")
@@ -473,6 +474,13 @@ def entry_point(function):
     return call
 
 
+def defaults(internal: bool = False) -> dict:
+    """Every setting's variable and its default as text (None: chosen at
+    run time), the internal ones too where `internal`."""
+    return {f.metadata["variable"]: None if f.default is None else _text(f.default)
+            for f in dataclasses.fields(Options) if internal or not f.metadata["internal"]}
+
+
 def table(internal: bool = False) -> str:
     """Every setting as a Markdown table: its variable, field, values,
     default and description (the internal ones too where `internal`)."""
@@ -500,6 +508,7 @@ and measured choices live (`SUMMA_SHM_DIR`, `SUMMA_CACHE_DIR`), how long a rank 
 the others (`SUMMA_TIMEOUT`). The rest override a choice summa makes by measurement (how
 the GEMMs read their operands, how C is cut out of core, fp64-int8's moduli), to compare
 with it on your machine.
+`python -m summa options` prints the settings in effect, those at their defaults marked.
 
 Set one as an environment variable, for a whole job:
 

@@ -33,6 +33,7 @@ CASES = {
     "SUMMA_IO_THREADS": ("4", 4, ["lots", "2.5", "0"]),
     "SUMMA_CUDA_AWARE": ("1", True, ["yes", "2"]),
     "SUMMA_PEER_ACCESS": ("0", False, ["no"]),
+    "SUMMA_MEMORY_CHECK": ("1", True, ["sometimes"]),
     "SUMMA_IN_PLACE": ("0", False, ["off"]),
     "SUMMA_TIMEOUT": ("12.5", 12.5, ["soon", "-1"]),
     "SUMMA_ERROR_GRACE": ("0.5", 0.5, ["soon", "1e400", "-1", "nan"]),
@@ -183,8 +184,9 @@ def test_docs_table_is_up_to_date():
 #: Modules that may read the environment, and why: options.py (every
 #: setting), pool/launch.py (whether a launcher started this process, and the
 #: launcher's own environment for the workers), __main__.py (the
-#: environment a relaunch under mpiexec starts with).
-ENVIRONMENT_READERS = {"options.py", "pool/launch.py", "__main__.py"}
+#: environment a relaunch under mpiexec starts with), runtime/mpi.py (the
+#: launcher's rank, for commands that start no MPI).
+ENVIRONMENT_READERS = {"options.py", "pool/launch.py", "__main__.py", "runtime/mpi.py"}
 
 
 def _source_lines():

@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, replace
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from ..runtime.agree import collectively
 from ..device.account import Account
 from ..execution.algorithm import SummaStats, prepare, run_in_memory

@@ -14,8 +14,8 @@ import time
 import warnings
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from ..runtime.agree import collectively
 from ..execution.algorithm import SummaStats, gemm
 from ..device.backend import NumpyBackend, get_backend

@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, replace
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from ..runtime.agree import Failure, collectively, from_root
 from ..execution.algorithm import run_in_memory
 from ..device.account import Account

@@ -12,8 +12,8 @@ import warnings
 from dataclasses import replace
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from ..execution.algorithm import SummaStats
 from ..runtime.agree import Failure, from_root
 from .arrays import check_arrays

@@ -9,8 +9,8 @@ a *scaled residual* <= 1 passes; a wrong result gives values far above 1.
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from ..device.backend import NumpyBackend
 from ..runtime.watchdog import watch
 

@@ -8,14 +8,14 @@ on every rank; ``__main__`` turns them into one line and exit status 2.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import socket
 import sys
 import time
 
-from mpi4py import MPI
-
+from ..runtime.mpi import MPI, launcher_rank
 from .. import __version__
 from .. import options as settings
 from ..device.backend import DTYPES, cupy_available, share_cpu_cores
@@ -24,12 +24,13 @@ from .bench import (DEFAULT_SIZE_CPU, DEFAULT_SIZE_GPU, UsageError, agree_backen
                     run_sweep, versions)
 from ..transports.comm import choose_comm
 from ..distribution.grid import node_rank, parse_grid
-from ..planning.model import SWEEP_RANKS
+from ..planning.model import SWEEP_RANKS, Profile
 from ..precision.ozaki_gpu import check_moduli
 from ..planning.planner import make_plan
 from ..execution.strips import SCHEDULES
 from ..device.traits import traits
 from ..runtime.watchdog import Watchdog, timeout_from_env
+from .studies import hardware_ranks, is_root, planning_machine, plural, profile_line
 
 #: What --comm accepts.
 COMM_MODES = ("auto", "nccl", "cuda-aware", "mpi", "ipc")
@@ -302,9 +303,10 @@ def _add_model(sub) -> None:
         model.add_argument(f"--{dim}", type=_positive_int, default=None)
     model.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
     model.add_argument("--ranks", type=_positive_int, default=None,
-                       help="ranks (GPUs) to predict for (default: the ranks running this)")
+                       help="ranks (GPUs) to predict for (default: the profile's GPUs)")
     model.add_argument("--ranks-per-node", type=_positive_int, default=None,
-                       help="ranks per node (default: all on one node)")
+                       help="ranks per node (default: the profile's GPUs a node; all on one "
+                            "where it says nothing)")
     model.add_argument("--grid", type=_grid, default=None, metavar="PRxPC",
                        help="grid (default: the best predicted)")
     model.add_argument("--nb", type=_positive_int, default=None, help="panel width")
@@ -358,7 +360,8 @@ def _add_plan(sub) -> None:
                           help=f"{dim.upper()}: {what} (default --size)")
     plan.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
     plan.add_argument("--ranks", type=_positive_int, default=None,
-                      help="ranks (default: the ranks running this)")
+                      help="ranks, one a GPU (default: every GPU of the hardware; at most "
+                           "that many)")
     plan.add_argument("--grid", type=_grid, default=None, metavar="PRxPC",
                       help="process grid (default: the one bench and multiply would choose)")
     plan.add_argument("--nb", type=_positive_int, default=None,
@@ -380,7 +383,7 @@ def _add_plan(sub) -> None:
     plan.add_argument("--device-memory", metavar="SIZE", default=None,
                       help="GPU memory cap per rank: plan out of core within it (default: "
                            "the profile's GPU memory, out of core where the product does not "
-                           "fit)")
+                           "fit; at most that memory)")
     _add_hardware(plan)
     plan.add_argument("--json", metavar="FILE", default=None,
                       help="append the plan as one JSON object to FILE (the fields a run "
@@ -405,9 +408,10 @@ def _add_info(sub) -> None:
 def _add_options(sub) -> None:
     """``options``: the settings in effect."""
     opts = sub.add_parser("options", help="the settings (SUMMA_* variables) in effect",
-                          description="Print the settings not at their defaults as "
-                                      "VARIABLE=value, or with --markdown the table of "
-                                      "every setting (docs/options.md).")
+                          description="Print the settings given as VARIABLE=value, "
+                                      "then those at their defaults (marked), or with "
+                                      "--markdown the table of every setting "
+                                      "(docs/options.md).")
     opts.add_argument("--markdown", action="store_true",
                       help="docs/options.md: the table of every setting")
     opts.add_argument("--internal", action="store_true",
@@ -487,7 +491,7 @@ def _print_multiply(args, record: dict, ranks: int, out) -> None:
     """``summa multiply``'s report of its `record` on `ranks` ranks: what
     was multiplied, how long each phase took, the wall time."""
     residual = record["check_residual"]
-    print(f"summa multiply: {ranks} ranks, grid {record['grid'][0]}x"
+    print(f"summa multiply: {plural(ranks, 'rank')}, grid {record['grid'][0]}x"
           f"{record['grid'][1]}, backend {record['backend']}, comm {record['comm']}", file=out)
     mark = {"N": "", "T": "ᵀ", "H": "ᴴ"}
     print(f"  C = {record['alpha']:g} · {args.a}{mark[record['trans_a']]} @ "
@@ -507,10 +511,18 @@ def _print_multiply(args, record: dict, ranks: int, out) -> None:
           f"multiply {record['compute_seconds']:.3f} s "
           f"({record['tflops']:.3f} TFLOP/s), "
           + (f"check {record['check_seconds']:.3f} s (scaled residual {residual:.2e}), "
-             if residual is not None else "check skipped, ")
+             if residual is not None else f"check skipped ({_why_unchecked(args)}), ")
           + f"write {record['write_seconds']:.3f} s, NaN/Inf scan {record['scan_seconds']:.3f} s",
           file=out)
     print(_wall_line(record), file=out)
+
+
+def _why_unchecked(args) -> str:
+    """Why ``multiply`` did not check its product: told not to, or by
+    default, where the check would cost more than a small share of it."""
+    if args.check is False:
+        return "--no-check"
+    return "it would cost over 2 % of this multiply; --check makes it"
 
 
 def _wall_line(record: dict) -> str:
@@ -526,14 +538,15 @@ def _wall_line(record: dict) -> str:
 
 
 def _run_plan(args, comm: MPI.Comm, out) -> int:
-    # A grid names its rank count: planning comes before the machine does.
-    ranks = args.ranks or (args.grid[0] * args.grid[1] if args.grid else comm.Get_size())
     m, n, k = args.m or args.size, args.n or args.size, args.k or args.size
-    if args.grid and args.grid[0] * args.grid[1] != ranks:
-        raise UsageError(f"grid {args.grid[0]}x{args.grid[1]} does not hold {ranks} ranks")
-    from .studies import planning_machine, profile_line
     profile, line = profile_line(args.profile, args.hardware)
-    machine, peers = planning_machine(profile, args.backend, ranks)
+    try:
+        # the hardware's GPUs and their memory: the defaults and the limits
+        ranks = hardware_ranks(args, Profile.load(profile), args.backend,
+                               1 if comm is None else comm.Get_size())
+        machine, peers = planning_machine(profile, args.backend, ranks)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if machine.free_device and not args.device_memory:
         line += f"; {machine.free_device / 2**30:.1f} GiB a GPU (--device-memory caps it)"
     # auto on GPUs that read each other's memory plans for one node (ipc), the larger of
@@ -549,7 +562,7 @@ def _run_plan(args, comm: MPI.Comm, out) -> int:
                          storage=("cols", "cols") if args.order == "F" else ("rows", "rows"))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if comm.Get_rank() == 0:
+    if is_root(comm):
         print(line, file=out)
         print(plan, file=out)
         if args.json:
@@ -632,21 +645,42 @@ def _run_info(args, comm: MPI.Comm, out) -> int:
     return 0
 
 
+#: Commands that plan or describe and run nothing: no MPI, no ranks to agree with
+#: (with --help and --version, what runs on a laptop without an MPI).
+ALONE = ("plan", "model", "options")
+
+
+def runs_alone(argv=None) -> bool:
+    """Does ``python -m summa ARGV`` need no MPI: help, the version, or a
+    command of :data:`ALONE`? (Read from the words, before anything starts.)"""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return bool(argv) and (argv[0] in ALONE or
+                           any(a in ("-h", "--help", "--version") for a in argv))
+
+
 def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
     """Run the command line on `comm` (default COMM_WORLD); return the exit status.
 
-    The settings (:class:`summa.options.Options`: the command's options over
-    ``SUMMA_*`` variables over defaults) are read and checked once here, the
-    same on every rank, and are the current ones for the whole command."""
-    comm = MPI.COMM_WORLD if comm is None else comm
+    The commands of :data:`ALONE` (and help) run without a `comm` and never
+    start MPI; under a launcher only its rank 0 prints them. The settings
+    (:class:`summa.options.Options`: the command's options over ``SUMMA_*``
+    variables over defaults) are read and checked once here, the same on
+    every rank, and are the current ones for the whole command."""
     out = sys.stdout if out is None else out
-    _Parser.quiet = comm.Get_rank() != 0
-    share_cpu_cores(node_rank(comm)[1])
+    alone = comm is None and runs_alone(argv)
+    if not alone and comm is None:
+        comm = MPI.COMM_WORLD
+    rank = launcher_rank() if comm is None else comm.Get_rank()
+    _Parser.quiet = rank != 0
+    if rank != 0:
+        out = io.StringIO()  # one copy of what the command prints: rank 0's
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["run"] + argv
     args = parser.parse_args(argv)
+    if comm is not None:
+        share_cpu_cores(node_rank(comm)[1])
     if getattr(args, "moduli", None) is not None:
         if args.precision != "fp64-int8":
             raise UsageError("--moduli applies to --precision fp64-int8")
@@ -662,12 +696,21 @@ def main(argv=None, comm: MPI.Comm | None = None, out=None) -> int:
         return _run_command(args, comm, out)
 
 
+def _settings_text(internal: bool) -> str:
+    """``summa options``: the settings given, as VARIABLE=value, then those at
+    their defaults, marked so (all of them where none was given)."""
+    chosen = settings.current().variables(internal=internal)
+    lines = [f"{k}={v}" for k, v in chosen.items()]
+    lines.append("# at their defaults (docs/options.md says what each sets):")
+    lines += [f"# {k}={v}" if v is not None else f"# {k} (chosen at run time)"
+              for k, v in settings.defaults(internal).items() if k not in chosen]
+    return "\n".join(lines) + "\n"
+
+
 def _run_command(args, comm: MPI.Comm, out) -> int:
     """The command `args` names, under the watchdog where it waits on other ranks."""
     if args.command == "options":
-        chosen = settings.current().variables(internal=args.internal)
-        out.write(settings.document() if args.markdown else
-                  "".join(f"{k}={v}\n" for k, v in chosen.items()))
+        out.write(settings.document() if args.markdown else _settings_text(args.internal))
         return 0
     if args.command == "info":
         return _run_info(args, comm, out)
@@ -682,6 +725,10 @@ def _run_command(args, comm: MPI.Comm, out) -> int:
         command = _run_study
     elif args.command == "multiply":
         command = _run_multiply
+    elif getattr(args, "sizes", None) and args.command == "bench" and not args.sweep or \
+            getattr(args, "grids", None) and not args.sweep:
+        raise UsageError(f"--{'sizes' if args.sizes else 'grids'} lists a series: it needs "
+                         "--sweep (one size: --size)")
     elif getattr(args, "sweep", False):
         def command(args, comm, out):
             return run_sweep(args, comm, out)

@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from .. import __version__
 from .. import options as settings
 from ..precision import ozaki_gpu
@@ -453,7 +453,7 @@ def _print_bench(job: BenchJob, record: dict, per_rank: list, ideal_skipped, out
     """The report of a run (rank 0): the table, then where the time went."""
     m, n, k, size, grid_shape = (record[key] for key in ("m", "n", "k", "ranks", "grid"))
     residual, ok, tflops = record["check_residual"], record["check_passed"], record["tflops"]
-    print(f"summa {record['command']}: {size} ranks, grid {grid_shape[0]}x{grid_shape[1]}, "
+    print(f"summa {record['command']}: {size} rank{'' if size == 1 else 's'}, grid {grid_shape[0]}x{grid_shape[1]}, "
           f"backend {job.backend.describe()}, comm {record['comm']}"
           + (", column strips" if job.schedule == "strips" else "")
           + (", A's panels transposed" if record["transposed_a"] else ""), file=out)

@@ -10,8 +10,8 @@ import socket
 import time
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from ..transports.broadcasters import make_broadcaster
 from ..api.checks import check_scalars
 from ..distribution.grid import node_rank
@@ -222,6 +222,7 @@ def calibrate(comm: MPI.Comm, backend, dtypes=("float64",), precision=None,
                 raise error or RuntimeError(f"calibrating the {mode} broadcaster: {whys[0]}")
     data = dict(machine=socket.gethostname(), platform=platform.platform(),
                 backend=backend.describe(), ranks=comm.Get_size(),
+                nodes=-(-comm.Get_size() // ranks_per_node),  # summa plan's limits
                 mpi=MPI.Get_library_version().splitlines()[0].strip(),
                 date=time.strftime("%Y-%m-%d"), gemm=gemm, bcast=bcast, overhead=[])
     if backend.memory_total():

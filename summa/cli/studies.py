@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 
-from mpi4py import MPI
-
+from ..runtime.mpi import MPI, launcher_rank
+from ..planning.memory import format_bytes, parse_bytes
 from ..planning.model import (DEFAULT_HARDWARE, HARDWARE, Profile, RunSetting,
                               hardware_profile, predict, profile_backend, recommend, sweep)
 from ..device.traits import traits
@@ -54,25 +54,26 @@ def run_model(args, comm: MPI.Comm, out) -> int:
     would take for the same options: its grid, panel width and mode, on
     the profile's device memory (:func:`planning_machine`), and recommends
     another only where it is predicted faster."""
-    if comm.Get_rank() != 0:
-        return 0
-    args.profile, line = profile_line(args.profile, getattr(args, "hardware", None))
-    print(f"model: {line}; summa calibrate measures this machine's own", file=out)
-    profile = Profile.load(args.profile)
+    path, line = profile_line(args.profile, getattr(args, "hardware", None))
+    profile = Profile.load(path)  # a missing one refused before anything is printed
     size = args.size or 16384
     m, n, k = args.m or size, args.n or size, args.k or size
     kwargs = dict(lookahead=args.lookahead, comm=args.comm_mode, precision=args.precision_mode,
-                  ranks_per_node=args.ranks_per_node)
+                  ranks_per_node=args.ranks_per_node or gpus_a_node(profile))
+    # a sweep's rank counts are the scaling study's, beyond the machine too
+    ranks = None if args.sweep else hardware_ranks(args, profile, profile_backend(profile),
+                                                   _running(comm), bounded=False)
+    args.profile = path
+    if not is_root(comm):
+        return 0
+    print(f"model: {line}; summa calibrate measures this machine's own", file=out)
     if args.sweep:
         _print_sweeps(args, profile, size, kwargs, out)
         return 0
-    ranks = args.ranks or (args.grid[0] * args.grid[1] if args.grid else comm.Get_size())
-    if args.grid and args.grid[0] * args.grid[1] != ranks:
-        raise ValueError(f"grid {args.grid[0]}x{args.grid[1]} does not hold {ranks} ranks")
     plan = _setup(args, profile, (m, n, k), ranks)
     grid, nb = plan.grid, plan.panel_width
     pred = predict(profile, m, n, k, args.dtype, grid, nb, RunSetting(**kwargs))
-    print(f"model ({args.profile}): {m} x {n} x {k} {args.dtype} on {ranks} ranks, grid "
+    print(f"model ({args.profile}): {m} x {n} x {k} {args.dtype} on {plural(ranks, 'rank')}, grid "
           f"{grid[0]}x{grid[1]}, nb {nb}, lookahead {args.lookahead}", file=out)
     print(f"  predicted {pred.seconds:.4f} s, {pred.tflops:.3f} TFLOP/s, efficiency "
           f"{pred.efficiency:.3f} ({pred.panels} panels: compute {pred.panel_compute * 1e3:.3f} ms,"
@@ -90,6 +91,17 @@ def run_model(args, comm: MPI.Comm, out) -> int:
                                  f"{profile.device_memory / 2**30:.1f} GiB (the profile's)"),
               file=out)
     return 0
+
+
+def is_root(comm) -> bool:
+    """Does this process print: rank 0 of `comm`, or where `comm` is None
+    (a command run without MPI) of its launcher?"""
+    return (launcher_rank() if comm is None else comm.Get_rank()) == 0
+
+
+def _running(comm) -> int:
+    """The ranks running this command: `comm`'s (None: this process alone)."""
+    return 1 if comm is None else comm.Get_size()
 
 
 def _print_sweeps(args, profile: Profile, size: int, kwargs: dict, out) -> None:
@@ -146,20 +158,85 @@ def profile_line(profile: str | None, hardware: str | None) -> tuple[str, str]:
     return hardware_profile(name), f"hardware: {name}, {HARDWARE[name]}{assumed}"
 
 
+def hardware_ranks(args, profile: Profile, backend: str, running: int,
+                   bounded: bool = True) -> int:
+    """The ranks ``plan`` and ``model`` plan for on the hardware of `profile`.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The command's ``ranks``, ``grid`` and ``device_memory`` (None: not
+        given), its ``profile`` or ``hardware``, and ``ranks_per_node`` where
+        it has one.
+    profile : Profile
+        The hardware: on GPUs (`backend`) its GPU count is the default and
+        the most ranks, its memory per GPU the most ``--device-memory``.
+    running : int
+        The ranks where neither the options nor the profile say.
+    bounded : bool
+        Whether the hardware limits what is asked (``plan``), or only
+        gives the defaults (``model``, whose predictions extrapolate).
+
+    Raises
+    ------
+    ValueError
+        Asked for more than the hardware has, or a grid of another rank count.
+    """
+    ranks = args.ranks or (args.grid[0] * args.grid[1] if args.grid else None)
+    if args.grid and args.grid[0] * args.grid[1] != ranks:
+        raise ValueError(f"grid {args.grid[0]}x{args.grid[1]} does not hold "
+                         f"{plural(ranks, 'rank')}")
+    if not traits(backend).gpu:  # a profile counts GPUs, not CPU ranks
+        return ranks or running
+    if not bounded:
+        return ranks or profile.gpus or running
+    where = f"--hardware {args.hardware}" if getattr(args, "hardware", None) else \
+        f"the profile {args.profile}" if getattr(args, "profile", None) else \
+        f"--hardware {DEFAULT_HARDWARE} (the default)"
+    gpus, most = profile.gpus, profile.device_memory
+    if gpus and (ranks or 0) > gpus:
+        asked = f"--ranks {args.ranks}" if args.ranks else \
+            f"--grid {args.grid[0]}x{args.grid[1]}"
+        raise ValueError(f"{asked} asks for {ranks} ranks, one a GPU, and {where} has "
+                         f"{plural(gpus, 'GPU')}" + ("" if profile.data.get("gpus") else
+                                                     " (the ranks it was calibrated on; its "
+                                                     "\"gpus\" can say more)"))
+    per_node = gpus_a_node(profile) or gpus
+    if per_node and (getattr(args, "ranks_per_node", None) or 0) > per_node:
+        raise ValueError(f"--ranks-per-node {args.ranks_per_node}: {where} has "
+                         f"{plural(per_node, 'GPU')} a node")
+    if most and args.device_memory and parse_bytes(args.device_memory) > most:
+        raise ValueError(f"--device-memory {args.device_memory} is more than a GPU of "
+                         f"{where} has ({format_bytes(most)})")
+    return ranks or gpus or running
+
+
+def gpus_a_node(profile: Profile) -> int | None:
+    """The GPUs on each node of a `profile` of several nodes (None: one node,
+    or GPUs not counted)."""
+    return -(-profile.gpus // profile.nodes) if profile.gpus and profile.nodes > 1 else None
+
+
+def plural(count: int, noun: str) -> str:
+    """``"1 rank"``, ``"2 ranks"``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def planning_machine(profile_path, backend: str, ranks: int) -> tuple:
     """``(Machine, peers)``: `ranks` ranks of `backend` as the profile at
     `profile_path` describes them, each GPU with the profile's device memory
-    free where it says (:attr:`summa.planning.model.Profile.device_memory`), and
-    whether a node's GPUs read each other's memory. ``plan`` and ``model``
-    plan on it alike. A profile that does not load describes nothing here
-    (the prediction reports its error)."""
+    free where it says (:attr:`summa.planning.model.Profile.device_memory`),
+    as many on a node as its GPUs a node (:attr:`~summa.planning.model.Profile.nodes`),
+    and whether a node's GPUs read each other's memory. ``plan`` and
+    ``model`` plan on it alike. Raises ValueError where the profile does not
+    load."""
     from ..planning.planner import Machine
-    try:
-        profile = Profile.load(profile_path)
-    except ValueError:
-        return Machine(backend, ranks), True
-    free = profile.device_memory if traits(backend).gpu else None
-    return Machine(backend, ranks, free_device=free), profile.peer_access
+    profile = Profile.load(profile_path)
+    if not traits(backend).gpu:
+        return Machine(backend, ranks), profile.peer_access
+    on_node = gpus_a_node(profile) and min(ranks, gpus_a_node(profile))
+    return Machine(backend, ranks, free_device=profile.device_memory,
+                   ranks_on_node=on_node), profile.peer_access
 
 
 def load_results(path) -> list[dict]:

@@ -3,11 +3,12 @@ the ranks' nodes (:mod:`summa.distribution.topology`); the default grid for a pr
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from ..device import staging
 from .topology import Topology, keep, topology_of
 from ..device.traits import traits
@@ -122,7 +123,9 @@ def choose_grid(nprocs: int, m: int | None = None, n: int | None = None,
     """
     if nprocs < 1:
         raise ValueError(f"number of processes must be >= 1, got {nprocs}")
-    pr, pc = (int(d) for d in MPI.Compute_dims(nprocs, 2))
+    # MPI_Dims_create's balanced pair, Pr >= Pc, reckoned here: planning starts no MPI
+    pc = max(d for d in range(1, math.isqrt(nprocs) + 1) if nprocs % d == 0)
+    pr = nprocs // pc
     if m is None or n is None:
         return pr, pc
     grids = grid_shapes(nprocs)

@@ -4,8 +4,8 @@ and grid; scatter, gather, random, zeros, and redistribution (transpose)."""
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from ..device.backend import Backend, NumpyBackend
 from ..runtime.agree import collectively
 from ..transports.comm import recv_array, send_array

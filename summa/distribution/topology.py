@@ -19,8 +19,7 @@ import functools
 import importlib.util
 from dataclasses import dataclass, field
 
-from mpi4py import MPI
-
+from ..runtime.mpi import MPI
 __all__ = ["Topology", "topology_of", "keep"]
 
 

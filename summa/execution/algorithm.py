@@ -16,8 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
-from mpi4py import MPI
-
+from ..runtime.mpi import MPI
 from .. import options
 from ..precision import ozaki
 from ..api.checks import check_layouts, check_operands, check_scalars

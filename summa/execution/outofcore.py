@@ -35,8 +35,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from mpi4py import MPI
-
+from ..runtime.mpi import MPI
 from .. import options
 from ..precision import ozaki
 from .algorithm import SummaStats

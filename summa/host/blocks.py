@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from . import shared as host_arrays
 from . import remote
 from ..device.backend import NumpyBackend

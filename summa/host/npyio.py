@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.lib import format as npy_format
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from . import filemaps
 from .copies import parallel_copy
 from .. import options

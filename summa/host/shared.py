@@ -17,8 +17,8 @@ import mmap
 import os
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from . import filemaps, remote
 from .copies import parallel_copy, touched
 from .. import options

@@ -11,6 +11,7 @@ on every rank, with the largest shortfall ("rank 3 needs 41.2 GiB on GPU 1,
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, replace
 
@@ -781,7 +782,7 @@ def format_bytes(nbytes: float) -> str:
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if nbytes >= size:
             return f"{nbytes / size:.1f} {unit}"
-    return f"{int(nbytes)} bytes"
+    return f"{int(nbytes)} byte{'' if int(nbytes) == 1 else 's'}"
 
 
 def parse_bytes(text: str) -> int:
@@ -795,6 +796,8 @@ def parse_bytes(text: str) -> int:
         value = float(number) * units[unit]
     except (ValueError, KeyError):
         raise ValueError(f"expected a size like 16GiB or 512MB, got {text!r}") from None
+    if not math.isfinite(value):  # NaN or inf: no number of bytes
+        raise ValueError(f"a memory size must be a finite number of bytes, got {text!r}")
     if value <= 0:
         raise ValueError(f"a memory size must be positive, got {text!r}")
     return int(value)

@@ -31,7 +31,8 @@ calibration for that rank count. One rank does a single GEMM:
 A profile is JSON: ``{"machine": ..., "gemm": [{"dtype", "precision",
 "ranks_per_node", "m", "n", "k", "seconds"}, ...], "bcast": [{"comm",
 "ranks", "alpha", "beta", "overlap", "gemm_slowdown"}, ...], "overhead": [{"ranks",
-"seconds"}, ...], "device_memory": bytes per GPU (optional)}``; ``summa calibrate``
+"seconds"}, ...], "device_memory": bytes per GPU, "gpus": GPUs in all, "nodes": the nodes
+they sit on (each optional)}``; ``summa calibrate``
 writes one, and profiles of machines we cannot run on (e.g. 8 GPUs per node on NVLink, nodes on
 InfiniBand) can be written by hand in the same form. Optional, for the time split of a plan
 (:class:`TimeSplit`): ``"host_link": {"name", "h2d_gbs", "d2h_gbs", "pinned_h2d_gbs",
@@ -128,6 +129,9 @@ class Profile:
         theirs = {o["ranks"] for o in other.data.get("overhead", [])}
         data["overhead"] = [o for o in self.data.get("overhead", [])
                             if o["ranks"] not in theirs] + other.data.get("overhead", [])
+        ranks = [p.data["ranks"] for p in (self, other) if p.data.get("ranks")]
+        if ranks:  # the machine is as large as the most ranks calibrated on it
+            data["ranks"] = max(ranks)
         data["bcast"] = [b for b in self.bcast if (b["comm"], b["ranks"]) not in
                          {(o["comm"], o["ranks"]) for o in other.bcast}] + other.bcast
         return Profile(data)
@@ -184,6 +188,18 @@ class Profile:
         """Bytes of memory per GPU, where the profile says."""
         value = self.data.get("device_memory")
         return int(value) if value else None
+
+    @property
+    def gpus(self) -> int | None:
+        """The GPUs (or ranks) of the machine described: ``"gpus"``, else the
+        ``"ranks"`` summa calibrate ran on; None where it says neither."""
+        value = self.data.get("gpus") or self.data.get("ranks")
+        return int(value) if value else None
+
+    @property
+    def nodes(self) -> int:
+        """The nodes those GPUs sit on (absent: one)."""
+        return max(1, int(self.data.get("nodes") or 1))
 
     @property
     def peer_access(self) -> bool:

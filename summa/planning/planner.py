@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from ..precision import ozaki_gpu
 from ..distribution.grid import check_grid_ranks, grid_for, parse_grid
 from .memory import (TRAFFIC_GAIN, Execution, MemoryPlan, check_host_memory, check_memory,

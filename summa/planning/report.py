@@ -11,7 +11,7 @@ import numpy as np
 
 from ..host.storage import transposed
 from ..device.traits import traits
-from .memory import waited_write_backs
+from .memory import format_bytes, waited_write_backs
 from .model import gemm_flops
 from .prediction import SWEEP_STEP_SECONDS, SWEEP_TILE_SECONDS
 
@@ -23,15 +23,26 @@ _GIB = 2.0**30  # bytes in the GiB the report counts in
 def plan_lines(plan) -> list[str]:
     """What ``summa plan`` prints: the memory per rank, then each decision."""
     memory, (m, n, k), grid = plan.memory, plan.shape, plan.grid
-    lines = [f"plan: {m} x {n} x {k} {plan.dtype} on {plan.ranks} ranks (grid {grid[0]}x"
-             f"{grid[1]}), nb {plan.panel_width}, lookahead {plan.lookahead}, {plan.backend} "
-             f"backend: {memory.mode}",
-             f"  peak per rank: device {memory.device_bytes / _GIB:.2f} GiB, host "
-             f"{memory.host_bytes / _GIB:.2f} GiB"]
+    lines = [f"plan: {m} x {n} x {k} {plan.dtype} on {plan.ranks} rank"
+             f"{'' if plan.ranks == 1 else 's'} (grid {grid[0]}x{grid[1]}), nb "
+             f"{plan.panel_width}, lookahead {plan.lookahead}, {plan.backend} backend: "
+             f"{memory.mode}", _peak_line(plan)]
     lines += _memory_lines(plan) + _fp64_int8_lines(plan) + _staging_lines(plan)
     if plan.predicted:
         lines += _prediction_lines(plan)
     return lines + _storage_lines(plan) + _decision_lines(plan)
+
+
+def _peak_line(plan) -> str:
+    """The peak memory per rank: on GPUs the device's and the host's; CPU
+    ranks have no device, their tiles (out of core) lie in host memory."""
+    memory = plan.memory
+    if traits(plan.backend).gpu:
+        return (f"  peak per rank: device {memory.device_bytes / _GIB:.2f} GiB, host "
+                f"{memory.host_bytes / _GIB:.2f} GiB")
+    return (f"  peak per rank: host {memory.host_bytes / _GIB:.2f} GiB"
+            + (f", and {format_bytes(memory.device_bytes)} of working tiles"
+               if memory.device_bytes else ""))
 
 
 def _memory_lines(plan) -> list[str]:
@@ -100,7 +111,9 @@ def _decision_lines(plan) -> list[str]:
     decided = (f"  decided: {plan.schedule}, op(A) {plan.trans[0]}, op(B) {plan.trans[1]}, "
                f"broadcaster {plan.broadcaster}, precision {plan.precision or 'default'}")
     if plan.out_of_core:
-        decided += f", device budget {plan.device_budget / _GIB:.2f} GiB"
+        decided += (f", device budget {plan.device_budget / _GIB:.2f} GiB"
+                    if traits(plan.backend).gpu else
+                    f", working tiles budget {format_bytes(plan.device_budget)}")
     if plan.host_copies:
         decided += f", host copies {plan.host_copies}"
     lines = [decided]

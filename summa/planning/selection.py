@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from .. import options
 from ..transports.broadcasters import make_broadcaster
 from ..transports.comm import choose_comm

@@ -9,12 +9,12 @@ choice is cached per problem for the life of the process.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
 
-from mpi4py import MPI
-
+from ..runtime.mpi import MPI
 from ..execution.transpose import PanelsOfA
 from ..device.traits import traits
 
@@ -185,18 +185,22 @@ def auto_panel_width(A, B, C, precision=None) -> tuple[int, bool]:
     else:
         seconds = [0.0] * len(widths)
     # The slowest rank sets the pace; every rank decides on the same numbers.
-    seconds = grid.comm.allreduce(seconds, op=_elementwise_max)
+    seconds = grid.comm.allreduce(seconds, op=_elementwise_max())
     best = min(seconds)
     width = next(w for w, s in zip(widths, seconds) if s <= best / 0.97)
     _cache[key] = width
     return width, True
 
 
-def _elementwise_max(x, y, datatype=None):
+def _larger_of_each(x, y, datatype=None):
     return [max(a, b) for a, b in zip(x, y)]
 
 
-_elementwise_max = MPI.Op.Create(_elementwise_max, commute=True)
+@functools.cache
+def _elementwise_max():
+    """The MPI op of :func:`_larger_of_each`, made at its first use (MPI is
+    not started where this module is imported to plan)."""
+    return MPI.Op.Create(_larger_of_each, commute=True)
 
 
 def panel_width_for(A, B, C, panel_width, precision) -> tuple[int, bool]:

@@ -46,8 +46,12 @@ def pool_size(gpus=None, workers=None, use_gpus: bool = True) -> int:
     8 cores (a NumPy rank's BLAS threads scale to about that). 1 means: no
     pool, multiply in this process."""
     settings = current_options()
-    for value in (gpus, workers, settings.gpus, settings.workers):
+    for name, value in (("gpus", gpus), ("workers", workers), ("SUMMA_GPUS", settings.gpus),
+                        ("SUMMA_WORKERS", settings.workers)):
         if value not in (None, ""):
+            if isinstance(value, bool) or not str(value).strip().isdigit() and \
+                    not isinstance(value, int):
+                raise ValueError(f"{name} must be a whole number, got {value!r}")
             count = int(value)
             if count < 1:
                 raise ValueError(f"a pool needs at least one worker, not {count}")

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpi4py import MPI
-
+from .mpi import MPI
 from .watchdog import watch
 
 __all__ = ["collectively", "from_root", "RankFailure", "Failure"]

@@ -16,8 +16,7 @@ import os
 import signal
 import time
 
-from mpi4py import MPI
-
+from .mpi import MPI
 from .. import options
 
 __all__ = ["inject", "PHASES"]

@@ -16,7 +16,8 @@ import threading
 import time
 
 import numpy as np
-from mpi4py import MPI
+
+from .mpi import MPI
 
 __all__ = ["Progress", "JobProgress", "Tally", "Display", "Relay", "PHASES", "remaining",
            "display_mode", "reporting", "active", "relay_for"]

@@ -21,8 +21,7 @@ import threading
 import time
 from contextlib import contextmanager
 
-from mpi4py import MPI
-
+from .mpi import MPI
 from .. import options
 
 __all__ = ["Watchdog", "watch", "handle_signals", "STOPPING", "wait_if_stopping",

@@ -8,8 +8,8 @@ of those imports the other's registry.
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from .comm import CudaAwareBroadcaster, HostStagedBroadcaster, NcclBroadcaster, choose_comm
 from .ipc import IpcBroadcaster
 

@@ -18,7 +18,7 @@ import ctypes
 import os
 import time
 
-from mpi4py import MPI
+from ..runtime.mpi import MPI
 import numpy as np
 
 from .. import options

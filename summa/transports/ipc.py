@@ -49,8 +49,8 @@ import functools
 import time
 
 import numpy as np
-from mpi4py import MPI
 
+from ..runtime.mpi import MPI
 from .comm import DevicePending, DeviceTimed, Pending
 from ..runtime.cleanup import remove_cuda_ipc_files_at_exit
 from ..runtime.watchdog import watch

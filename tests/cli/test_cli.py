@@ -228,6 +228,11 @@ def test_info(comm, monkeypatch):
     (["bench", "--precision", "tf32", "--dtype", "float64"], "tf32 applies to"),
     (["bench", "--comm", "nccl", "--backend", "numpy"], "needs the cupy backend"),
     (["frobnicate"], "invalid choice"),
+    (["bench", "--sizes", "1024,2048"], "--sizes lists a series: it needs --sweep"),
+    (["bench", "--grids", "1x1"], "--grids lists a series: it needs --sweep"),
+    (["bench", "--size", "64", "--device-memory", "nanGiB"], "a finite number of bytes"),
+    (["bench", "--size", "64", "--device-memory", "infGiB"], "a finite number of bytes"),
+    (["bench", "--size", "64", "--device-memory", "1B"], "a device budget of 1 byte is too"),
 ])
 def test_usage_errors_raise_on_every_rank(comm, argv, match):
     with pytest.raises(cli.UsageError, match=match):
@@ -442,3 +447,215 @@ def test_plan_takes_the_operands_order():
     assert "copied row-major" not in c_order and c_order == planned("--order", "C")
     with pytest.raises(cli.UsageError, match="argument --order: invalid choice: 'K'"):
         planned("--order", "K")
+
+
+@pytest.mark.parametrize("hardware,gpus", [("rtx3090x8", 8), ("h200", 2)])
+def test_plan_takes_every_gpu_of_the_hardware_and_no_more(hardware, gpus):
+    """``summa plan`` on a profile plans for all its GPUs by default; more
+    ranks than it has GPUs, or a budget over a GPU's memory, is one line
+    naming the hardware; its GPU memory and fewer ranks are let through."""
+    from summa.planning.model import Profile, hardware_profile
+    profile = Profile.load(hardware_profile(hardware))
+    assert profile.gpus == gpus
+
+    def planned(*extra):
+        out = io.StringIO()
+        assert cli.main(["plan", "--size", "20000", "--hardware", hardware, *extra],
+                        out=out) == 0
+        return out.getvalue()
+    assert f"on {gpus} ranks" in planned()
+    assert "on 1 rank " in planned("--ranks", "1")
+    assert f"on {gpus} ranks" in planned("--device-memory", f"{profile.device_memory}B")
+    for extra, said in ((["--ranks", str(gpus + 1)], f"--ranks {gpus + 1} asks for {gpus + 1}"),
+                        (["--grid", f"{gpus + 1}x1"], f"--grid {gpus + 1}x1 asks for"),
+                        (["--device-memory", "1000TiB"], "--device-memory 1000TiB is more than "
+                                                         "a GPU of")):
+        with pytest.raises(cli.UsageError) as caught:
+            planned(*extra)
+        assert str(caught.value).startswith(said) and f"--hardware {hardware} has" in \
+            str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_plan_and_model_refuse_a_missing_profile(tmp_path):
+    """A profile that is not there is an error, before anything is printed,
+    for plan as for model."""
+    for command in ("plan", "model"):
+        out = io.StringIO()
+        with pytest.raises(ValueError, match="none.json: no such profile"):
+            cli.main([command, "--profile", str(tmp_path / "none.json")], out=out)
+        assert out.getvalue() == ""
+
+
+def test_a_profile_of_several_nodes_puts_its_gpus_on_them(tmp_path):
+    """A profile's nodes share out its GPUs: the plan's ranks a node and
+    model's default ranks per node; a profile's calibrated ranks count as
+    its GPUs where it names none."""
+    from summa.cli.studies import gpus_a_node, planning_machine
+    from summa.planning.model import Profile, hardware_profile
+    data = json.loads(Path(hardware_profile("rtx3090x8")).read_text())
+    data.update(gpus=16, nodes=2)
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps(data))
+    assert gpus_a_node(Profile.load(path)) == 8
+    machine, _ = planning_machine(path, "cupy", 16)
+    assert machine.ranks == 16 and machine.ranks_on_node == 8
+    assert planning_machine(hardware_profile("rtx3090x8"), "cupy", 8)[0].ranks_on_node is None
+    out = io.StringIO()
+    assert cli.main(["plan", "--profile", str(path), "--size", "40000"], out=out) == 0
+    assert "on 16 ranks" in out.getvalue()
+    del data["gpus"], data["nodes"]
+    data["ranks"] = 4  # what summa calibrate records
+    path.write_text(json.dumps(data))
+    with pytest.raises(cli.UsageError, match="has 4 GPUs \\(the ranks it was calibrated on"):
+        cli.main(["plan", "--profile", str(path), "--ranks", "8"], out=io.StringIO())
+
+
+#: Launchers' variables: a command run as if started by hand (the job-less tests run so).
+LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK",
+                      "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "HYDI_CONTROL_FD", "MPI_LOCALNRANKS")
+
+
+def without_mpi(tmp_path, *args: str, code: str | None = None):
+    """``python -m summa ARGS`` (or ``python -c CODE``) where mpi4py cannot be
+    imported, as where summa was installed without an MPI, and where
+    importing CuPy ends the process with status 97."""
+    blocked = tmp_path / "blocked"
+    (blocked / "mpi4py").mkdir(parents=True, exist_ok=True)
+    (blocked / "mpi4py" / "__init__.py").write_text(
+        "raise ImportError('libmpi.so.12: cannot open shared object file')\n")
+    (blocked / "cupy").mkdir(exist_ok=True)
+    (blocked / "cupy" / "__init__.py").write_text(
+        "import os, sys\nsys.stderr.write('cupy was imported\\n')\nos._exit(97)\n")
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join((str(blocked), str(ROOT)))
+    command = [sys.executable] + (["-c", code] if code else ["-m", "summa", *args])
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120,
+                          cwd=tmp_path)
+
+
+@pytest.mark.parametrize("args,said", [
+    (["--help"], "usage: python -m summa"),
+    (["--version"], "summa "),
+    (["plan", "--help"], "--hardware"),
+    (["plan", "--size", "20000", "--hardware", "rtx3090x8"], "on 8 ranks (grid"),
+    (["model", "--hardware", "rtx3090x8", "--size", "20000"], "predicted"),
+    (["model", "--sweep", "--ranks-list", "1,2"], "strong scaling"),
+    (["options", "--markdown"], "| `SUMMA_GEMM` |"),
+])
+def test_help_plan_model_and_options_need_no_mpi_nor_cupy(tmp_path, args, said):
+    done = without_mpi(tmp_path, *args)
+    assert done.returncode == 0, done.stderr
+    assert said in done.stdout and done.stderr == ""
+
+
+@pytest.mark.parametrize("args,said", [
+    (["bench", "--size", "64"], 'no MPI to run on (libmpi.so.12: cannot open shared object '
+                                'file); install one: pip install "summa-gemm[mpich]"'),
+    (["--size", "64"], 'pip install "summa-gemm[mpich]"'),
+    (["plan", "--profile", "none.json"], "none.json: no such profile"),
+    (["plan", "--hardware", "rtx3090x8", "--grid", "3x3"], "--grid 3x3 asks for 9 ranks"),
+])
+def test_without_mpi_a_run_says_what_to_install_in_one_line(tmp_path, args, said):
+    """A command that needs MPI, where there is none, names the extra to
+    install; bad input to one that needs none is one line as ever."""
+    done = without_mpi(tmp_path, *args)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("summa: error: ") and said in done.stderr
+    assert len(done.stderr.splitlines()) == 1 and done.stdout == ""
+
+
+def test_without_mpi_the_library_imports_and_a_multiply_says_what_to_install(tmp_path):
+    code = ("import numpy, summa\n"
+            "try:\n"
+            "    summa.matmul(numpy.ones((4, 4)), numpy.ones((4, 4)), backend='numpy')\n"
+            "except ImportError as exc:\n"
+            "    print(type(exc).__name__, exc)\n")
+    done = without_mpi(tmp_path, code=code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("MPIUnavailable no MPI to run on")
+    assert 'pip install "summa-gemm[mpich]"' in done.stdout
+
+
+def test_a_command_without_mpi_under_a_launcher_prints_from_its_rank_0(monkeypatch):
+    out = io.StringIO()
+    for rank in ("1", "0"):
+        monkeypatch.setenv("PMI_RANK", rank)
+        assert cli.main(["plan", "--size", "2000", "--hardware", "h200"], out=out) == 0
+        assert (out.getvalue() != "") == (rank == "0")
+
+
+@pytest.mark.parametrize("kwargs,said", [
+    (dict(device_memory="nanGiB"), "a memory size must be a finite number of bytes, got 'nanGiB'"),
+    (dict(device_memory="infGiB"), "a memory size must be a finite number of bytes, got 'infGiB'"),
+    (dict(workers="two"), "workers must be a whole number, got 'two'"),
+    (dict(workers=2.5), "workers must be a whole number, got 2.5"),
+    (dict(workers="-3"), "workers must be a whole number, got '-3'"),
+])
+def test_bad_keywords_of_matmul_are_one_clear_line(kwargs, said):
+    import summa
+    with pytest.raises(ValueError) as caught:
+        summa.matmul(np.ones((8, 8)), np.ones((8, 8)), backend="numpy", **kwargs)
+    assert str(caught.value) == said
+
+
+def test_sizes_are_said_in_the_singular_for_one():
+    from summa.cli.studies import plural
+    from summa.planning.memory import format_bytes
+    assert [format_bytes(n) for n in (1, 2, 1023)] == ["1 byte", "2 bytes", "1023 bytes"]
+    assert [plural(n, "rank") for n in (1, 3)] == ["1 rank", "3 ranks"]
+
+
+def test_options_lists_every_setting_the_given_ones_first(monkeypatch):
+    """``summa options`` says what each setting is: the given ones as
+    VARIABLE=value, the rest marked as at their defaults (it printed nothing
+    where none was given)."""
+    from summa import options
+    for variable in options.defaults(internal=True):
+        monkeypatch.delenv(variable, raising=False)
+
+    def listed():
+        out = io.StringIO()
+        assert cli.main(["options"], out=out) == 0
+        return out.getvalue().splitlines()
+    at_defaults = listed()
+    assert at_defaults[0].startswith("# at their defaults")
+    assert "# SUMMA_GEMM=cublas" in at_defaults
+    assert "# SUMMA_COPY_THREADS (chosen at run time)" in at_defaults
+    assert len(at_defaults) == 1 + len(options.defaults())
+    monkeypatch.setenv("SUMMA_COPY_THREADS", "3")
+    given = listed()
+    assert given[0] == "SUMMA_COPY_THREADS=3" and len(given) == len(at_defaults)
+    assert not any(line.startswith("# SUMMA_COPY_THREADS") for line in given)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_multiply_says_why_it_skipped_the_check(comm, tmp_path_factory):
+    folder = comm.bcast(str(tmp_path_factory.mktemp("unchecked")) if comm.rank == 0 else None)
+    if comm.rank == 0:
+        np.save(f"{folder}/a.npy", np.ones((24, 24)))
+    comm.Barrier()
+    files = [f"{folder}/a.npy", f"{folder}/a.npy", "-o", f"{folder}/c.npy", "--quiet"]
+    for extra, why in (["--no-check"], "check skipped (--no-check)"), \
+            ([], "check skipped (it would cost over 2 % of this multiply; --check makes it)"):
+        out = io.StringIO()
+        assert cli.main(["multiply", *files, *extra], comm, out) == 0
+        assert comm.rank != 0 or why in out.getvalue(), out.getvalue()
+
+
+def test_run_test_skips_the_mpi_runs_where_no_mpi_test_is_selected():
+    """`./run test FILE` runs no MPI job (each printed the MPI library's
+    banner) where FILE's selection holds no MPI test, and says so; where it
+    holds one, the MPI runs go on."""
+    env = dict(os.environ, SUMMA_PYTHON=sys.executable, TEST_RANKS="1",
+               MPIEXEC=" ".join(mpiexec()))
+    env.pop("PYTEST_ADDOPTS", None)
+
+    def tested(*args):
+        return subprocess.run([str(ROOT / "run"), "test", *args, "-p", "no:cacheprovider"],
+                              capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    serial = tested("tests/test_structure.py", "-k", "concern")
+    assert serial.returncode == 0, serial.stderr[-2000:]
+    assert "the MPI runs skipped" in serial.stderr and "== MPI tests" not in serial.stderr
+    both = tested("tests/runtime/test_agree.py", "-k", "root_decides")
+    assert both.returncode == 0, both.stderr[-2000:]
+    assert "== MPI tests on 1 rank(s)" in both.stderr and "skipped" not in both.stderr

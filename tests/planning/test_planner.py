@@ -568,7 +568,7 @@ def test_plan_prints_and_serialises():
 
 @pytest.mark.parametrize("args", [
     ["--size", "100000", "--ranks", "2", "--dtype", "float32", "--device-memory", "16GiB"],
-    ["--size", "100000", "--grid", "2x4", "--nb", "4096", "--precision", "fp64-int8"],
+    ["--size", "100000", "--grid", "2x1", "--nb", "4096", "--precision", "fp64-int8"],
     ["--m", "1000", "--n", "200", "--k", "3000", "--ranks", "2", "--schedule", "strips"],
     ["--size", "5000", "--ranks", "3", "--backend", "numpy", "--device-memory", "4MiB",
      "--comm", "mpi"],
