@@ -301,8 +301,10 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
     if case.get("stacked"):  # (a vector stays one: the other operand is the stack)
         side = "b" if vectors[0] else "a"
         passed[side] = np.broadcast_to(given[side], (2,) + given[side].shape)
+    # (memory_check: every run draws within its plan's peak, the device's
+    # and, NumPy's device being the host, the host's: summa.device.account)
     with options.set(transpose_a=case["transpose_a"],
-                     transpose_b=case.get("transpose_b", "auto")):
+                     transpose_b=case.get("transpose_b", "auto"), memory_check=True):
         budgets = [array_budget(case, np.dtype(case["dtype"]).itemsize, s) for s in storages]
         asked = dict(comm=comm, grid=tuple(case["grid"]), backend=backend.name,
                      out_of_core=case["out_of_core"],

@@ -455,7 +455,7 @@ def _multiply_files(run: _FilesRun, operands) -> SummaStats:
     holding = sum(x.local.nbytes for x in operands) if plan.device_budget is None else 0
 
     def multiply():
-        with Account.of(plan, be, "the multiply", holding).drawing() as account:
+        with Account.of(plan, be, "the multiply", holding).drawing(comm) as account:
             if plan.device_budget is None:
                 result = run_in_memory(plan, A, B, C, alpha=job.alpha, beta=job.beta,
                                        progress=run.progress.step)

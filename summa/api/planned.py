@@ -305,7 +305,8 @@ def run_planned(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     host = operands  # off the root: as passed (the pool's workers hold the arrays on every rank)
     if given is not None and not plan.placement.resident:
         host = ArrayOperands(*given.host_arrays(be), operands.root)
-    with Account.of(plan, be).drawing() as account:
+    with Account.of(plan, be, result=_gathered(plan, pgrid, operands.root)).drawing(
+            None if pgrid is None else pgrid.comm) as account:
         if plan.placement.resident:
             c = run_on_device(plan, be, given, alpha, stats)
         else:
@@ -314,6 +315,17 @@ def run_planned(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
         stats.extra["compile_seconds"] = compiled
         stats.extra.update(account.report())
     return c if given is None else given.give_back(c, be)
+
+
+def _gathered(plan, pgrid, root: int) -> int:
+    """Host bytes the product takes gathered on this rank beside its plan:
+    on a grid's root the whole C and the piece of it each rank's block
+    arrives in (:meth:`summa.distribution.matrix.DistMatrix.gather`), none
+    elsewhere."""
+    if pgrid is None or pgrid.size == 1 or pgrid.comm.Get_rank() != root:
+        return 0
+    (m, n, _), (pr, pc) = plan.shape, plan.grid
+    return (m * n + -(-m // pr) * -(-n // pc)) * np.dtype(plan.dtype).itemsize
 
 
 def run_on_device(plan, be, given, alpha=1.0, stats=None):

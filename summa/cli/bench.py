@@ -328,7 +328,7 @@ def _repetitions(job: BenchJob, plan, grid: ProcessGrid, operands, progress: Pro
         t0 = time.perf_counter()
         # (the blocks made before it are the plan's too, and counted as held)
         holding = sum(x.local.nbytes for x in operands) if plan.device_budget is None else 0
-        with Account.of(plan, backend, "the benchmark", holding).drawing() as account:
+        with Account.of(plan, backend, "the benchmark", holding).drawing(grid.comm) as account:
             if plan.device_budget is None:
                 # "auto" is measured in the first call and cached for the rest.
                 stats = run_in_memory(plan, A, B, C, progress=progress.step)

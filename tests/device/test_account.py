@@ -1,0 +1,210 @@
+"""summa.device.account: the device memory an execution draws, against its
+plan's peak. The GPU's allocator hook on a stand-in for CuPy's pools (what
+is drawn, given back, kept, and the two failures); NumPy's device traced
+through real multiplies on this run's ranks, in memory and out of core, and
+a plan counted short caught on every rank."""
+
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from summa import options
+from summa.device import account
+from summa.device.account import Account, DeviceMemoryError, Overdrawn
+from summa.execution.algorithm import SummaStats
+
+GIB = 2 ** 30
+
+
+class _Pool:
+    """CuPy's MemoryPool as the account uses it: blocks by pointer, a
+    limit of raw memory under which malloc fails."""
+
+    def __init__(self, gpu):
+        self.gpu, self.used, self.cached, self.emptied = gpu, {}, 0, 0
+
+    def malloc(self, nbytes):
+        if self.gpu.raw < nbytes:
+            raise self.gpu.OutOfMemoryError(f"out of memory allocating {nbytes} bytes")
+        self.gpu.raw -= nbytes
+        self.gpu.next += 1
+        pointer = types.SimpleNamespace(ptr=self.gpu.next, device_id=0, nbytes=nbytes)
+        self.used[pointer.ptr] = nbytes
+        return pointer
+
+    def free_bytes(self):
+        return self.cached
+
+    def free_all_blocks(self):
+        self.gpu.raw += self.cached
+        self.cached = 0
+        self.emptied += 1
+
+
+class _FakeGpu(types.ModuleType):
+    """Just enough of the ``cupy`` module for the account: pools, the
+    allocator hook, memGetInfo, UnownedMemory and MemoryPointer."""
+
+    def __init__(self, raw: int):
+        super().__init__("cupy")
+        self.raw, self.next, self.allocator = raw, 0, None
+        self.OutOfMemoryError = type("OutOfMemoryError", (MemoryError,), {})
+        self.default = _Pool(self)
+        memory = types.SimpleNamespace(
+            OutOfMemoryError=self.OutOfMemoryError, MemoryPool=lambda: _Pool(self),
+            UnownedMemory=lambda ptr, size, owner, device: types.SimpleNamespace(
+                ptr=ptr, size=size, owner=owner),
+            MemoryPointer=lambda mem, offset: types.SimpleNamespace(mem=mem))
+        runtime = types.SimpleNamespace(memGetInfo=lambda: (self.raw, 80 * GIB))
+        self.cuda = types.SimpleNamespace(memory=memory, MemoryPool=memory.MemoryPool,
+                                          runtime=runtime, using_allocator=self._using)
+
+    def get_default_memory_pool(self):
+        return self.default
+
+    def _using(self, malloc):
+        gpu = self
+
+        class _Scope:
+            def __enter__(self):
+                gpu.allocator = malloc
+
+            def __exit__(self, *exc):
+                gpu.allocator = None
+        return _Scope()
+
+
+class _Backend:
+    is_gpu, device = True, 3
+
+    def __init__(self, gpu):
+        self.gpu = gpu
+
+    def memory_free(self):
+        return self.gpu.raw
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    fake = _FakeGpu(10 * GIB)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(account, "_pools", {})
+    monkeypatch.setattr(account, "_last_key", {})
+    return fake
+
+
+def test_every_draw_is_counted_and_given_back_when_freed(gpu):
+    acct = Account(4 * GIB, _Backend(gpu))
+    with acct.drawing():
+        a = gpu.allocator(GIB)
+        b = gpu.allocator(2 * GIB)
+        assert acct.held == 3 * GIB
+        del a
+        assert acct.held == 2 * GIB
+        c = gpu.allocator(GIB // 2)
+    assert gpu.allocator is None  # the caller's allocator again, outside
+    assert acct.peak == 3 * GIB and acct.held == 2 * GIB + GIB // 2
+    del b, c
+    assert acct.held == 0
+    assert acct.report() == {"device_planned": 4 * GIB, "device_peak": 3 * GIB}
+
+
+def test_a_draw_past_the_plan_is_summas_miscount_where_strict(gpu):
+    strict = Account(GIB, _Backend(gpu), strict=True)
+    with strict.drawing():
+        kept = gpu.allocator(GIB // 2)
+        with pytest.raises(Overdrawn, match=r"drew 1\.50 GiB .* plan's peak of 1\.00 GiB"):
+            gpu.allocator(GIB)
+        assert strict.held == GIB // 2  # the refused draw left nothing behind
+    del kept
+    lenient = Account(GIB, _Backend(gpu))
+    with lenient.drawing():
+        held = gpu.allocator(2 * GIB)  # goes where the GPU has room; the peak says so
+    assert lenient.peak == 2 * GIB
+    del held
+
+
+def test_a_gpu_with_no_room_is_one_clear_memory_error(gpu):
+    acct = Account(20 * GIB, _Backend(gpu), what="the multiply")
+    with acct.drawing():
+        held = gpu.allocator(8 * GIB)
+        with pytest.raises(DeviceMemoryError) as caught:
+            gpu.allocator(4 * GIB)  # 2 GiB left: another process took the rest
+    message = str(caught.value)
+    assert "GPU 3 has no room for 4.00 GiB more" in message
+    assert "held 8.00 GiB of the 20.00 GiB it planned, 2.00 GiB free" in message
+    assert not isinstance(caught.value, gpu.OutOfMemoryError)  # summa's, not CuPy's
+    assert acct.held == 8 * GIB
+    del held
+
+
+def test_the_pool_starts_empty_for_another_plan_and_keeps_a_plans_own(gpu):
+    ours = account.pool(gpu)
+    for key, emptied in (("a", 1), ("a", 1), ("b", 2), (None, 3), (None, 4)):
+        with Account(GIB, _Backend(gpu), key=key).drawing():
+            pass
+        assert ours.emptied == emptied, key
+    # the caller's cached blocks are given back only where the GPU is short
+    with Account(GIB, _Backend(gpu), key="b").drawing():
+        pass
+    assert gpu.default.emptied == 0
+    gpu.raw = GIB // 2
+    with Account(GIB, _Backend(gpu), key="b").drawing():
+        pass
+    assert gpu.default.emptied == 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("kind", ["in memory", "out of core", "fortran", "op T", "complex64",
+                                  "float32"])
+def test_numpys_device_draws_no_more_than_the_plan(comm, kind):
+    """On the NumPy backend (its device is host memory) every run's arrays
+    stay within its plan's device and host peaks: tracemalloc's high-water
+    mark, with SUMMA_MEMORY_CHECK, on the ranks of this run."""
+    from summa.api.multiply import matmul_arrays
+    rng = np.random.default_rng(int(comm.bcast(np.random.SeedSequence().entropy % 2**32)))
+    dtype = {"complex64": np.complex64, "float32": np.float32}.get(kind, np.float64)
+    m, n, k = 1100, 900, 700
+    a, b = rng.random((m, k)).astype(dtype), rng.random((k, n)).astype(dtype)
+    asked = {"out of core": dict(device_memory="3MiB"), "op T": dict(trans_a="T")}.get(kind, {})
+    if kind == "fortran":
+        a = np.asfortranarray(a)
+    if kind == "op T":
+        a = np.ascontiguousarray(a.T)
+    stats = SummaStats()
+    with options.set(memory_check=True):
+        for _ in range(2):  # (the first may import modules: not judged)
+            c = matmul_arrays(a if comm.rank == 0 else None, b if comm.rank == 0 else None,
+                              comm, backend="numpy", stats=stats, **asked)
+    if comm.rank == 0:
+        ref = (a.T if kind == "op T" else a) @ b
+        assert np.allclose(c, ref, rtol=1e-4)
+        assert 0 < stats.extra["device_peak"] <= stats.extra["device_planned"] + \
+            account.TRACED_SLACK
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_plan_counted_short_is_caught_on_every_rank(comm, monkeypatch):
+    """The check can fail: where a rank's run holds a tenth more than its
+    account's peak, Overdrawn is raised on every rank (none left waiting
+    in a collective)."""
+    from summa.api.multiply import matmul_arrays
+    made = Account.of.__func__
+    a = np.random.default_rng(1).random((1100, 700)) if comm.rank == 0 else None
+    b = a.T.copy() if a is not None else None
+    stats = SummaStats()
+    with options.set(memory_check=True):
+        for _ in range(2):  # (the first may import modules: not judged)
+            matmul_arrays(a, b, comm, backend="numpy", stats=stats)
+    held = stats.extra["device_peak"]  # this rank's
+
+    def short(cls, plan, backend, what="the multiply", holding=0, result=0):
+        acct = made(cls, plan, backend, what, holding, result)
+        if comm.rank == comm.size - 1:  # one rank short: every rank hears of it
+            acct.budget = held * 9 // 10 - account.TRACED_SLACK
+        return acct
+    monkeypatch.setattr(Account, "of", classmethod(short))
+    with options.set(memory_check=True), pytest.raises(Overdrawn, match="counted short"):
+        matmul_arrays(a, b, comm, backend="numpy")
