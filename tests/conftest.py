@@ -34,6 +34,13 @@ sys.path += [entry.path for entry in sorted(os.scandir(_HERE), key=lambda e: e.n
 # tests ask for their workers.
 os.environ.setdefault("SUMMA_WORKERS", "1")
 
+# On GPUs every run's device allocations are held to its plan's peak: a
+# draw past it raises (summa.device.account.Overdrawn), so a miscount is a
+# failing test, never an out-of-memory error on a user's GPU. (On CPUs the
+# check traces host memory: the suites that ask for it set it themselves.)
+if os.environ.get("SUMMA_TEST_BACKEND") == "cupy":
+    os.environ.setdefault("SUMMA_MEMORY_CHECK", "1")
+
 # Everything this session and the jobs it starts put in shared memory and
 # temporary folders goes to folders of its own (other people's runs may share
 # the machine): at the end each must be empty (tests/leftovers.py).

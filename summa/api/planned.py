@@ -268,6 +268,9 @@ def plan_arrays(operands: ArrayOperands, comm, request: PlanRequest = PlanReques
     # host arrays are cut as they lie; GPU arrays fetched lie as they come to host memory
     held = placement is None or placement.where == "host"
     storage = _storage(in_host(), (trans_a, trans_b), comm) if held else None
+    # what first use compiles or allocates (fp64-int8's kernels, cuBLASLt's
+    # workspace) is made before the free memory is read: the plan sees the rest
+    be.prepare(request.precision, dtype)
     # (the nodes the grid will see: the copy threads share them)
     plan = make_plan((m, n, k), dtype, Machine.live(comm, be, topology), grid=request.grid,
                      trans_a=trans_a, trans_b=trans_b, host_held=True,
@@ -301,7 +304,8 @@ def run_planned(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     Returns the product on the root as the caller's kind of array
     (:meth:`summa.api.operands.Operands.give_back`), None elsewhere."""
     given = operands.given  # None off the root
-    compiled = be.prepare(plan.precision, plan.dtype)  # its own figure, not the product's
+    be.prepare(plan.precision, plan.dtype)  # (where it was not planned here: a Matmul's)
+    compiled = be.compile_seconds()  # its own figure, not the product's
     host = operands  # off the root: as passed (the pool's workers hold the arrays on every rank)
     if given is not None and not plan.placement.resident:
         host = ArrayOperands(*given.host_arrays(be), operands.root)

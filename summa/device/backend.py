@@ -237,6 +237,10 @@ class Backend:
         first use in this process; seconds it took (0: nothing to do)."""
         return 0.0
 
+    def compile_seconds(self) -> float:
+        """Seconds :meth:`prepare` spent compiling since this was last asked."""
+        return 0.0
+
     def has_int8_tensor_cores(self) -> bool:
         """Can this backend's device multiply int8 on tensor cores?"""
         return False
@@ -540,6 +544,7 @@ class CupyBackend(Backend):
             greatest = query()[1] if query is not None else -1000
             self._stream = cupy.cuda.Stream(non_blocking=True, priority=greatest)
         self._lt = self._int8_lt = None
+        self._compiled = 0.0
         if library == "cublaslt":
             from .lt import LtGemm
             self._lt = LtGemm(cupy, self.options.cublaslt)
@@ -772,12 +777,22 @@ class CupyBackend(Backend):
 
     def prepare(self, precision, dtype) -> float:
         """fp64-int8's kernels compiled (or loaded from CuPy's cache on disk)
-        before a run (:func:`summa.precision.ozaki_gpu.ready`)."""
+        and cuBLASLt's workspace made before a run
+        (:func:`summa.precision.ozaki_gpu.ready`), so that the free memory a
+        plan reads after is what is left beside them."""
         if precision != "fp64-int8" or not self.has_int8_tensor_cores():
             return 0.0
         from ..precision import ozaki_gpu
         with self.xp.cuda.Device(self.device):
-            return ozaki_gpu.ready(dtype, self)
+            seconds = ozaki_gpu.ready(dtype, self)
+        self._compiled += seconds
+        return seconds
+
+    def compile_seconds(self) -> float:
+        """Seconds :meth:`prepare` spent compiling since this was last asked
+        (a call's figure: prepared when it planned, reported when it ran)."""
+        seconds, self._compiled = self._compiled, 0.0
+        return seconds
 
     @contextlib.contextmanager
     def compute_stream(self):
