@@ -23,6 +23,7 @@ from ..host import shared as host
 from ..runtime.cleanup import process_alive
 from ..options import current as current_options
 from ..device.traits import traits
+from ..device.account import DeviceMemoryError
 
 
 class WorkerError(RuntimeError):
@@ -235,6 +236,8 @@ class Pool:
             return WorkerError(f"{self._death(dead)}\nthen {failed}")
         if kind == "ValueError":
             return ValueError(message)
+        if kind == "DeviceMemoryError":  # a GPU taken by others: summa's one line
+            return DeviceMemoryError(f"worker rank {rank}: {message}")
         return WorkerError(failed)
 
     def _send(self, command) -> None:

@@ -165,9 +165,9 @@ def test_one_rank_multiplies_every_layout_where_it_lies(rng, monkeypatch, la, lb
     from summa.api import planned
     seen = spy_out_of_core(monkeypatch)
     ran = []
-    real = planned.summa
-    monkeypatch.setattr(planned, "summa", lambda alpha, A, B, *r, **k: (
-        ran.append((A.local, B.local)), real(alpha, A, B, *r, **k))[1])
+    real = planned.run_in_memory
+    monkeypatch.setattr(planned, "run_in_memory", lambda plan, A, B, *r, **k: (
+        ran.append((A.local, B.local)), real(plan, A, B, *r, **k))[1])
     a, ta, xa, b, tb, xb = _product(rng, la, lb)
     before = (a.copy(), b.copy())
     out = np.full((xa.shape[0], xb.shape[1]), np.nan, a.dtype) if how == "into out" else None

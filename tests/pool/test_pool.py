@@ -502,3 +502,18 @@ def test_ctrl_c_that_lands_in_a_finalizer_is_not_lost():
             weakref.finalize(held, os.kill, os.getpid(), signal.SIGINT)
             del held  # the finalizer runs, and the signal's handler within it
             assert interrupted.is_set()
+
+
+def test_a_gpu_taken_in_a_worker_reaches_the_caller_as_summas_memory_error():
+    """A worker whose GPU had no room (summa.DeviceMemoryError: memory taken
+    after the call was planned) ends the call with the same one-line error
+    in the caller, naming the worker, not a WorkerError's traceback."""
+    import summa
+    from summa.pool.launch import Pool
+    pool = object.__new__(Pool)  # (_failure reads only the reports without a death)
+    said = "GPU 1 has no room for 4.00 GiB more: the multiply held 8.00 GiB"
+    exc = pool._failure([("error", 1, "DeviceMemoryError", said, "Traceback ...", [])])
+    assert isinstance(exc, summa.DeviceMemoryError)
+    assert str(exc) == f"worker rank 1: {said}"
+    other = pool._failure([("error", 0, "RuntimeError", "boom", "Traceback ...", [])])
+    assert not isinstance(other, MemoryError)
