@@ -580,7 +580,8 @@ def test_plan_and_model_take_the_rank_count_from_the_grid_and_model_needs_no_pro
     out = io.StringIO()
     # the seed case, planned on a laptop for eight 24 GB GPUs
     assert cli.main(["plan", "--size", "100000", "--dtype", "float64", "--grid", "2x4",
-                     "--device-memory", "22GiB"], MPI.COMM_SELF, out) == 0
+                     "--device-memory", "22GiB", "--hardware", "rtx3090x8"],
+                    MPI.COMM_SELF, out) == 0
     assert "on 8 ranks (grid 2x4)" in out.getvalue() and "out-of-core" in out.getvalue()
     assert re.search(r"predicted by the model: [\d.]+ s", out.getvalue())  # on the same screen
     # the first user's eight RTX 3090s (a profile written from their datasheet): float64 is
@@ -705,13 +706,16 @@ def test_plan_of_fp64_int8_counts_its_scratch_and_predicts_from_int8_rates():
     assert "host link keeps up" in native.getvalue()
     assert "fp64-int8 measured 0.77 of in-memory" in emulated.getvalue()
     assert "folds C once" not in emulated.getvalue()  # out of core: a fold a panel
-    # in memory on a grid: the panel sums' memory, each rank's 50000 x 25000 of C a modulus
+    # in memory on a grid, where they fit: the panel sums' memory, each rank's 32768 x 16384
+    # of C a modulus, counted in its peak
     grid = io.StringIO()
-    assert cli.main(["plan", "--size", "100000", "--grid", "2x4", "--nb", "4096", "--precision",
+    assert cli.main(["plan", "--size", "32768", "--grid", "1x2", "--nb", "4096", "--precision",
                      "fp64-int8"], MPI.COMM_SELF, grid) == 0
     sums = float(re.search(r"folds C once where its device also holds the sums \(([\d.]+) GiB",
                            grid.getvalue()).group(1))
-    assert sums >= 4 * ozaki_gpu.moduli_for(100000) * 50000 * 25000 / 2**30 - 0.01
+    assert sums >= 4 * ozaki_gpu.moduli_for(32768) * 32768 * 16384 / 2**30 - 0.01
+    peak = float(re.search(r"peak per rank: device ([\d.]+) GiB", grid.getvalue()).group(1))
+    assert peak > sums
 
 
 def test_tiles_asked_for_cut_c_so_and_still_multiply(rng, monkeypatch):
