@@ -167,12 +167,12 @@ def test_plan_command_with_strips(comm):
         assert f"device {want.device_bytes / 2**30:.2f} GiB" in out.getvalue()
     # without --grid, strips plan on the one grid they run on
     out = io.StringIO()
-    assert cli.main(["plan", "--size", "100", "--ranks", "4", "--schedule", "strips"], comm,
-                    out) == 0
+    assert cli.main(["plan", "--size", "100", "--ranks", "4", "--schedule", "strips",
+                     "--hardware", "rtx3090x8"], comm, out) == 0
     assert comm.rank != 0 or "4x1" in out.getvalue()
     with pytest.raises(cli.UsageError, match="one column"):
         cli.main(["plan", "--size", "100", "--ranks", "4", "--grid", "2x2", "--schedule",
-                  "strips"], comm, io.StringIO())
+                  "strips", "--hardware", "rtx3090x8"], comm, io.StringIO())
     with pytest.raises(cli.UsageError, match="device memory only"):
         cli.main(["plan", "--size", "100", "--ranks", "2", "--grid", "2x1", "--schedule",
                   "strips", "--device-memory", "1GiB"], comm, io.StringIO())
