@@ -19,7 +19,7 @@ The calls (fresh pageable NumPy arrays unless said; one GPU):
   :class:`MemoryError`, never CuPy's.
 
 "Free" is what this process may use: the GPU's unused memory and what
-CuPy's pools cache unused (a ballast outside the pools holds the rest, as
+CuPy's pool caches unused (a ballast outside the pools holds the rest, as
 another process would). Each call records the plan's device peak
 (``device_planned``), the account's high-water mark (``device_peak``,
 :mod:`summa.device.account`), what the GPU lost outside CuPy's pools
@@ -50,13 +50,11 @@ class Gpu:
 
     def __init__(self, whole: int | None = None):
         import cupy as cp
-        from summa.device import account
-        self.cp, self.ours, self.held, self.whole = cp, account.pool(cp), None, whole
+        self.cp, self.held, self.whole = cp, None, whole
 
     def free(self) -> int:
         cp = self.cp
-        return (cp.cuda.runtime.memGetInfo()[0] + cp.get_default_memory_pool().free_bytes()
-                + self.ours.free_bytes())
+        return cp.cuda.runtime.memGetInfo()[0] + cp.get_default_memory_pool().free_bytes()
 
     def leave(self, want: int | None) -> None:
         """Hold all but `want` bytes free (None: the whole GPU, or as much
@@ -77,8 +75,7 @@ class Gpu:
         libraries' own memory, the ballast)."""
         cp = self.cp
         free, total = cp.cuda.runtime.memGetInfo()
-        return total - free - cp.get_default_memory_pool().total_bytes() \
-            - self.ours.total_bytes()
+        return total - free - cp.get_default_memory_pool().total_bytes()
 
 
 def host(shape, dtype, seed: int):

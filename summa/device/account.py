@@ -20,15 +20,16 @@ Two failures differ:
   took memory after the call was planned). One clear :class:`MemoryError`
   naming the GPU, what was asked, held and free, in place of CuPy's.
 
-The draws come from summa's own CuPy pool (:func:`pool`), not the
-caller's: an execution whose plan differs from the last one starts from an
-empty pool, so its allocations are the ones a fresh process makes, never
-parts of blocks an earlier call split (a 40960² fp64-int8 product that
-runs in a fresh process ran out of memory after a dozen other calls in one
-process, its 12.5 GiB draw finding no free block whole among the pool's
-split ones); a plan executed again (a :class:`summa.Matmul`) finds its own
-blocks cached. Where the GPU's unused memory is short of the plan's peak,
-the caller's pool gives back its cached, unused blocks first.
+The draws come from CuPy's pool, the caller's, so that what a call gives
+back (a product on the GPU) and what it frees serve the caller's own CuPy
+code as any CuPy array's would. An execution whose plan differs from the
+last one first has the pool give back its cached, unused blocks, so its
+allocations are the ones a fresh process makes, never parts of blocks an
+earlier call split (a 40960² fp64-int8 product that runs in a fresh process
+ran out of memory after a dozen other calls in one process, its 12.5 GiB
+draw finding no free block whole among the pool's split ones); a plan
+executed again (a :class:`summa.Matmul`, the same call repeated) finds its
+own blocks cached.
 
 Memory the libraries take outside CuPy's allocator (the CUDA context,
 cuBLAS's own workspace, NCCL's buffers) is not drawn here: the backend
@@ -48,7 +49,7 @@ import sys
 import threading
 import tracemalloc
 
-__all__ = ["Account", "Overdrawn", "DeviceMemoryError", "pool", "GIB"]
+__all__ = ["Account", "Overdrawn", "DeviceMemoryError", "GIB"]
 
 GIB = 2 ** 30
 
@@ -61,16 +62,7 @@ GIB = 2 ** 30
 #: is not judged.
 TRACED_SLACK = 256 << 10
 
-_pools: dict = {}  # summa's CuPy pool (one a process; CuPy's pools serve every device)
 _last_key: dict = {}  # device -> the key of the last plan whose blocks the pool caches
-
-
-def pool(cupy):
-    """summa's own CuPy memory pool, where executions draw their device
-    memory (made on first use)."""
-    if "pool" not in _pools:
-        _pools["pool"] = cupy.cuda.MemoryPool()
-    return _pools["pool"]
 
 
 class Overdrawn(MemoryError):
@@ -120,7 +112,7 @@ class Account:
     key : hashable, optional
         What the execution is (its plan's memory and shape): executed again
         with the same key, the pool's cached blocks serve it as they are;
-        else the pool starts empty.
+        else the pool gives back its unused blocks first.
 
     Attributes
     ----------
@@ -193,26 +185,23 @@ class Account:
             yield self
 
     def _cleared(self, cupy):
-        """summa's pool, emptied of cached blocks unless they are this
-        execution's own (same key), and the caller's unused blocks given
-        back where the GPU's unused memory is short of the plan."""
-        ours, device = pool(cupy), self.backend.device
+        """CuPy's pool, its cached, unused blocks given back unless they
+        are this execution's own (the same key)."""
+        pool, device = cupy.get_default_memory_pool(), self.backend.device
         if self.key is None or _last_key.get(device) != self.key:
-            ours.free_all_blocks()
+            pool.free_all_blocks()
         _last_key[device] = self.key
-        if cupy.cuda.runtime.memGetInfo()[0] + ours.free_bytes() < self.budget:
-            cupy.get_default_memory_pool().free_all_blocks()
-        return ours
+        return pool
 
     @contextlib.contextmanager
     def _cupy_allocator(self):
         import cupy  # (the GPU backend's own module: CuPy is optional)
-        ours, memory = self._cleared(cupy), cupy.cuda.memory
+        pool, memory = self._cleared(cupy), cupy.cuda.memory
 
         def malloc(nbytes: int):
             self._drawn(nbytes)
             try:
-                pointer = ours.malloc(nbytes)
+                pointer = pool.malloc(nbytes)
             except memory.OutOfMemoryError:
                 self._given_back(nbytes)
                 raise self._short(nbytes, self.backend.memory_free()) from None

@@ -15,7 +15,6 @@ import time
 
 import numpy as np
 
-from . import account
 from .. import options
 from ..options import GEMM_LIBRARIES, INT8_LIBRARIES, TRANSPOSE_A_SETTINGS, Options
 from ..host.storage import copyable_rows
@@ -832,12 +831,11 @@ class CupyBackend(Backend):
         return int(self.xp.get_default_memory_pool().total_bytes())
 
     def memory_free(self):
-        # the GPU's unused memory and what CuPy's pools (the caller's and
-        # summa's own, where executions draw) cache unused: both serve a call
+        # the GPU's unused memory and what CuPy's pool caches unused (a call
+        # has it give those back: summa.device.account)
         with self.xp.cuda.Device(self.device):
             return int(self.xp.cuda.runtime.memGetInfo()[0]
-                       + self.xp.get_default_memory_pool().free_bytes()
-                       + account.pool(self.xp).free_bytes())
+                       + self.xp.get_default_memory_pool().free_bytes())
 
     def memory_total(self):
         return int(self.xp.cuda.runtime.memGetInfo()[1])
