@@ -398,9 +398,39 @@ def test_a_time_split_combines_its_overlapped_parts_and_adds_the_rest():
     assert in_memory.seconds == 10.5 and in_memory.bound() == ("host_link", 6.0)
     unknown = TimeSplit(4.0, None, 5.0, 0.0, ("gemm", "host_link", "gpu_links"))
     assert unknown.seconds == 5.0 and unknown.bound() == ("gpu_links", 5.0)
-    assert unknown.as_dict() == {"gemm": 4.0, "host_link": None, "gpu_links": 5.0,
-                                 "exposed": 0.0, "overlapped": ["gemm", "host_link",
-                                                                "gpu_links"], "disk": None}
+    assert unknown.as_dict() == {"gemm": 4.0, "host_link": None, "host_memory": None,
+                                 "gpu_links": 5.0, "exposed": 0.0,
+                                 "overlapped": ["gemm", "host_link", "gpu_links"], "disk": None}
+
+
+def test_the_host_memory_is_one_side_of_the_host_copies():
+    """The node's host memory and the host link are two sides of one set of
+    copies: out of core both overlap the GEMMs; in memory the copies add
+    the longer of the two, never both; either can bound the run."""
+    ooc = TimeSplit(4.0, 6.0, 1.0, 0.5, ("gemm", "host_link", "host_memory", "gpu_links"),
+                    host_memory=7.0)
+    assert ooc.seconds == 7.5 and ooc.bound() == ("host_memory", 7.0)
+    for memory, copies in ((3.0, 6.0), (9.0, 9.0)):
+        in_memory = TimeSplit(4.0, 6.0, 1.0, 0.5, ("gemm", "gpu_links"), host_memory=memory)
+        assert in_memory.seconds == 4.0 + copies + 0.5
+        assert in_memory.bound()[1] == copies
+
+
+def test_the_host_memory_rate_follows_its_copiers_and_its_traffic():
+    """The node's memcpy rate by copiers: a calibrated count's own, linear
+    between two, the most's past the most, the fewest's a thread below
+    them; the time is the traffic over MEMCPY_TRAFFIC times that rate:
+    twice the bytes, twice the time."""
+    from summa.planning.model import MEMCPY_TRAFFIC
+    prof = make_profile()
+    assert prof.host_memory() is None and prof.host_memory_seconds(1e9, 4) is None
+    prof.data["host_memory"] = {"copy_gbs": [[4, 40.0], [16, 100.0]], "cores": 64}
+    assert prof.cores == 64
+    assert prof.host_copy_gbs(4) == 40.0 and prof.host_copy_gbs(10) == pytest.approx(70.0)
+    assert prof.host_copy_gbs(64) == 100.0 and prof.host_copy_gbs(2) == pytest.approx(20.0)
+    one = prof.host_memory_seconds(300e9, 16)
+    assert one == pytest.approx(300e9 / (MEMCPY_TRAFFIC * 100e9))
+    assert prof.host_memory_seconds(600e9, 16) == pytest.approx(2 * one)
 
 
 def test_profiles_name_their_links_disk_and_memory_where_they_have_them():
