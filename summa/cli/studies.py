@@ -41,9 +41,16 @@ def run_calibrate(args, comm: MPI.Comm, backend, out) -> int:
     if args.append and os.path.exists(args.output):
         profile = Profile.load(args.output).merge(profile)
     profile.save(args.output)
-    print(f"profile {args.output}: {len(profile.gemm)} GEMM samples, broadcasts "
-          + ", ".join(f"{b['comm']} on {b['ranks']} ranks: alpha {b['alpha'] * 1e6:.1f} us, "
-                      f"beta {b['beta'] / 1e9:.2f} GB/s" for b in profile.bcast), file=out)
+    said = [f"{len(profile.gemm)} GEMM samples"]
+    if profile.bcast:
+        said.append("broadcasts " + ", ".join(
+            f"{b['comm']} on {b['ranks']} ranks: alpha {b['alpha'] * 1e6:.1f} us, "
+            f"beta {b['beta'] / 1e9:.2f} GB/s" for b in profile.bcast))
+    if profile.host_memory():
+        said.append("host memory memcpy " + ", ".join(
+            f"{gbs:.1f} GB/s on {plural(copiers, 'thread')}"
+            for copiers, gbs in profile.host_memory()["copy_gbs"]))
+    print(f"profile {args.output}: " + "; ".join(said), file=out)
     return 0
 
 

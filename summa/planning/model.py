@@ -147,6 +147,11 @@ class Profile:
             data["ranks"] = max(ranks)
         data["bcast"] = [b for b in self.bcast if (b["comm"], b["ranks"]) not in
                          {(o["comm"], o["ranks"]) for o in other.bcast}] + other.bcast
+        if other.host_memory():  # its copier counts added, theirs measured last
+            rates = dict((c, g) for c, g in (self.host_memory() or {}).get("copy_gbs", []))
+            rates.update((c, g) for c, g in other.host_memory()["copy_gbs"])
+            data["host_memory"] = dict(other.host_memory(),
+                                       copy_gbs=[[c, g] for c, g in sorted(rates.items())])
         return Profile(data)
 
     def gemm_rate(self, m: int, n: int, k: int, dtype: str, precision=None,

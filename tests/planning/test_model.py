@@ -2,7 +2,9 @@
 
 import io
 import json
+import time
 
+import numpy as np
 import pytest
 from mpi4py import MPI
 
@@ -249,6 +251,13 @@ def test_calibrate_writes_a_usable_profile(comm, tmp_path_factory):
         pred = predict(prof, 256, 256, 256, "float64", (comm.Get_size(), 1), 32,
                        RunSetting(comm="mpi"))
         assert pred.seconds > 0
+        # the nodes' memcpy rate: one copier alone, then every rank of the node
+        memory = prof.host_memory()
+        copiers = [c for c, _ in memory["copy_gbs"]]
+        assert copiers[0] == 1 and comm.Get_size() in copiers  # one node here
+        assert all(gbs > 0 for _, gbs in memory["copy_gbs"]) and not memory["estimate"]
+        assert prof.cores >= 1 and prof.host_copy_gbs(comm.Get_size()) > 0
+        assert "; host memory memcpy " in out.getvalue()
 
 
 def test_plot_draws_measured_points_and_model_curves(tmp_path):
@@ -414,6 +423,30 @@ def test_the_host_memory_is_one_side_of_the_host_copies():
         in_memory = TimeSplit(4.0, 6.0, 1.0, 0.5, ("gemm", "gpu_links"), host_memory=memory)
         assert in_memory.seconds == 4.0 + copies + 0.5
         assert in_memory.bound()[1] == copies
+
+
+def test_host_copy_rates_time_each_count_of_copiers(monkeypatch):
+    """The memcpy rate of a node's copiers: as many threads as asked copy
+    their bytes each (every byte once), and the rate is the bytes copied
+    over the time taken: copies made slower by a known delay give the
+    rate that delay allows."""
+    from summa.cli import calibrate as cal
+    copied = []
+    real = np.copyto
+
+    def slow(dst, src, **kwargs):
+        copied.append(src.size)
+        time.sleep(0.02)
+        real(dst, src, **kwargs)
+    monkeypatch.setattr(cal.np, "copyto", slow)
+    nbytes = 4 * (1 << 16)
+    monkeypatch.setattr(cal, "CHUNK_BYTES", 1 << 16)
+    rates = dict(cal.host_copy_rates(MPI.COMM_SELF, 3, nbytes=nbytes, repeat=1))
+    assert set(rates) == {1, 3}
+    # warm-up and one timed run of each count (1 alone, 1 on every rank, 3)
+    assert sum(copied) == 2 * (nbytes + nbytes + 3 * nbytes)
+    for copiers, gbs in rates.items():  # four chunks a thread, each at least 20 ms
+        assert 0 < gbs <= copiers * nbytes / (4 * 0.02) / 1e9
 
 
 def test_the_host_memory_rate_follows_its_copiers_and_its_traffic():
