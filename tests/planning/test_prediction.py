@@ -265,6 +265,9 @@ def test_the_node_host_memory_is_shared_by_its_ranks(tmp_path):
         assert pred["host_memory"]["traffic"] == traffic
         assert pred["split"]["host_memory"] == pytest.approx(traffic / (MEMCPY_TRAFFIC * 100e9))
         split[nodes] = pred["split"]
+        # the copy threads share the profile's node's 64 cores, not this host's
+        assert plan["copy_threads"] == min(12, 64 * 3 // 4 // ranks)
+        assert pred["host_memory"]["copiers"] == ranks * plan["copy_threads"]
     assert split[1]["host_memory"] == pytest.approx(2 * split[2]["host_memory"])
     assert split[1]["host_link"] == split[2]["host_link"]
     row = re.search(r"^    host memory +([\d.]+) s  8 GPUs a node: (\d+) GB read and written at "
