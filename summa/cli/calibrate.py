@@ -1,6 +1,7 @@
 """Measure this machine for the performance model: GEMM rates (gamma) by shape
-and dtype, and broadcast latency/bandwidth (alpha, beta) by broadcaster and
-communicator size. Collective; rank 0 gets the profile data."""
+and dtype, broadcast latency/bandwidth (alpha, beta) by broadcaster and
+communicator size, and the nodes' host memory copy rate by copy threads.
+Collective; rank 0 gets the profile data."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import platform
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -19,8 +21,10 @@ from ..planning.model import Profile
 from ..execution.transpose import PanelsOfA
 from ..planning.tuning import transposes_a
 from ..runtime.watchdog import watch
+from ..device.staging import CHUNK_BYTES, copy_threads, usable_cores
 
-__all__ = ["calibrate", "default_sizes", "default_widths", "gemm_slowdown"]
+__all__ = ["calibrate", "default_sizes", "default_widths", "gemm_slowdown",
+           "host_copy_rates", "HOST_COPY_BYTES"]
 
 #: The overhead run: per-rank block, panel width and number of panels. Its
 #: GEMM shape lies inside the default calibrated shapes, so the model's GEMM
@@ -156,6 +160,61 @@ def gemm_slowdown(comm, backend, bc, gemm_samples, beta: float, repeat: int) -> 
     return comm.allreduce(max(1.0, beside / alone), op=MPI.MAX)
 
 
+#: Bytes each copy thread copies in one host memory measurement: well past
+#: the caches of a node's threads together, short enough (~10 ms a thread).
+HOST_COPY_BYTES = 64 << 20
+
+
+def host_copy_rates(comm, threads: int, nbytes: int = HOST_COPY_BYTES,
+                    repeat: int = 3) -> list[list]:
+    """``[[copiers, GB/s], ...]``: a node's memcpy rate from pageable memory
+    into chunks of :data:`summa.device.staging.CHUNK_BYTES`, as the stager
+    fills its page-locked ones, with every rank of `comm` copying at once
+    (a node's memory carries all its ranks' copies): rank 0 alone on one
+    thread, every rank on one, and every rank on `threads` (its copy
+    threads). The rate is the bytes a node's ranks copied over the slowest
+    rank's time. Collective over `comm`."""
+    ranks_per_node = node_rank(comm)[1]
+    samples = {}
+    for alone, count in ((True, 1), (False, 1), (False, threads)):
+        copying = not alone or comm.Get_rank() == 0
+        seconds = _best(comm, _copiers(count if copying else 0, nbytes), repeat)
+        copiers = count if alone else ranks_per_node * count
+        samples[copiers] = (1 if alone else ranks_per_node) * count * nbytes / seconds / 1e9
+    return [[copiers, gbs] for copiers, gbs in sorted(samples.items())]
+
+
+def _copiers(threads: int, nbytes: int):
+    """A run of `threads` host threads each copying its own `nbytes` of
+    touched pageable memory into a ring of two touched chunks (page-locked
+    memory is memory whose pages stay: a memcpy into it runs as into these)."""
+    chunk = min(CHUNK_BYTES, nbytes)
+    sources = [np.ones(nbytes, np.uint8) for _ in range(threads)]
+    rings = [[np.zeros(chunk, np.uint8) for _ in range(2)] for _ in range(threads)]
+
+    def copy(i):
+        src, ring = sources[i], rings[i]
+        for n, start in enumerate(range(0, nbytes, chunk)):
+            part = src[start:start + chunk]
+            np.copyto(ring[n % 2][:part.size], part)
+
+    def run():
+        if threads:
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(copy, range(threads)))
+    return run
+
+
+def _host_memory(comm, repeat: int) -> dict:
+    """The profile's ``host_memory`` of this machine: :func:`host_copy_rates`
+    with the copy threads a rank of a node this full takes, and the cores
+    those threads were counted from."""
+    threads = copy_threads(node_rank(comm)[1])
+    return dict(copy_gbs=host_copy_rates(comm, threads, repeat=repeat), cores=usable_cores(),
+                estimate=False, note=f"summa calibrate, {time.strftime('%Y-%m-%d')}: memcpy "
+                "from pageable memory into 8 MiB chunks, every rank of a node copying at once")
+
+
 def _panel_overhead(comm, backend, profile_so_far: Profile, mode: str, repeat: int) -> float:
     """Seconds per SUMMA step beyond the model's GEMM and broadcast terms, from
     a SUMMA run on this grid with GEMMs of a realistic size (per-rank blocks of
@@ -186,7 +245,8 @@ def calibrate(comm: MPI.Comm, backend, dtypes=("float64",), precision=None,
               sizes=(256, 512, 1024), widths=(64, 128, 256, 512, 1024),
               modes=("mpi",), message_bytes=(8, 1 << 16, 1 << 20, 1 << 23),
               repeat: int = 3, optional=()) -> Profile | None:
-    """Measure GEMM and broadcast rates on every rank of `comm`.
+    """Measure GEMM and broadcast rates on every rank of `comm`, and the
+    memcpy rate of its nodes' host memory (:func:`host_copy_rates`).
 
     A broadcaster in `optional` that fails (a RuntimeError, raised on every
     rank of the communicator measured, as broadcasters' set-up errors are) is
@@ -225,6 +285,7 @@ def calibrate(comm: MPI.Comm, backend, dtypes=("float64",), precision=None,
                 nodes=-(-comm.Get_size() // ranks_per_node),  # summa plan's limits
                 mpi=MPI.Get_library_version().splitlines()[0].strip(),
                 date=time.strftime("%Y-%m-%d"), gemm=gemm, bcast=bcast, overhead=[])
+    data["host_memory"] = _host_memory(comm, repeat)
     if backend.memory_total():
         # which blocks stay open between multiplies (summa/transports/ipc.py)
         data["device_memory"] = backend.memory_total()

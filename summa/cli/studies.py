@@ -41,9 +41,16 @@ def run_calibrate(args, comm: MPI.Comm, backend, out) -> int:
     if args.append and os.path.exists(args.output):
         profile = Profile.load(args.output).merge(profile)
     profile.save(args.output)
-    print(f"profile {args.output}: {len(profile.gemm)} GEMM samples, broadcasts "
-          + ", ".join(f"{b['comm']} on {b['ranks']} ranks: alpha {b['alpha'] * 1e6:.1f} us, "
-                      f"beta {b['beta'] / 1e9:.2f} GB/s" for b in profile.bcast), file=out)
+    said = [f"{len(profile.gemm)} GEMM samples"]
+    if profile.bcast:
+        said.append("broadcasts " + ", ".join(
+            f"{b['comm']} on {b['ranks']} ranks: alpha {b['alpha'] * 1e6:.1f} us, "
+            f"beta {b['beta'] / 1e9:.2f} GB/s" for b in profile.bcast))
+    if profile.host_memory():
+        said.append("host memory memcpy " + ", ".join(
+            f"{gbs:.1f} GB/s on {plural(copiers, 'thread')}"
+            for copiers, gbs in profile.host_memory()["copy_gbs"]))
+    print(f"profile {args.output}: " + "; ".join(said), file=out)
     return 0
 
 
@@ -227,16 +234,17 @@ def planning_machine(profile_path, backend: str, ranks: int) -> tuple:
     `profile_path` describes them, each GPU with the profile's device memory
     free where it says (:attr:`summa.planning.model.Profile.device_memory`),
     as many on a node as its GPUs a node (:attr:`~summa.planning.model.Profile.nodes`),
-    and whether a node's GPUs read each other's memory. ``plan`` and
-    ``model`` plan on it alike. Raises ValueError where the profile does not
-    load."""
+    their host copy threads sharing its cores where it says
+    (:attr:`~summa.planning.model.Profile.cores`), and whether a node's GPUs
+    read each other's memory. ``plan`` and ``model`` plan on it alike.
+    Raises ValueError where the profile does not load."""
     from ..planning.planner import Machine
     profile = Profile.load(profile_path)
     if not traits(backend).gpu:
         return Machine(backend, ranks), profile.peer_access
     on_node = gpus_a_node(profile) and min(ranks, gpus_a_node(profile))
     return Machine(backend, ranks, free_device=profile.device_memory,
-                   ranks_on_node=on_node), profile.peer_access
+                   ranks_on_node=on_node, cores=profile.cores), profile.peer_access
 
 
 def load_results(path) -> list[dict]:

@@ -99,9 +99,10 @@ def stager_for(device: int) -> "Stager":
     return get_stager(device, copy_threads(_node_share.ranks))
 
 
-def copy_threads(ranks_on_node: int = 1) -> int:
+def copy_threads(ranks_on_node: int = 1, cores: int | None = None) -> int:
     """Host threads for one rank's copies: three quarters of the cores this
-    process may run on, shared with the node's ranks that may run on them
+    process may run on (or `cores`, a node's that a plan for another
+    machine names), shared with the node's ranks that may run on them
     too (:func:`summa.distribution.grid.core_share`), at most
     :data:`MAX_COPY_THREADS`; the other quarter is for the touch of a fresh
     result (:data:`TOUCH_SHARE`), the dispatchers and the thread queueing
@@ -109,7 +110,8 @@ def copy_threads(ranks_on_node: int = 1) -> int:
     asked = options.current().copy_threads
     if asked is not None:
         return asked
-    return max(1, min(MAX_COPY_THREADS, usable_cores() * 3 // 4 // max(1, ranks_on_node)))
+    cores = cores or usable_cores()
+    return max(1, min(MAX_COPY_THREADS, cores * 3 // 4 // max(1, ranks_on_node)))
 
 
 #: Most copy threads of one rank. On the H200 machine's 16 cores 12 beat 16

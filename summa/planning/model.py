@@ -37,9 +37,12 @@ writes one, and profiles of machines we cannot run on (e.g. 8 GPUs per node on N
 InfiniBand) can be written by hand in the same form. Optional, for the time split of a plan
 (:class:`TimeSplit`): ``"host_link": {"name", "h2d_gbs", "d2h_gbs", "pinned_h2d_gbs",
 "note", "concurrency"}`` (GB/s per GPU between pageable host memory and the GPU, staged
-through page-locked chunks, while the node's GPUs copy at once), ``"disk": {"read_gbs",
-"write_gbs", "note"}`` and ``"peer_access"`` (whether a node's GPUs read each other's
-memory; absent: they do).
+through page-locked chunks, while the node's GPUs copy at once), ``"host_memory":
+{"copy_gbs": [[copiers, GB/s], ...], "cores", "estimate", "note"}`` (a node's
+pageable -> page-locked memcpy rate with that many threads copying at once, as
+``summa calibrate`` measures it; the cores of a node, which the copy threads divide;
+whether the figures are an estimate), ``"disk": {"read_gbs", "write_gbs", "note"}`` and
+``"peer_access"`` (whether a node's GPUs read each other's memory; absent: they do).
 """
 
 from __future__ import annotations
@@ -97,6 +100,16 @@ def shipped_profile() -> str:
 RATE_POWER = 2
 
 
+#: Bytes of host memory traffic a byte memcpy'd into a page-locked chunk
+#: makes: read from the source, the chunk's lines read before they are
+#: written (ordinary stores: a chunk, 8 MiB, is below glibc's threshold for
+#: stores that bypass the caches), written. So a staged upload, which the
+#: DMA also reads from the chunk, costs 4/3 of a memcpy'd byte: on one H200
+#: host 16 threads staged 42.9 GB/s up alone against 59 GB/s of memcpy,
+#: 0.73 (h200.json's host_link and host_memory).
+MEMCPY_TRAFFIC = 3
+
+
 class Profile:
     """Calibrated rates of one machine (see module docstring for the format)."""
 
@@ -134,6 +147,11 @@ class Profile:
             data["ranks"] = max(ranks)
         data["bcast"] = [b for b in self.bcast if (b["comm"], b["ranks"]) not in
                          {(o["comm"], o["ranks"]) for o in other.bcast}] + other.bcast
+        if other.host_memory():  # its copier counts added, theirs measured last
+            rates = dict((c, g) for c, g in (self.host_memory() or {}).get("copy_gbs", []))
+            rates.update((c, g) for c, g in other.host_memory()["copy_gbs"])
+            data["host_memory"] = dict(other.host_memory(),
+                                       copy_gbs=[[c, g] for c, g in sorted(rates.items())])
         return Profile(data)
 
     def gemm_rate(self, m: int, n: int, k: int, dtype: str, precision=None,
@@ -223,6 +241,44 @@ class Profile:
             return None
         return up / (link["h2d_gbs"] * 1e9) + down / (link["d2h_gbs"] * 1e9)
 
+    def host_memory(self) -> dict | None:
+        """The profile's ``host_memory`` section (memcpy GB/s by copiers), or None."""
+        section = self.data.get("host_memory")
+        return section if section and section.get("copy_gbs") else None
+
+    def host_copy_gbs(self, copiers: int) -> float | None:
+        """GB/s a node's `copiers` threads memcpy from pageable to page-locked
+        memory together (None: the profile has no ``host_memory``): between
+        calibrated counts, linear; past the most, the most's rate (the
+        memory's bandwidth is spent); below the fewest, that count's rate a
+        thread (one thread copies no faster than its share)."""
+        section = self.host_memory()
+        if section is None:
+            return None
+        samples = sorted((int(c), float(gbs)) for c, gbs in section["copy_gbs"])
+        copiers = max(1, int(copiers))
+        (few, slow), (most, fast) = samples[0], samples[-1]
+        if copiers <= few:
+            return slow * copiers / few
+        if copiers >= most:
+            return fast
+        return float(np.interp(copiers, [c for c, _ in samples], [g for _, g in samples]))
+
+    def host_memory_seconds(self, traffic: float, copiers: int) -> float | None:
+        """Seconds a node's memory takes to carry `traffic` bytes (each byte
+        read or written once, by the host's threads or the GPUs' DMA) while
+        `copiers` threads copy: :data:`MEMCPY_TRAFFIC` times
+        :meth:`host_copy_gbs`. None where the profile has no ``host_memory``."""
+        rate = self.host_copy_gbs(copiers)
+        return None if rate is None else traffic / (MEMCPY_TRAFFIC * rate * 1e9)
+
+    @property
+    def cores(self) -> int | None:
+        """A node's cores, where the profile's ``host_memory`` says (the copy
+        threads of a plan for it divide them)."""
+        value = (self.data.get("host_memory") or {}).get("cores")
+        return int(value) if value else None
+
     def disk_seconds(self, read: float, write: float) -> float | None:
         """Seconds to read `read` and write `write` bytes at the profile's
         disk rates (None: it has none)."""
@@ -277,7 +333,11 @@ class Prediction:
 
 
 #: The parts of a :class:`TimeSplit` that can bound a run.
-BOUNDS = ("gemm", "host_link", "gpu_links")
+BOUNDS = ("gemm", "host_link", "host_memory", "gpu_links")
+#: The parts that are one set of copies seen from two sides, the GPU's link
+#: and the node's memory they pass through: they run at once, so where the
+#: copies add to the time (in memory), they add the longer of the two.
+COPIES = ("host_link", "host_memory")
 
 
 @dataclass(frozen=True)
@@ -286,7 +346,8 @@ class TimeSplit:
 
     The parts in :attr:`overlapped` run at once (GEMMs on the device, copies
     on copy engines, broadcasts beside them), so the slowest of them bounds
-    the run; the other counted parts add to it, and so does :attr:`exposed`.
+    the run; the other counted parts add to it (the two sides of the host
+    copies, :data:`COPIES`, the longer of them), and so does :attr:`exposed`.
     :attr:`seconds` combines them so::
 
         seconds = max(overlapped parts) + the other counted parts + exposed
@@ -311,6 +372,11 @@ class TimeSplit:
         Seconds to read A and B from files and write C (``multiply`` on
         .npy files), where the profile has disk rates: beside the time, not
         in it (only files pay it).
+    host_memory : float or None
+        Seconds the node's host memory takes to carry what all its ranks'
+        host copies read and write (:meth:`Profile.host_memory_seconds`):
+        the same for every rank of the node, since they share it; None
+        where the profile has no ``host_memory`` (not counted).
     """
 
     gemm: float
@@ -319,6 +385,7 @@ class TimeSplit:
     exposed: float
     overlapped: tuple
     disk: float | None = None
+    host_memory: float | None = None
 
     def parts(self) -> dict:
         """The counted parts that can bound the run, by name."""
@@ -328,8 +395,10 @@ class TimeSplit:
     def seconds(self) -> float:
         parts = self.parts()
         at_once = [value for name, value in parts.items() if name in self.overlapped]
-        return (max(at_once, default=0.0) + self.exposed
-                + sum(value for name, value in parts.items() if name not in self.overlapped))
+        serial = {name: value for name, value in parts.items() if name not in self.overlapped}
+        copies = [serial.pop(name) for name in COPIES if name in serial]
+        return (max(at_once, default=0.0) + self.exposed + max(copies, default=0.0)
+                + sum(serial.values()))
 
     def bound(self) -> tuple[str, float]:
         """``(name, seconds)`` of the largest part: what bounds the run."""

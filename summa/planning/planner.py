@@ -67,6 +67,9 @@ class Machine:
     comm, device : MPI.Comm and Backend, optional
         This machine (:meth:`live`): its ranks and their device, asked for
         their free memory and checked against the nodes' host memory.
+    cores : int, optional
+        A node's cores, which its ranks' host copy threads divide, where a
+        profile says (a machine planned from afar); None: this process's.
     """
 
     backend: str = "numpy"
@@ -75,6 +78,7 @@ class Machine:
     ranks_on_node: int | None = None
     comm: object = field(default=None, compare=False, repr=False)
     device: object = field(default=None, compare=False, repr=False)
+    cores: int | None = None
 
     @classmethod
     def live(cls, comm, device, topology=None) -> "Machine":
@@ -446,15 +450,17 @@ def _host_copies(machine: Machine, asked) -> tuple:
     ``SUMMA_HOST_COPIES``) and the host threads per rank that copy them, by
     the cores of this process shared with the ranks on its node
     (:func:`summa.device.staging.copy_threads`; for a machine planned from
-    afar, this host's cores: a profile records none). ``(None, None)`` on
-    CPUs, which multiply where the data lie. Raises ValueError for a way
-    that is not ``"stage"`` or ``"lock"``, the same on every rank."""
+    afar, the cores its profile records, else this host's). ``(None,
+    None)`` on CPUs, which multiply where the data lie. Raises ValueError
+    for a way that is not ``"stage"`` or ``"lock"``, the same on every
+    rank."""
     if asked is not None and asked not in options.HOST_COPIES:
         raise ValueError(f"host_copies must be {' or '.join(options.HOST_COPIES)}, "
                          f"got {asked!r}")
     if not traits(machine.backend).gpu:
         return None, None
-    return asked or options.current().host_copies, staging.copy_threads(machine.node_ranks)
+    threads = staging.copy_threads(machine.node_ranks, machine.cores)
+    return asked or options.current().host_copies, threads
 
 
 def restage(plan: Plan, staged: tuple) -> Plan:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from .memory import host_traffic, sweep_steps, waited_write_backs
-from .model import gemm_flops
+from .model import MEMCPY_TRAFFIC, gemm_flops
 from .tuning import default_panel_width, is_width
+from ..device import staging
 from ..device.traits import traits
 from ..distribution.layout import first_panel_width
 
@@ -112,17 +113,56 @@ def _split(plan, profile) -> tuple:
     # CPU ranks multiply where the data lie: nothing crosses a host link
     up, down = _host_bytes(plan, own) if traits(plan.backend).gpu else (0, 0)
     host = profile.host_seconds(up, down) if up else 0.0
+    memory, node = _host_memory(plan, profile, up, down)
     if up and host is not None and plan.out_of_core:
         exposed += profile.host_seconds(*_head_tail(plan, width, tile)) + \
             _behind_a_narrow_head(plan, profile, width, tile, gemm / (rows * cols))
     floor, steps = _sweep_floor(plan, k)
-    exposed += max(0.0, floor - max(gemm, links, host or 0.0) - exposed)
+    exposed += max(0.0, floor - max(gemm, links, host or 0.0, memory or 0.0) - exposed)
     split = TimeSplit(gemm, host, links, exposed, BOUNDS if plan.out_of_core else
                       ("gemm", "gpu_links"),
-                      profile.disk_seconds((m * k + k * n) * itemsize, m * n * itemsize))
+                      profile.disk_seconds((m * k + k * n) * itemsize, m * n * itemsize),
+                      memory)
     return split, {"host_bytes": [up, down], "own_uploads": own, "comm": one.comm,
-                   "host_link": profile.host_link(), "steps": steps,
+                   "host_link": profile.host_link(), "host_memory": node, "steps": steps,
                    "steps_seconds": floor}
+
+
+#: Bytes of host memory traffic each byte a host copy moves costs: staged,
+#: a copy thread's memcpy into a page-locked chunk (three:
+#: :data:`summa.planning.model.MEMCPY_TRAFFIC`) and the GPU's DMA reading
+#: it from there (down: the DMA writes the chunk, a memcpy takes it to the
+#: array; :mod:`summa.device.staging`); from page-locked blocks (host
+#: copies ``lock``) the DMA alone reads or writes it.
+TRAFFIC_A_BYTE = {"stage": 1 + MEMCPY_TRAFFIC, "lock": 1}
+
+
+def _host_memory(plan, profile, up: int, down: int) -> tuple:
+    """``(seconds, details)``: the node's host memory carrying what all its
+    ranks' host copies read and write (`up` and `down` bytes a rank, each
+    :data:`TRAFFIC_A_BYTE` times, and a new C's pages, which the kernel
+    zeroes before the first write), shared by the node's copy threads
+    (:meth:`summa.planning.model.Profile.host_memory_seconds`). ``(None,
+    None)`` where the profile has no ``host_memory`` or nothing is copied."""
+    section = profile.host_memory()
+    if section is None or not up + down:
+        return None, None
+    ranks = _node_ranks(plan, profile)
+    threads = plan.copy_threads or staging.copy_threads(ranks, profile.cores)
+    each = TRAFFIC_A_BYTE[plan.host_copies or "stage"] * (up + down) + \
+        (0 if plan.placement.into_out else down)
+    traffic, copiers = ranks * each, ranks * threads
+    return profile.host_memory_seconds(traffic, copiers), {
+        "traffic": traffic, "ranks": ranks, "copiers": copiers,
+        "copy_gbs": profile.host_copy_gbs(copiers), "estimate": bool(section.get("estimate"))}
+
+
+def _node_ranks(plan, profile) -> int:
+    """Ranks of `plan` on one node of `profile`'s machine: its GPUs a node
+    (its ``gpus`` over its ``nodes``), at most all of the plan's; all of
+    them where it does not count GPUs."""
+    per_node = -(-profile.gpus // profile.nodes) if profile.gpus else plan.ranks
+    return max(1, min(plan.ranks, per_node))
 
 
 def _sweep_floor(plan, k: int) -> tuple[float, int]:
@@ -202,6 +242,8 @@ def _advice(plan, profile, bound: str, link) -> list[str]:
             advice.append("--precision tf32 (float32 on tensor cores, "
                           f"{_rates(profile, plan, 'tf32'):.1f}x this profile's rate here)")
         return advice + ["more GPUs (each takes its share of the GEMMs)"]
+    if bound == "host_memory":
+        return _host_memory_advice(plan)
     rows, cols = plan.memory.tiles if plan.out_of_core else (1, 1)
     advice = [] if plan.out_of_core else [
         "out of core (--device-memory; summa.matmul on NumPy arrays runs so by itself): the "
@@ -217,6 +259,22 @@ def _advice(plan, profile, bound: str, link) -> list[str]:
         advice.append("a result array used before (summa.matmul(..., out=c)): float64 16384³ "
                       "on an H200 took 0.20 s into one against 0.29-0.97 s into a new one")
     return advice + ["more GPUs, each on a link of its own (each moves its share)"]
+
+
+def _host_memory_advice(plan) -> list[str]:
+    """What would move a bound of the node's host memory: fewer bytes
+    through it, or fewer ranks sharing it."""
+    rows, cols = plan.memory.tiles if plan.out_of_core else (1, 1)
+    advice = [] if plan.out_of_core else [
+        "out of core (--device-memory): the copies then overlap the GEMMs"]
+    if rows * cols > 1:
+        advice.append(f"more device memory per GPU: fewer C tiles than {rows} x {cols} (fewer "
+                      "bytes through the link and the host memory alike)")
+    if (plan.host_copies or "stage") == "stage":
+        advice.append("operands in page-locked memory, or SUMMA_HOST_COPIES=lock (the GPUs "
+                      "read them where they lie: a quarter of the staged copies' traffic)")
+    return advice + ["fewer GPUs a node, or more nodes (each node's memory carries its own "
+                     "GPUs' copies)", "a host with more memory channels filled"]
 
 
 def _rates(profile, plan, precision: str) -> float | None:

@@ -12,7 +12,7 @@ import numpy as np
 from ..host.storage import transposed
 from ..device.traits import traits
 from .memory import format_bytes, waited_write_backs
-from .model import gemm_flops
+from .model import MEMCPY_TRAFFIC, gemm_flops
 from .prediction import SWEEP_STEP_SECONDS, SWEEP_TILE_SECONDS
 
 __all__ = ["plan_lines"]
@@ -156,9 +156,10 @@ def _prediction_lines(plan) -> list[str]:
              f"  where the time goes, a {'GPU' if traits(plan.backend).gpu else 'rank'} (A and "
              "B start in host memory, C ends there):"]
     lines += _split_lines(plan)
-    split, names = pred["split"], _PART_NAMES
+    split = pred["split"]
     if plan.out_of_core:
-        combined = "max(GEMMs, host link, GPU links) + exposed: out of core they overlap"
+        combined = ("max(GEMMs, host link, host memory, GPU links) + exposed: out of core they "
+                    "overlap")
         if plan.precision == "fp64-int8":
             # its tiles fold C once per panel and make their own residues (docs/benchmarks.md,
             # "float64 on INT8: speed", out of core: 59 against 77 TFLOP/s in memory)
@@ -168,14 +169,10 @@ def _prediction_lines(plan) -> list[str]:
             combined += (" (measured 0.86-0.99 of in-memory on one H200 where the host link "
                          "keeps up with the GEMMs)")
     else:
-        combined = ("host link + max(GEMMs, GPU links) + exposed: in memory the copies come "
-                    "before and after the SUMMA (none for data made on the GPUs, as bench's)")
-    others = sorted((value, name) for name, value in split.items()
-                    if name in names and name != pred["bound"] and value is not None)
-    lines += [f"  combined: {combined}",
-              f"  bound by: {_bound_name(pred['bound'], pred)}, {pred['bound_share'] * 100:.0f} % "
-              f"of the time" + (f"; {names[others[-1][1]]} would take {others[-1][0]:.1f} s"
-                             if others else ""),
+        combined = ("max(host link, host memory) + max(GEMMs, GPU links) + exposed: in memory "
+                    "the copies come before and after the SUMMA (none for data made on the "
+                    "GPUs, as bench's)")
+    lines += [f"  combined: {combined}", _bound_line(pred),
               "  would move it: " + "; ".join(pred["advice"])]
     if pred.get("steps_seconds", 0.0) > split[pred["bound"]]:
         tiles = plan.memory.tile_count
@@ -194,15 +191,43 @@ def _prediction_lines(plan) -> list[str]:
     return lines
 
 
+#: Parts named beside the largest after the bound: those within this share
+#: of it (the host link and the host memory of one copy, estimated, can come
+#: near each other: a near tie is no ranking).
+NEAR_RUNNER = 0.75
+
+
+def _bound_line(pred: dict) -> str:
+    """The bound, its share of the time, and the next largest parts (those
+    within :data:`NEAR_RUNNER` of the largest of them) with their time."""
+    split = pred["split"]
+    others = sorted(((value, name) for name, value in split.items()
+                     if name in _PART_NAMES and name != pred["bound"] and value is not None),
+                    reverse=True)
+    named = [(v, name) for v, name in others if others and v >= NEAR_RUNNER * others[0][0]]
+    beside = ", ".join(f"{_bound_name(name, pred)} {v:.1f} s" for v, name in named[1:])
+    return (f"  bound by: {_bound_name(pred['bound'], pred)}, {pred['bound_share'] * 100:.0f} % "
+            "of the time" + (f"; {_bound_name(named[0][1], pred)} would take "
+                             f"{named[0][0]:.1f} s" if named else "")
+            + (f", {beside}" if beside else ""))
+
+
 #: The parts of a time split as ``summa plan`` names them.
-_PART_NAMES = {"gemm": "the GEMMs", "host_link": "the host link", "gpu_links": "the GPU links"}
+_PART_NAMES = {"gemm": "the GEMMs", "host_link": "the host link",
+               "host_memory": "the node's host memory", "gpu_links": "the GPU links"}
 
 
 def _bound_name(bound: str, pred: dict) -> str:
-    """The bound named for a person: the host link with its kind (PCIe)."""
+    """The bound named for a person: the host link with its kind (PCIe),
+    the host memory with its rate, said to be an estimate where the
+    profile's is."""
     link = pred.get("host_link") or {}
     if bound == "host_link" and link.get("name"):
         return f"the host link ({link['name']})"
+    node = pred.get("host_memory") or {}
+    if bound == "host_memory" and node:
+        return (f"{_PART_NAMES[bound]} ({node['copy_gbs']:g} GB/s of memcpy"
+                + (", an estimate)" if node["estimate"] else ")"))
     return _PART_NAMES[bound]
 
 
@@ -226,6 +251,7 @@ def _split_lines(plan) -> list[str]:
     else:
         moved = f"the profile has no host_link rates ({moved})"
     rows.append(("host link", split["host_link"], moved))
+    rows.append(("host memory", split.get("host_memory"), _host_memory_text(plan)))
     if ranks == 1:
         between = "one GPU"
     elif pred["own_uploads"]:
@@ -243,5 +269,20 @@ def _split_lines(plan) -> list[str]:
     rows.append(("disk", split["disk"], f"only summa multiply on .npy files, beside the time "
                  f"above: reads {files}" if split["disk"] is not None else
                  f"the profile has no disk rate (summa multiply on .npy files reads {files})"))
-    return [f"    {name:<10}{f'{value:10.2f} s' if value is not None else 'not counted':>12}  "
+    return [f"    {name:<11}{f'{value:9.2f} s' if value is not None else 'not counted':>11}  "
             f"{what}" for name, value, what in rows]
+
+
+def _host_memory_text(plan) -> str:
+    """What the host memory row counts: the node's ranks' copies, the
+    traffic they make and the rate the node's copy threads reach."""
+    node = plan.predicted.get("host_memory")
+    if not traits(plan.backend).gpu:
+        return "none: CPU ranks multiply where the data lie"
+    if not node:
+        return ("nothing crosses it" if not sum(plan.predicted["host_bytes"]) else
+                "the profile has no host_memory rate (summa calibrate measures it)")
+    return (f"{node['ranks']} GPU{'s' * (node['ranks'] != 1)} a node: {node['traffic'] / 1e9:.0f} "
+            f"GB read and written at {MEMCPY_TRAFFIC * node['copy_gbs']:g} GB/s (memcpy "
+            f"{node['copy_gbs']:g} GB/s on {node['copiers']} threads"
+            + ("; an estimate)" if node["estimate"] else ")"))

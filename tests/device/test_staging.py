@@ -122,8 +122,10 @@ def test_copy_threads_share_the_cores(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
     monkeypatch.setattr("os.cpu_count", lambda: 32)  # the machine's, not this process's
     assert copy_threads(1) == 6 and copy_threads(2) == 3
+    # another machine's node (a profile's cores), not this process's
+    assert copy_threads(2, cores=48) == 12 and copy_threads(8, cores=48) == 4
     monkeypatch.setenv("SUMMA_COPY_THREADS", "3")
-    assert copy_threads(1) == 3
+    assert copy_threads(1) == 3 and copy_threads(8, cores=48) == 3
 
 
 def test_touch_faults_in_every_page(rng):

@@ -2,7 +2,9 @@
 
 import io
 import json
+import time
 
+import numpy as np
 import pytest
 from mpi4py import MPI
 
@@ -249,6 +251,13 @@ def test_calibrate_writes_a_usable_profile(comm, tmp_path_factory):
         pred = predict(prof, 256, 256, 256, "float64", (comm.Get_size(), 1), 32,
                        RunSetting(comm="mpi"))
         assert pred.seconds > 0
+        # the nodes' memcpy rate: one copier alone, then every rank of the node
+        memory = prof.host_memory()
+        copiers = [c for c, _ in memory["copy_gbs"]]
+        assert copiers[0] == 1 and comm.Get_size() in copiers  # one node here
+        assert all(gbs > 0 for _, gbs in memory["copy_gbs"]) and not memory["estimate"]
+        assert prof.cores >= 1 and prof.host_copy_gbs(comm.Get_size()) > 0
+        assert "; host memory memcpy " in out.getvalue()
 
 
 def test_plot_draws_measured_points_and_model_curves(tmp_path):
@@ -398,9 +407,63 @@ def test_a_time_split_combines_its_overlapped_parts_and_adds_the_rest():
     assert in_memory.seconds == 10.5 and in_memory.bound() == ("host_link", 6.0)
     unknown = TimeSplit(4.0, None, 5.0, 0.0, ("gemm", "host_link", "gpu_links"))
     assert unknown.seconds == 5.0 and unknown.bound() == ("gpu_links", 5.0)
-    assert unknown.as_dict() == {"gemm": 4.0, "host_link": None, "gpu_links": 5.0,
-                                 "exposed": 0.0, "overlapped": ["gemm", "host_link",
-                                                                "gpu_links"], "disk": None}
+    assert unknown.as_dict() == {"gemm": 4.0, "host_link": None, "host_memory": None,
+                                 "gpu_links": 5.0, "exposed": 0.0,
+                                 "overlapped": ["gemm", "host_link", "gpu_links"], "disk": None}
+
+
+def test_the_host_memory_is_one_side_of_the_host_copies():
+    """The node's host memory and the host link are two sides of one set of
+    copies: out of core both overlap the GEMMs; in memory the copies add
+    the longer of the two, never both; either can bound the run."""
+    ooc = TimeSplit(4.0, 6.0, 1.0, 0.5, ("gemm", "host_link", "host_memory", "gpu_links"),
+                    host_memory=7.0)
+    assert ooc.seconds == 7.5 and ooc.bound() == ("host_memory", 7.0)
+    for memory, copies in ((3.0, 6.0), (9.0, 9.0)):
+        in_memory = TimeSplit(4.0, 6.0, 1.0, 0.5, ("gemm", "gpu_links"), host_memory=memory)
+        assert in_memory.seconds == 4.0 + copies + 0.5
+        assert in_memory.bound()[1] == copies
+
+
+def test_host_copy_rates_time_each_count_of_copiers(monkeypatch):
+    """The memcpy rate of a node's copiers: as many threads as asked copy
+    their bytes each (every byte once), and the rate is the bytes copied
+    over the time taken: copies made slower by a known delay give the
+    rate that delay allows."""
+    from summa.cli import calibrate as cal
+    copied = []
+    real = np.copyto
+
+    def slow(dst, src, **kwargs):
+        copied.append(src.size)
+        time.sleep(0.02)
+        real(dst, src, **kwargs)
+    monkeypatch.setattr(cal.np, "copyto", slow)
+    nbytes = 4 * (1 << 16)
+    monkeypatch.setattr(cal, "CHUNK_BYTES", 1 << 16)
+    rates = dict(cal.host_copy_rates(MPI.COMM_SELF, 3, nbytes=nbytes, repeat=1))
+    assert set(rates) == {1, 3}
+    # warm-up and one timed run of each count (1 alone, 1 on every rank, 3)
+    assert sum(copied) == 2 * (nbytes + nbytes + 3 * nbytes)
+    for copiers, gbs in rates.items():  # four chunks a thread, each at least 20 ms
+        assert 0 < gbs <= copiers * nbytes / (4 * 0.02) / 1e9
+
+
+def test_the_host_memory_rate_follows_its_copiers_and_its_traffic():
+    """The node's memcpy rate by copiers: a calibrated count's own, linear
+    between two, the most's past the most, the fewest's a thread below
+    them; the time is the traffic over MEMCPY_TRAFFIC times that rate:
+    twice the bytes, twice the time."""
+    from summa.planning.model import MEMCPY_TRAFFIC
+    prof = make_profile()
+    assert prof.host_memory() is None and prof.host_memory_seconds(1e9, 4) is None
+    prof.data["host_memory"] = {"copy_gbs": [[4, 40.0], [16, 100.0]], "cores": 64}
+    assert prof.cores == 64
+    assert prof.host_copy_gbs(4) == 40.0 and prof.host_copy_gbs(10) == pytest.approx(70.0)
+    assert prof.host_copy_gbs(64) == 100.0 and prof.host_copy_gbs(2) == pytest.approx(20.0)
+    one = prof.host_memory_seconds(300e9, 16)
+    assert one == pytest.approx(300e9 / (MEMCPY_TRAFFIC * 100e9))
+    assert prof.host_memory_seconds(600e9, 16) == pytest.approx(2 * one)
 
 
 def test_profiles_name_their_links_disk_and_memory_where_they_have_them():

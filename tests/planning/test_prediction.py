@@ -18,6 +18,7 @@ from summa.planning.memory import (FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SMA
 from summa.planning.model import Profile
 from summa.planning.planner import FREE_SHARE
 from summa.planning.prediction import NEXT_BOUND_SHARE
+from summa.planning.report import NEAR_RUNNER
 
 
 def _plan(tmp_path, args) -> tuple[str, dict]:
@@ -34,8 +35,12 @@ def _profile(name: str) -> dict:
 
 
 #: Printed names of a time split's parts (``summa plan``).
-PRINTED = {"gemm": "GEMMs", "host_link": "host link", "gpu_links": "GPU links",
-           "exposed": "exposed", "disk": "disk"}
+PRINTED = {"gemm": "GEMMs", "host_link": "host link", "host_memory": "host memory",
+           "gpu_links": "GPU links", "exposed": "exposed", "disk": "disk"}
+#: The parts as the bound and the parts beside it are named.
+BOUND_NAMES = {"gemm": "GEMMs", "host_link": "host link", "host_memory": "node's host memory",
+               "gpu_links": "GPU links"}
+COUNTED = tuple(BOUND_NAMES)
 FIRST_USER = ["--size", "100000", "--grid", "2x4", "--hardware", "rtx3090x8"]
 
 
@@ -58,11 +63,16 @@ def test_the_time_split_combines_to_the_time_and_the_bound_is_its_largest_part(t
     text, plan = _plan(tmp_path, args)
     pred = plan["predicted"]
     split = pred["split"]
-    counted = {p: split[p] for p in ("gemm", "host_link", "gpu_links") if split[p] is not None}
+    counted = {p: split[p] for p in COUNTED if split[p] is not None}
     at_once = max(v for p, v in counted.items() if p in split["overlapped"])
-    serial = sum(v for p, v in counted.items() if p not in split["overlapped"])
+    # the link's and the host memory's side of one set of copies: the longer of them
+    copies = max((v for p, v in counted.items() if p not in split["overlapped"]
+                  and p in ("host_link", "host_memory")), default=0.0)
+    serial = sum(v for p, v in counted.items() if p not in split["overlapped"]
+                 and p not in ("host_link", "host_memory"))
     assert split["exposed"] >= 0
-    assert at_once + serial + split["exposed"] == pytest.approx(pred["seconds"], rel=1e-12)
+    assert at_once + copies + serial + split["exposed"] == \
+        pytest.approx(pred["seconds"], rel=1e-12)
     if not plan["out_of_core"]:  # the SUMMA's part is the model's time (summa model)
         assert max(split["gemm"], split["gpu_links"]) + split["exposed"] == \
             pytest.approx(pred["summa_seconds"], rel=1e-12)
@@ -78,20 +88,27 @@ def test_the_time_split_combines_to_the_time_and_the_bound_is_its_largest_part(t
     bound = max(counted, key=counted.get)
     assert pred["bound"] == bound
     assert pred["bound_share"] == pytest.approx(counted[bound] / pred["seconds"])
-    named = re.search(r"bound by: the ([A-Za-z ]+?)(?: \(.*?\))?, (\d+) % of the time; "
-                      r"the ([A-Za-z ]+) would take ([\d.]+) s", text)
+    named = re.search(r"bound by: the ([A-Za-z' ]+?)(?: \(.*?\))?, (\d+) % of the time; "
+                      r"the ([A-Za-z' ]+?)(?: \([^)]*\))? would take ([\d.]+) s(.*)", text)
     assert named, text
-    assert named.group(1) == PRINTED[bound] and int(named.group(2)) == round(
+    assert named.group(1) == BOUND_NAMES[bound] and int(named.group(2)) == round(
         100 * pred["bound_share"])
     runner_up = max((p for p in counted if p != bound), key=counted.get)
-    assert named.group(3) == PRINTED[runner_up]
+    assert named.group(3) == BOUND_NAMES[runner_up]
     assert float(named.group(4)) == pytest.approx(counted[runner_up], abs=0.05)
+    # beside it, the parts near it (NEAR_RUNNER), each with its time
+    near = {p for p in counted if p not in (bound, runner_up)
+            and counted[p] >= NEAR_RUNNER * counted[runner_up]}
+    beside = dict(re.findall(r", the ([A-Za-z' ]+?)(?: \([^)]*\))? ([\d.]+) s", named.group(5)))
+    assert set(beside) == {BOUND_NAMES[p] for p in near}
+    for p in near:
+        assert float(beside[BOUND_NAMES[p]]) == pytest.approx(counted[p], abs=0.05)
     assert re.search(r"would move it: \S", text)
     # a part at least NEXT_BOUND_SHARE of the bound's is named next, with its own advice
     close = counted[runner_up] >= NEXT_BOUND_SHARE * counted[bound]
     assert pred["next"] == (runner_up if close else None)
-    assert bool(re.search(rf"next bound, the {PRINTED[runner_up]}.* at [\d.]+ s: \S", text)) \
-        == close
+    assert bool(re.search(rf"next bound, the {BOUND_NAMES[runner_up]}.* at [\d.]+ s: \S",
+                          text)) == close
 
 
 def test_on_the_first_users_gpus_the_bound_follows_the_profile(tmp_path):
@@ -216,3 +233,73 @@ def test_a_sweep_of_one_panel_tiles_is_predicted_at_its_tiles_cost(tmp_path):
     rows, cols = plan["memory"]["tiles"]
     assert plan["predicted"]["steps"] == rows * cols > 1000
     assert 4.5 < plan["predicted"]["seconds"] < 7.5
+
+
+def _flat_host_memory(tmp_path, nodes: int, gbs: float = 100.0, estimate=True) -> str:
+    """The rtx3090x8 profile with a node memcpy rate of `gbs` whatever the
+    copiers, its 8 GPUs on `nodes` nodes; the file's path."""
+    data = _profile("rtx3090x8")
+    data.update(nodes=nodes, host_memory={"copy_gbs": [[1, gbs]], "cores": 64,
+                                          "estimate": estimate})
+    path = tmp_path / f"flat-{nodes}.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_the_node_host_memory_is_shared_by_its_ranks(tmp_path):
+    """Every rank's staged bytes pass through its node's memory (a memcpy
+    into a page-locked chunk and the DMA's read: four bytes of traffic
+    each, and C's new pages once): the same 8 GPUs, 8 on one node, take
+    twice the host memory time of 4 on each of two nodes, while the host
+    link, per GPU, stays; the row says what it moves and at what rate, and
+    an estimate is said to be one."""
+    from summa.planning.model import MEMCPY_TRAFFIC
+    split, texts = {}, {}
+    for nodes in (1, 2):
+        texts[nodes], plan = _plan(tmp_path, FIRST_USER[:4] + ["--profile",
+                                                              _flat_host_memory(tmp_path, nodes)])
+        pred = plan["predicted"]
+        up, down = pred["host_bytes"]
+        ranks = 8 // nodes
+        traffic = ranks * (4 * (up + down) + down)
+        assert pred["host_memory"]["traffic"] == traffic
+        assert pred["split"]["host_memory"] == pytest.approx(traffic / (MEMCPY_TRAFFIC * 100e9))
+        split[nodes] = pred["split"]
+        # the copy threads share the profile's node's 64 cores, not this host's
+        assert plan["copy_threads"] == min(12, 64 * 3 // 4 // ranks)
+        assert pred["host_memory"]["copiers"] == ranks * plan["copy_threads"]
+    assert split[1]["host_memory"] == pytest.approx(2 * split[2]["host_memory"])
+    assert split[1]["host_link"] == split[2]["host_link"]
+    row = re.search(r"^    host memory +([\d.]+) s  8 GPUs a node: (\d+) GB read and written at "
+                    r"300 GB/s \(memcpy 100 GB/s on \d+ threads; an estimate\)$", texts[1], re.M)
+    assert row and float(row.group(1)) == pytest.approx(split[1]["host_memory"], abs=0.005)
+    # out of core the copies overlap the GEMMs: the largest part is the time
+    assert "max(GEMMs, host link, host memory, GPU links)" in texts[1]
+
+
+def test_a_host_memory_bound_is_named_with_what_would_move_it(tmp_path):
+    """A node whose memory copies slowly bounds the run: the plan names it,
+    its rate, and what would move it (fewer bytes, page-locked operands,
+    fewer GPUs a node); a measured rate is not called an estimate."""
+    path = _flat_host_memory(tmp_path, 1, gbs=10.0, estimate=False)
+    text, plan = _plan(tmp_path, FIRST_USER[:4] + ["--precision", "fp64-int8", "--profile", path])
+    pred = plan["predicted"]
+    assert pred["bound"] == "host_memory"
+    assert pred["seconds"] >= pred["split"]["host_memory"]
+    assert re.search(r"bound by: the node's host memory \(10 GB/s of memcpy\), \d+ % of the "
+                     r"time", text)
+    assert "an estimate" not in text.split("where the time goes")[1].split("combined")[0]
+    advice = " ".join(pred["advice"])
+    assert "fewer C tiles" in advice and "page-locked" in advice and "fewer GPUs a node" in advice
+
+
+def test_the_first_users_plan_names_the_host_memory_estimate(tmp_path):
+    """rtx3090x8 fp64-int8: its host memory figure is an estimate (the
+    profile says so), counted, and named in the bound's line with it."""
+    data = _profile("rtx3090x8")
+    assert data["host_memory"]["estimate"] is True and data["host_memory"]["note"]
+    text, plan = _plan(tmp_path, FIRST_USER + ["--precision", "fp64-int8"])
+    assert plan["predicted"]["split"]["host_memory"] > 0
+    bound_line = next(x for x in text.splitlines() if x.startswith("  bound by:"))
+    assert re.search(r"the node's host memory \([\d.]+ GB/s of memcpy, an estimate\)",
+                     bound_line)
