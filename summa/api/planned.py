@@ -309,6 +309,9 @@ def run_planned(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     host = operands  # off the root: as passed (the pool's workers hold the arrays on every rank)
     if given is not None and not plan.placement.resident:
         host = ArrayOperands(*given.host_arrays(be), operands.root)
+    if not plan.placement.resident:  # the plan of the arrays as they lie: its memory is drawn
+        host = _as_arrays(host)
+        plan = _stored(plan, _storage(host, plan.trans, pgrid.comm), pgrid.comm, be)
     with Account.of(plan, be, result=_gathered(plan, pgrid, operands.root)).drawing(
             None if pgrid is None else pgrid.comm) as account:
         if plan.placement.resident:
@@ -397,9 +400,7 @@ def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     ``extra["plan"]``; `called`: when the call began (``perf_counter``),
     for its set-up time. Returns the product on the root (`out` where
     given), None elsewhere."""
-    # (array-likes as NumPy sees them; arrays, node-shared ones too, as they are)
-    operands = replace(operands, **{name: np.asarray(x) for name, x in (
-        ("a", operands.a), ("b", operands.b)) if x is not None and not isinstance(x, np.ndarray)})
+    operands = _as_arrays(operands)
     a, b, out, root = operands.a, operands.b, operands.out, operands.root
     plan = _stored(plan, _storage(operands, plan.trans, pgrid.comm), pgrid.comm, be)
     if not plan.out_of_core:
@@ -428,6 +429,13 @@ def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
         parallel_copy(out, c_node)
         return out
     return c_node
+
+
+def _as_arrays(operands: ArrayOperands) -> ArrayOperands:
+    """`operands` with array-likes as NumPy sees them (arrays, node-shared
+    ones too, as they are)."""
+    return replace(operands, **{name: np.asarray(x) for name, x in (
+        ("a", operands.a), ("b", operands.b)) if x is not None and not isinstance(x, np.ndarray)})
 
 
 def _in_memory(plan, pgrid, be, operands: ArrayOperands, alpha, stats):
