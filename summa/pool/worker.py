@@ -1,5 +1,5 @@
-"""``python -m summa.pool.worker ADDRESS OWNER SEGMENTS``: one rank of the pool that a plain
-Python process started (:mod:`summa.pool`).
+"""``python -m summa.pool.worker ADDRESS OWNER SEGMENTS``: one rank of the
+pool that a plain Python process started (:mod:`summa.pool`).
 
 The workers are an ordinary MPI job (``mpiexec -n P python -m summa.pool.worker
 ADDRESS OWNER SEGMENTS``), one rank per GPU as under mpirun. Every rank connects

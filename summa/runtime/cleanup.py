@@ -156,7 +156,9 @@ def note_segments() -> None:
 #: The watcher's code (:func:`clean_up_after_death`): Python alone, no site
 #: packages, started in well under a second.
 _WATCHER = """
-import os, select, sys, time
+import os, select, signal, sys, time
+for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a stop of the job is not its
+    signal.signal(stop, signal.SIG_IGN)
 pid, shared, paths = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
 try:
     select.select([os.pidfd_open(pid)], [], [])

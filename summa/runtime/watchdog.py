@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from mpi4py import MPI
 
 from .. import options
+from .cleanup import clean_up_after_death, note_segments
 
 __all__ = ["Watchdog", "watch", "handle_signals", "STOPPING", "wait_if_stopping",
            "timeout_from_env", "EXIT_TIMEOUT"]
@@ -182,7 +183,6 @@ def handle_signals(comm: MPI.Comm | None = None, announce: bool = True) -> None:
     launches starts with them blocked: :mod:`summa.pool.job`).
     Without `announce`, no word on stderr. Call once, from the main thread.
     """
-    from .cleanup import clean_up_after_death, note_segments
     comm = MPI.COMM_WORLD if comm is None else comm
     note_segments()  # MPI has started: its files are made
     clean_up_after_death(_shared_dir())

@@ -45,8 +45,10 @@ def _private_shm() -> list[str]:
 
 def _case(case: str, seed: int) -> dict:
     """Run `case` of shm_driver.py with `seed`; its report, checked: nothing
-    of the job left (nothing new at all in a /dev/shm of its own), and the
-    job's files were seen (the watch itself works)."""
+    of the job left (nothing new at all in a /dev/shm of its own), no
+    launcher's banner, and, where the job surely made some, its files seen
+    (the watch itself works; a Ctrl-C of the command may come before its
+    MPI starts)."""
     private = _private_shm()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(summa.__file__)), os.environ.get("PYTHONPATH", "")]))
@@ -60,7 +62,7 @@ def _case(case: str, seed: int) -> dict:
     assert report["left"] == [], what
     assert report["new"] in (None, []), what
     assert not report["banner"], what
-    assert report["seen"] > 0, what
+    assert report["seen"] > 0 or case == "cli-interrupt", what
     return report
 
 
@@ -98,7 +100,8 @@ def test_ctrl_c_of_the_multiply_command_without_mpirun_leaves_nothing(seed):
     """A terminal's Ctrl-C at any moment, the ranks' start included: they
     take it once they can clean up."""
     report = _case("cli-interrupt", seed)
-    assert report["status"] in (0, 130), report
+    # 130 (or done first); Python's own KeyboardInterrupt where it came before summa's start
+    assert report["status"] in (0, 130, -2), report
     assert report["stop_took"] < 5, report
 
 
