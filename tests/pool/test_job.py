@@ -41,12 +41,16 @@ def _blocked(pid: int) -> int:
 
 
 def _rank(path) -> int:
-    """The rank's pid, once it has written it to `path` (it is up)."""
+    """The rank's pid, once it has written it to `path` (it is up; the file
+    may be seen made and not yet written)."""
     deadline = time.monotonic() + 20
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    with open(path) as fh:
-        return int(fh.read())
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as fh:
+                return int(fh.read())
+        except (OSError, ValueError):
+            time.sleep(0.01)
+    raise TimeoutError(f"the rank did not write {path}")
 
 
 def test_a_job_starts_with_the_stop_signals_blocked_and_a_stop_reaches_its_ranks(tmp_path):
