@@ -53,32 +53,38 @@ def _all_ranks_failed(ctl, grace: float) -> bool:
 _RELAUNCHED = ("multiply",)
 
 
-def _relaunch(argv) -> None:
+def _relaunch(argv) -> int | None:
     """``python -m summa multiply ...`` without mpirun on a machine with several
     GPUs: the same command again under the MPI's own mpiexec, one rank per
     GPU (``SUMMA_GPUS``; on CPUs ``SUMMA_WORKERS``, else one per 8 cores), the
-    rule of summa.matmul's pool in a script. Does nothing under a launcher or
-    for one rank."""
+    rule of summa.matmul's pool in a script; returns its exit status. Does
+    nothing (None) under a launcher or for one rank.
+
+    This process stays the job's parent (:func:`summa.pool.job.run`): a
+    Ctrl-C, SIGTERM or SIGHUP reaches the ranks as a signal they clean up
+    after, also while they start. Its own MPI is finalized first: an exec
+    into the launcher, or a kill, left MPI's file of this process's start
+    in /dev/shm."""
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] not in _RELAUNCHED:
-        return
+        return None
     if importlib.util.find_spec("mpi4py") is None:  # no MPI to launch: main says so
-        return
+        return None
     from .pool import WorkerError, launched, mpiexec_command, pool_size
     from .device.traits import traits
     if launched():
-        return
+        return None
     backend = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--backend"), "auto")
     try:
         size = pool_size(None, None, use_gpus=not traits(backend).cpu_only)  # summa.matmul's rule
     except ValueError:  # a bad setting: the command says so, in one line
-        return
+        return None
     if size <= 1:
-        return
+        return None
     try:
         command = mpiexec_command() + ["-n", str(size), sys.executable, "-m", "summa", *args]
     except WorkerError:  # no launcher: no MPI either, which main says in one line
-        return
+        return None
     sys.stdout.flush()
     # The environment as the process began, not as MPI's start in this process
     # left it: Open MPI's singleton start sets variables (PMIX_*, OMPI_*) that
@@ -86,14 +92,20 @@ def _relaunch(argv) -> None:
     env = dict(os.environ)
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    os.execvpe(command[0], command, env)
+    from mpi4py import MPI
+
+    from .pool.job import run
+    MPI.Finalize()
+    return run(command, env)
 
 
 def main(argv=None) -> int:
     from .cli import runs_alone
     if runs_alone(argv):  # help, plan, model, options: no MPI started, none needed
         return _alone(argv)
-    _relaunch(argv)
+    relaunched = _relaunch(argv)
+    if relaunched is not None:
+        return relaunched
     from .runtime.mpi import MPIUnavailable, load
     try:
         MPI = load()
@@ -143,6 +155,11 @@ def _failed(world, ctl, exc: Exception) -> int:
     from .runtime.agree import RankFailure
     if isinstance(exc, BrokenPipeError):  # output piped into head & co.: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if world.Get_size() > 1:
+            # the others may wait in a collective this rank leaves, and MPI_Finalize
+            # for them: end as a failed rank does, MPI's files removed first
+            from .runtime.cleanup import hard_exit
+            hard_exit(1)
         return 1
     if isinstance(exc, RankFailure):  # already agreed by every rank: one report, clean exit
         if world.Get_rank() == 0:

@@ -21,7 +21,8 @@ with it.) A worker that raises or dies ends the call with one exception
 naming the rank and the cause (a worker that died, where one did, rather
 than the MPI error its death left the others); the job is then ended and the next call
 starts a new pool; SUMMA_TIMEOUT seconds without an answer does the same.
-Ctrl-C raises KeyboardInterrupt once the job is ended (a second or so). The
+Ctrl-C raises KeyboardInterrupt once the job is ended (a second or so; a few
+while the workers start, which take it once they can clean up). The
 workers wait for a call asleep, each on its socket (no CPU while idle), and
 end by themselves, removing what their owner left in shared memory, when the
 owner is killed. Under a launcher (a world of several ranks) nothing is
@@ -29,7 +30,9 @@ started.
 
 The pool's processes are :mod:`summa.pool.launch` (the job, its connections,
 how it ends), the calls made on it :mod:`summa.pool.calls` (what they ship
-and how they wait), the workers' side :mod:`summa.pool.worker`.
+and how they wait), the workers' side :mod:`summa.pool.worker`; how a job
+summa launches is started and stopped, leaving nothing in /dev/shm,
+:mod:`summa.pool.job`.
 """
 
 from .launch import WorkerError, close, launched, mpiexec_command, pool_size, start

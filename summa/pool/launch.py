@@ -13,14 +13,13 @@ import os
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 
-from ..host import shared as host
-from ..runtime.cleanup import process_alive
+from . import job
+from ..runtime.cleanup import mapped_segments, process_alive, remove_segments
 from ..options import current as current_options
 from ..device.traits import traits
 from ..device.account import DeviceMemoryError
@@ -114,11 +113,11 @@ class Pool:
                    TMPDIR=self._folder)
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")  # Open MPI as root (containers)
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        # with MPI's files of this process, which the workers remove should it be killed
+        owner = [self._listener.address, str(os.getpid()), os.pathsep.join(mapped_segments())]
         try:
-            self.proc = subprocess.Popen(
-                mpiexec_command() + ["-n", str(size), sys.executable, "-m", "summa.pool.worker",
-                              self._listener.address, str(os.getpid())],
-                env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = job.launch(mpiexec_command() + ["-n", str(size), sys.executable, "-m",
+                                                        "summa.pool.worker", *owner], env)
         except BaseException:  # Ctrl-C or no launcher: no folder left behind
             self._listener.close()
             shutil.rmtree(self._folder, ignore_errors=True)
@@ -257,31 +256,13 @@ class Pool:
     def kill(self) -> None:
         """End the workers' job now, and remove what its workers held.
 
-        The launcher is asked first (SIGTERM: it passes the signal on, each
-        worker removes MPI's shared memory and exits, and it reaps its
-        proxies, which a killed launcher leaves as zombies); whatever still
-        runs a second later is killed, and this process removes the files the
-        workers could not."""
-        from ..runtime.cleanup import remove_segments
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=1.0)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        workers = [*self.pids.values(), *self.parents]
-        if self.proc.poll() is None or any(process_alive(pid) for pid in workers):
-            for pid in [-self.proc.pid, *workers]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-        self.proc.wait()
-        deadline = time.monotonic() + 5  # killed is not yet gone: wait until they are
-        while any(process_alive(pid) for pid in workers) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        Each worker is sent SIGTERM (:func:`summa.pool.job.stop`): it removes
+        MPI's shared memory and exits, one still starting once it can (its
+        start holds the signal); what still runs a moment later is killed, and
+        this process removes the files the workers could not."""
+        connected = len(self.conns) == self.size
+        job.stop(self.proc, self.pids.values(), grace=1.0 if connected else job.STOP_GRACE)
         remove_segments(self.segments)
-        for pid in self.pids.values():
-            host.remove_files_of(pid)
         self._cleanup()
 
     def stop(self) -> None:

@@ -1,10 +1,11 @@
-"""``python -m summa.pool.worker ADDRESS``: one rank of the pool that a plain
-Python process started (:mod:`summa.pool`).
+"""``python -m summa.pool.worker ADDRESS OWNER SEGMENTS``: one rank of the
+pool that a plain Python process started (:mod:`summa.pool`).
 
 The workers are an ordinary MPI job (``mpiexec -n P python -m summa.pool.worker
-ADDRESS OWNER``), one rank per GPU as under mpirun. Every rank connects back
-to the pool's owner (process OWNER) at ADDRESS (a local socket; the key comes
-in ``SUMMA_POOL_KEY``) and waits there, asleep, for each command; all run it
+ADDRESS OWNER SEGMENTS``), one rank per GPU as under mpirun. Every rank connects
+back to the pool's owner (process OWNER, whose MPI files are SEGMENTS, joined
+by ``os.pathsep``) at ADDRESS (a local socket; the key comes in
+``SUMMA_POOL_KEY``) and waits there, asleep, for each command; all run it
 (a multiply of shared arrays, :mod:`summa.host.shared`; or the opening, an
 execution or the freeing of a :class:`summa.Matmul` kept between commands by
 id, :class:`summa.pool.PooledMatmul`), and rank 0 answers
@@ -15,7 +16,10 @@ message, traceback, dead)``, `dead` the ranks it found no longer running
 the others may be inside a collective it will never join. The owner then
 starts a new pool. A signal (the owner stopping the job) or the owner's end
 (killed, even mid-call) ends each worker at once, removing MPI's shared
-memory and the shared files the owner left (:func:`summa.runtime.cleanup.hard_exit`).
+memory (the owner's too) and the shared files the owner left
+(:func:`summa.runtime.cleanup.hard_exit`). The job starts with SIGINT and
+SIGTERM blocked (:mod:`summa.pool.job`): a worker takes them once its
+signal handling is in place.
 """
 
 from __future__ import annotations
@@ -268,6 +272,36 @@ def _owner_gone(owner: int) -> None:
     hard_exit(1)
 
 
+#: Seconds a worker whose owner's socket closed waits for the owner to show
+#: as ended: a killed process's sockets close before its state does.
+OWNER_GRACE = 2.0
+
+
+def _ends(owner: int) -> bool:
+    """Does process `owner` end within :data:`OWNER_GRACE` seconds?"""
+    deadline = time.monotonic() + OWNER_GRACE
+    while process_alive(owner):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+#: The kernel's flag of a process that has begun to exit (``PF_EXITING``).
+_PF_EXITING = 0x4
+
+
+def _dying(pid: int) -> bool:
+    """Has process `pid` ended or begun to (killed: its memory is released,
+    then its sockets closed, before it shows as ended)?"""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return True
+    return fields[0] in ("Z", "X") or bool(int(fields[6]) & _PF_EXITING)
+
+
 def watch_owner(owner: int) -> None:
     """A thread that ends this worker when process `owner` ends, also while
     a call runs (the socket tells only once the worker reads it again)."""
@@ -293,32 +327,38 @@ def main(argv=None) -> int:
     from ..options import current
     args = sys.argv[1:] if argv is None else argv
     key = current().pool_key
-    if len(args) != 2 or not key or not args[1].isdigit():
+    if len(args) != 3 or not key or not args[1].isdigit():
         print("summa.pool.worker: started by summa's pool (summa.matmul in a plain Python "
               "process), not by hand", file=sys.stderr)
         return 2
     from mpi4py import MPI
 
-    from ..runtime.cleanup import mapped_segments
+    from ..runtime.cleanup import hard_exit, mapped_segments
     from ..runtime.watchdog import handle_signals
     world = MPI.COMM_WORLD
     handle_signals(world, announce=False)  # the owner stops the job so: no word
     owner = int(args[1])
-    _owner_segments.extend(mapped_segments(owner))
+    # as the owner named them: read from its maps they would be lost where it
+    # was killed before this worker started
+    _owner_segments.extend(filter(None, args[2].split(os.pathsep)))
     if os.path.basename(os.path.dirname(args[0])).startswith("summa-pool-"):
         _owner_folder.append(os.path.dirname(args[0]))
     watch_owner(owner)
-    conn = Client(args[0], authkey=bytes.fromhex(key))
+    try:
+        conn = Client(args[0], authkey=bytes.fromhex(key))
+    except OSError:  # its socket gone with it: an owner killed while this worker started
+        _owner_gone(owner) if _ends(owner) else hard_exit(1)
     conn.send(("hello", world.Get_rank(), os.getpid(), os.getppid(), mapped_segments()))
     _warm(world, current().pool_warm)
     peers: dict[int, int] = {}
     try:
         serve(conn, world, peers)
     except _OwnerGone:  # nothing to answer (an OSError of the multiply is told, below)
-        _owner_gone(owner) if not process_alive(owner) else os._exit(1)
+        _owner_gone(owner) if _ends(owner) else hard_exit(1)
     except BaseException as exc:  # noqa: BLE001 -- told to the owner, then the job ends
         _report(conn, world.Get_rank(), peers, exc)
-        from ..runtime.cleanup import hard_exit
+        if _dying(owner):  # the cause, likely: its memory went first, the process next
+            _owner_gone(owner)
         hard_exit(1)  # no MPI_Finalize: the others may be stuck in a collective
     conn.close()
     return 0

@@ -18,11 +18,15 @@ import functools
 import os
 import secrets
 import signal
+import subprocess
+import sys
 import threading
 import weakref
 
 __all__ = ["temporary_files", "new_temporary_file", "remove_temporary_files",
-           "MPI_SEGMENT_PREFIXES", "mapped_segments", "remove_segments", "cuda_ipc_files",
+           "MPI_SEGMENT_PREFIXES", "mapped_segments", "held_segments", "note_segments",
+           "clean_up_after_death", "remove_segments",
+           "cuda_ipc_files", "descendants",
            "remove_cuda_ipc_files_at_exit", "hard_exit", "process_alive", "finalize",
            "raises_ctrl_c"]
 
@@ -95,6 +99,109 @@ def mapped_segments(pid: int | str = "self",
     return found
 
 
+def held_segments(pid: int, prefixes: tuple = MPI_SEGMENT_PREFIXES) -> list[str]:
+    """:func:`mapped_segments` of process `pid` and those it has open but
+    not yet mapped (MPI's start opens its file, sizes it, then maps it: a
+    process stopped in between holds it only as a descriptor)."""
+    found = mapped_segments(pid, prefixes)
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            path = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if os.path.basename(path).startswith(prefixes) and path not in found \
+                and not path.endswith("(deleted)"):
+            found.append(path)
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes below process `pid` (children first), found by
+    their parents in /proc: a launcher's ranks, which it starts in sessions
+    of their own."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] not in ("Z", "X"):
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop(0)
+        found.append(child)
+        todo.extend(children.get(child, []))
+    return found
+
+
+#: MPI's files this process mapped once MPI had started (:func:`note_segments`).
+_noted_segments: set = set()
+
+
+def note_segments() -> None:
+    """Note the MPI files this process maps now, for :func:`hard_exit`:
+    an end that comes while ``MPI_Finalize`` runs may find them unmapped
+    and not yet removed."""
+    _noted_segments.update(mapped_segments())
+
+
+#: The watcher's code (:func:`clean_up_after_death`): Python alone, no site
+#: packages, started in well under a second.
+_WATCHER = """
+import os, select, signal, sys, time
+for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a stop of the job is not its
+    signal.signal(stop, signal.SIG_IGN)
+pid, shared, paths = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+try:
+    select.select([os.pidfd_open(pid)], [], [])
+except (AttributeError, OSError):
+    while os.path.exists(f"/proc/{pid}"):
+        time.sleep(0.5)
+mark = f"{pid:x}"
+for folder, match in (("/dev/shm",
+                       lambda n: n.startswith("cuda.shm.") and n.split(".")[3:4] == [mark]),
+                      (shared, lambda n: n.startswith(f"summa-{pid}-"))):
+    try:
+        paths += [os.path.join(folder, n) for n in os.listdir(folder) if match(n)]
+    except OSError:
+        pass
+for path in paths:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+"""
+
+#: The watcher started (kept: a Popen dropped while it runs warns).
+_watchers: list = []
+
+
+def clean_up_after_death(shared_dir: str) -> None:
+    """Start a small process that, once this one has ended however it ended,
+    removes MPI's files it noted (:func:`note_segments`), the CUDA driver's
+    files of its interprocess events (:func:`cuda_ipc_files`) and summa's
+    shared files named after it in `shared_dir`. A rank killed by SIGKILL
+    removes nothing itself: an mpiexec whose output's reader went away
+    (``| head``) dies of SIGPIPE, and its proxies kill every rank so.
+    The process is in a session of its own (a launcher killing the job's
+    process groups misses it) and waits asleep; once this process ended
+    normally it finds the files gone."""
+    if _watchers:
+        return
+    _watchers.append(subprocess.Popen(
+        [sys.executable, "-S", "-c", _WATCHER, str(os.getpid()), shared_dir,
+         *sorted(_noted_segments)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True))
+
+
 def remove_segments(paths) -> None:
     """Unlink shared-memory files by path (those already gone are skipped).
     The processes that map them keep their memory until they end."""
@@ -143,7 +250,7 @@ def hard_exit(status: int) -> None:
     Temporary files go last, just before the end: one another thread makes
     meanwhile is named by then, or removes itself (:func:`new_temporary_file`)."""
     _ending.set()
-    remove_segments(mapped_segments())
+    remove_segments({*mapped_segments(), *_noted_segments})
     remove_segments(cuda_ipc_files())
     remove_temporary_files()
     os._exit(status)

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 
 from .mpi import MPI
 from .. import options
+from .cleanup import clean_up_after_death, note_segments
 
 __all__ = ["Watchdog", "watch", "handle_signals", "STOPPING", "wait_if_stopping",
            "timeout_from_env", "EXIT_TIMEOUT"]
@@ -177,9 +178,13 @@ def handle_signals(comm: MPI.Comm | None = None, announce: bool = True) -> None:
     MPI's shared memory, and ends the process with status 128 + signal number
     without running exit handlers (:func:`summa.runtime.cleanup.hard_exit`).
     (Python-level handlers would wait for the main thread to leave MPI.)
+    Both signals are unblocked in the calling thread last (a job summa
+    launches starts with them blocked: :mod:`summa.pool.job`).
     Without `announce`, no word on stderr. Call once, from the main thread.
     """
     comm = MPI.COMM_WORLD if comm is None else comm
+    note_segments()  # MPI has started: its files are made
+    clean_up_after_death(_shared_dir())
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
@@ -205,6 +210,20 @@ def handle_signals(comm: MPI.Comm | None = None, announce: bool = True) -> None:
              comm, 128 + signum, settle=(0.1, 0.4), abort=False)
 
     threading.Thread(target=wait_for_signal, name=SIGNAL_THREAD, daemon=True).start()
+    # A process summa launched (the pool's workers, a multiply run without
+    # mpirun) starts with both blocked, so that a stop during its start waits
+    # for the clean-up above: taken now, should one have come.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
+
+
+def _shared_dir() -> str:
+    """Where summa's shared files go (``SUMMA_SHM_DIR``), or /dev/shm where
+    a setting is bad: asked before the command reads its settings, which
+    refuses it in one line."""
+    try:
+        return options.current().shm_dir
+    except ValueError:
+        return "/dev/shm"
 
 
 #: The signal thread's name, also the kernel's (``/proc/PID/task/*/comm``,
