@@ -714,7 +714,7 @@ def test_a_complex_fp64_int8_product_holds_what_the_plans_count(comm, rng, gpu):
     two real results and one real product's scratch): its four real
     products join C in place, no C-size temporaries; a C of NaN with beta
     0 is overwritten."""
-    from summa.planning.memory import _ozaki_scratch
+    from summa.planning.tiling import ozaki_scratch
     from summa.precision import ozaki_gpu
     _, backend = gpu
     cp = backend.xp
@@ -736,7 +736,7 @@ def test_a_complex_fp64_int8_product_holds_what_the_plans_count(comm, rng, gpu):
                        scheme=ozaki_gpu.Scheme(rows=rows))
     finally:
         cp.cuda.set_allocator(pool.malloc)
-    counted = _ozaki_scratch(m, n, k, True, rows)
+    counted = ozaki_scratch(m, n, k, True, rows)
     assert 0 < peak[0] <= counted + (1 << 20)  # vectors of exponents and norms besides
     assert gemm_scaled_error(cp.asnumpy(c), cp.asnumpy(a), cp.asnumpy(b), alpha=0.5 - 1j) <= 1
 
@@ -825,9 +825,9 @@ def test_fp64_int8_out_of_core_in_chunks_of_rows(comm, rng, gpu, monkeypatch):
     product within the gauge."""
     from summa.device.backend import NumpyBackend
     from summa.execution.outofcore import summa_out_of_core
-    from summa.planning import memory
+    from summa.planning import tiling
     grid, backend = gpu
-    monkeypatch.setattr(memory, "FP64_INT8_ROWS", 64)
+    monkeypatch.setattr(tiling, "FP64_INT8_ROWS", 64)
     m, k, n = 900, 512, 400
     a, b = rng.uniform(-1, 1, (m, k)), rng.standard_normal((k, n))
     host = NumpyBackend()
