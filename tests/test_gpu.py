@@ -714,7 +714,7 @@ def test_a_complex_fp64_int8_product_holds_what_the_plans_count(comm, rng, gpu):
     two real results and one real product's scratch): its four real
     products join C in place, no C-size temporaries; a C of NaN with beta
     0 is overwritten."""
-    from summa.planning.memory import _ozaki_scratch
+    from summa.planning.tiling import ozaki_scratch
     from summa.precision import ozaki_gpu
     _, backend = gpu
     cp = backend.xp
@@ -736,7 +736,7 @@ def test_a_complex_fp64_int8_product_holds_what_the_plans_count(comm, rng, gpu):
                        scheme=ozaki_gpu.Scheme(rows=rows))
     finally:
         cp.cuda.set_allocator(pool.malloc)
-    counted = _ozaki_scratch(m, n, k, True, rows)
+    counted = ozaki_scratch(m, n, k, True, rows)
     assert 0 < peak[0] <= counted + (1 << 20)  # vectors of exponents and norms besides
     assert gemm_scaled_error(cp.asnumpy(c), cp.asnumpy(a), cp.asnumpy(b), alpha=0.5 - 1j) <= 1
 
@@ -825,9 +825,9 @@ def test_fp64_int8_out_of_core_in_chunks_of_rows(comm, rng, gpu, monkeypatch):
     product within the gauge."""
     from summa.device.backend import NumpyBackend
     from summa.execution.outofcore import summa_out_of_core
-    from summa.planning import memory
+    from summa.planning import tiling
     grid, backend = gpu
-    monkeypatch.setattr(memory, "FP64_INT8_ROWS", 64)
+    monkeypatch.setattr(tiling, "FP64_INT8_ROWS", 64)
     m, k, n = 900, 512, 400
     a, b = rng.uniform(-1, 1, (m, k)), rng.standard_normal((k, n))
     host = NumpyBackend()
@@ -851,7 +851,7 @@ def test_large_npy_blocks_go_straight_between_the_file_and_the_gpu(comm, rng, gp
     from summa.host import filemaps
     grid, backend = gpu
     folder = comm.bcast(str(tmp_path_factory.mktemp("npy")) if comm.rank == 0 else None)
-    # each rank's block 72 MB, past the staged copies' least (backend.STAGED_MIN)
+    # each rank's block 72 MB, past the staged copies' least (cupy_backend.STAGED_MIN)
     x = rng.uniform(-1, 1, (3000 * grid.size, 3000))
     x = comm.bcast(x)
     if comm.rank == 0:
@@ -889,11 +889,11 @@ def test_npy_blocks_lying_by_columns_go_up_as_file_rows(comm, rng, gpu, tmp_path
     and is transposed on the device, a strip at a time (no transposing
     gather on the host: the copy threads read rows of the file); every op,
     values as NumPy reads them."""
-    from summa.device import backend as backends
+    from summa.device import cupy_backend
     from summa.distribution import matrix
     from summa.host import filemaps
     grid, backend = gpu
-    monkeypatch.setattr(backends, "STAGED_MIN", 1 << 12)  # small blocks staged too
+    monkeypatch.setattr(cupy_backend, "STAGED_MIN", 1 << 12)  # small blocks staged too
     monkeypatch.setattr(matrix, "TRANSPOSE_STRIP", 96)  # several strips and a remainder
     folder = comm.bcast(str(tmp_path_factory.mktemp("npyf")) if comm.rank == 0 else None)
     x = comm.bcast(random_array(rng, (430, 370), dtype))
@@ -975,7 +975,7 @@ def test_int8_products_fall_back_to_gemmex_where_cublaslt_cannot(comm, gpu, monk
     """By default a product cuBLASLt cannot make (no algorithm for the shape,
     as on older GPUs, or no library) goes through gemmEx, the same bits;
     asked by name (SUMMA_INT8_GEMM=cublaslt) it is one clear error."""
-    from summa.device import backend as backends, lt
+    from summa.device import base, lt
     _, backend = gpu
     cp = backend.xp
     a8 = cp.random.randint(-128, 128, (1024, 1024), dtype=cp.int8)
@@ -983,7 +983,7 @@ def test_int8_products_fall_back_to_gemmex_where_cublaslt_cannot(comm, gpu, monk
     want, got = (cp.empty((1024, 1024), dtype=cp.int32) for _ in range(2))
     monkeypatch.setattr(backend, "options", backend.options.replace(int8_gemm="gemmex"))
     backend.int8_gemm_tn(a8, bt8, want)
-    monkeypatch.setattr(backends, "INT8_LT_MACS", 1 << 30)  # this product is cuBLASLt's
+    monkeypatch.setattr(base, "INT8_LT_MACS", 1 << 30)  # this product is cuBLASLt's
     if missing == "algorithm":
         monkeypatch.setattr(lt.LtGemm, "_candidates", lambda *args: [])
     else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime.mpi import MPI
-from ..device.backend import NumpyBackend
+from ..device.numpy_backend import NumpyBackend
 from ..runtime.watchdog import watch
 
 __all__ = ["unit_roundoff", "reference_dtype", "scaled_error", "freivalds"]

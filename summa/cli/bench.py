@@ -4,7 +4,6 @@ it, and compare with the one-device rate of the per-rank share."""
 from __future__ import annotations
 
 import json
-import platform
 import socket
 import sys
 import time
@@ -13,15 +12,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..runtime.mpi import MPI
-from .. import __version__
 from .. import options as settings
 from ..precision import ozaki_gpu
 from ..device.account import Account
 from ..execution.algorithm import SummaStats, run_in_memory
 from ..api.checks import check_scalars
-from ..device.backend import NumpyBackend, get_backend
+from ..device.backend import NumpyBackend
 from ..transports.comm import choose_comm
-from ..distribution.grid import ProcessGrid, check_grid_ranks, grid_shapes, node_rank
+from ..distribution.grid import ProcessGrid, check_grid_ranks, grid_shapes
 from ..distribution.matrix import DistMatrix
 from ..execution.outofcore import SweepOperands, run_out_of_core
 from ..planning.model import gemm_flops
@@ -30,48 +28,19 @@ from ..runtime.progress import Progress
 from ..device.traits import traits
 from ..api.verify import freivalds
 from ..runtime.watchdog import watch
+from .common import (UsageError, add_common, add_problem, agree_backend, grid_list,
+                     int_list, nonnegative_int, positive_int, versions)
 
-__all__ = ["run_bench", "run_sweep", "versions", "agree_backend", "UsageError"]
+__all__ = ["run_bench", "run_sweep", "add_run_parser", "add_bench_parser"]
 
 #: Sizes of the default run: quick on CPU ranks, big enough to fill GPUs.
 DEFAULT_SIZE_CPU = 2048
 DEFAULT_SIZE_GPU = 32768
 
 
-class UsageError(ValueError):
-    """Bad command-line input; reported once, exit status 2."""
-
-
 def _shape(args, default: int) -> tuple[int, int, int]:
     size = args.size or default
     return (args.m or size, args.n or size, args.k or size)
-
-
-def versions() -> dict:
-    import mpi4py
-    out = {"summa": __version__, "python": platform.python_version(), "numpy": np.__version__,
-           "mpi4py": mpi4py.__version__,
-           "mpi": MPI.Get_library_version().splitlines()[0].strip()}
-    if "cupy" in sys.modules:
-        out["cupy"] = sys.modules["cupy"].__version__
-    return out
-
-
-def agree_backend(comm: MPI.Comm, name: str):
-    """Pick the backend on every rank and fail everywhere if any rank cannot."""
-    try:
-        backend, error = None, None
-        backend = get_backend(name, node_rank(comm)[0])
-    except ValueError as exc:
-        error = f"rank {comm.Get_rank()}: {exc}"
-    errors = [e for e in comm.allgather(error) if e]
-    if errors:
-        raise UsageError(errors[0])
-    names = set(comm.allgather(backend.name))
-    if len(names) > 1:
-        raise UsageError(f"ranks chose different backends ({', '.join(sorted(names))}); "
-                         "pass --backend numpy or --backend cupy")
-    return backend
 
 
 def _ideal_bytes(shape, dtype, transposed_a: bool = False) -> int:
@@ -526,3 +495,41 @@ def run_sweep(args, comm: MPI.Comm, out) -> int:
             one.size, one.grid, one.m, one.n, one.k = size, grid, None, None, None
             status = max(status, run_bench(one, comm, out, verify_default=False))
     return status
+
+
+def add_run_parser(sub) -> None:
+    """``run``: a verified multiply of random matrices sized to the machine."""
+    run = sub.add_parser("run", help="verified multiply sized to the machine (the default)",
+                         description="Multiply two random matrices sized to the machine, check "
+                                     "the product (Freivalds) and print a table.")
+    add_common(run)
+    add_problem(run, f"default {DEFAULT_SIZE_CPU} on CPU, {DEFAULT_SIZE_GPU} on GPU")
+
+
+def add_bench_parser(sub) -> None:
+    """``bench``: time C = A @ B on random matrices, or a sweep of them."""
+    bench = sub.add_parser("bench", help="time C = A @ B on random matrices",
+                           description="Time C = A @ B on random distributed matrices.")
+    add_common(bench)
+    add_problem(bench, f"default {DEFAULT_SIZE_CPU} on CPU, {DEFAULT_SIZE_GPU} on GPU")
+    bench.add_argument("--repeat", type=positive_int, default=3,
+                       help="timed repetitions (default 3; the best is reported)")
+    bench.add_argument("--warmup", type=nonnegative_int, default=1,
+                       help="untimed repetitions first (default 1)")
+    bench.add_argument("--check", action="store_true",
+                       help="verify the product (Freivalds test against the gauge); exit 3 if wrong")
+    bench.add_argument("--no-ideal", dest="ideal", action="store_false",
+                       help="skip timing the one-device matmul of the per-rank shape (the "
+                            "'ideal' that efficiency is measured against)")
+    bench.add_argument("--quiet", action="store_true",
+                       help="no progress bar (shown on rank 0 when stderr is a terminal)")
+    bench.add_argument("--sweep", action="store_true",
+                       help="run a series: every size of --sizes on every grid of --grids "
+                            "(the rank count is the launcher's: loop over mpiexec -n for that), "
+                            "each appended to --json")
+    bench.add_argument("--sizes", type=int_list, default=None, metavar="LIST",
+                       help="sizes N of a --sweep (default: --size)")
+    bench.add_argument("--grids", type=grid_list, default=None, metavar="LIST",
+                       help="grids of a --sweep, e.g. 2x2,4x1,1x4 (default: every factorisation "
+                            "of the rank count)")
+

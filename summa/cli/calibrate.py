@@ -16,8 +16,10 @@ import numpy as np
 from ..runtime.mpi import MPI
 from ..transports.broadcasters import make_broadcaster
 from ..api.checks import check_scalars
-from ..distribution.grid import node_rank
-from ..planning.model import Profile
+from ..distribution.grid import ProcessGrid, node_rank
+from ..distribution.matrix import DistMatrix
+from ..execution.algorithm import summa
+from ..planning.model import Profile, RunSetting, predict
 from ..execution.transpose import PanelsOfA
 from ..planning.tuning import transposes_a
 from ..runtime.watchdog import watch
@@ -221,10 +223,6 @@ def _panel_overhead(comm, backend, profile_so_far: Profile, mode: str, repeat: i
     OVERHEAD_BLOCK, panels of OVERHEAD_WIDTH). Steps of real work matter: ranks
     that share cores (or wait on each other's launches) lose time per step
     only when there is work to be descheduled from; thin panels hide that."""
-    from ..execution.algorithm import summa
-    from ..distribution.grid import ProcessGrid
-    from ..distribution.matrix import DistMatrix
-    from ..planning.model import RunSetting, predict
     with ProcessGrid(comm) as grid:
         width, steps = OVERHEAD_WIDTH, OVERHEAD_STEPS
         m, n = OVERHEAD_BLOCK * grid.shape[0], OVERHEAD_BLOCK * grid.shape[1]

@@ -7,19 +7,25 @@ import os
 
 from ..runtime.mpi import MPI, launcher_rank
 from ..planning.memory import format_bytes, parse_bytes
-from ..planning.model import (DEFAULT_HARDWARE, HARDWARE, Profile, RunSetting,
+from ..planning.model import (DEFAULT_HARDWARE, HARDWARE, SWEEP_RANKS, Profile, RunSetting,
                               hardware_profile, predict, profile_backend, recommend, sweep)
 from ..device.traits import traits
+from ..device.backend import DTYPES
+from ..distribution.grid import node_rank
+from ..planning.planner import Machine, make_plan
+from ..transports.broadcasters import BROADCASTERS
+from ..transports.comm import choose_comm
+from .calibrate import calibrate, default_sizes, default_widths
+from .common import (COMM_MODES, PRECISION_CHOICES, UsageError, add_hardware,
+                     agree_backend, dtype_list, grid_shape, int_list,
+                     nonnegative_int, positive_int)
 
-__all__ = ["run_calibrate", "run_model", "run_plot", "load_results"]
+__all__ = ["run_calibrate", "run_model", "run_plot", "load_results", "run_study",
+           "add_calibrate_parser", "add_model_parser", "add_plot_parser"]
 
 
 def run_calibrate(args, comm: MPI.Comm, backend, out) -> int:
     """Measure this machine and write (or, with --append, extend) a profile."""
-    from .calibrate import calibrate
-    from ..transports.broadcasters import BROADCASTERS
-    from ..transports.comm import choose_comm
-    from ..distribution.grid import node_rank
     # "all": every broadcaster that works here; ipc (copy engines; the model
     # times its copies like broadcasts) only where every rank is on one node.
     one_node = node_rank(comm)[1] == comm.Get_size()
@@ -130,7 +136,6 @@ def _print_sweeps(args, profile: Profile, size: int, kwargs: dict, out) -> None:
 def _setup(args, profile: Profile, shape, ranks: int):
     """The Plan ``summa plan`` makes for the same options (its grid, panel
     width and mode): the setup ``model`` predicts."""
-    from ..planning.planner import make_plan
     machine, peers = planning_machine(args.profile, profile_backend(profile), ranks)
     ipc = args.comm_mode == "ipc" or (args.comm_mode is None and traits(machine.backend).gpu
                                       and peers)
@@ -238,7 +243,6 @@ def planning_machine(profile_path, backend: str, ranks: int) -> tuple:
     (:attr:`~summa.planning.model.Profile.cores`), and whether a node's GPUs
     read each other's memory. ``plan`` and ``model`` plan on it alike.
     Raises ValueError where the profile does not load."""
-    from ..planning.planner import Machine
     profile = Profile.load(profile_path)
     if not traits(backend).gpu:
         return Machine(backend, ranks), profile.peer_access
@@ -336,3 +340,99 @@ def _plot_weak(ax, rows: list, weak_runs: list, profile, model_ranks) -> None:
     if weak_runs:
         ax.plot([r["ranks"] for r in weak_runs], [r["efficiency"] for r in weak_runs], "o",
                 label="measured")
+
+
+def add_calibrate_parser(sub) -> None:
+    """``calibrate``: measure GEMM and broadcast rates for the model."""
+    cal = sub.add_parser("calibrate", help="measure GEMM and broadcast rates for the model",
+                         description="Measure this machine (run it with the rank count and "
+                                     "ranks per node of interest) and write a JSON profile.")
+    cal.add_argument("-o", "--output", default="summa-profile.json", metavar="FILE",
+                     help="profile to write (default summa-profile.json)")
+    cal.add_argument("--append", action="store_true",
+                     help="add these samples to an existing profile (e.g. another rank count)")
+    cal.add_argument("--dtypes", type=dtype_list, default=["float64"], metavar="LIST",
+                     help="comma-separated dtypes to measure (default float64)")
+    cal.add_argument("--sizes", type=int_list, default=None, metavar="LIST",
+                     help="per-rank block sizes m = n (default 256,512,1024,2048 on CPU; "
+                          "4096,8192,16384 on GPU, and 32768 where it fits)")
+    cal.add_argument("--widths", type=int_list, default=None, metavar="LIST",
+                     help="panel widths k (default 64..1024 on CPU; 1024..8192 on GPU)")
+    cal.add_argument("--comm", choices=("all",) + COMM_MODES[1:], default="all",
+                     help="broadcasters to measure (default all that work here)")
+    cal.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto")
+    cal.add_argument("--precision", choices=PRECISION_CHOICES, default="default")
+    cal.add_argument("--repeat", type=positive_int, default=3, help="repetitions (best taken)")
+
+
+def add_model_parser(sub) -> None:
+    """``model``: predicted time and efficiency from a profile."""
+    model = sub.add_parser("model", help="predict time and efficiency from a profile",
+                           description="The alpha-beta-gamma model of SUMMA with lookahead "
+                                       "(summa/planning/model.py): predicted time, TFLOP/s and "
+                                       "efficiency, the recommended grid and panel width, "
+                                       "and with --sweep strong- and weak-scaling tables.")
+    add_hardware(model)
+    model.add_argument("--size", type=positive_int, default=None, metavar="N",
+                       help="M = N = K (default 16384)")
+    for dim in ("m", "n", "k"):
+        model.add_argument(f"--{dim}", type=positive_int, default=None)
+    model.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
+    model.add_argument("--ranks", type=positive_int, default=None,
+                       help="ranks (GPUs) to predict for (default: the profile's GPUs)")
+    model.add_argument("--ranks-per-node", type=positive_int, default=None,
+                       help="ranks per node (default: the profile's GPUs a node; all on one "
+                            "where it says nothing)")
+    model.add_argument("--grid", type=grid_shape, default=None, metavar="PRxPC",
+                       help="grid (default: the best predicted)")
+    model.add_argument("--nb", type=positive_int, default=None, help="panel width")
+    model.add_argument("--lookahead", type=nonnegative_int, default=1)
+    model.add_argument("--comm", dest="comm_mode", default=None,
+                       help="broadcaster in the profile (default: its fastest, as --comm "
+                            "auto picks)")
+    model.add_argument("--precision", dest="precision_mode",
+                       choices=("default", "tf32", "fp64-int8"), default="default",
+                       help="tf32: float32 on tensor cores; fp64-int8: float64 from INT8 "
+                            "products (Ozaki scheme II; where the profile has its rates)")
+    model.add_argument("--device-memory", metavar="SIZE", default=None,
+                       help="GPU memory per rank (e.g. 22GiB): also say whether the product "
+                            "fits or goes out of core, its tile and peak bytes")
+    model.add_argument("--sweep", action="store_true",
+                       help="strong and weak scaling tables over --ranks-list")
+    model.add_argument("--ranks-list", type=int_list, default=list(SWEEP_RANKS),
+                       metavar="LIST", help="rank counts of the sweep (default 1,2,4,...,64)")
+
+
+def add_plot_parser(sub) -> None:
+    """``plot``: scaling plots from bench --json results."""
+    plot = sub.add_parser("plot", help="draw scaling plots from bench --json results",
+                          description="Strong scaling (time, efficiency vs ranks) and weak "
+                                      "scaling (efficiency vs ranks) of measured runs, with "
+                                      "model curves when --profile is given.")
+    plot.add_argument("results", nargs="+", metavar="RESULTS.jsonl",
+                      help="bench --json output of the strong-scaling runs")
+    plot.add_argument("--weak", nargs="*", default=[], metavar="RESULTS.jsonl",
+                      help="bench --json output of weak-scaling runs (N grown with P)")
+    plot.add_argument("-o", "--output", default="scaling.png", metavar="PNG")
+    plot.add_argument("--profile", default=None, metavar="FILE", help="draw model curves")
+    plot.add_argument("--model-ranks", type=int_list, default=list(SWEEP_RANKS),
+                      metavar="LIST", help="ranks of the model curves (default up to 64)")
+
+
+def run_study(args, comm: MPI.Comm, out) -> int:
+    if args.command == "calibrate":
+        backend = agree_backend(comm, args.backend)
+        args.widths = args.widths or default_widths(backend)
+        args.precision_mode = None if args.precision == "default" else args.precision
+        for dtype in args.dtypes:
+            try:
+                backend.check_dtype(dtype)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        args.sizes = args.sizes or default_sizes(comm, backend, args.dtypes)
+        return run_calibrate(args, comm, backend, out)
+    if args.command == "model":
+        args.precision_mode = None if args.precision_mode == "default" else args.precision_mode
+        return run_model(args, comm, out)
+    return run_plot(args, comm, out)
+

@@ -10,7 +10,7 @@ keeps the fastest for that shape, layout and alignment for the life of the
 process. The same product then always uses the same algorithm, so repeated
 runs give the same bits.
 
-Chosen with ``SUMMA_GEMM=cublaslt`` (see :class:`summa.device.backend.CupyBackend`).
+Chosen with ``SUMMA_GEMM=cublaslt`` (see :class:`summa.device.cupy_backend.CupyBackend`).
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ class LtGemm:
         """Column-major ``C (m x n) = A^T B`` (``+=`` with `accumulate`) of int8
         A (stored k x m) and B (k x n), int32 C, exactly (`product`'s type and
         leading dimensions are these): the "TN" product
-        :meth:`summa.device.backend.CupyBackend.int8_gemm_tn` makes, through the
+        :meth:`summa.device.cupy_backend.CupyBackend.int8_gemm_tn` makes, through the
         fastest of cuBLASLt's algorithms for the shape (timed once), or the
         heuristic's `index`-th."""
         p, aligns = product, product.alignments()

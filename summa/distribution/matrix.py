@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime.mpi import MPI
-from ..device.backend import Backend, NumpyBackend
+from ..device.base import Backend
+from ..device.numpy_backend import NumpyBackend
 from ..runtime.agree import collectively
 from ..transports.comm import recv_array, send_array
 from ..host.npyio import (AtomicNpyWriter, check_output_path, map_block, mapped_by_columns,

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from ..device.backend import CUDA_INVALID_VALUE, clear_cuda_error, page_locked
+from ..device.cupy_backend import CUDA_INVALID_VALUE, clear_cuda_error, page_locked
 from ..device.staging import Transfer, get_stager
 from ..host import remote
 from ..host.storage import copyable_rows, pitch

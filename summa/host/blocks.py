@@ -17,7 +17,7 @@ import numpy as np
 from ..runtime.mpi import MPI
 from . import shared as host_arrays
 from . import remote
-from ..device.backend import NumpyBackend
+from ..device.numpy_backend import NumpyBackend
 from ..distribution.layout import Layout, span
 from ..distribution.matrix import DistMatrix
 from .storage import as_rows, conjugated, op_view, rows_shape, transposed

@@ -7,11 +7,14 @@ the device holds C tiles and panel slots cut to a budget. Every run checks its
 plan against the free device memory and each node's host memory and refuses,
 on every rank, with the largest shortfall ("rank 3 needs 41.2 GiB on GPU 1,
 23.5 GiB free; use --device-memory (out of core) or more ranks").
+
+How the tiles and panel slots are cut to a budget (and fp64-int8's products
+to the room left) is searched in :mod:`summa.planning.tiling`; this module
+states what it found as a :class:`MemoryPlan`.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, replace
 
@@ -21,10 +24,15 @@ from .. import options
 from ..device.staging import copy_threads, ring_bytes
 from ..distribution.topology import topology_of
 from ..device.traits import traits
-from .model import gemm_flops
 from .tuning import transposes_a, transposes_b
+from .tiling import (Int8Products, c_tile_buffers, choose_cut, columns_first,
+                     int8_chunk_rows, int8_fold_planes, least_int8_rows, moved_elements,
+                     one_at_a_time, ooc_elements, ooc_tiles, ozaki_scratch, tiles_asked,
+                     waited_elements)
+from ..precision import ozaki_gpu
 from ..precision.ozaki import K_EXACT
 from ..host.storage import transposed as by_columns_stored
+from .units import format_bytes, parse_bytes
 
 __all__ = ["MemoryPlan", "Execution", "memory_plan", "resident_plan", "host_traffic",
            "sweep_steps", "waited_write_backs", "check_memory", "ranks_on_device",
@@ -73,13 +81,13 @@ class MemoryPlan:
         fp64-int8 out of core or on the device: the integer products each
         fold takes a pass over C's sums (:attr:`summa.precision.ozaki_gpu.Scheme.planes`),
         more than :data:`summa.precision.ozaki_gpu.PLANES` where the room
-        left beside the chosen tiles and rows holds them (:func:`_int8_planes`);
+        left beside the chosen tiles and rows holds them (:func:`int8_fold_planes`);
         None: the default.
     c_buffers : int or None
         Out of core: C tiles on the device at once. Two where there are
         several tiles (a tile's write-back overlaps the next tile's GEMMs);
         one where there is one, where the host link bounds the sweep and one
-        at a time lets taller tiles move fewer bytes (:func:`_one_at_a_time`),
+        at a time lets taller tiles move fewer bytes (:func:`one_at_a_time`),
         or where a cut asked for (``SUMMA_OOC_TILES``) fits only so: each
         tile then starts once the last one is home
         (:func:`waited_write_backs`).
@@ -159,18 +167,6 @@ FP64_INT8_TAIL_SMALLEST = 2048
 #: whole, 2.35 s in pieces of 8192 and 2.44 s of 4096 with the whole GPU, and
 #: 2.48-2.52 s either way under 24 GiB (docs/benchmarks.md, "The matrix").
 FP64_INT8_HEAD_FIRST = None
-#: fp64-int8's scratch grows with the rows of C a product takes (its int32
-#: products and the fold's two float64 sums: 32 bytes an element of C, where
-#: the sweep's two C tiles take 16; and A's residues): where a tile's whole
-#: rows do not fit, its products take them in chunks
-#: (:attr:`MemoryPlan.int8_rows`) of at least this many, so that the scratch
-#: no longer decides the tiles. Out of core, products of row strips of at
-#: least 2048 rows ran at the bare product's rate (the measurement behind
-#: FP64_INT8_TAIL_SMALLEST in docs/benchmarks.md): twice that keeps each
-#: INT8 GEMM large.
-FP64_INT8_ROWS = 4096
-
-
 def _local_sizes(m, n, k, grid):
     pr, pc = grid
     return -(-m // pr), -(-n // pc), -(-k // pc), -(-k // pr)
@@ -247,7 +243,7 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     parts of a panel that a tile needs: ``c tm tn + slots (tm + tn) nb``
     elements. Fewest tiles first (each extra row of tiles uploads B's panels
     again), cut by rows before columns; where the host link bounds that cut,
-    one C tile at a time where it fits fewer tiles (:func:`_one_at_a_time`);
+    one C tile at a time where it fits fewer tiles (:func:`one_at_a_time`);
     then one more slot where those tiles
     leave room for it (uploads then run a step ahead of the broadcasts, so a
     panel's owner is ready to send when its receivers are), up to
@@ -257,8 +253,9 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     ``slots nb tn`` (B) more, where that direction has more than one rank.
     fp64-int8 adds one product's scratch: in memory for all of C's rows;
     out of core the tiles and slots are cut for products taking a tile's
-    rows :data:`FP64_INT8_ROWS` at a time, then those chunks grow into the
-    room left, to all of a tile's rows where they fit (``int8_rows``).
+    rows :data:`summa.planning.tiling.FP64_INT8_ROWS` at a time, then those
+    chunks grow into the room left, to all of a tile's rows where they fit
+    (``int8_rows``).
     """
     lookahead, backend, device_budget = (execution.lookahead, execution.backend,
                                          execution.device_budget)
@@ -329,9 +326,8 @@ def _int8_in_memory(shape: tuple, dtype, held: int, k: int, grid: bool,
     where they apply (:func:`summa.precision.ozaki_gpu.panel_sums_apply`),
     the panel sums of all of `k` where they fit; else one product's
     scratch, its rows in chunks and more planes a fold where the room says
-    (:func:`_int8_rows`, :func:`_int8_planes`), as one GEMM on the device
+    (:func:`int8_chunk_rows`, :func:`int8_fold_planes`), as one GEMM on the device
     (:func:`resident_plan`) takes them."""
-    from ..precision import ozaki_gpu
     tm, tn, nb = shape
     complex_ = np.dtype(dtype).kind == "c"
     left = None if room is None else room - held
@@ -341,11 +337,11 @@ def _int8_in_memory(shape: tuple, dtype, held: int, k: int, grid: bool,
             return _Int8InMemory(sums, sums=True)
 
     def scratch(rows: int | None, planes: int | None = None) -> int:
-        return _ozaki_scratch(tm, tn, nb, complex_, rows, planes)
+        return ozaki_scratch(tm, tn, nb, complex_, rows, planes)
     if left is None:
         return _Int8InMemory(scratch(None))
-    rows = _int8_rows(tm, lambda r: scratch(r) <= left)
-    planes = _int8_planes(nb, lambda p: scratch(rows, p) <= left)
+    rows = int8_chunk_rows(tm, lambda r: scratch(r) <= left)
+    planes = int8_fold_planes(nb, lambda p: scratch(rows, p) <= left)
     return _Int8InMemory(scratch(rows, planes), rows, planes)
 
 
@@ -361,33 +357,34 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, copies: tuple,
     staged = (bool(execution.staged[0]) and pc > 1, bool(execution.staged[1]) and pr > 1)
     # fp64-int8's products in chunks of rows where a tile's do not fit whole:
     # the cut and the slots are made for the smallest chunks, which then
-    # grow into the room left (:func:`_int8_rows`)
-    emulated = _Int8(np.dtype(dtype).kind == "c", FP64_INT8_ROWS) \
+    # grow into the room left (:func:`int8_chunk_rows`)
+    emulated = Int8Products(np.dtype(dtype).kind == "c", least_int8_rows()) \
         if execution.precision == "fp64-int8" else None
-    asked = _tiles_asked(ml, nl)
+    asked = tiles_asked(ml, nl)
     tiles, by_columns = asked, False
     if not asked:
         # (fp64-int8's cut is its own, by its scratch, whatever the storage)
-        tiles, by_columns = _cut(max(ml, 1), max(nl, 1),
+        tiles, by_columns = choose_cut(max(ml, 1), max(nl, 1),
                                  columns_first(execution.storage) and emulated is None,
-                                 lambda columns: _ooc_tiles(
+                                 lambda columns: ooc_tiles(
                                      max(ml, 1), max(nl, 1), nb, slots, device_budget // item,
                                      copies, staged, emulated, columns),
                                  either=emulated is None)
     if tiles is None:
         raise ValueError(f"a device budget of {format_bytes(device_budget)} is too small for "
                          f"out-of-core tiles of {np.dtype(dtype).name} with {nb}-wide panels")
-    buffers = _c_buffers(tiles[0] * tiles[1])
+    buffers = c_tile_buffers(tiles[0] * tiles[1])
     if not (asked or emulated) and buffers == 2:
         def fits_one(tm: int, tn: int) -> bool:  # one C tile of tm x tn, and the slots
-            return _ooc_elements(tm, tn, nb, slots, 2, copies, staged,
+            return ooc_elements(tm, tn, nb, slots, 2, copies, staged,
                                  c_buffers=1) * item <= device_budget
-        tiles, buffers = _one_at_a_time((max(ml, 1), max(nl, 1), k), tiles, np.dtype(dtype),
+        tiles, buffers = one_at_a_time((max(ml, 1), max(nl, 1), k), tiles, np.dtype(dtype),
                                         fits_one, by_columns)
     tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
 
-    def need(slots: int, rows: int | None = FP64_INT8_ROWS, planes: int | None = None) -> int:
-        return _ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], copies, staged,
+    def need(slots: int, rows: int | None = least_int8_rows(),
+             planes: int | None = None) -> int:
+        return ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], copies, staged,
                              emulated and replace(emulated, rows=rows, planes=planes),
                              buffers) * item
     if asked and need(slots) > device_budget:  # the planner's own cut fits by construction
@@ -400,8 +397,8 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, copies: tuple,
         if need(slots + 1) > device_budget:
             break
         slots += 1
-    rows = _int8_rows(tm, lambda r: need(slots, r) <= device_budget) if emulated else None
-    planes = _int8_planes(nb, lambda p: need(slots, rows, p) <= device_budget) \
+    rows = int8_chunk_rows(tm, lambda r: need(slots, r) <= device_budget) if emulated else None
+    planes = int8_fold_planes(nb, lambda p: need(slots, rows, p) <= device_budget) \
         if emulated else None
     ring = ring_bytes(execution.copy_threads or copy_threads(1)) \
         if traits(execution.backend).gpu else 0
@@ -423,13 +420,12 @@ def resident_plan(m: int, n: int, k: int, dtype, precision=None, copies: int = 0
     :data:`summa.precision.ozaki.K_EXACT`; complex: the operands' real and imaginary
     parts over all of K besides), for all of C's rows at once, or where
     that passes `budget` (the device bytes free beside the operands) in
-    chunks of rows (``int8_rows``, :func:`_int8_rows`; the smallest where
+    chunks of rows (``int8_rows``, :func:`int8_chunk_rows`; the smallest where
     none fits, the least this GEMM can need). No host memory."""
     dtype = np.dtype(dtype)
     need = (m * n * dtype.itemsize if new_c else 0) + int(copies)
     if precision != "fp64-int8":
         return MemoryPlan("on-device", need, 0)
-    from ..precision import ozaki_gpu
     piece = max(1, min(k, K_EXACT))
     if dtype.kind == "c":
         need += 16 * (m * k + k * n + m * n)
@@ -439,75 +435,10 @@ def resident_plan(m: int, n: int, k: int, dtype, precision=None, copies: int = 0
                                               planes=planes, rows=rows)
     if budget is None:
         return MemoryPlan("on-device", with_scratch(None), 0)
-    rows = _int8_rows(m, lambda r: with_scratch(r) <= budget)
-    planes = _int8_planes(piece, lambda p: with_scratch(rows, p) <= budget)
+    rows = int8_chunk_rows(m, lambda r: with_scratch(r) <= budget)
+    planes = int8_fold_planes(piece, lambda p: with_scratch(rows, p) <= budget)
     return MemoryPlan("on-device", with_scratch(rows, planes), 0, int8_rows=rows,
                       int8_planes=planes)
-
-
-def _int8_rows(rows: int, fits) -> int | None:
-    """The rows of A and C one fp64-int8 product of `rows` rows takes at a
-    time: all (None) where ``fits(rows)``, else the most that `fits` (a
-    predicate of the rows of a chunk: is its memory within the budget?),
-    evened out over as many chunks where that leaves each at least
-    :data:`FP64_INT8_ROWS` (the least, taken even where it does not fit: the
-    caller's cut made room for it, or refuses)."""
-    if fits(rows):
-        return None
-    low = min(rows, FP64_INT8_ROWS)
-    if low >= rows:
-        return None
-    if not fits(low):
-        return low
-    low = _most_that_fit(low, rows - 1, fits)
-    even = -(-rows // -(-rows // low))  # as many chunks, of even size: none over `low`
-    return max(even, FP64_INT8_ROWS)  # (fits: FP64_INT8_ROWS <= low < rows here)
-
-
-def _int8_planes(k: int, fits) -> int | None:
-    """The integer products each fold of an fp64-int8 product over `k`
-    terms takes a pass: all of its moduli (one pass over C's sums) where
-    ``fits(planes)`` (a predicate of the planes' memory within the budget)
-    holds for them, else the most that fit; None where no more than
-    :data:`summa.precision.ozaki_gpu.PLANES` do. All 15 in one pass ran a
-    20480 x 40960 x 16384 panel product in 0.356 s against 0.375 with 4,
-    40960³ in 1.628 against 1.678 (`ozaki_gpu.gemm` on one H200, 2026-12-04,
-    docs/benchmarks.md "Measurements behind the defaults"): each pass reads
-    and writes the sums again. A complex product's four real ones take
-    them each (`ozaki_gpu._complex` joins them into C in place)."""
-    from ..precision import ozaki_gpu
-    count, least = ozaki_gpu.moduli_for(k), ozaki_gpu.PLANES
-    if count <= least or not fits(least + 1):
-        return None
-    return _most_that_fit(least + 1, count, fits)
-
-
-def _most_that_fit(low: int, high: int, fits) -> int:
-    """The largest count in ``[low, high]`` that `fits` (a predicate true for
-    every count up to some bound), by bisection; `low` where none above it
-    does."""
-    while low < high:
-        mid = (low + high + 1) // 2
-        if fits(mid):
-            low = mid
-        else:
-            high = mid - 1
-    return low
-
-
-def _tiles_asked(ml: int, nl: int) -> tuple | None:
-    """``SUMMA_OOC_TILES=RxC``: out of core, R x C tiles per rank instead of
-    the planner's fewest (to measure other cuts: fp64-int8's scratch grows
-    with a tile's rows plus columns, so squarer tiles leave room for wider
-    panels); None where unset."""
-    asked = options.current().ooc_tiles
-    if asked is None:
-        return None
-    rows, cols = asked
-    if not (1 <= rows <= max(ml, 1) and 1 <= cols <= max(nl, 1)):
-        raise ValueError(f"SUMMA_OOC_TILES: {rows}x{cols} tiles do not cut a {ml} x {nl} "
-                         "block of C")
-    return rows, cols
 
 
 def upload_lead() -> int:
@@ -518,249 +449,12 @@ def upload_lead() -> int:
     return options.current().upload_lead
 
 
-def _ooc_parts(slots: int, copies: tuple, staged: tuple) -> tuple[int, int]:
-    """How many nb-wide A parts (tm x nb) and B parts (nb x tn) the sweep keeps
-    on the device: its slots, their `staged` copies per direction, and the
-    transposed `copies` (A's, B's) of a slot."""
-    return slots * (1 + staged[0]) + copies[0], slots * (1 + staged[1]) + copies[1]
-
-
-@dataclass(frozen=True)
-class _Int8:
-    """fp64-int8's products as the out-of-core sweep's memory counts them.
-
-    Attributes
-    ----------
-    complex_ : bool
-        complex128: four real products, beside the operands' real and
-        imaginary parts and two real results.
-    rows : int or None
-        Rows of A and C a product takes at a time (None: all).
-    planes : int or None
-        Integer products a fold takes a pass (None: the default).
-    """
-
-    complex_: bool = False
-    rows: int | None = None
-    planes: int | None = None
-
-
-def _ozaki_scratch(tm: int, tn: int, nb: int, complex_: bool = False,
-                   rows: int | None = None, planes: int | None = None) -> int:
-    """Device bytes one ``tm x nb`` by ``nb x tn`` product takes on INT8 tensor
-    cores (``precision="fp64-int8"``, :func:`summa.precision.ozaki_gpu.scratch_bytes`),
-    `rows` of A and C at a time (None: all), `planes` integer products a
-    fold (None: the default); complex: one real product at a time, beside
-    the operands' real and imaginary parts and the two real results."""
-    from ..precision import ozaki_gpu
-    scratch = ozaki_gpu.scratch_bytes(tm, tn, nb, ozaki_gpu.moduli_for(nb),
-                                      planes, rows=rows)
-    return scratch + (16 * (tm * nb + nb * tn) + 16 * tm * tn if complex_ else 0)
-
-
-#: Flops per byte crossing the host link under which the link, not the
-#: GEMMs, bounds an out-of-core sweep: an H200's float64 GEMM rate (51.7
-#: TFLOP/s, ``cupy.matmul`` of 32768³) over its host link's from pageable
-#: memory, both directions together (26 GB/s: float64 32768³ under 8 GiB
-#: moved 43 GB in 1.66 s; `benchmarks/matrix.py`, docs/benchmarks.md).
-#: Where a machine's own balance is lower (slower GEMMs, a faster link),
-#: some sweeps called link-bound here are not; one C tile at a time then
-#: costs them only its waited write-backs, short beside such GEMMs.
-HOST_LINK_BALANCE = 2000
-
-
-def _one_at_a_time(sizes: tuple, tiles: tuple, dtype: np.dtype, fits,
-                   by_columns: bool = False) -> tuple:
-    """``(tiles, c_buffers)``: the fewest tiles that `fit` (a predicate of a
-    tile's rows and columns, one C tile on the device) where the two-tile
-    cut `tiles` of a rank's ``(ml, nl, k)`` is bound by the host link (fewer
-    flops per byte moved than :data:`HOST_LINK_BALANCE`) and the taller
-    (`by_columns`: wider) tiles move no more bytes, each earlier tile's
-    write-back counted as moved twice (the next tile waits for it); else
-    `tiles` with two buffers. At equal bytes the fewer tiles win: their
-    sweep takes fewer, wider steps.
-    float64 32768³ under 8 GiB: 2 x 1 tiles one at a time ran 1.47 s
-    (0.93 of ``cupy.matmul``) where 3 x 1 two at a time ran 1.75 s (34.4
-    GB up against 25.8; `benchmarks/matrix.py` with ``SUMMA_OOC_TILES``);
-    float64 16384 x 65536 x 32768, 1 x 2 tiles one at a time 1.39-1.42 s
-    where 1 x 3 two at a time, the same bytes counted so, ran 1.59-1.61
-    (`benchmarks/cuts.py`, docs/benchmarks.md, "Wide blocks")."""
-    ml, nl, k = sizes
-    flops = gemm_flops(dtype, ml, nl, k)
-    if flops >= HOST_LINK_BALANCE * _moved(sizes, tiles, 2) * dtype.itemsize:
-        return tiles, 2
-    if by_columns:  # the same choice for the transposed block (_moved is symmetric)
-        cut, buffers = _one_at_a_time((nl, ml, k), tiles[::-1], dtype,
-                                      lambda tn, tm: fits(tm, tn))
-        return cut[::-1], buffers
-    for cols in range(1, tiles[1] + 1):
-        tn = -(-nl // cols)
-        rows = _most_that_fit(0, ml, lambda r: fits(r, tn))
-        if rows >= 1:
-            one = (-(-ml // rows), cols)
-            if _moved(sizes, one, 1) <= _moved(sizes, tiles, 2):
-                return one, 1
-            break
-    return tiles, 2
-
-
-def _moved(sizes: tuple, tiles: tuple, buffers: int) -> int:
-    """Elements a rank's ``(ml, nl, k)`` sweep cut in `tiles` moves over the
-    host link, as :func:`host_traffic` and :func:`waited_write_backs` count
-    them."""
-    (ml, nl, k), (rows, cols) = sizes, tiles
-    waited = _waited(tiles, (-(-ml // rows), -(-nl // cols))) if buffers == 1 else 0
-    return k * _uploads(ml, nl, tiles) + ml * nl + waited
-
-
-def _waited(tiles: tuple, tile: tuple) -> int:
-    """Elements of C a sweep of `tiles` tiles of `tile`, one on the device
-    at a time, waits to write back: every tile's but the last."""
-    return (tiles[0] * tiles[1] - 1) * tile[0] * tile[1]
-
-
-#: A cut (or a narrower panel) is taken over another where it moves this
-#: share fewer bytes.
-TRAFFIC_GAIN = 0.95
-
-
-def _c_buffers(ntiles: int) -> int:
-    """C tiles the sweep holds on the device where the cut leaves room: two
-    where there are several (a tile's write-back overlaps the next tile's
-    GEMMs), else one."""
-    return min(2, ntiles)
-
-
-def _ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,
-                  copies: tuple = (False, False), staged: tuple = (False, False),
-                  emulated: _Int8 | None = None, c_buffers: int | None = None) -> int:
-    """Device elements of the out-of-core sweep: C tiles (`c_buffers` of
-    them, default two where there are several), the panel parts of
-    :func:`_ooc_parts`, and where `emulated` (:class:`_Int8`) one product's
-    scratch on INT8 tensor cores."""
-    a_parts, b_parts = _ooc_parts(slots, copies, staged)
-    buffers = _c_buffers(ntiles) if c_buffers is None else c_buffers
-    elements = buffers * tm * tn + a_parts * tm * nb + b_parts * tn * nb
-    if emulated is None:
-        return elements
-    item = 16 if emulated.complex_ else 8  # elements of the data's size, complex or real
-    return elements + -(-_ozaki_scratch(tm, tn, nb, emulated.complex_, emulated.rows,
-                                        emulated.planes) // item)
-
-
-#: Most column tiles the search for fp64-int8's cut tries (per rank).
-EMULATED_COLUMN_TILES = 64
-
-
-def _ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int,
-               copies: tuple = (False, False),
-               staged: tuple = (False, False), emulated: _Int8 | None = None,
-               by_columns: bool = False):
-    """Fewest ``(row tiles, column tiles)`` whose sweep fits `budget` elements:
-    by columns, the most rows that fit (the sweep's size grows with them);
-    `by_columns` (:func:`columns_first`), the transpose of that: by rows,
-    the most columns that fit.
-    Where `emulated` (:class:`_Int8`, its products `rows` of C at a time),
-    the cut that uploads least instead (B's panels once per row of tiles,
-    A's once per column: ``rows nl + columns ml``): fp64-int8's scratch
-    grows with a tile's columns (B's residues, and each chunk of rows'
-    integer products and sums), so whole rows of C leave thin tiles, and at
-    N = 32768 under 24 GiB a 3 x 2 cut with 16384-wide panels ran 60.4
-    TFLOP/s where 4 x 1 with 8192 ran 52.3 (the products' scratch then
-    grew with the whole tile's rows; in chunks of 4096 rows the same budget
-    takes 2 x 2, and N = 65536 3 x 4 where whole tiles took 6 x 4).
-    Emulated, C is never one tile where it has rows to cut: a tile's first
-    panel goes up whole before its first product (nothing hides it), and one
-    tile of N = 32768 ran 49.4 TFLOP/s where 2 x 1 ran 58.7 (both: `bench`,
-    docs/benchmarks.md, "Measurements behind the defaults")."""
-    def fits(tm, tn, ntiles):
-        return _ooc_elements(tm, tn, nb, slots, ntiles, copies, staged, emulated) <= budget
-    if by_columns and not emulated:
-        cut = _fewest_whole_rows(nl, ml, lambda tn, tm, ntiles: fits(tm, tn, ntiles))
-        return cut and cut[::-1]
-    if not emulated:
-        return _fewest_whole_rows(ml, nl, fits)
-    fewest_rows = 2 if ml >= 2 else 1
-    if fewest_rows == 1 and fits(ml, nl, 1):
-        return 1, 1
-    best = None
-    for ntn in range(1, nl + 1):
-        tn = -(-nl // ntn)
-        low = _most_that_fit(0, ml, lambda rows: fits(rows, tn, 2))
-        if low >= 1:
-            ntm = max(fewest_rows, -(-ml // low))
-            cut = (_uploads(ml, nl, (ntm, ntn)), ntm * ntn, ntn, ntm)  # uploads, tiles, rows first
-            best = min(best or cut, cut)
-        if ntn >= min(nl, EMULATED_COLUMN_TILES):
-            break
-    return (best[3], best[2]) if best else None
-
-
-def _cut(ml: int, nl: int, columns: bool, cut_by, either: bool = True) -> tuple:
-    """``(tiles, by_columns)``: the cut of a rank's ``ml x nl`` block of C,
-    ``cut_by(by_columns)`` (:func:`_ooc_tiles`), by whole rows or whole
-    columns: the way the operands lie (by columns where `columns`,
-    :func:`columns_first`) unless the other way uploads a
-    :data:`TRAFFIC_GAIN` share less (:func:`_uploads`: the operand read
-    again for each tile is B by rows, A by columns). On a block taller than
-    wide, columns read the taller A again for each tile: float64 32768³
-    Fortran under 8 GiB on a 1 x 2 grid of two H200s (a rank's block 32768
-    x 16384, 1 x 2 tiles against 2 x 1: a quarter more uploaded) ran 1.73 s
-    where rows ran 1.44 (`benchmarks/matrix.py`, docs/benchmarks.md); on a
-    block wider than tall rows read (and on a grid broadcast) the wider B
-    again for each tile: float64 49152³ C-ordered under 2 GiB on one H200,
-    28 x 2 tiles by rows (B read 28 times) ran 15.1 s where 2 x 12 by columns
-    ran 8.0 (`benchmarks/cuts.py`, docs/benchmarks.md). Only the way the
-    operands lie where not `either`."""
-    prefer = (cut_by(columns), columns)
-    if not either:
-        return prefer
-    other = (cut_by(not columns), not columns)
-    if other[0] is not None and (prefer[0] is None or _uploads(ml, nl, other[0])
-                                 < TRAFFIC_GAIN * _uploads(ml, nl, prefer[0])):
-        return other
-    return prefer
-
-
-def _uploads(ml: int, nl: int, tiles: tuple) -> int:
-    """Elements of A and B an ``ml x nl`` block cut in `tiles` uploads for
-    each column of K: A's rows once for each column of tiles, B's columns
-    once for each row of them."""
-    return ml * tiles[1] + nl * tiles[0]
-
-
-def _fewest_whole_rows(ml: int, nl: int, fits) -> tuple | None:
-    """:func:`_ooc_tiles`' cut of an ``ml x nl`` block (not emulated): one
-    tile where it fits, else by columns, the most rows that fit
-    (``fits(rows, columns, tiles)``); None where not one row fits."""
-    if fits(ml, nl, 1):
-        return 1, 1
-    for ntn in range(1, nl + 1):
-        tn = -(-nl // ntn)
-        low = _most_that_fit(0, ml, lambda rows: fits(rows, tn, 2))
-        if low >= 1:
-            return -(-ml // low), ntn
-    return None
-
-
-def columns_first(storage: tuple) -> bool:
-    """Is C cut into tiles of whole columns rather than whole rows for
-    operands lying as `storage` says (:attr:`summa.planning.Plan.storage`)?
-    A cut of whole rows reads B again for each row of tiles: by rows of
-    its own where B lies by rows (a block a panel), but where op(B) lies by
-    columns (Fortran order, ``b.T`` of a C array) in pieces of one panel's
-    width, 32 KB for complex128 2048-wide panels. Where op(A) lies by
-    columns too, whole columns of C read A again as blocks a panel, as
-    C-ordered operands read B: the same sweep, transposed."""
-    return tuple(storage) == ("cols", "cols")
-
-
 def host_traffic(memory: MemoryPlan, shape, grid) -> int:
     """Elements one rank moves between host and GPU out of core: its A
     block once per column of C tiles, its B block once per row of them, its
     C block once."""
     m, n, k = shape
-    return _moved((-(-m // grid[0]), -(-n // grid[1]), k), memory.tiles, 2)
+    return moved_elements((-(-m // grid[0]), -(-n // grid[1]), k), memory.tiles, 2)
 
 
 def sweep_steps(memory: MemoryPlan, k: int) -> int:
@@ -772,35 +466,7 @@ def waited_write_backs(memory: MemoryPlan) -> int:
     """Elements of C out of core whose write-back the next tile waits for:
     with one C tile on the device (``c_buffers`` 1), every tile's but the
     last; none with two."""
-    return _waited(memory.tiles, memory.tile) if memory.c_buffers == 1 else 0
-
-
-def format_bytes(nbytes: float) -> str:
-    """`nbytes` for a message: in GiB (one decimal) from 1 GiB, else in
-    the largest of MiB and KiB it reaches, else in bytes (a budget of a few
-    KiB is not "0.0 GiB")."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= size:
-            return f"{nbytes / size:.1f} {unit}"
-    return f"{int(nbytes)} byte{'' if int(nbytes) == 1 else 's'}"
-
-
-def parse_bytes(text: str) -> int:
-    """``"16GiB"``, ``"512MiB"``, ``"2e9"`` -> bytes; ValueError otherwise."""
-    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-    s = str(text).strip().upper().replace(" ", "")
-    number = s.rstrip("KMGTIB")
-    unit = s[len(number):]
-    try:
-        value = float(number) * units[unit]
-    except (ValueError, KeyError):
-        raise ValueError(f"expected a size like 16GiB or 512MB, got {text!r}") from None
-    if not math.isfinite(value):  # NaN or inf: no number of bytes
-        raise ValueError(f"a memory size must be a finite number of bytes, got {text!r}")
-    if value <= 0:
-        raise ValueError(f"a memory size must be positive, got {text!r}")
-    return int(value)
+    return waited_elements(memory.tiles, memory.tile) if memory.c_buffers == 1 else 0
 
 
 def _refuse_largest_shortfall(comm, short) -> None:

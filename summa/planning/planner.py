@@ -24,9 +24,10 @@ import numpy as np
 from ..runtime.mpi import MPI
 from ..precision import ozaki_gpu
 from ..distribution.grid import check_grid_ranks, grid_for, parse_grid
-from .memory import (TRAFFIC_GAIN, Execution, MemoryPlan, check_host_memory, check_memory,
+from .memory import (Execution, MemoryPlan, check_host_memory, check_memory,
                      format_bytes, host_traffic, memory_plan, parse_bytes, resident_plan,
                      ranks_on_device, sweep_steps, waited_write_backs)
+from .tiling import TRAFFIC_GAIN
 from .model import gemm_flops
 from .prediction import predict_plan
 from .report import plan_lines
@@ -326,7 +327,7 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
         How op(A) and op(B) lie in host memory (:attr:`Plan.storage`; host
         operands' :func:`summa.host.storage.storage_of`): out of core, C is
         cut the way that reads them in the larger pieces
-        (:func:`summa.planning.memory.columns_first`).
+        (:func:`summa.planning.tiling.columns_first`).
 
     Raises
     ------

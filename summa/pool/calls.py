@@ -181,7 +181,7 @@ def dtype_checker(backend):
     """What checks a dtype on the pool's owner for workers of `backend`: the
     NumPy backend where they use NumPy, else :class:`_AnyDtype` (no GPU
     library loaded here: the workers' backend checks it again)."""
-    from ..device.backend import NumpyBackend
+    from ..device.numpy_backend import NumpyBackend
     return NumpyBackend() if traits(backend).cpu_only else _AnyDtype()
 
 

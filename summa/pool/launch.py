@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from . import job
+from .job import STOP_GRACE, launch, stop
 from ..runtime.cleanup import mapped_segments, process_alive, remove_segments
 from ..options import current as current_options
 from ..device.traits import traits
@@ -116,7 +116,7 @@ class Pool:
         # with MPI's files of this process, which the workers remove should it be killed
         owner = [self._listener.address, str(os.getpid()), os.pathsep.join(mapped_segments())]
         try:
-            self.proc = job.launch(mpiexec_command() + ["-n", str(size), sys.executable, "-m",
+            self.proc = launch(mpiexec_command() + ["-n", str(size), sys.executable, "-m",
                                                         "summa.pool.worker", *owner], env)
         except BaseException:  # Ctrl-C or no launcher: no folder left behind
             self._listener.close()
@@ -261,7 +261,7 @@ class Pool:
         start holds the signal); what still runs a moment later is killed, and
         this process removes the files the workers could not."""
         connected = len(self.conns) == self.size
-        job.stop(self.proc, self.pids.values(), grace=1.0 if connected else job.STOP_GRACE)
+        stop(self.proc, self.pids.values(), grace=1.0 if connected else STOP_GRACE)
         remove_segments(self.segments)
         self._cleanup()
 

@@ -769,7 +769,7 @@ def _complex(alpha, a, b, c, beta, backend, scheme: Scheme) -> None:
     (:func:`summa.precision.ozaki.complex_product`, each :func:`gemm` with
     `backend` and `scheme`), joined into `c` in place: beside the operands'
     real and imaginary parts, the two real results and one real product's
-    scratch, no more (what the plans count, ``memory._ozaki_scratch``)."""
+    scratch, no more (what the plans count, ``tiling.ozaki_scratch``)."""
     import cupy
     m, n = a.shape[0], b.shape[1]
     ar, ai = cupy.ascontiguousarray(a.real), cupy.ascontiguousarray(a.imag)

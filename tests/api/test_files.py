@@ -401,11 +401,11 @@ def test_multiply_accounts_for_its_wall_time(tmp_path):
     (1.498, ""),     # the slowest ranks' phases passing the wall time: no negative residue
 ])
 def test_wall_line_never_shows_a_negative_or_tiny_rest(wall, shown):
-    from summa.cli import _wall_line
+    from summa.cli.multiply import wall_line
     record = {"wall_seconds": wall, "startup_seconds": 0.5, "prepare_seconds": 0.25,
               "read_seconds": 0.25, "setup_seconds": 0.1, "compute_seconds": 0.4,
               "check_seconds": None, "write_seconds": None, "scan_seconds": 0.0}
-    assert _wall_line(record) == f"  wall {wall:.3f} s so far{shown}"
+    assert wall_line(record) == f"  wall {wall:.3f} s so far{shown}"
 
 
 def test_multiply_streams_files_through_gpus_by_default_where_it_can():

@@ -383,11 +383,11 @@ def test_fp64_int8_reads_operands_stored_by_columns_as_they_lie(rng, monkeypatch
 
 
 def test_cublas_takes_op_h_of_a_column_major_operand_as_op_c(rng):
-    """What cuBLAS is handed (summa.device.backend, here with NumPy for CuPy): a
+    """What cuBLAS is handed (summa.device.cupy_backend, here with NumPy for CuPy): a
     column-major operand as its transposed one, conjugated by op C, no copy;
     cuBLAS has no conjugate without transpose, so a row-major one conjugated
     is a copy (on the device); cuBLASLt's plans take row-major ones only."""
-    from summa.device.backend import _cublas_operand
+    from summa.device.cupy_backend import _cublas_operand
     x = random_array(rng, (6, 4), "complex128")
     for view, conj, transposable, want_op, copied in (
             (x, False, True, 0, False), (x.T.copy().T, False, True, 1, False),

@@ -632,9 +632,9 @@ def test_a_resident_fp64_int8_gemm_takes_the_plans_rows(monkeypatch):
     (summa.api.planned.run_on_device; a stand-in backend notes its call)."""
     import contextlib
     from summa.api.planned import run_on_device
-    from summa.planning import memory
+    from summa.planning import tiling
     from summa.precision import ozaki_gpu
-    monkeypatch.setattr(memory, "FP64_INT8_ROWS", 8)
+    monkeypatch.setattr(tiling, "FP64_INT8_ROWS", 8)
     n = 64
     free = 8 * n * n + ozaki_gpu.scratch_bytes(n, n, n, ozaki_gpu.moduli_for(n), rows=16)
     plan = _plan(Placement("device", 0, held=_held(n, n, n)), free=free, shape=(n, n, n),

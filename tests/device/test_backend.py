@@ -154,7 +154,7 @@ def test_cublaslt_alignment_of_pointers():
 
 
 def test_gemm_output_may_be_a_column_strip_but_not_transposed():
-    from summa.device.backend import _output_ld
+    from summa.device.cupy_backend import _output_ld
     c = np.zeros((6, 10))
     assert _output_ld(c) == 10
     assert _output_ld(c[:, 3:7]) == 10  # a column strip: rows 10 apart

@@ -753,12 +753,12 @@ def test_an_asked_cut_that_fits_one_c_tile_at_a_time_runs_so(rng, monkeypatch):
     makes one buffer, and the product is right; with room for two, two."""
     from mpi4py import MPI
     from summa.execution import outofcore
-    from summa.planning import memory as memory_mod
+    from summa.planning import tiling
     m, n, k, nb = 45, 38, 64, 8
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
     monkeypatch.setenv("SUMMA_OOC_TILES", "3x2")
     monkeypatch.setenv("SUMMA_UPLOAD_LEAD", "0")
-    one = 8 * memory_mod._ooc_elements(15, 19, nb, 2, 6, c_buffers=1)
+    one = 8 * tiling.ooc_elements(15, 19, nb, 2, 6, c_buffers=1)
     made = []
     real_init = outofcore._Sweep.__init__
 
@@ -807,21 +807,21 @@ def test_fp64_int8_cuts_c_both_ways_to_upload_least(budget_gib):
     """fp64-int8's scratch grows with a tile's rows plus columns: its cut is
     the one that fits and uploads least (B once per row of tiles, A once per
     column), not whole rows of C; other precisions keep whole rows."""
-    from summa.planning import memory as planner
+    from summa.planning import tiling
     ml = nl = k = 32768
     budget = parse_bytes(f"{budget_gib}GiB") // 8
     args = dict(nb=16384, slots=2, budget=budget)
-    int8 = planner._Int8(rows=planner.FP64_INT8_ROWS)  # as memory_plan searches
+    int8 = tiling.Int8Products(rows=tiling.FP64_INT8_ROWS)  # as memory_plan searches
 
     def fits(r, c, emulated):
         tm, tn = -(-ml // r), -(-nl // c)
-        return planner._ooc_elements(tm, tn, args["nb"], 2, r * c, emulated=emulated) <= budget
-    rows, cols = planner._ooc_tiles(ml, nl, **args, emulated=int8)
+        return tiling.ooc_elements(tm, tn, args["nb"], 2, r * c, emulated=emulated) <= budget
+    rows, cols = tiling.ooc_tiles(ml, nl, **args, emulated=int8)
     assert fits(rows, cols, int8)
     least = min(r * nl + c * ml for r in range(1, 65) for c in range(1, 65)
                 if fits(r, c, int8))
     assert rows * nl + cols * ml == least
-    whole = planner._ooc_tiles(ml, nl, 16384, 2, budget, emulated=None)
+    whole = tiling.ooc_tiles(ml, nl, 16384, 2, budget, emulated=None)
     assert whole[1] == 1  # native: whole rows while they fit
     plan = memory_plan(ml, nl, k, "float64", (1, 1), 16384,
                        Execution(1, "cupy", out_of_core=True, device_budget=budget * 8,
@@ -834,12 +834,12 @@ def test_fp64_int8_never_streams_c_as_one_tile_where_it_has_rows_to_cut():
     where all of C would fit one tile, fp64-int8 still cuts it in two rows of
     tiles (the least upload beyond one tile), native precisions take one;
     a C of one row stays one tile."""
-    from summa.planning import memory as planner
+    from summa.planning import tiling
     budget = parse_bytes("200GiB") // 8
-    int8 = planner._Int8()
-    assert planner._ooc_tiles(32768, 32768, 16384, 3, budget, emulated=None) == (1, 1)
-    assert planner._ooc_tiles(32768, 32768, 16384, 3, budget, emulated=int8) == (2, 1)
-    assert planner._ooc_tiles(1, 32768, 16384, 3, budget, emulated=int8) == (1, 1)
+    int8 = tiling.Int8Products()
+    assert tiling.ooc_tiles(32768, 32768, 16384, 3, budget, emulated=None) == (1, 1)
+    assert tiling.ooc_tiles(32768, 32768, 16384, 3, budget, emulated=int8) == (2, 1)
+    assert tiling.ooc_tiles(1, 32768, 16384, 3, budget, emulated=int8) == (1, 1)
 
 
 
@@ -941,9 +941,9 @@ def test_the_sweep_hands_its_fp64_int8_products_the_plans_rows(rng, monkeypatch)
     (Plan.scheme) reach every GEMM of the sweep, which then makes its
     product within the gauge in chunks of that many rows of each tile or
     strip (FP64_INT8_ROWS made small so that small tiles take chunks)."""
-    from summa.planning import memory
+    from summa.planning import tiling
     from summa.precision import ozaki_gpu
-    monkeypatch.setattr(memory, "FP64_INT8_ROWS", 16)
+    monkeypatch.setattr(tiling, "FP64_INT8_ROWS", 16)
     plan, device, error = _fp64_int8_sweep(rng, monkeypatch, 260_000)
     assert (plan.memory.tile, plan.memory.int8_rows) == ((60, 40), 30)  # 2 chunks a tile
     assert error <= 1

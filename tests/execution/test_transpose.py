@@ -11,7 +11,8 @@ from helpers import (GEMM_SHAPES, check_against_reference, gemm_scaled_error,
                      random_array)
 from summa import cli
 from summa.execution.algorithm import SummaStats, gemm
-from summa.device.backend import NumpyBackend, _operand, get_backend
+from summa.device.backend import NumpyBackend, get_backend
+from summa.device.cupy_backend import _operand
 from summa.distribution.grid import ProcessGrid
 from summa.distribution.matrix import DistMatrix
 from summa.planning.memory import Execution, memory_plan

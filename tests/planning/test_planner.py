@@ -169,10 +169,10 @@ def test_a_budget_that_cuts_c_into_too_many_tiles_is_refused_with_one_that_does_
 
 def _two_at_a_time(shape, dtype, budget, width):
     """The fewest tiles whose sweep fits `budget` with two C tiles."""
-    from summa.planning import memory
+    from summa.planning import tiling
     ml, nl, k = shape
     item = np.dtype(dtype).itemsize
-    return memory._ooc_tiles(ml, nl, min(width, k), 2, parse_bytes(budget) // item,
+    return tiling.ooc_tiles(ml, nl, min(width, k), 2, parse_bytes(budget) // item,
                              copies=(True, False))
 
 
@@ -203,7 +203,7 @@ def test_at_equal_bytes_fewer_c_tiles_one_at_a_time_win(storage):
     (the same cut, transposed, ran 1.39 s against 1.59 on an H200). By
     whatever way the operands lie: Fortran operands of a block this tall
     are cut by rows (they upload less)."""
-    from summa.planning.memory import _moved
+    from summa.planning.tiling import moved_elements
     shape = (65536, 16384, 32768)
     plan = make_plan(shape, "float64", Machine("cupy", 1), device_memory="8GiB",
                      host_held=True, storage=storage)
@@ -211,7 +211,7 @@ def test_at_equal_bytes_fewer_c_tiles_one_at_a_time_win(storage):
     assert plan.memory.device_bytes <= 8 << 30
     two = _two_at_a_time(shape, "float64", "8GiB", 2048)
     assert two == (3, 1)
-    assert _moved(shape, (2, 1), 1) == _moved(shape, two, 2)
+    assert moved_elements(shape, (2, 1), 1) == moved_elements(shape, two, 2)
     assert "one C tile on the device at a time" in str(plan)
 
 
@@ -225,7 +225,7 @@ def test_two_c_tiles_stay_where_the_gemms_bound_or_one_saves_nothing(shape, dtyp
     HOST_LINK_BALANCE flops), a waited write-back would only expose time;
     where one C tile at a time fits no fewer tiles, it saves nothing:
     both keep two C tiles."""
-    from summa.planning.memory import HOST_LINK_BALANCE
+    from summa.planning.tiling import HOST_LINK_BALANCE
     plan = make_plan(shape, dtype, Machine("cupy", 1), device_memory=budget)
     rows, cols = plan.memory.tiles
     assert rows * cols > 1 and plan.memory.c_buffers == 2
@@ -233,9 +233,9 @@ def test_two_c_tiles_stay_where_the_gemms_bound_or_one_saves_nothing(shape, dtyp
     flops = (8 if dtype.startswith("complex") else 2) * m * n * k
     moved = host_traffic(plan.memory, shape, (1, 1)) * np.dtype(dtype).itemsize
     if flops < HOST_LINK_BALANCE * moved:  # link-bound: one at a time fits no fewer tiles
-        from summa.planning import memory
+        from summa.planning import tiling
         budget_elements = parse_bytes(budget) // np.dtype(dtype).itemsize
-        one = memory._ooc_elements(-(-m // (rows * cols - 1)), n, plan.memory.chunk,
+        one = tiling.ooc_elements(-(-m // (rows * cols - 1)), n, plan.memory.chunk,
                                    plan.memory.slots, 2, (True, False), c_buffers=1)
         assert one > budget_elements
 
@@ -478,14 +478,14 @@ def test_ranks_blocks_are_cut_the_way_that_uploads_less(storage, grid, tiles):
     operands lie. Two H200s ran float64 Fortran's 1 x 2 column cut 1.2 x
     slower than rows; on 2 x 1 rows would broadcast B's panels again for
     each tile."""
-    from summa.planning.memory import _uploads
+    from summa.planning.tiling import upload_elements
     dtype = "float64" if grid == (1, 2) else "complex128"
     with options.set(transpose_b="no"):  # (its copy of B's panels takes room of its own)
         plan = restage(make_plan((32768,) * 3, dtype, Machine("cupy", 2), device_memory="8GiB",
                                  host_held=True, grid=grid, storage=storage), (True, True))
     assert plan.memory.tiles == tiles
     ml, nl = 32768 // grid[0], 32768 // grid[1]
-    assert _uploads(ml, nl, tiles) < _uploads(ml, nl, tiles[::-1])
+    assert upload_elements(ml, nl, tiles) < upload_elements(ml, nl, tiles[::-1])
 
 
 def test_out_of_core_plans_on_gpus_settle_host_copies_and_their_threads(monkeypatch):
@@ -673,10 +673,10 @@ def test_matmul_plans_once_and_executes_many(comm, rng, device_memory):
 def _int8_sweep_bytes(mem) -> int:
     """Device bytes the out-of-core sweep's own count gives float64
     fp64-int8 memory plan `mem`: its tiles, slots, C buffers, rows and folds."""
-    from summa.planning import memory
+    from summa.planning import tiling
     rows, cols = mem.tiles
-    return 8 * memory._ooc_elements(*mem.tile, mem.chunk, mem.slots, rows * cols,
-                                    emulated=memory._Int8(rows=mem.int8_rows,
+    return 8 * tiling.ooc_elements(*mem.tile, mem.chunk, mem.slots, rows * cols,
+                                    emulated=tiling.Int8Products(rows=mem.int8_rows,
                                                           planes=mem.int8_planes),
                                     c_buffers=mem.c_buffers)
 
@@ -694,7 +694,7 @@ def test_fp64_int8_products_in_chunks_of_rows_let_fewer_larger_tiles_fit():
     over the host link. The
     device bytes are the sweep's own count with those rows, within the
     budget; the plan hands its GEMMs the rows (Plan.scheme) and says them."""
-    from summa.planning import memory
+    from summa.planning import tiling
     from summa.planning.planner import FREE_SHARE
     from summa.precision.ozaki_gpu import PLANES, Scheme
     n = 40960
@@ -702,10 +702,10 @@ def test_fp64_int8_products_in_chunks_of_rows_let_fewer_larger_tiles_fit():
     plan = _int8_plan(n, budget, panel_width=16384)
     mem = plan.memory
     tm, (rows, cols) = mem.tile[0], mem.tiles
-    assert memory.FP64_INT8_ROWS <= mem.int8_rows < tm
+    assert tiling.FP64_INT8_ROWS <= mem.int8_rows < tm
     assert plan.scheme == Scheme(rows=mem.int8_rows, planes=mem.int8_planes or PLANES)
     assert mem.device_bytes == _int8_sweep_bytes(mem) <= budget
-    whole = memory._ooc_tiles(n, n, mem.chunk, 2, budget // 8, emulated=memory._Int8())
+    whole = tiling.ooc_tiles(n, n, mem.chunk, 2, budget // 8, emulated=tiling.Int8Products())
     assert whole == (4, 3) and (rows, cols) == (2, 3)
     assert host_traffic(mem, (n, n, n), (1, 1)) == (rows + cols + 1) * n * n < \
         0.8 * (sum(whole) + 1) * n * n
@@ -749,12 +749,12 @@ def test_more_device_memory_never_gives_fp64_int8_more_tiles_or_uploads(n, dtype
     """From 8 GiB to a whole H200: each budget's fp64-int8 plan moves no more
     bytes over the host link and cuts C in no more tiles than a smaller
     one's, its chunks of rows at least FP64_INT8_ROWS (or a tile's all)."""
-    from summa.planning import memory
+    from summa.planning import tiling
     last = None
     for gib in (8, 12, 16, 21.6, 24, 32, 48, 64, 80, 100, 125, 139):
         mem = _int8_plan(n, f"{gib}GiB", dtype).memory
         assert mem.device_bytes <= gib * 2**30
-        assert mem.int8_rows is None or memory.FP64_INT8_ROWS <= mem.int8_rows < mem.tile[0]
+        assert mem.int8_rows is None or tiling.FP64_INT8_ROWS <= mem.int8_rows < mem.tile[0]
         now = (host_traffic(mem, (n, n, n), (1, 1)), mem.tiles[0] * mem.tiles[1])
         assert last is None or (now[0] <= last[0] and now[1] <= last[1]), (gib, now, last)
         last = now
@@ -766,7 +766,7 @@ def test_fp64_int8_operands_on_the_gpu_take_rows_in_chunks_where_all_do_not_fit(
     beside the operands) its rows go in chunks and the GEMM stays where the
     operands lie, instead of their going through host memory; its memory is
     C and scratch_bytes' count for those rows."""
-    from summa.planning import memory
+    from summa.planning import tiling
     from summa.planning.planner import Placement
     from summa.precision import ozaki_gpu
     n = 40960
@@ -783,7 +783,7 @@ def test_fp64_int8_operands_on_the_gpu_take_rows_in_chunks_where_all_do_not_fit(
     for free, cap in ((80 * 2**30, None), (whole, held + 64 * 2**30)):
         tight = plan(free, device_memory=cap)
         rows = tight.memory.int8_rows
-        assert tight.placement.resident and memory.FP64_INT8_ROWS <= rows < n
+        assert tight.placement.resident and tiling.FP64_INT8_ROWS <= rows < n
         room = free if cap is None else min(free, cap - held)
         planes = tight.memory.int8_planes or ozaki_gpu.PLANES
         assert tight.memory.device_bytes == 8 * n * n + ozaki_gpu.scratch_bytes(

@@ -4,7 +4,6 @@ clean up, and killed, its files removed, where they do not end."""
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import threading
