@@ -819,12 +819,18 @@ def _panel_sums(memory, dtype, grid, shape, width, precision, schedule) -> int |
 
 
 def _device_room(machine: Machine) -> int | None:
-    """The device bytes one rank may hold in memory: the least free memory
-    of any rank's GPU shared among the ranks on it (live, collective), or
-    the machine's `free_device`; None on CPUs or where unknown."""
+    """The device bytes one rank may fill in memory where the plan chooses
+    how much (fp64-int8's row chunks and planes): :data:`FREE_SHARE` of the
+    least free memory of any rank's GPU shared among the ranks on it (live,
+    collective), or of the machine's `free_device`, as an out-of-core plan
+    takes where no budget is given; None on CPUs or where unknown."""
     if not traits(machine.backend).gpu:
         return None
     if machine.comm is not None:
         sharing = ranks_on_device(machine.device, machine.comm)
-        return machine.comm.allreduce(machine.device.memory_free() // sharing, op=MPI.MIN)
-    return machine.free_device
+        free = machine.comm.allreduce(machine.device.memory_free() // sharing, op=MPI.MIN)
+    elif machine.free_device is None:
+        return None
+    else:
+        free = machine.free_device
+    return int(free * FREE_SHARE)
