@@ -47,8 +47,7 @@ def _case(case: str, seed: int) -> dict:
     """Run `case` of shm_driver.py with `seed`; its report, checked: nothing
     of the job left (nothing new at all in a /dev/shm of its own), no
     launcher's banner, and, where the job surely made some, its files seen
-    (the watch itself works; a Ctrl-C of the command may come before its
-    MPI starts)."""
+    (the watch itself works; a Ctrl-C may come before MPI starts)."""
     private = _private_shm()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(summa.__file__)), os.environ.get("PYTHONPATH", "")]))
@@ -62,7 +61,9 @@ def _case(case: str, seed: int) -> dict:
     assert report["left"] == [], what
     assert report["new"] in (None, []), what
     assert not report["banner"], what
-    assert report["seen"] > 0 or case == "cli-interrupt", what
+    # (a Ctrl-C may land before MPI starts, in the command or in the pool's
+    # caller still importing mpi4py: then there is nothing to see)
+    assert report["seen"] > 0 or case in ("cli-interrupt", "interrupt"), what
     return report
 
 
