@@ -23,10 +23,10 @@ from ..api.checks import check_layouts, check_operands, check_scalars
 from ..distribution.layout import Distribution, Layout, panel_schedule
 from ..distribution.matrix import DistMatrix
 from ..precision.ozaki_gpu import (PanelSums, Scheme, asked_moduli, check_moduli,
-                                   grid_exponents, panel_sums_apply, panel_sums_bytes)
+                                   grid_exponents, panel_sums_apply)
 from .pipeline import Pipeline, PipelineReport, Product, in_place_parts, local_parts
 # (summa.execution.outofcore takes wait_for_panel from here)
-from ..planning.memory import ranks_on_device
+from ..planning.memory import panel_sums_fit
 from ..planning.schedule import HEAD_PIECES, make_schedule, order_panels, waits_first
 from ..planning.selection import export_blocks, pick_broadcasters
 from .strips import check_schedule, multiply_strips, strip_bounds
@@ -431,26 +431,18 @@ def _panel_sums(call: _Call, strips: bool, panels: list):
     None: for complex128, strips, K past an int32 sum or of fewer than
     :data:`summa.precision.ozaki.K_NATIVE` terms (native float64 then), where
     ``SUMMA_FP64_INT8_SUMS=0``, or where the plan said no (a plan's run:
-    ``call.sums``); called without a plan, where any rank's device lacks the
-    memory for the sums (4 bytes an element of C a modulus). Collective."""
-    A, C, precision, lookahead = call.A, call.C, call.precision, call.lookahead
+    ``call.sums``); called without a plan (:func:`summa` on DistMatrix
+    operands), where the planner finds a rank's device without the memory
+    for them (:func:`summa.planning.memory.panel_sums_fit`). Collective."""
+    A, C, precision = call.A, call.C, call.precision
     grid, k = C.grid, A.layout.shape[1]
     if precision != "fp64-int8" or strips or not panel_sums_apply(C.dtype, grid.size, k) \
             or call.sums is False:
         return None
-    if call.sums:  # the plan counted them
-        return _made_sums(call)
-    width = max((p.width for p in panels), default=0)
-    m, n = C.local.shape
-    # beside the sums, the panel buffers the pipeline makes next (and their
-    # staging), a margin for the pool's rounding and the GEMMs' workspace
-    buffers = 2 * (lookahead + 1) * (m + n) * width * C.dtype.itemsize
-    need = panel_sums_bytes(m, n, width, k) + buffers
-    free = C.backend.memory_free()
-    sharing = ranks_on_device(C.backend, grid.comm)  # (their sums come out of the same memory)
-    fits = free is not None and free >= sharing * (need + need // 16 + (256 << 20))
-    if not grid.comm.allreduce(fits, op=MPI.LAND):
-        return None
+    if call.sums is None:  # no plan: the planner asked now, as a plan would have
+        width = max((p.width for p in panels), default=0)
+        if not panel_sums_fit(C.local.shape, k, width, call.lookahead, C.backend, grid.comm):
+            return None
     return _made_sums(call)
 
 

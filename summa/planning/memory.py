@@ -24,10 +24,12 @@ from .. import options
 from ..device.staging import copy_threads, ring_bytes
 from ..distribution.topology import topology_of
 from ..device.traits import traits
+from ..runtime.mpi import MPI
 from .tuning import transposes_a, transposes_b
-from .tiling import (Int8Products, c_tile_buffers, choose_cut, columns_first,
-                     int8_chunk_rows, int8_fold_planes, least_int8_rows, moved_elements,
-                     one_at_a_time, ooc_elements, ooc_tiles, ozaki_scratch, tiles_asked,
+from .tiling import (Int8InMemory, Int8Products, c_tile_buffers, choose_cut, columns_first,
+                     int8_chunk_rows, int8_fold_planes, int8_in_memory, least_int8_rows,
+                     moved_elements,
+                     one_at_a_time, ooc_elements, ooc_tiles, tiles_asked,
                      waited_elements)
 from ..precision import ozaki_gpu
 from ..precision.ozaki import K_EXACT
@@ -35,7 +37,7 @@ from ..host.storage import transposed as by_columns_stored
 from .units import format_bytes, parse_bytes
 
 __all__ = ["MemoryPlan", "Execution", "memory_plan", "resident_plan", "host_traffic",
-           "sweep_steps", "waited_write_backs", "check_memory", "ranks_on_device",
+           "panel_sums_fit", "sweep_steps", "waited_write_backs", "check_memory", "ranks_on_device",
            "check_host_memory", "parse_bytes", "format_bytes"]
 
 
@@ -282,7 +284,7 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
         # a rank alone writes its row strips straight into C (one_rank_steps)
         extra = ml * nl if kind.cpu_only and pr * pc > 1 else 0
         extra += nb * ml * copies[0] + nb * nl * copies[1]
-        int8 = _Int8InMemory()
+        int8 = Int8InMemory()
         if emulated:  # one product's scratch: a panel's, or under strips a strip's of all K
             shape = (ml, max(1, min(panel_width, nl)), k) if strips else (ml, nl, nb)
             if pr * pc == 1 and kind.gpu and not any(copies):
@@ -290,7 +292,7 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
                 # (summa.execution.algorithm.one_rank_steps), in pieces of
                 # at most K_EXACT terms
                 shape = (ml, nl, max(1, min(k, K_EXACT)))
-            int8 = _int8_in_memory(shape, dtype, (blocks + panels + extra) * item, k,
+            int8 = int8_in_memory(shape, dtype, (blocks + panels + extra) * item, k,
                                    pr * pc > 1 and not strips and kind.gpu, execution.device_room)
             extra += -(-int8.scratch // item)
         on_device = (blocks + panels + extra) * item
@@ -304,45 +306,6 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
     if device_budget is None:
         raise ValueError("an out-of-core plan needs a device memory budget")
     return _ooc_memory((ml, nl, k, nb, blocks), dtype, grid, copies, execution)
-
-
-@dataclass(frozen=True)
-class _Int8InMemory:
-    """fp64-int8's share of an in-memory plan: its scratch bytes, and how
-    its products run (:class:`MemoryPlan`'s `int8_rows`, `int8_planes`,
-    `panel_sums`)."""
-
-    scratch: int = 0
-    rows: int | None = None
-    planes: int | None = None
-    sums: bool = False
-
-
-def _int8_in_memory(shape: tuple, dtype, held: int, k: int, grid: bool,
-                    room: int | None) -> _Int8InMemory:
-    """fp64-int8 in memory: a ``(rows, columns, K)`` product's scratch
-    (a panel's, or a strip's of all K) beside the `held` bytes of blocks and
-    panels, within the device `room` (None: unknown). On a `grid` of GPUs
-    where they apply (:func:`summa.precision.ozaki_gpu.panel_sums_apply`),
-    the panel sums of all of `k` where they fit; else one product's
-    scratch, its rows in chunks and more planes a fold where the room says
-    (:func:`int8_chunk_rows`, :func:`int8_fold_planes`), as one GEMM on the device
-    (:func:`resident_plan`) takes them."""
-    tm, tn, nb = shape
-    complex_ = np.dtype(dtype).kind == "c"
-    left = None if room is None else room - held
-    if grid and ozaki_gpu.panel_sums_apply(dtype, 2, k):
-        sums = ozaki_gpu.panel_sums_bytes(tm, tn, nb, k)
-        if left is None or sums <= left:
-            return _Int8InMemory(sums, sums=True)
-
-    def scratch(rows: int | None, planes: int | None = None) -> int:
-        return ozaki_scratch(tm, tn, nb, complex_, rows, planes)
-    if left is None:
-        return _Int8InMemory(scratch(None))
-    rows = int8_chunk_rows(tm, lambda r: scratch(r) <= left)
-    planes = int8_fold_planes(nb, lambda p: scratch(rows, p) <= left)
-    return _Int8InMemory(scratch(rows, planes), rows, planes)
 
 
 def _ooc_memory(sizes: tuple, dtype, grid: tuple, copies: tuple,
@@ -484,6 +447,21 @@ def ranks_on_device(backend, comm, counted: bool = True) -> int:
     where = backend.device_id() if backend.is_gpu and counted else "cpu"
     sharing = topology_of(comm).machine_comm.allgather(where).count(where)
     return sharing if where != "cpu" else 1
+
+
+def panel_sums_fit(c_shape: tuple, k: int, width: int, lookahead: int, backend, comm) -> bool:
+    """Does every rank's device hold fp64-int8's panel sums of its `c_shape`
+    block of C over `k` terms in `width`-wide panels, beside the pipeline's
+    panel buffers and a margin (ranks on one GPU sharing it)? What
+    :func:`summa.execution.algorithm.summa` without a plan asks; a plan
+    counts the sums in its peak instead. Collective."""
+    m, n = c_shape
+    buffers = 2 * (lookahead + 1) * (m + n) * width * 8
+    need = ozaki_gpu.panel_sums_bytes(m, n, width, k) + buffers
+    free = backend.memory_free()
+    sharing = ranks_on_device(backend, comm)  # (their sums come out of the same memory)
+    fits = free is not None and free >= sharing * (need + need // 16 + (256 << 20))
+    return bool(comm.allreduce(fits, op=MPI.LAND))
 
 
 def check_memory(plan: MemoryPlan, backend, comm) -> None:

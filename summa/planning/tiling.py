@@ -25,7 +25,7 @@ __all__ = ["FP64_INT8_ROWS", "HOST_LINK_BALANCE", "TRAFFIC_GAIN", "EMULATED_COLU
            "Int8Products", "least_int8_rows", "int8_chunk_rows", "int8_fold_planes",
            "tiles_asked", "ozaki_scratch", "one_at_a_time", "moved_elements", "waited_elements",
            "c_tile_buffers", "ooc_elements", "ooc_tiles", "choose_cut", "upload_elements",
-           "columns_first"]
+           "columns_first", "Int8InMemory", "int8_in_memory"]
 
 
 #: fp64-int8's scratch grows with the rows of C a product takes (its int32
@@ -345,3 +345,42 @@ def columns_first(storage: tuple) -> bool:
     columns too, whole columns of C read A again as blocks a panel, as
     C-ordered operands read B: the same sweep, transposed."""
     return tuple(storage) == ("cols", "cols")
+
+
+@dataclass(frozen=True)
+class Int8InMemory:
+    """fp64-int8's share of an in-memory plan: its scratch bytes, and how
+    its products run (:class:`MemoryPlan`'s `int8_rows`, `int8_planes`,
+    `panel_sums`)."""
+
+    scratch: int = 0
+    rows: int | None = None
+    planes: int | None = None
+    sums: bool = False
+
+
+def int8_in_memory(shape: tuple, dtype, held: int, k: int, grid: bool,
+                    room: int | None) -> Int8InMemory:
+    """fp64-int8 in memory: a ``(rows, columns, K)`` product's scratch
+    (a panel's, or a strip's of all K) beside the `held` bytes of blocks and
+    panels, within the device `room` (None: unknown). On a `grid` of GPUs
+    where they apply (:func:`summa.precision.ozaki_gpu.panel_sums_apply`),
+    the panel sums of all of `k` where they fit; else one product's
+    scratch, its rows in chunks and more planes a fold where the room says
+    (:func:`int8_chunk_rows`, :func:`int8_fold_planes`), as one GEMM on the device
+    (:func:`resident_plan`) takes them."""
+    tm, tn, nb = shape
+    complex_ = np.dtype(dtype).kind == "c"
+    left = None if room is None else room - held
+    if grid and ozaki_gpu.panel_sums_apply(dtype, 2, k):
+        sums = ozaki_gpu.panel_sums_bytes(tm, tn, nb, k)
+        if left is None or sums <= left:
+            return Int8InMemory(sums, sums=True)
+
+    def scratch(rows: int | None, planes: int | None = None) -> int:
+        return ozaki_scratch(tm, tn, nb, complex_, rows, planes)
+    if left is None:
+        return Int8InMemory(scratch(None))
+    rows = int8_chunk_rows(tm, lambda r: scratch(r) <= left)
+    planes = int8_fold_planes(nb, lambda p: scratch(rows, p) <= left)
+    return Int8InMemory(scratch(rows, planes), rows, planes)

@@ -266,6 +266,7 @@ def test_panel_sums_are_left_on_every_rank_where_one_lacks_the_memory(comm, monk
     SUMMA_FP64_INT8_SUMS=0 turns them off. A plan's "no" (call.sums
     False) is no whatever the room."""
     from summa.execution import algorithm
+    from summa.planning import memory
     from summa.device.backend import get_backend
     from summa.distribution.grid import ProcessGrid
     from summa.distribution.layout import panel_schedule
@@ -279,7 +280,7 @@ def test_panel_sums_are_left_on_every_rank_where_one_lacks_the_memory(comm, monk
     monkeypatch.setattr(type(backend), "memory_free", lambda self: free)
     assert algorithm._panel_sums(_call(A, B, C, "fp64-int8"), False, panels) is None
     # room for one rank's sums on every GPU, but two ranks share each: none
-    monkeypatch.setattr(algorithm, "ranks_on_device", lambda backend, comm: 2)
+    monkeypatch.setattr(memory, "ranks_on_device", lambda backend, comm: 2)
     free = 400 << 20  # one rank's tiny sums and the 256 MiB margin fit, two ranks' do not
     assert algorithm._panel_sums(_call(A, B, C, "fp64-int8"), False, panels) is None
     free = 1 << 50  # room everywhere, but a sum of fewer than K_NATIVE terms: native
