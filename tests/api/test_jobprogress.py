@@ -1,5 +1,7 @@
 """The whole job's progress line where several ranks run: ``summa multiply``
-under mpiexec, and ``summa.matmul`` on a pool's workers."""
+and ``summa bench`` under mpiexec, ``summa.matmul`` on a pool's workers, and
+``summa.matmul`` and ``summa.Matmul`` called by every rank of the user's own
+mpiexec (shown only for products long enough to matter)."""
 
 import os
 import shutil
@@ -27,6 +29,14 @@ def _mpiexec() -> list[str]:
     return [found]
 
 
+def _run(args: list, env=None) -> subprocess.CompletedProcess:
+    """`args` run to success from the tree's root, summa importable."""
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})))
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 def _multiply(folder: Path, ranks: int, *extra: str, env=None) -> subprocess.CompletedProcess:
     """``summa multiply`` of A (600x500) and B (500x600) on `ranks` ranks;
     in panels of 16 so that the multiply lasts long enough for lines."""
@@ -36,10 +46,7 @@ def _multiply(folder: Path, ranks: int, *extra: str, env=None) -> subprocess.Com
     cmd = _mpiexec() + ["-n", str(ranks), sys.executable, "-m", "summa", "multiply",
                         str(folder / "A.npy"), str(folder / "B.npy"), "-o", str(folder / "C.npy"),
                         "--backend", "numpy", "--nb", "16", *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})))
-    assert done.returncode == 0, done.stderr
-    return done
+    return _run(cmd, env)
 
 
 def test_multiply_on_several_ranks_shows_every_ranks_work(tmp_path):
@@ -73,3 +80,90 @@ def test_the_ranks_shares_of_a_matrix_make_it_whole(comm):
     with ProcessGrid(comm, None) as grid:
         total = comm.allreduce(block_share((7, 5), grid))
     assert total == pytest.approx(1.0)
+
+
+def _bench(*extra: str, env=None) -> str:
+    """stderr of ``summa bench`` of 600x600x600 on 2 ranks: one warm-up and
+    one timed run in panels of 16 (long enough for lines), checked."""
+    return _run(_mpiexec() + ["-n", "2", sys.executable, "-m", "summa", "bench", "--backend",
+                              "numpy", "--size", "600", "--nb", "16", "--repeat", "1",
+                              "--check", "--no-ideal", *extra], env).stderr
+
+
+def test_bench_on_several_ranks_shows_its_generation_each_run_and_its_check():
+    err = _bench(env=LINES)
+    ends = [line for line in err.splitlines() if " done, " in line]
+    # A and B's 2 * 600 * 600 doubles, then each run's 2 * 600**3 flops, of both ranks
+    assert [line.split(" done")[0] for line in ends] == \
+        ["summa: generate", "summa: run 1/2", "summa: run 2/2", "summa: check"], err
+    assert ends[0].endswith(" 5.8 MB") and ends[1].endswith(" 432.0 Mflop") and \
+        ends[2].endswith(" 432.0 Mflop"), err
+    assert any(line.startswith("summa: run 2/2") and "%" in line for line in err.splitlines())
+
+
+@pytest.mark.parametrize("how", [("--quiet",), ()])
+def test_bench_quiet_or_off_shows_nothing(how):
+    err = _bench(*how, env=dict(LINES, **({} if how else {"SUMMA_PROGRESS": "off"})))
+    assert "summa:" not in err, err
+
+
+#: Every rank of the user's own mpiexec multiplies: a short product with the
+#: settings as they are, then long ones (in panels of 16) shown at once,
+#: by the options keyword, by summa.options.set around a Matmul, and with
+#: the line turned off; each call's lines after a mark of it.
+SPMD = """
+import sys
+import numpy as np
+from mpi4py import MPI
+import summa
+
+rank = MPI.COMM_WORLD.Get_rank()
+rng = np.random.default_rng(0)
+a, b = (rng.uniform(-1, 1, shape) if rank == 0 else None for shape in ((600, 500), (500, 600)))
+now = summa.options.current().replace(progress_after=0.0)
+
+def mark(name):
+    if rank == 0:
+        print("call", name, file=sys.stderr, flush=True)
+
+mark("short")
+summa.matmul(a[:50, :40] if rank == 0 else None, b[:40, :50] if rank == 0 else None,
+             backend="numpy")
+mark("matmul")
+summa.matmul(a, b, backend="numpy", panel_width=16, options=now)
+mark("Matmul")
+with summa.options.set(progress_after=0.0):
+    with summa.Matmul(a, b, backend="numpy", panel_width=16) as m:
+        m.execute()
+mark("off")
+summa.matmul(a, b, backend="numpy", panel_width=16, options=now.replace(progress="off"))
+mark("end")
+"""
+
+
+def test_a_library_call_on_the_users_own_ranks_shows_long_products_only(tmp_path):
+    script = tmp_path / "spmd.py"
+    script.write_text(SPMD)
+    err = _run(_mpiexec() + ["-n", "2", sys.executable, str(script)], LINES).stderr
+    calls = {}
+    for part in err.split("call ")[1:]:
+        name, _, text = part.partition("\n")
+        calls[name] = [line for line in text.splitlines() if line.startswith("summa:")]
+    assert calls["short"] == [] and calls["off"] == [], err
+    for name in ("matmul", "Matmul"):
+        # 2 * 600 * 600 * 500 flops, half of them rank 1's
+        assert calls[name][-1].startswith("summa: multiply done"), err
+        assert calls[name][-1].endswith(" 360.0 Mflop"), err
+
+
+def test_a_short_library_call_in_one_process_prints_nothing(capfd, monkeypatch):
+    for variable, value in LINES.items():
+        monkeypatch.setenv(variable, value)
+    rng = np.random.default_rng()
+    a, b = rng.uniform(-1, 1, (800, 800)), rng.uniform(-1, 1, (800, 800))
+    summa.matmul(a[:300, :200], b[:200, :300], workers=1, backend="numpy", panel_width=16)
+    assert capfd.readouterr().err == ""
+    # a longer one shown from its start (50 panels: lines every 10 ms)
+    monkeypatch.setenv("SUMMA_PROGRESS_AFTER", "0")
+    summa.matmul(a, b, workers=1, backend="numpy", panel_width=16)
+    assert capfd.readouterr().err.splitlines()[-1].endswith(" 1.0 Gflop")
