@@ -20,6 +20,11 @@ from ..runtime.progress import PHASES, Display, JobProgress, active, display_mod
 __all__ = ["job_progress", "block_share", "phase_predictions", "multiply_phase",
            "pool_reporting", "library_reporting"]
 
+#: Flops a second below any rank summa runs on (one slow core's float64):
+#: a library call's product of fewer than this many times its threshold's
+#: seconds ends before its line could show, the same verdict on every rank.
+SLOWEST = 5e8
+
 
 def job_progress(comm, quiet: bool = False, send=None, mode: str | None = None,
                  phases: tuple = PHASES, after: float = 0.0) -> JobProgress:
@@ -103,13 +108,17 @@ def library_reporting(comm, plan):
     one of its own, drawn by rank 0 once a phase has run the
     ``progress_after`` setting's seconds, so that short products print
     nothing; ``progress`` off, none; none either for one GEMM where the
-    operands lie (queued on their stream, it has no phases to show).
+    operands lie (queued on their stream, it has no phases to show), nor
+    for a product too small to outlast the threshold at :data:`SLOWEST`
+    (its window and thread would cost a millisecond a call for nothing).
     Closed with the call, only stopped where it fails (its ranks may not
     all reach the close)."""
-    if active() is not None or plan.placement.resident:
+    after = settings.current().progress_after
+    if active() is not None or plan.placement.resident or \
+            gemm_flops(np.dtype(plan.dtype), *plan.shape) < SLOWEST * after:
         yield active()
         return
-    job = job_progress(comm, after=settings.current().progress_after)
+    job = job_progress(comm, after=after)
     try:
         with reporting(job):
             yield job
