@@ -348,6 +348,12 @@ class Options:
     progress_interval: float = _setting("SUMMA_PROGRESS_INTERVAL", _Number(float, 0.01), 60.0,
                                         "Seconds between the plain progress lines written "
                                         "where stderr is not a terminal (batch logs).")
+    progress_after: float = _setting("SUMMA_PROGRESS_AFTER", _Number(float, 0.0), 2.0,
+                                     "Seconds a phase of summa.matmul or summa.Matmul on the "
+                                     "caller's own ranks (mpiexec's, or this process; not a "
+                                     "pool) runs before rank 0 shows its progress line: shorter "
+                                     "products print nothing (the commands and a pool's caller "
+                                     "show theirs from the start).")
     inject_fault: str | None = _setting("SUMMA_INJECT_FAULT", _Text(), None,
                                         "Tests: PHASE:RANK:ACTION[,...] faults to inject.",
                                         internal=True)

@@ -40,6 +40,7 @@ CASES = {
     "SUMMA_POOL_START": ("3", 3.0, ["soon", "-1"]),
     "SUMMA_PROGRESS": (" Lines ", "lines", ["bars", "1"]),
     "SUMMA_PROGRESS_INTERVAL": ("0.5", 0.5, ["often", "0", "-1", "nan"]),
+    "SUMMA_PROGRESS_AFTER": ("0", 0.0, ["soon", "-1", "nan"]),
     "SUMMA_GPUS": ("2", 2, ["two", "0"]),
     "SUMMA_WORKERS": ("3", 3, ["three", "0"]),
     "SUMMA_SHM_DIR": ("/tmp", "/tmp", []),

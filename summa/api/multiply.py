@@ -32,6 +32,7 @@ from ..planning.planner import Machine, make_plan
 from .nonfinite import nonfinite_notes
 from .stacks import Stack, multiply_stack, stacked
 from .stateful import Matmul
+from .jobprogress import library_reporting
 from .planned import (ArrayOperands, PlanRequest, plan_arrays, pooled_size, run_planned,
                       vector_result)
 
@@ -190,7 +191,8 @@ def _matmul_here(operands: ArrayOperands, comm, called: float, kwargs: dict):
     be, plan, operands = plan_arrays(operands, comm, PlanRequest(**kwargs), backend, topology)
     if plan.placement.resident:  # one GEMM where the operands lie: no grid to make
         return run_planned(plan, None, be, operands, alpha, stats, called)
-    with ProcessGrid(comm, plan.grid, topology=topology) as pgrid:
+    # (a long product on the ranks of the user's own launcher shows its line)
+    with library_reporting(comm, plan), ProcessGrid(comm, plan.grid, topology=topology) as pgrid:
         if pgrid.core_note and pgrid.rank == 0:
             warnings.warn(pgrid.core_note, RuntimeWarning, stacklevel=2)
         return run_planned(plan, pgrid, be, operands, alpha, stats, called)

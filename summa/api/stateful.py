@@ -22,6 +22,7 @@ from ..planning.memory import check_memory, format_bytes
 from .planned import (ArrayOperands, PlanRequest, plan_arrays, pooled_size,
                       precision_refusal, run_planned, vector_result)
 from .operands import kept_device
+from .jobprogress import library_reporting
 from ..precision.ozaki_gpu import asked_moduli, check_moduli
 from .. import pool
 
@@ -167,7 +168,7 @@ class Matmul:
         if self._pooled is not None:
             c = self._execute_pooled(operands, stats)
         else:
-            with asked_moduli(self._moduli), kept_device():
+            with asked_moduli(self._moduli), kept_device(), library_reporting(self._comm, self.plan):
                 self._fitted(operands)
                 c = run_planned(self.plan, self._grid, self._backend, operands, self._alpha,
                                 stats, called)

@@ -24,7 +24,8 @@ from ..distribution.matrix import DistMatrix
 from ..execution.outofcore import SweepOperands, run_out_of_core
 from ..planning.model import gemm_flops
 from ..planning.planner import Machine, make_plan
-from ..runtime.progress import Progress
+from ..runtime.progress import JobProgress
+from ..api.jobprogress import block_share, job_progress, multiply_phase, phase_predictions
 from ..device.traits import traits
 from ..api.verify import freivalds
 from ..runtime.watchdog import watch
@@ -152,6 +153,12 @@ class BenchJob:
         return _schedule(self.args)
 
     @property
+    def phases(self) -> tuple:
+        """Its progress line's phases: the generation, each run, the check."""
+        runs = self.warmup + self.repeat
+        return ("generate", *(f"run {i + 1}/{runs}" for i in range(runs)), "check")
+
+    @property
     def flops(self) -> int:
         m, n, k = self.shape
         return gemm_flops(self.dtype, m, n, k)
@@ -181,13 +188,16 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
     Returns the exit status (3: the check failed)."""
     job = _check_bench(args, comm, verify_default)
     plan, grid = _plan_bench(job, comm, out)
-    progress = Progress(grid.rank == 0 and not getattr(args, "quiet", False))
+    # one line as multiply's: every rank's counts, drawn by rank 0
+    progress = job_progress(comm, getattr(args, "quiet", False), phases=job.phases)
     try:
         measured = _measure(job, plan, grid, progress)  # its operands freed on return
         per_rank = _gather_ranks(job, grid, measured)
         grid_shape = grid.shape
+    except BaseException:
+        progress.stop()  # this rank's line ends; the others may not reach a close
+        raise
     finally:
-        progress.close()
         grid.free()
     residual = measured.residual
     if comm.Get_rank() != 0:
@@ -246,15 +256,16 @@ def _plan_bench(job: BenchJob, comm: MPI.Comm, out) -> tuple:
     return plan, grid
 
 
-def _measure(job: BenchJob, plan, grid: ProcessGrid, progress: Progress) -> _Measured:
+def _measure(job: BenchJob, plan, grid: ProcessGrid, progress: JobProgress) -> _Measured:
     """Generate A and B, run the warm-up and timed repetitions, check the
     product where asked; this rank's figures (the operands are dropped when
-    it returns, so the ideal's may take their room). Collective."""
+    it returns, so the ideal's may take their room). Collective; closes
+    `progress`."""
     backend = job.backend
     operands, generate_seconds = _generate(job, plan, grid, progress)
     runs = _repetitions(job, plan, grid, operands, progress)
     if job.check:
-        progress.phase("check", 1)
+        progress.phase("check", 0)
     residual = freivalds(*operands, precision=job.precision, compute=backend) \
         if job.check else None
     progress.close()
@@ -263,26 +274,28 @@ def _measure(job: BenchJob, plan, grid: ProcessGrid, progress: Progress) -> _Mea
                      local_shape=operands[2].local.shape)
 
 
-def _generate(job: BenchJob, plan, grid: ProcessGrid, progress: Progress) -> tuple:
+def _generate(job: BenchJob, plan, grid: ProcessGrid, progress: JobProgress) -> tuple:
     """This rank's blocks of random A and B and of a zero C, where the plan
     keeps them; ``((A, B, C), seconds)``. Collective."""
     (m, n, k), dtype, backend, seed = job.shape, job.dtype, job.backend, job.args.seed
     home = backend if plan.device_budget is None else NumpyBackend()  # out of core: on the host
-    progress.phase("generate", 3)
+    mine = [block_share(shape, grid) * shape[0] * shape[1] * dtype.itemsize
+            for shape in ((m, k), (k, n))]
+    progress.phase("generate", sum(mine), (m * k + k * n) * dtype.itemsize, "B")
     # Host-held data is still generated on the GPU (many times faster).
     t_gen = time.perf_counter()
     A = DistMatrix.random((m, k), dtype, grid, home, seed=seed, block=job.block,
                           compute=backend)
-    progress.step(1, 3)
+    progress.add(mine[0])
     B = DistMatrix.random((k, n), dtype, grid, home, seed=seed + 1, block=job.block,
                           compute=backend)
-    progress.step(2, 3)
+    progress.add(mine[1])
     C = DistMatrix.zeros((m, n), dtype, grid, home, block=job.block)
     backend.synchronize()
     return (A, B, C), time.perf_counter() - t_gen
 
 
-def _repetitions(job: BenchJob, plan, grid: ProcessGrid, operands, progress: Progress) -> dict:
+def _repetitions(job: BenchJob, plan, grid: ProcessGrid, operands, progress: JobProgress) -> dict:
     """The warm-up and timed runs of the multiply, each timed on the slowest
     rank: the timed ones' seconds, the fastest one's stats, the panel width,
     and the first call's pool, page-locking time and whether it locked.
@@ -290,10 +303,11 @@ def _repetitions(job: BenchJob, plan, grid: ProcessGrid, operands, progress: Pro
     A, B, C = operands
     backend, total = job.backend, job.warmup + job.repeat
     times, stats = [], SummaStats()
+    predicted = phase_predictions(plan) if grid.rank == 0 else None  # the line's ETA
     for i in range(total):
         with watch(f"all ranks to start repetition {i}"):
             grid.comm.Barrier()
-        progress.phase(f"run {i + 1}/{total}", 1)
+        multiply_phase(progress, plan, grid, predicted, name=f"run {i + 1}/{total}")
         t0 = time.perf_counter()
         # (the blocks made before it are the plan's too, and counted as held)
         holding = sum(x.local.nbytes for x in operands) if plan.device_budget is None else 0
@@ -522,7 +536,8 @@ def add_bench_parser(sub) -> None:
                        help="skip timing the one-device matmul of the per-rank shape (the "
                             "'ideal' that efficiency is measured against)")
     bench.add_argument("--quiet", action="store_true",
-                       help="no progress bar (shown on rank 0 when stderr is a terminal)")
+                       help="no progress line (rank 0's stderr: redrawn on a terminal, "
+                            "else a line a minute)")
     bench.add_argument("--sweep", action="store_true",
                        help="run a series: every size of --sizes on every grid of --grids "
                             "(the rank count is the launcher's: loop over mpiexec -n for that), "

@@ -1,7 +1,6 @@
 """Progress shown while a job runs.
 
-:class:`Progress` is a bar per phase on one rank (tqdm), which ``summa
-bench`` draws. :class:`JobProgress` is one line for a whole job of many
+:class:`JobProgress` is one line for a whole job of one or many
 ranks: the phase, the bytes or flops every rank has done, the rate and the
 time left, drawn by rank 0 (:class:`Display`) or sent to the pool's caller,
 which draws it. The ranks add what they do to a :class:`Tally` held by rank
@@ -19,50 +18,12 @@ import numpy as np
 
 from .mpi import MPI
 
-__all__ = ["Progress", "JobProgress", "Tally", "Display", "Relay", "PHASES", "remaining",
+__all__ = ["JobProgress", "Tally", "Display", "Relay", "PHASES", "remaining",
            "display_mode", "reporting", "active", "relay_for"]
 
 
-class Progress:
-    """Phases with step counts, shown as one bar each on rank 0.
-
-    Parameters
-    ----------
-    enabled : bool
-        Show anything at all (pass ``rank == 0 and not quiet``).
-    """
-
-    def __init__(self, enabled: bool):
-        self._tqdm = None
-        if enabled and sys.stderr.isatty():
-            try:
-                from tqdm import tqdm  # optional: the bar is an extra
-            except ImportError:
-                tqdm = None
-            self._tqdm = tqdm
-        self._bar = None
-
-    def phase(self, name: str, total: int) -> None:
-        """Start a phase of `total` steps (closing the previous bar)."""
-        self.close()
-        if self._tqdm is not None:
-            self._bar = self._tqdm(total=total, desc=name, file=sys.stderr, leave=False,
-                                   dynamic_ncols=True)
-
-    def step(self, done: int, total: int) -> None:
-        """Report `done` of `total` steps of the current phase."""
-        if self._bar is not None:
-            self._bar.total = total
-            self._bar.n = done
-            self._bar.refresh()
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-
-
-#: A job's phases, each one slot of the :class:`Tally`.
+#: A job's phases, each one slot of the :class:`Tally` (``summa bench``
+#: names its own: its generation, each run, its check).
 PHASES = ("read", "multiply", "check", "write")
 #: Processes whose stderr a rank's stderr is forwarded to (MPICH's hydra,
 #: Open MPI's prte/orte, Slurm's step daemon).
@@ -179,10 +140,14 @@ class Display:
         Seconds between plain lines.
     stream : file, optional
         Default stderr.
+    after : float, optional
+        Seconds a phase runs before anything of it is drawn (a library
+        call's: its short products leave a notebook's or a test's stderr
+        as it was); default 0, from the start.
     """
 
-    def __init__(self, mode: str, interval: float, stream=None):
-        self.mode, self.interval = mode, float(interval)
+    def __init__(self, mode: str, interval: float, stream=None, after: float = 0.0):
+        self.mode, self.interval, self.after = mode, float(interval), float(after)
         self.stream = sys.stderr if stream is None else stream
         self._phase, self._read, self._began = None, None, 0.0
         self._written, self._width, self._next = 0, 0, 0.0
@@ -197,7 +162,7 @@ class Display:
             self._end()
             self._phase, self._read, self._began = phase, read, time.perf_counter()
             self._written = 0
-            self._next = self._began + min(1.0, self.interval)
+            self._next = self._began + max(self.after, min(1.0, self.interval))
 
     def close(self) -> None:
         """End the last phase and stop drawing."""
@@ -214,7 +179,7 @@ class Display:
                     self._draw(time.perf_counter())
 
     def _draw(self, now: float) -> None:
-        if self.mode == "lines" and now < self._next:
+        if now < (self._next if self.mode == "lines" else self._began + self.after):
             return
         line = progress_line(self._phase, self._read(), now - self._began)
         if self.mode == "bar":
@@ -234,8 +199,10 @@ class Display:
             self._width = 0
         elif self.mode == "lines" and self._written:
             elapsed = time.perf_counter() - self._began
-            self._write(f"summa: {self._phase['name']} done, {_seconds(elapsed)}, "
-                        f"{_amount(self._read(), self._phase['unit'])}\n")
+            # (a phase of no counted amount, as a check: its time alone)
+            amount = f", {_amount(self._read(), self._phase['unit'])}" \
+                if self._phase["total"] > 0 else ""
+            self._write(f"summa: {self._phase['name']} done, {_seconds(elapsed)}{amount}\n")
         self._phase = None
 
     def _write(self, text: str) -> None:
@@ -247,7 +214,8 @@ class Display:
 
 
 class Tally:
-    """What every rank of `comm` has done in each phase, held by rank 0.
+    """What every rank of `comm` has done in each of `slots` phases, held by
+    rank 0.
 
     Each rank adds its amounts one-sided (``MPI_Accumulate`` into rank 0's
     window under a shared lock): no rank waits for another. Rank 0 keeps
@@ -255,9 +223,9 @@ class Tally:
     Making and freeing it are collective.
     """
 
-    def __init__(self, comm):
+    def __init__(self, comm, slots: int = len(PHASES)):
         self.comm, self.rank = comm, comm.Get_rank()
-        self.own = np.zeros(len(PHASES))
+        self.own = np.zeros(slots)
         self._one = np.zeros(1)
         self.win = None
         if comm.Get_size() > 1:
@@ -268,9 +236,8 @@ class Tally:
         self._unified = self.win is not None and \
             self.win.Get_attr(MPI.WIN_MODEL) == MPI.WIN_UNIFIED
 
-    def add(self, phase: str, amount: float) -> None:
-        """Add `amount` to `phase`'s count."""
-        slot = PHASES.index(phase)
+    def add(self, slot: int, amount: float) -> None:
+        """Add `amount` to the count of phase `slot`."""
         if self.rank == 0 or self.win is None:
             self.own[slot] += amount
             return
@@ -288,9 +255,9 @@ class Tally:
             # drawing thread, and an MPI without MPI_THREAD_MULTIPLE must not
             # be called from two threads (aligned doubles are read whole)
             return np.frombuffer(self.win.tomemory(), dtype=self.own.dtype) + self.own
-        theirs = np.zeros(len(PHASES))
+        theirs = np.zeros(len(self.own))
         self.win.Lock(0, MPI.LOCK_SHARED)
-        self.win.Get_accumulate(np.zeros(len(PHASES)), theirs, 0, op=MPI.NO_OP)
+        self.win.Get_accumulate(np.zeros(len(self.own)), theirs, 0, op=MPI.NO_OP)
         self.win.Unlock(0)
         return theirs + self.own
 
@@ -321,14 +288,18 @@ class JobProgress:
         Rank 0's.
     send : callable, optional
         Rank 0's, in a pool's worker: gets ``{"phase": ..., "done": ...}``.
+    phases : tuple of str, optional
+        The names :meth:`phase` takes, the same on every rank (default
+        :data:`PHASES`).
     """
 
     #: Seconds between two states sent to the pool's caller.
     SEND_EVERY = 0.25
 
-    def __init__(self, comm, shown: bool, display: Display | None = None, send=None):
-        self.shown = shown
-        self.tally = Tally(comm) if shown else None
+    def __init__(self, comm, shown: bool, display: Display | None = None, send=None,
+                 phases: tuple = PHASES):
+        self.shown, self.phases = shown, tuple(phases)
+        self.tally = Tally(comm, len(self.phases)) if shown else None
         self.rank = comm.Get_rank()
         self.display, self.send = (display, send) if self.rank == 0 else (None, None)
         self._name, self._mine, self._posted, self._phase = None, 0.0, 0.0, None
@@ -345,7 +316,7 @@ class JobProgress:
         if self.rank != 0:
             return
         self._phase = dict(name=name, total=float(total), unit=unit, predicted=predicted)
-        slot = PHASES.index(name)
+        slot = self.phases.index(name)
         if self.display is not None:
             self.display.begin(self._phase, lambda: float(self.tally.read()[slot]))
         self._forward(force=True)
@@ -360,7 +331,7 @@ class JobProgress:
         if not self.shown or self._name is None or amount <= 0:
             return
         self._posted += amount
-        self.tally.add(self._name, amount)
+        self.tally.add(self.phases.index(self._name), amount)
         self._forward()
 
     def _forward(self, force: bool = False) -> None:
@@ -368,7 +339,7 @@ class JobProgress:
         if self.send is None or not force and now - self._sent < self.SEND_EVERY:
             return
         self._sent = now
-        slot = PHASES.index(self._phase["name"])
+        slot = self.phases.index(self._phase["name"])
         self.send(dict(self._phase, done=float(self.tally.read()[slot])))
 
     def close(self) -> None:

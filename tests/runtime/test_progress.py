@@ -1,73 +1,12 @@
-"""The progress bar of one rank (shown only on a terminal, driven through its
-phases), and the one line of a job of many ranks."""
+"""The one progress line of a job of one or many ranks: the time left, how
+it is drawn, and every rank's counts reaching rank 0."""
 
 import io
-import sys
 import time
-import types
 
 import pytest
 
-from summa.runtime.progress import (PHASES, Display, JobProgress, Progress, Tally,
-                                    display_mode, remaining)
-
-
-class FakeBar:
-    made = []
-
-    def __init__(self, total, desc, **kwargs):
-        self.total, self.desc, self.n, self.closed = total, desc, 0, False
-        FakeBar.made.append(self)
-
-    def refresh(self):
-        pass
-
-    def close(self):
-        self.closed = True
-
-
-def test_no_bar_off_a_terminal_or_when_disabled(monkeypatch):
-    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
-    p = Progress(True)
-    p.phase("read", 2)
-    p.step(1, 2)
-    p.close()
-    assert p._bar is None
-    assert Progress(False)._tqdm is None
-
-
-def test_bar_follows_phases_on_a_terminal(monkeypatch):
-    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
-    monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=FakeBar))
-    FakeBar.made = []
-    p = Progress(True)
-    p.phase("read", 2)
-    p.step(2, 2)
-    p.phase("multiply", 1)
-    p.step(5, 8)
-    p.close()
-    read, multiply = FakeBar.made
-    assert (read.desc, read.n, read.closed) == ("read", 2, True)
-    assert (multiply.desc, multiply.n, multiply.total, multiply.closed) == ("multiply", 5, 8, True)
-
-
-def test_bench_shows_generation_each_run_and_the_check(monkeypatch):
-    from mpi4py import MPI
-    import io
-    from summa import cli
-    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
-    monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=FakeBar))
-    FakeBar.made = []
-    args = ["bench", "--backend", "numpy", "--size", "96", "--nb", "32", "--repeat", "2",
-            "--check", "--no-ideal"]
-    assert cli.main(args, MPI.COMM_SELF, io.StringIO()) == 0
-    assert [b.desc for b in FakeBar.made] == ["generate", "run 1/3", "run 2/3", "run 3/3",
-                                              "check"]
-    assert all(b.closed for b in FakeBar.made)
-    assert all(b.n == b.total >= 1 for b in FakeBar.made[1:4])  # driven by the SUMMA steps
-    FakeBar.made = []
-    assert cli.main(args + ["--quiet"], MPI.COMM_SELF, io.StringIO()) == 0
-    assert FakeBar.made == []
+from summa.runtime.progress import PHASES, Display, JobProgress, Tally, display_mode, remaining
 
 
 # -- one line for a job of many ranks ---------------------------------------------------
@@ -92,9 +31,9 @@ def test_auto_is_a_bar_on_a_terminal_and_lines_elsewhere():
     assert display_mode("off", Terminal()) == "off"
 
 
-def _shown(mode: str, seconds: float) -> str:
+def _shown(mode: str, seconds: float, after: float = 0.0) -> str:
     stream, done = io.StringIO(), [0.0]
-    display = Display(mode, 0.02, stream)
+    display = Display(mode, 0.02, stream, after=after)
     display.begin(dict(name="multiply", total=8e9, unit="flop", predicted=None),
                   lambda: done[0])
     for _ in range(4):
@@ -122,11 +61,20 @@ def test_nothing_is_drawn_for_a_phase_shorter_than_a_line():
     assert _shown("lines", 0.0) == ""
 
 
+@pytest.mark.parametrize("mode", ["lines", "bar"])
+def test_a_phase_shorter_than_its_threshold_draws_nothing_a_longer_one_does(mode):
+    assert _shown(mode, 0.3, after=5.0) == ""
+    late = _shown(mode, 0.6, after=0.3)
+    assert "summa: multiply" in late
+    # the first drawing waited for the threshold: fewer than from the start
+    assert late.count("summa: multiply") < _shown(mode, 0.6).count("summa: multiply")
+
+
 @pytest.mark.mpi(min_size=1)
 def test_every_ranks_amounts_reach_rank_0(comm):
     tally = Tally(comm)
-    tally.add("read", 10.0 * (comm.rank + 1))
-    tally.add("multiply", 1.0)
+    tally.add(PHASES.index("read"), 10.0 * (comm.rank + 1))
+    tally.add(PHASES.index("multiply"), 1.0)
     comm.Barrier()  # each add is complete once its lock is released
     counts = tally.read() if comm.rank == 0 else None
     tally.free()
@@ -151,3 +99,18 @@ def test_a_ranks_steps_count_its_share_of_the_phase(comm):
         assert sent[-1]["done"] == pytest.approx(100.0 * p * (p + 1) / 2)
     else:
         assert sent == []
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_job_of_its_own_phases_counts_each_apart(comm):
+    sent = []
+    job = JobProgress(comm, True, send=sent.append, phases=("generate", "run 1/2", "run 2/2"))
+    for name in job.phases[1:]:
+        comm.Barrier()  # (as bench's runs start together)
+        job.phase(name, 10.0, 10.0 * comm.size, "flop")
+        job.step(1, 1)
+    job.close()
+    if comm.rank == 0:
+        assert [state["name"] for state in sent][-1] == "run 2/2"
+        # the second run's count starts from nothing, not from the first's
+        assert sent[-1]["done"] == pytest.approx(10.0 * comm.size)
