@@ -42,6 +42,7 @@ import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2 ** 30
+SMALL_DRAWS = 1 << 20  # summa.device.account.SMALL_DRAWS: CuPy's scalars beside a plan
 
 
 class Gpu:
@@ -63,6 +64,9 @@ class Gpu:
         if self.held is not None:
             cp.cuda.runtime.free(self.held)
             self.held = None
+        # (what the pool caches unused it gives back to a call that needs it;
+        # the ballast, standing for another process, takes only the rest)
+        cp.get_default_memory_pool().free_all_blocks()
         want = self.whole if want is None else want
         if want is None:
             return
@@ -239,7 +243,7 @@ def verdict(rows: list) -> list:
         if r.get("failed", "").startswith("CuPy"):
             bad.append(f"{r['call']}: {r['failed']}")
         elif r.get("device_peak") and r.get("device_planned") \
-                and r["device_peak"] > r["device_planned"]:
+                and r["device_peak"] > r["device_planned"] + SMALL_DRAWS:
             bad.append(f"{r['call']}: drew {r['device_peak'] / GIB:.2f} GiB, planned "
                        f"{r['device_planned'] / GIB:.2f}")
     return bad

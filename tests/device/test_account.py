@@ -117,7 +117,9 @@ def test_a_draw_past_the_plan_is_summas_miscount_where_strict(gpu):
         with pytest.raises(Overdrawn, match=r"drew 1\.50 GiB .* plan's peak of 1\.00 GiB"):
             gpu.allocator(GIB)
         assert strict.held == GIB // 2  # the refused draw left nothing behind
-    del kept
+        scalar = gpu.allocator(GIB // 2 + 88)  # CuPy's scalars beside the plan's arrays
+        assert strict.held == GIB + 88
+    del kept, scalar
     lenient = Account(GIB, _Backend(gpu))
     with lenient.drawing():
         held = gpu.allocator(2 * GIB)  # goes where the GPU has room; the peak says so
