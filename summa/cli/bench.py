@@ -29,6 +29,7 @@ from ..api.jobprogress import block_share, job_progress, multiply_phase, phase_p
 from ..device.traits import traits
 from ..api.verify import freivalds
 from ..runtime.watchdog import watch
+from .ideal import ideal_bytes, single_device_seconds
 from .common import (UsageError, add_common, add_problem, agree_backend, grid_list,
                      int_list, nonnegative_int, positive_int, versions)
 
@@ -42,53 +43,6 @@ DEFAULT_SIZE_GPU = 32768
 def _shape(args, default: int) -> tuple[int, int, int]:
     size = args.size or default
     return (args.m or size, args.n or size, args.k or size)
-
-
-def _ideal_bytes(shape, dtype, transposed_a: bool = False) -> int:
-    """Device bytes of :func:`_single_device_seconds`' operands."""
-    m, n, k = shape
-    return (m * k * (1 + transposed_a) + k * n + m * n) * np.dtype(dtype).itemsize
-
-
-def _single_device_seconds(backend, shape, dtype, precision, repeat: int = 3,
-                           transposed_a: bool = False) -> tuple[float, float]:
-    """Best time of this rank's share of the work, (rows of C here) x (columns
-    of C here) x K, as one product on this rank's device alone: the best of
-    ``xp.matmul`` and the backend's own GEMM (the one summa uses), and with
-    `transposed_a` (summa read A column-major) that GEMM on a column-major A;
-    and the best with A row-major (as the user holds it). (None, None) where
-    its operands would not fit the device (out of core, or in memory near
-    the device's size): the ideal is then skipped, not the run."""
-    m, n, k = shape
-    if 0 in shape:
-        return 0.0, 0.0
-    free = backend.memory_free()
-    if free is not None and _ideal_bytes(shape, dtype, transposed_a) > 0.95 * free:
-        return None, None
-    xp = backend.xp
-    rng = xp.random.default_rng()
-    a = rng.standard_normal((m, k)).astype(dtype)
-    b = rng.standard_normal((k, n)).astype(dtype)
-    c = xp.matmul(a, b)
-    row_major = [lambda: backend.gemm(1.0, a, b, c, beta=0.0, precision=precision)]
-    if precision in (None, "default") or dtype.char not in "fF":
-        row_major.append(lambda: xp.matmul(a, b, out=c))
-    column_major = []
-    if transposed_a:
-        a_cm = xp.asfortranarray(a)
-        column_major.append(lambda: backend.gemm(1.0, a_cm, b, c, beta=0.0,
-                                                 precision=precision))
-    best = []
-    for run in row_major + column_major:
-        run()
-        best.append(float("inf"))
-        for _ in range(repeat):
-            backend.synchronize()
-            t0 = time.perf_counter()
-            run()
-            backend.synchronize()
-            best[-1] = min(best[-1], time.perf_counter() - t0)
-    return min(best), min(best[:len(row_major)])
 
 
 def _schedule(args) -> str:
@@ -340,7 +294,7 @@ def _gather_ranks(job: BenchJob, grid: ProcessGrid, measured: _Measured) -> list
     best, backend = measured.best_stats, job.backend
     ideal_seconds = row_major_seconds = None
     if getattr(job.args, "ideal", False):
-        ideal_seconds, row_major_seconds = _single_device_seconds(
+        ideal_seconds, row_major_seconds = single_device_seconds(
             backend, (*measured.local_shape, job.shape[2]), job.dtype, job.precision,
             transposed_a=best.extra.get("transposed_a", False))
     extra = {key: best.extra.get(key) for key in (
@@ -379,8 +333,8 @@ def _ideal(job: BenchJob, per_rank: list, tflops: float, size: int,
     (m, n, k), flops = job.shape, job.flops
     biggest = max(per_rank, key=lambda r: r["local_shape"][0] * r["local_shape"][1])
     if biggest["ideal_seconds"] is None:
-        found["ideal_skipped"] = _ideal_bytes((*biggest["local_shape"], k), job.dtype,
-                                              transposed_a)
+        found["ideal_skipped"] = ideal_bytes((*biggest["local_shape"], k), job.dtype,
+                                              transposed_a, job.precision)
     elif biggest["ideal_seconds"]:
         mloc, nloc = biggest["local_shape"]
         work = (flops / (m * n * k)) * mloc * nloc * k / 1e12

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from summa.cli import bench
+from summa.cli import bench, ideal
 from summa import cli
 from summa.device.backend import cupy_available
 from leftovers import job_pids
@@ -176,7 +176,7 @@ def test_an_ideal_that_does_not_fit_is_skipped_not_the_run(comm, monkeypatch, fr
         fits = free is None or free > 10**6
         assert ("efficiency" in text) == fits and (record["efficiency"] is None) != fits
         if not fits:
-            need = bench._ideal_bytes((*record["ranks_detail"][0]["local_shape"], 40), "float64")
+            need = ideal.ideal_bytes((*record["ranks_detail"][0]["local_shape"], 40), "float64")
             assert need > 0.95 * free
             assert re.search(r"ideal: not measured: one device's product of the per-rank shape "
                              r"needs [\d.]+ GiB, more than its free memory", text)
@@ -659,3 +659,17 @@ def test_run_test_skips_the_mpi_runs_where_no_mpi_test_is_selected():
     both = tested("tests/runtime/test_agree.py", "-k", "root_decides")
     assert both.returncode == 0, both.stderr[-2000:]
     assert "== MPI tests on 1 rank(s)" in both.stderr and "skipped" not in both.stderr
+
+
+def test_benchs_ideal_counts_fp64_int8s_scratch_and_chunks_it_to_the_free_memory():
+    """The ideal beside ``bench --precision fp64-int8`` is one GEMM on the
+    device: its scratch is counted (its operands alone, 3 x 8 GiB at 32768,
+    left it out, and the product ran out of an 80 GB GPU's memory), and
+    where the scratch of all rows would not fit, its rows go in chunks."""
+    gib, shape = 2 ** 30, (32768, 32768, 32768)
+    operands = 3 * 32768 ** 2 * 8
+    whole = ideal.ideal_memory(shape, np.float64, precision="fp64-int8")
+    assert whole.int8_rows is None and whole.device_bytes > 78 * gib > operands
+    fitted = ideal.ideal_memory(shape, np.float64, precision="fp64-int8", free=78 * gib)
+    assert fitted.int8_rows is not None and operands < fitted.device_bytes <= 0.95 * 78 * gib
+    assert ideal.ideal_bytes(shape, np.float64) == operands  # native float64: the operands
