@@ -178,12 +178,12 @@ def test_a_bad_setting_is_one_message_and_exit_2(command):
 
 
 def test_ideal_times_the_column_major_gemm_too():
-    from summa.cli.bench import _single_device_seconds
-    best, row_major = _single_device_seconds(NumpyBackend(), (64, 48, 80), np.dtype("float64"),
+    from summa.cli.ideal import single_device_seconds
+    best, row_major = single_device_seconds(NumpyBackend(), (64, 48, 80), np.dtype("float64"),
                                              None, repeat=2, transposed_a=True)
     assert 0 < best <= row_major
-    plain, same = _single_device_seconds(NumpyBackend(), (64, 48, 80), np.dtype("float64"),
+    plain, same = single_device_seconds(NumpyBackend(), (64, 48, 80), np.dtype("float64"),
                                          None, repeat=2)
     assert plain == same > 0
-    assert _single_device_seconds(NumpyBackend(), (0, 48, 80), np.dtype("float64"), None) \
+    assert single_device_seconds(NumpyBackend(), (0, 48, 80), np.dtype("float64"), None) \
         == (0.0, 0.0)
