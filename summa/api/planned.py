@@ -325,14 +325,17 @@ def run_planned(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
 
 
 def _gathered(plan, pgrid, root: int) -> int:
-    """Host bytes the product takes gathered on this rank beside its plan:
-    on a grid's root the whole C and the piece of it each rank's block
-    arrives in (:meth:`summa.distribution.matrix.DistMatrix.gather`), none
-    elsewhere."""
+    """Host bytes a grid's root takes beside its plan's share, as the one
+    rank that holds the caller's arrays: the whole C and the piece each
+    rank's block of it arrives in (:meth:`summa.distribution.matrix.DistMatrix.gather`),
+    and at most a copy of op(A) and of op(B) where it scatters them (their
+    blocks cut out one at a time, a transposed or converted operand made
+    whole first: the randomized sweep found both, 1.2 and 3.6 MiB past the
+    plan's share); none elsewhere, where the plan's share is exact."""
     if pgrid is None or pgrid.size == 1 or pgrid.comm.Get_rank() != root:
         return 0
-    (m, n, _), (pr, pc) = plan.shape, plan.grid
-    return (m * n + -(-m // pr) * -(-n // pc)) * np.dtype(plan.dtype).itemsize
+    (m, n, k), (pr, pc) = plan.shape, plan.grid
+    return (m * n + -(-m // pr) * -(-n // pc) + m * k + k * n) * np.dtype(plan.dtype).itemsize
 
 
 def run_on_device(plan, be, given, alpha=1.0, stats=None):
