@@ -12,10 +12,11 @@ run reports beside the plan's peak (``stats.extra["device_peak"]``).
 
 Two failures differ:
 
-* :class:`Overdrawn`: the execution asked for more than its plan's peak.
-  That is summa's miscount, a bug: with ``SUMMA_MEMORY_CHECK=1`` (the test
-  suites) the draw raises at once, so a test catches it; otherwise the
-  draw goes on where the GPU has the room, and the peak says by how much.
+* :class:`Overdrawn`: the execution drew more than its plan's peak. That
+  is summa's miscount, a bug: with ``SUMMA_MEMORY_CHECK=1`` (the test
+  suites) the run raises it once it is over, on every rank, so a test
+  catches it; either way the draws go on where the GPU has the room, and
+  the peak says by how much.
 * :class:`DeviceMemoryError`: the GPU itself had no room (another process
   took memory after the call was planned). One clear :class:`MemoryError`
   naming the GPU, what was asked, held and free, in place of CuPy's.
@@ -155,13 +156,8 @@ class Account:
 
     def _drawn(self, nbytes: int) -> None:
         with self._lock:
-            held = self.held + nbytes
-            if self.strict and held > self.budget + SMALL_DRAWS:
-                raise Overdrawn(
-                    f"{self.what} drew {_gib(held)} of device memory, more than its plan's "
-                    f"peak of {_gib(self.budget)} (a draw of {_gib(nbytes)}): summa's memory "
-                    "plan counted short")
-            self.held, self.peak = held, max(self.peak, held)
+            self.held += nbytes
+            self.peak = max(self.peak, self.held)
 
     def _given_back(self, nbytes: int) -> None:
         with self._lock:
@@ -185,6 +181,9 @@ class Account:
         if getattr(self.backend, "is_gpu", False):
             with self._cupy_allocator():
                 yield self
+            if self.strict:  # (judged once the run is over: a raise mid-run on one
+                # rank would leave the others waiting in a collective)
+                self._judge(self.peak > self.budget + SMALL_DRAWS, "drew", comm)
         elif self.strict:
             with self._traced(comm):
                 yield self
@@ -234,14 +233,18 @@ class Account:
                 tracemalloc.stop()
         # (beyond the plan's: the interpreter's own objects; a run that
         # imported modules is not judged)
-        over = self.peak > self.budget + TRACED_SLACK and len(sys.modules) == modules
-        said = f"took {_gib(self.peak)}, more than its plan's peak of {_gib(self.budget)}"
+        self._judge(self.peak > self.budget + TRACED_SLACK and len(sys.modules) == modules,
+                    "took", comm)
+
+    def _judge(self, over: bool, did: str, comm=None) -> None:
+        """Raise Overdrawn where this rank (or, over `comm`, any rank) went
+        past its plan's peak: every rank raises, or none."""
+        said = f"{did} {_gib(self.peak)}, more than its plan's peak of {_gib(self.budget)}"
         if comm is not None:
             overs = [x for x in comm.allgather(said if over else None) if x]
             said, over = (overs[0], True) if overs else (said, False)
         if over:
-            raise Overdrawn(f"{self.what} {said} of memory: summa's memory plan counted "
-                            "short")
+            raise Overdrawn(f"{self.what} {said}: summa's memory plan counted short")
 
     def report(self) -> dict:
         """What the run reports in its stats: the plan's peak and the
