@@ -241,11 +241,6 @@ FUNCTION_IMPORTS_ALLOWED = {
 #: layers, or circles of modules, still to undo (issue 62, item 2): listed
 #: so that no new one comes in unnoticed; take each out as it goes.
 FUNCTION_IMPORTS_KNOWN = {
-    ("summa.device.cupy_backend", "summa.device.lt"),
-    ("summa.device.cupy_backend", "summa.device.staging"),
-    ("summa.device.cupy_backend", "summa.precision"),
-    ("summa.device.cupy_backend", "summa.precision.ozaki"),
-    ("summa.device.cupy_backend", "summa.precision.ozaki_gpu"),
     ("summa.host.shared", "summa.host.npyio"),
     ("summa.host.shared", "summa.runtime.agree"),
     ("summa.planning.model", "summa.planning.schedule"),
