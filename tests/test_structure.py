@@ -241,8 +241,6 @@ FUNCTION_IMPORTS_ALLOWED = {
 #: layers, or circles of modules, still to undo (issue 62, item 2): listed
 #: so that no new one comes in unnoticed; take each out as it goes.
 FUNCTION_IMPORTS_KNOWN = {
-    ("summa.host.shared", "summa.host.npyio"),
-    ("summa.host.shared", "summa.runtime.agree"),
     ("summa.planning.model", "summa.planning.schedule"),
     ("summa.planning.model", "summa.planning.selection"),
     ("summa.planning.model", "summa.transports.ipc"),
