@@ -241,11 +241,6 @@ FUNCTION_IMPORTS_ALLOWED = {
 #: layers, or circles of modules, still to undo (issue 62, item 2): listed
 #: so that no new one comes in unnoticed; take each out as it goes.
 FUNCTION_IMPORTS_KNOWN = {
-    ("summa.planning.model", "summa.planning.schedule"),
-    ("summa.planning.model", "summa.planning.selection"),
-    ("summa.planning.model", "summa.transports.ipc"),
-    ("summa.planning.prediction", "summa.planning.model"),
-    ("summa.planning.selection", "summa.transports.ipc"),
     ("summa.planning.tuning", "summa.device.backend"),
     ("summa.pool.calls", "summa.api.arrays"),
     ("summa.pool.calls", "summa.device.backend"),
