@@ -241,12 +241,6 @@ FUNCTION_IMPORTS_ALLOWED = {
 #: layers, or circles of modules, still to undo (issue 62, item 2): listed
 #: so that no new one comes in unnoticed; take each out as it goes.
 FUNCTION_IMPORTS_KNOWN = {
-    ("summa.planning.tuning", "summa.device.backend"),
-    ("summa.pool.calls", "summa.api.arrays"),
-    ("summa.pool.calls", "summa.device.backend"),
-    ("summa.pool.calls", "summa.device.numpy_backend"),
-    ("summa.pool.launch", "summa.device.backend"),
-    ("summa.pool.launch", "summa.runtime.watchdog"),
     ("summa.pool.worker", "summa.api.jobprogress"),
     ("summa.pool.worker", "summa.api.multiply"),
     ("summa.pool.worker", "summa.api.stateful"),
@@ -259,7 +253,6 @@ FUNCTION_IMPORTS_KNOWN = {
     ("summa.pool.worker", "summa.options"),
     ("summa.pool.worker", "summa.runtime.cleanup"),
     ("summa.pool.worker", "summa.runtime.watchdog"),
-    ("summa.runtime.watchdog", "summa.runtime.cleanup"),
 }
 
 
