@@ -237,53 +237,17 @@ FUNCTION_IMPORTS_ALLOWED = {
                    "summa.options", "summa.pool", "summa.pool.job", "summa.runtime.agree",
                    "summa.runtime.cleanup", "summa.runtime.mpi", "summa.runtime.watchdog")}
 
-#: Imports inside functions that stand for arrows running back up between
-#: layers, or circles of modules, still to undo (issue 62, item 2): listed
-#: so that no new one comes in unnoticed; take each out as it goes.
-FUNCTION_IMPORTS_KNOWN = {
-    ("summa.device.cupy_backend", "summa.device.lt"),
-    ("summa.device.cupy_backend", "summa.device.staging"),
-    ("summa.device.cupy_backend", "summa.precision"),
-    ("summa.device.cupy_backend", "summa.precision.ozaki"),
-    ("summa.device.cupy_backend", "summa.precision.ozaki_gpu"),
-    ("summa.host.shared", "summa.host.npyio"),
-    ("summa.host.shared", "summa.runtime.agree"),
-    ("summa.planning.model", "summa.planning.schedule"),
-    ("summa.planning.model", "summa.planning.selection"),
-    ("summa.planning.model", "summa.transports.ipc"),
-    ("summa.planning.prediction", "summa.planning.model"),
-    ("summa.planning.selection", "summa.transports.ipc"),
-    ("summa.planning.tuning", "summa.device.backend"),
-    ("summa.pool.calls", "summa.api.arrays"),
-    ("summa.pool.calls", "summa.device.backend"),
-    ("summa.pool.calls", "summa.device.numpy_backend"),
-    ("summa.pool.launch", "summa.device.backend"),
-    ("summa.pool.launch", "summa.runtime.watchdog"),
-    ("summa.pool.worker", "summa.api.jobprogress"),
-    ("summa.pool.worker", "summa.api.multiply"),
-    ("summa.pool.worker", "summa.api.stateful"),
-    ("summa.pool.worker", "summa.device.backend"),
-    ("summa.pool.worker", "summa.distribution.grid"),
-    ("summa.pool.worker", "summa.execution.algorithm"),
-    ("summa.pool.worker", "summa.host"),
-    ("summa.pool.worker", "summa.host.remote"),
-    ("summa.pool.worker", "summa.host.shared"),
-    ("summa.pool.worker", "summa.options"),
-    ("summa.pool.worker", "summa.runtime.cleanup"),
-    ("summa.pool.worker", "summa.runtime.watchdog"),
-    ("summa.runtime.watchdog", "summa.runtime.cleanup"),
-}
-
 
 def test_summas_own_modules_are_imported_at_the_top():
     found = import_edges(_modules(), inside_functions=True)
-    listed = set(FUNCTION_IMPORTS_ALLOWED) | FUNCTION_IMPORTS_KNOWN
+    listed = set(FUNCTION_IMPORTS_ALLOWED)
     new = sorted(found - listed)
     assert not new, ("import these at the top of the module (inside a function only for "
                      "an optional dependency or the command line's fast start, listed in "
                      f"FUNCTION_IMPORTS_ALLOWED with why): {new}")
     gone = sorted(listed - found)
-    assert not gone, f"no longer imported inside a function: take them off the lists: {gone}"
+    assert not gone, ("no longer imported inside a function: take them off "
+                      f"FUNCTION_IMPORTS_ALLOWED: {gone}")
 
 
 def circles(edges: set[tuple[str, str]]) -> list[frozenset]:

@@ -15,8 +15,11 @@ import inspect
 import numpy as np
 
 from .base import DTYPES, Backend, int8_library
+from .lt import LtGemm, Product, Unavailable
+from . import staging
 from ..host.storage import copyable_rows
 from ..options import Options
+from ..precision import ozaki, ozaki_gpu
 
 __all__ = ["CupyBackend", "CUDA_INVALID_VALUE", "STAGED_MIN", "clear_cuda_error",
            "page_locked"]
@@ -186,14 +189,12 @@ class CupyBackend(Backend):
         self._lt = self._int8_lt = None
         self._compiled = 0.0
         if library == "cublaslt":
-            from .lt import LtGemm
             self._lt = LtGemm(cupy, self.options.cublaslt)
 
     def asarray(self, host):
         if self.stages(host):  # pageable and large: through page-locked chunks
-            from .staging import stager_for
             dev = self.xp.empty(host.shape, dtype=host.dtype)
-            transfer = stager_for(self.device).upload(dev, host)
+            transfer = staging.stager_for(self.device).upload(dev, host)
             transfer.wait()
             self.xp.cuda.get_current_stream().wait_event(transfer.event())
             return dev
@@ -216,9 +217,8 @@ class CupyBackend(Backend):
         if isinstance(arr, self.xp.ndarray) and arr.ndim == 2 and \
                 arr.nbytes >= STAGED_MIN and arr.flags.c_contiguous and \
                 (out is None or self.stages(out)):
-            from .staging import stager_for
             out = np.empty(arr.shape, dtype=arr.dtype) if out is None else out
-            stager_for(self.device).download(out, arr, self.record_event()).wait()
+            staging.stager_for(self.device).download(out, arr, self.record_event()).wait()
             return out
         try:
             return self.xp.asnumpy(arr, out=out)
@@ -254,7 +254,6 @@ class CupyBackend(Backend):
         if 0 in (m, n):
             return
         if precision == "fp64-int8":  # float64 from INT8 tensor cores
-            from ..precision import ozaki, ozaki_gpu
             a, b = (self.xp.conj(x) if c_ else x for x, c_ in zip((a, b), conj))
             conj = (False, False)
             if k >= ozaki.K_NATIVE:
@@ -283,7 +282,6 @@ class CupyBackend(Backend):
         # A column-major operand is the transpose of what that view expects.
         # beta=1 accumulates in place, so no C-sized temporary is ever made.
         if lt:
-            from .lt import Product
             product = Product(data_type, n, m, k, b.data.ptr, ldb, a.data.ptr, lda, c.data.ptr,
                               ldc, self.xp.cuda.get_current_stream().ptr)
             self._lt(c.dtype.char, compute, product, alpha_h.ctypes.data, beta_h.ctypes.data,
@@ -327,7 +325,6 @@ class CupyBackend(Backend):
         n = bt8.shape[0]
         library, index, asked = int8_library(m * n * k, self.options)
         if library == "cublaslt" and (asked or self._int8_lt is not False):
-            from .lt import LtGemm, Product, Unavailable
             try:
                 if not self._int8_lt:
                     self._int8_lt = self._lt or LtGemm(self.xp, self.options.cublaslt)
@@ -351,11 +348,9 @@ class CupyBackend(Backend):
                       _CUBLAS_GEMM_DEFAULT)
 
     def same_b(self):
-        from ..precision import ozaki_gpu
         return ozaki_gpu.same_b()
 
     def checked_later(self):
-        from ..precision import ozaki_gpu
         return ozaki_gpu.checked_later()
 
     def finite_probe(self, x):
@@ -422,7 +417,6 @@ class CupyBackend(Backend):
         plan reads after is what is left beside them."""
         if precision != "fp64-int8" or not self.has_int8_tensor_cores():
             return 0.0
-        from ..precision import ozaki_gpu
         with self.xp.cuda.Device(self.device):
             seconds = ozaki_gpu.ready(dtype, self)
         self._compiled += seconds

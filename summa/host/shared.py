@@ -21,8 +21,10 @@ import numpy as np
 from ..runtime.mpi import MPI
 from . import filemaps, remote
 from .copies import parallel_copy, touched
+from .npyio import read_header
 from .. import options
 from ..distribution.topology import Topology, topology_of
+from ..runtime.agree import collectively
 from ..runtime.cleanup import finalize, new_temporary_file, temporary_files
 
 __all__ = ["empty", "load", "file_map", "attach_file", "attach_remote", "shared_token",
@@ -269,8 +271,6 @@ def load(path, comm: MPI.Intracomm, topology: Topology | None = None) -> np.ndar
     converted), each rank of a node (as `topology` says, :func:`empty`)
     reading its share of the rows on host threads; collective. A read that
     fails on any rank fails on every rank."""
-    from ..runtime.agree import collectively
-    from .npyio import read_header
     header = read_header(path, comm)
     topology = topology or topology_of(comm)
     out = empty(header.shape, header.dtype, comm, topology)

@@ -55,7 +55,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..distribution.grid import grid_for, grid_shapes
+from .schedule import OWN_FIRST_RECEIVES
+from .selection import connect_seconds
 from .tuning import default_panel_width
+from ..transports.ipc import stays_open
 
 __all__ = ["Profile", "Prediction", "TimeSplit", "predict", "RunSetting", "sweep", "SWEEP_RANKS",
            "recommend", "HARDWARE", "DEFAULT_HARDWARE", "hardware_profile", "shipped_profile",
@@ -491,7 +494,6 @@ def _broadcast_loop_seconds(profile: Profile, grid: tuple, widths: tuple, times:
     `times` ``(GEMM, broadcasts, overhead)`` a panel; with `lookahead` and a
     broadcaster that overlaps the GEMMs, the slower of the two a panel (the
     GEMMs slowed beside the broadcasts), else their sum."""
-    from .schedule import OWN_FIRST_RECEIVES
     (pr, pc), (k, nb), (t_c, t_b, overhead) = grid, widths, times
     steps = -(-k // nb)
     # Own panels first (summa.planning.schedule.own_first): on 2 x 1, each rank's
@@ -519,11 +521,9 @@ def _direct_copies_seconds(local, grid, nb, steps, times, itemsize,
     and all of K; `grid`: ``(pr, pc)``; `times`: ``(t_c, t_b, overhead)``,
     one panel's GEMM, its broadcasts and the per-panel overhead in seconds.
     Returns ``(seconds, panels fetched)``."""
-    from ..transports.ipc import stays_open
     ml, nl, k = local
     pr, pc = grid
     t_c, t_b, overhead = times
-    from .selection import connect_seconds
     own = min(-(-(-(-k // max(pr, pc))) // nb), steps) if min(pr, pc) == 1 else 0
     blocks = (ml * -(-k // pc) * itemsize, -(-k // pr) * nl * itemsize)
     open_already = device_memory and all(stays_open(b, device_memory) for b in blocks)

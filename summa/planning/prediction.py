@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from .memory import host_traffic, sweep_steps, waited_write_backs
-from .model import MEMCPY_TRAFFIC, gemm_flops
+from .model import (BOUNDS, MEMCPY_TRAFFIC, Profile, RunSetting, TimeSplit, gemm_flops, predict,
+                    shipped_profile)
 from .tuning import default_panel_width, is_width
 from ..device import staging
 from ..device.traits import traits
@@ -29,8 +30,6 @@ def predict_plan(plan, path=None, native=None) -> dict:
     ``bound_share``, ``advice`` (what would move the bound), ``summa_seconds``
     (the SUMMA alone on data in GPU memory, what ``summa model`` predicts),
     and beside fp64-int8 the time of float64's `native` plan; or ``error``."""
-    # the model loads only when asked
-    from .model import Profile, RunSetting, predict, shipped_profile
     path = path or shipped_profile()
     out = {"profile": str(path), "shipped": str(path) == shipped_profile()}
     try:
@@ -94,7 +93,6 @@ def _split(plan, profile) -> tuple:
     link moves :func:`_host_bytes`; out of core its copies overlap the
     GEMMs but for the first upload and the last write-back, in memory they
     come before and after the SUMMA. The disk is timed beside, not in it."""
-    from .model import BOUNDS, RunSetting, TimeSplit, predict
     (m, n, k), (pr, pc) = plan.shape, plan.grid
     itemsize = np.dtype(plan.dtype).itemsize
     rows, cols = plan.memory.tiles if plan.out_of_core else (1, 1)

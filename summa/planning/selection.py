@@ -11,6 +11,7 @@ import numpy as np
 
 from ..runtime.mpi import MPI
 from .. import options
+from ..transports import ipc
 from ..transports.broadcasters import make_broadcaster
 from ..transports.comm import choose_comm
 from ..runtime.watchdog import watch
@@ -67,8 +68,7 @@ def _stay_open(grid, backend, blocks, dirs) -> bool:
     choice does not depend on earlier multiplies, so neither do the bits; a
     loop over new operands pays the opening each time (README).
     """
-    from ..transports.ipc import keeps_open
-    small = all([keeps_open(b, backend) for b, on in zip(blocks, dirs) if on])
+    small = all([ipc.keeps_open(b, backend) for b, on in zip(blocks, dirs) if on])
     return grid.comm.allreduce(small, op=MPI.LAND)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..runtime.mpi import MPI
 from ..execution.transpose import PanelsOfA
+from ..device.base import gemm_library, transpose_a_setting, transpose_b_setting
 from ..device.traits import traits
 
 __all__ = ["default_panel_width", "auto_panel_width", "panel_width_for", "transposes_a",
@@ -89,7 +90,6 @@ def transposes_a(backend_name: str, dtype, precision=None, schedule: str = "pane
     TF32. Column strips keep A as it is, and so do GPU GEMMs through cuBLASLt
     (``SUMMA_GEMM=cublaslt``), whose plans here take row-major operands only.
     """
-    from ..device.backend import gemm_library, transpose_a_setting
     setting = transpose_a_setting()
     if traits(backend_name).gpu and gemm_library() == "cublaslt":
         return False
@@ -130,7 +130,6 @@ def transposes_b(backend_name: str, dtype, precision=None, schedule: str = "pane
     copy column-major operands anyway) or for fp64-int8 (its products lay
     out their own operands).
     """
-    from ..device.backend import gemm_library, transpose_b_setting
     setting = transpose_b_setting()
     if not columns or schedule != "panels" or setting == "no" or precision == "fp64-int8":
         return False

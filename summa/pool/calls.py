@@ -18,6 +18,9 @@ import numpy as np
 
 from ..host import shared as host, remote
 from ..options import current as current_options
+from ..api.arrays import check_arrays
+from ..device.base import resolve_dtype
+from ..device.numpy_backend import NumpyBackend
 from ..device.traits import traits
 from .launch import Pool, get_pool, slot
 from ..runtime.cleanup import finalize, raises_ctrl_c
@@ -169,7 +172,6 @@ def _as_arrays(a, b) -> tuple:
 def _checked(a, b, out, options: dict) -> tuple:
     """``(m, n, k, dtype)`` of ``op(a) @ op(b)`` into `out` with `options`'
     ops, checked here (ValueError) before anything is shipped."""
-    from ..api.arrays import check_arrays
     trans = [str(options.get(f"trans_{x}", "N")).upper() for x in "ab"]
     meta = check_arrays(a, b, out, *trans, dtype_checker(options.get("backend", "auto")))
     if isinstance(meta, str):
@@ -181,7 +183,6 @@ def dtype_checker(backend):
     """What checks a dtype on the pool's owner for workers of `backend`: the
     NumPy backend where they use NumPy, else :class:`_AnyDtype` (no GPU
     library loaded here: the workers' backend checks it again)."""
-    from ..device.numpy_backend import NumpyBackend
     return NumpyBackend() if traits(backend).cpu_only else _AnyDtype()
 
 
@@ -388,5 +389,4 @@ class _AnyDtype:
 
     @staticmethod
     def check_dtype(dtype):
-        from ..device.backend import resolve_dtype
         return resolve_dtype(dtype)

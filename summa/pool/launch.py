@@ -20,7 +20,9 @@ import time
 
 from .job import STOP_GRACE, launch, stop
 from ..runtime.cleanup import mapped_segments, process_alive, remove_segments
+from ..runtime.watchdog import timeout_from_env
 from ..options import current as current_options
+from ..device import backend as device_backend  # its cupy_available looked up at each call
 from ..device.traits import traits
 from ..device.account import DeviceMemoryError
 
@@ -56,8 +58,7 @@ def pool_size(gpus=None, workers=None, use_gpus: bool = True) -> int:
             if count < 1:
                 raise ValueError(f"a pool needs at least one worker, not {count}")
             return count
-    from ..device.backend import cupy_available
-    if use_gpus and cupy_available():
+    if use_gpus and device_backend.cupy_available():
         import cupy
         return int(cupy.cuda.runtime.getDeviceCount())
     return max(1, (os.cpu_count() or 1) // 8)
@@ -173,7 +174,6 @@ class Pool:
         `interrupted`, an Event, is set). `progress` gets the states of
         the job's progress rank 0 sends meanwhile."""
         from multiprocessing.connection import wait
-        from ..runtime.watchdog import timeout_from_env
         # with the workers' pids (one that fails names those it finds dead)
         # and the Matmuls to free first
         self._send((kind, spec, dict(self.pids), self._released()))

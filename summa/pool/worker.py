@@ -31,8 +31,17 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from ..runtime.cleanup import process_alive
+from ..api.jobprogress import pool_reporting
+from ..api.multiply import matmul_arrays
+from ..api.stateful import Matmul
+from ..device.backend import cupy_available, get_backend
 from ..device.traits import traits
+from ..distribution.grid import node_rank
+from ..execution.algorithm import SummaStats
+from ..host import shared as host, remote
+from ..options import Options, current, set as set_options
+from ..runtime.cleanup import hard_exit, mapped_segments, process_alive, remove_segments
+from ..runtime.watchdog import handle_signals
 
 
 def serve(conn, world, peers: dict) -> None:
@@ -50,7 +59,6 @@ def serve(conn, world, peers: dict) -> None:
         kind, spec, pids, released = command
         peers.update(pids)
         _free(held, released)
-        from ..api.jobprogress import pool_reporting  # with the command: the CLI starts fast
         with pool_reporting(world, spec.get("progress"),
                             lambda state: _answer(conn, ("progress", state))):
             record = _run(world, kind, spec, held, received)
@@ -81,7 +89,6 @@ def _run(world, kind: str, spec: dict, held: dict, received: float) -> dict | No
     owner's settings, and waited for on every rank. Returns this rank's
     record, with where rank 0's seconds went since `received`; None where
     the owner's arrays cannot be read here."""
-    from ..options import Options, set as set_options
     settings = Options.from_json(spec["settings"])  # the caller's
     arrays = _arrays(world, spec, settings) if "a" in spec else (None, None, None)
     if arrays is None:
@@ -104,8 +111,6 @@ def _arrays(world, spec: dict, settings) -> tuple | None:
     shipped them; None, on every rank, where some rank may not read the
     owner's memory (:mod:`summa.host.remote`)."""
     from mpi4py import MPI
-
-    from ..host import shared as host, remote
     parts = [spec[x] for x in "abc"]
     owners = [p["remote"] for p in parts if isinstance(p, dict) and "remote" in p]
     if not world.allreduce(all(remote.allowed(settings) and remote.readable(w)
@@ -119,8 +124,6 @@ def _arrays(world, spec: dict, settings) -> tuple | None:
 
 def _multiply(world, spec: dict, held: dict, a, b, c) -> dict:
     """``"matmul"``: one product of the owner's arrays into C; the record."""
-    from ..api.multiply import matmul_arrays
-    from ..execution.algorithm import SummaStats
     stats = SummaStats()
     matmul_arrays(a, b, comm=world, out=c, stats=stats, **spec["options"])
     return stats.as_dict()
@@ -129,7 +132,6 @@ def _multiply(world, spec: dict, held: dict, a, b, c) -> dict:
 def _open(world, spec: dict, held: dict, a, b, c) -> dict:
     """``"open"``: a :class:`summa.Matmul` of the owner's operands over every
     rank, kept by its id until freed; the record holds its Plan."""
-    from ..api.stateful import Matmul
     matmul = Matmul(a, b, comm=world, **spec["options"])
     # the owner ships the operands with each execution: a map of a shared copy
     # kept here would keep its memory
@@ -245,8 +247,6 @@ def _warm(world, backend: str) -> None:
     if traits(backend).cpu_only:
         return
     try:
-        from ..device.backend import cupy_available, get_backend
-        from ..distribution.grid import node_rank
         if cupy_available():
             get_backend("cupy", node_rank(world)[0])
     except Exception:  # noqa: BLE001 -- see above
@@ -263,9 +263,7 @@ def _owner_gone(owner: int) -> None:
     """End this worker, removing the shared files and MPI memory its owner
     left (that process has ended, killed perhaps: no one else will) and
     MPI's shared memory of the workers; the launcher then ends the others."""
-    from ..runtime.cleanup import hard_exit, remove_segments
-    from ..host.shared import remove_files_of
-    remove_files_of(owner)
+    host.remove_files_of(owner)
     remove_segments(_owner_segments)
     for folder in _owner_folder:
         shutil.rmtree(folder, ignore_errors=True)
@@ -324,7 +322,6 @@ def watch_owner(owner: int) -> None:
 def main(argv=None) -> int:
     from multiprocessing.connection import Client
 
-    from ..options import current
     args = sys.argv[1:] if argv is None else argv
     key = current().pool_key
     if len(args) != 3 or not key or not args[1].isdigit():
@@ -333,8 +330,6 @@ def main(argv=None) -> int:
         return 2
     from mpi4py import MPI
 
-    from ..runtime.cleanup import hard_exit, mapped_segments
-    from ..runtime.watchdog import handle_signals
     world = MPI.COMM_WORLD
     handle_signals(world, announce=False)  # the owner stops the job so: no word
     owner = int(args[1])

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 
 from .mpi import MPI
 from .. import options
+from . import cleanup
 from .cleanup import clean_up_after_death, note_segments
 
 __all__ = ["Watchdog", "watch", "handle_signals", "STOPPING", "wait_if_stopping",
@@ -125,8 +126,7 @@ def _die(message: str, comm: MPI.Comm, status: int, settle=(0.5, 1.0),
     ``MPI_Abort`` (where MPI allows it from this thread), else this process
     alone (:func:`summa.runtime.cleanup.hard_exit`), and the launcher ends the other
     ranks as for any rank that exits non-zero without finalizing."""
-    from .cleanup import hard_exit, mapped_segments, remove_segments, remove_temporary_files
-    remove_temporary_files()
+    cleanup.remove_temporary_files()  # looked up now: a test replaces it
     if message:
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
@@ -136,7 +136,7 @@ def _die(message: str, comm: MPI.Comm, status: int, settle=(0.5, 1.0),
         # remove them before another rank's exit makes the launcher end the job.
         time.sleep(settle[0] if comm.Get_rank() == 0 else settle[1])
         if abort and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
-            remove_segments(mapped_segments())
+            cleanup.remove_segments(cleanup.mapped_segments())
             # Should MPI_Abort itself block (from this thread, beside a main
             # thread inside MPI), faulthandler's own thread, which needs no
             # GIL, prints where every thread is and exits this process: the
@@ -144,7 +144,7 @@ def _die(message: str, comm: MPI.Comm, status: int, settle=(0.5, 1.0),
             import faulthandler
             faulthandler.dump_traceback_later(ABORT_GRACE, exit=True)
             comm.Abort(status)
-    hard_exit(status)
+    cleanup.hard_exit(status)
 
 
 #: Seconds MPI_Abort may take before the process ends itself (:func:`_die`).
