@@ -90,14 +90,8 @@ def pool_reporting(world, mode: str | None, send):
     if mode is None:
         yield None
         return
-    job = job_progress(world, send=send if world.Get_rank() == 0 else None)
-    try:
-        with reporting(job):
-            yield job
-    except BaseException:
-        job.stop()
-        raise
-    job.close()
+    with _reported(job_progress(world, send=send if world.Get_rank() == 0 else None)) as job:
+        yield job
 
 
 
@@ -118,7 +112,15 @@ def library_reporting(comm, plan):
             gemm_flops(np.dtype(plan.dtype), *plan.shape) < SLOWEST * after:
         yield active()
         return
-    job = job_progress(comm, after=after)
+    with _reported(job_progress(comm, after=after)) as job:
+        yield job
+
+
+@contextlib.contextmanager
+def _reported(job):
+    """`job` the active line within (:func:`summa.runtime.progress.reporting`);
+    closed after, only stopped where the block fails (its ranks may not all
+    reach the close, which is collective)."""
     try:
         with reporting(job):
             yield job
