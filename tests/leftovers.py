@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from summa.host import shared as host
-from summa.runtime.cleanup import MPI_SEGMENT_PREFIXES, mapped_segments
+from summa.runtime.cleanup import MPI_SEGMENT_PREFIXES, descendants, mapped_segments
 
 #: Where MPI libraries keep their named shared memory.
 SEGMENT_DIR = "/dev/shm"
@@ -23,22 +23,7 @@ SEGMENT_DIR = "/dev/shm"
 def job_pids(root: int) -> list[int]:
     """Process `root` and its live descendants (a launcher starts its ranks in
     sessions of their own, so a session or group would not find them)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] not in ("Z", "X"):
-                children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
+    return [root] + descendants(root)
 
 
 def held_files(pids) -> set[str]:
