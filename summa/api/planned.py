@@ -312,7 +312,7 @@ def run_planned(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     if not plan.placement.resident:  # the plan of the arrays as they lie: its memory is drawn
         host = _as_arrays(host)
         plan = _stored(plan, _storage(host, plan.trans, pgrid.comm), pgrid.comm, be)
-    with Account.of(plan, be, result=_gathered(plan, pgrid, operands.root)).drawing(
+    with Account.of(plan, be, result=_root_copies(plan, pgrid, operands.root)).drawing(
             None if pgrid is None else pgrid.comm) as account:
         if plan.placement.resident:
             c = run_on_device(plan, be, given, alpha, stats)
@@ -324,7 +324,7 @@ def run_planned(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     return c if given is None else given.give_back(c, be)
 
 
-def _gathered(plan, pgrid, root: int) -> int:
+def _root_copies(plan, pgrid, root: int) -> int:
     """Host bytes a grid's root takes beside its plan's share, as the one
     rank that holds the caller's arrays: the whole C and the piece each
     rank's block of it arrives in (:meth:`summa.distribution.matrix.DistMatrix.gather`),

@@ -113,8 +113,9 @@ class Account:
     backend : summa.device.backend.Backend
         Where the execution runs; its GPU draws go through the account.
     strict : bool
-        Raise :class:`Overdrawn` on a draw past `budget` (the tests); else
-        let it go where the device has room and report it in :attr:`peak`.
+        Raise :class:`Overdrawn` once the run is over where it drew past
+        `budget` (the tests); either way the draws go where the device has
+        room, and :attr:`peak` says by how much.
     what : str
         What runs, for messages (``"the multiply"``).
     key : hashable, optional
