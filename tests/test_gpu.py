@@ -890,11 +890,10 @@ def test_npy_blocks_lying_by_columns_go_up_as_file_rows(comm, rng, gpu, tmp_path
     gather on the host: the copy threads read rows of the file); every op,
     values as NumPy reads them."""
     from summa.device import cupy_backend
-    from summa.distribution import matrix
-    from summa.host import filemaps
+    from summa.host import filemaps, matrixfiles
     grid, backend = gpu
     monkeypatch.setattr(cupy_backend, "STAGED_MIN", 1 << 12)  # small blocks staged too
-    monkeypatch.setattr(matrix, "TRANSPOSE_STRIP", 96)  # several strips and a remainder
+    monkeypatch.setattr(matrixfiles, "TRANSPOSE_STRIP", 96)  # several strips and a remainder
     folder = comm.bcast(str(tmp_path_factory.mktemp("npyf")) if comm.rank == 0 else None)
     x = comm.bcast(random_array(rng, (430, 370), dtype))
     if comm.rank == 0:

@@ -17,7 +17,7 @@ import numpy as np
 from .base import DTYPES, Backend, int8_library
 from .lt import LtGemm, Product, Unavailable
 from . import staging
-from ..host.storage import copyable_rows
+from .hostrows import copyable_rows
 from ..options import Options
 from ..precision import ozaki, ozaki_gpu
 

@@ -26,9 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..host import filemaps, remote
 from .. import options
-from ..host.storage import copyable_rows, pitch
+from . import hostrows
+from .hostrows import copyable_rows, pitch
 from ..runtime.watchdog import watch
 
 __all__ = ["Stager", "Transfer", "Touch", "get_stager", "stager_for", "set_ranks_on_node",
@@ -281,8 +281,7 @@ class Stager:
         16.5 GB/s on 16 threads; first touch itself 32 GB/s there). It
         writes zeros: wait for it before anything else writes `x`
         (:meth:`hurry` first, where the copy threads are free)."""
-        if not x.size or TOUCH_SHARE <= 0 or filemaps.find(x, writable=True) is not None \
-                or remote.find(x) is not None:
+        if not x.size or TOUCH_SHARE <= 0 or hostrows.writer(x) is not None:
             return Touch([])  # (written by pwrite, or in another process: nothing here)
         if self._touch_pool is None:
             self._touch_pool = ThreadPoolExecutor(max(1, round(self.threads * TOUCH_SHARE)),
@@ -421,12 +420,11 @@ class Stager:
     def _fill(self, transfer, dev, part, stage, buf) -> None:
         event = None
         try:
-            owner = remote.find(part)
-            source = filemaps.find(part) if owner is None else None
-            if owner is not None:  # another process's array: read there
-                owner.read_into(stage)
-            elif source is not None and not source.scattered_in_memory():
-                source.read_into(stage)  # a mapped file: read its rows (no page faults)
+            # Another process's array is read there, a mapped file's rows
+            # from the file (no page faults), unless already in memory.
+            source = hostrows.reader(part)
+            if source is not None:
+                source.read_into(stage)
             else:
                 np.copyto(stage, part)
             self._memcpy(stage, dev, _H2D, self.up)
@@ -459,7 +457,7 @@ class Stager:
             # A mapped file: write its rows (through the map, page faults in
             # parallel measured slower: 4.7 against 3.4 s for 4.8 GB in
             # benchmarks/files.py's in-memory write phase).
-            target = remote.find(part) or filemaps.find(part, writable=True)
+            target = hostrows.writer(part)
             if target is not None:  # another process's array, or a mapped file
                 target.write_from(stage)
             else:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 __all__ = ["Distribution", "Layout", "panel_schedule", "Panel", "split_panel",
-           "split_panel_doubling", "span"]
+           "split_panel_doubling", "span", "take_block"]
 
 
 def span(indices: np.ndarray) -> tuple[int, int] | None:
@@ -30,6 +30,24 @@ def span(indices: np.ndarray) -> tuple[int, int] | None:
     if indices.size and bool(np.all(np.diff(indices) == 1)):
         return int(indices[0]), int(indices[-1]) + 1
     return None
+
+
+def take_block(data, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``data[rows][:, cols]`` as a new C-contiguous array, touching only those
+    elements (slices where the indices are contiguous; works on memory maps)."""
+    def as_index(idx):
+        run = span(idx)
+        if run is not None:
+            return slice(*run)
+        return idx if idx.size else slice(0, 0)
+    r, c = as_index(rows), as_index(cols)
+    # Always a private copy: a view into a read-only memory map would be handed
+    # to MPI, whose broadcast algorithms may write into the root's buffer too.
+    if isinstance(r, slice):
+        return np.array(data[r][:, c], order="C", copy=True)
+    if isinstance(c, slice):
+        return np.array(data[:, c][r], order="C", copy=True)
+    return np.array(data[np.ix_(r, c)], order="C", copy=True)
 
 
 class Distribution:

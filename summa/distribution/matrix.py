@@ -10,9 +10,7 @@ from ..device.base import Backend
 from ..device.numpy_backend import NumpyBackend
 from ..runtime.agree import collectively
 from ..transports.comm import recv_array, send_array
-from ..host.npyio import (AtomicNpyWriter, check_output_path, map_block, mapped_by_columns,
-                          read_block, read_header, take_block)
-from .layout import Layout, span
+from .layout import Layout, span, take_block
 from ..runtime.watchdog import watch
 
 __all__ = ["DistMatrix"]
@@ -219,54 +217,12 @@ class DistMatrix:
         Raises the same ValueError on every rank for a missing, truncated or
         unsuitable file, naming it.
         """
-        backend = backend or NumpyBackend()
-        trans = str(trans).upper()
-        if trans not in ("N", "T", "H"):
-            raise ValueError(f"trans must be N, T or H, got {trans!r}")
-        header = read_header(path, grid.comm)
-        if dtype is None and header.dtype.kind in "iu":
-            raise ValueError(f"{path}: integer dtype {header.dtype.name}; pass a dtype "
-                             "(e.g. --dtype float64) to convert it")
-        target = backend.check_dtype(header.dtype if dtype is None else dtype)
-        shape = header.shape if trans == "N" else header.shape[::-1]
-        layout = Layout(shape, grid.shape, block)
-        rows = layout.rows.global_indices(grid.row)
-        cols = layout.cols.global_indices(grid.col)
-        if backend.is_gpu and header.dtype == target:
-            # Straight from the file into the GPU: the block's map is read by
-            # the copy threads into page-locked chunks (summa.host.filemaps), disk
-            # reads and uploads overlapping, no host copy of the block.
-            mapped = collectively(grid.comm, map_block, header, rows, cols, trans != "N")
-            stored = None if mapped is None else (
-                mapped.T if mapped_by_columns(header, trans != "N") else mapped)
-            direct = stored is not None and (not stored.size or backend.stages(stored))
-            if grid.comm.allreduce(direct, op=MPI.LAND):
-                local = collectively(grid.comm, _uploaded, stored, stored is not mapped,
-                                     trans == "H", backend)
-                return cls(grid, layout, local, backend)
-        local = collectively(grid.comm, read_block, header, rows, cols,
-                             transpose=trans != "N", conjugate=trans == "H")
-        return cls(grid, layout, backend.asarray(local.astype(target, copy=False)), backend)
+        return _npy_files().read(cls, path, grid, backend, block, trans, dtype)
 
     def to_npy(self, path) -> None:
         """Write to an .npy file: each rank its own block into a temporary file in
         the target's folder, renamed into place once every rank has succeeded."""
-        check_output_path(path, [], self.grid.comm)
-        comm = self.grid.comm
-        with AtomicNpyWriter(path, self.shape, self.dtype, comm) as out:
-            if self.backend.is_gpu:
-                # Straight from the GPU into the file: downloaded chunks are written
-                # by the copy threads (pwrite), no host copy of the block.
-                mapped = collectively(comm, out.map_block, self.row_indices(),
-                                      self.col_indices())
-                direct = mapped is not None and (not mapped.size or (
-                    self.backend.stages(mapped) and self.local.flags.c_contiguous))
-                if comm.allreduce(direct, op=MPI.LAND):
-                    collectively(comm, self.backend.to_host, self.local, mapped)
-                    collectively(comm, out.flush)
-                    return
-            local = collectively(comm, self.backend.to_host, self.local)
-            out.write_block(np.ascontiguousarray(local), self.row_indices(), self.col_indices())
+        _npy_files().write(self, path)
 
     # -- collective operations ---------------------------------------------------------
     def gather(self, root: int = 0, out: np.ndarray | None = None):
@@ -365,29 +321,13 @@ def _block_index(rows: np.ndarray, cols: np.ndarray):
     return np.ix_(rows, cols)
 
 
-#: Columns of a block lying by columns in a file that go up at a time to be
-#: transposed on the device (:func:`_uploaded`): the transient beside the
-#: block is this many of its rows' worth, not a second block.
-TRANSPOSE_STRIP = 4096
+#: How :class:`DistMatrix` reads and writes ``.npy`` files: files lie above
+#: the distribution (:mod:`summa.host.matrixfiles`, which sets this as it
+#: loads; summa's own initialisation loads it), so nothing here imports them.
+NPY_FILES = None
 
 
-def _uploaded(stored, transpose: bool, conjugate: bool, backend):
-    """The file rows `stored` (a C-ordered memory map) on `backend`'s device as
-    a C-ordered block: with `transpose` their transpose (a block lying by
-    columns in the file: a Fortran-ordered file read as it is, a C-ordered
-    one transposed), made on the device a strip of :data:`TRANSPOSE_STRIP`
-    file rows at a time, so the host reads and uploads only rows, at the
-    disk's and the link's rates (a transposing gather on host threads ran a
-    24576² Fortran file at 0.3 GB/s, `benchmarks/files.py --order F
-    --only "in memory"`); conjugated where `conjugate` (complex)."""
-    conjugate = conjugate and stored.dtype.kind == "c"
-    if not transpose:
-        local = backend.asarray(stored)
-        if conjugate:
-            backend.conjugate(local)
-        return local
-    local = backend.xp.empty(stored.shape[::-1], stored.dtype)
-    for j0 in range(0, stored.shape[0], TRANSPOSE_STRIP):
-        strip = stored[j0:j0 + TRANSPOSE_STRIP]
-        backend.transpose(backend.asarray(strip), local[:, j0:j0 + strip.shape[0]], conjugate)
-    return local
+def _npy_files():
+    if NPY_FILES is None:
+        raise RuntimeError("summa.host.matrixfiles is not loaded (import summa first)")
+    return NPY_FILES

@@ -15,8 +15,9 @@ import os
 import numpy as np
 
 from ..runtime.mpi import MPI
-from . import shared as host_arrays
-from . import remote
+# (the submodule, not the package, which imports this module as it loads)
+import summa.host.shared as host_arrays
+import summa.host.remote as remote
 from ..device.numpy_backend import NumpyBackend
 from ..distribution.layout import Layout, span
 from ..distribution.matrix import DistMatrix

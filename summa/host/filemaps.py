@@ -22,7 +22,8 @@ import threading
 
 import numpy as np
 
-from .storage import copyable_rows
+from ..device import hostrows
+from ..device.hostrows import copyable_rows
 from ..runtime.cleanup import finalize
 
 __all__ = ["register", "find", "view_span", "FileRows", "prefetch", "read_ahead", "write_out",
@@ -177,6 +178,23 @@ def find(view: np.ndarray, writable: bool = False) -> FileRows | None:
                                 view.shape[0], path, start)
     return None
 
+
+
+def _reader(view: np.ndarray) -> FileRows | None:
+    """The file rows behind `view` where reading them beats a copy through
+    the map (:meth:`FileRows.scattered_in_memory`)."""
+    rows = find(view)
+    return None if rows is None or rows.scattered_in_memory() else rows
+
+
+def _writer(view: np.ndarray) -> FileRows | None:
+    """The file rows behind `view`, where its map is writable."""
+    return find(view, writable=True)
+
+
+# The host-device copies read and write mapped files' rows by system calls
+# (through :func:`find` as it is named at each copy, which a test may wrap).
+hostrows.add_finders(_reader, _writer)
 
 #: Threads, and bytes per read, of a :func:`prefetch`.
 PREFETCH_THREADS = 4

@@ -21,13 +21,14 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from ..runtime.mpi import MPI
-from . import filemaps
+# (the submodule, not the package, which imports this module as it loads)
+import summa.host.filemaps as filemaps
 from .copies import parallel_copy
 from .. import options
 from ..runtime.agree import Failure, RankFailure, from_root
 from ..runtime.cleanup import new_temporary_file, temporary_files
 from ..runtime.faults import inject
-from ..distribution.layout import span
+from ..distribution.layout import span, take_block
 from ..device.staging import ranks_on_node, usable_cores
 from ..runtime.watchdog import watch
 
@@ -273,24 +274,6 @@ def read_block(header: NpyHeader, rows: np.ndarray, cols: np.ndarray, transpose:
     if conjugate and block.dtype.kind == "c":
         np.conj(block, out=block)
     return block
-
-
-def take_block(data, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """``data[rows][:, cols]`` as a new C-contiguous array, touching only those
-    elements (slices where the indices are contiguous; works on memory maps)."""
-    def as_index(idx):
-        run = span(idx)
-        if run is not None:
-            return slice(*run)
-        return idx if idx.size else slice(0, 0)
-    r, c = as_index(rows), as_index(cols)
-    # Always a private copy: a view into a read-only memory map would be handed
-    # to MPI, whose broadcast algorithms may write into the root's buffer too.
-    if isinstance(r, slice):
-        return np.array(data[r][:, c], order="C", copy=True)
-    if isinstance(c, slice):
-        return np.array(data[:, c][r], order="C", copy=True)
-    return np.array(data[np.ix_(r, c)], order="C", copy=True)
 
 
 def check_output_path(out: str, inputs: list[str], comm: MPI.Comm, root: int = 0) -> str:

@@ -32,6 +32,7 @@ import types
 import numpy as np
 
 from .. import options
+from ..device import hostrows
 from .filemaps import libc_call, view_span
 from ..runtime.cleanup import finalize
 
@@ -194,3 +195,11 @@ def find(view: np.ndarray) -> RemoteRows | None:
                 return RemoteRows(pid, owner + start - base, view.strides[0], width,
                                   view.shape[0])
     return None
+
+
+def _found(view: np.ndarray) -> RemoteRows | None:
+    return find(view)  # (as :func:`find` is named at each copy, which a test may wrap)
+
+
+# The host-device copies read and write the owner's rows behind a placeholder.
+hostrows.add_finders(_found, _found)

@@ -19,7 +19,9 @@ import os
 import numpy as np
 
 from ..runtime.mpi import MPI
-from . import filemaps, remote
+# (the submodule, not the package, which imports this module as it loads)
+import summa.host.filemaps as filemaps
+import summa.host.remote as remote
 from .copies import parallel_copy, touched
 from .npyio import read_header
 from .. import options

@@ -38,6 +38,9 @@ from __future__ import annotations
 
 import numpy as np
 
+# (what a 2-D copy takes lives with the device copies, below this package)
+from ..device.hostrows import copyable_rows, pitch
+
 __all__ = ["STORAGES", "storage_of", "op_view", "as_rows", "rows_shape", "transposed",
            "conjugated", "copyable_rows", "pitch"]
 
@@ -48,25 +51,6 @@ STORAGES = ("rows", "cols", "strided rows", "strided cols")
 def op_view(x: np.ndarray, trans: str) -> np.ndarray:
     """``op(x)`` but for the conjugation of op H: `x`, or the view ``x.T``."""
     return x if trans == "N" else x.T
-
-
-def copyable_rows(x: np.ndarray) -> bool:
-    """Does the 2-D `x` have contiguous rows one positive pitch apart (at
-    least a row's width), as a 2-D copy (``cudaMemcpy2D``) takes them? Axes
-    of length one count as contiguous whatever their stride says, and an
-    empty array as copyable."""
-    rows, cols = x.shape
-    item = x.itemsize
-    return 0 in x.shape or ((cols <= 1 or x.strides[1] == item)
-                             and (rows <= 1 or x.strides[0] >= cols * item))
-
-
-def pitch(x: np.ndarray) -> int:
-    """Bytes from one row of `x` (:func:`copyable_rows`) to the next, as a 2-D
-    copy is given them: a row's width where there is one row (whose stride
-    may be anything)."""
-    width = x.shape[1] * x.itemsize
-    return int(x.strides[0]) if x.shape[0] > 1 else max(1, width)
 
 
 def storage_of(x: np.ndarray, trans: str = "N") -> str:

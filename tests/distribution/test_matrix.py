@@ -150,18 +150,3 @@ def test_random_in_small_chunks_gives_the_same_values(comm, backend, monkeypatch
             monkeypatch.undo()
             if comm.rank == 0:
                 assert np.array_equal(whole, chunked)
-
-
-@pytest.mark.parametrize("dtype", ["float64", "complex64"])
-def test_file_rows_go_up_transposed_a_strip_at_a_time(rng, monkeypatch, dtype):
-    """A block lying by columns in its file is made from the file's rows, a
-    strip of them at a time (here on NumPy: the device's steps, no GPU):
-    every strip and the last, shorter one land where they belong,
-    conjugated where asked."""
-    from summa.distribution import matrix
-    monkeypatch.setattr(matrix, "TRANSPOSE_STRIP", 4)
-    rows = random_array(rng, (11, 6), dtype)  # the file's rows: the block's columns
-    for conjugate in (False, True):
-        block = matrix._uploaded(rows, True, conjugate, NumpyBackend())
-        assert block.flags.c_contiguous
-        assert np.array_equal(block, rows.conj().T if conjugate else rows.T)
