@@ -66,3 +66,4 @@ def test_multiply_refuses_a_one_byte_budget_before_the_backend_starts(comm, fold
     with pytest.raises(ValueError, match="a device budget of 1 byte is too small for any"):
         files_module.multiply_files(pa, pb, str(folder / "C.npy"), comm, quiet=True,
                                     device_memory="1B")
+
