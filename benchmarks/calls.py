@@ -101,10 +101,31 @@ def parse_size(text: str) -> tuple[int, int, int]:
 
 
 def append_json(path: str | None, row: dict) -> None:
-    """Append `row` to the JSON-lines file `path` (nothing for None)."""
+    """Append `row` to the JSON-lines file `path` (nothing for None), stamped
+    with the machine, date and command (:func:`stamps`) that report.py
+    puts above its table."""
     if path:
         with open(path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps({**stamps(), **row}) + "\n")
+
+
+def stamps() -> dict:
+    """Where and when this process measured: ``machine`` (cores, host
+    memory, the GPU where CuPy is loaded), ``date`` (UTC) and ``command``."""
+    machine = f"{os.cpu_count()} cores"
+    try:
+        machine += f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
+    except (ValueError, OSError):
+        pass
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:  # (only where the script loaded it: no CUDA start for a stamp)
+        try:
+            machine = (cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+                       + f" x {cupy.cuda.runtime.getDeviceCount()}, " + machine)
+        except Exception:  # noqa: BLE001 -- a stamp never fails the record
+            pass
+    return {"machine": machine, "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "command": " ".join(["python3", *sys.argv])}
 
 
 def hold_all_but(want: int | None, gpus: int = 1, devices=None) -> list:

@@ -20,6 +20,7 @@ if str(BENCHMARKS) not in sys.path:
 
 import calls  # noqa: E402
 import matrix  # noqa: E402
+import report  # noqa: E402
 
 
 def _rows(path) -> list[dict]:
@@ -238,3 +239,25 @@ def test_peers_launcher_is_summa_mpiexec_then_mpiexec():
     assert peers.default_launcher({"MPIEXEC": "mpirun --bind-to none"}) == \
         "mpirun --bind-to none"
     assert "oversubscribe" not in peers.default_launcher({})
+
+
+def test_report_renders_the_table_of_a_benchmarks_own_records(tmp_path, capsys):
+    record = tmp_path / "matrix.jsonl"
+    assert matrix.main(["--cpu-sized", "--in-process", "--dtypes", "float64,float32",
+                        "--layouts", "C", "--json", str(record)]) == 0
+    rows = _rows(record)
+    capsys.readouterr()
+    assert report.main([str(record)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("### matrix.jsonl\n")
+    assert f"Machine: {rows[0]['machine']}. Date: {rows[0]['date']}." in text
+    assert f"Command: `{rows[0]['command']}`." in text
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    header = [x.strip() for x in table[0].strip("|").split("|")]
+    assert header[:3] == ["name", "dtype", "layout"] and "first_seconds" in header
+    assert len(table) == 2 + len(rows)
+    for row, line in zip(rows, table[2:]):
+        cells = dict(zip(header, (x.strip() for x in line.strip("|").split("|"))))
+        assert cells["name"] == row["name"] and cells["status"] == row["status"]
+        if row["status"] == "done":
+            assert cells["first_seconds"] == f"{row['first_seconds']:.3g}"

@@ -40,6 +40,8 @@ from ..device.traits import traits
 from ..execution.outofcore import SweepOperands, run_out_of_core
 from ..planning.model import gemm_flops
 from ..planning.planner import Machine, make_plan, restore
+from ..planning.hostroom import check_host_room, own_host_bytes
+from ..planning.least import check_least_budget
 from ..planning.selection import grid_broadcasters
 from .verify import freivalds
 from .jobprogress import block_share, job_progress, multiply_phase, phase_predictions
@@ -262,11 +264,14 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         dtype=dtype, grid=grid, block=block, panel_width=panel_width, lookahead=lookahead,
         backend=backend, broadcaster=broadcaster, precision=precision, check=check,
         out_of_core=out_of_core, device_memory=device_memory, schedule=schedule), comm)
+    check_least_budget(job.shape, job.compute.itemsize, device_memory, panel_width, out_of_core,
+                       schedule)  # (before CUDA starts)
     # The disk starts on the inputs while CUDA starts and the multiply plans.
     local, on_node = node_rank(comm)
     ahead = _read_ahead_inputs(job.headers, comm, local, on_node)
     try:
         job, be, plan, record = _plan_files(job, comm, local, timeline)
+        check_host_room(own_host_bytes(plan, _maps_files(job, plan)), comm)  # before any read
         with ProcessGrid(comm, plan.grid) as pgrid, contextlib.ExitStack() as stack:
             run = _start_files(_FilesRun(job, plan, be, comm, pgrid, job_progress(comm, quiet),
                                          warn or _warn_stderr, record, timeline), stack, ahead)
@@ -594,6 +599,17 @@ def _streamable(header, trans: str, compute) -> bool:
     blocks lying by columns are the GEMMs' transposed operands); not op H of
     a complex file (its conjugation would need a copy)."""
     return header.dtype == compute and (trans in ("N", "T") or compute.kind != "c")
+
+
+def _maps_files(job: FilesJob, plan) -> tuple:
+    """Whether a streamed multiply of `job` (:attr:`_FilesRun.streaming`)
+    maps its blocks of A, B and C from files rather than reading them:
+    A and B where streamable (:func:`_mapped`), C where the product is
+    written in place (no C0)."""
+    if plan.device_budget is None or job.block is not None:
+        return (False, False, False)
+    return (_streamable(job.headers["A"], job.trans[0], job.compute),
+            _streamable(job.headers["B"], job.trans[1], job.compute), job.c_path is None)
 
 
 def _mapped_storage(job: FilesJob, compute) -> tuple:

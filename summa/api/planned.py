@@ -34,6 +34,8 @@ from ..distribution.matrix import DistMatrix
 from ..device.traits import traits
 from ..execution.outofcore import SweepOperands, run_out_of_core
 from ..planning.planner import Machine, make_plan, restore
+from ..planning.hostroom import check_host_room
+from ..planning.least import check_least_budget
 from ..planning.selection import peer_access
 from ..host.storage import conjugated, op_view, storage_of
 from ..runtime.watchdog import watch
@@ -243,8 +245,10 @@ def plan_arrays(operands: ArrayOperands, comm, request: PlanRequest = PlanReques
     if rank == operands.root:
         try:
             operands = operands.described()
+            _check_budget(operands.given, request)
         except Exception as exc:  # noqa: BLE001 -- raised on every rank below
             meta = Failure.of(exc)
+    meta = from_root(comm, operands.root, meta)  # bad input refused before the backend starts
     placed = operands.given.placement if operands.given is not None else None
     local = placed.device if comm.Get_size() == 1 and placed is not None and \
         placed.device is not None else node_rank(comm, topology)[0]
@@ -312,6 +316,8 @@ def run_planned(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
     if not plan.placement.resident:  # the plan of the arrays as they lie: its memory is drawn
         host = _as_arrays(host)
         plan = _stored(plan, _storage(host, plan.trans, pgrid.comm), pgrid.comm, be)
+    if pgrid is not None:  # a product the machine's free memory cannot take: refused first
+        check_host_room(_own_host_bytes(plan, pgrid, given, operands.root), pgrid.comm)
     with Account.of(plan, be, result=_root_copies(plan, pgrid, operands.root)).drawing(
             None if pgrid is None else pgrid.comm) as account:
         if plan.placement.resident:
@@ -322,6 +328,30 @@ def run_planned(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
         stats.extra["compile_seconds"] = compiled
         stats.extra.update(account.report())
     return c if given is None else given.give_back(c, be)
+
+
+def _check_budget(given, request: PlanRequest) -> None:
+    """Refuse a `request`'s device budget no out-of-core plan of the
+    operands `given` can take (:func:`summa.planning.least.check_least_budget`;
+    a floor by their least dimension and item), before the backend starts."""
+    arrays = [x.array for x in (given.a, given.b)]
+    k = min(min(x.shape, default=0) for x in arrays)
+    check_least_budget((k, k, k), min(x.dtype.itemsize for x in arrays), request.device_memory,
+                       request.panel_width, request.out_of_core, request.schedule)
+
+
+def _own_host_bytes(plan, pgrid, given, root: int) -> int:
+    """Host bytes this rank takes for itself beside the caller's arrays:
+    its staging buffers, and on the root the product where it is made
+    anew (no `out` written in place) or gathered with the scatter's copies
+    (:func:`_root_copies`). Blocks the other ranks receive are left out:
+    the pool's workers may read the caller's arrays in place."""
+    own = int(plan.memory.staging_bytes or 0)
+    if given is None:
+        return own
+    (m, n, _), item = plan.shape, np.dtype(plan.dtype).itemsize
+    made = 0 if given.out is not None and given.out_in_place else m * n * item
+    return own + max(_root_copies(plan, pgrid, root), made)
 
 
 def _root_copies(plan, pgrid, root: int) -> int:

@@ -24,6 +24,8 @@ from ..distribution.matrix import DistMatrix
 from ..execution.outofcore import SweepOperands, run_out_of_core
 from ..planning.model import gemm_flops
 from ..planning.planner import Machine, make_plan
+from ..planning.hostroom import check_host_room, own_host_bytes
+from ..planning.least import check_least_budget
 from ..runtime.progress import JobProgress
 from ..api.jobprogress import block_share, job_progress, multiply_phase, phase_predictions
 from ..device.traits import traits
@@ -171,6 +173,7 @@ def run_bench(args, comm: MPI.Comm, out, verify_default: bool) -> int:
 def _check_bench(args, comm: MPI.Comm, verify_default: bool) -> BenchJob:
     """The backend, dtype, shape, precision and broadcaster of `args`, the
     same verdict on every rank (UsageError); collective."""
+    _check_budget(args)  # before the backend starts
     backend = agree_backend(comm, args.backend)
     try:
         dtype = backend.check_dtype(args.dtype)
@@ -189,6 +192,22 @@ def _check_bench(args, comm: MPI.Comm, verify_default: bool) -> BenchJob:
                     block=None if args.block is None else (args.block, args.block))
 
 
+def _check_budget(args) -> None:
+    """Refuse a ``--device-memory`` no out-of-core plan of `args`' product
+    can take (:func:`summa.planning.least.check_least_budget`), from the
+    arguments alone (the same on every rank): a budget of 1 B is refused
+    at once, not once CuPy and CUDA have started."""
+    try:
+        itemsize = np.dtype(args.dtype).itemsize
+    except TypeError:
+        return  # the backend names a dtype it does not take
+    try:
+        check_least_budget(_shape(args, min(DEFAULT_SIZE_CPU, DEFAULT_SIZE_GPU)), itemsize,
+                           args.device_memory, args.nb, args.out_of_core, _schedule(args))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _plan_bench(job: BenchJob, comm: MPI.Comm, out) -> tuple:
     """The Plan and the ProcessGrid of `job`, their notes printed on rank 0;
     collective."""
@@ -200,6 +219,7 @@ def _plan_bench(job: BenchJob, comm: MPI.Comm, out) -> tuple:
                          panel_width=args.nb, lookahead=args.lookahead, schedule=job.schedule,
                          precision=job.precision, broadcaster=args.comm,
                          host_copies="lock")  # the same blocks every repetition: lock once
+        check_host_room(own_host_bytes(plan), comm)  # before any matrix is made
         grid = ProcessGrid(comm, plan.grid)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
