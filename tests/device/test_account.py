@@ -161,28 +161,33 @@ def test_the_pool_gives_back_its_blocks_for_another_plan_and_keeps_a_plans_own(g
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("kind", ["in memory", "out of core", "fortran", "op T", "complex64",
-                                  "float32"])
+                                  "float32", "B by columns"])
 def test_numpys_device_draws_no_more_than_the_plan(comm, kind):
     """On the NumPy backend (its device is host memory) every run's arrays
     stay within its plan's device and host peaks: tracemalloc's high-water
-    mark, with SUMMA_MEMORY_CHECK, on the ranks of this run."""
+    mark, with SUMMA_MEMORY_CHECK, on the ranks of this run. "B by columns":
+    a tall op(B) lying by columns, whose blocks a grid's ranks copy by rows
+    while they hold them (two of B's blocks at once, more than C's)."""
     from summa.api.multiply import matmul_arrays
     rng = np.random.default_rng(int(comm.bcast(np.random.SeedSequence().entropy % 2**32)))
     dtype = {"complex64": np.complex64, "float32": np.float32}.get(kind, np.float64)
-    m, n, k = 1100, 900, 700
+    m, n, k = (40, 900, 1500) if kind == "B by columns" else (1100, 900, 700)
     a, b = rng.random((m, k)).astype(dtype), rng.random((k, n)).astype(dtype)
-    asked = {"out of core": dict(device_memory="3MiB"), "op T": dict(trans_a="T")}.get(kind, {})
+    asked = {"out of core": dict(device_memory="3MiB"), "op T": dict(trans_a="T"),
+             "B by columns": dict(trans_b="T")}.get(kind, {})
     if kind == "fortran":
         a = np.asfortranarray(a)
     if kind == "op T":
         a = np.ascontiguousarray(a.T)
+    if kind == "B by columns":
+        b = np.ascontiguousarray(b.T)
     stats = SummaStats()
     with options.set(memory_check=True):
         for _ in range(2):  # (the first may import modules: not judged)
             c = matmul_arrays(a if comm.rank == 0 else None, b if comm.rank == 0 else None,
                               comm, backend="numpy", stats=stats, **asked)
     if comm.rank == 0:
-        ref = (a.T if kind == "op T" else a) @ b
+        ref = (a.T if kind == "op T" else a) @ (b.T if kind == "B by columns" else b)
         assert np.allclose(c, ref, rtol=1e-4)
         assert 0 < stats.extra["device_peak"] <= stats.extra["device_planned"] + \
             account.TRACED_SLACK
