@@ -303,14 +303,12 @@ def run_array_case(case: dict, comm, backend, seed: int, topology=None) -> float
     if case.get("stacked"):  # (a vector stays one: the other operand is the stack)
         side = "b" if vectors[0] else "a"
         passed[side] = np.broadcast_to(given[side], (2,) + given[side].shape)
-    # (SUMMA_SWEEP_MEMORY=1: every run draws within its plan's peak, the
-    # device's and, NumPy's device being the host, the host's:
-    # summa.device.account. Off by default until the miscounts it found at
-    # SUMMA_SWEEP_LARGEST=1500 are counted: SUMMA_SWEEP_SEED=32, cases 0 and
-    # 16; 3397540529, a 1x4 complex64 case of a reversed op T A)
+    # (every run draws within its plan's peak, the device's and, NumPy's
+    # device being the host, the host's: summa.device.account;
+    # SUMMA_SWEEP_MEMORY=0 turns the check off)
     with options.set(transpose_a=case["transpose_a"],
                      transpose_b=case.get("transpose_b", "auto"),
-                     memory_check=os.environ.get("SUMMA_SWEEP_MEMORY") == "1"):
+                     memory_check=os.environ.get("SUMMA_SWEEP_MEMORY", "1") == "1"):
         budgets = [array_budget(case, np.dtype(case["dtype"]).itemsize, s) for s in storages]
         asked = dict(comm=comm, grid=tuple(case["grid"]), backend=backend.name,
                      out_of_core=case["out_of_core"],

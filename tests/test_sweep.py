@@ -5,7 +5,8 @@
 fresh (``SUMMA_SWEEP_SEED`` replays one) and printed with every failure. On 4
 and 6 ranks a tenth as many cases run again for each of 1 (this machine), 2
 and 3 virtual nodes (:meth:`summa.distribution.topology.Topology.virtual`), so that the
-paths between nodes run on one machine.
+paths between nodes run on one machine. Each array case is held to its plan's memory
+peak (:mod:`summa.device.account`; ``SUMMA_SWEEP_MEMORY=0`` leaves that out).
 """
 
 import json

@@ -19,7 +19,9 @@ Two failures differ:
   the peak says by how much.
 * :class:`DeviceMemoryError`: the GPU itself had no room (another process
   took memory after the call was planned). One clear :class:`MemoryError`
-  naming the GPU, what was asked, held and free, in place of CuPy's.
+  naming the GPU, what was asked, held and free, in place of CuPy's. On
+  one rank of several it ends the job with that line (MPI_Abort): the
+  other ranks wait for it mid-broadcast, where no rank can agree any more.
 
 The draws come from CuPy's pool, the caller's, so that what a call gives
 back (a product on the GPU) and what it frees serve the caller's own CuPy
@@ -48,7 +50,10 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import time
 import tracemalloc
+
+from ..runtime import cleanup
 
 __all__ = ["Account", "Overdrawn", "DeviceMemoryError", "GIB", "SMALL_DRAWS"]
 
@@ -81,6 +86,35 @@ class Overdrawn(MemoryError):
 class DeviceMemoryError(MemoryError):
     """The GPU had no room for a draw within the plan: another process (or
     the caller) took memory after the call was planned."""
+
+
+@contextlib.contextmanager
+def _alone_or_ended(comm=None):
+    """Run the block; where one rank of several fails in it for want of
+    memory (a draw the GPU had no room for, NumPy's own MemoryError), end the
+    job with that rank's one line: the others wait mid-multiply in
+    collectives that no rank can join any more, so nothing short of the
+    job's end frees them. On one rank the error is raised as it came."""
+    try:
+        yield
+    except Overdrawn:  # (agreed over the ranks, raised by every one)
+        raise
+    except MemoryError as exc:
+        if comm is None or comm.Get_size() == 1:
+            raise
+        _end_job(f"summa: rank {comm.Get_rank()}: {exc} (the other ranks were mid-multiply: "
+                 "aborting the job)", comm)
+
+
+def _end_job(message: str, comm) -> None:
+    """Say `message`, remove the job's temporary outputs and MPI's shared
+    memory, and end every rank of `comm`'s job (as ``summa``'s own command
+    line does)."""
+    print(message, file=sys.stderr, flush=True)
+    cleanup.remove_temporary_files()  # an output being written in place goes with the job
+    cleanup.remove_segments(cleanup.mapped_segments())  # MPI_Abort leaves MPI's own
+    time.sleep(0.5)  # for the launcher to forward the message before it ends the job
+    comm.Abort(1)
 
 
 def _gib(nbytes: int) -> str:
@@ -180,16 +214,17 @@ class Account:
         verdict agreed over `comm` where given, so that every rank raises
         or none)."""
         if getattr(self.backend, "is_gpu", False):
-            with self._cupy_allocator():
+            with self._cupy_allocator(), _alone_or_ended(comm):
                 yield self
             if self.strict:  # (judged once the run is over: a raise mid-run on one
                 # rank would leave the others waiting in a collective)
                 self._judge(self.peak > self.budget + SMALL_DRAWS, "drew", comm)
         elif self.strict:
-            with self._traced(comm):
+            with self._traced(comm), _alone_or_ended(comm):
                 yield self
         else:
-            yield self
+            with _alone_or_ended(comm):
+                yield self
 
     def _cleared(self, cupy):
         """CuPy's pool, its cached, unused blocks given back unless they

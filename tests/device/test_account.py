@@ -161,28 +161,33 @@ def test_the_pool_gives_back_its_blocks_for_another_plan_and_keeps_a_plans_own(g
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("kind", ["in memory", "out of core", "fortran", "op T", "complex64",
-                                  "float32"])
+                                  "float32", "B by columns"])
 def test_numpys_device_draws_no_more_than_the_plan(comm, kind):
     """On the NumPy backend (its device is host memory) every run's arrays
     stay within its plan's device and host peaks: tracemalloc's high-water
-    mark, with SUMMA_MEMORY_CHECK, on the ranks of this run."""
+    mark, with SUMMA_MEMORY_CHECK, on the ranks of this run. "B by columns":
+    a tall op(B) lying by columns, whose blocks a grid's ranks copy by rows
+    while they hold them (two of B's blocks at once, more than C's)."""
     from summa.api.multiply import matmul_arrays
     rng = np.random.default_rng(int(comm.bcast(np.random.SeedSequence().entropy % 2**32)))
     dtype = {"complex64": np.complex64, "float32": np.float32}.get(kind, np.float64)
-    m, n, k = 1100, 900, 700
+    m, n, k = (40, 900, 1500) if kind == "B by columns" else (1100, 900, 700)
     a, b = rng.random((m, k)).astype(dtype), rng.random((k, n)).astype(dtype)
-    asked = {"out of core": dict(device_memory="3MiB"), "op T": dict(trans_a="T")}.get(kind, {})
+    asked = {"out of core": dict(device_memory="3MiB"), "op T": dict(trans_a="T"),
+             "B by columns": dict(trans_b="T")}.get(kind, {})
     if kind == "fortran":
         a = np.asfortranarray(a)
     if kind == "op T":
         a = np.ascontiguousarray(a.T)
+    if kind == "B by columns":
+        b = np.ascontiguousarray(b.T)
     stats = SummaStats()
     with options.set(memory_check=True):
         for _ in range(2):  # (the first may import modules: not judged)
             c = matmul_arrays(a if comm.rank == 0 else None, b if comm.rank == 0 else None,
                               comm, backend="numpy", stats=stats, **asked)
     if comm.rank == 0:
-        ref = (a.T if kind == "op T" else a) @ b
+        ref = (a.T if kind == "op T" else a) @ (b.T if kind == "B by columns" else b)
         assert np.allclose(c, ref, rtol=1e-4)
         assert 0 < stats.extra["device_peak"] <= stats.extra["device_planned"] + \
             account.TRACED_SLACK
@@ -211,3 +216,47 @@ def test_a_plan_counted_short_is_caught_on_every_rank(comm, monkeypatch):
     monkeypatch.setattr(Account, "of", classmethod(short))
     with options.set(memory_check=True), pytest.raises(Overdrawn, match="counted short"):
         matmul_arrays(a, b, comm, backend="numpy")
+
+
+#: A product on the ranks of a job whose rank FAILING runs out of memory at
+#: its NTH GEMM (a draw the GPU had no room for, faked on NumPy's device).
+_FAILING_JOB = """
+import os, sys
+import numpy as np
+from mpi4py import MPI
+from summa.device.account import DeviceMemoryError
+from summa.device.numpy_backend import NumpyBackend
+from summa.api.multiply import matmul_arrays
+comm, calls, gemm = MPI.COMM_WORLD, [0], NumpyBackend.gemm
+def failing(self, *args, **kwargs):
+    calls[0] += 1
+    if comm.rank == int(os.environ["FAILING"]) and calls[0] == int(os.environ["NTH"]):
+        raise DeviceMemoryError("GPU 0 has no room for 1.0 MiB more")
+    return gemm(self, *args, **kwargs)
+NumpyBackend.gemm = failing
+a = np.ones((300, 400)) if comm.rank == 0 else None
+b = np.ones((400, 200)) if comm.rank == 0 else None
+try:
+    matmul_arrays(a, b, comm, backend="numpy", panel_width=16,
+                  out_of_core=sys.argv[1] == "out of core", device_memory="256KiB")
+except DeviceMemoryError as exc:
+    print(f"rank {comm.rank} raised: {exc}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("where", ["in memory", "out of core"])
+def test_a_rank_out_of_memory_mid_run_ends_the_job_with_its_line(tmp_path, where):
+    """A draw that fails on one rank of two while the other waits for it in
+    a broadcast ends the job (MPI_Abort) with that rank's one line: no rank
+    left waiting. Alone, the rank raises it as it came."""
+    from test_cli import job
+    script = tmp_path / "failing.py"
+    script.write_text(_FAILING_JOB)
+    done = job(2, str(script), where, module=False, timeout=60, env={"FAILING": "1", "NTH": "3"})
+    assert done.returncode != 0
+    assert "summa: rank 1: GPU 0 has no room for 1.0 MiB more (the other ranks were " \
+           "mid-multiply: aborting the job)" in done.stderr
+    assert "raised" not in done.stdout
+    alone = job(1, str(script), where, module=False, timeout=60, env={"FAILING": "0", "NTH": "1"})
+    assert alone.returncode == 0 and "rank 0 raised: GPU 0 has no room" in alone.stdout, \
+        alone.stderr
