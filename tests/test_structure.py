@@ -165,8 +165,6 @@ LONG_MODULES = {
                                  "(issue 62, item 4)",
     "summa.api.files": "the files workflow, each phase a function: to split with the "
                        "executors' move (issue 62, item 1)",
-    "summa.execution.algorithm": "in-memory SUMMA and its preparation, which still decides "
-                                 "(issue 62, item 1 moves the decisions to the planner)",
     "summa.host.npyio": ".npy headers, reading and writing blocks: a few lines over",
     "summa.planning.model": "the profile (the machine's measured rates) and the rates a "
                             "product runs at: two concerns to cut apart",
@@ -295,7 +293,6 @@ def subpackage(module: str) -> str:
 KNOWN_PACKAGE_CIRCLES = [
     frozenset({"options", "precision"}),
     frozenset({"device", "distribution", "host"}),
-    frozenset({"api", "execution", "planning", "pool"}),
 ]
 
 

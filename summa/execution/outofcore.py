@@ -39,7 +39,7 @@ from ..runtime.mpi import MPI
 from .. import options
 from ..precision import ozaki
 from .algorithm import SummaStats
-from ..api.checks import check_layouts, check_operands, check_scalars
+from ..planning.checks import check_layouts, check_operands, check_scalars
 from ..runtime.faults import inject
 from ..distribution.layout import narrowest_first, panel_schedule, split_panel_doubling
 from ..distribution.matrix import DistMatrix
@@ -52,7 +52,7 @@ from .movers import CudaMover, HostMover
 from .transpose import PanelForms, PanelsOfA, PanelsOfB
 from ..runtime.watchdog import watch
 
-__all__ = ["summa_out_of_core", "run_out_of_core", "SweepOperands"]
+__all__ = ["summa_out_of_core", "run_out_of_core", "prepared_sweep", "SweepOperands"]
 
 
 @dataclass(frozen=True)
@@ -129,9 +129,8 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
         (PCIe cards), where forwarding a panel from its owner's GPU would
         pass through host memory again.
 
-    Plans the sweep (:func:`summa.planning.make_plan`, out of core to
-    `device_budget`) and runs it (:func:`run_out_of_core`): for callers that
-    hold no Plan; the entry points plan once and run the Plan.
+    Plans the sweep (:func:`summa.planning.make_plan` to `device_budget`,
+    :func:`prepared_sweep`), then runs it (:func:`run_out_of_core`).
 
     Returns
     -------
@@ -147,34 +146,49 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
                      device_memory=int(device_budget), panel_width=panel_width,
                      lookahead=lookahead, precision=precision, broadcaster=comm,
                      host_copies=host_copies)
-    return run_out_of_core(plan, SweepOperands(A, B, C, own_copies), device, alpha=alpha,
-                           beta=beta, progress=progress, fresh_c=fresh_c)
+    operands = SweepOperands(A, B, C, own_copies)
+    plan, broadcasters = prepared_sweep(plan, operands, device)
+    return run_out_of_core(plan, operands, device, alpha=alpha, beta=beta, progress=progress,
+                           fresh_c=fresh_c, broadcasters=broadcasters)
+
+
+def prepared_sweep(plan: Plan, operands: SweepOperands, device) -> tuple:
+    """``(plan, (row, column) broadcasters)`` of a sweep of `operands`: those
+    made (:func:`_sweep_broadcasters`), `plan` made final for them
+    (:func:`summa.planning.restage`: ipc stages each slot) before
+    :func:`run_out_of_core`, which decides nothing. Checks first; collective."""
+    A, B, C = operands.A, operands.B, operands.C
+    _check_sweep_operands(A, B, C)
+    _check_plan(plan, A, B, C, device)
+    with device.on_device():
+        bcs = _sweep_broadcasters(plan, operands, device)
+    return restage(plan, tuple(bc.name == "ipc" for bc in bcs)), bcs
 
 
 def run_out_of_core(plan: Plan, operands: SweepOperands, device, *, alpha=1.0, beta=0.0,
-                    progress=None, fresh_c: bool = False) -> SummaStats:
+                    progress=None, fresh_c: bool = False, broadcasters=None) -> SummaStats:
     """``C <- alpha * A @ B + beta * C`` as `plan` (:func:`summa.planning.make_plan`,
     out of core) says: its tiles, panel width, slots, lookahead, precision,
-    broadcaster, and on GPUs its host copies and their threads. The
-    broadcasters are made here; where they stage panels (ipc) and the plan
-    did not count that, the plan is taken for them
-    (:func:`summa.planning.restage`). `operands`
-    (:class:`SweepOperands`): A, B, C and where given `own_copies`; the
-    other arguments as for :func:`summa_out_of_core`."""
+    broadcaster, and on GPUs its host copies and their threads. `operands`
+    (:class:`SweepOperands`): A, B, C and where given `own_copies`;
+    `broadcasters`: those `plan` was made final for (:func:`prepared_sweep`),
+    or None: made here so. The rest as for :func:`summa_out_of_core`."""
     with device.on_device():  # its GPU, whatever the caller's current one
-        return _run(plan, operands, device, (alpha, beta), progress, fresh_c)
+        return _run(plan, operands, device, (alpha, beta), progress, fresh_c, broadcasters)
 
 
 def _run(plan: Plan, operands: SweepOperands, device, scalars: tuple, progress,
-         fresh_c: bool) -> SummaStats:
+         fresh_c: bool, broadcasters) -> SummaStats:
     """:func:`run_out_of_core` on the device's GPU."""
     (alpha, beta), (A, B, C) = scalars, (operands.A, operands.B, operands.C)
     _check_sweep(alpha, A, B, beta, C, device, plan.precision)
     _check_plan(plan, A, B, C, device)
     grid = C.grid
-    row_bc, col_bc = _sweep_broadcasters(plan, operands, device)
-    # Copy-engine broadcasts pass each slot through a staging buffer: planned too.
-    plan = restage(plan, (row_bc.name == "ipc", col_bc.name == "ipc"))
+    if broadcasters is None:
+        plan, broadcasters = prepared_sweep(plan, operands, device)
+    row_bc, col_bc = broadcasters
+    if restage(plan, (row_bc.name == "ipc", col_bc.name == "ipc")) is not plan:
+        raise ValueError("the plan does not count its broadcasters' staging: prepared_sweep")
     memory = plan.memory
     ml, nl = C.local.shape
     tiles = [(i0, i1, j0, j1) for i0, i1 in _bounds(ml, memory.tiles[0])
@@ -232,10 +246,15 @@ def _sweep_broadcasters(plan: Plan, operands: SweepOperands, device) -> tuple:
 
 
 def _check_sweep(alpha, A, B, beta, C, device, precision) -> None:
+    """Refuse operands and scalars the sweep cannot take (the same on every rank)."""
+    _check_sweep_operands(A, B, C)
+    check_scalars(alpha, beta, C.dtype, precision, device)
+
+
+def _check_sweep_operands(A, B, C) -> None:
     """Refuse operands the sweep cannot take (the same on every rank)."""
     check_operands(A, B, C)
     check_layouts(A, B, C)
-    check_scalars(alpha, beta, C.dtype, precision, device)
     if C.backend.is_gpu:
         raise ValueError("out-of-core operands must be host-resident (NumPy backend)")
     # A and B may lie any way (the plan's storage says how they are read); C
