@@ -79,17 +79,17 @@ def check_against_reference(rng, grid, backend, shape, block=None, **options) ->
 
 
 def spy_out_of_core(monkeypatch):
-    """Record the host blocks (A, B, C) summa.api's multiplies (of arrays,
-    host-held DistMatrix operands and files) hand to the out-of-core sweep
-    (run_out_of_core, with its plan)."""
-    from summa.api import files, multiply, planned
-    from summa.execution import outofcore
+    """Record the host blocks (A, B, C) the multiplies of arrays
+    (summa.execution.arrays), host-held DistMatrix operands and files hand
+    to the out-of-core sweep (run_out_of_core, with its plan)."""
+    from summa.api import files, multiply
+    from summa.execution import arrays, outofcore
     seen = []
     real = outofcore.run_out_of_core
 
     def spy(plan, operands, *args, **kwargs):
         seen.append((operands.A.local, operands.B.local, operands.C.local))
         return real(plan, operands, *args, **kwargs)
-    for module in (files, multiply, planned):
+    for module in (files, multiply, arrays):
         monkeypatch.setattr(module, "run_out_of_core", spy)
     return seen

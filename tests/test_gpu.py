@@ -1031,7 +1031,7 @@ def test_cublaslt_int8_products_are_gemmex_bits_on_large_shapes(comm, gpu, monke
 
 def _no_host_path(monkeypatch):
     """Fail the call where it goes through the host plan (run_arrays)."""
-    from summa.api import planned
+    from summa.execution import arrays as planned
 
     def refuse(*args, **kwargs):
         raise AssertionError("GPU operands went through host memory")

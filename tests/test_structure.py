@@ -165,8 +165,6 @@ LONG_MODULES = {
                                  "(issue 62, item 4)",
     "summa.api.files": "the files workflow, each phase a function: to split with the "
                        "executors' move (issue 62, item 1)",
-    "summa.execution.algorithm": "in-memory SUMMA and its preparation, which still decides "
-                                 "(issue 62, item 1 moves the decisions to the planner)",
     "summa.planning.model": "the profile (the machine's measured rates) and the rates a "
                             "product runs at: two concerns to cut apart",
 }
@@ -293,7 +291,6 @@ def subpackage(module: str) -> str:
 #: these passes; any other fails.
 KNOWN_PACKAGE_CIRCLES = [
     frozenset({"options", "precision"}),
-    frozenset({"api", "execution", "planning", "pool"}),
 ]
 
 

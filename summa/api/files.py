@@ -28,7 +28,7 @@ from ..device.backend import NumpyBackend, get_backend, resolve_dtype
 from ..distribution.grid import ProcessGrid, node_rank
 from ..host.filemaps import read_ahead
 from .. import options as settings
-from .arrays import op_shape
+from ..planning.checks import op_shape
 from .promotion import common_type
 from ..runtime.faults import inject
 from ..host.npyio import (AtomicNpyWriter, NpyError, check_output_path, check_output_room,
@@ -37,14 +37,13 @@ from ..distribution.layout import Layout
 from ..distribution.matrix import DistMatrix
 from ..runtime.progress import JobProgress
 from ..device.traits import traits
-from ..execution.outofcore import SweepOperands, run_out_of_core
+from ..execution.outofcore import SweepOperands, prepared_sweep, run_out_of_core
 from ..planning.model import gemm_flops
 from ..planning.planner import Machine, make_plan, restore
 from ..planning.hostroom import check_host_room, own_host_bytes
 from ..planning.least import check_least_budget
-from ..planning.selection import grid_broadcasters
 from .verify import freivalds
-from .jobprogress import block_share, job_progress, multiply_phase, phase_predictions
+from ..execution.jobprogress import block_share, job_progress, multiply_phase, phase_predictions
 from ..runtime.watchdog import watch
 from .nonfinite import nonfinite_note, overflow_note
 
@@ -446,11 +445,13 @@ def _scan_inputs(run: _FilesRun, operands) -> tuple:
 
 def _multiply_files(run: _FilesRun, operands) -> SummaStats:
     """The set-up and multiply phases, each timed; this rank's stats."""
-    job, plan, be, comm = run.job, run.plan, run.backend, run.comm
+    job, be, comm = run.job, run.backend, run.comm
     A, B, C = operands
     # One-time costs (communicators, their self-test, the BLAS library's
-    # start) are timed on their own, so "multiply" is the multiply.
-    _, run.record["setup_seconds"] = _timed(comm, "setup", _warm_up, run, operands)
+    # start) are timed on their own, so "multiply" is the multiply; out of
+    # core the plan is made final for the broadcasters made there.
+    (plan, broadcasters), run.record["setup_seconds"] = _timed(comm, "setup", _warm_up, run,
+                                                                operands)
     run.timeline.mark("setup")
     stats = SummaStats()
     multiply_phase(run.progress, plan, run.grid, run.predicted)
@@ -467,7 +468,8 @@ def _multiply_files(run: _FilesRun, operands) -> SummaStats:
             else:
                 result = run_out_of_core(
                     plan, SweepOperands(A, B, C), be, alpha=job.alpha, beta=job.beta,
-                    progress=run.progress.step, fresh_c=run.writer is not None)
+                    progress=run.progress.step, fresh_c=run.writer is not None,
+                    broadcasters=broadcasters)
             be.synchronize()
         stats.__dict__.update(result.__dict__)
         stats.extra.update(account.report())
@@ -646,16 +648,20 @@ def _output_block(writer, shape, dtype, grid) -> DistMatrix:
     return DistMatrix(grid, layout, local, NumpyBackend())
 
 
-def _warm_up(run: _FilesRun, operands) -> None:
+def _warm_up(run: _FilesRun, operands) -> tuple:
     """Create (and self-test) the broadcasters the multiply will use, settle an
-    "auto" panel width, and run one small GEMM."""
+    "auto" panel width, and run one small GEMM. Returns ``(plan,
+    broadcasters)``: out of core the sweep's, the plan made final for them
+    (:func:`summa.execution.outofcore.prepared_sweep`); in memory the plan
+    and None."""
     A, B, C = operands
     backend, dtype, precision = run.backend, run.job.compute, run.job.precision
+    made = (run.plan, None)
     if run.plan.device_budget is None:  # in memory
         prepare(A, B, C, run.plan.panel_width, run.job.broadcaster, precision)
     else:
-        # as the out-of-core sweep makes them
-        grid_broadcasters(C.grid, run.job.broadcaster, backend)
+        made = prepared_sweep(run.plan, SweepOperands(A, B, C), backend)
     x = backend.asarray(np.ones((64, 64), dtype=dtype))
     backend.gemm(1, x, x, backend.asarray(np.zeros((64, 64), dtype=dtype)), precision=precision)
     backend.synchronize()
+    return made

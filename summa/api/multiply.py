@@ -22,19 +22,19 @@ from ..device.backend import NumpyBackend, get_backend
 from ..distribution.grid import ProcessGrid
 from .. import options as settings
 from .. import pool
-from .checks import check_operands
+from ..planning.checks import check_operands
 from ..distribution.layout import Layout
 from .operands import kept_device
 from ..distribution.matrix import DistMatrix
-from ..execution.outofcore import SweepOperands, run_out_of_core
+from ..execution.outofcore import SweepOperands, prepared_sweep, run_out_of_core
 from ..precision.ozaki_gpu import asked_moduli, check_moduli
 from ..planning.planner import Machine, make_plan
 from .nonfinite import nonfinite_notes
 from .stacks import Stack, multiply_stack, stacked
 from .stateful import Matmul
-from .jobprogress import library_reporting
-from .planned import (ArrayOperands, PlanRequest, plan_arrays, pooled_size, run_planned,
-                      vector_result)
+from ..execution.jobprogress import library_reporting
+from ..planning.arrays import PlanRequest
+from .planned import ArrayOperands, plan_arrays, pooled_size, run_planned, vector_result
 
 __all__ = ["matmul", "matmul_arrays", "host_matmul"]
 
@@ -370,9 +370,12 @@ def host_matmul(A: DistMatrix, B: DistMatrix, device, alpha=1.0, trans_a="N", tr
     layout = Layout.from_distributions(opA.layout.rows, opB.layout.cols)
     C = DistMatrix(grid, layout, np.empty(layout.local_shape(grid.row, grid.col), opA.dtype),
                    NumpyBackend())
+    operands = SweepOperands(opA, opB, C)
     with asked_moduli(moduli):  # the products take them
-        result = run_out_of_core(plan, SweepOperands(opA, opB, C), device, alpha=alpha,
-                                 fresh_c=True)
+        # its broadcasters made and the plan made final for them, then run
+        plan, broadcasters = prepared_sweep(plan, operands, device)
+        result = run_out_of_core(plan, operands, device, alpha=alpha, fresh_c=True,
+                                 broadcasters=broadcasters)
     if stats is not None:
         stats.__dict__.update(result.__dict__)
     return C

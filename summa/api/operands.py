@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .arrays import not_in_place
+from ..planning.checks import not_in_place
 from ..device.backend import DTYPES
 from ..host.copies import converted, parallel_copy
 from ..planning.planner import Placement

@@ -1,49 +1,34 @@
-"""One product of arrays held on one rank, planned and run: the operands as
-the caller passed them (:class:`ArrayOperands`), the pool of ranks they run
-on (:func:`pooled_size`), their check and Plan (:func:`plan_arrays`), and
-the executors of that Plan (:func:`run_planned`: one GEMM where they lie on
-a GPU, :func:`run_on_device`, or over a grid of ranks from host memory,
-:func:`run_arrays`). :func:`summa.api.multiply.matmul_arrays` plans and runs
+"""One product of arrays held on one rank, as the caller passed them:
+the operands (:class:`ArrayOperands`: 1-D operands, lazy conjugates and a
+Fortran-ordered `out` taken as summa takes them), the pool of ranks they
+run on (:func:`pooled_size`), their description and Plan
+(:func:`plan_arrays`: :mod:`summa.api.operands` describes them, the planner
+of arrays, :func:`summa.planning.arrays.plan_held`, checks and plans), and
+their run (:func:`run_planned`: the arrays the executors of
+:mod:`summa.execution.arrays` take, the product given back as the
+caller's kind). :func:`summa.api.multiply.matmul_arrays` plans and runs
 each call; :class:`summa.Matmul` plans once and runs many times."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..runtime.mpi import MPI
-from ..runtime.agree import Failure, collectively, from_root
-from ..execution.algorithm import run_in_memory
-from ..device.account import Account
-from ..device.backend import NumpyBackend, get_backend
-from ..distribution.grid import node_rank
-from ..host.blocks import (host_block, node_shares, operand_block, own_range, result_block,
-                           root_block, root_result_block, stored_operand)
-from ..host import shared as host_arrays
+from ..runtime.agree import Failure
 from .. import options as settings
 from .. import pool
-from .arrays import check_arrays, is_array
-from .checks import check_scalars
-from ..host.shared import parallel_copy
-from ..distribution.layout import Layout
+from ..planning.arrays import HeldArrays, PlanRequest, plan_held
+from ..planning.checks import is_array
 from .operands import describe, unconjugated
 from .promotion import common_type, promoted
-from ..distribution.matrix import DistMatrix
 from ..device.traits import traits
-from ..execution.outofcore import SweepOperands, run_out_of_core
-from ..planning.planner import Machine, make_plan, restore
-from ..planning.hostroom import check_host_room
+from ..execution.arrays import run_held
 from ..planning.least import check_least_budget
-from ..planning.selection import peer_access
-from ..host.storage import conjugated, op_view, storage_of
-from ..runtime.watchdog import watch
-from ..runtime.progress import active
-from .jobprogress import multiply_phase, phase_predictions
 
-__all__ = ["ArrayOperands", "PlanRequest", "plan_arrays", "run_planned", "run_on_device",
-           "run_arrays", "pooled_size", "ndim_of", "precision_refusal"]
+__all__ = ["ArrayOperands", "plan_arrays", "run_planned", "held_arrays", "pooled_size",
+           "ndim_of", "vector_result"]
 
 
 def pooled_size(operands: "ArrayOperands", comm, gpus=None, workers=None,
@@ -207,127 +192,60 @@ def _matrix(x, index: tuple):
         return np.asarray(x)[index]
 
 
-@dataclass(frozen=True)
-class PlanRequest:
-    """What a call asked of the plan of an array product: the arguments of
-    the same names of :func:`summa.api.multiply.matmul_arrays` (and :class:`summa.Matmul`) that
-    :func:`summa.planning.make_plan` takes, with their defaults."""
-
-    grid: object = None
-    out_of_core: bool | None = None
-    device_memory: object = None
-    trans_a: str = "N"
-    trans_b: str = "N"
-    panel_width: object = None
-    lookahead: int = 1
-    schedule: str = "panels"
-    precision: object = None
-    broadcaster: str = "auto"
-
-
 def plan_arrays(operands: ArrayOperands, comm, request: PlanRequest = PlanRequest(),
                 backend="auto", topology=None):
-    """Describe and check the root's `operands` (:class:`ArrayOperands`) and
-    plan their product (:func:`summa.planning.make_plan`, host-held, or
-    where they lie on a GPU, :class:`summa.planning.planner.Placement`);
-    collective. On one rank the backend binds the GPU the operands lie on.
-    `request` (:class:`PlanRequest`), `backend` and `topology` as for
-    :func:`summa.api.multiply.matmul_arrays`.
+    """Describe the root's `operands` (:meth:`ArrayOperands.described`), then
+    check and plan their product (:func:`summa.planning.arrays.plan_held`:
+    host-held, or where they lie on a GPU); collective. On one rank the
+    backend binds the GPU the operands lie on. `request`
+    (:class:`summa.planning.arrays.PlanRequest`), `backend` and `topology`
+    as for :func:`summa.api.multiply.matmul_arrays`.
 
     Returns
     -------
     (Backend, Plan, ArrayOperands)
         The rank's backend, the Plan (the same on every rank), and
-        `operands` described on the root (:meth:`ArrayOperands.described`).
+        `operands` described on the root.
     """
-    trans_a, trans_b = str(request.trans_a).upper(), str(request.trans_b).upper()
-    meta, rank = None, comm.Get_rank()
-    if rank == operands.root:
+    given = None
+    if comm.Get_rank() == operands.root:
         try:
             operands = operands.described()
             _check_budget(operands.given, request)
-        except Exception as exc:  # noqa: BLE001 -- raised on every rank below
-            meta = Failure.of(exc)
-    meta = from_root(comm, operands.root, meta)  # bad input refused before the backend starts
-    placed = operands.given.placement if operands.given is not None else None
-    local = placed.device if comm.Get_size() == 1 and placed is not None and \
-        placed.device is not None else node_rank(comm, topology)[0]
-    be = collectively(comm, get_backend, backend, local)
-    if rank == operands.root and meta is None:
-        meta = check_arrays(*operands.given.arrays, trans_a, trans_b, be,
-                            operands.given.out_in_place, operands.given.result_dtype)
-        if not isinstance(meta, str):
-            meta = precision_refusal(operands.given, request.precision) or \
-                (*meta, placed, (trans_a, trans_b))
-    meta = from_root(comm, operands.root, meta)
-    if isinstance(meta, str):
-        raise ValueError(meta)
-    # the root's ops: a lazy conjugate it holds moved its conjugation there
-    m, n, k, dtype, placement, (trans_a, trans_b) = meta
-
-    def in_host() -> ArrayOperands:  # the arrays described, as host arrays on the root
-        given = operands.given
-        return operands if given is None else ArrayOperands(*given.host_arrays(be),
-                                                             operands.root)
-    # host arrays are cut as they lie; GPU arrays fetched lie as they come to host memory
-    held = placement is None or placement.where == "host"
-    storage = _storage(in_host(), (trans_a, trans_b), comm) if held else None
-    # what first use compiles or allocates (fp64-int8's kernels, cuBLASLt's
-    # workspace) is made before the free memory is read: the plan sees the rest
-    be.prepare(request.precision, dtype)
-    # (the nodes the grid will see: the copy threads share them)
-    plan = make_plan((m, n, k), dtype, Machine.live(comm, be, topology), grid=request.grid,
-                     trans_a=trans_a, trans_b=trans_b, host_held=True,
-                     out_of_core=request.out_of_core, device_memory=request.device_memory,
-                     panel_width=request.panel_width, lookahead=request.lookahead,
-                     schedule=request.schedule, precision=request.precision,
-                     broadcaster=request.broadcaster, placement=placement,
-                     storage=storage or ("rows", "rows"))
-    if plan.placement.where == "host":  # (GPU arrays that do not fit there: as fetched)
-        plan = _stored(plan, storage or _storage(in_host(), plan.trans, comm))
+            given = operands.given
+        except Exception as exc:  # noqa: BLE001 -- raised on every rank by the planner
+            given = Failure.of(exc)
+    be, plan = plan_held(given, comm, operands.root, request, backend, topology)
     return be, plan, operands
 
 
-def precision_refusal(given, precision) -> str | None:
-    """Why `precision` cannot be asked of the described operands `given`
-    (integers, multiplied exactly in float64), or None."""
-    if given.result_dtype is None or precision in (None, "default"):
-        return None
-    return (f"precision={precision!r} does not apply to integer operands: summa "
-            "multiplies them exactly in float64")
+def held_arrays(operands: ArrayOperands, plan, be) -> HeldArrays:
+    """The arrays the executors of `plan` take of `operands` described on
+    the root (:func:`plan_arrays`): for a resident plan the arrays where
+    they lie (`out` where the product is written into it there); else host
+    arrays, operands on a GPU copied to host memory first
+    (:meth:`summa.api.operands.Operands.host_arrays`); off the root, as
+    passed (the pool's workers hold the arrays on every rank)."""
+    given, root = operands.given, operands.root
+    if given is None:
+        return HeldArrays(operands.a, operands.b, operands.out, root)
+    if plan.placement.resident:
+        out = given.out.array if given.out is not None and given.out_in_place else None
+        return HeldArrays(given.a.array, given.b.array, out, root)
+    return HeldArrays(*given.host_arrays(be), root)
 
 
 def run_planned(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
                 called: float | None = None):
     """Run `plan` on `operands` described on the root (:func:`plan_arrays`):
-    one GEMM where they lie (:func:`run_on_device`, resident plans: no grid,
-    `pgrid` None), or :func:`run_arrays` over the grid `pgrid` on host
-    arrays (operands on a GPU copied to host memory first); collective.
-    Kernels compiled on first use (fp64-int8's) are made ready first,
-    their seconds in `stats`' ``extra["compile_seconds"]``.
-    Returns the product on the root as the caller's kind of array
+    the arrays the executors take (:func:`held_arrays`), the plan made
+    final for them and run (:func:`summa.execution.arrays.run_held`: one
+    GEMM where they lie, resident plans, `pgrid` None; else over the grid
+    `pgrid` from host memory); collective. Returns the product on the root
+    as the caller's kind of array
     (:meth:`summa.api.operands.Operands.give_back`), None elsewhere."""
-    given = operands.given  # None off the root
-    be.prepare(plan.precision, plan.dtype)  # (where it was not planned here: a Matmul's)
-    compiled = be.compile_seconds()  # its own figure, not the product's
-    host = operands  # off the root: as passed (the pool's workers hold the arrays on every rank)
-    if given is not None and not plan.placement.resident:
-        host = ArrayOperands(*given.host_arrays(be), operands.root)
-    if not plan.placement.resident:  # the plan of the arrays as they lie: its memory is drawn
-        host = _as_arrays(host)
-        plan = _stored(plan, _storage(host, plan.trans, pgrid.comm), pgrid.comm, be)
-    if pgrid is not None:  # a product the machine's free memory cannot take: refused first
-        check_host_room(_own_host_bytes(plan, pgrid, given, operands.root), pgrid.comm)
-    with Account.of(plan, be, result=_root_copies(plan, pgrid, operands.root)).drawing(
-            None if pgrid is None else pgrid.comm) as account:
-        if plan.placement.resident:
-            c = run_on_device(plan, be, given, alpha, stats)
-        else:
-            c = run_arrays(plan, pgrid, be, host, alpha, stats, called)
-    if stats is not None:
-        stats.extra["compile_seconds"] = compiled
-        stats.extra.update(account.report())
-    return c if given is None else given.give_back(c, be)
+    c = run_held(plan, pgrid, be, held_arrays(operands, plan, be), alpha, stats, called)
+    return c if operands.given is None else operands.given.give_back(c, be)
 
 
 def _check_budget(given, request: PlanRequest) -> None:
@@ -338,210 +256,3 @@ def _check_budget(given, request: PlanRequest) -> None:
     k = min(min(x.shape, default=0) for x in arrays)
     check_least_budget((k, k, k), min(x.dtype.itemsize for x in arrays), request.device_memory,
                        request.panel_width, request.out_of_core, request.schedule)
-
-
-def _own_host_bytes(plan, pgrid, given, root: int) -> int:
-    """Host bytes this rank takes for itself beside the caller's arrays:
-    its staging buffers, and on the root the product where it is made
-    anew (no `out` written in place) or gathered with the scatter's copies
-    (:func:`_root_copies`). Blocks the other ranks receive are left out:
-    the pool's workers may read the caller's arrays in place."""
-    own = int(plan.memory.staging_bytes or 0)
-    if given is None:
-        return own
-    (m, n, _), item = plan.shape, np.dtype(plan.dtype).itemsize
-    made = 0 if given.out is not None and given.out_in_place else m * n * item
-    return own + max(_root_copies(plan, pgrid, root), made)
-
-
-def _root_copies(plan, pgrid, root: int) -> int:
-    """Host bytes a grid's root takes beside its plan's share, as the one
-    rank that holds the caller's arrays: the whole C and the piece each
-    rank's block of it arrives in (:meth:`summa.distribution.matrix.DistMatrix.gather`),
-    and at most a copy of op(A) and of op(B) where it scatters them (their
-    blocks cut out one at a time, a transposed or converted operand made
-    whole first: the randomized sweep found both, 1.2 and 3.6 MiB past the
-    plan's share); none elsewhere, where the plan's share is exact."""
-    if pgrid is None or pgrid.size == 1 or pgrid.comm.Get_rank() != root:
-        return 0
-    (m, n, k), (pr, pc) = plan.shape, plan.grid
-    return (m * n + -(-m // pr) * -(-n // pc) + m * k + k * n) * np.dtype(plan.dtype).itemsize
-
-
-def run_on_device(plan, be, given, alpha=1.0, stats=None):
-    """The executor of a resident plan (``plan.placement.resident``):
-    ``alpha op(a) @ op(b)`` as one GEMM (:meth:`summa.device.backend.Backend.gemm`:
-    a transposed operand is read as cuBLAS's transposed op, op H of one stored
-    by rows as its op C, no copy) on the GPU where `given` (:class:`summa.api.operands.Operands`) lie,
-    a host operand of a mixed pair uploaded first, into `out` there or a new
-    CuPy array. Queued on the current stream and not waited for, as
-    ``cupy.matmul``, but where `stats` (a SummaStats) are asked for. Returns
-    the product (CuPy)."""
-    (m, n, k), dtype = plan.shape, np.dtype(plan.dtype)
-    check_scalars(alpha, 0.0, dtype, plan.precision, be)
-    began = time.perf_counter()
-    with be.xp.cuda.Device(plan.placement.device):  # its cuBLAS handle, its memory
-        a, b = (op_view(x.array if x.device is not None else be.asarray(x.array), t)
-                for x, t in zip((given.a, given.b), plan.trans))
-        # (an out it cannot write into where it lies is filled after: Operands.give_back)
-        c = given.out.array if given.out is not None and given.out_in_place else \
-            be.xp.empty((m, n), dtype)
-        if k == 0:
-            c.fill(0)
-        else:
-            be.gemm(alpha, a, b, c, beta=0.0, precision=plan.precision,
-                    conj=tuple(conjugated(t, dtype) for t in plan.trans), scheme=plan.scheme)
-        if stats is not None:
-            be.synchronize()
-            seconds = time.perf_counter() - began
-            stats.__dict__.update(seconds=seconds, compute=seconds, panels=1, panel_width=k,
-                                  comm="none")
-            stats.extra.update(plan=plan.as_dict(), resident=True)
-    return c
-
-
-def _stored(plan, storage: tuple, comm=None, be=None):
-    """`plan` for operands lying as `storage` says (:func:`_storage`), their
-    op H conjugated by the GEMMs. A plan made for arrays that lay otherwise
-    has its memory planned again for these on the ranks of `comm` with
-    their backend `be` (:func:`summa.planning.planner.restore`; collective,
-    as the storage is the same on every rank), else runs them as they lie."""
-    conj = tuple(conjugated(t, plan.dtype) for t in plan.trans)
-    if (tuple(plan.storage), tuple(plan.conj)) == (storage, conj):
-        return plan
-    machine = Machine.live(comm, be) if comm is not None and storage != tuple(plan.storage) \
-        else None
-    return replace(restore(plan, storage, machine), conj=conj)
-
-
-def _storage(operands: ArrayOperands, trans: tuple, comm) -> tuple:
-    """How op(A) and op(B) of the root's `operands` lie
-    (:func:`summa.host.storage.storage_of`), on every rank; collective."""
-    storage = None
-    if comm.Get_rank() == operands.root:
-        storage = tuple(storage_of(np.asarray(x), t)
-                        for x, t in zip((operands.a, operands.b), trans))
-    return comm.bcast(storage, root=operands.root)
-
-
-def run_arrays(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
-               called: float | None = None):
-    """Run `plan` (:func:`plan_arrays`) on NumPy `operands` over the grid
-    `pgrid` it names: in memory (scattered onto the devices, gathered back),
-    or host-resident (:func:`_host_blocks`, the out-of-core sweep);
-    collective. `stats` (a SummaStats) receives this rank's timings and
-    ``extra["plan"]``; `called`: when the call began (``perf_counter``),
-    for its set-up time. Returns the product on the root (`out` where
-    given), None elsewhere."""
-    operands = _as_arrays(operands)
-    a, b, out, root = operands.a, operands.b, operands.out, operands.root
-    plan = _stored(plan, _storage(operands, plan.trans, pgrid.comm), pgrid.comm, be)
-    if not plan.out_of_core:
-        return _in_memory(plan, pgrid, be, operands, alpha, stats)
-    A, B, C, own, c_node = _host_blocks(a, b, out, plan, pgrid, root, be)
-    set_up = time.perf_counter() - (called or time.perf_counter())  # checks, plan, blocks
-    # beta 0: out's old values do not matter either
-    job = _multiply_phase(plan, pgrid)
-    result = run_out_of_core(plan, SweepOperands(A, B, C, own), be, alpha=alpha, fresh_c=True,
-                             progress=job and job.step)
-    result.extra["setup_seconds"] = set_up
-    # every rank's tiles (the sweep checked each as it came back): matmul warns by it
-    result.extra["product_finite"] = pgrid.comm.allreduce(
-        result.extra.get("product_finite") is not False, op=MPI.LAND)
-    if stats is not None:
-        stats.__dict__.update(result.__dict__)
-    if pgrid.size == 1:
-        return C.local
-    if c_node is None:
-        return C.gather(root=root, out=out)
-    with watch("the other ranks to finish writing their blocks of the product"):
-        pgrid.comm.Barrier()
-    if pgrid.comm.Get_rank() != root:
-        return None
-    if out is not None and out is not c_node:
-        parallel_copy(out, c_node)
-        return out
-    return c_node
-
-
-def _as_arrays(operands: ArrayOperands) -> ArrayOperands:
-    """`operands` with array-likes as NumPy sees them (arrays, node-shared
-    ones too, as they are)."""
-    return replace(operands, **{name: np.asarray(x) for name, x in (
-        ("a", operands.a), ("b", operands.b)) if x is not None and not isinstance(x, np.ndarray)})
-
-
-def _in_memory(plan, pgrid, be, operands: ArrayOperands, alpha, stats):
-    """The in-memory multiply of :func:`run_arrays`: each operand as the
-    plan's storage says (:func:`summa.host.blocks.stored_operand`: on one rank
-    where it lies, read transposed and conjugated by the GEMMs; on a grid
-    scattered and settled on the devices), the product on one CPU rank
-    written straight into `out` (or a new array: NumPy's GEMMs read A and B
-    as they lie, so that is the only memory the call takes), elsewhere
-    gathered. Collective."""
-    (m, n, _), dtype, root = plan.shape, np.dtype(plan.dtype), operands.root
-    one = pgrid.size == 1
-    (A, conj_a), (B, conj_b) = (stored_operand(x, t, s, pgrid, be, root) for x, t, s in
-                                zip((operands.a, operands.b), plan.trans, plan.storage))
-    layout = Layout((m, n), pgrid.shape)
-    if one and not be.is_gpu:
-        c = np.empty((m, n), dtype) if operands.out is None else operands.out
-    else:
-        c = be.xp.empty(layout.local_shape(pgrid.row, pgrid.col), dtype)
-    C = DistMatrix(pgrid, layout, c, be)
-    # panels copied as the plan counted them, whatever these arrays' layout
-    # (a Matmul planned for others): no scratch beyond its memory
-    job = _multiply_phase(plan, pgrid)
-    result = run_in_memory(plan, A, B, C, alpha=alpha, conj=(conj_a, conj_b),
-                           progress=job and job.step)
-    if stats is not None:  # a pass over C where it lies: matmul warns of NaN/Inf by it
-        finite = pgrid.comm.allreduce(be.all_finite(c), op=MPI.LAND)
-        stats.__dict__.update(result.__dict__)
-        stats.extra.update(plan=plan.as_dict(), product_finite=finite)
-    if one and not be.is_gpu:
-        return c
-    return C.gather(root=root, out=operands.out)
-
-
-def _multiply_phase(plan, pgrid):
-    """The JobProgress a caller set around this multiply (a pool's worker:
-    :func:`summa.runtime.progress.reporting`), its multiply phase started;
-    None where there is none."""
-    job = active()
-    if job is not None:
-        multiply_phase(job, plan, pgrid, phase_predictions(plan) if pgrid.rank == 0 else None)
-    return job
-
-
-def _host_blocks(a, b, out, plan, pgrid, root: int, be):
-    """``(A, B, C, own copies or None, C's node-shared whole or None)``: this
-    rank's host blocks of a host-resident multiply. One rank: views of the
-    caller's arrays, the result written in place. Several: read where the
-    root holds them, node-shared, or scattered (:mod:`summa.host.blocks`);
-    every GPU uploads its own panel parts (own copies) under
-    ``broadcaster="host"``, or ``"auto"`` where the GPUs cannot read each
-    other's memory. Collective."""
-    (m, n, k), dtype = plan.shape, np.dtype(plan.dtype)
-    (trans_a, trans_b), (stored_a, stored_b) = plan.trans, plan.storage
-    if pgrid.size == 1:
-        A, B = host_block(a, trans_a, pgrid), host_block(b, trans_b, pgrid)
-        c = np.empty((m, n), dtype) if out is None else out
-        return A, B, DistMatrix(pgrid, Layout((m, n), pgrid.shape), c, NumpyBackend()), \
-            None, None
-    shares = node_shares(pgrid, (m, n, k), dtype)
-    A, a_node = root_block(a, trans_a, stored_a, (m, k), dtype, pgrid, root) or \
-        operand_block(a, trans_a, stored_a, (m, k), dtype, pgrid, root, shares)
-    B, b_node = root_block(b, trans_b, stored_b, (k, n), dtype, pgrid, root) or \
-        operand_block(b, trans_b, stored_b, (k, n), dtype, pgrid, root, shares)
-    C, c_node = root_result_block(out, (m, n), dtype, pgrid, root) or \
-        result_block(out, (m, n), dtype, pgrid, shares)
-    broadcaster, own = plan.broadcaster, None
-    if broadcaster == "host" and (a_node is None or b_node is None):
-        raise ValueError("broadcaster='host' needs node-shared operands: all ranks on "
-                         f"one node with room in {host_arrays.shm_dir()}")
-    if a_node is not None and b_node is not None and (
-            broadcaster == "host" or (broadcaster == "auto" and not peer_access(pgrid, be))):
-        # this rank's rows of A and columns of B, all of K
-        own = (a_node[own_range(C.layout.rows, pgrid.row)],
-               b_node[:, own_range(C.layout.cols, pgrid.col)])
-    return A, B, C, own, c_node

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .arrays import op_shape
+from ..planning.checks import op_shape
 from ..host.copies import parallel_copy
 from ..runtime.agree import Failure, from_root
 from .operands import (as_kind, describe, exactly, lazy_conjugate, library_of, lies_on_gpu,

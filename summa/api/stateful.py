@@ -15,14 +15,13 @@ import numpy as np
 
 from ..runtime.mpi import MPI
 from ..execution.algorithm import SummaStats
+from ..execution.arrays import ArrayProduct
 from ..runtime.agree import Failure, from_root
-from .arrays import check_arrays
-from ..distribution.grid import ProcessGrid
-from ..planning.memory import check_memory, format_bytes
-from .planned import (ArrayOperands, PlanRequest, plan_arrays, pooled_size,
-                      precision_refusal, run_planned, vector_result)
+from ..planning.arrays import PlanRequest
+from ..planning.checks import check_arrays, precision_refusal
+from .planned import ArrayOperands, plan_arrays, pooled_size, run_planned, vector_result
 from .operands import kept_device
-from .jobprogress import library_reporting
+from ..execution.jobprogress import library_reporting
 from ..precision.ozaki_gpu import asked_moduli, check_moduli
 from .. import pool
 
@@ -108,7 +107,7 @@ class Matmul:
         if unknown:
             raise TypeError(f"Matmul got unexpected keyword argument(s) {', '.join(unknown)}")
         self._comm = MPI.COMM_WORLD if comm is None else comm
-        self._grid = self._pooled = None
+        self._product = self._pooled = None  # (an ArrayProduct here, or the pool's)
         self._root = root
         self.stats = None
         self._moduli = check_moduli(options.get("moduli"), options.get("precision"))
@@ -124,14 +123,17 @@ class Matmul:
             return
         options.pop("moduli", None)
         self._alpha = options.pop("alpha", 1.0)
-        # what planning again takes, where the GPUs' free memory changes (execute)
-        self._asked_plan = (PlanRequest(**request, **options), backend, topology)
+        request = PlanRequest(**request, **options)
         with asked_moduli(self._moduli), kept_device():  # the plan counts their scratch
             self._backend, self.plan, self._operands = plan_arrays(
-                operands, self._comm, self._asked_plan[0], backend, topology)
-        self._grid = ProcessGrid(self._comm, self.plan.grid, topology=topology)
-        if self._grid.core_note and self._grid.rank == 0:
-            warnings.warn(self._grid.core_note, RuntimeWarning, stacklevel=2)
+                operands, self._comm, request, backend, topology)
+        # the Plan and its grid, kept; what planning again takes, where the
+        # GPUs' free memory changes (execute)
+        self._product = ArrayProduct(self.plan, self._backend, self._comm, root,
+                                     (request, backend, topology))
+        grid = self._product.grid
+        if grid.core_note and grid.rank == 0:
+            warnings.warn(grid.core_note, RuntimeWarning, stacklevel=2)
 
     def _open_pooled(self, operands: ArrayOperands, size: int, options: dict) -> None:
         """Have the pool's `size` workers make this Matmul of the described
@@ -145,7 +147,7 @@ class Matmul:
     @property
     def _freed(self) -> bool:
         """Was this Matmul freed (no grid here, none kept in the pool)?"""
-        return self._grid is None and self._pooled is None
+        return self._product is None and self._pooled is None
 
     def execute(self, a=None, b=None, out=None):
         """The product of the operands given at construction, or of `a` and
@@ -170,8 +172,8 @@ class Matmul:
         else:
             with asked_moduli(self._moduli), kept_device(), library_reporting(self._comm, self.plan):
                 self._fitted(operands)
-                c = run_planned(self.plan, self._grid, self._backend, operands, self._alpha,
-                                stats, called)
+                c = run_planned(self.plan, self._product.grid, self._backend, operands,
+                                self._alpha, stats, called)
             self.stats = stats
         return vector_result(c, vectors, out)
 
@@ -185,28 +187,13 @@ class Matmul:
 
     def _fitted(self, operands: ArrayOperands) -> None:
         """Plan again, with a RuntimeWarning, where the GPUs' free memory no
-        longer holds the plan (other work took memory since it was made;
-        memory freed since lets it stay): the memory free is read at each
-        execution, never assumed from the construction's. Where nothing
-        fits, planning's own one-line ValueError. Collective."""
-        if not self._backend.is_gpu:
-            return
-        try:
-            check_memory(self.plan.memory, self._backend, self._comm)
-            return
-        except ValueError as exc:
-            short = str(exc)
-        request, backend, topology = self._asked_plan
-        _, plan, _ = plan_arrays(operands, self._comm, request, backend, topology)
-        if tuple(plan.grid) != tuple(self.plan.grid):
-            self._grid.free()
-            self._grid = ProcessGrid(self._comm, plan.grid, topology=topology)
-        if self._comm.Get_rank() == self._root:
-            warnings.warn(f"summa.Matmul planned again: {short.split('; use')[0]}; now "
-                          f"{'out of core' if plan.out_of_core else 'in memory'}, "
-                          f"{format_bytes(plan.memory.device_bytes)} a GPU",
-                          RuntimeWarning, stacklevel=3)
-        self.plan = plan
+        longer holds the plan (:meth:`summa.execution.arrays.ArrayProduct.fitted`:
+        the memory free is read at each execution); where nothing fits,
+        planning's own one-line ValueError. Collective."""
+        note = self._product.fitted(operands.given)
+        self.plan = self._product.plan
+        if note is not None:
+            warnings.warn(note, RuntimeWarning, stacklevel=3)
 
     def _checked(self, operands: ArrayOperands, trans: tuple) -> ArrayOperands:
         """`operands` described on the root; refused, on every rank, where the
@@ -264,9 +251,9 @@ class Matmul:
         if self._pooled is not None:
             pooled, self._pooled = self._pooled, None
             pooled.free()
-        if self._grid is not None:
-            self._grid.free()
-            self._grid = None
+        if self._product is not None:
+            product, self._product = self._product, None
+            product.free()
 
     def __enter__(self) -> "Matmul":
         return self

@@ -16,7 +16,7 @@ from .. import options as settings
 from ..precision import ozaki_gpu
 from ..device.account import Account
 from ..execution.algorithm import SummaStats, run_in_memory
-from ..api.checks import check_scalars
+from ..planning.checks import check_scalars
 from ..device.backend import NumpyBackend
 from ..transports.comm import choose_comm
 from ..distribution.grid import ProcessGrid, check_grid_ranks, grid_shapes
@@ -27,7 +27,7 @@ from ..planning.planner import Machine, make_plan
 from ..planning.hostroom import check_host_room, own_host_bytes
 from ..planning.least import check_least_budget
 from ..runtime.progress import JobProgress
-from ..api.jobprogress import block_share, job_progress, multiply_phase, phase_predictions
+from ..execution.jobprogress import block_share, job_progress, multiply_phase, phase_predictions
 from ..device.traits import traits
 from ..api.verify import freivalds
 from ..runtime.watchdog import watch

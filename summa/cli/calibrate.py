@@ -15,7 +15,7 @@ import numpy as np
 
 from ..runtime.mpi import MPI
 from ..transports.broadcasters import make_broadcaster
-from ..api.checks import check_scalars
+from ..planning.checks import check_scalars
 from ..distribution.grid import ProcessGrid, node_rank
 from ..distribution.matrix import DistMatrix
 from ..execution.algorithm import summa

@@ -13,10 +13,9 @@ import numpy as np
 
 from ..runtime.mpi import MPI
 from .. import __version__
-from ..api.checks import PRECISIONS
+from ..planning.checks import PRECISIONS, SCHEDULES
 from ..device.backend import DTYPES, get_backend
 from ..distribution.grid import node_rank, parse_grid
-from ..execution.strips import SCHEDULES
 from ..planning.model import HARDWARE
 
 __all__ = ["UsageError", "Parser", "COMM_MODES", "PRECISION_CHOICES", "DEFAULT_TIMEOUT",

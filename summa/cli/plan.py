@@ -9,7 +9,7 @@ import json
 from ..runtime.mpi import MPI
 from ..device.backend import DTYPES
 from ..device.traits import traits
-from ..execution.strips import SCHEDULES
+from ..planning.checks import SCHEDULES
 from ..planning.model import Profile
 from ..planning.planner import make_plan
 from .common import (COMM_MODES, PRECISION_CHOICES, UsageError, add_hardware, grid_shape,

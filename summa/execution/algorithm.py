@@ -19,20 +19,20 @@ from typing import NamedTuple
 from ..runtime.mpi import MPI
 from .. import options
 from ..precision import ozaki
-from ..api.checks import check_layouts, check_operands, check_scalars
+from ..planning.checks import check_layouts, check_operands, check_schedule, check_scalars
 from ..distribution.layout import Distribution, Layout, panel_schedule
 from ..distribution.matrix import DistMatrix
 from ..precision.ozaki_gpu import (PanelSums, Scheme, asked_moduli, check_moduli,
                                    grid_exponents, panel_sums_apply)
 from .pipeline import Pipeline, PipelineReport, Product, in_place_parts, local_parts
 # (summa.execution.outofcore takes wait_for_panel from here)
-from ..planning.memory import panel_sums_fit
 from ..planning.schedule import HEAD_PIECES, make_schedule, order_panels, waits_first
 from ..planning.selection import export_blocks, pick_broadcasters
-from .strips import check_schedule, multiply_strips, strip_bounds
+from .strips import multiply_strips, strip_bounds
 from ..device.traits import traits
-from .transpose import PanelForms, PanelsOfA, PanelsOfB, column_major
-from ..planning.tuning import panel_width_for, transposes_a, transposes_b
+from .transpose import PanelForms, PanelsOfA, PanelsOfB
+from ..planning.distributed import plan_distributed
+from ..planning.tuning import column_major, panel_width_for
 from ..runtime.watchdog import watch
 
 __all__ = ["summa", "gemm", "run_in_memory", "SummaStats"]
@@ -121,10 +121,16 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     check_operands(A, B, C)
     check_layouts(A, B, C)
     check_scalars(alpha, beta, C.dtype, precision, C.backend)
-    strips = check_schedule(schedule, C.grid.shape) == "strips" and C.grid.size > 1
+    check_schedule(schedule, C.grid.shape)
+    # the planner's decisions first ("auto" measured there), then the run
     with C.backend.on_device():  # its GPU, whatever the caller's current one
-        return _run(alpha, (A, B, C), beta, strips, (panel_width, lookahead, broadcaster,
-                                                  precision), _Extras(progress, conj, copies))
+        plan, measured = plan_distributed(A, B, C, panel_width=panel_width,
+                                          lookahead=lookahead, broadcaster=broadcaster,
+                                          precision=precision, schedule=schedule,
+                                          copies=copies, panels_of_a=PanelsOfA)
+    stats = run_in_memory(plan, A, B, C, alpha=alpha, beta=beta, conj=conj, progress=progress)
+    stats.extra["panel_width_measured"] = measured
+    return stats
 
 
 def run_in_memory(plan, A: DistMatrix, B: DistMatrix, C: DistMatrix, *, alpha=1.0, beta=0.0,
@@ -134,7 +140,9 @@ def run_in_memory(plan, A: DistMatrix, B: DistMatrix, C: DistMatrix, *, alpha=1.
     blocks on the devices: its panel width, lookahead, broadcaster,
     precision, schedule, transposed copies, fp64-int8's scheme (rows and
     planes) and panel sums. Decides nothing, reads no free memory (the
-    plan's memory is what the run may draw: :class:`summa.device.account.Account`).
+    plan's memory is what the run may draw: :class:`summa.device.account.Account`)
+    but the broadcasters of the kind it names and a width of ``"auto"``
+    (:func:`summa.planning.make_plan`'s, made without the operands).
 
     Parameters
     ----------
@@ -164,21 +172,19 @@ def run_in_memory(plan, A: DistMatrix, B: DistMatrix, C: DistMatrix, *, alpha=1.
 
 @dataclass(frozen=True)
 class _Extras:
-    """What a :func:`summa` call takes beside its operands and asked
-    settings: `progress`; one rank's `conj`; the transposed `copies`
-    (A's, B's; None: decided here); fp64-int8's `scheme` (None: the
-    default) and whether it sums a grid's panels (`sums`: None, decided
-    here by the free memory; a plan's run says)."""
+    """What a plan's run takes beside its operands and settings: `progress`;
+    one rank's `conj`; the plan's transposed `copies` (A's, B's),
+    fp64-int8's `scheme` and whether it sums a grid's panels (`sums`)."""
 
     progress: object = None
     conj: tuple = (False, False)
-    copies: tuple | None = None
+    copies: tuple = (False, False)
     scheme: object = None
-    sums: bool | None = None
+    sums: bool = False
 
 
 def _run(alpha, operands: tuple, beta, strips: bool, asked: tuple, extras: "_Extras"):
-    """The checked :func:`summa` call run on its backend's GPU: its stats."""
+    """A checked plan's run (:func:`run_in_memory`) on its backend's GPU: its stats."""
     call, panels, stats = _prepared(alpha, operands, strips, asked, extras)
     C = operands[2]
     backend, grid = C.backend, C.grid
@@ -199,19 +205,16 @@ def _run(alpha, operands: tuple, beta, strips: bool, asked: tuple, extras: "_Ext
 
 
 def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple) -> tuple:
-    """``(call, steps, stats)`` of a checked :func:`summa` call: its panel
-    width (measured for ``"auto"``), broadcasters and exported blocks in
-    a :class:`_Call`, its steps in this rank's order, and the stats they
-    start. `operands`: ``(A, B, C)``; `asked`: ``(panel_width, lookahead,
-    broadcaster, precision)``; `extras`: an :class:`_Extras`."""
+    """``(call, steps, stats)`` of a plan's checked run: its broadcasters
+    (of the kind the plan names) and exported blocks in a :class:`_Call`,
+    its steps in this rank's order, and the stats they start. `operands`:
+    ``(A, B, C)``; `asked`: the plan's ``(panel_width, lookahead,
+    broadcaster, precision)`` (a width of ``"auto"``: measured now, where a
+    plan made without the operands names one); `extras`: an :class:`_Extras`."""
     (A, B, C), (panel_width, lookahead, broadcaster, precision) = operands, asked
     progress, conj, copies = extras.progress, extras.conj, extras.copies
     backend, grid = C.backend, C.grid
-    if strips and isinstance(panel_width, str) and panel_width == "auto":
-        # "auto" times GEMMs of K panels; strips cut columns, which cost nothing
-        # measurable on an H200: the default width serves.
-        panel_width = None
-    panel_width, measured = panel_width_for(A, B, C, panel_width, precision)
+    panel_width, measured = panel_width_for(A, B, C, panel_width, precision, PanelsOfA)
     if int(lookahead) < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
@@ -219,11 +222,7 @@ def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple)
     schedule = "strips" if strips else "panels"
     # (a grid's blocks lie by rows on the devices: only one rank's B may not;
     # a plan's copy of B is made only where B does, as its PanelsOfB would)
-    columns = grid.size == 1 and column_major(B.local)
-    if copies is None:
-        copies = (transposes_a(backend.name, C.dtype, precision, schedule),
-                  transposes_b(backend.name, C.dtype, precision, schedule, columns))
-    copies = (bool(copies[0]), bool(copies[1]) and columns)
+    copies = (bool(copies[0]), bool(copies[1]) and grid.size == 1 and column_major(B.local))
     call = _Call(alpha, A, B, C, precision, progress, int(lookahead), row_bc, col_bc,
                  export_blocks(grid, backend, row_bc, col_bc, A.local, B.local),
                  tuple(bool(x) for x in conj), *copies, extras.scheme, extras.sums)
@@ -295,7 +294,7 @@ class _Call:
     transposed_a: bool = False  # A's panels read through a transposed copy (PanelsOfA)
     transposed_b: bool = False  # B's, lying by columns, through a row-major one (PanelsOfB)
     scheme: object = None  # fp64-int8: how its products run (the plan's; None: the default)
-    sums: bool | None = None  # fp64-int8 on a grid: panel sums (None: decided by free memory)
+    sums: bool = False  # fp64-int8 on a grid: panel sums (the plan's)
 
 
 def _steps_of(call: _Call, panels: list, strips: bool, width: int) -> list:
@@ -406,7 +405,7 @@ def prepare(A: DistMatrix, B: DistMatrix, C: DistMatrix, panel_width=None,
     grid), an ``"auto"`` panel width (measured once per problem), and with
     direct copies the peers' blocks opened. Collective.
     """
-    width, _ = panel_width_for(A, B, C, panel_width, precision)
+    width, _ = panel_width_for(A, B, C, panel_width, precision, PanelsOfA)
     row_bc, col_bc = pick_broadcasters(A, B, C,
                                         panel_schedule(A.layout.cols, B.layout.rows, width),
                                         broadcaster, precision)
@@ -430,19 +429,14 @@ def _panel_sums(call: _Call, strips: bool, panels: list):
     product is one GPU's whole one; else
     None: for complex128, strips, K past an int32 sum or of fewer than
     :data:`summa.precision.ozaki.K_NATIVE` terms (native float64 then), where
-    ``SUMMA_FP64_INT8_SUMS=0``, or where the plan said no (a plan's run:
-    ``call.sums``); called without a plan (:func:`summa` on DistMatrix
-    operands), where the planner finds a rank's device without the memory
-    for them (:func:`summa.planning.memory.panel_sums_fit`). Collective."""
+    ``SUMMA_FP64_INT8_SUMS=0``, or where the plan said no (``call.sums``:
+    its panel sums, where the devices hold them,
+    :func:`summa.planning.memory.panel_sums_fit`). Collective."""
     A, C, precision = call.A, call.C, call.precision
     grid, k = C.grid, A.layout.shape[1]
     if precision != "fp64-int8" or strips or not panel_sums_apply(C.dtype, grid.size, k) \
-            or call.sums is False:
+            or not call.sums:
         return None
-    if call.sums is None:  # no plan: the planner asked now, as a plan would have
-        width = max((p.width for p in panels), default=0)
-        if not panel_sums_fit(C.local.shape, k, width, call.lookahead, C.backend, grid.comm):
-            return None
     return _made_sums(call)
 
 

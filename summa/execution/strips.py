@@ -29,28 +29,7 @@ import time
 from ..runtime.faults import inject
 from ..runtime.watchdog import watch
 
-__all__ = ["SCHEDULES", "check_schedule", "strip_bounds", "multiply_strips"]
-
-#: How the inner dimension is worked through: SUMMA's K panels, or column strips.
-SCHEDULES = ("panels", "strips")
-
-
-def check_schedule(schedule: str, grid_shape, out_of_core: bool = False) -> str:
-    """Raise the same ValueError on every rank if `schedule` cannot run on a
-    grid of `grid_shape` (no communication); return it."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}")
-    if schedule == "strips":
-        if out_of_core:
-            raise ValueError("schedule 'strips' runs in device memory only, not out of core")
-        if isinstance(grid_shape, str):  # "PRxPC", as the API takes it
-            grid_shape = grid_shape.lower().split("x")
-        pr, pc = (int(d) for d in grid_shape)
-        if pc != 1:
-            raise ValueError(f"schedule 'strips' needs a grid of one column (P x 1), "
-                             f"not {pr}x{pc}; give --grid {pr * pc}x1")
-    return schedule
-
+__all__ = ["strip_bounds", "multiply_strips"]
 
 def strip_bounds(n: int, width: int, head_pieces: int = 1) -> list[tuple[int, int]]:
     """Column ranges ``[s0, s1)`` covering ``[0, n)``: strips of `width`, the

@@ -13,14 +13,9 @@ of 16384 rows: a fraction of a millisecond of HBM time), while its GEMM runs
 
 from __future__ import annotations
 
-from ..host.storage import copyable_rows
+from ..planning.tuning import column_major
 
-__all__ = ["PanelsOfA", "PanelsOfB", "PanelForms", "column_major"]
-
-
-def column_major(x) -> bool:
-    """Are the columns of the 2-D `x` contiguous (and its rows not)?"""
-    return copyable_rows(x.T) and not copyable_rows(x)
+__all__ = ["PanelsOfA", "PanelsOfB", "PanelForms"]
 
 
 class PanelsOfA:

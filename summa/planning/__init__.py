@@ -6,6 +6,9 @@ panel width (:mod:`summa.planning.tuning`), the SUMMA schedule as data
 (:mod:`summa.planning.schedule`), the broadcasters
 (:mod:`summa.planning.selection`) and the predicted time of the performance
 model (:mod:`summa.planning.model`, for a Plan :mod:`summa.planning.prediction`).
+The checks of a product's inputs (:mod:`summa.planning.checks`) and the
+Plan of arrays held on one rank, final for the arrays as they lie
+(:mod:`summa.planning.arrays`), come before any run.
 ``summa plan`` prints what a run takes (:mod:`summa.planning.report`). The
 planner's public names are re-exported here.
 """

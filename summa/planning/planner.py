@@ -31,7 +31,7 @@ from .tiling import TRAFFIC_GAIN
 from .model import gemm_flops
 from .prediction import predict_plan
 from .report import plan_lines
-from ..execution.strips import check_schedule
+from .checks import check_schedule
 from .tuning import default_panel_width, is_width
 from ..device import staging
 from ..device.traits import traits

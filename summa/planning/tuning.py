@@ -15,12 +15,12 @@ import time
 import numpy as np
 
 from ..runtime.mpi import MPI
-from ..execution.transpose import PanelsOfA
 from ..device.base import gemm_library, transpose_a_setting, transpose_b_setting
 from ..device.traits import traits
+from ..host.storage import copyable_rows
 
 __all__ = ["default_panel_width", "auto_panel_width", "panel_width_for", "transposes_a",
-           "transposes_b", "is_width", "CANDIDATE_WIDTHS"]
+           "transposes_b", "column_major", "is_width", "CANDIDATE_WIDTHS"]
 
 #: Widths ``auto`` considers (those wider than K are dropped).
 CANDIDATE_WIDTHS = (256, 512, 1024, 2048, 4096, 8192)
@@ -139,14 +139,26 @@ def transposes_b(backend_name: str, dtype, precision=None, schedule: str = "pane
                                 and np.dtype(dtype).char in TRANSPOSED_B_FASTER)
 
 
+def column_major(x) -> bool:
+    """Are the columns of the 2-D `x` contiguous (and its rows not)? (B's
+    panels that lie so are what :func:`transposes_b` may copy.)"""
+    return copyable_rows(x.T) and not copyable_rows(x)
+
+
 def is_width(width) -> bool:
     """Is `width` a panel width as such (an integer, not a bool), not
     ``"auto"`` or None, which the planner settles?"""
     return isinstance(width, (int, np.integer)) and not isinstance(width, bool)
 
 
-def auto_panel_width(A, B, C, precision=None) -> tuple[int, bool]:
+def auto_panel_width(A, B, C, precision=None, panels_of_a=None) -> tuple[int, bool]:
     """Choose the panel width for ``C += A @ B`` by timing; collective over the grid.
+
+    `panels_of_a` is how the multiply hands A's panels to their GEMMs, made
+    as ``panels_of_a(backend, rows, width, dtype, transpose)``
+    (:class:`summa.execution.transpose.PanelsOfA`, which the executors hand
+    in): each width is timed as its steps run, A's panel copied transposed
+    first where :func:`transposes_a` says. None: the panels as they lie.
 
     Returns
     -------
@@ -171,8 +183,8 @@ def auto_panel_width(A, B, C, precision=None) -> tuple[int, bool]:
         b = rng.standard_normal((widest, ncols)).astype(C.dtype)
         c = xp.zeros((rows, ncols), dtype=C.dtype)
         # Timed as the steps run: A's panel copied transposed first, where it is.
-        operand_a = PanelsOfA(backend, rows, widest, C.dtype,
-                              transposes_a(backend.name, C.dtype, precision))
+        operand_a = (panels_of_a or _as_they_lie)(backend, rows, widest, C.dtype,
+                                                  transposes_a(backend.name, C.dtype, precision))
         for w in widths:
             backend.gemm(1.0, operand_a(a[:, :w]), b[:w], c, precision=precision)  # warm-up
             backend.synchronize()
@@ -191,6 +203,11 @@ def auto_panel_width(A, B, C, precision=None) -> tuple[int, bool]:
     return width, True
 
 
+def _as_they_lie(backend, rows: int, width: int, dtype, transpose: bool):
+    """A's panels handed to their GEMMs as they lie (no ``panels_of_a``)."""
+    return lambda a: a
+
+
 def _larger_of_each(x, y, datatype=None):
     return [max(a, b) for a, b in zip(x, y)]
 
@@ -202,11 +219,13 @@ def _elementwise_max():
     return MPI.Op.Create(_larger_of_each, commute=True)
 
 
-def panel_width_for(A, B, C, panel_width, precision) -> tuple[int, bool]:
+def panel_width_for(A, B, C, panel_width, precision,
+                    panels_of_a=None) -> tuple[int, bool]:
     """The panel width SUMMA on DistMatrix operands A, B, C uses (the
-    backend's default for None; measured for ``"auto"``, once per problem),
-    and whether it was measured in this call: the DistMatrix entry points'
-    one decision of the planner's (a Plan's width is already an int)."""
+    backend's default for None; measured for ``"auto"``, once per problem,
+    A's panels formed by `panels_of_a` as :func:`auto_panel_width` takes
+    it), and whether it was measured in this call: the DistMatrix entry
+    points' one decision of the planner's (a Plan's width is already an int)."""
     backend, grid = C.backend, C.grid
     measured = False
     if panel_width is None:
@@ -215,7 +234,7 @@ def panel_width_for(A, B, C, panel_width, precision) -> tuple[int, bool]:
         if grid.size == 1:  # one rank runs a single GEMM: nothing to choose
             panel_width = default_panel_width(backend.name, C.dtype, precision)
         else:
-            panel_width, measured = auto_panel_width(A, B, C, precision)
+            panel_width, measured = auto_panel_width(A, B, C, precision, panels_of_a)
     if not isinstance(panel_width, (int, np.integer)) or panel_width < 1:
         raise ValueError(f"panel width must be an integer >= 1 or 'auto', got {panel_width!r}")
     return int(panel_width), measured

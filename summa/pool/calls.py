@@ -18,7 +18,7 @@ import numpy as np
 
 from ..host import shared as host, remote
 from ..options import current as current_options
-from ..api.arrays import check_arrays
+from ..planning.checks import check_arrays
 from ..device.base import resolve_dtype
 from ..device.numpy_backend import NumpyBackend
 from ..device.traits import traits

@@ -29,15 +29,17 @@ import shutil
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import dataclass
 
-from ..api.jobprogress import pool_reporting
-from ..api.multiply import matmul_arrays
-from ..api.stateful import Matmul
+from ..execution.jobprogress import library_reporting, pool_reporting
+from ..execution.arrays import ArrayProduct, multiply
 from ..device.backend import cupy_available, get_backend
 from ..device.traits import traits
 from ..distribution.grid import node_rank
 from ..execution.algorithm import SummaStats
+from ..planning.arrays import HeldArrays, PlanRequest
+from ..precision.ozaki_gpu import asked_moduli, check_moduli
 from ..host import shared as host, remote
 from ..options import Options, current, set as set_options
 from ..runtime.cleanup import hard_exit, mapped_segments, process_alive, remove_segments
@@ -69,10 +71,23 @@ def serve(conn, world, peers: dict) -> None:
 
 @dataclass
 class _Held:
-    """A Matmul the owner opened, kept between its executions."""
+    """A Matmul the owner opened, kept between its executions: its
+    :class:`summa.execution.arrays.ArrayProduct` and what it was asked."""
 
-    matmul: object
+    product: object
+    asked: "_Asked"
     executions: int = 0
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What the owner's call asked: the plan (a PlanRequest), alpha, the
+    backend and fp64-int8's moduli."""
+
+    request: PlanRequest
+    alpha: object = 1.0
+    backend: str = "auto"
+    moduli: int | None = None
 
 
 def _free(held: dict, ids) -> None:
@@ -81,7 +96,7 @@ def _free(held: dict, ids) -> None:
     for key in ids:
         kept = held.pop(key, None)
         if kept is not None:
-            kept.matmul.free()
+            kept.product.free()
 
 
 def _run(world, kind: str, spec: dict, held: dict, received: float) -> dict | None:
@@ -122,33 +137,62 @@ def _arrays(world, spec: dict, settings) -> tuple | None:
     return a, b, c
 
 
+def _asked(spec: dict) -> _Asked:
+    """What the owner's call asked, of its options (a Matmul's ``moduli``
+    among them; a multiply's come with the settings)."""
+    options = dict(spec["options"])
+    trans = {f"trans_{x}": str(options.pop(f"trans_{x}", "N")).upper() for x in "ab"}
+    alpha, backend = options.pop("alpha", 1.0), options.pop("backend", "auto")
+    moduli = check_moduli(options.pop("moduli", None), options.get("precision"))
+    return _Asked(PlanRequest(**options, **trans), alpha, backend, moduli)
+
+
 def _multiply(world, spec: dict, held: dict, a, b, c) -> dict:
-    """``"matmul"``: one product of the owner's arrays into C; the record."""
-    stats = SummaStats()
-    matmul_arrays(a, b, comm=world, out=c, stats=stats, **spec["options"])
+    """``"matmul"``: one product of the owner's arrays into C, planned and
+    run as ``summa.matmul`` on these ranks plans and runs it
+    (:func:`summa.execution.arrays.multiply`); the record."""
+    stats, called = SummaStats(), time.perf_counter()
+    asked = _asked(spec)
+    with asked_moduli(asked.moduli):
+        multiply(HeldArrays(a, b, c), world, asked.request, asked.alpha, stats, asked.backend,
+                 called=called)
     return stats.as_dict()
 
 
 def _open(world, spec: dict, held: dict, a, b, c) -> dict:
-    """``"open"``: a :class:`summa.Matmul` of the owner's operands over every
-    rank, kept by its id until freed; the record holds its Plan."""
-    matmul = Matmul(a, b, comm=world, **spec["options"])
-    # the owner ships the operands with each execution: a map of a shared copy
-    # kept here would keep its memory
-    matmul.drop_operands()
-    held[spec["id"]] = _Held(matmul)
-    return {"plan": matmul.plan}
+    """``"open"``: the product of the owner's operands (a
+    :class:`summa.Matmul`'s) planned over every rank, its grid made
+    (:class:`summa.execution.arrays.ArrayProduct`), kept by its id until
+    freed; the record holds its Plan. (The owner ships the operands with
+    each execution: a map of a shared copy kept here would keep its memory.)"""
+    asked = _asked(spec)
+    with asked_moduli(asked.moduli):  # the plan counts their scratch
+        product = ArrayProduct.planned(HeldArrays(a, b), world, 0, asked.request,
+                                       asked.backend)
+    if product.grid.core_note and product.grid.rank == 0:
+        warnings.warn(product.grid.core_note, RuntimeWarning, stacklevel=2)
+    held[spec["id"]] = _Held(product, asked)
+    return {"plan": product.plan}
 
 
 def _execute(world, spec: dict, held: dict, a, b, c) -> dict:
-    """``"execute"``: the product of the owner's arrays into C by the Matmul
-    of the spec's id; its record, with the executions of that Matmul."""
+    """``"execute"``: the product of the owner's arrays into C by the
+    product of the spec's id (checked against its plan), planned again
+    first where the GPUs' free memory no longer holds that plan; its
+    record, with the executions of that product."""
     kept = held.get(spec["id"])
     if kept is None:  # the owner opens each in the pool it executes in: not to happen
         raise RuntimeError(f"no Matmul of id {spec['id']} is open in this pool")
-    kept.matmul.execute(a, b, out=c)
+    arrays, stats, called = HeldArrays(a, b, c), SummaStats(), time.perf_counter()
+    product = kept.product
+    product.check(arrays)
+    with asked_moduli(kept.asked.moduli), library_reporting(world, product.plan):
+        note = product.fitted(arrays)
+        if note is not None:
+            warnings.warn(note, RuntimeWarning, stacklevel=2)
+        product.run(arrays, kept.asked.alpha, stats, called)
     kept.executions += 1
-    record = kept.matmul.stats.as_dict()
+    record = stats.as_dict()
     record["extra"] = dict(record.get("extra") or {}, worker_executions=kept.executions)
     return record
 

@@ -162,7 +162,7 @@ def test_out_of_core_cuts_follow_the_operands_and_the_bytes_they_move(rng):
 def test_one_rank_multiplies_every_layout_where_it_lies(rng, monkeypatch, la, lb, how):
     from mpi4py import MPI
 
-    from summa.api import planned
+    from summa.execution import arrays as planned
     seen = spy_out_of_core(monkeypatch)
     ran = []
     real = planned.run_in_memory

@@ -629,9 +629,10 @@ def test_the_callers_current_gpu_is_kept(stand_in_cupy):
 def test_a_resident_fp64_int8_gemm_takes_the_plans_rows(monkeypatch):
     """Operands on the GPU whose fp64-int8 product fits there only in chunks
     of rows: the plan's rows (Plan.scheme) reach the one GEMM where they lie
-    (summa.api.planned.run_on_device; a stand-in backend notes its call)."""
+    (summa.execution.arrays.run_on_device; a stand-in backend notes its call)."""
     import contextlib
-    from summa.api.planned import run_on_device
+    from summa.execution.arrays import run_on_device
+    from summa.planning.arrays import HeldArrays
     from summa.planning import tiling
     from summa.precision import ozaki_gpu
     monkeypatch.setattr(tiling, "FP64_INT8_ROWS", 8)
@@ -645,11 +646,9 @@ def test_a_resident_fp64_int8_gemm_takes_the_plans_rows(monkeypatch):
         is_gpu=True, has_int8_tensor_cores=lambda: True, name="cupy",
         xp=types.SimpleNamespace(cuda=types.SimpleNamespace(
             Device=lambda index: contextlib.nullcontext()), empty=np.empty),
-        gemm=lambda *args, **kwargs: calls.append(kwargs))
+        asarray=lambda x: x, gemm=lambda *args, **kwargs: calls.append(kwargs))
     a = np.ones((n, n))
-    given = types.SimpleNamespace(a=types.SimpleNamespace(array=a, device=0),
-                                  b=types.SimpleNamespace(array=a, device=0), out=None)
-    run_on_device(plan, be, given)
+    run_on_device(plan, be, HeldArrays(a, a))
     assert [(c["precision"], c["scheme"]) for c in calls] == [
         ("fp64-int8", ozaki_gpu.Scheme(rows=16))]
 

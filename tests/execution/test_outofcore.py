@@ -105,7 +105,7 @@ def test_float64_on_int8_keeps_its_first_panel_whole_and_its_strips_wide():
     # each product of fp64-int8 reconstructs its whole C block: no narrow
     # pieces of K, no strips of a few rows (40 such products ran 41.3 TFLOP/s, the bare 58.2:
     # docs/benchmarks.md, "Measurements behind the defaults")
-    from summa.execution import outofcore
+    from summa.execution import outofcore, sweep
     from summa.distribution.layout import Layout, panel_schedule
     from summa.planning.memory import FP64_INT8_TAIL_SMALLEST
     plans = {p: memory_plan(40000, 40000, 40000, "float64", (1, 1), 16384,
@@ -116,16 +116,16 @@ def test_float64_on_int8_keeps_its_first_panel_whole_and_its_strips_wide():
     assert plans[None].tail_smallest < FP64_INT8_TAIL_SMALLEST
     panels = panel_schedule(Layout((64, 40000), (1, 1)).cols, Layout((40000, 64), (1, 1)).rows,
                             16384)
-    pieces = outofcore._head_pieces(panels, True, plans[None].head_first)
+    pieces = sweep.head_pieces(panels, True, plans[None].head_first)
     assert len(pieces) > len(panels) and pieces[0].width == plans[None].head_first
     # whole, K's remainder (40000 - 2 x 16384) first: the same panels, the first upload shortest
-    whole = outofcore._head_pieces(panels, True, plans["fp64-int8"].head_first)
+    whole = sweep.head_pieces(panels, True, plans["fp64-int8"].head_first)
     assert [p.width for p in whole] == [40000 - 2 * 16384, 16384, 16384]
     assert sorted(whole, key=lambda p: p.k0) == panels
-    assert outofcore._head_pieces(panels, False, plans[None].head_first) == panels
+    assert sweep.head_pieces(panels, False, plans[None].head_first) == panels
     for rows in (2048, 5000, 16384, 40000):
-        default = outofcore._tail_strips(rows, True, plans[None].tail_smallest)
-        wide = outofcore._tail_strips(rows, True, plans["fp64-int8"].tail_smallest)
+        default = sweep._tail_strips(rows, True, plans[None].tail_smallest)
+        wide = sweep._tail_strips(rows, True, plans["fp64-int8"].tail_smallest)
         for strips in (default, wide):  # the rows, in order, once
             assert strips[0][0] == 0 and strips[-1][1] == rows
             assert all(a[1] == b[0] for a, b in zip(strips, strips[1:]))
@@ -136,7 +136,7 @@ def test_float64_on_int8_keeps_its_first_panel_whole_and_its_strips_wide():
 def test_fp64_int8_first_panel_in_pieces_where_the_plan_says(monkeypatch):
     """FP64_INT8_HEAD_FIRST (what fp64_int8_user_case.py --head-first sets)
     reaches the plan, the sweep's pieces and the model's exposed upload."""
-    from summa.execution import outofcore
+    from summa.execution import outofcore, sweep
     from summa.distribution.layout import Layout, first_panel_width, panel_schedule
     from summa.planning import memory, prediction
     from summa.planning.planner import Machine, make_plan
@@ -151,7 +151,7 @@ def test_fp64_int8_first_panel_in_pieces_where_the_plan_says(monkeypatch):
     width = cut.memory.chunk
     panels = panel_schedule(Layout((64, 40000), (1, 1)).cols, Layout((40000, 64), (1, 1)).rows,
                             width)
-    pieces = outofcore._head_pieces(panels, True, cut.memory.head_first)
+    pieces = sweep.head_pieces(panels, True, cut.memory.head_first)
     assert [p.width for p in pieces[:2]] == [4096, 4096] and sum(
         p.width for p in pieces) == 40000
     up = [prediction._head_tail(p, width, p.memory.tile)[0] for p in (whole, cut)]
@@ -164,7 +164,7 @@ def test_last_tile_goes_home_strip_by_strip_over_its_last_panels(comm, rng, monk
     its last `lookahead + 1` panels go strip by strip, each strip written back
     as soon as all of them are in it, the strips shrinking so that the last
     write-back is short; earlier tiles strip only their last panel."""
-    from summa.execution import outofcore
+    from summa.execution import outofcore, sweep
     from summa.planning import memory
     monkeypatch.setattr(movers.HostMover, "overlaps", True)
     monkeypatch.setattr(memory, "TAIL_SMALLEST", 3)  # the plan's
@@ -189,9 +189,9 @@ def test_last_tile_goes_home_strip_by_strip_over_its_last_panels(comm, rng, monk
     if tiles < 2 or C.local.shape[1] == 0:
         pytest.skip("this rank's share is too small for two tiles")
     kinds = "".join("w" if e[0] == "write" else "g" for e in events)
-    rows = [i1 - i0 for i0, i1 in outofcore._bounds(C.local.shape[0], stats.extra["tiles"][0])
+    rows = [i1 - i0 for i0, i1 in sweep.bounds(C.local.shape[0], stats.extra["tiles"][0])
             for _ in range(stats.extra["tiles"][1])]
-    strips = [[r1 - r0 for r0, r1 in outofcore._tail_strips(r, True, 3)] for r in rows]
+    strips = [[r1 - r0 for r0, r1 in sweep._tail_strips(r, True, 3)] for r in rows]
     assert all(len(s) >= 3 and s[0] > s[-2] for s in strips)  # it does shrink here
     assert kinds.count("w") == sum(map(len, strips))
     # the last tile: two panels per strip, then that strip's write-back
@@ -213,7 +213,7 @@ def test_uploads_run_a_step_ahead_of_their_broadcasts_where_a_slot_is_spare(
     with their broadcasts. The product is the same."""
     from mpi4py import MPI
 
-    from summa.execution import outofcore
+    from summa.execution import outofcore, sweep
     events = []
     real_upload = movers.HostMover.upload
     monkeypatch.setattr(movers.HostMover, "upload", lambda self, dst, src: (
@@ -375,7 +375,7 @@ def test_copy_engine_broadcasts_plan_their_staging(monkeypatch):
 def test_out_of_core_plans_staging_for_copy_engine_broadcasters(comm, rng, monkeypatch):
     """The sweep plans with the broadcasters it got: ones named ipc (here the
     host-staged MPI ones under that name) have their staging counted."""
-    from summa.execution import outofcore
+    from summa.execution import outofcore, sweep
     real = outofcore.grid_broadcasters
 
     class Named:
@@ -752,7 +752,7 @@ def test_an_asked_cut_that_fits_one_c_tile_at_a_time_runs_so(rng, monkeypatch):
     on the device (each tile waits for the last one's write-back), the sweep
     makes one buffer, and the product is right; with room for two, two."""
     from mpi4py import MPI
-    from summa.execution import outofcore
+    from summa.execution import outofcore, sweep
     from summa.planning import tiling
     m, n, k, nb = 45, 38, 64, 8
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
@@ -760,12 +760,12 @@ def test_an_asked_cut_that_fits_one_c_tile_at_a_time_runs_so(rng, monkeypatch):
     monkeypatch.setenv("SUMMA_UPLOAD_LEAD", "0")
     one = 8 * tiling.ooc_elements(15, 19, nb, 2, 6, c_buffers=1)
     made = []
-    real_init = outofcore._Sweep.__init__
+    real_init = sweep.Sweep.__init__
 
     def spy(self, *args, **kwargs):
         real_init(self, *args, **kwargs)
         made.append(len(self.c_bufs))
-    monkeypatch.setattr(outofcore._Sweep, "__init__", spy)
+    monkeypatch.setattr(sweep.Sweep, "__init__", spy)
     host = NumpyBackend()
     for budget, buffers in ((one, 1), (one + 8 * 15 * 19, 2)):
         plan = memory_plan(m, n, k, "float64", (1, 1), nb,
@@ -858,7 +858,7 @@ def test_the_sweep_copies_on_the_threads_and_in_the_way_its_plan_says(rng, monke
     from mpi4py import MPI
     from summa import options
     from summa.device import staging
-    from summa.execution import outofcore
+    from summa.execution import outofcore, sweep
     from summa.planning.planner import Machine, make_plan
     m, n, k = 40, 36, 24
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
@@ -917,7 +917,7 @@ def _fp64_int8_sweep(rng, monkeypatch, device_memory: int) -> tuple:
     import sys
     import fake_cupy_kernels
     from mpi4py import MPI
-    from summa.execution import outofcore
+    from summa.execution import outofcore, sweep
     from summa.planning.planner import Machine, make_plan
     from summa.precision import ozaki_gpu
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())

@@ -13,7 +13,8 @@ from summa.execution.algorithm import SummaStats, gemm
 from summa.distribution.grid import ProcessGrid
 from summa.distribution.matrix import DistMatrix
 from summa.planning.memory import Execution, memory_plan
-from summa.execution.strips import check_schedule, strip_bounds
+from summa.execution.strips import strip_bounds
+from summa.planning.checks import check_schedule
 
 
 def test_strip_bounds_cover_the_columns_once():

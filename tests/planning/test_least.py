@@ -8,7 +8,7 @@ import pytest
 
 from summa import cli
 from summa.api import files as files_module
-from summa.api import planned as planned_module
+from summa.planning import arrays as planning_arrays
 from summa.cli import bench
 from summa.planning.least import check_least_budget, least_budget
 from summa.planning.planner import Machine, make_plan
@@ -53,7 +53,7 @@ def test_bench_refuses_a_one_byte_budget_before_the_backend_starts(comm, monkeyp
 
 def test_matmul_refuses_a_one_byte_budget_before_the_backend_starts(monkeypatch):
     import summa
-    monkeypatch.setattr(planned_module, "get_backend", _no_backend)
+    monkeypatch.setattr(planning_arrays, "get_backend", _no_backend)
     with pytest.raises(ValueError, match="a device budget of 1 byte is too small for any"):
         summa.matmul(np.ones((300, 300)), np.ones((300, 300)), device_memory="1B")
 

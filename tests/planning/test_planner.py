@@ -651,10 +651,10 @@ def test_matmul_plans_once_and_executes_many(comm, rng, device_memory):
         assert m.plan == make_plan((60, 30, 40), "float64", Machine("numpy", comm.size),
                                    host_held=True, device_memory=device_memory, panel_width=8)
         assert "plan: 60 x 30 x 40 float64" in str(m.plan)
-        grid = m._grid
+        grid = m._product.grid
         for x in (a, a2, a):
             c = m.execute(*((mine(x), mine(b)) if x is not a else ()))
-            assert m._grid is grid and m.stats.extra["plan"] == m.plan.as_dict()
+            assert m._product.grid is grid and m.stats.extra["plan"] == m.plan.as_dict()
             if comm.rank == 0:
                 assert gemm_scaled_error(c, x, b, alpha=2.0) <= 1
         out = np.empty((60, 30)) if comm.rank == 0 else None

@@ -165,7 +165,7 @@ def test_a_matmul_off_the_pool_runs_here_as_before(rng):
     a, b = _operands(rng)
     for options in (dict(workers=1), dict(workers=2, comm=MPI.COMM_SELF)):
         with summa.Matmul(a, b, backend="numpy", **options) as m:
-            assert m._pooled is None and m._grid is not None and m.plan.ranks == 1
+            assert m._pooled is None and m._product is not None and m.plan.ranks == 1
             assert gemm_scaled_error(m.execute(), a, b) <= 1
 
 
@@ -211,17 +211,18 @@ class _Owner:
 
 
 def test_a_worker_keeps_no_operands_and_frees_its_matmuls_at_stop(rng, monkeypatch):
-    """A worker's loop (here on this process alone): an opened Matmul keeps
-    no map of the operands (they come with each execution), and the
-    command to stop frees every Matmul still held before the worker ends."""
-    from summa.api.stateful import Matmul
+    """A worker's loop (here on this process alone): an opened Matmul (its
+    planned product, summa.execution.arrays.ArrayProduct) keeps no map of
+    the operands (they come with each execution), and the command to stop
+    frees every one still held before the worker ends."""
+    from summa.execution.arrays import ArrayProduct
     from summa.pool import worker
     a, b = _operands(rng)
     with summa.Matmul(a, b, comm=MPI.COMM_SELF, backend="numpy") as here:
         expected = here.plan
     freed = []
-    real = Matmul.free
-    monkeypatch.setattr(Matmul, "free", lambda self: freed.append(self) or real(self))
+    real = ArrayProduct.free
+    monkeypatch.setattr(ArrayProduct, "free", lambda self: freed.append(self) or real(self))
     call = calls._Call("open", a, b, None, None, a.dtype, dict(backend="numpy"), {"id": 7})
     # (kept: the shared copies, alive until the worker is done)
     parts, _, kept = calls._operands(a, b, None, None, a.dtype, False, touch=False)
@@ -229,7 +230,8 @@ def test_a_worker_keeps_no_operands_and_frees_its_matmuls_at_stop(rng, monkeypat
     worker.serve(owner, MPI.COMM_SELF, {})
     assert [answer[0] for answer in owner.answers] == ["done"]
     assert owner.answers[0][1]["plan"] == expected
-    assert len(freed) == 1 and freed[0]._operands is None and "freed" in repr(freed[0])
+    assert len(freed) == 1 and freed[0].grid is None
+    assert not any(isinstance(x, np.ndarray) for x in vars(freed[0]).values())
 
 
 def test_a_pool_started_anew_that_plans_otherwise_runs_its_plan_and_says_so(rng,

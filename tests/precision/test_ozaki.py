@@ -149,7 +149,7 @@ def test_the_numpy_backend_multiplies_residues_exactly(rng):
 def test_fp64_int8_is_refused_where_it_cannot_run(monkeypatch):
     """One clear error: on CPUs, for other dtypes, on GPUs without INT8
     tensor cores; from the command line exit status 2."""
-    from summa.api.checks import check_scalars
+    from summa.planning.checks import check_scalars
 
     class OldGpu:
         name = "cupy"

@@ -15,7 +15,7 @@ import pytest
 from mpi4py import MPI
 
 import summa
-from summa.api.jobprogress import block_share, library_reporting
+from summa.execution.jobprogress import block_share, library_reporting
 from summa.distribution.grid import ProcessGrid
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,0 +1,181 @@
+"""The Plan of a product of arrays held on one rank, made before it runs.
+
+What a call asks (:class:`PlanRequest`), the arrays as the executors take
+them (:class:`HeldArrays`), their check and first Plan (:func:`plan_held`:
+the backend, the checks of :mod:`summa.planning.checks`, then
+:func:`summa.planning.make_plan`), and the final Plan for the arrays as
+they lie (:func:`stored_plan`: a Plan made for arrays of another layout
+has its memory planned again for these). Asked alike by ``summa.matmul``
+and :class:`summa.Matmul` (:mod:`summa.api.planned`, over the operands it
+described) and by the pool's workers (:mod:`summa.pool.worker`, over the
+shared arrays they attached): the executors
+(:mod:`summa.execution.arrays`) then run the Plan and decide nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..device.backend import get_backend
+from ..distribution.grid import node_rank
+from ..host.storage import conjugated, storage_of
+from ..runtime.agree import Failure, collectively, from_root
+from .checks import check_arrays, precision_refusal
+from .planner import Machine, Placement, make_plan, restore
+
+__all__ = ["PlanRequest", "HeldArrays", "plan_held", "stored_plan", "array_storage"]
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a call asked of the plan of an array product: the arguments of
+    the same names of :func:`summa.api.multiply.matmul_arrays` (and
+    :class:`summa.Matmul`) that :func:`summa.planning.make_plan` takes, with
+    their defaults."""
+
+    grid: object = None
+    out_of_core: bool | None = None
+    device_memory: object = None
+    trans_a: str = "N"
+    trans_b: str = "N"
+    panel_width: object = None
+    lookahead: int = 1
+    schedule: str = "panels"
+    precision: object = None
+    broadcaster: str = "auto"
+
+
+@dataclass(frozen=True)
+class HeldArrays:
+    """The arrays of one product as its executor takes them, held on rank
+    `root` (None elsewhere; the pool's workers hold them on every rank).
+
+    For a plan over a grid, NumPy arrays in host memory (`out`: where the
+    product is written in place, else None); for a resident plan (one GEMM
+    where they lie), CuPy arrays on its GPU, a host one of a mixed pair
+    among them. As the planner reads them (:func:`plan_held`) they are
+    described as host arrays whose `out` is written where it lies
+    (:class:`summa.api.operands.Operands` describes the caller's own)."""
+
+    a: object
+    b: object
+    out: object = None
+    root: int = 0
+
+    @property
+    def arrays(self) -> tuple:
+        return self.a, self.b, self.out
+
+    @property
+    def placement(self) -> Placement:
+        return Placement()
+
+    out_in_place = True
+    result_dtype = None
+
+    def host_arrays(self, backend=None) -> tuple:
+        return self.a, self.b, self.out
+
+
+def plan_held(given, comm, root: int = 0, request: PlanRequest = PlanRequest(),
+              backend="auto", topology=None) -> tuple:
+    """Check the root's operands and plan their product
+    (:func:`summa.planning.make_plan`, host-held, or where they lie on a
+    GPU, :class:`summa.planning.planner.Placement`); collective. On one
+    rank the backend binds the GPU the operands lie on.
+
+    Parameters
+    ----------
+    given : object
+        On rank `root`: the operands described, as
+        :class:`summa.api.operands.Operands` describes them (``arrays``,
+        ``placement``, ``out_in_place``, ``result_dtype`` and
+        ``host_arrays(backend)``; :class:`HeldArrays` for NumPy arrays), or
+        the :class:`summa.runtime.agree.Failure` of describing them, raised
+        on every rank; ignored elsewhere.
+    request : PlanRequest
+    backend, topology
+        As for :func:`summa.api.multiply.matmul_arrays`.
+
+    Returns
+    -------
+    (Backend, Plan)
+        The rank's backend and the Plan, the same on every rank: for the
+        arrays as they lie where they are host-held (:func:`stored_plan`).
+    """
+    trans_a, trans_b = str(request.trans_a).upper(), str(request.trans_b).upper()
+    rank = comm.Get_rank()
+    meta = given if rank == root and isinstance(given, Failure) else None
+    meta = from_root(comm, root, meta)  # bad input refused before the backend starts
+    placed = given.placement if rank == root and meta is None else None
+    local = placed.device if comm.Get_size() == 1 and placed is not None and \
+        placed.device is not None else node_rank(comm, topology)[0]
+    be = collectively(comm, get_backend, backend, local)
+    if rank == root and meta is None:
+        meta = check_arrays(*given.arrays, trans_a, trans_b, be, given.out_in_place,
+                            given.result_dtype)
+        if not isinstance(meta, str):
+            meta = precision_refusal(given, request.precision) or \
+                (*meta, placed, (trans_a, trans_b))
+    meta = from_root(comm, root, meta)
+    if isinstance(meta, str):
+        raise ValueError(meta)
+    # the root's ops: a lazy conjugate it holds moved its conjugation there
+    m, n, k, dtype, placement, trans = meta
+
+    def in_host() -> HeldArrays:  # on the root, the arrays as host arrays
+        return HeldArrays(*given.host_arrays(be), root) if rank == root else HeldArrays(
+            None, None, None, root)
+    # host arrays are cut as they lie; GPU arrays fetched lie as they come to host memory
+    held = placement is None or placement.where == "host"
+    storage = array_storage(in_host(), trans, comm) if held else None
+    # what first use compiles or allocates (fp64-int8's kernels, cuBLASLt's
+    # workspace) is made before the free memory is read: the plan sees the rest
+    be.prepare(request.precision, dtype)
+    # (the nodes the grid will see: the copy threads share them)
+    plan = make_plan((m, n, k), dtype, Machine.live(comm, be, topology), grid=request.grid,
+                     trans_a=trans[0], trans_b=trans[1], host_held=True,
+                     out_of_core=request.out_of_core, device_memory=request.device_memory,
+                     panel_width=request.panel_width, lookahead=request.lookahead,
+                     schedule=request.schedule, precision=request.precision,
+                     broadcaster=request.broadcaster, placement=placement,
+                     storage=storage or ("rows", "rows"))
+    if plan.placement.where == "host":  # (GPU arrays that do not fit there: as fetched)
+        plan = _for_storage(plan, storage or array_storage(in_host(), plan.trans, comm))
+    return be, plan
+
+
+def stored_plan(plan, held: HeldArrays, comm, backend):
+    """The Plan the executors run on the host arrays `held`: `plan` where it
+    was made for arrays lying as these do, else its memory planned again
+    for them on the ranks of `comm` with their `backend`
+    (:func:`summa.planning.planner.restore`; a :class:`summa.Matmul`
+    planned for arrays of one layout and given another's). Collective: the
+    root reads how they lie (:func:`array_storage`)."""
+    return _for_storage(plan, array_storage(held, plan.trans, comm), comm, backend)
+
+
+def _for_storage(plan, storage: tuple, comm=None, be=None):
+    """`plan` for operands lying as `storage` says (:func:`array_storage`),
+    their op H conjugated by the GEMMs. A plan made for arrays that lay
+    otherwise has its memory planned again for these on the ranks of `comm`
+    with their backend `be` (:func:`summa.planning.planner.restore`;
+    collective, as the storage is the same on every rank), else runs them
+    as they lie."""
+    conj = tuple(conjugated(t, plan.dtype) for t in plan.trans)
+    if (tuple(plan.storage), tuple(plan.conj)) == (storage, conj):
+        return plan
+    machine = Machine.live(comm, be) if comm is not None and storage != tuple(plan.storage) \
+        else None
+    return replace(restore(plan, storage, machine), conj=conj)
+
+
+def array_storage(held: HeldArrays, trans: tuple, comm) -> tuple:
+    """How op(A) and op(B) of the root's `held` arrays lie
+    (:func:`summa.host.storage.storage_of`), on every rank; collective."""
+    storage = None
+    if comm.Get_rank() == held.root:
+        storage = tuple(storage_of(np.asarray(x), t) for x, t in zip((held.a, held.b), trans))
+    return comm.bcast(storage, root=held.root)
+

@@ -1,0 +1,98 @@
+"""The Plan of ``summa`` and ``gemm`` on DistMatrix operands that already
+lie on the devices, made before the run (:func:`plan_distributed`).
+
+Every decision the in-memory executor
+(:func:`summa.execution.algorithm.run_in_memory`) follows, from the
+operands' metadata and, for ``"auto"``, a measurement: the panel width
+(:func:`summa.planning.tuning.panel_width_for`, measured once per problem
+through the form of A's panels the executors hand in), the transposed
+copies of A's and B's panels (:func:`summa.planning.tuning.transposes_a`,
+:func:`summa.planning.tuning.transposes_b`), and for fp64-int8 on a grid
+whether its panels' products are summed (where every rank's device holds
+the sums: :func:`summa.planning.memory.panel_sums_fit`). The broadcasters
+are made by the run, of the kind the Plan names (``auto`` resolves there,
+on the operands' blocks). The operands' memory is theirs already: the
+Plan's is counted (:func:`summa.planning.memory.memory_plan`), not checked."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..distribution.layout import panel_schedule
+from ..precision import ozaki_gpu
+from .memory import Execution, memory_plan, panel_sums_fit
+from .planner import Plan
+from .tuning import column_major, panel_width_for, transposes_a, transposes_b
+
+__all__ = ["plan_distributed"]
+
+
+def plan_distributed(A, B, C, *, panel_width=None, lookahead: int = 1,
+                     broadcaster: str = "auto", precision=None, schedule: str = "panels",
+                     copies: tuple | None = None, panels_of_a=None) -> tuple:
+    """``(Plan, measured)``: the in-memory Plan of ``C <- alpha A @ B + beta
+    C`` on checked DistMatrix operands (:func:`summa.execution.algorithm.summa`'s),
+    and whether an ``"auto"`` panel width was measured for it now (False:
+    the default, given, or measured before for the same problem).
+    Collective over C's grid, on its backend's device.
+
+    Parameters
+    ----------
+    panel_width, lookahead, broadcaster, precision, schedule
+        As :func:`summa.execution.algorithm.summa` takes them: None, the
+        backend's default width; ``"auto"``, measured (under ``"strips"``,
+        whose columns cost nothing to cut, the default).
+    copies : tuple or None
+        ``(A's, B's)``: whether the GEMMs read A's panels, and B's that lie
+        by columns (one rank), from transposed copies; None: as
+        :func:`summa.planning.tuning.transposes_a` and ``transposes_b`` say.
+    panels_of_a : callable, optional
+        How the multiply forms A's panels for their GEMMs, for the
+        measurement (:func:`summa.planning.tuning.auto_panel_width`).
+    """
+    backend, grid = C.backend, C.grid
+    strips = schedule == "strips" and grid.size > 1
+    if strips and isinstance(panel_width, str) and panel_width == "auto":
+        # "auto" times GEMMs of K panels; strips cut columns, which cost nothing
+        # measurable on an H200: the default width serves.
+        panel_width = None
+    width, measured = panel_width_for(A, B, C, panel_width, precision, panels_of_a)
+    if int(lookahead) < 0:
+        raise ValueError(f"lookahead must be >= 0, got {lookahead}")
+    runs = "strips" if strips else "panels"
+    # (a grid's blocks lie by rows on the devices: only one rank's B may not)
+    columns = grid.size == 1 and column_major(B.local)
+    if copies is None:
+        copies = (transposes_a(backend.name, C.dtype, precision, runs),
+                  transposes_b(backend.name, C.dtype, precision, runs, columns))
+    copies = (bool(copies[0]), bool(copies[1]) and columns)
+    (m, k), n = A.shape, B.shape[1]
+    memory = memory_plan(m, n, k, C.dtype, tuple(grid.shape), width, Execution(
+        int(lookahead), backend.name, schedule=runs, precision=precision,
+        storage=("rows", "cols" if columns else "rows")))
+    memory = replace(memory, transposed_a=copies[0], transposed_b=copies[1])
+    plan = Plan((m, n, k), C.dtype.name, backend.name, grid.size, tuple(grid.shape),
+                ("N", "N"), schedule, False, width, int(lookahead), precision,
+                None,  # (moduli: each panel's product takes its own, as asked)
+                None, memory, broadcaster,
+                panel_sums=_panel_sums(A, B, C, width, int(lookahead), precision, strips),
+                storage=("rows", "cols" if columns else "rows"))
+    return plan, measured
+
+
+def _panel_sums(A, B, C, width: int, lookahead: int, precision, strips: bool) -> int | None:
+    """Device bytes of fp64-int8's panel sums of this rank's block of C
+    where its grid's panels' INT8 products are summed and C folded once
+    (:class:`summa.precision.ozaki_gpu.PanelSums`: float64 on several ranks,
+    K of enough terms within an int32 sum, panels, where every rank's
+    device holds them beside the pipeline's panel buffers); else None.
+    Collective where it asks the devices."""
+    grid, k = C.grid, A.layout.shape[1]
+    if precision != "fp64-int8" or strips or \
+            not ozaki_gpu.panel_sums_apply(C.dtype, grid.size, k):
+        return None
+    panels = panel_schedule(A.layout.cols, B.layout.rows, width)
+    widest = max((p.width for p in panels), default=0)
+    if not panel_sums_fit(C.local.shape, k, widest, lookahead, C.backend, grid.comm):
+        return None
+    return ozaki_gpu.panel_sums_bytes(*C.local.shape, widest, k)
