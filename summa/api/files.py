@@ -26,7 +26,7 @@ from ..device.account import Account
 from ..execution.algorithm import SummaStats, prepare, run_in_memory
 from ..device.backend import NumpyBackend, get_backend, resolve_dtype
 from ..distribution.grid import ProcessGrid, node_rank
-from ..host.filemaps import read_ahead
+from ..host.filemaps import prefetch_scratch, read_ahead
 from .. import options as settings
 from ..planning.checks import op_shape
 from .promotion import common_type
@@ -459,9 +459,15 @@ def _multiply_files(run: _FilesRun, operands) -> SummaStats:
 
     # (blocks read onto the devices before it are the plan's too: held)
     holding = sum(x.local.nbytes for x in operands) if plan.device_budget is None else 0
+    # the inputs are read ahead into scratch of the readers' own
+    # (summa.host.filemaps): where the page cache did not hold the files,
+    # 8 MiB past a streamed plan in the GPU suite's NumPy runs
+    # (one read-ahead at a time: the largest input's bounds them all)
+    reading = prefetch_scratch(max(int(np.prod(h.shape)) * h.dtype.itemsize
+                                   for h in (job.headers["A"], job.headers["B"])))
 
     def multiply():
-        with Account.of(plan, be, "the multiply", holding).drawing(comm) as account:
+        with Account.of(plan, be, "the multiply", holding, reading).drawing(comm) as account:
             if plan.device_budget is None:
                 result = run_in_memory(plan, A, B, C, alpha=job.alpha, beta=job.beta,
                                        progress=run.progress.step)

@@ -201,6 +201,13 @@ PREFETCH_THREADS = 4
 PREFETCH_CHUNK = 8 << 20
 
 
+def prefetch_scratch(nbytes: int, threads: int = PREFETCH_THREADS) -> int:
+    """Host bytes a :func:`prefetch` of a view spanning `nbytes` of its file
+    reads into: a chunk of at most :data:`PREFETCH_CHUNK` a thread (beside
+    a run's plan: the account allows it where a run maps its operands)."""
+    return max(1, threads) * min(PREFETCH_CHUNK, max(0, int(nbytes)))
+
+
 def prefetch(view: np.ndarray, threads: int = PREFETCH_THREADS) -> threading.Thread | None:
     """Read the file bytes under `view` (on a registered map: its first to
     its last row, whole) into the page cache in the background, in order,
@@ -305,7 +312,7 @@ def _read_ahead(path: str, first: int, last: int, resident, threads: int,
     lock = threading.Lock()
 
     def reader() -> None:
-        scratch = np.empty(PREFETCH_CHUNK, dtype=np.uint8)
+        scratch = np.empty(min(PREFETCH_CHUNK, last - first), dtype=np.uint8)
         while True:
             with lock:
                 at = next(chunks, None)

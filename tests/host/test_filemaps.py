@@ -58,3 +58,28 @@ def test_a_map_forgotten_inside_find_by_the_collector_does_not_deadlock(tmp_path
     except subprocess.TimeoutExpired:
         pytest.fail("find deadlocked on its own lock when the collector forgot a map")
     assert done.returncode == 0 and done.stdout.strip() == "found", done.stderr
+
+
+def test_a_read_ahead_holds_no_more_host_memory_than_its_scratch_bound(tmp_path):
+    """A read-ahead reads into scratch of at most
+    :func:`summa.host.filemaps.prefetch_scratch` (what a files run's account
+    allows beside its plan): a small file's readers take its size, not a
+    whole chunk each (8 MiB each went past a streamed plan's account)."""
+    import threading
+    import tracemalloc
+    import numpy as np
+    from summa.host import filemaps
+    path = tmp_path / "x.bin"
+    size = 300_000
+    path.write_bytes(np.random.default_rng(0).bytes(size))
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        # every chunk read (resident None: as from a cold page cache)
+        filemaps._read_ahead(str(path), 0, size, None, 4, threading.Event(), None)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert 0 < filemaps.prefetch_scratch(size) < filemaps.PREFETCH_CHUNK
+    assert peak <= filemaps.prefetch_scratch(size) + (64 << 10)
