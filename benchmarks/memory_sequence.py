@@ -27,7 +27,7 @@ during the call (libraries' own memory), its seconds, and whether it
 failed and how. Exit status 1 where a call ran out of memory with CuPy's
 error, or took more than its plan said.
 
-    python3 benchmarks/memory_sequence.py [--size 40960] [--whole 78GiB] [--json FILE]
+    python3 benchmarks/memory_sequence.py [--size 40960] [--whole 78GiB] [--last] [--json FILE]
 """
 
 from __future__ import annotations
@@ -170,10 +170,9 @@ def taker(nbytes: int, after: float) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code])
 
 
-def sequence(n: int, whole: int | None = None) -> list:
+def sequence(n: int, whole: int | None = None, last: bool = False) -> list:
+    """The calls in order (`last`: from the stack on, the earlier calls left out)."""
     import numpy as np
-    import cupy as cp
-    import summa
     gpu, rows = Gpu(whole), []
     a, b = host((n, n), np.float64, 1), host((n, n), np.float64, 2)
 
@@ -181,6 +180,16 @@ def sequence(n: int, whole: int | None = None) -> list:
         rows.append(call(gpu, label, fn, free))
         print(json.dumps(rows[-1]), flush=True)
 
+    if not last:
+        _first_calls(run, a, b, n)
+    _last_calls(run, gpu, a, b, n)
+    return rows
+
+
+def _first_calls(run, a, b, n: int) -> None:
+    """The float64, float32, Fortran, complex128 and fp64-int8 calls, the
+    whole GPU free, then under 24 and 8 GiB, then fp64-int8 whole again."""
+    import numpy as np
     run("float64", lambda: product(a, b))
     a32, b32 = a.astype(np.float32), b.astype(np.float32)
     run("float32", lambda: product(a32, b32))
@@ -197,6 +206,14 @@ def sequence(n: int, whole: int | None = None) -> list:
         run(f"float64 {free // GIB} GiB", lambda: product(a, b), free)
         run(f"fp64-int8 {free // GIB} GiB", lambda: product(a, b, precision="fp64-int8"), free)
     run("fp64-int8 whole GPU, after the others", lambda: product(a, b, precision="fp64-int8"))
+
+
+def _last_calls(run, gpu, a, b, n: int) -> None:
+    """A stack, int32, float64 under 24 GiB, Matmuls planned and run under
+    other free memory, CuPy operands, a second process taking memory."""
+    import numpy as np
+    import cupy as cp
+    import summa
     s = n * 3 // 10 // 256 * 256
     stack, bs = host((3, s, s), np.float64, 5), host((s, s), np.float64, 6)
     run(f"stack (3, {s}, {s}) 24 GiB", lambda: product(stack, bs), 24 * GIB)
@@ -240,7 +257,6 @@ def sequence(n: int, whole: int | None = None) -> list:
         other.kill()
         other.wait()
     gpu.leave(None)
-    return rows
 
 
 def verdict(rows: list) -> list:
@@ -273,12 +289,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=40960)
     parser.add_argument("--json", help="append each call's record to this JSON lines file")
+    parser.add_argument("--last", action="store_true",
+                        help="only the calls from the stack on (a device call of limited time)")
     parser.add_argument("--whole", help="memory that stands for the whole GPU (e.g. 78GiB: "
                         "an 80 GB card's on a larger one); default: all of it")
     args = parser.parse_args(argv)
     sys.path.insert(0, ROOT)
     from summa.planning.memory import parse_bytes
-    rows = sequence(args.size, parse_bytes(args.whole) if args.whole else None)
+    rows = sequence(args.size, parse_bytes(args.whole) if args.whole else None, args.last)
     if args.json:
         with open(args.json, "a") as f:
             for r in rows:
