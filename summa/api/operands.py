@@ -42,6 +42,7 @@ from ..planning.checks import not_in_place
 from ..device.backend import DTYPES
 from ..host.copies import converted, parallel_copy
 from ..planning.planner import Placement
+from .promotion import as_float64
 
 __all__ = ["Operand", "Operands", "operand", "describe", "unconjugated", "cupy_module",
            "kept_device", "as_kind", "library_of", "lies_on_gpu", "lazy_conjugate", "exactly",
@@ -328,6 +329,8 @@ class Operands:
         The type the product is given back in where it is not the one it
         is computed in: integer operands, multiplied exactly in float64
         (:func:`summa.api.promotion.exact_integers`).
+    kept_integers : bool
+        `a` and `b` are integer host arrays still (:meth:`host_arrays`).
     """
 
     a: Operand
@@ -335,6 +338,7 @@ class Operands:
     out: Operand | None = None
     out_in_place: bool = True
     result_dtype: np.dtype | None = None
+    kept_integers: bool = False
 
     @property
     def arrays(self) -> tuple:
@@ -360,14 +364,16 @@ class Operands:
                          copies=sum(x.nbytes for x in in_host + relaid),
                          into_out=self.out is not None and self.out_in_place)
 
-    def host_arrays(self, backend=None) -> tuple:
+    def host_arrays(self, backend=None, as_they_lie: bool = False) -> tuple:
         """``(a, b, out)`` in host memory for the host plan: operands on a GPU
         copied (:meth:`Operand.to_host`), `out` only where it lies in host
         memory and is written in place (None where it is on a GPU or
-        :attr:`out_in_place` is False: :meth:`give_back` fills it)."""
+        :attr:`out_in_place` is False: :meth:`give_back` fills it);
+        :attr:`kept_integers` into float64 whole unless `as_they_lie`."""
         out = self.out.array if self.out is not None and self.out.device is None \
             and self.out_in_place else None
-        return self.a.to_host(backend), self.b.to_host(backend), out
+        x = self if as_they_lie or not self.kept_integers else as_float64(self)
+        return x.a.to_host(backend), x.b.to_host(backend), out
 
     def give_back(self, c, backend=None):
         """The product `c` (NumPy or CuPy) as the caller's kind: `out` as the
@@ -398,12 +404,11 @@ class Operands:
 def exactly(c, dtype: np.dtype):
     """The float64 product `c` (NumPy or CuPy) of integers, exact, in the
     integer or boolean `dtype`: through int64, so that a narrower type keeps
-    the low bits as NumPy's integer matmul does (bool: nonzero)."""
+    the low bits as NumPy's integer matmul does (bool: nonzero); `c` as it is
+    where it is of `dtype` (converted already, as the product's chunks drained)."""
     # (host arrays on host threads: NumPy's astype takes one)
     cast = converted if isinstance(c, np.ndarray) else (lambda x, to: x.astype(to))
-    if dtype.kind == "b":
-        return cast(c, dtype)
-    whole = cast(c, np.int64)
+    whole = c if c.dtype == dtype or dtype.kind == "b" else cast(c, np.int64)
     return whole if dtype == whole.dtype else cast(whole, dtype)
 
 

@@ -42,7 +42,7 @@ def pooled_size(operands: "ArrayOperands", comm, gpus=None, workers=None,
     and `backend` as for :func:`summa.api.multiply.matmul_arrays`."""
     if comm is not None or MPI.COMM_WORLD.Get_size() != 1 or pool.launched():
         return 1, operands
-    operands = operands.described()
+    operands = operands.described(keep_integers=True)  # (one process: raised here)
     return _pool_size(operands.given.placement, gpus, workers, backend), operands
 
 
@@ -80,13 +80,14 @@ class ArrayOperands:
     root: int = 0
     given: object = None
 
-    def described(self) -> "ArrayOperands":
+    def described(self, keep_integers: bool = False) -> "ArrayOperands":
         """These operands with :attr:`given` (:func:`summa.api.operands.describe`,
         operands of two dtypes in their common one,
-        :func:`summa.api.promotion.promoted`; raising their ValueError); call
-        it on the root."""
+        :func:`summa.api.promotion.promoted`, integers in host memory kept as
+        they lie where `keep_integers`; raising their ValueError); call it on
+        the root."""
         return self if self.given is not None else replace(
-            self, given=promoted(describe(self.a, self.b, self.out)))
+            self, given=promoted(describe(self.a, self.b, self.out), keep_integers))
 
     def unconjugated(self, trans: tuple) -> tuple:
         """``(operands, (trans_a, trans_b))``: these, a lazy conjugate among
@@ -210,7 +211,8 @@ def plan_arrays(operands: ArrayOperands, comm, request: PlanRequest = PlanReques
     given = None
     if comm.Get_rank() == operands.root:
         try:
-            operands = operands.described()
+            # integers kept as they lie where only this rank would convert them
+            operands = operands.described(keep_integers=comm.Get_size() == 1)
             _check_budget(operands.given, request)
             given = operands.given
         except Exception as exc:  # noqa: BLE001 -- raised on every rank by the planner
@@ -224,7 +226,9 @@ def held_arrays(operands: ArrayOperands, plan, be) -> HeldArrays:
     the root (:func:`plan_arrays`): for a resident plan the arrays where
     they lie (`out` where the product is written into it there); else host
     arrays, operands on a GPU copied to host memory first
-    (:meth:`summa.api.operands.Operands.host_arrays`); off the root, as
+    (:meth:`summa.api.operands.Operands.host_arrays`), integers as they lie
+    where the plan converts them as it stages them (``plan.host_integers``:
+    `out` a new array of their product's type); off the root, as
     passed (the pool's workers hold the arrays on every rank)."""
     given, root = operands.given, operands.root
     if given is None:
@@ -232,6 +236,9 @@ def held_arrays(operands: ArrayOperands, plan, be) -> HeldArrays:
     if plan.placement.resident:
         out = given.out.array if given.out is not None and given.out_in_place else None
         return HeldArrays(given.a.array, given.b.array, out, root)
+    if given.kept_integers and plan.host_integers:  # converted as they are staged,
+        a, b, _ = given.host_arrays(be, as_they_lie=True)  # C as its chunks drain
+        return HeldArrays(a, b, np.empty(tuple(plan.shape[:2]), given.result_dtype), root)
     return HeldArrays(*given.host_arrays(be), root)
 
 
@@ -254,5 +261,6 @@ def _check_budget(given, request: PlanRequest) -> None:
     a floor by their least dimension and item), before the backend starts."""
     arrays = [x.array for x in (given.a, given.b)]
     k = min(min(x.shape, default=0) for x in arrays)
-    check_least_budget((k, k, k), min(x.dtype.itemsize for x in arrays), request.device_memory,
+    item = 8 if given.kept_integers else min(x.dtype.itemsize for x in arrays)  # (float64)
+    check_least_budget((k, k, k), item, request.device_memory,
                        request.panel_width, request.out_of_core, request.schedule)

@@ -9,7 +9,10 @@ are copied into float64, whose GEMM sums integers exactly while every sum
 stays below 2**53 (checked first: the largest magnitudes' product times K),
 and the float64 product is converted into NumPy's result type, wrapping as
 NumPy's integer matmul wraps (a narrower type keeps the low bits; bool: any
-term true)."""
+term true). Where the plan stages host operands through page-locked chunks
+(out of core on one GPU rank), they are kept as they lie and converted
+inside those copies instead, the product too
+(:attr:`summa.planning.planner.Plan.host_integers`): no whole float64 copy."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from ..device.backend import DTYPES
 from ..host.copies import converted, extremes
 from ..host.filemaps import available_memory
 
-__all__ = ["promoted", "common_type", "product_type", "exact_integers"]
+__all__ = ["promoted", "common_type", "product_type", "exact_integers", "as_float64"]
 
 #: The types summa computes in.
 _TYPES = frozenset(np.dtype(t) for t in DTYPES.values())
@@ -55,13 +58,15 @@ def common_type(a: np.dtype, b: np.dtype) -> np.dtype | None:
     return common if common in _TYPES else None
 
 
-def promoted(given):
+def promoted(given, keep_integers: bool = False):
     """`given` (:class:`summa.api.operands.Operands`, operands of two
     dtypes with a :func:`common_type`: matrices, or stacks of them) with the
     operand of another type
     copied once into it: in host memory on host threads, where the memory
     the system has free holds it; on a GPU there. Others as they are (the
-    checks refuse them, naming both types).
+    checks refuse them, naming both types). Integer operands both in
+    host memory are kept as they lie where `keep_integers`
+    (:func:`exact_integers`).
 
     Raises
     ------
@@ -72,7 +77,7 @@ def promoted(given):
     if a.ndim == 0 or b.ndim == 0:  # (refused by name: not matrices)
         return given
     if _integral(a.dtype) and _integral(b.dtype):
-        return exact_integers(given)
+        return exact_integers(given, keep_integers)
     common = common_type(a.dtype, b.dtype) if a.dtype != b.dtype else None
     if common is None:
         return given
@@ -80,13 +85,16 @@ def promoted(given):
                    b=_converted(given.b, common, "b"))
 
 
-def exact_integers(given):
+def exact_integers(given, keep: bool = False):
     """`given` (integer or boolean operands: matrices, or stacks of them)
     copied into float64, their
     product's type (:func:`product_type`) its ``result_dtype``: the float64
     product, exact, is converted into it
     (:meth:`summa.api.operands.Operands.give_back`), and an `out` filled
-    from it (never written in place).
+    from it (never written in place). With `keep`, operands both in host
+    memory are not copied: ``kept_integers`` says so, and the plan decides
+    (:meth:`summa.api.operands.Operands.held_arrays`: converted as they are
+    staged, or whole, :func:`as_float64`).
 
     Raises
     ------
@@ -104,9 +112,23 @@ def exact_integers(given):
             f"over K may reach 2**{np.log2(float(bound)):.1f} (the largest magnitudes "
             f"{largest[0]} and {largest[1]}, K up to {k}): convert them to "
             "float64 yourself (rounded sums), or multiply smaller values")
+    typed = replace(given, result_dtype=np.result_type(a.dtype, b.dtype), out_in_place=False)
+    if keep and given.a.device is None and given.b.device is None:
+        return replace(typed, kept_integers=True)
+    return as_float64(typed)
+
+
+def as_float64(given):
+    """`given`'s operands copied whole into float64 (:func:`exact_integers`'s
+    copies, made where a plan does not convert them as it stages them).
+
+    Raises
+    ------
+    ValueError
+        A copy does not fit in memory (:func:`promoted`)."""
     f64 = np.dtype(np.float64)
     return replace(given, a=_converted(given.a, f64, "a"), b=_converted(given.b, f64, "b"),
-                   result_dtype=np.result_type(a.dtype, b.dtype), out_in_place=False)
+                   kept_integers=False)
 
 
 def _largest(x) -> int:

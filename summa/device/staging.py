@@ -15,6 +15,11 @@ cuts them into chunks of rows; the chunks run on the pool. A copy is a
 GEMMs done with its device buffer) and later waits for it, on the GPU
 (:meth:`Transfer.event`) or on the host (:meth:`Transfer.wait`). An error in
 any thread ends the transfer with that error, raised where it is waited for.
+
+Integer (and boolean) host rows meet float64 device rows in these copies:
+the threads convert them as they fill a chunk, and convert a float64
+product back as they drain one (:mod:`summa.device.casts`), so that an
+integer product makes no whole float64 copy in host memory.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import numpy as np
 
 from .. import options
 from . import hostrows
+from .casts import cast_rows, converts
 from .hostrows import copyable_rows, pitch
 from ..runtime.watchdog import watch
 
@@ -265,13 +271,16 @@ class Stager:
     # -- the caller's side -----------------------------------------------------------
     def upload(self, dst, src: np.ndarray, after=None) -> Transfer:
         """Copy host array `src` (any strides: its rows are gathered into the
-        chunks) into device array `dst` (same shape), once the GPU has
+        chunks) into device array `dst` (same shape; float64 where `src` is
+        integers or bools: converted as the chunks fill), once the GPU has
         reached CUDA event `after` (None: at once)."""
         return self._submit(_H2D, dst, src, after)
 
     def download(self, dst: np.ndarray, src, after=None) -> Transfer:
         """Copy device array `src` into host array `dst` (same shape, any
-        strides), once the GPU has reached `after`."""
+        strides; integers or bools where `src` is float64 holding exact
+        integers: converted as the chunks drain, :func:`summa.device.casts.exact_into`),
+        once the GPU has reached `after`."""
         return self._submit(_D2H, src, dst, after)
 
     def touch(self, x: np.ndarray) -> Touch:
@@ -306,7 +315,8 @@ class Stager:
     def _submit(self, kind, dev, host: np.ndarray, after) -> Transfer:
         if self._closed:
             raise RuntimeError("the host-GPU copy threads were closed")
-        if tuple(dev.shape) != tuple(host.shape) or dev.dtype != host.dtype:
+        if tuple(dev.shape) != tuple(host.shape) or (
+                dev.dtype != host.dtype and not converts(host.dtype, dev.dtype)):
             raise ValueError(f"a copy between {host.shape} {host.dtype} host rows and a "
                              f"{tuple(dev.shape)} {dev.dtype} device array")
         # The host side may have any strides (a strided view, reversed rows):
@@ -316,7 +326,8 @@ class Stager:
             raise ValueError("host-GPU copies take 2-D host arrays and device arrays with "
                              "contiguous rows")
         rows = host.shape[0] if host.size else 0
-        step = max(1, self.chunk_bytes // max(1, host.shape[1] * host.itemsize))
+        # (a chunk holds the device's rows: float64 where the host's are integers)
+        step = max(1, self.chunk_bytes // max(1, host.shape[1] * dev.dtype.itemsize))
         cuts = [(r, min(r + step, rows)) for r in range(0, rows, step)]
         transfer = Transfer(len(cuts))
         if cuts:
@@ -401,8 +412,9 @@ class Stager:
                     if transfer.error is not None:
                         break
                     part = host[r0:r1]
-                    buf = self._chunk(kind, part.nbytes)
-                    stage = buf[:part.nbytes].view(host.dtype).reshape(part.shape)
+                    nbytes = part.size * dev.dtype.itemsize
+                    buf = self._chunk(kind, nbytes)
+                    stage = buf[:nbytes].view(dev.dtype).reshape(part.shape)
                     if kind == _H2D:
                         self._pool.submit(self._fill, transfer, dev[r0:r1], part, stage, buf)
                     else:  # the copy engine first, the host thread once it is done
@@ -423,10 +435,14 @@ class Stager:
             # Another process's array is read there, a mapped file's rows
             # from the file (no page faults), unless already in memory.
             source = hostrows.reader(part)
-            if source is not None:
+            if source is not None and stage.dtype == part.dtype:
                 source.read_into(stage)
-            else:
-                np.copyto(stage, part)
+            elif source is not None:  # (read as they lie, then converted)
+                rows = np.empty(part.shape, part.dtype)
+                source.read_into(rows)
+                cast_rows(stage, rows)
+            else:  # integers converted into float64 in the same pass
+                cast_rows(stage, part)
             self._memcpy(stage, dev, _H2D, self.up)
             event = self._record(self.up)
             transfer._chunk_done(lambda: self._record(self.up))
@@ -459,9 +475,13 @@ class Stager:
             # benchmarks/files.py's in-memory write phase).
             target = hostrows.writer(part)
             if target is not None:  # another process's array, or a mapped file
+                if stage.dtype != part.dtype:
+                    rows = np.empty(part.shape, part.dtype)
+                    cast_rows(rows, stage)
+                    stage = rows
                 target.write_from(stage)
-            else:
-                np.copyto(part, stage)
+            else:  # float64 back into integers in the same pass
+                cast_rows(part, stage)
             transfer._chunk_done()
         except BaseException as exc:  # noqa: BLE001
             transfer._fail(exc)

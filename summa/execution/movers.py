@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from ..device.casts import cast_rows
 from ..device.cupy_backend import CUDA_INVALID_VALUE, clear_cuda_error, page_locked
 from ..device.staging import Transfer, get_stager
 from ..host import remote
@@ -28,8 +29,8 @@ def _host_copy(dst: np.ndarray, src: np.ndarray) -> None:
     owner, target = remote.find(src), remote.find(dst)
     if target is not None:  # the pool's owner's array (its product)
         target.write_from(np.ascontiguousarray(src))
-    elif owner is None:
-        dst[...] = src
+    elif owner is None:  # (integers and float64 as the stager converts them)
+        cast_rows(dst, np.asarray(src))
     elif dst.flags.c_contiguous:
         owner.read_into(dst)
     else:
@@ -138,7 +139,12 @@ class CudaMover:
             self._locked.append((array.ctypes.data, array.ctypes.data + array.nbytes))
         return locked
 
-    def _direct(self, host: np.ndarray) -> bool:
+    def _direct(self, host: np.ndarray, dev=None) -> bool:
+        """Is `host` copied directly (page-locked), not through the stager?
+        Never where it is of another type than the device rows `dev`
+        (integers, converted as the stager's threads copy them)."""
+        if dev is not None and host.dtype != dev.dtype:
+            return False
         start = host.ctypes.data
         return any(a <= start < b for a, b in self._locked)
 
@@ -210,7 +216,7 @@ class CudaMover:
 
     def upload(self, dst, src):
         after = self.device.record_event()  # GEMMs done with this slot
-        if not (self._direct(src) and copyable_rows(src)):  # strided: the threads gather
+        if not (self._direct(src, dst) and copyable_rows(src)):  # strided: the threads gather
             self.moved += src.nbytes
             transfer = self._stage().upload(dst, src, after)
             self._uploads.append(transfer)
@@ -227,7 +233,7 @@ class CudaMover:
     def begin_tile(self, c, host_tile, buf: int, load: bool) -> None:
         stream = self.xp.cuda.get_current_stream()
         self.wait_event(self.written.pop(buf, None))
-        if load and not self._direct(host_tile):
+        if load and not self._direct(host_tile, c):
             self.moved += host_tile.nbytes
             self.wait_event(self._stage().upload(c, host_tile, self.device.record_event()))
         elif load:
@@ -253,7 +259,7 @@ class CudaMover:
         # Whether the product is finite, asked of each tile where it lies (the
         # inputs are scanned only where it is not: see multiply_files).
         self._probes.append(self.device.finite_probe(c))
-        if not self._direct(host):
+        if not self._direct(host, c):
             self.moved += host.nbytes
             if self._touched is not None:  # its zeros must land before the product
                 self._stage().hurry(self._touched)  # the copy threads help: tile's uploads done

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from ..runtime.mpi import MPI
 from .. import options
 from ..precision import ozaki
@@ -123,7 +125,7 @@ def prepared_sweep(plan: Plan, operands: SweepOperands, device) -> tuple:
     (:func:`summa.planning.restage`: ipc stages each slot) before
     :func:`run_out_of_core`, which decides nothing. Checks first; collective."""
     A, B, C = operands.A, operands.B, operands.C
-    _check_sweep_operands(A, B, C)
+    _check_sweep_operands(A, B, C, plan.host_integers)
     _check_plan(plan, A, B, C, device)
     with device.on_device():
         bcs = _sweep_broadcasters(plan, operands, device)
@@ -146,7 +148,7 @@ def _run(plan: Plan, operands: SweepOperands, device, scalars: tuple, progress,
          fresh_c: bool, broadcasters) -> SummaStats:
     """:func:`run_out_of_core` on the device's GPU."""
     (alpha, beta), (A, B, C) = scalars, (operands.A, operands.B, operands.C)
-    _check_sweep(alpha, A, B, beta, C, device, plan.precision)
+    _check_sweep(alpha, A, B, beta, C, device, plan.precision, plan.host_integers)
     _check_plan(plan, A, B, C, device)
     grid = C.grid
     if broadcasters is None:
@@ -210,15 +212,18 @@ def _sweep_broadcasters(plan: Plan, operands: SweepOperands, device) -> tuple:
     return none, none
 
 
-def _check_sweep(alpha, A, B, beta, C, device, precision) -> None:
-    """Refuse operands and scalars the sweep cannot take (the same on every rank)."""
-    _check_sweep_operands(A, B, C)
-    check_scalars(alpha, beta, C.dtype, precision, device)
+def _check_sweep(alpha, A, B, beta, C, device, precision, integers=None) -> None:
+    """Refuse operands and scalars the sweep cannot take (the same on every
+    rank); `integers`: the plan's staged integers' dtypes (computed in float64)."""
+    _check_sweep_operands(A, B, C, integers)
+    check_scalars(alpha, beta, np.dtype(np.float64) if integers else C.dtype, precision,
+                  device)
 
 
-def _check_sweep_operands(A, B, C) -> None:
-    """Refuse operands the sweep cannot take (the same on every rank)."""
-    check_operands(A, B, C)
+def _check_sweep_operands(A, B, C, integers=None) -> None:
+    """Refuse operands the sweep cannot take (the same on every rank);
+    `integers` as for :func:`_check_sweep`."""
+    check_operands(A, B, C, dtypes=integers)
     check_layouts(A, B, C)
     if C.backend.is_gpu:
         raise ValueError("out-of-core operands must be host-resident (NumPy backend)")
@@ -229,10 +234,12 @@ def _check_sweep_operands(A, B, C) -> None:
 
 
 def _check_plan(plan: Plan, A, B, C, device) -> None:
-    """Refuse a plan made for another product, grid, dtype or device."""
+    """Refuse a plan made for another product, grid, dtype or device (C of
+    the integer type the plan's staged integers drain into, where it has them)."""
     have = ((A.shape[0], B.shape[1], A.shape[1]), tuple(C.grid.shape), C.dtype.name,
             device.name)
-    planned = (tuple(plan.shape), tuple(plan.grid), plan.dtype, plan.backend)
+    planned = (tuple(plan.shape), tuple(plan.grid),
+               plan.host_integers[2] if plan.host_integers else plan.dtype, plan.backend)
     if not plan.out_of_core:
         raise ValueError("the plan runs in memory, not out of core")
     if have != planned:

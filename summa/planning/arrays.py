@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..device.backend import get_backend
+from ..device.traits import traits
 from ..distribution.grid import node_rank
 from ..host.storage import conjugated, storage_of
 from ..runtime.agree import Failure, collectively, from_root
@@ -74,7 +75,7 @@ class HeldArrays:
     out_in_place = True
     result_dtype = None
 
-    def host_arrays(self, backend=None) -> tuple:
+    def host_arrays(self, backend=None, as_they_lie: bool = False) -> tuple:
         return self.a, self.b, self.out
 
 
@@ -117,16 +118,17 @@ def plan_held(given, comm, root: int = 0, request: PlanRequest = PlanRequest(),
                             given.result_dtype)
         if not isinstance(meta, str):
             meta = precision_refusal(given, request.precision) or \
-                (*meta, placed, (trans_a, trans_b))
+                (*meta, placed, (trans_a, trans_b), _kept_integers(given))
     meta = from_root(comm, root, meta)
     if isinstance(meta, str):
         raise ValueError(meta)
     # the root's ops: a lazy conjugate it holds moved its conjugation there
-    m, n, k, dtype, placement, trans = meta
+    m, n, k, dtype, placement, trans, integers = meta
 
-    def in_host() -> HeldArrays:  # on the root, the arrays as host arrays
-        return HeldArrays(*given.host_arrays(be), root) if rank == root else HeldArrays(
-            None, None, None, root)
+    def in_host() -> HeldArrays:  # on the root, the arrays as host arrays (as they lie:
+        # only their layout is read here, integers are not converted for it)
+        return HeldArrays(*given.host_arrays(be, as_they_lie=True), root) \
+            if rank == root else HeldArrays(None, None, None, root)
     # host arrays are cut as they lie; GPU arrays fetched lie as they come to host memory
     held = placement is None or placement.where == "host"
     storage = array_storage(in_host(), trans, comm) if held else None
@@ -143,7 +145,30 @@ def plan_held(given, comm, root: int = 0, request: PlanRequest = PlanRequest(),
                      storage=storage or ("rows", "rows"))
     if plan.placement.where == "host":  # (GPU arrays that do not fit there: as fetched)
         plan = _for_storage(plan, storage or array_storage(in_host(), plan.trans, comm))
-    return be, plan
+    return be, with_integers(plan, integers)
+
+
+def _kept_integers(given) -> tuple | None:
+    """``(a's, b's, the product's)`` dtype names of integer operands `given`
+    keeps in host memory as they lie
+    (:attr:`summa.api.operands.Operands.kept_integers`), else None."""
+    if not getattr(given, "kept_integers", False):
+        return None
+    return (given.a.array.dtype.name, given.b.array.dtype.name,
+            np.dtype(given.result_dtype).name)
+
+
+def with_integers(plan, integers: tuple | None):
+    """`plan` recording the integer operands `integers` (:func:`_kept_integers`)
+    as converted inside the host copies (:attr:`summa.planning.planner.Plan.host_integers`)
+    where it stages them: out of core on one GPU rank, the operands in host
+    memory (the sweep's uploads and write-backs go through the page-locked
+    chunks, :class:`summa.device.staging.Stager`). Elsewhere `plan` as it
+    is: the operands are converted whole first (their host copies are
+    NumPy's own, or scattered to other ranks in float64)."""
+    stages = plan.out_of_core and traits(plan.backend).gpu and plan.ranks == 1 and \
+        plan.placement.where == "host"
+    return replace(plan, host_integers=tuple(integers)) if integers and stages else plan
 
 
 def stored_plan(plan, held: HeldArrays, comm, backend):

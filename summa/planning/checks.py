@@ -23,15 +23,23 @@ __all__ = ["check_operands", "check_layouts", "check_scalars", "check_schedule",
            "PRECISIONS", "SCHEDULES"]
 
 
-def check_operands(A, B, C=None, op_a: str = "N", op_b: str = "N") -> tuple[int, int, int]:
+def check_operands(A, B, C=None, op_a: str = "N", op_b: str = "N",
+                   dtypes=None) -> tuple[int, int, int]:
     """Raise the same ValueError on every rank if ``op(A) @ op(B)`` (into C)
-    cannot be formed; return ``(M, N, K)``. Looks at metadata only."""
+    cannot be formed; return ``(M, N, K)``. Looks at metadata only. `dtypes`:
+    the dtype names A, B and C must have where they differ (integers a plan
+    converts as it stages them, :attr:`summa.planning.planner.Plan.host_integers`)."""
     others = [B] + ([] if C is None else [C])
     if any(X.grid is not A.grid for X in others):
         raise ValueError("A, B and C must live on the same ProcessGrid")
     if any(X.backend.name != A.backend.name for X in others):
         raise ValueError("A, B and C must use the same backend")
-    if any(X.dtype != A.dtype for X in others):
+    if dtypes is not None:
+        if tuple(X.dtype.name for X in [A] + others) != tuple(dtypes)[:1 + len(others)]:
+            raise ValueError(f"the plan converts {', '.join(dtypes)} operands as it stages "
+                             f"them, not A {A.dtype.name}, B {B.dtype.name}"
+                             + ("" if C is None else f", C {C.dtype.name}"))
+    elif any(X.dtype != A.dtype for X in others):
         raise ValueError(f"dtypes differ: A {A.dtype.name}, B {B.dtype.name}"
                          + ("" if C is None else f", C {C.dtype.name}"))
     m, k = A.shape if op_a == "N" else A.shape[::-1]
@@ -138,12 +146,16 @@ def check_arrays(a, b, out, trans_a: str, trans_b: str, backend, out_in_place: b
                        "for one pair (execute it for each)" if x.ndim > 2 else ""))
         arrays[name] = x
     a, b = arrays["a"], arrays["b"]
-    if a.dtype != b.dtype:  # (pairs of a common type summa computes in are promoted first)
+    types = (a.dtype, b.dtype)
+    if out_dtype is not None and all(t.kind in "biu" for t in types):
+        # integers kept as they lie, multiplied in float64 (converted as they are staged)
+        types = (np.dtype(np.float64),) * 2
+    if types[0] != types[1]:  # (pairs of a common type summa computes in are promoted first)
         return (f"a is {a.dtype.name} but b is {b.dtype.name}, and NumPy's type for their "
                 "product is not one summa multiplies (float64, float32, complex128, "
                 "complex64; float16 on GPUs): convert them")
     try:
-        dtype = backend.check_dtype(a.dtype)
+        dtype = backend.check_dtype(types[0])
     except ValueError as exc:
         return str(exc)
     (m, k), (k2, n) = op_shape(a.shape, trans_a), op_shape(b.shape, trans_b)

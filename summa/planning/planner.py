@@ -213,6 +213,15 @@ class Plan:
         (:meth:`summa.device.backend.Backend.gemm`: op H of a complex array handed
         over as it lies)? False where it comes conjugated (read so from a
         file, redistributed so) or op H does not conjugate (real dtypes).
+    host_integers : tuple or None
+        ``(A's, B's, the product's)`` dtype names where the operands are
+        integers (or bools) lying in host memory that the host copy threads
+        convert into float64 as they stage them into page-locked chunks,
+        and the float64 product back as its chunks drain
+        (:mod:`summa.device.casts`): no whole float64 copy of them in host
+        memory (out of core on one GPU rank,
+        :func:`summa.planning.arrays.with_integers`). None elsewhere:
+        integers are converted whole first, the product after.
     note : str or None
         Why the mode was chosen for the caller (in memory did not fit; GPU
         operands copied to host memory).
@@ -243,6 +252,7 @@ class Plan:
     placement: Placement = Placement()
     storage: tuple = ("rows", "rows")
     conj: tuple = (False, False)
+    host_integers: tuple | None = None
     note: str | None = field(default=None, compare=False)
     predicted: dict | None = field(default=None, compare=False)
 

@@ -30,7 +30,17 @@ def plan_lines(plan) -> list[str]:
     lines += _memory_lines(plan) + _fp64_int8_lines(plan) + _staging_lines(plan)
     if plan.predicted:
         lines += _prediction_lines(plan)
-    return lines + _storage_lines(plan) + _decision_lines(plan)
+    return lines + _storage_lines(plan) + _integer_lines(plan) + _decision_lines(plan)
+
+
+def _integer_lines(plan) -> list[str]:
+    """Integer operands converted as they are staged (nothing for others)."""
+    if not getattr(plan, "host_integers", None):
+        return []
+    a, b, c = plan.host_integers
+    return [f"  integers converted as they are staged: A ({a}) and B ({b}) into "
+            f"{plan.dtype} as the copy threads fill the page-locked chunks, the product "
+            f"into {c} as they drain (no {plan.dtype} copy of them in host memory)"]
 
 
 def _peak_line(plan) -> str:

@@ -471,6 +471,73 @@ def test_integer_and_boolean_operands_multiply_exactly_as_numpy_does(comm, rng, 
                 assert c.dtype == np.int64 and np.array_equal(c, want)
 
 
+@pytest.mark.parametrize("da, db, top", [("int32", "int32", 2**20), ("int8", "int8", 128),
+                                       ("int16", "uint8", 256), ("bool", "bool", 2),
+                                       ("int64", "int64", 2**22)])
+def test_integers_staged_by_the_plan_make_no_whole_float64_copy(rng, monkeypatch, da, db, top):
+    """Where the plan stages host operands through page-locked chunks (out
+    of core on one GPU rank: here the NumPy backend taken for one, its
+    copies the same casts), integers are kept as they lie and converted
+    inside the copies, the product drained into its own type, wrapping as
+    NumPy's integer matmul (int8 overflowing): no whole float64 copy of A,
+    B or C, and the plan says so (values near the exact bound for int64:
+    2**22 * 2**22 * K under 2**53)."""
+    from summa.api import operands, promotion
+    from summa.planning import arrays
+    monkeypatch.setattr(arrays, "traits", lambda name: type("T", (), {"gpu": True}))
+    whole = []
+    for module, name in ((promotion, "as_float64"), (operands, "converted")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _n=name: (
+            whole.append(_n), _real(*a))[1])
+    a, b = _integers(rng, (61, 47), da, top), _integers(rng, (47, 33), db, top)
+    b = b[::-1]  # (a strided view: gathered by the copies as it lies)
+    want = a @ b
+    stats = summa.SummaStats()
+    c = summa.matmul(a, b, backend="numpy", out_of_core=True, device_memory="8KiB",
+                     panel_width=8, stats=stats)
+    assert c.dtype == want.dtype and np.array_equal(c, want)
+    assert not whole, whole
+    plan = stats.extra["plan"]
+    assert plan["host_integers"] == [da, db, want.dtype.name] and plan["dtype"] == "float64"
+    if da == "int8":
+        assert (np.abs(a.astype(np.int64) @ b.astype(np.int64)) > 127).any()  # it wraps
+    out = np.zeros((33, 61), want.dtype).T  # an out of its own layout: filled after
+    assert summa.matmul(a, b, backend="numpy", out_of_core=True, device_memory="8KiB",
+                        out=out) is out and np.array_equal(out, want)
+
+
+def test_integers_the_plan_does_not_stage_are_converted_whole_first(rng, monkeypatch):
+    """On CPUs (no staging) integer operands are converted into float64
+    whole, as before, and the plan records nothing of them."""
+    a, b = _integers(rng, (20, 30), "int16", 300), _integers(rng, (30, 10), "int16", 300)
+    stats = summa.SummaStats()
+    c = summa.matmul(a, b, backend="numpy", out_of_core=True, device_memory="8KiB",
+                     stats=stats)
+    assert c.dtype == np.int16 and np.array_equal(c, a @ b)
+    assert stats.extra["plan"]["host_integers"] is None
+
+
+def test_the_plans_text_says_integers_are_converted_as_they_are_staged():
+    from summa.planning.arrays import with_integers
+    from summa.planning.planner import Machine, Placement, make_plan
+    machine = Machine(backend="cupy", ranks=1, free_device=2**30)
+    plan = make_plan((4096, 4096, 4096), "float64", machine, host_held=True)
+    staged = with_integers(plan, ("int32", "int8", "int32"))
+    assert plan.out_of_core and staged.host_integers == ("int32", "int8", "int32")
+    assert "integers converted as they are staged: A (int32) and B (int8)" in str(staged)
+    assert "integers converted" not in str(plan)
+    for other in (make_plan((4096, 4096, 4096), "float64", Machine(backend="numpy", ranks=1),
+                            host_held=True),
+                  replace_plan(plan, placement=Placement("device", 0))):
+        assert with_integers(other, ("int32", "int8", "int32")).host_integers is None
+
+
+def replace_plan(plan, **changes):
+    from dataclasses import replace
+    return replace(plan, **changes)
+
+
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("case, match", [
     ("beyond 2**53", r"may reach 2\*\*62.0 .*convert them to float64 yourself"),

@@ -279,3 +279,102 @@ def test_any_strided_host_array_is_gathered_and_scattered_through_the_chunks(rng
         assert np.isnan(back[:, ::3]).all()  # nothing else written
     finally:
         stager.close()
+
+
+#: Integer and boolean host types the stager converts into float64 and back.
+_INTS = ["int8", "int16", "int32", "int64", "uint8", "bool"]
+
+
+def _integers(rng, dtype, shape):
+    """Random values of `dtype` over its whole range (int64: near 2**53, the
+    float64 products' exact bound; bool: both)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(bool)
+    info = np.iinfo(dtype)
+    low, high = (max(info.min, -2**53), min(info.max, 2**53))
+    return rng.integers(low, high, shape, dtype=np.int64, endpoint=True).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", _INTS)
+def test_integer_rows_are_converted_into_float64_as_the_chunks_fill(rng, dtype):
+    """An integer (or bool) host array goes up into a float64 device array,
+    converted inside the copy into the page-locked chunk (rows of a strided
+    view too), the chunks cut by float64's row bytes; nothing else converts
+    it whole first."""
+    cupy = FakeCupy()
+    stager = Stager(0, 3, chunk_bytes=1024, cupy=cupy)
+    try:
+        big = _integers(rng, dtype, (97, 61))
+        src = big[2::2, 1:60]
+        dev = DeviceArray(np.full(src.shape, np.nan))
+        stager.upload(dev, src).wait()
+        assert np.array_equal(dev.host, src.astype(np.float64))
+        assert dev.host.dtype == np.float64
+        rows = 1024 // (src.shape[1] * 8)  # a chunk holds float64 rows
+        assert cupy.copies == -(-src.shape[0] // rows)
+    finally:
+        stager.close()
+
+
+@pytest.mark.parametrize("dtype", _INTS + ["uint16", "uint64"])
+def test_a_float64_product_drains_into_integers_as_numpy_matmul_gives_them(rng, dtype):
+    """A float64 product of integers, exact, comes down into an integer (or
+    bool) host array converted as its chunks drain: wrapped as NumPy's
+    integer matmul wraps a product beyond the type (an int8 product of
+    int8s overflowing), nonzero for bools; strided targets too."""
+    dtype = np.dtype(dtype)
+    stager = _stager(threads=3, chunk_bytes=2048)
+    try:
+        if dtype.kind == "b":
+            a, b = _integers(rng, bool, (70, 40)), _integers(rng, bool, (40, 50))
+        else:
+            info = np.iinfo(dtype)
+            bound = min(int(info.max), 2**20)  # products beyond narrow types: they wrap
+            a = rng.integers(max(int(info.min), -bound), bound, (70, 40)).astype(dtype)
+            b = rng.integers(max(int(info.min), -bound), bound, (40, 50)).astype(dtype)
+        want = a @ b  # NumPy's integer matmul, in dtype
+        exact = a.astype(np.float64) @ b.astype(np.float64)
+        if dtype.kind == "i" and dtype.itemsize < 8:
+            assert (np.abs(exact) > np.iinfo(dtype).max).any()  # some do wrap
+        back = np.zeros((140, 150), dtype)
+        dst = back[::2, 1::3]
+        transfer = stager.download(dst, DeviceArray(exact))
+        transfer.event()
+        transfer.wait()
+        assert dst.dtype == dtype and np.array_equal(dst, want)
+        assert not back[1::2].any()  # nothing else written
+    finally:
+        stager.close()
+
+
+def test_values_at_the_exact_bound_survive_both_ways(rng):
+    """int64 values up to 2**53 (float64 holds each exactly) go up and come
+    back unchanged, in rows longer than the drain's int64 slab too."""
+    from summa.device.casts import EXACT_SLAB
+    stager = _stager(threads=2, chunk_bytes=1 << 16)
+    try:
+        for cols in (37, EXACT_SLAB + 3):
+            src = rng.integers(-2**53, 2**53, (5, cols), endpoint=True)
+            src[0, :2] = 2**53, -2**53
+            dev = DeviceArray(np.zeros(src.shape))
+            stager.upload(dev, src).wait()
+            back = np.zeros(src.shape, np.int32)  # wraps: int32's low bits of each
+            stager.download(back, dev).wait()
+            assert np.array_equal(dev.host, src.astype(np.float64))
+            assert np.array_equal(back, src.astype(np.int32))
+    finally:
+        stager.close()
+
+
+def test_other_type_pairs_are_refused():
+    """Only integers or bools against float64 convert: float32 host rows
+    and a float64 device array are a mistake, refused."""
+    stager = _stager()
+    try:
+        with pytest.raises(ValueError, match="copy between"):
+            stager.upload(DeviceArray(np.zeros((3, 4))), np.zeros((3, 4), np.float32))
+        with pytest.raises(ValueError, match="copy between"):
+            stager.download(np.zeros((3, 4), np.int32), DeviceArray(np.zeros((3, 4), np.float32)))
+    finally:
+        stager.close()
