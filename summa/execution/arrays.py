@@ -205,8 +205,9 @@ def run_held(plan, pgrid, be, held: HeldArrays, alpha=1.0, stats=None,
     except DeviceMemoryError as exc:
         if again is None or (pgrid is not None and pgrid.comm.Get_size() > 1):
             raise
-        # (its frames let go: the arrays the failed run held go back to the pool)
-        failed = exc.with_traceback(None)
+        # its message alone, not its traceback and CuPy's error behind it:
+        # their frames let go, the arrays the failed run held go back to the pool
+        failed = DeviceMemoryError(str(exc))
     return _run_again(failed, pgrid, be, again, alpha, stats, called)
 
 

@@ -14,6 +14,7 @@ from mpi4py import MPI
 import summa
 from summa.api.multiply import matmul_arrays
 from summa.device.account import DeviceMemoryError
+from summa.device.backend import cupy_available
 from summa.device.numpy_backend import NumpyBackend
 
 SHORT = "GPU 0 has no room for 1.0 MiB more: the multiply held 2.0 MiB of the 3.0 MiB it " \
@@ -121,3 +122,33 @@ def test_a_plan_nothing_fits_any_more_is_the_same_error_with_the_planners_reason
     message = str(raised.value)
     assert "; planned again: device_memory 1.0 MiB holds no plan" in message
     assert message.endswith("; out= may be partly written"), message
+
+
+@pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
+@pytest.mark.parametrize("where", ["cupy operands", "numpy operands"])
+def test_a_gpu_short_of_room_mid_run_plans_again_on_the_gpu(monkeypatch, where):
+    """On a GPU: the first GEMM's draw finds no room (a draw larger than the
+    card, through the account's allocator, as memory another process took
+    would), the pool gives back its blocks, and the product planned again
+    is right, written into `out` where it lies."""
+    import cupy
+    from summa.device.cupy_backend import CupyBackend
+    gemm, calls = CupyBackend.gemm, []
+
+    def short(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:  # (more than the card holds: CuPy's OutOfMemoryError, then summa's)
+            self.xp.empty(2 * self.memory_total(), dtype=np.uint8)
+        return gemm(self, *args, **kwargs)
+    monkeypatch.setattr(CupyBackend, "gemm", short)
+    a, b = _operands()
+    xp = cupy if where == "cupy operands" else np
+    a, b = xp.asarray(a), xp.asarray(b)
+    out = xp.zeros((300, 250))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        c = matmul_arrays(a, b, out=out, comm=MPI.COMM_SELF, backend="cupy")
+    assert len(_planned_again(caught)) == 1, [str(w.message) for w in caught]
+    assert c is out and len(calls) >= 2
+    host = cupy.asnumpy(c) if xp is cupy else c
+    np.testing.assert_allclose(host, cupy.asnumpy(a @ b) if xp is cupy else a @ b, rtol=1e-12)
