@@ -33,7 +33,7 @@ from .nonfinite import nonfinite_notes
 from .stacks import Stack, multiply_stack, stacked
 from .stateful import Matmul
 from ..execution.jobprogress import library_reporting
-from ..planning.arrays import PlanRequest
+from ..planning.arrays import PlanRequest, plan_held
 from .planned import ArrayOperands, plan_arrays, pooled_size, run_planned, vector_result
 
 __all__ = ["matmul", "matmul_arrays", "host_matmul"]
@@ -188,14 +188,18 @@ def _matmul_here(operands: ArrayOperands, comm, called: float, kwargs: dict):
     other arguments: check and plan, run, give the product back."""
     alpha, stats = kwargs.pop("alpha", 1.0), kwargs.pop("stats", None)
     backend, topology = kwargs.pop("backend", "auto"), kwargs.pop("topology", None)
-    be, plan, operands = plan_arrays(operands, comm, PlanRequest(**kwargs), backend, topology)
+    request = PlanRequest(**kwargs)
+    be, plan, operands = plan_arrays(operands, comm, request, backend, topology)
+
+    def again():  # the same planning with the memory free then (a run short of room)
+        return plan_held(operands.given, comm, operands.root, request, backend, topology)[1]
     if plan.placement.resident:  # one GEMM where the operands lie: no grid to make
-        return run_planned(plan, None, be, operands, alpha, stats, called)
+        return run_planned(plan, None, be, operands, alpha, stats, called, again)
     # (a long product on the ranks of the user's own launcher shows its line)
     with library_reporting(comm, plan), ProcessGrid(comm, plan.grid, topology=topology) as pgrid:
         if pgrid.core_note and pgrid.rank == 0:
             warnings.warn(pgrid.core_note, RuntimeWarning, stacklevel=2)
-        return run_planned(plan, pgrid, be, operands, alpha, stats, called)
+        return run_planned(plan, pgrid, be, operands, alpha, stats, called, again)
 
 
 def matmul(A, B, device=None, **kwargs):

@@ -243,15 +243,22 @@ def held_arrays(operands: ArrayOperands, plan, be) -> HeldArrays:
 
 
 def run_planned(plan, pgrid, be, operands: ArrayOperands, alpha=1.0, stats=None,
-                called: float | None = None):
+                called: float | None = None, again=None):
     """Run `plan` on `operands` described on the root (:func:`plan_arrays`):
     the arrays the executors take (:func:`held_arrays`), the plan made
     final for them and run (:func:`summa.execution.arrays.run_held`: one
     GEMM where they lie, resident plans, `pgrid` None; else over the grid
-    `pgrid` from host memory); collective. Returns the product on the root
-    as the caller's kind of array
-    (:meth:`summa.api.operands.Operands.give_back`), None elsewhere."""
-    c = run_held(plan, pgrid, be, held_arrays(operands, plan, be), alpha, stats, called)
+    `pgrid` from host memory); collective. `again`: the caller's planner of
+    these operands (``again() -> Plan``, with the memory free then), where a
+    run on one rank that found the GPU short of room may be planned again
+    and run once more. Returns the product on the root as the caller's kind
+    of array (:meth:`summa.api.operands.Operands.give_back`), None
+    elsewhere."""
+    def replanned():  # (the arrays the new Plan takes: where they lie, or in host memory)
+        new = again()
+        return new, held_arrays(operands, new, be)
+    c = run_held(plan, pgrid, be, held_arrays(operands, plan, be), alpha, stats, called,
+                 replanned if again is not None else None)
     return c if operands.given is None else operands.given.give_back(c, be)
 
 

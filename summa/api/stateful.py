@@ -173,7 +173,7 @@ class Matmul:
             with asked_moduli(self._moduli), kept_device(), library_reporting(self._comm, self.plan):
                 self._fitted(operands)
                 c = run_planned(self.plan, self._product.grid, self._backend, operands,
-                                self._alpha, stats, called)
+                                self._alpha, stats, called, lambda: self._replanned(operands))
             self.stats = stats
         return vector_result(c, vectors, out)
 
@@ -194,6 +194,14 @@ class Matmul:
         self.plan = self._product.plan
         if note is not None:
             warnings.warn(note, RuntimeWarning, stacklevel=3)
+
+    def _replanned(self, operands: ArrayOperands):
+        """The Plan made again for `operands` with the memory free now, kept
+        for the executions that follow (a run that found the GPU short of
+        room: :meth:`summa.execution.arrays.ArrayProduct.replanned`).
+        Collective."""
+        self.plan = self._product.replanned(operands.given)
+        return self.plan
 
     def _checked(self, operands: ArrayOperands, trans: tuple) -> ArrayOperands:
         """`operands` described on the root; refused, on every rank, where the

@@ -55,7 +55,7 @@ import tracemalloc
 
 from ..runtime import cleanup
 
-__all__ = ["Account", "Overdrawn", "DeviceMemoryError", "GIB", "SMALL_DRAWS"]
+__all__ = ["Account", "Overdrawn", "DeviceMemoryError", "give_back_cached", "GIB", "SMALL_DRAWS"]
 
 GIB = 2 ** 30
 
@@ -86,6 +86,19 @@ class Overdrawn(MemoryError):
 class DeviceMemoryError(MemoryError):
     """The GPU had no room for a draw within the plan: another process (or
     the caller) took memory after the call was planned."""
+
+
+def give_back_cached(backend) -> None:
+    """Have CuPy's pool give back the cached, unused blocks it keeps on
+    `backend`'s GPU (nothing on the NumPy backend): after a run that failed
+    for want of memory, so that what it held and freed counts as free for
+    the plan made again (:func:`summa.execution.arrays.run_held`); the next
+    account starts from the emptied pool, whatever its plan."""
+    if not getattr(backend, "is_gpu", False):
+        return
+    with backend.xp.cuda.Device(backend.device):
+        backend.xp.get_default_memory_pool().free_all_blocks()
+    _last_key.pop(backend.device, None)
 
 
 @contextlib.contextmanager

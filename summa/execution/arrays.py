@@ -16,6 +16,7 @@ caller's own kinds of array, and what it gets back, are :mod:`summa.api`'s."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 
@@ -24,7 +25,7 @@ import numpy as np
 from ..runtime.mpi import MPI
 from ..runtime.agree import from_root
 from .algorithm import run_in_memory
-from ..device.account import Account
+from ..device.account import Account, DeviceMemoryError, give_back_cached
 from ..planning.hostroom import check_host_room
 from ..device.backend import NumpyBackend
 from ..distribution.grid import ProcessGrid
@@ -43,6 +44,10 @@ from ..planning.memory import check_memory, format_bytes
 from ..planning.selection import peer_access
 from ..runtime.progress import active
 from ..runtime.watchdog import watch
+
+#: What a DeviceMemoryError says where the product was being written into
+#: the caller's `out` as it went.
+_PARTLY_WRITTEN = "; out= may be partly written"
 
 __all__ = ["execute", "run_held", "run_on_device", "run_arrays", "multiply", "ArrayProduct"]
 
@@ -118,17 +123,25 @@ class ArrayProduct:
             return None
         except ValueError as exc:
             short = str(exc)
+        plan = self.replanned(given)
+        if self._comm.Get_rank() != self._root:
+            return None
+        return (f"summa.Matmul planned again: {short.split('; use')[0]}; now "
+                f"{'out of core' if plan.out_of_core else 'in memory'}, "
+                f"{format_bytes(plan.memory.device_bytes)} a GPU")
+
+    def replanned(self, given):
+        """Plan again for the root's described operands `given`, as
+        :meth:`fitted` does, with the memory free now, the grid made anew
+        where its shape changed (a run that found less than its plan counted:
+        :func:`run_held`'s `again`). Collective. Returns the new Plan."""
         request, backend, topology = self._asked
         _, plan = plan_held(given, self._comm, self._root, request, backend, topology)
         if tuple(plan.grid) != tuple(self.plan.grid):
             self.grid.free()
             self.grid = ProcessGrid(self._comm, plan.grid, topology=topology)
         self.plan = plan
-        if self._comm.Get_rank() != self._root:
-            return None
-        return (f"summa.Matmul planned again: {short.split('; use')[0]}; now "
-                f"{'out of core' if plan.out_of_core else 'in memory'}, "
-                f"{format_bytes(plan.memory.device_bytes)} a GPU")
+        return plan
 
     def check(self, held: HeldArrays) -> None:
         """Refuse the root's NumPy arrays `held` where the plan does not fit
@@ -165,18 +178,65 @@ class ArrayProduct:
 
 
 def run_held(plan, pgrid, be, held: HeldArrays, alpha=1.0, stats=None,
-             called: float | None = None):
+             called: float | None = None, again=None):
     """`plan` made final for the arrays `held` as they lie, then run:
     kernels compiled on first use (fp64-int8's) made ready, a host plan's
     memory planned again where the arrays lie otherwise than it was made
     for (:func:`summa.planning.arrays.stored_plan`: the planner, before
-    anything runs), then :func:`execute`; collective."""
+    anything runs), then :func:`execute`; collective.
+
+    A run on one rank that a draw the GPU had no room for ends
+    (:class:`summa.device.account.DeviceMemoryError`: other work took memory
+    after planning) is planned again once and run again, with a
+    RuntimeWarning: what it held given back first
+    (:func:`summa.device.account.give_back_cached`), then ``again()``, the
+    caller's planner (its Plan made with the memory free now, and the
+    arrays that Plan takes: ``(plan, held)``). The product is written with
+    beta 0, so a second run overwrites whatever the first left in `out`.
+    Without `again`, on several ranks, or failing twice: the
+    DeviceMemoryError, saying where `out` may be partly written."""
     be.prepare(plan.precision, plan.dtype)  # (where it was not planned here: a Matmul's)
     if not plan.placement.resident:
         plan = stored_plan(plan, held, pgrid.comm, be)
     if pgrid is not None:  # a product the machine's free memory cannot take: refused first
         check_host_room(_own_host_bytes(plan, pgrid, held), pgrid.comm)
-    return execute(plan, pgrid, be, held, alpha, stats, called)
+    try:
+        return execute(plan, pgrid, be, held, alpha, stats, called)
+    except DeviceMemoryError as exc:
+        if again is None or (pgrid is not None and pgrid.comm.Get_size() > 1):
+            raise
+        # its message alone, not its traceback and CuPy's error behind it:
+        # their frames let go, the arrays the failed run held go back to the pool
+        failed = DeviceMemoryError(str(exc))
+    return _run_again(failed, pgrid, be, again, alpha, stats, called)
+
+
+def _run_again(failed: DeviceMemoryError, pgrid, be, again, alpha, stats, called):
+    """:func:`run_held`'s second run on one rank, after `failed`: the
+    memory the first held given back, the product planned again
+    (``again()``) and run once more, without a third; a RuntimeWarning
+    says so. Where nothing fits the memory free now, `failed` with the
+    planner's reason."""
+    give_back_cached(be)
+    free = be.memory_free()
+    now = f" with {format_bytes(free)} free" if free is not None else ""
+    try:
+        plan, held = again()
+    except ValueError as exc:  # (planning's one line: nothing fits now)
+        said = str(failed).removesuffix(_PARTLY_WRITTEN)
+        raise DeviceMemoryError(f"{said}; planned again{now}: {exc}"
+                                f"{_PARTLY_WRITTEN if said != str(failed) else ''}") from None
+    gpu = f", {format_bytes(plan.memory.device_bytes)} a GPU" if be.is_gpu else ""
+    warnings.warn(
+        f"summa: {str(failed).split('; another process')[0]}; planned again{now} "
+        f"({'out of core' if plan.out_of_core else 'in memory'}{gpu}) and run once more",
+        RuntimeWarning, stacklevel=4)
+    if plan.placement.resident:
+        return run_held(plan, None, be, held, alpha, stats, called)
+    if pgrid is not None:
+        return run_held(plan, pgrid, be, held, alpha, stats, called)
+    with ProcessGrid(MPI.COMM_SELF, plan.grid) as grid:  # (it ran where the operands lay)
+        return run_held(plan, grid, be, held, alpha, stats, called)
 
 
 def execute(plan, pgrid, be, held: HeldArrays, alpha=1.0, stats=None,
@@ -193,7 +253,7 @@ def execute(plan, pgrid, be, held: HeldArrays, alpha=1.0, stats=None,
     None elsewhere."""
     compiled = be.compile_seconds()  # its own figure, not the product's
     with Account.of(plan, be, result=_root_copies(plan, pgrid, held.root)).drawing(
-            None if pgrid is None else pgrid.comm) as account:
+            None if pgrid is None else pgrid.comm) as account, _said_of_out(plan, pgrid, be, held):
         if plan.placement.resident:
             c = run_on_device(plan, be, held, alpha, stats)
         else:
@@ -202,6 +262,27 @@ def execute(plan, pgrid, be, held: HeldArrays, alpha=1.0, stats=None,
         stats.extra["compile_seconds"] = compiled
         stats.extra.update(account.report())
     return c
+
+
+@contextlib.contextmanager
+def _said_of_out(plan, pgrid, be, held: HeldArrays):
+    """Run the block; a DeviceMemoryError in it where the product is being
+    written into the caller's `out` as it goes (one GEMM into it on its
+    GPU, one CPU rank in memory, out of core: the sweep writes C's tiles
+    where they lie) says that `out` may be partly written, one line, the
+    same class (on several ranks, the line the job ends with)."""
+    try:
+        yield
+    except DeviceMemoryError as exc:
+        if held.out is None or not _writes_in_place(plan, pgrid, be):
+            raise
+        raise DeviceMemoryError(f"{exc}{_PARTLY_WRITTEN}") from None
+
+
+def _writes_in_place(plan, pgrid, be) -> bool:
+    """Does the executor of `plan` on `pgrid` write the product into the
+    caller's `out` as it goes (not gathered into it once done)?"""
+    return plan.placement.resident or plan.out_of_core or (pgrid.size == 1 and not be.is_gpu)
 
 
 def _own_host_bytes(plan, pgrid, held: HeldArrays) -> int:

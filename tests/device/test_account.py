@@ -4,6 +4,7 @@ is drawn, given back, kept, and the two failures); NumPy's device traced
 through real multiplies on this run's ranks, in memory and out of core, and
 a plan counted short caught on every rank."""
 
+import contextlib
 import sys
 import types
 
@@ -12,7 +13,7 @@ import pytest
 
 from summa import options
 from summa.device import account
-from summa.device.account import Account, DeviceMemoryError, Overdrawn
+from summa.device.account import Account, DeviceMemoryError, Overdrawn, give_back_cached
 from summa.execution.algorithm import SummaStats
 
 GIB = 2 ** 30
@@ -59,7 +60,8 @@ class _FakeGpu(types.ModuleType):
             MemoryPointer=lambda mem, offset: types.SimpleNamespace(mem=mem))
         runtime = types.SimpleNamespace(memGetInfo=lambda: (self.raw, 80 * GIB))
         self.cuda = types.SimpleNamespace(memory=memory, MemoryPool=memory.MemoryPool,
-                                          runtime=runtime, using_allocator=self._using)
+                                          runtime=runtime, using_allocator=self._using,
+                                          Device=lambda device: contextlib.nullcontext())
 
     def get_default_memory_pool(self):
         return self.default
@@ -80,7 +82,7 @@ class _Backend:
     is_gpu, device = True, 3
 
     def __init__(self, gpu):
-        self.gpu = gpu
+        self.gpu = self.xp = gpu
 
     def memory_free(self):
         return self.gpu.raw
@@ -157,6 +159,22 @@ def test_the_pool_gives_back_its_blocks_for_another_plan_and_keeps_a_plans_own(g
         with Account(GIB, _Backend(gpu), key=key).drawing():
             pass
         assert pool.emptied == emptied, key
+
+
+def test_a_run_short_of_room_gives_back_the_pools_cached_blocks(gpu):
+    """What a failed run held and freed goes back to the GPU before it is
+    planned again (the pool's cached blocks), and the next account, even of
+    the same plan, starts from the emptied pool."""
+    pool = gpu.get_default_memory_pool()
+    with Account(GIB, _Backend(gpu), key="a").drawing():
+        pass
+    pool.cached, gpu.raw = 3 * GIB, 5 * GIB  # what the failed run freed, kept by the pool
+    give_back_cached(_Backend(gpu))
+    assert (pool.emptied, pool.cached, gpu.raw) == (2, 0, 8 * GIB)
+    with Account(GIB, _Backend(gpu), key="a").drawing():
+        pass
+    assert pool.emptied == 3
+    give_back_cached(types.SimpleNamespace(is_gpu=False))  # NumPy's device: nothing to do
 
 
 @pytest.mark.mpi(min_size=1)
@@ -236,11 +254,14 @@ def failing(self, *args, **kwargs):
 NumpyBackend.gemm = failing
 a = np.ones((300, 400)) if comm.rank == 0 else None
 b = np.ones((400, 200)) if comm.rank == 0 else None
+out = np.empty((300, 200)) if comm.rank == 0 and os.environ.get("OUT") else None
 try:
-    matmul_arrays(a, b, comm, backend="numpy", panel_width=16,
+    matmul_arrays(a, b, comm, backend="numpy", panel_width=16, out=out,
                   out_of_core=sys.argv[1] == "out of core", device_memory="256KiB")
 except DeviceMemoryError as exc:
     print(f"rank {comm.rank} raised: {exc}", flush=True)
+else:
+    print(f"rank {comm.rank} done", flush=True)
 """
 
 
@@ -248,7 +269,8 @@ except DeviceMemoryError as exc:
 def test_a_rank_out_of_memory_mid_run_ends_the_job_with_its_line(tmp_path, where):
     """A draw that fails on one rank of two while the other waits for it in
     a broadcast ends the job (MPI_Abort) with that rank's one line: no rank
-    left waiting. Alone, the rank raises it as it came."""
+    left waiting. Alone, the rank plans again and goes on, with a warning
+    (tests/execution/test_replan.py)."""
     from test_cli import job
     script = tmp_path / "failing.py"
     script.write_text(_FAILING_JOB)
@@ -257,6 +279,13 @@ def test_a_rank_out_of_memory_mid_run_ends_the_job_with_its_line(tmp_path, where
     assert "summa: rank 1: GPU 0 has no room for 1.0 MiB more (the other ranks were " \
            "mid-multiply: aborting the job)" in done.stderr
     assert "raised" not in done.stdout
+    # the root's out=: written where it lies out of core, gathered into once done in memory
+    root = job(2, str(script), where, module=False, timeout=60,
+               env={"FAILING": "0", "NTH": "3", "OUT": "1"})
+    partly = "; out= may be partly written" if where == "out of core" else ""
+    assert root.returncode != 0
+    assert f"summa: rank 0: GPU 0 has no room for 1.0 MiB more{partly} (the other ranks" \
+        in root.stderr, root.stderr
     alone = job(1, str(script), where, module=False, timeout=60, env={"FAILING": "0", "NTH": "1"})
-    assert alone.returncode == 0 and "rank 0 raised: GPU 0 has no room" in alone.stdout, \
-        alone.stderr
+    assert alone.returncode == 0 and "rank 0 done" in alone.stdout, alone.stderr
+    assert "GPU 0 has no room for 1.0 MiB more; planned again" in alone.stderr
