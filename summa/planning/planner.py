@@ -23,6 +23,8 @@ import numpy as np
 
 from ..runtime.mpi import MPI
 from ..precision import ozaki_gpu
+from .precision import (asked_moduli, moduli_asked, moduli_for, panel_sums_apply,
+                        panel_sums_bytes)
 from ..distribution.grid import check_grid_ranks, grid_for, parse_grid
 from .memory import (Execution, MemoryPlan, check_host_memory, check_memory,
                      format_bytes, host_traffic, memory_plan, parse_bytes, resident_plan,
@@ -174,7 +176,11 @@ class Plan:
     lookahead : int
     precision : str or None
     moduli : int or None
-        fp64-int8: INT8 products per float64 panel product.
+        fp64-int8: INT8 products per float64 panel product, as asked
+        (``SUMMA_FP64_INT8_MODULI``, an entry point's ``moduli``) or the
+        default for the panels; None: each product its K's default (a
+        width not yet measured, nothing asked). The products take them
+        through :attr:`scheme`.
     device_budget : int or None
         Out of core: device bytes per rank the tiles were cut to.
     memory : MemoryPlan
@@ -254,13 +260,14 @@ class Plan:
     @property
     def scheme(self) -> ozaki_gpu.Scheme | None:
         """fp64-int8: how its products run (:class:`summa.precision.ozaki_gpu.Scheme`),
-        what the executors hand the GEMMs: the rows of A and C each takes at
-        a time and the integer products a fold takes (``memory.int8_rows``,
+        what the executors hand the GEMMs: the plan's :attr:`moduli` (None:
+        each product its K's default), the rows of A and C each takes at a
+        time and the integer products a fold takes (``memory.int8_rows``,
         ``memory.int8_planes``, the memory plan's); None for other
         precisions."""
         if self.precision != "fp64-int8":
             return None
-        return ozaki_gpu.Scheme(rows=self.memory.int8_rows,
+        return ozaki_gpu.Scheme(moduli=self.moduli, rows=self.memory.int8_rows,
                                 planes=self.memory.int8_planes or ozaki_gpu.PLANES)
 
     def __str__(self) -> str:
@@ -357,7 +364,7 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
                          tuple(storage))
         ask = _held_in_host(ask, machine.backend) if host_held else ask
         check_schedule(schedule, grid, out_of_core=bool(ask.out_of_core) or bool(ask.device_memory))
-        with ozaki_gpu.asked_moduli(moduli):  # the plans count their scratch
+        with asked_moduli(moduli):  # the plans count their scratch
             memory, budget, note = _memory(machine, (m, n, k), dtype, grid, panel_width,
                                            lookahead, ask)
             width = _width(panel_width, machine.backend, dtype, precision, budget is not None,
@@ -366,8 +373,7 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
             width = memory.chunk
     ooc = budget is not None
     copies = copies if ooc else (None, None)
-    count = ozaki_gpu.moduli_for(width, moduli) if precision == "fp64-int8" and \
-        is_width(width) else None
+    count = _moduli(precision, width, moduli)
     plan = Plan((m, n, k), dtype.name, machine.backend, machine.ranks, grid,
                 (str(trans_a).upper(), str(trans_b).upper()), schedule, ooc, width, lookahead,
                 precision, count, budget, memory, broadcaster, host_copies=copies[0],
@@ -482,7 +488,7 @@ def restage(plan: Plan, staged: tuple) -> Plan:
     m, n, k = plan.shape
 
     def plan_at(width: int, budget: int) -> MemoryPlan:
-        with ozaki_gpu.asked_moduli(plan.moduli):
+        with asked_moduli(plan.moduli):
             return memory_plan(m, n, k, plan.dtype, plan.grid, width,
                                _execution(plan, device_budget=budget, staged=staged))
 
@@ -526,7 +532,7 @@ def restore(plan: Plan, storage: tuple, machine: Machine | None = None) -> Plan:
     width = plan.panel_width if is_width(plan.panel_width) else \
         default_panel_width(plan.backend, plan.dtype, plan.precision)  # "auto": as planned
     try:
-        with ozaki_gpu.asked_moduli(plan.moduli):
+        with asked_moduli(plan.moduli):
             memory = memory_plan(m, n, k, plan.dtype, plan.grid, width,
                                  _execution(plan, storage=storage))
         if not plan.out_of_core:
@@ -805,17 +811,27 @@ def _free_budget(machine: Machine) -> int:
     return int(machine.free_device * FREE_SHARE)
 
 
+def _moduli(precision, width, moduli: int | None) -> int | None:
+    """The plan's moduli (:attr:`Plan.moduli`): fp64-int8's asked, else
+    the default for panels `width` wide; None for a width measured later
+    with nothing asked, and for other precisions. The options are read
+    here, once: the executors take the Plan's."""
+    if precision != "fp64-int8":
+        return None
+    return moduli_for(width, moduli) if is_width(width) else moduli_asked(moduli)
+
+
 def _panel_sums(memory, dtype, grid, shape, width, precision, schedule) -> int | None:
     """Device bytes of fp64-int8's panel sums where this product takes them
     (in memory, panels, on a grid, where they fit: ``memory.panel_sums``,
-    :func:`summa.precision.ozaki_gpu.panel_sums_apply`); the executor takes
+    :func:`summa.planning.precision.panel_sums_apply`); the executor takes
     them as planned."""
     m, n, k = shape
     if (precision != "fp64-int8" or memory.mode != "in-memory" or schedule == "strips"
             or not is_width(width) or not memory.panel_sums
-            or not ozaki_gpu.panel_sums_apply(dtype, grid[0] * grid[1], k)):
+            or not panel_sums_apply(dtype, grid[0] * grid[1], k)):
         return None
-    return ozaki_gpu.panel_sums_bytes(-(-m // grid[0]), -(-n // grid[1]), width, k)
+    return panel_sums_bytes(-(-m // grid[0]), -(-n // grid[1]), width, k)
 
 
 def _device_room(machine: Machine) -> int | None:
