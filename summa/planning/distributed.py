@@ -74,11 +74,12 @@ def plan_distributed(A, B, C, *, panel_width=None, lookahead: int = 1,
     memory = replace(memory, transposed_a=copies[0], transposed_b=copies[1])
     plan = Plan((m, n, k), C.dtype.name, backend.name, grid.size, tuple(grid.shape),
                 ("N", "N"), schedule, False, width, int(lookahead), precision,
-                # (moduli: as asked, once here; None: each panel's product its K's default)
-                moduli_asked() if precision == "fp64-int8" else None,
+                None,  # (moduli: each panel's product takes its own, as asked)
                 None, memory, broadcaster,
                 panel_sums=_panel_sums(A, B, C, width, int(lookahead), precision, strips),
-                storage=("rows", "cols" if columns else "rows"))
+                storage=("rows", "cols" if columns else "rows"),
+                # read once here (None: each panel's product its K's default)
+                scheme_moduli=moduli_asked() if precision == "fp64-int8" else None)
     return plan, measured
 
 

@@ -176,11 +176,7 @@ class Plan:
     lookahead : int
     precision : str or None
     moduli : int or None
-        fp64-int8: INT8 products per float64 panel product, as asked
-        (``SUMMA_FP64_INT8_MODULI``, an entry point's ``moduli``) or the
-        default for the panels; None: each product its K's default (a
-        width not yet measured, nothing asked). The products take them
-        through :attr:`scheme`.
+        fp64-int8: INT8 products per float64 panel product.
     device_budget : int or None
         Out of core: device bytes per rank the tiles were cut to.
     memory : MemoryPlan
@@ -219,6 +215,12 @@ class Plan:
         (:meth:`summa.device.backend.Backend.gemm`: op H of a complex array handed
         over as it lies)? False where it comes conjugated (read so from a
         file, redistributed so) or op H does not conjugate (real dtypes).
+    scheme_moduli : int or None
+        fp64-int8: the moduli every product takes (:attr:`scheme`), as the
+        planner read them once: :attr:`moduli` where an in-memory SUMMA
+        takes them for every panel, else those asked
+        (``SUMMA_FP64_INT8_MODULI``, an entry point's ``moduli``); None:
+        each product its K's default (:func:`_scheme_moduli`).
     note : str or None
         Why the mode was chosen for the caller (in memory did not fit; GPU
         operands copied to host memory).
@@ -249,6 +251,7 @@ class Plan:
     placement: Placement = Placement()
     storage: tuple = ("rows", "rows")
     conj: tuple = (False, False)
+    scheme_moduli: int | None = None
     note: str | None = field(default=None, compare=False)
     predicted: dict | None = field(default=None, compare=False)
 
@@ -260,14 +263,13 @@ class Plan:
     @property
     def scheme(self) -> ozaki_gpu.Scheme | None:
         """fp64-int8: how its products run (:class:`summa.precision.ozaki_gpu.Scheme`),
-        what the executors hand the GEMMs: the plan's :attr:`moduli` (None:
-        each product its K's default), the rows of A and C each takes at a
-        time and the integer products a fold takes (``memory.int8_rows``,
-        ``memory.int8_planes``, the memory plan's); None for other
-        precisions."""
+        what the executors hand the GEMMs: the moduli (:attr:`scheme_moduli`),
+        the rows of A and C each takes at a time and the integer products a
+        fold takes (``memory.int8_rows``, ``memory.int8_planes``, the memory
+        plan's); None for other precisions."""
         if self.precision != "fp64-int8":
             return None
-        return ozaki_gpu.Scheme(moduli=self.moduli, rows=self.memory.int8_rows,
+        return ozaki_gpu.Scheme(moduli=self.scheme_moduli, rows=self.memory.int8_rows,
                                 planes=self.memory.int8_planes or ozaki_gpu.PLANES)
 
     def __str__(self) -> str:
@@ -373,7 +375,8 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
             width = memory.chunk
     ooc = budget is not None
     copies = copies if ooc else (None, None)
-    count = _moduli(precision, width, moduli)
+    count = moduli_for(width, moduli) if precision == "fp64-int8" and \
+        is_width(width) else None
     plan = Plan((m, n, k), dtype.name, machine.backend, machine.ranks, grid,
                 (str(trans_a).upper(), str(trans_b).upper()), schedule, ooc, width, lookahead,
                 precision, count, budget, memory, broadcaster, host_copies=copies[0],
@@ -381,6 +384,7 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
                 panel_sums=_panel_sums(memory, dtype, grid, (m, n, k), width, precision,
                                        schedule),
                 placement=placement, storage=tuple(storage),
+                scheme_moduli=_scheme_moduli(precision, count, ooc or placement.resident, moduli),
                 note="; ".join(x for x in (fetched, note) if x) or None)
     if not predict:
         return plan
@@ -811,14 +815,18 @@ def _free_budget(machine: Machine) -> int:
     return int(machine.free_device * FREE_SHARE)
 
 
-def _moduli(precision, width, moduli: int | None) -> int | None:
-    """The plan's moduli (:attr:`Plan.moduli`): fp64-int8's asked, else
-    the default for panels `width` wide; None for a width measured later
-    with nothing asked, and for other precisions. The options are read
-    here, once: the executors take the Plan's."""
+def _scheme_moduli(precision, count: int | None, own_products: bool,
+                   moduli: int | None) -> int | None:
+    """fp64-int8: the moduli every product of the plan takes
+    (:attr:`Plan.scheme_moduli`), read here once, as the runs took them:
+    in memory the plan's `count` for every panel (its width's), where it
+    has one; a sweep's tile products and a resident GEMM (`own_products`),
+    and panels of a width measured later, those asked (`moduli`, else
+    ``SUMMA_FP64_INT8_MODULI``; None: each its K's default, a narrower last
+    panel fewer). None for other precisions."""
     if precision != "fp64-int8":
         return None
-    return moduli_for(width, moduli) if is_width(width) else moduli_asked(moduli)
+    return count if count is not None and not own_products else moduli_asked(moduli)
 
 
 def _panel_sums(memory, dtype, grid, shape, width, precision, schedule) -> int | None:

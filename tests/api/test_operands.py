@@ -628,9 +628,9 @@ def test_the_callers_current_gpu_is_kept(stand_in_cupy):
 
 def test_a_resident_fp64_int8_gemm_takes_the_plans_rows(monkeypatch):
     """Operands on the GPU whose fp64-int8 product fits there only in chunks
-    of rows: the plan's moduli and rows (Plan.scheme) reach the one GEMM where
-    they lie (summa.execution.arrays.run_on_device; a stand-in backend notes
-    its call)."""
+    of rows: the plan's rows (Plan.scheme) reach the one GEMM where they lie
+    (summa.execution.arrays.run_on_device; a stand-in backend notes its call;
+    the moduli: its K's default, none asked)."""
     import contextlib
     from summa.execution.arrays import run_on_device
     from summa.planning.arrays import HeldArrays
@@ -651,7 +651,7 @@ def test_a_resident_fp64_int8_gemm_takes_the_plans_rows(monkeypatch):
     a = np.ones((n, n))
     run_on_device(plan, be, HeldArrays(a, a))
     assert [(c["precision"], c["scheme"]) for c in calls] == [
-        ("fp64-int8", ozaki_gpu.Scheme(moduli=ozaki_gpu.moduli_for(n), rows=16))]
+        ("fp64-int8", ozaki_gpu.Scheme(rows=16))]
 
 
 @pytest.mark.parametrize("layout", ["C", "F", "T view"])

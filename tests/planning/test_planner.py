@@ -703,8 +703,7 @@ def test_fp64_int8_products_in_chunks_of_rows_let_fewer_larger_tiles_fit():
     mem = plan.memory
     tm, (rows, cols) = mem.tile[0], mem.tiles
     assert tiling.FP64_INT8_ROWS <= mem.int8_rows < tm
-    assert plan.scheme == Scheme(moduli=plan.moduli, rows=mem.int8_rows,
-                                 planes=mem.int8_planes or PLANES)
+    assert plan.scheme == Scheme(rows=mem.int8_rows, planes=mem.int8_planes or PLANES)
     assert mem.device_bytes == _int8_sweep_bytes(mem) <= budget
     whole = tiling.ooc_tiles(n, n, mem.chunk, 2, budget // 8, emulated=tiling.Int8Products())
     assert whole == (4, 3) and (rows, cols) == (2, 3)

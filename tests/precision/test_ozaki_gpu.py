@@ -311,11 +311,13 @@ def _call(A, B, C, precision, sums=None):
 def test_moduli_asked_reach_the_products_and_the_plans(rng, ozaki_gpu, monkeypatch):
     """summa.matmul/gemm(..., moduli=L): inside, the planner takes L moduli,
     counts their scratch so and hands them to every product in its Plan's
-    scheme (a width measured later too), which then takes them wherever it
-    runs; before and after, the default. The products themselves read no
-    options: a scheme's None is the default for their K. Bad counts and
-    counts without fp64-int8 refused with one clear error."""
-    from summa.planning import Machine, make_plan, precision
+    scheme (a width measured later, a sweep's tiles too), which then takes
+    them wherever it runs; before and after, the default: in memory the
+    panels' width's for every panel, a sweep's tile products each their
+    own K's. The products themselves read no options: a scheme's None is
+    the default for their K. Bad counts and counts without fp64-int8
+    refused with one clear error."""
+    from summa.planning import Machine, make_plan, precision as asking
     from summa.planning.memory import Execution, memory_plan
     monkeypatch.delenv("SUMMA_FP64_INT8_MODULI", raising=False)
     backend = fake_cupy_kernels.Backend()
@@ -326,21 +328,25 @@ def test_moduli_asked_reach_the_products_and_the_plans(rng, ozaki_gpu, monkeypat
         return memory_plan(4096, 4096, 4096, "float64", (1, 1), 4096,
                            Execution(1, "cupy", precision="fp64-int8")).device_bytes
 
-    def made(width=4096):
+    def made(width=4096, **asked):
         return make_plan((4096, 4096, 4096), "float64", Machine("cupy", 2, free_device=2**40),
-                         precision="fp64-int8", panel_width=width)
-    default, plan = precision.moduli_for(300), planned()
-    assert made().moduli == precision.moduli_for(4096) and made("auto").scheme.moduli is None
-    with precision.asked_moduli(20):
-        asked, auto = made(), made("auto")
-        assert precision.moduli_for(300) == 20 and planned() > plan
+                         precision="fp64-int8", panel_width=width, **asked)
+    default, plan = asking.moduli_for(300), planned()
+    in_memory, auto, sweep = made(), made("auto"), made(1000, device_memory="1GiB")
+    assert in_memory.moduli == in_memory.scheme.moduli == asking.moduli_for(4096)
+    assert auto.moduli is auto.scheme.moduli is None
+    assert sweep.out_of_core and sweep.moduli and sweep.scheme.moduli is None
+    with asking.asked_moduli(20):
+        in_memory, auto, sweep = made(), made("auto"), made(1000, device_memory="1GiB")
+        assert asking.moduli_for(300) == 20 and planned() > plan
         ozaki_gpu.gemm(1.0, a, b, c, backend=backend)  # no scheme: no options read
         assert backend.gemms == default != 20
-    assert asked.moduli == asked.scheme.moduli == 20 and auto.scheme.moduli == 20
+    assert in_memory.scheme.moduli == auto.scheme.moduli == sweep.scheme.moduli == 20
+    assert made(1000, device_memory="1GiB", moduli=12).scheme.moduli == 12
     backend.gemms = 0
-    ozaki_gpu.gemm(1.0, a, b, c, backend=backend, scheme=asked.scheme)
+    ozaki_gpu.gemm(1.0, a, b, c, backend=backend, scheme=sweep.scheme)
     assert backend.gemms == 20 and _close(c, ozaki.gemm_int8(a, b, moduli=20))
-    assert precision.moduli_for(300) == ozaki_gpu.moduli_for(300) == default
+    assert asking.moduli_for(300) == ozaki_gpu.moduli_for(300) == default
     assert planned() == plan
     for moduli, precision, message in ((15, None, "applies to precision fp64-int8"),
                                        (2, "fp64-int8", "must be 3-30"),
