@@ -664,7 +664,8 @@ def _warm_up(run: _FilesRun, operands) -> tuple:
     backend, dtype, precision = run.backend, run.job.compute, run.job.precision
     made = (run.plan, None)
     if run.plan.device_budget is None:  # in memory
-        prepare(A, B, C, run.plan.panel_width, run.job.broadcaster, precision)
+        prepare(A, B, C, run.plan.panel_width, run.job.broadcaster, precision,
+                run.plan.scheme)
     else:
         made = prepared_sweep(run.plan, SweepOperands(A, B, C), backend)
     x = backend.asarray(np.ones((64, 64), dtype=dtype))

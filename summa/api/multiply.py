@@ -27,7 +27,8 @@ from ..distribution.layout import Layout
 from .operands import kept_device
 from ..distribution.matrix import DistMatrix
 from ..execution.outofcore import SweepOperands, prepared_sweep, run_out_of_core
-from ..precision.ozaki_gpu import asked_moduli, check_moduli
+from ..precision.ozaki_gpu import check_moduli
+from ..planning.precision import asked_moduli
 from ..planning.planner import Machine, make_plan
 from .nonfinite import nonfinite_notes
 from .stacks import Stack, multiply_stack, stacked
@@ -375,7 +376,7 @@ def host_matmul(A: DistMatrix, B: DistMatrix, device, alpha=1.0, trans_a="N", tr
     C = DistMatrix(grid, layout, np.empty(layout.local_shape(grid.row, grid.col), opA.dtype),
                    NumpyBackend())
     operands = SweepOperands(opA, opB, C)
-    with asked_moduli(moduli):  # the products take them
+    with asked_moduli(moduli):  # (the plan made final with them; the products take its scheme)
         # its broadcasters made and the plan made final for them, then run
         plan, broadcasters = prepared_sweep(plan, operands, device)
         result = run_out_of_core(plan, operands, device, alpha=alpha, fresh_c=True,

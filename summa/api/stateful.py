@@ -22,7 +22,8 @@ from ..planning.checks import check_arrays, precision_refusal
 from .planned import ArrayOperands, plan_arrays, pooled_size, run_planned, vector_result
 from .operands import kept_device
 from ..execution.jobprogress import library_reporting
-from ..precision.ozaki_gpu import asked_moduli, check_moduli
+from ..precision.ozaki_gpu import check_moduli
+from ..planning.precision import asked_moduli
 from .. import pool
 
 __all__ = ["Matmul"]

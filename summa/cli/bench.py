@@ -13,7 +13,6 @@ import numpy as np
 
 from ..runtime.mpi import MPI
 from .. import options as settings
-from ..precision import ozaki_gpu
 from ..device.account import Account
 from ..execution.algorithm import SummaStats, run_in_memory
 from ..planning.checks import check_scalars
@@ -24,6 +23,7 @@ from ..distribution.matrix import DistMatrix
 from ..execution.outofcore import SweepOperands, run_out_of_core
 from ..planning.model import gemm_flops
 from ..planning.planner import Machine, make_plan
+from ..planning.precision import moduli_for
 from ..planning.hostroom import check_host_room, own_host_bytes
 from ..planning.least import check_least_budget
 from ..runtime.progress import JobProgress
@@ -397,8 +397,7 @@ def _bench_record(job: BenchJob, plan, measured: _Measured, per_rank: list, size
     if args.precision == "fp64-int8":  # what decides its speed and accuracy, and its knobs
         # one rank in memory makes one product over all of K; else one a panel
         whole = tuple(grid_shape) == (1, 1) and not record["out_of_core"]
-        record["fp64_int8"] = {"moduli": ozaki_gpu.moduli_for(k if whole else
-                                                              min(measured.nb, k)),
+        record["fp64_int8"] = {"moduli": moduli_for(k if whole else min(measured.nb, k)),
                                **{key: value for key, value in
                                   sorted(settings.current().variables().items())
                                   if key.startswith(("SUMMA_FP64_INT8_", "SUMMA_OOC_TILES",

@@ -22,6 +22,7 @@ from ..execution.algorithm import summa
 from ..planning.model import Profile, RunSetting, predict
 from ..execution.transpose import PanelsOfA
 from ..planning.tuning import transposes_a
+from ..planning.precision import asked_scheme
 from ..runtime.watchdog import watch
 from ..device.staging import CHUNK_BYTES, copy_threads, usable_cores
 
@@ -75,6 +76,7 @@ def _gemm_samples(comm, backend, dtype, precision, sizes, widths, repeat, ranks_
     samples = []
     # The GEMMs as summa's steps run them: A's panel copied transposed first, where it is.
     transposed = transposes_a(backend.name, dtype, precision)
+    scheme = asked_scheme(precision)  # fp64-int8: the moduli asked, as a run's plan takes them
     for size in sizes:
         a = rng.standard_normal((size, max(widths + [size]))).astype(dtype)
         b = rng.standard_normal((max(widths + [size]), size)).astype(dtype)
@@ -82,7 +84,8 @@ def _gemm_samples(comm, backend, dtype, precision, sizes, widths, repeat, ranks_
         operand_a = PanelsOfA(backend, size, a.shape[1], dtype, transposed)
         for k in sorted(set(w for w in widths if w < size) | {size}):
             def run():
-                backend.gemm(1.0, operand_a(a[:, :k]), b[:k], c, precision=precision)
+                backend.gemm(1.0, operand_a(a[:, :k]), b[:k], c, precision=precision,
+                             scheme=scheme)
                 backend.synchronize()
             seconds = _best(comm, run, repeat)
             samples.append(dict(dtype=np.dtype(dtype).name, precision=precision or "default",

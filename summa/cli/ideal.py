@@ -12,6 +12,7 @@ import numpy as np
 
 from ..planning.memory import resident_plan
 from ..planning.planner import FREE_SHARE
+from ..planning.precision import moduli_asked
 from ..precision import ozaki_gpu
 
 __all__ = ["ideal_memory", "ideal_bytes", "single_device_seconds"]
@@ -48,8 +49,10 @@ def single_device_seconds(backend, shape, dtype, precision, repeat: int = 3,
     memory = ideal_memory(shape, dtype, transposed_a, precision, free)
     if free is not None and memory.device_bytes > 0.95 * free:
         return None, None
-    scheme = ozaki_gpu.Scheme(rows=memory.int8_rows, planes=memory.int8_planes
-                              or ozaki_gpu.PLANES) if precision == "fp64-int8" else None
+    # the moduli asked (as the run's plan takes them), the rows and planes its own memory's
+    scheme = ozaki_gpu.Scheme(moduli=moduli_asked(), rows=memory.int8_rows,
+                              planes=memory.int8_planes or ozaki_gpu.PLANES) \
+        if precision == "fp64-int8" else None
     xp = backend.xp
     rng = xp.random.default_rng()
     a = rng.standard_normal((m, k)).astype(dtype)

@@ -22,8 +22,7 @@ from ..precision import ozaki
 from ..planning.checks import check_layouts, check_operands, check_schedule, check_scalars
 from ..distribution.layout import Distribution, Layout, panel_schedule
 from ..distribution.matrix import DistMatrix
-from ..precision.ozaki_gpu import (PanelSums, Scheme, asked_moduli, check_moduli,
-                                   grid_exponents, panel_sums_apply)
+from ..precision.ozaki_gpu import PanelSums, Scheme, check_moduli, grid_exponents, panel_sums_apply
 from .pipeline import Pipeline, PipelineReport, Product, in_place_parts, local_parts
 # (summa.execution.outofcore takes wait_for_panel from here)
 from ..planning.schedule import HEAD_PIECES, make_schedule, order_panels, waits_first
@@ -33,6 +32,7 @@ from ..device.traits import traits
 from .transpose import PanelForms, PanelsOfA, PanelsOfB
 from ..planning.distributed import plan_distributed
 from ..planning.tuning import column_major, panel_width_for
+from ..planning.precision import asked_moduli
 from ..runtime.watchdog import watch
 
 __all__ = ["summa", "gemm", "run_in_memory", "SummaStats"]
@@ -165,7 +165,7 @@ def run_in_memory(plan, A: DistMatrix, B: DistMatrix, C: DistMatrix, *, alpha=1.
     strips = plan.schedule == "strips" and C.grid.size > 1
     copies = (plan.memory.transposed_a, plan.memory.transposed_b)
     extras = _Extras(progress, conj, copies, plan.scheme, plan.panel_sums is not None)
-    with C.backend.on_device(), asked_moduli(plan.moduli):
+    with C.backend.on_device():  # (the moduli: the plan's scheme hands them on)
         return _run(alpha, (A, B, C), beta, strips, (plan.panel_width, plan.lookahead,
                                                   plan.broadcaster, plan.precision), extras)
 
@@ -214,7 +214,8 @@ def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple)
     (A, B, C), (panel_width, lookahead, broadcaster, precision) = operands, asked
     progress, conj, copies = extras.progress, extras.conj, extras.copies
     backend, grid = C.backend, C.grid
-    panel_width, measured = panel_width_for(A, B, C, panel_width, precision, PanelsOfA)
+    panel_width, measured = panel_width_for(A, B, C, panel_width, precision, PanelsOfA,
+                                            extras.scheme)
     if int(lookahead) < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
@@ -399,13 +400,13 @@ def one_rank_steps(panels: list, c_shape, backend_name: str, k: int = 0) -> list
 
 
 def prepare(A: DistMatrix, B: DistMatrix, C: DistMatrix, panel_width=None,
-            broadcaster: str = "auto", precision: str | None = None) -> None:
+            broadcaster: str = "auto", precision: str | None = None, scheme=None) -> None:
     """Set up what :func:`summa` on these operands will use, so that it then
     times only the multiply: the broadcasters (made and self-tested once per
-    grid), an ``"auto"`` panel width (measured once per problem), and with
-    direct copies the peers' blocks opened. Collective.
-    """
-    width, _ = panel_width_for(A, B, C, panel_width, precision, PanelsOfA)
+    grid), an ``"auto"`` panel width (measured once per problem; fp64-int8
+    as the Plan's `scheme`), and with direct copies the peers' blocks opened.
+    Collective."""
+    width, _ = panel_width_for(A, B, C, panel_width, precision, PanelsOfA, scheme)
     row_bc, col_bc = pick_broadcasters(A, B, C,
                                         panel_schedule(A.layout.cols, B.layout.rows, width),
                                         broadcaster, precision)
@@ -428,14 +429,13 @@ def _panel_sums(call: _Call, strips: bool, panels: list):
     rank's compute: docs/benchmarks.md, "Panel sums on a grid"), and the
     product is one GPU's whole one; else
     None: for complex128, strips, K past an int32 sum or of fewer than
-    :data:`summa.precision.ozaki.K_NATIVE` terms (native float64 then), where
-    ``SUMMA_FP64_INT8_SUMS=0``, or where the plan said no (``call.sums``:
-    its panel sums, where the devices hold them,
-    :func:`summa.planning.memory.panel_sums_fit`). Collective."""
+    :data:`summa.precision.ozaki.K_NATIVE` terms (native float64 then), or
+    where the plan said no (``call.sums``: its panel sums, where
+    ``SUMMA_FP64_INT8_SUMS`` and the devices allow them). Collective."""
     A, C, precision = call.A, call.C, call.precision
     grid, k = C.grid, A.layout.shape[1]
-    if precision != "fp64-int8" or strips or not panel_sums_apply(C.dtype, grid.size, k) \
-            or not call.sums:
+    if precision != "fp64-int8" or strips or \
+            not panel_sums_apply(C.dtype, grid.size, k, sums=bool(call.sums)):
         return None
     return _made_sums(call)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..distribution.layout import panel_schedule
-from ..precision import ozaki_gpu
+from .precision import asked_scheme, moduli_asked, panel_sums_apply, panel_sums_bytes
 from .memory import Execution, memory_plan, panel_sums_fit
 from .planner import Plan
 from .tuning import column_major, panel_width_for, transposes_a, transposes_b
@@ -56,7 +56,8 @@ def plan_distributed(A, B, C, *, panel_width=None, lookahead: int = 1,
         # "auto" times GEMMs of K panels; strips cut columns, which cost nothing
         # measurable on an H200: the default width serves.
         panel_width = None
-    width, measured = panel_width_for(A, B, C, panel_width, precision, panels_of_a)
+    width, measured = panel_width_for(A, B, C, panel_width, precision, panels_of_a,
+                                      asked_scheme(precision))
     if int(lookahead) < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     runs = "strips" if strips else "panels"
@@ -76,7 +77,9 @@ def plan_distributed(A, B, C, *, panel_width=None, lookahead: int = 1,
                 None,  # (moduli: each panel's product takes its own, as asked)
                 None, memory, broadcaster,
                 panel_sums=_panel_sums(A, B, C, width, int(lookahead), precision, strips),
-                storage=("rows", "cols" if columns else "rows"))
+                storage=("rows", "cols" if columns else "rows"),
+                # read once here (None: each panel's product its K's default)
+                scheme_moduli=moduli_asked() if precision == "fp64-int8" else None)
     return plan, measured
 
 
@@ -84,15 +87,17 @@ def _panel_sums(A, B, C, width: int, lookahead: int, precision, strips: bool) ->
     """Device bytes of fp64-int8's panel sums of this rank's block of C
     where its grid's panels' INT8 products are summed and C folded once
     (:class:`summa.precision.ozaki_gpu.PanelSums`: float64 on several ranks,
-    K of enough terms within an int32 sum, panels, where every rank's
-    device holds them beside the pipeline's panel buffers); else None.
+    K of enough terms within an int32 sum, panels, unless
+    ``SUMMA_FP64_INT8_SUMS=0``: :func:`summa.planning.precision.panel_sums_apply`;
+    where every rank's device holds them beside the pipeline's panel
+    buffers); else None.
     Collective where it asks the devices."""
     grid, k = C.grid, A.layout.shape[1]
     if precision != "fp64-int8" or strips or \
-            not ozaki_gpu.panel_sums_apply(C.dtype, grid.size, k):
+            not panel_sums_apply(C.dtype, grid.size, k):
         return None
     panels = panel_schedule(A.layout.cols, B.layout.rows, width)
     widest = max((p.width for p in panels), default=0)
     if not panel_sums_fit(C.local.shape, k, widest, lookahead, C.backend, grid.comm):
         return None
-    return ozaki_gpu.panel_sums_bytes(*C.local.shape, widest, k)
+    return panel_sums_bytes(*C.local.shape, widest, k)

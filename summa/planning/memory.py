@@ -32,6 +32,7 @@ from .tiling import (Int8InMemory, Int8Products, c_tile_buffers, choose_cut, col
                      one_at_a_time, ooc_elements, ooc_tiles, tiles_asked,
                      waited_elements)
 from ..precision import ozaki_gpu
+from .precision import moduli_for, panel_sums_bytes
 from ..precision.ozaki import K_EXACT
 from ..host.storage import transposed as by_columns_stored
 from .units import format_bytes, parse_bytes
@@ -413,7 +414,7 @@ def resident_plan(m: int, n: int, k: int, dtype, precision=None, copies: int = 0
         need += 16 * (m * k + k * n + m * n)
 
     def with_scratch(rows: int | None, planes: int | None = None) -> int:
-        return need + ozaki_gpu.scratch_bytes(m, n, piece, ozaki_gpu.moduli_for(piece),
+        return need + ozaki_gpu.scratch_bytes(m, n, piece, moduli_for(piece),
                                               planes=planes, rows=rows)
     if budget is None:
         return MemoryPlan("on-device", with_scratch(None), 0)
@@ -476,7 +477,7 @@ def panel_sums_fit(c_shape: tuple, k: int, width: int, lookahead: int, backend, 
     counts the sums in its peak instead. Collective."""
     m, n = c_shape
     buffers = 2 * (lookahead + 1) * (m + n) * width * 8
-    need = ozaki_gpu.panel_sums_bytes(m, n, width, k) + buffers
+    need = panel_sums_bytes(m, n, width, k) + buffers
     free = backend.memory_free()
     sharing = ranks_on_device(backend, comm)  # (their sums come out of the same memory)
     fits = free is not None and free >= sharing * (need + need // 16 + (256 << 20))

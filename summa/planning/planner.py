@@ -23,6 +23,8 @@ import numpy as np
 
 from ..runtime.mpi import MPI
 from ..precision import ozaki_gpu
+from .precision import (asked_moduli, moduli_asked, moduli_for, panel_sums_apply,
+                        panel_sums_bytes)
 from ..distribution.grid import check_grid_ranks, grid_for, parse_grid
 from .memory import (Execution, MemoryPlan, check_host_memory, check_memory,
                      format_bytes, host_traffic, memory_plan, parse_bytes, resident_plan,
@@ -222,6 +224,12 @@ class Plan:
         memory (out of core on one GPU rank,
         :func:`summa.planning.arrays.with_integers`). None elsewhere:
         integers are converted whole first, the product after.
+    scheme_moduli : int or None
+        fp64-int8: the moduli every product takes (:attr:`scheme`), as the
+        planner read them once: :attr:`moduli` where an in-memory SUMMA
+        takes them for every panel, else those asked
+        (``SUMMA_FP64_INT8_MODULI``, an entry point's ``moduli``); None:
+        each product its K's default (:func:`_scheme_moduli`).
     note : str or None
         Why the mode was chosen for the caller (in memory did not fit; GPU
         operands copied to host memory).
@@ -253,6 +261,7 @@ class Plan:
     storage: tuple = ("rows", "rows")
     conj: tuple = (False, False)
     host_integers: tuple | None = None
+    scheme_moduli: int | None = None
     note: str | None = field(default=None, compare=False)
     predicted: dict | None = field(default=None, compare=False)
 
@@ -264,13 +273,13 @@ class Plan:
     @property
     def scheme(self) -> ozaki_gpu.Scheme | None:
         """fp64-int8: how its products run (:class:`summa.precision.ozaki_gpu.Scheme`),
-        what the executors hand the GEMMs: the rows of A and C each takes at
-        a time and the integer products a fold takes (``memory.int8_rows``,
-        ``memory.int8_planes``, the memory plan's); None for other
-        precisions."""
+        what the executors hand the GEMMs: the moduli (:attr:`scheme_moduli`),
+        the rows of A and C each takes at a time and the integer products a
+        fold takes (``memory.int8_rows``, ``memory.int8_planes``, the memory
+        plan's); None for other precisions."""
         if self.precision != "fp64-int8":
             return None
-        return ozaki_gpu.Scheme(rows=self.memory.int8_rows,
+        return ozaki_gpu.Scheme(moduli=self.scheme_moduli, rows=self.memory.int8_rows,
                                 planes=self.memory.int8_planes or ozaki_gpu.PLANES)
 
     def __str__(self) -> str:
@@ -367,7 +376,7 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
                          tuple(storage))
         ask = _held_in_host(ask, machine.backend) if host_held else ask
         check_schedule(schedule, grid, out_of_core=bool(ask.out_of_core) or bool(ask.device_memory))
-        with ozaki_gpu.asked_moduli(moduli):  # the plans count their scratch
+        with asked_moduli(moduli):  # the plans count their scratch
             memory, budget, note = _memory(machine, (m, n, k), dtype, grid, panel_width,
                                            lookahead, ask)
             width = _width(panel_width, machine.backend, dtype, precision, budget is not None,
@@ -376,7 +385,7 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
             width = memory.chunk
     ooc = budget is not None
     copies = copies if ooc else (None, None)
-    count = ozaki_gpu.moduli_for(width, moduli) if precision == "fp64-int8" and \
+    count = moduli_for(width, moduli) if precision == "fp64-int8" and \
         is_width(width) else None
     plan = Plan((m, n, k), dtype.name, machine.backend, machine.ranks, grid,
                 (str(trans_a).upper(), str(trans_b).upper()), schedule, ooc, width, lookahead,
@@ -385,6 +394,7 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
                 panel_sums=_panel_sums(memory, dtype, grid, (m, n, k), width, precision,
                                        schedule),
                 placement=placement, storage=tuple(storage),
+                scheme_moduli=_scheme_moduli(precision, count, ooc or placement.resident, moduli),
                 note="; ".join(x for x in (fetched, note) if x) or None)
     if not predict:
         return plan
@@ -492,7 +502,7 @@ def restage(plan: Plan, staged: tuple) -> Plan:
     m, n, k = plan.shape
 
     def plan_at(width: int, budget: int) -> MemoryPlan:
-        with ozaki_gpu.asked_moduli(plan.moduli):
+        with asked_moduli(plan.moduli):
             return memory_plan(m, n, k, plan.dtype, plan.grid, width,
                                _execution(plan, device_budget=budget, staged=staged))
 
@@ -536,7 +546,7 @@ def restore(plan: Plan, storage: tuple, machine: Machine | None = None) -> Plan:
     width = plan.panel_width if is_width(plan.panel_width) else \
         default_panel_width(plan.backend, plan.dtype, plan.precision)  # "auto": as planned
     try:
-        with ozaki_gpu.asked_moduli(plan.moduli):
+        with asked_moduli(plan.moduli):
             memory = memory_plan(m, n, k, plan.dtype, plan.grid, width,
                                  _execution(plan, storage=storage))
         if not plan.out_of_core:
@@ -815,17 +825,31 @@ def _free_budget(machine: Machine) -> int:
     return int(machine.free_device * FREE_SHARE)
 
 
+def _scheme_moduli(precision, count: int | None, own_products: bool,
+                   moduli: int | None) -> int | None:
+    """fp64-int8: the moduli every product of the plan takes
+    (:attr:`Plan.scheme_moduli`), read here once, as the runs took them:
+    in memory the plan's `count` for every panel (its width's), where it
+    has one; a sweep's tile products and a resident GEMM (`own_products`),
+    and panels of a width measured later, those asked (`moduli`, else
+    ``SUMMA_FP64_INT8_MODULI``; None: each its K's default, a narrower last
+    panel fewer). None for other precisions."""
+    if precision != "fp64-int8":
+        return None
+    return count if count is not None and not own_products else moduli_asked(moduli)
+
+
 def _panel_sums(memory, dtype, grid, shape, width, precision, schedule) -> int | None:
     """Device bytes of fp64-int8's panel sums where this product takes them
     (in memory, panels, on a grid, where they fit: ``memory.panel_sums``,
-    :func:`summa.precision.ozaki_gpu.panel_sums_apply`); the executor takes
+    :func:`summa.planning.precision.panel_sums_apply`); the executor takes
     them as planned."""
     m, n, k = shape
     if (precision != "fp64-int8" or memory.mode != "in-memory" or schedule == "strips"
             or not is_width(width) or not memory.panel_sums
-            or not ozaki_gpu.panel_sums_apply(dtype, grid[0] * grid[1], k)):
+            or not panel_sums_apply(dtype, grid[0] * grid[1], k)):
         return None
-    return ozaki_gpu.panel_sums_bytes(-(-m // grid[0]), -(-n // grid[1]), width, k)
+    return panel_sums_bytes(-(-m // grid[0]), -(-n // grid[1]), width, k)
 
 
 def _device_room(machine: Machine) -> int | None:

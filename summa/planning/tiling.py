@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import options
 from ..precision import ozaki_gpu
+from .precision import moduli_for, panel_sums_apply, panel_sums_bytes
 from .model import gemm_flops
 
 __all__ = ["FP64_INT8_ROWS", "HOST_LINK_BALANCE", "TRAFFIC_GAIN", "EMULATED_COLUMN_TILES",
@@ -76,7 +77,7 @@ def int8_fold_planes(k: int, fits) -> int | None:
     docs/benchmarks.md "Measurements behind the defaults"): each pass reads
     and writes the sums again. A complex product's four real ones take
     them each (`ozaki_gpu._complex` joins them into C in place)."""
-    count, least = ozaki_gpu.moduli_for(k), ozaki_gpu.PLANES
+    count, least = moduli_for(k), ozaki_gpu.PLANES
     if count <= least or not fits(least + 1):
         return None
     return _most_that_fit(least + 1, count, fits)
@@ -144,7 +145,7 @@ def ozaki_scratch(tm: int, tn: int, nb: int, complex_: bool = False,
     `rows` of A and C at a time (None: all), `planes` integer products a
     fold (None: the default); complex: one real product at a time, beside
     the operands' real and imaginary parts and the two real results."""
-    scratch = ozaki_gpu.scratch_bytes(tm, tn, nb, ozaki_gpu.moduli_for(nb),
+    scratch = ozaki_gpu.scratch_bytes(tm, tn, nb, moduli_for(nb),
                                       planes, rows=rows)
     return scratch + (16 * (tm * nb + nb * tn) + 16 * tm * tn if complex_ else 0)
 
@@ -364,7 +365,7 @@ def int8_in_memory(shape: tuple, dtype, held: int, k: int, grid: bool,
     """fp64-int8 in memory: a ``(rows, columns, K)`` product's scratch
     (a panel's, or a strip's of all K) beside the `held` bytes of blocks and
     panels, within the device `room` (None: unknown). On a `grid` of GPUs
-    where they apply (:func:`summa.precision.ozaki_gpu.panel_sums_apply`),
+    where they apply (:func:`summa.planning.precision.panel_sums_apply`),
     the panel sums of all of `k` where they fit; else one product's
     scratch, its rows in chunks and more planes a fold where the room says
     (:func:`int8_chunk_rows`, :func:`int8_fold_planes`), as one GEMM on the device
@@ -372,8 +373,8 @@ def int8_in_memory(shape: tuple, dtype, held: int, k: int, grid: bool,
     tm, tn, nb = shape
     complex_ = np.dtype(dtype).kind == "c"
     left = None if room is None else room - held
-    if grid and ozaki_gpu.panel_sums_apply(dtype, 2, k):
-        sums = ozaki_gpu.panel_sums_bytes(tm, tn, nb, k)
+    if grid and panel_sums_apply(dtype, 2, k):
+        sums = panel_sums_bytes(tm, tn, nb, k)
         if left is None or sums <= left:
             return Int8InMemory(sums, sums=True)
 

@@ -151,7 +151,8 @@ def is_width(width) -> bool:
     return isinstance(width, (int, np.integer)) and not isinstance(width, bool)
 
 
-def auto_panel_width(A, B, C, precision=None, panels_of_a=None) -> tuple[int, bool]:
+def auto_panel_width(A, B, C, precision=None, panels_of_a=None,
+                     scheme=None) -> tuple[int, bool]:
     """Choose the panel width for ``C += A @ B`` by timing; collective over the grid.
 
     `panels_of_a` is how the multiply hands A's panels to their GEMMs, made
@@ -159,6 +160,8 @@ def auto_panel_width(A, B, C, precision=None, panels_of_a=None) -> tuple[int, bo
     (:class:`summa.execution.transpose.PanelsOfA`, which the executors hand
     in): each width is timed as its steps run, A's panel copied transposed
     first where :func:`transposes_a` says. None: the panels as they lie.
+    `scheme`: fp64-int8's (:attr:`summa.planning.Plan.scheme`: the moduli
+    asked), which the GEMMs timed take.
 
     Returns
     -------
@@ -186,10 +189,11 @@ def auto_panel_width(A, B, C, precision=None, panels_of_a=None) -> tuple[int, bo
         operand_a = (panels_of_a or _as_they_lie)(backend, rows, widest, C.dtype,
                                                   transposes_a(backend.name, C.dtype, precision))
         for w in widths:
-            backend.gemm(1.0, operand_a(a[:, :w]), b[:w], c, precision=precision)  # warm-up
+            backend.gemm(1.0, operand_a(a[:, :w]), b[:w], c, precision=precision,
+                         scheme=scheme)  # warm-up
             backend.synchronize()
             t0 = time.perf_counter()
-            backend.gemm(1.0, operand_a(a[:, :w]), b[:w], c, precision=precision)
+            backend.gemm(1.0, operand_a(a[:, :w]), b[:w], c, precision=precision, scheme=scheme)
             backend.synchronize()
             seconds.append((time.perf_counter() - t0) / w)  # seconds per unit of K
         del a, b, c, operand_a
@@ -220,12 +224,13 @@ def _elementwise_max():
 
 
 def panel_width_for(A, B, C, panel_width, precision,
-                    panels_of_a=None) -> tuple[int, bool]:
+                    panels_of_a=None, scheme=None) -> tuple[int, bool]:
     """The panel width SUMMA on DistMatrix operands A, B, C uses (the
     backend's default for None; measured for ``"auto"``, once per problem,
-    A's panels formed by `panels_of_a` as :func:`auto_panel_width` takes
-    it), and whether it was measured in this call: the DistMatrix entry
-    points' one decision of the planner's (a Plan's width is already an int)."""
+    A's panels formed by `panels_of_a` and fp64-int8's `scheme` as
+    :func:`auto_panel_width` takes them), and whether it was measured in
+    this call: the DistMatrix entry points' one decision of the planner's
+    (a Plan's width is already an int)."""
     backend, grid = C.backend, C.grid
     measured = False
     if panel_width is None:
@@ -234,7 +239,7 @@ def panel_width_for(A, B, C, panel_width, precision,
         if grid.size == 1:  # one rank runs a single GEMM: nothing to choose
             panel_width = default_panel_width(backend.name, C.dtype, precision)
         else:
-            panel_width, measured = auto_panel_width(A, B, C, precision, panels_of_a)
+            panel_width, measured = auto_panel_width(A, B, C, precision, panels_of_a, scheme)
     if not isinstance(panel_width, (int, np.integer)) or panel_width < 1:
         raise ValueError(f"panel width must be an integer >= 1 or 'auto', got {panel_width!r}")
     return int(panel_width), measured

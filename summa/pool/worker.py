@@ -39,7 +39,8 @@ from ..device.traits import traits
 from ..distribution.grid import node_rank
 from ..execution.algorithm import SummaStats
 from ..planning.arrays import HeldArrays, PlanRequest
-from ..precision.ozaki_gpu import asked_moduli, check_moduli
+from ..precision.ozaki_gpu import check_moduli
+from ..planning.precision import asked_moduli
 from ..host import shared as host, remote
 from ..options import Options, current, set as set_options
 from ..runtime.cleanup import hard_exit, mapped_segments, process_alive, remove_segments

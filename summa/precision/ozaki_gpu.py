@@ -38,11 +38,10 @@ import math
 
 import numpy as np
 
-from .. import options
 from . import ozaki
 
 __all__ = ["gemm", "Scheme", "PanelSums", "grid_exponents", "panel_sums_bytes",
-           "panel_sums_apply", "refuse_not_finite", "moduli_for", "check_moduli", "asked_moduli",
+           "panel_sums_apply", "refuse_not_finite", "moduli_for", "check_moduli",
            "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
 
 #: Integer products folded per pass by default (each pass reads and writes
@@ -67,8 +66,9 @@ class Scheme:
         :data:`summa.precision.ozaki.BITS`).
     moduli : int or None
         How many moduli: fewer trade accuracy for speed
-        (:func:`summa.precision.ozaki.choose`); None: :func:`moduli_for`'s (the
-        current options', else the default for the product's K).
+        (:func:`summa.precision.ozaki.choose`); None: the default for the
+        product's K (:func:`moduli_for`). A plan's carries the moduli asked
+        (:attr:`summa.planning.Plan.scheme`): this module reads no options.
     planes : int
         Integer products folded a pass (default :data:`PLANES`).
     rows : int or None
@@ -457,27 +457,28 @@ def _planes_a_pass(planes: int | None, count: int) -> int:
     return max(1, min(int(PLANES if planes is None else planes), count))
 
 
-def panel_sums_bytes(m: int, n: int, width: int, k: int, planes: int = PLANES) -> int:
+def panel_sums_bytes(m: int, n: int, width: int, k: int, planes: int = PLANES,
+                     moduli: int | None = None) -> int:
     """Device bytes :class:`PanelSums` takes beside its operands for an
     ``m x n`` C over `k` terms in panels up to `width` wide: the int32 sums
-    (a plane per modulus), one panel's residue planes and B transposed, and
-    the fold's two float64 sums."""
-    count = moduli_for(k)
+    (a plane per modulus: `moduli`, None the default for `k`), one panel's
+    residue planes and B transposed, and the fold's two float64 sums."""
+    count = moduli_for(k, moduli)
     kp, np_ = -(-width // 4) * 4, -(-n // 4) * 4
     folds = 16 * m * n if count > planes else 0
     return 4 * count * m * np_ + count * (m + np_) * kp + 8 * n * kp + folds
 
 
-def panel_sums_apply(dtype, ranks: int, k: int) -> bool:
+def panel_sums_apply(dtype, ranks: int, k: int, *, sums: bool) -> bool:
     """Do fp64-int8 products of `dtype` given in K panels on a grid of
     `ranks` sum their INT8 products and fold C once (:class:`PanelSums`),
     where memory allows? float64 on several ranks, K within an int32 sum
     and of at least :data:`summa.precision.ozaki.K_NATIVE` terms (fewer run native
-    float64), unless ``SUMMA_FP64_INT8_SUMS=0`` (a fold a panel, as one
-    rank's out-of-core tiles make it: the reference a benchmark compares
-    against)."""
+    float64), where `sums` (the planner's ``SUMMA_FP64_INT8_SUMS``; False:
+    a fold a panel, as one rank's out-of-core tiles make it: the reference
+    a benchmark compares against)."""
     return (np.dtype(dtype).kind == "f" and ranks > 1 and ozaki.K_NATIVE <= k <= ozaki.K_EXACT
-            and options.current().fp64_int8_sums != 0)
+            and bool(sums))
 
 
 def check_moduli(moduli, precision) -> int | None:
@@ -491,24 +492,11 @@ def check_moduli(moduli, precision) -> int | None:
     return ozaki.check_moduli(moduli)
 
 
-def asked_moduli(moduli: int | None):
-    """A context inside which products take `moduli` moduli (None: as
-    before), and the plans count their scratch so: the current options
-    (:func:`summa.options.set`) with ``fp64_int8_moduli`` changed."""
-    return options.set(fp64_int8_moduli=moduli)
-
-
-def _asked(moduli: int | None) -> int | None:
-    """`moduli`, else the current options' (``SUMMA_FP64_INT8_MODULI``, or
-    an entry point's `moduli`), else None (the default for the product's K)."""
-    return options.current().fp64_int8_moduli if moduli is None else moduli
-
-
 def moduli_for(k: int, moduli: int | None = None) -> int:
     """The moduli a product over `k` takes: `moduli`, else
-    ``SUMMA_FP64_INT8_MODULI``, else :func:`summa.precision.ozaki.default_moduli`'s
-    (15 for K = 32768)."""
-    return ozaki.choose(ozaki.BITS, _asked(moduli), min(k, ozaki.K_EXACT))[1]
+    :func:`summa.precision.ozaki.default_moduli`'s (15 for K = 32768).
+    (What the options ask: :func:`summa.planning.precision.moduli_for`.)"""
+    return ozaki.choose(ozaki.BITS, moduli, min(k, ozaki.K_EXACT))[1]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -609,7 +597,7 @@ def gemm(alpha, a, b, c, beta=0.0, *, backend=None, scheme: Scheme = Scheme(),
                  beta if i == 0 else 1.0, backend=backend, scheme=scheme, marks=marks)
         return
     # checked as the caller asked
-    bits, count = ozaki.choose(scheme.bits, _asked(scheme.moduli), k)
+    bits, count = ozaki.choose(scheme.bits, scheme.moduli, k)
     constants = _constants(count)
     cap_a, cap_b = ozaki.budgets(count, k)
 
@@ -693,7 +681,7 @@ class PanelSums:
         if k > ozaki.K_EXACT:
             raise ValueError(f"K = {k} exceeds the {ozaki.K_EXACT} an int32 sum holds")
         # as grid_exponents chose
-        _, self.count = ozaki.choose(scheme.bits, _asked(scheme.moduli), k)
+        _, self.count = ozaki.choose(scheme.bits, scheme.moduli, k)
         self.m, self.n, self.k, self.backend, self.planes = m, n, k, backend, scheme.planes
         self.np_ = -(-n // 4) * 4
         self.constants = _constants(self.count)
@@ -748,7 +736,7 @@ def grid_exponents(a, b, row_comm, col_comm, k: int, scheme: Scheme = Scheme()):
     Inf/NaN refused as in :func:`gemm` (inside :func:`checked_later`, at its
     end)."""
     bits = scheme.bits
-    _, count = ozaki.choose(bits, _asked(scheme.moduli), k)
+    _, count = ozaki.choose(bits, scheme.moduli, k)
     cap_a, cap_b = ozaki.budgets(count, k)
     return _exponents(a, 1, bits, cap_a, row_comm), _exponents(b, 0, bits, cap_b, col_comm)
 

@@ -629,7 +629,8 @@ def test_the_callers_current_gpu_is_kept(stand_in_cupy):
 def test_a_resident_fp64_int8_gemm_takes_the_plans_rows(monkeypatch):
     """Operands on the GPU whose fp64-int8 product fits there only in chunks
     of rows: the plan's rows (Plan.scheme) reach the one GEMM where they lie
-    (summa.execution.arrays.run_on_device; a stand-in backend notes its call)."""
+    (summa.execution.arrays.run_on_device; a stand-in backend notes its call;
+    the moduli: its K's default, none asked)."""
     import contextlib
     from summa.execution.arrays import run_on_device
     from summa.planning.arrays import HeldArrays

@@ -263,8 +263,9 @@ def test_panel_sums_are_left_on_every_rank_where_one_lacks_the_memory(comm, monk
     holds them: one rank short, every rank multiplies panel by panel (the
     exponents are collective: no rank may start them alone), no hang; a
     sum of fewer than K_NATIVE terms stays native float64; and
-    SUMMA_FP64_INT8_SUMS=0 turns them off. A plan's "no" (call.sums
-    False) is no whatever the room."""
+    SUMMA_FP64_INT8_SUMS=0 turns them off in the planner (the products'
+    module reads no options). A plan's "no" (call.sums False) is no
+    whatever the room."""
     from summa.execution import algorithm
     from summa.planning import memory
     from summa.device.backend import get_backend
@@ -288,7 +289,13 @@ def test_panel_sums_are_left_on_every_rank_where_one_lacks_the_memory(comm, monk
                         for shape in ((64, ozaki.K_NATIVE - 1), (ozaki.K_NATIVE - 1, 48)))
     short = panel_schedule(short_a.layout.cols, short_b.layout.rows, 32)
     assert algorithm._panel_sums(_call(short_a, short_b, C, "fp64-int8"), False, short) is None
+    # the setting is the planner's: the executor takes the plan's word (call.sums)
+    from summa.planning import precision
+    from summa.precision.ozaki_gpu import panel_sums_apply
+    assert precision.panel_sums_apply("float64", comm.size, 96)
     monkeypatch.setenv("SUMMA_FP64_INT8_SUMS", "0")
+    assert not precision.panel_sums_apply("float64", comm.size, 96)
+    assert panel_sums_apply("float64", comm.size, 96, sums=True)
     assert algorithm._panel_sums(_call(A, B, C, "fp64-int8"), False, panels) is None
     assert algorithm._panel_sums(_call(A, B, C, None), False, panels) is None
     assert algorithm._panel_sums(_call(A, B, C, "fp64-int8", sums=False), False, panels) is None
@@ -302,9 +309,15 @@ def _call(A, B, C, precision, sums=None):
 
 
 def test_moduli_asked_reach_the_products_and_the_plans(rng, ozaki_gpu, monkeypatch):
-    """summa.matmul/gemm(..., moduli=L): inside, every product takes L moduli
-    and plans count their scratch so; before and after, the default; bad
-    counts and counts without fp64-int8 refused with one clear error."""
+    """summa.matmul/gemm(..., moduli=L): inside, the planner takes L moduli,
+    counts their scratch so and hands them to every product in its Plan's
+    scheme (a width measured later, a sweep's tiles too), which then takes
+    them wherever it runs; before and after, the default: in memory the
+    panels' width's for every panel, a sweep's tile products each their
+    own K's. The products themselves read no options: a scheme's None is
+    the default for their K. Bad counts and counts without fp64-int8
+    refused with one clear error."""
+    from summa.planning import Machine, make_plan, precision as asking
     from summa.planning.memory import Execution, memory_plan
     monkeypatch.delenv("SUMMA_FP64_INT8_MODULI", raising=False)
     backend = fake_cupy_kernels.Backend()
@@ -314,12 +327,27 @@ def test_moduli_asked_reach_the_products_and_the_plans(rng, ozaki_gpu, monkeypat
     def planned():
         return memory_plan(4096, 4096, 4096, "float64", (1, 1), 4096,
                            Execution(1, "cupy", precision="fp64-int8")).device_bytes
-    default, plan = ozaki_gpu.moduli_for(300), planned()
-    with ozaki_gpu.asked_moduli(20):
-        ozaki_gpu.gemm(1.0, a, b, c, backend=backend)
-        assert backend.gemms == 20 and planned() > plan
-    assert _close(c, ozaki.gemm_int8(a, b, moduli=20))
-    assert ozaki_gpu.moduli_for(300) == default and planned() == plan
+
+    def made(width=4096, **asked):
+        return make_plan((4096, 4096, 4096), "float64", Machine("cupy", 2, free_device=2**40),
+                         precision="fp64-int8", panel_width=width, **asked)
+    default, plan = asking.moduli_for(300), planned()
+    in_memory, auto, sweep = made(), made("auto"), made(1000, device_memory="1GiB")
+    assert in_memory.moduli == in_memory.scheme.moduli == asking.moduli_for(4096)
+    assert auto.moduli is auto.scheme.moduli is None
+    assert sweep.out_of_core and sweep.moduli and sweep.scheme.moduli is None
+    with asking.asked_moduli(20):
+        in_memory, auto, sweep = made(), made("auto"), made(1000, device_memory="1GiB")
+        assert asking.moduli_for(300) == 20 and planned() > plan
+        ozaki_gpu.gemm(1.0, a, b, c, backend=backend)  # no scheme: no options read
+        assert backend.gemms == default != 20
+    assert in_memory.scheme.moduli == auto.scheme.moduli == sweep.scheme.moduli == 20
+    assert made(1000, device_memory="1GiB", moduli=12).scheme.moduli == 12
+    backend.gemms = 0
+    ozaki_gpu.gemm(1.0, a, b, c, backend=backend, scheme=sweep.scheme)
+    assert backend.gemms == 20 and _close(c, ozaki.gemm_int8(a, b, moduli=20))
+    assert asking.moduli_for(300) == ozaki_gpu.moduli_for(300) == default
+    assert planned() == plan
     for moduli, precision, message in ((15, None, "applies to precision fp64-int8"),
                                        (2, "fp64-int8", "must be 3-30"),
                                        (31, "fp64-int8", "must be 3-30"),
