@@ -100,32 +100,69 @@ def parse_size(text: str) -> tuple[int, int, int]:
     return tuple(parts)
 
 
+#: What :func:`stamps` adds to every record: which machine, when, by which command.
+STAMPS = ("machine", "date", "command")
+
+
 def append_json(path: str | None, row: dict) -> None:
     """Append `row` to the JSON-lines file `path` (nothing for None), stamped
     with the machine, date and command (:func:`stamps`) that report.py
-    puts above its table."""
+    puts above its table. Every script's ``--json`` writes through here.
+    The stamp names this process's command; a row's own ``command`` or
+    ``date`` (as the records ``python -m summa bench`` writes carry) that
+    differs is kept as ``own_command`` or ``own_date``."""
     if path:
+        stamp = stamps()
+        own = {f"own_{key}": row[key] for key in STAMPS
+               if key in row and row[key] != stamp[key]}
         with open(path, "a") as f:
-            f.write(json.dumps({**stamps(), **row}) + "\n")
+            f.write(json.dumps({**row, **own, **stamp}) + "\n")
 
 
 def stamps() -> dict:
     """Where and when this process measured: ``machine`` (cores, host
-    memory, the GPU where CuPy is loaded), ``date`` (UTC) and ``command``."""
+    memory, the GPUs: CuPy's where this process loaded it, else what
+    ``nvidia-smi`` lists), ``date`` (UTC) and ``command``."""
+    return {"machine": _machine(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "command": " ".join(["python3", *sys.argv])}
+
+
+def _machine() -> str:
     machine = f"{os.cpu_count()} cores"
     try:
         machine += f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
     except (ValueError, OSError):
         pass
+    gpus = _gpus()
+    return f"{gpus}, {machine}" if gpus else machine
+
+
+def _gpus() -> str | None:
+    """The GPUs as ``name x count``: CuPy's where this process loaded it (no
+    CUDA start for a stamp), else ``nvidia-smi``'s (a parent whose cases ran
+    in processes of their own), else None."""
     cupy = sys.modules.get("cupy")
-    if cupy is not None:  # (only where the script loaded it: no CUDA start for a stamp)
+    if cupy is not None:
         try:
-            machine = (cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-                       + f" x {cupy.cuda.runtime.getDeviceCount()}, " + machine)
+            return (cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+                    + f" x {cupy.cuda.runtime.getDeviceCount()}")
         except Exception:  # noqa: BLE001 -- a stamp never fails the record
             pass
-    return {"machine": machine, "date": time.strftime("%Y-%m-%d", time.gmtime()),
-            "command": " ".join(["python3", *sys.argv])}
+    global _LISTED
+    if _LISTED is None:
+        _LISTED = ""
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+            if out.returncode == 0 and names:
+                _LISTED = f"{names[0]} x {len(names)}"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return _LISTED or None
+
+
+_LISTED: str | None = None  # nvidia-smi's answer, asked once a process
 
 
 def hold_all_but(want: int | None, gpus: int = 1, devices=None) -> list:

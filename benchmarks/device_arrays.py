@@ -27,11 +27,12 @@ Prints one line per library and, with ``--json``, appends the rows as JSON lines
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
+
+import calls  # JSON lines stamped with machine, date, command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -160,10 +161,8 @@ def main(argv=None) -> int:
               f"{row['peer_again_seconds']:.4f} s (ratio {row['again_ratio']:.3f}, "
               f"{row['summa_tflops']:.1f} TFLOP/s); returned {row['returned']} on the same GPU: "
               f"{row['same_gpu']}; difference {row['difference']:.1e}", flush=True)
-    if args.json:
-        with open(args.json, "a") as fh:
-            for row in rows:
-                fh.write(json.dumps(row) + "\n")
+    for row in rows:
+        calls.append_json(args.json, row)
     return 0
 
 

@@ -29,6 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+import calls  # JSON lines stamped with machine, date, command
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHUNK = 64 << 20
 
@@ -182,9 +184,7 @@ def main() -> int:
         print(f"{'':<19} steps: " + ", ".join(steps)
               + f"; after the call {r['process_wall'] - r['wall_seconds']:.2f} (exit, mpirun)"
               + (f"; GPU idle in the multiply: {idle}" if idle else ""))
-        if args.json:
-            with open(args.json, "a") as fh:
-                fh.write(json.dumps(r) + "\n")
+        calls.append_json(args.json, r)
     return 0
 
 

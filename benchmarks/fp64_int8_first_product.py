@@ -18,6 +18,8 @@ import sys
 import tempfile
 import time
 
+import calls  # JSON lines stamped with machine, date, command
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -62,9 +64,8 @@ def main() -> int:
                 return out.returncode
             rows += [dict(r, kernels=kernels, n=args.size)
                      for r in json.loads(out.stdout.strip().splitlines()[-1])]
-    if args.json:
-        with open(args.json, "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+    for r in rows:
+        calls.append_json(args.json, r)
     for r in rows:
         print(f"{r['kernels']:>18}  {r['what']:<26} {r['seconds']:8.3f} s")
     return 0

@@ -21,6 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import calls  # noqa: E402 -- JSON lines stamped with machine, date, command
 from calls import best_device_seconds as _best  # noqa: E402 -- best of timed device runs
 
 
@@ -203,10 +204,8 @@ def main() -> int:
     if lt is not None and lt.choices:
         emit({"what": "cuBLASLt INT8 choices",
               "choices": {" ".join(map(str, key)): v for key, v in lt.choices.items()}})
-    if args.json:
-        with open(args.json, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    for r in rows:
+        calls.append_json(args.json, r)
     print()
     for r in rows:
         if "choices" in r:

@@ -15,6 +15,8 @@ import json
 import os
 import sys
 
+import calls  # JSON lines stamped with machine, date, command
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -93,9 +95,7 @@ def main() -> int:
         cp.get_default_memory_pool().free_all_blocks()
         rows.append(row)
         print(json.dumps(row), flush=True)
-        if args.json:
-            with open(args.json, "a") as fh:
-                fh.write(json.dumps(row) + "\n")
+        calls.append_json(args.json, row)
     bare = rows[0].get("seconds")
     print(f"\n{'case':28s} {'tiles':>8s} {'width':>6s} {'s':>7s} {'TFLOP/s':>8s} {'bare/s':>7s}")
     for r in rows:

@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+import calls  # JSON lines stamped with machine, date, command
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -122,9 +124,8 @@ def main() -> int:
                 return out.returncode
             for r in json.loads(out.stdout.strip().splitlines()[-1]):
                 rows.append(dict(r, process=process, free=args.free))
-    if args.json:
-        with open(args.json, "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+    for r in rows:
+        calls.append_json(args.json, r)
     for r in rows:
         print(f"{r['process']:>12}  {r['what']:<24} N={r['n']}  {r['seconds']:7.3f} s "
               f"{r['tflops']:7.1f} TFLOP/s" + (f"  check {r['check']:.2e}" if "check" in r else "")

@@ -40,6 +40,8 @@ import sys
 import time
 import warnings
 
+import calls  # JSON lines stamped with machine, date, command
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2 ** 30
 SMALL_DRAWS = 1 << 20  # summa.device.account.SMALL_DRAWS: CuPy's scalars beside a plan
@@ -297,10 +299,8 @@ def main(argv=None) -> int:
     sys.path.insert(0, ROOT)
     from summa.planning.memory import parse_bytes
     rows = sequence(args.size, parse_bytes(args.whole) if args.whole else None, args.last)
-    if args.json:
-        with open(args.json, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    for r in rows:
+        calls.append_json(args.json, r)
     table(rows)
     bad = verdict(rows)
     for line in bad:

@@ -40,6 +40,8 @@ import sys
 import tempfile
 import time
 
+import calls  # JSON lines stamped with machine, date, command
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PEERS = ("summa", "cupy", "nvmathlt", "jax", "cublasxt", "dask", "nvmath")
@@ -475,13 +477,10 @@ def main():
         vs_ideal = f"{r['tflops'] / ideal:.3f}" if ideal and r.get("gpus") == args.gpus else "-"
         notes = ", ".join(f"{k}={v}" for k, v in r.items() if k not in ("seconds", "tflops"))
         print(f"{peer:>9} {r['tflops']:>9.1f} {vs_summa:>9} {vs_ideal:>9}  {notes}")
-    if args.json:
-        with open(args.json, "a") as fh:
-            for peer, r in results.items():
-                row = dict(peer=peer, size=args.size, dtype=args.dtype,
-                           precision=args.precision, placement=args.placement, gpus=args.gpus,
-                           data=args.data)
-                fh.write(json.dumps({**row, **r}) + "\n")
+    for peer, r in results.items():
+        row = dict(peer=peer, size=args.size, dtype=args.dtype, precision=args.precision,
+                   placement=args.placement, gpus=args.gpus, data=args.data)
+        calls.append_json(args.json, {**row, **r})
     if failures:
         print("failed: " + "; ".join(f"{peer}: {why}" for peer, why in failures.items()),
               file=sys.stderr)

@@ -34,6 +34,7 @@ import sys
 import time
 
 # Shared with the guard and the matrix (and imported from here by fp64_int8_user_case.py).
+import calls  # JSON lines stamped with machine, date, command
 from calls import ROOT, fresh, hold_all_but, matmul_seconds, release  # noqa: F401
 
 
@@ -228,10 +229,8 @@ def main(argv=None) -> int:
     args.peers = [x for x in args.peers.split(",") if x]
     if args.size:
         rows = one_size(args)
-        if args.json:
-            with open(args.json, "a") as fh:
-                for r in rows:
-                    fh.write(json.dumps(r) + "\n")
+        for r in rows:
+            calls.append_json(args.json, r)
         return 0
     lines, failed = [], []
     for n in (int(x) for x in args.sizes.split(",")):

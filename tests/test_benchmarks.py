@@ -36,6 +36,32 @@ def test_every_benchmark_answers_help_anywhere(script, tmp_path):
     assert "usage" in done.stdout
 
 
+JSON_WRITERS = sorted(p.name for p in BENCHMARKS.glob("*.py")
+                      if re.search(r"add_argument\(\s*[\"']--json[\"']", p.read_text()))
+
+
+@pytest.mark.parametrize("script", JSON_WRITERS)
+def test_every_json_record_is_stamped_with_machine_date_and_command(script):
+    """A script with --json writes its records through calls.append_json
+    (which stamps them) and never a JSON line of its own."""
+    text = (BENCHMARKS / script).read_text()
+    assert "calls.append_json(" in text, f"{script} writes --json without calls.append_json"
+    assert not re.search(r"\.write(lines)?\([^\n]*json\.dumps", text), \
+        f"{script} writes a JSON line of its own, unstamped"
+
+
+def test_the_stamp_names_machine_date_and_command_and_keeps_a_records_own(tmp_path):
+    assert {"cuts.py", "matrix.py", "peers.py", "files.py", "memory_sequence.py"} \
+        <= set(JSON_WRITERS)
+    record = tmp_path / "r.jsonl"
+    calls.append_json(str(record), {"seconds": 1.0, "command": "multiply"})
+    calls.append_json(None, {"seconds": 2.0})  # no file: nothing written
+    (row,) = _rows(record)
+    assert set(calls.STAMPS) <= set(row) and row["seconds"] == 1.0
+    assert row["machine"].split(",")[0].strip() and re.fullmatch(r"\d{4}-\d\d-\d\d", row["date"])
+    assert row["command"].startswith("python3 ") and row["own_command"] == "multiply"
+
+
 def test_cpu_sized_matrix_is_right_in_every_cell(tmp_path, capsys):
     record = tmp_path / "matrix.jsonl"
     assert matrix.main(["--cpu-sized", "--in-process", "--json", str(record)]) == 0
@@ -219,10 +245,14 @@ def _mpiexec() -> str:
 
 
 def test_peers_start_summa_under_the_launcher_run_exports(tmp_path):
-    done = _peers([], tmp_path, SUMMA_MPIEXEC=_mpiexec())
+    done = _peers(["--json", "peers.jsonl"], tmp_path, SUMMA_MPIEXEC=_mpiexec())
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     (row,) = [line for line in done.stdout.splitlines() if line.split()[:1] == ["summa"]]
     assert "FAILED" not in row and "grid=1x1" in row, row
+    (record,) = _rows(tmp_path / "peers.jsonl")  # stamped with this run's command
+    assert record["peer"] == "summa" and record["command"].endswith("--backend numpy --json "
+                                                                    "peers.jsonl")
+    assert record["machine"] and record["date"]
 
 
 def test_peers_exit_non_zero_when_a_peer_failed(tmp_path):
