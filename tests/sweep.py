@@ -198,7 +198,7 @@ def _budget(case, shape, itemsize: int, storage: tuple = ("rows", "rows")) -> in
     can come near that), for operands lying as `storage` says (B's
     row-major copies, where the settings make them, take room too)."""
     from summa.planning.memory import Execution, memory_plan
-    from summa.planning.planner import _too_fine
+    from summa.planning.widths import too_fine
     # a default width (None) is summa's choice: the budget is planned at 256
     m, n, k, nb = case["m"], case["n"], case["k"], case["panel_width"] or 256
     def execution(budget: int) -> Execution:  # fp64-int8's scratch counts on the GPU
@@ -210,7 +210,7 @@ def _budget(case, shape, itemsize: int, storage: tuple = ("rows", "rows")) -> in
     while True:
         try:
             plan = memory_plan(m, n, k, case["dtype"], shape, nb, execution(budget))
-            if not _too_fine(plan, k, True, 2 * m * n * k):
+            if not too_fine(plan, k, True, 2 * m * n * k):
                 return budget
             budget *= 2
         except ValueError:

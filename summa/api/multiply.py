@@ -29,7 +29,8 @@ from ..distribution.matrix import DistMatrix
 from ..execution.outofcore import SweepOperands, prepared_sweep, run_out_of_core
 from ..precision.ozaki_gpu import check_moduli
 from ..planning.precision import asked_moduli
-from ..planning.planner import Machine, make_plan
+from ..planning.plan import Machine
+from ..planning.planner import make_plan
 from .nonfinite import nonfinite_notes
 from .stacks import Stack, multiply_stack, stacked
 from .stateful import Matmul

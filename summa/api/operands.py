@@ -6,7 +6,7 @@ becomes an :class:`Operand`, a NumPy array over the caller's host memory or
 a CuPy array over the caller's GPU memory (no copy either way where the
 library lets us view it), with the GPU it lies on and the library whose
 array it was. Their joint :attr:`Operands.placement` is what the planner
-weighs (:class:`summa.planning.planner.Placement`); :meth:`Operands.give_back` turns
+weighs (:class:`summa.planning.plan.Placement`); :meth:`Operands.give_back` turns
 the product into the caller's kind.
 
 What is taken:
@@ -41,7 +41,7 @@ import numpy as np
 from ..planning.checks import not_in_place
 from ..device.backend import DTYPES
 from ..host.copies import converted, parallel_copy
-from ..planning.planner import Placement
+from ..planning.plan import Placement
 from .promotion import as_float64
 
 __all__ = ["Operand", "Operands", "operand", "describe", "unconjugated", "cupy_module",

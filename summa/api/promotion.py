@@ -12,7 +12,7 @@ NumPy's integer matmul wraps (a narrower type keeps the low bits; bool: any
 term true). Where the plan stages host operands through page-locked chunks
 (out of core on one GPU rank), they are kept as they lie and converted
 inside those copies instead, the product too
-(:attr:`summa.planning.planner.Plan.host_integers`): no whole float64 copy."""
+(:attr:`summa.planning.plan.Plan.host_integers`): no whole float64 copy."""
 
 from __future__ import annotations
 

@@ -278,7 +278,7 @@ class Matmul:
 
 
 def _where(placement) -> str:
-    """Where a :class:`summa.planning.planner.Placement`'s operands lie, in words."""
+    """Where a :class:`summa.planning.plan.Placement`'s operands lie, in words."""
     if placement.where == "host":
         return "in host memory"
     if placement.where == "mixed":

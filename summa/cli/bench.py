@@ -22,7 +22,8 @@ from ..distribution.grid import ProcessGrid, check_grid_ranks, grid_shapes
 from ..distribution.matrix import DistMatrix
 from ..execution.outofcore import SweepOperands, run_out_of_core
 from ..planning.model import gemm_flops
-from ..planning.planner import Machine, make_plan
+from ..planning.plan import Machine
+from ..planning.planner import make_plan
 from ..planning.precision import moduli_for
 from ..planning.hostroom import check_host_room, own_host_bytes
 from ..planning.least import check_least_budget

@@ -12,7 +12,8 @@ from ..planning.model import (DEFAULT_HARDWARE, HARDWARE, SWEEP_RANKS, Profile, 
 from ..device.traits import traits
 from ..device.backend import DTYPES
 from ..distribution.grid import node_rank
-from ..planning.planner import Machine, make_plan
+from ..planning.plan import Machine
+from ..planning.planner import make_plan
 from ..transports.broadcasters import BROADCASTERS
 from ..transports.comm import choose_comm
 from .calibrate import calibrate, default_sizes, default_widths

@@ -41,7 +41,8 @@ from .algorithm import SummaStats
 from ..planning.checks import check_layouts, check_operands, check_scalars
 from ..distribution.layout import panel_schedule
 from ..distribution.matrix import DistMatrix
-from ..planning.planner import Machine, Plan, make_plan, restage
+from ..planning.plan import Machine, Plan
+from ..planning.planner import make_plan, restage
 from ..planning.selection import grid_broadcasters
 from ..host.storage import copyable_rows
 from .movers import CudaMover, HostMover

@@ -14,7 +14,7 @@ from ..distribution.layout import narrowest_first, split_panel_doubling
 from ..distribution.matrix import DistMatrix
 from .pipeline import local_parts, wait_for_panel
 from ..planning.memory import TAIL_SHARE
-from ..planning.planner import Plan
+from ..planning.plan import Plan
 from ..host.storage import as_rows, rows_shape
 from .transpose import PanelForms, PanelsOfA, PanelsOfB
 

@@ -13,6 +13,7 @@ Plan of arrays held on one rank, final for the arrays as they lie
 planner's public names are re-exported here.
 """
 
-from .planner import Machine, Plan, make_plan, restage
+from .plan import Machine, Plan
+from .planner import make_plan, restage
 
 __all__ = ["Machine", "Plan", "make_plan", "restage"]

@@ -23,7 +23,8 @@ from ..distribution.grid import node_rank
 from ..host.storage import conjugated, storage_of
 from ..runtime.agree import Failure, collectively, from_root
 from .checks import check_arrays, precision_refusal
-from .planner import Machine, Placement, make_plan, restore
+from .plan import Machine, Placement
+from .planner import make_plan, restore
 
 __all__ = ["PlanRequest", "HeldArrays", "plan_held", "stored_plan", "array_storage"]
 
@@ -83,7 +84,7 @@ def plan_held(given, comm, root: int = 0, request: PlanRequest = PlanRequest(),
               backend="auto", topology=None) -> tuple:
     """Check the root's operands and plan their product
     (:func:`summa.planning.make_plan`, host-held, or where they lie on a
-    GPU, :class:`summa.planning.planner.Placement`); collective. On one
+    GPU, :class:`summa.planning.plan.Placement`); collective. On one
     rank the backend binds the GPU the operands lie on.
 
     Parameters
@@ -160,7 +161,7 @@ def _kept_integers(given) -> tuple | None:
 
 def with_integers(plan, integers: tuple | None):
     """`plan` recording the integer operands `integers` (:func:`_kept_integers`)
-    as converted inside the host copies (:attr:`summa.planning.planner.Plan.host_integers`)
+    as converted inside the host copies (:attr:`summa.planning.plan.Plan.host_integers`)
     where it stages them: out of core on one GPU rank, the operands in host
     memory (the sweep's uploads and write-backs go through the page-locked
     chunks, :class:`summa.device.staging.Stager`). Elsewhere `plan` as it

@@ -28,7 +28,7 @@ def check_operands(A, B, C=None, op_a: str = "N", op_b: str = "N",
     """Raise the same ValueError on every rank if ``op(A) @ op(B)`` (into C)
     cannot be formed; return ``(M, N, K)``. Looks at metadata only. `dtypes`:
     the dtype names A, B and C must have where they differ (integers a plan
-    converts as it stages them, :attr:`summa.planning.planner.Plan.host_integers`)."""
+    converts as it stages them, :attr:`summa.planning.plan.Plan.host_integers`)."""
     others = [B] + ([] if C is None else [C])
     if any(X.grid is not A.grid for X in others):
         raise ValueError("A, B and C must live on the same ProcessGrid")

@@ -21,7 +21,7 @@ from dataclasses import replace
 from ..distribution.layout import panel_schedule
 from .precision import asked_scheme, moduli_asked, panel_sums_apply, panel_sums_bytes
 from .memory import Execution, memory_plan, panel_sums_fit
-from .planner import Plan
+from .plan import Plan
 from .tuning import column_major, panel_width_for, transposes_a, transposes_b
 
 __all__ = ["plan_distributed"]

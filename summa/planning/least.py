@@ -10,7 +10,7 @@ refuses the planner would refuse too.
 
 from __future__ import annotations
 
-from .planner import LEAST_OOC_WIDTH
+from .widths import LEAST_OOC_WIDTH
 from .tuning import is_width
 from .units import format_bytes, parse_bytes
 
@@ -22,7 +22,7 @@ def least_budget(k: int, itemsize: int, panel_width=None) -> tuple[int, int]:
     of a product with inner dimension `k` in elements of `itemsize` bytes
     (one element of C, one row of A's panel and one column of B's), and
     that panel's width: `panel_width` where one is given, else the narrowest
-    the planner takes (:data:`summa.planning.planner.LEAST_OOC_WIDTH`),
+    the planner takes (:data:`summa.planning.widths.LEAST_OOC_WIDTH`),
     at most `k`."""
     width = int(panel_width) if is_width(panel_width) else LEAST_OOC_WIDTH
     width = max(1, min(width, int(k)))

@@ -1,23 +1,28 @@
 """One planner: every decision a multiply makes before it moves data, made
-once by :func:`make_plan` and kept in a frozen, printable :class:`Plan`.
+once by :func:`make_plan` and kept in a frozen, printable
+:class:`summa.planning.plan.Plan`.
 
 The grid, in memory or out of core, the panel width, the device budget and
 its C tiles, precision and moduli are decided here and nowhere else on the
 paths that take a Plan: the out-of-core sweep (:func:`summa.execution.outofcore.run_out_of_core`)
 runs the Plan's :class:`summa.planning.memory.MemoryPlan` as it is, and ``summa plan``
 prints the Plan a run on that machine would take. Where the machine is this
-one (:meth:`Machine.live`) the plan asks the devices for their free memory and
-checks the nodes' host memory (collective); where it is described by figures
-(``summa plan`` planning for another machine) nothing is asked.
+one (:meth:`summa.planning.plan.Machine.live`) the plan asks the devices for
+their free memory and checks the nodes' host memory (collective); where it
+is described by figures (``summa plan`` planning for another machine)
+nothing is asked.
 
-What the model predicts of a plan's time is :mod:`summa.planning.prediction`'s
-(``make_plan(predict=True)``); the plan as text (``str(plan)``, what ``summa
-plan`` prints) is :mod:`summa.planning.report`'s.
+The Plan, Machine and Placement are :mod:`summa.planning.plan`'s; the
+out-of-core panel width and the refusal of too fine a sweep
+:mod:`summa.planning.widths`'; what the model predicts of a plan's time
+:mod:`summa.planning.prediction`'s (``make_plan(predict=True)``); the plan
+as text (``str(plan)``, what ``summa plan`` prints)
+:mod:`summa.planning.report`'s.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -27,272 +32,25 @@ from .precision import (asked_moduli, moduli_asked, moduli_for, panel_sums_apply
                         panel_sums_bytes)
 from ..distribution.grid import check_grid_ranks, grid_for, parse_grid
 from .memory import (Execution, MemoryPlan, check_host_memory, check_memory,
-                     format_bytes, host_traffic, memory_plan, parse_bytes, resident_plan,
-                     ranks_on_device, sweep_steps, waited_write_backs)
-from .tiling import TRAFFIC_GAIN
+                     format_bytes, memory_plan, parse_bytes, resident_plan,
+                     ranks_on_device)
 from .model import gemm_flops
+from .plan import Machine, Placement, Plan
 from .prediction import predict_plan
-from .report import plan_lines
 from .checks import check_schedule
 from .tuning import default_panel_width, is_width
+from .widths import LEAST_OOC_WIDTH, check_sweep, narrowest_that_fits, out_of_core_memory
 from ..device import staging
 from ..device.traits import traits
-from ..distribution.topology import topology_of
 from .. import options
 
-__all__ = ["Machine", "Placement", "Plan", "make_plan", "restage", "restore"]
+__all__ = ["make_plan", "restage", "restore"]
 
 #: Share of the free device memory an out-of-core plan takes where no
 #: budget is given (the rest: the memory pool's rounding, library workspaces).
 FREE_SHARE = 0.9
 #: Out-of-core "device" budget of the NumPy backend (tests: tiles still cut).
 NUMPY_BUDGET = 1 << 30
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What :func:`make_plan` knows of where the multiply runs.
-
-    Attributes
-    ----------
-    backend : str
-        ``"cupy"`` (GPUs) or ``"numpy"``.
-    ranks : int
-        Ranks that will multiply.
-    free_device : int, optional
-        Bytes free on each rank's device, where known without asking (a
-        machine planned from afar); None: unknown, nothing checked against it.
-    ranks_on_node : int, optional
-        Ranks on this rank's node, which share its cores (the host copy
-        threads divide them: :func:`summa.device.staging.copy_threads`);
-        None: all `ranks` on one node, as a machine planned from afar is
-        taken to be (``summa plan`` plans its broadcasts so too).
-    comm, device : MPI.Comm and Backend, optional
-        This machine (:meth:`live`): its ranks and their device, asked for
-        their free memory and checked against the nodes' host memory.
-    cores : int, optional
-        A node's cores, which its ranks' host copy threads divide, where a
-        profile says (a machine planned from afar); None: this process's.
-    """
-
-    backend: str = "numpy"
-    ranks: int = 1
-    free_device: int | None = None
-    ranks_on_node: int | None = None
-    comm: object = field(default=None, compare=False, repr=False)
-    device: object = field(default=None, compare=False, repr=False)
-    cores: int | None = None
-
-    @classmethod
-    def live(cls, comm, device, topology=None) -> "Machine":
-        """The ranks of `comm` with their `device` (a Backend), their nodes
-        as `topology` says (:class:`summa.distribution.topology.Topology`;
-        default the one of `comm`, detected on a communicator's first use:
-        collective then), as the process grid of the run will see them."""
-        nodes = topology or topology_of(comm)
-        return cls(device.name, comm.Get_size(), ranks_on_node=nodes.local_size, comm=comm,
-                   device=device)
-
-    @property
-    def node_ranks(self) -> int:
-        """Ranks sharing this rank's node (:attr:`ranks_on_node`, else all)."""
-        return self.ranks_on_node or self.ranks
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where the operands of a product lie when it is called, as the
-    planner weighs them (:attr:`summa.api.operands.Operands.placement`), and in
-    a Plan, whether the multiply reads them there.
-
-    Attributes
-    ----------
-    where : str
-        ``"host"`` (host memory), ``"device"`` (both on one GPU) or
-        ``"mixed"`` (one on a GPU, the other in host memory).
-    device : int or None
-        The CUDA device the operands on a GPU lie on.
-    held : int
-        Bytes of the operands on the GPU: they count against a
-        ``device_memory`` cap.
-    copies : int
-        Device bytes the GEMM needs for operands beside them: a host
-        operand uploaded (mixed), one whose layout cuBLAS cannot read as it
-        is (neither rows nor columns contiguous) copied.
-    into_out : bool
-        The product goes into the caller's array there (``out=``): no new C.
-    fetched : bool
-        In a Plan: the operands on the GPU are copied to host memory and the
-        host plan runs (:attr:`Plan.note` says why); False where the multiply
-        is one GEMM where they lie (:attr:`resident`).
-    """
-
-    where: str = "host"
-    device: int | None = None
-    held: int = 0
-    copies: int = 0
-    into_out: bool = False
-    fetched: bool = False
-
-    @property
-    def resident(self) -> bool:
-        """Is the multiply one GEMM on the GPU where the operands lie?"""
-        return self.where != "host" and not self.fetched
-
-    def __str__(self) -> str:
-        if self.where == "host":
-            return "operands in host memory"
-        which = "operands" if self.where == "device" else "one operand (the other uploaded)"
-        how = "copied to host memory first" if self.fetched else "multiplied there in one GEMM"
-        return f"{which} on GPU {self.device}, {how}"
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Every decision of one multiply ``C = op(A) @ op(B)``, made before any
-    data moves (:func:`make_plan`).
-
-    Attributes
-    ----------
-    shape : tuple
-        ``(m, n, k)`` of the product.
-    dtype : str
-        The compute dtype.
-    backend : str
-        Where the GEMMs run: ``"cupy"`` or ``"numpy"``.
-    ranks : int
-    grid : tuple
-        ``(Pr, Pc)``.
-    trans : tuple
-        ``(op of A, op of B)``: ``"N"``, ``"T"`` or ``"H"``.
-    schedule : str
-        ``"panels"`` or ``"strips"``.
-    out_of_core : bool
-        A, B and C stay in host memory and C goes through the device in
-        tiles (:mod:`summa.execution.outofcore`); else all on the device.
-    panel_width : int or str
-        The width every panel takes; ``"auto"``: measured when the in-memory
-        multiply starts (:func:`summa.planning.tuning.auto_panel_width`).
-    lookahead : int
-    precision : str or None
-    moduli : int or None
-        fp64-int8: INT8 products per float64 panel product.
-    device_budget : int or None
-        Out of core: device bytes per rank the tiles were cut to.
-    memory : MemoryPlan
-        Peak bytes per rank, and out of core the tiles, panel slots and
-        staging the sweep runs as they are.
-    broadcaster : str
-        The broadcaster asked for (``auto`` resolves when the grid is made).
-    host_copies : str or None
-        Out of core on GPUs: how host blocks that are not page-locked reach
-        the device, ``"stage"`` or ``"lock"`` (as asked, else
-        ``SUMMA_HOST_COPIES``: :func:`summa.execution.outofcore.summa_out_of_core`);
-        None where nothing crosses a host link in tiles (CPUs, in memory).
-    copy_threads : int or None
-        Out of core on GPUs: host threads per rank that fill and drain the
-        page-locked chunks of the host copies
-        (:func:`summa.device.staging.copy_threads` of the ranks on a node,
-        ``SUMMA_COPY_THREADS`` where set), whose ring
-        ``memory.staging_bytes`` counts; of this rank, so the same on every
-        rank where the nodes are alike. None where `host_copies` is.
-    panel_sums : int or None
-        fp64-int8 in memory on a grid: device bytes of the panel sums where
-        this product may sum its panels' INT8 products (used where the
-        device has them free when it starts); None where it cannot.
-    placement : Placement
-        Where the operands lie, and whether the multiply is one GEMM there
-        (``placement.resident``: one rank, the operands on its GPU, no grid,
-        no copy through host memory).
-    storage : tuple
-        ``(op(A)'s, op(B)'s)`` way of lying in host memory
-        (:data:`summa.host.storage.STORAGES`): ``"rows"``, ``"cols"`` (read as
-        its transpose's rows, taken by the GEMM as its transposed operand),
-        or ``"strided rows"``/``"strided cols"`` (gathered by the host copy
-        threads); the executors follow it and copy no operand whole.
-    conj : tuple
-        ``(A's, B's)``: do the GEMMs conjugate that operand
-        (:meth:`summa.device.backend.Backend.gemm`: op H of a complex array handed
-        over as it lies)? False where it comes conjugated (read so from a
-        file, redistributed so) or op H does not conjugate (real dtypes).
-    host_integers : tuple or None
-        ``(A's, B's, the product's)`` dtype names where the operands are
-        integers (or bools) lying in host memory that the host copy threads
-        convert into float64 as they stage them into page-locked chunks,
-        and the float64 product back as its chunks drain
-        (:mod:`summa.device.casts`): no whole float64 copy of them in host
-        memory (out of core on one GPU rank,
-        :func:`summa.planning.arrays.with_integers`). None elsewhere:
-        integers are converted whole first, the product after.
-    scheme_moduli : int or None
-        fp64-int8: the moduli every product takes (:attr:`scheme`), as the
-        planner read them once: :attr:`moduli` where an in-memory SUMMA
-        takes them for every panel, else those asked
-        (``SUMMA_FP64_INT8_MODULI``, an entry point's ``moduli``); None:
-        each product its K's default (:func:`_scheme_moduli`).
-    note : str or None
-        Why the mode was chosen for the caller (in memory did not fit; GPU
-        operands copied to host memory).
-    predicted : dict or None
-        The model's time (``make_plan(profile=...)``): ``seconds``,
-        ``tflops``, ``profile`` (its path), ``shipped``, and for fp64-int8
-        ``native_seconds`` and ``native_tflops``; or ``error``. Not compared.
-    """
-
-    shape: tuple
-    dtype: str
-    backend: str
-    ranks: int
-    grid: tuple
-    trans: tuple
-    schedule: str
-    out_of_core: bool
-    panel_width: object
-    lookahead: int
-    precision: str | None
-    moduli: int | None
-    device_budget: int | None
-    memory: MemoryPlan
-    broadcaster: str = "auto"
-    host_copies: str | None = None
-    copy_threads: int | None = None
-    panel_sums: int | None = None
-    placement: Placement = Placement()
-    storage: tuple = ("rows", "rows")
-    conj: tuple = (False, False)
-    host_integers: tuple | None = None
-    scheme_moduli: int | None = None
-    note: str | None = field(default=None, compare=False)
-    predicted: dict | None = field(default=None, compare=False)
-
-    def as_dict(self) -> dict:
-        """The plan as JSON's values (tuples as lists): equal to what JSON
-        gives back, so a recorded plan compares with a printed one."""
-        return _plain(asdict(self))
-
-    @property
-    def scheme(self) -> ozaki_gpu.Scheme | None:
-        """fp64-int8: how its products run (:class:`summa.precision.ozaki_gpu.Scheme`),
-        what the executors hand the GEMMs: the moduli (:attr:`scheme_moduli`),
-        the rows of A and C each takes at a time and the integer products a
-        fold takes (``memory.int8_rows``, ``memory.int8_planes``, the memory
-        plan's); None for other precisions."""
-        if self.precision != "fp64-int8":
-            return None
-        return ozaki_gpu.Scheme(moduli=self.scheme_moduli, rows=self.memory.int8_rows,
-                                planes=self.memory.int8_planes or ozaki_gpu.PLANES)
-
-    def __str__(self) -> str:
-        return "\n".join(plan_lines(self))
-
-
-def _plain(value):
-    """`value` with its tuples made lists, all the way down."""
-    if isinstance(value, dict):
-        return {key: _plain(v) for key, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
@@ -491,9 +249,9 @@ def restage(plan: Plan, staged: tuple) -> Plan:
     `plan` itself where it planned for the same (always on CPUs). Where the
     staging buffers leave no room for tiles of the plan's panels, narrower
     panels, as the planner takes under a budget too small
-    (:func:`_narrowest_that_fits`), the note saying so. A sweep the staging
+    (:func:`summa.planning.widths.narrowest_that_fits`), the note saying so. A sweep the staging
     cuts into too many tiny steps is refused as the planner refuses one
-    (:func:`_check_sweep`): 4096³ float64 under 4 MiB on two GPUs, planned
+    (:func:`summa.planning.widths.check_sweep`): 4096³ float64 under 4 MiB on two GPUs, planned
     in 34816 steps, took 69632 staged."""
     pr, pc = plan.grid
     staged = (bool(staged[0]) and pc > 1, bool(staged[1]) and pr > 1)
@@ -510,10 +268,10 @@ def restage(plan: Plan, staged: tuple) -> Plan:
         try:
             return plan_at(plan.panel_width, budget)
         except ValueError as exc:  # (a sweep's tiny budget: its staging takes the room)
-            return _narrowest_that_fits(lambda w: plan_at(w, budget), min(plan.panel_width, k),
+            return narrowest_that_fits(lambda w: plan_at(w, budget), min(plan.panel_width, k),
                                         min(LEAST_OOC_WIDTH, k), exc)
     memory = fitted(plan.device_budget)
-    _check_sweep(memory, k, (plan.device_budget, traits(plan.backend).gpu,
+    check_sweep(memory, k, (plan.device_budget, traits(plan.backend).gpu,
                              gemm_flops(plan.dtype, m, n, k)), lambda b: (fitted(b), None))
     width = max(1, min(plan.panel_width, k))
     if memory.chunk == width:
@@ -635,168 +393,12 @@ def _memory(machine, shape, dtype, grid, panel_width, lookahead, asked: _MemoryA
                 raise
             note = f"the in-memory plan does not fit ({exc}); running out of core"
     budget = parse_bytes(device_memory) if device_memory else _free_budget(machine)
-    memory, narrowed = _out_of_core(shape, dtype, grid, panel_width, Execution(
+    memory, narrowed = out_of_core_memory(shape, dtype, grid, panel_width, Execution(
         lookahead, backend, device_budget=budget, out_of_core=True, precision=precision,
         staged=staged, copy_threads=asked.copy_threads, storage=asked.storage))
     if machine.comm is not None:
         check_host_memory(memory, machine.comm)
     return memory, budget, "; ".join(x for x in (note, narrowed) if x) or None
-
-
-#: Narrowest panel an out-of-core plan takes on GPUs to move fewer bytes:
-#: GEMMs over 2048 terms still run near the GPU's peak.
-MIN_OOC_WIDTH = 2048
-#: ... and fp64-int8's: each panel's products fold the C tile again, so narrow
-#: panels cost it more. ``summa.matmul(a, b, out=c, precision="fp64-int8")`` of
-#: pageable 40960² arrays on one H200 with 24 GiB free (its products in row
-#: chunks), two calls at each width in one process: 8192-wide panels 2.46-2.64 s
-#: (2 x 2 tiles, 67 GB moved), 16384 2.71-2.86 s (3 x 2 tiles, 80.5 GB), 4096
-#: 3.12-3.19 s (3 x 1 tiles, 67 GB; its products 2.9 s against 8192's 2.3)
-#: (docs/benchmarks.md; ``benchmarks/fp64_int8_user_case.py --panel-width``).
-MIN_OOC_WIDTH_INT8 = 8192
-#: Narrowest panel any out-of-core plan takes (the NumPy backend's default
-#: width): a budget too small for the tiles of panels this wide is refused,
-#: not planned into thousands of tiny GEMMs (``summa bench --size 96
-#: --device-memory 100B`` on a GPU ran one-element tiles for minutes).
-LEAST_OOC_WIDTH = 256
-#: Most GEMMs (C tiles x panels) an out-of-core sweep is planned with where
-#: each is too small to hide a step's own cost (less than
-#: :data:`STEP_FLOPS`): a budget that cuts C finer is refused, with the least
-#: budget that does not. A step of tiny tiles costs ~90 us on one CPU rank
-#: (2000 x 2000 x 300 under 40 KiB, a million steps of 1 x 8 tiles, took
-#: 91 s) and on an H200 ~1.6 ms a step and ~3.1 ms a C tile
-#: (:data:`summa.planning.prediction.SWEEP_STEP_SECONDS`; pageable float64
-#: 8192³ under 16 MiB, 482 x 17 tiles x 4 panels, took 76 s), so this many
-#: are seconds on a CPU and a few minutes on a GPU: slow, but a
-#: budget or width the caller chose; ``summa plan --size 8192
-#: --device-memory 100KiB`` had cut C into 8192 x 8192 one-element tiles.
-MAX_SWEEP_GEMMS = 1 << 16
-#: Real flops of a step's GEMM (complex: four real products) that hide the
-#: step's own cost: ~90 us at 50 GFLOP/s on a CPU rank, ~1 ms at 70 TFLOP/s
-#: on an H200. A sweep of steps this large is planned however many (float64
-#: 100000 x 100000 x 1.2e6 under 2 GiB: 69148 steps of 1695 x 25000 x 4096,
-#: 3.5e11 flops each).
-STEP_FLOPS = {"cpu": 1 << 22, "gpu": 1 << 36}
-
-
-def _out_of_core(shape, dtype, grid, panel_width, execution: Execution) -> tuple:
-    """``(MemoryPlan, note or None)``: the out-of-core MemoryPlan at the
-    width asked, else at the mode's default or a half or quarter of it (not
-    under :data:`MIN_OOC_WIDTH`), whichever tiles move fewest bytes between
-    host and GPU (write-backs a tile waits for counted twice), the widest of
-    equals; a sweep of too many tiny steps refused (:func:`_check_sweep`).
-    Under a tight
-    budget narrower panels leave room for taller C tiles, so B crosses the
-    link fewer times: float64 65536 x 8192 x 65536 under 8 GiB takes one tile
-    with 2048-wide panels where 4096 takes 2 x 1. `execution`: the sweep
-    as :func:`summa.planning.memory.memory_plan` counts it, to its device
-    budget (out of core); fp64-int8 goes no narrower
-    than :data:`MIN_OOC_WIDTH_INT8` (its products lose more to narrower
-    panels than the bytes save). A budget too small for all of these takes
-    the widest narrower width that fits, down to :data:`LEAST_OOC_WIDTH`
-    (:func:`_narrowest_that_fits`), the note saying so."""
-    m, n, k = shape
-    budget, precision, backend = execution.device_budget, execution.precision, execution.backend
-
-    def plan_at(width: int, budget: int = budget) -> MemoryPlan:
-        return memory_plan(m, n, k, dtype, grid, width, replace(execution, device_budget=budget))
-    if is_width(panel_width):
-        widths = [int(panel_width)]
-    else:
-        widest = default_panel_width(backend, dtype, precision, out_of_core=True)
-        least = MIN_OOC_WIDTH_INT8 if precision == "fp64-int8" else MIN_OOC_WIDTH
-        narrower = [w for w in (widest // 2, widest // 4) if w >= least] \
-            if traits(backend).gpu else []
-        widths = [widest] + narrower
-
-    def moved(memory: MemoryPlan) -> int:
-        # (the write-backs a tile waits for count as moved twice: at equal
-        # traffic, a width that fits two C tiles wins)
-        return host_traffic(memory, shape, grid) + waited_write_backs(memory)
-
-    def choose(given: int) -> tuple:  # the plan and note under `given` bytes
-        return _choose(lambda w: plan_at(w, given), widths, moved, is_width(panel_width),
-                       (given, k))
-    memory, note = choose(budget)
-    flops = gemm_flops(dtype, m, n, k)
-    _check_sweep(memory, k, (budget, traits(backend).gpu, flops), choose)
-    return memory, note
-
-
-def _choose(plan_at, widths: list, moved, asked: bool, limits: tuple) -> tuple:
-    """:func:`_out_of_core`'s choice, unchecked: ``(MemoryPlan, note or
-    None)``, the plan (``plan_at(width)``) of `widths` that moves fewest
-    bytes (``moved(plan)``), else a narrower one that fits. `asked`: the
-    width was the caller's (refused where its tiles do not fit); `limits`:
-    ``(device budget, K)``."""
-    budget, k = limits
-    best, refusal = None, None
-    for width in widths:
-        try:
-            memory = plan_at(width)
-        except ValueError as exc:  # too small for this width's tiles: maybe a narrower
-            refusal = refusal or exc
-            continue
-        bytes_moved = moved(memory)
-        if best is None or bytes_moved < TRAFFIC_GAIN * best[0] or \
-                (bytes_moved <= best[0] and memory.c_buffers > best[1].c_buffers):
-            best = (bytes_moved, memory)
-    if best is not None:
-        return best[1], None
-    if asked:
-        raise refusal
-    narrowest = min(widths + [k])
-    memory = _narrowest_that_fits(plan_at, narrowest, min(LEAST_OOC_WIDTH, k), refusal)
-    return memory, (f"a device budget of {format_bytes(budget)} holds no tiles with panels "
-                    f"{narrowest} wide: {memory.chunk}-wide panels (narrower GEMMs, "
-                    "slower; more device memory restores them)")
-
-
-def _too_fine(memory: MemoryPlan, k: int, gpu: bool, flops: int) -> bool:
-    """Whether `memory`'s sweep of K takes more than :data:`MAX_SWEEP_GEMMS`
-    steps, each fewer than :data:`STEP_FLOPS` (a GPU's or a CPU's) of the
-    product's real `flops`."""
-    gemms = sweep_steps(memory, k)
-    return gemms > MAX_SWEEP_GEMMS and flops < STEP_FLOPS["gpu" if gpu else "cpu"] * gemms
-
-
-def _check_sweep(memory: MemoryPlan, k: int, limits: tuple, choose) -> None:
-    """Refuse a sweep of too many small steps (:func:`_too_fine`; `limits`:
-    ``(device budget, on a GPU, the product's real flops)``), naming the
-    least power of two of bytes from the budget up under which the
-    planner's own choice (``choose(bytes)[0]``) is not, or, where panels
-    that narrow are too many even for one tile, the width."""
-    budget, gpu, flops = limits
-    if not _too_fine(memory, k, gpu, flops):
-        return
-    (rows, cols), (tm, tn), width = memory.tiles, memory.tile, memory.chunk
-    cut = (f"cuts C into {rows} x {cols} tiles of {tm} x {tn} ({sweep_steps(memory, k)} "
-           f"GEMMs with {width}-wide panels)")
-    enough = 1 << (budget - 1).bit_length()
-    for _ in range(64):  # more memory: fewer tiles, down to one (or the cut asked for)
-        if not _too_fine(choose(enough)[0], k, gpu, flops):
-            raise ValueError(f"a device budget of {format_bytes(budget)} {cut}: too small to "
-                             f"finish; give each rank at least {format_bytes(enough)} "
-                             "(--device-memory, device_memory=)")
-        enough *= 2
-    # panels this narrow are too many whatever the budget: the width's fault
-    raise ValueError(f"this plan {cut}: too many to finish; take wider panels (--nb; at least "
-                     f"{-(-k * rows * cols // MAX_SWEEP_GEMMS)} columns with these tiles)")
-
-
-def _narrowest_that_fits(plan_at, width: int, least: int, refusal) -> MemoryPlan:
-    """``plan_at(w)``, the out-of-core MemoryPlan at width w, for the widest
-    of `width` halved, down to `least` (:data:`LEAST_OOC_WIDTH`), whose
-    tiles fit a budget too small for the preferred widths: a slower plan,
-    but the product where `refusal` would refuse a valid call. Raise
-    `refusal` where none fits."""
-    while width > least:
-        width = max(width // 2, least)
-        try:
-            return plan_at(width)
-        except ValueError:
-            continue
-    raise refusal
 
 
 def _check(machine: Machine, memory: MemoryPlan) -> None:

@@ -1,5 +1,5 @@
 """What the performance model predicts of a plan: the time of a
-:class:`summa.planning.planner.Plan` (the `plan` every function here takes)
+:class:`summa.planning.plan.Plan` (the `plan` every function here takes)
 by a calibration profile (:mod:`summa.planning.model`), where it goes (GEMMs,
 host link, GPU links, exposed, disk), what bounds it and what would move
 that. :func:`summa.planning.planner.make_plan` fills ``Plan.predicted`` with

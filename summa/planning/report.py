@@ -1,5 +1,5 @@
 """A plan as text: what ``str(plan)`` and ``summa plan`` print of a
-:class:`summa.planning.planner.Plan` (the `plan` every function here takes):
+:class:`summa.planning.plan.Plan` (the `plan` every function here takes):
 the memory per rank, each decision, and where the plan carries one, the
 model's prediction (:mod:`summa.planning.prediction`) with where its time
 goes, what bounds it and what would move that. Decides and predicts nothing.

@@ -57,7 +57,7 @@ def default_panel_width(backend_name: str, dtype, precision: str | None = None,
         # least), and there 16384 ran 60.4 TFLOP/s against 8192's 52.3
         # (docs/benchmarks.md, "Measurements behind the defaults"); the
         # planner takes 8192 where its tiles move fewer bytes
-        # (planner.MIN_OOC_WIDTH_INT8).
+        # (widths.MIN_OOC_WIDTH_INT8).
         return FP64_INT8_OOC_WIDTH if out_of_core else FP64_INT8_WIDTH
     if precision == "tf32" or dtype == np.float16 or (dtype == np.float32 and not out_of_core):
         return 8192

@@ -520,7 +520,8 @@ def test_integers_the_plan_does_not_stage_are_converted_whole_first(rng, monkeyp
 
 def test_the_plans_text_says_integers_are_converted_as_they_are_staged():
     from summa.planning.arrays import with_integers
-    from summa.planning.planner import Machine, Placement, make_plan
+    from summa.planning.plan import Machine, Placement
+    from summa.planning.planner import make_plan
     machine = Machine(backend="cupy", ranks=1, free_device=2**30)
     plan = make_plan((4096, 4096, 4096), "float64", machine, host_held=True)
     staged = with_integers(plan, ("int32", "int8", "int32"))

@@ -1,5 +1,5 @@
 """Arrays of every kind given to ``summa.matmul`` (summa/api/operands.py), and
-the planner's answer to operands that lie on a GPU (summa.planning.planner.Placement).
+the planner's answer to operands that lie on a GPU (summa.planning.plan.Placement).
 
 Without a GPU, the kinds are small classes that speak the protocols torch,
 JAX and CuPy arrays speak (``__array__``, DLPack, the CUDA array interface);
@@ -21,7 +21,8 @@ from helpers import gemm_scaled_error, random_array, spy_out_of_core
 from summa.api import operands
 from summa.api.operands import Operand, Operands, describe
 from summa.device.backend import resolve_dtype
-from summa.planning.planner import Machine, Placement, make_plan
+from summa.planning.plan import Machine, Placement
+from summa.planning.planner import make_plan
 
 GiB = 1 << 30
 

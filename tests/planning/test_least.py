@@ -11,7 +11,8 @@ from summa.api import files as files_module
 from summa.planning import arrays as planning_arrays
 from summa.cli import bench
 from summa.planning.least import check_least_budget, least_budget
-from summa.planning.planner import Machine, make_plan
+from summa.planning.plan import Machine
+from summa.planning.planner import make_plan
 from test_multiply import save
 
 

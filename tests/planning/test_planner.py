@@ -17,8 +17,10 @@ from summa.device.staging import copy_threads, ring_bytes
 from summa.distribution.grid import grid_for
 from summa.planning.model import Profile
 from summa.planning.memory import Execution, host_traffic, memory_plan, parse_bytes
-from summa.planning.planner import (LEAST_OOC_WIDTH, MIN_OOC_WIDTH, MIN_OOC_WIDTH_INT8,
-                                    TRAFFIC_GAIN, Machine, Plan, make_plan, restage)
+from summa.planning.plan import Machine, Plan
+from summa.planning.planner import make_plan, restage
+from summa.planning.tiling import TRAFFIC_GAIN
+from summa.planning.widths import LEAST_OOC_WIDTH, MIN_OOC_WIDTH, MIN_OOC_WIDTH_INT8
 from summa.planning.tuning import default_panel_width
 
 SHAPES = [(1000, 1000, 1000), (100_000, 100_000, 100_000), (65536, 4096, 32768),
@@ -146,7 +148,7 @@ def test_a_budget_that_cuts_c_into_too_many_tiles_is_refused_with_one_that_does_
     panels of K = 70000 are too many on any budget: refused, naming a
     width."""
     import re
-    from summa.planning.planner import MAX_SWEEP_GEMMS
+    from summa.planning.widths import MAX_SWEEP_GEMMS
     with pytest.raises(ValueError, match="too small to finish") as refused:
         make_plan((8192,) * 3, "float64", Machine("cupy", 1), device_memory="100KiB")
     assert "100.0 KiB" in str(refused.value) and "8192 x 8192 tiles" in str(refused.value)
@@ -388,7 +390,7 @@ def test_restage_refuses_a_sweep_its_staging_cuts_too_fine_naming_a_budget_that_
     takes."""
     import re
     from summa.planning.memory import sweep_steps
-    from summa.planning.planner import MAX_SWEEP_GEMMS
+    from summa.planning.widths import MAX_SWEEP_GEMMS
 
     def planned(budget):
         return make_plan((4096,) * 3, "float64", Machine("cupy", 2), grid=(1, 2),
@@ -767,7 +769,7 @@ def test_fp64_int8_operands_on_the_gpu_take_rows_in_chunks_where_all_do_not_fit(
     operands lie, instead of their going through host memory; its memory is
     C and scratch_bytes' count for those rows."""
     from summa.planning import tiling
-    from summa.planning.planner import Placement
+    from summa.planning.plan import Placement
     from summa.precision import ozaki_gpu
     n = 40960
     held = 2 * n * n * 8

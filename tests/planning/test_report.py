@@ -2,7 +2,8 @@
 
 import pytest
 
-from summa.planning.planner import Machine, make_plan
+from summa.planning.plan import Machine
+from summa.planning.planner import make_plan
 
 
 @pytest.mark.parametrize("out_of_core", [False, True])
