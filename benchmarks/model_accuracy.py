@@ -21,7 +21,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from summa.planning.model import Profile, RunSetting, predict  # noqa: E402
+from summa.planning.model import RunSetting, predict  # noqa: E402
+from summa.planning.profile import Profile  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--ranks", default="1,2,4")

@@ -163,8 +163,6 @@ LONG_MODULES = {
                                  "(issue 62, item 4)",
     "summa.api.files": "the files workflow, each phase a function: to split with the "
                        "executors' move (issue 62, item 1)",
-    "summa.planning.model": "the profile (the machine's measured rates) and the rates a "
-                            "product runs at: two concerns to cut apart",
 }
 
 

@@ -19,7 +19,8 @@ from ..planning.checks import check_scalars
 from ..distribution.grid import ProcessGrid, node_rank
 from ..distribution.matrix import DistMatrix
 from ..execution.algorithm import summa
-from ..planning.model import Profile, RunSetting, predict
+from ..planning.model import RunSetting, predict
+from ..planning.profile import Profile
 from ..execution.transpose import PanelsOfA
 from ..planning.tuning import transposes_a
 from ..planning.precision import asked_scheme
@@ -253,7 +254,7 @@ def calibrate(comm: MPI.Comm, backend, dtypes=("float64",), precision=None,
     rank of the communicator measured, as broadcasters' set-up errors are) is
     left out of the profile instead of ending the calibration.
 
-    Returns the :class:`~summa.planning.model.Profile` on rank 0, None elsewhere.
+    Returns the :class:`~summa.planning.profile.Profile` on rank 0, None elsewhere.
     """
     for dtype in dtypes:  # the same refusals as a multiply's, before anything runs
         check_scalars(1.0, 0.0, np.dtype(dtype), precision, backend)

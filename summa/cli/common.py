@@ -16,7 +16,7 @@ from .. import __version__
 from ..planning.checks import PRECISIONS, SCHEDULES
 from ..device.backend import DTYPES, get_backend
 from ..distribution.grid import node_rank, parse_grid
-from ..planning.model import HARDWARE
+from ..planning.profile import HARDWARE
 
 __all__ = ["UsageError", "Parser", "COMM_MODES", "PRECISION_CHOICES", "DEFAULT_TIMEOUT",
            "add_common", "add_problem", "add_hardware", "agree_backend", "versions",

@@ -10,7 +10,7 @@ from ..runtime.mpi import MPI
 from ..device.backend import DTYPES
 from ..device.traits import traits
 from ..planning.checks import SCHEDULES
-from ..planning.model import Profile
+from ..planning.profile import Profile
 from ..planning.planner import make_plan
 from .common import (COMM_MODES, PRECISION_CHOICES, UsageError, add_hardware, grid_shape,
                      nonnegative_int, positive_int)

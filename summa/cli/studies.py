@@ -7,8 +7,9 @@ import os
 
 from ..runtime.mpi import MPI, launcher_rank
 from ..planning.memory import format_bytes, parse_bytes
-from ..planning.model import (DEFAULT_HARDWARE, HARDWARE, SWEEP_RANKS, Profile, RunSetting,
-                              hardware_profile, predict, profile_backend, recommend, sweep)
+from ..planning.model import SWEEP_RANKS, RunSetting, predict, recommend, sweep
+from ..planning.profile import (DEFAULT_HARDWARE, HARDWARE, Profile, hardware_profile,
+                                profile_backend)
 from ..device.traits import traits
 from ..device.backend import DTYPES
 from ..distribution.grid import node_rank
@@ -238,10 +239,10 @@ def plural(count: int, noun: str) -> str:
 def planning_machine(profile_path, backend: str, ranks: int) -> tuple:
     """``(Machine, peers)``: `ranks` ranks of `backend` as the profile at
     `profile_path` describes them, each GPU with the profile's device memory
-    free where it says (:attr:`summa.planning.model.Profile.device_memory`),
-    as many on a node as its GPUs a node (:attr:`~summa.planning.model.Profile.nodes`),
+    free where it says (:attr:`summa.planning.profile.Profile.device_memory`),
+    as many on a node as its GPUs a node (:attr:`~summa.planning.profile.Profile.nodes`),
     their host copy threads sharing its cores where it says
-    (:attr:`~summa.planning.model.Profile.cores`), and whether a node's GPUs
+    (:attr:`~summa.planning.profile.Profile.cores`), and whether a node's GPUs
     read each other's memory. ``plan`` and ``model`` plan on it alike.
     Raises ValueError where the profile does not load."""
     profile = Profile.load(profile_path)

@@ -1,11 +1,13 @@
 """Every decision of a multiply, made once before it runs.
 
 :func:`make_plan` (:mod:`summa.planning.planner`) returns a frozen, printable
-:class:`Plan`: grid, memory mode and tiles (:mod:`summa.planning.memory`),
-panel width (:mod:`summa.planning.tuning`), the SUMMA schedule as data
+:class:`Plan` (:mod:`summa.planning.plan`): grid, memory mode and tiles
+(:mod:`summa.planning.memory`), panel width (:mod:`summa.planning.tuning`, out of core
+:mod:`summa.planning.widths`), the SUMMA schedule as data
 (:mod:`summa.planning.schedule`), the broadcasters
 (:mod:`summa.planning.selection`) and the predicted time of the performance
-model (:mod:`summa.planning.model`, for a Plan :mod:`summa.planning.prediction`).
+model (:mod:`summa.planning.model`, by a machine's profile
+:mod:`summa.planning.profile`, for a Plan :mod:`summa.planning.prediction`).
 The checks of a product's inputs (:mod:`summa.planning.checks`) and the
 Plan of arrays held on one rank, final for the arrays as they lie
 (:mod:`summa.planning.arrays`), come before any run.

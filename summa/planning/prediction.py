@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from .memory import host_traffic, sweep_steps, waited_write_backs
-from .model import (BOUNDS, MEMCPY_TRAFFIC, Profile, RunSetting, TimeSplit, gemm_flops, predict,
-                    shipped_profile)
+from .model import BOUNDS, RunSetting, TimeSplit, gemm_flops, predict
+from .profile import MEMCPY_TRAFFIC, Profile, shipped_profile
 from .tuning import default_panel_width, is_width
 from ..device import staging
 from ..device.traits import traits
@@ -128,7 +128,7 @@ def _split(plan, profile) -> tuple:
 
 #: Bytes of host memory traffic each byte a host copy moves costs: staged,
 #: a copy thread's memcpy into a page-locked chunk (three:
-#: :data:`summa.planning.model.MEMCPY_TRAFFIC`) and the GPU's DMA reading
+#: :data:`summa.planning.profile.MEMCPY_TRAFFIC`) and the GPU's DMA reading
 #: it from there (down: the DMA writes the chunk, a memcpy takes it to the
 #: array; :mod:`summa.device.staging`); from page-locked blocks (host
 #: copies ``lock``) the DMA alone reads or writes it.
@@ -140,7 +140,7 @@ def _host_memory(plan, profile, up: int, down: int) -> tuple:
     ranks' host copies read and write (`up` and `down` bytes a rank, each
     :data:`TRAFFIC_A_BYTE` times, and a new C's pages, which the kernel
     zeroes before the first write), shared by the node's copy threads
-    (:meth:`summa.planning.model.Profile.host_memory_seconds`). ``(None,
+    (:meth:`summa.planning.profile.Profile.host_memory_seconds`). ``(None,
     None)`` where the profile has no ``host_memory`` or nothing is copied."""
     section = profile.host_memory()
     if section is None or not up + down:

@@ -12,7 +12,8 @@ import numpy as np
 from ..host.storage import transposed
 from ..device.traits import traits
 from .memory import format_bytes, waited_write_backs
-from .model import MEMCPY_TRAFFIC, gemm_flops
+from .model import gemm_flops
+from .profile import MEMCPY_TRAFFIC
 from .prediction import SWEEP_STEP_SECONDS, SWEEP_TILE_SECONDS
 
 __all__ = ["plan_lines"]

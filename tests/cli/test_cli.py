@@ -454,7 +454,7 @@ def test_plan_takes_every_gpu_of_the_hardware_and_no_more(hardware, gpus):
     """``summa plan`` on a profile plans for all its GPUs by default; more
     ranks than it has GPUs, or a budget over a GPU's memory, is one line
     naming the hardware; its GPU memory and fewer ranks are let through."""
-    from summa.planning.model import Profile, hardware_profile
+    from summa.planning.profile import Profile, hardware_profile
     profile = Profile.load(hardware_profile(hardware))
     assert profile.gpus == gpus
 
@@ -491,7 +491,7 @@ def test_a_profile_of_several_nodes_puts_its_gpus_on_them(tmp_path):
     model's default ranks per node; a profile's calibrated ranks count as
     its GPUs where it names none."""
     from summa.cli.studies import gpus_a_node, planning_machine
-    from summa.planning.model import Profile, hardware_profile
+    from summa.planning.profile import Profile, hardware_profile
     data = json.loads(Path(hardware_profile("rtx3090x8")).read_text())
     data.update(gpus=16, nodes=2)
     path = tmp_path / "two.json"

@@ -586,7 +586,7 @@ def test_plan_and_model_take_the_rank_count_from_the_grid_and_model_needs_no_pro
     assert re.search(r"predicted by the model: [\d.]+ s", out.getvalue())  # on the same screen
     # the first user's eight RTX 3090s (a profile written from their datasheet): float64 is
     # the wall there, minutes of GEMM
-    from summa.planning.model import shipped_profile
+    from summa.planning.profile import shipped_profile
     gpus = io.StringIO()
     assert cli.main(["plan", "--size", "100000", "--dtype", "float64", "--grid", "2x4",
                      "--device-memory", "22GiB", "--profile",
@@ -644,7 +644,7 @@ class _NotHost(NumpyBackend):
 
 def test_the_model_says_what_float64_on_int8_gains_on_the_first_users_gpus():
     from mpi4py import MPI
-    from summa.planning.model import shipped_profile
+    from summa.planning.profile import shipped_profile
     rtx = shipped_profile().replace("h200.json", "rtx3090x8.json")
     seconds = {}
     for precision in ("default", "fp64-int8"):
@@ -660,7 +660,7 @@ def test_the_model_of_float64_on_int8_needs_its_samples(tmp_path):
     there, as measured); a profile without them says so, not guesses."""
     import json
     from mpi4py import MPI
-    from summa.planning.model import shipped_profile
+    from summa.planning.profile import shipped_profile
     seconds = {}
     for precision in ("default", "fp64-int8"):
         out = io.StringIO()
@@ -682,7 +682,7 @@ def test_plan_of_fp64_int8_counts_its_scratch_and_predicts_from_int8_rates():
     planned (its residues and sums counted: more device memory than float64,
     fewer rows per tile) and predicted from the profile's INT8 rates."""
     from mpi4py import MPI
-    from summa.planning.model import shipped_profile
+    from summa.planning.profile import shipped_profile
     args = ["plan", "--size", "100000", "--dtype", "float64", "--grid", "2x4",
             "--device-memory", "22GiB", "--nb", "4096", "--profile",
             shipped_profile().replace("h200.json", "rtx3090x8.json")]

@@ -9,7 +9,8 @@ import pytest
 from mpi4py import MPI
 
 from summa import cli
-from summa.planning.model import Profile, RunSetting, TimeSplit, predict, recommend, sweep
+from summa.planning.model import RunSetting, TimeSplit, predict, recommend, sweep
+from summa.planning.profile import Profile
 
 GEMM_RATE = 50e12  # flop/s in every sample
 BCAST = dict(alpha=10e-6, beta=300e9)
@@ -339,7 +340,7 @@ def test_model_takes_the_panel_width_bench_takes():
     """Given a grid and no --nb, `model` predicts the width bench and multiply
     would use (fp64-int8's is wider than the usual list), and recommend
     weighs it too: the shipped H200 profile measured fp64-int8 up to K = 32768."""
-    from summa.planning.model import shipped_profile
+    from summa.planning.profile import shipped_profile
     from summa.planning.tuning import default_panel_width
     path = shipped_profile()
     wide = default_panel_width("cupy", "float64", "fp64-int8")
@@ -363,7 +364,7 @@ def test_model_never_recommends_a_setup_it_predicts_slower(profile, grids, which
     given, whatever the width's distance from the profile's samples."""
     import os
     import re
-    from summa.planning.model import shipped_profile
+    from summa.planning.profile import shipped_profile
     path = os.path.join(os.path.dirname(shipped_profile()), profile)
     out = io.StringIO()
     setup = ["--grid", grids[which], *extra]  # grids of the profile's GPUs
@@ -380,7 +381,7 @@ def test_hardware_by_name_is_its_shipped_profile_and_the_plan_says_which():
     """``--hardware NAME`` predicts what ``--profile`` of that shipped file
     does, and plan and model name the hardware they assumed, also when none
     was given."""
-    from summa.planning.model import HARDWARE, hardware_profile
+    from summa.planning.profile import HARDWARE, hardware_profile
     common = ["--size", "100000", "--grid", "2x1"]
     for command in ("plan", "model"):
         for name in HARDWARE:
@@ -454,7 +455,7 @@ def test_the_host_memory_rate_follows_its_copiers_and_its_traffic():
     between two, the most's past the most, the fewest's a thread below
     them; the time is the traffic over MEMCPY_TRAFFIC times that rate:
     twice the bytes, twice the time."""
-    from summa.planning.model import MEMCPY_TRAFFIC
+    from summa.planning.profile import MEMCPY_TRAFFIC
     prof = make_profile()
     assert prof.host_memory() is None and prof.host_memory_seconds(1e9, 4) is None
     prof.data["host_memory"] = {"copy_gbs": [[4, 40.0], [16, 100.0]], "cores": 64}
@@ -476,7 +477,7 @@ def test_profiles_name_their_links_disk_and_memory_where_they_have_them():
     assert prof.device_memory == 24 << 30 and not prof.peer_access
     assert prof.host_seconds(20e9, 10e9) == pytest.approx(2.0 + 2.0)
     assert prof.disk_seconds(4e9, 1e9) == pytest.approx(2.0 + 1.0)
-    from summa.planning.model import HARDWARE, hardware_profile
+    from summa.planning.profile import HARDWARE, hardware_profile
     for name in HARDWARE:  # every shipped profile knows its GPUs and their host link
         shipped = Profile.load(hardware_profile(name))
         assert shipped.device_memory and shipped.host_link()

@@ -15,7 +15,7 @@ from summa import cli, options
 from summa.device.backend import NumpyBackend
 from summa.device.staging import copy_threads, ring_bytes
 from summa.distribution.grid import grid_for
-from summa.planning.model import Profile
+from summa.planning.profile import Profile
 from summa.planning.memory import Execution, host_traffic, memory_plan, parse_bytes
 from summa.planning.plan import Machine, Plan
 from summa.planning.planner import make_plan, restage
@@ -580,7 +580,7 @@ def test_plan_command_prints_make_plan(args):
     out = io.StringIO()
     assert cli.main(["plan", *args], MPI.COMM_SELF, out) == 0
     from summa.cli.studies import planning_machine
-    from summa.planning.model import shipped_profile
+    from summa.planning.profile import shipped_profile
     opts = cli.build_parser().parse_args(["plan", *args])
     ranks = opts.ranks or opts.grid[0] * opts.grid[1]
     ipc = opts.comm == "ipc" or (opts.comm == "auto" and opts.backend == "cupy")

@@ -15,7 +15,7 @@ from summa import cli
 from summa.distribution.layout import first_panel_width
 from summa.planning.memory import (FP64_INT8_TAIL_SMALLEST, HEAD_FIRST, TAIL_SMALLEST,
                                    host_traffic, parse_bytes)
-from summa.planning.model import Profile
+from summa.planning.profile import Profile
 from summa.planning.planner import FREE_SHARE
 from summa.planning.prediction import NEXT_BOUND_SHARE
 from summa.planning.report import NEAR_RUNNER
@@ -30,7 +30,7 @@ def _plan(tmp_path, args) -> tuple[str, dict]:
 
 
 def _profile(name: str) -> dict:
-    from summa.planning.model import hardware_profile
+    from summa.planning.profile import hardware_profile
     return json.loads(open(hardware_profile(name)).read())
 
 
@@ -163,7 +163,7 @@ def test_on_the_first_users_gpus_the_bound_follows_the_profile(tmp_path):
 
 
 def _hardware(name: str) -> str:
-    from summa.planning.model import hardware_profile
+    from summa.planning.profile import hardware_profile
     return hardware_profile(name)
 
 
@@ -253,7 +253,7 @@ def test_the_node_host_memory_is_shared_by_its_ranks(tmp_path):
     twice the host memory time of 4 on each of two nodes, while the host
     link, per GPU, stays; the row says what it moves and at what rate, and
     an estimate is said to be one."""
-    from summa.planning.model import MEMCPY_TRAFFIC
+    from summa.planning.profile import MEMCPY_TRAFFIC
     split, texts = {}, {}
     for nodes in (1, 2):
         texts[nodes], plan = _plan(tmp_path, FIRST_USER[:4] + ["--profile",
