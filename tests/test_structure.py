@@ -161,8 +161,6 @@ MAX_MODULE_LINES = 550
 LONG_MODULES = {
     "summa.planning.planner": "Machine, Placement and Plan beside make_plan and the "
                               "out-of-core panel-width search: two seams to cut (issue 62)",
-    "summa.api.files": "the files workflow, each phase a function: to split with the "
-                       "executors' move (issue 62, item 1)",
     "summa.planning.model": "the profile (the machine's measured rates) and the rates a "
                             "product runs at: two concerns to cut apart",
 }
