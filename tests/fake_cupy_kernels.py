@@ -1,7 +1,7 @@
 """Just enough of CuPy for summa.precision.ozaki_gpu on a machine without a GPU.
 
 Device arrays are NumPy arrays; the kernels are NumPy versions of the CUDA
-sources in summa/precision/ozaki_gpu.py (same formulas, element for element), run at
+sources in summa/precision/kernels.py (same formulas, element for element), run at
 once when launched; streams and events only record the order of calls. What
 this checks is ozaki_gpu's own work: the residue planes and their padding,
 the grouping of products per fold, K in pieces, chunks of rows, complex

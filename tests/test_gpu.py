@@ -584,7 +584,7 @@ def test_int8_products_on_the_gpu_are_exact_and_ozaki_matches_the_cpu(comm, rng,
     product; the fused kernels' residues against NumPy's, bit for bit; the
     whole product against the CPU's (the same float64 formulas: equal but
     for the low sums' rounding order), alpha and beta applied; Inf refused."""
-    from summa.precision import ozaki, ozaki_gpu
+    from summa.precision import kernels, ozaki, ozaki_gpu
     _, backend = gpu
     cp = backend.xp
     m, n, k = shape
@@ -598,7 +598,8 @@ def test_int8_products_on_the_gpu_are_exact_and_ozaki_matches_the_cpu(comm, rng,
     count = ozaki.default_moduli(ozaki.BITS, k)
     cap = ozaki.budgets(count, k)[0]
     e = ozaki_gpu._exponents(da, 1, ozaki.BITS, cap)
-    planes = ozaki_gpu._residues(da, e, count, m, -(-k // 4) * 4, ozaki_gpu._constants(count))
+    planes = kernels.residue_planes(da, e, count, m, -(-k // 4) * 4,
+                                    kernels.moduli_constants(count))
     abar, e_cpu = ozaki.scale(a, 1, ozaki.BITS, np, cap)
     assert np.array_equal(cp.asnumpy(e), e_cpu.ravel())
     for l, mod in enumerate(ozaki.MODULI[:count]):

@@ -159,10 +159,6 @@ MAX_MODULE_LINES = 550
 
 #: Modules over MAX_MODULE_LINES, each with why it stays so for now.
 LONG_MODULES = {
-    "summa.precision.ozaki_gpu": "the fp64-int8 kernels and their drivers: to split "
-                                 "(issue 62, item 4)",
-    "summa.api.files": "the files workflow, each phase a function: to split with the "
-                       "executors' move (issue 62, item 1)",
 }
 
 

@@ -4,7 +4,9 @@
 shapes, dtypes, the output path, the grid), reads each rank's blocks straight
 from the files, multiplies, verifies, and only then writes the product
 atomically. :func:`summa.api.multiply.matmul_arrays` is the same for arrays in
-memory.
+memory. What is settled before a byte of data is read (the checks of the
+files, the plan, the read-ahead) is :mod:`summa.api.fileplan`'s; this module
+runs the phases on the grid (read, multiply, scan, check, write), each timed.
 
 Dtype rule: A and B must have the same dtype, or ``dtype`` must be given, in
 which case both (and C0) are converted to it; there is no silent promotion,
@@ -24,71 +26,31 @@ from ..runtime.mpi import MPI
 from ..runtime.agree import collectively
 from ..device.account import Account
 from ..execution.algorithm import SummaStats, prepare, run_in_memory
-from ..device.backend import NumpyBackend, get_backend, resolve_dtype
+from ..device.backend import NumpyBackend
 from ..distribution.grid import ProcessGrid, node_rank
-from ..host.filemaps import prefetch_scratch, read_ahead
+from ..host.filemaps import prefetch_scratch
 from .. import options as settings
-from ..planning.checks import op_shape
-from .promotion import common_type
 from ..runtime.faults import inject
-from ..host.npyio import (AtomicNpyWriter, NpyError, check_output_path, check_output_room,
-                          map_block, mapped_by_columns, read_header)
+from ..host.npyio import AtomicNpyWriter, map_block
 from ..distribution.layout import Layout
 from ..distribution.matrix import DistMatrix
 from ..runtime.progress import JobProgress
-from ..device.traits import traits
 from ..execution.outofcore import SweepOperands, prepared_sweep, run_out_of_core
 from ..planning.model import gemm_flops
-from ..planning.planner import Machine, make_plan, restore
 from ..planning.hostroom import check_host_room, own_host_bytes
 from ..planning.least import check_least_budget
 from .verify import freivalds
 from ..execution.jobprogress import block_share, job_progress, multiply_phase, phase_predictions
 from ..runtime.watchdog import watch
 from .nonfinite import nonfinite_note, overflow_note
+from .fileplan import (FilesJob, Timeline, check_files, maps_files, plan_files,
+                       read_ahead_inputs, streamable)
 
-__all__ = ["multiply_files", "FilesJob", "CheckFailed", "check_is_cheap"]
-
-
-#: Assumed rates for deciding whether a check is cheap (bytes/s of memory
-#: traffic for the matrix-vector products, flop/s for the multiply).
-_RATES = {"cupy": (3e12, 5e13), "numpy": (1e10, 5e10)}
+__all__ = ["multiply_files", "CheckFailed"]
 
 
 class CheckFailed(RuntimeError):
     """The product failed Freivalds' test (exit status 3); nothing was written."""
-
-
-def check_is_cheap(m: int, n: int, k: int, itemsize: int, backend_name: str) -> bool:
-    """True when Freivalds' test should cost under 2 % of the multiply.
-
-    The test reads A, B and C about eight times in float64 (two vectors, each
-    with a value and a gauge pass): ``64 (MK + KN + MN)`` bytes at memory speed,
-    against ``2 MNK`` flops at GEMM speed.
-    """
-    bandwidth, rate = _RATES.get(backend_name, _RATES["numpy"])
-    check = 64 * (m * k + k * n + m * n) / bandwidth
-    multiply = 2 * m * n * k / rate
-    return check < 0.02 * multiply
-
-
-def _compute_dtype(headers: dict, dtype) -> np.dtype:
-    if dtype is not None:
-        return resolve_dtype(dtype)
-    for header in headers.values():  # A, B, C0: the message names the file
-        if header is not None and header.dtype.kind in "iu":
-            raise NpyError(f"{header.path}: integer dtype {header.dtype.name}; pass --dtype "
-                           "(e.g. float64) to convert it")
-    a, b = headers["A"], headers["B"]
-    # (files stored big-endian are read into native order, as --dtype converts)
-    kinds = [header.dtype.newbyteorder("=") for header in (a, b)]
-    if kinds[0] == kinds[1]:
-        return resolve_dtype(kinds[0])
-    common = common_type(*kinds)  # two types: their common one, as NumPy's matmul takes them
-    if common is None:
-        raise NpyError(f"{a.path} is {a.dtype.name} but {b.path} is {b.dtype.name}; pass "
-                       f"--dtype to compute in one type (both are converted to it)")
-    return common
 
 
 def _nonfinite(M: DistMatrix) -> int:
@@ -107,67 +69,6 @@ def _timed(comm, phase: str, fn, *args, **kwargs):
 
 
 @dataclass(frozen=True)
-class FilesJob:
-    """One multiply of .npy files: what the call asked for, and once checked
-    (:func:`_check_files`, before a byte of data is read) the files' headers,
-    the product's shape, the compute dtype and the output path to write.
-
-    The fields up to `schedule` are :func:`multiply_files`' arguments
-    (`trans`: ``(trans_a, trans_b)``; `check` and `out_of_core` stay None
-    where the call left them to summa until the plan settles them).
-
-    Attributes
-    ----------
-    headers : dict
-        ``"A"``, ``"B"``, ``"C0"`` (None where there is none): the files'
-        :class:`summa.host.npyio.NpyHeader`.
-    shape : tuple
-        ``(m, n, k)`` of the product.
-    compute : numpy.dtype
-        The dtype the product is computed and written in.
-    out : str
-        The output path, checked (:func:`summa.host.npyio.check_output_path`).
-    """
-
-    a_path: str
-    b_path: str
-    c_path: str | None
-    out_path: str
-    alpha: object = 1.0
-    beta: object = 0.0
-    trans: tuple = ("N", "N")
-    dtype: object = None
-    grid: object = None
-    block: tuple | None = None
-    panel_width: object = None
-    lookahead: int = 1
-    backend: str = "auto"
-    broadcaster: str = "auto"
-    precision: str | None = None
-    check: bool | None = None
-    out_of_core: bool | None = None
-    device_memory: object = None
-    schedule: str = "panels"
-    headers: dict | None = None
-    shape: tuple | None = None
-    compute: np.dtype | None = None
-    out: str | None = None
-
-
-class _Timeline:
-    """Where the time of one call went, in order: (step, seconds since the
-    call) on this rank, so that no second of the wall time is in none of the
-    phases."""
-
-    def __init__(self):
-        self.started = time.perf_counter()
-        self.steps = []
-
-    def mark(self, step: str) -> None:
-        self.steps.append((step, round(time.perf_counter() - self.started, 4)))
-
-
-@dataclass(frozen=True)
 class _FilesRun:
     """What the phases of a planned multiply of files share."""
 
@@ -179,7 +80,7 @@ class _FilesRun:
     progress: JobProgress
     warn: object
     record: dict
-    timeline: _Timeline
+    timeline: Timeline
     home: object = None
     writer: AtomicNpyWriter | None = None
 
@@ -257,8 +158,8 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
         The product failed the check; nothing was written.
     """
     comm = MPI.COMM_WORLD if comm is None else comm
-    timeline = _Timeline()
-    job = _check_files(FilesJob(
+    timeline = Timeline()
+    job = check_files(FilesJob(
         a_path, b_path, c_path, out_path, alpha=alpha, beta=beta, trans=(trans_a, trans_b),
         dtype=dtype, grid=grid, block=block, panel_width=panel_width, lookahead=lookahead,
         backend=backend, broadcaster=broadcaster, precision=precision, check=check,
@@ -267,10 +168,10 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
                        schedule)  # (before CUDA starts)
     # The disk starts on the inputs while CUDA starts and the multiply plans.
     local, on_node = node_rank(comm)
-    ahead = _read_ahead_inputs(job.headers, comm, local, on_node)
+    ahead = read_ahead_inputs(job.headers, comm, local, on_node)
     try:
-        job, be, plan, record = _plan_files(job, comm, local, timeline)
-        check_host_room(own_host_bytes(plan, _maps_files(job, plan)), comm)  # before any read
+        job, be, plan, record = plan_files(job, comm, local, timeline)
+        check_host_room(own_host_bytes(plan, maps_files(job, plan)), comm)  # before any read
         with ProcessGrid(comm, plan.grid) as pgrid, contextlib.ExitStack() as stack:
             run = _start_files(_FilesRun(job, plan, be, comm, pgrid, job_progress(comm, quiet),
                                          warn or _warn_stderr, record, timeline), stack, ahead)
@@ -288,69 +189,6 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
             stop.set()
     timeline.mark("close")
     return record
-
-
-def _check_files(job: FilesJob, comm) -> FilesJob:
-    """Everything about the files that can be checked before a byte of data
-    is read, the same on every rank: the ops, C0 where beta needs it, the
-    headers' shapes and dtypes, the output path and the free disk space
-    its file needs. Returns `job` with its ops
-    upper-case, its headers, ``(m, n, k)``, compute dtype and output path;
-    collective."""
-    a_path, b_path, c_path = job.a_path, job.b_path, job.c_path
-    trans_a, trans_b = str(job.trans[0]).upper(), str(job.trans[1]).upper()
-    for name, t in (("trans_a", trans_a), ("trans_b", trans_b)):
-        if t not in ("N", "T", "H"):
-            raise ValueError(f"{name} must be N, T or H, got {t!r}")
-    if job.beta != 0 and c_path is None:
-        raise ValueError("beta is not 0, so C0 is needed: pass --c C0.npy")
-    headers = {"A": read_header(a_path, comm), "B": read_header(b_path, comm),
-               "C0": read_header(c_path, comm) if c_path is not None else None}
-    (m, k), (k2, n) = op_shape(headers["A"].shape, trans_a), op_shape(headers["B"].shape,
-                                                                          trans_b)
-    if k != k2:
-        raise NpyError(f"inner dimensions differ: op({a_path}) is {m}x{k} but op({b_path}) "
-                       f"is {k2}x{n}")
-    if headers["C0"] is not None and headers["C0"].shape != (m, n):
-        raise NpyError(f"{c_path}: is {headers['C0'].shape[0]}x{headers['C0'].shape[1]}, "
-                       f"but the product is {m}x{n}")
-    compute = _compute_dtype(headers, job.dtype)
-    out = check_output_path(job.out_path, [a_path, b_path, c_path], comm)
-    # a full disk found now, not after the whole multiply
-    check_output_room(out, (m, n), compute, comm)
-    return replace(job, trans=(trans_a, trans_b), headers=headers, shape=(m, n, k),
-                   compute=compute, out=out)
-
-
-def _plan_files(job: FilesJob, comm, local: int, timeline: _Timeline) -> tuple:
-    """The backend (of node rank `local`), the check and the mode where the
-    call left them to summa, and the Plan of a checked `job`; collective.
-    Returns ``(job with those settled, backend, plan, the record so far)``."""
-    (m, n, k), (trans_a, trans_b) = job.shape, job.trans
-    be = collectively(comm, get_backend, job.backend, local)
-    compute = be.check_dtype(job.compute)
-    check = job.check
-    if check is None:
-        check = check_is_cheap(m, n, k, compute.itemsize, be.name)
-    record = {"a": str(job.a_path), "b": str(job.b_path), "output": job.out, "m": m, "n": n,
-              "k": k, "dtype": compute.name, "trans_a": trans_a, "trans_b": trans_b,
-              "alpha": job.alpha, "beta": job.beta, "backend": be.name,
-              "timeline": timeline.steps}
-    timeline.mark("headers, devices")
-    out_of_core = job.out_of_core
-    if out_of_core is None and streams_by_default(be.name, job.headers, trans_a, trans_b,
-                                                  compute, job.block, job.schedule):
-        out_of_core = True  # streamed: reading, multiplying and writing overlap
-    # bad input: one message, before any warning
-    plan = make_plan((m, n, k), compute, Machine.live(comm, be), grid=job.grid, trans_a=trans_a,
-                     trans_b=trans_b, out_of_core=out_of_core, device_memory=job.device_memory,
-                     panel_width=job.panel_width, lookahead=job.lookahead,
-                     schedule=job.schedule, precision=job.precision,
-                     broadcaster=job.broadcaster)
-    if plan.device_budget is not None:  # streamed: cut as the mapped blocks lie
-        plan = restore(plan, _mapped_storage(job, compute))
-    record["plan"] = plan.as_dict()
-    return replace(job, compute=compute, check=check, out_of_core=out_of_core), be, plan, record
 
 
 def _start_files(run: _FilesRun, stack, ahead: list) -> _FilesRun:
@@ -557,24 +395,6 @@ def _write_product(run: _FilesRun, C: DistMatrix) -> None:
     run.timeline.mark("write")
 
 
-def _read_ahead_inputs(headers, comm, local: int, size: int) -> list:
-    """Start reading A's and B's bytes into the page cache (one after the
-    other, each of the node's `size` ranks, this one `local`, its share of
-    them) where every rank is on one node, so that the disk works from the
-    start (what is read twice is read from memory); the events that stop it."""
-    if size != comm.Get_size():
-        return []  # several nodes: each reads only its blocks, when it maps them
-    stops = []
-    for header in (headers["A"], headers["B"]):
-        nbytes = int(np.prod(header.shape)) * header.dtype.itemsize
-        first = header.offset + nbytes * local // size
-        last = header.offset + nbytes * (local + 1) // size
-        stop = read_ahead(header.path, first, last)
-        if stop is not None:
-            stops.append(stop)
-    return stops
-
-
 def _warn_nonfinite(headers, matrices, rank0: bool, warn) -> bool:
     """Warn (rank 0) of NaN/Inf in the inputs A, B, C0 (None: not given);
     return whether they are all finite. Collective."""
@@ -589,54 +409,12 @@ def _warn_nonfinite(headers, matrices, rank0: bool, warn) -> bool:
     return finite
 
 
-def streams_by_default(backend_name: str, headers: dict, trans_a: str, trans_b: str, compute,
-                       block=None, schedule: str = "panels") -> bool:
-    """Does a multiply of these files stream them through the GPUs unless told
-    otherwise? On GPUs, where both can be read as the multiply goes and there
-    is no C0: measured on one H200 (N = 24576), streamed 9.4 s against 12.5 s
-    in memory with the files in the page cache, 16.2 against 20.3 s from the
-    disk."""
-    return (traits(backend_name).gpu and block is None and headers.get("C0") is None
-            and schedule == "panels" and _streamable(headers["A"], trans_a, compute)
-            and _streamable(headers["B"], trans_b, compute))
-
-
-def _streamable(header, trans: str, compute) -> bool:
-    """Can the out-of-core multiply read this file as it goes (:func:`_mapped`)?
-    In the compute dtype, read as it is or transposed (C or Fortran order:
-    blocks lying by columns are the GEMMs' transposed operands); not op H of
-    a complex file (its conjugation would need a copy)."""
-    return header.dtype == compute and (trans in ("N", "T") or compute.kind != "c")
-
-
-def _maps_files(job: FilesJob, plan) -> tuple:
-    """Whether a streamed multiply of `job` (:attr:`_FilesRun.streaming`)
-    maps its blocks of A, B and C from files rather than reading them:
-    A and B where streamable (:func:`_mapped`), C where the product is
-    written in place (no C0)."""
-    if plan.device_budget is None or job.block is not None:
-        return (False, False, False)
-    return (_streamable(job.headers["A"], job.trans[0], job.compute),
-            _streamable(job.headers["B"], job.trans[1], job.compute), job.c_path is None)
-
-
-def _mapped_storage(job: FilesJob, compute) -> tuple:
-    """How op(A) and op(B) lie (:data:`summa.host.storage.STORAGES`) as a
-    streamed multiply reads them: memory-mapped where streamable
-    (:func:`_mapped`; balanced blocks, which always map), by columns for a
-    Fortran-ordered file read as it is or a C-ordered one transposed; else
-    by rows (read into C order)."""
-    return tuple("cols" if job.block is None and _streamable(job.headers[name], t, compute)
-                 and mapped_by_columns(job.headers[name], t != "N") else "rows"
-                 for name, t in zip("AB", job.trans))
-
-
 def _mapped(header, trans: str, compute, grid) -> DistMatrix | None:
     """The rank's block of op(X) of a file as a memory map
     (:func:`summa.host.npyio.map_block`) where it can be used as it lies
-    (:func:`_streamable`); None elsewhere (the same on every rank).
+    (:func:`summa.api.fileplan.streamable`); None elsewhere (the same on every rank).
     Collective."""
-    if not _streamable(header, trans, compute):
+    if not streamable(header, trans, compute):
         return None
     layout = Layout(header.shape if trans == "N" else header.shape[::-1], grid.shape)
     local = collectively(grid.comm, map_block, header,

@@ -28,6 +28,10 @@ INT8 products in int32 with exponents agreed over all of K
 
 Every operation mirrors the NumPy code of :mod:`summa.precision.ozaki` (the same
 float64 formulas), so the two agree (tests/test_gpu.py).
+
+This module holds the products (the steps above, the scopes they share, the
+scratch they take); the CUDA kernels, their launches and the folds of the
+integer products are :mod:`summa.precision.kernels`'.
 """
 
 from __future__ import annotations
@@ -38,18 +42,13 @@ import math
 
 import numpy as np
 
-from . import ozaki
+from . import kernels, ozaki
+from .kernels import (PLANES, Encoding, Folds, kernel, moduli_constants, planes_a_pass,
+                      residue_planes)
 
 __all__ = ["gemm", "Scheme", "PanelSums", "grid_exponents", "panel_sums_bytes",
            "panel_sums_apply", "refuse_not_finite", "moduli_for", "check_moduli",
            "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
-
-#: Integer products folded per pass by default (each pass reads and writes
-#: the two sums once): the least a plan takes. A plan gives the folds more
-#: where its memory leaves room (:attr:`summa.planning.memory.MemoryPlan.int8_planes`:
-#: all 15 a pass ran a 40960³ product 3 % faster, a sweep's panel products
-#: 5-9 %).
-PLANES = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,138 +85,6 @@ class Scheme:
     rows: int | None = None
 
 
-# Rows on the grid's y axis and columns on x: no 64-bit division per element
-# (a flat index cost it twice per element; the residues took 48 ms of a
-# 1.25 s product at N = 32768 in `benchmarks/fp64_int8_speed.py`'s phases).
-# Residues: four columns a thread, one 4-byte store per plane (cols_p is a
-# multiple of 4, the planes 4-aligned).
-_RESIDUES = r"""
-extern "C" __global__ void residues(const double* x, const int* e, long long rows,
-        long long rows_p, long long cols, long long cols_p, long long ld, int count,
-        const double* moduli, const double* inverses, signed char* out) {
-    long long plane = rows_p * cols_p, quads = cols_p / 4;
-    for (long long r = blockIdx.y; r < rows_p; r += gridDim.y) {
-        for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < quads;
-             q += (long long)gridDim.x * blockDim.x) {
-            long long j = 4 * q;
-            double xb[4];
-            for (int t = 0; t < 4; ++t)
-                xb[t] = (r < rows && j + t < cols) ? rint(ldexp(x[r * ld + j + t], e[r])) : 0.0;
-            for (int l = 0; l < count; ++l) {
-                double m = moduli[l], inv = inverses[l];
-                unsigned int packed = 0;  // little-endian: column j in the lowest byte
-                for (int t = 0; t < 4; ++t) {
-                    double v = xb[t] - m * rint(xb[t] * inv);
-                    if (v > 127.0) v -= m;
-                    if (v < -128.0) v += m;
-                    packed |= (unsigned int)(unsigned char)(signed char)v << (8 * t);
-                }
-                *(unsigned int*)(out + l * plane + r * cols_p + j) = packed;
-            }
-        }
-    }
-}
-"""
-
-# The folds: the first of a product starts from zero (no pass to clear the
-# sums, no read of them), the last can end the product itself (fold_finish:
-# the sums never go to memory), so 16 products folded 4 at a time pass over
-# C's sums 3 times instead of 5 (the folds took ~80 ms of the 1.25 s in
-# `benchmarks/fp64_int8_speed.py`'s phases).
-_FOLD_BODY = r"""
-    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
-        for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < cols;
-             j += (long long)gridDim.x * blockDim.x) {
-            long long idx = r * cols + j;
-            double hi = first ? 0.0 : s_hi[idx], lo = first ? 0.0 : s_lo[idx];
-            for (int p = 0; p < count; ++p) {
-                double gd = (double)g[p * plane + r * ldg + j];
-                double u = gd - moduli[p] * rint(gd * inverses[p]);
-                hi += u * w_hi[p];
-                lo += u * w_lo[p];
-            }
-            FINISH
-        }
-    }
-}
-"""
-_FOLD_ARGS = ("const int* g, long long rows, long long cols, long long ldg, long long plane, "
-              "int count, const double* moduli, const double* inverses, const double* w_hi, "
-              "const double* w_lo, double* s_hi, double* s_lo, int first")
-_FOLD = ('extern "C" __global__ void fold(' + _FOLD_ARGS + ") {" +
-         _FOLD_BODY.replace("FINISH", "s_hi[idx] = hi;\n            s_lo[idx] = lo;"))
-# The finish's formulas (the "finish" kernel below), on the sums in registers.
-_FOLD_FINISH = ('extern "C" __global__ void fold_finish(' + _FOLD_ARGS +
-                ", const int* e, const int* f, double m_hi, double m_lo, int t, double alpha, "
-                "double beta, double* c, long long ldc) {" + _FOLD_BODY.replace("FINISH", r"""
-            double q = rint((hi + lo) / (m_hi + m_lo));
-            double d = (hi - q * m_hi) + (lo - q * m_lo);
-            double v = alpha * ldexp(d, t - e[r] - f[j]);
-            double* cj = c + r * ldc + j;
-            *cj = beta == 0.0 ? v : v + beta * *cj;"""))
-
-_kernels: dict = {}
-
-
-#: CuPy's reduction kernels by name: ReductionKernel's arguments, and its preamble.
-_REDUCTIONS = {
-    # Inf/NaN count as infinite: one reduction scales and checks. (CuPy
-    # renames parameters inside the expressions by pattern: no name that a
-    # literal holds, as "x" is in a hexadecimal one)
-    "amax": (("float64 value", "float64 largest",
-              "isfinite(value) ? fabs(value) : __longlong_as_double(0x7ff0000000000000LL)",
-              "max(a, b)", "largest = a", "0", "summa_amax"), ""),
-    # each row scaled by its largest's 2**-exponent into [0.5, 1) first (the
-    # exponent frexp gives, as :func:`summa.precision.ozaki.norms`): no square overflows
-    "norm": (("float64 value, float64 top", "float64 length",
-              "summa_scaled(value, top) * summa_scaled(value, top)", "a + b",
-              "length = sqrt(a)", "0", "summa_scaled_norm"),
-             "__device__ double summa_scaled(double v, double t) {"
-             " int e; frexp(t, &e); return ldexp(v, -e); }"),
-}
-
-#: CuPy's elementwise kernels by name: ElementwiseKernel's arguments.
-_ELEMENTWISE = {
-    # summa.precision.ozaki.exponents' formulas in one kernel (its ~12 CuPy
-    # operations were as many kernels to compile on a fresh machine)
-    "exponents": ("float64 amax, float64 norm, int32 bits, float64 cap", "int32 shift",
-                  "int ex; frexp(amax, &ex);"
-                  "double nm = isfinite(norm) ? fmax(norm, 0.5) : 0.5;"
-                  "double kept = fmin((double)bits,"
-                  "                   floor(cap - log2(nm * (1.0 + ldexp(1.0, -30))) - 1e-9));"
-                  "shift = amax > 0 ? (int)(kept - ex) : 0;", "summa_ozaki_exponents"),
-    "finish": ("float64 s_hi, float64 s_lo, int32 e, int32 f, float64 m_hi, float64 m_lo, "
-               "int32 t, float64 alpha, float64 beta", "float64 c",
-               "double q = rint((s_hi + s_lo) / (m_hi + m_lo));"
-               "double d = (s_hi - q * m_hi) + (s_lo - q * m_lo);"
-               "double v = alpha * ldexp(d, t - e - f);"
-               "c = beta == 0.0 ? v : v + beta * c;", "summa_ozaki_finish"),
-    # a complex product's two real ones into C in place: no C-size temporary
-    # beyond them (``real + 1j * imag`` and ``alpha *`` it were two, 32 bytes
-    # an element of C, that no plan counted)
-    "combine": ("float64 re, float64 im, complex128 alpha, complex128 beta", "complex128 c",
-                "complex<double> v = alpha * complex<double>(re, im);"
-                "c = (beta.real() == 0.0 && beta.imag() == 0.0) ? v : v + beta * c;",
-                "summa_ozaki_combine"),
-}
-
-
-def _kernel(name: str):
-    """The kernel `name` (:data:`_REDUCTIONS`, :data:`_ELEMENTWISE`, or the
-    CUDA sources' ``residues``, ``fold``, ``fold_finish``), made once a process."""
-    import cupy
-    if name not in _kernels:
-        if name in _REDUCTIONS:
-            arguments, preamble = _REDUCTIONS[name]
-            _kernels[name] = cupy.ReductionKernel(*arguments, preamble=preamble)
-        elif name in _ELEMENTWISE:
-            _kernels[name] = cupy.ElementwiseKernel(*_ELEMENTWISE[name])
-        else:
-            source = {"residues": _RESIDUES, "fold": _FOLD, "fold_finish": _FOLD_FINISH}[name]
-            _kernels[name] = cupy.RawKernel(source, name)
-    return _kernels[name]
-
-
 def ready(dtype, backend) -> float:
     """Compile (or load from CuPy's kernel cache on disk) every kernel a
     `dtype` product takes, by small products, the first time in this
@@ -230,7 +97,7 @@ def ready(dtype, backend) -> float:
     import cupy
     dtype = cupy.dtype(dtype)
     key = ("ready", dtype.char)
-    if key in _kernels:
+    if key in kernels.cache:
         return 0.0
     began = time.perf_counter()
     rng = cupy.random.default_rng(0)
@@ -245,16 +112,8 @@ def ready(dtype, backend) -> float:
         c = cupy.zeros((m, n + 8 * strip), dtype=a.dtype)[:, :n]
         gemm(1.0, a, b, c, 0.5 if strip else 0.0, backend=backend)
     cupy.cuda.get_current_stream().synchronize()
-    _kernels[key] = True
+    kernels.cache[key] = True
     return time.perf_counter() - began
-
-
-def _launch(kernel, rows: int, width: int, args) -> None:
-    """`kernel` over `rows` rows (the grid's y, looped past 65535) of `width`
-    threads' work each (x)."""
-    threads = 256
-    blocks = int(min(max(1, -(-width // threads)), 4096))
-    kernel((blocks, int(min(max(1, rows), 65535))), (threads,), args)
 
 
 NOT_FINITE = ozaki.NOT_FINITE
@@ -291,16 +150,16 @@ def _exponents(x, axis: int, bits: int, cap: float, comm=None):
     (:func:`summa.precision.ozaki.exponents`); with `comm`, of the whole rows whose
     parts its ranks hold (collective). Refuses Inf/NaN (at once, or inside
     :func:`checked_later` at its end)."""
-    amax = _kernel("amax")(x, axis=axis)  # Inf where a row holds Inf or NaN
+    amax = kernel("amax")(x, axis=axis)  # Inf where a row holds Inf or NaN
     if comm is not None:  # the whole row's largest (Inf where any part held Inf/NaN)
         amax = _allreduced(amax, comm, "MAX")
-    _refuse([_kernel("amax")(amax, axis=None)] if amax.size else [])
-    norm = _kernel("norm")(x, amax.reshape((-1, 1) if axis == 1 else (1, -1)), axis=axis)
+    _refuse([kernel("amax")(amax, axis=None)] if amax.size else [])
+    norm = kernel("norm")(x, amax.reshape((-1, 1) if axis == 1 else (1, -1)), axis=axis)
     if comm is not None:
         import cupy
         # each part scaled by the whole row's exponent: the squares add up
         norm = cupy.sqrt(_allreduced(norm * norm, comm, "SUM"))
-    return _kernel("exponents")(amax, norm, np.int32(bits), np.float64(cap))
+    return kernel("exponents")(amax, norm, np.int32(bits), np.float64(cap))
 
 
 def _allreduced(x, comm, op: str):
@@ -332,7 +191,7 @@ def refuse_not_finite(a, b) -> None:
     short sum in native float64, :data:`summa.precision.ozaki.K_NATIVE`): the same
     error, at once or at :func:`checked_later`'s end."""
     parts = [p for x in (a, b) for p in ((x.real, x.imag) if x.dtype.kind == "c" else (x,))]
-    _refuse([_kernel("amax")(p, axis=None) for p in parts])
+    _refuse([kernel("amax")(p, axis=None) for p in parts])
 
 
 class _Checks:
@@ -359,37 +218,6 @@ def checked_later():
         yield checks
     finally:
         _scopes.pending = outer
-
-
-def _residues(x, e, count: int, rows_p: int, cols_p: int, constants):
-    """int8 planes (count, rows_p, cols_p) of `x`'s scaled rows mod each of
-    the first `count` moduli, zeros in the padding."""
-    import cupy
-    out = cupy.empty((count, rows_p, cols_p), dtype=cupy.int8)
-    rows, cols = x.shape
-    if x.size and x.strides[1] != x.itemsize:
-        x = cupy.ascontiguousarray(x)
-    ld = x.strides[0] // x.itemsize if x.size else cols
-    _launch(_kernel("residues"), rows_p, cols_p // 4,
-            (x, e, np.int64(rows), np.int64(rows_p), np.int64(cols), np.int64(cols_p),
-             np.int64(ld), np.int32(count), constants["moduli"],
-             constants["inverses"], out))
-    return out
-
-
-def _constants(count: int) -> dict:
-    import cupy
-    key = ("constants", count)
-    if key not in _kernels:
-        chosen = ozaki.MODULI[:count]
-        weights = ozaki.crt_weights(chosen)
-        _kernels[key] = {
-            "weights": weights,
-            "moduli": cupy.asarray(np.array(chosen, dtype=np.float64)),
-            "inverses": cupy.asarray(1.0 / np.array(chosen, dtype=np.float64)),
-            "w_hi": cupy.asarray(np.array(weights["w_hi"])),
-            "w_lo": cupy.asarray(np.array(weights["w_lo"]))}
-    return _kernels[key]
 
 
 @contextlib.contextmanager
@@ -425,7 +253,7 @@ def _b_side(b, count: int, bits: int, cap: float, cols_p: int, k_p: int, constan
         bt = cupy.empty((n, k), dtype=cupy.float64)
         backend.transpose(b, bt)
     f = _exponents(bt, 1, bits, cap)
-    b8 = _residues(bt, f, count, cols_p, k_p, constants)
+    b8 = residue_planes(bt, f, count, cols_p, k_p, constants)
     if held is not None:
         held.update(key=key, f=f, b8=b8)
     return f, b8
@@ -439,7 +267,7 @@ def scratch_bytes(m: int, n: int, k: int, count: int, planes: int | None = None,
     folded a pass (`planes`; None: :data:`PLANES`) and the two sums."""
     kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
     r = _chunk_rows(m, rows)
-    return count * (r + np_) * kp + 8 * n * k + 4 * _planes_a_pass(planes, count) * r * np_ \
+    return count * (r + np_) * kp + 8 * n * k + 4 * planes_a_pass(planes, count) * r * np_ \
         + 16 * r * n
 
 
@@ -448,13 +276,6 @@ def _chunk_rows(m: int, rows: int | None) -> int:
     (:attr:`Scheme.rows`; None: all): what :func:`gemm` allocates for and
     :func:`scratch_bytes` counts."""
     return m if rows is None else max(1, min(m, int(rows)))
-
-
-def _planes_a_pass(planes: int | None, count: int) -> int:
-    """Integer products folded a pass: `planes` asked (None: :data:`PLANES`),
-    within 1 and the `count` of moduli (:class:`_Folds`, and :func:`gemm`'s
-    buffer for them)."""
-    return max(1, min(int(PLANES if planes is None else planes), count))
 
 
 def panel_sums_bytes(m: int, n: int, width: int, k: int, planes: int = PLANES,
@@ -499,71 +320,6 @@ def moduli_for(k: int, moduli: int | None = None) -> int:
     return ozaki.choose(ozaki.BITS, moduli, min(k, ozaki.K_EXACT))[1]
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class _Encoding:
-    """A product's moduli and scaling exponents: what its folds rebuild C
-    from, beside the integer products.
-
-    Attributes
-    ----------
-    count : int
-        How many moduli (the first of :data:`summa.precision.ozaki.MODULI`).
-    constants : dict
-        Their device constants (:func:`_constants` of `count`).
-    e, f : device arrays
-        The int32 scaling exponents of A's rows and of B's columns.
-    """
-
-    count: int
-    constants: dict
-    e: object
-    f: object
-
-
-class _Folds:
-    """The folds of a product's ``encoding.count`` integer products (int32
-    planes of ``m x np_``, their pitch `n` padded to 4) into ``c = alpha a @
-    b + beta c``, `planes` of them a pass: :attr:`groups` lists each pass's
-    first plane and count; :meth:`fold` passes over group j's planes, the
-    first starting the two float64 sums, the last writing C itself where C's
-    rows are contiguous; :meth:`finish` ends the product otherwise (a
-    transposed view of C goes through the finish kernel)."""
-
-    def __init__(self, m: int, n: int, planes: int, encoding: _Encoding, alpha, beta, c):
-        import cupy
-        count, constants = encoding.count, encoding.constants
-        self.m, self.n, self.np_, self.constants = m, n, -(-n // 4) * 4, constants
-        self.planes = _planes_a_pass(planes, count)
-        self.groups = [(l0, min(self.planes, count - l0)) for l0 in range(0, count, self.planes)]
-        self.fused = c.strides[1] == c.itemsize
-        sums = (m, n) if len(self.groups) > 1 or not self.fused else (1, 1)
-        self.s_hi = cupy.empty(sums, dtype=cupy.float64)
-        self.s_lo = cupy.empty(sums, dtype=cupy.float64)
-        weights = constants["weights"]
-        self.ends = (encoding.e, encoding.f, weights["m_hi"], weights["m_lo"],
-                     np.int32(weights["t"]), np.float64(alpha), np.float64(beta), c,
-                     np.int64(c.strides[0] // c.itemsize))
-
-    def fold(self, j: int, g) -> None:
-        """Fold group j's planes, the first planes of `g` (planes ``m np_`` apart)."""
-        (l0, group), constants = self.groups[j], self.constants
-        last = self.fused and j == len(self.groups) - 1
-        m, n, np_ = self.m, self.n, self.np_
-        _launch(_kernel("fold_finish" if last else "fold"), m, n,
-                (g, np.int64(m), np.int64(n), np.int64(np_), np.int64(m * np_),
-                 np.int32(group), constants["moduli"][l0:], constants["inverses"][l0:],
-                 constants["w_hi"][l0:], constants["w_lo"][l0:], self.s_hi, self.s_lo,
-                 np.int32(j == 0)) + (self.ends if last else ()))
-
-    def finish(self) -> None:
-        """Where C's rows are not contiguous: the sums into C."""
-        if self.fused:
-            return
-        e, f, m_hi, m_lo, t, alpha, beta, c, _ = self.ends
-        _kernel("finish")(self.s_hi, self.s_lo, e.reshape(self.m, 1), f.reshape(1, self.n),
-                          m_hi, m_lo, t, float(alpha), float(beta), c)
-
-
 def gemm(alpha, a, b, c, beta=0.0, *, backend=None, scheme: Scheme = Scheme(),
          marks: list | None = None) -> None:
     """``c = alpha a @ b + beta c`` in float64 from INT8 GEMMs (the module's
@@ -598,7 +354,7 @@ def gemm(alpha, a, b, c, beta=0.0, *, backend=None, scheme: Scheme = Scheme(),
         return
     # checked as the caller asked
     bits, count = ozaki.choose(scheme.bits, scheme.moduli, k)
-    constants = _constants(count)
+    constants = moduli_constants(count)
     cap_a, cap_b = ozaki.budgets(count, k)
 
     def mark(phase):
@@ -621,15 +377,15 @@ def gemm(alpha, a, b, c, beta=0.0, *, backend=None, scheme: Scheme = Scheme(),
     # One buffer of products, for every chunk: folds on a stream of their own
     # beside the next group's GEMMs (two buffers) gained nothing
     # (on one H200: 1.091x native DGEMM's rate with two, 1.101x with one).
-    g = cupy.empty(_planes_a_pass(scheme.planes, count) * rows * np_, dtype=cupy.int32)
+    g = cupy.empty(planes_a_pass(scheme.planes, count) * rows * np_, dtype=cupy.int32)
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
         _rows_product((alpha, beta), a[r0:r1], c[r0:r1],
-                      _Encoding(count, constants, e[r0:r1], f), (b8, g, kp),
+                      Encoding(count, constants, e[r0:r1], f), (b8, g, kp),
                       (backend, scheme.planes, mark))
 
 
-def _rows_product(scalars, a, c, encoding: _Encoding, held, run) -> None:
+def _rows_product(scalars, a, c, encoding: Encoding, held, run) -> None:
     """One chunk of rows of :func:`gemm`'s product: ``c = alpha a @ b + beta
     c`` for these rows of A and C (`encoding`: their exponents and all of
     B's), its A residues, INT8 products and folds, freed when it returns
@@ -639,9 +395,9 @@ def _rows_product(scalars, a, c, encoding: _Encoding, held, run) -> None:
     (alpha, beta), (b8, g, kp), (backend, planes, mark) = scalars, held, run
     m, n = c.shape
     np_ = b8.shape[1]
-    a8 = _residues(a, encoding.e, encoding.count, m, kp, encoding.constants)
+    a8 = residue_planes(a, encoding.e, encoding.count, m, kp, encoding.constants)
     mark("residues")
-    folds = _Folds(m, n, planes, encoding, alpha, beta, c)
+    folds = Folds(m, n, planes, encoding, alpha, beta, c)
     # the chunk's planes m np_ apart, each C-contiguous (a ragged last chunk too)
     g = g[: folds.planes * m * np_].reshape(folds.planes, m, np_)
     for j, (l0, group) in enumerate(folds.groups):
@@ -684,7 +440,7 @@ class PanelSums:
         _, self.count = ozaki.choose(scheme.bits, scheme.moduli, k)
         self.m, self.n, self.k, self.backend, self.planes = m, n, k, backend, scheme.planes
         self.np_ = -(-n // 4) * 4
-        self.constants = _constants(self.count)
+        self.constants = moduli_constants(self.count)
         self.sums = cupy.empty((self.count, m, self.np_), dtype=cupy.int32)
         self.e, self.f = exponents
         self.seen = 0
@@ -702,8 +458,8 @@ class PanelSums:
         kp = -(-width // 4) * 4
         bt = cupy.empty((self.n, width), dtype=cupy.float64)
         self.backend.transpose(b, bt)
-        a8 = _residues(a, self.e, self.count, self.m, kp, self.constants)
-        b8 = _residues(bt, self.f, self.count, self.np_, kp, self.constants)
+        a8 = residue_planes(a, self.e, self.count, self.m, kp, self.constants)
+        b8 = residue_planes(bt, self.f, self.count, self.np_, kp, self.constants)
         for p in range(self.count):
             self.backend.int8_gemm_tn(a8[p], b8[p], self.sums[p], accumulate=self.started)
         self.started = True
@@ -718,7 +474,7 @@ class PanelSums:
             return
         if not self.started:  # K = 0: the product is zero
             self.sums.fill(0)
-        folds = _Folds(m, n, self.planes, _Encoding(count, self.constants, self.e, self.f),
+        folds = Folds(m, n, self.planes, Encoding(count, self.constants, self.e, self.f),
                        alpha, beta, c)
         for j, (l0, _) in enumerate(folds.groups):  # the planes lie in the sums already
             folds.fold(j, self.sums[l0:])
@@ -768,4 +524,4 @@ def _complex(alpha, a, b, c, beta, backend, scheme: Scheme) -> None:
     gemm(-1.0, ai, bi, real, 1.0, backend=backend, scheme=scheme)
     gemm(1.0, ar, bi, imag, 0.0, backend=backend, scheme=scheme)
     gemm(1.0, ai, br, imag, 1.0, backend=backend, scheme=scheme)
-    _kernel("combine")(real, imag, complex(alpha), complex(beta), c)
+    kernel("combine")(real, imag, complex(alpha), complex(beta), c)

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from helpers import data_warnings, gemm_scaled_error, random_array, spy_out_of_core
-from summa.api import files as files_module
-from summa.api.files import CheckFailed, check_is_cheap, multiply_files
+from summa.api import fileplan, files as files_module
+from summa.api.fileplan import check_is_cheap
+from summa.api.files import CheckFailed, multiply_files
 from summa.host import npyio
 from summa.host.npyio import npy_bytes
 from summa.planning import memory as memory_module
@@ -410,7 +411,7 @@ def test_wall_line_never_shows_a_negative_or_tiny_rest(wall, shown):
 
 def test_multiply_streams_files_through_gpus_by_default_where_it_can():
     from summa.host.npyio import NpyHeader
-    from summa.api.files import streams_by_default
+    from summa.api.fileplan import streams_by_default
     f64 = np.dtype("float64")
     c_order = NpyHeader("A.npy", (10, 10), f64, False, 128)
     fortran = NpyHeader("B.npy", (10, 10), f64, True, 128)
@@ -474,13 +475,12 @@ def test_the_inputs_are_read_ahead_and_no_reader_outlives_the_call(comm, rng, fo
     import time
 
     from summa.host import filemaps
-    from summa.api import files as files_module
     from summa.distribution.grid import node_rank
     pa = save(comm, folder, "A.npy", random_array(rng, (300, 200), "float64"))
     pb = save(comm, folder, "B.npy", random_array(rng, (200, 100), "float64"))
     asked = []
     real = filemaps.read_ahead
-    monkeypatch.setattr(files_module, "read_ahead",
+    monkeypatch.setattr(fileplan, "read_ahead",
                         lambda path, first, last: asked.append((path, first, last)) or
                         real(path, first, last))
     monkeypatch.setattr(filemaps, "PREFETCH_CHUNK", 4096)
@@ -522,8 +522,9 @@ def _no_work(monkeypatch) -> list:
             done.append(name)
             raise AssertionError(f"{name} reached")
         return noted
-    for name in ("read_ahead", "get_backend", "_read_files", "AtomicNpyWriter"):
-        monkeypatch.setattr(files_module, name, step(name))
+    for module, name in ((fileplan, "read_ahead"), (fileplan, "get_backend"),
+                         (files_module, "_read_files"), (files_module, "AtomicNpyWriter")):
+        monkeypatch.setattr(module, name, step(name))
     return done
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from summa import cli
-from summa.api import files as files_module
+from summa.api import fileplan, files as files_module
 from summa.planning import arrays as planning_arrays
 from summa.cli import bench
 from summa.planning.least import check_least_budget, least_budget
@@ -63,7 +63,7 @@ def test_matmul_refuses_a_one_byte_budget_before_the_backend_starts(monkeypatch)
 def test_multiply_refuses_a_one_byte_budget_before_the_backend_starts(comm, folder, monkeypatch):
     pa, pb = save(comm, folder, "A.npy", np.ones((40, 30))), save(comm, folder, "B.npy",
                                                                   np.ones((30, 20)))
-    monkeypatch.setattr(files_module, "get_backend", _no_backend)
+    monkeypatch.setattr(fileplan, "get_backend", _no_backend)
     with pytest.raises(ValueError, match="a device budget of 1 byte is too small for any"):
         files_module.multiply_files(pa, pb, str(folder / "C.npy"), comm, quiet=True,
                                     device_memory="1B")

@@ -13,14 +13,14 @@ import pytest
 
 import fake_cupy_kernels
 from helpers import gemm_scaled_error
-from summa.precision import ozaki
+from summa.precision import kernels, ozaki
 
 
 @pytest.fixture
 def ozaki_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())
     from summa.precision import ozaki_gpu
-    monkeypatch.setattr(ozaki_gpu, "_kernels", {})
+    monkeypatch.setattr(kernels, "cache", {})
     return ozaki_gpu
 
 
@@ -36,10 +36,10 @@ def test_every_grouping_of_the_folds_gives_the_cpu_product(rng, ozaki_gpu, plane
     ozaki_gpu.gemm(1.0, a, b, c, backend=backend, scheme=ozaki_gpu.Scheme(planes=int(planes)))
     count = ozaki.default_moduli(ozaki.BITS, 61)
     assert backend.gemms == count and _close(c, ozaki.gemm_int8(a, b))
-    launches = {name: ozaki_gpu._kernels[name].launches if name in ozaki_gpu._kernels else 0
+    launches = {name: kernels.cache[name].launches if name in kernels.cache else 0
                 for name in ("fold", "fold_finish")}
     # the last fold ends the product (no finish pass): one of them per product
-    assert launches["fold_finish"] == 1 and "finish" not in ozaki_gpu._kernels
+    assert launches["fold_finish"] == 1 and "finish" not in kernels.cache
     assert sum(launches.values()) == -(-count // min(int(planes), count))
 
 
@@ -52,7 +52,7 @@ def test_a_product_into_columns_apart_ends_in_the_finish_pass(rng, ozaki_gpu, pl
     ozaki_gpu.gemm(2.0, a, b, whole, beta=-1.0, backend=backend,
                    scheme=ozaki_gpu.Scheme(planes=int(planes)))
     assert _close(whole, 2.0 * ozaki.gemm_int8(a, b) - c0)
-    assert "fold_finish" not in ozaki_gpu._kernels and "finish" in ozaki_gpu._kernels
+    assert "fold_finish" not in kernels.cache and "finish" in kernels.cache
 
 
 def test_alpha_beta_views_and_k_in_pieces(rng, ozaki_gpu, monkeypatch):
@@ -120,7 +120,7 @@ def test_a_scheme_reaches_each_real_product_of_a_complex_one_in_k_pieces(rng, oz
                    scheme=ozaki_gpu.Scheme(bits=30, moduli=10, planes=3))
     products = 4 * 3  # four real products, three pieces of K each
     assert backend.gemms == products * 10
-    launches = sum(ozaki_gpu._kernels[name].launches for name in ("fold", "fold_finish"))
+    launches = sum(kernels.cache[name].launches for name in ("fold", "fold_finish"))
     assert launches == products * -(-10 // 3)
     assert np.all(np.abs(c - 2 * ozaki.gemm_int8(a, b, bits=30, moduli=10)) <= 1e-14)
 
@@ -132,7 +132,7 @@ def test_row_strips_inside_same_b_make_b_once_and_give_the_whole_product(rng, oz
     a, b = rng.uniform(-1, 1, (48, 40)), rng.standard_normal((40, 21))
     whole = np.empty((48, 21))
     ozaki_gpu.gemm(1.0, a, b, whole, backend=backend)
-    residues = ozaki_gpu._kernels["residues"]
+    residues = kernels.cache["residues"]
     before = residues.launches
     strips = np.empty((48, 21))
     with ozaki_gpu.same_b():
@@ -214,7 +214,7 @@ def test_panel_sums_fold_once_and_are_the_whole_product(rng, ozaki_gpu, widths):
     sums.finish(2.0, c, beta=-0.5)
     want = ozaki.gemm_int8(a, b)
     assert gemm_scaled_error(want, a, b) <= 1 and _close(c, 2.0 * want - 0.5 * c0)
-    folds = sum(ozaki_gpu._kernels[name].launches for name in ("fold", "fold_finish"))
+    folds = sum(kernels.cache[name].launches for name in ("fold", "fold_finish"))
     assert folds == -(-sums.count // ozaki_gpu.PLANES)
     assert backend.gemms == sums.count * sum(1 for w in widths if w)
 
@@ -390,7 +390,7 @@ def test_rows_in_chunks_are_the_whole_product_bit_for_bit(rng, ozaki_gpu, rows):
     whole = rng.uniform(-1, 1, (m, n + 5))[:, :n]  # rows with a pitch
     whole[...] = c0
     ozaki_gpu.gemm(1.5, a, b, whole, beta=-0.5, backend=backend)
-    before = {name: kernel.launches for name, kernel in ozaki_gpu._kernels.items()
+    before = {name: kernel.launches for name, kernel in kernels.cache.items()
               if hasattr(kernel, "launches")}
     gemms = backend.gemms
     c = np.zeros((m, n + 7))[:, :n]
@@ -402,7 +402,7 @@ def test_rows_in_chunks_are_the_whole_product_bit_for_bit(rng, ozaki_gpu, rows):
     chunks = -(-m // min(rows, m))
     assert backend.gemms - gemms == chunks * ozaki.default_moduli(ozaki.BITS, k)
     launched = {name: kernel.launches - before.get(name, 0)
-                for name, kernel in ozaki_gpu._kernels.items() if hasattr(kernel, "launches")}
+                for name, kernel in kernels.cache.items() if hasattr(kernel, "launches")}
     assert launched["residues"] == 1 + chunks and launched["fold_finish"] == chunks
 
 
