@@ -27,7 +27,7 @@ from ..device.hostrows import copyable_rows
 from ..runtime.cleanup import finalize
 
 __all__ = ["register", "find", "view_span", "FileRows", "prefetch", "read_ahead", "write_out",
-           "libc_call", "available_memory"]
+           "libc_call", "available_memory", "meminfo_available"]
 
 # Reentrant, and the maps looked through as a copy: a map's finalizer
 # (:func:`_forget`) runs wherever the garbage collector happens to, also in
@@ -334,8 +334,9 @@ def _read_ahead(path: str, first: int, last: int, resident, threads: int,
     os.close(fd)
 
 
-def available_memory() -> int:
-    """The memory the system can give without swapping (MemAvailable)."""
+def meminfo_available() -> int | None:
+    """The memory the system can give without swapping, in bytes
+    (/proc/meminfo's MemAvailable); None where the system does not say."""
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
@@ -343,7 +344,13 @@ def available_memory() -> int:
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return 0
+    return None
+
+
+def available_memory() -> int:
+    """:func:`meminfo_available`, 0 where the system does not say (no room
+    to read ahead into, nor to convert in)."""
+    return meminfo_available() or 0
 
 
 def _file_resident(path: str, first: int, last: int):

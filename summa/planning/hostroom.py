@@ -18,21 +18,15 @@ import numpy as np
 
 from ..distribution.topology import topology_of
 from .units import format_bytes
+from ..host.filemaps import meminfo_available
 
 __all__ = ["available_host_memory", "check_host_room", "own_host_bytes"]
 
 
 def available_host_memory() -> int | None:
-    """The memory this machine can give without swapping, in bytes
-    (/proc/meminfo's MemAvailable); None where the system does not say."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    """The memory this machine can give without swapping, in bytes; None
+    where the system does not say (:func:`summa.host.filemaps.meminfo_available`)."""
+    return meminfo_available()
 
 
 def own_host_bytes(plan, mapped: tuple = (False, False, False)) -> int:

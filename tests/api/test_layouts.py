@@ -368,8 +368,8 @@ def test_fp64_int8_reads_operands_stored_by_columns_as_they_lie(rng, monkeypatch
     transpose is read where it lies, not transposed again."""
     import fake_cupy_kernels
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())
-    from summa.precision import ozaki_gpu
-    monkeypatch.setattr(ozaki_gpu, "_kernels", {})
+    from summa.precision import kernels, ozaki_gpu
+    monkeypatch.setattr(kernels, "cache", {})
     backend = fake_cupy_kernels.Backend()
     a, b = rng.uniform(-1, 1, (37, 61)), rng.standard_normal((61, 23))
     want = np.empty((37, 23))

@@ -919,9 +919,9 @@ def _fp64_int8_sweep(rng, monkeypatch, device_memory: int) -> tuple:
     from mpi4py import MPI
     from summa.execution import outofcore, sweep
     from summa.planning.planner import Machine, make_plan
-    from summa.precision import ozaki_gpu
+    from summa.precision import kernels, ozaki_gpu
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())
-    monkeypatch.setattr(ozaki_gpu, "_kernels", {})
+    monkeypatch.setattr(kernels, "cache", {})
     monkeypatch.setattr(outofcore, "CudaMover",
                         lambda device, dtype, copies, threads: movers.HostMover(device, dtype))
     m, n, k = 120, 40, 96
