@@ -199,7 +199,7 @@ def read_ahead_inputs(headers, comm, local: int, size: int) -> list:
         return []  # several nodes: each reads only its blocks, when it maps them
     stops = []
     for header in (headers["A"], headers["B"]):
-        nbytes = int(np.prod(header.shape)) * header.dtype.itemsize
+        nbytes = header.nbytes
         first = header.offset + nbytes * local // size
         last = header.offset + nbytes * (local + 1) // size
         stop = read_ahead(header.path, first, last)

@@ -301,8 +301,7 @@ def _multiply_files(run: _FilesRun, operands) -> SummaStats:
     # (summa.host.filemaps): where the page cache did not hold the files,
     # 8 MiB past a streamed plan in the GPU suite's NumPy runs
     # (one read-ahead at a time: the largest input's bounds them all)
-    reading = prefetch_scratch(max(int(np.prod(h.shape)) * h.dtype.itemsize
-                                   for h in (job.headers["A"], job.headers["B"])))
+    reading = prefetch_scratch(max(job.headers["A"].nbytes, job.headers["B"].nbytes))
 
     def multiply():
         with Account.of(plan, be, "the multiply", holding, reading).drawing(comm) as account:

@@ -51,6 +51,11 @@ class NpyHeader:
     fortran_order: bool
     offset: int
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the array's data in the file."""
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
 
 def _read_header_local(path: str) -> NpyHeader:
     if not os.path.exists(path):
