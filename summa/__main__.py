@@ -183,12 +183,8 @@ def _failed(world, ctl, exc: Exception) -> int:
 
 def _abort(world, message: str, status: int) -> None:
     """Say `message` from this rank, then end every rank of the job."""
-    from .runtime.cleanup import mapped_segments, remove_segments, remove_temporary_files
-    print(f"summa: rank {world.Get_rank()}: {message}", file=sys.stderr, flush=True)
-    remove_temporary_files()  # an output being written in place goes with the job
-    remove_segments(mapped_segments())  # MPI_Abort leaves MPI's own in /dev/shm
-    time.sleep(0.5)  # let the launcher forward the message before it tears the job down
-    world.Abort(status)
+    from .runtime.cleanup import end_job
+    end_job(world, f"summa: rank {world.Get_rank()}: {message}", status)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-import time
 import tracemalloc
 
 from ..runtime import cleanup
@@ -115,19 +114,8 @@ def _alone_or_ended(comm=None):
     except MemoryError as exc:
         if comm is None or comm.Get_size() == 1:
             raise
-        _end_job(f"summa: rank {comm.Get_rank()}: {exc} (the other ranks were mid-multiply: "
-                 "aborting the job)", comm)
-
-
-def _end_job(message: str, comm) -> None:
-    """Say `message`, remove the job's temporary outputs and MPI's shared
-    memory, and end every rank of `comm`'s job (as ``summa``'s own command
-    line does)."""
-    print(message, file=sys.stderr, flush=True)
-    cleanup.remove_temporary_files()  # an output being written in place goes with the job
-    cleanup.remove_segments(cleanup.mapped_segments())  # MPI_Abort leaves MPI's own
-    time.sleep(0.5)  # for the launcher to forward the message before it ends the job
-    comm.Abort(1)
+        cleanup.end_job(comm, f"summa: rank {comm.Get_rank()}: {exc} (the other ranks were "
+                        "mid-multiply: aborting the job)", 1)
 
 
 def _gib(nbytes: int) -> str:

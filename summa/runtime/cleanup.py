@@ -21,13 +21,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import weakref
 
 __all__ = ["temporary_files", "new_temporary_file", "remove_temporary_files",
            "MPI_SEGMENT_PREFIXES", "mapped_segments", "held_segments", "note_segments",
            "clean_up_after_death", "remove_segments",
            "cuda_ipc_files", "descendants",
-           "remove_cuda_ipc_files_at_exit", "hard_exit", "process_alive", "finalize",
+           "remove_cuda_ipc_files_at_exit", "hard_exit", "end_job", "process_alive", "finalize",
            "raises_ctrl_c"]
 
 #: Paths this process removes where it ends abruptly (:func:`hard_exit`):
@@ -254,6 +255,19 @@ def hard_exit(status: int) -> None:
     remove_segments(cuda_ipc_files())
     remove_temporary_files()
     os._exit(status)
+
+
+def end_job(comm, message: str, status: int) -> None:
+    """Say `message` on stderr, remove the job's temporary outputs (an
+    output being written in place goes with the job) and MPI's shared
+    memory (``MPI_Abort`` leaves it in /dev/shm), then end every rank of
+    `comm`'s job (``MPI_Abort``), the launcher given a moment to forward the
+    message first."""
+    print(message, file=sys.stderr, flush=True)
+    remove_temporary_files()
+    remove_segments(mapped_segments())
+    time.sleep(0.5)
+    comm.Abort(status)
 
 
 def process_alive(pid: int) -> bool:
