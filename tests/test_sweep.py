@@ -1,6 +1,6 @@
 """The randomized correctness sweep (tests/sweep.py) on this run's ranks.
 
-``SUMMA_SWEEP_CASES`` (default 150) cases per run, shapes up to
+``SUMMA_SWEEP_CASES`` (default 150 on 1-2 ranks, 300 / ranks on more) cases per run, shapes up to
 ``SUMMA_SWEEP_LARGEST`` (default 300 on CPU, 3000 on GPUs); the seed is drawn
 fresh (``SUMMA_SWEEP_SEED`` replays one) and printed with every failure. On 4
 and 6 ranks a tenth as many cases run again for each of 1 (this machine), 2
@@ -17,6 +17,10 @@ import pytest
 
 from sweep import KNOWN_FAILURES, Grids, draw_case, known_failure, run_case
 
+#: Each test's subject is the process grid's shape: ./run test runs them on every
+#: rank count (the others on a few: pyproject.toml's markers).
+pytestmark = pytest.mark.grid
+
 
 def checked(case: dict, grids: Grids, backend, replay: str = "") -> float:
     """:func:`sweep.run_case`, its exception (raised alike on every rank:
@@ -29,9 +33,16 @@ def checked(case: dict, grids: Grids, backend, replay: str = "") -> float:
                              + (f" ({replay})" if replay else "")) from exc
 
 
+def default_cases(size: int) -> int:
+    """150 cases on 1 and 2 ranks, fewer on more (100 on 3, 50 on 6): each
+    rank of a case costs about the same CPU time, and a 2-core CI machine
+    ran 6 ranks' 150 for 49 s. Every run draws fresh cases."""
+    return min(150, 300 // size)
+
+
 def _settings(comm, backend) -> tuple[int, int, int]:
     """Cases, the largest dimension and the seed (the same on every rank)."""
-    cases = int(os.environ.get("SUMMA_SWEEP_CASES", "150"))
+    cases = int(os.environ.get("SUMMA_SWEEP_CASES", default_cases(comm.Get_size())))
     largest = int(os.environ.get("SUMMA_SWEEP_LARGEST",
                                  "3000" if backend.name == "cupy" else "300"))
     seed = os.environ.get("SUMMA_SWEEP_SEED")

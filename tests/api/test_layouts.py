@@ -19,6 +19,10 @@ import summa
 from helpers import gemm_scaled_error, random_array, spy_out_of_core
 from summa.host.storage import as_rows, copyable_rows, storage_of
 
+#: Each test's subject is the process grid's shape: ./run test runs them on every
+#: rank count (the others on a few: pyproject.toml's markers).
+pytestmark = pytest.mark.grid
+
 #: How an operand may be handed over (see :func:`operand`).
 LAYOUTS = ["C", "F", "T view", "op T", "op H", "op H of F", "strided", "reversed",
            "strided op T", "read-only F", "column of one"]

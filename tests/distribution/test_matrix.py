@@ -9,6 +9,10 @@ from summa.distribution.grid import ProcessGrid
 from summa.device.backend import NumpyBackend
 from summa.distribution.matrix import DistMatrix
 
+#: Each test's subject is the process grid's shape: ./run test runs them on every
+#: rank count (the others on a few: pyproject.toml's markers).
+pytestmark = pytest.mark.grid
+
 SHAPES = [(1, 1), (2, 3), (7, 5), (31, 17), (64, 64)]
 LAYOUTS = [None, (2, 3), (1, 1)]
 GRIDS = ["auto", "row", "col"]

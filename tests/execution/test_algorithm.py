@@ -14,6 +14,10 @@ from summa.distribution.layout import panel_schedule
 from summa.distribution.matrix import DistMatrix
 from summa.planning.schedule import fetched
 
+#: Each test's subject is the process grid's shape: ./run test runs them on every
+#: rank count (the others on a few: pyproject.toml's markers).
+pytestmark = pytest.mark.grid
+
 GRIDS = ["auto", "row", "col"]
 # (M, N, K): square, uneven, primes, smaller than any grid, K = 1, empty-ish
 SHAPES = [(24, 24, 24), (37, 23, 41), (13, 7, 29), (2, 3, 1), (1, 1, 5), (5, 1, 2), (61, 2, 3)]

@@ -19,6 +19,10 @@ from summa.execution import movers
 from summa.execution.outofcore import summa_out_of_core
 from summa.planning.memory import Execution, check_memory, memory_plan, parse_bytes
 
+#: Each test's subject is the process grid's shape: ./run test runs them on every
+#: rank count (the others on a few: pyproject.toml's markers).
+pytestmark = pytest.mark.grid
+
 
 def _held(grid, a, b) -> tuple:
     """``(A, B, C)``: `a` and `b` and a zero C of their product's shape and

@@ -16,6 +16,10 @@ from summa.planning.memory import Execution, memory_plan
 from summa.execution.strips import strip_bounds
 from summa.planning.checks import check_schedule
 
+#: Each test's subject is the process grid's shape: ./run test runs them on every
+#: rank count (the others on a few: pyproject.toml's markers).
+pytestmark = pytest.mark.grid
+
 
 def test_strip_bounds_cover_the_columns_once():
     for n, width, head in [(10, 3, 1), (10, 3, 4), (7, 100, 4), (1, 1, 4), (0, 4, 4),

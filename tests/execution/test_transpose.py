@@ -19,6 +19,10 @@ from summa.planning.memory import Execution, memory_plan
 from summa.execution.transpose import PanelsOfA
 from summa.planning.tuning import transposes_a
 
+#: Each test's subject is the process grid's shape: ./run test runs them on every
+#: rank count (the others on a few: pyproject.toml's markers).
+pytestmark = pytest.mark.grid
+
 
 def test_operands_are_read_in_place_row_or_column_major():
     x = np.arange(60.0).reshape(6, 10)

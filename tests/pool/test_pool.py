@@ -265,7 +265,9 @@ def _caller(tmp_path, how: str):
     says "calling" once the pool is up."""
     script = tmp_path / "caller.py"
     script.write_text(_CALLER)
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(summa.__file__)))
+    # (faulthandler: a crash of the caller says where, on the test's stderr)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(summa.__file__)),
+               PYTHONFAULTHANDLER="1")
     env.pop("SUMMA_INJECT_FAULT", None)
     proc = subprocess.Popen([sys.executable, str(script), how], stdout=subprocess.PIPE,
                             text=True, env=env)
@@ -286,7 +288,7 @@ def test_ctrl_c_raises_keyboard_interrupt_at_once_and_leaves_nothing(tmp_path, h
         line, took = interrupt(proc)
     finally:
         proc.kill()
-    assert line == "interrupted True" and took < 5, (line, took)
+    assert line == "interrupted True" and took < 5, (line, took, proc.returncode)
     assert wait_gone(job, 5) == [] and existing(held) == []
 
 
