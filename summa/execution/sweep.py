@@ -280,7 +280,8 @@ def head_pieces(panels: list, overlaps: bool, first: int | None) -> list:
     faster than their uploads would wait between panels behind a narrow
     first one, but pieces of K cost fp64-int8 a fold each, the order none
     (fp64-int8 40960³ with the whole H200: 2.31-2.35 s narrowest first against
-    2.38-2.40 a full panel first, docs/benchmarks.md, "The matrix")."""
+    2.38-2.40 a full panel first, docs/benchmarks.md,
+    "Measurements behind the defaults")."""
     if not panels or not overlaps:
         return panels
     if first is None:

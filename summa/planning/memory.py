@@ -168,7 +168,8 @@ FP64_INT8_TAIL_SMALLEST = 2048
 #: it hides:
 #: ``benchmarks/fp64_int8_user_case.py --size 40960 --head-first N`` ran 2.30 s
 #: whole, 2.35 s in pieces of 8192 and 2.44 s of 4096 with the whole GPU, and
-#: 2.48-2.52 s either way under 24 GiB (docs/benchmarks.md, "The matrix").
+#: 2.48-2.52 s either way under 24 GiB (docs/benchmarks.md,
+#: "Measurements behind the defaults").
 FP64_INT8_HEAD_FIRST = None
 def _local_sizes(m, n, k, grid):
     pr, pc = grid
