@@ -24,6 +24,7 @@ from ..host.npyio import (NpyError, check_output_path, check_output_room, mapped
 from ..device.traits import traits
 from ..planning.plan import Machine
 from ..planning.planner import make_plan, restore
+from ..planning.request import PlanRequest
 
 __all__ = ["FilesJob", "Timeline", "check_is_cheap", "check_files", "plan_files",
            "read_ahead_inputs", "streams_by_default", "streamable", "maps_files"]
@@ -179,11 +180,12 @@ def plan_files(job: FilesJob, comm, local: int, timeline: Timeline) -> tuple:
                                                   compute, job.block, job.schedule):
         out_of_core = True  # streamed: reading, multiplying and writing overlap
     # bad input: one message, before any warning
-    plan = make_plan((m, n, k), compute, Machine.live(comm, be), grid=job.grid, trans_a=trans_a,
-                     trans_b=trans_b, out_of_core=out_of_core, device_memory=job.device_memory,
-                     panel_width=job.panel_width, lookahead=job.lookahead,
-                     schedule=job.schedule, precision=job.precision,
-                     broadcaster=job.broadcaster)
+    plan = make_plan((m, n, k), compute, Machine.live(comm, be),
+                     PlanRequest(grid=job.grid, trans_a=trans_a, trans_b=trans_b,
+                                 out_of_core=out_of_core, device_memory=job.device_memory,
+                                 panel_width=job.panel_width, lookahead=job.lookahead,
+                                 schedule=job.schedule, precision=job.precision,
+                                 broadcaster=job.broadcaster))
     if plan.device_budget is not None:  # streamed: cut as the mapped blocks lie
         plan = restore(plan, _mapped_storage(job, compute))
     record["plan"] = plan.as_dict()

@@ -19,7 +19,8 @@ from ..runtime.mpi import MPI
 from ..runtime.agree import Failure
 from .. import options as settings
 from .. import pool
-from ..planning.arrays import HeldArrays, PlanRequest, plan_held
+from ..planning.arrays import HeldArrays, plan_held
+from ..planning.request import PlanRequest
 from ..planning.checks import is_array
 from .operands import describe, unconjugated
 from .promotion import common_type, promoted

@@ -13,6 +13,7 @@ from summa.cli import bench
 from summa.planning.least import check_least_budget, least_budget
 from summa.planning.plan import Machine
 from summa.planning.planner import make_plan
+from summa.planning.request import PlanRequest
 from test_multiply import save
 
 
@@ -23,8 +24,8 @@ def test_the_floor_never_refuses_a_budget_the_planner_plans(backend, shape, widt
     planned = 0
     for budget in sorted({int(1.5 ** e) for e in range(50)}):
         try:
-            make_plan(shape, "float64", Machine(backend), out_of_core=True,
-                      device_memory=budget, panel_width=width)
+            make_plan(shape, "float64", Machine(backend),
+                      PlanRequest(out_of_core=True, device_memory=budget, panel_width=width))
         except ValueError:
             continue
         planned += 1
