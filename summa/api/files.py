@@ -167,8 +167,7 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
     job = check_files(FilesJob(a_path, b_path, c_path, out_path, alpha=alpha, beta=beta,
                                dtype=dtype, block=block, backend=backend, check=check,
                                request=request), comm)
-    check_least_budget(job.shape, job.compute.itemsize, device_memory, panel_width, out_of_core,
-                       schedule)  # (before CUDA starts)
+    check_least_budget(job.shape, job.compute.itemsize, request)  # (before CUDA starts)
     # The disk starts on the inputs while CUDA starts and the multiply plans.
     local, on_node = node_rank(comm)
     ahead = read_ahead_inputs(job.headers, comm, local, on_node)

@@ -270,5 +270,4 @@ def _check_budget(given, request: PlanRequest) -> None:
     arrays = [x.array for x in (given.a, given.b)]
     k = min(min(x.shape, default=0) for x in arrays)
     item = 8 if given.kept_integers else min(x.dtype.itemsize for x in arrays)  # (float64)
-    check_least_budget((k, k, k), item, request.device_memory,
-                       request.panel_width, request.out_of_core, request.schedule)
+    check_least_budget((k, k, k), item, request)

@@ -205,7 +205,8 @@ def _check_budget(args) -> None:
         return  # the backend names a dtype it does not take
     try:
         check_least_budget(_shape(args, min(DEFAULT_SIZE_CPU, DEFAULT_SIZE_GPU)), itemsize,
-                           args.device_memory, args.nb, args.out_of_core, _schedule(args))
+                           PlanRequest(device_memory=args.device_memory, panel_width=args.nb,
+                                       out_of_core=args.out_of_core, schedule=_schedule(args)))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
