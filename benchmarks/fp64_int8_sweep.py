@@ -64,10 +64,12 @@ def main() -> int:
     from mpi4py import MPI
     from summa.device.backend import get_backend
     from summa.planning.planner import Machine, make_plan
+    from summa.planning.request import PlanRequest
     from summa.precision import ozaki_gpu
     backend, n = get_backend("cupy"), args.size
-    plan = make_plan((n, n, n), "float64", Machine.live(MPI.COMM_SELF, backend), host_held=True,
-                     precision="fp64-int8", device_memory=args.device_memory)
+    plan = make_plan((n, n, n), "float64", Machine.live(MPI.COMM_SELF, backend),
+                     PlanRequest(precision="fp64-int8", device_memory=args.device_memory),
+                     host_held=True)
     memory, width = plan.memory, plan.panel_width
     print(f"plan: tiles {tuple(memory.tiles)}, panels {width} wide, rows a product "
           f"{memory.int8_rows or 'all'}, {memory.int8_planes} products a fold, "

@@ -24,6 +24,7 @@ from ..host.npyio import (NpyError, check_output_path, check_output_room, mapped
 from ..device.traits import traits
 from ..planning.plan import Machine
 from ..planning.planner import make_plan, restore
+from ..planning.request import PlanRequest
 
 __all__ = ["FilesJob", "Timeline", "check_is_cheap", "check_files", "plan_files",
            "read_ahead_inputs", "streams_by_default", "streamable", "maps_files"]
@@ -72,12 +73,16 @@ class FilesJob:
     (:func:`check_files`, before a byte of data is read) the files' headers,
     the product's shape, the compute dtype and the output path to write.
 
-    The fields up to `schedule` are :func:`multiply_files`' arguments
-    (`trans`: ``(trans_a, trans_b)``; `check` and `out_of_core` stay None
-    where the call left them to summa until the plan settles them).
+    The fields up to `request` are :func:`multiply_files`' arguments, the
+    options of the product in `request` (`check`, and the request's
+    `out_of_core`, stay None where the call left them to summa until the
+    plan settles them).
 
     Attributes
     ----------
+    request : summa.planning.request.PlanRequest
+        The product's options as the call asked them (once checked, its
+        ops upper-case; once planned, its `out_of_core` settled).
     headers : dict
         ``"A"``, ``"B"``, ``"C0"`` (None where there is none): the files'
         :class:`summa.host.npyio.NpyHeader`.
@@ -95,23 +100,20 @@ class FilesJob:
     out_path: str
     alpha: object = 1.0
     beta: object = 0.0
-    trans: tuple = ("N", "N")
     dtype: object = None
-    grid: object = None
     block: tuple | None = None
-    panel_width: object = None
-    lookahead: int = 1
     backend: str = "auto"
-    broadcaster: str = "auto"
-    precision: str | None = None
     check: bool | None = None
-    out_of_core: bool | None = None
-    device_memory: object = None
-    schedule: str = "panels"
+    request: PlanRequest = PlanRequest()
     headers: dict | None = None
     shape: tuple | None = None
     compute: np.dtype | None = None
     out: str | None = None
+
+    @property
+    def trans(self) -> tuple:
+        """``(trans_a, trans_b)`` of the request."""
+        return self.request.trans_a, self.request.trans_b
 
 
 class Timeline:
@@ -155,8 +157,8 @@ def check_files(job: FilesJob, comm) -> FilesJob:
     out = check_output_path(job.out_path, [a_path, b_path, c_path], comm)
     # a full disk found now, not after the whole multiply
     check_output_room(out, (m, n), compute, comm)
-    return replace(job, trans=(trans_a, trans_b), headers=headers, shape=(m, n, k),
-                   compute=compute, out=out)
+    return replace(job, request=replace(job.request, trans_a=trans_a, trans_b=trans_b),
+                   headers=headers, shape=(m, n, k), compute=compute, out=out)
 
 
 def plan_files(job: FilesJob, comm, local: int, timeline: Timeline) -> tuple:
@@ -174,20 +176,17 @@ def plan_files(job: FilesJob, comm, local: int, timeline: Timeline) -> tuple:
               "alpha": job.alpha, "beta": job.beta, "backend": be.name,
               "timeline": timeline.steps}
     timeline.mark("headers, devices")
-    out_of_core = job.out_of_core
-    if out_of_core is None and streams_by_default(be.name, job.headers, trans_a, trans_b,
-                                                  compute, job.block, job.schedule):
-        out_of_core = True  # streamed: reading, multiplying and writing overlap
+    request = job.request
+    if request.out_of_core is None and streams_by_default(
+            be.name, job.headers, trans_a, trans_b, compute, job.block, request.schedule):
+        # streamed: reading, multiplying and writing overlap
+        request = replace(request, out_of_core=True)
     # bad input: one message, before any warning
-    plan = make_plan((m, n, k), compute, Machine.live(comm, be), grid=job.grid, trans_a=trans_a,
-                     trans_b=trans_b, out_of_core=out_of_core, device_memory=job.device_memory,
-                     panel_width=job.panel_width, lookahead=job.lookahead,
-                     schedule=job.schedule, precision=job.precision,
-                     broadcaster=job.broadcaster)
+    plan = make_plan((m, n, k), compute, Machine.live(comm, be), request)
     if plan.device_budget is not None:  # streamed: cut as the mapped blocks lie
         plan = restore(plan, _mapped_storage(job, compute))
     record["plan"] = plan.as_dict()
-    return replace(job, compute=compute, check=check, out_of_core=out_of_core), be, plan, record
+    return replace(job, compute=compute, check=check, request=request), be, plan, record
 
 
 def read_ahead_inputs(headers, comm, local: int, size: int) -> list:

@@ -39,6 +39,7 @@ from ..execution.outofcore import SweepOperands, prepared_sweep, run_out_of_core
 from ..planning.model import gemm_flops
 from ..planning.hostroom import check_host_room, own_host_bytes
 from ..planning.least import check_least_budget
+from ..planning.request import PlanRequest
 from .verify import freivalds
 from ..execution.jobprogress import block_share, job_progress, multiply_phase, phase_predictions
 from ..runtime.watchdog import watch
@@ -159,13 +160,14 @@ def multiply_files(a_path, b_path, out_path, comm: MPI.Comm | None = None, *, al
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     timeline = Timeline()
-    job = check_files(FilesJob(
-        a_path, b_path, c_path, out_path, alpha=alpha, beta=beta, trans=(trans_a, trans_b),
-        dtype=dtype, grid=grid, block=block, panel_width=panel_width, lookahead=lookahead,
-        backend=backend, broadcaster=broadcaster, precision=precision, check=check,
-        out_of_core=out_of_core, device_memory=device_memory, schedule=schedule), comm)
-    check_least_budget(job.shape, job.compute.itemsize, device_memory, panel_width, out_of_core,
-                       schedule)  # (before CUDA starts)
+    request = PlanRequest(grid=grid, out_of_core=out_of_core, device_memory=device_memory,
+                          trans_a=trans_a, trans_b=trans_b, panel_width=panel_width,
+                          lookahead=lookahead, schedule=schedule, precision=precision,
+                          broadcaster=broadcaster)
+    job = check_files(FilesJob(a_path, b_path, c_path, out_path, alpha=alpha, beta=beta,
+                               dtype=dtype, block=block, backend=backend, check=check,
+                               request=request), comm)
+    check_least_budget(job.shape, job.compute.itemsize, request)  # (before CUDA starts)
     # The disk starts on the inputs while CUDA starts and the multiply plans.
     local, on_node = node_rank(comm)
     ahead = read_ahead_inputs(job.headers, comm, local, on_node)
@@ -367,7 +369,7 @@ def _check_product(run: _FilesRun, operands, C0) -> None:
     inject("check")
     residual, run.record["check_seconds"] = _timed(
         run.comm, "check", freivalds, *operands, alpha=job.alpha, beta=job.beta, C0=C0,
-        precision=job.precision, compute=run.backend)
+        precision=job.request.precision, compute=run.backend)
     run.record["check_residual"] = residual
     run.timeline.mark("check")
     if not residual <= 1:
@@ -438,10 +440,10 @@ def _warm_up(run: _FilesRun, operands) -> tuple:
     (:func:`summa.execution.outofcore.prepared_sweep`); in memory the plan
     and None."""
     A, B, C = operands
-    backend, dtype, precision = run.backend, run.job.compute, run.job.precision
+    backend, dtype, precision = run.backend, run.job.compute, run.job.request.precision
     made = (run.plan, None)
     if run.plan.device_budget is None:  # in memory
-        prepare(A, B, C, run.plan.panel_width, run.job.broadcaster, precision,
+        prepare(A, B, C, run.plan.panel_width, run.job.request.broadcaster, precision,
                 run.plan.scheme)
     else:
         made = prepared_sweep(run.plan, SweepOperands(A, B, C), backend)

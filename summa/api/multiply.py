@@ -35,7 +35,8 @@ from .nonfinite import nonfinite_notes
 from .stacks import Stack, multiply_stack, stacked
 from .stateful import Matmul
 from ..execution.jobprogress import library_reporting
-from ..planning.arrays import PlanRequest, plan_held
+from ..planning.arrays import plan_held
+from ..planning.request import PlanRequest
 from .planned import ArrayOperands, plan_arrays, pooled_size, run_planned, vector_result
 
 __all__ = ["matmul", "matmul_arrays", "host_matmul"]
@@ -369,10 +370,11 @@ def host_matmul(A: DistMatrix, B: DistMatrix, device, alpha=1.0, trans_a="N", tr
     m, k = opA.shape
     n = opB.shape[1]
     # (opA and opB come redistributed and conjugated: the plan's conj is False)
-    plan = make_plan((m, n, k), opA.dtype, Machine.live(grid.comm, device), grid=grid.shape,
-                     trans_a=ops[0], trans_b=ops[1], out_of_core=True,
-                     device_memory=device_memory, panel_width=panel_width, lookahead=lookahead,
-                     precision=precision, moduli=moduli, broadcaster=broadcaster)
+    plan = make_plan((m, n, k), opA.dtype, Machine.live(grid.comm, device),
+                     PlanRequest(grid=grid.shape, trans_a=ops[0], trans_b=ops[1],
+                                 out_of_core=True, device_memory=device_memory,
+                                 panel_width=panel_width, lookahead=lookahead,
+                                 precision=precision, broadcaster=broadcaster), moduli=moduli)
     layout = Layout.from_distributions(opA.layout.rows, opB.layout.cols)
     C = DistMatrix(grid, layout, np.empty(layout.local_shape(grid.row, grid.col), opA.dtype),
                    NumpyBackend())

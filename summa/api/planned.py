@@ -19,7 +19,8 @@ from ..runtime.mpi import MPI
 from ..runtime.agree import Failure
 from .. import options as settings
 from .. import pool
-from ..planning.arrays import HeldArrays, PlanRequest, plan_held
+from ..planning.arrays import HeldArrays, plan_held
+from ..planning.request import PlanRequest
 from ..planning.checks import is_array
 from .operands import describe, unconjugated
 from .promotion import common_type, promoted
@@ -269,5 +270,4 @@ def _check_budget(given, request: PlanRequest) -> None:
     arrays = [x.array for x in (given.a, given.b)]
     k = min(min(x.shape, default=0) for x in arrays)
     item = 8 if given.kept_integers else min(x.dtype.itemsize for x in arrays)  # (float64)
-    check_least_budget((k, k, k), item, request.device_memory,
-                       request.panel_width, request.out_of_core, request.schedule)
+    check_least_budget((k, k, k), item, request)

@@ -17,7 +17,7 @@ from ..runtime.mpi import MPI
 from ..execution.algorithm import SummaStats
 from ..execution.arrays import ArrayProduct
 from ..runtime.agree import Failure, from_root
-from ..planning.arrays import PlanRequest
+from ..planning.request import PlanRequest
 from ..planning.checks import check_arrays, precision_refusal
 from .planned import ArrayOperands, plan_arrays, pooled_size, run_planned, vector_result
 from .operands import kept_device

@@ -24,6 +24,7 @@ from ..execution.outofcore import SweepOperands, run_out_of_core
 from ..planning.model import gemm_flops
 from ..planning.plan import Machine
 from ..planning.planner import make_plan
+from ..planning.request import PlanRequest
 from ..planning.precision import moduli_for
 from ..planning.hostroom import check_host_room, own_host_bytes
 from ..planning.least import check_least_budget
@@ -204,7 +205,8 @@ def _check_budget(args) -> None:
         return  # the backend names a dtype it does not take
     try:
         check_least_budget(_shape(args, min(DEFAULT_SIZE_CPU, DEFAULT_SIZE_GPU)), itemsize,
-                           args.device_memory, args.nb, args.out_of_core, _schedule(args))
+                           PlanRequest(device_memory=args.device_memory, panel_width=args.nb,
+                                       out_of_core=args.out_of_core, schedule=_schedule(args)))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -215,10 +217,11 @@ def _plan_bench(job: BenchJob, comm: MPI.Comm, out) -> tuple:
     args = job.args
     try:
         # bad input: one message, before any warning
-        plan = make_plan(job.shape, job.dtype, Machine.live(comm, job.backend), grid=args.grid,
-                         out_of_core=args.out_of_core, device_memory=args.device_memory,
-                         panel_width=args.nb, lookahead=args.lookahead, schedule=job.schedule,
-                         precision=job.precision, broadcaster=args.comm,
+        plan = make_plan(job.shape, job.dtype, Machine.live(comm, job.backend),
+                         PlanRequest(grid=args.grid, out_of_core=args.out_of_core,
+                                     device_memory=args.device_memory, panel_width=args.nb,
+                                     lookahead=args.lookahead, schedule=job.schedule,
+                                     precision=job.precision, broadcaster=args.comm),
                          host_copies="lock")  # the same blocks every repetition: lock once
         check_host_room(own_host_bytes(plan), comm)  # before any matrix is made
         grid = ProcessGrid(comm, plan.grid)

@@ -12,6 +12,7 @@ from ..device.traits import traits
 from ..planning.checks import SCHEDULES
 from ..planning.profile import Profile
 from ..planning.planner import make_plan
+from ..planning.request import PlanRequest
 from .common import (COMM_MODES, PRECISION_CHOICES, UsageError, add_hardware, grid_shape,
                      nonnegative_int, positive_int)
 from .studies import hardware_ranks, is_root, planning_machine, profile_line
@@ -88,11 +89,11 @@ def run(args, comm: MPI.Comm, out) -> int:
     # its two figures; without peer access out of core each GPU uploads its own parts
     ipc = args.comm == "ipc" or (args.comm == "auto" and traits(args.backend).gpu and peers)
     try:
-        plan = make_plan((m, n, k), args.dtype, machine, grid=args.grid,
-                         device_memory=args.device_memory, panel_width=args.nb,
-                         lookahead=args.lookahead, schedule=args.schedule,
-                         precision=None if args.precision == "default" else args.precision,
-                         broadcaster=args.comm, staged=(ipc, ipc),
+        request = PlanRequest(grid=args.grid, device_memory=args.device_memory,
+                              panel_width=args.nb, lookahead=args.lookahead,
+                              schedule=args.schedule, broadcaster=args.comm,
+                              precision=None if args.precision == "default" else args.precision)
+        plan = make_plan((m, n, k), args.dtype, machine, request, staged=(ipc, ipc),
                          predict=True, profile=profile,
                          storage=("cols", "cols") if args.order == "F" else ("rows", "rows"))
     except ValueError as exc:

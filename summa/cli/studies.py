@@ -15,6 +15,7 @@ from ..device.backend import DTYPES
 from ..distribution.grid import node_rank
 from ..planning.plan import Machine
 from ..planning.planner import make_plan
+from ..planning.request import PlanRequest
 from ..transports.broadcasters import BROADCASTERS
 from ..transports.comm import choose_comm
 from .calibrate import calibrate, default_sizes, default_widths
@@ -141,10 +142,10 @@ def _setup(args, profile: Profile, shape, ranks: int):
     machine, peers = planning_machine(args.profile, profile_backend(profile), ranks)
     ipc = args.comm_mode == "ipc" or (args.comm_mode is None and traits(machine.backend).gpu
                                       and peers)
-    return make_plan(shape, args.dtype, machine, grid=args.grid,
-                     device_memory=args.device_memory, panel_width=args.nb,
-                     lookahead=args.lookahead, precision=args.precision_mode,
-                     staged=(ipc, ipc))
+    return make_plan(shape, args.dtype, machine,
+                     PlanRequest(grid=args.grid, device_memory=args.device_memory,
+                                 panel_width=args.nb, lookahead=args.lookahead,
+                                 precision=args.precision_mode), staged=(ipc, ipc))
 
 
 def memory_line(plan, device_memory: str) -> str:

@@ -31,6 +31,7 @@ from .strips import multiply_strips, strip_bounds
 from ..device.traits import traits
 from .transpose import PanelForms, PanelsOfA, PanelsOfB
 from ..planning.distributed import plan_distributed
+from ..planning.request import PlanRequest
 from ..planning.tuning import column_major, panel_width_for
 from ..planning.precision import asked_moduli
 from ..runtime.watchdog import watch
@@ -124,10 +125,9 @@ def summa(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, panel_width=
     check_schedule(schedule, C.grid.shape)
     # the planner's decisions first ("auto" measured there), then the run
     with C.backend.on_device():  # its GPU, whatever the caller's current one
-        plan, measured = plan_distributed(A, B, C, panel_width=panel_width,
-                                          lookahead=lookahead, broadcaster=broadcaster,
-                                          precision=precision, schedule=schedule,
-                                          copies=copies, panels_of_a=PanelsOfA)
+        asked = PlanRequest(panel_width=panel_width, lookahead=lookahead,
+                            broadcaster=broadcaster, precision=precision, schedule=schedule)
+        plan, measured = plan_distributed(A, B, C, asked, copies=copies, panels_of_a=PanelsOfA)
     stats = run_in_memory(plan, A, B, C, alpha=alpha, beta=beta, conj=conj, progress=progress)
     stats.extra["panel_width_measured"] = measured
     return stats

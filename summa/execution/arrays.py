@@ -38,7 +38,8 @@ from ..host.shared import parallel_copy
 from ..host.storage import conjugated, op_view
 from .jobprogress import library_reporting, multiply_phase, phase_predictions
 from .outofcore import SweepOperands, prepared_sweep, run_out_of_core
-from ..planning.arrays import HeldArrays, PlanRequest, plan_held, stored_plan
+from ..planning.arrays import HeldArrays, plan_held, stored_plan
+from ..planning.request import PlanRequest
 from ..planning.checks import check_arrays, check_scalars
 from ..planning.memory import check_memory, format_bytes
 from ..planning.selection import peer_access

@@ -43,6 +43,7 @@ from ..distribution.layout import panel_schedule
 from ..distribution.matrix import DistMatrix
 from ..planning.plan import Machine, Plan
 from ..planning.planner import make_plan, restage
+from ..planning.request import PlanRequest
 from ..planning.selection import grid_broadcasters
 from ..host.storage import copyable_rows
 from .movers import CudaMover, HostMover
@@ -110,9 +111,9 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
     # (the grid's node: the copy threads share its cores with its other ranks)
     plan = make_plan((A.shape[0], B.shape[1], A.shape[1]), C.dtype,
                      Machine(device.name, C.grid.size, ranks_on_node=C.grid.local_size),
-                     grid=C.grid.shape, out_of_core=True,
-                     device_memory=int(device_budget), panel_width=panel_width,
-                     lookahead=lookahead, precision=precision, broadcaster=comm,
+                     PlanRequest(grid=C.grid.shape, out_of_core=True,
+                                 device_memory=int(device_budget), panel_width=panel_width,
+                                 lookahead=lookahead, precision=precision, broadcaster=comm),
                      host_copies=host_copies)
     operands = SweepOperands(A, B, C, own_copies)
     plan, broadcasters = prepared_sweep(plan, operands, device)

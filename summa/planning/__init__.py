@@ -1,6 +1,7 @@
 """Every decision of a multiply, made once before it runs.
 
-:func:`make_plan` (:mod:`summa.planning.planner`) returns a frozen, printable
+:func:`make_plan` (:mod:`summa.planning.planner`), from what a call asks
+(:class:`PlanRequest`, :mod:`summa.planning.request`), returns a frozen, printable
 :class:`Plan` (:mod:`summa.planning.plan`): grid, memory mode and tiles
 (:mod:`summa.planning.memory`), panel width (:mod:`summa.planning.tuning`, out of core
 :mod:`summa.planning.widths`), the SUMMA schedule as data
@@ -17,5 +18,6 @@ planner's public names are re-exported here.
 
 from .plan import Machine, Plan
 from .planner import make_plan, restage
+from .request import PlanRequest
 
-__all__ = ["Machine", "Plan", "make_plan", "restage"]
+__all__ = ["Machine", "Plan", "PlanRequest", "make_plan", "restage"]

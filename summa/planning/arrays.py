@@ -1,6 +1,7 @@
 """The Plan of a product of arrays held on one rank, made before it runs.
 
-What a call asks (:class:`PlanRequest`), the arrays as the executors take
+What a call asks (:class:`summa.planning.request.PlanRequest`, re-exported
+here), the arrays as the executors take
 them (:class:`HeldArrays`), their check and first Plan (:func:`plan_held`:
 the backend, the checks of :mod:`summa.planning.checks`, then
 :func:`summa.planning.make_plan`), and the final Plan for the arrays as
@@ -25,27 +26,9 @@ from ..runtime.agree import Failure, collectively, from_root
 from .checks import check_arrays, precision_refusal
 from .plan import Machine, Placement
 from .planner import make_plan, restore
+from .request import PlanRequest
 
 __all__ = ["PlanRequest", "HeldArrays", "plan_held", "stored_plan", "array_storage"]
-
-
-@dataclass(frozen=True)
-class PlanRequest:
-    """What a call asked of the plan of an array product: the arguments of
-    the same names of :func:`summa.api.multiply.matmul_arrays` (and
-    :class:`summa.Matmul`) that :func:`summa.planning.make_plan` takes, with
-    their defaults."""
-
-    grid: object = None
-    out_of_core: bool | None = None
-    device_memory: object = None
-    trans_a: str = "N"
-    trans_b: str = "N"
-    panel_width: object = None
-    lookahead: int = 1
-    schedule: str = "panels"
-    precision: object = None
-    broadcaster: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -137,13 +120,9 @@ def plan_held(given, comm, root: int = 0, request: PlanRequest = PlanRequest(),
     # workspace) is made before the free memory is read: the plan sees the rest
     be.prepare(request.precision, dtype)
     # (the nodes the grid will see: the copy threads share them)
-    plan = make_plan((m, n, k), dtype, Machine.live(comm, be, topology), grid=request.grid,
-                     trans_a=trans[0], trans_b=trans[1], host_held=True,
-                     out_of_core=request.out_of_core, device_memory=request.device_memory,
-                     panel_width=request.panel_width, lookahead=request.lookahead,
-                     schedule=request.schedule, precision=request.precision,
-                     broadcaster=request.broadcaster, placement=placement,
-                     storage=storage or ("rows", "rows"))
+    plan = make_plan((m, n, k), dtype, Machine.live(comm, be, topology),
+                     replace(request, trans_a=trans[0], trans_b=trans[1]), host_held=True,
+                     placement=placement, storage=storage or ("rows", "rows"))
     if plan.placement.where == "host":  # (GPU arrays that do not fit there: as fetched)
         plan = _for_storage(plan, storage or array_storage(in_host(), plan.trans, comm))
     return be, with_integers(plan, integers)

@@ -22,13 +22,13 @@ from ..distribution.layout import panel_schedule
 from .precision import asked_scheme, moduli_asked, panel_sums_apply, panel_sums_bytes
 from .memory import Execution, memory_plan, panel_sums_fit
 from .plan import Plan
+from .request import PlanRequest
 from .tuning import column_major, panel_width_for, transposes_a, transposes_b
 
 __all__ = ["plan_distributed"]
 
 
-def plan_distributed(A, B, C, *, panel_width=None, lookahead: int = 1,
-                     broadcaster: str = "auto", precision=None, schedule: str = "panels",
+def plan_distributed(A, B, C, request: PlanRequest = PlanRequest(), *,
                      copies: tuple | None = None, panels_of_a=None) -> tuple:
     """``(Plan, measured)``: the in-memory Plan of ``C <- alpha A @ B + beta
     C`` on checked DistMatrix operands (:func:`summa.execution.algorithm.summa`'s),
@@ -38,8 +38,10 @@ def plan_distributed(A, B, C, *, panel_width=None, lookahead: int = 1,
 
     Parameters
     ----------
-    panel_width, lookahead, broadcaster, precision, schedule
-        As :func:`summa.execution.algorithm.summa` takes them: None, the
+    request : PlanRequest
+        Its `panel_width`, `lookahead`, `broadcaster`, `precision` and
+        `schedule`, as :func:`summa.execution.algorithm.summa` takes them
+        (the others are the operands' own): a `panel_width` of None, the
         backend's default width; ``"auto"``, measured (under ``"strips"``,
         whose columns cost nothing to cut, the default).
     copies : tuple or None
@@ -51,6 +53,8 @@ def plan_distributed(A, B, C, *, panel_width=None, lookahead: int = 1,
         measurement (:func:`summa.planning.tuning.auto_panel_width`).
     """
     backend, grid = C.backend, C.grid
+    panel_width, lookahead, precision = request.panel_width, request.lookahead, request.precision
+    schedule, broadcaster = request.schedule, request.broadcaster
     strips = schedule == "strips" and grid.size > 1
     if strips and isinstance(panel_width, str) and panel_width == "auto":
         # "auto" times GEMMs of K panels; strips cut columns, which cost nothing

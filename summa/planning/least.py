@@ -10,6 +10,7 @@ refuses the planner would refuse too.
 
 from __future__ import annotations
 
+from .request import PlanRequest
 from .widths import LEAST_OOC_WIDTH
 from .tuning import is_width
 from .units import format_bytes, parse_bytes
@@ -29,13 +30,13 @@ def least_budget(k: int, itemsize: int, panel_width=None) -> tuple[int, int]:
     return itemsize * (1 + 2 * width), width
 
 
-def check_least_budget(shape, itemsize: int, device_memory, panel_width=None,
-                       out_of_core=None, schedule: str = "panels") -> None:
-    """Refuse a `device_memory` (as given: ``"16GiB"``, bytes) under
-    :func:`least_budget` for a product of `shape` ``(m, n, k)``, where the
-    budget applies (out of core may be taken: `out_of_core` not False,
-    ``schedule="panels"``). Pure: every rank that knows the shape decides
-    the same, with no backend and no communication.
+def check_least_budget(shape, itemsize: int, request: PlanRequest) -> None:
+    """Refuse the `request`'s `device_memory` (as given: ``"16GiB"``, bytes)
+    under :func:`least_budget` (of its `panel_width`) for a product of
+    `shape` ``(m, n, k)``, where the budget applies (out of core may be
+    taken: its `out_of_core` not False, its `schedule` ``"panels"``). Pure:
+    every rank that knows the shape decides the same, with no backend and
+    no communication.
 
     Raises
     ------
@@ -43,12 +44,13 @@ def check_least_budget(shape, itemsize: int, device_memory, panel_width=None,
         A budget that is not a size, or one that cannot hold the least
         step, in one line saying what that step takes.
     """
-    if device_memory is None or out_of_core is False or schedule != "panels":
+    if request.device_memory is None or request.out_of_core is False or \
+            request.schedule != "panels":
         return
-    budget = parse_bytes(device_memory)
+    budget = parse_bytes(request.device_memory)
     if min(int(x) for x in shape) <= 0:
         return  # an empty product takes no tiles
-    least, width = least_budget(shape[2], itemsize, panel_width)
+    least, width = least_budget(shape[2], itemsize, request.panel_width)
     if budget < least:
         raise ValueError(f"a device budget of {format_bytes(budget)} is too small for any "
                          f"out-of-core tile: the least (one element of C with one row and one "

@@ -37,6 +37,7 @@ from .memory import (Execution, MemoryPlan, check_host_memory, check_memory,
 from .model import gemm_flops
 from .plan import Machine, Placement, Plan
 from .prediction import predict_plan
+from .request import PlanRequest
 from .checks import check_schedule
 from .tuning import default_panel_width, is_width
 from .widths import LEAST_OOC_WIDTH, check_sweep, narrowest_that_fits, out_of_core_memory
@@ -53,11 +54,8 @@ FREE_SHARE = 0.9
 NUMPY_BUDGET = 1 << 30
 
 
-def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
-              trans_b: str = "N", host_held: bool = False, out_of_core=None,
-              device_memory=None, panel_width=None, lookahead: int = 1,
-              schedule: str = "panels", precision=None, moduli=None,
-              broadcaster: str = "auto", staged: tuple = (False, False),
+def make_plan(shape, dtype, machine: Machine, request: PlanRequest = PlanRequest(), *,
+              host_held: bool = False, moduli=None, staged: tuple = (False, False),
               host_copies=None, predict: bool = False, profile=None,
               placement: Placement | None = None, storage: tuple = ("rows", "rows")) -> Plan:
     """Plan ``C = op(A) @ op(B)`` of `shape` ``(m, n, k)`` on `machine`.
@@ -67,21 +65,25 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
 
     Parameters
     ----------
-    grid : tuple or str, optional
-        ``(Pr, Pc)``; default :func:`summa.distribution.grid.grid_for` for the shape.
+    request : PlanRequest
+        The options the caller asked (:class:`summa.planning.request.PlanRequest`:
+        grid, memory mode and budget, transposes, panel width, lookahead,
+        schedule, precision, broadcaster); the notes below tell how the
+        planner reads some of them.
     host_held : bool
         The operands lie in host memory (NumPy arrays): with `out_of_core`
         None they stay there on GPUs, or wherever `device_memory` caps the
         device (panels only); in memory they ignore `device_memory`.
-    out_of_core : bool or None
+    request.out_of_core : bool or None
         True: out of core; False: in memory (no fallback); None: out of core
         where `device_memory` is given, or on GPUs where the in-memory plan
         does not fit.
-    device_memory : str or int, optional
+    request.device_memory : str or int, optional
         Device bytes per rank out of core ("16GiB"); default 90 % of the
         free memory (live GPUs, or ``machine.free_device``), 1 GiB on NumPy.
-    panel_width : int, "auto" or None
-        None: :func:`summa.planning.tuning.default_panel_width` for the mode.
+    moduli : int, optional
+        fp64-int8's moduli (:func:`summa.precision.ozaki_gpu.check_moduli`);
+        default as the panel width sets them.
     staged : tuple
         ``(row, column)``: whether that direction's broadcasts stage panels
         through buffers of their own (copy engines, ``ipc``); both where
@@ -114,7 +116,11 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
         cannot be taken), a budget too small for any tile, a host too small
         for the plan.
     """
-    (m, n, k), dtype, lookahead = (int(x) for x in shape), np.dtype(dtype), int(lookahead)
+    (m, n, k), dtype = (int(x) for x in shape), np.dtype(dtype)
+    grid, out_of_core, device_memory = request.grid, request.out_of_core, request.device_memory
+    trans_a, trans_b, panel_width = request.trans_a, request.trans_b, request.panel_width
+    lookahead, schedule, precision = int(request.lookahead), request.schedule, request.precision
+    broadcaster = request.broadcaster
     moduli = ozaki_gpu.check_moduli(moduli, precision)
     copies = _host_copies(machine, host_copies)  # kept where the plan runs out of core
     grid = _grid(grid, machine, m, n, dtype, schedule)
@@ -158,19 +164,20 @@ def make_plan(shape, dtype, machine: Machine, *, grid=None, trans_a: str = "N",
         return plan
     native = None
     if precision == "fp64-int8":  # is it worth it here? float64's own plan of the same inputs
-        native = _native_plan(machine, (m, n, k), dtype, dict(
-            grid=grid, trans_a=trans_a, trans_b=trans_b, host_held=host_held,
-            out_of_core=out_of_core, device_memory=device_memory, panel_width=panel_width,
-            lookahead=lookahead, schedule=schedule, broadcaster=broadcaster, staged=staged,
-            host_copies=host_copies, profile=profile, storage=storage))
+        native = _native_plan(machine, (m, n, k), dtype, replace(
+            request, grid=grid, precision=None), dict(
+            host_held=host_held, staged=staged, host_copies=host_copies, profile=profile,
+            storage=storage))
     return replace(plan, predicted=predict_plan(plan, profile, native))
 
 
-def _native_plan(machine: Machine, shape: tuple, dtype, asked: dict) -> Plan | None:
+def _native_plan(machine: Machine, shape: tuple, dtype, request: PlanRequest,
+                 asked: dict) -> Plan | None:
     """The predicted plan of the same product in the dtype's own precision,
-    as `asked` (:func:`make_plan`'s other arguments); None where there is none."""
+    as `request` and `asked` (:func:`make_plan`'s other arguments) say; None
+    where there is none."""
     try:
-        return make_plan(shape, dtype, machine, predict=True, **asked)
+        return make_plan(shape, dtype, machine, request, predict=True, **asked)
     except ValueError:  # no plan of its own to set beside it
         return None
 
@@ -350,8 +357,8 @@ def _width(asked, backend: str, dtype, precision, ooc: bool, grid, schedule: str
 
 @dataclass(frozen=True)
 class _MemoryAsk:
-    """What :func:`make_plan` was asked of memory (its arguments of the same
-    names): where the product runs (`out_of_core`, `device_memory`), how K
+    """What :func:`make_plan` was asked of memory (its request's fields and arguments of the
+    same names): where the product runs (`out_of_core`, `device_memory`), how K
     is cut (`schedule`), the GEMMs' `precision` and the broadcasters'
     `staged` directions; the `copy_threads` of its host copies out of
     core (:attr:`Plan.copy_threads`), whose page-locked ring it counts, and

@@ -38,7 +38,8 @@ from ..device.backend import cupy_available, get_backend
 from ..device.traits import traits
 from ..distribution.grid import node_rank
 from ..execution.algorithm import SummaStats
-from ..planning.arrays import HeldArrays, PlanRequest
+from ..planning.arrays import HeldArrays
+from ..planning.request import PlanRequest
 from ..precision.ozaki_gpu import check_moduli
 from ..planning.precision import asked_moduli
 from ..host import shared as host, remote

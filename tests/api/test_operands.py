@@ -23,6 +23,7 @@ from summa.api.operands import Operand, Operands, describe
 from summa.device.backend import resolve_dtype
 from summa.planning.plan import Machine, Placement
 from summa.planning.planner import make_plan
+from summa.planning.request import PlanRequest
 
 GiB = 1 << 30
 
@@ -515,9 +516,9 @@ def test_the_caller_passing_numpy_gets_the_very_arrays_described():
 # -- the planner: operands on a GPU are one GEMM there, or go through host memory ------
 
 def _plan(placement, free=80 * GiB, ranks=1, backend="cupy", shape=(16384, 16384, 16384),
-          dtype="float64", **options):
+          dtype="float64", host_held=False, **options):
     return make_plan(shape, dtype, Machine(backend, ranks, free_device=free),
-                     placement=placement, **options)
+                     PlanRequest(**options), host_held=host_held, placement=placement)
 
 
 def _held(m, n, k, item=8):

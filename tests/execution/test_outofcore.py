@@ -144,10 +144,11 @@ def test_fp64_int8_first_panel_in_pieces_where_the_plan_says(monkeypatch):
     from summa.distribution.layout import Layout, first_panel_width, panel_schedule
     from summa.planning import memory, prediction
     from summa.planning.planner import Machine, make_plan
+    from summa.planning.request import PlanRequest
 
     def plan():
-        return make_plan((40000,) * 3, "float64", Machine("cupy", 1), device_memory="24GiB",
-                         precision="fp64-int8")
+        return make_plan((40000,) * 3, "float64", Machine("cupy", 1),
+                         PlanRequest(device_memory="24GiB", precision="fp64-int8"))
     whole = plan()
     monkeypatch.setattr(memory, "FP64_INT8_HEAD_FIRST", 4096)
     cut = plan()
@@ -864,6 +865,7 @@ def test_the_sweep_copies_on_the_threads_and_in_the_way_its_plan_says(rng, monke
     from summa.device import staging
     from summa.execution import outofcore, sweep
     from summa.planning.planner import Machine, make_plan
+    from summa.planning.request import PlanRequest
     m, n, k = 40, 36, 24
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
     host, device = NumpyBackend(), _HostAsGpu()
@@ -877,7 +879,7 @@ def test_the_sweep_copies_on_the_threads_and_in_the_way_its_plan_says(rng, monke
         A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
         with options.set(copy_threads=3, host_copies="lock"):
             plan = make_plan((m, n, k), "float64", Machine("cupy", 1, ranks_on_node=1),
-                             out_of_core=True, device_memory=1 << 20, panel_width=8)
+                             PlanRequest(out_of_core=True, device_memory=1 << 20, panel_width=8))
         assert (plan.host_copies, plan.copy_threads) == ("lock", 3)
         # what the sweep would find if it decided again when it runs
         monkeypatch.setattr(staging, "usable_cores", lambda: 64)
@@ -923,6 +925,7 @@ def _fp64_int8_sweep(rng, monkeypatch, device_memory: int) -> tuple:
     from mpi4py import MPI
     from summa.execution import outofcore, sweep
     from summa.planning.planner import Machine, make_plan
+    from summa.planning.request import PlanRequest
     from summa.precision import kernels, ozaki_gpu
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())
     monkeypatch.setattr(kernels, "cache", {})
@@ -931,8 +934,8 @@ def _fp64_int8_sweep(rng, monkeypatch, device_memory: int) -> tuple:
     m, n, k = 120, 40, 96
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
     plan = make_plan((m, n, k), "float64", Machine("cupy", 1, ranks_on_node=1),
-                     out_of_core=True, device_memory=device_memory, panel_width=48,
-                     precision="fp64-int8")
+                     PlanRequest(out_of_core=True, device_memory=device_memory, panel_width=48,
+                                 precision="fp64-int8"))
     device = _Int8AsGpu()
     with ProcessGrid(MPI.COMM_SELF) as grid:
         A, B, C = _held(grid, a, b)

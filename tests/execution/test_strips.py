@@ -199,17 +199,20 @@ def test_strips_that_do_not_fit_are_refused_with_a_hint_that_applies(monkeypatch
     from mpi4py import MPI
     from summa.planning import memory as plan
     from summa.planning.planner import Machine, make_plan
+    from summa.planning.request import PlanRequest
     from test_outofcore import _FakeGpu  # 23.5 GiB free
     monkeypatch.setattr(plan, "host_memory_total", lambda: 2**40)  # a 1 TiB node
     gpu = Machine.live(MPI.COMM_SELF, _FakeGpu())
     with pytest.raises(ValueError, match=r"GiB free; use --schedule panels \(which can run out "
                                          r"of core\) or more ranks"):
-        make_plan((60_000,) * 3, "float64", gpu, panel_width=4096, schedule="strips")
+        make_plan((60_000,) * 3, "float64", gpu,
+                  PlanRequest(panel_width=4096, schedule="strips"))
     # panels go out of core by themselves instead, unless in memory was asked for
-    taken = make_plan((60_000,) * 3, "float64", gpu, panel_width=4096)
+    taken = make_plan((60_000,) * 3, "float64", gpu, PlanRequest(panel_width=4096))
     assert taken.device_budget and "running out of core" in taken.note
     with pytest.raises(ValueError, match="GiB free"):
-        make_plan((60_000,) * 3, "float64", gpu, panel_width=4096, out_of_core=False)
+        make_plan((60_000,) * 3, "float64", gpu,
+                  PlanRequest(panel_width=4096, out_of_core=False))
 
 
 @pytest.mark.mpi(min_size=2)

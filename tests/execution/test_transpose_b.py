@@ -14,6 +14,7 @@ from summa.device.backend import NumpyBackend
 from summa.execution.transpose import PanelForms, PanelsOfA, PanelsOfB
 from summa.planning.memory import Execution, memory_plan
 from summa.planning.planner import Machine, make_plan
+from summa.planning.request import PlanRequest
 from summa.planning.tuning import transposes_b
 
 from test_layouts import LAYOUTS, operand
@@ -94,15 +95,16 @@ def test_the_plan_holds_the_copy_where_b_lies_by_columns_on_one_rank_or_out_of_c
 
 
 def test_the_plan_command_says_so(monkeypatch):
-    plan = make_plan((4096,) * 3, "complex128", Machine("cupy", 1), device_memory="1GiB",
-                     host_held=True, storage=("cols", "cols"))
+    plan = make_plan((4096,) * 3, "complex128", Machine("cupy", 1),
+                     PlanRequest(device_memory="1GiB"), host_held=True, storage=("cols", "cols"))
     assert plan.memory.transposed_b
     from summa.planning.report import plan_lines
     text = "\n".join(plan_lines(plan))
     assert "B's panels, which lie by columns, are copied row-major" in text
     with options.set(transpose_b="no"):
-        plain = make_plan((4096,) * 3, "complex128", Machine("cupy", 1), device_memory="1GiB",
-                          host_held=True, storage=("cols", "cols"))
+        plain = make_plan((4096,) * 3, "complex128", Machine("cupy", 1),
+                          PlanRequest(device_memory="1GiB"), host_held=True,
+                          storage=("cols", "cols"))
     assert "copied row-major" not in "\n".join(plan_lines(plain))
     monkeypatch.setenv("SUMMA_TRANSPOSE_B", "sideways")  # a usage error: exit status 2
     with pytest.raises(cli.UsageError, match="SUMMA_TRANSPOSE_B='sideways' is not one of auto"):
@@ -165,7 +167,8 @@ def test_a_plan_restored_for_another_layout_copies_only_where_it_fits():
     width and budget; the plan itself for its own layout."""
     from summa.planning.planner import restore
     with options.set(transpose_b="yes"):
-        planned = make_plan((64, 48, 40), "complex128", Machine("cupy"), panel_width=8)
+        planned = make_plan((64, 48, 40), "complex128", Machine("cupy"),
+                            PlanRequest(panel_width=8))
         room = planned.memory.device_bytes
         assert restore(planned, planned.storage) is planned
         roomy = restore(planned, ("rows", "cols"), Machine("cupy", free_device=2 * room))
@@ -175,13 +178,14 @@ def test_a_plan_restored_for_another_layout_copies_only_where_it_fits():
         assert restore(planned, ("rows", "cols")).memory == planned.memory  # nothing to ask
         # ("auto" on a grid, measured when the run starts: the memory at the default width)
         grid = Machine("cupy", ranks=2)
-        auto = make_plan((64, 48, 40), "complex128", grid, panel_width="auto")
+        auto = make_plan((64, 48, 40), "complex128", grid, PlanRequest(panel_width="auto"))
         assert auto.panel_width == "auto"
         assert restore(auto, ("rows", "cols"), grid).memory == auto.memory  # blocks by rows
-        ooc = make_plan((3000, 200, 400), "float64", Machine("numpy"), out_of_core=True,
-                        device_memory="1MiB", panel_width=64)
-        fresh = make_plan((3000, 200, 400), "float64", Machine("numpy"), out_of_core=True,
-                          device_memory="1MiB", panel_width=64, storage=("cols", "cols"))
+        ooc = make_plan((3000, 200, 400), "float64", Machine("numpy"),
+                        PlanRequest(out_of_core=True, device_memory="1MiB", panel_width=64))
+        fresh = make_plan((3000, 200, 400), "float64", Machine("numpy"),
+                          PlanRequest(out_of_core=True, device_memory="1MiB", panel_width=64),
+                          storage=("cols", "cols"))
         assert fresh.memory.tiles != ooc.memory.tiles  # (else this shows nothing)
         assert restore(ooc, ("cols", "cols")).memory == fresh.memory
 

@@ -13,6 +13,7 @@ from summa.cli import bench
 from summa.planning.least import check_least_budget, least_budget
 from summa.planning.plan import Machine
 from summa.planning.planner import make_plan
+from summa.planning.request import PlanRequest
 from test_multiply import save
 
 
@@ -23,12 +24,13 @@ def test_the_floor_never_refuses_a_budget_the_planner_plans(backend, shape, widt
     planned = 0
     for budget in sorted({int(1.5 ** e) for e in range(50)}):
         try:
-            make_plan(shape, "float64", Machine(backend), out_of_core=True,
-                      device_memory=budget, panel_width=width)
+            make_plan(shape, "float64", Machine(backend),
+                      PlanRequest(out_of_core=True, device_memory=budget, panel_width=width))
         except ValueError:
             continue
         planned += 1
-        check_least_budget(shape, 8, budget, width)  # raises where the floor is too high
+        # raises where the floor is too high
+        check_least_budget(shape, 8, PlanRequest(device_memory=budget, panel_width=width))
     assert planned, "some budget of the range is planned"
     assert least_budget(shape[2], 8, width)[0] > 1
 
@@ -36,9 +38,9 @@ def test_the_floor_never_refuses_a_budget_the_planner_plans(backend, shape, widt
 @pytest.mark.parametrize("asked", [dict(out_of_core=False), dict(schedule="strips"),
                                    dict(device_memory=None)])
 def test_the_floor_applies_only_where_the_budget_does(asked):
-    check_least_budget((96, 96, 96), 8, **{"device_memory": "1B", **asked})
+    check_least_budget((96, 96, 96), 8, PlanRequest(**{"device_memory": "1B", **asked}))
     with pytest.raises(ValueError, match="too small for any out-of-core tile"):
-        check_least_budget((96, 96, 96), 8, "1B")
+        check_least_budget((96, 96, 96), 8, PlanRequest(device_memory="1B"))
 
 
 def _no_backend(*args, **kwargs):

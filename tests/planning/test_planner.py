@@ -19,6 +19,7 @@ from summa.planning.profile import Profile
 from summa.planning.memory import Execution, host_traffic, memory_plan, parse_bytes
 from summa.planning.plan import Machine, Plan
 from summa.planning.planner import make_plan, restage
+from summa.planning.request import PlanRequest
 from summa.planning.tiling import TRAFFIC_GAIN
 from summa.planning.widths import LEAST_OOC_WIDTH, MIN_OOC_WIDTH, MIN_OOC_WIDTH_INT8
 from summa.planning.tuning import default_panel_width
@@ -74,11 +75,11 @@ def test_plans_for_another_machine_decide_as_before(shape, dtype, ranks):
                 assert "too small" in str(exc)
         if not wants:
             with pytest.raises(ValueError, match="too small"):
-                make_plan(shape, dtype, Machine("cupy", ranks), device_memory=budget,
-                          precision=precision, staged=staged)
+                make_plan(shape, dtype, Machine("cupy", ranks),
+                          PlanRequest(device_memory=budget, precision=precision), staged=staged)
             continue
-        plan = make_plan(shape, dtype, Machine("cupy", ranks), device_memory=budget,
-                         precision=precision, staged=staged)
+        plan = make_plan(shape, dtype, Machine("cupy", ranks),
+                         PlanRequest(device_memory=budget, precision=precision), staged=staged)
         width = plan.memory.chunk if ooc else plan.panel_width
         assert plan.grid == grid and plan.memory == wants[width]
         assert plan.panel_width == (width if width < min(widths[0], k) else widths[0])
@@ -100,12 +101,12 @@ def test_a_tight_budget_takes_narrower_panels_where_taller_tiles_move_fewer_byte
     """float64 65536 x 8192 x 65536 under 8 GiB: 2048-wide panels leave room
     for C whole (B crosses the link once) where 4096 took 2 x 1."""
     shape = (65536, 8192, 65536)
-    plan = make_plan(shape, "float64", Machine("cupy", 1), device_memory="8GiB")
+    plan = make_plan(shape, "float64", Machine("cupy", 1), PlanRequest(device_memory="8GiB"))
     wide = memory_plan(*shape, "float64", (1, 1), 4096,
                        Execution(1, "cupy", device_budget=8 << 30, out_of_core=True))
     assert (plan.panel_width, plan.memory.tiles, wide.tiles) == (2048, (1, 1), (2, 1))
     assert host_traffic(plan.memory, shape, (1, 1)) < TRAFFIC_GAIN * host_traffic(wide, shape, (1, 1))
-    whole = make_plan(shape, "float64", Machine("cupy", 1), device_memory="60GiB")
+    whole = make_plan(shape, "float64", Machine("cupy", 1), PlanRequest(device_memory="60GiB"))
     assert (whole.panel_width, whole.memory.tiles) == (4096, (1, 1))  # nothing to gain
 
 
@@ -126,18 +127,19 @@ def test_a_budget_too_small_for_the_preferred_widths_takes_a_narrower_one(dtype,
             return None
     budget = next(b for b in range(1 << 10, 1 << 30, 1 << 10) if fits(256, b))
     assert fits(shape[2], budget) is None
-    plan = make_plan(shape, dtype, Machine("cupy", 1), device_memory=budget, precision=precision)
+    plan = make_plan(shape, dtype, Machine("cupy", 1),
+                     PlanRequest(device_memory=budget, precision=precision))
     halved = (shape[2] // 2, shape[2] // 4, LEAST_OOC_WIDTH)  # as the planner goes
     assert plan.panel_width == next(w for w in halved if fits(w, budget))
     assert plan.memory == fits(plan.panel_width, budget)
     assert f"{plan.panel_width}-wide panels" in plan.note and "KiB" in plan.note
     assert f"{plan.panel_width}-wide panels" in str(plan)  # what summa plan prints
     with pytest.raises(ValueError, match="too small"):  # not even the least width's tiles
-        make_plan(shape, dtype, Machine("cupy", 1), device_memory=budget - (1 << 10),
-                  precision=precision)
+        make_plan(shape, dtype, Machine("cupy", 1),
+                  PlanRequest(device_memory=budget - (1 << 10), precision=precision))
     with pytest.raises(ValueError, match="too small"):
-        make_plan(shape, dtype, Machine("cupy", 1), device_memory=budget, precision=precision,
-                  panel_width=shape[2])
+        make_plan(shape, dtype, Machine("cupy", 1),
+                  PlanRequest(device_memory=budget, precision=precision, panel_width=shape[2]))
 
 
 def test_a_budget_that_cuts_c_into_too_many_tiles_is_refused_with_one_that_does_not():
@@ -150,23 +152,24 @@ def test_a_budget_that_cuts_c_into_too_many_tiles_is_refused_with_one_that_does_
     import re
     from summa.planning.widths import MAX_SWEEP_GEMMS
     with pytest.raises(ValueError, match="too small to finish") as refused:
-        make_plan((8192,) * 3, "float64", Machine("cupy", 1), device_memory="100KiB")
+        make_plan((8192,) * 3, "float64", Machine("cupy", 1), PlanRequest(device_memory="100KiB"))
     assert "100.0 KiB" in str(refused.value) and "8192 x 8192 tiles" in str(refused.value)
     enough = re.search(r"at least ([\d.]+ \w+)", str(refused.value)).group(1).replace(" ", "")
-    plan = make_plan((8192,) * 3, "float64", Machine("cupy", 1), device_memory=enough)
+    plan = make_plan((8192,) * 3, "float64", Machine("cupy", 1),
+                     PlanRequest(device_memory=enough))
     rows, cols = plan.memory.tiles
     assert 1 < rows * cols * -(-8192 // plan.panel_width) <= MAX_SWEEP_GEMMS
     half = f"{parse_bytes(enough) // 2}B"
     with pytest.raises(ValueError, match="too small to finish"):
-        make_plan((8192,) * 3, "float64", Machine("cupy", 1), device_memory=half)
+        make_plan((8192,) * 3, "float64", Machine("cupy", 1), PlanRequest(device_memory=half))
     big = make_plan((100000, 100000, 1200000), "float64", Machine("cupy", 1),
-                    device_memory="2GiB")
+                    PlanRequest(device_memory="2GiB"))
     (rows, cols), width = big.memory.tiles, big.panel_width
     assert rows * cols * -(-1200000 // width) > MAX_SWEEP_GEMMS
     # panels so narrow that no budget would do: the width named, not a budget
     with pytest.raises(ValueError, match=r"take wider panels \(--nb; at least \d+ columns"):
-        make_plan((70000,) * 3, "float64", Machine("cupy", 1), device_memory="1GiB",
-                  panel_width=1)
+        make_plan((70000,) * 3, "float64", Machine("cupy", 1),
+                  PlanRequest(device_memory="1GiB", panel_width=1))
 
 
 def _two_at_a_time(shape, dtype, budget, width):
@@ -185,7 +188,7 @@ def test_where_the_host_link_bounds_one_c_tile_at_a_time_moves_fewer_bytes():
     is less than any two-buffered width's."""
     from summa.planning.memory import waited_write_backs
     shape = (32768, 32768, 32768)
-    plan = make_plan(shape, "float64", Machine("cupy", 1), device_memory="8GiB")
+    plan = make_plan(shape, "float64", Machine("cupy", 1), PlanRequest(device_memory="8GiB"))
     assert (plan.memory.tiles, plan.memory.c_buffers) == ((2, 1), 1)
     assert plan.memory.device_bytes <= 8 << 30
     cost = host_traffic(plan.memory, shape, (1, 1)) + waited_write_backs(plan.memory)
@@ -207,7 +210,7 @@ def test_at_equal_bytes_fewer_c_tiles_one_at_a_time_win(storage):
     are cut by rows (they upload less)."""
     from summa.planning.tiling import moved_elements
     shape = (65536, 16384, 32768)
-    plan = make_plan(shape, "float64", Machine("cupy", 1), device_memory="8GiB",
+    plan = make_plan(shape, "float64", Machine("cupy", 1), PlanRequest(device_memory="8GiB"),
                      host_held=True, storage=storage)
     assert (plan.memory.tiles, plan.memory.c_buffers) == ((2, 1), 1)
     assert plan.memory.device_bytes <= 8 << 30
@@ -228,7 +231,7 @@ def test_two_c_tiles_stay_where_the_gemms_bound_or_one_saves_nothing(shape, dtyp
     where one C tile at a time fits no fewer tiles, it saves nothing:
     both keep two C tiles."""
     from summa.planning.tiling import HOST_LINK_BALANCE
-    plan = make_plan(shape, dtype, Machine("cupy", 1), device_memory=budget)
+    plan = make_plan(shape, dtype, Machine("cupy", 1), PlanRequest(device_memory=budget))
     rows, cols = plan.memory.tiles
     assert rows * cols > 1 and plan.memory.c_buffers == 2
     m, n, k = shape
@@ -247,8 +250,8 @@ def test_fp64_int8_under_a_tight_budget_takes_half_width_panels_where_they_move_
     tiles where 16384 took 3 x 2; never 4096 (its products lose more than
     the bytes save); 32768³ moves no fewer bytes at 8192, so keeps 16384."""
     def plan(n):
-        return make_plan((n, n, n), "float64", Machine("cupy", 1), device_memory="24GiB",
-                         precision="fp64-int8")
+        return make_plan((n, n, n), "float64", Machine("cupy", 1),
+                         PlanRequest(device_memory="24GiB", precision="fp64-int8"))
     big, small = plan(40960), plan(32768)
     assert (big.panel_width, big.memory.tiles) == (8192, (2, 2))
     assert (small.panel_width, small.memory.tiles) == (16384, (2, 2))
@@ -274,11 +277,13 @@ def test_live_plans_decide_as_before(shape, dtype, budget):
         except ValueError as exc:
             with pytest.raises(ValueError) as got:
                 make_plan(shape, dtype, Machine.live(MPI.COMM_SELF, host),
-                          out_of_core=out_of_core, device_memory=budget, panel_width=width)
+                          PlanRequest(out_of_core=out_of_core, device_memory=budget,
+                                      panel_width=width))
             assert str(got.value) == str(exc)
             continue
         plan = make_plan(shape, dtype, Machine.live(MPI.COMM_SELF, host),
-                         out_of_core=out_of_core, device_memory=budget, panel_width=width)
+                         PlanRequest(out_of_core=out_of_core, device_memory=budget,
+                                     panel_width=width))
         assert (plan.device_budget, plan.memory, plan.panel_width) == (want_budget, want, nb)
 
 
@@ -290,11 +295,12 @@ def test_host_held_operands_stay_on_the_host_on_gpus_or_under_a_cap():
     shape = (4096, 4096, 4096)
     assert make_plan(shape, "float64", gpu, host_held=True).out_of_core
     assert not make_plan(shape, "float64", cpu, host_held=True).out_of_core
-    assert make_plan(shape, "float64", cpu, host_held=True, device_memory="1MiB").out_of_core
-    strips = make_plan(shape, "float64", gpu, host_held=True, schedule="strips")
+    assert make_plan(shape, "float64", cpu, PlanRequest(device_memory="1MiB"),
+                     host_held=True).out_of_core
+    strips = make_plan(shape, "float64", gpu, PlanRequest(schedule="strips"), host_held=True)
     assert not strips.out_of_core and strips.grid == (2, 1)
-    asked = make_plan(shape, "float64", cpu, host_held=True, out_of_core=False,
-                      device_memory="1MiB")
+    asked = make_plan(shape, "float64", cpu,
+                      PlanRequest(out_of_core=False, device_memory="1MiB"), host_held=True)
     assert not asked.out_of_core and asked.device_budget is None
 
 
@@ -309,9 +315,10 @@ def test_free_memory_of_a_described_machine_decides_the_mode(monkeypatch):
     assert tight.out_of_core and tight.device_budget == int(0.9 * (24 << 30))
     assert "does not fit" in tight.note and tight.memory.device_bytes <= tight.device_budget
     with pytest.raises(ValueError, match="use --device-memory"):
-        make_plan(shape, "float64", Machine("cupy", 1, free_device=24 << 30), out_of_core=False)
+        make_plan(shape, "float64", Machine("cupy", 1, free_device=24 << 30),
+                  PlanRequest(out_of_core=False))
     with pytest.raises(ValueError, match="from afar"):
-        make_plan(shape, "float64", Machine("cupy", 1), out_of_core=True)
+        make_plan(shape, "float64", Machine("cupy", 1), PlanRequest(out_of_core=True))
     from summa.planning import memory as memory_module
     monkeypatch.setattr(memory_module, "host_memory_total", lambda: 1 << 40)  # a 1 TiB node
     live = make_plan(shape, "float64", Machine.live(MPI.COMM_SELF, _FakeGpu(24 << 30)))
@@ -322,23 +329,28 @@ def test_widths_grid_and_errors():
     """Widths per mode ("auto" measured in memory on a grid only), a grid
     given (checked against the ranks), and the schedule's refusals."""
     cpu = Machine("numpy", 4)
-    assert make_plan((100, 100, 100), "float64", cpu, panel_width="auto").panel_width == "auto"
+    assert make_plan((100, 100, 100), "float64", cpu,
+                     PlanRequest(panel_width="auto")).panel_width == "auto"
     assert make_plan((100, 100, 100), "float64", Machine("numpy", 1),
-                     panel_width="auto").panel_width == 256
-    assert make_plan((100, 100, 100), "float64", cpu, panel_width="auto", schedule="strips",
-                     grid=(4, 1)).panel_width == 256
-    assert make_plan((100, 100, 100), "float64", cpu, panel_width="auto",
-                     device_memory="1MiB").panel_width == 256
+                     PlanRequest(panel_width="auto")).panel_width == 256
+    assert make_plan((100, 100, 100), "float64", cpu,
+                     PlanRequest(panel_width="auto", schedule="strips",
+                                 grid=(4, 1))).panel_width == 256
+    assert make_plan((100, 100, 100), "float64", cpu,
+                     PlanRequest(panel_width="auto", device_memory="1MiB")).panel_width == 256
     gpu = Machine("cupy", 2)
     assert make_plan((100, 100, 100), "float32", gpu).panel_width == 8192
-    assert make_plan((100, 100, 100), "float32", gpu, device_memory="1GiB").panel_width == 4096
-    assert make_plan((100, 100, 100), "float64", cpu, grid="1x4").grid == (1, 4)
+    assert make_plan((100, 100, 100), "float32", gpu,
+                     PlanRequest(device_memory="1GiB")).panel_width == 4096
+    assert make_plan((100, 100, 100), "float64", cpu, PlanRequest(grid="1x4")).grid == (1, 4)
     with pytest.raises(ValueError, match="needs 6 ranks, but 4"):
-        make_plan((100, 100, 100), "float64", cpu, grid=(2, 3))
+        make_plan((100, 100, 100), "float64", cpu, PlanRequest(grid=(2, 3)))
     with pytest.raises(ValueError, match="one column"):
-        make_plan((100, 100, 100), "float64", cpu, grid=(2, 2), schedule="strips")
+        make_plan((100, 100, 100), "float64", cpu,
+                  PlanRequest(grid=(2, 2), schedule="strips"))
     with pytest.raises(ValueError, match="device memory only"):
-        make_plan((100, 100, 100), "float64", cpu, schedule="strips", device_memory="1GiB")
+        make_plan((100, 100, 100), "float64", cpu,
+                  PlanRequest(schedule="strips", device_memory="1GiB"))
     with pytest.raises(ValueError, match="moduli applies"):
         make_plan((100, 100, 100), "float64", cpu, moduli=8)
 
@@ -349,13 +361,14 @@ def test_small_budgets_cut_more_tiles_and_restage_counts_staging():
     machine = Machine("cupy", 2)
     tiles = []
     for budget in ("40GiB", "8GiB", "2GiB"):
-        plan = make_plan((65536,) * 3, "float64", machine, device_memory=budget)
+        plan = make_plan((65536,) * 3, "float64", machine, PlanRequest(device_memory=budget))
         assert plan.memory.device_bytes <= parse_bytes(budget)
         tiles.append(plan.memory.tiles[0] * plan.memory.tiles[1])
     assert tiles == sorted(tiles) and tiles[0] < tiles[-1]
-    plain = make_plan((65536,) * 3, "float64", machine, device_memory="8GiB")
+    plain = make_plan((65536,) * 3, "float64", machine, PlanRequest(device_memory="8GiB"))
     staged = restage(plain, (True, True))
-    assert staged.memory == make_plan((65536,) * 3, "float64", machine, device_memory="8GiB",
+    assert staged.memory == make_plan((65536,) * 3, "float64", machine,
+                                      PlanRequest(device_memory="8GiB"),
                                       staged=(True, True)).memory
     assert staged.memory.device_bytes <= parse_bytes("8GiB") and staged != plain
     assert restage(plain, (False, False)) is plain
@@ -370,16 +383,17 @@ def test_restage_narrows_panels_the_staging_leaves_no_room_for():
     does for a budget too small, and says so, rather than refusing a call
     it planned."""
     shape, budget = (13, 120, 1063), 17768
-    plain = make_plan(shape, "float16", Machine("cupy", 2), grid=(1, 2), host_held=True,
-                      device_memory=budget, lookahead=2)
+    plain = make_plan(shape, "float16", Machine("cupy", 2),
+                      PlanRequest(grid=(1, 2), device_memory=budget, lookahead=2), host_held=True)
     assert plain.memory.chunk == 1063
     staged = restage(plain, (True, True))
     assert staged.panel_width == staged.memory.chunk < 1063
     assert staged.memory.device_bytes <= budget and staged.memory.staged == (True, False)
     assert "staging buffers" in staged.note and f"{staged.panel_width}-wide" in staged.note
-    assert staged.memory == make_plan(shape, "float16", Machine("cupy", 2), grid=(1, 2),
-                                      host_held=True, device_memory=budget, lookahead=2,
-                                      panel_width=staged.panel_width, staged=(True, True)).memory
+    assert staged.memory == make_plan(shape, "float16", Machine("cupy", 2),
+                                      PlanRequest(grid=(1, 2), device_memory=budget, lookahead=2,
+                                                  panel_width=staged.panel_width), host_held=True,
+                                      staged=(True, True)).memory
 
 
 def test_restage_refuses_a_sweep_its_staging_cuts_too_fine_naming_a_budget_that_is_not():
@@ -393,8 +407,8 @@ def test_restage_refuses_a_sweep_its_staging_cuts_too_fine_naming_a_budget_that_
     from summa.planning.widths import MAX_SWEEP_GEMMS
 
     def planned(budget):
-        return make_plan((4096,) * 3, "float64", Machine("cupy", 2), grid=(1, 2),
-                         host_held=True, device_memory=budget)
+        return make_plan((4096,) * 3, "float64", Machine("cupy", 2),
+                         PlanRequest(grid=(1, 2), device_memory=budget), host_held=True)
     plain = planned("4MiB")
     assert sweep_steps(plain.memory, 4096) <= MAX_SWEEP_GEMMS
     with pytest.raises(ValueError, match="too small to finish") as refused:
@@ -410,15 +424,16 @@ def test_ipc_asked_for_is_planned_with_its_staging():
     (the width chosen for them), so the run's restage has nothing to change;
     auto learns it at the run."""
     shape, budget = (13, 120, 1063), 17768
-    asked = dict(grid=(1, 2), host_held=True, device_memory=budget, lookahead=2)
-    ipc = make_plan(shape, "float16", Machine("cupy", 2), broadcaster="ipc", **asked)
-    assert ipc.memory == make_plan(shape, "float16", Machine("cupy", 2), staged=(True, True),
-                                   **asked).memory
+    asked = PlanRequest(grid=(1, 2), device_memory=budget, lookahead=2)
+    ipc_asked = replace(asked, broadcaster="ipc")
+    ipc = make_plan(shape, "float16", Machine("cupy", 2), ipc_asked, host_held=True)
+    assert ipc.memory == make_plan(shape, "float16", Machine("cupy", 2), asked,
+                                   host_held=True, staged=(True, True)).memory
     assert ipc.memory.staged == (True, False) and restage(ipc, (True, True)) is ipc
-    auto = make_plan(shape, "float16", Machine("cupy", 2), **asked)
+    auto = make_plan(shape, "float16", Machine("cupy", 2), asked, host_held=True)
     assert auto.memory.staged == (False, False)
-    assert make_plan(shape, "float64", Machine("numpy", 2), broadcaster="ipc",
-                     **asked).memory.staged == (False, False)  # no copy engines on CPUs
+    assert make_plan(shape, "float64", Machine("numpy", 2), ipc_asked,
+                     host_held=True).memory.staged == (False, False)  # no copy engines on CPUs
 
 
 @pytest.mark.parametrize("dtype, shape, budget", [
@@ -443,7 +458,7 @@ def _cut_as_the_transposed_product(dtype, shape, budget):
     machine = Machine("cupy", 1)
 
     def planned(shape, storage):
-        return make_plan(shape, dtype, machine, device_memory=budget, host_held=True,
+        return make_plan(shape, dtype, machine, PlanRequest(device_memory=budget), host_held=True,
                          storage=storage)
     by_cols = planned((m, n, k), ("cols", "cols"))
     transposed = planned((n, m, k), ("rows", "rows"))
@@ -463,10 +478,11 @@ def _cut_as_the_transposed_product(dtype, shape, budget):
         assert by_rows == by_cols.memory.tiles
         assert (by_rows[0] == 1) == (m < n)
     # a run whose broadcasters stage its panels plans again for the same storage
-    two = dict(device_memory=budget, host_held=True, grid=(1, 2), storage=("cols", "cols"))
-    plain = make_plan(shape, dtype, Machine("cupy", 2), **two)
-    staged = make_plan(shape, dtype, Machine("cupy", 2), staged=(True, True),
-                       panel_width=plain.panel_width, **two)
+    two, held = PlanRequest(device_memory=budget, grid=(1, 2)), dict(host_held=True,
+                                                                     storage=("cols", "cols"))
+    plain = make_plan(shape, dtype, Machine("cupy", 2), two, **held)
+    staged = make_plan(shape, dtype, Machine("cupy", 2), replace(two, panel_width=plain.panel_width),
+                       staged=(True, True), **held)
     assert restage(plain, (True, True)).memory == staged.memory
 
 
@@ -483,8 +499,9 @@ def test_ranks_blocks_are_cut_the_way_that_uploads_less(storage, grid, tiles):
     from summa.planning.tiling import upload_elements
     dtype = "float64" if grid == (1, 2) else "complex128"
     with options.set(transpose_b="no"):  # (its copy of B's panels takes room of its own)
-        plan = restage(make_plan((32768,) * 3, dtype, Machine("cupy", 2), device_memory="8GiB",
-                                 host_held=True, grid=grid, storage=storage), (True, True))
+        plan = restage(make_plan((32768,) * 3, dtype, Machine("cupy", 2),
+                                 PlanRequest(device_memory="8GiB", grid=grid), host_held=True,
+                                 storage=storage), (True, True))
     assert plan.memory.tiles == tiles
     ml, nl = 32768 // grid[0], 32768 // grid[1]
     assert upload_elements(ml, nl, tiles) < upload_elements(ml, nl, tiles[::-1])
@@ -504,7 +521,7 @@ def test_out_of_core_plans_on_gpus_settle_host_copies_and_their_threads(monkeypa
     shape = (65536,) * 3
 
     def planned(machine, **kwargs):
-        return make_plan(shape, "float64", machine, device_memory="8GiB", **kwargs)
+        return make_plan(shape, "float64", machine, PlanRequest(device_memory="8GiB"), **kwargs)
     for machine, threads in ((Machine("cupy", 8, ranks_on_node=2), 6), (Machine("cupy", 1), 12),
                              (Machine("cupy", 8), 1), (Machine("cupy", 4, ranks_on_node=4), 3)):
         plan = planned(machine)
@@ -544,19 +561,20 @@ def test_live_machines_count_the_ranks_on_their_node_as_the_grid_will(comm, monk
     gpu = _FakeGpu(24 << 30)
     on_node = topology_of(comm).local_size
     assert Machine.live(comm, gpu).ranks_on_node == on_node
-    plan = make_plan((4096,) * 3, "float64", Machine.live(comm, gpu), device_memory="1GiB")
+    plan = make_plan((4096,) * 3, "float64", Machine.live(comm, gpu),
+                     PlanRequest(device_memory="1GiB"))
     assert plan.copy_threads == staging.copy_threads(on_node)
     with Topology.virtual(comm, nodes=comm.size) as alone:  # a node a rank
         machine = Machine.live(comm, gpu, alone)
         with ProcessGrid(comm, topology=alone) as grid:
             assert machine.ranks_on_node == grid.local_size == 1
         assert make_plan((4096,) * 3, "float64", machine,
-                         device_memory="1GiB").copy_threads == 12
+                         PlanRequest(device_memory="1GiB")).copy_threads == 12
 
 
 def test_plan_prints_and_serialises():
-    plan = make_plan((100_000,) * 3, "float64", Machine("cupy", 8), grid=(2, 4),
-                     device_memory="22GiB", predict=True)
+    plan = make_plan((100_000,) * 3, "float64", Machine("cupy", 8),
+                     PlanRequest(grid=(2, 4), device_memory="22GiB"), predict=True)
     text = str(plan)
     assert text.startswith("plan: 100000 x 100000 x 100000 float64 on 8 ranks (grid 2x4)")
     assert "C tiles of" in text and "predicted by the model" in text
@@ -587,12 +605,11 @@ def test_plan_command_prints_make_plan(args):
     machine, _ = planning_machine(shipped_profile(), opts.backend, ranks)
     assert machine.free_device == (Profile.load(shipped_profile()).device_memory
                                    if opts.backend == "cupy" else None)
+    request = PlanRequest(grid=opts.grid, device_memory=opts.device_memory, panel_width=opts.nb,
+                          schedule=opts.schedule, broadcaster=opts.comm,
+                          precision=None if opts.precision == "default" else opts.precision)
     plan = make_plan((opts.m or opts.size, opts.n or opts.size, opts.k or opts.size), opts.dtype,
-                     machine, grid=opts.grid,
-                     device_memory=opts.device_memory, panel_width=opts.nb,
-                     schedule=opts.schedule, broadcaster=opts.comm, staged=(ipc, ipc),
-                     precision=None if opts.precision == "default" else opts.precision,
-                     predict=True)
+                     machine, request, staged=(ipc, ipc), predict=True)
     hardware, printed = out.getvalue().split("\n", 1)
     assert hardware.startswith("hardware: ")  # which profile the prediction assumed
     assert printed == f"{plan}\n"
@@ -629,8 +646,8 @@ def test_the_plan_a_run_used_is_the_one_summa_plan_prints(comm, rng, tmp_path, d
                     MPI.COMM_SELF, io.StringIO()) == 0
     printed = json.loads(path.read_text())
     assert _without_prediction(printed) == _without_prediction(ran)
-    planned = make_plan((m, n, k), dtype, Machine("numpy", comm.size), host_held=True,
-                        device_memory=device_memory, panel_width=8)
+    planned = make_plan((m, n, k), dtype, Machine("numpy", comm.size),
+                        PlanRequest(device_memory=device_memory, panel_width=8), host_held=True)
     assert planned.as_dict() == ran
     if device_memory:  # the sweep ran the plan's tiles, within its budget
         assert stats.extra["tiles"] == list(planned.memory.tiles)
@@ -651,7 +668,8 @@ def test_matmul_plans_once_and_executes_many(comm, rng, device_memory):
     with summa.Matmul(mine(a), mine(b), comm=comm, backend="numpy", alpha=2.0,
                       device_memory=device_memory, panel_width=8) as m:
         assert m.plan == make_plan((60, 30, 40), "float64", Machine("numpy", comm.size),
-                                   host_held=True, device_memory=device_memory, panel_width=8)
+                                   PlanRequest(device_memory=device_memory, panel_width=8),
+                                   host_held=True)
         assert "plan: 60 x 30 x 40 float64" in str(m.plan)
         grid = m._product.grid
         for x in (a, a2, a):
@@ -684,8 +702,9 @@ def _int8_sweep_bytes(mem) -> int:
 
 
 def _int8_plan(n: int, budget, dtype="float64", panel_width=None) -> Plan:
-    return make_plan((n, n, n), dtype, Machine("cupy", 1), device_memory=budget,
-                     precision="fp64-int8", panel_width=panel_width)
+    return make_plan((n, n, n), dtype, Machine("cupy", 1),
+                     PlanRequest(device_memory=budget, precision="fp64-int8",
+                                 panel_width=panel_width))
 
 
 def test_fp64_int8_products_in_chunks_of_rows_let_fewer_larger_tiles_fit():
@@ -715,7 +734,8 @@ def test_fp64_int8_products_in_chunks_of_rows_let_fewer_larger_tiles_fit():
     roomy = _int8_plan(n, "139GiB")  # whole rows fit: none said
     assert roomy.memory.int8_rows is None and roomy.scheme.rows is None
     assert "at a time" not in str(roomy)
-    assert make_plan((n, n, n), "float64", Machine("cupy", 1), device_memory=budget).scheme is None
+    assert make_plan((n, n, n), "float64", Machine("cupy", 1),
+                     PlanRequest(device_memory=budget)).scheme is None
 
 
 def test_fp64_int8_folds_take_more_integer_products_a_pass_where_room_is_left():
@@ -774,10 +794,10 @@ def test_fp64_int8_operands_on_the_gpu_take_rows_in_chunks_where_all_do_not_fit(
     n = 40960
     held = 2 * n * n * 8
 
-    def plan(free, **options):
+    def plan(free, device_memory=None):
         return make_plan((n, n, n), "float64", Machine("cupy", 1, free_device=free),
-                         precision="fp64-int8", placement=Placement("device", 0, held=held),
-                         **options)
+                         PlanRequest(precision="fp64-int8", device_memory=device_memory),
+                         placement=Placement("device", 0, held=held))
     whole = ozaki_gpu.scratch_bytes(n, n, n, ozaki_gpu.moduli_for(n)) + 8 * n * n
     roomy = plan(whole)
     assert roomy.placement.resident and roomy.memory.int8_rows is None

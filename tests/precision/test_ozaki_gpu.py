@@ -317,7 +317,7 @@ def test_moduli_asked_reach_the_products_and_the_plans(rng, ozaki_gpu, monkeypat
     own K's. The products themselves read no options: a scheme's None is
     the default for their K. Bad counts and counts without fp64-int8
     refused with one clear error."""
-    from summa.planning import Machine, make_plan, precision as asking
+    from summa.planning import Machine, PlanRequest, make_plan, precision as asking
     from summa.planning.memory import Execution, memory_plan
     monkeypatch.delenv("SUMMA_FP64_INT8_MODULI", raising=False)
     backend = fake_cupy_kernels.Backend()
@@ -328,9 +328,10 @@ def test_moduli_asked_reach_the_products_and_the_plans(rng, ozaki_gpu, monkeypat
         return memory_plan(4096, 4096, 4096, "float64", (1, 1), 4096,
                            Execution(1, "cupy", precision="fp64-int8")).device_bytes
 
-    def made(width=4096, **asked):
+    def made(width=4096, device_memory=None, moduli=None):
         return make_plan((4096, 4096, 4096), "float64", Machine("cupy", 2, free_device=2**40),
-                         precision="fp64-int8", panel_width=width, **asked)
+                         PlanRequest(precision="fp64-int8", panel_width=width,
+                                     device_memory=device_memory), moduli=moduli)
     default, plan = asking.moduli_for(300), planned()
     in_memory, auto, sweep = made(), made("auto"), made(1000, device_memory="1GiB")
     assert in_memory.moduli == in_memory.scheme.moduli == asking.moduli_for(4096)
