@@ -40,6 +40,8 @@ from ..planning.model import gemm_flops
 from ..planning.hostroom import check_host_room, own_host_bytes
 from ..planning.least import check_least_budget
 from ..planning.request import PlanRequest
+from ..planning.distributed import settled_width
+from ..execution.transpose import PanelsOfA
 from .verify import freivalds
 from ..execution.jobprogress import block_share, job_progress, multiply_phase, phase_predictions
 from ..runtime.watchdog import watch
@@ -437,14 +439,17 @@ def _warm_up(run: _FilesRun, operands) -> tuple:
     """Create (and self-test) the broadcasters the multiply will use, settle an
     "auto" panel width, and run one small GEMM. Returns ``(plan,
     broadcasters)``: out of core the sweep's, the plan made final for them
-    (:func:`summa.execution.outofcore.prepared_sweep`); in memory the plan
+    (:func:`summa.execution.outofcore.prepared_sweep`); in memory the plan,
+    its width settled (:func:`summa.planning.distributed.settled_width`),
     and None."""
     A, B, C = operands
     backend, dtype, precision = run.backend, run.job.compute, run.job.request.precision
     made = (run.plan, None)
     if run.plan.device_budget is None:  # in memory
-        prepare(A, B, C, run.plan.panel_width, run.job.request.broadcaster, precision,
-                run.plan.scheme)
+        # the planner settles "auto" (measured once per problem), the run takes it
+        plan, _ = settled_width(run.plan, A, B, C, PanelsOfA)
+        prepare(A, B, C, plan.panel_width, run.job.request.broadcaster, precision)
+        made = (plan, None)
     else:
         made = prepared_sweep(run.plan, SweepOperands(A, B, C), backend)
     x = backend.asarray(np.ones((64, 64), dtype=dtype))

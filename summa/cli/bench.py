@@ -25,6 +25,8 @@ from ..planning.model import gemm_flops
 from ..planning.plan import Machine
 from ..planning.planner import make_plan
 from ..planning.request import PlanRequest
+from ..planning.distributed import settled_width
+from ..execution.transpose import PanelsOfA
 from ..planning.precision import moduli_for
 from ..planning.hostroom import check_host_room, own_host_bytes
 from ..planning.least import check_least_budget
@@ -291,8 +293,11 @@ def _repetitions(job: BenchJob, plan, grid: ProcessGrid, operands, progress: Job
         holding = sum(x.local.nbytes for x in operands) if plan.device_budget is None else 0
         with Account.of(plan, backend, "the benchmark", holding).drawing(grid.comm) as account:
             if plan.device_budget is None:
-                # "auto" is measured in the first call and cached for the rest.
-                stats = run_in_memory(plan, A, B, C, progress=progress.step)
+                # "auto" is settled by the planner, measured before the first
+                # call (timed with it, as before) and cached for the rest.
+                settled, measured = settled_width(plan, A, B, C, PanelsOfA)
+                stats = run_in_memory(settled, A, B, C, progress=progress.step)
+                stats.extra["panel_width_measured"] = measured
             else:
                 stats = run_out_of_core(plan, SweepOperands(A, B, C), backend,
                                         progress=progress.step)

@@ -32,7 +32,7 @@ from ..device.traits import traits
 from .transpose import PanelForms, PanelsOfA, PanelsOfB
 from ..planning.distributed import plan_distributed
 from ..planning.request import PlanRequest
-from ..planning.tuning import column_major, panel_width_for
+from ..planning.tuning import column_major, planned_width
 from ..planning.precision import asked_moduli
 from ..runtime.watchdog import watch
 
@@ -141,13 +141,13 @@ def run_in_memory(plan, A: DistMatrix, B: DistMatrix, C: DistMatrix, *, alpha=1.
     precision, schedule, transposed copies, fp64-int8's scheme (rows and
     planes) and panel sums. Decides nothing, reads no free memory (the
     plan's memory is what the run may draw: :class:`summa.device.account.Account`)
-    but the broadcasters of the kind it names and a width of ``"auto"``
-    (:func:`summa.planning.make_plan`'s, made without the operands).
+    but the broadcasters of the kind it names.
 
     Parameters
     ----------
     plan : summa.planning.Plan
-        An in-memory plan of this product.
+        An in-memory plan of this product, its panel width an integer (an
+        ``"auto"`` one settled first: :func:`summa.planning.distributed.settled_width`).
     A, B, C : DistMatrix
         The operands as :func:`summa` takes them.
     alpha, beta : scalar
@@ -209,13 +209,12 @@ def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple)
     (of the kind the plan names) and exported blocks in a :class:`_Call`,
     its steps in this rank's order, and the stats they start. `operands`:
     ``(A, B, C)``; `asked`: the plan's ``(panel_width, lookahead,
-    broadcaster, precision)`` (a width of ``"auto"``: measured now, where a
-    plan made without the operands names one); `extras`: an :class:`_Extras`."""
+    broadcaster, precision)`` (an integer width: "auto" the planner's to
+    settle); `extras`: an :class:`_Extras`."""
     (A, B, C), (panel_width, lookahead, broadcaster, precision) = operands, asked
     progress, conj, copies = extras.progress, extras.conj, extras.copies
     backend, grid = C.backend, C.grid
-    panel_width, measured = panel_width_for(A, B, C, panel_width, precision, PanelsOfA,
-                                            extras.scheme)
+    panel_width = planned_width(panel_width)
     if int(lookahead) < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
@@ -230,7 +229,7 @@ def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple)
     steps = _steps_of(call, panels, strips, panel_width)
     stats = SummaStats(panels=len(steps), panel_width=panel_width,
                        comm=(col_bc if strips else row_bc).name, lookahead=call.lookahead,
-                       extra={"panel_width_measured": measured,
+                       extra={"panel_width_measured": False,  # (by the planner: its caller's)
                               "schedule": schedule,
                               "transposed_a": copies[0], "transposed_b": copies[1]})
     return call, steps, stats
@@ -400,13 +399,13 @@ def one_rank_steps(panels: list, c_shape, backend_name: str, k: int = 0) -> list
 
 
 def prepare(A: DistMatrix, B: DistMatrix, C: DistMatrix, panel_width=None,
-            broadcaster: str = "auto", precision: str | None = None, scheme=None) -> None:
+            broadcaster: str = "auto", precision: str | None = None) -> None:
     """Set up what :func:`summa` on these operands will use, so that it then
     times only the multiply: the broadcasters (made and self-tested once per
-    grid), an ``"auto"`` panel width (measured once per problem; fp64-int8
-    as the Plan's `scheme`), and with direct copies the peers' blocks opened.
-    Collective."""
-    width, _ = panel_width_for(A, B, C, panel_width, precision, PanelsOfA, scheme)
+    grid) for panels of `panel_width` (an integer: the plan's, an ``"auto"``
+    one settled by the planner first: :func:`summa.planning.distributed.settled_width`),
+    and with direct copies the peers' blocks opened. Collective."""
+    width = planned_width(panel_width)
     row_bc, col_bc = pick_broadcasters(A, B, C,
                                         panel_schedule(A.layout.cols, B.layout.rows, width),
                                         broadcaster, precision)

@@ -40,6 +40,8 @@ from .jobprogress import library_reporting, multiply_phase, phase_predictions
 from .outofcore import SweepOperands, prepared_sweep, run_out_of_core
 from ..planning.arrays import HeldArrays, plan_held, stored_plan
 from ..planning.request import PlanRequest
+from ..planning.distributed import settled_width
+from .transpose import PanelsOfA
 from ..planning.checks import check_arrays, check_scalars
 from ..planning.memory import check_memory, format_bytes
 from ..planning.selection import peer_access
@@ -417,8 +419,12 @@ def _in_memory(plan, pgrid, be, held: HeldArrays, alpha, stats):
     # panels copied as the plan counted them, whatever these arrays' layout
     # (a Matmul planned for others): no scratch beyond its memory
     job = _multiply_phase(plan, pgrid)
-    result = run_in_memory(plan, A, B, C, alpha=alpha, conj=(conj_a, conj_b),
+    # the planner settles an "auto" width on these operands (measured once
+    # per problem, where the run measured it before); the run takes it
+    settled, measured = settled_width(plan, A, B, C, PanelsOfA)
+    result = run_in_memory(settled, A, B, C, alpha=alpha, conj=(conj_a, conj_b),
                            progress=job and job.step)
+    result.extra["panel_width_measured"] = measured
     if stats is not None:  # a pass over C where it lies: matmul warns of NaN/Inf by it
         finite = pgrid.comm.allreduce(be.all_finite(c), op=MPI.LAND)
         stats.__dict__.update(result.__dict__)

@@ -23,9 +23,9 @@ from .precision import asked_scheme, moduli_asked, panel_sums_apply, panel_sums_
 from .memory import Execution, memory_plan, panel_sums_fit
 from .plan import Plan
 from .request import PlanRequest
-from .tuning import column_major, panel_width_for, transposes_a, transposes_b
+from .tuning import column_major, is_width, panel_width_for, transposes_a, transposes_b
 
-__all__ = ["plan_distributed"]
+__all__ = ["plan_distributed", "settled_width"]
 
 
 def plan_distributed(A, B, C, request: PlanRequest = PlanRequest(), *,
@@ -85,6 +85,26 @@ def plan_distributed(A, B, C, request: PlanRequest = PlanRequest(), *,
                 # read once here (None: each panel's product its K's default)
                 scheme_moduli=moduli_asked() if precision == "fp64-int8" else None)
     return plan, measured
+
+
+def settled_width(plan, A, B, C, panels_of_a=None) -> tuple:
+    """``(plan, measured)``: `plan` (an in-memory Plan made without the
+    operands, :func:`summa.planning.make_plan`'s) with its panel width an
+    integer, for the in-memory executor, which takes it as it is: an
+    ``"auto"`` width measured now on the DistMatrix operands A, B, C
+    (:func:`summa.planning.tuning.panel_width_for`: once per problem, A's
+    panels formed by `panels_of_a`, fp64-int8 as the plan's scheme; on one
+    rank the default), None the default; `plan` itself where its width is an
+    integer already. `measured`: whether the width was measured in this
+    call. The rest of the plan (its memory, its predictions) stays as it was
+    planned. Collective over C's grid where it measures: call it at the same
+    point on every rank, on C's backend's device."""
+    if is_width(plan.panel_width):
+        return plan, False
+    with C.backend.on_device():
+        width, measured = panel_width_for(A, B, C, plan.panel_width, plan.precision,
+                                          panels_of_a, plan.scheme)
+    return replace(plan, panel_width=width), measured
 
 
 def _panel_sums(A, B, C, width: int, lookahead: int, precision, strips: bool) -> int | None:

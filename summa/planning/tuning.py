@@ -19,8 +19,8 @@ from ..device.base import gemm_library, transpose_a_setting, transpose_b_setting
 from ..device.traits import traits
 from ..host.storage import copyable_rows
 
-__all__ = ["default_panel_width", "auto_panel_width", "panel_width_for", "transposes_a",
-           "transposes_b", "column_major", "is_width", "CANDIDATE_WIDTHS"]
+__all__ = ["default_panel_width", "auto_panel_width", "panel_width_for", "planned_width",
+           "transposes_a", "transposes_b", "column_major", "is_width", "CANDIDATE_WIDTHS"]
 
 #: Widths ``auto`` considers (those wider than K are dropped).
 CANDIDATE_WIDTHS = (256, 512, 1024, 2048, 4096, 8192)
@@ -149,6 +149,17 @@ def is_width(width) -> bool:
     """Is `width` a panel width as such (an integer, not a bool), not
     ``"auto"`` or None, which the planner settles?"""
     return isinstance(width, (int, np.integer)) and not isinstance(width, bool)
+
+
+def planned_width(width) -> int:
+    """A Plan's panel width as the executors take it, checked: an integer
+    >= 1 (``"auto"`` and None are the planner's to settle before the run:
+    :func:`summa.planning.distributed.plan_distributed`,
+    :func:`summa.planning.distributed.settled_width`)."""
+    if not is_width(width) or width < 1:
+        raise ValueError(f"a plan's panel width must be an integer >= 1 (\"auto\" is "
+                         f"settled by the planner before the run), got {width!r}")
+    return int(width)
 
 
 def auto_panel_width(A, B, C, precision=None, panels_of_a=None,

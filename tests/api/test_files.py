@@ -42,6 +42,37 @@ def test_odd_shapes_equal_numpy_within_gauge(comm, rng, folder, dtype):
 
 
 @pytest.mark.mpi(min_size=1)
+def test_auto_width_is_settled_in_the_set_up_not_by_the_multiply(comm, rng, folder,
+                                                                  monkeypatch):
+    """An "auto" width: measured once, by the planner in the set-up phase
+    (summa.planning.distributed.settled_width), never by the executor."""
+    from summa.planning import tuning
+    monkeypatch.setattr(tuning, "_cache", {})
+    calls, running = [], []
+    measure, run = tuning.auto_panel_width, files_module.run_in_memory
+
+    def counted(*args, **kwargs):
+        assert not running, "the executor measured a panel width"
+        calls.append(1)
+        return measure(*args, **kwargs)
+
+    def executing(plan, *args, **kwargs):
+        assert isinstance(plan.panel_width, int)
+        running.append(1)
+        return run(plan, *args, **kwargs)
+
+    monkeypatch.setattr(tuning, "auto_panel_width", counted)
+    monkeypatch.setattr(files_module, "run_in_memory", executing)
+    a, b = random_array(rng, (57, 300), "float64"), random_array(rng, (300, 43), "float64")
+    pa, pb = save(comm, folder, "A.npy", a), save(comm, folder, "B.npy", b)
+    record = multiply_files(pa, pb, str(folder / "C.npy"), comm, check=True, quiet=True,
+                            panel_width="auto")
+    assert record["check_residual"] <= 1 and running
+    assert len(calls) == (1 if comm.Get_size() > 1 else 0)
+    assert len(set(comm.allgather(record["panel_width"]))) == 1
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("dtype", ["float64", "complex64"])
 def test_fortran_ordered_and_transposed_files_stream_as_they_lie(comm, rng, folder, dtype):
     """Out of core, files read as they lie by columns (Fortran order, a C

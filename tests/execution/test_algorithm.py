@@ -156,15 +156,19 @@ def test_own_panels_go_first_where_every_receive_starts_at_once(comm, rng, monke
 
 @pytest.mark.mpi(min_size=2)
 def test_prepare_leaves_the_multiply_nothing_to_set_up(comm, backend, rng):
-    """``prepare`` makes the broadcasters and measures an "auto" width, so the
-    multiply that follows (timed by ``summa multiply``) does neither."""
+    """``prepare`` makes the broadcasters for the width the planner settled
+    (an "auto" one measured there), so the multiply that follows (timed by
+    ``summa multiply``) does neither."""
     from summa.execution.algorithm import prepare
+    from summa.execution.transpose import PanelsOfA
+    from summa.planning.tuning import panel_width_for
     a, b = random_array(rng, (40, 36), "float64"), random_array(rng, (36, 28), "float64")
     with make_grid(comm, "auto") as grid:
         A, B = distribute(a, grid, backend), distribute(b, grid, backend)
         C = DistMatrix.zeros((40, 28), "float64", grid, backend)
         assert not grid.resources
-        prepare(A, B, C, "auto")
+        width, _ = panel_width_for(A, B, C, "auto", None, PanelsOfA)
+        prepare(A, B, C, width)
         made = dict(grid.resources)
         assert made  # the broadcasters
         stats = SummaStats()

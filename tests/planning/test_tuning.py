@@ -5,7 +5,9 @@ import pytest
 
 import summa.planning.tuning as tuning
 from helpers import gemm_scaled_error
-from summa.execution.algorithm import SummaStats, gemm
+import summa.execution.algorithm as algorithm
+import summa.execution.arrays as arrays
+from summa.execution.algorithm import SummaStats, gemm, summa
 from summa.api.multiply import matmul
 from summa.distribution.grid import ProcessGrid
 from summa.distribution.matrix import DistMatrix
@@ -42,6 +44,62 @@ def test_auto_is_measured_once_agreed_and_correct(comm, backend, monkeypatch):
         assert second.panel_width == first.panel_width
     if comm.rank == 0:
         assert gemm_scaled_error(c, a, b) <= 1
+
+
+def _measured_in_planning_only(monkeypatch) -> list:
+    """Count the measurements of a panel width, and fail any that the
+    in-memory executor (``run_in_memory``, as the entry points call it) makes."""
+    monkeypatch.setattr(tuning, "_cache", {})
+    calls, running = [], []
+    measure, run = tuning.auto_panel_width, algorithm.run_in_memory
+
+    def counted(*args, **kwargs):
+        if running:
+            raise AssertionError("the executor measured a panel width")
+        calls.append(1)
+        return measure(*args, **kwargs)
+
+    def executing(*args, **kwargs):
+        running.append(1)
+        try:
+            return run(*args, **kwargs)
+        finally:
+            running.pop()
+
+    monkeypatch.setattr(tuning, "auto_panel_width", counted)
+    monkeypatch.setattr(algorithm, "run_in_memory", executing)
+    monkeypatch.setattr(arrays, "run_in_memory", executing)
+    return calls
+
+
+@pytest.mark.mpi(min_size=1)
+def test_auto_is_measured_by_the_planner_never_by_the_executor(comm, backend, monkeypatch):
+    """An "auto" width is settled before the run, once per problem: a
+    DistMatrix summa's by plan_distributed, matmul's (a Plan made without
+    the operands) by settled_width; the executor takes an integer."""
+    calls = _measured_in_planning_only(monkeypatch)
+    several = comm.Get_size() > 1
+    with ProcessGrid(comm) as grid:
+        A = DistMatrix.random((60, 90), "float64", grid, backend, seed=1)
+        B = DistMatrix.random((90, 50), "float64", grid, backend, seed=2)
+        C = DistMatrix.zeros((60, 50), "float64", grid, backend)
+        stats = summa(1.0, A, B, 0.0, C, panel_width="auto")
+        a, b, c = A.gather(), B.gather(), C.gather()
+    assert len(calls) == (1 if several else 0)
+    assert stats.extra["panel_width_measured"] is several
+    assert len(set(comm.allgather(stats.panel_width))) == 1
+    if comm.rank == 0:
+        assert gemm_scaled_error(c, a, b) <= 1
+    # matmul on arrays: its Plan names "auto"; settled on the operands, before the run
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((70, 80)), rng.standard_normal((80, 40))
+    stats = SummaStats()
+    z = matmul(x, y, panel_width="auto", stats=stats)
+    assert len(calls) == (2 if several else 0)
+    assert stats.extra["panel_width_measured"] is several
+    assert stats.extra["plan"]["panel_width"] == ("auto" if several else stats.panel_width)
+    if comm.rank == 0:
+        assert gemm_scaled_error(z, x, y) <= 1
 
 
 @pytest.mark.mpi(min_size=1)
