@@ -8,7 +8,6 @@ import numpy as np
 from ..runtime.mpi import MPI
 from ..device.base import Backend
 from ..device.numpy_backend import NumpyBackend
-from ..runtime.agree import collectively
 from ..transports.comm import recv_array, send_array
 from .layout import Layout, span, take_block
 from ..runtime.watchdog import watch
