@@ -56,7 +56,7 @@ INT8_LIBRARIES = ("auto", "gemmex", "cublaslt", "cublaslt:I")
 TRANSPOSE_A_SETTINGS = ("auto", "yes", "no")
 #: ``SUMMA_COMPUTE_PRIORITY``'s values.
 PRIORITIES = ("default", "high")
-#: ``SUMMA_HOST_COPIES``'s values (:func:`summa.execution.outofcore.summa_out_of_core`).
+#: ``SUMMA_HOST_COPIES``'s values (:func:`summa.planning.make_plan`'s `host_copies`).
 HOST_COPIES = ("stage", "lock")
 
 

@@ -93,3 +93,16 @@ def spy_out_of_core(monkeypatch):
     for module in (files, multiply, arrays):
         monkeypatch.setattr(module, "run_out_of_core", spy)
     return seen
+
+
+def held_plan(A, B, C, device, host_copies=None, **request):
+    """The out-of-core Plan of ``C <- alpha A @ B + beta C`` on host-held
+    DistMatrix operands, for `device`'s kind of backend, on C's grid (its
+    ranks on a node; no communication): `request` as
+    :class:`summa.planning.PlanRequest` takes it (``device_memory``: the budget
+    that cuts the tiles), `host_copies` as :func:`summa.planning.make_plan`."""
+    from summa.planning import Machine, PlanRequest, make_plan
+    return make_plan((A.shape[0], B.shape[1], A.shape[1]), C.dtype,
+                     Machine(device.name, C.grid.size, ranks_on_node=C.grid.local_size),
+                     PlanRequest(grid=C.grid.shape, out_of_core=True, **request),
+                     host_copies=host_copies)

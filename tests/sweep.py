@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-from helpers import gemm_scaled_error, op, random_array
+from helpers import gemm_scaled_error, held_plan, op, random_array
 from summa import options
 from summa.host.storage import storage_of
 
@@ -227,7 +227,7 @@ def run_case(case: dict, grids: Grids, backend, seed: int | None = None) -> floa
     from summa.execution.algorithm import gemm
     from summa.device.backend import NumpyBackend
     from summa.distribution.matrix import DistMatrix
-    from summa.execution.outofcore import summa_out_of_core
+    from summa.execution.outofcore import SweepOperands, summa_out_of_core
     grid = grids(case["grid"])
     rng = np.random.default_rng(seed)
     m, n, k = case["m"], case["n"], case["k"]
@@ -241,10 +241,12 @@ def run_case(case: dict, grids: Grids, backend, seed: int | None = None) -> floa
         if case["out_of_core"]:
             host = NumpyBackend()
             A, B, C = (DistMatrix.from_global(x, grid, host) for x in (a, b, c0))
-            summa_out_of_core(case["alpha"], A, B, case["beta"], C, backend,
-                              _budget(case, grid.shape, np.dtype(dtype).itemsize),
-                              panel_width=case["panel_width"], lookahead=case["lookahead"],
-                              precision=case["precision"], comm=case["broadcaster"])
+            plan = held_plan(A, B, C, backend,
+                             device_memory=_budget(case, grid.shape, np.dtype(dtype).itemsize),
+                             panel_width=case["panel_width"], lookahead=case["lookahead"],
+                             precision=case["precision"], broadcaster=case["broadcaster"])
+            summa_out_of_core(plan, SweepOperands(A, B, C), backend, alpha=case["alpha"],
+                              beta=case["beta"])
         else:
             A, B, C = (DistMatrix.from_global(x, grid, backend, block=block)
                        for x in (a, b, c0))

@@ -4,7 +4,7 @@ runs on the GPU too with SUMMA_TEST_BACKEND=cupy (see .ci/gpu-check)."""
 import numpy as np
 import pytest
 
-from helpers import gemm_scaled_error, random_array
+from helpers import gemm_scaled_error, held_plan, random_array
 from summa.device.backend import cupy_available, get_backend
 from summa.distribution.grid import ProcessGrid
 from summa.distribution.matrix import DistMatrix
@@ -63,7 +63,7 @@ def test_a_rank_runs_on_its_gpu_whatever_gpu_is_current(comm, rng, gpu, comm_kin
     (NCCL refused two ranks on one GPU)."""
     import cupy
     from summa.device.backend import NumpyBackend
-    from summa.execution.outofcore import summa_out_of_core
+    from summa.execution.outofcore import SweepOperands, summa_out_of_core
     grid, backend = gpu
     count = cupy.cuda.runtime.getDeviceCount()
     if count < 2:
@@ -80,8 +80,9 @@ def test_a_rank_runs_on_its_gpu_whatever_gpu_is_current(comm, rng, gpu, comm_kin
         fresh = gemm(A, B, panel_width=16, broadcaster=comm_kind)  # its C made there
         assert C.local.device.id == fresh.local.device.id == backend.device
         Ah, Bh, Ch = (DistMatrix.from_global(x, grid, host) for x in (a, b, c0))
-        summa_out_of_core(0.5, Ah, Bh, 2.0, Ch, backend, 64 << 10, panel_width=16,
-                          comm=comm_kind)
+        plan = held_plan(Ah, Bh, Ch, backend, device_memory=64 << 10, panel_width=16,
+                         broadcaster=comm_kind)
+        summa_out_of_core(plan, SweepOperands(Ah, Bh, Ch), backend, alpha=0.5, beta=2.0)
         assert cupy.cuda.runtime.getDevice() == other
         in_memory, out_of_core, product = C.gather(), Ch.gather(), fresh.gather()
     finally:
@@ -324,7 +325,7 @@ def test_out_of_core_on_the_gpu(comm, rng, gpu, dtype, mode, size):
     # ipc at 2000: 63 panels through 2 slots, where a root once refilled a slot
     # before its panel had been copied out (float64 results came out wrong).
     from summa.device.backend import NumpyBackend
-    from summa.execution.outofcore import summa_out_of_core
+    from summa.execution.outofcore import SweepOperands, summa_out_of_core
     grid, backend = gpu
     if mode not in _modes(backend):
         pytest.skip(f"{mode} is not available here")
@@ -338,8 +339,8 @@ def test_out_of_core_on_the_gpu(comm, rng, gpu, dtype, mode, size):
     budget = min(200_000 * (size // 300) ** 2, local_c * 9 // 10)
     for beta in (0.0, -0.5):  # C starts from zero on the device, or is uploaded
         C = DistMatrix.from_global(c0, grid, host)
-        stats = summa_out_of_core(1.5, A, B, beta, C, backend, budget, panel_width=32,
-                                  comm=mode)
+        plan = held_plan(A, B, C, backend, device_memory=budget, panel_width=32, broadcaster=mode)
+        stats = summa_out_of_core(plan, SweepOperands(A, B, C), backend, alpha=1.5, beta=beta)
         assert stats.extra["tiles"][0] * stats.extra["tiles"][1] > 1  # really tiled
         head, tail = stats.extra["head_seconds"], stats.extra["tail_seconds"]
         # GPU event times against the host clock: 2 ms of slack between the two clocks
@@ -825,7 +826,7 @@ def test_fp64_int8_out_of_core_in_chunks_of_rows(comm, rng, gpu, monkeypatch):
     chunks of rows (FP64_INT8_ROWS made small): the plan's rows, the
     product within the gauge."""
     from summa.device.backend import NumpyBackend
-    from summa.execution.outofcore import summa_out_of_core
+    from summa.execution.outofcore import SweepOperands, summa_out_of_core
     from summa.planning import tiling
     grid, backend = gpu
     monkeypatch.setattr(tiling, "FP64_INT8_ROWS", 64)
@@ -834,8 +835,9 @@ def test_fp64_int8_out_of_core_in_chunks_of_rows(comm, rng, gpu, monkeypatch):
     host = NumpyBackend()
     A, B = DistMatrix.from_global(a, grid, host), DistMatrix.from_global(b, grid, host)
     C = DistMatrix.zeros((m, n), "float64", grid, host)
-    stats = summa_out_of_core(1.0, A, B, 0.0, C, backend, 1_400_000, panel_width=128,
-                              precision="fp64-int8")
+    plan = held_plan(A, B, C, backend, device_memory=1_400_000, panel_width=128,
+                     precision="fp64-int8")
+    stats = summa_out_of_core(plan, SweepOperands(A, B, C), backend)
     # (on 1 to 4 ranks; 6 ranks' staged slots, ipc, leave room for no tile's rows)
     assert stats.extra["plan"]["memory"]["int8_rows"] or grid.size > 4
     c = C.gather()

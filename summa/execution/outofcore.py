@@ -40,10 +40,8 @@ from ..precision import ozaki
 from .algorithm import SummaStats
 from ..planning.checks import check_layouts, check_operands, check_scalars
 from ..distribution.layout import panel_schedule
-from ..distribution.matrix import DistMatrix
-from ..planning.plan import Machine, Plan
-from ..planning.planner import make_plan, restage
-from ..planning.request import PlanRequest
+from ..planning.plan import Plan
+from ..planning.planner import restage
 from ..planning.selection import grid_broadcasters
 from ..host.storage import copyable_rows
 from .movers import CudaMover, HostMover
@@ -53,53 +51,34 @@ from ..runtime.watchdog import watch
 __all__ = ["summa_out_of_core", "run_out_of_core", "prepared_sweep", "SweepOperands"]
 
 
-def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, device,
-                      device_budget: int, panel_width: int = 4096, lookahead: int = 1,
-                      precision=None, progress=None, comm: str = "auto",
-                      host_copies: str | None = None, fresh_c: bool = False,
-                      own_copies=None) -> SummaStats:
-    """``C <- alpha * A @ B + beta * C`` with A, B, C in host memory.
+def summa_out_of_core(plan: Plan, operands: SweepOperands, device, *, alpha=1.0, beta=0.0,
+                      progress=None) -> SummaStats:
+    """``C <- alpha * A @ B + beta * C`` with A, B, C in host memory, as `plan`
+    (:func:`summa.planning.make_plan`, out of core, for these operands on
+    `device`'s kind of backend) decided it: its tiles under its device
+    budget, panel width, lookahead, precision, broadcaster and on GPUs its
+    host copies (``"stage"`` or ``"lock"``, :attr:`summa.planning.Plan.host_copies`)
+    and their threads. Collective over C's grid.
 
     Parameters
     ----------
-    A, B, C : DistMatrix
-        Host-resident operands (NumPy backend).
+    plan : Plan
+        The out-of-core Plan of this product; checked against the operands.
+    operands : SweepOperands
+        Host-resident A, B, C (NumPy backend) and, where given, `own_copies`:
+        this rank's rows of A with all of K and all of K of B for its
+        columns (views into node-shared arrays, :mod:`summa.host.shared`),
+        from which every GPU uploads the panel parts it needs itself, over
+        its own host link, and nothing is broadcast (GPUs without peer
+        access, where forwarding a panel from its owner's GPU would pass
+        through host memory again).
     device : Backend
         Where the GEMMs run (CuPy; NumPy for tests, where "device" arrays are
-        host arrays and the budget still decides the tiling).
-    device_budget : int
-        Bytes of device memory this rank may use.
-    lookahead : int
-        Panel steps uploaded and broadcast ahead of the GEMMs.
-    comm : str
-        Broadcaster between the devices (``--comm``).
-    host_copies : {"stage", "lock"}, optional
-        How host blocks that are not page-locked reach the GPU (default
-        ``SUMMA_HOST_COPIES``, else ``"stage"``; the plan settles it): ``"stage"``
-        through a ring of page-locked chunks filled and drained by host
-        threads (:mod:`summa.device.staging`; as many as the plan's
-        ``copy_threads``; nothing to do before the first GEMM),
-        or ``"lock"``: page-lock the whole blocks first, for as long as they
-        live, and copy directly (pays once, for blocks multiplied again and
-        again, as ``bench`` does). Page-locking A and B in the background
-        instead, staging until then, measured slower on the H200 machine
-        (N = 40960: 4.34 s against 3.13 s): locking stalls the other CUDA
-        calls, and unlocking costs at the end. Blocks already page-locked are
-        always copied directly.
-    fresh_c : bool
-        C's memory was never touched and its values do not matter (beta 0):
-        host threads fault its pages in during the GEMMs, so that the
-        product lands at the speed of touched memory.
-    own_copies : (ndarray, ndarray), optional
-        This rank's rows of A with all of K and all of K of B for its
-        columns (views into node-shared arrays, :mod:`summa.host.shared`): then
-        every GPU uploads the panel parts it needs itself, over its own
-        host link, and nothing is broadcast. For GPUs without peer access
-        (PCIe cards), where forwarding a panel from its owner's GPU would
-        pass through host memory again.
+        host arrays and the plan's budget still decides the tiling).
 
-    Plans the sweep (:func:`summa.planning.make_plan` to `device_budget`,
-    :func:`prepared_sweep`), then runs it (:func:`run_out_of_core`).
+    Makes the plan's broadcasters and the plan final for them
+    (:func:`prepared_sweep`), then runs it (:func:`run_out_of_core`, which
+    also takes a C never touched: ``fresh_c``).
 
     Returns
     -------
@@ -107,18 +86,11 @@ def summa_out_of_core(alpha, A: DistMatrix, B: DistMatrix, beta, C: DistMatrix, 
         With ``extra`` holding the tile shape and counts, transfer bytes and
         the Plan run (``extra["plan"]``, :meth:`summa.planning.Plan.as_dict`).
     """
-    _check_sweep(alpha, A, B, beta, C, device, precision)
-    # (the grid's node: the copy threads share its cores with its other ranks)
-    plan = make_plan((A.shape[0], B.shape[1], A.shape[1]), C.dtype,
-                     Machine(device.name, C.grid.size, ranks_on_node=C.grid.local_size),
-                     PlanRequest(grid=C.grid.shape, out_of_core=True,
-                                 device_memory=int(device_budget), panel_width=panel_width,
-                                 lookahead=lookahead, precision=precision, broadcaster=comm),
-                     host_copies=host_copies)
-    operands = SweepOperands(A, B, C, own_copies)
+    _check_sweep(alpha, operands.A, operands.B, beta, operands.C, device, plan.precision,
+                 plan.host_integers)
     plan, broadcasters = prepared_sweep(plan, operands, device)
     return run_out_of_core(plan, operands, device, alpha=alpha, beta=beta, progress=progress,
-                           fresh_c=fresh_c, broadcasters=broadcasters)
+                           broadcasters=broadcasters)
 
 
 def prepared_sweep(plan: Plan, operands: SweepOperands, device) -> tuple:
@@ -141,7 +113,10 @@ def run_out_of_core(plan: Plan, operands: SweepOperands, device, *, alpha=1.0, b
     broadcaster, and on GPUs its host copies and their threads. `operands`
     (:class:`SweepOperands`): A, B, C and where given `own_copies`;
     `broadcasters`: those `plan` was made final for (:func:`prepared_sweep`),
-    or None: made here so. The rest as for :func:`summa_out_of_core`."""
+    or None: made here so; `fresh_c`: C's memory was never touched and its
+    values do not matter (beta 0): host threads fault its pages in during the
+    GEMMs, so that the product lands at the speed of touched memory. The
+    rest as for :func:`summa_out_of_core`."""
     with device.on_device():  # its GPU, whatever the caller's current one
         return _run(plan, operands, device, (alpha, beta), progress, fresh_c, broadcasters)
 

@@ -157,7 +157,7 @@ class Plan:
     host_copies : str or None
         Out of core on GPUs: how host blocks that are not page-locked reach
         the device, ``"stage"`` or ``"lock"`` (as asked, else
-        ``SUMMA_HOST_COPIES``: :func:`summa.execution.outofcore.summa_out_of_core`);
+        ``SUMMA_HOST_COPIES``: :func:`summa.planning.make_plan`);
         None where nothing crosses a host link in tiles (CPUs, in memory).
     copy_threads : int or None
         Out of core on GPUs: host threads per rank that fill and drain the

@@ -92,7 +92,17 @@ def make_plan(shape, dtype, machine: Machine, request: PlanRequest = PlanRequest
     host_copies : {"stage", "lock"}, optional
         Out of core on GPUs, how host blocks reach the devices
         (:attr:`Plan.host_copies`, with its :attr:`Plan.copy_threads`);
-        default ``SUMMA_HOST_COPIES``.
+        default ``SUMMA_HOST_COPIES``. Host blocks that are not page-locked
+        go ``"stage"``: through a ring of page-locked chunks filled and
+        drained by host threads (:mod:`summa.device.staging`; as many as
+        ``copy_threads``; nothing to do before the first GEMM), or
+        ``"lock"``: page-locked whole first, for as long as they live, and
+        copied directly (pays once, for blocks multiplied again and again,
+        as ``bench`` does). Page-locking A and B in the background instead,
+        staging until then, measured slower on the H200 machine (N = 40960:
+        4.34 s against 3.13 s): locking stalls the other CUDA calls, and
+        unlocking costs at the end. Blocks already page-locked are always
+        copied directly.
     predict, profile : bool, str
         Fill :attr:`Plan.predicted` by the model profile at `profile`
         (default the one shipped with summa): the time, its split

@@ -186,7 +186,7 @@ class Profile:
     def peer_access(self) -> bool:
         """Whether a node's GPUs read each other's memory (absent: they do).
         Without it, out of core each GPU uploads every panel part it needs
-        itself (:func:`summa.execution.outofcore.summa_out_of_core`'s `own_copies`)."""
+        itself (:class:`summa.execution.sweep.SweepOperands`' `own_copies`)."""
         return bool(self.data.get("peer_access", True))
 
     def host_link(self) -> dict | None:

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 import summa
-from helpers import gemm_scaled_error, random_array
+from helpers import gemm_scaled_error, held_plan, random_array
 from summa import cli
 from summa.execution.algorithm import summa as summa_in_memory
 from summa.device.backend import NumpyBackend
 from summa.distribution.grid import ProcessGrid
 from summa.distribution.matrix import DistMatrix
 from summa.execution import movers
-from summa.execution.outofcore import summa_out_of_core
+from summa.execution.outofcore import SweepOperands, summa_out_of_core
 from summa.planning.memory import Execution, check_memory, memory_plan, parse_bytes
 
 #: Each test's subject is the process grid's shape: ./run test runs them on every
@@ -43,13 +43,12 @@ def test_own_copies_multiply_without_broadcasts_and_of_the_wrong_shape_are_refus
     host = NumpyBackend()
     with ProcessGrid(MPI.COMM_SELF) as grid:
         A, B, C = _held(grid, a, b)
-        stats = summa_out_of_core(1.0, A, B, 0.0, C, host, 4000, panel_width=8,
-                                  own_copies=(a, b))
+        plan = held_plan(A, B, C, host, device_memory=4000, panel_width=8)
+        stats = summa_out_of_core(plan, SweepOperands(A, B, C, (a, b)), host)
         assert gemm_scaled_error(C.gather(), a, b) <= 1
         assert stats.comm == "own uploads (host-resident)"
         with pytest.raises(ValueError, match="own_copies must be this rank's 30 rows of A"):
-            summa_out_of_core(1.0, A, B, 0.0, C, host, 4000, panel_width=8,
-                              own_copies=(a[:, :8], b))
+            summa_out_of_core(plan, SweepOperands(A, B, C, (a[:, :8], b)), host)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -66,7 +65,8 @@ def test_out_of_core_matches_reference_with_many_tiles(comm, rng, budget_tiles, 
         # a budget that holds about 1/budget_tiles of the local C plus its chunks
         side = max(4, int(np.sqrt(ml * nl / budget_tiles)))
         budget = (side * side + 4 * side * 8) * item
-        stats = summa_out_of_core(1.5, A, B, -0.5, C, host, budget, panel_width=8)
+        plan = held_plan(A, B, C, host, device_memory=budget, panel_width=8)
+        stats = summa_out_of_core(plan, SweepOperands(A, B, C), host, alpha=1.5, beta=-0.5)
         c = C.gather()
     assert stats.extra["device_bytes_planned"] <= budget
     tiles = stats.extra["tiles"][0] * stats.extra["tiles"][1]
@@ -95,8 +95,8 @@ def test_out_of_core_split_first_panel_and_strips_of_the_last(comm, rng, monkeyp
     host = NumpyBackend()
     with ProcessGrid(comm) as grid:
         A, B, C = (DistMatrix.from_global(x, grid, host) for x in (a, b, c0))
-        stats = summa_out_of_core(1.0, A, B, 2.0, C, host, 6000, panel_width=8,
-                                  lookahead=lookahead)
+        plan = held_plan(A, B, C, host, device_memory=6000, panel_width=8, lookahead=lookahead)
+        stats = summa_out_of_core(plan, SweepOperands(A, B, C), host, beta=2.0)
         c = C.gather()
     assert stats.panels == len(range(0, k, 8)) + (2 if head else 0) or grid.size > 1
     assert stats.extra["tiles"][0] * stats.extra["tiles"][1] > 1  # several tiles
@@ -186,7 +186,8 @@ def test_last_tile_goes_home_strip_by_strip_over_its_last_panels(comm, rng, monk
     with ProcessGrid(comm, (1, comm.Get_size())) as grid:
         A, B, C = _held(grid, a, b)
         # a budget for about two tiles of rows
-        stats = summa_out_of_core(1.0, A, B, 0.0, C, host, 9000, panel_width=8, lookahead=1)
+        plan = held_plan(A, B, C, host, device_memory=9000, panel_width=8, lookahead=1)
+        stats = summa_out_of_core(plan, SweepOperands(A, B, C), host)
         c = C.gather()
     if comm.rank == 0:
         assert gemm_scaled_error(c, a, b) <= 1
@@ -242,10 +243,11 @@ def test_uploads_run_a_step_ahead_of_their_broadcasts_where_a_slot_is_spare(
     host = NumpyBackend()
     with ProcessGrid(MPI.COMM_SELF) as grid:
         A, B, C = _held(grid, a, b)
-        plan = memory_plan(m, n, k, "float64", (1, 1), 8,
-                           Execution(1, "numpy", device_budget=budget, out_of_core=True))
-        assert plan.slots == 2 + lead
-        summa_out_of_core(1.0, A, B, 0.0, C, host, budget, panel_width=8, lookahead=1)
+        memory = memory_plan(m, n, k, "float64", (1, 1), 8,
+                             Execution(1, "numpy", device_budget=budget, out_of_core=True))
+        assert memory.slots == 2 + lead
+        plan = held_plan(A, B, C, host, device_memory=budget, panel_width=8, lookahead=1)
+        summa_out_of_core(plan, SweepOperands(A, B, C), host)
         assert gemm_scaled_error(C.gather(), a, b) <= 1
     steps = len(events) // 4  # one rank owns both parts of every step: 2 uploads, 2 sends
     for j in range(steps):
@@ -266,7 +268,8 @@ def test_out_of_core_is_bit_identical_when_one_tile_holds_everything(comm):
         # one rank multiplies in a single GEMM in memory: give it one panel out of core too
         width = 8 if grid.size > 1 else 40
         summa_in_memory(1.0, A, B, 0.0, C1, panel_width=width, lookahead=0)
-        summa_out_of_core(1.0, A, B, 0.0, C2, host, 1 << 30, panel_width=width)
+        plan = held_plan(A, B, C2, host, device_memory=1 << 30, panel_width=width)
+        summa_out_of_core(plan, SweepOperands(A, B, C2), host)
         assert np.array_equal(C1.local, C2.local)
 
 
@@ -397,7 +400,8 @@ def test_out_of_core_plans_staging_for_copy_engine_broadcasters(comm, rng, monke
     host = NumpyBackend()
     with ProcessGrid(comm) as grid:
         A, B, C = _held(grid, a, b)
-        stats = summa_out_of_core(1.0, A, B, 0.0, C, host, 1 << 20, panel_width=8)
+        plan = held_plan(A, B, C, host, device_memory=1 << 20, panel_width=8)
+        stats = summa_out_of_core(plan, SweepOperands(A, B, C), host)
         c = C.gather()
         pr, pc = grid.shape
     expected = memory_plan(m, n, k, "float64", (pr, pc), 8,
@@ -424,7 +428,8 @@ def test_the_sweeps_final_wait_is_a_watchdog_step(comm, rng, monkeypatch):
         A, B = (DistMatrix.random(s, "float64", grid, host, seed=i)
                 for i, s in enumerate(((30, 20), (20, 25))))
         C = DistMatrix.zeros((30, 25), "float64", grid, host)
-        summa_out_of_core(1.0, A, B, 0.0, C, host, 1 << 20, panel_width=8)
+        plan = held_plan(A, B, C, host, device_memory=1 << 20, panel_width=8)
+        summa_out_of_core(plan, SweepOperands(A, B, C), host)
     assert steps == ["the queued GPU work of the out-of-core sweep (uploads, broadcasts, "
                      "GEMMs, write-backs)"]
 
@@ -570,7 +575,8 @@ def test_out_of_core_cuts_columns_when_a_row_of_c_does_not_fit(comm, rng):
         A, B, C = (DistMatrix.from_global(x, grid, host) for x in (a, b, c0))
         # two C tiles of one full row (width >= 150) and two panel slots of 8 need more
         # than 2000 elements, so the columns are cut too
-        stats = summa_out_of_core(1.0, A, B, 1.0, C, host, 2000 * 8, panel_width=8)
+        plan = held_plan(A, B, C, host, device_memory=2000 * 8, panel_width=8)
+        stats = summa_out_of_core(plan, SweepOperands(A, B, C), host, beta=1.0)
         c = C.gather()
         widest = -(-n // grid.shape[1])
     assert stats.extra["device_bytes_planned"] <= 2000 * 8
@@ -737,7 +743,8 @@ def test_tiles_asked_for_cut_c_so_and_still_multiply(rng, monkeypatch):
     assert plan.tiles == (3, 2) and plan.tile == (15, 19)
     with ProcessGrid(MPI.COMM_SELF) as grid:
         A, B, C = _held(grid, a, b)
-        stats = summa_out_of_core(1.0, A, B, 0.0, C, host, 1 << 30, panel_width=8)
+        plan = held_plan(A, B, C, host, device_memory=1 << 30, panel_width=8)
+        stats = summa_out_of_core(plan, SweepOperands(A, B, C), host)
         assert stats.extra["tiles"] == [3, 2]
         assert gemm_scaled_error(C.gather(), a, b) <= 1
     for text, message in (("3", "expected RxC"), ("0x2", "do not cut"), ("3x39", "do not cut")):
@@ -779,7 +786,8 @@ def test_an_asked_cut_that_fits_one_c_tile_at_a_time_runs_so(rng, monkeypatch):
         assert plan.device_bytes <= budget
         with ProcessGrid(MPI.COMM_SELF) as grid:
             A, B, C = _held(grid, a, b)
-            summa_out_of_core(1.0, A, B, 0.0, C, host, budget, panel_width=nb)
+            plan = held_plan(A, B, C, host, device_memory=budget, panel_width=nb)
+            summa_out_of_core(plan, SweepOperands(A, B, C), host)
             assert gemm_scaled_error(C.gather(), a, b) <= 1
         assert made[-1] == buffers
 
