@@ -28,9 +28,8 @@ from ..runtime.mpi import MPI
 from .tuning import transposes_a, transposes_b
 from .tiling import (Int8InMemory, Int8Products, c_tile_buffers, choose_cut, columns_first,
                      int8_chunk_rows, int8_fold_planes, int8_in_memory, least_int8_rows,
-                     moved_elements,
-                     one_at_a_time, ooc_elements, ooc_tiles, tiles_asked,
-                     waited_elements)
+                     moved_elements, one_at_a_time, ooc_elements, ooc_tiles, SweepPanels,
+                     tiles_asked, waited_elements)
 from ..precision import ozaki_gpu
 from .precision import moduli_for, panel_sums_bytes
 from ..precision.ozaki import K_EXACT
@@ -351,8 +350,8 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, copies: tuple,
         tiles, by_columns = choose_cut(max(ml, 1), max(nl, 1),
                                  columns_first(execution.storage) and emulated is None,
                                  lambda columns: ooc_tiles(
-                                     max(ml, 1), max(nl, 1), nb, slots, device_budget // item,
-                                     copies, staged, emulated, columns),
+                                     max(ml, 1), max(nl, 1), device_budget // item,
+                                     SweepPanels(nb, slots, copies, staged, emulated), columns),
                                  either=emulated is None)
     if tiles is None:
         raise ValueError(f"a device budget of {format_bytes(device_budget)} is too small for "
@@ -360,17 +359,17 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, copies: tuple,
     buffers = c_tile_buffers(tiles[0] * tiles[1])
     if not (asked or emulated) and buffers == 2:
         def fits_one(tm: int, tn: int) -> bool:  # one C tile of tm x tn, and the slots
-            return ooc_elements(tm, tn, nb, slots, 2, copies, staged,
-                                 c_buffers=1) * item <= device_budget
+            return ooc_elements(tm, tn, 2, SweepPanels(nb, slots, copies, staged),
+                                c_buffers=1) * item <= device_budget
         tiles, buffers = one_at_a_time((max(ml, 1), max(nl, 1), k), tiles, np.dtype(dtype),
                                         fits_one, by_columns)
     tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
 
     def need(slots: int, rows: int | None = least_int8_rows(),
              planes: int | None = None) -> int:
-        return ooc_elements(tm, tn, nb, slots, tiles[0] * tiles[1], copies, staged,
-                             emulated and replace(emulated, rows=rows, planes=planes),
-                             buffers) * item
+        return ooc_elements(tm, tn, tiles[0] * tiles[1], SweepPanels(
+            nb, slots, copies, staged, emulated and replace(emulated, rows=rows, planes=planes)),
+            buffers) * item
     if asked and need(slots) > device_budget:  # the planner's own cut fits by construction
         buffers = 1  # an asked cut may fit with one C tile at a time
         if need(slots) > device_budget:

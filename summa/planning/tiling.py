@@ -25,8 +25,8 @@ from .model import gemm_flops
 __all__ = ["FP64_INT8_ROWS", "HOST_LINK_BALANCE", "TRAFFIC_GAIN", "EMULATED_COLUMN_TILES",
            "Int8Products", "least_int8_rows", "int8_chunk_rows", "int8_fold_planes",
            "tiles_asked", "ozaki_scratch", "one_at_a_time", "moved_elements", "waited_elements",
-           "c_tile_buffers", "ooc_elements", "ooc_tiles", "choose_cut", "upload_elements",
-           "columns_first", "Int8InMemory", "int8_in_memory"]
+           "c_tile_buffers", "SweepPanels", "ooc_elements", "ooc_tiles", "choose_cut",
+           "upload_elements", "columns_first", "Int8InMemory", "int8_in_memory"]
 
 
 #: fp64-int8's scratch grows with the rows of C a product takes (its int32
@@ -111,10 +111,11 @@ def tiles_asked(ml: int, nl: int) -> tuple | None:
     return rows, cols
 
 
-def _ooc_parts(slots: int, copies: tuple, staged: tuple) -> tuple[int, int]:
+def _ooc_parts(panels: SweepPanels) -> tuple[int, int]:
     """How many nb-wide A parts (tm x nb) and B parts (nb x tn) the sweep keeps
     on the device: its slots, their `staged` copies per direction, and the
-    transposed `copies` (A's, B's) of a slot."""
+    transposed `copies` (A's, B's) of a slot (:class:`SweepPanels`)."""
+    slots, copies, staged = panels.slots, panels.copies, panels.staged
     return slots * (1 + staged[0]) + copies[0], slots * (1 + staged[1]) + copies[1]
 
 
@@ -136,6 +137,33 @@ class Int8Products:
     complex_: bool = False
     rows: int | None = None
     planes: int | None = None
+
+
+@dataclass(frozen=True)
+class SweepPanels:
+    """The out-of-core sweep's panels as its device memory counts them
+    (:func:`ooc_elements`, :func:`ooc_tiles`), whatever the cut of C.
+
+    Attributes
+    ----------
+    nb : int
+        Columns of A (rows of B) per panel part.
+    slots : int
+        Panel slots (the lookahead's, and one spare where it fits).
+    copies : tuple
+        ``(A's, B's)``: whether a slot's part also has a transposed copy.
+    staged : tuple
+        ``(row, column)``: whether that direction's slots are staged through
+        buffers of their own (copy-engine broadcasters).
+    emulated : Int8Products or None
+        fp64-int8's products, whose scratch the device holds too.
+    """
+
+    nb: int
+    slots: int
+    copies: tuple = (False, False)
+    staged: tuple = (False, False)
+    emulated: Int8Products | None = None
 
 
 def ozaki_scratch(tm: int, tn: int, nb: int, complex_: bool = False,
@@ -223,14 +251,15 @@ def c_tile_buffers(ntiles: int) -> int:
     return min(2, ntiles)
 
 
-def ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,
-                  copies: tuple = (False, False), staged: tuple = (False, False),
-                  emulated: Int8Products | None = None, c_buffers: int | None = None) -> int:
-    """Device elements of the out-of-core sweep: C tiles (`c_buffers` of
-    them, default two where there are several), the panel parts of
-    :func:`_ooc_parts`, and where `emulated` (:class:`Int8Products`) one product's
-    scratch on INT8 tensor cores."""
-    a_parts, b_parts = _ooc_parts(slots, copies, staged)
+def ooc_elements(tm: int, tn: int, ntiles: int, panels: SweepPanels,
+                 c_buffers: int | None = None) -> int:
+    """Device elements of the out-of-core sweep of `ntiles` tiles of ``tm x
+    tn``: C tiles (`c_buffers` of them, default two where there are
+    several), the panel parts of :func:`_ooc_parts`, and where
+    ``panels.emulated`` (:class:`Int8Products`) one product's scratch on INT8
+    tensor cores."""
+    a_parts, b_parts = _ooc_parts(panels)
+    nb, emulated = panels.nb, panels.emulated
     buffers = c_tile_buffers(ntiles) if c_buffers is None else c_buffers
     elements = buffers * tm * tn + a_parts * tm * nb + b_parts * tn * nb
     if emulated is None:
@@ -244,15 +273,13 @@ def ooc_elements(tm: int, tn: int, nb: int, slots: int, ntiles: int,
 EMULATED_COLUMN_TILES = 64
 
 
-def ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int,
-               copies: tuple = (False, False),
-               staged: tuple = (False, False), emulated: Int8Products | None = None,
-               by_columns: bool = False):
-    """Fewest ``(row tiles, column tiles)`` whose sweep fits `budget` elements:
+def ooc_tiles(ml: int, nl: int, budget: int, panels: SweepPanels, by_columns: bool = False):
+    """Fewest ``(row tiles, column tiles)`` of an ``ml x nl`` block of C whose
+    sweep of `panels` (:class:`SweepPanels`) fits `budget` elements:
     by columns, the most rows that fit (the sweep's size grows with them);
     `by_columns` (:func:`columns_first`), the transpose of that: by rows,
     the most columns that fit.
-    Where `emulated` (:class:`Int8Products`, its products `rows` of C at a time),
+    Where ``panels.emulated`` (:class:`Int8Products`, its products `rows` of C at a time),
     the cut that uploads least instead (B's panels once per row of tiles,
     A's once per column: ``rows nl + columns ml``): fp64-int8's scratch
     grows with a tile's columns (B's residues, and each chunk of rows'
@@ -265,8 +292,10 @@ def ooc_tiles(ml: int, nl: int, nb: int, slots: int, budget: int,
     panel goes up whole before its first product (nothing hides it), and one
     tile of N = 32768 ran 49.4 TFLOP/s where 2 x 1 ran 58.7 (both: `bench`,
     docs/benchmarks.md, "Measurements behind the defaults")."""
+    emulated = panels.emulated
+
     def fits(tm, tn, ntiles):
-        return ooc_elements(tm, tn, nb, slots, ntiles, copies, staged, emulated) <= budget
+        return ooc_elements(tm, tn, ntiles, panels) <= budget
     if by_columns and not emulated:
         cut = _fewest_whole_rows(nl, ml, lambda tn, tm, ntiles: fits(tm, tn, ntiles))
         return cut and cut[::-1]

@@ -770,7 +770,7 @@ def test_an_asked_cut_that_fits_one_c_tile_at_a_time_runs_so(rng, monkeypatch):
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
     monkeypatch.setenv("SUMMA_OOC_TILES", "3x2")
     monkeypatch.setenv("SUMMA_UPLOAD_LEAD", "0")
-    one = 8 * tiling.ooc_elements(15, 19, nb, 2, 6, c_buffers=1)
+    one = 8 * tiling.ooc_elements(15, 19, 6, tiling.SweepPanels(nb, 2), c_buffers=1)
     made = []
     real_init = sweep.Sweep.__init__
 
@@ -823,18 +823,18 @@ def test_fp64_int8_cuts_c_both_ways_to_upload_least(budget_gib):
     from summa.planning import tiling
     ml = nl = k = 32768
     budget = parse_bytes(f"{budget_gib}GiB") // 8
-    args = dict(nb=16384, slots=2, budget=budget)
     int8 = tiling.Int8Products(rows=tiling.FP64_INT8_ROWS)  # as memory_plan searches
 
     def fits(r, c, emulated):
         tm, tn = -(-ml // r), -(-nl // c)
-        return tiling.ooc_elements(tm, tn, args["nb"], 2, r * c, emulated=emulated) <= budget
-    rows, cols = tiling.ooc_tiles(ml, nl, **args, emulated=int8)
+        return tiling.ooc_elements(tm, tn, r * c,
+                                   tiling.SweepPanels(16384, 2, emulated=emulated)) <= budget
+    rows, cols = tiling.ooc_tiles(ml, nl, budget, tiling.SweepPanels(16384, 2, emulated=int8))
     assert fits(rows, cols, int8)
     least = min(r * nl + c * ml for r in range(1, 65) for c in range(1, 65)
                 if fits(r, c, int8))
     assert rows * nl + cols * ml == least
-    whole = tiling.ooc_tiles(ml, nl, 16384, 2, budget, emulated=None)
+    whole = tiling.ooc_tiles(ml, nl, budget, tiling.SweepPanels(16384, 2))
     assert whole[1] == 1  # native: whole rows while they fit
     plan = memory_plan(ml, nl, k, "float64", (1, 1), 16384,
                        Execution(1, "cupy", out_of_core=True, device_budget=budget * 8,
@@ -850,9 +850,10 @@ def test_fp64_int8_never_streams_c_as_one_tile_where_it_has_rows_to_cut():
     from summa.planning import tiling
     budget = parse_bytes("200GiB") // 8
     int8 = tiling.Int8Products()
-    assert tiling.ooc_tiles(32768, 32768, 16384, 3, budget, emulated=None) == (1, 1)
-    assert tiling.ooc_tiles(32768, 32768, 16384, 3, budget, emulated=int8) == (2, 1)
-    assert tiling.ooc_tiles(1, 32768, 16384, 3, budget, emulated=int8) == (1, 1)
+    native, emulated = tiling.SweepPanels(16384, 3), tiling.SweepPanels(16384, 3, emulated=int8)
+    assert tiling.ooc_tiles(32768, 32768, budget, native) == (1, 1)
+    assert tiling.ooc_tiles(32768, 32768, budget, emulated) == (2, 1)
+    assert tiling.ooc_tiles(1, 32768, budget, emulated) == (1, 1)
 
 
 

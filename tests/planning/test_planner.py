@@ -177,8 +177,8 @@ def _two_at_a_time(shape, dtype, budget, width):
     from summa.planning import tiling
     ml, nl, k = shape
     item = np.dtype(dtype).itemsize
-    return tiling.ooc_tiles(ml, nl, min(width, k), 2, parse_bytes(budget) // item,
-                             copies=(True, False))
+    return tiling.ooc_tiles(ml, nl, parse_bytes(budget) // item,
+                            tiling.SweepPanels(min(width, k), 2, copies=(True, False)))
 
 
 def test_where_the_host_link_bounds_one_c_tile_at_a_time_moves_fewer_bytes():
@@ -240,8 +240,8 @@ def test_two_c_tiles_stay_where_the_gemms_bound_or_one_saves_nothing(shape, dtyp
     if flops < HOST_LINK_BALANCE * moved:  # link-bound: one at a time fits no fewer tiles
         from summa.planning import tiling
         budget_elements = parse_bytes(budget) // np.dtype(dtype).itemsize
-        one = tiling.ooc_elements(-(-m // (rows * cols - 1)), n, plan.memory.chunk,
-                                   plan.memory.slots, 2, (True, False), c_buffers=1)
+        one = tiling.ooc_elements(-(-m // (rows * cols - 1)), n, 2, tiling.SweepPanels(
+            plan.memory.chunk, plan.memory.slots, (True, False)), c_buffers=1)
         assert one > budget_elements
 
 
@@ -695,10 +695,10 @@ def _int8_sweep_bytes(mem) -> int:
     fp64-int8 memory plan `mem`: its tiles, slots, C buffers, rows and folds."""
     from summa.planning import tiling
     rows, cols = mem.tiles
-    return 8 * tiling.ooc_elements(*mem.tile, mem.chunk, mem.slots, rows * cols,
-                                    emulated=tiling.Int8Products(rows=mem.int8_rows,
-                                                          planes=mem.int8_planes),
-                                    c_buffers=mem.c_buffers)
+    return 8 * tiling.ooc_elements(*mem.tile, rows * cols, tiling.SweepPanels(
+        mem.chunk, mem.slots, emulated=tiling.Int8Products(rows=mem.int8_rows,
+                                                           planes=mem.int8_planes)),
+        c_buffers=mem.c_buffers)
 
 
 def _int8_plan(n: int, budget, dtype="float64", panel_width=None) -> Plan:
@@ -726,7 +726,8 @@ def test_fp64_int8_products_in_chunks_of_rows_let_fewer_larger_tiles_fit():
     assert tiling.FP64_INT8_ROWS <= mem.int8_rows < tm
     assert plan.scheme == Scheme(rows=mem.int8_rows, planes=mem.int8_planes or PLANES)
     assert mem.device_bytes == _int8_sweep_bytes(mem) <= budget
-    whole = tiling.ooc_tiles(n, n, mem.chunk, 2, budget // 8, emulated=tiling.Int8Products())
+    whole = tiling.ooc_tiles(n, n, budget // 8,
+                             tiling.SweepPanels(mem.chunk, 2, emulated=tiling.Int8Products()))
     assert whole == (4, 3) and (rows, cols) == (2, 3)
     assert host_traffic(mem, (n, n, n), (1, 1)) == (rows + cols + 1) * n * n < \
         0.8 * (sum(whole) + 1) * n * n
