@@ -160,15 +160,22 @@ def named(shape, dtype) -> tuple[np.ndarray, str]:
     if not _room(nbytes):
         raise ValueError(f"{shm_dir()} has less than {nbytes / 2**30:.1f} GiB free for a "
                          "shared array (SUMMA_SHM_DIR names another place)")
-    name = _new_file(nbytes)
+    # A Ctrl-C may land anywhere here (the pool's caller makes its copies
+    # outside the pool's wait): until the finalizer holds the file, the
+    # except removes it, or, between _new_file's return and `name`, the
+    # exit (cleanup.temporary_files). test_pool's Ctrl-C test left one so.
+    name = key = None
     try:
+        name = _new_file(nbytes)
         array = np.memmap(name, dtype=dtype, mode="r+", shape=shape if shape else (1,))
+        key = id(array)
+        _tokens[key] = ("named", os.path.basename(name))
+        _names[key] = name
+        finalize(array, _forget, key, name)
     except BaseException:
-        _unlink(name)
+        if name is not None:
+            _forget(key, name)
         raise
-    _tokens[id(array)] = ("named", os.path.basename(name))
-    _names[id(array)] = name
-    finalize(array, _forget, id(array), name)
     _register(array, name)
     return array, name
 

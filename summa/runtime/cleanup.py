@@ -82,6 +82,18 @@ def remove_temporary_files() -> None:
         temporary_files.discard(path)
 
 
+def _remove_temporary_files_at_exit(owner: int = os.getpid()) -> None:
+    """At a normal exit, what is still in :data:`temporary_files`: a file
+    whose owner never took it (a Ctrl-C between its making and its
+    finalizer, :func:`summa.host.shared.named`). Not in a forked child,
+    which inherited the set but not the files' ownership."""
+    if os.getpid() == owner:
+        remove_temporary_files()
+
+
+atexit.register(_remove_temporary_files_at_exit)
+
+
 def mapped_segments(pid: int | str = "self",
                     prefixes: tuple = MPI_SEGMENT_PREFIXES) -> list[str]:
     """Paths of the named shared-memory files process `pid` maps whose names

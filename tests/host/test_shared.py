@@ -231,3 +231,57 @@ shared.empty((1000,), "float64", MPI.COMM_SELF, Topology())
                           env={**os.environ, "SUMMA_SHM_DIR": str(tmp_path)}, timeout=60)
     assert proc.returncode == 3, proc.stderr
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("where", ["_new_file", "memmap", "finalize"])
+def test_a_ctrl_c_while_a_named_array_is_made_leaves_no_file(monkeypatch, where):
+    """KeyboardInterrupt at each step of :func:`summa.host.shared.named`
+    (the pool's caller makes its copies outside the pool's wait) goes on to
+    the caller, and the file goes at once, or, where it came as the file's
+    making returned, at the process's exit (test_pool's Ctrl-C test once
+    found one left in /dev/shm: it landed as the finalizer was being set)."""
+    from summa.runtime import cleanup
+    before = set(os.listdir(host.shm_dir()))
+    real = {"_new_file": host._new_file, "memmap": np.memmap, "finalize": host.finalize}[where]
+
+    def interrupted(*args, **kwargs):
+        if where != "finalize":  # the step done, the signal comes as it returns
+            real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    if where == "memmap":
+        monkeypatch.setattr(host.np, "memmap", interrupted)
+    else:
+        monkeypatch.setattr(host, where, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        host.named((64, 64), np.float64)
+    monkeypatch.undo()
+    left = {os.path.join(host.shm_dir(), n) for n in set(os.listdir(host.shm_dir())) - before}
+    if where == "_new_file":
+        assert len(left) == 1 and left <= cleanup.temporary_files  # the exit removes it
+        cleanup.remove_temporary_files()
+    else:
+        assert left == set()
+
+
+def test_a_temporary_file_no_one_took_goes_when_the_process_exits(tmp_path):
+    """A file made by :func:`summa.runtime.cleanup.new_temporary_file` and
+    never handed on (the window between its making and its owner) is removed
+    by a normal exit, and not by a forked child's."""
+    import subprocess
+    import sys
+    script = (
+        "import os, sys\n"
+        "from summa.runtime.cleanup import new_temporary_file\n"
+        "fd, path = new_temporary_file(sys.argv[1], 'left-', '.tmp')\n"
+        "os.close(fd)\n"
+        "if os.fork() == 0:\n"
+        "    sys.exit(0)  # a forked child's exit: the parent's file stays\n"
+        "os.wait()\n"
+        "print(os.path.exists(path), path)\n")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(summa.__file__)))
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    alive, path = done.stdout.split()
+    assert alive == "True" and not os.path.exists(path)
