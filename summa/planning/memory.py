@@ -343,6 +343,7 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, copies: tuple,
     # grow into the room left (:func:`int8_chunk_rows`)
     emulated = Int8Products(np.dtype(dtype).kind == "c", least_int8_rows()) \
         if execution.precision == "fp64-int8" else None
+    panels = SweepPanels(nb, slots, copies, staged, emulated)
     asked = tiles_asked(ml, nl)
     tiles, by_columns = asked, False
     if not asked:
@@ -350,8 +351,8 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, copies: tuple,
         tiles, by_columns = choose_cut(max(ml, 1), max(nl, 1),
                                  columns_first(execution.storage) and emulated is None,
                                  lambda columns: ooc_tiles(
-                                     max(ml, 1), max(nl, 1), device_budget // item,
-                                     SweepPanels(nb, slots, copies, staged, emulated), columns),
+                                     max(ml, 1), max(nl, 1), device_budget // item, panels,
+                                     columns),
                                  either=emulated is None)
     if tiles is None:
         raise ValueError(f"a device budget of {format_bytes(device_budget)} is too small for "
@@ -359,17 +360,16 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, copies: tuple,
     buffers = c_tile_buffers(tiles[0] * tiles[1])
     if not (asked or emulated) and buffers == 2:
         def fits_one(tm: int, tn: int) -> bool:  # one C tile of tm x tn, and the slots
-            return ooc_elements(tm, tn, 2, SweepPanels(nb, slots, copies, staged),
-                                c_buffers=1) * item <= device_budget
+            return ooc_elements(tm, tn, 2, panels, c_buffers=1) * item <= device_budget
         tiles, buffers = one_at_a_time((max(ml, 1), max(nl, 1), k), tiles, np.dtype(dtype),
                                         fits_one, by_columns)
     tm, tn = -(-max(ml, 1) // tiles[0]), -(-max(nl, 1) // tiles[1])
 
     def need(slots: int, rows: int | None = least_int8_rows(),
              planes: int | None = None) -> int:
-        return ooc_elements(tm, tn, tiles[0] * tiles[1], SweepPanels(
-            nb, slots, copies, staged, emulated and replace(emulated, rows=rows, planes=planes)),
-            buffers) * item
+        return ooc_elements(tm, tn, tiles[0] * tiles[1], replace(
+            panels, slots=slots, emulated=emulated and replace(emulated, rows=rows,
+                                                               planes=planes)), buffers) * item
     if asked and need(slots) > device_budget:  # the planner's own cut fits by construction
         buffers = 1  # an asked cut may fit with one C tile at a time
         if need(slots) > device_budget:
