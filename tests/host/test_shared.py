@@ -2,6 +2,8 @@
 of the data per node, every rank reading its block where it lies."""
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from mpi4py import MPI
 import summa
 from helpers import gemm_scaled_error, random_array, spy_out_of_core
 from summa.host import shared as host
+from summa.runtime import cleanup
 
 
 @pytest.mark.mpi(min_size=1)
@@ -206,8 +209,6 @@ def test_a_hard_exit_leaves_no_shared_file(tmp_path, kind):
     while a shared file of its own lives leaves nothing in SUMMA_SHM_DIR: a
     named array's file (removed when collected), or a node-shared array's
     caught before all ranks have mapped it (here: at its barrier)."""
-    import subprocess
-    import sys
     script = f"""
 import os
 import summa.host.shared as shared
@@ -240,7 +241,6 @@ def test_a_ctrl_c_while_a_named_array_is_made_leaves_no_file(monkeypatch, where)
     the caller, and the file goes at once, or, where it came as the file's
     making returned, at the process's exit (test_pool's Ctrl-C test once
     found one left in /dev/shm: it landed as the finalizer was being set)."""
-    from summa.runtime import cleanup
     before = set(os.listdir(host.shm_dir()))
     real = {"_new_file": host._new_file, "memmap": np.memmap, "finalize": host.finalize}[where]
 
@@ -268,8 +268,6 @@ def test_a_temporary_file_no_one_took_goes_when_the_process_exits(tmp_path):
     """A file made by :func:`summa.runtime.cleanup.new_temporary_file` and
     never handed on (the window between its making and its owner) is removed
     by a normal exit, and not by a forked child's."""
-    import subprocess
-    import sys
     script = (
         "import os, sys\n"
         "from summa.runtime.cleanup import new_temporary_file\n"

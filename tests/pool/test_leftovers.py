@@ -68,10 +68,7 @@ def _case(case: str, seed: int) -> dict:
 
 
 def _seeds(count: int) -> list[int]:
-    """Fresh seeds each run, the same in each of a run's pytest-xdist
-    workers (which must collect the same tests)."""
-    draw = random.Random(os.environ.get("PYTEST_XDIST_TESTRUNUID"))
-    return [draw.randrange(1 << 30) for _ in range(count)]
+    return [random.randrange(1 << 30) for _ in range(count)]
 
 
 def test_pool_calls_leave_nothing_in_dev_shm():
