@@ -106,3 +106,18 @@ def held_plan(A, B, C, device, host_copies=None, **request):
                      Machine(device.name, C.grid.size, ranks_on_node=C.grid.local_size),
                      PlanRequest(grid=C.grid.shape, out_of_core=True, **request),
                      host_copies=host_copies)
+
+
+def without_launcher_banner(stderr: str) -> str:
+    """`stderr` without Open MPI's launcher banners (blocks between lines of
+    dashes: "Primary job terminated normally, but 1 process returned a
+    non-zero exit code ..."), which its mpirun prints after any rank exits
+    non-zero; summa's own lines are what a test judges (MPICH's launcher
+    adds nothing)."""
+    kept, inside = [], False
+    for line in stderr.splitlines(keepends=True):
+        if line.strip() and set(line.strip()) == {"-"}:
+            inside = not inside
+        elif not inside:
+            kept.append(line)
+    return "".join(kept)

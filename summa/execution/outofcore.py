@@ -139,8 +139,8 @@ def _run(plan: Plan, operands: SweepOperands, device, scalars: tuple, progress,
              for j0, j1 in bounds(nl, memory.tiles[1])]
     if fresh_c and beta != 0:
         raise ValueError("fresh_c needs beta == 0: C's old values would be lost")
-    mover = (CudaMover(device, C.dtype, plan.host_copies, plan.copy_threads)
-             if device.is_gpu else HostMover(device, C.dtype))
+    mover = (CudaMover(device, np.dtype(plan.dtype), plan.host_copies, plan.copy_threads)
+             if device.is_gpu else HostMover(device, np.dtype(plan.dtype)))
     panels = panel_schedule(A.layout.cols, B.layout.rows, plan.panel_width)
     panels = head_pieces(panels, mover.overlaps, memory.head_first)
     stats = SummaStats(panels=len(panels), panel_width=plan.panel_width,

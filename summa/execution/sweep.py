@@ -9,6 +9,8 @@ import contextlib
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..runtime.faults import inject
 from ..distribution.layout import narrowest_first, split_panel_doubling
 from ..distribution.matrix import DistMatrix
@@ -100,7 +102,7 @@ class Sweep:
         (self.alpha, self.load_c), (self.row_bc, self.col_bc) = scalars, broadcasters
         self.plan, self.operands, self.mover = plan, operands, mover
         self.tiles, self.panels = cut.tiles, cut.panels
-        self.slots, C = plan.memory.slots, operands.C
+        self.slots = plan.memory.slots
         self.smallest = plan.memory.tail_smallest
         # Tile counts agree on all ranks (the plan); sizes are this rank's own,
         # and the same along a grid row (rows) or column (columns), as broadcasts need.
@@ -111,15 +113,18 @@ class Sweep:
         # lead: uploads run so far ahead of the broadcasts
         self.depth, self.lead = plan.lookahead + 1, max(0, self.slots - plan.lookahead - 1)
         xp, held = mover.xp, min(self.slots, len(self.steps))
-        self.a_slots = [xp.empty(tm * width, dtype=C.dtype) for _ in range(held)]
-        self.b_slots = [xp.empty(width * tn, dtype=C.dtype) for _ in range(held)]
+        # the device's rows are of the plan's type: float64 where the host's
+        # integers are converted as they are copied (plan.host_integers), C's own else
+        dtype = np.dtype(plan.dtype)
+        self.a_slots = [xp.empty(tm * width, dtype=dtype) for _ in range(held)]
+        self.b_slots = [xp.empty(width * tn, dtype=dtype) for _ in range(held)]
         # One C buffer: each tile's GEMMs wait for the last one's write-back
         # (the mover's begin_tile waits for the buffer's last download).
-        self.c_bufs = [xp.empty(tm * tn, dtype=C.dtype)
+        self.c_bufs = [xp.empty(tm * tn, dtype=dtype)
                        for _ in range(min(plan.memory.c_buffers, len(self.tiles)))]
         self.forms = PanelForms(
-            PanelsOfA(mover.device, tm, width, C.dtype, plan.memory.transposed_a),
-            PanelsOfB(mover.device, width, tn, C.dtype, plan.memory.transposed_b))
+            PanelsOfA(mover.device, tm, width, dtype, plan.memory.transposed_a),
+            PanelsOfB(mover.device, width, tn, dtype, plan.memory.transposed_b))
         # The last tile's write-back overlaps nothing but its own last GEMMs, so
         # there the last `tail` panels (all resident: tail <= depth) go strip by
         # strip, each strip home once final; earlier tiles' write-backs overlap the

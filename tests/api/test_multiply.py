@@ -490,6 +490,11 @@ def test_integers_staged_by_the_plan_make_no_whole_float64_copy(rng, monkeypatch
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _real=real, _n=name: (
             whole.append(_n), _real(*a))[1])
+    # the "device" multiplies float64 rows, as a GPU's GEMM takes no integers
+    from summa.device.numpy_backend import NumpyBackend
+    gemm, kinds = NumpyBackend.gemm, set()
+    monkeypatch.setattr(NumpyBackend, "gemm", lambda self, alpha, a, b, c, *r, **k: (
+        kinds.add((a.dtype.name, b.dtype.name, c.dtype.name)), gemm(self, alpha, a, b, c, *r, **k))[1])
     a, b = _integers(rng, (61, 47), da, top), _integers(rng, (47, 33), db, top)
     b = b[::-1]  # (a strided view: gathered by the copies as it lies)
     want = a @ b
@@ -498,6 +503,7 @@ def test_integers_staged_by_the_plan_make_no_whole_float64_copy(rng, monkeypatch
                      panel_width=8, stats=stats)
     assert c.dtype == want.dtype and np.array_equal(c, want)
     assert not whole, whole
+    assert kinds == {("float64",) * 3}, kinds
     plan = stats.extra["plan"]
     assert plan["host_integers"] == [da, db, want.dtype.name] and plan["dtype"] == "float64"
     if da == "int8":

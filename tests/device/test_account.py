@@ -254,7 +254,7 @@ def failing(self, *args, **kwargs):
 NumpyBackend.gemm = failing
 a = np.ones((300, 400)) if comm.rank == 0 else None
 b = np.ones((400, 200)) if comm.rank == 0 else None
-out = np.empty((300, 200)) if comm.rank == 0 and os.environ.get("OUT") else None
+out = np.empty((300, 200)) if comm.rank == 0 and os.environ.get("WITH_OUT") else None
 try:
     matmul_arrays(a, b, comm, backend="numpy", panel_width=16, out=out,
                   out_of_core=sys.argv[1] == "out of core", device_memory="256KiB")
@@ -281,7 +281,7 @@ def test_a_rank_out_of_memory_mid_run_ends_the_job_with_its_line(tmp_path, where
     assert "raised" not in done.stdout
     # the root's out=: written where it lies out of core, gathered into once done in memory
     root = job(2, str(script), where, module=False, timeout=60,
-               env={"FAILING": "0", "NTH": "3", "OUT": "1"})
+               env={"FAILING": "0", "NTH": "3", "WITH_OUT": "1"})
     partly = "; out= may be partly written" if where == "out of core" else ""
     assert root.returncode != 0
     assert f"summa: rank 0: GPU 0 has no room for 1.0 MiB more{partly} (the other ranks" \

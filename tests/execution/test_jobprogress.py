@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from mpi4py import MPI
 
 import summa
 from summa.execution.jobprogress import block_share, library_reporting
+from summa.device.numpy_backend import NumpyBackend
 from summa.distribution.grid import ProcessGrid
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,8 +171,17 @@ def test_a_short_library_call_in_one_process_prints_nothing(capfd, monkeypatch):
     a, b = rng.uniform(-1, 1, (800, 800)), rng.uniform(-1, 1, (800, 800))
     summa.matmul(a[:300, :200], b[:200, :300], workers=1, backend="numpy", panel_width=16)
     assert capfd.readouterr().err == ""
-    # a longer one shown from its start (50 panels: lines every 10 ms)
+    # a longer one shown from its start (50 panels: lines every 10 ms); each
+    # panel's GEMM held 2 ms, so that it outlasts the first line on a machine
+    # whose cores multiply the whole 1 Gflop in less than 10 ms
     monkeypatch.setenv("SUMMA_PROGRESS_AFTER", "0")
+    gemm = NumpyBackend.gemm
+
+    def slow_gemm(*args, **kwargs):
+        time.sleep(0.002)
+        return gemm(*args, **kwargs)
+
+    monkeypatch.setattr(NumpyBackend, "gemm", slow_gemm)
     summa.matmul(a, b, workers=1, backend="numpy", panel_width=16)
     assert capfd.readouterr().err.splitlines()[-1].endswith(" 1.0 Gflop")
 

@@ -230,8 +230,9 @@ def test_a_second_signal_ends_the_process_even_when_stopping_is_stuck(sig):
 
 @functools.lru_cache(maxsize=None)
 def launcher_is_open_mpi() -> bool:
-    """Open MPI's mpirun forwards SIGINT to the ranks as SIGTERM and reports
-    status 1 for a job whose ranks ended non-zero, whatever their status."""
+    """Open MPI's mpirun forwards SIGINT to the ranks as SIGTERM, and some
+    of its versions report status 1 for a job whose ranks ended non-zero,
+    whatever their status."""
     try:
         done = subprocess.run(mpiexec()[:1] + ["--version"], capture_output=True, text=True,
                               timeout=30)
@@ -287,8 +288,10 @@ def test_a_signal_at_a_random_time_ends_every_mode_at_once(tmp_path, launch, sig
             os.killpg(proc.pid, signal.SIGKILL)
     assert took < 5, (case, took, err)
     launched = how == "mpiexec" or ranks > 1
-    expect = 1 if launched and launcher_is_open_mpi() else 128 + sig
-    assert proc.returncode == expect, (case, proc.returncode, err)
+    # (Open MPI's mpirun: 1 for ranks ended non-zero in some versions, the
+    # ranks' own 128 + signal in others: 4.1.6 on the GPU machine)
+    expect = {1, 128 + sig} if launched and launcher_is_open_mpi() else {128 + sig}
+    assert proc.returncode in expect, (case, proc.returncode, err)
     assert wait_gone(pids, 5) == [], case
     assert existing(held) == [], case
     assert sorted(os.listdir(tmp_path)) == ["A.npy", "B.npy"], case
