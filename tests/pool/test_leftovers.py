@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 import pytest
+from mpi4py import MPI
 
 import summa
 from summa import pool
@@ -62,8 +63,11 @@ def _case(case: str, seed: int) -> dict:
     assert report["new"] in (None, []), what
     assert not report["banner"], what
     # (a Ctrl-C may land before MPI starts, in the command or in the pool's
-    # caller still importing mpi4py: then there is nothing to see)
-    assert report["seen"] > 0 or case in ("cli-interrupt", "interrupt"), what
+    # caller still importing mpi4py: then there is nothing to see; Open MPI's
+    # start of one process makes no file, so a caller killed before its
+    # workers made theirs left none to see)
+    assert report["seen"] > 0 or case in ("cli-interrupt", "interrupt") or \
+        MPI.Get_library_version().startswith("Open MPI"), what
     return report
 
 
