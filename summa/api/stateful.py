@@ -212,7 +212,8 @@ class Matmul:
         comm, meta = self._comm, None
         if comm.Get_rank() == self._root:
             try:
-                operands = operands.described()
+                # integers kept as they lie where the plan converts them as it stages them
+                operands = operands.described(keep_integers=bool(self.plan.host_integers))
                 meta = self._fits(operands.given, trans)
             except Exception as exc:  # noqa: BLE001 -- raised on every rank below
                 meta = Failure.of(exc)

@@ -264,6 +264,8 @@ def execute(plan, pgrid, be, held: HeldArrays, alpha=1.0, stats=None,
     if stats is not None:
         stats.extra["compile_seconds"] = compiled
         stats.extra.update(account.report())
+        # (out of core and one GEMM where the operands lie: no width measured)
+        stats.extra.setdefault("panel_width_measured", False)
     return c
 
 

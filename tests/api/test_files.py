@@ -68,8 +68,9 @@ def test_auto_width_is_settled_in_the_set_up_not_by_the_multiply(comm, rng, fold
     pa, pb = save(comm, folder, "A.npy", a), save(comm, folder, "B.npy", b)
     record = multiply_files(pa, pb, str(folder / "C.npy"), comm, check=True, quiet=True,
                             panel_width="auto")
-    assert record["check_residual"] <= 1 and running
-    assert len(calls) == (1 if comm.Get_size() > 1 else 0)
+    # (out of core, as one GPU rank takes files, nothing runs in memory to measure for)
+    assert record["check_residual"] <= 1 and (running or record["out_of_core"])
+    assert len(calls) == (1 if comm.Get_size() > 1 and running else 0)
     assert len(set(comm.allgather(record["panel_width"]))) == 1
 
 

@@ -511,6 +511,11 @@ def test_integers_staged_by_the_plan_make_no_whole_float64_copy(rng, monkeypatch
     out = np.zeros((33, 61), want.dtype).T  # an out of its own layout: filled after
     assert summa.matmul(a, b, backend="numpy", out_of_core=True, device_memory="8KiB",
                         out=out) is out and np.array_equal(out, want)
+    # a Matmul's executions, of its own operands and of others given, the same way
+    with summa.Matmul(a, b, backend="numpy", out_of_core=True, device_memory="8KiB",
+                      panel_width=8) as m:
+        assert np.array_equal(m.execute(), want) and np.array_equal(m.execute(a, b), want)
+    assert not whole, whole
 
 
 def test_integers_the_plan_does_not_stage_are_converted_whole_first(rng, monkeypatch):

@@ -100,6 +100,11 @@ def test_auto_is_measured_by_the_planner_never_by_the_executor(comm, backend, mo
     assert stats.extra["plan"]["panel_width"] == ("auto" if several else stats.panel_width)
     if comm.rank == 0:
         assert gemm_scaled_error(z, x, y) <= 1
+    # out of core (as one GPU takes host arrays) the plan's width: none measured, and said
+    stats = SummaStats()
+    matmul(x, y, panel_width="auto", stats=stats, out_of_core=True, device_memory="64KiB")
+    assert len(calls) == (2 if several else 0)
+    assert stats.extra["panel_width_measured"] is False
 
 
 @pytest.mark.mpi(min_size=1)
