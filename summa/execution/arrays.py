@@ -40,7 +40,7 @@ from .jobprogress import library_reporting, multiply_phase, phase_predictions
 from .outofcore import SweepOperands, prepared_sweep, run_out_of_core
 from ..planning.arrays import HeldArrays, plan_held, stored_plan
 from ..planning.request import PlanRequest
-from ..planning.distributed import settled_width
+from ..planning.distributed import settled_plan
 from .transpose import PanelsOfA
 from ..planning.checks import check_arrays, check_scalars
 from ..planning.memory import check_memory, format_bytes
@@ -421,7 +421,7 @@ def _in_memory(plan, pgrid, be, held: HeldArrays, alpha, stats):
     job = _multiply_phase(plan, pgrid)
     # the planner settles an "auto" width on these operands (measured once
     # per problem, where the run measured it before); the run takes it
-    settled, measured = settled_width(plan, A, B, C, PanelsOfA)
+    settled, measured = settled_plan(plan, A, B, C, PanelsOfA)
     result = run_in_memory(settled, A, B, C, alpha=alpha, conj=(conj_a, conj_b),
                            progress=job and job.step)
     result.extra["panel_width_measured"] = measured
