@@ -40,7 +40,7 @@ from ..planning.model import gemm_flops
 from ..planning.hostroom import check_host_room, own_host_bytes
 from ..planning.least import check_least_budget
 from ..planning.request import PlanRequest
-from ..planning.distributed import settled_width
+from ..planning.distributed import settled_plan
 from ..execution.transpose import PanelsOfA
 from .verify import freivalds
 from ..execution.jobprogress import block_share, job_progress, multiply_phase, phase_predictions
@@ -440,15 +440,16 @@ def _warm_up(run: _FilesRun, operands) -> tuple:
     "auto" panel width, and run one small GEMM. Returns ``(plan,
     broadcasters)``: out of core the sweep's, the plan made final for them
     (:func:`summa.execution.outofcore.prepared_sweep`); in memory the plan,
-    its width settled (:func:`summa.planning.distributed.settled_width`),
+    its width and direct copies settled (:func:`summa.planning.distributed.settled_plan`),
     and None."""
     A, B, C = operands
     backend, dtype, precision = run.backend, run.job.compute, run.job.request.precision
     made = (run.plan, None)
     if run.plan.device_budget is None:  # in memory
-        # the planner settles "auto" (measured once per problem), the run takes it
-        plan, _ = settled_width(run.plan, A, B, C, PanelsOfA)
-        prepare(A, B, C, plan.panel_width, run.job.request.broadcaster, precision)
+        # the planner settles "auto" (measured once per problem) and whether
+        # auto's broadcasters copy directly; the set-up and the run take them
+        plan, _ = settled_plan(run.plan, A, B, C, PanelsOfA)
+        prepare(plan, A, B, C)
         made = (plan, None)
     else:
         made = prepared_sweep(run.plan, SweepOperands(A, B, C), backend)

@@ -25,7 +25,7 @@ from ..planning.model import gemm_flops
 from ..planning.plan import Machine
 from ..planning.planner import make_plan
 from ..planning.request import PlanRequest
-from ..planning.distributed import settled_width
+from ..planning.distributed import settled_plan
 from ..execution.transpose import PanelsOfA
 from ..planning.precision import moduli_for
 from ..planning.hostroom import check_host_room, own_host_bytes
@@ -294,8 +294,9 @@ def _repetitions(job: BenchJob, plan, grid: ProcessGrid, operands, progress: Job
         with Account.of(plan, backend, "the benchmark", holding).drawing(grid.comm) as account:
             if plan.device_budget is None:
                 # "auto" is settled by the planner, measured before the first
-                # call (timed with it, as before) and cached for the rest.
-                settled, measured = settled_width(plan, A, B, C, PanelsOfA)
+                # call (timed with it, as before) and cached for the rest; so
+                # is whether auto's broadcasters copy directly, asked each call
+                settled, measured = settled_plan(plan, A, B, C, PanelsOfA)
                 stats = run_in_memory(settled, A, B, C, progress=progress.step)
                 stats.extra["panel_width_measured"] = measured
             else:

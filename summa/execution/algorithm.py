@@ -26,7 +26,7 @@ from ..precision.ozaki_gpu import PanelSums, Scheme, check_moduli, grid_exponent
 from .pipeline import Pipeline, PipelineReport, Product, in_place_parts, local_parts
 # (summa.execution.outofcore takes wait_for_panel from here)
 from ..planning.schedule import HEAD_PIECES, make_schedule, order_panels, waits_first
-from ..planning.selection import export_blocks, pick_broadcasters
+from ..planning.selection import export_blocks, grid_broadcasters, planned_copy_engines
 from .strips import multiply_strips, strip_bounds
 from ..device.traits import traits
 from .transpose import PanelForms, PanelsOfA, PanelsOfB
@@ -146,8 +146,8 @@ def run_in_memory(plan, A: DistMatrix, B: DistMatrix, C: DistMatrix, *, alpha=1.
     Parameters
     ----------
     plan : summa.planning.Plan
-        An in-memory plan of this product, its panel width an integer (an
-        ``"auto"`` one settled first: :func:`summa.planning.distributed.settled_width`).
+        An in-memory plan of this product, settled on these operands (an integer
+        width, ``copy_engines`` said: :func:`summa.planning.distributed.settled_plan`).
     A, B, C : DistMatrix
         The operands as :func:`summa` takes them.
     alpha, beta : scalar
@@ -164,7 +164,8 @@ def run_in_memory(plan, A: DistMatrix, B: DistMatrix, C: DistMatrix, *, alpha=1.
     check_scalars(alpha, beta, C.dtype, plan.precision, C.backend)
     strips = plan.schedule == "strips" and C.grid.size > 1
     copies = (plan.memory.transposed_a, plan.memory.transposed_b)
-    extras = _Extras(progress, conj, copies, plan.scheme, plan.panel_sums is not None)
+    extras = _Extras(progress, conj, copies, plan.scheme, plan.panel_sums is not None,
+                     planned_copy_engines(plan.copy_engines))
     with C.backend.on_device():  # (the moduli: the plan's scheme hands them on)
         return _run(alpha, (A, B, C), beta, strips, (plan.panel_width, plan.lookahead,
                                                   plan.broadcaster, plan.precision), extras)
@@ -173,14 +174,15 @@ def run_in_memory(plan, A: DistMatrix, B: DistMatrix, C: DistMatrix, *, alpha=1.
 @dataclass(frozen=True)
 class _Extras:
     """What a plan's run takes beside its operands and settings: `progress`;
-    one rank's `conj`; the plan's transposed `copies` (A's, B's),
-    fp64-int8's `scheme` and whether it sums a grid's panels (`sums`)."""
+    one rank's `conj`; the plan's transposed `copies` (A's, B's), fp64-int8's
+    `scheme`, whether it sums a grid's panels (`sums`), its `copy_engines`."""
 
     progress: object = None
     conj: tuple = (False, False)
     copies: tuple = (False, False)
     scheme: object = None
     sums: bool = False
+    copy_engines: bool = True
 
 
 def _run(alpha, operands: tuple, beta, strips: bool, asked: tuple, extras: "_Extras"):
@@ -218,7 +220,8 @@ def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple)
     if int(lookahead) < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     panels = panel_schedule(A.layout.cols, B.layout.rows, panel_width)
-    row_bc, col_bc = pick_broadcasters(A, B, C, panels, broadcaster, precision)
+    row_bc, col_bc = grid_broadcasters(grid, broadcaster, backend,
+                                       copy_engines=extras.copy_engines)
     schedule = "strips" if strips else "panels"
     # (a grid's blocks lie by rows on the devices: only one rank's B may not;
     # a plan's copy of B is made only where B does, as its PanelsOfB would)
@@ -398,17 +401,14 @@ def one_rank_steps(panels: list, c_shape, backend_name: str, k: int = 0) -> list
     return [RowStrip(r, min(r + rows, m)) for r in range(0, m, rows)] or panels[:1]
 
 
-def prepare(A: DistMatrix, B: DistMatrix, C: DistMatrix, panel_width=None,
-            broadcaster: str = "auto", precision: str | None = None) -> None:
-    """Set up what :func:`summa` on these operands will use, so that it then
-    times only the multiply: the broadcasters (made and self-tested once per
-    grid) for panels of `panel_width` (an integer: the plan's, an ``"auto"``
-    one settled by the planner first: :func:`summa.planning.distributed.settled_width`),
-    and with direct copies the peers' blocks opened. Collective."""
-    width = planned_width(panel_width)
-    row_bc, col_bc = pick_broadcasters(A, B, C,
-                                        panel_schedule(A.layout.cols, B.layout.rows, width),
-                                        broadcaster, precision)
+def prepare(plan, A: DistMatrix, B: DistMatrix, C: DistMatrix) -> None:
+    """Set up what :func:`run_in_memory` of `plan` (settled on these operands:
+    :func:`summa.planning.distributed.settled_plan`) will use, so that it then
+    times only the multiply: the broadcasters the plan names (made and
+    self-tested once per grid), and with direct copies the peers' blocks
+    opened. Collective."""
+    row_bc, col_bc = grid_broadcasters(C.grid, plan.broadcaster, C.backend,
+                                       copy_engines=planned_copy_engines(plan.copy_engines))
     # Direct copies (ipc): open the peers' blocks now; those that stay open
     # (summa/transports/ipc.py) the multiply then reads at once.
     direct = export_blocks(C.grid, C.backend, row_bc, col_bc, A.local, B.local)

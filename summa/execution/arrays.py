@@ -38,9 +38,8 @@ from ..host.shared import parallel_copy
 from ..host.storage import conjugated, op_view
 from .jobprogress import library_reporting, multiply_phase, phase_predictions
 from .outofcore import SweepOperands, prepared_sweep, run_out_of_core
-from ..planning.arrays import HeldArrays, plan_held, stored_plan
+from ..planning.arrays import HeldArrays, plan_held, settled_on_grid, stored_plan
 from ..planning.request import PlanRequest
-from ..planning.distributed import settled_width
 from .transpose import PanelsOfA
 from ..planning.checks import check_arrays, check_scalars
 from ..planning.memory import check_memory, format_bytes
@@ -186,7 +185,10 @@ def run_held(plan, pgrid, be, held: HeldArrays, alpha=1.0, stats=None,
     kernels compiled on first use (fp64-int8's) made ready, a host plan's
     memory planned again where the arrays lie otherwise than it was made
     for (:func:`summa.planning.arrays.stored_plan`: the planner, before
-    anything runs), then :func:`execute`; collective.
+    anything runs) and, in memory on a grid, settled on its blocks (an
+    ``"auto"`` width measured, ``auto``'s direct copies decided:
+    :func:`summa.planning.arrays.settled_on_grid`), then :func:`execute`;
+    collective.
 
     A run on one rank that a draw the GPU had no room for ends
     (:class:`summa.device.account.DeviceMemoryError`: other work took memory
@@ -201,10 +203,12 @@ def run_held(plan, pgrid, be, held: HeldArrays, alpha=1.0, stats=None,
     be.prepare(plan.precision, plan.dtype)  # (where it was not planned here: a Matmul's)
     if not plan.placement.resident:
         plan = stored_plan(plan, held, pgrid.comm, be)
+    settled = None
     if pgrid is not None:  # a product the machine's free memory cannot take: refused first
         check_host_room(_own_host_bytes(plan, pgrid, held), pgrid.comm)
+        settled = settled_on_grid(plan, pgrid, be, PanelsOfA)  # (every rank, before any move)
     try:
-        return execute(plan, pgrid, be, held, alpha, stats, called)
+        return execute(plan, pgrid, be, held, alpha, stats, called, settled)
     except DeviceMemoryError as exc:
         if again is None or (pgrid is not None and pgrid.comm.Get_size() > 1):
             raise
@@ -243,7 +247,7 @@ def _run_again(failed: DeviceMemoryError, pgrid, be, again, alpha, stats, called
 
 
 def execute(plan, pgrid, be, held: HeldArrays, alpha=1.0, stats=None,
-            called: float | None = None):
+            called: float | None = None, settled: tuple | None = None):
     """The executor of a Plan of arrays: one GEMM where they lie
     (:func:`run_on_device`, resident plans: no grid, `pgrid` None), or
     :func:`run_arrays` over the grid `pgrid` on host arrays; collective.
@@ -251,7 +255,10 @@ def execute(plan, pgrid, be, held: HeldArrays, alpha=1.0, stats=None,
     decided here. The memory drawn is held to the plan's (an
     :class:`summa.device.account.Account`, its report in `stats`' ``extra``,
     with ``compile_seconds``, the seconds kernels compiled on first use
-    took since they were last reported). Returns the product on the root
+    took since they were last reported). `settled`: ``(plan, measured)``,
+    `plan` settled on the grid's blocks for the in-memory run
+    (:func:`summa.planning.arrays.settled_on_grid`); None: `plan` is.
+    Returns the product on the root
     (CuPy on the GPU for a resident plan, else NumPy: `out` where given),
     None elsewhere."""
     compiled = be.compile_seconds()  # its own figure, not the product's
@@ -260,7 +267,7 @@ def execute(plan, pgrid, be, held: HeldArrays, alpha=1.0, stats=None,
         if plan.placement.resident:
             c = run_on_device(plan, be, held, alpha, stats)
         else:
-            c = run_arrays(plan, pgrid, be, held, alpha, stats, called)
+            c = run_arrays(plan, pgrid, be, held, alpha, stats, called, settled)
     if stats is not None:
         stats.extra["compile_seconds"] = compiled
         stats.extra.update(account.report())
@@ -349,19 +356,20 @@ def run_on_device(plan, be, held: HeldArrays, alpha=1.0, stats=None):
 
 
 def run_arrays(plan, pgrid, be, held: HeldArrays, alpha=1.0, stats=None,
-               called: float | None = None):
+               called: float | None = None, settled: tuple | None = None):
     """Run `plan` on the NumPy arrays `held` over the grid `pgrid` it names,
     `plan` made for them as they lie
     (:func:`summa.planning.arrays.stored_plan`): in memory (scattered onto
     the devices, gathered back), or host-resident (:func:`_host_blocks`,
     the out-of-core sweep); collective. `stats` (a SummaStats) receives this
     rank's timings and ``extra["plan"]``; `called`: when the call began
-    (``perf_counter``), for its set-up time. Returns the product on the
-    root (`out` where given), None elsewhere."""
+    (``perf_counter``), for its set-up time; `settled` as for
+    :func:`execute`. Returns the product on the root (`out` where given),
+    None elsewhere."""
     held = _as_arrays(held)
     a, b, out, root = held.a, held.b, held.out, held.root
     if not plan.out_of_core:
-        return _in_memory(plan, pgrid, be, held, alpha, stats)
+        return _in_memory(plan, pgrid, be, held, alpha, stats, settled or (plan, False))
     A, B, C, own, c_node = _host_blocks(a, b, out, plan, pgrid, root, be)
     set_up = time.perf_counter() - (called or time.perf_counter())  # checks, plan, blocks
     # the sweep's broadcasters (none with own copies) and the plan made final
@@ -400,14 +408,15 @@ def _as_arrays(held: HeldArrays) -> HeldArrays:
     return held if a is held.a and b is held.b else HeldArrays(a, b, held.out, held.root)
 
 
-def _in_memory(plan, pgrid, be, held: HeldArrays, alpha, stats):
+def _in_memory(plan, pgrid, be, held: HeldArrays, alpha, stats, settled: tuple):
     """The in-memory multiply of :func:`run_arrays`: each operand as the
     plan's storage says (:func:`summa.host.blocks.stored_operand`: on one rank
     where it lies, read transposed and conjugated by the GEMMs; on a grid
     scattered and settled on the devices), the product on one CPU rank
     written straight into `out` (or a new array: NumPy's GEMMs read A and B
     as they lie, so that is the only memory the call takes), elsewhere
-    gathered. Collective."""
+    gathered; run as `settled` ``(plan, measured)`` says, `plan` recorded.
+    Collective."""
     (m, n, _), dtype, root = plan.shape, np.dtype(plan.dtype), held.root
     one = pgrid.size == 1
     (A, conj_a), (B, conj_b) = (stored_operand(x, t, s, pgrid, be, root) for x, t, s in
@@ -421,10 +430,9 @@ def _in_memory(plan, pgrid, be, held: HeldArrays, alpha, stats):
     # panels copied as the plan counted them, whatever these arrays' layout
     # (a Matmul planned for others): no scratch beyond its memory
     job = _multiply_phase(plan, pgrid)
-    # the planner settles an "auto" width on these operands (measured once
-    # per problem, where the run measured it before); the run takes it
-    settled, measured = settled_width(plan, A, B, C, PanelsOfA)
-    result = run_in_memory(settled, A, B, C, alpha=alpha, conj=(conj_a, conj_b),
+    # (an "auto" width and auto's direct copies: settled by the planner first)
+    ran, measured = settled
+    result = run_in_memory(ran, A, B, C, alpha=alpha, conj=(conj_a, conj_b),
                            progress=job and job.step)
     result.extra["panel_width_measured"] = measured
     if stats is not None:  # a pass over C where it lies: matmul warns of NaN/Inf by it

@@ -21,14 +21,17 @@ import numpy as np
 from ..device.backend import get_backend
 from ..device.traits import traits
 from ..distribution.grid import node_rank
+from ..distribution.layout import Layout
 from ..host.storage import conjugated, storage_of
 from ..runtime.agree import Failure, collectively, from_root
 from .checks import check_arrays, precision_refusal
+from .distributed import settled_plan
 from .plan import Machine, Placement
 from .planner import make_plan, restore
 from .request import PlanRequest
 
-__all__ = ["PlanRequest", "HeldArrays", "plan_held", "stored_plan", "array_storage"]
+__all__ = ["PlanRequest", "HeldArrays", "plan_held", "stored_plan", "settled_on_grid",
+           "array_storage"]
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,57 @@ def stored_plan(plan, held: HeldArrays, comm, backend):
     planned for arrays of one layout and given another's). Collective: the
     root reads how they lie (:func:`array_storage`)."""
     return _for_storage(plan, array_storage(held, plan.trans, comm), comm, backend)
+
+
+def settled_on_grid(plan, grid, backend, panels_of_a=None) -> tuple:
+    """``(plan, measured)``: an in-memory `plan` of host-held arrays on
+    the process grid `grid` with what its operands' blocks decide settled
+    before anything moves (:func:`summa.planning.distributed.settled_plan`):
+    an ``"auto"`` panel width measured (`measured`: in this call; A's
+    panels formed by `panels_of_a`) and whether ``auto`` copies directly.
+    The blocks are those the in-memory executor scatters
+    (:func:`summa.host.blocks.stored_operand`: op(A), op(B) and C by the
+    grid's default layout, in the plan's dtype), read by their shapes
+    alone. `plan` itself, nothing measured, where it runs out of core or
+    one GEMM where the operands lie (no grid). Collective over `grid`
+    where it measures or decides: the same point on every rank."""
+    if plan.out_of_core or plan.placement.resident:
+        return plan, False
+    (m, n, k), dtype = plan.shape, np.dtype(plan.dtype)
+    A, B, C = (_Laid(Layout(shape, grid.shape), dtype, grid, backend)
+               for shape in ((m, k), (k, n), (m, n)))
+    return settled_plan(plan, A, B, C, panels_of_a)
+
+
+@dataclass(frozen=True)
+class _Block:
+    """A block's shape and dtype, no data: what the planner reads of it."""
+
+    shape: tuple
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+
+class _Laid:
+    """An operand as the in-memory executor will lay it on `grid` (its
+    `layout`, this rank's block of `dtype` on `backend`), described for the
+    planner before it is scattered: what a DistMatrix tells of itself but
+    its values."""
+
+    def __init__(self, layout: Layout, dtype, grid, backend):
+        self.layout, self.grid, self.backend = layout, grid, backend
+        self.local = _Block(layout.local_shape(grid.row, grid.col), np.dtype(dtype))
+
+    @property
+    def shape(self) -> tuple:
+        return self.layout.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.local.dtype
 
 
 def _for_storage(plan, storage: tuple, comm=None, be=None):

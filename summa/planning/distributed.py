@@ -9,10 +9,15 @@ through the form of A's panels the executors hand in), the transposed
 copies of A's and B's panels (:func:`summa.planning.tuning.transposes_a`,
 :func:`summa.planning.tuning.transposes_b`), and for fp64-int8 on a grid
 whether its panels' products are summed (where every rank's device holds
-the sums: :func:`summa.planning.memory.panel_sums_fit`). The broadcasters
-are made by the run, of the kind the Plan names (``auto`` resolves there,
-on the operands' blocks). The operands' memory is theirs already: the
-Plan's is counted (:func:`summa.planning.memory.memory_plan`), not checked."""
+the sums: :func:`summa.planning.memory.panel_sums_fit`), and for
+``auto`` on GPUs whether direct copies (ipc) pay for the operands'
+blocks (:func:`summa.planning.selection.direct_copies_pay`, the Plan's
+``copy_engines``). The broadcasters are made by the run, of the kind the
+Plan names and as it chose. A Plan made without the operands (``make_plan``'s,
+for arrays, files and the benchmark) has its width and that choice settled
+on them before the run (:func:`settled_plan`). The operands' memory is
+theirs already: the Plan's is counted
+(:func:`summa.planning.memory.memory_plan`), not checked."""
 
 from __future__ import annotations
 
@@ -23,9 +28,10 @@ from .precision import asked_scheme, moduli_asked, panel_sums_apply, panel_sums_
 from .memory import Execution, memory_plan, panel_sums_fit
 from .plan import Plan
 from .request import PlanRequest
+from .selection import direct_copies_pay
 from .tuning import column_major, is_width, panel_width_for, transposes_a, transposes_b
 
-__all__ = ["plan_distributed", "settled_width"]
+__all__ = ["plan_distributed", "settled_width", "settled_plan"]
 
 
 def plan_distributed(A, B, C, request: PlanRequest = PlanRequest(), *,
@@ -76,14 +82,18 @@ def plan_distributed(A, B, C, request: PlanRequest = PlanRequest(), *,
         int(lookahead), backend.name, schedule=runs, precision=precision,
         storage=("rows", "cols" if columns else "rows")))
     memory = replace(memory, transposed_a=copies[0], transposed_b=copies[1])
+    sums = _panel_sums(A, B, C, width, int(lookahead), precision, strips)
+    # last of the planner's collectives, where the run asked it before its
+    # broadcasters were made: the same order on every rank
+    engines = _copy_engines(A, B, C, width, broadcaster, precision)
     plan = Plan((m, n, k), C.dtype.name, backend.name, grid.size, tuple(grid.shape),
                 ("N", "N"), schedule, False, width, int(lookahead), precision,
                 None,  # (moduli: each panel's product takes its own, as asked)
                 None, memory, broadcaster,
-                panel_sums=_panel_sums(A, B, C, width, int(lookahead), precision, strips),
-                storage=("rows", "cols" if columns else "rows"),
+                panel_sums=sums, storage=("rows", "cols" if columns else "rows"),
                 # read once here (None: each panel's product its K's default)
-                scheme_moduli=moduli_asked() if precision == "fp64-int8" else None)
+                scheme_moduli=moduli_asked() if precision == "fp64-int8" else None,
+                copy_engines=engines)
     return plan, measured
 
 
@@ -105,6 +115,32 @@ def settled_width(plan, A, B, C, panels_of_a=None) -> tuple:
         width, measured = panel_width_for(A, B, C, plan.panel_width, plan.precision,
                                           panels_of_a, plan.scheme)
     return replace(plan, panel_width=width), measured
+
+
+def settled_plan(plan, A, B, C, panels_of_a=None) -> tuple:
+    """``(plan, measured)``: `plan` (an in-memory Plan made without the
+    operands, :func:`summa.planning.make_plan`'s) with what the DistMatrix
+    operands A, B, C decide settled before the in-memory executor takes
+    it: its panel width (:func:`settled_width`; `measured` whether it was
+    measured in this call), then whether ``auto`` may copy directly
+    (``copy_engines``, :func:`summa.planning.selection.direct_copies_pay`)
+    where the plan has not said. Collective over C's grid: call it at the
+    same point on every rank, on C's backend's device."""
+    plan, measured = settled_width(plan, A, B, C, panels_of_a)
+    if plan.copy_engines is None:
+        with C.backend.on_device():
+            engines = _copy_engines(A, B, C, plan.panel_width, plan.broadcaster,
+                                    plan.precision)
+        plan = replace(plan, copy_engines=engines)
+    return plan, measured
+
+
+def _copy_engines(A, B, C, width: int, broadcaster: str, precision) -> bool:
+    """May ``auto`` copy panels of `width` directly (ipc) for these
+    operands (:func:`summa.planning.selection.direct_copies_pay`, over
+    the multiply's K panels)? Collective where it decides."""
+    panels = panel_schedule(A.layout.cols, B.layout.rows, width)
+    return direct_copies_pay(A, B, C, panels, broadcaster, precision)
 
 
 def _panel_sums(A, B, C, width: int, lookahead: int, precision, strips: bool) -> int | None:

@@ -200,6 +200,16 @@ class Plan:
         takes them for every panel, else those asked
         (``SUMMA_FP64_INT8_MODULI``, an entry point's ``moduli``); None:
         each product its K's default (:func:`summa.planning.planner._scheme_moduli`).
+    copy_engines : bool or None
+        In memory: whether ``auto`` may take direct copies (ipc) between the
+        GPUs of a node (:func:`summa.planning.selection.direct_copies_pay`:
+        where the peers' blocks stay open or opening them hides behind a
+        rank's own GEMMs), decided by the planner on the operands'
+        blocks; the in-memory executor makes the broadcasters it names
+        (:func:`summa.planning.selection.grid_broadcasters`). True where
+        nothing is decided (another kind, CPUs, one rank). None: not yet
+        settled, a plan made without the operands
+        (:func:`summa.planning.distributed.settled_plan` settles it).
     note : str or None
         Why the mode was chosen for the caller (in memory did not fit; GPU
         operands copied to host memory).
@@ -232,6 +242,7 @@ class Plan:
     conj: tuple = (False, False)
     host_integers: tuple | None = None
     scheme_moduli: int | None = None
+    copy_engines: bool | None = None
     note: str | None = field(default=None, compare=False)
     predicted: dict | None = field(default=None, compare=False)
 

@@ -120,7 +120,8 @@ def _decision_lines(plan) -> list[str]:
     """The decisions the lines above do not show, where the operands lie,
     and the plan's note."""
     decided = (f"  decided: {plan.schedule}, op(A) {plan.trans[0]}, op(B) {plan.trans[1]}, "
-               f"broadcaster {plan.broadcaster}, precision {plan.precision or 'default'}")
+               f"broadcaster {plan.broadcaster}{_direct_copies(plan)}, "
+               f"precision {plan.precision or 'default'}")
     if plan.out_of_core:
         decided += (f", device budget {plan.device_budget / _GIB:.2f} GiB"
                     if traits(plan.backend).gpu else
@@ -133,6 +134,18 @@ def _decision_lines(plan) -> list[str]:
     if plan.note:
         lines.append(f"  {plan.note}")
     return lines
+
+
+def _direct_copies(plan) -> str:
+    """What ``auto`` settled on the operands for GPUs of a grid
+    (``plan.copy_engines``): direct copies (ipc) between a node's GPUs, or
+    none; nothing where it decides nothing or is not settled yet."""
+    if plan.broadcaster != "auto" or plan.copy_engines is None or plan.ranks == 1 \
+            or not traits(plan.backend).gpu:
+        return ""
+    if plan.copy_engines:
+        return " (direct copies between a node's GPUs where they pass their self-test)"
+    return " (no direct copies: the peers' blocks would open slower than the GEMMs hide)"
 
 
 def _storage_lines(plan) -> list[str]:

@@ -1,6 +1,7 @@
 """Which broadcasters a multiply uses: the row and column broadcasters of a
 grid (made and self-tested once per grid and kind), ``auto``'s choice of
-direct copies (CUDA IPC) per direction, and whether their set-up pays.
+direct copies (CUDA IPC) per direction, and whether their set-up pays
+(:func:`direct_copies_pay`: the planner's, which the Plan carries).
 """
 
 from __future__ import annotations
@@ -16,15 +17,21 @@ from ..transports.broadcasters import make_broadcaster
 from ..transports.comm import choose_comm
 from ..runtime.watchdog import watch
 
-__all__ = ["pick_broadcasters", "export_blocks", "connect_seconds", "grid_broadcasters",
-           "peer_access", "OPEN_SECONDS", "SMALL_BLOCK_BYTES"]
+__all__ = ["direct_copies_pay", "planned_copy_engines", "export_blocks", "connect_seconds",
+           "grid_broadcasters", "peer_access", "OPEN_SECONDS", "SMALL_BLOCK_BYTES"]
 
 
-def pick_broadcasters(A, B, C, panels, broadcaster, precision):
-    """The row and column broadcasters for these operands: with ``auto`` on
-    GPUs, direct copies (ipc) where the peers' blocks stay open after the
-    multiply (:func:`_stay_open`), or where every rank's own GEMMs hide
-    opening them (:func:`_hides_connect`). Collective.
+def direct_copies_pay(A, B, C, panels, broadcaster, precision) -> bool:
+    """May ``auto`` take direct copies (ipc) for these operands
+    (:func:`grid_broadcasters`' `copy_engines`)? With ``auto`` on GPUs of a
+    grid, where the peers' blocks stay open after the multiply
+    (:func:`_stay_open`), or where every rank's own GEMMs hide opening them
+    (:func:`_hides_connect`); elsewhere True, as nothing is decided (other
+    kinds, CPUs and one rank never copy by ``auto``'s choice). The planner's
+    decision (:func:`summa.planning.distributed.plan_distributed`,
+    :func:`summa.planning.distributed.settled_plan`), which the executors
+    take as the Plan's ``copy_engines``. Collective where it decides: the
+    same answer everywhere.
 
     Parameters
     ----------
@@ -39,21 +46,30 @@ def pick_broadcasters(A, B, C, panels, broadcaster, precision):
 
     Returns
     -------
-    tuple
-        The row and column broadcasters (:func:`grid_broadcasters`).
+    bool
+        Whether ``auto`` may copy directly.
     """
     grid, backend = C.grid, C.backend
-    worth_ipc = True
-    if broadcaster == "auto" and grid.size > 1 and backend.is_gpu:
-        # The directions auto could copy directly in (collective, like all below).
-        dirs = grid.within_nodes()
-        # Blocks along a grid row (column) of one rank have no reader.
-        read = (dirs[0] and grid.shape[1] > 1, dirs[1] and grid.shape[0] > 1)
-        worth_ipc = any(dirs) and (
-            _stay_open(grid, backend, (A.local, B.local), read)
-            or _hides_connect(panels, grid, C.local.shape, C.dtype, precision,
-                              (A.local.nbytes, B.local.nbytes), dirs))
-    return grid_broadcasters(grid, broadcaster, backend, copy_engines=worth_ipc)
+    if broadcaster != "auto" or grid.size == 1 or not backend.is_gpu:
+        return True
+    # The directions auto could copy directly in (collective, like all below).
+    dirs = grid.within_nodes()
+    # Blocks along a grid row (column) of one rank have no reader.
+    read = (dirs[0] and grid.shape[1] > 1, dirs[1] and grid.shape[0] > 1)
+    return bool(any(dirs) and (
+        _stay_open(grid, backend, (A.local, B.local), read)
+        or _hides_connect(panels, grid, C.local.shape, C.dtype, precision,
+                          (A.local.nbytes, B.local.nbytes), dirs)))
+
+
+def planned_copy_engines(copy_engines) -> bool:
+    """A Plan's ``copy_engines`` as the in-memory executor takes it, checked:
+    True or False (None, not yet settled, is the planner's to settle on the
+    operands before the run: :func:`summa.planning.distributed.settled_plan`)."""
+    if not isinstance(copy_engines, bool):
+        raise ValueError("a plan's copy_engines must be True or False (settled by the planner "
+                         f"on the operands before the run), got {copy_engines!r}")
+    return copy_engines
 
 
 def _stay_open(grid, backend, blocks, dirs) -> bool:

@@ -155,7 +155,7 @@ def planned_width(width) -> int:
     """A Plan's panel width as the executors take it, checked: an integer
     >= 1 (``"auto"`` and None are the planner's to settle before the run:
     :func:`summa.planning.distributed.plan_distributed`,
-    :func:`summa.planning.distributed.settled_width`)."""
+    :func:`summa.planning.distributed.settled_plan`)."""
     if not is_width(width) or width < 1:
         raise ValueError(f"a plan's panel width must be an integer >= 1 (\"auto\" is "
                          f"settled by the planner before the run), got {width!r}")

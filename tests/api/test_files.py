@@ -46,7 +46,7 @@ def test_odd_shapes_equal_numpy_within_gauge(comm, rng, folder, dtype):
 def test_auto_width_is_settled_in_the_set_up_not_by_the_multiply(comm, rng, folder,
                                                                   monkeypatch):
     """An "auto" width: measured once, by the planner in the set-up phase
-    (summa.planning.distributed.settled_width), never by the executor."""
+    (summa.planning.distributed.settled_plan), never by the executor."""
     from summa.planning import tuning
     monkeypatch.setattr(tuning, "_cache", {})
     calls, running = [], []

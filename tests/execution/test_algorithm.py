@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+import summa.execution.algorithm as algorithm
 from helpers import gemm_scaled_error, random_array
 from leftovers import interrupt
 from summa.execution.algorithm import HEAD_PIECES, SummaStats, gemm, summa
@@ -12,6 +13,8 @@ from summa.transports.comm import choose_comm
 from summa.distribution.grid import ProcessGrid
 from summa.distribution.layout import panel_schedule
 from summa.distribution.matrix import DistMatrix
+from summa.planning.distributed import plan_distributed
+from summa.planning.request import PlanRequest
 from summa.planning.schedule import fetched
 
 #: Each test's subject is the process grid's shape: ./run test runs them on every
@@ -156,19 +159,19 @@ def test_own_panels_go_first_where_every_receive_starts_at_once(comm, rng, monke
 
 @pytest.mark.mpi(min_size=2)
 def test_prepare_leaves_the_multiply_nothing_to_set_up(comm, backend, rng):
-    """``prepare`` makes the broadcasters for the width the planner settled
-    (an "auto" one measured there), so the multiply that follows (timed by
+    """``prepare`` makes the broadcasters of the plan the planner settled
+    (an "auto" width measured there), so the multiply that follows (timed by
     ``summa multiply``) does neither."""
     from summa.execution.algorithm import prepare
     from summa.execution.transpose import PanelsOfA
-    from summa.planning.tuning import panel_width_for
     a, b = random_array(rng, (40, 36), "float64"), random_array(rng, (36, 28), "float64")
     with make_grid(comm, "auto") as grid:
         A, B = distribute(a, grid, backend), distribute(b, grid, backend)
         C = DistMatrix.zeros((40, 28), "float64", grid, backend)
         assert not grid.resources
-        width, _ = panel_width_for(A, B, C, "auto", None, PanelsOfA)
-        prepare(A, B, C, width)
+        plan, _ = plan_distributed(A, B, C, PlanRequest(panel_width="auto"),
+                                   panels_of_a=PanelsOfA)
+        prepare(plan, A, B, C)
         made = dict(grid.resources)
         assert made  # the broadcasters
         stats = SummaStats()
@@ -313,10 +316,10 @@ def use_window_readers(grid, backend, monkeypatch):
     """Make every multiply on `grid` use :class:`WindowReader` broadcasters;
     return them, the calls they record, and for each GEMM of `backend` how
     many calls came before it."""
-    import summa.planning.selection as selection
     calls, gemms = [], []
     readers = (WindowReader(grid.row_comm, calls), WindowReader(grid.col_comm, calls))
-    monkeypatch.setattr(selection, "grid_broadcasters", lambda *args, **kwargs: readers)
+    # (the executor makes the broadcasters the plan names)
+    monkeypatch.setattr(algorithm, "grid_broadcasters", lambda *args, **kwargs: readers)
     real_gemm = backend.gemm
     monkeypatch.setattr(backend, "gemm", lambda *a, **kw: (gemms.append(len(calls)),
                                                            real_gemm(*a, **kw))[1])
@@ -410,7 +413,8 @@ def test_prepare_opens_the_peers_blocks_for_direct_copies(comm, rng, which, monk
         a, b = random_array(rng, (20, 30), "float64"), random_array(rng, (30, 10), "float64")
         A, B = distribute(a, grid, backend), distribute(b, grid, backend)
         C = DistMatrix.zeros((20, 10), "float64", grid, backend)
-        prepare(A, B, C, panel_width=4)
+        plan, _ = plan_distributed(A, B, C, PlanRequest(panel_width=4))
+        prepare(plan, A, B, C)
         d = sum(bc.comm.Get_size() > 1 for bc in readers)
         assert calls == ["export"] * d + ["connect"] * d + ["release"] * d
         gemm(A, B, C, panel_width=4)
@@ -454,14 +458,12 @@ def test_only_blocks_with_readers_must_stay_open(monkeypatch, shape, read):
     asked = []
     monkeypatch.setattr(selection, "_stay_open",
                         lambda grid, backend, blocks, dirs: asked.append(dirs) or True)
-    monkeypatch.setattr(selection, "grid_broadcasters",
-                        lambda grid, kind, backend, copy_engines=True: copy_engines)
     grid = SimpleNamespace(size=4, shape=shape, within_nodes=lambda: (True, True))
     local = SimpleNamespace(nbytes=8, shape=(1, 1))
     C = SimpleNamespace(grid=grid, backend=SimpleNamespace(name="cupy", is_gpu=True, supports_ipc=True), local=local,
                         dtype="float32")
     A = B = SimpleNamespace(local=local)
-    assert selection.pick_broadcasters(A, B, C, [], "auto", None) is True
+    assert selection.direct_copies_pay(A, B, C, [], "auto", None) is True
     assert asked == [read]
 
 
@@ -486,7 +488,6 @@ def test_direct_reads_in_one_direction_and_paired_broadcasts_in_the_other(comm, 
     """Grids whose rows lie within nodes but whose columns span them read row
     panels directly (ipc) and broadcast column panels in pairs (NCCL): ranks
     of one column then reorder their panels alike, so the pairs still match."""
-    import summa.planning.selection as selection
     from summa.device.backend import get_backend
     from summa.transports.broadcasters import make_broadcaster
     backend = get_backend("numpy")
@@ -499,7 +500,7 @@ def test_direct_reads_in_one_direction_and_paired_broadcasts_in_the_other(comm, 
         else:
             pair = (make_broadcaster("mpi", grid.row_comm, backend),
                     WindowReader(grid.col_comm, calls))
-        monkeypatch.setattr(selection, "grid_broadcasters", lambda *args, **kwargs: pair)
+        monkeypatch.setattr(algorithm, "grid_broadcasters", lambda *args, **kwargs: pair)
         A, B = distribute(a, grid, backend), distribute(b, grid, backend)
         c = matmul(A, B, panel_width=4, lookahead=lookahead).gather()
         again = matmul(A, B, panel_width=4, lookahead=lookahead).gather()
@@ -513,14 +514,13 @@ def test_a_block_that_cannot_be_exported_means_paired_broadcasts_everywhere(comm
                                                                             monkeypatch):
     """If any rank cannot export its block, every rank falls back to paired
     broadcasts in one common order (no rank waits for a read that never comes)."""
-    import summa.planning.selection as selection
     from summa.device.backend import get_backend
     backend = get_backend("numpy")
     with make_grid(comm, "col") as grid:
         calls = []
         readers = (WindowReader(grid.row_comm, calls),
                    WindowReader(grid.col_comm, calls, refuse=comm.rank == 1))
-        monkeypatch.setattr(selection, "grid_broadcasters", lambda *args, **kwargs: readers)
+        monkeypatch.setattr(algorithm, "grid_broadcasters", lambda *args, **kwargs: readers)
         a, b = random_array(rng, (29, 43), "float64"), random_array(rng, (43, 31), "float64")
         c = matmul(distribute(a, grid, backend), distribute(b, grid, backend),
                    panel_width=4).gather()

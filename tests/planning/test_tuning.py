@@ -76,7 +76,7 @@ def _measured_in_planning_only(monkeypatch) -> list:
 def test_auto_is_measured_by_the_planner_never_by_the_executor(comm, backend, monkeypatch):
     """An "auto" width is settled before the run, once per problem: a
     DistMatrix summa's by plan_distributed, matmul's (a Plan made without
-    the operands) by settled_width; the executor takes an integer."""
+    the operands) by settled_plan; the executor takes an integer."""
     calls = _measured_in_planning_only(monkeypatch)
     several = comm.Get_size() > 1
     with ProcessGrid(comm) as grid:
