@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import tempfile
 import time
 import traceback
 
@@ -96,7 +97,40 @@ def _relaunch(argv) -> int | None:
 
     from .pool.job import run
     MPI.Finalize()
-    return run(command, env)
+    fd, told = tempfile.mkstemp(prefix="summa-status-")
+    os.close(fd)
+    try:
+        env[JOB_STATUS] = told
+        return run(command, env) or _status_told(told)
+    finally:
+        os.unlink(told)
+
+
+#: The file where the ranks of a job :func:`_relaunch` started tell it how
+#: they ended (:func:`_told`).
+JOB_STATUS = "SUMMA_JOB_STATUS"
+
+
+def _told(world, status: int) -> int:
+    """`status`, or 0 where this rank's job was started by ``python -m
+    summa`` itself (:func:`_relaunch`) and it failed as agreed (bad input,
+    a failed check): the status is written to its parent's file instead,
+    which the parent exits with. Its launcher then sees ranks that ended
+    well and adds nothing to the command's one line (Open MPI's mpirun
+    prints a 12-line banner after any rank exits non-zero)."""
+    told = os.environ.get(JOB_STATUS)
+    if not told or status == 0:
+        return status
+    with open(told, "a") as fh:  # (a line of its own from each rank: appended whole)
+        fh.write(f"{world.Get_rank()} {status}\n")
+    return 0
+
+
+def _status_told(told: str) -> int:
+    """The status the ranks wrote to `told` (:func:`_told`): the highest; 0
+    where none wrote one."""
+    with open(told) as fh:
+        return max((int(line.split()[1]) for line in fh if line.strip()), default=0)
 
 
 def main(argv=None) -> int:
@@ -125,9 +159,9 @@ def main(argv=None) -> int:
         status = cli.main(argv, world)
     except Exception as exc:
         wait_if_stopping()  # an error the stop itself caused (its output removed) says nothing
-        return _failed(world, ctl, exc)
+        return _told(world, _failed(world, ctl, exc))
     wait_if_stopping()  # a stopping process ends with the signal's status, not this one
-    return status
+    return _told(world, status)
 
 
 def _alone(argv) -> int:

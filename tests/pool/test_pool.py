@@ -322,6 +322,41 @@ def test_the_multiply_command_without_mpirun_runs_on_every_worker(tmp_path):
     assert gemm_scaled_error(np.load(tmp_path / "C.npy"), a, b) <= 1
 
 
+#: A launcher that, as Open MPI's mpirun does, prints a banner after its job
+#: where any rank exited non-zero.
+_REPORTING_LAUNCHER = """#!/bin/sh
+"$REAL_MPIEXEC" "$@"
+status=$?
+if [ $status -ne 0 ]; then
+    printf -- '-----\\nPrimary job terminated normally, but 1 process returned\\n-----\\n' >&2
+fi
+exit $status
+"""
+
+
+def test_the_multiply_command_without_mpirun_fails_in_its_own_words_alone(tmp_path):
+    """A job the command starts by itself that fails as its ranks agree (bad
+    input: status 2) ends with the command's own line and status: its ranks
+    tell the command and end well, so a launcher that reports ranks ending
+    non-zero has nothing to add."""
+    launcher = tmp_path / "mpiexec"
+    launcher.write_text(_REPORTING_LAUNCHER)
+    launcher.chmod(0o755)
+    rng = np.random.default_rng()
+    np.save(tmp_path / "A.npy", rng.uniform(-1, 1, (30, 20)))
+    np.save(tmp_path / "B.npy", rng.uniform(-1, 1, (21, 25)))  # (K does not match)
+    env = dict(os.environ, SUMMA_WORKERS="2", MPIEXEC=str(launcher),
+               REAL_MPIEXEC=" ".join(launch.mpiexec_command()),
+               PYTHONPATH=os.path.dirname(os.path.dirname(summa.__file__)))
+    p = subprocess.run([sys.executable, "-m", "summa", "multiply", str(tmp_path / "A.npy"),
+                        str(tmp_path / "B.npy"), "-o", str(tmp_path / "C.npy"), "--backend",
+                        "numpy", "--quiet"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith("summa: error: "), p.stderr
+    assert not (tmp_path / "C.npy").exists()
+
+
 def test_npy_files_mapped_by_the_caller_are_not_copied(rng, monkeypatch, tmp_path):
     """Arrays from ``np.load(path, mmap_mode="r")`` reach the workers as the
     file itself (each maps it read-only): no copy into shared memory."""
