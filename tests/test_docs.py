@@ -9,6 +9,8 @@
   16667 x 25000 must be in the output, as the doc rounds it.
 - Links into the docs name headings that exist, and the sections code
   comments cite by name (docs/benchmarks.md, "NAME") exist.
+- Every benchmark command the docs quote whole (no placeholder such as N)
+  is one its script's parser takes.
 
 The figures are read from the docs, not written here: a change of the model
 only needs the docs updated.
@@ -186,3 +188,53 @@ def test_the_code_cites_scripts_the_repo_holds():
                 if script not in held:
                     missing.append(f"{path.relative_to(ROOT)}:{number}: {script}")
     assert not missing, "\n".join(missing)
+
+
+#: A benchmark command quoted in inline code (`benchmarks/X.py ...`, with or
+#: without its ``python3``) or as a line of a block.
+COMMAND = re.compile(r"`(?:python3? )?(benchmarks/\w+\.py(?:\s[^`]*)?)`"
+                     r"|^(?:python3? )(benchmarks/\w+\.py[^\n]*)$", re.MULTILINE)
+#: Words that stand for what the reader fills in (N, MxNxK, [--free 24GiB], G, ...).
+PLACEHOLDER = re.compile(r"^(?:[A-Z]+(?:x[A-Z]+)*|\[.*|.*\]|\.\.\.|\w*\*\w*)$")
+_PARSES = """
+import argparse, runpy, sys
+class Parsed(Exception):
+    pass
+real = argparse.ArgumentParser.parse_args
+def parse_args(self, args=None, namespace=None):
+    real(self, args, namespace)
+    raise Parsed
+argparse.ArgumentParser.parse_args = parse_args
+sys.argv = sys.argv[1:]
+sys.path.insert(0, "benchmarks")
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except Parsed:
+    sys.exit(0)
+sys.exit("parsed no arguments")
+"""
+
+
+def _quoted_commands() -> list:
+    """Every whole benchmark command the docs quote, with where."""
+    found = []
+    for name in ["README.md", "docs/user-guide.md", "docs/benchmarks.md",
+                 "docs/development.md", "benchmarks/README.md"]:
+        for quoted, line in COMMAND.findall(_text(name)):  # (inline; a block's line)
+            words = shlex.split(quoted or line)
+            if not any(PLACEHOLDER.match(word) for word in words):
+                found.append((name, words))
+    return found
+
+
+@pytest.mark.parametrize("name, words", _quoted_commands(),
+                         ids=lambda x: " ".join(x) if isinstance(x, list) else x)
+def test_each_benchmark_command_the_docs_quote_is_one_its_script_takes(name, words):
+    """A figure's command still runs: its script exists and its parser
+    takes the arguments as quoted (a renamed option would leave the docs
+    quoting a command that fails)."""
+    assert (ROOT / words[0]).exists(), f"{name}: {words[0]} is not in the repo"
+    done = subprocess.run([sys.executable, "-c", _PARSES, *words], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, f"{name}: `{' '.join(words)}`: {done.stderr[-800:]}"
