@@ -56,6 +56,8 @@ def exact_into(dst: np.ndarray, src: np.ndarray) -> None:
     if dst.dtype.itemsize == 8:  # int64, uint64: exact in one cast
         np.copyto(dst, src, casting="unsafe")
         return
+    if dst.dtype == np.int32 and _straight_into_int32(dst, src):
+        return
     if dst.ndim != 2 or not dst.shape[0] or dst.shape[1] > EXACT_SLAB:
         np.copyto(dst, src.astype(np.int64), casting="unsafe")  # (small or odd: at once)
         return
@@ -68,3 +70,21 @@ def exact_into(dst: np.ndarray, src: np.ndarray) -> None:
         whole = buf[:part.size].reshape(part.shape)
         np.copyto(whole, part, casting="unsafe")
         np.copyto(dst[r:r + rows], whole, casting="unsafe")
+
+
+def _straight_into_int32(dst: np.ndarray, src: np.ndarray) -> bool:
+    """Cast the float64 `src` straight into the int32 `dst` and say whether
+    that was exact (True), one pass where :func:`exact_into`'s slabs take
+    two: exact for every value within int32's range, and a value beyond it
+    comes out as int32's least or greatest (x86's "integer indefinite";
+    other processors saturate), so where neither appears in `dst` none was
+    beyond it. Where one does (False) the caller converts through int64
+    again, a value that truly is int32's least or greatest among them. On a
+    2-core box, 4096 x 16384 float64: 4.1 GB/s with the check against 1.9
+    through int64 slabs (a product's drain into int32, the common case)."""
+    if not dst.size:
+        return True
+    with np.errstate(invalid="ignore"):  # (out of range: caught below)
+        np.copyto(dst, src, casting="unsafe")
+    info = np.iinfo(np.int32)
+    return bool(dst.min() > info.min and dst.max() < info.max)
