@@ -45,7 +45,8 @@ from ..planning.planner import restage
 from ..planning.selection import grid_broadcasters
 from ..host.storage import copyable_rows
 from .movers import CudaMover, HostMover
-from .sweep import Cut, NoBroadcasts, Sweep, SweepOperands, bounds, head_pieces
+from .sweep import Cut, Sweep, SweepOperands, bounds, head_pieces
+from ..transports.broadcasters import NoBroadcasts
 from ..runtime.watchdog import watch
 
 __all__ = ["summa_out_of_core", "run_out_of_core", "prepared_sweep", "SweepOperands"]
