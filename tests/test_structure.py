@@ -297,6 +297,49 @@ def test_no_import_circles_among_modules_or_new_ones_among_subpackages():
     assert not gone, f"no longer a circle: take them off KNOWN_PACKAGE_CIRCLES: {gone}"
 
 
+#: The planner's steps that settle what a plan needs of the machine before a
+#: run: broadcasters made and self-tested (whether direct copies work is
+#: learned there), the plan made final for them. Entry points take them
+#: through summa.planning (issue 62, "plan once, then run"); an executor
+#: runs the plan it is handed and decides nothing.
+PLANNING_STEPS = {"restage", "grid_broadcasters"}
+
+#: (executor module, step) still taken in an executor, each to move into
+#: planning as the out-of-core sweep's set-up did (summa.planning.sweepsetup):
+#: the in-memory path makes its broadcasters in gemm's set-up and in prepare.
+EXECUTOR_STEPS_ALLOWED = {("summa.execution.algorithm", "grid_broadcasters")}
+
+
+def planning_calls(modules) -> set[tuple[str, str]]:
+    """(module, step) of each call of one of :data:`PLANNING_STEPS`, by its
+    name or as an attribute (``planner.restage(...)``)."""
+    found = set()
+    for name, tree in modules:
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            called = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+            if called in PLANNING_STEPS:
+                found.add((name, called))
+    return found
+
+
+def test_executors_take_no_planning_steps():
+    found = {(module, step) for module, step in planning_calls(_modules())
+             if module.startswith("summa.execution.")}
+    taken = found - EXECUTOR_STEPS_ALLOWED
+    assert not taken, ("an executor decides nothing: take these in summa.planning "
+                       f"before the run and hand the executor what they made: {sorted(taken)}")
+    stale = EXECUTOR_STEPS_ALLOWED - found
+    assert not stale, f"no longer taken there: take them off EXECUTOR_STEPS_ALLOWED: {stale}"
+
+
+def test_the_planning_step_check_finds_what_it_forbids(tmp_path):
+    (tmp_path / "added.py").write_text("x = planner.restage(plan, (True, True))\n"
+                                       "y = grid_broadcasters(grid, 'auto', backend)\n")
+    assert {step for _, step in planning_calls(_modules(tmp_path))} == PLANNING_STEPS
+
+
 @pytest.mark.parametrize("files,check", [
     ({"a.py": "def f():\n    from . import b\n", "b.py": ""},
      lambda m: import_edges(m, inside_functions=True)),

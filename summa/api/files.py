@@ -35,12 +35,13 @@ from ..host.npyio import AtomicNpyWriter, map_block
 from ..distribution.layout import Layout
 from ..distribution.matrix import DistMatrix
 from ..runtime.progress import JobProgress
-from ..execution.outofcore import SweepOperands, prepared_sweep, run_out_of_core
+from ..execution.outofcore import SweepOperands, run_out_of_core
 from ..planning.model import gemm_flops
 from ..planning.hostroom import check_host_room, own_host_bytes
 from ..planning.least import check_least_budget
 from ..planning.request import PlanRequest
 from ..planning.distributed import settled_plan
+from ..planning.sweepsetup import prepared_sweep
 from ..execution.transpose import PanelsOfA
 from .verify import freivalds
 from ..execution.jobprogress import block_share, job_progress, multiply_phase, phase_predictions
@@ -439,7 +440,7 @@ def _warm_up(run: _FilesRun, operands) -> tuple:
     """Create (and self-test) the broadcasters the multiply will use, settle an
     "auto" panel width, and run one small GEMM. Returns ``(plan,
     broadcasters)``: out of core the sweep's, the plan made final for them
-    (:func:`summa.execution.outofcore.prepared_sweep`); in memory the plan,
+    (:func:`summa.planning.sweepsetup.prepared_sweep`); in memory the plan,
     its width and direct copies settled (:func:`summa.planning.distributed.settled_plan`),
     and None."""
     A, B, C = operands

@@ -26,11 +26,12 @@ from ..planning.checks import check_operands
 from ..distribution.layout import Layout
 from .operands import kept_device
 from ..distribution.matrix import DistMatrix
-from ..execution.outofcore import SweepOperands, prepared_sweep, run_out_of_core
+from ..execution.outofcore import SweepOperands, run_out_of_core
 from ..precision.ozaki_gpu import check_moduli
 from ..planning.precision import asked_moduli
 from ..planning.plan import Machine
 from ..planning.planner import make_plan
+from ..planning.sweepsetup import prepared_sweep
 from .nonfinite import nonfinite_notes
 from .stacks import Stack, multiply_stack, stacked
 from .stateful import Matmul

@@ -24,6 +24,7 @@ from ..execution.outofcore import SweepOperands, run_out_of_core
 from ..planning.model import gemm_flops
 from ..planning.plan import Machine
 from ..planning.planner import make_plan
+from ..planning.sweepsetup import prepared_sweep
 from ..planning.request import PlanRequest
 from ..planning.distributed import settled_plan
 from ..execution.transpose import PanelsOfA
@@ -300,7 +301,11 @@ def _repetitions(job: BenchJob, plan, grid: ProcessGrid, operands, progress: Job
                 stats = run_in_memory(settled, A, B, C, progress=progress.step)
                 stats.extra["panel_width_measured"] = measured
             else:
-                stats = run_out_of_core(plan, SweepOperands(A, B, C), backend,
+                # the sweep's broadcasters (kept per grid once made) and the
+                # plan made final for them, timed with each call as before
+                sweep = SweepOperands(A, B, C)
+                final, broadcasters = prepared_sweep(plan, sweep, backend)
+                stats = run_out_of_core(final, sweep, backend, broadcasters=broadcasters,
                                         progress=progress.step)
         stats.extra.update(account.report())
         nb = stats.panel_width

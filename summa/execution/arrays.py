@@ -37,13 +37,14 @@ from ..host import shared as host_arrays
 from ..host.shared import parallel_copy
 from ..host.storage import conjugated, op_view
 from .jobprogress import library_reporting, multiply_phase, phase_predictions
-from .outofcore import SweepOperands, prepared_sweep, run_out_of_core
+from .outofcore import SweepOperands, run_out_of_core
 from ..planning.arrays import HeldArrays, plan_held, settled_on_grid, stored_plan
 from ..planning.request import PlanRequest
 from .transpose import PanelsOfA
 from ..planning.checks import check_arrays, check_scalars
 from ..planning.memory import check_memory, format_bytes
 from ..planning.selection import peer_access
+from ..planning.sweepsetup import prepared_sweep
 from ..runtime.progress import active
 from ..runtime.watchdog import watch
 

@@ -35,20 +35,18 @@ import time
 import numpy as np
 
 from ..runtime.mpi import MPI
-from .. import options
 from ..precision import ozaki
 from .algorithm import SummaStats
-from ..planning.checks import check_layouts, check_operands, check_scalars
+from ..planning.checks import check_scalars
 from ..distribution.layout import panel_schedule
 from ..planning.plan import Plan
-from ..planning.planner import restage
-from ..planning.selection import grid_broadcasters
-from ..host.storage import copyable_rows
+from ..planning.sweepsetup import (check_prepared, check_sweep_operands, check_sweep_plan,
+                                   prepared_sweep)
 from .movers import CudaMover, HostMover
-from .sweep import Cut, NoBroadcasts, Sweep, SweepOperands, bounds, head_pieces
+from .sweep import Cut, Sweep, SweepOperands, bounds, head_pieces
 from ..runtime.watchdog import watch
 
-__all__ = ["summa_out_of_core", "run_out_of_core", "prepared_sweep", "SweepOperands"]
+__all__ = ["summa_out_of_core", "run_out_of_core", "SweepOperands"]
 
 
 def summa_out_of_core(plan: Plan, operands: SweepOperands, device, *, alpha=1.0, beta=0.0,
@@ -76,9 +74,9 @@ def summa_out_of_core(plan: Plan, operands: SweepOperands, device, *, alpha=1.0,
         Where the GEMMs run (CuPy; NumPy for tests, where "device" arrays are
         host arrays and the plan's budget still decides the tiling).
 
-    Makes the plan's broadcasters and the plan final for them
-    (:func:`prepared_sweep`), then runs it (:func:`run_out_of_core`, which
-    also takes a C never touched: ``fresh_c``).
+    Makes the plan's broadcasters and the plan final for them (the planning
+    step :func:`summa.planning.sweepsetup.prepared_sweep`), then runs it
+    (:func:`run_out_of_core`, which also takes a C never touched: ``fresh_c``).
 
     Returns
     -------
@@ -93,30 +91,18 @@ def summa_out_of_core(plan: Plan, operands: SweepOperands, device, *, alpha=1.0,
                            broadcasters=broadcasters)
 
 
-def prepared_sweep(plan: Plan, operands: SweepOperands, device) -> tuple:
-    """``(plan, (row, column) broadcasters)`` of a sweep of `operands`: those
-    made (:func:`_sweep_broadcasters`), `plan` made final for them
-    (:func:`summa.planning.restage`: ipc stages each slot) before
-    :func:`run_out_of_core`, which decides nothing. Checks first; collective."""
-    A, B, C = operands.A, operands.B, operands.C
-    _check_sweep_operands(A, B, C, plan.host_integers)
-    _check_plan(plan, A, B, C, device)
-    with device.on_device():
-        bcs = _sweep_broadcasters(plan, operands, device)
-    return restage(plan, tuple(bc.name == "ipc" for bc in bcs)), bcs
-
-
-def run_out_of_core(plan: Plan, operands: SweepOperands, device, *, alpha=1.0, beta=0.0,
-                    progress=None, fresh_c: bool = False, broadcasters=None) -> SummaStats:
+def run_out_of_core(plan: Plan, operands: SweepOperands, device, *, broadcasters: tuple,
+                    alpha=1.0, beta=0.0, progress=None, fresh_c: bool = False) -> SummaStats:
     """``C <- alpha * A @ B + beta * C`` as `plan` (:func:`summa.planning.make_plan`,
     out of core) says: its tiles, panel width, slots, lookahead, precision,
     broadcaster, and on GPUs its host copies and their threads. `operands`
     (:class:`SweepOperands`): A, B, C and where given `own_copies`;
-    `broadcasters`: those `plan` was made final for (:func:`prepared_sweep`),
-    or None: made here so; `fresh_c`: C's memory was never touched and its
-    values do not matter (beta 0): host threads fault its pages in during the
-    GEMMs, so that the product lands at the speed of touched memory. The
-    rest as for :func:`summa_out_of_core`."""
+    `broadcasters`: ``(row, column)``, those `plan` was made final for
+    (:func:`summa.planning.sweepsetup.prepared_sweep`, a planning step; a plan
+    not made final for them is refused: nothing is decided here); `fresh_c`:
+    C's memory was never touched and its values do not matter (beta 0): host
+    threads fault its pages in during the GEMMs, so that the product lands at
+    the speed of touched memory. The rest as for :func:`summa_out_of_core`."""
     with device.on_device():  # its GPU, whatever the caller's current one
         return _run(plan, operands, device, (alpha, beta), progress, fresh_c, broadcasters)
 
@@ -126,13 +112,10 @@ def _run(plan: Plan, operands: SweepOperands, device, scalars: tuple, progress,
     """:func:`run_out_of_core` on the device's GPU."""
     (alpha, beta), (A, B, C) = scalars, (operands.A, operands.B, operands.C)
     _check_sweep(alpha, A, B, beta, C, device, plan.precision, plan.host_integers)
-    _check_plan(plan, A, B, C, device)
+    check_sweep_plan(plan, A, B, C, device)
     grid = C.grid
-    if broadcasters is None:
-        plan, broadcasters = prepared_sweep(plan, operands, device)
+    check_prepared(plan, broadcasters)
     row_bc, col_bc = broadcasters
-    if restage(plan, (row_bc.name == "ipc", col_bc.name == "ipc")) is not plan:
-        raise ValueError("the plan does not count its broadcasters' staging: prepared_sweep")
     memory = plan.memory
     ml, nl = C.local.shape
     tiles = [(i0, i1, j0, j1) for i0, i1 in bounds(ml, memory.tiles[0])
@@ -172,62 +155,12 @@ def _run(plan: Plan, operands: SweepOperands, device, scalars: tuple, progress,
     return stats
 
 
-def _sweep_broadcasters(plan: Plan, operands: SweepOperands, device) -> tuple:
-    """``(row, column)`` broadcasters of the sweep: none where every rank
-    holds its own copies of the rows of A and columns of B it needs
-    (`operands.own_copies`, checked here), else the plan's (``"host"``,
-    which needs own copies, as ``"auto"``)."""
-    C, k = operands.C, operands.A.shape[1]
-    if operands.own_copies is None:
-        return grid_broadcasters(C.grid, "auto" if plan.broadcaster == "host"
-                                 else plan.broadcaster, device)
-    a_rows, b_cols = operands.own_copies
-    if a_rows.shape != (C.local.shape[0], k) or b_cols.shape != (k, C.local.shape[1]):
-        raise ValueError(f"own_copies must be this rank's {C.local.shape[0]} rows of A and "
-                         f"{C.local.shape[1]} columns of B with all {k} of K")
-    none = NoBroadcasts()
-    return none, none
-
-
 def _check_sweep(alpha, A, B, beta, C, device, precision, integers=None) -> None:
     """Refuse operands and scalars the sweep cannot take (the same on every
     rank); `integers`: the plan's staged integers' dtypes (computed in float64)."""
-    _check_sweep_operands(A, B, C, integers)
+    check_sweep_operands(A, B, C, integers)
     check_scalars(alpha, beta, np.dtype(np.float64) if integers else C.dtype, precision,
                   device)
-
-
-def _check_sweep_operands(A, B, C, integers=None) -> None:
-    """Refuse operands the sweep cannot take (the same on every rank);
-    `integers` as for :func:`_check_sweep`."""
-    check_operands(A, B, C, dtypes=integers)
-    check_layouts(A, B, C)
-    if C.backend.is_gpu:
-        raise ValueError("out-of-core operands must be host-resident (NumPy backend)")
-    # A and B may lie any way (the plan's storage says how they are read); C
-    # is written by rows.
-    if any(M.local.ndim != 2 for M in (A, B, C)) or not copyable_rows(C.local):
-        raise ValueError("out-of-core operands must be 2-D host arrays, C with contiguous rows")
-
-
-def _check_plan(plan: Plan, A, B, C, device) -> None:
-    """Refuse a plan made for another product, grid, dtype or device (C of
-    the integer type the plan's staged integers drain into, where it has them)."""
-    have = ((A.shape[0], B.shape[1], A.shape[1]), tuple(C.grid.shape), C.dtype.name,
-            device.name)
-    planned = (tuple(plan.shape), tuple(plan.grid),
-               plan.host_integers[2] if plan.host_integers else plan.dtype, plan.backend)
-    if not plan.out_of_core:
-        raise ValueError("the plan runs in memory, not out of core")
-    if have != planned:
-        raise ValueError(f"the plan is for (m, n, k), grid, dtype, device {planned}, "
-                         f"not {have}")
-    # make_plan settles both for GPUs; a plan without them was made otherwise
-    if device.is_gpu and (plan.host_copies not in options.HOST_COPIES
-                          or not plan.copy_threads):
-        raise ValueError(f"a GPU's plan says how host copies go and on how many threads "
-                         f"(make_plan), not host_copies={plan.host_copies!r}, "
-                         f"copy_threads={plan.copy_threads!r}")
 
 
 def _sweep_stats(stats: SummaStats, plan: Plan, mover, row_bc, col_bc) -> None:

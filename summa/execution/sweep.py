@@ -18,9 +18,10 @@ from .pipeline import local_parts, wait_for_panel
 from ..planning.memory import TAIL_SHARE
 from ..planning.plan import Plan
 from ..host.storage import as_rows, rows_shape
+from ..transports.broadcasters import NoBroadcasts
 from .transpose import PanelForms, PanelsOfA, PanelsOfB
 
-__all__ = ["SweepOperands", "Sweep", "NoBroadcasts", "bounds", "head_pieces"]
+__all__ = ["SweepOperands", "Sweep", "bounds", "head_pieces"]
 
 
 @dataclass(frozen=True)
@@ -239,22 +240,6 @@ def _slot_part(flat, shape: tuple, storage: str):
     where X is stored by columns (:func:`summa.host.storage.as_rows` of it is
     then the part itself, column-major)."""
     return flat[: shape[0] * shape[1]].reshape(rows_shape(shape, storage))
-
-
-class NoBroadcasts:
-    """Where every rank uploads its own panel parts: nothing to send."""
-
-    name = "own uploads"
-
-    class _Done:
-        def wait(self) -> None:
-            pass
-
-    def ibcast(self, buf, root, slot=0, ready=None, own=False):
-        return self._Done()
-
-    def take_seconds(self) -> float:
-        return 0.0
 
 
 def _alone(broadcaster) -> bool:

@@ -13,7 +13,7 @@ from ..runtime.mpi import MPI
 from .comm import CudaAwareBroadcaster, HostStagedBroadcaster, NcclBroadcaster, choose_comm
 from .ipc import IpcBroadcaster
 
-__all__ = ["BROADCASTERS", "make_broadcaster", "self_test"]
+__all__ = ["BROADCASTERS", "NoBroadcasts", "make_broadcaster", "self_test"]
 
 #: The broadcaster classes by the names ``--comm`` accepts.
 BROADCASTERS = {"nccl": NcclBroadcaster, "cuda-aware": CudaAwareBroadcaster,
@@ -57,3 +57,22 @@ def make_broadcaster(kind: str, comm: MPI.Intracomm, backend, check: bool = Fals
                 broadcaster.free()
                 raise
     return broadcaster
+
+
+class NoBroadcasts:
+    """The broadcaster of an out-of-core sweep where every rank uploads its own
+    panel parts (node-shared copies): nothing to send. Here, below planning,
+    so that the sweep's set-up, a planning step, may make it, and the sweep
+    (:mod:`summa.execution.sweep`) recognise it."""
+
+    name = "own uploads"
+
+    class _Done:
+        def wait(self) -> None:
+            pass
+
+    def ibcast(self, buf, root, slot=0, ready=None, own=False):
+        return self._Done()
+
+    def take_seconds(self) -> float:
+        return 0.0

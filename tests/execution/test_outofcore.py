@@ -17,6 +17,7 @@ from summa.distribution.grid import ProcessGrid
 from summa.distribution.matrix import DistMatrix
 from summa.execution import movers
 from summa.execution.outofcore import SweepOperands, summa_out_of_core
+from summa.planning import sweepsetup
 from summa.planning.memory import Execution, check_memory, memory_plan, parse_bytes
 
 #: Each test's subject is the process grid's shape: ./run test runs them on every
@@ -219,7 +220,6 @@ def test_uploads_run_a_step_ahead_of_their_broadcasts_where_a_slot_is_spare(
     with their broadcasts. The product is the same."""
     from mpi4py import MPI
 
-    from summa.execution import outofcore, sweep
     events = []
     real_upload = movers.HostMover.upload
     monkeypatch.setattr(movers.HostMover, "upload", lambda self, dst, src: (
@@ -235,8 +235,8 @@ def test_uploads_run_a_step_ahead_of_their_broadcasts_where_a_slot_is_spare(
 
         def take_seconds(self):
             return self.bc.take_seconds()
-    real = outofcore.grid_broadcasters
-    monkeypatch.setattr(outofcore, "grid_broadcasters", lambda *args, **kwargs: tuple(
+    real = sweepsetup.grid_broadcasters
+    monkeypatch.setattr(sweepsetup, "grid_broadcasters", lambda *args, **kwargs: tuple(
         Logged(bc) for bc in real(*args, **kwargs)))
     m, n, k = 40, 30, 64
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
@@ -383,8 +383,7 @@ def test_copy_engine_broadcasts_plan_their_staging(monkeypatch):
 def test_out_of_core_plans_staging_for_copy_engine_broadcasters(comm, rng, monkeypatch):
     """The sweep plans with the broadcasters it got: ones named ipc (here the
     host-staged MPI ones under that name) have their staging counted."""
-    from summa.execution import outofcore, sweep
-    real = outofcore.grid_broadcasters
+    real = sweepsetup.grid_broadcasters
 
     class Named:
         def __init__(self, inner):
@@ -393,7 +392,7 @@ def test_out_of_core_plans_staging_for_copy_engine_broadcasters(comm, rng, monke
         def __getattr__(self, attr):
             return getattr(self.inner, attr)
 
-    monkeypatch.setattr(outofcore, "grid_broadcasters",
+    monkeypatch.setattr(sweepsetup, "grid_broadcasters",
                         lambda *args, **kw: tuple(Named(bc) for bc in real(*args, **kw)))
     m, n, k = 40, 36, 32
     a, b = (random_array(rng, s, "float64") for s in ((m, k), (k, n)))
@@ -894,14 +893,17 @@ def test_the_sweep_copies_on_the_threads_and_in_the_way_its_plan_says(rng, monke
         monkeypatch.setattr(staging, "usable_cores", lambda: 64)
         monkeypatch.setattr(staging, "copy_threads", lambda ranks_on_node=1: 97)
         C = DistMatrix.zeros((m, n), "float64", grid, host)
+        operands = outofcore.SweepOperands(A, B, C)
         with options.set(copy_threads=5, host_copies="stage"):
-            stats = outofcore.run_out_of_core(plan, outofcore.SweepOperands(A, B, C), device)
+            final, broadcasters = sweepsetup.prepared_sweep(plan, operands, device)
+            stats = outofcore.run_out_of_core(final, operands, device,
+                                              broadcasters=broadcasters)
         assert made == [("lock", 3)] and stats.extra["plan"]["copy_threads"] == 3
         assert gemm_scaled_error(C.gather(), a, b) <= 1
         for wrong in (dict(host_copies=None), dict(copy_threads=None)):
             with pytest.raises(ValueError, match="host copies go and on how many threads"):
-                outofcore.run_out_of_core(replace(plan, **wrong),
-                                          outofcore.SweepOperands(A, B, C), device)
+                outofcore.run_out_of_core(replace(final, **wrong), operands, device,
+                                          broadcasters=broadcasters)
 
 
 class _Int8AsGpu(_HostAsGpu):
@@ -948,7 +950,9 @@ def _fp64_int8_sweep(rng, monkeypatch, device_memory: int) -> tuple:
     device = _Int8AsGpu()
     with ProcessGrid(MPI.COMM_SELF) as grid:
         A, B, C = _held(grid, a, b)
-        outofcore.run_out_of_core(plan, outofcore.SweepOperands(A, B, C), device)
+        operands = outofcore.SweepOperands(A, B, C)
+        final, broadcasters = sweepsetup.prepared_sweep(plan, operands, device)
+        outofcore.run_out_of_core(final, operands, device, broadcasters=broadcasters)
         return plan, device, gemm_scaled_error(C.gather(), a, b)
 
 
