@@ -19,8 +19,8 @@ from ..device.backend import get_backend, resolve_dtype
 from ..host.filemaps import read_ahead
 from ..planning.checks import op_shape
 from .promotion import common_type
-from ..host.npyio import (NpyError, check_output_path, check_output_room, mapped_by_columns,
-                          read_header)
+from ..host.npyio import NpyError, mapped_by_columns, read_header
+from ..host.npyoutput import check_output_path, check_output_room
 from ..device.traits import traits
 from ..planning.plan import Machine
 from ..planning.planner import make_plan, restore
@@ -91,7 +91,7 @@ class FilesJob:
     compute : numpy.dtype
         The dtype the product is computed and written in.
     out : str
-        The output path, checked (:func:`summa.host.npyio.check_output_path`).
+        The output path, checked (:func:`summa.host.npyoutput.check_output_path`).
     """
 
     a_path: str

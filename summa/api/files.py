@@ -31,7 +31,8 @@ from ..distribution.grid import ProcessGrid, node_rank
 from ..host.filemaps import prefetch_scratch
 from .. import options as settings
 from ..runtime.faults import inject
-from ..host.npyio import AtomicNpyWriter, map_block
+from ..host.npyio import map_block
+from ..host.npyoutput import AtomicNpyWriter
 from ..distribution.layout import Layout
 from ..distribution.matrix import DistMatrix
 from ..runtime.progress import JobProgress

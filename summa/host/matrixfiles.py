@@ -19,8 +19,8 @@ from ..device.numpy_backend import NumpyBackend
 from ..distribution import matrix as _matrix
 from ..distribution.layout import Layout
 from ..runtime.agree import collectively
-from .npyio import (AtomicNpyWriter, check_output_path, map_block, mapped_by_columns,
-                    read_block, read_header)
+from .npyio import map_block, mapped_by_columns, read_block, read_header
+from .npyoutput import AtomicNpyWriter, check_output_path
 
 __all__ = ["read_npy", "write_npy", "TRANSPOSE_STRIP"]
 

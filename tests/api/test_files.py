@@ -19,8 +19,8 @@ from helpers import (data_warnings, gemm_scaled_error, random_array, spy_out_of_
 from summa.api import fileplan, files as files_module
 from summa.api.fileplan import check_is_cheap
 from summa.api.files import CheckFailed, multiply_files
-from summa.host import npyio
-from summa.host.npyio import npy_bytes
+from summa.host import npyoutput
+from summa.host.npyoutput import npy_bytes
 from summa.planning import memory as memory_module
 from test_cli import job
 from test_multiply import save
@@ -570,7 +570,7 @@ def test_an_output_the_disk_cannot_hold_is_refused_before_anything_is_read(
     pb = save(comm, folder, "B.npy", random_array(rng, (30, 20), "float32"))
     old = save(comm, folder, "C.npy", np.ones((40, 20))) if replaces else None
     need = npy_bytes((40, 20), "float64")  # float64 and float32 multiply in float64
-    monkeypatch.setattr(npyio, "free_space", lambda where: need - 1)
+    monkeypatch.setattr(npyoutput, "free_space", lambda where: need - 1)
     done = _no_work(monkeypatch)
     before = sorted(os.listdir(folder))
     with pytest.raises(ValueError) as refused:
@@ -590,7 +590,7 @@ def test_an_output_the_disk_cannot_hold_is_refused_before_anything_is_read(
 def test_an_output_that_just_fits_the_disk_is_written(comm, rng, folder, monkeypatch):
     a, b = random_array(rng, (40, 30), "float64"), random_array(rng, (30, 20), "float64")
     pa, pb = save(comm, folder, "A.npy", a), save(comm, folder, "B.npy", b)
-    monkeypatch.setattr(npyio, "free_space", lambda where: npy_bytes((40, 20), "float64"))
+    monkeypatch.setattr(npyoutput, "free_space", lambda where: npy_bytes((40, 20), "float64"))
     multiply_files(pa, pb, str(folder / "C.npy"), comm, quiet=True, backend="numpy")
     if comm.rank == 0:
         assert gemm_scaled_error(np.load(folder / "C.npy"), a, b) <= 1

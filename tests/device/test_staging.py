@@ -208,7 +208,8 @@ def test_copies_of_mapped_files_read_and_write_the_files(rng, tmp_path, monkeypa
     from mpi4py import MPI
 
     from summa.host import filemaps
-    from summa.host.npyio import AtomicNpyWriter, map_block, read_header
+    from summa.host.npyio import map_block, read_header
+    from summa.host.npyoutput import AtomicNpyWriter
     a = rng.uniform(-1, 1, (300, 170))
     np.save(tmp_path / "A.npy", a)
     header = read_header(str(tmp_path / "A.npy"), MPI.COMM_SELF)

@@ -1,4 +1,5 @@
-""".npy headers, block reads and atomic writes, serially (MPI.COMM_SELF)."""
+"""summa.host.npyio and summa.host.npyoutput: .npy headers, block reads and
+atomic writes, serially (MPI.COMM_SELF)."""
 
 import os
 
@@ -6,9 +7,10 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from summa.host import npyio
-from summa.host.npyio import (AtomicNpyWriter, NpyError, check_output_path, check_output_room,
-                              map_block, npy_bytes, read_block, read_header)
+from summa.host import npyoutput
+from summa.host.npyio import NpyError, map_block, read_block, read_header
+from summa.host.npyoutput import (AtomicNpyWriter, check_output_path, check_output_room,
+                                  npy_bytes)
 
 SELF = MPI.COMM_SELF
 
@@ -115,16 +117,16 @@ def test_an_output_the_disk_cannot_hold_is_refused_saying_need_and_free(tmp_path
     out = str(tmp_path / "C.npy")
     need = npy_bytes((3000, 2000), "float64")
     free = need // 3
-    monkeypatch.setattr(npyio, "free_space", lambda folder: free)
+    monkeypatch.setattr(npyoutput, "free_space", lambda folder: free)
     with pytest.raises(ValueError) as e:
         check_output_room(out, (3000, 2000), "float64", SELF)
     assert str(e.value) == (f"{out}: the output needs {need / 2**20:.1f} MiB of disk space, and "
                             f"{tmp_path} has {free / 2**20:.1f} MiB free; free some space or "
                             "write the output elsewhere")
-    monkeypatch.setattr(npyio, "free_space", lambda folder: need - 1)
+    monkeypatch.setattr(npyoutput, "free_space", lambda folder: need - 1)
     with pytest.raises(ValueError, match="needs"):
         check_output_room(out, (3000, 2000), "float64", SELF)
-    monkeypatch.setattr(npyio, "free_space", lambda folder: need)
+    monkeypatch.setattr(npyoutput, "free_space", lambda folder: need)
     check_output_room(out, (3000, 2000), "float64", SELF)  # exactly enough
 
 
@@ -134,7 +136,7 @@ def test_an_output_it_replaces_is_not_counted_as_room(tmp_path, monkeypatch):
     out = tmp_path / "C.npy"
     np.save(out, np.zeros((100, 100)))
     old = out.read_bytes()
-    monkeypatch.setattr(npyio, "free_space", lambda folder: npy_bytes((100, 100), "f8") - 1)
+    monkeypatch.setattr(npyoutput, "free_space", lambda folder: npy_bytes((100, 100), "f8") - 1)
     with pytest.raises(ValueError, match=rf"the existing C.npy's {len(old) / 2**10:.1f} KiB are "
                                          r"freed only once the new file replaces it"):
         check_output_room(str(out), (100, 100), "float64", SELF)
@@ -144,13 +146,13 @@ def test_an_output_it_replaces_is_not_counted_as_room(tmp_path, monkeypatch):
 def test_a_file_system_that_does_not_say_its_free_space_is_not_refused(tmp_path, monkeypatch):
     def unknown(folder):
         raise OSError(38, "Function not implemented")
-    monkeypatch.setattr(npyio, "free_space", unknown)
+    monkeypatch.setattr(npyoutput, "free_space", unknown)
     check_output_room(str(tmp_path / "C.npy"), (10, 10), "float64", SELF)
 
 
 def test_the_writer_refuses_an_output_the_disk_cannot_hold_and_makes_no_file(tmp_path,
                                                                               monkeypatch):
-    monkeypatch.setattr(npyio, "free_space", lambda folder: 1000)
+    monkeypatch.setattr(npyoutput, "free_space", lambda folder: 1000)
     need = npy_bytes((12, 12), "float64")
     with pytest.raises(NpyError, match=f"the output needs {need / 2**10:.1f} KiB of disk space, "
                                        ".* 1000 bytes free"):
