@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from summa.cli import bench, ideal
+from summa.cli import bench, benchrun, ideal
 from summa import cli
 from summa.device.backend import cupy_available
 from leftovers import job_pids
@@ -185,7 +185,7 @@ def test_an_ideal_that_does_not_fit_is_skipped_not_the_run(comm, monkeypatch, fr
 
 @pytest.mark.mpi(min_size=1)
 def test_failed_check_exits_3(comm, monkeypatch):
-    monkeypatch.setattr(bench, "freivalds", lambda *a, **k: 5.0)
+    monkeypatch.setattr(benchrun, "freivalds", lambda *a, **k: 5.0)
     assert cli.main(["bench", "--size", "16", "--check", "--repeat", "1"], comm,
                     io.StringIO()) == 3
 
