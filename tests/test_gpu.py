@@ -1030,7 +1030,7 @@ def test_cublaslt_int8_products_are_gemmex_bits_on_large_shapes(comm, gpu, monke
     del got, want
 
 
-# -- arrays on a GPU given to summa.matmul (summa/api/operands.py) -------------------------
+# -- arrays on a GPU given to summa.matmul (summa/api/arrayview.py, operands.py) -----------
 
 def _no_host_path(monkeypatch):
     """Fail the call where it goes through the host plan (run_arrays)."""

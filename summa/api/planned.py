@@ -22,7 +22,8 @@ from .. import pool
 from ..planning.arrays import HeldArrays, plan_held
 from ..planning.request import PlanRequest
 from ..planning.checks import is_array
-from .operands import describe, unconjugated
+from .arrayview import unconjugated
+from .operands import describe
 from .promotion import common_type, promoted
 from ..device.traits import traits
 from ..execution.arrays import run_held
@@ -94,7 +95,7 @@ class ArrayOperands:
         """``(operands, (trans_a, trans_b))``: these, a lazy conjugate among
         `a` and `b` (torch's conjugate bit) read as its data lie and its
         conjugation moved into `trans`, the ops asked
-        (:func:`summa.api.operands.unconjugated`); the ops as given,
+        (:func:`summa.api.arrayview.unconjugated`); the ops as given,
         upper-case, where there is none (off the root: the root's are
         taken)."""
         (a, trans_a), (b, trans_b) = (unconjugated(x, str(t).upper())

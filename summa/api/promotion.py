@@ -141,7 +141,7 @@ def _largest(x) -> int:
 
 
 def _converted(operand, dtype: np.dtype, name: str):
-    """`operand` (:class:`summa.api.operands.Operand`) with its array in
+    """`operand` (:class:`summa.api.arrayview.Operand`) with its array in
     `dtype`, laid out as it lies (a copy), or as it is where it is of it."""
     x = operand.array
     if x.dtype == dtype:

@@ -15,8 +15,8 @@ import numpy as np
 from ..planning.checks import op_shape
 from ..host.copies import parallel_copy
 from ..runtime.agree import Failure, from_root
-from .operands import (as_kind, describe, exactly, lazy_conjugate, library_of, lies_on_gpu,
-                       operand)
+from .arrayview import lazy_conjugate, library_of, lies_on_gpu, operand
+from .operands import as_kind, describe, exactly
 from .planned import ndim_of
 from .promotion import product_type, promoted
 
@@ -78,7 +78,7 @@ def stackable(x, name: str):
     Raises
     ------
     ValueError
-        `x` is not an array NumPy reads (:func:`summa.api.operands.operand`).
+        `x` is not an array NumPy reads (:func:`summa.api.arrayview.operand`).
     """
     if hasattr(x, "shape") and hasattr(x, "__getitem__") and \
             not isinstance(x, (list, tuple, memoryview)):

@@ -1,4 +1,6 @@
-"""The SUMMA loop and the public ``gemm`` entry point.
+"""The public ``summa`` and ``gemm`` entry points on DistMatrix, and the
+in-memory executor they run (:func:`run_in_memory`, set up ahead by
+:func:`prepare`).
 
 For each panel of the inner dimension the grid column owning A's panel
 broadcasts it along the grid rows, the grid row owning B's panel broadcasts it
@@ -7,14 +9,14 @@ With lookahead ``L`` the broadcasts of the next ``L`` panels are in flight while
 the current panel's GEMM runs. Broadcasts start in the same order on every
 rank; a rank multiplies the panels it holds first where that lets all its
 receives start at once, and with direct copies (ipc): :mod:`summa.planning.schedule`
-decides the steps, :class:`summa.execution.pipeline.Pipeline` queues them.
+decides the steps, :class:`summa.execution.pipeline.Pipeline` queues them;
+:mod:`summa.execution.steps` orders and queues each rank's.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import NamedTuple
 
 from ..runtime.mpi import MPI
 from .. import options
@@ -22,14 +24,10 @@ from ..precision import ozaki
 from ..planning.checks import check_layouts, check_operands, check_schedule, check_scalars
 from ..distribution.layout import Distribution, Layout, panel_schedule
 from ..distribution.matrix import DistMatrix
-from ..precision.ozaki_gpu import PanelSums, Scheme, check_moduli, grid_exponents, panel_sums_apply
-from .pipeline import Pipeline, PipelineReport, Product, in_place_parts, local_parts
-# (summa.execution.outofcore takes wait_for_panel from here)
-from ..planning.schedule import HEAD_PIECES, make_schedule, order_panels, waits_first
+from ..precision.ozaki_gpu import check_moduli
 from ..planning.selection import export_blocks, grid_broadcasters, planned_copy_engines
-from .strips import multiply_strips, strip_bounds
-from ..device.traits import traits
-from .transpose import PanelForms, PanelsOfA, PanelsOfB
+from .steps import Call, run_steps, steps_of
+from .transpose import PanelsOfA
 from ..planning.distributed import plan_distributed
 from ..planning.request import PlanRequest
 from ..planning.tuning import column_major, planned_width
@@ -193,7 +191,7 @@ def _run(alpha, operands: tuple, beta, strips: bool, asked: tuple, extras: "_Ext
     t0 = time.perf_counter()
     first_beta = _first_beta(C, beta, panels)
     with backend.checked_later() as checks, backend.compute_stream():
-        marks = _run_steps(call, panels, first_beta, strips, stats)
+        marks = run_steps(call, panels, first_beta, strips, stats.extra)
     with watch("the queued GPU work of the SUMMA loop (broadcasts and GEMMs)"):
         backend.synchronize()
     # float64 on INT8: inputs checked for Inf/NaN as the products went, asked once here
@@ -208,7 +206,7 @@ def _run(alpha, operands: tuple, beta, strips: bool, asked: tuple, extras: "_Ext
 
 def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple) -> tuple:
     """``(call, steps, stats)`` of a plan's checked run: its broadcasters
-    (of the kind the plan names) and exported blocks in a :class:`_Call`,
+    (of the kind the plan names) and exported blocks in a :class:`Call`,
     its steps in this rank's order, and the stats they start. `operands`:
     ``(A, B, C)``; `asked`: the plan's ``(panel_width, lookahead,
     broadcaster, precision)`` (an integer width: "auto" the planner's to
@@ -226,10 +224,10 @@ def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple)
     # (a grid's blocks lie by rows on the devices: only one rank's B may not;
     # a plan's copy of B is made only where B does, as its PanelsOfB would)
     copies = (bool(copies[0]), bool(copies[1]) and grid.size == 1 and column_major(B.local))
-    call = _Call(alpha, A, B, C, precision, progress, int(lookahead), row_bc, col_bc,
+    call = Call(alpha, A, B, C, precision, progress, int(lookahead), row_bc, col_bc,
                  export_blocks(grid, backend, row_bc, col_bc, A.local, B.local),
                  tuple(bool(x) for x in conj), *copies, extras.scheme, extras.sums)
-    steps = _steps_of(call, panels, strips, panel_width)
+    steps = steps_of(call, panels, strips, panel_width)
     stats = SummaStats(panels=len(steps), panel_width=panel_width,
                        comm=(col_bc if strips else row_bc).name, lookahead=call.lookahead,
                        extra={"panel_width_measured": False,  # (by the planner: its caller's)
@@ -237,33 +235,6 @@ def _prepared(alpha, operands: tuple, strips: bool, asked: tuple, extras: tuple)
                               "transposed_a": copies[0], "transposed_b": copies[1]})
     return call, steps, stats
 
-
-def _run_steps(call: _Call, panels: list, first_beta, strips: bool, stats: SummaStats) -> list:
-    """Queue the SUMMA loop of `call`'s `panels` (steps) on this rank: one
-    rank's GEMMs, column strips, or the grid's broadcasts and GEMMs; its
-    reports go into `stats`. Returns the GEMMs' event marks (start, end
-    pairs)."""
-    C, precision = call.C, call.precision
-    backend, grid = C.backend, C.grid
-    # Made inside the caller's compute stream: its copies go on the stream its
-    # GEMMs run on. (K panels where an operand is read transposed; else column
-    # or row strips)
-    copied = call.transposed_a or call.transposed_b
-    width = max((p.width for p in panels), default=0) if copied else 0
-    forms = PanelForms(PanelsOfA(backend, C.local.shape[0], width, C.dtype, call.transposed_a),
-                       PanelsOfB(backend, width, C.local.shape[1], C.dtype, call.transposed_b))
-    sums = _panel_sums(call, strips, panels)
-    if precision == "fp64-int8":  # (bench's records say which way it went)
-        stats.extra["panel_sums"] = sums is not None
-    if grid.size == 1:
-        return _one_rank(call, panels, forms, first_beta)
-    if strips:
-        marks = []
-        multiply_strips(call, panels, marks, stats.extra)
-        return marks
-    report = _on_grid(call, panels, forms, sums)
-    stats.extra.update(report.extra())
-    return report.marks
 
 
 def _first_beta(C: DistMatrix, beta, steps: list):
@@ -277,128 +248,6 @@ def _first_beta(C: DistMatrix, beta, steps: list):
     elif beta != 1:
         C.local *= beta
     return 1
-
-
-@dataclass(frozen=True)
-class _Call:
-    """The prepared pieces of one :func:`summa` call that its loops read."""
-
-    alpha: object
-    A: DistMatrix
-    B: DistMatrix
-    C: DistMatrix
-    precision: str | None
-    progress: object
-    lookahead: int
-    row_bc: object
-    col_bc: object
-    direct: tuple  # (A's, B's) panels copied from the roots' blocks (ipc)
-    conj: tuple = (False, False)  # one rank: (A's, B's) conjugated by the GEMMs
-    transposed_a: bool = False  # A's panels read through a transposed copy (PanelsOfA)
-    transposed_b: bool = False  # B's, lying by columns, through a row-major one (PanelsOfB)
-    scheme: object = None  # fp64-int8: how its products run (the plan's; None: the default)
-    sums: bool = False  # fp64-int8 on a grid: panel sums (the plan's)
-
-
-def _steps_of(call: _Call, panels: list, strips: bool, width: int) -> list:
-    """The steps of this call in this rank's order: K panels, or column
-    strips (:func:`summa.execution.strips.strip_bounds`)."""
-    grid, backend = call.C.grid, call.C.backend
-    if grid.size == 1:
-        # One rank: nothing to overlap, so the fewest GEMMs (panel by panel where
-        # an operand is read transposed: a copy of all of it would take its room).
-        if call.transposed_a or call.transposed_b:
-            return panels
-        return one_rank_steps(panels, call.C.local.shape, backend.name, call.A.shape[1])
-    if strips:
-        return strip_bounds(call.C.local.shape[1], width,
-                            HEAD_PIECES if backend.is_gpu else 1)
-    # The head splits on GPUs whatever the lookahead, so that the summation
-    # order, and so the bits, never depend on it; but only where a rank has
-    # no panel of its own to multiply while the first one is on its way.
-    split = backend.is_gpu and _someone_waits_first(call, panels)
-    return order_panels(panels, (grid.row, grid.col), call.direct, split)
-
-
-def _someone_waits_first(call: _Call, panels: list) -> bool:
-    """Collective: does any rank's first GEMM wait for a broadcast
-    (:func:`summa.planning.schedule.waits_first`)?"""
-    grid = call.C.grid
-    held = [a and b for a, b in in_place_parts(panels, grid, call.A, call.B, call.direct)]
-    return grid.comm.allreduce(waits_first(held, call.lookahead), op=MPI.LOR)
-
-
-def _one_rank(call: _Call, steps: list, forms, first_beta) -> list:
-    """One rank's GEMMs (one, a panel each where an operand is read
-    transposed, `forms`, or on CPUs a strip of C's rows each,
-    :func:`one_rank_steps`); returns their timing marks."""
-    A, B, C = call.A, call.B, call.C
-    backend, marks = C.backend, []
-    for i, p in enumerate(steps):
-        c, beta = C.local, first_beta if i == 0 else 1
-        if isinstance(p, RowStrip):  # over all of K, straight into its rows of C
-            a, b, c, beta = A.local[p.r0:p.r1], B.local, c[p.r0:p.r1], first_beta
-        elif len(steps) > 1 or call.transposed_a or call.transposed_b:
-            a, b = local_parts(A, B, p)
-        else:
-            a, b = A.local, B.local
-        marks.append(backend.timing_mark())
-        a, b, conj = forms(a, b, call.conj)
-        backend.gemm(call.alpha, a, b, c, beta=beta, precision=call.precision, conj=conj,
-                     scheme=call.scheme)
-        marks.append(backend.timing_mark())
-        if call.progress is not None:
-            call.progress(i + 1, len(steps))
-    return marks
-
-
-def _on_grid(call: _Call, panels: list, forms, sums) -> PipelineReport:
-    """The SUMMA loop over `panels` (in this rank's order), each GEMM reading
-    its operands as `forms` give them; with `sums` (fp64-int8) the panels' products
-    go to them and C is folded once at the end."""
-    A, B, C = call.A, call.B, call.C
-    grid = C.grid
-    schedule = make_schedule(panels, (grid.row, grid.col), call.direct,
-                             in_place_parts(panels, grid, A, B, call.direct), call.lookahead)
-    product = Product(call.alpha, C.backend, C.local, call.precision, forms, sums, call.scheme)
-    report = Pipeline(A, B, C, schedule, (call.row_bc, call.col_bc), product, call.progress).run()
-    if sums is not None:  # the one fold of C, alpha applied (beta already was)
-        report.marks.append(C.backend.timing_mark())
-        sums.finish(call.alpha, C.local, 1.0)
-        report.marks.append(C.backend.timing_mark())
-    return report
-
-
-#: Floating-point operations of one GEMM of a CPU rank that multiplies alone:
-#: Ctrl-C (KeyboardInterrupt) is taken between GEMMs, so this bounds its wait
-#: (0.7 s at 100 GFLOP/s, what two cores ran; one GEMM of 6000^3 made it 4.3 s).
-ONE_RANK_GEMM_FLOPS = 2**36
-#: ... but no fewer rows of C than this: float64 3000^3 on two cores ran
-#: 512-row strips at 91 GFLOP/s, one GEMM at 90, 256-row strips at 86.
-ONE_RANK_MIN_ROWS = 512
-
-
-class RowStrip(NamedTuple):
-    """Rows ``r0:r1`` of C: one GEMM over all of K of a CPU rank alone."""
-
-    r0: int
-    r1: int
-
-
-def one_rank_steps(panels: list, c_shape, backend_name: str, k: int = 0) -> list:
-    """The GEMMs of a rank that multiplies alone (`panels`: the K panels of
-    its product, `k` its inner dimension): on GPUs one over all of K (the
-    first panel stands for it; they queue, so more would not bound a wait);
-    on CPUs strips of C's rows (:class:`RowStrip`), each a GEMM over all of K
-    written straight into its rows (no product-sized temporary, which steps
-    of K adding into C would each need) of about :data:`ONE_RANK_GEMM_FLOPS`
-    (at least :data:`ONE_RANK_MIN_ROWS` rows), so that Ctrl-C is answered
-    within one of them."""
-    if traits(backend_name).gpu or not panels:
-        return panels[:1]
-    m, n = c_shape
-    rows = max(ONE_RANK_MIN_ROWS, ONE_RANK_GEMM_FLOPS // max(1, 2 * n * k))
-    return [RowStrip(r, min(r + rows, m)) for r in range(0, m, rows)] or panels[:1]
 
 
 def prepare(plan, A: DistMatrix, B: DistMatrix, C: DistMatrix) -> None:
@@ -417,36 +266,6 @@ def prepare(plan, A: DistMatrix, B: DistMatrix, C: DistMatrix) -> None:
         bc.connect()
     for bc in readers:
         bc.release()
-
-
-def _panel_sums(call: _Call, strips: bool, panels: list):
-    """fp64-int8 on a grid of several ranks: a :class:`summa.precision.ozaki_gpu.PanelSums`
-    for this rank's C block with the exponents of all of K
-    (:func:`summa.precision.ozaki_gpu.grid_exponents`), so the panels' INT8 products
-    are summed and C folded once, not once a panel (a fold costs ~35 ms per
-    2**29 elements of C on an H200: at 4096-wide panels a third of each
-    rank's compute: docs/benchmarks.md, "Panel sums on a grid"), and the
-    product is one GPU's whole one; else
-    None: for complex128, strips, K past an int32 sum or of fewer than
-    :data:`summa.precision.ozaki.K_NATIVE` terms (native float64 then), or
-    where the plan said no (``call.sums``: its panel sums, where
-    ``SUMMA_FP64_INT8_SUMS`` and the devices allow them). Collective."""
-    A, C, precision = call.A, call.C, call.precision
-    grid, k = C.grid, A.layout.shape[1]
-    if precision != "fp64-int8" or strips or \
-            not panel_sums_apply(C.dtype, grid.size, k, sums=bool(call.sums)):
-        return None
-    return _made_sums(call)
-
-
-def _made_sums(call: _Call):
-    """The :class:`summa.precision.ozaki_gpu.PanelSums` of `call`'s C block
-    with the exponents of all of K (collective)."""
-    A, B, C = call.A, call.B, call.C
-    grid, k = C.grid, A.layout.shape[1]
-    scheme = call.scheme or Scheme()
-    exponents = grid_exponents(A.local, B.local, grid.row_comm, grid.col_comm, k, scheme)
-    return PanelSums(*C.local.shape, k, exponents, C.backend, scheme)
 
 
 _OPS = ("N", "T", "H")

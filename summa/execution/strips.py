@@ -48,11 +48,11 @@ def strip_bounds(n: int, width: int, head_pieces: int = 1) -> list[tuple[int, in
 def multiply_strips(call, strips, marks, extra) -> None:
     """``C += alpha * A @ B`` strip by strip, `lookahead` strips' broadcasts in
     flight during each GEMM; GEMM marks go to `marks`, the broadcaster's
-    connection to `extra`. `call` (:func:`summa.execution.algorithm.summa`'s
-    prepared call) gives alpha, A, B, C, the lookahead, precision and
-    progress, and `col_bc`, which broadcasts along the grid column (every
-    rank of it); ``call.direct[1]``: it copies straight from the owners'
-    exported blocks (ipc)."""
+    connection to `extra`. `call` (:class:`summa.execution.steps.Call`, a
+    prepared call of :func:`summa.execution.algorithm.summa`) gives alpha, A,
+    B, C, the lookahead, precision and progress, and `col_bc`, which
+    broadcasts along the grid column (every rank of it); ``call.direct[1]``:
+    it copies straight from the owners' exported blocks (ipc)."""
     _Strips(call, strips, marks).run(extra)
 
 

@@ -5,7 +5,7 @@ Of DistMatrix operands, scalars, precision and schedule (:func:`check_operands`,
 rank makes them alike from metadata alone, before any communication, so a
 bad call raises the same ValueError everywhere instead of hanging a
 collective. Of arrays held on one rank (:func:`check_arrays`: NumPy arrays,
-or CuPy arrays on one GPU, as :mod:`summa.api.operands` views every other
+or CuPy arrays on one GPU, as :mod:`summa.api.arrayview` views every other
 kind): made where they are held, the callers share the answer (the planner
 of arrays, :mod:`summa.planning.arrays`, and the pool's owner). The entry
 points, the planner and the executors all ask these."""
@@ -188,7 +188,7 @@ def not_in_place(out, a, b) -> str | None:
 
 
 def is_array(x) -> bool:
-    """A NumPy array, or a CuPy one (an array on a GPU, :mod:`summa.api.operands`;
+    """A NumPy array, or a CuPy one (an array on a GPU, :mod:`summa.api.arrayview`;
     CuPy is imported already where there is one)."""
     cupy = sys.modules.get("cupy")
     device_array = getattr(cupy, "ndarray", None)

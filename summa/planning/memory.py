@@ -292,7 +292,7 @@ def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
             shape = (ml, max(1, min(panel_width, nl)), k) if strips else (ml, nl, nb)
             if pr * pc == 1 and kind.gpu and not any(copies):
                 # one GPU alone runs one product over all of K
-                # (summa.execution.algorithm.one_rank_steps), in pieces of
+                # (summa.execution.steps.one_rank_steps), in pieces of
                 # at most K_EXACT terms
                 shape = (ml, nl, max(1, min(k, K_EXACT)))
             int8 = int8_in_memory(shape, dtype, (blocks + panels + extra) * item, k,

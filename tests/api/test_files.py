@@ -289,7 +289,7 @@ def test_multiply_job_in_column_strips(tmp_path):
     assert got.shape == (37, 29) and gemm_scaled_error(got, np.load(a), np.load(b)) <= 1
     record = json.loads(log.read_text())
     # on GPUs the first strip goes in HEAD_PIECES pieces
-    from summa.execution.algorithm import HEAD_PIECES
+    from summa.planning.schedule import HEAD_PIECES
     pieces = HEAD_PIECES - 1 if record["backend"] == "cupy" else 0
     assert record["schedule"] == "strips" and record["panels"] == -(-29 // 4) + pieces
     assert record["transposed_a"] is False  # strips read A as it is

@@ -482,11 +482,12 @@ def test_integers_staged_by_the_plan_make_no_whole_float64_copy(rng, monkeypatch
     NumPy's integer matmul (int8 overflowing): no whole float64 copy of A,
     B or C, and the plan says so (values near the exact bound for int64:
     2**22 * 2**22 * K under 2**53)."""
-    from summa.api import operands, promotion
+    from summa.api import arrayview, operands, promotion
     from summa.planning import arrays
     monkeypatch.setattr(arrays, "traits", lambda name: type("T", (), {"gpu": True}))
     whole = []
-    for module, name in ((promotion, "as_float64"), (operands, "converted")):
+    for module, name in ((promotion, "as_float64"), (operands, "converted"),
+                         (arrayview, "converted")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _real=real, _n=name: (
             whole.append(_n), _real(*a))[1])

@@ -1,5 +1,6 @@
-"""Arrays of every kind given to ``summa.matmul`` (summa/api/operands.py), and
-the planner's answer to operands that lie on a GPU (summa.planning.plan.Placement).
+"""Arrays of every kind given to ``summa.matmul`` (summa/api/arrayview.py,
+summa/api/operands.py), and the planner's answer to operands that lie on a
+GPU (summa.planning.plan.Placement).
 
 Without a GPU, the kinds are small classes that speak the protocols torch,
 JAX and CuPy arrays speak (``__array__``, DLPack, the CUDA array interface);
@@ -18,8 +19,9 @@ from mpi4py import MPI
 
 import summa
 from helpers import gemm_scaled_error, random_array, spy_out_of_core
-from summa.api import operands
-from summa.api.operands import Operand, Operands, describe
+from summa.api import arrayview, operands
+from summa.api.arrayview import Operand
+from summa.api.operands import Operands, describe
 from summa.device.backend import resolve_dtype
 from summa.planning.plan import Machine, Placement
 from summa.planning.planner import make_plan
@@ -358,7 +360,7 @@ class Copied(ArrayLike):
     (lambda: FakeTensor(np.ones((4, 4, 1))), "inner dimensions differ"),  # a stack of 4 x 1
 ])
 def test_unusable_arrays_are_refused_with_one_clear_error(monkeypatch, make, match):
-    monkeypatch.setattr(operands, "cupy_module", lambda: None)  # as on a machine without CuPy
+    monkeypatch.setattr(arrayview, "cupy_module", lambda: None)  # as on a machine without CuPy
     x = make()
     with pytest.raises(ValueError, match=match):
         summa.matmul(x, x, backend="numpy")
@@ -383,7 +385,7 @@ def test_an_out_that_is_a_copy_is_refused():
 
 @pytest.mark.mpi(min_size=1)
 def test_a_gpu_array_without_cupy_is_refused_on_every_rank(comm, monkeypatch):
-    monkeypatch.setattr(operands, "cupy_module", lambda: None)
+    monkeypatch.setattr(arrayview, "cupy_module", lambda: None)
     root = comm.Get_size() - 1
     mine = comm.rank == root
     with pytest.raises(ValueError, match="CuPy is not installed"):
@@ -458,7 +460,7 @@ class StandInCupy(types.ModuleType):
 @pytest.fixture
 def stand_in_cupy(monkeypatch):
     module = StandInCupy()
-    monkeypatch.setattr(operands, "cupy_module", lambda: module)
+    monkeypatch.setattr(arrayview, "cupy_module", lambda: module)
     monkeypatch.setitem(sys.modules, "cupy", module)
     return module
 

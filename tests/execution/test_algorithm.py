@@ -7,7 +7,7 @@ from mpi4py import MPI
 import summa.execution.algorithm as algorithm
 from helpers import gemm_scaled_error, random_array
 from leftovers import interrupt
-from summa.execution.algorithm import HEAD_PIECES, SummaStats, gemm, summa
+from summa.execution.algorithm import SummaStats, gemm, summa
 from summa.api.multiply import matmul
 from summa.transports.comm import choose_comm
 from summa.distribution.grid import ProcessGrid
@@ -15,7 +15,7 @@ from summa.distribution.layout import panel_schedule
 from summa.distribution.matrix import DistMatrix
 from summa.planning.distributed import plan_distributed
 from summa.planning.request import PlanRequest
-from summa.planning.schedule import fetched
+from summa.planning.schedule import HEAD_PIECES, fetched
 
 #: Each test's subject is the process grid's shape: ./run test runs them on every
 #: rank count (the others on a few: pyproject.toml's markers).
@@ -619,7 +619,7 @@ def test_a_grid_with_panel_sums_gives_every_panel_to_them_and_folds_once(
     on a grid), every panel of its K reaches the sums, no GEMM of the
     pipeline touches C, and the one fold applies alpha onto beta C: the
     product is SUMMA's, on any grid and block layout (the wiring, on the CPU)."""
-    from summa.execution import algorithm
+    from summa.execution import steps
     m, n, k = shape
     made = []
 
@@ -627,7 +627,7 @@ def test_a_grid_with_panel_sums_gives_every_panel_to_them_and_folds_once(
         C = call.C
         made.append(_SummedProducts(*C.local.shape, C.dtype, C.backend.xp))
         return made[-1]
-    monkeypatch.setattr(algorithm, "_panel_sums", sums)
+    monkeypatch.setattr(steps, "_panel_sums", sums)
     with make_grid(comm, which) as grid:
         a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
         c0 = random_array(rng, (m, n), "float64")
@@ -686,8 +686,8 @@ def test_the_loop_adds_the_schedules_products_bit_for_bit(comm, rng, which, look
 # -- Ctrl-C in a one-rank multiply -------------------------------------------------------
 
 def test_one_rank_cpu_steps_are_row_strips_each_a_bounded_gemm_over_all_of_k():
-    from summa.execution.algorithm import (ONE_RANK_GEMM_FLOPS, ONE_RANK_MIN_ROWS, RowStrip,
-                                           one_rank_steps)
+    from summa.execution.steps import (ONE_RANK_GEMM_FLOPS, ONE_RANK_MIN_ROWS, RowStrip,
+                                       one_rank_steps)
     from summa.distribution.layout import Panel
     k, n = 20000, 5000
     panels = [Panel(k0, min(k0 + 256, k), 0, k0, 0, k0) for k0 in range(0, k, 256)]
@@ -704,9 +704,9 @@ def test_one_rank_cpu_steps_are_row_strips_each_a_bounded_gemm_over_all_of_k():
 
 
 def test_a_large_one_rank_cpu_product_runs_in_strips_into_c_and_stays_right(monkeypatch, rng):
-    from summa.execution import algorithm
-    monkeypatch.setattr(algorithm, "ONE_RANK_GEMM_FLOPS", 2 * 8 * 30 * 300)
-    monkeypatch.setattr(algorithm, "ONE_RANK_MIN_ROWS", 4)
+    from summa.execution import steps
+    monkeypatch.setattr(steps, "ONE_RANK_GEMM_FLOPS", 2 * 8 * 30 * 300)
+    monkeypatch.setattr(steps, "ONE_RANK_MIN_ROWS", 4)
     from mpi4py import MPI
     a, b = random_array(rng, (40, 300), "float64"), random_array(rng, (300, 30), "float64")
     stats, out = SummaStats(), np.full((40, 30), np.nan)
@@ -725,8 +725,8 @@ def test_ctrl_c_interrupts_a_one_rank_multiply_between_gemms(tmp_path):
     script = tmp_path / "one_rank.py"
     script.write_text(textwrap.dedent("""
         import time, numpy as np, summa
-        from summa.execution import algorithm
-        algorithm.ONE_RANK_GEMM_FLOPS = 2**30  # steps of ~0.02-0.2 s on two cores
+        from summa.execution import steps
+        steps.ONE_RANK_GEMM_FLOPS = 2**30  # steps of ~0.02-0.2 s on two cores
         a, b = np.ones((1000, 8192)), np.ones((8192, 1000))
         print("calling", flush=True)
         try:

@@ -266,7 +266,7 @@ def test_panel_sums_are_left_on_every_rank_where_one_lacks_the_memory(comm, monk
     SUMMA_FP64_INT8_SUMS=0 turns them off in the planner (the products'
     module reads no options). A plan's "no" (call.sums False) is no
     whatever the room."""
-    from summa.execution import algorithm
+    from summa.execution import steps
     from summa.planning import memory
     from summa.device.backend import get_backend
     from summa.distribution.grid import ProcessGrid
@@ -279,16 +279,16 @@ def test_panel_sums_are_left_on_every_rank_where_one_lacks_the_memory(comm, monk
     panels = panel_schedule(A.layout.cols, B.layout.rows, 32)
     free = 0 if comm.rank == comm.size - 1 else 1 << 50
     monkeypatch.setattr(type(backend), "memory_free", lambda self: free)
-    assert algorithm._panel_sums(_call(A, B, C, "fp64-int8"), False, panels) is None
+    assert steps._panel_sums(_call(A, B, C, "fp64-int8"), False, panels) is None
     # room for one rank's sums on every GPU, but two ranks share each: none
     monkeypatch.setattr(memory, "ranks_on_device", lambda backend, comm: 2)
     free = 400 << 20  # one rank's tiny sums and the 256 MiB margin fit, two ranks' do not
-    assert algorithm._panel_sums(_call(A, B, C, "fp64-int8"), False, panels) is None
+    assert steps._panel_sums(_call(A, B, C, "fp64-int8"), False, panels) is None
     free = 1 << 50  # room everywhere, but a sum of fewer than K_NATIVE terms: native
     short_a, short_b = (DistMatrix.zeros(shape, "float64", grid, backend)
                         for shape in ((64, ozaki.K_NATIVE - 1), (ozaki.K_NATIVE - 1, 48)))
     short = panel_schedule(short_a.layout.cols, short_b.layout.rows, 32)
-    assert algorithm._panel_sums(_call(short_a, short_b, C, "fp64-int8"), False, short) is None
+    assert steps._panel_sums(_call(short_a, short_b, C, "fp64-int8"), False, short) is None
     # the setting is the planner's: the executor takes the plan's word (call.sums)
     from summa.planning import precision
     from summa.precision.ozaki_gpu import panel_sums_apply
@@ -296,13 +296,13 @@ def test_panel_sums_are_left_on_every_rank_where_one_lacks_the_memory(comm, monk
     monkeypatch.setenv("SUMMA_FP64_INT8_SUMS", "0")
     assert not precision.panel_sums_apply("float64", comm.size, 96)
     assert panel_sums_apply("float64", comm.size, 96, sums=True)
-    assert algorithm._panel_sums(_call(A, B, C, "fp64-int8"), False, panels) is None
-    assert algorithm._panel_sums(_call(A, B, C, None), False, panels) is None
-    assert algorithm._panel_sums(_call(A, B, C, "fp64-int8", sums=False), False, panels) is None
+    assert steps._panel_sums(_call(A, B, C, "fp64-int8"), False, panels) is None
+    assert steps._panel_sums(_call(A, B, C, None), False, panels) is None
+    assert steps._panel_sums(_call(A, B, C, "fp64-int8", sums=False), False, panels) is None
 
 
 def _call(A, B, C, precision, sums=None):
-    """What :func:`summa.execution.algorithm._panel_sums` reads of a call."""
+    """What :func:`summa.execution.steps._panel_sums` reads of a call."""
     return SimpleNamespace(A=A, B=B, C=C, precision=precision, lookahead=1, sums=sums,
                            scheme=None)
 
