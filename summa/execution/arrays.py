@@ -42,7 +42,8 @@ from ..planning.arrays import HeldArrays, plan_held, settled_on_grid, stored_pla
 from ..planning.request import PlanRequest
 from .transpose import PanelsOfA
 from ..planning.checks import check_arrays, check_scalars
-from ..planning.memory import check_memory, format_bytes
+from ..planning.memory import format_bytes
+from ..planning.memorycheck import check_memory
 from ..planning.selection import peer_access
 from ..planning.sweepsetup import prepared_sweep
 from ..runtime.progress import active

@@ -9,7 +9,7 @@ through the form of A's panels the executors hand in), the transposed
 copies of A's and B's panels (:func:`summa.planning.tuning.transposes_a`,
 :func:`summa.planning.tuning.transposes_b`), and for fp64-int8 on a grid
 whether its panels' products are summed (where every rank's device holds
-the sums: :func:`summa.planning.memory.panel_sums_fit`), and for
+the sums: :func:`summa.planning.memorycheck.panel_sums_fit`), and for
 ``auto`` on GPUs whether direct copies (ipc) pay for the operands'
 blocks (:func:`summa.planning.selection.direct_copies_pay`, the Plan's
 ``copy_engines``). The broadcasters are made by the run, of the kind the
@@ -25,7 +25,8 @@ from dataclasses import replace
 
 from ..distribution.layout import panel_schedule
 from .precision import asked_scheme, moduli_asked, panel_sums_apply, panel_sums_bytes
-from .memory import Execution, memory_plan, panel_sums_fit
+from .memory import Execution, memory_plan
+from .memorycheck import panel_sums_fit
 from .plan import Plan
 from .request import PlanRequest
 from .selection import direct_copies_pay

@@ -1,7 +1,7 @@
 """Host memory a run takes for itself, against what its machine has
 available now: refused before the first read, in one line.
 
-:func:`summa.planning.memory.check_host_memory` refuses a plan larger than a
+:func:`summa.planning.memorycheck.check_host_memory` refuses a plan larger than a
 node's whole memory while planning (certain not to fit, wherever the rest
 of the memory is). This is the second check, once the plan is made: the
 memory summa allocates itself (the blocks it reads or generates, staging

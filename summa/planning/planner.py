@@ -31,9 +31,9 @@ from ..precision import ozaki_gpu
 from .precision import (asked_moduli, moduli_asked, moduli_for, panel_sums_apply,
                         panel_sums_bytes)
 from ..distribution.grid import check_grid_ranks, grid_for, parse_grid
-from .memory import (Execution, MemoryPlan, check_host_memory, check_memory,
-                     format_bytes, memory_plan, parse_bytes, resident_plan,
-                     ranks_on_device)
+from .memory import (Execution, MemoryPlan, format_bytes, memory_plan, parse_bytes,
+                     resident_plan)
+from .memorycheck import check_host_memory, check_memory, ranks_on_device
 from .model import gemm_flops
 from .plan import Machine, Placement, Plan
 from .prediction import predict_plan

@@ -21,7 +21,7 @@ from summa.api.fileplan import check_is_cheap
 from summa.api.files import CheckFailed, multiply_files
 from summa.host import npyoutput
 from summa.host.npyoutput import npy_bytes
-from summa.planning import memory as memory_module
+from summa.planning import memorycheck
 from test_cli import job
 from test_multiply import save
 
@@ -603,7 +603,7 @@ def test_a_plan_the_nodes_memory_cannot_hold_is_refused_before_the_read(
     pa = save(comm, folder, "A.npy", random_array(rng, (40, 30), "float64"))
     pb = save(comm, folder, "B.npy", random_array(rng, (30, 20), "float64"))
     total = 4096  # a node too small for the ranks' blocks of A, B and C
-    monkeypatch.setattr(memory_module, "host_memory_total", lambda: total)
+    monkeypatch.setattr(memorycheck, "host_memory_total", lambda: total)
     reached = []
     for name in ("_read_files", "AtomicNpyWriter"):
         monkeypatch.setattr(files_module, name, lambda *args, name=name, **kwargs:

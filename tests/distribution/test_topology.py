@@ -14,7 +14,8 @@ from helpers import gemm_scaled_error, random_array, spy_out_of_core
 from summa.host import shared as host, blocks as hostblocks, remote
 from summa.device.backend import NumpyBackend
 from summa.distribution.grid import ProcessGrid
-from summa.planning.memory import Execution, check_host_memory, memory_plan, ranks_on_device
+from summa.planning.memory import Execution, memory_plan
+from summa.planning.memorycheck import check_host_memory, ranks_on_device
 from summa.distribution.topology import Topology, topology_of
 
 SOURCES = pathlib.Path(summa.__file__).parent

@@ -18,7 +18,8 @@ from summa.distribution.matrix import DistMatrix
 from summa.execution import movers
 from summa.execution.outofcore import SweepOperands, summa_out_of_core
 from summa.planning import sweepsetup
-from summa.planning.memory import Execution, check_memory, memory_plan, parse_bytes
+from summa.planning.memory import Execution, memory_plan, parse_bytes
+from summa.planning.memorycheck import check_memory
 
 #: Each test's subject is the process grid's shape: ./run test runs them on every
 #: rank count (the others on a few: pyproject.toml's markers).
@@ -504,7 +505,7 @@ def test_ranks_on_one_gpu_count_each_other(comm):
     """Ranks of a node on the same GPU count each other (they share its
     free memory); on the CPU backend, or where a rank is not counted, 1."""
     from mpi4py import MPI
-    from summa.planning.memory import ranks_on_device
+    from summa.planning.memorycheck import ranks_on_device
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     size = node.Get_size()
     node.Free()
@@ -552,8 +553,8 @@ def test_plan_command(comm):
 
 @pytest.mark.mpi(min_size=1)
 def test_plan_larger_than_the_node_is_refused_before_allocating(comm, monkeypatch):
-    from summa.planning import memory as plan
-    monkeypatch.setattr(plan, "host_memory_total", lambda: 2**30)  # a 1 GiB node
+    from summa.planning import memorycheck
+    monkeypatch.setattr(memorycheck, "host_memory_total", lambda: 2**30)  # a 1 GiB node
     out = io.StringIO()
     # 12000^2 float64: A, B, C alone are 3.2 GiB over the ranks of one node
     with pytest.raises(cli.UsageError, match=r"rank\(s\) on rank \d+'s node need \d+\.\d GiB "

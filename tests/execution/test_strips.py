@@ -197,11 +197,11 @@ def test_strips_take_the_default_width_for_auto(comm, backend):
 
 def test_strips_that_do_not_fit_are_refused_with_a_hint_that_applies(monkeypatch):
     from mpi4py import MPI
-    from summa.planning import memory as plan
+    from summa.planning import memorycheck
     from summa.planning.planner import Machine, make_plan
     from summa.planning.request import PlanRequest
     from test_outofcore import _FakeGpu  # 23.5 GiB free
-    monkeypatch.setattr(plan, "host_memory_total", lambda: 2**40)  # a 1 TiB node
+    monkeypatch.setattr(memorycheck, "host_memory_total", lambda: 2**40)  # a 1 TiB node
     gpu = Machine.live(MPI.COMM_SELF, _FakeGpu())
     with pytest.raises(ValueError, match=r"GiB free; use --schedule panels \(which can run out "
                                          r"of core\) or more ranks"):

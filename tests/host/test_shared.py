@@ -159,8 +159,8 @@ def test_peer_access_asks_cuda_about_every_gpu_of_the_row_and_column(comm, monke
 @pytest.mark.mpi(min_size=1)
 def test_arrays_whose_product_the_host_cannot_hold_are_refused_on_every_rank(comm, rng,
                                                                              monkeypatch):
-    from summa.planning import memory as plan
-    monkeypatch.setattr(plan, "host_memory_total", lambda: 1 << 20)  # a 1 MiB node
+    from summa.planning import memorycheck
+    monkeypatch.setattr(memorycheck, "host_memory_total", lambda: 1 << 20)  # a 1 MiB node
     a = random_array(rng, (300, 300), "float64")
     with pytest.raises(ValueError, match="host memory"):
         summa.matmul(a if comm.rank == 0 else None, a if comm.rank == 0 else None,

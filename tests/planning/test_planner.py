@@ -319,8 +319,8 @@ def test_free_memory_of_a_described_machine_decides_the_mode(monkeypatch):
                   PlanRequest(out_of_core=False))
     with pytest.raises(ValueError, match="from afar"):
         make_plan(shape, "float64", Machine("cupy", 1), PlanRequest(out_of_core=True))
-    from summa.planning import memory as memory_module
-    monkeypatch.setattr(memory_module, "host_memory_total", lambda: 1 << 40)  # a 1 TiB node
+    from summa.planning import memorycheck
+    monkeypatch.setattr(memorycheck, "host_memory_total", lambda: 1 << 40)  # a 1 TiB node
     live = make_plan(shape, "float64", Machine.live(MPI.COMM_SELF, _FakeGpu(24 << 30)))
     assert live.memory == tight.memory and live.device_budget == tight.device_budget
 
@@ -555,9 +555,9 @@ def test_live_machines_count_the_ranks_on_their_node_as_the_grid_will(comm, monk
     from summa.device import staging
     from summa.distribution.grid import ProcessGrid
     from summa.distribution.topology import Topology, topology_of
-    from summa.planning import memory as memory_module
+    from summa.planning import memorycheck
     monkeypatch.setattr(staging, "usable_cores", lambda: 16)
-    monkeypatch.setattr(memory_module, "host_memory_total", lambda: 1 << 40)  # a 1 TiB node
+    monkeypatch.setattr(memorycheck, "host_memory_total", lambda: 1 << 40)  # a 1 TiB node
     gpu = _FakeGpu(24 << 30)
     on_node = topology_of(comm).local_size
     assert Machine.live(comm, gpu).ranks_on_node == on_node

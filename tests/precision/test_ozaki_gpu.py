@@ -267,7 +267,7 @@ def test_panel_sums_are_left_on_every_rank_where_one_lacks_the_memory(comm, monk
     module reads no options). A plan's "no" (call.sums False) is no
     whatever the room."""
     from summa.execution import steps
-    from summa.planning import memory
+    from summa.planning import memorycheck
     from summa.device.backend import get_backend
     from summa.distribution.grid import ProcessGrid
     from summa.distribution.layout import panel_schedule
@@ -281,7 +281,7 @@ def test_panel_sums_are_left_on_every_rank_where_one_lacks_the_memory(comm, monk
     monkeypatch.setattr(type(backend), "memory_free", lambda self: free)
     assert steps._panel_sums(_call(A, B, C, "fp64-int8"), False, panels) is None
     # room for one rank's sums on every GPU, but two ranks share each: none
-    monkeypatch.setattr(memory, "ranks_on_device", lambda backend, comm: 2)
+    monkeypatch.setattr(memorycheck, "ranks_on_device", lambda backend, comm: 2)
     free = 400 << 20  # one rank's tiny sums and the 256 MiB margin fit, two ranks' do not
     assert steps._panel_sums(_call(A, B, C, "fp64-int8"), False, panels) is None
     free = 1 << 50  # room everywhere, but a sum of fewer than K_NATIVE terms: native
