@@ -598,7 +598,7 @@ def test_int8_products_on_the_gpu_are_exact_and_ozaki_matches_the_cpu(comm, rng,
     da, db = cp.asarray(a), cp.asarray(b)
     count = ozaki.default_moduli(ozaki.BITS, k)
     cap = ozaki.budgets(count, k)[0]
-    e = ozaki_gpu._exponents(da, 1, ozaki.BITS, cap)
+    e = ozaki_gpu.scaling_exponents(da, 1, ozaki.BITS, cap)
     planes = kernels.residue_planes(da, e, count, m, -(-k // 4) * 4,
                                     kernels.moduli_constants(count))
     abar, e_cpu = ozaki.scale(a, 1, ozaki.BITS, np, cap)
@@ -643,12 +643,12 @@ def test_summa_fp64_int8_on_a_grid_is_one_gpus_whole_product(comm, rng, gpu, mon
     over all of K and the panels' INT8 products summed before one fold give
     one GPU's product of the whole (ozaki_gpu.gemm), whatever the grid and
     panels; with SUMMA_FP64_INT8_SUMS=0 (a fold a panel) within the gauge too."""
-    from summa.precision import ozaki_gpu
+    from summa.precision import ozaki_gpu, panel_sums
     grid, backend = gpu
     cp = backend.xp
     finished = []
-    real = ozaki_gpu.PanelSums.finish
-    monkeypatch.setattr(ozaki_gpu.PanelSums, "finish",
+    real = panel_sums.PanelSums.finish
+    monkeypatch.setattr(panel_sums.PanelSums, "finish",
                         lambda self, *a, **k: (finished.append(1), real(self, *a, **k)))
     a, b = rng.uniform(-1, 1, (300, 530)), rng.standard_normal((530, 210))
     A = DistMatrix.from_global(a, grid, backend)

@@ -11,10 +11,11 @@ fresh output array for the first time in parallel.
 
 Each direction has a dispatcher thread that takes whole copies in order and
 cuts them into chunks of rows; the chunks run on the pool. A copy is a
-:class:`Transfer`: the caller queues it with a CUDA event to start after (the
-GEMMs done with its device buffer) and later waits for it, on the GPU
-(:meth:`Transfer.event`) or on the host (:meth:`Transfer.wait`). An error in
-any thread ends the transfer with that error, raised where it is waited for.
+:class:`~summa.device.transfers.Transfer` (:mod:`summa.device.transfers`):
+the caller queues it with a CUDA event to start after (the GEMMs done with
+its device buffer) and later waits for it, on the GPU or on the host. An
+error in any thread ends the transfer with that error, raised where it is
+waited for.
 
 Integer (and boolean) host rows meet float64 device rows in these copies:
 the threads convert them as they fill a chunk, and convert a float64
@@ -35,9 +36,9 @@ from .. import options
 from . import hostrows
 from .casts import cast_rows, converts
 from .hostrows import copyable_rows, pitch
-from ..runtime.watchdog import watch
+from .transfers import Touch, Transfer, page_parts
 
-__all__ = ["Stager", "Transfer", "Touch", "get_stager", "stager_for", "set_ranks_on_node",
+__all__ = ["Stager", "get_stager", "stager_for", "set_ranks_on_node",
            "ranks_on_node", "copy_threads", "ring_bytes", "CHUNK_BYTES"]
 
 #: Bytes of one page-locked chunk: large enough that a copy engine streams it
@@ -134,90 +135,6 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-class Transfer:
-    """One copy between a host array and a device array, in flight."""
-
-    def __init__(self, chunks: int):
-        self._left = chunks
-        self._lock = threading.Lock()
-        self._done = threading.Event()      # every chunk finished on the host
-        self._queued = threading.Event()    # every device copy queued; `_event` set
-        self._event = None
-        self.error: BaseException | None = None
-        if chunks == 0:
-            self._queued.set()
-            self._done.set()
-
-    def _fail(self, error: BaseException) -> None:
-        if self.error is None:
-            self.error = error
-        self._queued.set()
-        self._done.set()
-
-    def _chunk_done(self, record=None) -> bool:
-        """Count one chunk; True for the last one (which then records `record`)."""
-        with self._lock:
-            self._left -= 1
-            last = self._left == 0
-            if last and record is not None:
-                self._event = record()
-                self._queued.set()
-        if last:
-            self._done.set()
-        return last
-
-    def _wait(self, flag: threading.Event, what: str) -> None:
-        if not flag.is_set():
-            with watch(what):
-                flag.wait()
-        if self.error is not None:
-            raise self.error
-
-    def event(self):
-        """A CUDA event after the transfer's device copies (None: nothing to
-        copy); waits on the host until they are all queued."""
-        self._wait(self._queued, "host threads to queue a copy between host and GPU memory")
-        return self._event
-
-    def wait(self) -> None:
-        """Wait on the host until the transfer is complete, its host side too."""
-        self._wait(self._done, "host threads to finish a copy between host and GPU memory")
-
-
-class Touch(Transfer):
-    """The first touch of a fresh array's pages (:meth:`Stager.touch`): its
-    parts, each filled with zeros once by whichever thread claims it first.
-
-    Its own few threads start it beside the uploads; :meth:`Stager.hurry`
-    lets the copy threads take what is left once they are free (before the
-    first download into the array), rather than the download waiting for
-    the few: with a quarter of 12 threads a 2 GiB result takes ~0.3 s to
-    fault in (2.4 GB/s a thread), longer than float64 16384³'s GEMMs.
-    """
-
-    def __init__(self, parts: list):
-        super().__init__(len(parts))
-        self._parts = queue.SimpleQueue()
-        for part in parts:
-            self._parts.put(part)
-
-    def unclaimed(self) -> int:
-        """Parts no thread has claimed yet."""
-        return self._parts.qsize()
-
-    def fill_one(self) -> None:
-        """Fill the next part no thread has claimed (none left: nothing)."""
-        try:
-            part = self._parts.get_nowait()
-        except queue.Empty:
-            return
-        try:
-            part.fill(0)
-            self._chunk_done()
-        except BaseException as exc:  # noqa: BLE001
-            self._fail(exc)
-
-
 class Stager:
     """Host-GPU copies through rings of page-locked chunks (see the module).
 
@@ -296,7 +213,7 @@ class Stager:
             self._touch_pool = ThreadPoolExecutor(max(1, round(self.threads * TOUCH_SHARE)),
                                                   thread_name_prefix="summa-touch")
         if x.flags.c_contiguous:
-            parts = _page_parts(x.reshape(-1).view(np.uint8), 4 * self.threads)
+            parts = page_parts(x.reshape(-1).view(np.uint8), 4 * self.threads)
         else:
             rows = max(1, x.shape[0] // (4 * self.threads))
             parts = [x[r:r + rows] for r in range(0, x.shape[0], rows)]
@@ -383,7 +300,7 @@ class Stager:
             count = 2 * self._ring
             arena = np.empty(count * self.chunk_bytes, np.uint8)
             list(self._pool.map(lambda part: part.fill(0),
-                                _page_parts(arena, 4 * self.threads)))
+                                page_parts(arena, 4 * self.threads)))
             try:
                 self.cupy.cuda.runtime.hostRegister(arena.ctypes.data, arena.nbytes, 0)
                 locked = True
@@ -501,16 +418,6 @@ class Stager:
                                     else (host, width, dptr, pitch(dev)))
         self.cupy.cuda.runtime.memcpy2DAsync(dst, dpitch, src, spitch, width, stage.shape[0],
                                              kind, stream.ptr)
-
-
-_PAGE = 4096
-
-
-def _page_parts(flat: np.ndarray, count: int) -> list:
-    """About `count` views of the bytes `flat`, one byte of each page: filling
-    them faults every page in (a byte a page does it), a part per thread."""
-    step = -(-flat.nbytes // count // _PAGE) * _PAGE
-    return [flat[i:i + step:_PAGE] for i in range(0, flat.nbytes, step)]
 
 
 _stagers: dict = {}

@@ -15,7 +15,8 @@ import numpy as np
 
 from ..device.casts import cast_rows
 from ..device.cupy_backend import CUDA_INVALID_VALUE, clear_cuda_error, page_locked
-from ..device.staging import Transfer, get_stager
+from ..device.staging import get_stager
+from ..device.transfers import Transfer
 from ..host import remote
 from ..host.storage import copyable_rows, pitch
 from ..runtime.cleanup import finalize

@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 from ..runtime.mpi import MPI
 from ..distribution.matrix import DistMatrix
-from ..precision.ozaki_gpu import PanelSums, Scheme, grid_exponents, panel_sums_apply
+from ..precision.ozaki_gpu import Scheme
+from ..precision.panel_sums import PanelSums, grid_exponents, panel_sums_apply
 from .pipeline import Pipeline, PipelineReport, Product, in_place_parts, local_parts
 from ..planning.schedule import HEAD_PIECES, make_schedule, order_panels, waits_first
 from .strips import multiply_strips, strip_bounds
@@ -145,9 +146,9 @@ def _on_grid(call: Call, panels: list, forms, sums) -> PipelineReport:
 
 
 def _panel_sums(call: Call, strips: bool, panels: list):
-    """fp64-int8 on a grid of several ranks: a :class:`summa.precision.ozaki_gpu.PanelSums`
+    """fp64-int8 on a grid of several ranks: a :class:`summa.precision.panel_sums.PanelSums`
     for this rank's C block with the exponents of all of K
-    (:func:`summa.precision.ozaki_gpu.grid_exponents`), so the panels' INT8 products
+    (:func:`summa.precision.panel_sums.grid_exponents`), so the panels' INT8 products
     are summed and C folded once, not once a panel (a fold costs ~35 ms per
     2**29 elements of C on an H200: at 4096-wide panels a third of each
     rank's compute: docs/benchmarks.md, "Panel sums on a grid"), and the
@@ -165,7 +166,7 @@ def _panel_sums(call: Call, strips: bool, panels: list):
 
 
 def _made_sums(call: Call):
-    """The :class:`summa.precision.ozaki_gpu.PanelSums` of `call`'s C block
+    """The :class:`summa.precision.panel_sums.PanelSums` of `call`'s C block
     with the exponents of all of K (collective)."""
     A, B, C = call.A, call.B, call.C
     grid, k = C.grid, A.layout.shape[1]

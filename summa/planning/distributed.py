@@ -147,7 +147,7 @@ def _copy_engines(A, B, C, width: int, broadcaster: str, precision) -> bool:
 def _panel_sums(A, B, C, width: int, lookahead: int, precision, strips: bool) -> int | None:
     """Device bytes of fp64-int8's panel sums of this rank's block of C
     where its grid's panels' INT8 products are summed and C folded once
-    (:class:`summa.precision.ozaki_gpu.PanelSums`: float64 on several ranks,
+    (:class:`summa.precision.panel_sums.PanelSums`: float64 on several ranks,
     K of enough terms within an int32 sum, panels, unless
     ``SUMMA_FP64_INT8_SUMS=0``: :func:`summa.planning.precision.panel_sums_apply`;
     where every rank's device holds them beside the pipeline's panel

@@ -103,7 +103,7 @@ class MemoryPlan:
         row-major copy (its scratch buffer is counted in `device_bytes`).
     panel_sums : bool
         fp64-int8 in memory on a grid: whether the panels' INT8 products
-        are summed and C folded once (:class:`summa.precision.ozaki_gpu.PanelSums`,
+        are summed and C folded once (:class:`summa.precision.panel_sums.PanelSums`,
         counted in `device_bytes` in place of a panel product's scratch),
         where they fit the device room.
     """

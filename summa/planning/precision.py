@@ -12,7 +12,7 @@ decided to the executors (:attr:`summa.planning.Plan.scheme`,
 from __future__ import annotations
 
 from .. import options
-from ..precision import ozaki_gpu
+from ..precision import ozaki_gpu, panel_sums
 
 __all__ = ["asked_moduli", "moduli_asked", "moduli_for", "asked_scheme", "panel_sums_apply",
            "panel_sums_bytes"]
@@ -49,14 +49,14 @@ def asked_scheme(precision) -> ozaki_gpu.Scheme | None:
 
 
 def panel_sums_apply(dtype, ranks: int, k: int) -> bool:
-    """:func:`summa.precision.ozaki_gpu.panel_sums_apply` unless
+    """:func:`summa.precision.panel_sums.panel_sums_apply` unless
     ``SUMMA_FP64_INT8_SUMS=0`` (a fold a panel: the reference a benchmark
     compares against)."""
-    return ozaki_gpu.panel_sums_apply(dtype, ranks, k,
+    return panel_sums.panel_sums_apply(dtype, ranks, k,
                                       sums=options.current().fp64_int8_sums != 0)
 
 
 def panel_sums_bytes(m: int, n: int, width: int, k: int) -> int:
-    """:func:`summa.precision.ozaki_gpu.panel_sums_bytes` of the moduli
+    """:func:`summa.precision.panel_sums.panel_sums_bytes` of the moduli
     asked (:func:`moduli_asked`)."""
-    return ozaki_gpu.panel_sums_bytes(m, n, width, k, moduli=moduli_asked())
+    return panel_sums.panel_sums_bytes(m, n, width, k, moduli=moduli_asked())

@@ -22,9 +22,10 @@ once for all rows; each chunk's residues, integer products and sums take
 the place of the last one's, so the scratch grows with the chunk, not with
 C (:func:`scratch_bytes`), and every element is the same as without chunks.
 
-On a grid SUMMA gives a rank K in panels: :class:`PanelSums` sums their
-INT8 products in int32 with exponents agreed over all of K
-(:func:`grid_exponents`) and folds C once, where memory allows.
+On a grid SUMMA gives a rank K in panels: :mod:`summa.precision.panel_sums`
+sums their INT8 products in int32 with exponents agreed over all of K
+(:func:`scaling_exponents` with a communicator) and folds C once, where
+memory allows.
 
 Every operation mirrors the NumPy code of :mod:`summa.precision.ozaki` (the same
 float64 formulas), so the two agree (tests/test_gpu.py).
@@ -46,15 +47,16 @@ from . import kernels, ozaki
 from .kernels import (PLANES, Encoding, Folds, kernel, moduli_constants, planes_a_pass,
                       residue_planes)
 
-__all__ = ["gemm", "Scheme", "PanelSums", "grid_exponents", "panel_sums_bytes",
-           "panel_sums_apply", "refuse_not_finite", "moduli_for", "check_moduli",
-           "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES", "NOT_FINITE"]
+__all__ = ["gemm", "Scheme", "scaling_exponents", "refuse_not_finite", "moduli_for",
+           "check_moduli", "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES",
+           "NOT_FINITE"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Scheme:
     """How a product runs the scheme, beside its operands: what
-    :func:`gemm`, :class:`PanelSums` and :func:`grid_exponents` take (the
+    :func:`gemm`, :class:`summa.precision.panel_sums.PanelSums` and
+    :func:`summa.precision.panel_sums.grid_exponents` take (the
     defaults: the module's).
 
     Attributes
@@ -144,7 +146,7 @@ class _Scopes:
 _scopes = _Scopes()
 
 
-def _exponents(x, axis: int, bits: int, cap: float, comm=None):
+def scaling_exponents(x, axis: int, bits: int, cap: float, comm=None):
     """The scaling exponents of `x`'s rows (axis 1) or columns (axis 0), as
     int32, each row's scaled 2-norm within ``2**cap``
     (:func:`summa.precision.ozaki.exponents`); with `comm`, of the whole rows whose
@@ -252,7 +254,7 @@ def _b_side(b, count: int, bits: int, cap: float, cols_p: int, k_p: int, constan
     else:
         bt = cupy.empty((n, k), dtype=cupy.float64)
         backend.transpose(b, bt)
-    f = _exponents(bt, 1, bits, cap)
+    f = scaling_exponents(bt, 1, bits, cap)
     b8 = residue_planes(bt, f, count, cols_p, k_p, constants)
     if held is not None:
         held.update(key=key, f=f, b8=b8)
@@ -276,30 +278,6 @@ def _chunk_rows(m: int, rows: int | None) -> int:
     (:attr:`Scheme.rows`; None: all): what :func:`gemm` allocates for and
     :func:`scratch_bytes` counts."""
     return m if rows is None else max(1, min(m, int(rows)))
-
-
-def panel_sums_bytes(m: int, n: int, width: int, k: int, planes: int = PLANES,
-                     moduli: int | None = None) -> int:
-    """Device bytes :class:`PanelSums` takes beside its operands for an
-    ``m x n`` C over `k` terms in panels up to `width` wide: the int32 sums
-    (a plane per modulus: `moduli`, None the default for `k`), one panel's
-    residue planes and B transposed, and the fold's two float64 sums."""
-    count = moduli_for(k, moduli)
-    kp, np_ = -(-width // 4) * 4, -(-n // 4) * 4
-    folds = 16 * m * n if count > planes else 0
-    return 4 * count * m * np_ + count * (m + np_) * kp + 8 * n * kp + folds
-
-
-def panel_sums_apply(dtype, ranks: int, k: int, *, sums: bool) -> bool:
-    """Do fp64-int8 products of `dtype` given in K panels on a grid of
-    `ranks` sum their INT8 products and fold C once (:class:`PanelSums`),
-    where memory allows? float64 on several ranks, K within an int32 sum
-    and of at least :data:`summa.precision.ozaki.K_NATIVE` terms (fewer run native
-    float64), where `sums` (the planner's ``SUMMA_FP64_INT8_SUMS``; False:
-    a fold a panel, as one rank's out-of-core tiles make it: the reference
-    a benchmark compares against)."""
-    return (np.dtype(dtype).kind == "f" and ranks > 1 and ozaki.K_NATIVE <= k <= ozaki.K_EXACT
-            and bool(sums))
 
 
 def check_moduli(moduli, precision) -> int | None:
@@ -369,7 +347,7 @@ def gemm(alpha, a, b, c, beta=0.0, *, backend=None, scheme: Scheme = Scheme(),
         elif beta != 1:
             c *= beta
         return
-    e = _exponents(a, 1, bits, cap_a)          # (m,): all rows at once, sliced per chunk
+    e = scaling_exponents(a, 1, bits, cap_a)  # (m,): all rows at once, sliced per chunk
     kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
     mark("scale")
     f, b8 = _b_side(b, count, bits, cap_b, np_, kp, constants, backend)  # (n,), B's planes
@@ -408,93 +386,6 @@ def _rows_product(scalars, a, c, encoding: Encoding, held, run) -> None:
     del a8
     folds.finish()
     mark("finish")
-
-
-class PanelSums:
-    """``c = alpha a @ b + beta c`` for A and B given in K panels, as SUMMA
-    receives them on a grid: each panel's INT8 products summed in int32
-    (one plane a modulus) and C folded once at the end, not once a panel.
-    The scaling exponents are those of all of K (:func:`grid_exponents`),
-    so the result is the one :func:`gemm` makes of the whole product on
-    one GPU, and nothing needs checking panel by panel. Device memory:
-    :func:`panel_sums_bytes`.
-
-    Parameters
-    ----------
-    m, n, k : int
-        C's shape and the terms of its sums (all of K).
-    exponents : tuple
-        ``(e, f)`` of :func:`grid_exponents`.
-    backend : summa.device.backend.CupyBackend
-        Its INT8 GEMM and transpose.
-    scheme : Scheme
-        As :func:`grid_exponents` took it (bits and moduli), and the
-        products folded a pass.
-    """
-
-    def __init__(self, m: int, n: int, k: int, exponents, backend, scheme: Scheme = Scheme()):
-        import cupy
-        if k > ozaki.K_EXACT:
-            raise ValueError(f"K = {k} exceeds the {ozaki.K_EXACT} an int32 sum holds")
-        # as grid_exponents chose
-        _, self.count = ozaki.choose(scheme.bits, scheme.moduli, k)
-        self.m, self.n, self.k, self.backend, self.planes = m, n, k, backend, scheme.planes
-        self.np_ = -(-n // 4) * 4
-        self.constants = moduli_constants(self.count)
-        self.sums = cupy.empty((self.count, m, self.np_), dtype=cupy.int32)
-        self.e, self.f = exponents
-        self.seen = 0
-        self.started = False  # the first panel's products set the sums, the rest add
-
-    def add(self, a, b) -> None:
-        """Add the panel product ``a @ b`` (`a` m x w, `b` w x n, float64)."""
-        import cupy
-        width = a.shape[1]
-        if self.seen + width > self.k:
-            raise ValueError(f"panels past K = {self.k}")
-        self.seen += width
-        if width == 0 or self.m == 0 or self.n == 0:
-            return
-        kp = -(-width // 4) * 4
-        bt = cupy.empty((self.n, width), dtype=cupy.float64)
-        self.backend.transpose(b, bt)
-        a8 = residue_planes(a, self.e, self.count, self.m, kp, self.constants)
-        b8 = residue_planes(bt, self.f, self.count, self.np_, kp, self.constants)
-        for p in range(self.count):
-            self.backend.int8_gemm_tn(a8[p], b8[p], self.sums[p], accumulate=self.started)
-        self.started = True
-
-    def finish(self, alpha, c, beta=0.0) -> None:
-        """``c = alpha (the sum of the panel products) + beta c``, once all of
-        K has been added."""
-        if self.seen != self.k:
-            raise ValueError(f"panels of {self.seen} of K = {self.k} terms added")
-        m, n, count = self.m, self.n, self.count
-        if m == 0 or n == 0:
-            return
-        if not self.started:  # K = 0: the product is zero
-            self.sums.fill(0)
-        folds = Folds(m, n, self.planes, Encoding(count, self.constants, self.e, self.f),
-                       alpha, beta, c)
-        for j, (l0, _) in enumerate(folds.groups):  # the planes lie in the sums already
-            folds.fold(j, self.sums[l0:])
-        folds.finish()
-
-
-def grid_exponents(a, b, row_comm, col_comm, k: int, scheme: Scheme = Scheme()):
-    """``(e, f)``: the scaling exponents of the rows of A and the columns of
-    B over all of K, where each rank holds a block of them (`a`: its rows of
-    A, its K columns; `b`: its K rows of B, its columns), the same on every
-    rank of a grid row (`row_comm`, A's rows) or column (`col_comm`, B's
-    columns) as one GPU's whole product would take (:func:`gemm`): two
-    allreduces of a number a row each way. `scheme`'s bits and moduli (the
-    :class:`PanelSums` given these exponents takes the same). Collective;
-    Inf/NaN refused as in :func:`gemm` (inside :func:`checked_later`, at its
-    end)."""
-    bits = scheme.bits
-    _, count = ozaki.choose(bits, scheme.moduli, k)
-    cap_a, cap_b = ozaki.budgets(count, k)
-    return _exponents(a, 1, bits, cap_a, row_comm), _exponents(b, 0, bits, cap_b, col_comm)
 
 
 def phase_seconds(marks: list) -> dict:

@@ -594,7 +594,7 @@ def test_auto_ipc_only_in_directions_within_nodes(comm, monkeypatch):
 
 
 class _SummedProducts:
-    """A stand-in for ozaki_gpu.PanelSums on the CPU: sums each panel
+    """A stand-in for panel_sums.PanelSums on the CPU: sums each panel
     product it is given and applies them once, as the pipeline's product
     hook takes them (the GPU's own test checks the INT8 arithmetic)."""
 
