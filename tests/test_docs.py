@@ -10,7 +10,8 @@
 - Links into the docs name headings that exist, and the sections code
   comments cite by name (docs/benchmarks.md, "NAME") exist.
 - Every benchmark command the docs quote whole (no placeholder such as N)
-  is one its script's parser takes.
+  is one its script's parser takes, and the development guide's module
+  table names every module.
 
 The figures are read from the docs, not written here: a change of the model
 only needs the docs updated.
@@ -238,3 +239,24 @@ def test_each_benchmark_command_the_docs_quote_is_one_its_script_takes(name, wor
                           text=True, cwd=ROOT, timeout=120,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode == 0, f"{name}: `{' '.join(words)}`: {done.stderr[-800:]}"
+
+
+def test_the_module_table_has_a_row_for_every_module():
+    """docs/development.md's module table names every module of the package
+    (a row may name several of one folder: `summa/cli/plan.py`, `info.py`)."""
+    named = set()
+    for line in _text("docs/development.md").splitlines():
+        if not line.startswith("| `summa/") and not line.startswith("| **`summa/"):
+            continue
+        first = line.split("|")[1]
+        folder = None
+        for name in re.findall(r"`([^`]+)`", first):
+            if name.startswith("summa/"):
+                folder = os.path.dirname(name)
+                named.add(name)
+            elif folder is not None:
+                named.add(f"{folder}/{name}")
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "summa").rglob("*.py")
+               if "__pycache__" not in p.parts and
+               (p.name != "__init__.py" or p.parent == ROOT / "summa")}
+    assert sorted(modules - named) == []
