@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from summa.api.verify import reference_dtype, scaled_error, unit_roundoff
@@ -121,3 +123,31 @@ def without_launcher_banner(stderr: str) -> str:
         elif not inside:
             kept.append(line)
     return "".join(kept)
+
+
+def use_fake_cupy(monkeypatch):
+    """The NumPy stand-in for CuPy (tests/fake_cupy_kernels.py) imported as
+    ``cupy`` for the test, and summa's kernel cache emptied (kernels made
+    with another ``cupy`` would be taken). Returns the stand-in's module."""
+    import fake_cupy_kernels
+    from summa.precision import kernels
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())
+    monkeypatch.setattr(kernels, "cache", {})
+    return fake_cupy_kernels
+
+
+def within_two_ulps(got, want) -> bool:
+    """Is every element of `got` within two float64 spacings of `want`'s?"""
+    return bool(np.all(np.abs(got - want) <= 2 * np.spacing(np.abs(want))))
+
+
+def marking_run(run, running: list):
+    """`run` wrapped so that `running` is non-empty while a call of it runs
+    (a spy's test of what happens inside an executor)."""
+    def marked(*args, **kwargs):
+        running.append(1)
+        try:
+            return run(*args, **kwargs)
+        finally:
+            running.pop()
+    return marked

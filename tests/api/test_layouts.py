@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import summa
-from helpers import gemm_scaled_error, random_array, spy_out_of_core
+from helpers import gemm_scaled_error, random_array, spy_out_of_core, use_fake_cupy
 from summa.host.storage import as_rows, copyable_rows, storage_of
 
 #: Each test's subject is the process grid's shape: ./run test runs them on every
@@ -370,10 +370,8 @@ def test_fp64_int8_reads_operands_stored_by_columns_as_they_lie(rng, monkeypatch
     column-major A and B (the device parts of operands stored by columns)
     give the same product, bit for bit, as row-major ones, and B's
     transpose is read where it lies, not transposed again."""
-    import fake_cupy_kernels
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())
-    from summa.precision import kernels, ozaki_gpu
-    monkeypatch.setattr(kernels, "cache", {})
+    fake_cupy_kernels = use_fake_cupy(monkeypatch)
+    from summa.precision import ozaki_gpu
     backend = fake_cupy_kernels.Backend()
     a, b = rng.uniform(-1, 1, (37, 61)), rng.standard_normal((61, 23))
     want = np.empty((37, 23))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import summa
-from helpers import gemm_scaled_error, held_plan, random_array
+from helpers import gemm_scaled_error, held_plan, random_array, use_fake_cupy
 from summa import cli
 from summa.execution.algorithm import summa as summa_in_memory
 from summa.device.backend import NumpyBackend
@@ -935,15 +935,11 @@ def _fp64_int8_sweep(rng, monkeypatch, device_memory: int) -> tuple:
     `device_memory`, its fp64-int8 products made on the CPU stand-in for
     CuPy's kernels: ``(plan, the device that ran them, the product's scaled
     error)``."""
-    import sys
-    import fake_cupy_kernels
     from mpi4py import MPI
     from summa.execution import outofcore, sweep
     from summa.planning.planner import Machine, make_plan
     from summa.planning.request import PlanRequest
-    from summa.precision import kernels, ozaki_gpu
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())
-    monkeypatch.setattr(kernels, "cache", {})
+    use_fake_cupy(monkeypatch)
     monkeypatch.setattr(outofcore, "CudaMover",
                         lambda device, dtype, copies, threads: movers.HostMover(device, dtype))
     m, n, k = 120, 40, 96

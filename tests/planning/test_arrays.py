@@ -8,7 +8,7 @@ import summa.execution.arrays as arrays
 import summa.planning.arrays as planning_arrays
 import summa.planning.distributed as distributed
 import summa.planning.tuning as tuning
-from helpers import gemm_scaled_error
+from helpers import gemm_scaled_error, marking_run
 from summa.api.multiply import matmul
 from summa.distribution.grid import ProcessGrid
 from summa.distribution.matrix import DistMatrix
@@ -35,16 +35,9 @@ def test_matmul_settles_its_plan_before_the_executor_runs(comm, monkeypatch):
             return real(*args, **kwargs)
         return asking
 
-    def executing(*args, **kwargs):
-        running.append(1)
-        try:
-            return run(*args, **kwargs)
-        finally:
-            running.pop()
-
     monkeypatch.setattr(tuning, "auto_panel_width", planner(measure, "measured a width"))
     monkeypatch.setattr(distributed, "direct_copies_pay", planner(decide, "decided copies"))
-    monkeypatch.setattr(arrays, "execute", executing)
+    monkeypatch.setattr(arrays, "execute", marking_run(run, running))
     rng = np.random.default_rng(5)
     x, y = rng.standard_normal((70, 80)), rng.standard_normal((80, 40))
     stats = SummaStats()

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import summa.planning.tuning as tuning
-from helpers import gemm_scaled_error
+from helpers import gemm_scaled_error, marking_run
 import summa.execution.algorithm as algorithm
 import summa.execution.arrays as arrays
 from summa.execution.algorithm import SummaStats, gemm, summa
@@ -59,14 +59,8 @@ def _measured_in_planning_only(monkeypatch) -> list:
         calls.append(1)
         return measure(*args, **kwargs)
 
-    def executing(*args, **kwargs):
-        running.append(1)
-        try:
-            return run(*args, **kwargs)
-        finally:
-            running.pop()
-
     monkeypatch.setattr(tuning, "auto_panel_width", counted)
+    executing = marking_run(run, running)
     monkeypatch.setattr(algorithm, "run_in_memory", executing)
     monkeypatch.setattr(arrays, "run_in_memory", executing)
     return calls

@@ -306,17 +306,23 @@ def test_a_killed_caller_is_noticed_by_its_workers_which_clean_up(tmp_path):
     assert existing(held) == []
 
 
+def _multiply_without_mpirun(folder, option: str, **env) -> subprocess.CompletedProcess:
+    """``python -m summa multiply`` of `folder`'s A.npy and B.npy into C.npy,
+    started without a launcher (it starts its own ranks), with `option` and
+    the environment's variables `env` besides."""
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(summa.__file__)), **env)
+    return subprocess.run([sys.executable, "-m", "summa", "multiply", str(folder / "A.npy"),
+                           str(folder / "B.npy"), "-o", str(folder / "C.npy"), "--backend",
+                           "numpy", option], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
 def test_the_multiply_command_without_mpirun_runs_on_every_worker(tmp_path):
     rng = np.random.default_rng()
     a, b = rng.uniform(-1, 1, (30, 20)), rng.uniform(-1, 1, (20, 25))
     np.save(tmp_path / "A.npy", a)
     np.save(tmp_path / "B.npy", b)
-    env = dict(os.environ, SUMMA_WORKERS="3",
-               PYTHONPATH=os.path.dirname(os.path.dirname(summa.__file__)))
-    p = subprocess.run([sys.executable, "-m", "summa", "multiply", str(tmp_path / "A.npy"),
-                        str(tmp_path / "B.npy"), "-o", str(tmp_path / "C.npy"), "--backend",
-                        "numpy", "--check"], capture_output=True, text=True, env=env,
-                       timeout=120)
+    p = _multiply_without_mpirun(tmp_path, "--check", SUMMA_WORKERS="3")
     assert p.returncode == 0, p.stderr
     assert "summa multiply: 3 ranks" in p.stdout
     assert gemm_scaled_error(np.load(tmp_path / "C.npy"), a, b) <= 1
@@ -345,13 +351,8 @@ def test_the_multiply_command_without_mpirun_fails_in_its_own_words_alone(tmp_pa
     rng = np.random.default_rng()
     np.save(tmp_path / "A.npy", rng.uniform(-1, 1, (30, 20)))
     np.save(tmp_path / "B.npy", rng.uniform(-1, 1, (21, 25)))  # (K does not match)
-    env = dict(os.environ, SUMMA_WORKERS="2", MPIEXEC=str(launcher),
-               REAL_MPIEXEC=" ".join(launch.mpiexec_command()),
-               PYTHONPATH=os.path.dirname(os.path.dirname(summa.__file__)))
-    p = subprocess.run([sys.executable, "-m", "summa", "multiply", str(tmp_path / "A.npy"),
-                        str(tmp_path / "B.npy"), "-o", str(tmp_path / "C.npy"), "--backend",
-                        "numpy", "--quiet"], capture_output=True, text=True, env=env,
-                       timeout=120)
+    p = _multiply_without_mpirun(tmp_path, "--quiet", SUMMA_WORKERS="2", MPIEXEC=str(launcher),
+                                 REAL_MPIEXEC=" ".join(launch.mpiexec_command()))
     assert p.returncode == 2, p.stderr
     assert p.stderr.count("\n") == 1 and p.stderr.startswith("summa: error: "), p.stderr
     assert not (tmp_path / "C.npy").exists()

@@ -11,20 +11,15 @@ import numpy as np
 import pytest
 
 import fake_cupy_kernels
-from helpers import gemm_scaled_error
+from helpers import gemm_scaled_error, use_fake_cupy, within_two_ulps
 from summa.precision import kernels, ozaki
 
 
 @pytest.fixture
 def ozaki_gpu(monkeypatch):
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())
+    use_fake_cupy(monkeypatch)
     from summa.precision import ozaki_gpu
-    monkeypatch.setattr(kernels, "cache", {})
     return ozaki_gpu
-
-
-def _close(got, want):
-    return np.all(np.abs(got - want) <= 2 * np.spacing(np.abs(want)))
 
 
 @pytest.mark.parametrize("planes", ["1", "3", "4", "16"])
@@ -34,7 +29,7 @@ def test_every_grouping_of_the_folds_gives_the_cpu_product(rng, ozaki_gpu, plane
     c = np.empty((37, 23))
     ozaki_gpu.gemm(1.0, a, b, c, backend=backend, scheme=ozaki_gpu.Scheme(planes=int(planes)))
     count = ozaki.default_moduli(ozaki.BITS, 61)
-    assert backend.gemms == count and _close(c, ozaki.gemm_int8(a, b))
+    assert backend.gemms == count and within_two_ulps(c, ozaki.gemm_int8(a, b))
     launches = {name: kernels.cache[name].launches if name in kernels.cache else 0
                 for name in ("fold", "fold_finish")}
     # the last fold ends the product (no finish pass): one of them per product
@@ -50,7 +45,7 @@ def test_a_product_into_columns_apart_ends_in_the_finish_pass(rng, ozaki_gpu, pl
     c0 = whole.copy()
     ozaki_gpu.gemm(2.0, a, b, whole, beta=-1.0, backend=backend,
                    scheme=ozaki_gpu.Scheme(planes=int(planes)))
-    assert _close(whole, 2.0 * ozaki.gemm_int8(a, b) - c0)
+    assert within_two_ulps(whole, 2.0 * ozaki.gemm_int8(a, b) - c0)
     assert "fold_finish" not in kernels.cache and "finish" in kernels.cache
 
 
@@ -80,7 +75,7 @@ def test_complex_products_moduli_and_refusals(rng, ozaki_gpu):
     out = np.empty((8, 8))
     ozaki_gpu.gemm(1.0, real, real.T.copy(), out, backend=backend,
                    scheme=ozaki_gpu.Scheme(moduli=10))
-    assert _close(out, ozaki.gemm_int8(real, real.T.copy(), moduli=10))
+    assert within_two_ulps(out, ozaki.gemm_int8(real, real.T.copy(), moduli=10))
     bad = real.copy()
     bad[2, 3] = np.nan
     with pytest.raises(ValueError, match="finite inputs"):
@@ -141,7 +136,7 @@ def test_row_strips_inside_same_b_make_b_once_and_give_the_whole_product(rng, oz
         other = rng.standard_normal((40, 21))  # another B inside: made anew, right
         c = np.empty((48, 21))
         ozaki_gpu.gemm(1.0, a, other, c, backend=backend)
-        assert _close(c, ozaki.gemm_int8(a, other))
+        assert within_two_ulps(c, ozaki.gemm_int8(a, other))
     np.testing.assert_array_equal(strips, whole)
     assert ozaki_gpu._scopes.held is None  # nothing kept after the context
     ozaki_gpu.gemm(1.0, a[:20], b, strips[:20], backend=backend)
@@ -223,7 +218,7 @@ def test_moduli_asked_reach_the_products_and_the_plans(rng, ozaki_gpu, monkeypat
     assert made(1000, device_memory="1GiB", moduli=12).scheme.moduli == 12
     backend.gemms = 0
     ozaki_gpu.gemm(1.0, a, b, c, backend=backend, scheme=sweep.scheme)
-    assert backend.gemms == 20 and _close(c, ozaki.gemm_int8(a, b, moduli=20))
+    assert backend.gemms == 20 and within_two_ulps(c, ozaki.gemm_int8(a, b, moduli=20))
     assert asking.moduli_for(300) == ozaki_gpu.moduli_for(300) == default
     assert planned() == plan
     for moduli, precision, message in ((15, None, "applies to precision fp64-int8"),

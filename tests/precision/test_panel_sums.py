@@ -4,27 +4,21 @@ summed and folded once are the whole product, the exponents agreed over the
 grid are those of the whole rows and columns, and the panel sums are left
 alike on every rank where one lacks the memory."""
 
-import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import fake_cupy_kernels
-from helpers import gemm_scaled_error
+from helpers import gemm_scaled_error, use_fake_cupy, within_two_ulps
 from summa.precision import kernels, ozaki
 
 
 @pytest.fixture
 def panel_sums(monkeypatch):
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy_kernels.module())
+    use_fake_cupy(monkeypatch)
     from summa.precision import panel_sums
-    monkeypatch.setattr(kernels, "cache", {})
     return panel_sums
-
-
-def _close(got, want):
-    return np.all(np.abs(got - want) <= 2 * np.spacing(np.abs(want)))
 
 
 def _whole_k_exponents(a, b):
@@ -54,7 +48,7 @@ def test_panel_sums_fold_once_and_are_the_whole_product(rng, panel_sums, widths)
     c = c0.copy()
     sums.finish(2.0, c, beta=-0.5)
     want = ozaki.gemm_int8(a, b)
-    assert gemm_scaled_error(want, a, b) <= 1 and _close(c, 2.0 * want - 0.5 * c0)
+    assert gemm_scaled_error(want, a, b) <= 1 and within_two_ulps(c, 2.0 * want - 0.5 * c0)
     folds = sum(kernels.cache[name].launches for name in ("fold", "fold_finish"))
     assert folds == -(-sums.count // kernels.PLANES)
     assert backend.gemms == sums.count * sum(1 for w in widths if w)
