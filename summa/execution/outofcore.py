@@ -122,7 +122,8 @@ def _run(plan: Plan, operands: SweepOperands, device, scalars: tuple, progress,
              for j0, j1 in bounds(nl, memory.tiles[1])]
     if fresh_c and beta != 0:
         raise ValueError("fresh_c needs beta == 0: C's old values would be lost")
-    mover = (CudaMover(device, np.dtype(plan.dtype), plan.host_copies, plan.copy_threads)
+    mover = (CudaMover(device, np.dtype(plan.dtype), plan.host_copies, plan.copy_threads,
+                       plan.memory.cast_bytes)
              if device.is_gpu else HostMover(device, np.dtype(plan.dtype)))
     panels = panel_schedule(A.layout.cols, B.layout.rows, plan.panel_width)
     panels = head_pieces(panels, mover.overlaps, memory.head_first)

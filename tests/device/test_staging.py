@@ -379,3 +379,66 @@ def test_other_type_pairs_are_refused():
             stager.download(np.zeros((3, 4), np.int32), DeviceArray(np.zeros((3, 4), np.float32)))
     finally:
         stager.close()
+
+
+@pytest.mark.parametrize("dtype", _INTS)
+def test_integer_rows_cross_as_they_lie_and_the_gpu_converts_them_through_the_scratch(
+        rng, dtype):
+    """Given a device scratch (the plan's ``cast_bytes``), integer rows go up
+    in their own bytes (int32 in half float64's: chunks of the host's rows,
+    each copy as wide as an integer row) and are converted into the float64
+    device rows on the GPU, one conversion per chunk; strided views too."""
+    cupy = FakeCupy()
+    stager = Stager(0, 3, chunk_bytes=1024, cupy=cupy)
+    try:
+        big = _integers(rng, dtype, (97, 61))
+        src = big[2::2, 1:60]
+        dev = DeviceArray(np.full(src.shape, np.nan))
+        via = DeviceArray(np.zeros(1024, np.uint8))
+        stager.upload(dev, src, via=via).wait()
+        assert np.array_equal(dev.host, src.astype(np.float64))
+        rows = 1024 // (src.shape[1] * src.itemsize)  # a chunk holds the host's rows
+        assert cupy.copies == cupy.conversions == -(-src.shape[0] // rows)
+        assert set(cupy.widths) == {src.shape[1] * src.itemsize}
+    finally:
+        stager.close()
+
+
+@pytest.mark.parametrize("dtype", _INTS + ["uint16", "uint64"])
+def test_a_product_converted_on_the_gpu_comes_down_as_numpy_matmul_gives_it(rng, dtype):
+    """The float64 product converted into the host's integer type on the GPU
+    (through int64: narrower types wrap; bool: nonzero), then copied down as
+    it lies into a strided target; nothing else written."""
+    dtype = np.dtype(dtype)
+    cupy = FakeCupy()
+    stager = Stager(0, 2, chunk_bytes=2048, cupy=cupy)
+    try:
+        a = _integers(rng, dtype, (70, 40)) if dtype.kind == "b" else \
+            rng.integers(0, min(int(np.iinfo(dtype).max), 2**20), (70, 40)).astype(dtype)
+        b = _integers(rng, dtype, (40, 50)) if dtype.kind == "b" else \
+            rng.integers(0, min(int(np.iinfo(dtype).max), 2**20), (40, 50)).astype(dtype)
+        exact = a.astype(np.float64) @ b.astype(np.float64)
+        back = np.zeros((140, 150), dtype)
+        dst = back[::2, 1::3]
+        stager.download(dst, DeviceArray(exact), via=DeviceArray(np.zeros(2048, np.uint8))
+                        ).wait()
+        assert np.array_equal(dst, a @ b) and not back[1::2].any()
+        assert cupy.conversions == cupy.copies > 1
+        assert set(cupy.widths) == {50 * dtype.itemsize}
+    finally:
+        stager.close()
+
+
+def test_a_row_longer_than_the_scratch_is_converted_by_the_threads(rng):
+    """Where one integer row outgrows the scratch, the copy takes the
+    threads' conversion instead (float64 rows cross), still exact."""
+    cupy = FakeCupy()
+    stager = Stager(0, 2, chunk_bytes=1024, cupy=cupy)
+    try:
+        src = rng.integers(-50, 50, (6, 300)).astype(np.int32)  # 1200 bytes a row
+        dev = DeviceArray(np.zeros(src.shape))
+        stager.upload(dev, src, via=DeviceArray(np.zeros(1024, np.uint8))).wait()
+        assert np.array_equal(dev.host, src) and cupy.conversions == 0
+        assert set(cupy.widths) == {300 * 8}
+    finally:
+        stager.close()
