@@ -93,10 +93,9 @@ def _relaunch(argv) -> int | None:
     env = dict(os.environ)
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    from mpi4py import MPI
-
     from .pool.job import run
-    MPI.Finalize()
+    from .runtime.mpi import load
+    load().Finalize()  # started as any plain process's MPI (its guardian first)
     fd, told = tempfile.mkstemp(prefix="summa-status-")
     os.close(fd)
     try:

@@ -183,10 +183,10 @@ def test_docs_table_is_up_to_date():
 
 
 #: Modules that may read the environment, and why: options.py (every
-#: setting), pool/launch.py (whether a launcher started this process, and the
-#: launcher's own environment for the workers), __main__.py (the
-#: environment a relaunch under mpiexec starts with), runtime/mpi.py (the
-#: launcher's rank, for commands that start no MPI).
+#: setting), pool/launch.py (the launcher's own environment for the
+#: workers), __main__.py (the environment a relaunch under mpiexec starts
+#: with), runtime/mpi.py (whether a launcher started this process, and its
+#: rank, for commands that start no MPI).
 ENVIRONMENT_READERS = {"options.py", "pool/launch.py", "__main__.py", "runtime/mpi.py"}
 
 

@@ -20,6 +20,7 @@ import time
 
 from .job import STOP_GRACE, launch, stop
 from ..runtime.cleanup import mapped_segments, process_alive, remove_segments
+from ..runtime.mpi import MPI, launched
 from ..runtime.watchdog import timeout_from_env
 from ..options import current as current_options
 from ..device import backend as device_backend  # its cupy_available looked up at each call
@@ -29,16 +30,6 @@ from ..device.account import DeviceMemoryError
 
 class WorkerError(RuntimeError):
     """A worker of the pool failed (raised, died, or did not answer)."""
-
-
-#: Environment variables a launcher sets in every rank it starts.
-_LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
-                       "MPI_LOCALNRANKS", "SLURM_STEP_ID", "HYDI_CONTROL_FD")
-
-
-def launched() -> bool:
-    """Was this process started by an MPI launcher (mpirun, srun, a pool)?"""
-    return any(v in os.environ for v in _LAUNCHER_VARIABLES)
 
 
 def pool_size(gpus=None, workers=None, use_gpus: bool = True) -> int:
@@ -85,8 +76,9 @@ def _unbound(command: list[str]) -> list[str]:
     the MPI is Open MPI and nothing about binding was said: Open MPI binds
     each rank to one core when it starts two or fewer, and a rank's host
     copies run on threads (on the H200 machine one core staged at a third of
-    the speed of twelve)."""
-    from mpi4py import MPI
+    the speed of twelve). Asked before the pool's launch, this is where a
+    plain caller's MPI starts (:func:`summa.runtime.mpi.load`: its guardian
+    first)."""
     if not MPI.Get_library_version().startswith("Open MPI") or \
             any(a.lstrip("-") in ("bind-to", "bind-to-core", "bind-to-socket") or
                 a.startswith("--bind-to=") for a in command[1:]):
@@ -114,11 +106,13 @@ class Pool:
                    TMPDIR=self._folder)
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")  # Open MPI as root (containers)
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        # with MPI's files of this process, which the workers remove should it be killed
-        owner = [self._listener.address, str(os.getpid()), os.pathsep.join(mapped_segments())]
         try:
-            self.proc = launch(mpiexec_command() + ["-n", str(size), sys.executable, "-m",
-                                                        "summa.pool.worker", *owner], env)
+            command = mpiexec_command()  # MPI started here where not before: files made
+            # with MPI's files of this process, which the workers remove should it be killed
+            owner = [self._listener.address, str(os.getpid()),
+                     os.pathsep.join(mapped_segments())]
+            self.proc = launch(command + ["-n", str(size), sys.executable, "-m",
+                                          "summa.pool.worker", *owner], env)
         except BaseException:  # Ctrl-C or no launcher: no folder left behind
             self._listener.close()
             shutil.rmtree(self._folder, ignore_errors=True)

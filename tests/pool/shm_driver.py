@@ -80,6 +80,18 @@ def _listing(folder: str) -> list[str]:
         return []
 
 
+def _adopt_orphans() -> None:
+    """Make this process the one that adopts the orphans of what it starts
+    (Linux's child subreaper): the guardian of a killed caller, started a
+    moment before the kill, may not have been seen by the Watcher, and
+    would not be found below the caller once it is dead."""
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
 def _gone(pids, seconds: float) -> None:
     """Wait until every process of `pids` has ended (up to `seconds`)."""
     from summa.runtime.cleanup import process_alive
@@ -120,6 +132,7 @@ def main() -> None:
         env["SUMMA_SHM_DIR"] = SHM
     shm_dir = env.get("SUMMA_SHM_DIR", SHM)
     before = set(_listing(SHM))
+    _adopt_orphans()
     command, env = _command(case, folder, env)
     t0 = time.monotonic()
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -139,7 +152,8 @@ def main() -> None:
         stopped = None
     out, err = proc.communicate(timeout=120)
     ended = time.monotonic()
-    _gone(watcher.pids, 15)  # the workers of a killed caller clean up, then end
+    # the workers and the guardian of a killed caller clean up, then end
+    _gone({*watcher.pids, *descendants(os.getpid())}, 15)
     watcher.stop()
     left = watcher.left(shm_dir)
     new = sorted(set(_listing(SHM)) - before) if private else None
