@@ -83,7 +83,8 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_configure(config):
     global _ctl
     if _mpi_mode(config):
-        from mpi4py import MPI
+        from summa.runtime.mpi import load
+        MPI = load()  # as summa starts MPI: its guardian first, for a rank killed inside MPI
         from summa.device.backend import share_cpu_cores
         from summa.distribution.grid import node_rank
         _ctl = MPI.COMM_WORLD.Dup()

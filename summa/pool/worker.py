@@ -45,6 +45,7 @@ from ..planning.precision import asked_moduli
 from ..host import shared as host, remote
 from ..options import Options, current, set as set_options
 from ..runtime.cleanup import hard_exit, mapped_segments, process_alive, remove_segments
+from ..runtime.mpi import MPI
 from ..runtime.watchdog import handle_signals
 
 
@@ -127,7 +128,6 @@ def _arrays(world, spec: dict, settings) -> tuple | None:
     """A, B and C (None where the command makes no product) as the owner
     shipped them; None, on every rank, where some rank may not read the
     owner's memory (:mod:`summa.host.remote`)."""
-    from mpi4py import MPI
     parts = [spec[x] for x in "abc"]
     owners = [p["remote"] for p in parts if isinstance(p, dict) and "remote" in p]
     if not world.allreduce(all(remote.allowed(settings) and remote.readable(w)
@@ -261,7 +261,6 @@ def _dead_peers(peers: dict, rank: int, grace: float) -> list[int]:
 def _from_mpi(exc: BaseException | None) -> bool:
     """Is `exc`, or an exception it arose from, an MPI error (what a peer
     that vanished mid-call leaves the others)?"""
-    from mpi4py import MPI
     seen = set()
     while exc is not None and id(exc) not in seen:  # a context chain may loop
         if isinstance(exc, MPI.Exception):
@@ -374,9 +373,7 @@ def main(argv=None) -> int:
         print("summa.pool.worker: started by summa's pool (summa.matmul in a plain Python "
               "process), not by hand", file=sys.stderr)
         return 2
-    from mpi4py import MPI
-
-    world = MPI.COMM_WORLD
+    world = MPI.COMM_WORLD  # MPI starts here, its guardian first (summa.runtime.mpi.load)
     handle_signals(world, announce=False)  # the owner stops the job so: no word
     owner = int(args[1])
     # as the owner named them: read from its maps they would be lost where it

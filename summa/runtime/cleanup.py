@@ -6,8 +6,10 @@ ends; the named shared memory of the MPI library, which the library removes
 only in ``MPI_Finalize`` (a job that ends otherwise strands it in /dev/shm
 until reboot); the CUDA driver's files for interprocess events, which it
 never removes; and :func:`hard_exit`, which ends the process without running
-exit handlers that wait on library threads. No imports of summa's own: the
-I/O, the watchdog, the pool and the entry point all reach it.
+exit handlers that wait on library threads. A process killed outright
+removes nothing itself: its guardian does (:mod:`summa.runtime.guardian`).
+No imports of summa's own: the I/O, the watchdog, the pool and the entry
+point all reach it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import functools
 import os
 import secrets
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -26,7 +27,7 @@ import weakref
 
 __all__ = ["temporary_files", "new_temporary_file", "remove_temporary_files",
            "MPI_SEGMENT_PREFIXES", "mapped_segments", "held_segments", "note_segments",
-           "clean_up_after_death", "remove_segments",
+           "remove_segments",
            "cuda_ipc_files", "descendants",
            "remove_cuda_ipc_files_at_exit", "hard_exit", "end_job", "process_alive", "finalize",
            "raises_ctrl_c"]
@@ -164,55 +165,6 @@ def note_segments() -> None:
     an end that comes while ``MPI_Finalize`` runs may find them unmapped
     and not yet removed."""
     _noted_segments.update(mapped_segments())
-
-
-#: The watcher's code (:func:`clean_up_after_death`): Python alone, no site
-#: packages, started in well under a second.
-_WATCHER = """
-import os, select, signal, sys, time
-for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a stop of the job is not its
-    signal.signal(stop, signal.SIG_IGN)
-pid, shared, paths = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
-try:
-    select.select([os.pidfd_open(pid)], [], [])
-except (AttributeError, OSError):
-    while os.path.exists(f"/proc/{pid}"):
-        time.sleep(0.5)
-mark = f"{pid:x}"
-for folder, match in (("/dev/shm",
-                       lambda n: n.startswith("cuda.shm.") and n.split(".")[3:4] == [mark]),
-                      (shared, lambda n: n.startswith(f"summa-{pid}-"))):
-    try:
-        paths += [os.path.join(folder, n) for n in os.listdir(folder) if match(n)]
-    except OSError:
-        pass
-for path in paths:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-"""
-
-#: The watcher started (kept: a Popen dropped while it runs warns).
-_watchers: list = []
-
-
-def clean_up_after_death(shared_dir: str) -> None:
-    """Start a small process that, once this one has ended however it ended,
-    removes MPI's files it noted (:func:`note_segments`), the CUDA driver's
-    files of its interprocess events (:func:`cuda_ipc_files`) and summa's
-    shared files named after it in `shared_dir`. A rank killed by SIGKILL
-    removes nothing itself: an mpiexec whose output's reader went away
-    (``| head``) dies of SIGPIPE, and its proxies kill every rank so.
-    The process is in a session of its own (a launcher killing the job's
-    process groups misses it) and waits asleep; once this process ended
-    normally it finds the files gone."""
-    if _watchers:
-        return
-    _watchers.append(subprocess.Popen(
-        [sys.executable, "-S", "-c", _WATCHER, str(os.getpid()), shared_dir,
-         *sorted(_noted_segments)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True))
 
 
 def remove_segments(paths) -> None:

@@ -1,20 +1,46 @@
-"""A small process that removes a plain process's MPI files once it has died.
+"""A small process that removes a process's shared-memory files once it has died.
 
-A process not started by a launcher starts MPI as a singleton, and MPICH
-then makes ``/dev/shm/mpich_shm_<pid in hex>_0``, which it removes only in
-``MPI_Finalize``: a process killed by SIGKILL leaves it until reboot (so does
-a pool's caller killed before its workers, which remove its files, were
-launched). :func:`start` runs this file as a script, before MPI starts, in a
-session of its own (a Ctrl-C or a signal to the caller's process group misses
-it), with Python alone (``-I -S``: not summa, not site packages, up in a few
-tens of milliseconds). It sleeps until its parent ends, however it ends; then
-it removes the parent's MPICH files by their name, every path the parent
-told it on its stdin (:func:`tell`: the files MPI mapped, for MPIs that name
-them otherwise) and UCX's files that the death stranded (:func:`_stranded`),
-and exits. After a normal exit it finds them gone already.
+MPI's files in /dev/shm are removed only by ``MPI_Finalize``, and the CUDA
+driver's files of interprocess events never: a process killed by SIGKILL
+leaves them until reboot (a launcher kills the ranks it finds inside MPI
+calls so, and the proxies of an mpiexec that died of SIGPIPE, its output's
+reader gone, ``| head``, kill every rank so; a plain process, which starts
+MPI alone, is killed so by its user).
+:func:`start` runs this file as a script, before MPI starts where it can, in
+a session of its own (a Ctrl-C or a signal to the caller's process group
+misses it), with Python alone (``-I -S``: not summa, not site packages, up
+in a few tens of milliseconds). It sleeps until its parent ends, however it
+ends; then it removes the parent's files and exits. After a normal exit it
+finds them gone already.
 
-Only the standard library here, and nothing read from summa's settings: the
-script cannot import the package.
+Run as ``python -I -S guardian.py PID [SINCE [PREFIX ...]]``: the parent's
+pid, the time it started the guardian (:func:`time.time`) and how the MPI's
+shared-memory files begin (summa's list, passed by :func:`start`: this
+script cannot import the package). On its stdin the parent tells it more,
+one line each (:func:`tell`, :func:`tell_shared_dir`):
+
+``/an/absolute/path``
+    a file the parent's MPI made (its mapped segments once MPI started);
+``shared:/an/absolute/folder``
+    a folder of summa's shared files: those named after the parent there
+    (``summa-<pid>-*``) are the parent's.
+
+Once the parent has died it removes:
+
+* MPICH's files named after the parent (``mpich_shm_<pid in hex>_*``: a
+  plain process's) and the CUDA driver's files of its events
+  (``cuda.shm.<n>.<pid in hex>.<n>``), in /dev/shm;
+* summa's files named after the parent in each told folder;
+* each told path, and each file in /dev/shm whose name begins with a
+  PREFIX or UCX's (:data:`UCX_PREFIX`), made since SINCE (less
+  :data:`SLACK`) and owned by this user (:func:`_made_since`): a segment
+  MPI made after it told its paths (another communicator's, made when first
+  used) or one a kill stranded as it was made. Of these, only the files no
+  live process holds open or maps go: the ranks of a job on a node share
+  their segments, so a rank's guardian leaves those its live peers use, and
+  the last one's removes them (:func:`_held`).
+
+Only the standard library here, and nothing read from summa's settings.
 """
 
 from __future__ import annotations
@@ -28,9 +54,11 @@ import sys
 import threading
 import time
 
-__all__ = ["start", "tell", "SHM_DIR", "POLL", "UCX_PREFIX", "SLACK"]
+__all__ = ["start", "tell", "tell_shared_dir", "SHM_DIR", "POLL", "UCX_PREFIX",
+           "SHARED", "SLACK"]
 
-#: Where MPICH puts its files (its own choice: not ``SUMMA_SHM_DIR``).
+#: Where MPI and the CUDA driver put their files (their own choice: not
+#: ``SUMMA_SHM_DIR``).
 SHM_DIR = "/dev/shm"
 
 #: Seconds between looks at the parent where the kernel has no pidfd.
@@ -41,6 +69,9 @@ POLL = 0.2
 #: made (their users reach them through ``/proc/<pid>/fd``), milliseconds in
 #: which a kill strands one.
 UCX_PREFIX = "ucx_shm_posix_"
+
+#: How a told line naming a folder of summa's shared files begins.
+SHARED = "shared:"
 
 #: Seconds before the guardian's start that a file it may take for its
 #: parent's was made: file times are coarser than the clock.
@@ -70,10 +101,11 @@ class _Slot:
 _slot = _Slot()
 
 
-def start() -> None:
+def start(prefixes=()) -> None:
     """Start this process's guardian, where it has none yet (a forked child
-    starts its own). A guardian that cannot start is done without: the
-    caller's work goes on."""
+    starts its own). `prefixes`: how the MPI's shared-memory files begin
+    (those made since now that nobody holds are removed at the death). A
+    guardian that cannot start is done without: the caller's work goes on."""
     with _slot.lock:  # two threads' first uses of MPI start one
         if _slot.owner == os.getpid():
             return
@@ -81,7 +113,7 @@ def start() -> None:
         try:
             _slot.process = subprocess.Popen(
                 [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()),
-                 repr(time.time())],
+                 repr(time.time()), *prefixes],
                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True)
         except (OSError, ValueError, subprocess.SubprocessError):
@@ -90,12 +122,25 @@ def start() -> None:
 
 def tell(paths) -> None:
     """Have this process's guardian remove `paths` too (absolute paths of
-    shared-memory files MPI made) once this process has died. The caller
-    chooses them: the guardian removes whatever it is told."""
+    shared-memory files MPI made) once this process has died and no other
+    process holds them. The caller chooses them: the guardian removes
+    whatever it is told that nobody holds."""
+    _send(path for path in paths if os.path.isabs(path))
+
+
+def tell_shared_dir(folder: str) -> None:
+    """Have this process's guardian remove summa's shared files named after
+    this process (``summa-<pid>-*``) in `folder` once this process has died."""
+    _send([SHARED + os.path.abspath(folder)])
+
+
+def _send(lines) -> None:
+    """Write `lines` to this process's guardian, one a line (those holding a
+    line break are dropped); nothing where it has none."""
     process = _slot.process
     if process is None or _slot.owner != os.getpid() or process.stdin is None:
         return
-    text = "".join(f"{path}\n" for path in paths if os.path.isabs(path) and "\n" not in path)
+    text = "".join(f"{line}\n" for line in lines if "\n" not in line)
     try:
         process.stdin.write(text.encode())
         process.stdin.flush()
@@ -128,7 +173,7 @@ def _gone(pid: int) -> bool:
 
 
 class _Told:
-    """The paths read from stdin, one a line."""
+    """The lines read from stdin (paths, and folders marked :data:`SHARED`)."""
 
     def __init__(self):
         self.paths: list[str] = []
@@ -169,20 +214,24 @@ def _wait(pid: int) -> list[str]:
     return told.paths
 
 
-def _stranded(since: float) -> list[str]:
-    """UCX's files made since `since` (the time its parent started this
-    guardian, before MPI) that no process holds open or maps: its parent
-    died between making one and unlinking it. (A live process holds its
-    file from the moment it makes it.)"""
+def _made_since(since: float, prefixes) -> list[str]:
+    """The files in :data:`SHM_DIR` whose names begin with one of `prefixes`,
+    made since `since` (the time the parent started this guardian) and owned
+    by this user. (A file whose maker died between making and mapping it, or
+    between making and unlinking it, as UCX does within milliseconds, is
+    among them: nobody else names it.)"""
     made = []
-    for path in glob.glob(os.path.join(SHM_DIR, UCX_PREFIX + "*")):
+    for name in _names(SHM_DIR):
+        if not name.startswith(tuple(prefixes)):
+            continue
+        path = os.path.join(SHM_DIR, name)
         try:
             stat = os.stat(path)
         except OSError:
             continue
         if stat.st_uid == os.getuid() and stat.st_ctime >= since - SLACK:
             made.append(path)
-    return [path for path in made if path not in _held()] if made else []
+    return made
 
 
 def _held() -> set[str]:
@@ -204,11 +253,35 @@ def _held() -> set[str]:
     return held
 
 
-def _remove(pid: int, told: list[str], since: float) -> None:
-    """Remove MPICH's files of process `pid`, the `told` paths and UCX's
-    files stranded since `since` (those gone already are skipped)."""
-    mpich = glob.glob(os.path.join(SHM_DIR, f"mpich_shm_{pid:x}_*"))
-    for path in mpich + told + _stranded(since):
+def _named_after(pid: int, told: list[str]) -> list[str]:
+    """The files named after process `pid`: MPICH's and the CUDA driver's in
+    :data:`SHM_DIR`, summa's in each folder `told`."""
+    mark = f"{pid:x}"
+    found = glob.glob(os.path.join(SHM_DIR, f"mpich_shm_{mark}_*"))
+    found += [os.path.join(SHM_DIR, name) for name in _names(SHM_DIR)
+              if name.startswith("cuda.shm.") and name.split(".")[3:4] == [mark]]
+    for folder in {line[len(SHARED):] for line in told if line.startswith(SHARED)}:
+        found += [os.path.join(folder, name) for name in _names(folder)
+                  if name.startswith(f"summa-{pid}-")]
+    return found
+
+
+def _names(folder: str) -> list[str]:
+    """The names in `folder` ([] where it cannot be read)."""
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
+def _remove(pid: int, told: list[str], since: float, prefixes=()) -> None:
+    """Remove the files named after process `pid` (:func:`_named_after`),
+    and the `told` paths and those MPI or UCX made since `since` that no
+    process holds (those gone already are skipped)."""
+    segments = [*{line for line in told if not line.startswith(SHARED)},
+                *_made_since(since, (UCX_PREFIX, *prefixes))]
+    held = _held() if segments else set()
+    for path in _named_after(pid, told) + [path for path in segments if path not in held]:
         try:
             os.unlink(path)
         except OSError:
@@ -222,11 +295,12 @@ def _main(argv: list[str]) -> int:
     try:
         pid = int(argv[0])
         since = float(argv[1]) if len(argv) > 1 else time.time()
+        prefixes = argv[2:]
         told = _wait(pid)
     except Exception:  # noqa: BLE001 -- unsure its parent ended: remove nothing
         return 0
     try:
-        _remove(pid, told, since)
+        _remove(pid, told, since, prefixes)
     except Exception:  # noqa: BLE001 -- nobody reads a guardian's errors
         pass
     return 0

@@ -6,11 +6,11 @@ import name :data:`MPI` from here, which imports ``mpi4py.MPI`` (and so starts
 MPI) on its first attribute, and where that fails says in one line what to
 install (:class:`MPIUnavailable`).
 
-A plain process (no launcher started it) starts MPI alone, and the MPI's
-files in /dev/shm are removed only by ``MPI_Finalize``: before the import,
-:func:`load` starts the process's guardian (:mod:`summa.runtime.guardian`),
-which removes them once the process has died however it died, and tells it
-the files MPI made.
+The MPI's files in /dev/shm are removed only by ``MPI_Finalize``: before
+the import, :func:`load` starts the process's guardian
+(:mod:`summa.runtime.guardian`), which removes them once the process has
+died however it died, and tells it the files MPI made (:func:`guard`), in a
+launcher's ranks as in a plain process.
 
 Examples
 --------
@@ -26,9 +26,10 @@ import os
 import sys
 
 from . import guardian
-from .cleanup import mapped_segments
+from .. import options
+from .cleanup import MPI_SEGMENT_PREFIXES, mapped_segments
 
-__all__ = ["MPI", "MPIUnavailable", "load", "launched", "launcher_rank", "INSTALL"]
+__all__ = ["MPI", "MPIUnavailable", "load", "guard", "launched", "launcher_rank", "INSTALL"]
 
 #: Where launchers put a process's rank (MPICH and Intel's, PMIx, Open MPI, Slurm).
 _RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
@@ -57,29 +58,47 @@ def load():
 
     Notes
     -----
-    Where this import starts MPI in a plain process, the process's guardian
-    is started first and told the files MPI made after (:func:`_guarded`).
+    Where this import starts MPI, the process's guardian is started first
+    (its files made since are its to remove) and told the files MPI made
+    after (:func:`guard`).
     """
     # (each attribute of MPI comes here: once imported, only the import below)
-    guarded = "mpi4py.MPI" not in sys.modules and _guarded()
+    starting = "mpi4py.MPI" not in sys.modules and _installed()
+    if starting:
+        guardian.start(MPI_SEGMENT_PREFIXES)
     try:
         from mpi4py import MPI as module
     except (ImportError, RuntimeError) as exc:
         cause = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise MPIUnavailable(f"no MPI to run on ({cause}); install one: {INSTALL}") from None
-    if guarded:
-        guardian.tell(mapped_segments())
+    if starting:
+        guard()
     return module
 
 
-def _guarded() -> bool:
-    """Start this process's guardian before MPI starts, where MPI will start
-    alone: a plain process with mpi4py installed (the files of a launcher's
-    ranks are named after their job, not after one process)."""
-    if launched() or "mpi4py" not in sys.modules and importlib.util.find_spec("mpi4py") is None:
-        return False
-    guardian.start()
-    return True
+def _installed() -> bool:
+    """Is mpi4py installed (imported already, or to be found)?"""
+    return "mpi4py" in sys.modules or importlib.util.find_spec("mpi4py") is not None
+
+
+def guard() -> None:
+    """Once MPI has started, have this process's guardian (started now where
+    it has none: MPI started outside :func:`load`) remove, once the process
+    has died, the MPI files it maps now and summa's shared files named after
+    it in the shared folder of the current settings."""
+    guardian.start(MPI_SEGMENT_PREFIXES)
+    guardian.tell(mapped_segments())
+    guardian.tell_shared_dir(_shared_dir())
+
+
+def _shared_dir() -> str:
+    """Where summa's shared files go (``SUMMA_SHM_DIR``), or /dev/shm where
+    a setting is bad: asked before the command reads its settings, which
+    refuses it in one line."""
+    try:
+        return options.current().shm_dir
+    except ValueError:
+        return "/dev/shm"
 
 
 def launched() -> bool:

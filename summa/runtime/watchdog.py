@@ -21,10 +21,10 @@ import threading
 import time
 from contextlib import contextmanager
 
-from .mpi import MPI
+from .mpi import MPI, guard
 from .. import options
 from . import cleanup
-from .cleanup import clean_up_after_death, note_segments
+from .cleanup import note_segments
 
 __all__ = ["Watchdog", "watch", "handle_signals", "STOPPING", "wait_if_stopping",
            "timeout_from_env", "EXIT_TIMEOUT"]
@@ -184,7 +184,7 @@ def handle_signals(comm: MPI.Comm | None = None, announce: bool = True) -> None:
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     note_segments()  # MPI has started: its files are made
-    clean_up_after_death(_shared_dir())
+    guard()  # and, should this process be killed, its guardian removes them
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
@@ -214,16 +214,6 @@ def handle_signals(comm: MPI.Comm | None = None, announce: bool = True) -> None:
     # mpirun) starts with both blocked, so that a stop during its start waits
     # for the clean-up above: taken now, should one have come.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
-
-
-def _shared_dir() -> str:
-    """Where summa's shared files go (``SUMMA_SHM_DIR``), or /dev/shm where
-    a setting is bad: asked before the command reads its settings, which
-    refuses it in one line."""
-    try:
-        return options.current().shm_dir
-    except ValueError:
-        return "/dev/shm"
 
 
 #: The signal thread's name, also the kernel's (``/proc/PID/task/*/comm``,
