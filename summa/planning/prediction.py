@@ -186,9 +186,6 @@ def _host_bytes(plan, own: bool) -> tuple[int, int]:
     (m, n, k), (pr, pc) = plan.shape, plan.grid
     itemsize = np.dtype(plan.dtype).itemsize
     ml, nl = -(-m // pr), -(-n // pc)
-    if plan.memory.cast_bytes:  # (one rank) integers cross in their own bytes
-        (a, b, c), (rows, cols) = _crossing_items(plan), plan.memory.tiles
-        return ml * k * cols * a + k * nl * rows * b, ml * nl * c
     if own:
         return (host_traffic(plan.memory, plan.shape, plan.grid) - ml * nl) * itemsize, \
             ml * nl * itemsize
@@ -204,22 +201,13 @@ def _head_tail(plan, width: int, tile) -> tuple[int, int]:
     with one C tile on the device at a time, every other tile's write-back
     too (the next tile waits for it; counted whole, though its first strips
     go while the last strips multiply)."""
-    (a, b, c), memory = _crossing_items(plan), plan.memory
+    itemsize, memory = np.dtype(plan.dtype).itemsize, plan.memory
     # None: the first panel whole, the narrowest first (K's remainder, if any)
     first = min(memory.head_first, plan.shape[2]) if memory.head_first else \
         first_panel_width(plan.shape[2], width)
     last = min(memory.tail_smallest, tile[0])
     waited = waited_write_backs(plan.memory)
-    return first * (tile[0] * a + tile[1] * b), (last * tile[1] + waited) * c
-
-
-def _crossing_items(plan) -> tuple[int, int, int]:
-    """Bytes an element of A, B and C takes over the host link: the plan's
-    type, or the integers' own where the GPU converts them
-    (:attr:`summa.planning.memory.MemoryPlan.cast_bytes`)."""
-    if plan.memory.cast_bytes and plan.host_integers:
-        return tuple(np.dtype(t).itemsize for t in plan.host_integers)
-    return (np.dtype(plan.dtype).itemsize,) * 3
+    return first * (tile[0] + tile[1]) * itemsize, (last * tile[1] + waited) * itemsize
 
 
 def _behind_a_narrow_head(plan, profile, width: int, tile, tile_gemm: float) -> float:

@@ -303,27 +303,3 @@ def test_the_first_users_plan_names_the_host_memory_estimate(tmp_path):
     bound_line = next(x for x in text.splitlines() if x.startswith("  bound by:"))
     assert re.search(r"the node's host memory \([\d.]+ GB/s of memcpy, an estimate\)",
                      bound_line)
-
-
-def test_integers_the_gpu_converts_cross_the_host_link_in_their_own_bytes():
-    """int32 operands and product that the GPU converts (the plan's cast
-    scratch) move half the bytes float64's would: A once per column of C
-    tiles, B once per row, C once, each in its own type; the host link's
-    seconds fall with them."""
-    from summa.planning.arrays import with_integers
-    from summa.planning.plan import Machine
-    from summa.planning.planner import make_plan
-    from summa.planning.prediction import predict_plan
-    from summa.planning.request import PlanRequest
-    machine = Machine(backend="cupy", ranks=1, free_device=2**34)
-    plan = make_plan((8192, 6144, 4096), "float64", machine, PlanRequest(device_memory="256MiB"),
-                     host_held=True)
-    staged = with_integers(plan, ("int32", "int16", "int32"))
-    assert staged.memory.cast_bytes
-    m, n, k = staged.shape
-    (rows, cols), (rows8, cols8) = staged.memory.tiles, plan.memory.tiles
-    assert rows * cols > 1
-    float64, ints = predict_plan(plan), predict_plan(staged)
-    assert float64["host_bytes"] == [8 * (m * k * cols8 + k * n * rows8), 8 * m * n]
-    assert ints["host_bytes"] == [4 * m * k * cols + 2 * k * n * rows, 4 * m * n]
-    assert ints["split"]["host_link"] < 0.6 * float64["split"]["host_link"]
