@@ -27,16 +27,8 @@ class DeviceArray:
     strides = property(lambda self: self.host.strides)
     itemsize = property(lambda self: self.host.itemsize)
 
-    nbytes = property(lambda self: self.host.nbytes)
-
     def __getitem__(self, key):
         return DeviceArray(self.host[key])
-
-    def view(self, dtype):
-        return DeviceArray(self.host.view(dtype))
-
-    def reshape(self, *shape):
-        return DeviceArray(self.host.reshape(*shape))
 
 
 class _Stream:
@@ -48,12 +40,6 @@ class _Stream:
 
     def synchronize(self):
         pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 class _Event:
@@ -82,14 +68,10 @@ class FakeCupy:
     """The module: ``cuda.Stream``, ``cuda.Event``, ``cuda.Device``,
     ``cuda.alloc_pinned_memory``, ``cuda.runtime.memcpy2DAsync`` and
     ``hostRegister``/``hostUnregister`` (noted in `registered`);
-    `fail_after` copies succeed, then every copy raises (error paths).
-    ``copyto`` and ``ElementwiseKernel`` (the one of summa.device.casts, as
-    its C reads) convert between device arrays, counted in `conversions`;
-    `widths` has each copy's row bytes."""
+    `fail_after` copies succeed, then every copy raises (error paths)."""
 
     def __init__(self, fail_after: int | None = None):
         self.copies, self.fail_after, self._lock = 0, fail_after, threading.Lock()
-        self.conversions, self.widths = 0, []
         self.registered: list = []  # (address, bytes) page-locked now
         runtime = types.SimpleNamespace(setDevice=lambda d: None, memcpy2DAsync=self._memcpy2d,
                                         hostRegister=self._register,
@@ -97,18 +79,6 @@ class FakeCupy:
         self.cuda = types.SimpleNamespace(Stream=_Stream, Event=_Event, Device=_Device,
                                           alloc_pinned_memory=lambda n: bytearray(n),
                                           runtime=runtime)
-
-    def copyto(self, dst, src, casting="same_kind"):
-        self.conversions += 1
-        np.copyto(dst.host, src.host, casting=casting)
-
-    def ElementwiseKernel(self, inputs, outputs, operation, name):  # noqa: N802 -- CuPy's
-        assert (inputs, outputs, operation) == ("float64 x", "T y", "y = (T)(long long)x")
-
-        def run(x, y):
-            self.conversions += 1
-            y.host[...] = x.host.astype(np.int64).astype(y.dtype)
-        return run
 
     def _register(self, ptr, nbytes, flags):
         self.registered.append((ptr, nbytes))
@@ -119,7 +89,6 @@ class FakeCupy:
     def _memcpy2d(self, dst, dpitch, src, spitch, width, height, kind, stream):
         with self._lock:
             self.copies += 1
-            self.widths.append(width)
             if self.fail_after is not None and self.copies > self.fail_after:
                 raise RuntimeError("fake copy engine failure")
         for row in range(height):

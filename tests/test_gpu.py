@@ -1215,35 +1215,6 @@ def test_gpu_integers_multiply_exactly_there_as_numpy_does(rng, monkeypatch):
             m.execute(cupy.asarray(x), cupy.asarray(y))
 
 
-@pytest.mark.parametrize("da,db", [("int32", "int32"), ("int16", "int16"), ("uint8", "int64"),
-                                   ("bool", "bool")])
-def test_host_integers_cross_as_they_lie_and_the_gpu_converts_them(rng, da, db):
-    """NumPy integer operands out of core on the GPU: their rows cross the
-    link as they lie, converted on the GPU through the plan's scratch
-    (counted in its device bytes), the product converted back there:
-    NumPy's product exactly, in NumPy's type (int16's wraps), into strided
-    views and a strided ``out`` too."""
-    import summa
-    from summa.planning.memory import CAST_BYTES
-
-    def drawn(dtype, shape):
-        if dtype == "bool":
-            return rng.uniform(size=shape) < 0.3
-        high = 30000 if dtype == "int16" else min(np.iinfo(dtype).max, 2**15)
-        return rng.integers(0 if dtype[0] == "u" else -high, high, shape).astype(dtype)
-    a, b = drawn(da, (1500, 2100))[:, ::2], drawn(db, (1050, 1400))
-    want = a @ b
-    if da == "int16":
-        assert (np.abs(a.astype(np.float64) @ b.astype(np.float64)) > 2**15).any()  # wraps
-    out = np.zeros((1500, 2800), want.dtype)[:, ::2]
-    stats = summa.SummaStats()
-    c = summa.matmul(a, b, out=out, device_memory="48MiB", panel_width=256, stats=stats)
-    assert c is out and np.array_equal(c, want)
-    plan = stats.extra["plan"]
-    assert plan["host_integers"] and plan["memory"]["cast_bytes"] == CAST_BYTES
-    assert plan["memory"]["tiles"] != [1, 1] and plan["memory"]["tiles"] != (1, 1)
-
-
 @pytest.mark.parametrize("where", ["device", "mixed", "through host memory"])
 def test_a_gpu_out_of_any_layout_gets_the_product(rng, monkeypatch, where):
     """A CuPy `out` the product cannot be written into where it lies (it is

@@ -1,11 +1,7 @@
 """Casts between integer host rows and the float64 a GPU multiplies them in,
 made inside a copy the rows take anyway (the host-GPU copies' fill and
 drain of their page-locked chunks, :mod:`summa.device.staging`), so that no
-whole float64 copy of an operand or of the product is made in host memory:
-on the GPU where the plan gave the copies a device scratch for it
-(:func:`convert_on_device`: the rows cross the link as they lie, int32 in
-half float64's bytes, and the host threads copy rather than convert), else
-by the host threads (:func:`cast_rows`).
+whole float64 copy of an operand or of the product is made in host memory.
 
 Integer (and boolean) operands multiply exactly in float64 while every sum
 stays below 2**53 (:func:`summa.api.promotion.exact_integers` checks it); the
@@ -15,12 +11,11 @@ int64, a narrower type keeping the low bits (it wraps), bool: nonzero.
 
 from __future__ import annotations
 
-import functools
 import threading
 
 import numpy as np
 
-__all__ = ["cast_rows", "exact_into", "converts", "convert_on_device", "EXACT_SLAB"]
+__all__ = ["cast_rows", "exact_into", "converts", "EXACT_SLAB"]
 
 #: Elements of float64 :func:`exact_into` converts through int64 at a time:
 #: its scratch (128 KiB a thread) stays in the caches between the two casts,
@@ -35,26 +30,6 @@ def converts(host: np.dtype, dev: np.dtype) -> bool:
     that converts (integers or bools on the host, float64 on the device)?"""
     return np.dtype(host) != np.dtype(dev) and np.dtype(dev) == np.float64 and \
         np.dtype(host).kind in "biu"
-
-
-def convert_on_device(cupy, dst, src) -> None:
-    """``dst[...] = src`` between device arrays of `cupy` (the module, or a
-    stand-in with ``copyto`` and ``ElementwiseKernel``), on its current
-    stream, as :func:`cast_rows` converts on the host: integers or bools
-    into float64 (exact below 2**53), float64 holding exact integers back
-    through int64 (a narrower type keeps the low bits, bool: nonzero), in
-    one kernel, no temporary."""
-    if np.dtype(dst.dtype) == np.float64:
-        cupy.copyto(dst, src, casting="unsafe")
-    else:
-        _exact_kernel(cupy)(src, dst)
-
-
-@functools.lru_cache(maxsize=None)
-def _exact_kernel(cupy):
-    """:func:`exact_into` as one elementwise kernel of `cupy` (made once)."""
-    return cupy.ElementwiseKernel("float64 x", "T y", "y = (T)(long long)x",
-                                  "summa_exact_into")
 
 
 def cast_rows(dst: np.ndarray, src: np.ndarray) -> None:

@@ -17,13 +17,10 @@ its device buffer) and later waits for it, on the GPU or on the host. An
 error in any thread ends the transfer with that error, raised where it is
 waited for.
 
-Integer (and boolean) host rows meet float64 device rows in these copies,
-so that an integer product makes no whole float64 copy in host memory
-(:mod:`summa.device.casts`). Given a device scratch (``via``, which the
-plan counts: :attr:`summa.planning.memory.MemoryPlan.cast_bytes`), the rows
-cross the link as they lie and the GPU converts them between the scratch and
-the float64 rows; without one the threads convert them as they fill a chunk,
-and convert a float64 product back as they drain one.
+Integer (and boolean) host rows meet float64 device rows in these copies:
+the threads convert them as they fill a chunk, and convert a float64
+product back as they drain one (:mod:`summa.device.casts`), so that an
+integer product makes no whole float64 copy in host memory.
 """
 
 from __future__ import annotations
@@ -37,7 +34,7 @@ import numpy as np
 
 from .. import options
 from . import hostrows
-from .casts import cast_rows, convert_on_device, converts
+from .casts import cast_rows, converts
 from .hostrows import copyable_rows, pitch
 from .transfers import Touch, Transfer, page_parts
 
@@ -171,7 +168,6 @@ class Stager:
         self._free = {_H2D: queue.Queue(), _D2H: queue.Queue()}
         self._arena = None  # both rings' chunks, made at the first copy
         self._arena_lock = threading.Lock()  # the two dispatchers
-        self._via_lock = threading.Lock()  # the fill threads' uploads through a scratch
         self._jobs = {_H2D: queue.Queue(), _D2H: queue.Queue()}
         # Downloaded chunks in the order their copies were queued: a thread of
         # its own waits for each, so that no pool thread sits waiting on the GPU
@@ -190,21 +186,19 @@ class Stager:
         self.cupy.cuda.runtime.setDevice(self.device)
 
     # -- the caller's side -----------------------------------------------------------
-    def upload(self, dst, src: np.ndarray, after=None, via=None) -> Transfer:
+    def upload(self, dst, src: np.ndarray, after=None) -> Transfer:
         """Copy host array `src` (any strides: its rows are gathered into the
         chunks) into device array `dst` (same shape; float64 where `src` is
-        integers or bools: converted on the GPU through the device bytes
-        `via`, at least a chunk's, else as the chunks fill), once the GPU has
+        integers or bools: converted as the chunks fill), once the GPU has
         reached CUDA event `after` (None: at once)."""
-        return self._submit(_H2D, dst, src, after, via)
+        return self._submit(_H2D, dst, src, after)
 
-    def download(self, dst: np.ndarray, src, after=None, via=None) -> Transfer:
+    def download(self, dst: np.ndarray, src, after=None) -> Transfer:
         """Copy device array `src` into host array `dst` (same shape, any
         strides; integers or bools where `src` is float64 holding exact
-        integers: converted on the GPU into the device bytes `via`, else as
-        the chunks drain, :func:`summa.device.casts.exact_into`), once the
-        GPU has reached `after`."""
-        return self._submit(_D2H, src, dst, after, via)
+        integers: converted as the chunks drain, :func:`summa.device.casts.exact_into`),
+        once the GPU has reached `after`."""
+        return self._submit(_D2H, src, dst, after)
 
     def touch(self, x: np.ndarray) -> Touch:
         """Fault in the pages of a fresh array whose values do not matter (a
@@ -235,7 +229,7 @@ class Stager:
             for _ in range(touch.unclaimed()):
                 self._pool.submit(touch.fill_one)
 
-    def _submit(self, kind, dev, host: np.ndarray, after, via=None) -> Transfer:
+    def _submit(self, kind, dev, host: np.ndarray, after) -> Transfer:
         if self._closed:
             raise RuntimeError("the host-GPU copy threads were closed")
         if tuple(dev.shape) != tuple(host.shape) or (
@@ -249,21 +243,12 @@ class Stager:
             raise ValueError("host-GPU copies take 2-D host arrays and device arrays with "
                              "contiguous rows")
         rows = host.shape[0] if host.size else 0
-        # A chunk holds the rows that cross the link: the host's where the GPU
-        # converts them (a row that outgrows the scratch: the threads do),
-        # else the device's (float64 where the host's are integers).
-        row = max(1, host.shape[1])
-        if via is None or not converts(host.dtype, dev.dtype) or \
-                row * host.dtype.itemsize > via.nbytes:
-            via = None
-        crossing = host.dtype if via is not None else dev.dtype
-        step = max(1, self.chunk_bytes // (row * crossing.itemsize))
-        if via is not None:
-            step = min(step, via.nbytes // (row * crossing.itemsize))
+        # (a chunk holds the device's rows: float64 where the host's are integers)
+        step = max(1, self.chunk_bytes // max(1, host.shape[1] * dev.dtype.itemsize))
         cuts = [(r, min(r + step, rows)) for r in range(0, rows, step)]
         transfer = Transfer(len(cuts))
         if cuts:
-            self._jobs[kind].put((transfer, dev, host, after, cuts, via))
+            self._jobs[kind].put((transfer, dev, host, after, cuts))
         return transfer
 
     def close(self) -> None:
@@ -336,8 +321,7 @@ class Stager:
             job = self._jobs[kind].get()
             if job is None:
                 return
-            transfer, dev, host, after, cuts, via = job
-            crossing = host.dtype if via is not None else dev.dtype
+            transfer, dev, host, after, cuts = job
             try:
                 if after is not None:
                     stream.wait_event(after)
@@ -345,16 +329,13 @@ class Stager:
                     if transfer.error is not None:
                         break
                     part = host[r0:r1]
-                    nbytes = part.size * crossing.itemsize
+                    nbytes = part.size * dev.dtype.itemsize
                     buf = self._chunk(kind, nbytes)
-                    stage = buf[:nbytes].view(crossing).reshape(part.shape)
-                    scratch = None if via is None else \
-                        via[:nbytes].view(crossing).reshape(part.shape)
+                    stage = buf[:nbytes].view(dev.dtype).reshape(part.shape)
                     if kind == _H2D:
-                        self._pool.submit(self._fill, transfer, dev[r0:r1], part, stage, buf,
-                                          scratch)
+                        self._pool.submit(self._fill, transfer, dev[r0:r1], part, stage, buf)
                     else:  # the copy engine first, the host thread once it is done
-                        self._copy_out(stage, dev[r0:r1], scratch, stream)
+                        self._memcpy(stage, dev[r0:r1], _D2H, stream)
                         self._landing.put((self._record(stream), transfer, part, stage, buf))
                 if kind == _D2H and transfer.error is None:
                     transfer._event = self._record(stream)
@@ -363,9 +344,9 @@ class Stager:
                 transfer._fail(exc)
             # Held here until the next job, the arrays would stay allocated
             # (a C tile of 13 GB: the next multiply found that much less free).
-            job = transfer = dev = host = part = stage = buf = via = scratch = None
+            job = transfer = dev = host = part = stage = buf = None
 
-    def _fill(self, transfer, dev, part, stage, buf, scratch=None) -> None:
+    def _fill(self, transfer, dev, part, stage, buf) -> None:
         event = None
         try:
             # Another process's array is read there, a mapped file's rows
@@ -377,17 +358,10 @@ class Stager:
                 rows = np.empty(part.shape, part.dtype)
                 source.read_into(rows)
                 cast_rows(stage, rows)
-            else:  # (integers converted into float64 in the same pass, or copied)
+            else:  # integers converted into float64 in the same pass
                 cast_rows(stage, part)
-            if scratch is None:
-                self._memcpy(stage, dev, _H2D, self.up)
-                event = self._record(self.up)
-            else:  # one scratch: its copy in and conversion out queued together
-                with self._via_lock:
-                    self._memcpy(stage, scratch, _H2D, self.up)
-                    with self.up:
-                        convert_on_device(self.cupy, dev, scratch)
-                    event = self._record(self.up)
+            self._memcpy(stage, dev, _H2D, self.up)
+            event = self._record(self.up)
             transfer._chunk_done(lambda: self._record(self.up))
         except BaseException as exc:  # noqa: BLE001
             transfer._fail(exc)
@@ -430,16 +404,6 @@ class Stager:
             transfer._fail(exc)
         finally:
             self._free[_D2H].put((buf, None))
-
-    def _copy_out(self, stage: np.ndarray, dev, scratch, stream) -> None:
-        """Queue device rows `dev` into the host chunk `stage` on `stream`,
-        converted first into `scratch` where one is given (the next chunk's
-        conversion into it is queued after this copy: the same stream)."""
-        if scratch is not None:
-            with stream:
-                convert_on_device(self.cupy, scratch, dev)
-            dev = scratch
-        self._memcpy(stage, dev, _D2H, stream)
 
     def _record(self, stream):
         event = self.cupy.cuda.Event(disable_timing=True)

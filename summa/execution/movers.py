@@ -113,14 +113,9 @@ class CudaMover:
     overlaps = True
     _H2D, _D2H = 1, 2  # cudaMemcpyKind
 
-    def __init__(self, device, dtype, host_copies: str = "stage", threads: int = 1,
-                 cast_bytes: int = 0):
+    def __init__(self, device, dtype, host_copies: str = "stage", threads: int = 1):
         import cupy
         self.device, self.xp, self.moved, self.staged = device, cupy, 0, 0
-        # the plan's scratch through which the GPU converts integer host rows
-        # (MemoryPlan.cast_bytes), one half each way; None: the threads do
-        self._via = tuple(cupy.empty(cast_bytes // 2, np.uint8) for _ in range(2)) \
-            if cast_bytes else (None, None)
         self.up = cupy.cuda.Stream(non_blocking=True)
         self.down = cupy.cuda.Stream(non_blocking=True)
         self.written: dict[int, object] = {}  # C buffer -> its last write-back
@@ -224,7 +219,7 @@ class CudaMover:
         after = self.device.record_event()  # GEMMs done with this slot
         if not (self._direct(src, dst) and copyable_rows(src)):  # strided: the threads gather
             self.moved += src.nbytes
-            transfer = self._stage().upload(dst, src, after, via=self._via[0])
+            transfer = self._stage().upload(dst, src, after)
             self._uploads.append(transfer)
             return transfer
         self.up.wait_event(after)
@@ -241,8 +236,7 @@ class CudaMover:
         self.wait_event(self.written.pop(buf, None))
         if load and not self._direct(host_tile, c):
             self.moved += host_tile.nbytes
-            self.wait_event(self._stage().upload(c, host_tile, self.device.record_event(),
-                                                 via=self._via[0]))
+            self.wait_event(self._stage().upload(c, host_tile, self.device.record_event()))
         elif load:
             self._h2d(c, host_tile, stream)
         else:
@@ -272,8 +266,7 @@ class CudaMover:
                 self._stage().hurry(self._touched)  # the copy threads help: tile's uploads done
                 self._touched.wait()
                 self._touched = None
-            transfer = self._stage().download(host, c, self.device.record_event(),
-                                              via=self._via[1])
+            transfer = self._stage().download(host, c, self.device.record_event())
             self._downloads.append(transfer)
             self.written[buf] = transfer
             return

@@ -122,8 +122,7 @@ def _run(plan: Plan, operands: SweepOperands, device, scalars: tuple, progress,
              for j0, j1 in bounds(nl, memory.tiles[1])]
     if fresh_c and beta != 0:
         raise ValueError("fresh_c needs beta == 0: C's old values would be lost")
-    mover = (CudaMover(device, np.dtype(plan.dtype), plan.host_copies, plan.copy_threads,
-                       plan.memory.cast_bytes)
+    mover = (CudaMover(device, np.dtype(plan.dtype), plan.host_copies, plan.copy_threads)
              if device.is_gpu else HostMover(device, np.dtype(plan.dtype)))
     panels = panel_schedule(A.layout.cols, B.layout.rows, plan.panel_width)
     panels = head_pieces(panels, mover.overlaps, memory.head_first)

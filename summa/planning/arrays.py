@@ -27,7 +27,7 @@ from ..runtime.agree import Failure, collectively, from_root
 from .checks import check_arrays, precision_refusal
 from .distributed import settled_plan
 from .plan import Machine, Placement
-from .planner import make_plan, restore, with_device_casts
+from .planner import make_plan, restore
 from .request import PlanRequest
 
 __all__ = ["PlanRequest", "HeldArrays", "plan_held", "stored_plan", "settled_on_grid",
@@ -146,16 +146,12 @@ def with_integers(plan, integers: tuple | None):
     as converted inside the host copies (:attr:`summa.planning.plan.Plan.host_integers`)
     where it stages them: out of core on one GPU rank, the operands in host
     memory (the sweep's uploads and write-backs go through the page-locked
-    chunks, :class:`summa.device.staging.Stager`), converted on the GPU
-    where the budget leaves room for its scratch
-    (:func:`summa.planning.planner.with_device_casts`). Elsewhere `plan` as it
+    chunks, :class:`summa.device.staging.Stager`). Elsewhere `plan` as it
     is: the operands are converted whole first (their host copies are
     NumPy's own, or scattered to other ranks in float64)."""
     stages = plan.out_of_core and traits(plan.backend).gpu and plan.ranks == 1 and \
         plan.placement.where == "host"
-    if not (integers and stages):
-        return plan
-    return with_device_casts(replace(plan, host_integers=tuple(integers)))
+    return replace(plan, host_integers=tuple(integers)) if integers and stages else plan
 
 
 def stored_plan(plan, held: HeldArrays, comm, backend):

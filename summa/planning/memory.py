@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .. import options
-from ..device.staging import CHUNK_BYTES, copy_threads, ring_bytes
+from ..device.staging import copy_threads, ring_bytes
 from ..device.traits import traits
 from .tuning import transposes_a, transposes_b
 from .tiling import (Int8InMemory, Int8Products, c_tile_buffers, choose_cut, columns_first,
@@ -106,11 +106,6 @@ class MemoryPlan:
         are summed and C folded once (:class:`summa.precision.panel_sums.PanelSums`,
         counted in `device_bytes` in place of a panel product's scratch),
         where they fit the device room.
-    cast_bytes : int
-        Out of core on GPUs, integer host operands: the device scratch (in
-        `device_bytes`) through which the GPU converts their rows, which
-        then cross the link as they lie; 0: the host's copy threads convert
-        them (:mod:`summa.device.casts`).
     """
 
     mode: str
@@ -130,7 +125,6 @@ class MemoryPlan:
     tail_smallest: int | None = None
     transposed_b: bool = False
     panel_sums: bool = False
-    cast_bytes: int = 0
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -212,10 +206,6 @@ class Execution:
         memory, shared among the ranks on its GPU), within which fp64-int8
         takes panel sums or its products' rows in chunks; None: unknown
         (sums where they apply, all rows at once).
-    casts : bool
-        Out of core on GPUs: integer host operands cross the link as they lie
-        and the GPU converts them, through a scratch chunk each way
-        (:data:`CAST_BYTES`, :attr:`MemoryPlan.cast_bytes`).
     """
 
     lookahead: int = 1
@@ -228,13 +218,6 @@ class Execution:
     copy_threads: int | None = None
     storage: tuple = ("rows", "rows")
     device_room: int | None = None
-    casts: bool = False
-
-
-#: Device bytes of the scratch through which the GPU converts integer host
-#: rows (:class:`Execution` ``casts``): one page-locked chunk's each way
-#: (:func:`summa.device.staging.Stager.upload`'s ``via``).
-CAST_BYTES = 2 * CHUNK_BYTES
 
 
 def memory_plan(m: int, n: int, k: int, dtype, grid: tuple, panel_width: int,
@@ -346,9 +329,7 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, copies: tuple,
     rank's rows and columns of C, K, the panel width and its blocks'
     elements; `copies`: (A's, B's) panels read from a transposed copy."""
     (ml, nl, k, nb, blocks), (pr, pc) = sizes, grid
-    cast = CAST_BYTES if execution.casts and traits(execution.backend).gpu else 0
-    # (the tiles and slots are cut to the budget left beside the scratch)
-    item, device_budget = np.dtype(dtype).itemsize, execution.device_budget - cast
+    item, device_budget = np.dtype(dtype).itemsize, execution.device_budget
     slots = execution.lookahead + 1
     # Staging only where a grid row (A) or column (B) has ranks to send to.
     staged = (bool(execution.staged[0]) and pc > 1, bool(execution.staged[1]) and pr > 1)
@@ -399,12 +380,12 @@ def _ooc_memory(sizes: tuple, dtype, grid: tuple, copies: tuple,
         if emulated else None
     ring = ring_bytes(execution.copy_threads or copy_threads(1)) \
         if traits(execution.backend).gpu else 0
-    return MemoryPlan("out-of-core", need(slots, rows, planes) + cast, blocks * item,
+    return MemoryPlan("out-of-core", need(slots, rows, planes), blocks * item,
                       (int(tm), int(tn)), int(nb), (int(tiles[0]), int(tiles[1])), slots,
                       copies[0], staged, ring, rows, planes, buffers,
                       head_first=FP64_INT8_HEAD_FIRST if emulated else HEAD_FIRST,
                       tail_smallest=FP64_INT8_TAIL_SMALLEST if emulated else TAIL_SMALLEST,
-                      transposed_b=copies[1], cast_bytes=cast)
+                      transposed_b=copies[1])
 
 
 def resident_plan(m: int, n: int, k: int, dtype, precision=None, copies: int = 0,

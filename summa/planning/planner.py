@@ -45,7 +45,7 @@ from ..device import staging
 from ..device.traits import traits
 from .. import options
 
-__all__ = ["make_plan", "restage", "restore", "with_device_casts"]
+__all__ = ["make_plan", "restage", "restore"]
 
 #: Share of the free device memory an out-of-core plan takes where no
 #: budget is given (the rest: the memory pool's rounding, library workspaces).
@@ -337,29 +337,8 @@ def _execution(plan: Plan, **changed) -> Execution:
     return replace(Execution(plan.lookahead, plan.backend, device_budget=plan.device_budget,
                              out_of_core=plan.out_of_core, schedule=plan.schedule,
                              precision=plan.precision, staged=tuple(plan.memory.staged),
-                             copy_threads=plan.copy_threads, storage=tuple(plan.storage),
-                             casts=bool(plan.memory.cast_bytes)),
+                             copy_threads=plan.copy_threads, storage=tuple(plan.storage)),
                    **changed)
-
-
-def with_device_casts(plan: Plan) -> Plan:
-    """`plan`, out of core on a GPU with integer host operands, its memory
-    planned again with the scratch through which the GPU converts them
-    (:attr:`summa.planning.memory.MemoryPlan.cast_bytes`): their rows then
-    cross the link as they lie, int32 in half float64's bytes, and the host
-    threads copy them rather than convert them. `plan` as it is where its
-    budget leaves no room for the scratch (the threads convert, as before).
-    No communication: a plan of one rank."""
-    if plan.memory.cast_bytes or not plan.out_of_core:
-        return plan
-    m, n, k = plan.shape
-    try:
-        with asked_moduli(plan.moduli):
-            memory = memory_plan(m, n, k, plan.dtype, plan.grid, plan.memory.chunk,
-                                 _execution(plan, casts=True))
-    except ValueError:
-        return plan
-    return replace(plan, memory=memory, panel_width=memory.chunk)
 
 
 def _grid(grid, machine: Machine, m: int, n: int, dtype, schedule: str) -> tuple:

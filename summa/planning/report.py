@@ -39,12 +39,6 @@ def _integer_lines(plan) -> list[str]:
     if not getattr(plan, "host_integers", None):
         return []
     a, b, c = plan.host_integers
-    if plan.memory.cast_bytes:
-        return [f"  integers converted as they are staged: A ({a}) and B ({b}) cross the "
-                f"link as they lie and the GPU converts them into {plan.dtype}, the product "
-                f"into {c} before it comes down, through a "
-                f"{format_bytes(plan.memory.cast_bytes)} device scratch (no {plan.dtype} "
-                f"copy of them in host memory)"]
     return [f"  integers converted as they are staged: A ({a}) and B ({b}) into "
             f"{plan.dtype} as the copy threads fill the page-locked chunks, the product "
             f"into {c} as they drain (no {plan.dtype} copy of them in host memory)"]

@@ -883,9 +883,8 @@ def test_the_sweep_copies_on_the_threads_and_in_the_way_its_plan_says(rng, monke
     host, device = NumpyBackend(), _HostAsGpu()
     made = []
 
-    def mover(device, dtype, host_copies, threads, cast_bytes):
+    def mover(device, dtype, host_copies, threads):
         made.append((host_copies, threads))
-        assert cast_bytes == 0  # float64: nothing to convert
         return movers.HostMover(device, dtype)
     monkeypatch.setattr(outofcore, "CudaMover", mover)
     with ProcessGrid(MPI.COMM_SELF) as grid:
@@ -942,7 +941,7 @@ def _fp64_int8_sweep(rng, monkeypatch, device_memory: int) -> tuple:
     from summa.planning.request import PlanRequest
     use_fake_cupy(monkeypatch)
     monkeypatch.setattr(outofcore, "CudaMover",
-                        lambda device, dtype, *settings: movers.HostMover(device, dtype))
+                        lambda device, dtype, copies, threads: movers.HostMover(device, dtype))
     m, n, k = 120, 40, 96
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
     plan = make_plan((m, n, k), "float64", Machine("cupy", 1, ranks_on_node=1),
