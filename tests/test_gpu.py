@@ -1215,6 +1215,32 @@ def test_gpu_integers_multiply_exactly_there_as_numpy_does(rng, monkeypatch):
             m.execute(cupy.asarray(x), cupy.asarray(y))
 
 
+@pytest.mark.parametrize("da,db", [("int32", "int32"), ("int16", "int16"), ("uint8", "int64"),
+                                   ("bool", "bool")])
+def test_host_integers_stream_through_the_gpu_as_numpy_multiplies_them(rng, da, db):
+    """NumPy integer operands out of core on the GPU, in tiles, converted as
+    the copy threads stage them (the plan's ``host_integers``): NumPy's
+    product exactly, in NumPy's type (int16's wraps), from a strided view
+    into a strided ``out``."""
+    import summa
+
+    def drawn(dtype, shape):
+        if dtype == "bool":
+            return rng.uniform(size=shape) < 0.3
+        high = 30000 if dtype == "int16" else min(np.iinfo(dtype).max, 2**15)
+        return rng.integers(0 if dtype[0] == "u" else -high, high, shape).astype(dtype)
+    a, b = drawn(da, (1500, 2100))[:, ::2], drawn(db, (1050, 1400))
+    want = a @ b
+    if da == "int16":
+        assert (np.abs(a.astype(np.float64) @ b.astype(np.float64)) > 2**15).any()  # wraps
+    out = np.zeros((1500, 2800), want.dtype)[:, ::2]
+    stats = summa.SummaStats()
+    c = summa.matmul(a, b, out=out, device_memory="20MiB", panel_width=256, stats=stats)
+    assert c is out and np.array_equal(c, want)
+    plan = stats.extra["plan"]
+    assert plan["host_integers"] and np.prod(plan["memory"]["tiles"]) > 1, plan["memory"]
+
+
 @pytest.mark.parametrize("where", ["device", "mixed", "through host memory"])
 def test_a_gpu_out_of_any_layout_gets_the_product(rng, monkeypatch, where):
     """A CuPy `out` the product cannot be written into where it lies (it is
