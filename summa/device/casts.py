@@ -2,6 +2,11 @@
 made inside a copy the rows take anyway (the host-GPU copies' fill and
 drain of their page-locked chunks, :mod:`summa.device.staging`), so that no
 whole float64 copy of an operand or of the product is made in host memory.
+The host threads convert, not the GPU: int32 rows converted on the GPU
+through a scratch on the copy stream moved half the bytes, but each
+conversion kernel waited behind the GEMMs for SMs and held up the copies
+queued after it (int32 16384³ from host, 0.395 against 0.332 s:
+docs/benchmarks.md, "Measurements behind the defaults").
 
 Integer (and boolean) operands multiply exactly in float64 while every sum
 stays below 2**53 (:func:`summa.api.promotion.exact_integers` checks it); the
