@@ -113,8 +113,10 @@ JOB_STATUS = "SUMMA_JOB_STATUS"
 def _told(world, status: int) -> int:
     """`status`, or 0 where this rank's job was started by ``python -m
     summa`` itself (:func:`_relaunch`) and it failed as agreed (bad input,
-    a failed check): the status is written to its parent's file instead,
-    which the parent exits with. Its launcher then sees ranks that ended
+    a failed check) or was stopped (the parent's Ctrl-C passed on: MPICH's
+    launcher printed "BAD TERMINATION" for a rank that exited 130 before it
+    took the signal itself): the status is written to its parent's file
+    instead, which the parent exits with. Its launcher then sees ranks that ended
     well and adds nothing to the command's one line (Open MPI's mpirun
     prints a 12-line banner after any rank exits non-zero)."""
     told = os.environ.get(JOB_STATUS)
@@ -149,7 +151,10 @@ def main(argv=None) -> int:
     from .runtime.watchdog import handle_signals, wait_if_stopping
 
     world = MPI.COMM_WORLD
-    handle_signals(world)  # first: a signal before it ends the process as Python's default
+    # first: a signal before it ends the process as Python's default; a rank
+    # of a job this command started itself tells its parent (no launcher's
+    # banner after a rank that ended by the stop its parent asked)
+    handle_signals(world, told=lambda status: _told(world, status))
 
     from . import cli
 

@@ -165,7 +165,8 @@ def wait_if_stopping() -> None:
         time.sleep(1.0)
 
 
-def handle_signals(comm: MPI.Comm | None = None, announce: bool = True) -> None:
+def handle_signals(comm: MPI.Comm | None = None, announce: bool = True,
+                   told=None) -> None:
     """Stop promptly on SIGINT/SIGTERM, even inside a blocking MPI, BLAS or
     CUDA call.
 
@@ -180,9 +181,13 @@ def handle_signals(comm: MPI.Comm | None = None, announce: bool = True) -> None:
     (Python-level handlers would wait for the main thread to leave MPI.)
     Both signals are unblocked in the calling thread last (a job summa
     launches starts with them blocked: :mod:`summa.pool.job`).
-    Without `announce`, no word on stderr. Call once, from the main thread.
+    Without `announce`, no word on stderr. `told`, where given, takes that
+    status and gives the one to exit with (a job whose parent hears how it
+    ended otherwise: :func:`summa.__main__._told`). Call once, from the main
+    thread.
     """
     comm = MPI.COMM_WORLD if comm is None else comm
+    told = told or (lambda status: status)
     note_segments()  # MPI has started: its files are made
     guard()  # and, should this process be killed, its guardian removes them
     read_end, write_end = os.pipe()
@@ -207,7 +212,7 @@ def handle_signals(comm: MPI.Comm | None = None, announce: bool = True) -> None:
         # Well under a second: a batch system's SIGTERM precedes its SIGKILL by
         # a few seconds, and a signal reaches every rank, rank 0 among them.
         _die(f"summa: rank {comm.Get_rank()}: received {name}; stopping" if announce else "",
-             comm, 128 + signum, settle=(0.1, 0.4), abort=False)
+             comm, told(128 + signum), settle=(0.1, 0.4), abort=False)
 
     threading.Thread(target=wait_for_signal, name=SIGNAL_THREAD, daemon=True).start()
     # A process summa launched (the pool's workers, a multiply run without

@@ -19,7 +19,8 @@ from leftovers import existing, held_files, interrupt, job_pids, wait_gone
 from summa.host import shared as host, remote
 from summa import pool
 from summa.pool import launch
-from summa.runtime.cleanup import process_alive
+from summa.runtime.cleanup import descendants, process_alive
+from summa.runtime.watchdog import SIGNAL_THREAD
 
 pytestmark = pytest.mark.skipif(pool.launched(), reason="under a launcher nothing is spawned")
 
@@ -555,3 +556,51 @@ def test_a_gpu_taken_in_a_worker_reaches_the_caller_as_summas_memory_error():
     assert str(exc) == f"worker rank 1: {said}"
     other = pool._failure([("error", 0, "RuntimeError", "boom", "Traceback ...", [])])
     assert not isinstance(other, MemoryError)
+
+
+def test_ctrl_c_of_the_multiply_command_without_mpirun_leaves_its_launcher_nothing_to_report(
+        tmp_path):
+    """A Ctrl-C to the command stops the job it started by itself: its ranks
+    tell the command how they ended and end well, so a launcher that reports
+    ranks ending non-zero (MPICH's "BAD TERMINATION", where a rank ended
+    before the launcher took the signal itself) has nothing to add; the
+    command ends with the signal's status."""
+    launcher = tmp_path / "mpiexec"
+    launcher.write_text(_REPORTING_LAUNCHER)
+    launcher.chmod(0o755)
+    rng = np.random.default_rng()
+    np.save(tmp_path / "A.npy", rng.uniform(-1, 1, (30, 20)))
+    np.save(tmp_path / "B.npy", rng.uniform(-1, 1, (20, 25)))
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(summa.__file__)),
+               SUMMA_WORKERS="2", MPIEXEC=str(launcher), SUMMA_INJECT_FAULT="summa:1:hang",
+               REAL_MPIEXEC=" ".join(launch.mpiexec_command()))
+    proc = subprocess.Popen([sys.executable, "-m", "summa", "multiply", str(tmp_path / "A.npy"),
+                             str(tmp_path / "B.npy"), "-o", str(tmp_path / "C.npy"), "--backend",
+                             "numpy", "--quiet"], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while len(_handling_signals(proc.pid)) < 2:  # both ranks can take the stop
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Primary job" not in err and "BAD TERMINATION" not in err, err
+    assert not (tmp_path / "C.npy").exists()
+
+
+def _handling_signals(root: int) -> list[int]:
+    """The processes below `root` whose signal thread runs (the ranks that
+    take a stop: :data:`summa.runtime.watchdog.SIGNAL_THREAD`)."""
+    found = []
+    for pid in descendants(root):
+        try:
+            names = [open(f"/proc/{pid}/task/{t}/comm").read().strip()
+                     for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        if SIGNAL_THREAD in names:
+            found.append(pid)
+    return found
