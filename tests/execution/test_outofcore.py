@@ -111,7 +111,7 @@ def test_float64_on_int8_keeps_its_first_panel_whole_and_its_strips_wide():
     # each product of fp64-int8 reconstructs its whole C block: no narrow
     # pieces of K, no strips of a few rows (40 such products ran 41.3 TFLOP/s, the bare 58.2:
     # docs/benchmarks.md, "Measurements behind the defaults")
-    from summa.execution import outofcore, sweep
+    from summa.execution import sweep
     from summa.distribution.layout import Layout, panel_schedule
     from summa.planning.memory import FP64_INT8_TAIL_SMALLEST
     plans = {p: memory_plan(40000, 40000, 40000, "float64", (1, 1), 16384,
@@ -142,7 +142,7 @@ def test_float64_on_int8_keeps_its_first_panel_whole_and_its_strips_wide():
 def test_fp64_int8_first_panel_in_pieces_where_the_plan_says(monkeypatch):
     """FP64_INT8_HEAD_FIRST (what fp64_int8_user_case.py --head-first sets)
     reaches the plan, the sweep's pieces and the model's exposed upload."""
-    from summa.execution import outofcore, sweep
+    from summa.execution import sweep
     from summa.distribution.layout import Layout, first_panel_width, panel_schedule
     from summa.planning import memory, prediction
     from summa.planning.planner import Machine, make_plan
@@ -171,7 +171,7 @@ def test_last_tile_goes_home_strip_by_strip_over_its_last_panels(comm, rng, monk
     its last `lookahead + 1` panels go strip by strip, each strip written back
     as soon as all of them are in it, the strips shrinking so that the last
     write-back is short; earlier tiles strip only their last panel."""
-    from summa.execution import outofcore, sweep
+    from summa.execution import sweep
     from summa.planning import memory
     monkeypatch.setattr(movers.HostMover, "overlaps", True)
     monkeypatch.setattr(memory, "TAIL_SMALLEST", 3)  # the plan's
@@ -767,7 +767,7 @@ def test_an_asked_cut_that_fits_one_c_tile_at_a_time_runs_so(rng, monkeypatch):
     on the device (each tile waits for the last one's write-back), the sweep
     makes one buffer, and the product is right; with room for two, two."""
     from mpi4py import MPI
-    from summa.execution import outofcore, sweep
+    from summa.execution import sweep
     from summa.planning import tiling
     m, n, k, nb = 45, 38, 64, 8
     a, b = random_array(rng, (m, k), "float64"), random_array(rng, (k, n), "float64")
@@ -875,7 +875,7 @@ def test_the_sweep_copies_on_the_threads_and_in_the_way_its_plan_says(rng, monke
     from mpi4py import MPI
     from summa import options
     from summa.device import staging
-    from summa.execution import outofcore, sweep
+    from summa.execution import outofcore
     from summa.planning.planner import Machine, make_plan
     from summa.planning.request import PlanRequest
     m, n, k = 40, 36, 24
@@ -936,7 +936,7 @@ def _fp64_int8_sweep(rng, monkeypatch, device_memory: int) -> tuple:
     CuPy's kernels: ``(plan, the device that ran them, the product's scaled
     error)``."""
     from mpi4py import MPI
-    from summa.execution import outofcore, sweep
+    from summa.execution import outofcore
     from summa.planning.planner import Machine, make_plan
     from summa.planning.request import PlanRequest
     use_fake_cupy(monkeypatch)
