@@ -14,6 +14,7 @@ removes the temporary output files and ends the process.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -215,10 +216,23 @@ def handle_signals(comm: MPI.Comm | None = None, announce: bool = True,
              comm, told(128 + signum), settle=(0.1, 0.4), abort=False)
 
     threading.Thread(target=wait_for_signal, name=SIGNAL_THREAD, daemon=True).start()
+    atexit.register(_ignore_stops)
     # A process summa launched (the pool's workers, a multiply run without
     # mpirun) starts with both blocked, so that a stop during its start waits
     # for the clean-up above: taken now, should one have come.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
+
+
+def _ignore_stops() -> None:
+    """Ignore SIGINT and SIGTERM from the start of a normal exit: the work is
+    done, and Python's finalization gives a handled signal back its default
+    action before ``MPI_Finalize`` runs (mpi4py's, among the very last exit
+    functions), so a stop then killed the rank, and the launcher printed
+    "BAD TERMINATION ... Interrupt (signal 2)" after the command's summary.
+    Python leaves an ignored signal ignored. (A finalization that hangs is
+    the launcher's or the pool's to kill.)"""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 #: The signal thread's name, also the kernel's (``/proc/PID/task/*/comm``,

@@ -399,3 +399,27 @@ def test_an_error_the_stop_causes_does_not_change_the_signal_status():
                           env=env, timeout=60)
     assert done.returncode == 128 + signal.SIGINT, done.stderr
     assert "received SIGINT" in done.stderr and "output removed" not in done.stderr
+
+
+def test_a_stop_once_the_process_is_exiting_lets_it_end_as_it_would():
+    """A signal that comes once a normal exit has begun (the work done, MPI
+    about to finalize: Python's finalization would give it its default
+    action) is ignored: the process ends with its own status, not killed by
+    the signal, which a launcher reported as "BAD TERMINATION"."""
+    script = textwrap.dedent("""
+        import atexit, os, signal, time
+        from mpi4py import MPI
+        from summa.runtime import watchdog
+
+        def late_stop():  # runs after summa's exit function (registered later)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+        atexit.register(late_stop)
+        watchdog.handle_signals(MPI.COMM_WORLD)
+        print("done", flush=True)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "done", (done.returncode,
+                                                                     done.stderr)
