@@ -13,8 +13,13 @@ import signal
 import tempfile
 import time
 
+from pathlib import Path
+
+import pytest
+
 from summa.host import shared as host
 from summa.runtime.cleanup import MPI_SEGMENT_PREFIXES, descendants, mapped_segments
+from summa.runtime.watchdog import SIGNAL_THREAD
 
 #: Where MPI libraries keep their named shared memory.
 SEGMENT_DIR = "/dev/shm"
@@ -24,6 +29,27 @@ def job_pids(root: int) -> list[int]:
     """Process `root` and its live descendants (a launcher starts its ranks in
     sessions of their own, so a session or group would not find them)."""
     return [root] + descendants(root)
+
+
+def wait_for_handlers(proc, ranks: int, seconds: float = 60) -> None:
+    """Until `ranks` processes of `proc`'s session run summa's signal thread
+    (:data:`summa.runtime.watchdog.SIGNAL_THREAD`, by its kernel name): a handler for
+    SIGTERM alone is not summa's while Open MPI's ``MPI_Init`` runs."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None:
+        if sum(handles_signals(pid) for pid in job_pids(proc.pid)) >= ranks:
+            return
+        time.sleep(0.01)
+    pytest.fail(f"the job did not start (status {proc.poll()})")
+
+
+def handles_signals(pid: int) -> bool:
+    """Does `pid` run summa's signal thread?"""
+    try:
+        return any(Path(task, "comm").read_text().strip() == SIGNAL_THREAD
+                   for task in Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return False
 
 
 def held_files(pids) -> set[str]:

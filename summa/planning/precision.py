@@ -53,7 +53,7 @@ def panel_sums_apply(dtype, ranks: int, k: int) -> bool:
     ``SUMMA_FP64_INT8_SUMS=0`` (a fold a panel: the reference a benchmark
     compares against)."""
     return panel_sums.panel_sums_apply(dtype, ranks, k,
-                                      sums=options.current().fp64_int8_sums != 0)
+                                       sums=options.current().fp64_int8_sums != 0)
 
 
 def panel_sums_bytes(m: int, n: int, width: int, k: int) -> int:

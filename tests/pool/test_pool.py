@@ -15,12 +15,11 @@ import pytest
 
 import summa
 from helpers import gemm_scaled_error, random_array
-from leftovers import existing, held_files, interrupt, job_pids, wait_gone
+from leftovers import existing, held_files, interrupt, job_pids, wait_for_handlers, wait_gone
 from summa.host import shared as host, remote
 from summa import pool
 from summa.pool import launch
-from summa.runtime.cleanup import descendants, process_alive
-from summa.runtime.watchdog import SIGNAL_THREAD
+from summa.runtime.cleanup import process_alive
 
 pytestmark = pytest.mark.skipif(pool.launched(), reason="under a launcher nothing is spawned")
 
@@ -578,10 +577,7 @@ def test_ctrl_c_of_the_multiply_command_without_mpirun_leaves_its_launcher_nothi
                              str(tmp_path / "B.npy"), "-o", str(tmp_path / "C.npy"), "--backend",
                              "numpy", "--quiet"], stderr=subprocess.PIPE, text=True, env=env)
     try:
-        deadline = time.monotonic() + 60
-        while len(_handling_signals(proc.pid)) < 2:  # both ranks can take the stop
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_for_handlers(proc, 2)  # both ranks can take the stop
         proc.send_signal(signal.SIGINT)
         err = proc.communicate(timeout=60)[1]
     finally:
@@ -590,17 +586,3 @@ def test_ctrl_c_of_the_multiply_command_without_mpirun_leaves_its_launcher_nothi
     assert "Primary job" not in err and "BAD TERMINATION" not in err, err
     assert not (tmp_path / "C.npy").exists()
 
-
-def _handling_signals(root: int) -> list[int]:
-    """The processes below `root` whose signal thread runs (the ranks that
-    take a stop: :data:`summa.runtime.watchdog.SIGNAL_THREAD`)."""
-    found = []
-    for pid in descendants(root):
-        try:
-            names = [open(f"/proc/{pid}/task/{t}/comm").read().strip()
-                     for t in os.listdir(f"/proc/{pid}/task")]
-        except OSError:
-            continue
-        if SIGNAL_THREAD in names:
-            found.append(pid)
-    return found

@@ -16,7 +16,7 @@ import pytest
 
 import summa
 import summa.runtime.watchdog as wd
-from leftovers import existing, held_files, job_pids, wait_gone
+from leftovers import existing, held_files, job_pids, wait_for_handlers, wait_gone
 from test_cli import ROOT, job, mpiexec
 
 
@@ -271,7 +271,7 @@ def test_a_signal_at_a_random_time_ends_every_mode_at_once(tmp_path, launch, sig
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
-        _wait_for_handlers(proc, ranks)
+        wait_for_handlers(proc, ranks)
         time.sleep(delay)
         pids = job_pids(proc.pid)
         held = held_files(pids)
@@ -295,27 +295,6 @@ def test_a_signal_at_a_random_time_ends_every_mode_at_once(tmp_path, launch, sig
     assert wait_gone(pids, 5) == [], case
     assert existing(held) == [], case
     assert sorted(os.listdir(tmp_path)) == ["A.npy", "B.npy"], case
-
-
-def _wait_for_handlers(proc, ranks: int, seconds: float = 60) -> None:
-    """Until `ranks` processes of `proc`'s session run summa's signal thread
-    (:data:`summa.runtime.watchdog.SIGNAL_THREAD`, by its kernel name): a handler for
-    SIGTERM alone is not summa's while Open MPI's ``MPI_Init`` runs."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and proc.poll() is None:
-        if sum(_handles_signals(pid) for pid in job_pids(proc.pid)) >= ranks:
-            return
-        time.sleep(0.01)
-    pytest.fail(f"the job did not start (status {proc.poll()})")
-
-
-def _handles_signals(pid: int) -> bool:
-    """Does `pid` run summa's signal thread?"""
-    try:
-        return any(Path(task, "comm").read_text().strip() == wd.SIGNAL_THREAD
-                   for task in Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return False
 
 
 def _state(pid: int) -> str:
