@@ -34,6 +34,9 @@ class _Stream:
     def wait_event(self, event):
         self.waits += 1
 
+    def synchronize(self):
+        pass
+
     def __enter__(self):
         self._saved, _Stream.current = _Stream.current, self
         return self
@@ -108,13 +111,28 @@ def _combine(re, im, alpha, beta, c):
     c[...] = v if beta == 0 else v + beta * c
 
 
+#: The kernel variants launched (or compiled) as CuPy tells them apart: the
+#: kernel, each array's dimensions and whether it is C-contiguous, and for a
+#: reduction the length it reduces (CuPy's block size follows it).
+variants: list = []
+
+
+def _variant(name, arrays, reduced=None):
+    variants.append((name, tuple((np.ndim(x), bool(np.asarray(x).flags.c_contiguous))
+                                 for x in arrays if isinstance(x, np.ndarray)), reduced))
+
+
 class _RawKernel:
     def __init__(self, source, name):
         assert f"void {name}(" in source  # the source holds the kernel it names
         self.fn = {"residues": _residues, "fold": _fold, "fold_finish": _fold_finish}[name]
-        self.launches = 0
+        self.name, self.launches = name, 0
+
+    def compile(self):
+        variants.append((self.name, None, None))
 
     def __call__(self, grid, block, args):
+        variants.append((self.name, None, None))
         self.launches += 1
         self.fn(*args)
 
@@ -125,6 +143,8 @@ class _ElementwiseKernel:
         self.name = name
 
     def __call__(self, *args):
+        _variant(self.name, np.broadcast_arrays(*[a for a in args if isinstance(a, np.ndarray)])
+                 if self.name == "summa_ozaki_finish" else args)
         if self.name == "summa_ozaki_exponents":
             from summa.precision import ozaki
             amax, norm, bits, cap = args
@@ -138,21 +158,40 @@ class _ReductionKernel:
         self.name = args[-1]
 
     def __call__(self, x, *args, axis):
+        _variant(self.name, (x,) + args, x.size if axis is None else x.shape[axis])
         if self.name == "summa_amax":
             return np.where(np.isfinite(x), np.abs(x), np.inf).max(axis=axis, initial=0.0)
         top, = args  # each row's (column's) largest: scaled by its 2**-exponent
         return np.sqrt(np.sum(np.square(np.ldexp(x, -np.frexp(top)[1])), axis=axis))
 
 
+class _Device:
+    """CuPy's device as a context: the device each thread entered, by thread."""
+    current: dict = {}
+
+    def __init__(self, id=None):
+        import threading
+        self.thread = threading.get_ident()
+        self.id = _Device.current.get(self.thread, 0) if id is None else id
+
+    def __enter__(self):
+        self._saved = _Device.current.get(self.thread, 0)
+        _Device.current[self.thread] = self.id
+        return self
+
+    def __exit__(self, *exc):
+        _Device.current[self.thread] = self._saved
+
+
 def module():
     """A stand-in for the ``cupy`` module."""
     cuda = types.SimpleNamespace(
         Event=lambda *a, **k: _Event(), Stream=_Stream,
-        get_current_stream=lambda: _Stream.current,
-        Device=lambda *a: types.SimpleNamespace(id=0))
+        get_current_stream=lambda: _Stream.current or _Stream(), Device=_Device)
     fake = types.SimpleNamespace(
         cuda=cuda, RawKernel=_RawKernel, ElementwiseKernel=_ElementwiseKernel,
-        ReductionKernel=_ReductionKernel, empty=np.empty, zeros=np.zeros, isinf=np.isinf,
+        ReductionKernel=_ReductionKernel, empty=np.empty, zeros=np.zeros, ones=np.ones,
+        isinf=np.isinf, dtype=np.dtype,
         asarray=np.asarray,
         ascontiguousarray=np.ascontiguousarray, float64=np.float64, int8=np.int8,
         int32=np.int32, frexp=np.frexp, where=np.where, ndarray=np.ndarray, log2=np.log2,

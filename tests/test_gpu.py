@@ -1604,6 +1604,43 @@ def test_fp64_int8_first_call_reports_its_kernels_compiling_apart(tmp_path):
     assert any((tmp_path / "kernels").iterdir())  # kept on disk for the next process
 
 
+_WARM_THEN_READY = """
+import os, re, sys, cupy
+from summa.device.backend import get_backend
+from summa.precision import ozaki_gpu
+backend = get_backend("cupy")
+for call in ozaki_gpu.warmers(sys.argv[1] == "complex128"):
+    call()
+cupy.cuda.get_current_stream().synchronize()
+cache = os.environ["CUPY_CACHE_DIR"]
+before = set(os.listdir(cache))
+ozaki_gpu.ready(sys.argv[1], backend)
+missed = [re.findall(r"void (\\w+)\\(", open(os.path.join(cache, f)).read())[:1]
+          for f in sorted(set(os.listdir(cache)) - before) if f.endswith(".cu")]
+print(len(before), missed)
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float64", "complex128"])
+def test_ready_compiles_in_its_threads_every_kernel_its_small_products_take(tmp_path, dtype):
+    """ozaki_gpu.warmers' calls, which ready() runs side by side, compile
+    every kernel variant its small products launch: in a fresh process with
+    an empty CuPy kernel cache, the products after them compile nothing."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    if not _int8_capable():
+        pytest.skip("no INT8 tensor cores")
+    env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / "kernels"), CUPY_CACHE_SAVE_CUDA_SOURCE="1",
+               PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    done = subprocess.run([sys.executable, "-c", _WARM_THEN_READY, dtype], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    warmed, missed = done.stdout.strip().split(" ", 1)
+    assert int(warmed) > 0 and missed == "[]", done.stdout
+
+
 _IPC_JOB = """
 import os, sys
 from mpi4py import MPI

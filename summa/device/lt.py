@@ -4,11 +4,13 @@
 GEMMs the fastest of the heuristic's first few candidates can be several
 percent faster (XLA times them too, which is part of why JAX's products ran
 faster per GPU than CuPy's in our measurements), so :class:`LtGemm` asks
-cuBLASLt for up to :data:`CANDIDATES` algorithms that suit the full product,
-times each on a slice of the real operands writing to a scratch output, and
-keeps the fastest for that shape, layout and alignment for the life of the
-process. The same product then always uses the same algorithm, so repeated
-runs give the same bits.
+cuBLASLt for up to :data:`CANDIDATES` algorithms that suit the full product
+and keeps the fastest for that shape, layout and alignment for the life of
+the process. Floating-point candidates are timed on a slice of the real
+operands writing to a scratch output, so the same product always uses the
+same algorithm and repeated runs give the same bits. INT8 candidates take
+turns on the shape's own products (:class:`_Trial`; their products are
+exact, the same bits by any algorithm), and the choice is kept on disk.
 
 Chosen with ``SUMMA_GEMM=cublaslt`` (see :class:`summa.device.cupy_backend.CupyBackend`).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -30,21 +33,21 @@ __all__ = ["LtGemm", "Product", "Unavailable", "CANDIDATES"]
 CANDIDATES = 8
 #: Largest scratch output used for timing, in elements.
 TUNE_ELEMENTS = 1 << 26
-#: INT8 candidates timed on the product's whole shape (the heuristic's first few).
+#: INT8 candidates tried on a shape's own products (the heuristic's first few).
 INT8_CANDIDATES = 6
-#: Milliseconds each INT8 candidate runs back to back when timed: single
-#: runs ranked them otherwise than the products ran (out-of-core tiles 55.9 TFLOP/s
-#: against gemmEx's 59.5); 200 ms bursts chose what ran best in memory and
-#: out of core (benchmarks/fp64_int8_speed.py --variants, docs/benchmarks.md).
-INT8_BURST_MS = 200.0
-#: Smallest INT8 product (m n k multiply-adds) whose candidates are timed;
+#: Milliseconds of products each INT8 candidate runs, beyond its first (a
+#: warm-up: CUDA loads a kernel at its first launch), before the fastest is
+#: kept. The candidates take turns on the shape's real products as they come
+#: (:class:`_Trial`): the GPU is as loaded as it will be, and nothing runs
+#: for the timing's sake. Timing apart cost ~1.2 s a shape once per machine
+#: (6 candidates in 200 ms bursts on the whole shape; single runs there ranked
+#: them otherwise than the products ran, `benchmarks/fp64_int8_speed.py
+#: --variants`), ~3 s of a fresh machine's first float64 40960³ call on INT8.
+INT8_TRIAL_MS = 100.0
+#: Smallest INT8 product (m n k multiply-adds) whose candidates are tried;
 #: smaller ones (an out-of-core tile's row strips, its edges) take the
-#: heuristic's first. Each shape timed costs ~1.2 s once per machine (6
-#: candidates in 200 ms bursts): float64 40960³ on INT8 under 24 GiB spent
-#: 7.0 s in its products the first time against 2.0 again, its tiles and
-#: strips making many shapes, where timing gains nothing out of core (tiles
-#: by bursts 58.8 TFLOP/s against gemmEx's 58.9; in memory 75.8 against 58.7:
-#: those products are far above this).
+#: heuristic's first: timing gains nothing there (tiles by bursts 58.8
+#: TFLOP/s against gemmEx's 58.9; in memory 75.8 against 58.7).
 INT8_TUNE_MIN_MACS = 1 << 40
 #: Workspace offered to cuBLASLt (split-K and stream-K algorithms use it).
 WORKSPACE_BYTES = 64 << 20
@@ -139,19 +142,90 @@ class Product:
                 "c": _alignment(self.c_ptr), "d": _alignment(self.c_ptr)}
 
 
-@dataclass(frozen=True)
-class _Timing:
-    """How :meth:`LtGemm._fastest` times candidates: the output's element
-    size and type (None: the operands'), how many columns (None: as many as
-    :data:`TUNE_ELEMENTS`), an output to time into (None: a scratch one), the
-    key its choice is recorded under, and each candidate's burst."""
+class _Trial:
+    """INT8 candidates taking turns on a shape's own products: each run timed
+    by events on the product's stream and read once done, never waited for.
+    A candidate has run enough once its runs beyond the first (a warm-up)
+    took :data:`INT8_TRIAL_MS`; then the fastest is kept (:attr:`best`).
+    INT8 products are exact, so every candidate gives the same bits.
 
-    itemsize: int
-    c_type: int | None = None
-    columns: int | None = None
-    scratch_ptr: int | None = None
-    key: tuple | None = None
-    burst_ms: float = 0.0
+    Attributes
+    ----------
+    found : list
+        The candidates (cuBLASLt's heuristic results), best guess first.
+    ms : list of list of float
+        Each candidate's finished runs, in milliseconds, its warm-up first.
+    launched : list of int
+        Runs of each candidate launched so far.
+    failed : set of int
+        Candidates that refused a product (another ran it).
+    """
+
+    def __init__(self, found: list):
+        self.found = found
+        self.ms = [[] for _ in found]
+        self.launched = [0] * len(found)
+        self.failed: set = set()
+        self._pending: list = []
+
+    def collect(self, done, elapsed) -> None:
+        """Move the runs whose stop event `done` says has passed into
+        :attr:`ms` (`elapsed`: milliseconds between two events)."""
+        waiting = []
+        for index, start, stop in self._pending:
+            if done(stop):
+                self.ms[index].append(elapsed(start, stop))
+            else:
+                waiting.append((index, start, stop))
+        self._pending = waiting
+
+    def launch(self, index: int, start, stop) -> None:
+        """Note a run of candidate `index` between the events `start` and `stop`."""
+        self.launched[index] += 1
+        self._pending.append((index, start, stop))
+
+    def _timed(self, index: int) -> list:
+        return self.ms[index][1:]
+
+    def _needs(self, index: int) -> int:
+        """Runs candidate `index` needs in all, by what its finished runs took."""
+        timed = self._timed(index)
+        if not timed:
+            return 2
+        return 1 + max(len(timed), math.ceil(INT8_TRIAL_MS / (sum(timed) / len(timed))))
+
+    def _open(self) -> list:
+        return [i for i in range(len(self.found))
+                if i not in self.failed and sum(self._timed(i)) < INT8_TRIAL_MS]
+
+    def next(self) -> tuple:
+        """``(index, timed)``: the candidate to run the next product, and
+        whether to time it; ``(None, False)`` once every candidate has run
+        enough (then :attr:`best`)."""
+        still = self._open()
+        if not still:
+            return None, False
+        short = [i for i in still if self.launched[i] < self._needs(i)]
+        if short:
+            return min(short, key=lambda i: self.launched[i]), True
+        return self.best, False  # enough launched; their times not yet back
+
+    @property
+    def best(self) -> int:
+        """The candidate fastest so far (the first while none is timed)."""
+        means = {i: sum(t) / len(t) for i in range(len(self.found))
+                 if i not in self.failed and (t := self._timed(i))}
+        if means:
+            return min(means, key=means.get)
+        return next((i for i in range(len(self.found)) if i not in self.failed), 0)
+
+    def summary(self) -> dict:
+        """What :attr:`LtGemm.choices` keeps of it: the index kept and each
+        candidate's mean milliseconds (None: it refused)."""
+        return {"index": self.best, "runs": [len(t) for t in self.ms],
+                "ms": [None if i in self.failed or not self._timed(i)
+                       else sum(self._timed(i)) / len(self._timed(i))
+                       for i in range(len(self.found))]}
 
 
 class LtGemm:
@@ -257,16 +331,57 @@ class LtGemm:
         if plan is False:
             raise Unavailable(f"cuBLASLt offers no INT8 algorithm for {p.m} x {p.n} x {p.k}")
         if plan is None:
-            plan = self._plans[key] = self._int8_plan(p, aligns, key, accumulate)
+            plan = self._plans[key] = self._int8_plan(p, aligns, key)
         desc, la, lb, lc, algo = plan
         one, beta = np.ones(1, dtype=np.int32), np.full(1, int(accumulate), dtype=np.int32)
-        self._check(self._run(desc, algo, (one.ctypes.data, beta.ctypes.data),
-                              (p.a_ptr, p.b_ptr, p.c_ptr), (la, lb, lc), p.stream),
-                    "cublasLtMatmul")
 
-    def _int8_plan(self, p: Product, aligns: dict, key: tuple, accumulate: bool) -> tuple:
-        """``(desc, layouts..., algorithm)`` of :meth:`int8_tn`'s product `p`,
-        the algorithm the heuristic's `key[-1]`-th, remembered, or timed."""
+        def run(chosen):
+            return self._run(desc, chosen, (one.ctypes.data, beta.ctypes.data),
+                             (p.a_ptr, p.b_ptr, p.c_ptr), (la, lb, lc), p.stream)
+        if isinstance(algo, _Trial):
+            self._check(self._try(key, algo, run, p.stream), "cublasLtMatmul")
+        else:
+            self._check(run(algo), "cublasLtMatmul")
+
+    def _try(self, key: tuple, trial: _Trial, run, stream: int) -> int:
+        """Run a product of `key`'s shape by `trial`'s next candidate (timed)
+        or, once every candidate has run enough, by the fastest, kept for the
+        shape from then on and remembered across processes."""
+        trial.collect(self._done, self._elapsed)
+        index, timed = trial.next()
+        if index is None:
+            best = trial.best
+            self._plans[key] = (*self._plans[key][:4], trial.found[best].algo)
+            self.choices[key] = trial.summary()
+            _remember(self, key, best)
+            return run(trial.found[best].algo)
+        start = self._record(stream) if timed else None
+        status = run(trial.found[index].algo)
+        if status != 0:  # this candidate refuses the operands: another runs it
+            trial.failed.add(index)
+            return self._try(key, trial, run, stream)
+        if timed:
+            trial.launch(index, start, self._record(stream))
+        return status
+
+    def _record(self, stream: int):
+        """An event recorded on `stream` (a pointer; 0 the null stream)."""
+        cupy = self.cupy
+        event = cupy.cuda.Event()
+        event.record(cupy.cuda.ExternalStream(stream) if stream else cupy.cuda.Stream.null)
+        return event
+
+    @staticmethod
+    def _done(event) -> bool:
+        return event.done
+
+    def _elapsed(self, start, stop) -> float:
+        return self.cupy.cuda.get_elapsed_time(start, stop)
+
+    def _int8_plan(self, p: Product, aligns: dict, key: tuple) -> tuple:
+        """``(desc, layouts..., algorithm)`` of :meth:`int8_tn`'s product `p`:
+        the algorithm the heuristic's `key[-1]`-th, remembered, or a
+        :class:`_Trial` of the candidates."""
         index = key[-1]
         desc = self._desc(_COMPUTE_32I, _R_32I)
         trans = ctypes.c_int(_OP_T)
@@ -289,17 +404,11 @@ class LtGemm:
         elif remembered is not None and remembered < len(found):
             algo = found[remembered].algo
         elif len(found) > 1 and p.m * p.n * p.k >= INT8_TUNE_MIN_MACS:
-            # Timed on the product's whole shape, into its own output
-            # (overwritten by the call below): on slices short runs rank
-            # them otherwise (a quarter of N = 32768 chose the first, no
-            # faster than gemmEx over the whole; its second ran 1.29 POPS
-            # there to gemmEx's 1.00 on an H200). Remembered across
-            # processes: the timing costs ~16 products of the shape once.
-            timing = _Timing(4, c_type=_R_32I, columns=p.n,
-                             scratch_ptr=None if accumulate else p.c_ptr, key=key,
-                             burst_ms=INT8_BURST_MS)
-            algo = self._fastest(found[:INT8_CANDIDATES], desc, p, layouts, np.int32, timing)
-            _remember(self, key, self.choices[key]["index"])
+            # Tried on the shape's own products, not on slices: short runs
+            # on a quarter of N = 32768 chose the first, no faster than
+            # gemmEx over the whole; its second ran 1.29 POPS there to
+            # gemmEx's 1.00 on an H200.
+            algo = _Trial(found[:INT8_CANDIDATES])
         return (desc, *layouts, algo)
 
     def _plan(self, char: str, compute: int, p: Product, aligns: dict, scalar) -> tuple:
@@ -313,54 +422,40 @@ class LtGemm:
                                "product")
         algo = found[0].algo
         if len(found) > 1:
-            algo = self._fastest(found, desc, p, layouts, scalar,
-                                 _Timing(np.dtype(char).itemsize))
+            algo = self._fastest(found, desc, p, layouts, scalar, np.dtype(char).itemsize)
         return (desc, *layouts, algo)
 
-    def _fastest(self, found, desc, p: Product, layouts: tuple, scalar, how: _Timing):
-        """Time each candidate on the first ``how.columns`` columns of the
-        product `p` (default as many as TUNE_ELEMENTS) into a scratch output
-        of ``how.c_type`` (default the operands' type), or into
-        ``how.scratch_ptr``; with ``how.key``, record the choice in
-        :attr:`choices`. Each runs once to warm up, then once, or with
-        ``how.burst_ms`` back to back until that long has passed (the mean
-        counts: a GPU at its power cap ranks algorithms otherwise in short
-        runs than in long ones)."""
+    def _fastest(self, found, desc, p: Product, layouts: tuple, scalar, itemsize: int):
+        """Time each candidate on the first columns of the product `p` (as
+        many as TUNE_ELEMENTS) into a scratch output: once to warm up, then
+        once; the fastest."""
         cupy = self.cupy
         la, lb = layouts[:2]
-        cols = how.columns or max(1, min(p.n, TUNE_ELEMENTS // max(p.m, 1)))
-        scratch = None if how.scratch_ptr else cupy.zeros(p.m * cols * how.itemsize,
-                                                          dtype=np.uint8)
-        out_ptr = how.scratch_ptr or scratch.data.ptr
-        lt = self._layout(p.data_type if how.c_type is None else how.c_type, p.m, cols, p.m)
+        cols = max(1, min(p.n, TUNE_ELEMENTS // max(p.m, 1)))
+        scratch = cupy.zeros(p.m * cols * itemsize, dtype=np.uint8)
+        lt = self._layout(p.data_type, p.m, cols, p.m)
         lb_t = self._layout(p.data_type, p.k, cols, p.ldb) if cols != p.n else lb
         one, zero = np.ones(1, dtype=scalar), np.zeros(1, dtype=scalar)
-        best, best_ms, spent = found[0].algo, float("inf"), []
-        stream_obj = cupy.cuda.ExternalStream(p.stream) if p.stream else cupy.cuda.Stream.null
+        best, best_ms = found[0].algo, float("inf")
         try:
             for result in found:
                 times = []
-                while len(times) < 2 or (how.burst_ms and sum(times[1:]) < how.burst_ms):
-                    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-                    start.record(stream_obj)
+                while len(times) < 2:
+                    start = self._record(p.stream)
                     status = self._run(desc, result.algo, (one.ctypes.data, zero.ctypes.data),
-                                       (p.a_ptr, p.b_ptr, out_ptr), (la, lb_t, lt), p.stream)
-                    stop.record(stream_obj)
+                                       (p.a_ptr, p.b_ptr, scratch.data.ptr), (la, lb_t, lt),
+                                       p.stream)
+                    stop = self._record(p.stream)
                     if status != 0:
                         break
                     stop.synchronize()
-                    times.append(cupy.cuda.get_elapsed_time(start, stop))
-                mean = sum(times[1:]) / (len(times) - 1) if len(times) >= 2 else None
-                spent.append(mean)
-                if mean is not None and mean < best_ms:
-                    best, best_ms = result.algo, mean
+                    times.append(self._elapsed(start, stop))
+                if len(times) == 2 and times[1] < best_ms:
+                    best, best_ms = result.algo, times[1]
         finally:
             self.lib.cublasLtMatrixLayoutDestroy(lt)
             if lb_t is not lb:
                 self.lib.cublasLtMatrixLayoutDestroy(lb_t)
-        if how.key is not None:
-            self.choices[how.key] = {"index": spent.index(best_ms) if best_ms in spent else 0,
-                                     "columns": cols, "ms": spent}
         return best
 
 
@@ -380,7 +475,7 @@ def _cache_key(gemm: LtGemm, key) -> str:
     gemm.lib.cublasLtGetVersion.restype = ctypes.c_size_t
     # the timing in the key: choices an older summa timed otherwise are not taken
     return (f"{name}|{gemm.lib.cublasLtGetVersion()}|{CANDIDATES}|{key[1:5]}"
-            f"|burst {INT8_BURST_MS:g} ms")
+            f"|tried {INT8_TRIAL_MS:g} ms")
 
 
 def _remembered(gemm: LtGemm, key) -> int | None:

@@ -349,3 +349,44 @@ def test_a_products_scratch_is_what_scratch_bytes_counts_for_its_rows(rng, ozaki
     if rows is not None and rows < m:
         assert counted < ozaki_gpu.scratch_bytes(m, n, k, count)
     assert gemm_scaled_error(c, a, b) <= 1
+
+
+@pytest.mark.parametrize("dtype", ["float64", "complex128"])
+def test_ready_compiles_its_products_kernels_side_by_side_on_the_callers_gpu(ozaki_gpu, dtype,
+                                                                            monkeypatch):
+    """ready() launches each kernel variant of its small products once, in
+    threads of their own (NVRTC lets go of the GIL: a fresh machine compiled
+    them one by one for 6 s) on the caller's GPU, before the products, which
+    then find every variant compiled; a second call does nothing."""
+    import threading
+    cupy = sys.modules["cupy"]
+    fake_cupy_kernels.variants.clear()
+    threads, boundary, made = set(), [], ozaki_gpu.warmers
+
+    def traced(complex_=False):
+        def on(call):
+            def run():
+                threads.add((threading.get_ident(), cupy.cuda.Device().id))
+                call()
+            return run
+        return [on(call) for call in made(complex_)]
+    gemm = ozaki_gpu.gemm
+
+    def first_product(*args, **kwargs):
+        boundary.append(len(fake_cupy_kernels.variants))
+        gemm(*args, **kwargs)
+    monkeypatch.setattr(ozaki_gpu, "warmers", traced)
+    monkeypatch.setattr(ozaki_gpu, "gemm", first_product)
+    k = ozaki.K_NATIVE + 4  # the products' shapes, smaller (NumPy's INT8 products are slow)
+    monkeypatch.setattr(ozaki_gpu, "READY_PRODUCTS", (((8, k, 16), True), ((24, k + 8, 20), False),
+                                                      ((24, k + 8, 20), True)))
+    with cupy.cuda.Device(3):
+        assert ozaki_gpu.ready(dtype, fake_cupy_kernels.Backend()) > 0
+        assert ozaki_gpu.ready(dtype, fake_cupy_kernels.Backend()) == 0
+    warmed = fake_cupy_kernels.variants[:boundary[0]]
+    products = set(fake_cupy_kernels.variants[boundary[0]:])
+    assert products and products <= set(warmed)
+    assert len({thread for thread, _ in threads}) > 1
+    assert {device for _, device in threads} == {3}
+    if dtype == "complex128":
+        assert any(v[0] == "summa_ozaki_combine" for v in products)
