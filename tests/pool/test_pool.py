@@ -331,7 +331,7 @@ def test_the_multiply_command_without_mpirun_runs_on_every_worker(tmp_path):
 #: A launcher that, as Open MPI's mpirun does, prints a banner after its job
 #: where any rank exited non-zero.
 _REPORTING_LAUNCHER = """#!/bin/sh
-"$REAL_MPIEXEC" "$@"
+$REAL_MPIEXEC "$@"  # a command with its arguments (Open MPI's: mpirun --oversubscribe ...)
 status=$?
 if [ $status -ne 0 ]; then
     printf -- '-----\\nPrimary job terminated normally, but 1 process returned\\n-----\\n' >&2
