@@ -274,9 +274,10 @@ class Options:
                                     "The libcublasLt file to load (another CUDA release's, to "
                                     "compare kernels); default: CuPy's.")
     int8_gemm: str = _setting("SUMMA_INT8_GEMM", _Int8Library(), "auto",
-                              "INT8 GEMMs of fp64-int8: auto (cuBLASLt's timed choice for "
-                              "large products), gemmex, cublaslt, or cublaslt:I (its "
-                              "heuristic's I-th algorithm).")
+                              "INT8 GEMMs of fp64-int8: auto (cuBLASLt's measured choice for "
+                              "large products, its candidates tried on the products "
+                              "themselves), gemmex, cublaslt, or cublaslt:I (its heuristic's "
+                              "I-th algorithm).")
     compute_priority: str = _setting("SUMMA_COMPUTE_PRIORITY", _Choice(*PRIORITIES), "default",
                                      "high: the SUMMA loop's GEMMs on a stream of the highest "
                                      "priority (experimental).")
