@@ -44,7 +44,10 @@ call >= 0.85 of the ceiling (float64/float32 C order >= 0.88), again >=
 or than the bare product for fp64-int8) >= 0.8 of the transfer bound
 instead; F, T and trans within 10 % of the C cell's time; fp64-int8 >= 0.8
 of the bare product's rate; CuPy operands within 5 % of ``cupy.matmul``,
-the result a CuPy array. A wrong product fails whatever its time.
+the result a CuPy array. A wrong product fails whatever its time. With
+``--profile`` (``summa calibrate``'s profile of this machine) each cell also
+records the model's time for the plan its calls ran, judged within 10 % of
+its again call (issue 64's "the model within 10 % on every cell").
 
 Usage, on the GPU machine (each call stops starting cells after
 ``--deadline`` seconds; ``--resume`` skips the cells ``--json`` already
@@ -53,6 +56,7 @@ holds, so the same command, repeated, finishes the matrix)::
     python3 benchmarks/matrix.py --json matrix.jsonl --resume
     python3 benchmarks/matrix.py --report matrix.jsonl      # the table again
     python3 benchmarks/matrix.py --cpu-sized --in-process   # no GPU: values only
+    python3 -m summa calibrate -o h100.json && python3 benchmarks/matrix.py --profile h100.json
 
 Before the first cell, a fresh process warms the machine (small calls of
 each dtype chosen, whole and in tiles): a first call is a fresh process's on
@@ -103,6 +107,8 @@ GEMM_BOUND = 16384
 #: calls take milliseconds, and a GPU's times there are its set-up's noise
 #: (the CPU-sized matrix on the H200 machine: 35 of 76 tiny cells "failed").
 TIMED_SIDE = 4096
+#: How far the model's time (``--profile``) may lie from a cell's again call.
+MODEL_TOLERANCE = 0.10
 #: Seconds below which a call's deadline starts no further cell.
 LEAST_CELL_SECONDS = 20
 #: Side of the warm-up's products (:func:`warm_up`), and the device memory its
@@ -272,11 +278,26 @@ def _host_calls(cell: dict, gpu: bool) -> dict:
         import cupy as cp
         row["free_bytes"] = cp.cuda.runtime.memGetInfo()[0]  # what the call found
     try:
-        row.update(timed_calls(a, b, dict(call_options(cell), **trans),
-                               calls.freivalds(A, B)))
+        options = dict(call_options(cell), **trans)
+        row.update(timed_calls(a, b, options, calls.freivalds(A, B)))
+        if cell.get("profile") and "error" not in row:
+            row.update(predicted(a, b, options, cell["profile"]))
     finally:
         calls.release(holds)
     return row
+
+
+def predicted(a, b, options: dict, profile: str) -> dict:
+    """The model's seconds (by `profile`) for the plan of the calls just
+    made: planned again beside them (the same operands, options and free
+    memory), ``predicted_seconds`` and what bounds it; or ``model_error``."""
+    import summa
+    from summa.planning.prediction import predict_plan
+    with summa.Matmul(a, b, **options) as product:
+        prediction = predict_plan(product.plan, profile)
+    if "error" in prediction:
+        return {"model_error": prediction["error"]}
+    return {"predicted_seconds": prediction["seconds"], "predicted_bound": prediction["bound"]}
 
 
 def references(cell: dict, gpu: bool) -> dict:
@@ -563,6 +584,16 @@ def goals(row: dict, c_rows: dict) -> list[tuple]:
     return found
 
 
+def model_verdict(row: dict) -> tuple[bool, str]:
+    """``(within, what it says)`` of a cell measured with ``--profile``:
+    the model's time ÷ the again call's, within :data:`MODEL_TOLERANCE`."""
+    if "model_error" in row:
+        return False, f"model: {row['model_error'][:60]}"
+    ratio = row["predicted_seconds"] / row["again_seconds"]
+    return abs(ratio - 1) <= MODEL_TOLERANCE, (f"model÷again {ratio:.3f} ({row['predicted_bound']}"
+                                               f"; within {MODEL_TOLERANCE:.0%})")
+
+
 def verdict(row: dict, c_rows: dict) -> tuple[str, str]:
     """``(result, what it was judged by)``: PASS, FAIL or skip."""
     if row["status"] == "skipped":
@@ -572,7 +603,8 @@ def verdict(row: dict, c_rows: dict) -> tuple[str, str]:
     if _worst_residual(row) > 1:
         return "FAIL", "wrong product (residual > 1)"
     if not row.get("gpu"):
-        return "PASS", "values (no GPU: times not judged)"
+        return "PASS", "values (no GPU: times not judged)" + (
+            f"; {model_verdict(row)[1]}" if row.get("profile") else "")
     if row["layout"] == "cupy" and row.get("again_result") != "cupy":
         return "FAIL", f"returned {row.get('again_result')} arrays, not CuPy's"
     if min(row["m"], row["n"], row["k"]) < TIMED_SIDE:
@@ -587,6 +619,10 @@ def verdict(row: dict, c_rows: dict) -> tuple[str, str]:
         first, again = refs[0] / row["first_seconds"], refs[1] / row["again_seconds"]
         ok &= first >= least_first and again >= least_again
         said.append(f"{name}÷t {first:.3f}/{again:.3f} (≥ {least_first:.2f}/{least_again:.2f})")
+    if row.get("profile"):
+        within, says = model_verdict(row)
+        ok &= within
+        said.append(says)
     return ("PASS" if ok else "FAIL"), "; ".join(said) or "values"
 
 
@@ -649,6 +685,10 @@ def main(argv=None) -> int:
                    help="skip the cells --json already holds; its rows join the table")
     p.add_argument("--in-process", action="store_true",
                    help="every cell in this process (tests; first calls are not first)")
+    p.add_argument("--profile", metavar="FILE",
+                   help="a model profile (summa calibrate's): each cell also records the "
+                        "model's time for the plan its calls ran, and is judged within "
+                        f"{MODEL_TOLERANCE * 100:g} %% of its again call")
     p.add_argument("--report", metavar="FILE", help="print the table of FILE's rows, run nothing")
     p.add_argument("--cell", help=argparse.SUPPRESS)  # one cell, in this (fresh) process
     p.add_argument("--warm-up", help=argparse.SUPPRESS)  # the machine's, in a fresh process
@@ -688,7 +728,12 @@ def selection(parser, args) -> tuple[list[dict], dict]:
         parser.error(str(exc))
     if args.in_process and args.tree:
         parser.error("--in-process runs this checkout only (no --tree)")
-    return cells(picked["dtypes"], picked["layouts"], picked["budgets"], sizes), trees
+    if args.profile and not os.path.isfile(args.profile):
+        parser.error(f"--profile {args.profile}: no such file")
+    chosen = cells(picked["dtypes"], picked["layouts"], picked["budgets"], sizes)
+    if args.profile:  # each cell's process predicts by it (the cell's name leaves it out)
+        chosen = [dict(cell, profile=os.path.abspath(args.profile)) for cell in chosen]
+    return chosen, trees
 
 
 if __name__ == "__main__":

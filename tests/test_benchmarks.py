@@ -291,3 +291,29 @@ def test_report_renders_the_table_of_a_benchmarks_own_records(tmp_path, capsys):
         assert cells["name"] == row["name"] and cells["status"] == row["status"]
         if row["status"] == "done":
             assert cells["first_seconds"] == f"{row['first_seconds']:.3g}"
+
+
+def test_the_matrix_with_a_profile_records_and_judges_the_models_time(tmp_path, capsys):
+    """--profile: each cell's row holds the model's seconds for the plan
+    its calls ran (or why the profile cannot say), and a timed GPU cell
+    passes only where that lies within MODEL_TOLERANCE of its again call."""
+    record, profile = tmp_path / "matrix.jsonl", BENCHMARKS.parent / "summa/profiles/h200.json"
+    assert matrix.main(["--cpu-sized", "--in-process", "--dtypes", "float64,complex128",
+                        "--layouts", "C", "--budgets", "whole,8GiB", "--profile", str(profile),
+                        "--json", str(record)]) == 0
+    rows = _rows(record)
+    assert len(rows) == 4 and all(r["profile"] == str(profile) for r in rows)
+    for row in rows:  # the shipped profile has float64 samples, not complex128's
+        if row["dtype"] == "float64":
+            assert row["predicted_seconds"] > 0 and row["predicted_bound"], row
+        else:
+            assert "complex128" in row["model_error"], row
+    assert "model÷again" in capsys.readouterr().out
+    timed = dict(rows[0], gpu=True, m=16384, n=16384, k=16384, first_seconds=1.0,
+                 again_seconds=1.0, ceiling_seconds=0.95, transfer_seconds=0.1)
+    for predicted, result in ((1.05, "PASS"), (0.95, "PASS"), (1.12, "FAIL"), (0.88, "FAIL")):
+        assert matrix.verdict(dict(timed, predicted_seconds=predicted), {})[0] == result
+    assert matrix.verdict(dict(timed, predicted_seconds=1.12, profile=None), {})[0] == "PASS"
+    with pytest.raises(SystemExit) as exit_:
+        matrix.main(["--cpu-sized", "--profile", str(tmp_path / "none.json")])
+    assert exit_.value.code == 2
