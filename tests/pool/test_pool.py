@@ -583,6 +583,18 @@ def test_ctrl_c_of_the_multiply_command_without_mpirun_leaves_its_launcher_nothi
     finally:
         proc.kill()
     assert proc.returncode == 130, err
-    assert "Primary job" not in err and "BAD TERMINATION" not in err, err
+    assert "BAD TERMINATION" not in err, err
+    if not _open_mpi_launcher():
+        # Open MPI's mpirun, itself stopped, exits non-zero whatever its ranks
+        # did (the GPU machine: nothing of its own printed); the stand-in's
+        # banner then tells nothing about the ranks
+        assert "Primary job" not in err, err
     assert not (tmp_path / "C.npy").exists()
+
+
+def _open_mpi_launcher() -> bool:
+    """Is the launcher the tests use Open MPI's mpirun?"""
+    done = subprocess.run([*launch.mpiexec_command(), "--version"], capture_output=True,
+                          text=True, timeout=30)
+    return "Open MPI" in done.stdout + done.stderr
 
