@@ -8,6 +8,10 @@ them; with ``--free`` only that much of the GPU left free (a 24 GB card).
 
     python3 benchmarks/fp64_int8_user_case.py --size 32768 [--free 24GiB] [--panel-width 8192]
 
+At ``--size 40960`` on one H100 the two processes took 179 s with the
+references (about 40 s of them each), ~50 s each without (making the
+operands and the checks included): give a device call that much.
+
 ``--head-first N`` cuts each C tile's first panel in pieces from N columns
 (``summa.planning.memory.FP64_INT8_HEAD_FIRST``; default: whole), to weigh
 a shorter wait for the first upload against more products.
