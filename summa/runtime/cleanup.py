@@ -160,11 +160,13 @@ def descendants(pid: int) -> list[int]:
 _noted_segments: set = set()
 
 
-def note_segments() -> None:
+def note_segments() -> list[str]:
     """Note the MPI files this process maps now, for :func:`hard_exit`:
     an end that comes while ``MPI_Finalize`` runs may find them unmapped
-    and not yet removed."""
-    _noted_segments.update(mapped_segments())
+    and not yet removed. Returns them (what its guardian is told too)."""
+    segments = mapped_segments()
+    _noted_segments.update(segments)
+    return segments
 
 
 def remove_segments(paths) -> None:

@@ -27,7 +27,7 @@ import sys
 
 from . import guardian
 from .. import options
-from .cleanup import MPI_SEGMENT_PREFIXES, mapped_segments
+from .cleanup import MPI_SEGMENT_PREFIXES, note_segments
 
 __all__ = ["MPI", "MPIUnavailable", "load", "guard", "launched", "launcher_rank", "INSTALL"]
 
@@ -84,10 +84,11 @@ def _installed() -> bool:
 def guard() -> None:
     """Once MPI has started, have this process's guardian (started now where
     it has none: MPI started outside :func:`load`) remove, once the process
-    has died, the MPI files it maps now and summa's shared files named after
-    it in the shared folder of the current settings."""
+    has died, the MPI files it maps now (noted for
+    :func:`summa.runtime.cleanup.hard_exit` too) and summa's shared files
+    named after it in the shared folder of the current settings."""
     guardian.start(MPI_SEGMENT_PREFIXES)
-    guardian.tell(mapped_segments())
+    guardian.tell(note_segments())
     guardian.tell_shared_dir(_shared_dir())
 
 

@@ -25,7 +25,6 @@ from contextlib import contextmanager
 from .mpi import MPI, guard
 from .. import options
 from . import cleanup
-from .cleanup import note_segments
 
 __all__ = ["Watchdog", "watch", "handle_signals", "STOPPING", "wait_if_stopping",
            "timeout_from_env", "EXIT_TIMEOUT"]
@@ -189,8 +188,7 @@ def handle_signals(comm: MPI.Comm | None = None, announce: bool = True,
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     told = told or (lambda status: status)
-    note_segments()  # MPI has started: its files are made
-    guard()  # and, should this process be killed, its guardian removes them
+    guard()  # MPI has started: its files, noted, are its guardian's should it be killed
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
