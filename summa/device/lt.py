@@ -192,7 +192,7 @@ class _Trial:
         timed = self._timed(index)
         if not timed:
             return 2
-        return 1 + max(len(timed), math.ceil(INT8_TRIAL_MS / (sum(timed) / len(timed))))
+        return 1 + max(len(timed), math.ceil(INT8_TRIAL_MS / self._mean(index)))
 
     def _open(self) -> list:
         return [i for i in range(len(self.found))
@@ -210,22 +210,25 @@ class _Trial:
             return min(short, key=lambda i: self.launched[i]), True
         return self.best, False  # enough launched; their times not yet back
 
+    def _mean(self, index: int) -> float | None:
+        """Candidate `index`'s mean milliseconds beyond its warm-up (None:
+        none timed yet, or it refused)."""
+        timed = self._timed(index)
+        return None if index in self.failed or not timed else sum(timed) / len(timed)
+
     @property
     def best(self) -> int:
         """The candidate fastest so far (the first while none is timed)."""
-        means = {i: sum(t) / len(t) for i in range(len(self.found))
-                 if i not in self.failed and (t := self._timed(i))}
+        means = {i: m for i in range(len(self.found)) if (m := self._mean(i)) is not None}
         if means:
             return min(means, key=means.get)
         return next((i for i in range(len(self.found)) if i not in self.failed), 0)
 
     def summary(self) -> dict:
-        """What :attr:`LtGemm.choices` keeps of it: the index kept and each
-        candidate's mean milliseconds (None: it refused)."""
+        """What :attr:`LtGemm.choices` keeps of it: the index kept, each
+        candidate's runs and mean milliseconds (None: it refused)."""
         return {"index": self.best, "runs": [len(t) for t in self.ms],
-                "ms": [None if i in self.failed or not self._timed(i)
-                       else sum(self._timed(i)) / len(self._timed(i))
-                       for i in range(len(self.found))]}
+                "ms": [self._mean(i) for i in range(len(self.found))]}
 
 
 class LtGemm:
