@@ -1569,6 +1569,21 @@ def _int8_capable() -> bool:
     return get_backend("cupy").has_int8_tensor_cores()
 
 
+def _with_empty_kernel_cache(kernels, script: str, *args, **env) -> str:
+    """The stdout of `script` run with `args` in a fresh process whose CuPy
+    kernel cache is the empty folder `kernels` (`env`: more variables)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = dict(os.environ, CUPY_CACHE_DIR=str(kernels),
+               PYTHONPATH=str(Path(__file__).resolve().parent.parent), **env)
+    done = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
 _FIRST_CALLS = """
 import sys, numpy as np, summa
 from summa.execution.algorithm import SummaStats
@@ -1588,18 +1603,10 @@ def test_fp64_int8_first_call_reports_its_kernels_compiling_apart(tmp_path):
     """A fresh process with an empty CuPy kernel cache compiles fp64-int8's
     kernels before its first call's product and says how long it took
     (stats' ``compile_seconds``); its second call compiles nothing."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
     if not _int8_capable():
         pytest.skip("no INT8 tensor cores")
-    env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / "kernels"), SUMMA_WORKERS="1",
-               PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    done = subprocess.run([sys.executable, "-c", _FIRST_CALLS], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    first, second = map(float, done.stdout.split()[-2:])
+    out = _with_empty_kernel_cache(tmp_path / "kernels", _FIRST_CALLS, SUMMA_WORKERS="1")
+    first, second = map(float, out.split()[-2:])
     assert first > 0 and second == 0, (first, second)
     assert any((tmp_path / "kernels").iterdir())  # kept on disk for the next process
 
@@ -1626,19 +1633,12 @@ def test_ready_compiles_in_its_threads_every_kernel_its_small_products_take(tmp_
     """ozaki_gpu.warmers' calls, which ready() runs side by side, compile
     every kernel variant its small products launch: in a fresh process with
     an empty CuPy kernel cache, the products after them compile nothing."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
     if not _int8_capable():
         pytest.skip("no INT8 tensor cores")
-    env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / "kernels"), CUPY_CACHE_SAVE_CUDA_SOURCE="1",
-               PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    done = subprocess.run([sys.executable, "-c", _WARM_THEN_READY, dtype], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    warmed, missed = done.stdout.strip().split(" ", 1)
-    assert int(warmed) > 0 and missed == "[]", done.stdout
+    out = _with_empty_kernel_cache(tmp_path / "kernels", _WARM_THEN_READY, dtype,
+                                   CUPY_CACHE_SAVE_CUDA_SOURCE="1")
+    warmed, missed = out.strip().split(" ", 1)
+    assert int(warmed) > 0 and missed == "[]", out
 
 
 _IPC_JOB = """
