@@ -6,10 +6,12 @@ own processes mapped (MPI's segments) or named after their pids (summa's)."""
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 
@@ -209,3 +211,17 @@ def finish(folders: private_folders) -> list[str]:
     left = folders.left()
     folders.remove()
     return left
+
+
+@functools.lru_cache(maxsize=None)
+def launcher_is_open_mpi(launcher: str) -> bool:
+    """Is `launcher` (a path or command name) Open MPI's mpirun? It forwards
+    SIGINT to the ranks as SIGTERM, some of its versions report status 1
+    for a job whose ranks ended non-zero, whatever their status, and once
+    stopped itself it exits non-zero whatever its ranks did."""
+    try:
+        done = subprocess.run([launcher, "--version"], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "Open MPI" in done.stdout or "OpenRTE" in done.stdout

@@ -15,7 +15,8 @@ import pytest
 
 import summa
 from helpers import gemm_scaled_error, random_array
-from leftovers import existing, held_files, interrupt, job_pids, wait_for_handlers, wait_gone
+from leftovers import (existing, held_files, interrupt, job_pids, launcher_is_open_mpi,
+                       wait_for_handlers, wait_gone)
 from summa.host import shared as host, remote
 from summa import pool
 from summa.pool import launch
@@ -584,17 +585,11 @@ def test_ctrl_c_of_the_multiply_command_without_mpirun_leaves_its_launcher_nothi
         proc.kill()
     assert proc.returncode == 130, err
     assert "BAD TERMINATION" not in err, err
-    if not _open_mpi_launcher():
+    if not launcher_is_open_mpi(launch.mpiexec_command()[0]):
         # Open MPI's mpirun, itself stopped, exits non-zero whatever its ranks
         # did (the GPU machine: nothing of its own printed); the stand-in's
         # banner then tells nothing about the ranks
         assert "Primary job" not in err, err
     assert not (tmp_path / "C.npy").exists()
 
-
-def _open_mpi_launcher() -> bool:
-    """Is the launcher the tests use Open MPI's mpirun?"""
-    done = subprocess.run([*launch.mpiexec_command(), "--version"], capture_output=True,
-                          text=True, timeout=30)
-    return "Open MPI" in done.stdout + done.stderr
 

@@ -1,6 +1,5 @@
 """Never hang: the watchdog, signals, killed and failing ranks, soak."""
 
-import functools
 import gc
 import os
 import re
@@ -16,7 +15,8 @@ import pytest
 
 import summa
 import summa.runtime.watchdog as wd
-from leftovers import existing, held_files, job_pids, wait_for_handlers, wait_gone
+from leftovers import (existing, held_files, job_pids, launcher_is_open_mpi,
+                       wait_for_handlers, wait_gone)
 from test_cli import ROOT, job, mpiexec
 
 
@@ -196,7 +196,7 @@ def test_signal_stops_every_rank_and_removes_the_temporary_file(tmp_path, sig):
     assert time.monotonic() - t0 < 15
     assert proc.returncode != 0
     if "MPI_ABORT was invoked" not in err:  # Open MPI's mpirun ends the job its own way
-        names = {signal.Signals(sig).name} | ({"SIGTERM"} if launcher_is_open_mpi() else set())
+        names = {signal.Signals(sig).name} | ({"SIGTERM"} if open_mpi() else set())
         assert any(f"received {name}" in err for name in names), err
     assert sorted(os.listdir(tmp_path)) == ["A.npy", "B.npy"]
 
@@ -228,17 +228,9 @@ def test_a_second_signal_ends_the_process_even_when_stopping_is_stuck(sig):
     assert proc.returncode == -sig and time.monotonic() - t0 < 5
 
 
-@functools.lru_cache(maxsize=None)
-def launcher_is_open_mpi() -> bool:
-    """Open MPI's mpirun forwards SIGINT to the ranks as SIGTERM, and some
-    of its versions report status 1 for a job whose ranks ended non-zero,
-    whatever their status."""
-    try:
-        done = subprocess.run(mpiexec()[:1] + ["--version"], capture_output=True, text=True,
-                              timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "Open MPI" in done.stdout or "OpenRTE" in done.stdout
+def open_mpi() -> bool:
+    """Is the tests' launcher Open MPI's mpirun?"""
+    return launcher_is_open_mpi(mpiexec()[0])
 
 
 #: How a multiply is started: a plain process (one rank, MPI's singleton start),
@@ -290,7 +282,7 @@ def test_a_signal_at_a_random_time_ends_every_mode_at_once(tmp_path, launch, sig
     launched = how == "mpiexec" or ranks > 1
     # (Open MPI's mpirun: 1 for ranks ended non-zero in some versions, the
     # ranks' own 128 + signal in others: 4.1.6 on the GPU machine)
-    expect = {1, 128 + sig} if launched and launcher_is_open_mpi() else {128 + sig}
+    expect = {1, 128 + sig} if launched and open_mpi() else {128 + sig}
     assert proc.returncode in expect, (case, proc.returncode, err)
     assert wait_gone(pids, 5) == [], case
     assert existing(held) == [], case
