@@ -430,6 +430,22 @@ def test_cublaslt_gemm_matches_reference_and_repeats_bit_for_bit(comm, rng, gpu,
 
 
 @pytest.mark.mpi(min_size=1)
+def test_calibrate_times_the_host_link_of_every_gpu_copying_at_once(comm, gpu):
+    """`summa calibrate`'s host_link: staged and page-locked rates each way,
+    every rank copying at once; a profile with them times the host link."""
+    from summa.cli.calibrate import host_link_rates
+    from summa.planning.profile import Profile
+    _, backend = gpu
+    link = host_link_rates(comm, backend, nbytes=64 << 20, repeat=2)
+    rates = [link[k] for k in ("h2d_gbs", "d2h_gbs", "pinned_h2d_gbs", "pinned_d2h_gbs")]
+    # beyond 1000 GB/s a copy was not waited for; below 0.1 it was not a link
+    assert all(0.1 < gbs < 1000 for gbs in rates), link
+    profile = Profile({"gemm": [{"m": 1, "n": 1, "k": 1, "dtype": "float64",
+                                 "seconds": 1.0}], "host_link": link})
+    assert profile.host_seconds(1e9, 0) == pytest.approx(1 / link["h2d_gbs"])
+
+
+@pytest.mark.mpi(min_size=1)
 def test_high_priority_compute_stream_gives_the_same_product(comm, rng, gpu):
     from summa.device.backend import CupyBackend
     grid, backend = gpu

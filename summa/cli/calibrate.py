@@ -1,6 +1,7 @@
 """Measure this machine for the performance model: GEMM rates (gamma) by shape
 and dtype, broadcast latency/bandwidth (alpha, beta) by broadcaster and
-communicator size, and the nodes' host memory copy rate by copy threads.
+communicator size, the nodes' host memory copy rate by copy threads, and
+on GPUs the host link's staged and page-locked rates.
 Collective; rank 0 gets the profile data."""
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from ..execution.transpose import PanelsOfA
 from ..planning.tuning import transposes_a
 from ..planning.precision import asked_scheme
 from ..runtime.watchdog import watch
-from ..device.staging import CHUNK_BYTES, copy_threads, usable_cores
+from ..device.staging import CHUNK_BYTES, copy_threads, get_stager, usable_cores
 
 __all__ = ["calibrate", "default_sizes", "default_widths", "gemm_slowdown",
-           "host_copy_rates", "HOST_COPY_BYTES"]
+           "host_copy_rates", "host_link_rates", "HOST_COPY_BYTES", "HOST_LINK_BYTES"]
 
 #: The overhead run: per-rank block, panel width and number of panels. Its
 #: GEMM shape lies inside the default calibrated shapes, so the model's GEMM
@@ -221,6 +222,55 @@ def _host_memory(comm, repeat: int) -> dict:
                 "from pageable memory into 8 MiB chunks, every rank of a node copying at once")
 
 
+#: Bytes each rank moves each way to time its host link: 1 GiB takes ~20 ms
+#: at a page-locked 55 GB/s, long enough that the stager's start is noise.
+HOST_LINK_BYTES = 1 << 30
+
+
+def host_link_rates(comm, backend, nbytes: int = HOST_LINK_BYTES, repeat: int = 3) -> dict | None:
+    """The profile's ``host_link`` of this machine (None on CPU ranks): GB/s
+    a GPU moves between touched pageable memory and itself through summa's
+    page-locked chunks (:class:`summa.device.staging.Stager`, with the copy
+    threads a rank of a node this full takes), and from and into
+    page-locked memory; every rank of `comm` copying at once, so the rates
+    are a GPU's share while the node's other GPUs copy too. Up and down are
+    timed apart, as the model adds them
+    (:meth:`summa.planning.profile.Profile.host_seconds`). Collective."""
+    if not backend.is_gpu:
+        return None
+    xp, ranks = backend.xp, node_rank(comm)[1]
+    threads = copy_threads(ranks)
+    rows = max(1, nbytes // (8 * HOST_LINK_COLUMNS))
+    host = np.ones((rows, HOST_LINK_COLUMNS))  # touched, as the user's arrays are
+    dev = xp.empty(host.shape)
+    pinned = np.frombuffer(xp.cuda.alloc_pinned_memory(host.nbytes), host.dtype,
+                           host.size).reshape(host.shape)
+    stager = get_stager(backend.device, threads)
+
+    def timed(copy):
+        def run():
+            copy()
+            backend.synchronize()
+        return host.nbytes / _best(comm, run, repeat) / 1e9
+    rates = dict(h2d_gbs=timed(lambda: stager.upload(dev, host).wait()),
+                 d2h_gbs=timed(lambda: stager.download(host, dev).wait()),
+                 pinned_h2d_gbs=timed(lambda: dev.set(pinned)),
+                 pinned_d2h_gbs=timed(lambda: dev.get(out=pinned)))
+    return dict({k: round(v, 2) for k, v in rates.items()},
+                name="host link (measured)",
+                note=f"summa calibrate, {time.strftime('%Y-%m-%d')}: {nbytes / 2**30:g} GiB "
+                f"each way staged from and into touched pageable memory through page-locked "
+                f"chunks on {threads} copy thread{'s' * (threads != 1)} a rank; page-locked "
+                "memory in one copy",
+                concurrency=f"{ranks} GPU{'s' * (ranks != 1)} of a node copying at once: "
+                "the rates are one GPU's share")
+
+
+#: Columns of the rows :func:`host_link_rates` copies (32 KiB rows: a chunk
+#: holds 256 of them, as a large operand's rows fill it).
+HOST_LINK_COLUMNS = 4096
+
+
 def _panel_overhead(comm, backend, profile_so_far: Profile, mode: str, repeat: int) -> float:
     """Seconds per SUMMA step beyond the model's GEMM and broadcast terms, from
     a SUMMA run on this grid with GEMMs of a realistic size (per-rank blocks of
@@ -288,6 +338,9 @@ def calibrate(comm: MPI.Comm, backend, dtypes=("float64",), precision=None,
                 mpi=MPI.Get_library_version().splitlines()[0].strip(),
                 date=time.strftime("%Y-%m-%d"), gemm=gemm, bcast=bcast, overhead=[])
     data["host_memory"] = _host_memory(comm, repeat)
+    link = host_link_rates(comm, backend, repeat=repeat)
+    if link is not None:
+        data["host_link"] = link
     if backend.memory_total():
         # which blocks stay open between multiplies (summa/transports/ipc.py)
         data["device_memory"] = backend.memory_total()

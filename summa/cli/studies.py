@@ -59,6 +59,11 @@ def run_calibrate(args, comm: MPI.Comm, backend, out) -> int:
         said.append("host memory memcpy " + ", ".join(
             f"{gbs:.1f} GB/s on {plural(copiers, 'thread')}"
             for copiers, gbs in profile.host_memory()["copy_gbs"]))
+    link = profile.host_link()
+    if link:
+        said.append(f"host link staged {link['h2d_gbs']:.1f} GB/s up, {link['d2h_gbs']:.1f} "
+                    f"down (page-locked {link['pinned_h2d_gbs']:.1f} / "
+                    f"{link['pinned_d2h_gbs']:.1f})")
     print(f"profile {args.output}: " + "; ".join(said), file=out)
     return 0
 

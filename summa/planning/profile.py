@@ -12,8 +12,9 @@ they sit on (each optional)}``; ``summa calibrate``
 writes one, and profiles of machines we cannot run on (e.g. 8 GPUs per node on NVLink, nodes on
 InfiniBand) can be written by hand in the same form. Optional, for the time split of a plan
 (:class:`summa.planning.model.TimeSplit`): ``"host_link": {"name", "h2d_gbs", "d2h_gbs",
-"pinned_h2d_gbs", "note", "concurrency"}`` (GB/s per GPU between pageable host memory and the GPU, staged
-through page-locked chunks, while the node's GPUs copy at once), ``"host_memory":
+"pinned_h2d_gbs", "pinned_d2h_gbs", "note", "concurrency"}`` (GB/s per GPU between pageable
+host memory and the GPU, staged through page-locked chunks, while the node's GPUs copy at once,
+as ``summa calibrate`` measures it on GPUs), ``"host_memory":
 {"copy_gbs": [[copiers, GB/s], ...], "cores", "estimate", "note"}`` (a node's
 pageable -> page-locked memcpy rate with that many threads copying at once, as
 ``summa calibrate`` measures it; the cores of a node, which the copy threads divide;
@@ -110,6 +111,8 @@ class Profile:
             data["ranks"] = max(ranks)
         data["bcast"] = [b for b in self.bcast if (b["comm"], b["ranks"]) not in
                          {(o["comm"], o["ranks"]) for o in other.bcast}] + other.bcast
+        if other.host_link():  # the link measured last
+            data["host_link"] = other.data["host_link"]
         if other.host_memory():  # its copier counts added, theirs measured last
             rates = dict((c, g) for c, g in (self.host_memory() or {}).get("copy_gbs", []))
             rates.update((c, g) for c, g in other.host_memory()["copy_gbs"])

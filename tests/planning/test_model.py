@@ -259,6 +259,19 @@ def test_calibrate_writes_a_usable_profile(comm, tmp_path_factory):
         assert all(gbs > 0 for _, gbs in memory["copy_gbs"]) and not memory["estimate"]
         assert prof.cores >= 1 and prof.host_copy_gbs(comm.Get_size()) > 0
         assert "; host memory memcpy " in out.getvalue()
+        assert prof.host_link() is None and "host link" not in out.getvalue()  # CPU ranks
+
+
+def test_a_merged_profile_takes_the_host_link_measured_last():
+    """`calibrate --append` on a GPU measures the link again: the newer rates
+    replace the older, and a profile without one keeps what it had."""
+    def link(gbs):
+        return dict(name="host link (measured)", h2d_gbs=gbs, d2h_gbs=gbs / 2,
+                    pinned_h2d_gbs=50.0, pinned_d2h_gbs=50.0)
+    old, new = make_profile(), make_profile()
+    old.data["host_link"], new.data["host_link"] = link(10.0), link(30.0)
+    assert old.merge(new).host_seconds(30e9, 15e9) == pytest.approx(2.0)
+    assert new.merge(make_profile()).host_link()["h2d_gbs"] == 30.0
 
 
 def test_plot_draws_measured_points_and_model_curves(tmp_path):
