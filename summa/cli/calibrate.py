@@ -11,6 +11,7 @@ import platform
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 
@@ -21,7 +22,9 @@ from ..distribution.grid import ProcessGrid, node_rank
 from ..distribution.matrix import DistMatrix
 from ..execution.algorithm import summa
 from ..planning.model import RunSetting, predict
+from ..planning.memory import resident_plan
 from ..planning.profile import Profile
+from ..planning.units import format_bytes
 from ..execution.transpose import PanelsOfA
 from ..planning.tuning import transposes_a
 from ..planning.precision import asked_scheme
@@ -78,13 +81,16 @@ def _gemm_samples(comm, backend, dtype, precision, sizes, widths, repeat, ranks_
     samples = []
     # The GEMMs as summa's steps run them: A's panel copied transposed first, where it is.
     transposed = transposes_a(backend.name, dtype, precision)
-    scheme = asked_scheme(precision)  # fp64-int8: the moduli asked, as a run's plan takes them
+    asked = asked_scheme(precision)  # fp64-int8: the moduli asked, as a run's plan takes them
     for size in sizes:
+        _check_operands_fit(comm, backend, size, max(widths + [size]), dtype, transposed)
         a = rng.standard_normal((size, max(widths + [size]))).astype(dtype)
         b = rng.standard_normal((max(widths + [size]), size)).astype(dtype)
         c = xp.zeros((size, size), dtype=dtype)
         operand_a = PanelsOfA(backend, size, a.shape[1], dtype, transposed)
         for k in sorted(set(w for w in widths if w < size) | {size}):
+            scheme = _scheme_that_fits(comm, backend, asked, size, k, dtype, precision)
+
             def run():
                 backend.gemm(1.0, operand_a(a[:, :k]), b[:k], c, precision=precision,
                              scheme=scheme)
@@ -94,6 +100,46 @@ def _gemm_samples(comm, backend, dtype, precision, sizes, widths, repeat, ranks_
                                 ranks_per_node=ranks_per_node, m=size, n=size, k=k,
                                 seconds=seconds, transposed_a=transposed))
     return samples
+
+
+def _check_operands_fit(comm, backend, size: int, width: int, dtype, transposed: bool) -> None:
+    """Refuse, on every rank at once, a block `size` whose operands (A of
+    `size` x `width` made through a float64 draw, B, C and A's transposed
+    copy) do not fit the memory free on some rank's device, before any of
+    them is made: one clear error, not the device's own."""
+    if not backend.is_gpu:
+        return
+    item = np.dtype(dtype).itemsize
+    need = (2 * size * width + size * size) * item + size * width * (8 + item * transposed)
+    free = backend.memory_free()
+    short = comm.allreduce(max(0, need - free), op=MPI.MAX)
+    if short:
+        raise ValueError(f"calibrate --sizes {size}: the {np.dtype(dtype).name} operands need "
+                         f"{format_bytes(need)} of device memory, {format_bytes(short)} more "
+                         f"than a rank has free; give smaller --sizes or --widths")
+
+
+#: Share of a device's free memory a calibrated fp64-int8 GEMM's scratch may
+#: take: the rest for cuBLAS's workspaces and CuPy's pool rounding (as
+#: ``summa ideal`` leaves it).
+FREE_SHARE = 0.95
+
+
+def _scheme_that_fits(comm, backend, asked, size: int, k: int, dtype, precision):
+    """The scheme of one calibrated fp64-int8 GEMM (`asked`: the moduli
+    asked): its rows of A and C a chunk and its products folded a pass
+    chosen, as a run's plan chooses them (:func:`summa.planning.memory.resident_plan`),
+    so that its scratch fits beside the operands on every rank's device;
+    `asked` itself for other precisions."""
+    if asked is None or not backend.is_gpu:
+        return asked
+    budget = int(FREE_SHARE * comm.allreduce(backend.memory_free(), op=MPI.MIN))
+    plan = resident_plan(size, size, k, dtype, precision, new_c=False, budget=budget)
+    if plan.device_bytes > budget:
+        raise ValueError(f"calibrate --sizes {size}: an fp64-int8 GEMM over K = {k} needs "
+                         f"{format_bytes(plan.device_bytes)} of scratch even in its smallest "
+                         f"chunks, {format_bytes(budget)} free; give smaller --sizes")
+    return replace(asked, rows=plan.int8_rows, planes=plan.int8_planes or asked.planes)
 
 
 def _bcast_fit(comm, backend, mode, sizes_bytes, repeat, gemm_samples) -> dict | None:

@@ -262,6 +262,49 @@ def test_calibrate_writes_a_usable_profile(comm, tmp_path_factory):
         assert prof.host_link() is None and "host link" not in out.getvalue()  # CPU ranks
 
 
+class _SmallGPU:
+    """A backend that says it is a GPU with `free` bytes free (calibrate's checks)."""
+    is_gpu = True
+
+    def __init__(self, free):
+        self.free = free
+
+    def memory_free(self):
+        return self.free
+
+
+def test_calibrate_refuses_sizes_whose_operands_do_not_fit_before_making_them():
+    from summa.cli.calibrate import _check_operands_fit
+    _check_operands_fit(MPI.COMM_SELF, _SmallGPU(3 * 1024 ** 2 * 8 * 2), 1024, 1024,
+                        "float64", False)
+    with pytest.raises(ValueError, match=r"calibrate --sizes 32768: the float64 operands need"):
+        _check_operands_fit(MPI.COMM_SELF, _SmallGPU(24 << 30), 32768, 32768, "float64", True)
+
+
+def test_calibrated_fp64_int8_gemms_take_rows_in_chunks_that_fit_as_a_run_would():
+    """A 32768 block's fp64-int8 GEMM over K = 32768 took all of C's rows at
+    once and ran an H100 out of memory (~48 GiB left beside its operands);
+    now its rows come in chunks that fit what is free (the plan's choice),
+    and all at once where they fit."""
+    from summa.cli.calibrate import _scheme_that_fits
+    from summa.planning.memory import resident_plan
+    from summa.precision.ozaki_gpu import Scheme
+    asked = Scheme(moduli=15)
+    scheme = _scheme_that_fits(MPI.COMM_SELF, _SmallGPU(48 << 30), asked, 32768, 32768,
+                               "float64", "fp64-int8")
+    assert scheme.moduli == 15 and scheme.rows is not None and scheme.rows < 32768
+    need = resident_plan(32768, 32768, 32768, "float64", "fp64-int8", new_c=False,
+                         budget=10 ** 15)
+    assert need.device_bytes > 48 << 30  # it would not have fit whole
+    roomy = _scheme_that_fits(MPI.COMM_SELF, _SmallGPU(10 ** 12), asked, 4096, 4096,
+                              "float64", "fp64-int8")
+    assert roomy.rows is None
+    assert _scheme_that_fits(MPI.COMM_SELF, _SmallGPU(1), None, 64, 64, "float64", None) is None
+    with pytest.raises(ValueError, match="even in its smallest chunks"):
+        _scheme_that_fits(MPI.COMM_SELF, _SmallGPU(1 << 20), asked, 32768, 32768, "float64",
+                          "fp64-int8")
+
+
 def test_a_merged_profile_takes_the_host_link_measured_last():
     """`calibrate --append` on a GPU measures the link again: the newer rates
     replace the older, and a profile without one keeps what it had."""
