@@ -112,27 +112,42 @@ def _combine(re, im, alpha, beta, c):
 
 
 #: The kernel variants launched (or compiled) as CuPy tells them apart: the
-#: kernel, each array's dimensions and whether it is C-contiguous, and for a
-#: reduction the length it reduces (CuPy's block size follows it).
+#: kernel and each array's dimensions and whether it is C-contiguous (CuPy's
+#: elementwise kernels compile a variant for each; a raw kernel's is None).
 variants: list = []
 
 
-def _variant(name, arrays, reduced=None):
+def _reduce(x, outer, inner, so, si, op, top, out):
+    """Both reduction kernels: `outer` outputs, each over `inner` elements of
+    `x` (strides `so`, `si` in elements from its first), the largest
+    magnitude (Inf for Inf/NaN; op 0) or the 2-norm scaled by 2**-exponent
+    of `top`'s (op 1)."""
+    rows = np.lib.stride_tricks.as_strided(x, (int(outer), int(inner)),
+                                           (int(so) * 8, int(si) * 8))
+    if op == 0:
+        out[...] = np.where(np.isfinite(rows), np.abs(rows), np.inf).max(axis=1, initial=0.0)
+    else:
+        scaled = np.ldexp(rows, -np.frexp(top[:int(outer)])[1][:, None])
+        out[...] = np.sqrt(np.sum(np.square(scaled), axis=1))
+
+
+def _variant(name, arrays):
     variants.append((name, tuple((np.ndim(x), bool(np.asarray(x).flags.c_contiguous))
-                                 for x in arrays if isinstance(x, np.ndarray)), reduced))
+                                 for x in arrays if isinstance(x, np.ndarray))))
 
 
 class _RawKernel:
     def __init__(self, source, name):
         assert f"void {name}(" in source  # the source holds the kernel it names
-        self.fn = {"residues": _residues, "fold": _fold, "fold_finish": _fold_finish}[name]
+        self.fn = {"residues": _residues, "fold": _fold, "fold_finish": _fold_finish,
+                   "reduce_inner": _reduce, "reduce_outer": _reduce}[name]
         self.name, self.launches = name, 0
 
     def compile(self):
-        variants.append((self.name, None, None))
+        variants.append((self.name, None))
 
     def __call__(self, grid, block, args):
-        variants.append((self.name, None, None))
+        variants.append((self.name, None))
         self.launches += 1
         self.fn(*args)
 
@@ -150,19 +165,6 @@ class _ElementwiseKernel:
             amax, norm, bits, cap = args
             return ozaki.exponents(amax, int(bits), np, norm, float(cap))
         (_combine if self.name == "summa_ozaki_combine" else _finish)(*args)
-
-
-class _ReductionKernel:
-    def __init__(self, *args, preamble=""):
-        assert args[-1] in ("summa_amax", "summa_scaled_norm")
-        self.name = args[-1]
-
-    def __call__(self, x, *args, axis):
-        _variant(self.name, (x,) + args, x.size if axis is None else x.shape[axis])
-        if self.name == "summa_amax":
-            return np.where(np.isfinite(x), np.abs(x), np.inf).max(axis=axis, initial=0.0)
-        top, = args  # each row's (column's) largest: scaled by its 2**-exponent
-        return np.sqrt(np.sum(np.square(np.ldexp(x, -np.frexp(top)[1])), axis=axis))
 
 
 class _Device:
@@ -190,7 +192,7 @@ def module():
         get_current_stream=lambda: _Stream.current or _Stream(), Device=_Device)
     fake = types.SimpleNamespace(
         cuda=cuda, RawKernel=_RawKernel, ElementwiseKernel=_ElementwiseKernel,
-        ReductionKernel=_ReductionKernel, empty=np.empty, zeros=np.zeros, ones=np.ones,
+        empty=np.empty, zeros=np.zeros, ones=np.ones,
         isinf=np.isinf, dtype=np.dtype,
         asarray=np.asarray,
         ascontiguousarray=np.ascontiguousarray, float64=np.float64, int8=np.int8,

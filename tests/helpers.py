@@ -151,3 +151,26 @@ def marking_run(run, running: list):
         finally:
             running.pop()
     return marked
+
+
+def reduction_cases(rng):
+    """``(name, array, axis)``: the layouts the scaling's reductions meet (rows
+    by rows, by columns, strided, a complex operand's part, one row, none)."""
+    x = rng.standard_normal((37, 53)) * np.ldexp(1.0, rng.integers(-40, 40, (37, 1)))
+    x[5, 7], x[9, 2] = np.inf, np.nan  # counted infinite by the largest
+    z = rng.standard_normal((11, 13)) + 1j * rng.standard_normal((11, 13))
+    return [("C", x, 1), ("C", x, 0), ("F", np.asfortranarray(x), 1),
+            ("F", np.asfortranarray(x), 0), ("strided", x[::2, 1::3], 1),
+            ("strided", x[::2, 1::3], 0), ("imag", z.imag, 1), ("imag", z.imag, 0),
+            ("all of 2-D", x[1:, :5], None), ("1-D strided", x[:, 3], None),
+            ("no columns", x[:, :0], 1)]
+
+
+def expected_reductions(x, axis):
+    """NumPy's largest magnitudes (Inf for Inf/NaN) and scaled 2-norms."""
+    largest = np.where(np.isfinite(x), np.abs(x), np.inf).max(axis=axis, initial=0.0)
+    top = largest if axis is None else np.expand_dims(largest, axis)
+    with np.errstate(invalid="ignore"):
+        norm = np.sqrt(np.sum(np.square(np.ldexp(x, -np.frexp(top)[1])), axis=axis))
+    return largest, norm
+

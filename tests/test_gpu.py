@@ -4,7 +4,8 @@ runs on the GPU too with SUMMA_TEST_BACKEND=cupy (see .ci/gpu-check)."""
 import numpy as np
 import pytest
 
-from helpers import gemm_scaled_error, held_plan, random_array
+from helpers import (expected_reductions, gemm_scaled_error, held_plan, random_array,
+                     reduction_cases)
 from summa.device.backend import cupy_available, get_backend
 from summa.distribution.grid import ProcessGrid
 from summa.distribution.matrix import DistMatrix
@@ -1613,6 +1614,41 @@ for call in range(2):
     seconds.append(stats.extra["compile_seconds"])
 print(*seconds)
 """
+
+
+def test_the_scaling_reductions_match_numpy_on_every_layout(rng):
+    """The CUDA reductions of fp64-int8's scaling (summa/precision/kernels.py,
+    reduce_inner and reduce_outer) on the layouts the products meet: the
+    largest magnitudes bit for bit (Inf for Inf/NaN), the scaled norms within
+    rounding of NumPy's (another order of the sums); and on a large panel, both
+    ways of storing it."""
+    import cupy
+    from summa.precision import kernels
+    big = rng.standard_normal((3000, 2100))
+    cases = reduction_cases(rng) + [("large", big, 1), ("large", big, 0),
+                                    ("large F", np.asfortranarray(big), 0)]
+    for label, x, axis in cases:
+        largest, norm = expected_reductions(x, axis)
+        dx = cupy.asarray(x) if label not in ("strided", "imag", "1-D strided") else \
+            _device_view(cupy, x)
+        got = kernels.kernel("amax")(dx, axis=axis)
+        assert np.array_equal(cupy.asnumpy(got), largest), label
+        if axis is not None:
+            scaled = cupy.asnumpy(kernels.kernel("norm")(dx, got, axis=axis))
+            finite = np.isfinite(largest)
+            assert np.allclose(scaled[finite], norm[finite], rtol=1e-13, atol=0), label
+
+
+def _device_view(cupy, view):
+    """`view` of a host array as the same view of that array on the device
+    (its strides kept: a strided view, a complex array's part)."""
+    base = view
+    while base.base is not None:
+        base = base.base
+    offset = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    whole = cupy.asarray(base)
+    flat = whole.view(cupy.uint8).reshape(-1)
+    return cupy.ndarray(view.shape, view.dtype, flat.data + offset, view.strides)
 
 
 def test_fp64_int8_first_call_reports_its_kernels_compiling_apart(tmp_path):

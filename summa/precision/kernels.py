@@ -19,7 +19,7 @@ import numpy as np
 from . import ozaki
 
 __all__ = ["PLANES", "kernel", "launch", "residue_planes", "moduli_constants",
-           "planes_a_pass", "Encoding", "Folds", "cache"]
+           "planes_a_pass", "Encoding", "Folds", "Reduction", "cache"]
 
 
 #: Integer products folded per pass by default (each pass reads and writes
@@ -106,22 +106,107 @@ _FOLD_FINISH = ('extern "C" __global__ void fold_finish(' + _FOLD_ARGS +
 cache: dict = {}
 
 
-#: CuPy's reduction kernels by name: ReductionKernel's arguments, and its preamble.
-_REDUCTIONS = {
-    # Inf/NaN count as infinite: one reduction scales and checks. (CuPy
-    # renames parameters inside the expressions by pattern: no name that a
-    # literal holds, as "x" is in a hexadecimal one)
-    "amax": (("float64 value", "float64 largest",
-              "isfinite(value) ? fabs(value) : __longlong_as_double(0x7ff0000000000000LL)",
-              "max(a, b)", "largest = a", "0", "summa_amax"), ""),
-    # each row scaled by its largest's 2**-exponent into [0.5, 1) first (the
-    # exponent frexp gives, as :func:`summa.precision.ozaki.norms`): no square overflows
-    "norm": (("float64 value, float64 top", "float64 length",
-              "summa_scaled(value, top) * summa_scaled(value, top)", "a + b",
-              "length = sqrt(a)", "0", "summa_scaled_norm"),
-             "__device__ double summa_scaled(double v, double t) {"
-             " int e; frexp(t, &e); return ldexp(v, -e); }"),
+# The reductions of the scaling (:func:`summa.precision.ozaki_gpu.scaling_exponents`):
+# each row's (or column's) largest magnitude, Inf where it holds Inf or NaN
+# (one reduction scales and checks), and its 2-norm with each value scaled by
+# its row's largest's 2**-exponent into [0.5, 1) first (the exponent frexp
+# gives, as :func:`summa.precision.ozaki.norms`: no square overflows). Raw
+# kernels, one for any shape and strides: CuPy's ReductionKernels compiled a
+# variant per shape class, 1.3-8.3 s each side by side on a fresh H100 (the
+# longest of a 40960³ first call's 8.5 s in ready(); its products then
+# compiled more variants for 4.7 s: `benchmarks/fp64_int8_user_case.py`'s
+# fresh process under cProfile). "inner": a block an output, its threads
+# along the reduced axis (rows stored by rows); "outer": a warp along 32
+# adjacent outputs (columns stored by rows), so that either way the reads
+# coalesce.
+_REDUCE_COMMON = r"""
+__device__ __forceinline__ double summa_term(double v, int op, int shift) {
+    if (op == 0) return isfinite(v) ? fabs(v) : __longlong_as_double(0x7ff0000000000000LL);
+    double s = ldexp(v, shift);
+    return s * s;
 }
+__device__ __forceinline__ double summa_join(double a, double b, int op) {
+    return op == 0 ? fmax(a, b) : a + b;
+}
+__device__ __forceinline__ int summa_shift(const double* top, long long o, int op) {
+    int e = 0;
+    if (op == 1) frexp(top[o], &e);
+    return -e;
+}
+"""
+_REDUCE_ARGS = ("const double* x, long long outer, long long inner, long long so, long long si, "
+                "int op, const double* top, double* out")
+_REDUCE_INNER = _REDUCE_COMMON + 'extern "C" __global__ void reduce_inner(' + _REDUCE_ARGS + r""") {
+    __shared__ double part[256];
+    for (long long o = blockIdx.x; o < outer; o += gridDim.x) {
+        int shift = summa_shift(top, o, op);
+        double acc = 0.0;
+        for (long long i = threadIdx.x; i < inner; i += blockDim.x)
+            acc = summa_join(acc, summa_term(x[o * so + i * si], op, shift), op);
+        part[threadIdx.x] = acc;
+        __syncthreads();
+        for (int half = blockDim.x / 2; half > 0; half >>= 1) {
+            if (threadIdx.x < half)
+                part[threadIdx.x] = summa_join(part[threadIdx.x], part[threadIdx.x + half], op);
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) out[o] = op == 1 ? sqrt(part[0]) : part[0];
+        __syncthreads();
+    }
+}
+"""
+_REDUCE_OUTER = _REDUCE_COMMON + 'extern "C" __global__ void reduce_outer(' + _REDUCE_ARGS + r""") {
+    __shared__ double part[16][33];
+    long long o = blockIdx.x * 32LL + threadIdx.x;
+    double acc = 0.0;
+    if (o < outer) {
+        int shift = summa_shift(top, o, op);
+        for (long long i = threadIdx.y; i < inner; i += blockDim.y)
+            acc = summa_join(acc, summa_term(x[o * so + i * si], op, shift), op);
+    }
+    part[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && o < outer) {
+        for (int y = 1; y < blockDim.y; ++y) acc = summa_join(acc, part[y][threadIdx.x], op);
+        out[o] = op == 1 ? sqrt(acc) : acc;
+    }
+}
+"""
+#: The reductions' operations by name (the kernels' `op`).
+_REDUCTIONS = {"amax": 0, "norm": 1}
+
+
+class Reduction:
+    """:data:`_REDUCTIONS`' `name` over an axis of a float64 device array, as
+    CuPy's reductions are called: ``amax(x, axis=...)`` and ``norm(x, top,
+    axis=...)`` (`top`: each output's largest, as ``amax`` gave it, in any
+    shape of that many elements); ``axis=None`` reduces all (0-d result)."""
+
+    def __init__(self, name: str):
+        self.op = _REDUCTIONS[name]
+        self.inner, self.outer = kernel("reduce_inner"), kernel("reduce_outer")
+
+    def __call__(self, x, top=None, *, axis):
+        import cupy
+        x = cupy.asarray(x, dtype=cupy.float64)
+        if axis is None and x.ndim > 1:  # all of it: its rows' first (max is exact)
+            return self(self(x, axis=x.ndim - 1), axis=None)
+        if axis is None or x.ndim == 1:
+            outer, inner, so, si = 1, x.size, 0, (x.strides[0] // 8 if x.ndim else 1)
+        else:
+            (s0, s1), (rows, cols) = (s // 8 for s in x.strides), x.shape
+            outer, inner, so, si = (rows, cols, s0, s1) if axis == 1 else (cols, rows, s1, s0)
+        out = cupy.empty(outer, dtype=cupy.float64)
+        top = cupy.ascontiguousarray(top.reshape(-1), dtype=cupy.float64) \
+            if top is not None else out
+        args = (x, np.int64(outer), np.int64(inner), np.int64(so), np.int64(si),
+                np.int32(self.op), top, out)
+        if outer and abs(so) < abs(si):  # adjacent outputs: a warp along them
+            self.outer((-(-outer // 32),), (32, 16), args)
+        elif outer:
+            self.inner((int(min(outer, 1 << 16)),), (256,), args)
+        return out.reshape(()) if axis is None else out
+
 
 #: CuPy's elementwise kernels by name: ElementwiseKernel's arguments.
 _ELEMENTWISE = {
@@ -150,17 +235,18 @@ _ELEMENTWISE = {
 
 
 def kernel(name: str):
-    """The kernel `name` (:data:`_REDUCTIONS`, :data:`_ELEMENTWISE`, or the
-    CUDA sources' ``residues``, ``fold``, ``fold_finish``), made once a process."""
+    """The kernel `name` (a :class:`Reduction` of :data:`_REDUCTIONS`,
+    :data:`_ELEMENTWISE`, or the CUDA sources' ``residues``, ``fold``,
+    ``fold_finish``, ``reduce_inner``, ``reduce_outer``), made once a process."""
     import cupy
     if name not in cache:
         if name in _REDUCTIONS:
-            arguments, preamble = _REDUCTIONS[name]
-            cache[name] = cupy.ReductionKernel(*arguments, preamble=preamble)
+            cache[name] = Reduction(name)
         elif name in _ELEMENTWISE:
             cache[name] = cupy.ElementwiseKernel(*_ELEMENTWISE[name])
         else:
-            source = {"residues": _RESIDUES, "fold": _FOLD, "fold_finish": _FOLD_FINISH}[name]
+            source = {"residues": _RESIDUES, "fold": _FOLD, "fold_finish": _FOLD_FINISH,
+                      "reduce_inner": _REDUCE_INNER, "reduce_outer": _REDUCE_OUTER}[name]
             cache[name] = cupy.RawKernel(source, name)
     return cache[name]
 

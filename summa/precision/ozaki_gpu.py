@@ -104,9 +104,12 @@ def ready(dtype, backend) -> float:
     go of the GIL), then those products run, which compile whatever the
     threads missed. On a fresh machine the kernels, compiled one by one,
     took 6.0 s of a float64 40960³ first call under 24 GiB (12.4 s, the
-    second 2.7: `benchmarks/fp64_int8_user_case.py`); CuPy keeps them on
-    disk, so a later process loads them (0.2 s). Run before a call's clock,
-    so that its figures say what compiling took apart from the product."""
+    second 2.7: `benchmarks/fp64_int8_user_case.py`); side by side, 8.5 s,
+    as long as CuPy's reduction kernels took (now raw kernels, one compile
+    for any shape: :class:`summa.precision.kernels.Reduction`). CuPy keeps
+    them on disk, so a later process loads them (0.2 s). Run before a
+    call's clock, so that its figures say what compiling took apart from
+    the product."""
     import time
     from concurrent.futures import ThreadPoolExecutor
     import cupy
@@ -145,23 +148,21 @@ def warmers(complex_: bool = False) -> list:
                  "combine"):
         kernel(name)  # made here: the threads only compile their variants
 
-    def scaling(rows, k):  # scaling_exponents' kernels on A's rows or B's columns
-        return [lambda: kernel("amax")(cupy.zeros((rows, k)), axis=1),
-                lambda: kernel("amax")(cupy.zeros(rows), axis=None),
-                lambda: kernel("norm")(cupy.zeros((rows, k)), cupy.ones((rows, 1)), axis=1),
-                lambda: kernel("exponents")(cupy.zeros(rows), cupy.ones(rows), np.int32(1),
-                                            np.float64(1.0))]
+    def scaling(rows):  # scaling_exponents' elementwise kernel on A's rows or B's columns
+        return lambda: kernel("exponents")(cupy.zeros(rows), cupy.ones(rows), np.int32(1),
+                                           np.float64(1.0))
 
     def finish(m, n):  # a strip of C: the sums through the finish kernel
         return lambda: kernel("finish")(
             cupy.zeros((m, n)), cupy.zeros((m, n)), cupy.zeros((m, 1), dtype=cupy.int32),
             cupy.zeros((1, n), dtype=cupy.int32), 1.0, 0.0, np.int32(0), 1.0, 0.0,
             cupy.zeros((m, n + 8))[:, :n])
-    calls = {name: kernel(name).compile for name in ("residues", "fold", "fold_finish")}
+    # (the raw kernels, the reductions' among them: one compile whatever the shapes)
+    calls = {name: kernel(name).compile
+             for name in ("residues", "fold", "fold_finish", "reduce_inner", "reduce_outer")}
     for (m, k, n), strip in READY_PRODUCTS:
         for rows in (m, n):
-            for i, call in enumerate(scaling(rows, k)):
-                calls.setdefault(("scaling", i, rows, k if i in (0, 2) else None), call)
+            calls.setdefault(("scaling", rows), scaling(rows))
         if strip:
             calls.setdefault(("finish", m, n), finish(m, n))
     if complex_:

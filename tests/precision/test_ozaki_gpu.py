@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import fake_cupy_kernels
-from helpers import gemm_scaled_error, use_fake_cupy, within_two_ulps
+from helpers import (expected_reductions, gemm_scaled_error, reduction_cases, use_fake_cupy,
+                     within_two_ulps)
 from summa.precision import kernels, ozaki
 
 
@@ -390,3 +391,21 @@ def test_ready_compiles_its_products_kernels_side_by_side_on_the_callers_gpu(oza
     assert {device for _, device in threads} == {3}
     if dtype == "complex128":
         assert any(v[0] == "summa_ozaki_combine" for v in products)
+
+
+def test_the_reductions_read_every_layout_by_its_strides(rng, ozaki_gpu):
+    """The scaling's two reductions are two raw kernels for any shape and
+    strides (CuPy's reductions compiled a variant each through CUB, 1-8 s a
+    variant on a fresh H100): each layout gives NumPy's values, and a
+    reduction along rows stored by rows takes the kernel whose threads lie
+    along the outputs (reads that coalesce)."""
+    for label, x, axis in reduction_cases(rng):
+        largest, norm = expected_reductions(x, axis)
+        got = kernels.kernel("amax")(x, axis=axis)
+        assert np.array_equal(got, largest), label
+        if axis is not None:
+            scaled = kernels.kernel("norm")(x, got, axis=axis)
+            finite = np.isfinite(largest)
+            assert np.allclose(scaled[finite], norm[finite], rtol=1e-14), label
+    launches = {name: kernels.cache[name].launches for name in ("reduce_inner", "reduce_outer")}
+    assert launches["reduce_outer"] > 0 and launches["reduce_inner"] > 0
