@@ -9,8 +9,10 @@ them; with ``--free`` only that much of the GPU left free (a 24 GB card).
     python3 benchmarks/fp64_int8_user_case.py --size 32768 [--free 24GiB] [--panel-width 8192]
 
 At ``--size 40960`` on one H100 the two processes took 179 s with the
-references (about 40 s of them each), ~50 s each without (making the
-operands and the checks included): give a device call that much.
+references (about 40 s of them each, most of it the loop by hand), ~50 s
+each without (making the operands and the checks included): give a device
+call that much. ``--references native`` times native float64 only beside
+fp64-int8.
 
 ``--head-first N`` cuts each C tile's first panel in pieces from N columns
 (``summa.planning.memory.FP64_INT8_HEAD_FIRST``; default: whole), to weigh
@@ -32,7 +34,7 @@ import calls  # JSON lines stamped with machine, date, command
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def one_process(n: int, free: str | None, references: bool = True,
+def one_process(n: int, free: str | None, references: str = "all",
                 panel_width: int | None = None, head_first: int | None = None) -> list[dict]:
     """The calls, timed, in this process (one GPU: summa.matmul plans and
     runs here, so `head_first` set here is the one its plans take)."""
@@ -86,8 +88,10 @@ def one_process(n: int, free: str | None, references: bool = True,
     rows[-1]["check"] = float(summa.freivalds(a, b, c))
     del c
     int8("fp64-int8 second call")
-    if references:  # beside it in the same process (a minute at N = 40960)
+    if references != "none":  # beside it in the same process, twice as fp64-int8 is
         timed("float64 (summa)", lambda: summa.matmul(a, b))
+        timed("float64 (summa) again", lambda: summa.matmul(a, b))
+    if references == "all":  # (the loop by hand: most of a minute at N = 40960)
         timed("float64 by hand (cupy)", by_hand)
         timed("float64 by hand again", by_hand)
     return rows
@@ -98,8 +102,11 @@ def main() -> int:
     p.add_argument("--size", type=int, default=32768)
     p.add_argument("--free", help="GPU memory left free, e.g. 24GiB (default: all of it)")
     p.add_argument("--json")
-    p.add_argument("--no-references", action="store_true",
-                   help="time summa's fp64-int8 calls only (not native float64, not the loop)")
+    p.add_argument("--references", choices=("all", "native", "none"), default="all",
+                   help="what else each process times: native float64 summa.matmul and the "
+                        "CuPy loop by hand (all, the default), native only, or none")
+    p.add_argument("--no-references", dest="references", action="store_const", const="none",
+                   help="the same as --references none")
     p.add_argument("--panel-width", type=int,
                    help="the fp64-int8 calls' panel width (default: the planner's)")
     p.add_argument("--head-first", type=int,
@@ -108,7 +115,7 @@ def main() -> int:
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.inner:
-        print(json.dumps(one_process(args.size, args.free, not args.no_references,
+        print(json.dumps(one_process(args.size, args.free, args.references,
                                      args.panel_width, args.head_first)))
         return 0
     rows = []
@@ -117,7 +124,7 @@ def main() -> int:
         for process in ("empty cache", "cache kept"):
             out = subprocess.run([sys.executable, __file__, "--size", str(args.size), "--inner"]
                                  + (["--free", args.free] if args.free else [])
-                                 + (["--no-references"] if args.no_references else [])
+                                 + ["--references", args.references]
                                  + (["--panel-width", str(args.panel_width)]
                                     if args.panel_width else [])
                                  + (["--head-first", str(args.head_first)]
