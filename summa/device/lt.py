@@ -85,29 +85,37 @@ def _library(cupy, path=None):
         except OSError as exc:  # the user's file: a usage error, not a crash
             raise ValueError(f"SUMMA_CUBLASLT={path!r} cannot be loaded: {exc}") from None
     cupy.cuda.device.get_cublas_handle()  # loads libcublas, which loads libcublasLt
-    candidates = ["libcublasLt.so.13", "libcublasLt.so.12"]
-    try:
-        from cuda.pathfinder import load_nvidia_dynamic_lib
-        candidates.append(load_nvidia_dynamic_lib("cublasLt").abs_path)
-    except Exception:  # not installed, or an older API: try the others
-        pass
-    try:
-        import nvidia.cublas as wheel
-        for root in wheel.__path__:
-            for sub in ("lib", os.path.join("..", "cu13", "lib"),
-                        os.path.join("..", "cu12", "lib")):
-                lib = os.path.normpath(os.path.join(root, sub))
-                if os.path.isdir(lib):
-                    candidates += sorted(os.path.join(lib, f) for f in os.listdir(lib)
-                                         if f.startswith("libcublasLt.so"))
-    except ImportError:
-        pass
-    for path in candidates:
+    for path in _candidates():
         try:
             return ctypes.CDLL(path)
         except (OSError, TypeError):
             continue
     raise Unavailable("cuBLASLt (libcublasLt.so) was not found")
+
+
+def _candidates():
+    """Where libcublasLt may be, in turn: the copy already loaded, by its
+    soname; then where cuda-pathfinder finds it; then the NVIDIA wheel's
+    files. Each is looked for only once those before it failed: this lookup
+    took 0.27 s of a first fp64-int8 call where the soname served (cProfile
+    of `benchmarks/fp64_int8_user_case.py`'s process on an H100), and the
+    pathfinder's search imports a package and loads a library of its own."""
+    yield from ("libcublasLt.so.13", "libcublasLt.so.12")
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+        yield load_nvidia_dynamic_lib("cublasLt").abs_path
+    except Exception:  # not installed, or an older API: try the others
+        pass
+    try:
+        import nvidia.cublas as wheel
+    except ImportError:
+        return
+    for root in wheel.__path__:
+        for sub in ("lib", os.path.join("..", "cu13", "lib"), os.path.join("..", "cu12", "lib")):
+            lib = os.path.normpath(os.path.join(root, sub))
+            if os.path.isdir(lib):
+                yield from sorted(os.path.join(lib, f) for f in os.listdir(lib)
+                                  if f.startswith("libcublasLt.so"))
 
 
 def _alignment(ptr: int) -> int:

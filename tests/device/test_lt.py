@@ -1,6 +1,8 @@
 """cuBLASLt's choice of INT8 algorithm (:mod:`summa.device.lt`) without a GPU:
 the library's calls stand in, the decisions are summa's."""
 
+import sys
+import types
 from types import SimpleNamespace
 
 import pytest
@@ -127,3 +129,19 @@ def test_every_candidate_refusing_is_an_error(remembered):
     gemm, p = _Gemm((5.0, 1.0), refuses={0, 1}), _product(16384, 16384, 16384)
     with pytest.raises(RuntimeError, match="cublasLtMatmul"):
         gemm.int8_tn(p, accumulate=False)
+
+
+def test_the_loaded_library_is_tried_before_any_search(monkeypatch):
+    """libcublasLt by its soname first (the copy cuBLAS loaded); the
+    pathfinder (which imports and loads a library of its own) only where
+    those fail, then the wheel's files."""
+    searched = []
+    finder = types.ModuleType("cuda.pathfinder")
+    finder.load_nvidia_dynamic_lib = lambda name: (searched.append(name)
+                                                   or SimpleNamespace(abs_path="/found/lib.so"))
+    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
+    monkeypatch.setitem(sys.modules, "cuda.pathfinder", finder)
+    candidates = lt._candidates()
+    assert [next(candidates), next(candidates)] == ["libcublasLt.so.13", "libcublasLt.so.12"]
+    assert not searched
+    assert next(candidates) == "/found/lib.so" and searched == ["cublasLt"]
