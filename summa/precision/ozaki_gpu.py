@@ -104,10 +104,11 @@ def ready(dtype, backend) -> float:
     go of the GIL), then those products run, which compile whatever the
     threads missed. On a fresh machine the kernels, compiled one by one,
     took 6.0 s of a float64 40960³ first call under 24 GiB (12.4 s, the
-    second 2.7: `benchmarks/fp64_int8_user_case.py`); side by side, 8.5 s,
-    as long as CuPy's reduction kernels took (now raw kernels, one compile
-    for any shape: :class:`summa.precision.kernels.Reduction`). CuPy keeps
-    them on disk, so a later process loads them (0.2 s). Run before a
+    second 2.7: `benchmarks/fp64_int8_user_case.py`); side by side 5.7-10.7 s
+    on fresh H100s, as long as CuPy's reduction kernels took (a variant per
+    shape class). With those raw (:class:`summa.precision.kernels.Reduction`:
+    one compile for any shape) a fresh H100 compiled for 1.1 s. CuPy keeps
+    them on disk, so a later process loads them (0.1-0.2 s). Run before a
     call's clock, so that its figures say what compiling took apart from
     the product."""
     import time
@@ -148,10 +149,6 @@ def warmers(complex_: bool = False) -> list:
                  "combine"):
         kernel(name)  # made here: the threads only compile their variants
 
-    def scaling(rows):  # scaling_exponents' elementwise kernel on A's rows or B's columns
-        return lambda: kernel("exponents")(cupy.zeros(rows), cupy.ones(rows), np.int32(1),
-                                           np.float64(1.0))
-
     def finish(m, n):  # a strip of C: the sums through the finish kernel
         return lambda: kernel("finish")(
             cupy.zeros((m, n)), cupy.zeros((m, n)), cupy.zeros((m, 1), dtype=cupy.int32),
@@ -160,9 +157,10 @@ def warmers(complex_: bool = False) -> list:
     # (the raw kernels, the reductions' among them: one compile whatever the shapes)
     calls = {name: kernel(name).compile
              for name in ("residues", "fold", "fold_finish", "reduce_inner", "reduce_outer")}
+    # the scaling's exponents, from the reductions' 1-D outputs: one variant
+    calls["exponents"] = lambda: kernel("exponents")(cupy.zeros(2), cupy.ones(2), np.int32(1),
+                                                     np.float64(1.0))
     for (m, k, n), strip in READY_PRODUCTS:
-        for rows in (m, n):
-            calls.setdefault(("scaling", rows), scaling(rows))
         if strip:
             calls.setdefault(("finish", m, n), finish(m, n))
     if complex_:

@@ -360,6 +360,7 @@ def test_ready_compiles_its_products_kernels_side_by_side_on_the_callers_gpu(oza
     them one by one for 6 s) on the caller's GPU, before the products, which
     then find every variant compiled; a second call does nothing."""
     import threading
+    import time
     cupy = sys.modules["cupy"]
     fake_cupy_kernels.variants.clear()
     threads, boundary, made = set(), [], ozaki_gpu.warmers
@@ -368,6 +369,7 @@ def test_ready_compiles_its_products_kernels_side_by_side_on_the_callers_gpu(oza
         def on(call):
             def run():
                 threads.add((threading.get_ident(), cupy.cuda.Device().id))
+                time.sleep(0.02)  # as a compile takes time: an instant call frees its thread
                 call()
             return run
         return [on(call) for call in made(complex_)]
