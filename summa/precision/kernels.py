@@ -180,7 +180,8 @@ class Reduction:
     """:data:`_REDUCTIONS`' `name` over an axis of a float64 device array, as
     CuPy's reductions are called: ``amax(x, axis=...)`` and ``norm(x, top,
     axis=...)`` (`top`: each output's largest, as ``amax`` gave it, in any
-    shape of that many elements); ``axis=None`` reduces all (0-d result)."""
+    shape of that many elements); ``amax(x, axis=None)`` reduces all (0-d
+    result)."""
 
     def __init__(self, name: str):
         self.op = _REDUCTIONS[name]
@@ -189,16 +190,14 @@ class Reduction:
     def __call__(self, x, top=None, *, axis):
         import cupy
         x = cupy.asarray(x, dtype=cupy.float64)
+        if axis is None and self.op != _REDUCTIONS["amax"]:
+            raise ValueError("a norm is taken along an axis")
         if axis is None and x.ndim > 1:  # all of it: its rows' first (max is exact)
             return self(self(x, axis=x.ndim - 1), axis=None)
-        if axis is None or x.ndim == 1:
-            outer, inner, so, si = 1, x.size, 0, (x.strides[0] // 8 if x.ndim else 1)
-        else:
-            (s0, s1), (rows, cols) = (s // 8 for s in x.strides), x.shape
-            outer, inner, so, si = (rows, cols, s0, s1) if axis == 1 else (cols, rows, s1, s0)
+        outer, inner, so, si = _reduced(x, axis)
         out = cupy.empty(outer, dtype=cupy.float64)
-        top = cupy.ascontiguousarray(top.reshape(-1), dtype=cupy.float64) \
-            if top is not None else out
+        top = out if top is None else cupy.ascontiguousarray(top.reshape(-1),
+                                                             dtype=cupy.float64)
         args = (x, np.int64(outer), np.int64(inner), np.int64(so), np.int64(si),
                 np.int32(self.op), top, out)
         if outer and abs(so) < abs(si):  # adjacent outputs: a warp along them
@@ -206,6 +205,16 @@ class Reduction:
         elif outer:
             self.inner((int(min(outer, 1 << 16)),), (256,), args)
         return out.reshape(()) if axis is None else out
+
+
+def _reduced(x, axis) -> tuple:
+    """``(outputs, elements each, output stride, element stride)`` (strides
+    in elements) of reducing `x` (1-D or 2-D) along `axis` (None: all of a
+    1-D `x`)."""
+    if axis is None or x.ndim < 2:
+        return 1, x.size, 0, (x.strides[0] // x.itemsize if x.ndim else 1)
+    (s0, s1), (rows, cols) = (s // x.itemsize for s in x.strides), x.shape
+    return (rows, cols, s0, s1) if axis == 1 else (cols, rows, s1, s0)
 
 
 #: CuPy's elementwise kernels by name: ElementwiseKernel's arguments.

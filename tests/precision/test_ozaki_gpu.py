@@ -411,3 +411,5 @@ def test_the_reductions_read_every_layout_by_its_strides(rng, ozaki_gpu):
             assert np.allclose(scaled[finite], norm[finite], rtol=1e-14), label
     launches = {name: kernels.cache[name].launches for name in ("reduce_inner", "reduce_outer")}
     assert launches["reduce_outer"] > 0 and launches["reduce_inner"] > 0
+    with pytest.raises(ValueError, match="along an axis"):
+        kernels.kernel("norm")(x, largest, axis=None)
