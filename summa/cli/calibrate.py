@@ -281,9 +281,11 @@ def host_link_rates(comm, backend, nbytes: int = HOST_LINK_BYTES, repeat: int = 
     page-locked memory; every rank of `comm` copying at once, so the rates
     are a GPU's share while the node's other GPUs copy too. Up and down are
     timed apart, as the model adds them
-    (:meth:`summa.planning.profile.Profile.host_seconds`). Collective."""
+    (:meth:`summa.planning.profile.Profile.host_seconds`). At most a quarter
+    of the least free device memory of a rank is moved. Collective."""
     if not backend.is_gpu:
         return None
+    nbytes = min(nbytes, comm.allreduce(backend.memory_free(), op=MPI.MIN) // 4)
     xp, ranks = backend.xp, node_rank(comm)[1]
     threads = copy_threads(ranks)
     rows = max(1, nbytes // (8 * HOST_LINK_COLUMNS))
