@@ -51,7 +51,9 @@ its again call (issue 64's "the model within 10 % on every cell").
 
 Usage, on the GPU machine (each call stops starting cells after
 ``--deadline`` seconds; ``--resume`` skips the cells ``--json`` already
-holds, so the same command, repeated, finishes the matrix)::
+holds from this machine, so the same command, repeated, finishes the
+matrix; every row names its machine, and a file of several machines'
+rows reports each machine's apart)::
 
     python3 benchmarks/matrix.py --json matrix.jsonl --resume
     python3 benchmarks/matrix.py --report matrix.jsonl      # the table again
@@ -476,7 +478,9 @@ def run_matrix(chosen: list[dict], trees: dict, args) -> tuple[list[dict], list[
     ``(rows, names of the cells not run)``. With ``--resume`` the rows
     ``--json`` holds count as done and come first."""
     records = load(args.json) if args.resume else []
-    done = {(r["name"], r.get("tree"), r.get("round", 0)) for r in records}
+    here = calls.stamps()["machine"]  # another machine's cells are not this one's
+    done = {(r["name"], r.get("tree"), r.get("round", 0)) for r in records
+            if r.get("machine", here) == here}
     todo = [(round_, cell, tree, folder)
             for round_, cell, tree, folder in calls.in_turns(chosen, trees, args.rounds)
             if (cell_name(cell), tree, round_) not in done]
@@ -536,11 +540,12 @@ def _worst_residual(row: dict) -> float:
 
 
 def best_of_rounds(records: list[dict]) -> list[dict]:
-    """One row per cell and tree: the least seconds over rounds (the
-    references' too), the largest residuals, the first error."""
+    """One row per cell, tree and machine (a figure is never another
+    machine's): the least seconds over rounds (the references' too), the
+    largest residuals, the first error."""
     merged = {}
     for r in records:
-        key = (r["name"], r.get("tree"))
+        key = (r["name"], r.get("tree"), r.get("machine"))
         if key not in merged:
             merged[key] = dict(r)
             continue
@@ -579,7 +584,7 @@ def goals(row: dict, c_rows: dict) -> list[tuple]:
     else:
         found = []
     if layout in ("F", "T", "trans"):
-        c_row = c_rows.get((dtype, row["budget"], shape, row.get("tree")))
+        c_row = c_rows.get((dtype, row["budget"], shape, row.get("tree"), row.get("machine")))
         found.append(("C", c_row, 1 / 1.1, 1 / 1.1))
     return found
 
@@ -629,16 +634,21 @@ def verdict(row: dict, c_rows: dict) -> tuple[str, str]:
 def table(records: list[dict], not_run: list[str]) -> int:
     """Print one line per cell and tree (with several trees, each one's
     again ÷ the first tree's); return how many failed."""
-    rows = best_of_rounds(records)
-    c_rows = {(r["dtype"], r["budget"], (r["m"], r["n"], r["k"]), r.get("tree")): r
+    rows = sorted(best_of_rounds(records), key=lambda r: str(r.get("machine") or ""))
+    machines = list(dict.fromkeys(r.get("machine") for r in rows))
+    c_rows = {(r["dtype"], r["budget"], (r["m"], r["n"], r["k"]), r.get("tree"),
+               r.get("machine")): r
               for r in rows if r["layout"] == "C" and r["status"] == "done"}
     trees = list(dict.fromkeys(r.get("tree") for r in rows))
     firsts = {r["name"]: r.get("again_seconds") for r in rows if r.get("tree") == trees[0]} \
         if len(trees) > 1 else {}
     print(f"\n{'cell':<36}{'tree':>8}{'first s':>9}{'again s':>9}{'out= s':>9}{'ceil÷t':>14}"
           f"{'÷' + str(trees[0]) if firsts else '':>9}  {'result':<6} goals")
-    failed = 0
+    failed, machine = 0, object()
     for row in rows:
+        if len(machines) > 1 and row.get("machine") != machine:  # each machine's own
+            machine = row.get("machine")
+            print(f"-- {machine or 'machine not recorded'}")
         result, why = verdict(row, c_rows)
         failed += result == "FAIL"
         first, again = row.get("first_seconds"), row.get("again_seconds")

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -147,7 +148,7 @@ def _gpu_row(layout="C", dtype="float64", first=1.0, again=1.0, **extra):
 
 def test_matrix_verdicts_follow_the_issues_goals():
     c_row = _gpu_row()
-    c_rows = {("float64", "24GiB", (16384,) * 3, "here"): c_row}
+    c_rows = {("float64", "24GiB", (16384,) * 3, "here", None): c_row}
     assert matrix.verdict(c_row, c_rows)[0] == "PASS"  # 0.9 of the ceiling
     assert matrix.verdict(_gpu_row(first=1.1), c_rows)[0] == "FAIL"  # float64 C: >= 0.88
     assert matrix.verdict(_gpu_row("F", first=1.08, again=1.05), c_rows)[0] == "FAIL"  # ceiling
@@ -185,6 +186,40 @@ def test_matrix_takes_best_of_rounds_and_prints_a_report(tmp_path, capsys):
     record.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert matrix.main(["--report", str(record)]) == 0
     assert "1 cells: 0 FAIL" in capsys.readouterr().out
+
+
+def test_the_matrix_keeps_each_machines_figures_apart(tmp_path, capsys, monkeypatch):
+    """Rows of one cell from two machines are two rows, each under its
+    machine, its Fortran cell judged against its own machine's C cell; a
+    resumed run skips only the cells this machine measured."""
+    h100, h200 = "1 x NVIDIA H100 80GB HBM3, 16 cores", "1 x NVIDIA H200, 16 cores"
+    rows = [dict(_gpu_row(first=2.0, again=2.0, ceiling_seconds=1.8), machine=h100),
+            dict(_gpu_row(first=1.0, again=1.0), machine=h200),
+            dict(_gpu_row("F", first=1.05, again=1.05, ceiling_seconds=1.0), machine=h200)]
+    best = matrix.best_of_rounds(rows)
+    assert sorted(r["again_seconds"] for r in best) == [1.0, 1.05, 2.0]
+    record = tmp_path / "rows.jsonl"
+    record.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert matrix.main(["--report", str(record)]) == 0
+    out = capsys.readouterr().out
+    assert out.index(f"-- {h100}") < out.index(f"-- {h200}") and "3 cells: 0 FAIL" in out
+    # (against the H100's C cell, 2.0 s, the H200's Fortran one would pass either way;
+    # against its own 1.0 s it is within 10 %: a slower one fails)
+    rows[2].update(first_seconds=1.5, again_seconds=1.5)
+    record.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert matrix.main(["--report", str(record)]) == 1
+    capsys.readouterr()
+    monkeypatch.setattr(matrix.calls, "stamps", lambda: {"machine": h100})
+    cells = [dict(dtype="float64", layout=layout, budget="24GiB", m=16384, n=16384, k=16384)
+             for layout in ("C", "F")]
+    ran = []
+    monkeypatch.setattr(matrix, "measure", lambda cell, *a: ran.append(cell["layout"]) or
+                        dict(_gpu_row(cell["layout"]), status="done"))
+    monkeypatch.setattr(matrix, "cell_name", lambda cell: f"float64 {cell['layout']}")
+    args = SimpleNamespace(json=str(record), resume=True, rounds=1, in_process=True,
+                           deadline=0, timeout=10)
+    matrix.run_matrix(cells, {"here": None}, args)
+    assert ran == ["F"]  # the H100 holds C only; the H200's F is not this machine's
 
 
 def test_matrix_refuses_unknown_names(capsys):
