@@ -88,10 +88,9 @@ class Scheme:
 
 
 #: The small products :func:`ready` makes: ``(m, k, n)`` and whether C is a
-#: strip of a wider array. CuPy compiles a reduction again for another block
-#: size (by the length reduced) and an elementwise kernel for another number
-#: of dimensions (contiguous or a view): long rows and a strip of C, as the
-#: sweep's are.
+#: strip of a wider array. CuPy compiles an elementwise kernel again for
+#: another number of dimensions (contiguous or a view): long rows and a strip
+#: of C, as the sweep's are.
 READY_PRODUCTS = (((8, ozaki.K_NATIVE + 4, 16), True), ((1024, 1028, 1024), False),
                   ((1024, 1028, 1024), True))
 
@@ -145,8 +144,7 @@ def warmers(complex_: bool = False) -> list:
     products, once, on zeros of their shapes (complex: also those of the
     complex products' parts): what :func:`ready` compiles side by side."""
     import cupy
-    for name in ("amax", "norm", "exponents", "finish", "residues", "fold", "fold_finish",
-                 "combine"):
+    for name in ("exponents", "finish", "combine"):
         kernel(name)  # made here: the threads only compile their variants
 
     def finish(m, n):  # a strip of C: the sums through the finish kernel
