@@ -640,8 +640,8 @@ def table(records: list[dict], not_run: list[str]) -> int:
                r.get("machine")): r
               for r in rows if r["layout"] == "C" and r["status"] == "done"}
     trees = list(dict.fromkeys(r.get("tree") for r in rows))
-    firsts = {r["name"]: r.get("again_seconds") for r in rows if r.get("tree") == trees[0]} \
-        if len(trees) > 1 else {}
+    firsts = {(r["name"], r.get("machine")): r.get("again_seconds")
+              for r in rows if r.get("tree") == trees[0]} if len(trees) > 1 else {}
     print(f"\n{'cell':<36}{'tree':>8}{'first s':>9}{'again s':>9}{'out= s':>9}{'ceil÷t':>14}"
           f"{'÷' + str(trees[0]) if firsts else '':>9}  {'result':<6} goals")
     failed, machine = 0, object()
@@ -652,7 +652,7 @@ def table(records: list[dict], not_run: list[str]) -> int:
         result, why = verdict(row, c_rows)
         failed += result == "FAIL"
         first, again = row.get("first_seconds"), row.get("again_seconds")
-        ceiling, base = row.get("ceiling_seconds"), firsts.get(row["name"])
+        ceiling, base = row.get("ceiling_seconds"), firsts.get((row["name"], row.get("machine")))
         ratio = f"{ceiling / first:.3f}/{ceiling / again:.3f}" if ceiling and first and again \
             else ""
         versus = f"{again / base:.3f}" if base and again else ""

@@ -222,6 +222,20 @@ def test_the_matrix_keeps_each_machines_figures_apart(tmp_path, capsys, monkeypa
     assert ran == ["F"]  # the H100 holds C only; the H200's F is not this machine's
 
 
+def test_the_matrix_compares_trees_within_each_machine(tmp_path, capsys):
+    """Two trees timed on two machines: each tree's again ÷ the first tree's
+    on the same machine, never the other machine's."""
+    rows = [dict(_gpu_row(again=again), tree=tree, machine=machine)
+            for machine, tree, again in (("A", "here", 1.0), ("A", "new", 0.5),
+                                         ("B", "here", 4.0), ("B", "new", 3.0))]
+    record = tmp_path / "rows.jsonl"
+    record.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    matrix.main(["--report", str(record)])
+    lines = [line for line in capsys.readouterr().out.splitlines() if " new " in line]
+    versus = [re.search(r" (\d\.\d{3})\s+(PASS|FAIL) ", line).group(1) for line in lines]
+    assert versus == ["0.500", "0.750"]  # 0.5 ÷ 1.0 on A, 3.0 ÷ 4.0 on B
+
+
 def test_matrix_refuses_unknown_names(capsys):
     with pytest.raises(SystemExit):
         matrix.main(["--layouts", "C,diagonal"])
