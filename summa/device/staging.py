@@ -193,20 +193,24 @@ class Stager:
         reached CUDA event `after` (None: at once)."""
         return self._submit(_H2D, dst, src, after)
 
-    def download(self, dst: np.ndarray, src, after=None) -> Transfer:
+    def download(self, dst: np.ndarray, src, after=None, touch: Touch | None = None) -> Transfer:
         """Copy device array `src` into host array `dst` (same shape, any
         strides; integers or bools where `src` is float64 holding exact
         integers: converted as the chunks drain, :func:`summa.device.casts.exact_into`),
-        once the GPU has reached `after`."""
-        return self._submit(_D2H, src, dst, after)
+        once the GPU has reached `after`; where `dst` lies in an array being
+        touched (:meth:`touch`), each chunk's rows once their pages' zeros
+        have landed (:meth:`summa.device.transfers.Touch.ensure`)."""
+        return self._submit(_D2H, src, dst, after, touch)
 
     def touch(self, x: np.ndarray) -> Touch:
         """Fault in the pages of a fresh array whose values do not matter (a
         result about to be overwritten) on threads of their own, so that the
         copies into it later run at the speed of touched memory (37 against
         16.5 GB/s on 16 threads; first touch itself 32 GB/s there). It
-        writes zeros: wait for it before anything else writes `x`
-        (:meth:`hurry` first, where the copy threads are free)."""
+        writes zeros: a download into `x` given it (:meth:`download`'s
+        `touch`) writes each chunk once the pages under it are done;
+        anything else waits for all of it (:meth:`hurry` first, where the
+        copy threads are free)."""
         if not x.size or TOUCH_SHARE <= 0 or hostrows.writer(x) is not None:
             return Touch([])  # (written by pwrite, or in another process: nothing here)
         if self._touch_pool is None:
@@ -229,7 +233,7 @@ class Stager:
             for _ in range(touch.unclaimed()):
                 self._pool.submit(touch.fill_one)
 
-    def _submit(self, kind, dev, host: np.ndarray, after) -> Transfer:
+    def _submit(self, kind, dev, host: np.ndarray, after, touch=None) -> Transfer:
         if self._closed:
             raise RuntimeError("the host-GPU copy threads were closed")
         if tuple(dev.shape) != tuple(host.shape) or (
@@ -248,7 +252,7 @@ class Stager:
         cuts = [(r, min(r + step, rows)) for r in range(0, rows, step)]
         transfer = Transfer(len(cuts))
         if cuts:
-            self._jobs[kind].put((transfer, dev, host, after, cuts))
+            self._jobs[kind].put((transfer, dev, host, after, cuts, touch))
         return transfer
 
     def close(self) -> None:
@@ -321,7 +325,7 @@ class Stager:
             job = self._jobs[kind].get()
             if job is None:
                 return
-            transfer, dev, host, after, cuts = job
+            transfer, dev, host, after, cuts, touch = job
             try:
                 if after is not None:
                     stream.wait_event(after)
@@ -336,7 +340,8 @@ class Stager:
                         self._pool.submit(self._fill, transfer, dev[r0:r1], part, stage, buf)
                     else:  # the copy engine first, the host thread once it is done
                         self._memcpy(stage, dev[r0:r1], _D2H, stream)
-                        self._landing.put((self._record(stream), transfer, part, stage, buf))
+                        self._landing.put((self._record(stream), transfer, part, stage, buf,
+                                           touch))
                 if kind == _D2H and transfer.error is None:
                     transfer._event = self._record(stream)
                     transfer._queued.set()
@@ -344,7 +349,7 @@ class Stager:
                 transfer._fail(exc)
             # Held here until the next job, the arrays would stay allocated
             # (a C tile of 13 GB: the next multiply found that much less free).
-            job = transfer = dev = host = part = stage = buf = None
+            job = transfer = dev = host = part = stage = buf = touch = None
 
     def _fill(self, transfer, dev, part, stage, buf) -> None:
         event = None
@@ -375,18 +380,20 @@ class Stager:
             item = self._landing.get()
             if item is None:
                 return
-            event, transfer, part, stage, buf = item
+            event, transfer, part, stage, buf, touch = item
             try:
                 event.synchronize()
             except BaseException as exc:  # noqa: BLE001
                 transfer._fail(exc)
                 self._free[_D2H].put((buf, None))
                 continue
-            self._pool.submit(self._drain, transfer, part, stage, buf)
-            item = transfer = part = stage = buf = None  # see _dispatch
+            self._pool.submit(self._drain, transfer, part, stage, buf, touch)
+            item = transfer = part = stage = buf = touch = None  # see _dispatch
 
-    def _drain(self, transfer, part, stage, buf) -> None:
+    def _drain(self, transfer, part, stage, buf, touch) -> None:
         try:
+            if touch is not None:  # (zeros landing after the product would overwrite it)
+                touch.ensure(part)
             # A mapped file: write its rows (through the map, page faults in
             # parallel measured slower: 4.7 against 3.4 s for 4.8 GB in
             # benchmarks/files.py's in-memory write phase).

@@ -129,6 +129,7 @@ class CudaMover:
         self.product_finite = None  # known once finished
         self._stager = None
         self._touched = None  # C's pages being faulted in
+        self._hurried = False  # the copy threads asked to help with them
         self._to_touch = None  # C, to fault in once the first GEMM is queued
 
     def pin(self, array: np.ndarray) -> bool:
@@ -262,11 +263,12 @@ class CudaMover:
         self._probes.append(self.device.finite_probe(c))
         if not self._direct(host, c):
             self.moved += host.nbytes
-            if self._touched is not None:  # its zeros must land before the product
+            if self._touched is not None and not self._hurried:
                 self._stage().hurry(self._touched)  # the copy threads help: tile's uploads done
-                self._touched.wait()
-                self._touched = None
-            transfer = self._stage().download(host, c, self.device.record_event())
+                self._hurried = True
+            # (each chunk goes home once the zeros of its pages have landed)
+            transfer = self._stage().download(host, c, self.device.record_event(),
+                                              touch=self._touched)
             self._downloads.append(transfer)
             self.written[buf] = transfer
             return
@@ -278,6 +280,9 @@ class CudaMover:
         for transfer in self._downloads:  # in host memory, every byte
             transfer.wait()
         self._downloads = []
+        if self._touched is not None:  # (no zero may land after the call: done by now)
+            self._touched.wait()
+            self._touched = None
         self.down.wait_event(self.device.record_event())
         self.end = self.xp.cuda.Event()
         self.end.record(self.down)  # after the last GEMM and the last write-back

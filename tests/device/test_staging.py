@@ -189,6 +189,46 @@ def test_a_touch_hurried_is_finished_by_the_copy_threads():
     assert touch._left == 0  # every part counted once, though offered twice
 
 
+def test_a_download_into_a_touched_array_waits_only_for_the_pages_it_writes(rng):
+    """A download given the touch writes each chunk once the touch's zeros
+    under it have landed: the rows it writes are the product's, whatever the
+    touch threads still do elsewhere, and it never waits for parts it does
+    not write (they stay the touch's: its own threads are held here)."""
+    stager = _stager(threads=4, chunk_bytes=1 << 16)  # one touch thread
+    held = threading.Event()
+    try:
+        stager.touch(np.empty((8, 8))).wait()  # (makes the touch's pool)
+        stager._touch_pool.submit(held.wait)  # its one thread taken: nothing touched
+        c = np.full((4096, 512), 7.1)  # 16 MiB, 4 * 4 parts
+        touch = stager.touch(c)
+        strip = c[1000:1300, 128:384]  # a strip of a tile: a part or two of C
+        product = rng.uniform(-1, 1, strip.shape)
+        stager.download(strip, DeviceArray(product.copy()), touch=touch).wait()
+        assert np.array_equal(strip, product)
+        assert 0 < touch._left < len(touch._parts)  # the strip's parts alone
+        rest = c[3000:3100]
+        stager.download(rest, DeviceArray(product[:100, :1].repeat(512, 1)), touch=touch).wait()
+        held.set()
+        touch.wait()  # the rest of C: zeros, the strips' rows kept
+        assert np.array_equal(strip, product) and (rest == product[:100, :1]).all()
+        assert (c[:900].reshape(-1).view(np.uint8)[::4096] == 0).all()  # touched, a byte a page
+    finally:
+        held.set()
+        stager.close()
+
+
+def test_byte_extent_spans_the_bytes_of_any_view():
+    from summa.device.transfers import byte_extent
+    x = np.zeros((10, 12))
+    base = x.ctypes.data
+    assert byte_extent(x) == (base, base + x.nbytes)
+    assert byte_extent(x[2:4, 3:5]) == (base + 2 * 96 + 24, base + 3 * 96 + 5 * 8)
+    assert byte_extent(x[::-1, ::-1]) == (base, base + x.nbytes)
+    assert byte_extent(x.T) == (base, base + x.nbytes)
+    lo, hi = byte_extent(x[3:3])
+    assert lo == hi  # none
+
+
 def test_touch_leaves_most_threads_to_the_uploads():
     from summa.device import staging
     stager = _stager(threads=8)
