@@ -80,10 +80,14 @@ class Touch(Transfer):
     the few alone (with a quarter of 12 threads a 2 GiB result takes ~0.3 s
     to fault in, 2.4 GB/s a thread, longer than float64 16384³'s GEMMs). A
     download into the array waits only for the parts it writes
-    (:meth:`ensure`, in the copy thread that drains it): waiting for all of
-    a 40960² result before its first strip went home held the sweep's
-    thread 0.25-0.48 s on an H100, the GPU idle 0.29 s of it in a first call
-    (fp64-int8 under 24 GiB).
+    (:meth:`ensure`, in the copy thread that drains it), so the sweep's
+    thread goes on queueing GEMMs: waiting for all of a 40960² result before
+    its first strip went home held it 0.25-0.48 s on an H100, the GPU idle
+    0.29 s of it in a first call (fp64-int8 under 24 GiB). The faulting
+    itself stays: on another H100 that first call's GPU then waited about
+    as long for the next tile's first upload, which shares the copy threads
+    with it (a fresh machine's first touch is slow; a process's later
+    results fault in faster).
     """
 
     def __init__(self, parts: list):
