@@ -86,8 +86,8 @@ class Touch(Transfer):
     0.29 s of it in a first call (fp64-int8 under 24 GiB). The faulting
     itself stays: on another H100 that first call's GPU then waited about
     as long for the next tile's first upload, which shares the copy threads
-    with it (a fresh machine's first touch is slow; a process's later
-    results fault in faster).
+    with it (there a process's first result faulted in slower than its
+    later ones).
     """
 
     def __init__(self, parts: list):
@@ -153,13 +153,12 @@ class Touch(Transfer):
 
 def byte_extent(x: np.ndarray) -> tuple[int, int]:
     """``(lowest, past the highest)`` address of the bytes `x` holds (any
-    strides; ``(start, start)`` where it holds none)."""
-    start = x.__array_interface__["data"][0]
-    if not x.size:
-        return start, start
-    lo = start + sum(s * (n - 1) for s, n in zip(x.strides, x.shape) if s < 0)
-    hi = start + sum(s * (n - 1) for s, n in zip(x.strides, x.shape) if s > 0) + x.itemsize
-    return lo, hi
+    strides): NumPy's ``byte_bounds`` (``numpy.lib.array_utils`` from NumPy
+    2, the top level before)."""
+    return _byte_bounds(x)
+
+
+_byte_bounds = getattr(getattr(np.lib, "array_utils", np), "byte_bounds")
 
 
 _PAGE = 4096
