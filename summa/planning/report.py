@@ -88,7 +88,7 @@ def _fp64_int8_lines(plan) -> list[str]:
     if plan.moduli is not None:
         lines.append(f"  fp64-int8: each panel product's int8 residues ({plan.moduli} moduli), "
                      "integer products and float64 sums counted above")
-        # (docs/benchmarks.md, "float64 on INT8: the user's call": 1.1 s of
+        # (docs/benchmarks.md, "float64 on INT8: the user's call": 0.6-1.1 s of
         # compiling on a fresh H100, outside the prediction)
         lines.append("  fp64-int8's first call on a machine compiles its kernels (side by "
                      "side) and tries cuBLASLt's INT8 candidates on the first products of "

@@ -106,7 +106,7 @@ def ready(dtype, backend) -> float:
     second 2.7: `benchmarks/fp64_int8_user_case.py`); side by side 5.7-10.7 s
     on fresh H100s, as long as CuPy's reduction kernels took (a variant per
     shape class). With those raw (:class:`summa.precision.kernels.Reduction`:
-    one compile for any shape) a fresh H100 compiled for 1.1 s. CuPy keeps
+    one compile for any shape) fresh H100s compiled for 0.6-1.1 s. CuPy keeps
     them on disk, so a later process loads them (0.1-0.2 s). Run before a
     call's clock, so that its figures say what compiling took apart from
     the product."""
