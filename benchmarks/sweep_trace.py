@@ -109,6 +109,8 @@ def main(argv=None) -> int:
     parser.add_argument("--precision", default=None, help="e.g. fp64-int8")
     parser.add_argument("--free", default=None,
                         help="GPU memory left free, e.g. 24GiB (default: all of it)")
+    parser.add_argument("--panel-width", type=int, default=None,
+                        help="the calls' panel width (default: the planner's)")
     parser.add_argument("--calls", type=int, default=3, help="calls in this process (default 3)")
     parser.add_argument("--check", action="store_true",
                         help="check each product on the host between the calls")
@@ -128,6 +130,8 @@ def main(argv=None) -> int:
     holds = calls.hold_all_but(parse_bytes(args.free) if args.free else None)
     check = calls.freivalds(a, b)
     options = {"precision": args.precision} if args.precision else {}
+    if args.panel_width:
+        options["panel_width"] = args.panel_width
     traces = []
     try:
         with traced(traces.append):

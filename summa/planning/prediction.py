@@ -101,7 +101,9 @@ def _split(plan, profile) -> tuple:
     width = _model_width(plan)
     one = predict(profile, tile[0] * pr, tile[1] * pc, k, plan.dtype, plan.grid, width,
                   RunSetting(lookahead=plan.lookahead, precision=plan.precision))
-    gemm = rows * cols * one.panels * one.panel_compute
+    gemm = rows * cols * (_sweep_gemms(profile, plan, tile, plan.memory.chunk)
+                          if plan.out_of_core and pr * pc == 1 else
+                          one.panels * one.panel_compute)
     if own:
         links = 0.0
         summa = rows * cols * one.panels * (one.panel_compute + profile.panel_overhead(pr * pc))
@@ -124,6 +126,25 @@ def _split(plan, profile) -> tuple:
     return split, {"host_bytes": [up, down], "own_uploads": own, "comm": one.comm,
                    "host_link": profile.host_link(), "host_memory": node, "steps": steps,
                    "steps_seconds": floor}
+
+
+def _sweep_gemms(profile, plan, tile, width: int) -> float:
+    """Seconds of one rank's out-of-core GEMMs of one C `tile`: a GEMM a
+    panel of `width` terms (and K's remainder), each at the profile's rate
+    of its shape, where :func:`summa.planning.model.predict` times one rank's
+    product as one GEMM over all of K. fp64-int8 folds the tile once a
+    product, so its rate rises with the panel's width: in the h200
+    profile 57.5 TFLOP/s for a 20480² tile's 8192-wide panels against 70.3
+    over all of 40960; 40960³ under 24 GiB on one H200 took 2.3 s of
+    products in 8192-wide panels (``benchmarks/fp64_int8_user_case.py
+    --panel-width``), predicted 2.39 s so, 1.96 over all of K."""
+    k = plan.shape[2]
+    seconds = 0.0
+    for count, terms in ((k // width, width), (1, k % width)):
+        if count and terms:
+            rate = profile.gemm_rate(tile[0], tile[1], terms, plan.dtype, plan.precision)
+            seconds += count * 2.0 * tile[0] * tile[1] * terms / rate
+    return seconds
 
 
 #: Bytes of host memory traffic each byte a host copy moves costs: staged,

@@ -192,9 +192,11 @@ def _prediction_lines(plan) -> list[str]:
                     "overlap")
         if plan.precision == "fp64-int8":
             # its tiles fold C once per panel and make their own residues (docs/benchmarks.md,
-            # "float64 on INT8: speed", out of core: 59 against 77 TFLOP/s in memory)
-            combined += ("; not in the model: fp64-int8 measured 0.77 of in-memory on one H200 "
-                         "(each panel folds the tile again, each tile makes its residues)")
+            # "float64 on INT8: speed", out of core: 59 against 77 TFLOP/s in memory): the
+            # calibrated rate of a product of the panel's width counts both
+            combined += ("; fp64-int8's products timed a panel at a time, at the profile's "
+                         "rate for the panel's width (each product folds the tile again and "
+                         "makes its residues)")
         else:
             combined += (" (measured 0.86-0.99 of in-memory on one H200 where the host link "
                          "keeps up with the GEMMs)")

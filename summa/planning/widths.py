@@ -20,9 +20,9 @@ from .model import gemm_flops
 from .tiling import TRAFFIC_GAIN
 from .tuning import default_panel_width, is_width
 
-__all__ = ["MIN_OOC_WIDTH", "MIN_OOC_WIDTH_INT8", "LEAST_OOC_WIDTH", "MAX_SWEEP_GEMMS",
-           "STEP_FLOPS", "out_of_core_memory", "check_sweep", "too_fine",
-           "narrowest_that_fits"]
+__all__ = ["MIN_OOC_WIDTH", "MIN_OOC_WIDTH_INT8", "INT8_EVEN_SPLITS", "WIDTH_ALIGN",
+           "LEAST_OOC_WIDTH", "MAX_SWEEP_GEMMS", "STEP_FLOPS", "out_of_core_memory",
+           "ooc_widths", "even_width", "check_sweep", "too_fine", "narrowest_that_fits"]
 
 
 #: Narrowest panel an out-of-core plan takes on GPUs to move fewer bytes:
@@ -36,6 +36,18 @@ MIN_OOC_WIDTH = 2048
 #: 3.12-3.19 s (3 x 1 tiles, 67 GB; its products 2.9 s against 8192's 2.3)
 #: (docs/benchmarks.md; ``benchmarks/fp64_int8_user_case.py --panel-width``).
 MIN_OOC_WIDTH_INT8 = 8192
+#: Even panel counts fp64-int8 tries out of core from the fewest its
+#: default width takes (:func:`ooc_widths`). Each panel's products fold the C
+#: tile again: in the h200 profile's samples a fold of a 16384² tile cost
+#: about what 4200 terms of its INT8 products did (57.2 TFLOP/s with 8192
+#: terms a product, 68.9 with 16384), and on one H100 40960³'s products took
+#: 2.06 s in 3 panels a tile with the whole GPU, 2.40 s in 5 under 24 GiB
+#: (``benchmarks/fp64_int8_user_case.py``, docs/benchmarks.md). Beyond a few
+#: more panels than the fewest, one panel more or less weighs little.
+INT8_EVEN_SPLITS = 4
+#: Even panels' widths are rounded up to a multiple of this (INT8 GEMMs take
+#: K in multiples of 4 and their tiles of 16 or 32).
+WIDTH_ALIGN = 32
 #: Narrowest panel any out-of-core plan takes (the NumPy backend's default
 #: width): a budget too small for the tiles of panels this wide is refused,
 #: not planned into thousands of tiny GEMMs (``summa bench --size 96
@@ -85,11 +97,8 @@ def out_of_core_memory(shape, dtype, grid, panel_width, execution: Execution) ->
     if is_width(panel_width):
         widths = [int(panel_width)]
     else:
-        widest = default_panel_width(backend, dtype, precision, out_of_core=True)
-        least = MIN_OOC_WIDTH_INT8 if precision == "fp64-int8" else MIN_OOC_WIDTH
-        narrower = [w for w in (widest // 2, widest // 4) if w >= least] \
-            if traits(backend).gpu else []
-        widths = [widest] + narrower
+        widths = ooc_widths(k, default_panel_width(backend, dtype, precision, out_of_core=True),
+                            precision, traits(backend).gpu)
 
     def moved(memory: MemoryPlan) -> int:
         # (the write-backs a tile waits for count as moved twice: at equal
@@ -103,6 +112,35 @@ def out_of_core_memory(shape, dtype, grid, panel_width, execution: Execution) ->
     flops = gemm_flops(dtype, m, n, k)
     check_sweep(memory, k, (budget, traits(backend).gpu, flops), choose)
     return memory, note
+
+
+def ooc_widths(k: int, widest: int, precision: str | None, gpu: bool) -> list[int]:
+    """The widths :func:`out_of_core_memory` tries over an inner dimension
+    `k`, widest first: the mode's default (`widest`), and on GPUs its half
+    and quarter, not under :data:`MIN_OOC_WIDTH` (fp64-int8:
+    :data:`MIN_OOC_WIDTH_INT8`). fp64-int8's widths cut K into even panels
+    instead, as few as the widest takes and :data:`INT8_EVEN_SPLITS` - 1
+    more, and as many as the half and quarter take (:func:`even_width`):
+    its products fold the C tile once a panel, so where those widths' tiles
+    move as many bytes, the fewest panels that fit win, and even panels
+    leave a slot no wider than the panels need (40960 in three: 13664
+    wide, not 16384, 16384 and 8192)."""
+    if not gpu:
+        return [widest]
+    least = MIN_OOC_WIDTH_INT8 if precision == "fp64-int8" else MIN_OOC_WIDTH
+    narrower = [w for w in (widest // 2, widest // 4) if w >= least]
+    if precision != "fp64-int8":
+        return [widest] + narrower
+    fewest = -(-k // widest)
+    counts = set(range(fewest, fewest + INT8_EVEN_SPLITS)) | {-(-k // w) for w in narrower}
+    even = {even_width(k, count) for count in counts}
+    return [widest] + sorted((w for w in even if least <= w < widest), reverse=True)
+
+
+def even_width(k: int, count: int) -> int:
+    """The width that cuts `k` into `count` even panels (or fewer), rounded
+    up to a multiple of :data:`WIDTH_ALIGN`."""
+    return -(-(-(-k // count)) // WIDTH_ALIGN) * WIDTH_ALIGN
 
 
 def _choose(plan_at, widths: list, moved, asked: bool, limits: tuple) -> tuple:

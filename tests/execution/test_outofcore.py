@@ -718,7 +718,7 @@ def test_plan_of_fp64_int8_counts_its_scratch_and_predicts_from_int8_rates():
     assert beside and float(beside.group(1)) == t_native
     # out of core, the screen says what each precision kept of in-memory's rate
     assert "host link keeps up" in native.getvalue()
-    assert "fp64-int8 measured 0.77 of in-memory" in emulated.getvalue()
+    assert "fp64-int8's products timed a panel at a time" in emulated.getvalue()
     assert "folds C once" not in emulated.getvalue()  # out of core: a fold a panel
     # in memory on a grid, where they fit: the panel sums' memory, each rank's 32768 x 16384
     # of C a modulus, counted in its peak

@@ -5,6 +5,7 @@ the Plan a run takes."""
 import io
 import itertools
 import json
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -15,7 +16,7 @@ from summa import cli, options
 from summa.device.backend import NumpyBackend
 from summa.device.staging import copy_threads, ring_bytes
 from summa.distribution.grid import grid_for
-from summa.planning.profile import Profile
+from summa.planning.profile import Profile, shipped_profile
 from summa.planning.memory import Execution, host_traffic, memory_plan, parse_bytes
 from summa.planning.plan import Machine, Plan
 from summa.planning.planner import make_plan, restage
@@ -60,7 +61,7 @@ def test_plans_for_another_machine_decide_as_before(shape, dtype, ranks):
             continue
         grid = grid_for(ranks, m, n, "cupy", dtype)
         ooc = budget is not None
-        widths = _ooc_widths(dtype, precision) if ooc else \
+        widths = _ooc_widths(dtype, precision, k) if ooc else \
             [default_panel_width("cupy", dtype, precision)]
         wants = {}
         for width in widths:
@@ -90,11 +91,18 @@ def test_plans_for_another_machine_decide_as_before(shape, dtype, ranks):
         assert plan.copy_threads == (copy_threads(ranks) if ooc else None)
 
 
-def _ooc_widths(dtype, precision) -> list:
-    """The default out-of-core width first, then the narrower ones tried."""
+def _ooc_widths(dtype, precision, k: int) -> list:
+    """The default out-of-core width first, then the narrower ones tried:
+    its half and quarter; fp64-int8's K cut into even panels (widths a
+    multiple of 32), as few as the default takes and up to three more, and
+    as many as its half takes, none under MIN_OOC_WIDTH_INT8."""
     widest = default_panel_width("cupy", dtype, precision, out_of_core=True)
-    least = MIN_OOC_WIDTH_INT8 if precision == "fp64-int8" else MIN_OOC_WIDTH
-    return [widest] + [w for w in (widest // 2, widest // 4) if w >= least]
+    if precision != "fp64-int8":
+        return [widest] + [w for w in (widest // 2, widest // 4) if w >= MIN_OOC_WIDTH]
+    fewest = math.ceil(k / widest)
+    counts = {fewest, fewest + 1, fewest + 2, fewest + 3, math.ceil(k / (widest // 2))}
+    even = {math.ceil(math.ceil(k / count) / 32) * 32 for count in counts}
+    return [widest] + sorted((w for w in even if MIN_OOC_WIDTH_INT8 <= w < widest), reverse=True)
 
 
 def test_a_tight_budget_takes_narrower_panels_where_taller_tiles_move_fewer_bytes():
@@ -245,16 +253,50 @@ def test_two_c_tiles_stay_where_the_gemms_bound_or_one_saves_nothing(shape, dtyp
         assert one > budget_elements
 
 
-def test_fp64_int8_under_a_tight_budget_takes_half_width_panels_where_they_move_fewer_bytes():
-    """fp64-int8 40960³ under 24 GiB: 8192-wide panels leave room for 2 x 2
-    tiles where 16384 took 3 x 2; never 4096 (its products lose more than
-    the bytes save); 32768³ moves no fewer bytes at 8192, so keeps 16384."""
-    def plan(n):
+@pytest.mark.parametrize("budget, width", [("24GiB", 13664), ("21.6GiB", 10240)])
+def test_fp64_int8_under_a_tight_budget_takes_the_fewest_even_panels_whose_tiles_fit(budget,
+                                                                                     width):
+    """fp64-int8 40960³ under 24 GiB: K in three even panels (13664 wide)
+    leaves room for 2 x 2 tiles where 16384 took 3 x 2; under 21.6 GiB (a
+    24 GiB GPU's default budget) three do not, four (10240) do: fewer folds
+    of each tile than 8192's five, which fit as well; never 4096 (its
+    products lose more than the bytes save). 32768³ moves no fewer bytes
+    at 8192, so keeps 16384."""
+    def plan(n, device_memory=budget):
         return make_plan((n, n, n), "float64", Machine("cupy", 1),
-                         PlanRequest(device_memory="24GiB", precision="fp64-int8"))
-    big, small = plan(40960), plan(32768)
-    assert (big.panel_width, big.memory.tiles) == (8192, (2, 2))
+                         PlanRequest(device_memory=device_memory, precision="fp64-int8"))
+    big, small = plan(40960), plan(32768, "24GiB")
+    assert (big.panel_width, big.memory.tiles) == (width, (2, 2))
     assert (small.panel_width, small.memory.tiles) == (16384, (2, 2))
+    narrower = memory_plan(40960, 40960, 40960, "float64", (1, 1), 8192,
+                           Execution(1, "cupy", device_budget=parse_bytes(budget),
+                                     out_of_core=True, precision="fp64-int8"))
+    assert narrower.tiles == (2, 2)  # as few bytes: the fewer panels won
+    wider = memory_plan(40960, 40960, 40960, "float64", (1, 1), width + 32,
+                        Execution(1, "cupy", device_budget=parse_bytes(budget),
+                                  out_of_core=True, precision="fp64-int8"))
+    assert wider.tiles != (2, 2) or -(-40960 // (width + 32)) == -(-40960 // width)
+
+
+def test_the_model_times_a_sweep_a_panel_at_a_time():
+    """One rank out of core runs a product a panel: the model's GEMMs are
+    each panel's at the profile's rate for its width (fp64-int8's rise with
+    it: each product folds the tile), not one GEMM over all of K."""
+    from summa.planning.prediction import predict_plan
+    profile = Profile.load(shipped_profile())
+
+    def gemms(width):
+        plan = make_plan((40960,) * 3, "float64", Machine("cupy", 1),
+                         PlanRequest(device_memory="24GiB", precision="fp64-int8",
+                                     panel_width=width))
+        tm, tn = plan.memory.tile
+        assert plan.memory.tiles == (2, 2) and plan.memory.chunk == width
+        want = 4 * (40960 // width) * 2 * tm * tn * width / profile.gemm_rate(
+            tm, tn, width, "float64", "fp64-int8")
+        return predict_plan(plan)["split"]["gemm"], want
+    (narrow, narrow_want), (wide, wide_want) = gemms(8192), gemms(10240)
+    assert narrow == pytest.approx(narrow_want) and wide == pytest.approx(wide_want)
+    assert wide < narrow
 
 
 @pytest.mark.parametrize("dtype", ["float64", "complex64"])
