@@ -168,8 +168,10 @@ class _ElementwiseKernel:
 
 
 class _Device:
-    """CuPy's device as a context: the device each thread entered, by thread."""
+    """CuPy's device as a context: the device each thread entered, by thread;
+    `count` visible (``cuda.runtime.getDeviceCount``)."""
     current: dict = {}
+    count = 1
 
     def __init__(self, id=None):
         import threading
@@ -189,7 +191,8 @@ def module():
     """A stand-in for the ``cupy`` module."""
     cuda = types.SimpleNamespace(
         Event=lambda *a, **k: _Event(), Stream=_Stream,
-        get_current_stream=lambda: _Stream.current or _Stream(), Device=_Device)
+        get_current_stream=lambda: _Stream.current or _Stream(), Device=_Device,
+        runtime=types.SimpleNamespace(getDeviceCount=lambda: _Device.count))
     fake = types.SimpleNamespace(
         cuda=cuda, RawKernel=_RawKernel, ElementwiseKernel=_ElementwiseKernel,
         empty=np.empty, zeros=np.zeros, ones=np.ones,

@@ -8,6 +8,10 @@ import numpy as np
 
 from summa.api.verify import reference_dtype, scaled_error, unit_roundoff
 
+#: Launchers' variables: a command run as if started by hand (the job-less tests run so).
+LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK",
+                      "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "HYDI_CONTROL_FD", "MPI_LOCALNRANKS")
+
 
 def op(x: np.ndarray, t: str) -> np.ndarray:
     return {"N": x, "T": x.T, "H": x.conj().T}[t]

@@ -1666,14 +1666,14 @@ def test_fp64_int8_first_call_reports_its_kernels_compiling_apart(tmp_path):
 _WARM_THEN_READY = """
 import os, re, sys, cupy
 from summa.device.backend import get_backend
-from summa.precision import ozaki_gpu
+from summa.precision import warmup
 backend = get_backend("cupy")
-for call in ozaki_gpu.warmers(sys.argv[1] == "complex128"):
+for call in warmup.warmers(sys.argv[1] == "complex128"):
     call()
 cupy.cuda.get_current_stream().synchronize()
 cache = os.environ["CUPY_CACHE_DIR"]
 before = set(os.listdir(cache))
-ozaki_gpu.ready(sys.argv[1], backend)
+warmup.ready(sys.argv[1], backend)
 missed = [re.findall(r"void (\\w+)\\(", open(os.path.join(cache, f)).read())[:1]
           for f in sorted(set(os.listdir(cache)) - before) if f.endswith(".cu")]
 print(len(before), missed)
@@ -1682,7 +1682,7 @@ print(len(before), missed)
 
 @pytest.mark.parametrize("dtype", ["float64", "complex128"])
 def test_ready_compiles_in_its_threads_every_kernel_its_small_products_take(tmp_path, dtype):
-    """ozaki_gpu.warmers' calls, which ready() runs side by side, compile
+    """warmup.warmers' calls, which ready() runs side by side, compile
     every kernel variant its small products launch: in a fresh process with
     an empty CuPy kernel cache, the products after them compile nothing."""
     if not _int8_capable():

@@ -19,7 +19,7 @@ from .lt import LtGemm, Product, Unavailable
 from . import staging
 from .hostrows import copyable_rows
 from ..options import Options
-from ..precision import ozaki, ozaki_gpu
+from ..precision import ozaki, ozaki_gpu, warmup
 
 __all__ = ["CupyBackend", "CUDA_INVALID_VALUE", "STAGED_MIN", "clear_cuda_error",
            "page_locked"]
@@ -413,12 +413,12 @@ class CupyBackend(Backend):
     def prepare(self, precision, dtype) -> float:
         """fp64-int8's kernels compiled (or loaded from CuPy's cache on disk)
         and cuBLASLt's workspace made before a run
-        (:func:`summa.precision.ozaki_gpu.ready`), so that the free memory a
+        (:func:`summa.precision.warmup.ready`), so that the free memory a
         plan reads after is what is left beside them."""
         if precision != "fp64-int8" or not self.has_int8_tensor_cores():
             return 0.0
         with self.xp.cuda.Device(self.device):
-            seconds = ozaki_gpu.ready(dtype, self)
+            seconds = warmup.ready(dtype, self)
         self._compiled += seconds
         return seconds
 

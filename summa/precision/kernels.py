@@ -102,7 +102,7 @@ _FOLD_FINISH = ('extern "C" __global__ void fold_finish(' + _FOLD_ARGS +
 
 #: The kernels made in this process by name, and the moduli's device
 #: constants (:func:`moduli_constants`) and the dtypes made ready
-#: (:func:`summa.precision.ozaki_gpu.ready`) by key.
+#: (:func:`summa.precision.warmup.ready`) by key.
 cache: dict = {}
 
 

@@ -20,6 +20,7 @@ import pytest
 from summa.cli import bench, benchrun, ideal
 from summa import cli
 from summa.device.backend import cupy_available
+from helpers import LAUNCHER_VARIABLES
 from leftovers import job_pids
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -508,11 +509,6 @@ def test_a_profile_of_several_nodes_puts_its_gpus_on_them(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(cli.UsageError, match="has 4 GPUs \\(the ranks it was calibrated on"):
         cli.main(["plan", "--profile", str(path), "--ranks", "8"], out=io.StringIO())
-
-
-#: Launchers' variables: a command run as if started by hand (the job-less tests run so).
-LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK",
-                      "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "HYDI_CONTROL_FD", "MPI_LOCALNRANKS")
 
 
 def without_mpi(tmp_path, *args: str, code: str | None = None):

@@ -2,9 +2,12 @@
 (tests/fake_cupy_kernels.py: the kernels as the same formulas in NumPy): the
 same products as summa.precision.ozaki's, whatever the grouping of the folds, with or
 without the overlapped folds, K in pieces, A's and C's rows in chunks, complex operands,
-alpha and beta; and the scratch a product holds, as the plans count it."""
+alpha and beta; the scratch a product holds, as the plans count it; and the kernels made
+before the first product (summa.precision.warmup)."""
 
 import sys
+import threading
+import time
 import weakref
 
 import numpy as np
@@ -352,40 +355,55 @@ def test_a_products_scratch_is_what_scratch_bytes_counts_for_its_rows(rng, ozaki
     assert gemm_scaled_error(c, a, b) <= 1
 
 
+def _traced_ready(warmup, monkeypatch) -> tuple:
+    """warmup's warmers and products spied on: ``(threads, boundary)``, the
+    ``(thread, device)`` of each warmer's run and the kernel variants made
+    before each product; the products smaller (NumPy's INT8 products are
+    slow)."""
+    cupy = sys.modules["cupy"]
+    fake_cupy_kernels.variants.clear()
+    threads, boundary, made, gemm = [], [], warmup.warmers, warmup.gemm
+
+    def traced(complex_=False):
+        def on(call):
+            def run():
+                threads.append((threading.get_ident(), cupy.cuda.Device().id))
+                time.sleep(0.02)  # as a compile takes time: an instant call frees its thread
+                call()
+            return run
+        return [on(call) for call in made(complex_)]
+
+    def product(*args, **kwargs):
+        boundary.append(len(fake_cupy_kernels.variants))
+        gemm(*args, **kwargs)
+    monkeypatch.setattr(warmup, "warmers", traced)
+    monkeypatch.setattr(warmup, "gemm", product)
+    k = ozaki.K_NATIVE + 4
+    monkeypatch.setattr(warmup, "READY_PRODUCTS", (((8, k, 16), True), ((24, k + 8, 20), False),
+                                                   ((24, k + 8, 20), True)))
+    monkeypatch.setattr(warmup, "_AHEAD", {})
+    return threads, boundary
+
+
+@pytest.fixture
+def warmup(monkeypatch):
+    use_fake_cupy(monkeypatch)
+    from summa.precision import warmup
+    return warmup
+
+
 @pytest.mark.parametrize("dtype", ["float64", "complex128"])
-def test_ready_compiles_its_products_kernels_side_by_side_on_the_callers_gpu(ozaki_gpu, dtype,
+def test_ready_compiles_its_products_kernels_side_by_side_on_the_callers_gpu(warmup, dtype,
                                                                             monkeypatch):
     """ready() launches each kernel variant of its small products once, in
     threads of their own (NVRTC lets go of the GIL: a fresh machine compiled
     them one by one for 6 s) on the caller's GPU, before the products, which
     then find every variant compiled; a second call does nothing."""
-    import threading
-    import time
     cupy = sys.modules["cupy"]
-    fake_cupy_kernels.variants.clear()
-    threads, boundary, made = set(), [], ozaki_gpu.warmers
-
-    def traced(complex_=False):
-        def on(call):
-            def run():
-                threads.add((threading.get_ident(), cupy.cuda.Device().id))
-                time.sleep(0.02)  # as a compile takes time: an instant call frees its thread
-                call()
-            return run
-        return [on(call) for call in made(complex_)]
-    gemm = ozaki_gpu.gemm
-
-    def first_product(*args, **kwargs):
-        boundary.append(len(fake_cupy_kernels.variants))
-        gemm(*args, **kwargs)
-    monkeypatch.setattr(ozaki_gpu, "warmers", traced)
-    monkeypatch.setattr(ozaki_gpu, "gemm", first_product)
-    k = ozaki.K_NATIVE + 4  # the products' shapes, smaller (NumPy's INT8 products are slow)
-    monkeypatch.setattr(ozaki_gpu, "READY_PRODUCTS", (((8, k, 16), True), ((24, k + 8, 20), False),
-                                                      ((24, k + 8, 20), True)))
+    threads, boundary = _traced_ready(warmup, monkeypatch)
     with cupy.cuda.Device(3):
-        assert ozaki_gpu.ready(dtype, fake_cupy_kernels.Backend()) > 0
-        assert ozaki_gpu.ready(dtype, fake_cupy_kernels.Backend()) == 0
+        assert warmup.ready(dtype, fake_cupy_kernels.Backend()) > 0
+        assert warmup.ready(dtype, fake_cupy_kernels.Backend()) == 0
     warmed = fake_cupy_kernels.variants[:boundary[0]]
     products = set(fake_cupy_kernels.variants[boundary[0]:])
     assert products and products <= set(warmed)
@@ -393,6 +411,53 @@ def test_ready_compiles_its_products_kernels_side_by_side_on_the_callers_gpu(oza
     assert {device for _, device in threads} == {3}
     if dtype == "complex128":
         assert any(v[0] == "summa_ozaki_combine" for v in products)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "complex128"])
+def test_kernels_compiled_ahead_are_what_ready_waits_for(warmup, dtype, monkeypatch):
+    """compile_ahead() runs ready()'s warmers in the background on the one
+    GPU, before ready() is called: ready() waits for them and compiles
+    nothing again, and its products find every variant made; a second
+    compile_ahead() of a dtype made does nothing."""
+    threads, boundary = _traced_ready(warmup, monkeypatch)
+    complex_ = dtype == "complex128"
+    warmup.compile_ahead(complex_)
+    ahead = warmup._AHEAD[complex_]
+    ahead.thread.join()
+    assert ahead.done and threads
+    assert threading.get_ident() not in {thread for thread, _ in threads}
+    ran = len(threads)
+    assert warmup.ready(dtype, fake_cupy_kernels.Backend()) > 0
+    assert len(threads) == ran and not warmup._AHEAD  # waited for, not compiled again
+    products = set(fake_cupy_kernels.variants[boundary[0]:])
+    assert products and products <= set(fake_cupy_kernels.variants[:boundary[0]])
+    assert {device for _, device in threads} == {0}
+    warmup.compile_ahead(complex_)
+    assert not warmup._AHEAD
+
+
+@pytest.mark.parametrize("trouble", ["two GPUs", "a failed compile"])
+def test_ready_compiles_where_nothing_was_compiled_ahead(warmup, trouble, monkeypatch):
+    """With two GPUs visible compile_ahead() compiles nothing (the device is
+    the plan's to choose), and where its compiling failed ready() compiles
+    every variant itself, side by side, before its products."""
+    threads, boundary = _traced_ready(warmup, monkeypatch)
+    if trouble == "two GPUs":
+        monkeypatch.setattr(fake_cupy_kernels._Device, "count", 2)
+    else:
+        traced = warmup.warmers
+        calls = iter([lambda complex_=False: [_raise], traced])
+        monkeypatch.setattr(warmup, "warmers", lambda complex_=False: next(calls)(complex_))
+    warmup.compile_ahead(False)
+    warmup._AHEAD[False].thread.join()
+    assert not warmup._AHEAD[False].done and not threads
+    assert warmup.ready("float64", fake_cupy_kernels.Backend()) > 0
+    products = set(fake_cupy_kernels.variants[boundary[0]:])
+    assert threads and products <= set(fake_cupy_kernels.variants[:boundary[0]])
+
+
+def _raise():
+    raise RuntimeError("nvrtc: compile failed")
 
 
 def test_the_reductions_read_every_layout_by_its_strides(rng, ozaki_gpu):
