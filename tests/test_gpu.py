@@ -444,6 +444,8 @@ def test_calibrate_times_the_host_link_of_every_gpu_copying_at_once(comm, gpu):
     profile = Profile({"gemm": [{"m": 1, "n": 1, "k": 1, "dtype": "float64",
                                  "seconds": 1.0}], "host_link": link})
     assert profile.host_seconds(1e9, 0) == pytest.approx(1 / link["h2d_gbs"])
+    # as many of the node's GPUs copying at once as it has ranks here (one node)
+    assert profile.link_gpus() == comm.Get_size()
 
 
 @pytest.mark.mpi(min_size=1)

@@ -311,7 +311,7 @@ def host_link_rates(comm, backend, nbytes: int = HOST_LINK_BYTES, repeat: int = 
                 f"chunks on {threads} copy thread{'s' * (threads != 1)} a rank; page-locked "
                 "memory in one copy",
                 concurrency=f"{ranks} GPU{'s' * (ranks != 1)} of a node copying at once: "
-                "the rates are one GPU's share")
+                "the rates are one GPU's share", gpus=ranks)
 
 
 #: Columns of the rows :func:`host_link_rates` copies (32 KiB rows: a chunk

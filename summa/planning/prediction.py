@@ -171,9 +171,18 @@ def _host_memory(plan, profile, up: int, down: int) -> tuple:
     each = TRAFFIC_A_BYTE[plan.host_copies or "stage"] * (up + down) + \
         (0 if plan.placement.into_out else down)
     traffic, copiers = ranks * each, ranks * threads
-    return profile.host_memory_seconds(traffic, copiers), {
-        "traffic": traffic, "ranks": ranks, "copiers": copiers,
-        "copy_gbs": profile.host_copy_gbs(copiers), "estimate": bool(section.get("estimate"))}
+    measured = profile.link_gpus()
+    in_link = measured is not None and ranks <= measured
+    details = {"traffic": traffic, "ranks": ranks, "copiers": copiers,
+               "copy_gbs": profile.host_copy_gbs(copiers),
+               "estimate": bool(section.get("estimate")), "in_link": measured if in_link else None}
+    # Where the link's rates were measured with as many of the node's GPUs
+    # copying at once, its staged copies already ran through this memory:
+    # on one H100 host summa calibrate's staged rate (37.4 GB/s up) was its
+    # memcpy rate (37.9), so the term, counting 4/3 of a memcpy a staged
+    # byte, bounded float64 16384³ under 24 GiB at 0.25 s where a call took
+    # 0.206 and the link says 0.18 (benchmarks/sweep_trace.py).
+    return (None if in_link else profile.host_memory_seconds(traffic, copiers)), details
 
 
 def _node_ranks(plan, profile) -> int:

@@ -12,9 +12,10 @@ they sit on (each optional)}``; ``summa calibrate``
 writes one, and profiles of machines we cannot run on (e.g. 8 GPUs per node on NVLink, nodes on
 InfiniBand) can be written by hand in the same form. Optional, for the time split of a plan
 (:class:`summa.planning.model.TimeSplit`): ``"host_link": {"name", "h2d_gbs", "d2h_gbs",
-"pinned_h2d_gbs", "pinned_d2h_gbs", "note", "concurrency"}`` (GB/s per GPU between pageable
-host memory and the GPU, staged through page-locked chunks, while the node's GPUs copy at once,
-as ``summa calibrate`` measures it on GPUs), ``"host_memory":
+"pinned_h2d_gbs", "pinned_d2h_gbs", "note", "concurrency", "gpus"}`` (GB/s per GPU between
+pageable host memory and the GPU, staged through page-locked chunks, while the node's GPUs copy
+at once, as ``summa calibrate`` measures it on GPUs; `gpus`: how many copied at once where it
+was measured), ``"host_memory":
 {"copy_gbs": [[copiers, GB/s], ...], "cores", "estimate", "note"}`` (a node's
 pageable -> page-locked memcpy rate with that many threads copying at once, as
 ``summa calibrate`` measures it; the cores of a node, which the copy threads divide;
@@ -196,6 +197,14 @@ class Profile:
         """The profile's ``host_link`` section (rates in GB/s), or None."""
         link = self.data.get("host_link")
         return link if link and link.get("h2d_gbs") and link.get("d2h_gbs") else None
+
+    def link_gpus(self) -> int | None:
+        """How many GPUs of a node copied at once where the host link's rates
+        were measured (``host_link``'s ``gpus``, as ``summa calibrate``
+        writes it), or None where the profile does not say: the rates then
+        leave the host memory of a node's copies to its own term."""
+        link = self.host_link() or {}
+        return int(link["gpus"]) if link.get("gpus") else None
 
     def host_seconds(self, up: float, down: float) -> float | None:
         """Seconds one GPU takes to move `up` bytes from host memory and

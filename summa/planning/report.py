@@ -301,8 +301,9 @@ def _split_lines(plan) -> list[str]:
     rows.append(("disk", split["disk"], f"only summa multiply on .npy files, beside the time "
                  f"above: reads {files}" if split["disk"] is not None else
                  f"the profile has no disk rate (summa multiply on .npy files reads {files})"))
-    return [f"    {name:<11}{f'{value:9.2f} s' if value is not None else 'not counted':>11}  "
-            f"{what}" for name, value, what in rows]
+    def value(seconds):  # (right-aligned in 22 columns with the name, a space between)
+        return f"{seconds:.2f} s" if seconds is not None else "not counted"
+    return [f"    {name} {value(seconds):>{21 - len(name)}}  {what}" for name, seconds, what in rows]
 
 
 def _host_memory_text(plan) -> str:
@@ -314,6 +315,10 @@ def _host_memory_text(plan) -> str:
     if not node:
         return ("nothing crosses it" if not sum(plan.predicted["host_bytes"]) else
                 "the profile has no host_memory rate (summa calibrate measures it)")
+    if node.get("in_link"):
+        gpus = node["in_link"]
+        return (f"in the host link's rates, measured with {gpus} GPU{'s' * (gpus != 1)} of the "
+                f"node copying at once ({node['traffic'] / 1e9:.0f} GB read and written)")
     return (f"{node['ranks']} GPU{'s' * (node['ranks'] != 1)} a node: {node['traffic'] / 1e9:.0f} "
             f"GB read and written at {MEMCPY_TRAFFIC * node['copy_gbs']:g} GB/s (memcpy "
             f"{node['copy_gbs']:g} GB/s on {node['copiers']} threads"

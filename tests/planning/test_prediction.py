@@ -277,6 +277,37 @@ def test_the_node_host_memory_is_shared_by_its_ranks(tmp_path):
     assert "max(GEMMs, host link, host memory, GPU links)" in texts[1]
 
 
+@pytest.mark.parametrize("measured, ranks, counted", [(1, 1, False), (8, 8, False),
+                                                       (4, 8, True), (None, 1, True)])
+def test_a_link_measured_with_as_many_gpus_copying_holds_the_host_memory(tmp_path, measured,
+                                                                        ranks, counted):
+    """Where the host link's rates were measured (summa calibrate) with at
+    least as many of a node's GPUs copying at once as the plan puts on a
+    node, its staged copies ran through the node's memory: the host memory
+    row says it is in the link's rates and is not counted beside it; with
+    more GPUs a node than measured, or a link that does not say, it is."""
+    path = _flat_host_memory(tmp_path, 1, gbs=10.0, estimate=False)
+    data = json.loads(open(path).read())
+    if measured is not None:
+        data["host_link"]["gpus"] = measured
+    open(path, "w").write(json.dumps(data))
+    args = (FIRST_USER[:2] + ["--grid", "2x4"] if ranks == 8 else
+            ["--size", "40000", "--ranks", "1", "--device-memory", "8GiB"])
+    text, plan = _plan(tmp_path, args + ["--precision", "fp64-int8", "--profile", path])
+    pred = plan["predicted"]
+    row = re.search(r"^    host memory +(.*)$", text, re.M).group(1)
+    link = pred["split"]["host_link"]
+    if counted:
+        assert pred["split"]["host_memory"] > link and pred["bound"] == "host_memory"
+        assert row.startswith(f"{pred['split']['host_memory']:.2f} s  {ranks} GPU")
+    else:
+        assert pred["split"]["host_memory"] is None and pred["bound"] != "host_memory"
+        assert pred["host_memory"]["in_link"] == measured
+        assert row.startswith(f"not counted  in the host link's rates, measured with "
+                              f"{measured} GPU")
+        assert pred["seconds"] < pred["host_memory"]["traffic"] / (3 * 10e9)
+
+
 def test_a_host_memory_bound_is_named_with_what_would_move_it(tmp_path):
     """A node whose memory copies slowly bounds the run: the plan names it,
     its rate, and what would move it (fewer bytes, page-locked operands,
