@@ -232,14 +232,15 @@ def _b_side(b, count: int, bits: int, cap: float, cols_p: int, k_p: int, constan
 
 def scratch_bytes(m: int, n: int, k: int, count: int, planes: int | None = None,
                   rows: int | None = None) -> int:
-    """Device bytes one product takes beside its operands: B's residue
-    planes and B transposed, and for one chunk of `rows` rows (None: all
-    `m`; :attr:`Scheme.rows`) A's residue planes, the integer products
-    folded a pass (`planes`; None: :data:`PLANES`) and the two sums."""
+    """Device bytes one product takes at once beside its operands: B's
+    residue planes, and either B transposed (while those are made) or, once
+    it is gone, one chunk of `rows` rows' (None: all `m`; :attr:`Scheme.rows`)
+    A's residue planes, the integer products folded a pass (`planes`; None:
+    :data:`PLANES`) and the two sums."""
     kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
     r = _chunk_rows(m, rows)
-    return count * (r + np_) * kp + 8 * n * k + 4 * planes_a_pass(planes, count) * r * np_ \
-        + 16 * r * n
+    chunk = count * r * kp + 4 * planes_a_pass(planes, count) * r * np_ + 16 * r * n
+    return count * np_ * kp + max(8 * n * k, chunk)
 
 
 def _chunk_rows(m: int, rows: int | None) -> int:
