@@ -140,7 +140,8 @@ def ooc_widths(k: int, widest: int, precision: str | None, gpu: bool) -> list[in
 def even_width(k: int, count: int) -> int:
     """The width that cuts `k` into `count` even panels (or fewer), rounded
     up to a multiple of :data:`WIDTH_ALIGN`."""
-    return -(-(-(-k // count)) // WIDTH_ALIGN) * WIDTH_ALIGN
+    width = -(-k // count)
+    return -(-width // WIDTH_ALIGN) * WIDTH_ALIGN
 
 
 def _choose(plan_at, widths: list, moved, asked: bool, limits: tuple) -> tuple:
