@@ -14,6 +14,10 @@ each without (making the operands and the checks included): give a device
 call that much. ``--references native`` times native float64 only beside
 fp64-int8.
 
+``--processes 1`` runs the first process alone (its cache of cuBLASLt's
+choices empty): half the time, for comparing widths or trees in one device
+call.
+
 ``--head-first N`` cuts each C tile's first panel in pieces from N columns
 (``summa.planning.memory.FP64_INT8_HEAD_FIRST``; default: whole), to weigh
 a shorter wait for the first upload against more products.
@@ -112,6 +116,9 @@ def main() -> int:
     p.add_argument("--head-first", type=int,
                    help="fp64-int8's first panel in pieces from this many columns "
                         "(default: whole)")
+    p.add_argument("--processes", type=int, choices=(1, 2), default=2,
+                   help="fresh processes: 2 (the default), the second finding the first's "
+                        "cuBLASLt choices; 1: the first alone")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.inner:
@@ -121,7 +128,7 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, SUMMA_CACHE_DIR=cache)
-        for process in ("empty cache", "cache kept"):
+        for process in ("empty cache", "cache kept")[:args.processes]:
             out = subprocess.run([sys.executable, __file__, "--size", str(args.size), "--inner"]
                                  + (["--free", args.free] if args.free else [])
                                  + ["--references", args.references]
