@@ -135,18 +135,16 @@ class Touch(Transfer):
         spans is filled: those unclaimed filled here, those claimed waited
         for; raises the touch's error."""
         lo, hi = byte_extent(view)
+        # (the parts start in order and do not overlap: those starting below
+        # `hi` from the last one starting at or below `lo`, ending past `lo`)
         first = max(0, bisect.bisect_right(self._starts, lo) - 1)
-        for i in range(first, len(self._parts)):
-            start, end, _ = self._parts[i]
-            if start >= hi:
-                break
-            if end > lo and self._claim(i):
+        spanned = [i for i in range(first, bisect.bisect_left(self._starts, hi))
+                   if self._parts[i][1] > lo]
+        for i in spanned:  # every unclaimed one first, then the wait for the rest
+            if self._claim(i):
                 self._fill(i)
-        for i in range(first, len(self._parts)):
-            if self._parts[i][0] >= hi:
-                break
-            if self._parts[i][1] > lo:
-                self._filled[i].wait()
+        for i in spanned:
+            self._filled[i].wait()
         if self.error is not None:
             raise self.error
 
