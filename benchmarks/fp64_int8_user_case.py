@@ -18,6 +18,10 @@ fp64-int8.
 choices empty): half the time, for comparing widths or trees in one device
 call.
 
+``--least-rows N`` lets fp64-int8's products take C's rows in chunks of as
+few as N (``summa.planning.tiling.FP64_INT8_ROWS``), which leaves room for
+wider panels under a small budget.
+
 ``--head-first N`` cuts each C tile's first panel in pieces from N columns
 (``summa.planning.memory.FP64_INT8_HEAD_FIRST``; default: whole), to weigh
 a shorter wait for the first upload against more products.
@@ -39,19 +43,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def one_process(n: int, free: str | None, references: str = "all",
-                panel_width: int | None = None, head_first: int | None = None) -> list[dict]:
+                panel_width: int | None = None, head_first: int | None = None,
+                least_rows: int | None = None) -> list[dict]:
     """The calls, timed, in this process (one GPU: summa.matmul plans and
-    runs here, so `head_first` set here is the one its plans take)."""
+    runs here, so `head_first` and `least_rows` set here are the ones its
+    plans take)."""
     sys.path.insert(0, ROOT)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import cupy as cp
     import numpy as np
     from user_case import _loop, hold_all_but
     import summa
-    from summa.planning import memory
+    from summa.planning import memory, tiling
     from summa.planning.memory import parse_bytes
     if head_first:
         memory.FP64_INT8_HEAD_FIRST = head_first
+    if least_rows:
+        tiling.FP64_INT8_ROWS = least_rows
 
     def host(seed):  # pageable, as the user holds it (made on the GPU: fast)
         x = np.empty((n, n))
@@ -116,6 +124,9 @@ def main() -> int:
     p.add_argument("--head-first", type=int,
                    help="fp64-int8's first panel in pieces from this many columns "
                         "(default: whole)")
+    p.add_argument("--least-rows", type=int,
+                   help="the fewest rows of C an fp64-int8 product takes at a time "
+                        "(summa.planning.tiling.FP64_INT8_ROWS; default: its)")
     p.add_argument("--processes", type=int, choices=(1, 2), default=2,
                    help="fresh processes: 2 (the default), the second finding the first's "
                         "cuBLASLt choices; 1: the first alone")
@@ -123,7 +134,7 @@ def main() -> int:
     args = p.parse_args()
     if args.inner:
         print(json.dumps(one_process(args.size, args.free, args.references,
-                                     args.panel_width, args.head_first)))
+                                     args.panel_width, args.head_first, args.least_rows)))
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as cache:
@@ -135,7 +146,9 @@ def main() -> int:
                                  + (["--panel-width", str(args.panel_width)]
                                     if args.panel_width else [])
                                  + (["--head-first", str(args.head_first)]
-                                    if args.head_first else []),
+                                    if args.head_first else [])
+                                 + (["--least-rows", str(args.least_rows)]
+                                    if args.least_rows else []),
                                  env=env, capture_output=True, text=True)
             if out.returncode:
                 print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)

@@ -29,7 +29,8 @@ from . import guardian
 from .. import options
 from .cleanup import MPI_SEGMENT_PREFIXES, note_segments
 
-__all__ = ["MPI", "MPIUnavailable", "load", "guard", "launched", "launcher_rank", "INSTALL"]
+__all__ = ["MPI", "MPIUnavailable", "load", "guard", "launched", "launcher_rank", "INSTALL",
+           "SINGLETON", "tell_singleton"]
 
 #: Where launchers put a process's rank (MPICH and Intel's, PMIx, Open MPI, Slurm).
 _RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
@@ -41,6 +42,17 @@ _LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZ
 #: What a machine without an MPI needs, in the words of the user guide's install.
 INSTALL = ('pip install "summa-gemm[mpich]" (an MPI from PyPI), or mpi4py built against '
            "your site's MPI (pip install --no-binary=mpi4py mpi4py)")
+
+
+#: What Open MPI is told where a process that no launcher started (a
+#: singleton: a plain script or notebook) starts MPI: that it is alone, so
+#: that it starts no daemon of its own. Open MPI 4's singleton start took
+#: 0.40 s of such a process's first call on an H100 host, GIL held (mpi4py's
+#: ``MPI_Init_thread``), so fp64-int8's kernels compiling ahead waited for it
+#: too. The daemon serves only ``MPI_Comm_spawn``, which summa never calls (its
+#: pool is an mpiexec job); other MPIs ignore the variable, and a value the
+#: user set stays.
+SINGLETON = {"OMPI_MCA_ess_singleton_isolated": "1"}
 
 
 class MPIUnavailable(ImportError):
@@ -60,11 +72,13 @@ def load():
     -----
     Where this import starts MPI, the process's guardian is started first
     (its files made since are its to remove) and told the files MPI made
-    after (:func:`guard`).
+    after (:func:`guard`); a process no launcher started tells Open MPI
+    first that it is alone (:func:`tell_singleton`).
     """
     # (each attribute of MPI comes here: once imported, only the import below)
     starting = "mpi4py.MPI" not in sys.modules and _installed()
     if starting:
+        tell_singleton()
         guardian.start(MPI_SEGMENT_PREFIXES)
     try:
         from mpi4py import MPI as module
@@ -74,6 +88,16 @@ def load():
     if starting:
         guard()
     return module
+
+
+def tell_singleton(environ=None) -> None:
+    """Where no launcher started this process, put :data:`SINGLETON` in
+    `environ` (default: the process's, which MPI reads as it starts), beside
+    what the user set there."""
+    environ = os.environ if environ is None else environ
+    if not launched():
+        for name, value in SINGLETON.items():
+            environ.setdefault(name, value)
 
 
 def _installed() -> bool:
