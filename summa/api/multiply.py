@@ -38,8 +38,7 @@ from .stateful import Matmul
 from ..execution.jobprogress import library_reporting
 from ..planning.arrays import plan_held
 from ..planning.request import PlanRequest
-from .planned import (ArrayOperands, compile_first, plan_arrays, pooled_size, run_planned,
-                      vector_result)
+from .planned import ArrayOperands, plan_arrays, pooled_size, run_planned, vector_result
 
 __all__ = ["matmul", "matmul_arrays", "host_matmul"]
 
@@ -150,7 +149,6 @@ def matmul_arrays(a, b, comm: MPI.Comm | None = None, root: int = 0, grid=None,
         raise TypeError(f"matmul got unexpected keyword argument(s) {', '.join(unknown)}")
     moduli = check_moduli(kwargs.pop("moduli", None), kwargs.get("precision"))
     trans = tuple(str(kwargs.pop(f"trans_{x}", "N")).upper() for x in "ab")
-    compile_first(a, b, comm, kwargs.get("precision"), backend, gpus)  # (before MPI starts)
     stack, a, b, empty = stacked(a, b, out, trans, MPI.COMM_WORLD if comm is None else comm,
                                  root)
     if stack is not None:

@@ -11,7 +11,6 @@ each call; :class:`summa.Matmul` plans once and runs many times."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -29,23 +28,9 @@ from .promotion import common_type, promoted
 from ..device.traits import traits
 from ..execution.arrays import run_held
 from ..planning.least import check_least_budget
-from ..precision.warmup import compile_ahead
 
 __all__ = ["ArrayOperands", "plan_arrays", "run_planned", "held_arrays", "pooled_size",
-           "ndim_of", "vector_result", "compile_first"]
-
-
-def compile_first(a, b, comm, precision, backend="auto", gpus=None) -> None:
-    """Where a plain process's first fp64-int8 product (`comm` None, no
-    launcher, MPI not yet started) of `a` and `b` may run here on its one
-    GPU, start compiling its kernels before MPI starts, which takes 0.40 s
-    under Open MPI (:func:`summa.precision.warmup.compile_ahead`: nothing
-    where there is not exactly one GPU). Later calls find MPI started and
-    the kernels made."""
-    if (precision != "fp64-int8" or comm is not None or backend not in ("auto", "cupy")
-            or gpus not in (None, 1) or "mpi4py.MPI" in sys.modules or pool.launched()):
-        return
-    compile_ahead(any("complex" in str(getattr(x, "dtype", "")) for x in (a, b)))
+           "ndim_of", "vector_result"]
 
 
 def pooled_size(operands: "ArrayOperands", comm, gpus=None, workers=None,

@@ -19,8 +19,7 @@ from ..execution.arrays import ArrayProduct
 from ..runtime.agree import Failure, from_root
 from ..planning.request import PlanRequest
 from ..planning.checks import check_arrays, precision_refusal
-from .planned import (ArrayOperands, compile_first, plan_arrays, pooled_size, run_planned,
-                      vector_result)
+from .planned import ArrayOperands, plan_arrays, pooled_size, run_planned, vector_result
 from .operands import kept_device
 from ..execution.jobprogress import library_reporting
 from ..precision.ozaki_gpu import check_moduli
@@ -108,7 +107,6 @@ class Matmul:
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             raise TypeError(f"Matmul got unexpected keyword argument(s) {', '.join(unknown)}")
-        compile_first(a, b, comm, options.get("precision"), backend, gpus)  # (before MPI starts)
         self._comm = MPI.COMM_WORLD if comm is None else comm
         self._product = self._pooled = None  # (an ArrayProduct here, or the pool's)
         self._root = root

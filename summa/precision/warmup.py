@@ -1,13 +1,16 @@
 """fp64-int8's kernels made before its first product: :func:`ready`
 compiles (or loads from CuPy's kernel cache on disk) every kernel variant a
 dtype's products take, side by side, and runs small products that find
-them made; :func:`compile_ahead` starts the compiling in the background
-where a plain process's first call has MPI to start meanwhile.
+them made.
+
+Compiling them in the background while a plain process's first call starts
+MPI gained nothing on an H100 (0.64-0.68 s of ``ready()`` after 0.30-0.44 s
+of MPI's start, against 0.67-0.73 s alone): mpi4py's ``MPI_Init_thread``
+holds the GIL all along, so the compiling threads wait for it.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,7 +20,7 @@ from . import kernels, ozaki
 from .kernels import kernel
 from .ozaki_gpu import gemm
 
-__all__ = ["READY_PRODUCTS", "ready", "warmers", "compile_ahead"]
+__all__ = ["READY_PRODUCTS", "ready", "warmers"]
 
 
 #: The small products :func:`ready` makes: ``(m, k, n)`` and whether C is a
@@ -28,41 +31,13 @@ READY_PRODUCTS = (((8, ozaki.K_NATIVE + 4, 16), True), ((1024, 1028, 1024), Fals
                   ((1024, 1028, 1024), True))
 
 
-class _Compiling:
-    """:func:`compile_ahead`'s compiling of float64's (`complex_`:
-    complex128's) kernels on device 0, in a thread of its own: `done` once
-    every warmer ran there (not where CuPy, the GPU or a compile failed:
-    :func:`ready` then compiles them itself)."""
-
-    def __init__(self, complex_: bool):
-        self.complex_, self.done = complex_, False
-        self.thread = threading.Thread(target=self.run, daemon=True,
-                                       name="summa-compile-ahead")
-
-    def run(self) -> None:
-        try:
-            import cupy
-            if cupy.cuda.runtime.getDeviceCount() == 1:
-                _warm_all(warmers(self.complex_), 0)
-                self.done = True
-        except Exception:  # no CuPy, no GPU, a compile's error: ready() says so where it runs
-            pass
-
-
-#: The compiling :func:`compile_ahead` started, by whether complex, until
-#: :func:`ready` takes it.
-_AHEAD: dict = {}
-_AHEAD_LOCK = threading.Lock()
-
-
 def ready(dtype, backend) -> float:
     """Compile (or load from CuPy's kernel cache on disk) every kernel a
     `dtype` product takes, the first time in this process; seconds it took
     (0 after). Each kernel variant the small products :data:`READY_PRODUCTS`
     launch is compiled in a thread of its own (:func:`warmers`: NVRTC lets
     go of the GIL), then those products run, which compile whatever the
-    threads missed; where :func:`compile_ahead` started the threads, this
-    waits for them. On a fresh machine the kernels, compiled one by one,
+    threads missed. On a fresh machine the kernels, compiled one by one,
     took 6.0 s of a float64 40960³ first call under 24 GiB (12.4 s, the
     second 2.7: `benchmarks/fp64_int8_user_case.py`); side by side 5.7-10.7 s
     on fresh H100s, as long as CuPy's reduction kernels took (a variant per
@@ -77,13 +52,7 @@ def ready(dtype, backend) -> float:
     if key in kernels.cache:
         return 0.0
     began = time.perf_counter()
-    device = cupy.cuda.Device().id
-    with _AHEAD_LOCK:
-        ahead = _AHEAD.pop(dtype.kind == "c", None)
-    if ahead is not None:
-        ahead.thread.join()
-    if ahead is None or not ahead.done or device != 0:
-        _warm_all(warmers(dtype.kind == "c"), device)
+    _warm_all(warmers(dtype.kind == "c"), cupy.cuda.Device().id)
     rng = np.random.default_rng(0)  # made on the host: no CuPy kernel to compile
     for (m, k, n), strip in READY_PRODUCTS:
         a, b = rng.uniform(-1, 1, (m, k)), rng.uniform(-1, 1, (k, n))
@@ -106,23 +75,6 @@ def _warm_all(calls: list, device: int) -> None:
             cupy.cuda.get_current_stream().synchronize()
     with ThreadPoolExecutor(max_workers=len(calls)) as pool:
         list(pool.map(warm, calls))
-
-
-def compile_ahead(complex_: bool = False) -> None:
-    """Start :func:`ready`'s compiling of float64's (`complex_`:
-    complex128's) kernels in the background, on this process's one GPU:
-    a plain process's first fp64-int8 call starts MPI before it plans
-    (0.40 s under Open MPI on an H100 host, docs/benchmarks.md), and NVRTC
-    compiles meanwhile, letting go of the GIL. :func:`ready` waits for it.
-    Nothing is compiled where CuPy or a single visible GPU is missing
-    (several: the pool's workers, or a device the plan has yet to choose);
-    a failure is left to :func:`ready`, which compiles again and raises
-    where it must."""
-    with _AHEAD_LOCK:
-        if complex_ in _AHEAD or ("ready", "D" if complex_ else "d") in kernels.cache:
-            return
-        compiling = _AHEAD[complex_] = _Compiling(complex_)
-    compiling.thread.start()
 
 
 def warmers(complex_: bool = False) -> list:

@@ -381,7 +381,6 @@ def _traced_ready(warmup, monkeypatch) -> tuple:
     k = ozaki.K_NATIVE + 4
     monkeypatch.setattr(warmup, "READY_PRODUCTS", (((8, k, 16), True), ((24, k + 8, 20), False),
                                                    ((24, k + 8, 20), True)))
-    monkeypatch.setattr(warmup, "_AHEAD", {})
     return threads, boundary
 
 
@@ -411,53 +410,6 @@ def test_ready_compiles_its_products_kernels_side_by_side_on_the_callers_gpu(war
     assert {device for _, device in threads} == {3}
     if dtype == "complex128":
         assert any(v[0] == "summa_ozaki_combine" for v in products)
-
-
-@pytest.mark.parametrize("dtype", ["float64", "complex128"])
-def test_kernels_compiled_ahead_are_what_ready_waits_for(warmup, dtype, monkeypatch):
-    """compile_ahead() runs ready()'s warmers in the background on the one
-    GPU, before ready() is called: ready() waits for them and compiles
-    nothing again, and its products find every variant made; a second
-    compile_ahead() of a dtype made does nothing."""
-    threads, boundary = _traced_ready(warmup, monkeypatch)
-    complex_ = dtype == "complex128"
-    warmup.compile_ahead(complex_)
-    ahead = warmup._AHEAD[complex_]
-    ahead.thread.join()
-    assert ahead.done and threads
-    assert threading.get_ident() not in {thread for thread, _ in threads}
-    ran = len(threads)
-    assert warmup.ready(dtype, fake_cupy_kernels.Backend()) > 0
-    assert len(threads) == ran and not warmup._AHEAD  # waited for, not compiled again
-    products = set(fake_cupy_kernels.variants[boundary[0]:])
-    assert products and products <= set(fake_cupy_kernels.variants[:boundary[0]])
-    assert {device for _, device in threads} == {0}
-    warmup.compile_ahead(complex_)
-    assert not warmup._AHEAD
-
-
-@pytest.mark.parametrize("trouble", ["two GPUs", "a failed compile"])
-def test_ready_compiles_where_nothing_was_compiled_ahead(warmup, trouble, monkeypatch):
-    """With two GPUs visible compile_ahead() compiles nothing (the device is
-    the plan's to choose), and where its compiling failed ready() compiles
-    every variant itself, side by side, before its products."""
-    threads, boundary = _traced_ready(warmup, monkeypatch)
-    if trouble == "two GPUs":
-        monkeypatch.setattr(fake_cupy_kernels._Device, "count", 2)
-    else:
-        traced = warmup.warmers
-        calls = iter([lambda complex_=False: [_raise], traced])
-        monkeypatch.setattr(warmup, "warmers", lambda complex_=False: next(calls)(complex_))
-    warmup.compile_ahead(False)
-    warmup._AHEAD[False].thread.join()
-    assert not warmup._AHEAD[False].done and not threads
-    assert warmup.ready("float64", fake_cupy_kernels.Backend()) > 0
-    products = set(fake_cupy_kernels.variants[boundary[0]:])
-    assert threads and products <= set(fake_cupy_kernels.variants[:boundary[0]])
-
-
-def _raise():
-    raise RuntimeError("nvrtc: compile failed")
 
 
 def test_the_reductions_read_every_layout_by_its_strides(rng, ozaki_gpu):
