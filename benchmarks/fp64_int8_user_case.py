@@ -136,19 +136,17 @@ def main() -> int:
         print(json.dumps(one_process(args.size, args.free, args.references,
                                      args.panel_width, args.head_first, args.least_rows)))
         return 0
+    # the options each fresh process is given as they were asked here
+    passed = [x for flag, value in (("--free", args.free), ("--panel-width", args.panel_width),
+                                    ("--head-first", args.head_first),
+                                    ("--least-rows", args.least_rows))
+              if value for x in (flag, str(value))]
     rows = []
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, SUMMA_CACHE_DIR=cache)
         for process in ("empty cache", "cache kept")[:args.processes]:
-            out = subprocess.run([sys.executable, __file__, "--size", str(args.size), "--inner"]
-                                 + (["--free", args.free] if args.free else [])
-                                 + ["--references", args.references]
-                                 + (["--panel-width", str(args.panel_width)]
-                                    if args.panel_width else [])
-                                 + (["--head-first", str(args.head_first)]
-                                    if args.head_first else [])
-                                 + (["--least-rows", str(args.least_rows)]
-                                    if args.least_rows else []),
+            out = subprocess.run([sys.executable, __file__, "--size", str(args.size), "--inner",
+                                  "--references", args.references] + passed,
                                  env=env, capture_output=True, text=True)
             if out.returncode:
                 print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)

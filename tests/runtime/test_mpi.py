@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from summa.runtime import mpi
-from tests.helpers import LAUNCHER_VARIABLES
+from helpers import LAUNCHER_VARIABLES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
