@@ -1,8 +1,8 @@
 """Just enough of CuPy for summa.precision.ozaki_gpu on a machine without a GPU.
 
 Device arrays are NumPy arrays; the kernels are NumPy versions of the CUDA
-sources in summa/precision/kernels.py (same formulas, element for element), run at
-once when launched; streams and events only record the order of calls. What
+source in summa/precision/cuda_source.py (same formulas, element for element),
+run at once when launched; streams and events only record the order of calls. What
 this checks is ozaki_gpu's own work: the residue planes and their padding,
 the grouping of products per fold, K in pieces, chunks of rows, complex
 products, alpha and beta, the Inf/NaN checks, and that the pitches a kernel
@@ -111,10 +111,31 @@ def _combine(re, im, alpha, beta, c):
     c[...] = v if beta == 0 else v + beta * c
 
 
-#: The kernel variants launched (or compiled) as CuPy tells them apart: the
-#: kernel and each array's dimensions and whether it is C-contiguous (CuPy's
-#: elementwise kernels compile a variant for each; a raw kernel's is None).
-variants: list = []
+def _strided(c, sr, sc) -> None:
+    """A kernel writes `c`'s element (r, j) at ``r sr + j sc`` elements
+    from its first: that must be where its NumPy view's elements lie."""
+    for length, stride, step in zip(c.shape, c.strides, (sr, sc)):
+        assert c.size == 0 or length == 1 or stride == int(step) * c.itemsize
+
+
+def _exponents(amax, norm, count, bits, cap, shift):
+    from summa.precision import ozaki
+    shift[...] = ozaki.exponents(amax, int(bits), np, norm, float(cap))
+
+
+def _finish_apart(s_hi, s_lo, e, f, rows, cols, m_hi, m_lo, t, alpha, beta, c, sr, sc):
+    _strided(c, sr, sc)
+    _finish(s_hi, s_lo, e.reshape(-1, 1), f.reshape(1, -1), m_hi, m_lo, t, alpha, beta, c)
+
+
+def _combine_apart(re, im, rows, cols, ar, ai, br, bi, c, sr, sc):
+    _strided(c, sr, sc)
+    _combine(re, im, complex(ar, ai), complex(br, bi), c)
+
+
+def _split(x, rows, cols, sr, sc, re, im):
+    _strided(x, sr, sc)
+    re[...], im[...] = x.real, x.imag
 
 
 def _reduce(x, outer, inner, so, si, op, top, out):
@@ -131,40 +152,36 @@ def _reduce(x, outer, inner, so, si, op, top, out):
         out[...] = np.sqrt(np.sum(np.square(scaled), axis=1))
 
 
-def _variant(name, arrays):
-    variants.append((name, tuple((np.ndim(x), bool(np.asarray(x).flags.c_contiguous))
-                                 for x in arrays if isinstance(x, np.ndarray))))
+_KERNELS = {"residues": _residues, "fold": _fold, "fold_finish": _fold_finish,
+            "reduce_inner": _reduce, "reduce_outer": _reduce, "exponents": _exponents,
+            "finish": _finish_apart, "combine": _combine_apart, "split": _split}
 
 
-class _RawKernel:
+class _Function:
+    """A kernel of a module, run in NumPy; counts its launches."""
+
     def __init__(self, source, name):
         assert f"void {name}(" in source  # the source holds the kernel it names
-        self.fn = {"residues": _residues, "fold": _fold, "fold_finish": _fold_finish,
-                   "reduce_inner": _reduce, "reduce_outer": _reduce}[name]
-        self.name, self.launches = name, 0
-
-    def compile(self):
-        variants.append((self.name, None))
+        self.fn, self.name, self.launches = _KERNELS[name], name, 0
 
     def __call__(self, grid, block, args):
-        variants.append((self.name, None))
         self.launches += 1
         self.fn(*args)
 
 
-class _ElementwiseKernel:
-    def __init__(self, in_params, out_params, operation, name):
-        assert name in ("summa_ozaki_finish", "summa_ozaki_exponents", "summa_ozaki_combine")
-        self.name = name
+class _RawModule:
+    """CuPy's RawModule of CUDA `code` (a shipped binary's `path` is never
+    loaded here: the stand-in's driver is too old for it); `made` lists the
+    modules made."""
+    made: list = []
 
-    def __call__(self, *args):
-        _variant(self.name, np.broadcast_arrays(*[a for a in args if isinstance(a, np.ndarray)])
-                 if self.name == "summa_ozaki_finish" else args)
-        if self.name == "summa_ozaki_exponents":
-            from summa.precision import ozaki
-            amax, norm, bits, cap = args
-            return ozaki.exponents(amax, int(bits), np, norm, float(cap))
-        (_combine if self.name == "summa_ozaki_combine" else _finish)(*args)
+    def __init__(self, code=None, path=None, options=()):
+        assert code is not None and path is None
+        self.code, self.options = code, options
+        _RawModule.made.append(self)
+
+    def get_function(self, name):
+        return _Function(self.code, name)
 
 
 class _Device:
@@ -172,6 +189,7 @@ class _Device:
     `count` visible (``cuda.runtime.getDeviceCount``)."""
     current: dict = {}
     count = 1
+    compute_capability = "90"
 
     def __init__(self, id=None):
         import threading
@@ -192,9 +210,10 @@ def module():
     cuda = types.SimpleNamespace(
         Event=lambda *a, **k: _Event(), Stream=_Stream,
         get_current_stream=lambda: _Stream.current or _Stream(), Device=_Device,
-        runtime=types.SimpleNamespace(getDeviceCount=lambda: _Device.count))
+        runtime=types.SimpleNamespace(getDeviceCount=lambda: _Device.count,
+                                      driverGetVersion=lambda: 0))
     fake = types.SimpleNamespace(
-        cuda=cuda, RawKernel=_RawKernel, ElementwiseKernel=_ElementwiseKernel,
+        cuda=cuda, RawModule=_RawModule,
         empty=np.empty, zeros=np.zeros, ones=np.ones,
         isinf=np.isinf, dtype=np.dtype,
         asarray=np.asarray,

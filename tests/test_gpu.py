@@ -1653,46 +1653,94 @@ def _device_view(cupy, view):
     return cupy.ndarray(view.shape, view.dtype, flat.data + offset, view.strides)
 
 
-def test_fp64_int8_first_call_reports_its_kernels_compiling_apart(tmp_path):
-    """A fresh process with an empty CuPy kernel cache compiles fp64-int8's
+def test_fp64_int8_first_call_reports_its_kernels_made_apart_and_compiles_nothing(tmp_path):
+    """A fresh process with an empty CuPy kernel cache makes fp64-int8's
     kernels before its first call's product and says how long it took
-    (stats' ``compile_seconds``); its second call compiles nothing."""
+    (stats' ``compile_seconds``); its second call makes nothing. Where the
+    shipped binary fits this GPU and driver, nothing is compiled at all:
+    CuPy's cache stays empty."""
+    from summa.precision import binaries
     if not _int8_capable():
         pytest.skip("no INT8 tensor cores")
     out = _with_empty_kernel_cache(tmp_path / "kernels", _FIRST_CALLS, SUMMA_WORKERS="1")
     first, second = map(float, out.split()[-2:])
     assert first > 0 and second == 0, (first, second)
-    assert any((tmp_path / "kernels").iterdir())  # kept on disk for the next process
+    compiled = list((tmp_path / "kernels").iterdir())
+    import cupy
+    assert bool(compiled) == (binaries.load(cupy) is None), compiled
 
 
-_WARM_THEN_READY = """
-import os, re, sys, cupy
-from summa.device.backend import get_backend
-from summa.precision import warmup
-backend = get_backend("cupy")
-for call in warmup.warmers(sys.argv[1] == "complex128"):
-    call()
-cupy.cuda.get_current_stream().synchronize()
+_FIRST_PRODUCTS = """
+import os, re, sys, numpy as np, cupy
+import summa
+rng = np.random.default_rng()
+for dtype in ("float64", "complex128"):
+    a = rng.uniform(-1, 1, (300, 200)).astype(dtype)
+    b = rng.uniform(-1, 1, (200, 100)).astype(dtype)
+    if dtype == "complex128":
+        a += 1j * rng.uniform(-1, 1, a.shape)
+    c = summa.matmul(a, b, precision="fp64-int8", backend="cupy")
+    f = summa.matmul(np.asfortranarray(a), b[:, ::2], precision="fp64-int8", backend="cupy")
+    assert np.abs(c - a @ b).max() <= 1e-12 * 200 and np.abs(f - a @ b[:, ::2]).max() <= 1e-12 * 200
 cache = os.environ["CUPY_CACHE_DIR"]
-before = set(os.listdir(cache))
-warmup.ready(sys.argv[1], backend)
-missed = [re.findall(r"void (\\w+)\\(", open(os.path.join(cache, f)).read())[:1]
-          for f in sorted(set(os.listdir(cache)) - before) if f.endswith(".cu")]
-print(len(before), missed)
+print([re.findall(r"void (\\w+)\\(", open(os.path.join(cache, f)).read())[:1]
+       for f in sorted(os.listdir(cache)) if f.endswith(".cu")])
 """
 
 
-@pytest.mark.parametrize("dtype", ["float64", "complex128"])
-def test_ready_compiles_in_its_threads_every_kernel_its_small_products_take(tmp_path, dtype):
-    """warmup.warmers' calls, which ready() runs side by side, compile
-    every kernel variant its small products launch: in a fresh process with
-    an empty CuPy kernel cache, the products after them compile nothing."""
+@pytest.mark.parametrize("source", ["shipped", "compiled here"])
+def test_fp64_int8_first_products_from_the_host_compile_nothing_but_its_own_source(tmp_path,
+                                                                                source):
+    """A fresh process's fp64-int8 products from NumPy arrays (float64 and
+    complex128, C-ordered and Fortran-ordered, a strided B) compile no CuPy
+    kernel: with the shipped binary nothing at all, and without it (as on a
+    driver older than the CUDA that built it) the kernels' own source once."""
     if not _int8_capable():
         pytest.skip("no INT8 tensor cores")
-    out = _with_empty_kernel_cache(tmp_path / "kernels", _WARM_THEN_READY, dtype,
+    from summa.precision import binaries
+    import cupy
+    if source == "shipped" and binaries.load(cupy) is None:
+        pytest.skip("the shipped binary does not fit this GPU or driver")
+    script = _FIRST_PRODUCTS if source == "shipped" else (
+        "from summa.precision import binaries\nbinaries.load = lambda cupy: None\n"
+        + _FIRST_PRODUCTS)
+    out = _with_empty_kernel_cache(tmp_path / "kernels", script, SUMMA_WORKERS="1",
                                    CUPY_CACHE_SAVE_CUDA_SOURCE="1")
-    warmed, missed = out.strip().split(" ", 1)
-    assert int(warmed) > 0 and missed == "[]", out
+    compiled = out.strip().splitlines()[-1]
+    assert compiled == ("[]" if source == "shipped" else "[['summa_end']]"), compiled
+
+
+def test_the_shipped_kernels_and_the_source_compiled_here_agree_bit_for_bit(rng):
+    """The fat binary built by nvcc and the source compiled by NVRTC give the
+    same products, bit for bit (float64 and complex128, C apart)."""
+    import cupy
+    from summa.device.backend import get_backend
+    from summa.precision import binaries, kernels, ozaki_gpu
+    if not _int8_capable():
+        pytest.skip("no INT8 tensor cores")
+    if binaries.load(cupy) is None:
+        pytest.skip("the shipped binary does not fit this GPU or driver")
+    backend = get_backend("cupy")
+    a = rng.uniform(-1, 1, (130, 300)) + 1j * rng.uniform(-1, 1, (130, 300))
+    b = rng.uniform(-1, 1, (300, 70)) - 1j * rng.uniform(-1, 1, (300, 70))
+    products = []
+    for made in (kernels.module, lambda: cupy.RawModule(code=kernels.SOURCE)):
+        saved = dict(kernels.cache)
+        kernels.cache.clear()
+        kernels.cache[("module", cupy.cuda.Device().compute_capability)] = made()
+        try:
+            got = []
+            for x, y in ((a.real, b.real), (a, b)):
+                c = cupy.zeros((y.shape[1], x.shape[0]), dtype=x.dtype).T
+                ozaki_gpu.gemm(1.5, cupy.asarray(x), cupy.asarray(y), c, 0.0, backend=backend)
+                got.append(cupy.asnumpy(c))
+            products.append(got)
+        finally:
+            kernels.cache.clear()
+            kernels.cache.update(saved)
+    for shipped, here in zip(*products):
+        assert np.array_equal(shipped, here)
+    assert gemm_scaled_error(products[0][1], a, b, alpha=1.5) <= 1
 
 
 _IPC_JOB = """

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..host.storage import transposed
+from ..precision import binaries
 from ..device.traits import traits
 from .memory import format_bytes, waited_write_backs
 from .model import gemm_flops
@@ -88,12 +89,10 @@ def _fp64_int8_lines(plan) -> list[str]:
     if plan.moduli is not None:
         lines.append(f"  fp64-int8: each panel product's int8 residues ({plan.moduli} moduli), "
                      "integer products and float64 sums counted above")
-        # (docs/benchmarks.md, "float64 on INT8: the user's call": 0.6-1.1 s of
-        # compiling on a fresh H100, outside the prediction)
-        lines.append("  fp64-int8's first call on a machine compiles its kernels (side by "
-                     "side) and tries cuBLASLt's INT8 candidates on the first products of "
-                     "each new shape: seconds beside the prediction, once (kept on disk by "
-                     "CuPy and in SUMMA_CACHE_DIR)")
+        # (docs/benchmarks.md, "float64 on INT8: the user's call": outside the
+        # prediction, once a machine)
+        lines.append(f"  {binaries.shipped()}; its first products of each new shape try "
+                     "cuBLASLt's INT8 candidates (kept in SUMMA_CACHE_DIR)")
     if memory.int8_rows is not None:
         whole = "of a tile's" if memory.tile else "of C's"
         lines.append(f"  fp64-int8's products take C's rows {memory.int8_rows} at a time (B's "

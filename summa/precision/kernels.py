@@ -1,10 +1,11 @@
-"""The CUDA side of :mod:`summa.precision.ozaki_gpu`: the kernels of the
-fp64-int8 products (the residues, the folds of the integer products, the
-reductions and elementwise steps, as CUDA sources and CuPy's kernel
-arguments), each made once a process (:func:`kernel`), their launches, the
-moduli's device constants, and the folds that rebuild C from a product's
-integer products (:class:`Folds`). :mod:`summa.precision.ozaki_gpu` drives
-them into products.
+"""The CUDA side of :mod:`summa.precision.ozaki_gpu`: fp64-int8's kernels
+(:mod:`summa.precision.cuda_source`) as one module a process loads once
+(:func:`module`: shipped compiled, :mod:`summa.precision.binaries`, else
+compiled from the source), their launches (the reductions of the scaling,
+the exponents, the residues, the folds of the integer products, the finish
+and the complex products' parts), the moduli's device constants, and the
+folds that rebuild C from a product's integer products (:class:`Folds`).
+:mod:`summa.precision.ozaki_gpu` drives them into products.
 
 Every kernel mirrors the NumPy code of :mod:`summa.precision.ozaki` (the same
 float64 formulas); tests/fake_cupy_kernels.py is them in NumPy.
@@ -16,10 +17,12 @@ import dataclasses
 
 import numpy as np
 
-from . import ozaki
+from . import binaries, ozaki
+from .cuda_source import OPTIONS, SOURCE
 
-__all__ = ["PLANES", "kernel", "launch", "residue_planes", "moduli_constants",
-           "planes_a_pass", "Encoding", "Folds", "Reduction", "cache"]
+__all__ = ["PLANES", "module", "kernel", "launch", "exponents", "finish", "combine", "split",
+           "residue_planes", "moduli_constants", "planes_a_pass", "Encoding", "Folds",
+           "Reduction", "cache"]
 
 
 #: Integer products folded per pass by default (each pass reads and writes
@@ -29,149 +32,25 @@ __all__ = ["PLANES", "kernel", "launch", "residue_planes", "moduli_constants",
 #: 5-9 %).
 PLANES = 4
 
-
-# Rows on the grid's y axis and columns on x: no 64-bit division per element
-# (a flat index cost it twice per element; the residues took 48 ms of a
-# 1.25 s product at N = 32768 in `benchmarks/fp64_int8_speed.py`'s phases).
-# Residues: four columns a thread, one 4-byte store per plane (cols_p is a
-# multiple of 4, the planes 4-aligned).
-_RESIDUES = r"""
-extern "C" __global__ void residues(const double* x, const int* e, long long rows,
-        long long rows_p, long long cols, long long cols_p, long long ld, int count,
-        const double* moduli, const double* inverses, signed char* out) {
-    long long plane = rows_p * cols_p, quads = cols_p / 4;
-    for (long long r = blockIdx.y; r < rows_p; r += gridDim.y) {
-        for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < quads;
-             q += (long long)gridDim.x * blockDim.x) {
-            long long j = 4 * q;
-            double xb[4];
-            for (int t = 0; t < 4; ++t)
-                xb[t] = (r < rows && j + t < cols) ? rint(ldexp(x[r * ld + j + t], e[r])) : 0.0;
-            for (int l = 0; l < count; ++l) {
-                double m = moduli[l], inv = inverses[l];
-                unsigned int packed = 0;  // little-endian: column j in the lowest byte
-                for (int t = 0; t < 4; ++t) {
-                    double v = xb[t] - m * rint(xb[t] * inv);
-                    if (v > 127.0) v -= m;
-                    if (v < -128.0) v += m;
-                    packed |= (unsigned int)(unsigned char)(signed char)v << (8 * t);
-                }
-                *(unsigned int*)(out + l * plane + r * cols_p + j) = packed;
-            }
-        }
-    }
-}
-"""
-
-# The folds: the first of a product starts from zero (no pass to clear the
-# sums, no read of them), the last can end the product itself (fold_finish:
-# the sums never go to memory), so 16 products folded 4 at a time pass over
-# C's sums 3 times instead of 5 (the folds took ~80 ms of the 1.25 s in
-# `benchmarks/fp64_int8_speed.py`'s phases).
-_FOLD_BODY = r"""
-    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
-        for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < cols;
-             j += (long long)gridDim.x * blockDim.x) {
-            long long idx = r * cols + j;
-            double hi = first ? 0.0 : s_hi[idx], lo = first ? 0.0 : s_lo[idx];
-            for (int p = 0; p < count; ++p) {
-                double gd = (double)g[p * plane + r * ldg + j];
-                double u = gd - moduli[p] * rint(gd * inverses[p]);
-                hi += u * w_hi[p];
-                lo += u * w_lo[p];
-            }
-            FINISH
-        }
-    }
-}
-"""
-_FOLD_ARGS = ("const int* g, long long rows, long long cols, long long ldg, long long plane, "
-              "int count, const double* moduli, const double* inverses, const double* w_hi, "
-              "const double* w_lo, double* s_hi, double* s_lo, int first")
-_FOLD = ('extern "C" __global__ void fold(' + _FOLD_ARGS + ") {" +
-         _FOLD_BODY.replace("FINISH", "s_hi[idx] = hi;\n            s_lo[idx] = lo;"))
-# The finish's formulas (the "finish" kernel below), on the sums in registers.
-_FOLD_FINISH = ('extern "C" __global__ void fold_finish(' + _FOLD_ARGS +
-                ", const int* e, const int* f, double m_hi, double m_lo, int t, double alpha, "
-                "double beta, double* c, long long ldc) {" + _FOLD_BODY.replace("FINISH", r"""
-            double q = rint((hi + lo) / (m_hi + m_lo));
-            double d = (hi - q * m_hi) + (lo - q * m_lo);
-            double v = alpha * ldexp(d, t - e[r] - f[j]);
-            double* cj = c + r * ldc + j;
-            *cj = beta == 0.0 ? v : v + beta * *cj;"""))
-
-#: The kernels made in this process by name, and the moduli's device
-#: constants (:func:`moduli_constants`) and the dtypes made ready
-#: (:func:`summa.precision.warmup.ready`) by key.
+#: What this process made once: the kernels' module by device capability,
+#: each device's kernels by ``(name, device)``, the reductions by name, the
+#: moduli's device constants (:func:`moduli_constants`) and the dtypes made
+#: ready (:func:`summa.precision.warmup.ready`) by key.
 cache: dict = {}
 
 
-# The reductions of the scaling (:func:`summa.precision.ozaki_gpu.scaling_exponents`):
-# each row's (or column's) largest magnitude, Inf where it holds Inf or NaN
-# (one reduction scales and checks), and its 2-norm with each value scaled by
-# its row's largest's 2**-exponent into [0.5, 1) first (the exponent frexp
-# gives, as :func:`summa.precision.ozaki.norms`: no square overflows). Raw
-# kernels, one for any shape and strides: CuPy's ReductionKernels compiled a
-# variant per shape class, 1.3-8.3 s each side by side on a fresh H100 (the
-# longest of a 40960³ first call's 8.5 s in ready(); its products then
-# compiled more variants for 4.7 s: `benchmarks/fp64_int8_user_case.py`'s
-# fresh process under cProfile). "inner": a block an output, its threads
-# along the reduced axis (rows stored by rows); "outer": a warp along 32
-# adjacent outputs (columns stored by rows), so that either way the reads
-# coalesce.
-_REDUCE_COMMON = r"""
-__device__ __forceinline__ double summa_term(double v, int op, int shift) {
-    if (op == 0) return isfinite(v) ? fabs(v) : __longlong_as_double(0x7ff0000000000000LL);
-    double s = ldexp(v, shift);
-    return s * s;
-}
-__device__ __forceinline__ double summa_join(double a, double b, int op) {
-    return op == 0 ? fmax(a, b) : a + b;
-}
-__device__ __forceinline__ int summa_shift(const double* top, long long o, int op) {
-    int e = 0;
-    if (op == 1) frexp(top[o], &e);
-    return -e;
-}
-"""
-_REDUCE_ARGS = ("const double* x, long long outer, long long inner, long long so, long long si, "
-                "int op, const double* top, double* out")
-_REDUCE_INNER = _REDUCE_COMMON + 'extern "C" __global__ void reduce_inner(' + _REDUCE_ARGS + r""") {
-    __shared__ double part[256];
-    for (long long o = blockIdx.x; o < outer; o += gridDim.x) {
-        int shift = summa_shift(top, o, op);
-        double acc = 0.0;
-        for (long long i = threadIdx.x; i < inner; i += blockDim.x)
-            acc = summa_join(acc, summa_term(x[o * so + i * si], op, shift), op);
-        part[threadIdx.x] = acc;
-        __syncthreads();
-        for (int half = blockDim.x / 2; half > 0; half >>= 1) {
-            if (threadIdx.x < half)
-                part[threadIdx.x] = summa_join(part[threadIdx.x], part[threadIdx.x + half], op);
-            __syncthreads();
-        }
-        if (threadIdx.x == 0) out[o] = op == 1 ? sqrt(part[0]) : part[0];
-        __syncthreads();
-    }
-}
-"""
-_REDUCE_OUTER = _REDUCE_COMMON + 'extern "C" __global__ void reduce_outer(' + _REDUCE_ARGS + r""") {
-    __shared__ double part[16][33];
-    long long o = blockIdx.x * 32LL + threadIdx.x;
-    double acc = 0.0;
-    if (o < outer) {
-        int shift = summa_shift(top, o, op);
-        for (long long i = threadIdx.y; i < inner; i += blockDim.y)
-            acc = summa_join(acc, summa_term(x[o * so + i * si], op, shift), op);
-    }
-    part[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0 && o < outer) {
-        for (int y = 1; y < blockDim.y; ++y) acc = summa_join(acc, part[y][threadIdx.x], op);
-        out[o] = op == 1 ? sqrt(acc) : acc;
-    }
-}
-"""
+def module():
+    """fp64-int8's kernels for the current device's architecture, made once
+    a process: the shipped binary loaded (:func:`summa.precision.binaries.load`)
+    where it fits, else :data:`summa.precision.cuda_source.SOURCE` compiled
+    (one NVRTC compile, which CuPy keeps on disk for the next process)."""
+    import cupy
+    key = ("module", cupy.cuda.Device().compute_capability)
+    if key not in cache:
+        cache[key] = binaries.load(cupy) or cupy.RawModule(code=SOURCE, options=OPTIONS)
+    return cache[key]
+
+
 #: The reductions' operations by name (the kernels' `op`).
 _REDUCTIONS = {"amax": 0, "norm": 1}
 
@@ -185,7 +64,6 @@ class Reduction:
 
     def __init__(self, name: str):
         self.op = _REDUCTIONS[name]
-        self.inner, self.outer = kernel("reduce_inner"), kernel("reduce_outer")
 
     def __call__(self, x, top=None, *, axis):
         import cupy
@@ -201,9 +79,9 @@ class Reduction:
         args = (x, np.int64(outer), np.int64(inner), np.int64(so), np.int64(si),
                 np.int32(self.op), top, out)
         if outer and abs(so) < abs(si):  # adjacent outputs: a warp along them
-            self.outer((-(-outer // 32),), (32, 16), args)
+            kernel("reduce_outer")((-(-outer // 32),), (32, 16), args)
         elif outer:
-            self.inner((int(min(outer, 1 << 16)),), (256,), args)
+            kernel("reduce_inner")((int(min(outer, 1 << 16)),), (256,), args)
         return out.reshape(()) if axis is None else out
 
 
@@ -217,47 +95,19 @@ def _reduced(x, axis) -> tuple:
     return (rows, cols, s0, s1) if axis == 1 else (cols, rows, s1, s0)
 
 
-#: CuPy's elementwise kernels by name: ElementwiseKernel's arguments.
-_ELEMENTWISE = {
-    # summa.precision.ozaki.exponents' formulas in one kernel (its ~12 CuPy
-    # operations were as many kernels to compile on a fresh machine)
-    "exponents": ("float64 amax, float64 norm, int32 bits, float64 cap", "int32 shift",
-                  "int ex; frexp(amax, &ex);"
-                  "double nm = isfinite(norm) ? fmax(norm, 0.5) : 0.5;"
-                  "double kept = fmin((double)bits,"
-                  "                   floor(cap - log2(nm * (1.0 + ldexp(1.0, -30))) - 1e-9));"
-                  "shift = amax > 0 ? (int)(kept - ex) : 0;", "summa_ozaki_exponents"),
-    "finish": ("float64 s_hi, float64 s_lo, int32 e, int32 f, float64 m_hi, float64 m_lo, "
-               "int32 t, float64 alpha, float64 beta", "float64 c",
-               "double q = rint((s_hi + s_lo) / (m_hi + m_lo));"
-               "double d = (s_hi - q * m_hi) + (s_lo - q * m_lo);"
-               "double v = alpha * ldexp(d, t - e - f);"
-               "c = beta == 0.0 ? v : v + beta * c;", "summa_ozaki_finish"),
-    # a complex product's two real ones into C in place: no C-size temporary
-    # beyond them (``real + 1j * imag`` and ``alpha *`` it were two, 32 bytes
-    # an element of C, that no plan counted)
-    "combine": ("float64 re, float64 im, complex128 alpha, complex128 beta", "complex128 c",
-                "complex<double> v = alpha * complex<double>(re, im);"
-                "c = (beta.real() == 0.0 && beta.imag() == 0.0) ? v : v + beta * c;",
-                "summa_ozaki_combine"),
-}
-
-
 def kernel(name: str):
-    """The kernel `name` (a :class:`Reduction` of :data:`_REDUCTIONS`,
-    :data:`_ELEMENTWISE`, or the CUDA sources' ``residues``, ``fold``,
-    ``fold_finish``, ``reduce_inner``, ``reduce_outer``), made once a process."""
-    import cupy
-    if name not in cache:
-        if name in _REDUCTIONS:
+    """The kernel `name`: a :class:`Reduction` (``amax``, ``norm``), or a
+    function of :data:`summa.precision.cuda_source.NAMES` on the current
+    device (of its :func:`module`), made once a process."""
+    if name in _REDUCTIONS:
+        if name not in cache:
             cache[name] = Reduction(name)
-        elif name in _ELEMENTWISE:
-            cache[name] = cupy.ElementwiseKernel(*_ELEMENTWISE[name])
-        else:
-            source = {"residues": _RESIDUES, "fold": _FOLD, "fold_finish": _FOLD_FINISH,
-                      "reduce_inner": _REDUCE_INNER, "reduce_outer": _REDUCE_OUTER}[name]
-            cache[name] = cupy.RawKernel(source, name)
-    return cache[name]
+        return cache[name]
+    import cupy
+    key = (name, cupy.cuda.Device().id)
+    if key not in cache:
+        cache[key] = module().get_function(name)
+    return cache[key]
 
 
 def launch(compiled, rows: int, width: int, args) -> None:
@@ -266,6 +116,58 @@ def launch(compiled, rows: int, width: int, args) -> None:
     threads = 256
     blocks = int(min(max(1, -(-width // threads)), 4096))
     compiled((blocks, int(min(max(1, rows), 65535))), (threads,), args)
+
+
+def _strides(x) -> tuple:
+    """`x`'s two strides in elements (np.int64, as the kernels take them)."""
+    return tuple(np.int64(step // x.itemsize) for step in x.strides)
+
+
+def exponents(amax, norm, bits: int, cap: float):
+    """The int32 scaling exponents of rows whose largest magnitudes are
+    `amax` and scaled norms `norm` (1-D, as :class:`Reduction` gives them):
+    :func:`summa.precision.ozaki.exponents`' formulas."""
+    import cupy
+    amax = cupy.ascontiguousarray(amax, dtype=cupy.float64)
+    norm = cupy.ascontiguousarray(norm, dtype=cupy.float64)
+    shift = cupy.empty(amax.shape, dtype=cupy.int32)
+    launch(kernel("exponents"), 1, amax.size,
+           (amax, norm, np.int64(amax.size), np.int32(bits), np.float64(cap), shift))
+    return shift
+
+
+def finish(sums, ends, c) -> None:
+    """C (rows not contiguous: any strides) from a product's two float64
+    `sums` (``(s_hi, s_lo)``, ``m x n`` contiguous) and its `ends`
+    (``(e, f, m_hi, m_lo, t, alpha, beta)``: exponents, the moduli's product
+    in two parts, its scale, alpha and beta)."""
+    (s_hi, s_lo), (e, f, m_hi, m_lo, t, alpha, beta) = sums, ends
+    m, n = c.shape
+    launch(kernel("finish"), m, n,
+           (s_hi, s_lo, e, f, np.int64(m), np.int64(n), np.float64(m_hi), np.float64(m_lo),
+            np.int32(t), np.float64(alpha), np.float64(beta), c) + _strides(c))
+
+
+def combine(re, im, alpha, beta, c) -> None:
+    """``c = alpha (re + i im) + beta c`` in place: a complex product's two
+    real ones (``m x n``, contiguous) into C of any strides; beta 0: what C
+    held is gone."""
+    m, n = c.shape
+    alpha, beta = complex(alpha), complex(beta)
+    launch(kernel("combine"), m, n,
+           (re, im, np.int64(m), np.int64(n), np.float64(alpha.real), np.float64(alpha.imag),
+            np.float64(beta.real), np.float64(beta.imag), c) + _strides(c))
+
+
+def split(x) -> tuple:
+    """A complex matrix's (any strides) real and imaginary parts, each
+    contiguous float64, in one pass."""
+    import cupy
+    m, n = x.shape
+    re = cupy.empty((m, n), dtype=cupy.float64)
+    im = cupy.empty((m, n), dtype=cupy.float64)
+    launch(kernel("split"), m, n, (x, np.int64(m), np.int64(n)) + _strides(x) + (re, im))
+    return re, im
 
 
 def residue_planes(x, e, count: int, rows_p: int, cols_p: int, constants):
@@ -369,6 +271,4 @@ class Folds:
         """Where C's rows are not contiguous: the sums into C."""
         if self.fused:
             return
-        e, f, m_hi, m_lo, t, alpha, beta, c, _ = self.ends
-        kernel("finish")(self.s_hi, self.s_lo, e.reshape(self.m, 1), f.reshape(1, self.n),
-                         m_hi, m_lo, t, float(alpha), float(beta), c)
+        finish((self.s_hi, self.s_lo), self.ends[:7], self.ends[7])

@@ -44,8 +44,8 @@ import math
 import numpy as np
 
 from . import ozaki
-from .kernels import (PLANES, Encoding, Folds, kernel, moduli_constants, planes_a_pass,
-                      residue_planes)
+from .kernels import (PLANES, Encoding, Folds, combine, exponents, kernel, moduli_constants,
+                      planes_a_pass, residue_planes, split)
 
 __all__ = ["gemm", "Scheme", "scaling_exponents", "refuse_not_finite", "moduli_for",
            "check_moduli", "phase_seconds", "same_b", "checked_later", "scratch_bytes", "PLANES",
@@ -126,20 +126,22 @@ def scaling_exponents(x, axis: int, bits: int, cap: float, comm=None):
         amax = _allreduced(amax, comm, "MAX")
     _refuse([kernel("amax")(amax, axis=None)] if amax.size else [])
     norm = kernel("norm")(x, amax.reshape((-1, 1) if axis == 1 else (1, -1)), axis=axis)
-    if comm is not None:
-        import cupy
-        # each part scaled by the whole row's exponent: the squares add up
-        norm = cupy.sqrt(_allreduced(norm * norm, comm, "SUM"))
-    return kernel("exponents")(amax, norm, np.int32(bits), np.float64(cap))
+    if comm is not None:  # each part scaled by the whole row's exponent: the squares add up
+        norm = _allreduced(norm, comm, "SUM", squares=True)
+    return exponents(amax, norm, bits, cap)
 
 
-def _allreduced(x, comm, op: str):
-    """Device array `x` allreduced over `comm` with MPI's `op` (by host)."""
+def _allreduced(x, comm, op: str, squares: bool = False):
+    """Device array `x` allreduced over `comm` with MPI's `op` (by host;
+    `squares`: the root of the sum of its squares, on the host too, so no
+    CuPy kernel compiles)."""
     import cupy
     from mpi4py import MPI
     host = cupy.asnumpy(x)
+    if squares:
+        host *= host
     comm.Allreduce(MPI.IN_PLACE, host, op=getattr(MPI, op))
-    return cupy.asarray(host)
+    return cupy.asarray(np.sqrt(host) if squares else host)
 
 
 def _refuse(tops) -> None:
@@ -232,15 +234,16 @@ def _b_side(b, count: int, bits: int, cap: float, cols_p: int, k_p: int, constan
 
 def scratch_bytes(m: int, n: int, k: int, count: int, planes: int | None = None,
                   rows: int | None = None) -> int:
-    """Device bytes one product takes at once beside its operands: B's
-    residue planes, and either B transposed (while those are made) or, once
-    it is gone, one chunk of `rows` rows' (None: all `m`; :attr:`Scheme.rows`)
-    A's residue planes, the integer products folded a pass (`planes`; None:
+    """Device bytes one product takes at once beside its operands: the
+    scaling exponents of A's rows and B's columns, B's residue planes, and
+    either B transposed (while those are made) or, once it is gone, one
+    chunk of `rows` rows' (None: all `m`; :attr:`Scheme.rows`) A's residue
+    planes, the integer products folded a pass (`planes`; None:
     :data:`PLANES`) and the two sums."""
     kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
     r = _chunk_rows(m, rows)
     chunk = count * r * kp + 4 * planes_a_pass(planes, count) * r * np_ + 16 * r * n
-    return count * np_ * kp + max(8 * n * k, chunk)
+    return 4 * (m + n) + count * np_ * kp + max(8 * n * k, chunk)
 
 
 def _chunk_rows(m: int, rows: int | None) -> int:
@@ -377,12 +380,21 @@ def _complex(alpha, a, b, c, beta, backend, scheme: Scheme) -> None:
     scratch, no more (what the plans count, ``tiling.ozaki_scratch``)."""
     import cupy
     m, n = a.shape[0], b.shape[1]
-    ar, ai = cupy.ascontiguousarray(a.real), cupy.ascontiguousarray(a.imag)
-    br, bi = cupy.ascontiguousarray(b.real), cupy.ascontiguousarray(b.imag)
+    ar, ai = _parts(a)
+    br, bi = _parts(b)
     real = cupy.empty((m, n), dtype=cupy.float64)
     imag = cupy.empty((m, n), dtype=cupy.float64)
     gemm(1.0, ar, br, real, 0.0, backend=backend, scheme=scheme)
     gemm(-1.0, ai, bi, real, 1.0, backend=backend, scheme=scheme)
     gemm(1.0, ar, bi, imag, 0.0, backend=backend, scheme=scheme)
     gemm(1.0, ai, br, imag, 1.0, backend=backend, scheme=scheme)
-    kernel("combine")(real, imag, complex(alpha), complex(beta), c)
+    combine(real, imag, alpha, beta, c)
+
+
+def _parts(x) -> tuple:
+    """A complex or real operand's real and imaginary parts, each contiguous
+    (a real one's imaginary part zeros)."""
+    import cupy
+    if x.dtype.kind == "c":
+        return split(x)
+    return cupy.ascontiguousarray(x, dtype=cupy.float64), cupy.zeros(x.shape, cupy.float64)

@@ -703,9 +703,11 @@ def test_plan_of_fp64_int8_counts_its_scratch_and_predicts_from_int8_rates():
     from summa.precision import ozaki_gpu
     count = ozaki_gpu.moduli_for(4096)
     assert f"fp64-int8: each panel product's int8 residues ({count} moduli)" in emulated.getvalue()
-    # the first call's compiling said beside the prediction, for fp64-int8 alone
-    assert "first call on a machine compiles its kernels" in emulated.getvalue()
-    assert "compiles" not in native.getvalue()
+    # which GPUs load its kernels shipped and where a first call compiles them, said
+    # beside the prediction, for fp64-int8 alone
+    assert "fp64-int8's kernels come compiled for sm_75 to sm_120" in emulated.getvalue()
+    assert "the first call on a machine compiles them" in emulated.getvalue()
+    assert "compile" not in native.getvalue()
 
     def tile_rows(text):
         return int(re.search(r"C tiles of (\d+) x", text).group(1))

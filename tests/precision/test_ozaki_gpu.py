@@ -6,8 +6,6 @@ alpha and beta; the scratch a product holds, as the plans count it; and the kern
 before the first product (summa.precision.warmup)."""
 
 import sys
-import threading
-import time
 import weakref
 
 import numpy as np
@@ -34,10 +32,9 @@ def test_every_grouping_of_the_folds_gives_the_cpu_product(rng, ozaki_gpu, plane
     ozaki_gpu.gemm(1.0, a, b, c, backend=backend, scheme=ozaki_gpu.Scheme(planes=int(planes)))
     count = ozaki.default_moduli(ozaki.BITS, 61)
     assert backend.gemms == count and within_two_ulps(c, ozaki.gemm_int8(a, b))
-    launches = {name: kernels.cache[name].launches if name in kernels.cache else 0
-                for name in ("fold", "fold_finish")}
+    launches = {name: kernels.kernel(name).launches for name in ("fold", "fold_finish")}
     # the last fold ends the product (no finish pass): one of them per product
-    assert launches["fold_finish"] == 1 and "finish" not in kernels.cache
+    assert launches["fold_finish"] == 1 and kernels.kernel("finish").launches == 0
     assert sum(launches.values()) == -(-count // min(int(planes), count))
 
 
@@ -50,7 +47,7 @@ def test_a_product_into_columns_apart_ends_in_the_finish_pass(rng, ozaki_gpu, pl
     ozaki_gpu.gemm(2.0, a, b, whole, beta=-1.0, backend=backend,
                    scheme=ozaki_gpu.Scheme(planes=int(planes)))
     assert within_two_ulps(whole, 2.0 * ozaki.gemm_int8(a, b) - c0)
-    assert "fold_finish" not in kernels.cache and "finish" in kernels.cache
+    assert kernels.kernel("fold_finish").launches == 0 and kernels.kernel("finish").launches == 1
 
 
 def test_alpha_beta_views_and_k_in_pieces(rng, ozaki_gpu, monkeypatch):
@@ -118,7 +115,7 @@ def test_a_scheme_reaches_each_real_product_of_a_complex_one_in_k_pieces(rng, oz
                    scheme=ozaki_gpu.Scheme(bits=30, moduli=10, planes=3))
     products = 4 * 3  # four real products, three pieces of K each
     assert backend.gemms == products * 10
-    launches = sum(kernels.cache[name].launches for name in ("fold", "fold_finish"))
+    launches = sum(kernels.kernel(name).launches for name in ("fold", "fold_finish"))
     assert launches == products * -(-10 // 3)
     assert np.all(np.abs(c - 2 * ozaki.gemm_int8(a, b, bits=30, moduli=10)) <= 1e-14)
 
@@ -130,7 +127,7 @@ def test_row_strips_inside_same_b_make_b_once_and_give_the_whole_product(rng, oz
     a, b = rng.uniform(-1, 1, (48, 40)), rng.standard_normal((40, 21))
     whole = np.empty((48, 21))
     ozaki_gpu.gemm(1.0, a, b, whole, backend=backend)
-    residues = kernels.cache["residues"]
+    residues = kernels.kernel("residues")
     before = residues.launches
     strips = np.empty((48, 21))
     with ozaki_gpu.same_b():
@@ -267,8 +264,8 @@ def test_rows_in_chunks_are_the_whole_product_bit_for_bit(rng, ozaki_gpu, rows):
     whole = rng.uniform(-1, 1, (m, n + 5))[:, :n]  # rows with a pitch
     whole[...] = c0
     ozaki_gpu.gemm(1.5, a, b, whole, beta=-0.5, backend=backend)
-    before = {name: kernel.launches for name, kernel in kernels.cache.items()
-              if hasattr(kernel, "launches")}
+    names = ("residues", "fold", "fold_finish")
+    before = {name: kernels.kernel(name).launches for name in names}
     gemms = backend.gemms
     c = np.zeros((m, n + 7))[:, :n]
     c[...] = c0
@@ -278,8 +275,7 @@ def test_rows_in_chunks_are_the_whole_product_bit_for_bit(rng, ozaki_gpu, rows):
     assert gemm_scaled_error(c, a, b, c0, alpha=1.5, beta=-0.5) <= 1
     chunks = -(-m // min(rows, m))
     assert backend.gemms - gemms == chunks * ozaki.default_moduli(ozaki.BITS, k)
-    launched = {name: kernel.launches - before.get(name, 0)
-                for name, kernel in kernels.cache.items() if hasattr(kernel, "launches")}
+    launched = {name: kernels.kernel(name).launches - before[name] for name in names}
     assert launched["residues"] == 1 + chunks and launched["fold_finish"] == chunks
 
 
@@ -355,35 +351,6 @@ def test_a_products_scratch_is_what_scratch_bytes_counts_for_its_rows(rng, ozaki
     assert gemm_scaled_error(c, a, b) <= 1
 
 
-def _traced_ready(warmup, monkeypatch) -> tuple:
-    """warmup's warmers and products spied on: ``(threads, boundary)``, the
-    ``(thread, device)`` of each warmer's run and the kernel variants made
-    before each product; the products smaller (NumPy's INT8 products are
-    slow)."""
-    cupy = sys.modules["cupy"]
-    fake_cupy_kernels.variants.clear()
-    threads, boundary, made, gemm = [], [], warmup.warmers, warmup.gemm
-
-    def traced(complex_=False):
-        def on(call):
-            def run():
-                threads.append((threading.get_ident(), cupy.cuda.Device().id))
-                time.sleep(0.02)  # as a compile takes time: an instant call frees its thread
-                call()
-            return run
-        return [on(call) for call in made(complex_)]
-
-    def product(*args, **kwargs):
-        boundary.append(len(fake_cupy_kernels.variants))
-        gemm(*args, **kwargs)
-    monkeypatch.setattr(warmup, "warmers", traced)
-    monkeypatch.setattr(warmup, "gemm", product)
-    k = ozaki.K_NATIVE + 4
-    monkeypatch.setattr(warmup, "READY_PRODUCTS", (((8, k, 16), True), ((24, k + 8, 20), False),
-                                                   ((24, k + 8, 20), True)))
-    return threads, boundary
-
-
 @pytest.fixture
 def warmup(monkeypatch):
     use_fake_cupy(monkeypatch)
@@ -392,24 +359,31 @@ def warmup(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", ["float64", "complex128"])
-def test_ready_compiles_its_products_kernels_side_by_side_on_the_callers_gpu(warmup, dtype,
-                                                                            monkeypatch):
-    """ready() launches each kernel variant of its small products once, in
-    threads of their own (NVRTC lets go of the GIL: a fresh machine compiled
-    them one by one for 6 s) on the caller's GPU, before the products, which
-    then find every variant compiled; a second call does nothing."""
+def test_ready_makes_the_kernels_once_on_the_callers_gpu_before_its_products(warmup, dtype,
+                                                                             monkeypatch):
+    """ready() makes the kernels' module (one, whatever the shapes: no
+    variants) before its small products, which then launch every kernel a
+    product takes on the caller's GPU (the finish pass; complex: the parts
+    and their join into C, the real products' own C contiguous); a second
+    call does nothing."""
     cupy = sys.modules["cupy"]
-    threads, boundary = _traced_ready(warmup, monkeypatch)
+    fake_cupy_kernels._RawModule.made.clear()
+    devices, gemm = [], warmup.gemm
+
+    def product(*args, **kwargs):
+        devices.append((cupy.cuda.Device().id, len(fake_cupy_kernels._RawModule.made)))
+        gemm(*args, **kwargs)
+    monkeypatch.setattr(warmup, "gemm", product)
     with cupy.cuda.Device(3):
         assert warmup.ready(dtype, fake_cupy_kernels.Backend()) > 0
         assert warmup.ready(dtype, fake_cupy_kernels.Backend()) == 0
-    warmed = fake_cupy_kernels.variants[:boundary[0]]
-    products = set(fake_cupy_kernels.variants[boundary[0]:])
-    assert products and products <= set(warmed)
-    assert len({thread for thread, _ in threads}) > 1
-    assert {device for _, device in threads} == {3}
-    if dtype == "complex128":
-        assert any(v[0] == "summa_ozaki_combine" for v in products)
+        launched = {name for name in ("finish", "fold_finish", "combine", "split")
+                    if kernels.kernel(name).launches}
+    assert devices and all(made == 1 for _, made in devices)
+    assert {device for device, _ in devices} == {3}
+    assert len(fake_cupy_kernels._RawModule.made) == 1
+    assert launched == ({"fold_finish", "combine", "split"} if dtype == "complex128"
+                        else {"finish", "fold_finish"})
 
 
 def test_the_reductions_read_every_layout_by_its_strides(rng, ozaki_gpu):
@@ -426,7 +400,7 @@ def test_the_reductions_read_every_layout_by_its_strides(rng, ozaki_gpu):
             scaled = kernels.kernel("norm")(x, got, axis=axis)
             finite = np.isfinite(largest)
             assert np.allclose(scaled[finite], norm[finite], rtol=1e-14), label
-    launches = {name: kernels.cache[name].launches for name in ("reduce_inner", "reduce_outer")}
+    launches = {name: kernels.kernel(name).launches for name in ("reduce_inner", "reduce_outer")}
     assert launches["reduce_outer"] > 0 and launches["reduce_inner"] > 0
     with pytest.raises(ValueError, match="along an axis"):
         kernels.kernel("norm")(x, largest, axis=None)

@@ -49,7 +49,7 @@ def test_panel_sums_fold_once_and_are_the_whole_product(rng, panel_sums, widths)
     sums.finish(2.0, c, beta=-0.5)
     want = ozaki.gemm_int8(a, b)
     assert gemm_scaled_error(want, a, b) <= 1 and within_two_ulps(c, 2.0 * want - 0.5 * c0)
-    folds = sum(kernels.cache[name].launches for name in ("fold", "fold_finish"))
+    folds = sum(kernels.kernel(name).launches for name in ("fold", "fold_finish"))
     assert folds == -(-sums.count // kernels.PLANES)
     assert backend.gemms == sums.count * sum(1 for w in widths if w)
 
