@@ -164,6 +164,9 @@ class _Function:
         assert f"void {name}(" in source  # the source holds the kernel it names
         self.fn, self.name, self.launches = _KERNELS[name], name, 0
 
+    def compile(self):
+        pass
+
     def __call__(self, grid, block, args):
         self.launches += 1
         self.fn(*args)

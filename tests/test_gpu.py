@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from helpers import (expected_reductions, gemm_scaled_error, held_plan, random_array,
-                     reduction_cases)
+                     reduction_cases, within_two_ulps)
 from summa.device.backend import cupy_available, get_backend
 from summa.distribution.grid import ProcessGrid
 from summa.distribution.matrix import DistMatrix
@@ -1710,9 +1710,10 @@ def test_fp64_int8_first_products_from_the_host_compile_nothing_but_its_own_sour
     assert compiled == ("[]" if source == "shipped" else "[['summa_end']]"), compiled
 
 
-def test_the_shipped_kernels_and_the_source_compiled_here_agree_bit_for_bit(rng):
-    """The fat binary built by nvcc and the source compiled by NVRTC give the
-    same products, bit for bit (float64 and complex128, C apart)."""
+def test_the_shipped_kernels_and_the_source_compiled_here_agree(rng):
+    """The fat binary built by nvcc and the source compiled by NVRTC (another
+    CUDA's, it may be) give the same products, within two units in the last
+    place (float64 and complex128, C apart), both within the gauge."""
     import cupy
     from summa.device.backend import get_backend
     from summa.precision import binaries, kernels, ozaki_gpu
@@ -1739,8 +1740,9 @@ def test_the_shipped_kernels_and_the_source_compiled_here_agree_bit_for_bit(rng)
             kernels.cache.clear()
             kernels.cache.update(saved)
     for shipped, here in zip(*products):
-        assert np.array_equal(shipped, here)
-    assert gemm_scaled_error(products[0][1], a, b, alpha=1.5) <= 1
+        assert within_two_ulps(shipped, here)
+    for got in products:
+        assert gemm_scaled_error(got[1], a, b, alpha=1.5) <= 1
 
 
 _IPC_JOB = """

@@ -84,8 +84,8 @@ def load(cupy, directory: pathlib.Path = DIRECTORY):
     if cupy.cuda.runtime.driverGetVersion() < 1000 * major:
         return None
     module = cupy.RawModule(path=str(directory / FATBIN))
-    try:
-        module.get_function(NAMES[0])  # loads it now: refusals come here
+    try:  # CuPy loads a module at its first kernel's use: now, so that refusals come here
+        module.get_function(NAMES[0]).compile()
     except cupy.cuda.driver.CUDADriverError:
         return None
     return module

@@ -30,7 +30,7 @@ from .. import options
 from .cleanup import MPI_SEGMENT_PREFIXES, note_segments
 
 __all__ = ["MPI", "MPIUnavailable", "load", "guard", "launched", "launcher_rank", "INSTALL",
-           "SINGLETON", "tell_singleton"]
+           "SINGLETON", "tell_singleton", "untell"]
 
 #: Where launchers put a process's rank (MPICH and Intel's, PMIx, Open MPI, Slurm).
 _RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
@@ -73,31 +73,47 @@ def load():
     Where this import starts MPI, the process's guardian is started first
     (its files made since are its to remove) and told the files MPI made
     after (:func:`guard`); a process no launcher started tells Open MPI
-    first that it is alone (:func:`tell_singleton`).
+    first that it is alone (:func:`tell_singleton`), for the start only.
     """
     # (each attribute of MPI comes here: once imported, only the import below)
     starting = "mpi4py.MPI" not in sys.modules and _installed()
+    told = []
     if starting:
-        tell_singleton()
+        told = tell_singleton()
         guardian.start(MPI_SEGMENT_PREFIXES)
     try:
         from mpi4py import MPI as module
     except (ImportError, RuntimeError) as exc:
         cause = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise MPIUnavailable(f"no MPI to run on ({cause}); install one: {INSTALL}") from None
+    finally:  # read as MPI started (the import): gone again, so no later process inherits it
+        untell(told)
     if starting:
         guard()
     return module
 
 
-def tell_singleton(environ=None) -> None:
+def tell_singleton(environ=None) -> list:
     """Where no launcher started this process, put :data:`SINGLETON` in
     `environ` (default: the process's, which MPI reads as it starts), beside
-    what the user set there."""
+    what the user set there; returns the names it added (:func:`load`
+    takes them out again once MPI has started: the pool's mpiexec, or a
+    process the user starts, inherits none of them)."""
     environ = os.environ if environ is None else environ
-    if not launched():
-        for name, value in SINGLETON.items():
-            environ.setdefault(name, value)
+    if launched():
+        return []
+    added = [name for name in SINGLETON if name not in environ]
+    for name in added:
+        environ[name] = SINGLETON[name]
+    return added
+
+
+def untell(names, environ=None) -> None:
+    """Take what :func:`tell_singleton` added (`names`) out of `environ`
+    (default: the process's) again, once MPI has read it."""
+    environ = os.environ if environ is None else environ
+    for name in names:
+        environ.pop(name, None)
 
 
 def _installed() -> bool:

@@ -46,9 +46,11 @@ def _cupy(driver: int, refuses: bool = False):
             made.append(self)
 
         def get_function(self, name):
+            return SimpleNamespace(compile=lambda: self.load(name))
+
+        def load(self, name):  # as CuPy: the module is loaded at a kernel's first use
             if refuses and self.path:
                 raise _DriverError("CUDA_ERROR_NO_BINARY_FOR_GPU")
-            return (self, name)
     cuda = SimpleNamespace(runtime=SimpleNamespace(driverGetVersion=lambda: driver),
                            driver=SimpleNamespace(CUDADriverError=_DriverError))
     return SimpleNamespace(cuda=cuda, RawModule=RawModule, made=made)

@@ -21,35 +21,62 @@ def plain(monkeypatch):
 
 def test_a_plain_process_tells_open_mpi_it_is_alone(plain):
     environ = {}
-    mpi.tell_singleton(environ)
+    assert mpi.tell_singleton(environ) == list(mpi.SINGLETON)
     assert environ == mpi.SINGLETON
 
 
 def test_what_the_user_told_open_mpi_stays(plain):
     name = next(iter(mpi.SINGLETON))
     environ = {name: "0", "OTHER": "x"}
-    mpi.tell_singleton(environ)
+    assert mpi.tell_singleton(environ) == []
     assert environ == {name: "0", "OTHER": "x"}
+
+
+def test_what_was_told_is_taken_out_again_and_nothing_else(plain):
+    name = next(iter(mpi.SINGLETON))
+    environ = {"OTHER": "x"}
+    mpi.untell(mpi.tell_singleton(environ), environ)
+    assert environ == {"OTHER": "x"}
+    users = {name: "0"}
+    mpi.untell(mpi.tell_singleton(users), users)
+    assert users == {name: "0"}
 
 
 def test_a_launched_rank_tells_open_mpi_nothing(plain, monkeypatch):
     monkeypatch.setenv("PMI_RANK", "0")
     environ = {}
-    mpi.tell_singleton(environ)
-    assert environ == {}
+    assert mpi.tell_singleton(environ) == [] and environ == {}
 
 
-def test_a_plain_process_starting_mpi_has_told_it_first():
+# A spy on the import that starts MPI (mpi4py.MPI initializes it as it is
+# imported): what the process's environment held at that moment.
+_STARTED = """
+import importlib.abc, os, sys
+seen = []
+class Spy(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname == "mpi4py.MPI":
+            seen.append(os.environ.get(NAME))
+sys.meta_path.insert(0, Spy())
+from summa.runtime.mpi import MPI
+before = os.environ.get(NAME)
+MPI.COMM_WORLD.Get_size()
+print(before, seen[0], os.environ.get(NAME))
+"""
+
+
+@pytest.mark.parametrize("users", [None, "0"])
+def test_a_plain_process_tells_mpi_as_it_starts_and_no_longer(users):
     """MPI reads the process's environment as it starts: the variable is
-    there once summa's first use of MPI has started it."""
+    there while summa's first use of MPI imports it, and gone after (later
+    processes inherit none of it); a value the user set is theirs
+    throughout."""
     name = next(iter(mpi.SINGLETON))
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES and k != name}
-    code = ("import os\n"
-            "from summa.runtime.mpi import MPI\n"
-            f"before = os.environ.get({name!r})\n"
-            "MPI.COMM_WORLD.Get_size()\n"
-            f"print(before, os.environ.get({name!r}))\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    if users is not None:
+        env[name] = users
+    done = subprocess.run([sys.executable, "-c", f"NAME = {name!r}\n" + _STARTED], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["None", mpi.SINGLETON[name]]
+    expected = [str(users), mpi.SINGLETON[name], "None"] if users is None else [users] * 3
+    assert done.stdout.split() == expected
