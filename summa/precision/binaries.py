@@ -2,7 +2,7 @@
 (``summa/precision/compiled/kernels.fatbin``) holding machine code for every
 GPU architecture summa runs INT8 products on (sm_75 to sm_120) and PTX that
 the driver compiles for any later one, built from :data:`summa.precision.cuda_source.SOURCE` by
-:func:`build` (``python -m summa.precision.binaries``, on a machine with
+:func:`build` (``python -m summa.precision``, on a machine with
 ``nvcc``), with a manifest of what it was built from.
 
 A process loads it once (:func:`load`), in milliseconds, where a compile of
@@ -55,15 +55,19 @@ def manifest(directory: pathlib.Path = DIRECTORY) -> dict:
 
 def current(directory: pathlib.Path = DIRECTORY) -> bool:
     """Was the shipped binary built from the current source and options?"""
-    built = manifest(directory)
-    return bool(built) and built.get("digest") == digest() and (directory / FATBIN).is_file()
+    return _from_source(manifest(directory), directory)
+
+
+def _from_source(built: dict, directory: pathlib.Path) -> bool:
+    """Does the manifest `built` say `directory`'s binary is the current source's?"""
+    return built.get("digest") == digest() and (directory / FATBIN).is_file()
 
 
 def shipped() -> str:
     """In words, for a plan's report: which GPUs and drivers load the kernels
     shipped, and what a first call elsewhere does."""
     built = manifest()
-    if not current():
+    if not _from_source(built, DIRECTORY):
         return ("fp64-int8's first call on a machine compiles its kernels (once: CuPy keeps "
                 "them on disk)")
     archs = built["architectures"]
@@ -77,10 +81,10 @@ def load(cupy, directory: pathlib.Path = DIRECTORY):
     device, or None where it does not fit (another source, a driver older
     than the CUDA that built it, a GPU it holds no code for): the caller
     compiles the source then."""
-    if not current(directory):
-        return None
     built = manifest(directory)
-    major = int(str(built.get("cuda", "0")).split(".")[0])
+    if not _from_source(built, directory):
+        return None
+    major = int(built["cuda"].split(".")[0])
     if cupy.cuda.runtime.driverGetVersion() < 1000 * major:
         return None
     module = cupy.RawModule(path=str(directory / FATBIN))
@@ -99,6 +103,8 @@ def build(directory: pathlib.Path = DIRECTORY, nvcc: str = "nvcc") -> dict:
     if found is None:
         raise RuntimeError(f"no {nvcc} here: build the kernels on a machine with CUDA's compiler")
     version = re.search(r"release (\d+\.\d+)", _run([found, "--version"]))
+    if version is None:  # the drivers that load the binary are told by it
+        raise RuntimeError(f"{nvcc} --version names no CUDA release")
     codes = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHITECTURES]
     codes.append(f"-gencode=arch=compute_{PTX},code=compute_{PTX}")
     directory.mkdir(parents=True, exist_ok=True)
@@ -107,9 +113,9 @@ def build(directory: pathlib.Path = DIRECTORY, nvcc: str = "nvcc") -> dict:
         source.write_text(SOURCE)
         _run([found, "-fatbin", "--compress-mode=size", *OPTIONS, *codes,
               "-o", str(directory / FATBIN), str(source)])
-    built = {"digest": digest(), "cuda": version.group(1) if version else "unknown",
+    built = {"digest": digest(), "cuda": version.group(1),
              "architectures": list(ARCHITECTURES), "ptx": PTX,
-             "command": "python -m summa.precision.binaries"}
+             "command": "python -m summa.precision"}
     (directory / MANIFEST).write_text(json.dumps(built, indent=1) + "\n")
     return built
 
@@ -124,8 +130,8 @@ def _run(command: list) -> str:
 
 
 def main(argv=None) -> int:
-    """``python -m summa.precision.binaries``: build the shipped kernels."""
-    p = argparse.ArgumentParser(prog="python -m summa.precision.binaries",
+    """``python -m summa.precision``: build the shipped kernels."""
+    p = argparse.ArgumentParser(prog="python -m summa.precision",
                                 description="Build fp64-int8's shipped kernels (a fat binary "
                                             "for sm_75 to sm_120 and its manifest) with nvcc.")
     p.add_argument("--nvcc", default="nvcc", help="CUDA's compiler (default: nvcc on PATH)")
@@ -141,6 +147,3 @@ def main(argv=None) -> int:
           + ", sm_".join(built["architectures"]) + f" and PTX {built['ptx']}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

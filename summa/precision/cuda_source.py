@@ -27,7 +27,8 @@ OPTIONS: tuple = ()
 
 # C's element as the product ends it: the two sums' remainder by the moduli's
 # product (exact: :func:`summa.precision.ozaki.finish`), unscaled, alpha and
-# beta applied (beta 0: whatever C held, NaN too, is gone).
+# beta applied (beta 0: whatever C held, NaN too, is gone). And the element
+# loops of every kernel but the reductions' (rows on the grid's y, columns on x).
 _END = r"""
 __device__ __forceinline__ void summa_end(double hi, double lo, double m_hi, double m_lo,
         int shift, double alpha, double beta, double* cj) {
@@ -48,9 +49,8 @@ extern "C" __global__ void residues(const double* x, const int* e, long long row
         long long rows_p, long long cols, long long cols_p, long long ld, int count,
         const double* moduli, const double* inverses, signed char* out) {
     long long plane = rows_p * cols_p, quads = cols_p / 4;
-    for (long long r = blockIdx.y; r < rows_p; r += gridDim.y) {
-        for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < quads;
-             q += (long long)gridDim.x * blockDim.x) {
+    SUMMA_ROWS(r, rows_p) {
+        SUMMA_COLS(q, quads) {
             long long j = 4 * q;
             double xb[4];
             for (int t = 0; t < 4; ++t)
@@ -77,9 +77,8 @@ extern "C" __global__ void residues(const double* x, const int* e, long long row
 # C's sums 3 times instead of 5 (the folds took ~80 ms of the 1.25 s in
 # `benchmarks/fp64_int8_speed.py`'s phases).
 _FOLD_BODY = r"""
-    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
-        for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < cols;
-             j += (long long)gridDim.x * blockDim.x) {
+    SUMMA_ROWS(r, rows) {
+        SUMMA_COLS(j, cols) {
             long long idx = r * cols + j;
             double hi = first ? 0.0 : s_hi[idx], lo = first ? 0.0 : s_lo[idx];
             for (int p = 0; p < count; ++p) {
@@ -137,7 +136,7 @@ __device__ __forceinline__ int summa_shift(const double* top, long long o, int o
 """
 _REDUCE_ARGS = ("const double* x, long long outer, long long inner, long long so, long long si, "
                 "int op, const double* top, double* out")
-_REDUCE_INNER = _REDUCE_COMMON + 'extern "C" __global__ void reduce_inner(' + _REDUCE_ARGS + r""") {
+_REDUCE_INNER = 'extern "C" __global__ void reduce_inner(' + _REDUCE_ARGS + r""") {
     __shared__ double part[256];
     for (long long o = blockIdx.x; o < outer; o += gridDim.x) {
         int shift = summa_shift(top, o, op);
@@ -156,7 +155,7 @@ _REDUCE_INNER = _REDUCE_COMMON + 'extern "C" __global__ void reduce_inner(' + _R
     }
 }
 """
-_REDUCE_OUTER = _REDUCE_COMMON + 'extern "C" __global__ void reduce_outer(' + _REDUCE_ARGS + r""") {
+_REDUCE_OUTER = 'extern "C" __global__ void reduce_outer(' + _REDUCE_ARGS + r""") {
     __shared__ double part[16][33];
     long long o = blockIdx.x * 32LL + threadIdx.x;
     double acc = 0.0;
@@ -242,8 +241,8 @@ extern "C" __global__ void split(const double* x, long long rows, long long cols
 """
 
 #: fp64-int8's kernels, one CUDA source.
-SOURCE = _END + _RESIDUES + _FOLD + _FOLD_FINISH + _REDUCE_INNER + _REDUCE_OUTER.replace(
-    _REDUCE_COMMON, "") + _EXPONENTS + _FINISH + _COMPLEX
+SOURCE = (_END + _RESIDUES + _FOLD + _FOLD_FINISH + _REDUCE_COMMON + _REDUCE_INNER + _REDUCE_OUTER
+          + _EXPONENTS + _FINISH + _COMPLEX)
 
 #: The kernels :data:`SOURCE` defines.
 NAMES = ("residues", "fold", "fold_finish", "reduce_inner", "reduce_outer", "exponents",

@@ -19,11 +19,11 @@ from summa.precision import binaries, cuda_source, kernels
 def test_the_shipped_binary_was_built_from_the_current_source():
     """The fat binary in the tree is the kernels' source of today: after a
     change to summa/precision/cuda_source.py, `python -m
-    summa.precision.binaries` (on a machine with nvcc) builds it again."""
+    summa.precision` (on a machine with nvcc) builds it again."""
     built = binaries.manifest()
     assert built["digest"] == cuda_source.digest(), (
         "summa/precision/compiled/ was built from another source: run "
-        "`python -m summa.precision.binaries` where nvcc is")
+        "`python -m summa.precision` where nvcc is")
     assert binaries.current()
     assert built["architectures"] == list(binaries.ARCHITECTURES)
     head = (binaries.DIRECTORY / binaries.FATBIN).read_bytes()[:4]
@@ -133,3 +133,8 @@ def test_a_build_without_nvcc_or_with_a_failing_one_says_so(tmp_path, capsys):
     assert "nvcc failed" in err and "error: bad" in err
     assert not (out / binaries.MANIFEST).exists()
     assert os.path.basename(failing) == "nvcc"
+    unnamed = tmp_path / "unnamed"
+    unnamed.mkdir()  # no release: the drivers that could load the binary are unknown
+    assert binaries.main(["--nvcc", _fake_nvcc(unnamed, release="?"), "--out", str(out)]) == 2
+    assert "names no CUDA release" in capsys.readouterr().err
+    assert not (out / binaries.MANIFEST).exists()
